@@ -1,0 +1,255 @@
+"""Pure-numpy mapping between neobert-jax's flat parameter dict and the Hugging Face NeoBERT state_dict.
+
+Flat layout (``neobert_jax.model.params.to_flat``; layers stacked on a leading L axis):
+
+  encoder.token_embedding.embedding [V, D]     encoder.layers.attention_norm [L, D]
+  encoder.layers.qkv [L, D, H, 3*Dh]           encoder.layers.wo [L, H, Dh, D]
+  encoder.layers.ffn_norm [L, D]               encoder.layers.w12 [L, D, 2, F]   encoder.layers.w3 [L, F, D]
+  encoder.final_norm [D]                       decoder.kernel [D, V]             decoder.bias [V]
+
+Hugging Face layout (``NeoBERTLMHead``; a torch Linear weight is [out, in]):
+
+  model.encoder.weight [V, D]                  model.transformer_encoder.{i}.qkv.weight [3*D, D] (rows q|k|v per head)
+  model.transformer_encoder.{i}.wo.weight [D, D]
+  model.transformer_encoder.{i}.ffn.w12.weight [2*F, D] (first F rows = gate)
+  model.transformer_encoder.{i}.ffn.w3.weight [D, F]
+  model.transformer_encoder.{i}.attention_norm.weight [D], ...ffn_norm.weight [D]
+  model.layer_norm.weight [D]                  decoder.weight [V, D], decoder.bias [V]
+
+Both directions are exact reshapes and transposes (bit-exact round trip). ``cfg`` is the model ConfigDict
+(``neobert_jax.model.config``) or any mapping with the same field names.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Mapping
+
+import ml_collections
+import numpy as np
+
+from neobert_jax.model.config import default_model_config, ffn_hidden_size
+
+HF_PREFIX = "model."
+# Non-persistent buffers some NeoBERT modeling files have written into checkpoints; they carry no weights.
+IGNORED_HF_KEYS = ("freqs_cis", "freqs_cos", "freqs_sin")
+# Fields written into config.json besides the architecture (defaults of the released model).
+CLASSIFIER_INIT_RANGE = 0.02
+AUTO_MAP = {
+    "AutoConfig": "model.NeoBERTConfig",
+    "AutoModel": "model.NeoBERT",
+    "AutoModelForMaskedLM": "model.NeoBERTLMHead",
+    "AutoModelForSequenceClassification": "model.NeoBERTForSequenceClassification",
+}
+
+
+class ConversionError(ValueError):
+  """A checkpoint does not match the model it is converted to (missing/unexpected key, wrong shape, config)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Dims:
+  vocab: int
+  dim: int
+  layers: int
+  heads: int
+  head_dim: int
+  ffn: int
+
+  @classmethod
+  def from_config(cls, cfg: Any) -> "Dims":
+    if cfg["hidden_size"] % cfg["num_heads"]:
+      raise ConversionError(
+          f"hidden_size={cfg['hidden_size']} is not divisible by num_heads={cfg['num_heads']}")
+    return cls(vocab=int(cfg["vocab_size"]), dim=int(cfg["hidden_size"]), layers=int(cfg["num_layers"]),
+               heads=int(cfg["num_heads"]), head_dim=int(cfg["hidden_size"]) // int(cfg["num_heads"]),
+               ffn=ffn_hidden_size(ml_collections.ConfigDict({"intermediate_size": int(cfg["intermediate_size"])})))
+
+
+def flat_shapes(cfg: Any) -> dict[str, tuple[int, ...]]:
+  """The flat-dict keys and shapes the JAX model has for ``cfg``."""
+  d = Dims.from_config(cfg)
+  return {
+      "encoder.token_embedding.embedding": (d.vocab, d.dim),
+      "encoder.layers.attention_norm": (d.layers, d.dim),
+      "encoder.layers.qkv": (d.layers, d.dim, d.heads, 3 * d.head_dim),
+      "encoder.layers.wo": (d.layers, d.heads, d.head_dim, d.dim),
+      "encoder.layers.ffn_norm": (d.layers, d.dim),
+      "encoder.layers.w12": (d.layers, d.dim, 2, d.ffn),
+      "encoder.layers.w3": (d.layers, d.ffn, d.dim),
+      "encoder.final_norm": (d.dim,),
+      "decoder.kernel": (d.dim, d.vocab),
+      "decoder.bias": (d.vocab,),
+  }
+
+
+def hf_shapes(cfg: Any) -> dict[str, tuple[int, ...]]:
+  """The ``NeoBERTLMHead`` state_dict keys and shapes for ``cfg`` (in the published checkpoint's order)."""
+  d = Dims.from_config(cfg)
+  shapes = {"model.encoder.weight": (d.vocab, d.dim)}
+  for i in range(d.layers):
+    block = f"model.transformer_encoder.{i}."
+    shapes[block + "qkv.weight"] = (3 * d.dim, d.dim)
+    shapes[block + "wo.weight"] = (d.dim, d.dim)
+    shapes[block + "ffn.w12.weight"] = (2 * d.ffn, d.dim)
+    shapes[block + "ffn.w3.weight"] = (d.dim, d.ffn)
+    shapes[block + "attention_norm.weight"] = (d.dim,)
+    shapes[block + "ffn_norm.weight"] = (d.dim,)
+  shapes["model.layer_norm.weight"] = (d.dim,)
+  shapes["decoder.weight"] = (d.vocab, d.dim)
+  shapes["decoder.bias"] = (d.vocab,)
+  return shapes
+
+
+def _check_keys_and_shapes(got: Mapping[str, Any], expected: Mapping[str, tuple], what: str, fix: str) -> None:
+  missing = [k for k in expected if k not in got]
+  unexpected = [k for k in got if k not in expected]
+  problems = []
+  if missing:
+    problems.append(f"missing keys ({len(missing)}): {_preview(missing)}")
+  if unexpected:
+    problems.append(f"unexpected keys ({len(unexpected)}): {_preview(unexpected)}")
+  for key, shape in expected.items():
+    if key in got and tuple(np.shape(got[key])) != tuple(shape):
+      problems.append(f"{key}: expected shape {tuple(shape)}, got {tuple(np.shape(got[key]))}")
+  if problems:
+    raise ConversionError(f"{what} does not match the model config:\n  " + "\n  ".join(problems) + f"\nFix: {fix}")
+
+
+def _preview(keys: list[str], limit: int = 6) -> str:
+  shown = ", ".join(keys[:limit])
+  return shown + (f", ... ({len(keys) - limit} more)" if len(keys) > limit else "")
+
+
+def check_flat(flat: Mapping[str, Any], cfg: Any) -> None:
+  """Raises ConversionError naming every missing/unexpected key and wrong shape of a flat param dict."""
+  _check_keys_and_shapes(
+      flat, flat_shapes(cfg), "the flat parameter dict",
+      "pass the model config the parameters were trained with (layers, width, heads, vocab, intermediate_size)")
+
+
+def check_hf_state_dict(sd: Mapping[str, Any], cfg: Any) -> None:
+  """Raises ConversionError naming every missing/unexpected key and wrong shape of an HF NeoBERT state_dict."""
+  _check_keys_and_shapes(
+      sd, hf_shapes(cfg), "the Hugging Face state_dict",
+      "make sure config.json matches model.safetensors (num_hidden_layers, hidden_size, num_attention_heads, "
+      "intermediate_size, vocab_size) and that the checkpoint is a NeoBERTLMHead (keys 'model.*' + 'decoder.*')")
+
+
+def flat_to_hf_state_dict(flat: Mapping[str, Any], cfg: Any) -> dict[str, np.ndarray]:
+  """JAX flat params -> ``NeoBERTLMHead`` state_dict (numpy arrays, same dtypes, C-contiguous)."""
+  check_flat(flat, cfg)
+  d = Dims.from_config(cfg)
+  f = {k: np.asarray(v) for k, v in flat.items()}
+  sd = {"model.encoder.weight": f["encoder.token_embedding.embedding"]}
+  for i in range(d.layers):
+    block = f"model.transformer_encoder.{i}."
+    sd[block + "qkv.weight"] = f["encoder.layers.qkv"][i].reshape(d.dim, 3 * d.dim).T
+    sd[block + "wo.weight"] = f["encoder.layers.wo"][i].reshape(d.dim, d.dim).T
+    sd[block + "ffn.w12.weight"] = f["encoder.layers.w12"][i].reshape(d.dim, 2 * d.ffn).T
+    sd[block + "ffn.w3.weight"] = f["encoder.layers.w3"][i].T
+    sd[block + "attention_norm.weight"] = f["encoder.layers.attention_norm"][i]
+    sd[block + "ffn_norm.weight"] = f["encoder.layers.ffn_norm"][i]
+  sd["model.layer_norm.weight"] = f["encoder.final_norm"]
+  sd["decoder.weight"] = f["decoder.kernel"].T
+  sd["decoder.bias"] = f["decoder.bias"]
+  return {k: np.ascontiguousarray(v) for k, v in sd.items()}
+
+
+def normalize_hf_state_dict(sd: Mapping[str, Any]) -> dict[str, Any]:
+  """Accepts the keys of a base ``NeoBERT`` save (no 'model.' prefix) and drops known weightless buffers."""
+  out = {}
+  for key, value in sd.items():
+    if key.rsplit(".", 1)[-1] in IGNORED_HF_KEYS:
+      continue
+    if not key.startswith(HF_PREFIX) and not key.startswith("decoder."):
+      key = HF_PREFIX + key
+    out[key] = value
+  return out
+
+
+def hf_state_dict_to_flat(sd: Mapping[str, Any], cfg: Any) -> dict[str, np.ndarray]:
+  """``NeoBERTLMHead`` state_dict (numpy arrays) -> JAX flat params. Inverse of flat_to_hf_state_dict."""
+  sd = normalize_hf_state_dict(sd)
+  check_hf_state_dict(sd, cfg)
+  d = Dims.from_config(cfg)
+  s = {k: np.asarray(v) for k, v in sd.items()}
+
+  def stack(suffix, convert):
+    return np.stack([convert(s[f"model.transformer_encoder.{i}.{suffix}"]) for i in range(d.layers)])
+
+  flat = {
+      "encoder.token_embedding.embedding": s["model.encoder.weight"],
+      "encoder.layers.attention_norm": stack("attention_norm.weight", lambda w: w),
+      "encoder.layers.qkv": stack("qkv.weight", lambda w: w.T.reshape(d.dim, d.heads, 3 * d.head_dim)),
+      "encoder.layers.wo": stack("wo.weight", lambda w: w.T.reshape(d.heads, d.head_dim, d.dim)),
+      "encoder.layers.ffn_norm": stack("ffn_norm.weight", lambda w: w),
+      "encoder.layers.w12": stack("ffn.w12.weight", lambda w: w.T.reshape(d.dim, 2, d.ffn)),
+      "encoder.layers.w3": stack("ffn.w3.weight", lambda w: w.T),
+      "encoder.final_norm": s["model.layer_norm.weight"],
+      "decoder.kernel": s["decoder.weight"].T,
+      "decoder.bias": s["decoder.bias"],
+  }
+  return {k: np.ascontiguousarray(v) for k, v in flat.items()}
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Config translation
+
+# JAX ConfigDict field -> config.json field
+_FIELD_MAP = {
+    "vocab_size": "vocab_size",
+    "hidden_size": "hidden_size",
+    "num_layers": "num_hidden_layers",
+    "num_heads": "num_attention_heads",
+    "intermediate_size": "intermediate_size",
+    "norm_eps": "norm_eps",
+    "rope_theta": "rope_theta",
+    "max_length": "max_length",
+    "pad_token_id": "pad_token_id",
+    "embedding_init_range": "embedding_init_range",
+    "decoder_init_range": "decoder_init_range",
+}
+_REQUIRED_HF_FIELDS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size")
+
+
+def hf_config_dict(cfg: Any, torch_dtype: str = "float32") -> dict[str, Any]:
+  """config.json content of an exported NeoBERTLMHead directory for the model config ``cfg``."""
+  d = Dims.from_config(cfg)
+  out = {
+      "architectures": ["NeoBERTLMHead"],
+      "auto_map": dict(AUTO_MAP),
+      "model_type": "neobert",
+  }
+  for jax_name, hf_name in _FIELD_MAP.items():
+    value = cfg[jax_name]
+    out[hf_name] = value.item() if hasattr(value, "item") else value
+  out["dim_head"] = d.head_dim
+  out["classifier_init_range"] = CLASSIFIER_INIT_RANGE
+  out["tie_word_embeddings"] = False
+  out["torch_dtype"] = torch_dtype
+  return dict(sorted(out.items()))
+
+
+def model_config_from_hf(hf_config: Mapping[str, Any], base=None):
+  """A model ConfigDict (defaults of ``base`` or the released model) with the architecture of an HF config.json.
+
+  Raises ConversionError when the config is not NeoBERT or lacks an architecture field.
+  """
+  model_type = hf_config.get("model_type")
+  if model_type != "neobert":
+    raise ConversionError(
+        f"config.json has model_type={model_type!r}, expected 'neobert': this is not a NeoBERT checkpoint")
+  missing = [k for k in _REQUIRED_HF_FIELDS if k not in hf_config]
+  if missing:
+    raise ConversionError(f"config.json lacks {missing}; fix: add them (see the published chandar-lab/NeoBERT config)")
+  cfg = default_model_config() if base is None else base.copy_and_resolve_references()
+  for jax_name, hf_name in _FIELD_MAP.items():
+    if hf_name in hf_config:
+      cfg[jax_name] = type(cfg[jax_name])(hf_config[hf_name])
+  dim_head = hf_config.get("dim_head")
+  if dim_head is not None and dim_head * cfg.num_heads != cfg.hidden_size:
+    raise ConversionError(
+        f"config.json dim_head={dim_head} x num_attention_heads={cfg.num_heads} != hidden_size={cfg.hidden_size}; "
+        "NeoBERT requires dim_head = hidden_size / num_attention_heads")
+  return cfg

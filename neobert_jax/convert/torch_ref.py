@@ -1,0 +1,65 @@
+"""Build our PyTorch NeoBERT (``hf_modeling/model.py``) from a neobert-jax flat param dict, and back.
+
+Imports torch: use ``neobert_jax.convert.mapping`` for the torch-free parts (key/shape mapping, config.json).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import numpy as np
+import torch
+
+from neobert_jax.convert import mapping
+from neobert_jax.convert.hf_modeling import model as hf_model
+
+flat_to_hf_state_dict = mapping.flat_to_hf_state_dict
+hf_state_dict_to_flat = mapping.hf_state_dict_to_flat
+
+_TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def numpy_to_torch(array: np.ndarray) -> torch.Tensor:
+  """A torch tensor holding a copy of the array (bfloat16 from ml_dtypes included)."""
+  array = np.array(array, order="C")  # a writable copy: the tensor never aliases the caller's arrays
+  if array.dtype.name == "bfloat16":
+    return torch.from_numpy(array.view(np.uint16)).view(torch.bfloat16)
+  return torch.from_numpy(array)
+
+
+def torch_to_numpy(tensor: torch.Tensor) -> np.ndarray:
+  tensor = tensor.detach().cpu().contiguous()
+  if tensor.dtype == torch.bfloat16:
+    import ml_dtypes  # installed with jax
+    return tensor.view(torch.uint16).numpy().view(ml_dtypes.bfloat16)
+  return tensor.numpy()
+
+
+def hf_config(cfg: Any, **overrides) -> hf_model.NeoBERTConfig:
+  """The ``NeoBERTConfig`` for a model ConfigDict (same fields as the exported config.json)."""
+  fields = mapping.hf_config_dict(cfg)
+  for key in ("architectures", "auto_map", "model_type"):
+    fields.pop(key)
+  fields.update(overrides)
+  return hf_model.NeoBERTConfig(**fields)
+
+
+def torch_model_from_flat(flat: Mapping[str, Any], cfg: Any, dtype: str | torch.dtype = "float32",
+                          cls=hf_model.NeoBERTLMHead) -> torch.nn.Module:
+  """Our ``NeoBERTLMHead`` (or another class of hf_modeling.model) holding ``flat``'s weights, in eval mode.
+
+  The model is created on the meta device and the weights are assigned, so a 250M model costs one copy.
+  """
+  dtype = _TORCH_DTYPES[dtype] if isinstance(dtype, str) else dtype
+  state = {k: numpy_to_torch(v).to(dtype) for k, v in mapping.flat_to_hf_state_dict(flat, cfg).items()}
+  with torch.device("meta"):
+    model = cls(hf_config(cfg))
+  if cls is hf_model.NeoBERT:
+    state = {k[len(mapping.HF_PREFIX):]: v for k, v in state.items() if k.startswith(mapping.HF_PREFIX)}
+  model.load_state_dict(state, strict=True, assign=True)
+  return model.eval()
+
+
+def flat_from_torch_model(model: torch.nn.Module, cfg: Any) -> dict[str, np.ndarray]:
+  """The flat param dict of a ``NeoBERTLMHead`` (inverse of torch_model_from_flat)."""
+  return mapping.hf_state_dict_to_flat({k: torch_to_numpy(v) for k, v in model.state_dict().items()}, cfg)
