@@ -1,0 +1,230 @@
+"""Multi-process start-up for neobert-jax: one call, early, in every process.
+
+`initialize()` works out how many processes the job has and which one this is, then starts
+`jax.distributed`. Sources, first match wins:
+
+  1. explicit arguments (e.g. from command-line flags);
+  2. NEOBERT_COORDINATOR / NEOBERT_NUM_PROCESSES / NEOBERT_PROCESS_ID (launch/local.py sets them; also the
+     way to run on any cluster we do not detect);
+  3. SLURM (an `srun` step with more than one task): one process per node driving all its GPUs, or one
+     process per GPU, decided from the task layout;
+  4. a Cloud TPU VM: `jax.distributed.initialize()` with no arguments (jax reads the pod metadata);
+  5. otherwise a single process: nothing to start.
+
+Failure policy (why the timeouts are ours, not jax's defaults): a job must never hang because one process
+died. The coordination service declares a process dead after `heartbeat_timeout_s` without heartbeats and
+then aborts every other process; we also make an uncaught Python exception end the process at once
+(skipping the graceful shutdown barrier, which would otherwise keep the failed process - and its peers -
+alive for `shutdown_timeout_s`). Measured on CPU: a peer killed with SIGKILL takes the others down after
+about heartbeat_timeout_s; a dead coordinator (process 0) takes them down within a second or two.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import sys
+import traceback
+from collections.abc import Sequence
+
+import jax
+
+log = logging.getLogger(__name__)
+
+# Environment variables read here (all optional). Documented in launch/README.md.
+ENV_COORDINATOR = 'NEOBERT_COORDINATOR'            # host:port of process 0
+ENV_NUM_PROCESSES = 'NEOBERT_NUM_PROCESSES'
+ENV_PROCESS_ID = 'NEOBERT_PROCESS_ID'
+ENV_LOCAL_DEVICE_IDS = 'NEOBERT_LOCAL_DEVICE_IDS'  # "0,1" or "all"
+ENV_NUM_CPU_DEVICES = 'NEOBERT_NUM_CPU_DEVICES'    # fake CPU devices per process (tests, debugging)
+ENV_HEARTBEAT = 'NEOBERT_HEARTBEAT_TIMEOUT'        # seconds
+ENV_SHUTDOWN = 'NEOBERT_SHUTDOWN_TIMEOUT'          # seconds
+ENV_INIT = 'NEOBERT_INIT_TIMEOUT'                  # seconds
+ENV_DISABLE = 'NEOBERT_DISTRIBUTED'                # "0" forces single-process mode
+ENV_COORDINATOR_PORT = 'NEOBERT_COORDINATOR_PORT'  # SLURM: port override
+
+# A dead peer is noticed within a minute; jax's own default is 100 s. The shutdown timeout bounds how long
+# a process that finished waits for slower peers at the very end (e.g. a last checkpoint being written).
+DEFAULT_HEARTBEAT_S = 60
+DEFAULT_SHUTDOWN_S = 300
+DEFAULT_INIT_S = 300
+
+
+@dataclasses.dataclass(frozen=True)
+class DistributedInfo:
+  process_id: int
+  num_processes: int
+  method: str                      # 'explicit' | 'env' | 'slurm' | 'tpu' | 'single'
+  coordinator_address: str | None = None
+  local_device_ids: tuple[int, ...] | None = None
+
+  @property
+  def is_primary(self) -> bool:
+    return self.process_id == 0
+
+
+_INFO: DistributedInfo | None = None
+
+
+def _env_int(name: str) -> int | None:
+  value = os.environ.get(name, '').strip()
+  return int(value) if value else None
+
+
+def _parse_device_ids(value: str | None) -> tuple[int, ...] | None:
+  if value is None or value.strip() in ('', 'all'):
+    return None
+  return tuple(int(v) for v in value.split(',') if v.strip())
+
+
+def _slurm_settings() -> tuple[str, int, int, tuple[int, ...] | None] | None:
+  """(coordinator, num_processes, process_id, local_device_ids) inside a multi-task srun step, else None."""
+  env = os.environ
+  # SLURM_STEP_NODELIST only exists inside an srun step; the bare sbatch script is not a distributed job.
+  if not all(k in env for k in ('SLURM_JOB_ID', 'SLURM_STEP_NODELIST', 'SLURM_NTASKS', 'SLURM_PROCID')):
+    return None
+  ntasks = int(env['SLURM_NTASKS'])
+  if ntasks <= 1:
+    return None
+  port = env.get(ENV_COORDINATOR_PORT) or env.get('JAX_COORDINATOR_PORT')
+  from jax._src.clusters import slurm_cluster  # jax's parser of the compressed node list ('node[01-04]')
+  coordinator = slurm_cluster.SlurmCluster.get_coordinator_address(
+      timeout_secs=None, override_coordinator_port=port)
+  nodes = int(env.get('SLURM_STEP_NUM_NODES') or env.get('SLURM_JOB_NUM_NODES') or env.get('SLURM_NNODES') or 1)
+  tasks_per_node = max(1, ntasks // max(nodes, 1))
+  # jax's own SLURM detection always pins a process to GPU number SLURM_LOCALID, which silently leaves 7 of
+  # 8 GPUs idle when one process drives a whole node (anchors.md, MaxText #3433). Decide from the layout:
+  visible = [v for v in env.get('CUDA_VISIBLE_DEVICES', '').split(',') if v.strip()]
+  if tasks_per_node == 1 or len(visible) == 1:
+    local = None          # all visible GPUs (a node per process, or SLURM already bound one GPU per task)
+  else:
+    local = (int(env.get('SLURM_LOCALID', '0')),)   # one process per GPU, all GPUs visible to every task
+  return coordinator, ntasks, int(env['SLURM_PROCID']), local
+
+
+def _on_tpu_vm() -> bool:
+  try:
+    from jax._src import hardware_utils
+    return hardware_utils.num_available_tpu_chips_and_device_id()[0] > 0
+  except Exception:  # private helper: if it moves, fall back to "not a TPU VM"
+    return False
+
+
+def _fail_fast_excepthook(exc_type, exc, tb):
+  """Print the error and leave now, without the graceful shutdown barrier.
+
+  Peers see this process stop heartbeating and abort within the heartbeat timeout, instead of both sides
+  waiting out the shutdown timeout."""
+  pid = _INFO.process_id if _INFO else '?'
+  sys.stderr.write(f'[neobert_jax.distributed] process {pid}: uncaught exception, exiting without '
+                   'shutdown barrier so the other processes stop too.\n')
+  traceback.print_exception(exc_type, exc, tb)
+  sys.stdout.flush()
+  sys.stderr.flush()
+  logging.shutdown()
+  os._exit(1)
+
+
+def initialize(coordinator_address: str | None = None,
+               num_processes: int | None = None,
+               process_id: int | None = None,
+               *,
+               local_device_ids: Sequence[int] | None = None,
+               num_cpu_devices: int | None = None,
+               heartbeat_timeout_s: int | None = None,
+               shutdown_timeout_s: int | None = None,
+               init_timeout_s: int | None = None) -> DistributedInfo:
+  """Start jax.distributed if this is a multi-process job; safe to call more than once.
+
+  Must run before anything touches a jax backend (jax.devices(), jnp arrays, ...). Returns what was decided.
+  `num_cpu_devices` (or NEOBERT_NUM_CPU_DEVICES) makes the CPU platform expose that many fake devices.
+  """
+  global _INFO
+  if _INFO is not None:
+    return _INFO
+
+  ncpu = num_cpu_devices if num_cpu_devices is not None else _env_int(ENV_NUM_CPU_DEVICES)
+  if ncpu:
+    jax.config.update('jax_num_cpu_devices', int(ncpu))
+
+  method = 'single'
+  coord, nproc, pid = coordinator_address, num_processes, process_id
+  local = tuple(local_device_ids) if local_device_ids is not None else None
+  if os.environ.get(ENV_DISABLE, '1') == '0':
+    pass
+  elif coord is not None or nproc is not None or pid is not None:
+    method = 'explicit'
+  elif os.environ.get(ENV_NUM_PROCESSES) or os.environ.get(ENV_COORDINATOR):
+    method = 'env'
+    coord, nproc, pid = (os.environ.get(ENV_COORDINATOR), _env_int(ENV_NUM_PROCESSES), _env_int(ENV_PROCESS_ID))
+  elif (slurm := _slurm_settings()) is not None:
+    method = 'slurm'
+    coord, nproc, pid, local = slurm
+  elif _on_tpu_vm():
+    method = 'tpu'
+  if method in ('explicit', 'env', 'slurm') and local is None:
+    local = _parse_device_ids(os.environ.get(ENV_LOCAL_DEVICE_IDS))
+
+  if method in ('explicit', 'env'):
+    if nproc is None or pid is None or (coord is None and nproc > 1):
+      raise ValueError(f'multi-process start needs coordinator address, process count and process id; got '
+                       f'coordinator={coord!r} num_processes={nproc!r} process_id={pid!r} '
+                       f'(flags or {ENV_COORDINATOR}/{ENV_NUM_PROCESSES}/{ENV_PROCESS_ID})')
+    if nproc == 1:
+      method = 'single'
+
+  if method == 'single':
+    _INFO = DistributedInfo(process_id=0, num_processes=1, method='single')
+    return _INFO
+
+  # Gloo gives the CPU backend cross-process collectives (the fake-device tests); GPU/TPU ignore it.
+  jax.config.update('jax_cpu_collectives_implementation', 'gloo')
+  timeouts = dict(
+      initialization_timeout=init_timeout_s or _env_int(ENV_INIT) or DEFAULT_INIT_S,
+      heartbeat_timeout_seconds=heartbeat_timeout_s or _env_int(ENV_HEARTBEAT) or DEFAULT_HEARTBEAT_S,
+      shutdown_timeout_seconds=shutdown_timeout_s or _env_int(ENV_SHUTDOWN) or DEFAULT_SHUTDOWN_S)
+  if method == 'tpu':
+    try:
+      jax.distributed.initialize(**timeouts)
+    except ValueError as e:   # a lone TPU VM without pod metadata: nothing to coordinate
+      log.info('TPU VM without multi-host metadata (%s); running single-process', e)
+      _INFO = DistributedInfo(process_id=0, num_processes=1, method='single')
+      return _INFO
+    nproc, pid = jax.process_count(), jax.process_index()
+  else:
+    # 'deactivate' stops jax from second-guessing what we resolved (notably its SLURM one-GPU pinning).
+    jax.distributed.initialize(coordinator_address=coord, num_processes=int(nproc), process_id=int(pid),
+                               local_device_ids=list(local) if local is not None else None,
+                               cluster_detection_method='deactivate', **timeouts)
+  sys.excepthook = _fail_fast_excepthook
+  _INFO = DistributedInfo(process_id=int(pid), num_processes=int(nproc), method=method,
+                          coordinator_address=coord, local_device_ids=local)
+  log.info('jax.distributed up: %s', _INFO)
+  return _INFO
+
+
+def info() -> DistributedInfo:
+  """What initialize() decided (a single-process DistributedInfo if it was never called)."""
+  return _INFO or DistributedInfo(process_id=jax.process_index(), num_processes=jax.process_count(),
+                                  method='single')
+
+
+def is_primary() -> bool:
+  """True on process 0, the only process that writes logs, metrics and exports."""
+  return jax.process_index() == 0
+
+
+def barrier(name: str) -> None:
+  """Wait until every process reaches this point (no-op with one process)."""
+  if jax.process_count() > 1:
+    from jax.experimental import multihost_utils
+    multihost_utils.sync_global_devices(name)
+
+
+def shutdown() -> None:
+  """Graceful end of a multi-process job (also run automatically at exit by jax)."""
+  global _INFO
+  if jax.distributed.is_initialized():
+    jax.distributed.shutdown()
+  _INFO = None

@@ -1,0 +1,72 @@
+"""launch/local.py + neobert_jax.distributed: a 2-process CPU job agrees on a psum, and dies cleanly."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, 'launch'))
+import local as launcher  # noqa: E402  (launch/ is a folder of scripts, not a package)
+
+PSUM = os.path.join(ROOT, 'launch', 'examples', 'psum_check.py')
+HEARTBEAT_S = 5
+
+
+def _launch(args, timeout=120):
+  cmd = [sys.executable, os.path.join(ROOT, 'launch', 'local.py')] + args
+  return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+
+
+def test_two_processes_agree_on_psum():
+  r = _launch(['-n', '2', '--devices-per-process', '2', '--', sys.executable, PSUM, '--steps', '2'])
+  assert r.returncode == 0, r.stdout + r.stderr
+  lines = [l for l in r.stdout.splitlines() if 'PSUM' in l]
+  # each process contributes (its id + 1) on each of its 2 devices: 2*1 + 2*2 = 6
+  assert len(lines) == 4 and all('value=6.0 processes=2 devices=4' in l for l in lines), r.stdout
+  assert sum('PRIMARY done' in l for l in r.stdout.splitlines()) == 1   # only process 0 reports
+
+
+@pytest.mark.parametrize('how', ['exit', 'raise'])
+def test_peer_failure_stops_job_in_bounded_time(how):
+  t0 = time.monotonic()
+  r = _launch(['-n', '2', '--devices-per-process', '1', '--heartbeat', str(HEARTBEAT_S), '--grace', '60',
+               '--', sys.executable, PSUM, '--steps', '1000', '--sleep', '0.1', '--die-at', '3',
+               '--die-how', how])
+  elapsed = time.monotonic() - t0
+  assert r.returncode != 0
+  assert 'process 1 dying now' in r.stdout
+  # the survivor is stopped by the coordination service, not by the launcher's kill-after-grace
+  assert 'killing process' not in r.stderr, r.stderr
+  # either the heartbeat monitor aborted it, or its next collective failed and the fail-fast hook exited
+  p0 = '\n'.join(l for l in r.stdout.splitlines() if l.startswith('[p0]'))
+  assert 'detected fatal errors' in p0 or 'uncaught exception' in p0, r.stdout[-3000:]
+  assert elapsed < HEARTBEAT_S + 30, elapsed
+
+
+def test_sigkill_of_one_process_stops_the_other():
+  """Kill -9 from outside (a lost node), with children started directly rather than by the launcher."""
+  port = launcher.free_port()
+  procs = [subprocess.Popen([sys.executable, PSUM, '--steps', '1000', '--sleep', '0.1'],
+                            env=launcher.child_env(i, 2, 1, port, HEARTBEAT_S), cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+           for i in range(2)]
+  try:
+    # wait until process 1 is inside the step loop
+    for line in procs[1].stdout:
+      if 'PSUM step=2' in line:
+        break
+    procs[1].send_signal(signal.SIGKILL)
+    t0 = time.monotonic()
+    rc = procs[0].wait(timeout=HEARTBEAT_S + 60)
+    elapsed = time.monotonic() - t0
+  finally:
+    for p in procs:
+      if p.poll() is None:
+        p.kill()
+      p.wait()
+  assert rc != 0
+  assert elapsed < HEARTBEAT_S + 30, elapsed
