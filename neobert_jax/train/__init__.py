@@ -1,0 +1,6 @@
+"""MLM pretraining: `python -m neobert_jax.train --config=configs/<name>.py --workdir=runs/<name>`.
+
+Modules: config (load, validate, resolve), optimizer, state (sharded creation), step (jitted train/eval steps),
+batches (host data -> global arrays), checkpoint (Orbax), metrics (MFU, TensorBoard, JSONL), loop, __main__.
+Nothing is imported here so that `from neobert_jax.train import checkpoint` stays cheap for converters.
+"""
