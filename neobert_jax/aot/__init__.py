@@ -1,0 +1,1 @@
+"""Ahead-of-time compilation of the train step for TPU and GPU targets from a CPU-only machine."""

@@ -1,0 +1,135 @@
+"""What a compiled executable tells us: memory per device, whether it fits, FLOPs, and which attention kernels.
+
+All numbers are per device. Memory comes from XLA's buffer assignment (compiled.memory_analysis()):
+  arguments  the train state shard + the batch shard fed to the step
+  outputs    the new state + metrics; with the state donated most of it aliases the arguments
+  temps      activations, gradients, optimizer temporaries - everything live only inside the step
+  total      arguments + outputs - aliased + temps + generated code: the peak the step needs resident
+'fits' compares total with headroom x device memory: the runtime keeps some memory for itself (CUDA context,
+cuDNN workspaces, the allocator's fragmentation), so a step that needs exactly 100% would still fail.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from typing import Any
+
+# cuDNN fused attention custom calls (forward + backward; Softmax = padding/no mask, ScaleBias = boolean mask).
+_CUDNN_RE = re.compile(r'__cudnn\$fmha\w+')
+
+
+@dataclasses.dataclass
+class FitReport:
+  target: str
+  device_kind: str
+  num_devices: int
+  mesh: dict[str, int]
+  global_batch: int
+  seq_len: int
+  grad_accum: int
+  argument_bytes: int
+  output_bytes: int
+  alias_bytes: int
+  temp_bytes: int
+  code_bytes: int
+  device_memory_bytes: int
+  headroom: float
+  model_flops_per_step: float            # 6N + attention convention, whole step, all devices
+  xla_flops_per_device: float | None     # XLA's own count (TPU/CPU; None on the GPU compile-only target)
+  peak_flops_per_device: float
+  attention_kernels: list[str]
+  compile_seconds: float
+  notes: list[str] = dataclasses.field(default_factory=list)
+
+  @property
+  def total_bytes(self) -> int:
+    return self.argument_bytes + self.output_bytes - self.alias_bytes + self.temp_bytes + self.code_bytes
+
+  @property
+  def fits(self) -> bool:
+    return self.total_bytes <= self.headroom * self.device_memory_bytes
+
+  @property
+  def uses_cudnn_attention(self) -> bool:
+    return any(k.startswith('__cudnn$fmha') for k in self.attention_kernels)
+
+  def step_seconds_at(self, mfu: float) -> float:
+    """Step time if the devices reach `mfu` of their peak on the model FLOPs."""
+    return self.model_flops_per_step / (self.num_devices * self.peak_flops_per_device * mfu)
+
+  def as_dict(self) -> dict[str, Any]:
+    d = dataclasses.asdict(self)
+    d.update(total_bytes=self.total_bytes, fits=self.fits, uses_cudnn_attention=self.uses_cudnn_attention,
+             tokens_per_step=self.global_batch * self.seq_len, step_seconds_at_50pct_mfu=self.step_seconds_at(0.5))
+    return d
+
+
+def memory_numbers(compiled: Any) -> dict[str, int]:
+  stats = compiled.memory_analysis()
+  if stats is None:
+    raise RuntimeError('this backend gives no memory analysis for the compiled step')
+  return dict(argument_bytes=int(stats.argument_size_in_bytes), output_bytes=int(stats.output_size_in_bytes),
+              alias_bytes=int(stats.alias_size_in_bytes), temp_bytes=int(stats.temp_size_in_bytes),
+              code_bytes=int(stats.generated_code_size_in_bytes))
+
+
+def xla_flops(compiled: Any) -> float | None:
+  """XLA's FLOP count for one device's program, or None where the backend does not provide it."""
+  try:
+    cost = compiled.cost_analysis()
+  except Exception:  # the GPU compile-only client raises or returns None
+    return None
+  if isinstance(cost, (list, tuple)):   # older jax returned one dict per program
+    cost = cost[0] if cost else None
+  if not cost or 'flops' not in cost:
+    return None
+  return float(cost['flops'])
+
+
+def attention_kernels(hlo_text: str) -> list[str]:
+  """Distinct cuDNN fused-attention custom-call targets in the compiled HLO (empty: attention ran on XLA)."""
+  return sorted(set(_CUDNN_RE.findall(hlo_text)))
+
+
+def _gib(n: float) -> str:
+  """Bytes in GiB, or MiB below 1 GiB (toy configs would otherwise print 0.00 everywhere)."""
+  if abs(n) < 1024 ** 3:
+    return f'{n / 1024 ** 2:8.1f} MiB'
+  return f'{n / 1024 ** 3:8.2f} GiB'
+
+
+def _flops(n: float) -> str:
+  return f'{n / 1e12:.2f} TFLOP' if n >= 1e11 else f'{n / 1e9:.3f} GFLOP'
+
+
+def format_report(r: FitReport) -> str:
+  mesh = ' x '.join(f'{k}={v}' for k, v in r.mesh.items())
+  lines = [
+      f'target        {r.target}: {r.num_devices} x {r.device_kind}',
+      f'mesh          {mesh}',
+      f'batch         {r.global_batch} sequences x {r.seq_len} tokens = {r.global_batch * r.seq_len:,} tokens/step'
+      + (f' ({r.grad_accum} micro-batches)' if r.grad_accum > 1 else ''),
+      'memory per device:',
+      f'  arguments   {_gib(r.argument_bytes)}',
+      f'  outputs     {_gib(r.output_bytes)}  (aliased with donated arguments: {_gib(r.alias_bytes).strip()})',
+      f'  temporaries {_gib(r.temp_bytes)}',
+      f'  code        {_gib(r.code_bytes)}',
+      f'  total       {_gib(r.total_bytes)}  of {_gib(r.device_memory_bytes).strip()} '
+      f'({100 * r.total_bytes / r.device_memory_bytes:.1f}%)',
+      f'fits          {"YES" if r.fits else "NO"} (limit {int(100 * r.headroom)}% of device memory)',
+      f'model FLOPs   {_flops(r.model_flops_per_step)}/step '
+      f'({_flops(r.model_flops_per_step / r.num_devices)} per device; 6 x matmul params + attention, per token)',
+  ]
+  if r.xla_flops_per_device is not None:
+    lines.append(f'XLA FLOPs     {_flops(r.xla_flops_per_device)}/step per device (XLA cost analysis of the '
+                 'partitioned program)')
+  lines.append(f'step time     {r.step_seconds_at(0.5) * 1e3:.3g} ms at 50% MFU '
+               f'({r.peak_flops_per_device / 1e12:.0f} TFLOP/s peak per device)')
+  if r.attention_kernels:
+    lines.append(f'attention     cuDNN fused: {", ".join(r.attention_kernels)}')
+  else:
+    lines.append('attention     XLA (no cuDNN fused attention in the compiled program)')
+  lines.append(f'compile       {r.compile_seconds:.1f} s')
+  lines += [f'note          {n}' for n in r.notes]
+  return '\n'.join(lines)

@@ -1,0 +1,167 @@
+"""Compile targets: parse '--target', build the compile-only device topology, know each chip's memory and peak.
+
+Target strings:
+  tpu:v5e-256        a named TPU slice: generation + chip count (v4 and v5p count TensorCores, as Google does,
+                     i.e. 2 per chip: v4-8 is 4 chips)
+  tpu:v5e:16x16      the same slice as an explicit chip grid (v4/v5p: AxBxC)
+  cuda:h100x8        N H100 SXM 80GB GPUs, 8 per host (cuda:h100x16 = 2 hosts)
+
+Devices come from jax.experimental.topologies: libtpu builds TPU slices from a name; the CUDA plugin builds GPU
+hosts from a GpuTargetConfig text proto describing the GPU (written below from the H100 SXM's published
+figures), so no accelerator is needed. Both only work inside the child interpreter set up by aot/deps.py.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+
+GIB = 1024 ** 3
+
+# The H100 SXM 80GB as XLA's GpuTargetConfigProto wants it (the figures of XLA's h100_sxm spec): what the GPU
+# compiler needs to choose kernels and to check the cuDNN fused-attention requirements (compute capability 9.0,
+# cuDNN >= 9) without a device.
+H100_SXM_TARGET = """
+gpu_device_info {
+  threads_per_block_limit: 1024
+  threads_per_warp: 32
+  shared_memory_per_block: 49152
+  shared_memory_per_core: 233472
+  threads_per_core_limit: 2048
+  core_count: 132
+  fpus_per_core: 128
+  block_dim_limit_x: 2147483647
+  block_dim_limit_y: 65535
+  block_dim_limit_z: 65535
+  memory_bandwidth: 3352320000000
+  l2_cache_size: 52428800
+  clock_rate_ghz: 1.98
+  device_memory_size: 84942979072
+  shared_memory_per_block_optin: 232448
+  cuda_compute_capability { major: 9 minor: 0 }
+  registers_per_core_limit: 65536
+  registers_per_block_limit: 65536
+  thread_dim_limit_x: 1024
+  thread_dim_limit_y: 1024
+  thread_dim_limit_z: 64
+  device_vendor: "NVIDIA Corporation"
+  device_address_bits: 64
+  name: "NVIDIA H100 80GB HBM3"
+}
+platform_name: "CUDA"
+dnn_version_info { major: 9 minor: 10 patch: 0 }
+device_description_str: "NVIDIA H100 80GB HBM3"
+"""
+
+
+@dataclasses.dataclass(frozen=True)
+class Chip:
+  name: str
+  memory_bytes: int          # per device (a TPU chip in one-device-per-chip mode, or a GPU)
+  peak_bf16_flops: float     # dense, per device
+  dims: int = 2              # TPU torus rank
+  chip_config: str = 'default'
+  cores_per_chip_in_name: int = 1  # v4-8 / v5p-8 name TensorCores, not chips
+
+
+CHIPS = {
+    'h100': Chip('H100 SXM 80GB', 84942979072, 989e12),
+    # v4 and v5p have two TensorCores per chip that jax drives as one device ("megacore").
+    'v4': Chip('TPU v4', 32 * GIB, 275e12, dims=3, chip_config='megacore', cores_per_chip_in_name=2),
+    'v5p': Chip('TPU v5p', 95 * GIB, 459e12, dims=3, chip_config='megacore', cores_per_chip_in_name=2),
+    'v5e': Chip('TPU v5 lite', 16 * GIB, 197e12),
+    'v6e': Chip('TPU v6 lite', 32 * GIB, 918e12),
+}
+
+# Chips per host along each torus axis (4 chips per TPU VM host in multi-host slices).
+_TPU_HOST_BOUNDS = {2: (2, 2, 1), 3: (2, 2, 1)}   # 4 chips per host: v5e/v6e 2x2 hosts, v4/v5p 2x2x1 hosts
+
+
+@dataclasses.dataclass(frozen=True)
+class Target:
+  spec: str                  # as given on the command line
+  platform: str              # 'tpu' | 'cuda'
+  chip: Chip
+  num_devices: int
+  tpu_topology: str | None = None      # e.g. 'v5e:16x16'
+  gpu_hosts: int | None = None
+  gpus_per_host: int | None = None
+
+  @property
+  def deps_kind(self) -> str:
+    return 'tpu' if self.platform == 'tpu' else 'cuda'
+
+
+def _grid_2d(chips: int) -> tuple[int, int]:
+  """The near-square a x b (a <= b, powers of two) grid Google uses for 2-D slices (v5e-32 = 4x8)."""
+  if chips & (chips - 1):
+    raise ValueError(f'{chips} chips: 2-D TPU slices have a power-of-two chip count')
+  a = 2 ** (int(math.log2(chips)) // 2)
+  return a, chips // a
+
+
+def _grid_3d(chips: int) -> tuple[int, int, int]:
+  if chips & (chips - 1) or chips < 4:
+    raise ValueError(f'{chips} chips: 3-D TPU slices have a power-of-two chip count of at least 4')
+  dims = [2, 2, 1]
+  while math.prod(dims) < chips:   # grow the smallest axis first: 2x2x1, 2x2x2, 2x2x4, 2x4x4, 4x4x4, ...
+    i = min(range(3), key=lambda k: (dims[k], -k))
+    dims[i] *= 2
+  return tuple(dims)
+
+
+def parse_target(spec: str) -> Target:
+  platform, _, rest = spec.partition(':')
+  platform = platform.lower()
+  if platform == 'cuda' or platform == 'gpu':
+    m = re.fullmatch(r'(h100)x(\d+)', rest.lower())
+    if not m:
+      raise ValueError(f'GPU target {spec!r}: expected cuda:h100x<N> (only the H100 SXM description is built in)')
+    n = int(m.group(2))
+    per_host = min(n, 8)
+    if n % per_host:
+      raise ValueError(f'{spec}: more than 8 GPUs must be a multiple of 8 (8 per host)')
+    return Target(spec, 'cuda', CHIPS['h100'], n, gpu_hosts=n // per_host, gpus_per_host=per_host)
+  if platform == 'tpu':
+    m = re.fullmatch(r'(v4|v5e|v5p|v6e)([-:])([\dx]+)', rest.lower())
+    if not m:
+      raise ValueError(f'TPU target {spec!r}: expected e.g. tpu:v5e-256, tpu:v4-32 or tpu:v5e:16x16')
+    gen, sep, size = m.groups()
+    chip = CHIPS[gen]
+    if sep == ':':
+      grid = tuple(int(x) for x in size.split('x'))
+      if len(grid) != chip.dims:
+        raise ValueError(f'{spec}: {gen} slices are {chip.dims}-D (e.g. {"2x2x2" if chip.dims == 3 else "4x4"})')
+    else:
+      cores = int(size)
+      if cores % chip.cores_per_chip_in_name:
+        raise ValueError(f'{spec}: {gen}-N counts TensorCores ({chip.cores_per_chip_in_name} per chip)')
+      chips = cores // chip.cores_per_chip_in_name
+      grid = _grid_2d(chips) if chip.dims == 2 else _grid_3d(chips)
+    topo = f'{gen}:' + 'x'.join(map(str, grid))
+    return Target(spec, 'tpu', chip, math.prod(grid), tpu_topology=topo)
+  raise ValueError(f'unknown target platform in {spec!r}; expected tpu:... or cuda:...')
+
+
+def devices(target: Target) -> list:
+  """Compile-only devices of the target (needs the child environment from aot/deps.py)."""
+  from jax.experimental import topologies
+  if target.platform == 'tpu':
+    bounds = _TPU_HOST_BOUNDS[target.chip.dims]
+    grid = tuple(int(x) for x in target.tpu_topology.split(':')[1].split('x'))
+    # A slice smaller than a host is a single host holding all of it.
+    bounds = tuple(min(b, g) for b, g in zip(bounds, grid + (1,) * (3 - len(grid))))
+    topo = topologies.get_topology_desc(platform='tpu', topology_name=target.tpu_topology,
+                                        chip_config_name=target.chip.chip_config,
+                                        chips_per_host_bounds=bounds, num_slices=1,
+                                        wrap=(False,) * 3)
+  else:
+    # 'partitions x hosts x devices per host'
+    topo = topologies.get_topology_desc(platform='cuda',
+                                        topology=f'1x{target.gpu_hosts}x{target.gpus_per_host}',
+                                        target_config=H100_SXM_TARGET)
+  devs = list(topo.devices)
+  if len(devs) != target.num_devices:
+    raise RuntimeError(f'{target.spec}: topology has {len(devs)} devices, expected {target.num_devices}')
+  return devs

@@ -1,0 +1,171 @@
+"""Ahead-of-time compile of the real train step for a TPU slice or an H100 cluster, from a CPU-only machine.
+
+    python -m neobert_jax.compile --config=configs/neobert_250m.py --target=cuda:h100x8
+    python -m neobert_jax.compile --config=configs/neobert_250m.py --target=tpu:v5e-256 \
+        --config.train.global_batch_size=4096 --config.mesh.fsdp=-1
+
+Prints per-device memory (arguments, temporaries, total against the device's memory), whether the step fits,
+its FLOPs, and for GPU targets whether attention compiled to the cuDNN fused kernels. Every `--config.*`
+override the trainer accepts works here, so a recipe can be checked before any hardware is booked.
+
+The compile needs libtpu (TPU) or the jax CUDA plugin + cuDNN (GPU). They are installed on first use into a
+cache (neobert_jax/aot/deps.py) and the work runs in a child interpreter that sees them, with JAX_PLATFORMS=cpu:
+the CPU is the only real backend, the target devices are compile-only topology devices.
+Exit status: 0 compiled (see the report), 3 the optional dependency could not be installed, 4 --require_fit
+and it does not fit, 5 --require_cudnn and no cuDNN attention, anything else an error.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+from absl import app, flags
+from ml_collections import config_flags
+
+from neobert_jax.aot import deps, targets
+
+_CHILD_ENV = 'NEOBERT_AOT_CHILD'
+
+_CONFIG = config_flags.DEFINE_config_file('config', None, 'training config file (configs/*.py)', lock_config=False)
+_TARGET = flags.DEFINE_string('target', None, 'tpu:v5e-256, tpu:v4-32, tpu:v5e:4x4, cuda:h100x8, cuda:h100x16, ...')
+_WHAT = flags.DEFINE_enum('what', 'train', ['train', 'forward_backward'],
+                          'train: the full train step (grad accumulation + optimizer update, state donated); '
+                          'forward_backward: loss and parameter gradients only (to isolate the model)')
+_HEADROOM = flags.DEFINE_float('headroom', 0.9, 'fraction of device memory the step may use and still "fit"')
+_JSON = flags.DEFINE_string('json', None, 'also write the report as JSON to this file')
+_DUMP_HLO = flags.DEFINE_string('dump_hlo', None, 'write the compiled (optimised, partitioned) HLO text here')
+_REQUIRE_FIT = flags.DEFINE_bool('require_fit', False, 'exit with status 4 if the step does not fit')
+_REQUIRE_CUDNN = flags.DEFINE_bool('require_cudnn', False, 'exit with status 5 if attention is not cuDNN fused')
+
+
+def prepare_config(cfg, target: targets.Target):
+  """The config as it would run on the target: accelerator compute dtype and the target's attention kernel.
+
+  On the real hardware 'auto' settings resolve from jax.default_backend(); here the default backend is the
+  CPU, so they are resolved for the target explicitly instead.
+  """
+  cfg = cfg.copy_and_resolve_references()
+  dtype = cfg.train.get('compute_dtype', 'auto')
+  if dtype == 'auto':
+    dtype = 'bfloat16'
+  cfg.train.compute_dtype = dtype
+  cfg.model.dtype = dtype
+  if cfg.model.attention_impl == 'auto':
+    cfg.model.attention_impl = 'cudnn' if target.platform == 'cuda' and dtype != 'float32' else 'xla'
+  if target.platform == 'tpu' and cfg.model.attention_impl == 'cudnn':
+    raise ValueError('model.attention_impl=cudnn is GPU-only; use auto or xla for a TPU target')
+  return cfg
+
+
+def _compile(cfg, target: targets.Target):
+  """Lower and compile the step for the target mesh; returns (compiled, mesh)."""
+  import jax
+  from neobert_jax import sharding as shd
+  from neobert_jax.train import state as state_lib
+  from neobert_jax.train import step as step_lib
+
+  mesh = shd.make_mesh(cfg.mesh, targets.devices(target))
+  defs, abstract_state = state_lib.abstract_train_state(cfg, mesh)
+  batch = step_lib.abstract_batch(cfg, mesh)
+  if _WHAT.value == 'train':
+    lowered = step_lib.build_train_step(cfg, mesh, defs).lower(abstract_state, batch)
+  else:
+    from flax import nnx
+    packed = cfg.data.packing == 'packed'
+    micro = {k: jax.ShapeDtypeStruct(v.shape[1:], v.dtype, sharding=jax.sharding.NamedSharding(
+        mesh, jax.sharding.PartitionSpec(*v.sharding.spec[1:]))) for k, v in batch.items()}
+
+    def loss_and_grads(params, micro):
+      def loss(p):
+        total, (count, _) = step_lib.mlm_sums(nnx.merge(defs.model_def, p), micro, packed)
+        return total / jax.numpy.maximum(count, 1.0)
+      return jax.value_and_grad(loss)(params)
+
+    fn = jax.jit(loss_and_grads, in_shardings=(defs.shardings['params'], {k: v.sharding for k, v in micro.items()}),
+                 out_shardings=(jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()),
+                                defs.shardings['params']))
+    with shd.activate(mesh):
+      lowered = fn.lower(abstract_state['params'], micro)
+  return lowered.compile(), mesh
+
+
+def run_child(cfg_in) -> int:
+  import jax
+  from neobert_jax.aot import report as report_lib
+  from neobert_jax.model import config as model_config
+
+  # Initialise the backends first: plugin discovery is what preloads the pip cuDNN library, and the cuDNN
+  # attention checks at trace time fail with "cuDNN not found" without it.
+  jax.devices()
+  target = targets.parse_target(_TARGET.value)
+  cfg = prepare_config(cfg_in, target)
+  t0 = time.time()
+  compiled, mesh = _compile(cfg, target)
+  seconds = time.time() - t0
+  hlo = compiled.as_text()
+  if _DUMP_HLO.value:
+    with open(_DUMP_HLO.value, 'w') as f:
+      f.write(hlo)
+
+  seq = int(cfg.model.max_length)
+  preds = int(cfg.data.max_predictions)
+  tokens = int(cfg.train.global_batch_size) * seq
+  decoder_fraction = preds / seq if preds > 0 else 1.0
+  notes = []
+  if target.platform == 'cuda' and cfg.model.attention_impl != 'cudnn':
+    notes.append(f'attention_impl={cfg.model.attention_impl}: the cuDNN fused kernels were not requested')
+  if target.platform == 'cuda':
+    notes.append('GPU compile-only target: no autotuning, so kernel choices and temporaries may differ a little '
+                 'on a live GPU; XLA gives no FLOP count here')
+  mem = report_lib.memory_numbers(compiled)
+  r = report_lib.FitReport(
+      target=target.spec, device_kind=mesh.devices.flat[0].device_kind, num_devices=target.num_devices,
+      mesh=dict(zip(mesh.axis_names, (int(s) for s in mesh.devices.shape))),
+      global_batch=int(cfg.train.global_batch_size), seq_len=seq, grad_accum=int(cfg.train.grad_accum_steps),
+      device_memory_bytes=target.chip.memory_bytes, headroom=_HEADROOM.value,
+      model_flops_per_step=model_config.train_flops_per_token(cfg.model, seq, decoder_fraction) * tokens,
+      xla_flops_per_device=report_lib.xla_flops(compiled), peak_flops_per_device=target.chip.peak_bf16_flops,
+      attention_kernels=report_lib.attention_kernels(hlo), compile_seconds=seconds, notes=notes, **mem)
+  print(report_lib.format_report(r), flush=True)
+  if _JSON.value:
+    data = r.as_dict()
+    data.update(what=_WHAT.value, attention_impl=cfg.model.attention_impl, dtype=cfg.model.dtype,
+                packing=cfg.data.packing, max_predictions=preds)
+    with open(_JSON.value, 'w') as f:
+      json.dump(data, f, indent=2)
+  if _REQUIRE_FIT.value and not r.fits:
+    return 4
+  if _REQUIRE_CUDNN.value and not r.uses_cudnn_attention:
+    return 5
+  return 0
+
+
+def run_parent(argv: list[str]) -> int:
+  target = targets.parse_target(_TARGET.value)   # fail on a bad target before any download
+  try:
+    deps.ensure(target.deps_kind)
+  except deps.DependencyError as e:
+    print(f'[aot] cannot compile for {target.spec}: optional dependency missing.\n{e}', file=sys.stderr)
+    return 3
+  env = deps.child_env(target.deps_kind)
+  env[_CHILD_ENV] = '1'
+  # Our own package must stay importable from the child whatever the working directory.
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  env['PYTHONPATH'] = os.pathsep.join([env['PYTHONPATH'], root])
+  return subprocess.call([sys.executable, '-m', 'neobert_jax.compile'] + argv[1:], env=env)
+
+
+def main(argv: list[str]) -> int:
+  if _CONFIG.value is None or not _TARGET.value:
+    raise app.UsageError('--config and --target are required')
+  if os.environ.get(_CHILD_ENV) == '1':
+    return run_child(_CONFIG.value)
+  return run_parent(sys.argv)
+
+
+if __name__ == '__main__':
+  app.run(lambda argv: sys.exit(main(argv)))
