@@ -95,7 +95,9 @@ class WordPieceTokenizer(Tokenizer):
     else:
       # A bare vocab.txt: the bert-base-uncased pipeline (lower-case, strip
       # accents, split punctuation and CJK), as BertTokenizer does.
-      tok = tokenizers.BertWordPieceTokenizer(path, lowercase=True)
+      tok = tokenizers.Tokenizer(tokenizers.models.WordPiece.from_file(path, unk_token='[UNK]'))
+      tok.normalizer = tokenizers.normalizers.BertNormalizer(lowercase=True)
+      tok.pre_tokenizer = tokenizers.pre_tokenizers.BertPreTokenizer()
     # Files saved for inference often pad/truncate to 128 (all-MiniLM does);
     # prepare needs every token of a document.
     tok.no_padding()
