@@ -68,7 +68,13 @@ def _compile(cfg, target: targets.Target):
   from neobert_jax.train import state as state_lib
   from neobert_jax.train import step as step_lib
 
-  mesh = shd.make_mesh(cfg.mesh, targets.devices(target))
+  from neobert_jax.train import config as train_config
+
+  devices = targets.devices(target)
+  # The trainer's own checks (unknown keys, batch divisibility over the mesh and over the target's hosts), so
+  # a recipe that compiles here is one the trainer accepts there.
+  train_config.validate(cfg, num_devices=len(devices), process_count=len({d.process_index for d in devices}))
+  mesh = shd.make_mesh(cfg.mesh, devices)
   defs, abstract_state = state_lib.abstract_train_state(cfg, mesh)
   batch = step_lib.abstract_batch(cfg, mesh)
   if _WHAT.value == 'train':
