@@ -1,0 +1,8 @@
+"""NeoBERT model: config, attention, rotary embeddings, encoder and MLM head, flat parameter io."""
+
+from neobert_jax.model.config import default_model_config, ffn_hidden_size, head_dim, train_flops_per_token
+from neobert_jax.model.encoder import NeoBERT, NeoBERTForMLM
+from neobert_jax.model.params import load_flat, to_flat
+
+__all__ = ["NeoBERT", "NeoBERTForMLM", "default_model_config", "ffn_hidden_size", "head_dim", "load_flat",
+           "to_flat", "train_flops_per_token"]

@@ -1,0 +1,153 @@
+"""NeoBERT in Flax NNX: token embedding -> L pre-RMSNorm blocks (fused qkv, RoPE, SwiGLU) -> RMSNorm -> MLM decoder.
+
+The L blocks' weights are always stored stacked along a leading 'layers' axis, so one checkpoint layout serves
+both execution modes: `scan_layers=True` runs one compiled block under lax.scan (compile time independent of
+depth), `scan_layers=False` unrolls a Python loop over the same arrays.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+from flax import nnx
+
+from neobert_jax.model.attention import attention, resolve_implementation
+from neobert_jax.model.config import ffn_hidden_size, head_dim, validate_model_config
+from neobert_jax.model.rope import apply_rope
+from neobert_jax.sharding import constrain, creation_scope
+
+_REMAT_POLICIES: dict[str, Callable[..., Any] | None] = {
+    "full": jax.checkpoint_policies.nothing_saveable,
+    # Keep matmul outputs, recompute the cheap elementwise work (norms, RoPE, SiLU) in the backward pass.
+    "save_dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+}
+
+
+def _uniform(limit: float):
+  """U(-limit, limit), NeoBERT's initialiser for every Linear and the embedding."""
+  def init(key, shape, dtype=jnp.float32):
+    return jax.random.uniform(key, shape, dtype, -limit, limit)
+  return init
+
+
+def _param(init, key, shape, dtype, axes) -> nnx.Param:
+  return nnx.Param(init(key, shape, dtype), out_sharding=axes)
+
+
+def rms_norm(x: jax.Array, scale: jax.Array, eps: float) -> jax.Array:
+  """RMSNorm computed in fp32 whatever the activation dtype, returned in the activation dtype."""
+  x32 = x.astype(jnp.float32)
+  normed = x32 * jax.lax.rsqrt(jnp.mean(jnp.square(x32), axis=-1, keepdims=True) + eps)
+  return (normed * scale.astype(jnp.float32)).astype(x.dtype)
+
+
+class EncoderLayers(nnx.Module):
+  """All transformer blocks, weights stacked as [L, ...]. Axis names feed the sharding rules table."""
+
+  def __init__(self, cfg: ml_collections.ConfigDict, *, rngs: nnx.Rngs):
+    n, d, h, dh, f = cfg.num_layers, cfg.hidden_size, cfg.num_heads, head_dim(cfg), ffn_hidden_size(cfg)
+    pdt = jnp.dtype(cfg.param_dtype)
+    ones = lambda key, shape, dtype: jnp.ones(shape, dtype)
+    init = _uniform(cfg.decoder_init_range)
+    self.attention_norm = _param(ones, None, (n, d), pdt, ("layers", "norm"))
+    # Last axis per head is [q | k | v], the row grouping of the published fused qkv weight.
+    self.qkv = _param(init, rngs.params(), (n, d, h, 3 * dh), pdt, ("layers", "embed", "heads", "head_dim"))
+    self.wo = _param(init, rngs.params(), (n, h, dh, d), pdt, ("layers", "heads", "head_dim", "embed"))
+    self.ffn_norm = _param(ones, None, (n, d), pdt, ("layers", "norm"))
+    # Gate and up projections kept on a separate axis so tensor parallelism splits both along 'mlp' alike.
+    self.w12 = _param(init, rngs.params(), (n, d, 2, f), pdt, ("layers", "embed", None, "mlp"))
+    self.w3 = _param(init, rngs.params(), (n, f, d), pdt, ("layers", "mlp", "embed"))
+    self.cfg = ml_collections.FrozenConfigDict(cfg)
+
+  def _weights(self) -> dict[str, jax.Array]:
+    names = ("attention_norm", "qkv", "wo", "ffn_norm", "w12", "w3")
+    return {name: getattr(self, name)[...] for name in names}
+
+  def __call__(self, x: jax.Array, positions: jax.Array, segment_ids: jax.Array | None,
+               lengths: jax.Array | None) -> jax.Array:
+    cfg = self.cfg
+    dtype = jnp.dtype(cfg.dtype)
+    impl = resolve_implementation(cfg.attention_impl, dtype)
+
+    def block(x, w):
+      w = {k: v.astype(dtype) for k, v in w.items()}
+      hidden = rms_norm(x, w["attention_norm"], cfg.norm_eps)
+      qkv = jnp.einsum("btd,dhk->bthk", hidden, w["qkv"])
+      q, k, v = jnp.split(qkv, 3, axis=-1)
+      q = apply_rope(q, positions, cfg.rope_theta)
+      k = apply_rope(k, positions, cfg.rope_theta)
+      q, k, v = (constrain(a, ("batch", "length", "heads", "head_dim")) for a in (q, k, v))
+      attended = attention(q, k, v, segment_ids=segment_ids, lengths=lengths, implementation=impl)
+      x = x + jnp.einsum("bthk,hkd->btd", attended, w["wo"])
+      x = constrain(x, ("batch", "length", "act_embed"))
+      gate_up = jnp.einsum("btd,dgf->btgf", rms_norm(x, w["ffn_norm"], cfg.norm_eps), w["w12"])
+      activated = jax.nn.silu(gate_up[:, :, 0]) * gate_up[:, :, 1]
+      x = x + jnp.einsum("btf,fd->btd", activated, w["w3"])
+      return constrain(x, ("batch", "length", "act_embed"))
+
+    if cfg.remat_policy != "none":
+      block = jax.checkpoint(block, policy=_REMAT_POLICIES[cfg.remat_policy])
+    weights = self._weights()
+    if cfg.scan_layers:
+      x, _ = jax.lax.scan(lambda carry, w: (block(carry, w), None), x, weights)
+      return x
+    for i in range(cfg.num_layers):
+      x = block(x, jax.tree.map(lambda a: a[i], weights))
+    return x
+
+
+class NeoBERT(nnx.Module):
+  """The encoder: returns the final-RMSNorm hidden states [B, T, D]."""
+
+  def __init__(self, cfg: ml_collections.ConfigDict, *, rngs: nnx.Rngs):
+    validate_model_config(cfg)
+    self.cfg = ml_collections.FrozenConfigDict(cfg)
+    with creation_scope():
+      self._create(self.cfg, rngs)
+
+  def _create(self, cfg: ml_collections.ConfigDict, rngs: nnx.Rngs) -> None:
+    self.token_embedding = nnx.Embed(
+        cfg.vocab_size, cfg.hidden_size, dtype=jnp.dtype(cfg.dtype), param_dtype=jnp.dtype(cfg.param_dtype),
+        embedding_init=nnx.with_partitioning(_uniform(cfg.embedding_init_range), ("vocab", "embed")), rngs=rngs)
+    self.layers = EncoderLayers(cfg, rngs=rngs)
+    self.final_norm = nnx.Param(jnp.ones((cfg.hidden_size,), jnp.dtype(cfg.param_dtype)), out_sharding=("norm",))
+
+  def __call__(self, input_ids: jax.Array, positions: jax.Array | None = None,
+               segment_ids: jax.Array | None = None, lengths: jax.Array | None = None) -> jax.Array:
+    if positions is None:
+      positions = jnp.broadcast_to(jnp.arange(input_ids.shape[1], dtype=jnp.int32), input_ids.shape)
+    # Gather from a table whose embed axis is whole: a gather cannot follow the fsdp split of the table, and
+    # letting XLA pick would replicate the whole table onto every device ("involuntary full rematerialization").
+    table = constrain(self.token_embedding.embedding[...], ("vocab", None)).astype(self.cfg.dtype)
+    x = constrain(jnp.take(table, input_ids, axis=0), ("batch", "length", "act_embed"))
+    x = self.layers(x, positions, segment_ids, lengths)
+    return rms_norm(x, self.final_norm[...], self.cfg.norm_eps)
+
+
+class NeoBERTForMLM(nnx.Module):
+  """Encoder + untied MLM decoder (Linear with bias), optionally decoding only a static set of positions."""
+
+  def __init__(self, cfg: ml_collections.ConfigDict, *, rngs: nnx.Rngs):
+    self.encoder = NeoBERT(cfg, rngs=rngs)
+    with creation_scope():
+      self.decoder = nnx.Linear(
+          cfg.hidden_size, cfg.vocab_size, use_bias=True, param_dtype=jnp.dtype(cfg.param_dtype),
+          kernel_init=nnx.with_partitioning(_uniform(cfg.decoder_init_range), ("embed", "vocab")),
+          bias_init=nnx.with_partitioning(nnx.initializers.zeros_init(), ("vocab",)), rngs=rngs)
+    self.cfg = ml_collections.FrozenConfigDict(cfg)
+
+  def __call__(self, input_ids: jax.Array, positions: jax.Array | None = None,
+               segment_ids: jax.Array | None = None, lengths: jax.Array | None = None,
+               mlm_positions: jax.Array | None = None) -> jax.Array:
+    """Returns float32 logits [B, T, V], or [B, P, V] for the positions mlm_positions [B, P] (gathered first)."""
+    hidden = self.encoder(input_ids, positions, segment_ids, lengths)
+    if mlm_positions is not None:
+      hidden = jnp.take_along_axis(hidden, mlm_positions[:, :, None].astype(jnp.int32), axis=1)
+    dtype = jnp.dtype(self.cfg.dtype)
+    logits = jnp.einsum("bpd,dv->bpv", hidden.astype(dtype), self.decoder.kernel[...].astype(dtype),
+                        preferred_element_type=jnp.float32)
+    logits = logits + self.decoder.bias[...].astype(jnp.float32)
+    return constrain(logits, ("batch", "length", "vocab"))

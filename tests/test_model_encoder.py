@@ -1,0 +1,147 @@
+"""The JAX NeoBERT's own invariants: RoPE convention, masking modes, scan/remat equivalence, sharding, heads."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from neobert_jax import sharding
+from neobert_jax.model import NeoBERTForMLM, default_model_config, train_flops_per_token
+from neobert_jax.model.attention import resolve_implementation
+from neobert_jax.model.config import ffn_hidden_size, validate_model_config
+from neobert_jax.model.rope import apply_rope
+
+
+def small_config(**overrides):
+  cfg = default_model_config()
+  cfg.update(num_layers=2, hidden_size=64, num_heads=4, intermediate_size=192, vocab_size=128)
+  cfg.update(overrides)
+  return cfg
+
+
+def random_ids(batch, length, vocab=128, seed=0):
+  return jnp.asarray(np.random.default_rng(seed).integers(1, vocab, (batch, length)), jnp.int32)
+
+
+def test_released_config_derives_published_sizes():
+  cfg = default_model_config()
+  assert ffn_hidden_size(cfg) == 2048
+  model = nnx.eval_shape(lambda: NeoBERTForMLM(cfg, rngs=nnx.Rngs(0)))
+  params = nnx.state(model, nnx.Param)
+  total = sum(int(np.prod(v.shape)) for v in jax.tree.leaves(params))
+  # Sum of the published checkpoint's shapes: embedding, 28 blocks (qkv, wo, w12, w3, two norms), norm, decoder.
+  block = 2304 * 768 + 768 * 768 + 4096 * 768 + 768 * 2048 + 2 * 768
+  assert total == 30522 * 768 + 28 * block + 768 + 30522 * 768 + 30522
+  assert model.encoder.layers.qkv.shape == (28, 768, 12, 192)
+  assert model.encoder.layers.w12.shape == (28, 768, 2, 2048)
+  # 6 x 221.6M matmul params + attention at T=1024: the figure MFU is computed from.
+  assert abs(train_flops_per_token(cfg, 1024) / 1.59e9 - 1) < 0.01
+
+
+def test_rope_rotates_adjacent_pairs_as_complex_numbers():
+  rng = np.random.default_rng(0)
+  x = rng.standard_normal((1, 5, 2, 8)).astype(np.float32)
+  pos = np.array([[0, 1, 2, 7, 100]], np.int32)
+  inv = 1.0 / (10000.0 ** (np.arange(0, 8, 2) / 8))
+  z = x[..., 0::2] + 1j * x[..., 1::2]
+  rotated = z * np.exp(1j * pos[0][None, :, None, None] * inv)
+  expected = np.stack([rotated.real, rotated.imag], -1).reshape(x.shape)
+  np.testing.assert_allclose(apply_rope(jnp.asarray(x), jnp.asarray(pos), 10000.0), expected, atol=1e-4)
+
+
+def test_packed_rows_equal_documents_run_alone():
+  cfg = small_config()
+  model = NeoBERTForMLM(cfg, rngs=nnx.Rngs(0))
+  doc_a, doc_b = random_ids(1, 5, seed=1), random_ids(1, 7, seed=2)
+  packed = jnp.concatenate([doc_a, doc_b, jnp.zeros((1, 4), jnp.int32)], axis=1)
+  segments = jnp.asarray([[1] * 5 + [2] * 7 + [0] * 4], jnp.int32)
+  positions = jnp.asarray([list(range(5)) + list(range(7)) + [0] * 4], jnp.int32)
+  out = model(packed, positions=positions, segment_ids=segments)
+  np.testing.assert_allclose(out[:, :5], model(doc_a), atol=1e-5)
+  np.testing.assert_allclose(out[:, 5:12], model(doc_b), atol=1e-5)
+  # Without the segment mask the documents would leak into each other: the check above can fail.
+  leaky = model(packed, positions=positions, lengths=jnp.asarray([12]))
+  assert float(jnp.abs(leaky[:, :5] - model(doc_a)).max()) > 1e-3
+
+
+def test_padding_lengths_ignore_padded_keys():
+  cfg = small_config()
+  model = NeoBERTForMLM(cfg, rngs=nnx.Rngs(0))
+  ids = random_ids(2, 10)
+  padded = ids.at[1, 6:].set(0)
+  out = model(padded, lengths=jnp.asarray([10, 6]))
+  np.testing.assert_allclose(out[1, :6], model(ids[1:, :6])[0], atol=1e-5)
+  np.testing.assert_allclose(out[0], model(ids[:1])[0], atol=1e-5)
+
+
+def test_scan_unrolled_and_remat_agree_in_value_and_gradient():
+  ids = random_ids(2, 12)
+
+  def loss_and_grad(**overrides):
+    model = NeoBERTForMLM(small_config(**overrides), rngs=nnx.Rngs(0))
+    loss = lambda m: jnp.mean(jax.nn.log_softmax(m(ids))[..., 3])
+    return nnx.value_and_grad(loss)(model)
+
+  base_loss, base_grad = loss_and_grad()
+  for overrides in ({"scan_layers": False}, {"remat_policy": "full"}, {"remat_policy": "save_dots"}):
+    loss, grad = loss_and_grad(**overrides)
+    np.testing.assert_allclose(loss, base_loss, rtol=1e-6)
+    for a, b in zip(jax.tree.leaves(grad), jax.tree.leaves(base_grad)):
+      np.testing.assert_allclose(a, b, atol=1e-6)
+
+
+def test_sparse_head_equals_dense_logits_at_the_masked_positions():
+  model = NeoBERTForMLM(small_config(), rngs=nnx.Rngs(0))
+  ids = random_ids(2, 12)
+  where = jnp.asarray([[0, 3, 11], [5, 5, 2]], jnp.int32)
+  sparse = model(ids, mlm_positions=where)
+  dense = model(ids)
+  assert sparse.shape == (2, 3, 128) and sparse.dtype == jnp.float32
+  np.testing.assert_allclose(sparse, jnp.take_along_axis(dense, where[:, :, None], axis=1), atol=1e-5)
+
+
+@pytest.mark.parametrize("mesh_sizes", [{"data": 8, "fsdp": 1, "tensor": 1}, {"data": 1, "fsdp": 8, "tensor": 1},
+                                        {"data": 2, "fsdp": 2, "tensor": 2}])
+def test_sharded_forward_and_gradient_equal_single_device(mesh_sizes):
+  cfg = small_config()
+  ids = random_ids(8, 16)
+  segments = jnp.asarray(np.repeat([[1] * 9 + [2] * 5 + [0] * 2], 8, 0), jnp.int32)
+  loss = lambda m: jnp.mean(m(ids, segment_ids=segments) ** 2)
+  ref_loss, ref_grad = nnx.value_and_grad(loss)(NeoBERTForMLM(cfg, rngs=nnx.Rngs(0)))
+  mesh = sharding.make_mesh(mesh_sizes)
+  with sharding.activate(mesh):
+    model = nnx.jit(lambda: NeoBERTForMLM(cfg, rngs=nnx.Rngs(0)))()
+    value, grad = nnx.jit(nnx.value_and_grad(loss))(model)
+  expected = jax.sharding.NamedSharding(mesh, sharding.logical_to_spec(("layers", "embed", None, "mlp")))
+  assert model.encoder.layers.w12[...].sharding.is_equivalent_to(expected, 4)
+  np.testing.assert_allclose(value, ref_loss, rtol=1e-5)
+  for a, b in zip(jax.tree.leaves(grad), jax.tree.leaves(ref_grad)):
+    np.testing.assert_allclose(a, b, atol=1e-6, rtol=1e-4)
+
+
+def test_bfloat16_compute_keeps_fp32_params_and_logits():
+  model = NeoBERTForMLM(small_config(dtype="bfloat16"), rngs=nnx.Rngs(0))
+  logits = model(random_ids(2, 8))
+  assert logits.dtype == jnp.float32
+  assert model.encoder.layers.qkv[...].dtype == jnp.float32
+  assert bool(jnp.isfinite(logits).all())
+
+
+def test_attention_implementation_choice_and_config_errors():
+  assert resolve_implementation("auto", jnp.float32) == "xla"  # CPU test backend
+  assert resolve_implementation("cudnn", jnp.bfloat16) == "cudnn"
+  with pytest.raises(ValueError, match="bfloat16"):
+    validate_model_config(small_config(attention_impl="cudnn"))
+  with pytest.raises(ValueError, match="num_heads"):
+    validate_model_config(small_config(num_heads=5))
+  with pytest.raises(ValueError, match="remat_policy"):
+    validate_model_config(small_config(remat_policy="sometimes"))
+
+
+def test_mesh_resolution_errors_name_the_fix():
+  assert sharding.resolve_mesh_shape({"data": -1, "fsdp": 2, "tensor": 1}, 8) == (4, 2, 1)
+  with pytest.raises(ValueError, match="-1"):
+    sharding.resolve_mesh_shape({"data": 2, "fsdp": 2, "tensor": 1}, 8)
+  with pytest.raises(ValueError, match="at most one"):
+    sharding.resolve_mesh_shape({"data": -1, "fsdp": -1, "tensor": 1}, 8)
