@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from neobert_jax.data import masking, packing
+from neobert_jax.data import blocks, masking, packing
 
 SPECIAL_IDS = (0, 1, 2, 3, 4)
 V = 5000
@@ -119,3 +119,16 @@ def test_prediction_slots_match_dense_labels_and_cap():
     np.testing.assert_array_equal(out['mlm_labels'][r, :k], rows['input_ids'][r, pos])
     assert np.all(out['mlm_weights'][r, k:] == 0)
   assert out['mlm_positions'].dtype == np.int32 and out['mlm_weights'].dtype == np.float32
+
+
+@pytest.mark.parametrize('n', [1, 2, 3, 17, 1000, 4097])
+def test_block_shuffle_is_a_permutation_that_changes_per_epoch(n):
+  idx = np.arange(n)
+  a = blocks.permute(idx, n, seed=0, epoch=0)
+  assert sorted(a.tolist()) == list(range(n))
+  np.testing.assert_array_equal(blocks.permute(idx[::-1], n, 0, 0), a[::-1])  # pointwise
+  if n > 10:
+    assert not np.array_equal(a, blocks.permute(idx, n, seed=0, epoch=1))
+    assert not np.array_equal(a, blocks.permute(idx, n, seed=1, epoch=0))
+  if n > 1000:
+    assert abs(np.corrcoef(idx, a)[0, 1]) < 0.1  # far from the identity

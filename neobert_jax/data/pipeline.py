@@ -18,6 +18,7 @@ import grain
 import ml_collections
 import numpy as np
 
+from neobert_jax.data import blocks as blocks_lib
 from neobert_jax.data import config as config_lib
 from neobert_jax.data import masking
 from neobert_jax.data import packing
@@ -26,12 +27,6 @@ from neobert_jax.data import tokenizer as tokenizer_lib
 
 ROW_KEYS = ('input_ids', 'positions', 'segment_ids', 'labels')
 SLOT_KEYS = ('mlm_positions', 'mlm_labels', 'mlm_weights')
-
-
-def _join_records(records) -> tuple[np.ndarray, np.ndarray]:
-  """A block's records (int32 bytes each) -> (concatenated ids, lengths)."""
-  lengths = np.fromiter((len(r) for r in records), np.int64, len(records)) // 4
-  return np.frombuffer(b''.join(records), np.int32), lengths
 
 
 class BlockBuilder:
@@ -172,20 +167,22 @@ def _seed(data_cfg, seed: int) -> int:
   return seed if data_cfg.shuffle_seed < 0 else int(data_cfg.shuffle_seed)
 
 
-def _block_dataset(paths, data_cfg, manifest, seq_len, seed, process_index, process_count,
-                   train: bool) -> grain.MapDataset:
-  ds = grain.MapDataset.source(grain.sources.ArrayRecordDataSource(paths))
-  if train:
-    if len(ds) < process_count:
-      raise shards.DataError(f'{len(ds)} training records cannot feed {process_count} processes')
-    ds = ds[process_index::process_count].shuffle(seed=seed).repeat()
-  ds = ds.batch(data_cfg.block_docs, batch_fn=_join_records)
+def _builder(data_cfg, manifest, seq_len, seed) -> BlockBuilder:
   ident = manifest['tokenizer']
-  build = BlockBuilder(seq_len=seq_len, packing_mode=data_cfg.packing, seed=seed,
-                       rate=data_cfg.mask_rate, strategy=data_cfg.mask_strategy,
-                       max_predictions=data_cfg.max_predictions,
-                       special=ident['special_ids'], vocab_size=ident['vocab_size'])
-  return ds.map_with_index(build)
+  return BlockBuilder(seq_len=seq_len, packing_mode=data_cfg.packing, seed=seed,
+                      rate=data_cfg.mask_rate, strategy=data_cfg.mask_strategy,
+                      max_predictions=data_cfg.max_predictions,
+                      special=ident['special_ids'], vocab_size=ident['vocab_size'])
+
+
+def _blocks(paths, data_cfg, seed, process_index, process_count, shuffle):
+  source = grain.sources.ArrayRecordDataSource(paths)
+  try:
+    return blocks_lib.DocumentBlocks(source, data_cfg.block_docs, seed=seed,
+                                     process_index=process_index,
+                                     process_count=process_count, shuffle=shuffle)
+  except ValueError as e:
+    raise shards.DataError(str(e)) from e
 
 
 def make_train_iterator(data_cfg: ml_collections.ConfigDict, batch_size_per_host: int,
@@ -200,8 +197,9 @@ def make_train_iterator(data_cfg: ml_collections.ConfigDict, batch_size_per_host
   """
   directory, manifest = open_prepared(data_cfg, seq_len, model_vocab_size)
   paths = shards.split_paths(directory, manifest, 'train')
-  blocks = _block_dataset(paths, data_cfg, manifest, seq_len, _seed(data_cfg, seed),
-                          process_index, process_count, train=True)
+  seed = _seed(data_cfg, seed)
+  blocks = _blocks(paths, data_cfg, seed, process_index, process_count, shuffle=True)
+  blocks = blocks.map_with_index(_builder(data_cfg, manifest, seq_len, seed))
   # One thread builds the next block while the current one is cut into batches.
   ds = blocks.to_iter_dataset(grain.ReadOptions(num_threads=1, prefetch_buffer_size=1))
   ds = RowBatchDataset(ds, batch_size_per_host)
@@ -226,19 +224,10 @@ def make_eval_iterator(data_cfg: ml_collections.ConfigDict, batch_size_per_host:
     raise ValueError('multi-host eval needs num_batches so every host runs the same steps')
   directory, manifest = open_prepared(data_cfg, seq_len, model_vocab_size)
   paths = shards.split_paths(directory, manifest, 'eval')
-  ds = grain.MapDataset.source(grain.sources.ArrayRecordDataSource(paths))
-  if len(ds) < process_count:
-    raise shards.DataError(f'{len(ds)} eval records cannot feed {process_count} processes')
-  ds = ds[process_index::process_count]
+  blocks = _blocks(paths, data_cfg, 0, process_index, process_count, shuffle=False)
   if num_batches is not None:
-    ds = ds.repeat()
-  cfg = ml_collections.ConfigDict(data_cfg.to_dict())
-  ident = manifest['tokenizer']
-  build = BlockBuilder(seq_len=seq_len, packing_mode=cfg.packing, seed=_seed(cfg, seed),
-                       rate=cfg.mask_rate, strategy=cfg.mask_strategy,
-                       max_predictions=cfg.max_predictions,
-                       special=ident['special_ids'], vocab_size=ident['vocab_size'])
-  blocks = ds.batch(cfg.block_docs, batch_fn=_join_records).map_with_index(build)
+    blocks = blocks.repeat()
+  blocks = blocks.map_with_index(_builder(data_cfg, manifest, seq_len, _seed(data_cfg, seed)))
   it_ds = RowBatchDataset(blocks.to_iter_dataset(
       grain.ReadOptions(num_threads=1, prefetch_buffer_size=1)), batch_size_per_host,
                           finite_pad=True)

@@ -1,0 +1,135 @@
+"""Training-pipeline throughput: packed + masked batches from prepared shards.
+
+  python -m neobert_jax.bench.data_pipeline                     # synthetic, mean doc 494
+  python -m neobert_jax.bench.data_pipeline --data DIR          # any prepared directory
+  python -m neobert_jax.bench.data_pipeline --workers 0 2       # also mp_prefetch
+
+Prints, per configuration: row tokens/s (batch x seq_len, what the model
+consumes), tokens per CPU-second (all threads and worker processes of the
+pipeline; the bar is >= 2M per core), the padding fraction each packing mode
+leaves, and a per-stage split of one block (read / pack / mask).
+"""
+
+import argparse
+import os
+import tempfile
+import time
+
+import numpy as np
+import psutil
+
+from neobert_jax.data import blocks as blocks_lib
+from neobert_jax.data import config as config_lib
+from neobert_jax.data import masking, packing, pipeline, shards, testing
+
+
+def synthetic_dir(root: str, n_docs: int, mean_len: int, seq_len: int) -> str:
+  """Documents with exponential lengths (web text is roughly so), mean `mean_len`."""
+  rng = np.random.default_rng(0)
+  lengths = np.clip(rng.exponential(mean_len, n_docs).astype(np.int64), 3, seq_len)
+  docs = [rng.integers(1000, 30522, n).astype(np.int32) for n in lengths]
+  for d in docs:
+    d[0], d[-1] = testing.SPECIAL['cls'], testing.SPECIAL['sep']
+  testing.write_prepared(root, docs, max_length=seq_len, shard_bytes=64 << 20)
+  return root
+
+
+def _cpu_seconds(proc: psutil.Process) -> float:
+  """CPU time of this process (all threads) plus its live children (mp workers)."""
+  total = sum(proc.cpu_times()[:2])
+  for child in proc.children(recursive=True):
+    try:
+      total += sum(child.cpu_times()[:2])
+    except psutil.NoSuchProcess:
+      pass
+  return total
+
+
+def measure(cfg, batch: int, seq_len: int, seconds: float) -> dict:
+  it = pipeline.make_train_iterator(cfg, batch, seq_len, seed=0)
+  proc = psutil.Process()
+  for _ in range(2 + cfg.num_workers * cfg.worker_buffer_size):  # start-up, worker spawn
+    next(it)
+  slots = real = chosen = steps = 0
+  t0, c0 = time.perf_counter(), _cpu_seconds(proc)
+  while time.perf_counter() - t0 < seconds:
+    b = next(it)
+    steps += 1
+    slots += b['input_ids'].size
+    real += int((b['segment_ids'] > 0).sum())
+    chosen += int((b['labels'] >= 0).sum())
+  wall, cpu = time.perf_counter() - t0, _cpu_seconds(proc) - c0
+  if cfg.num_workers:
+    it.close()
+  return {'steps': steps, 'tokens_per_s': slots / wall, 'tokens_per_cpu_s': slots / cpu,
+          'cpu_cores_busy': cpu / wall, 'padding': 1 - real / slots, 'masked': chosen / real}
+
+
+def stage_split(directory: str, cfg, seq_len: int) -> dict:
+  """Seconds per million tokens for each stage of one block, in this process."""
+  import grain  # pylint: disable=g-import-not-at-top
+  m = shards.read_manifest(directory)
+  paths = shards.split_paths(directory, m, 'train')
+  blocks = blocks_lib.DocumentBlocks(grain.sources.ArrayRecordDataSource(paths),
+                                     cfg.block_docs, seed=0, process_index=0, process_count=1,
+                                     shuffle=True)
+  special = m['tokenizer']['special_ids']
+  table = masking.special_table(m['tokenizer']['vocab_size'], special.values())
+  out = {'read': 0.0, 'pack': 0.0, 'mask': 0.0}
+  n_tok = 0
+  for i in range(3):
+    t = time.perf_counter()
+    tokens, lengths = blocks[i]
+    t1 = time.perf_counter()
+    rows = packing.pack_block(tokens, lengths, seq_len, cfg.packing, special['pad'],
+                              np.random.default_rng(i))
+    t2 = time.perf_counter()
+    masking.mask_rows(rows['input_ids'], rows['segment_ids'], np.random.default_rng(i),
+                      rate=cfg.mask_rate, strategy=cfg.mask_strategy, mask_id=special['mask'],
+                      is_special=table, max_predictions=cfg.max_predictions)
+    t3 = time.perf_counter()
+    out['read'] += t1 - t
+    out['pack'] += t2 - t1
+    out['mask'] += t3 - t2
+    n_tok += tokens.size
+  return {k: v / n_tok * 1e6 for k, v in out.items()}
+
+
+def main(argv=None):
+  p = argparse.ArgumentParser(description=__doc__,
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+  p.add_argument('--data', default='', help='prepared directory (default: synthetic)')
+  p.add_argument('--docs', type=int, default=20000, help='synthetic documents')
+  p.add_argument('--mean-len', type=int, default=494, help='synthetic mean document length')
+  p.add_argument('--seq-len', type=int, default=1024)
+  p.add_argument('--batch', type=int, default=32, help='rows per host batch')
+  p.add_argument('--block-docs', type=int, default=4096)
+  p.add_argument('--seconds', type=float, default=3.0, help='per configuration')
+  p.add_argument('--workers', type=int, nargs='+', default=[0])
+  p.add_argument('--max-predictions', type=int, nargs='+', default=[0, 256])
+  a = p.parse_args(argv)
+  with tempfile.TemporaryDirectory() as tmp:
+    directory = a.data or synthetic_dir(tmp, a.docs, a.mean_len, a.seq_len)
+    m = shards.read_manifest(directory)
+    tr = m['splits']['train']
+    print(f'data: {directory}  {tr["records"]} records, mean length '
+          f'{tr["tokens"] / tr["records"]:.0f}, seq_len {a.seq_len}, batch {a.batch}, '
+          f'block_docs {a.block_docs}, {os.cpu_count()} CPUs')
+    print(f'{"packing":8} {"P":>4} {"workers":>7} {"Mtok/s":>7} {"Mtok/cpu-s":>10} '
+          f'{"cores":>5} {"padding":>7} {"masked":>6}   stage ms per Mtok: read pack mask')
+    for mode in ('packed', 'none'):
+      for pred in a.max_predictions:
+        for workers in a.workers:
+          cfg = config_lib.default_data_config()
+          cfg.dir, cfg.packing, cfg.block_docs = directory, mode, a.block_docs
+          cfg.max_predictions, cfg.num_workers = pred, workers
+          r = measure(cfg, a.batch, a.seq_len, a.seconds)
+          s = stage_split(directory, cfg, a.seq_len) if workers == 0 else {}
+          split = ' '.join(f'{s[k] * 1e3:5.0f}' for k in ('read', 'pack', 'mask')) if s else ''
+          print(f'{mode:8} {pred:>4} {workers:>7} {r["tokens_per_s"] / 1e6:7.2f} '
+                f'{r["tokens_per_cpu_s"] / 1e6:10.2f} {r["cpu_cores_busy"]:5.2f} '
+                f'{r["padding"]:7.3f} {r["masked"]:6.3f}   {split}', flush=True)
+
+
+if __name__ == '__main__':
+  main()
