@@ -52,17 +52,19 @@ def test_rope_rotates_adjacent_pairs_as_complex_numbers():
 
 def test_packed_rows_equal_documents_run_alone():
   cfg = small_config()
-  model = NeoBERTForMLM(cfg, rngs=nnx.Rngs(0))
+  model = nnx.jit(lambda: NeoBERTForMLM(cfg, rngs=nnx.Rngs(0)))()
+  model_call = nnx.jit(lambda m, ids, **kw: m(ids, **kw))
   doc_a, doc_b = random_ids(1, 5, seed=1), random_ids(1, 7, seed=2)
   packed = jnp.concatenate([doc_a, doc_b, jnp.zeros((1, 4), jnp.int32)], axis=1)
   segments = jnp.asarray([[1] * 5 + [2] * 7 + [0] * 4], jnp.int32)
   positions = jnp.asarray([list(range(5)) + list(range(7)) + [0] * 4], jnp.int32)
-  out = model(packed, positions=positions, segment_ids=segments)
-  np.testing.assert_allclose(out[:, :5], model(doc_a), atol=1e-5)
-  np.testing.assert_allclose(out[:, 5:12], model(doc_b), atol=1e-5)
+  out = model_call(model, packed, positions=positions, segment_ids=segments)
+  alone_a = model_call(model, doc_a)
+  np.testing.assert_allclose(out[:, :5], alone_a, atol=1e-5)
+  np.testing.assert_allclose(out[:, 5:12], model_call(model, doc_b), atol=1e-5)
   # Without the segment mask the documents would leak into each other: the check above can fail.
-  leaky = model(packed, positions=positions, lengths=jnp.asarray([12]))
-  assert float(jnp.abs(leaky[:, :5] - model(doc_a)).max()) > 1e-3
+  leaky = model_call(model, packed, positions=positions, lengths=jnp.asarray([12]))
+  assert float(jnp.abs(leaky[:, :5] - alone_a).max()) > 1e-3
 
 
 def test_padding_lengths_ignore_padded_keys():
@@ -81,7 +83,7 @@ def test_scan_unrolled_and_remat_agree_in_value_and_gradient():
   def loss_and_grad(**overrides):
     model = NeoBERTForMLM(small_config(**overrides), rngs=nnx.Rngs(0))
     loss = lambda m: jnp.mean(jax.nn.log_softmax(m(ids))[..., 3])
-    return nnx.value_and_grad(loss)(model)
+    return nnx.jit(nnx.value_and_grad(loss))(model)
 
   base_loss, base_grad = loss_and_grad()
   for overrides in ({"scan_layers": False}, {"remat_policy": "full"}, {"remat_policy": "save_dots"}):
@@ -108,7 +110,7 @@ def test_sharded_forward_and_gradient_equal_single_device(mesh_sizes):
   ids = random_ids(8, 16)
   segments = jnp.asarray(np.repeat([[1] * 9 + [2] * 5 + [0] * 2], 8, 0), jnp.int32)
   loss = lambda m: jnp.mean(m(ids, segment_ids=segments) ** 2)
-  ref_loss, ref_grad = nnx.value_and_grad(loss)(NeoBERTForMLM(cfg, rngs=nnx.Rngs(0)))
+  ref_loss, ref_grad = nnx.jit(nnx.value_and_grad(loss))(NeoBERTForMLM(cfg, rngs=nnx.Rngs(0)))
   mesh = sharding.make_mesh(mesh_sizes)
   with sharding.activate(mesh):
     model = nnx.jit(lambda: NeoBERTForMLM(cfg, rngs=nnx.Rngs(0)))()
