@@ -1,0 +1,86 @@
+"""Command line: convert between neobert-jax checkpoints and Hugging Face NeoBERT directories.
+
+  python -m neobert_jax.convert to-pytorch --checkpoint RUN_OR_CKPT_DIR [--step N] --output DIR \
+      [--tokenizer bert-base-uncased|DIR|tokenizer.json|vocab.txt] [--dtype float32|bfloat16] [--overwrite]
+  python -m neobert_jax.convert from-pytorch --input HF_DIR_OR_SAFETENSORS --output FILE.safetensors|DIR \
+      [--init-missing-decoder] [--overwrite]
+
+--checkpoint also accepts what from-pytorch wrote (a .safetensors file or its directory). Errors (missing key, wrong
+shape, config mismatch, existing output) exit with status 1 and a message naming the problem and the fix.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from neobert_jax.convert import export_hf, import_hf, mapping
+
+
+def _is_saved_flat(path: Path) -> bool:
+  return (path.is_file() and path.suffix == ".safetensors") or (path / import_hf.FLAT_FILE_NAME).is_file()
+
+
+def to_pytorch(args: argparse.Namespace) -> str:
+  export_hf.check_output_dir(args.output, args.overwrite)  # before reading a possibly large checkpoint
+  source = Path(args.checkpoint).expanduser()
+  if _is_saved_flat(source):
+    if args.step is not None:
+      raise export_hf.ExportError(f"--step applies to training checkpoints, not to the params file {source}")
+    cfg, flat = import_hf.load_saved_flat(source)
+    out = export_hf.export_flat(flat, cfg, args.output, tokenizer=args.tokenizer, dtype=args.dtype,
+                                overwrite=args.overwrite)
+  else:
+    out = export_hf.export_checkpoint(source, args.output, step=args.step, tokenizer=args.tokenizer,
+                                      dtype=args.dtype, overwrite=args.overwrite)
+  files = ", ".join(sorted(p.name for p in out.iterdir()))
+  return f"wrote Hugging Face NeoBERT to {out} ({files})"
+
+
+def from_pytorch(args: argparse.Namespace) -> str:
+  cfg, flat = import_hf.read_hf_dir(args.input, init_missing_decoder=args.init_missing_decoder)
+  out = import_hf.save_flat(flat, cfg, args.output, overwrite=args.overwrite)
+  count = sum(v.size for v in flat.values())
+  return (f"wrote {len(flat)} arrays ({count / 1e6:.1f}M parameters, {cfg.num_layers} layers x {cfg.hidden_size}) "
+          f"to {out}")
+
+
+def build_parser() -> argparse.ArgumentParser:
+  parser = argparse.ArgumentParser(prog="python -m neobert_jax.convert", description=__doc__.split("\n\n")[0])
+  sub = parser.add_subparsers(dest="command", required=True)
+
+  exp = sub.add_parser("to-pytorch", help="training checkpoint -> Hugging Face directory (model.py + safetensors)")
+  exp.add_argument("--checkpoint", required=True,
+                   help="training workdir, its checkpoints/ dir, or flat params written by from-pytorch")
+  exp.add_argument("--step", type=int, default=None, help="checkpoint step (default: latest complete)")
+  exp.add_argument("--output", required=True, help="directory to create")
+  exp.add_argument("--tokenizer", default=None,
+                   help="'bert-base-uncased', a tokenizer dir, tokenizer.json or vocab.txt "
+                        "(default: the training config's data.tokenizer, if set)")
+  exp.add_argument("--dtype", default="float32", choices=sorted(export_hf.EXPORT_DTYPES))
+  exp.add_argument("--overwrite", action="store_true", help="replace a non-empty output directory")
+  exp.set_defaults(run=to_pytorch)
+
+  imp = sub.add_parser("from-pytorch", help="Hugging Face NeoBERT -> flat params (+ model config) for JAX")
+  imp.add_argument("--input", required=True, help="HF directory (config.json + weights) or a .safetensors file")
+  imp.add_argument("--output", required=True, help="FILE.safetensors, or a directory (gets params.safetensors)")
+  imp.add_argument("--init-missing-decoder", action="store_true",
+                   help="the input is a base NeoBERT without MLM head: create a fresh decoder")
+  imp.add_argument("--overwrite", action="store_true", help="replace an existing output")
+  imp.set_defaults(run=from_pytorch)
+  return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+  args = build_parser().parse_args(argv)
+  try:
+    print(args.run(args))
+  except (mapping.ConversionError, export_hf.ExportError, FileNotFoundError) as e:
+    print(f"error: {e}", file=sys.stderr)
+    return 1
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())

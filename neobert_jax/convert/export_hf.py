@@ -1,0 +1,182 @@
+"""neobert-jax parameters -> a Hugging Face NeoBERT directory that ``transformers`` loads with remote code.
+
+The directory holds config.json (model_type 'neobert', auto_map to model.py's classes), model.safetensors (the
+``NeoBERTLMHead`` state_dict, keys and shapes of the published chandar-lab/NeoBERT checkpoint), model.py (our
+PyTorch NeoBERT, hf_modeling/model.py) and, when a tokenizer is given, its files. Then:
+
+  AutoModelForMaskedLM.from_pretrained(dir, trust_remote_code=True)   # also AutoModel, ...ForSequenceClassification
+
+The source is a flat param dict plus model config, or a training checkpoint (restored on one CPU whatever mesh
+wrote it). Files are written into a temporary sibling directory that is renamed into place at the end; an existing
+non-empty output directory is only replaced with ``overwrite=True``. Needs numpy + safetensors, not torch.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import uuid
+from pathlib import Path
+from typing import Any, Mapping
+
+import ml_dtypes
+import numpy as np
+from safetensors.numpy import save_file
+
+from neobert_jax.convert import mapping
+from neobert_jax.convert.hf_modeling import MODELING_FILE
+
+WEIGHTS_NAME = "model.safetensors"
+EXPORT_DTYPES = {"float32": np.float32, "bfloat16": ml_dtypes.bfloat16}
+TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "tokenizer_config.json", "special_tokens_map.json")
+BERT_SPECIAL_TOKENS = {"pad_token": "[PAD]", "unk_token": "[UNK]", "cls_token": "[CLS]", "sep_token": "[SEP]",
+                       "mask_token": "[MASK]"}
+
+
+class ExportError(ValueError):
+  """The export cannot proceed (output exists, unusable tokenizer, ...); the message says how to fix it."""
+
+
+def check_output_dir(output: str | os.PathLike, overwrite: bool) -> Path:
+  """Refuses an existing file, or a non-empty directory unless ``overwrite``."""
+  out = Path(output).expanduser().absolute()
+  if out.exists() and not out.is_dir():
+    raise ExportError(f"output {out} exists and is not a directory; choose another --output")
+  if out.is_dir() and any(out.iterdir()) and not overwrite:
+    raise ExportError(f"output directory {out} exists and is not empty; pass --overwrite to replace it "
+                      "or choose another --output")
+  return out
+
+
+def write_atomically(output: Path, fill, overwrite: bool) -> Path:
+  """Calls fill(tmp_dir) on a fresh sibling directory, then renames it to ``output`` (replacing it if allowed)."""
+  output = check_output_dir(output, overwrite)
+  output.parent.mkdir(parents=True, exist_ok=True)
+  tmp = output.with_name(f".{output.name}.tmp-{uuid.uuid4().hex[:8]}")
+  tmp.mkdir()
+  try:
+    fill(tmp)
+    if output.exists():
+      old = output.with_name(f".{output.name}.old-{uuid.uuid4().hex[:8]}")
+      output.rename(old)
+      tmp.rename(output)
+      shutil.rmtree(old)
+    else:
+      tmp.rename(output)
+  finally:
+    if tmp.exists():
+      shutil.rmtree(tmp)
+  return output
+
+
+def _resolve_tokenizer(tokenizer: str | os.PathLike) -> Path:
+  spec = str(tokenizer)
+  path = Path(spec).expanduser()
+  if path.exists():
+    return path
+  from neobert_jax.data.tokenizer import resolve_tokenizer_path  # 'bert-base-uncased' (fetched once, cached)
+  try:
+    return Path(resolve_tokenizer_path(spec))
+  except FileNotFoundError as e:
+    raise ExportError(f"--tokenizer {spec!r}: {e}") from e
+
+
+def _tokenizer_vocab_size(out: Path) -> int:
+  if (out / "tokenizer.json").is_file():
+    import tokenizers
+    return tokenizers.Tokenizer.from_file(str(out / "tokenizer.json")).get_vocab_size(with_added_tokens=True)
+  with open(out / "vocab.txt", encoding="utf-8") as fh:
+    return sum(1 for _ in fh)
+
+
+def write_tokenizer(tokenizer: str | os.PathLike, out: Path, max_length: int, vocab_size: int) -> list[str]:
+  """Writes a WordPiece tokenizer (dir, tokenizer.json, vocab.txt or 'bert-base-uncased') into ``out``.
+
+  A tokenizer.json is re-saved with padding and truncation switched off (inference files often pad to 128);
+  tokenizer_config.json / special_tokens_map.json are written for a BERT tokenizer unless the source has them.
+  """
+  src = _resolve_tokenizer(tokenizer)
+  if src.is_dir():
+    sources = {name: src / name for name in TOKENIZER_FILES if (src / name).is_file()}
+    if "tokenizer.json" not in sources and "vocab.txt" not in sources:
+      raise ExportError(f"--tokenizer {src}: the directory has neither tokenizer.json nor vocab.txt")
+  elif src.suffix == ".json" or src.suffix == ".txt":
+    sources = {("tokenizer.json" if src.suffix == ".json" else "vocab.txt"): src}
+    sibling = src.with_name("vocab.txt")
+    if src.suffix == ".json" and sibling.is_file():
+      sources["vocab.txt"] = sibling
+  else:
+    raise ExportError(f"--tokenizer {src}: only WordPiece tokenizers (a directory, tokenizer.json or vocab.txt) "
+                      "can be exported for Hugging Face; convert SentencePiece models to a tokenizer.json first")
+
+  for name, path in sources.items():
+    if name == "tokenizer.json":
+      import tokenizers
+      tok = tokenizers.Tokenizer.from_file(str(path))
+      tok.no_padding()
+      tok.no_truncation()
+      tok.save(str(out / name))
+    else:
+      shutil.copyfile(path, out / name)
+  if "tokenizer_config.json" not in sources:
+    config = {"tokenizer_class": "BertTokenizer", "do_lower_case": True, "model_max_length": int(max_length),
+              **BERT_SPECIAL_TOKENS}
+    (out / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")
+  if "special_tokens_map.json" not in sources:
+    (out / "special_tokens_map.json").write_text(json.dumps(BERT_SPECIAL_TOKENS, indent=2) + "\n")
+  size = _tokenizer_vocab_size(out)
+  if size > vocab_size:
+    raise ExportError(f"--tokenizer {src} has {size} tokens but the model's vocab_size is {vocab_size}: "
+                      "ids past the embedding table would fail; export with the tokenizer the model was trained on")
+  return sorted(p.name for p in out.iterdir() if p.name in TOKENIZER_FILES)
+
+
+def export_flat(flat: Mapping[str, Any], model_cfg: Any, output: str | os.PathLike, *,
+                tokenizer: str | os.PathLike | None = None, dtype: str = "float32",
+                overwrite: bool = False) -> Path:
+  """Writes the HF directory for in-memory flat params (keys of neobert_jax.model.params.to_flat)."""
+  if dtype not in EXPORT_DTYPES:
+    raise ExportError(f"dtype {dtype!r} is not supported; choose one of {sorted(EXPORT_DTYPES)}")
+  check_output_dir(output, overwrite)  # fail before the (slow) conversion
+  state_dict = mapping.flat_to_hf_state_dict(flat, model_cfg)
+  state_dict = {k: np.ascontiguousarray(v.astype(EXPORT_DTYPES[dtype])) for k, v in state_dict.items()}
+  config = mapping.hf_config_dict(model_cfg, torch_dtype=dtype)
+
+  def fill(tmp: Path) -> None:
+    save_file(state_dict, str(tmp / WEIGHTS_NAME), metadata={"format": "pt"})
+    shutil.copyfile(MODELING_FILE, tmp / "model.py")
+    (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    if tokenizer is not None:
+      write_tokenizer(tokenizer, tmp, max_length=config["max_length"], vocab_size=config["vocab_size"])
+
+  return write_atomically(Path(output), fill, overwrite)
+
+
+def export_checkpoint(checkpoint: str | os.PathLike, output: str | os.PathLike, *, step: int | None = None,
+                      tokenizer: str | os.PathLike | None = None, dtype: str = "float32",
+                      overwrite: bool = False) -> Path:
+  """Writes the HF directory for a training checkpoint (a run's workdir or its checkpoints/ dir).
+
+  Without ``tokenizer``, the training config's data.tokenizer is used when it names one.
+  """
+  from neobert_jax.train import checkpoint as train_ckpt  # imports orbax; only this source needs it
+
+  check_output_dir(output, overwrite)
+  if not Path(checkpoint).expanduser().is_dir():
+    raise ExportError(f"--checkpoint {checkpoint}: no such directory (give a training workdir or its checkpoints/)")
+  try:
+    model_cfg, flat = train_ckpt.restore_params(checkpoint, step)
+  except FileNotFoundError as e:
+    raise ExportError(f"--checkpoint {checkpoint}: {e}") from e
+  if tokenizer is None:
+    tokenizer = _training_tokenizer(train_ckpt, checkpoint, step)
+  return export_flat(flat, model_cfg, output, tokenizer=tokenizer, dtype=dtype, overwrite=overwrite)
+
+
+def _training_tokenizer(train_ckpt, checkpoint, step) -> str | None:
+  try:
+    spec = train_ckpt.read_config(checkpoint, step).get("data", {}).get("tokenizer")
+  except FileNotFoundError:
+    return None
+  return spec or None
