@@ -59,14 +59,16 @@ def measure(cfg, batch: int, seq_len: int, seconds: float) -> dict:
     real += int((b['segment_ids'] > 0).sum())
     chosen += int((b['labels'] >= 0).sum())
   wall, cpu = time.perf_counter() - t0, _cpu_seconds(proc) - c0
-  if cfg.num_workers:
-    it.close()
+  it.close()  # stops prefetch threads/workers before the next measurement
   return {'steps': steps, 'tokens_per_s': slots / wall, 'tokens_per_cpu_s': slots / cpu,
           'cpu_cores_busy': cpu / wall, 'padding': 1 - real / slots, 'masked': chosen / real}
 
 
 def stage_split(directory: str, cfg, seq_len: int) -> dict:
-  """Seconds per million tokens for each stage of one block, in this process."""
+  """CPU seconds (this thread) per million tokens for each stage of a block.
+
+  Process CPU time, not wall time, so other jobs on the machine do not inflate it.
+  """
   import grain  # pylint: disable=g-import-not-at-top
   m = shards.read_manifest(directory)
   paths = shards.split_paths(directory, m, 'train')
@@ -78,16 +80,16 @@ def stage_split(directory: str, cfg, seq_len: int) -> dict:
   out = {'read': 0.0, 'pack': 0.0, 'mask': 0.0}
   n_tok = 0
   for i in range(3):
-    t = time.perf_counter()
+    t = time.process_time()
     tokens, lengths = blocks[i]
-    t1 = time.perf_counter()
+    t1 = time.process_time()
     rows = packing.pack_block(tokens, lengths, seq_len, cfg.packing, special['pad'],
                               np.random.default_rng(i))
-    t2 = time.perf_counter()
+    t2 = time.process_time()
     masking.mask_rows(rows['input_ids'], rows['segment_ids'], np.random.default_rng(i),
                       rate=cfg.mask_rate, strategy=cfg.mask_strategy, mask_id=special['mask'],
                       is_special=table, max_predictions=cfg.max_predictions)
-    t3 = time.perf_counter()
+    t3 = time.process_time()
     out['read'] += t1 - t
     out['pack'] += t2 - t1
     out['mask'] += t3 - t2
@@ -116,7 +118,7 @@ def main(argv=None):
           f'{tr["tokens"] / tr["records"]:.0f}, seq_len {a.seq_len}, batch {a.batch}, '
           f'block_docs {a.block_docs}, {os.cpu_count()} CPUs')
     print(f'{"packing":8} {"P":>4} {"workers":>7} {"Mtok/s":>7} {"Mtok/cpu-s":>10} '
-          f'{"cores":>5} {"padding":>7} {"masked":>6}   stage ms per Mtok: read pack mask')
+          f'{"cores":>5} {"padding":>7} {"masked":>6}   CPU ms per Mtok: read pack mask')
     for mode in ('packed', 'none'):
       for pred in a.max_predictions:
         for workers in a.workers:

@@ -152,6 +152,8 @@ def default_prepared_dir(max_length: int = 1024, workers: int = 0) -> str:
   corpus = default_corpus_jsonl()
   with _locked(f'prepared-L{max_length}'):
     if not os.path.exists(os.path.join(out, shards.MANIFEST)):
+      print(f'neobert_jax: tokenizing the built-in corpus into {out} (once per machine, '
+            'about half a minute)', file=sys.stderr, flush=True)
       prepare_lib.prepare([corpus], out, tokenizer='bert-base-uncased', max_length=max_length,
                           workers=workers, eval_fraction=DEFAULT_EVAL_FRACTION,
                           overwrite=True,

@@ -156,19 +156,21 @@ def prepare(inputs: Sequence[str], output_dir: str, *, tokenizer: str = 'bert-ba
     tasks = ((u, max_length, eval_fraction)
              for u in _units(files, counts, text_field, text_mode, on_decode_error))
     bar = _progress_bar(progress)
-    for results in _ordered_map(_tokenize_unit, tasks, workers, (tok.path,)):
-      for res in results:
-        if res is None:
-          counts.skipped_empty += 1
-          continue
-        held_out, chunks = res
-        counts.split_documents += len(chunks) > 1
-        writers['eval' if held_out else 'train'].write_document(chunks)
+    try:
+      for results in _ordered_map(_tokenize_unit, tasks, workers, (tok.path,)):
+        for res in results:
+          if res is None:
+            counts.skipped_empty += 1
+            continue
+          held_out, chunks = res
+          counts.split_documents += len(chunks) > 1
+          writers['eval' if held_out else 'train'].write_document(chunks)
+        if bar is not None:
+          bar.update(len(results))
+          bar.set_postfix(tokens=writers['train'].tokens + writers['eval'].tokens)
+    finally:
       if bar is not None:
-        bar.update(len(results))
-        bar.set_postfix(tokens=writers['train'].tokens + writers['eval'].tokens)
-    if bar is not None:
-      bar.close()
+        bar.close()
     splits = {s: w.close() for s, w in writers.items()}
     if splits['train']['documents'] == 0:
       raise sources.InputError(
