@@ -1,0 +1,189 @@
+"""Multi-host training on one machine: 2 processes x 2 fake CPU devices against 1 process x 4 devices.
+
+Both runs use the real trainer (neobert_jax.train.loop.run: state creation, sharded train step, Orbax
+checkpointing with per-process shards and per-process data-iterator state) on the same 4-device mesh.
+They must log the same losses, and the checkpoint the 2-process job writes must restore in a single
+process on a different mesh (tensor parallel) and export to a PyTorch / Hugging Face model.
+
+Why a worker wrapper: the data pipeline gives each process a disjoint 1/process_count of the documents, so a
+2-process run sees different batches than a 1-process run (both are correct training, but the losses are not
+comparable). The worker makes every process read the single-process stream and keep only its own rows, so
+the global batch is identical in both runs and any difference comes from the multi-process machinery.
+This file is also that worker: `python tests/test_multihost_train.py train|restore ...`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+STEPS = 3
+OVERRIDES = {
+    'model.num_layers': 2, 'model.hidden_size': 64, 'model.num_heads': 4, 'model.intermediate_size': 128,
+    'model.max_length': 64, 'data.max_predictions': 16, 'train.global_batch_size': 8,
+    'train.num_steps': STEPS, 'optimizer.warmup_steps': 1, 'eval.every_steps': 0, 'eval.at_start': False,
+    'checkpoint.every_steps': STEPS, 'logging.log_every': 1, 'logging.progress_bar': False,
+    'logging.tensorboard': False, 'logging.peak_flops_per_device': 1e12, 'mesh.data': 1, 'mesh.fsdp': 4, 'mesh.tensor': 1,
+}
+
+
+# ----------------------------------------------------------------------------------------------- worker side
+
+class _OwnRows:
+  """This process's rows of a global batch stream read in full by every process (see module docstring)."""
+
+  def __init__(self, inner, start: int, size: int):
+    self.inner, self.start, self.size = inner, start, size
+
+  def __iter__(self):
+    return self
+
+  def __next__(self):
+    batch = next(self.inner)
+    return {k: v[self.start:self.start + self.size] for k, v in batch.items()}
+
+  # grain's Orbax handler stores a non-DatasetIterator's state as bytes
+  def get_state(self) -> bytes:
+    return json.dumps(self.inner.get_state()).encode()
+
+  def set_state(self, state: bytes) -> None:
+    self.inner.set_state(json.loads(state.decode()))
+
+  def start_prefetch(self) -> None:
+    if hasattr(self.inner, 'start_prefetch'):
+      self.inner.start_prefetch()
+
+  def close(self) -> None:
+    if hasattr(self.inner, 'close'):
+      self.inner.close()
+
+
+def _train_worker(workdir: str) -> None:
+  from neobert_jax import distributed
+  distributed.initialize()
+  from neobert_jax.data import pipeline
+  from neobert_jax.train import config as config_lib
+  from neobert_jax.train import loop
+
+  original = pipeline.make_train_iterator
+
+  def same_stream_for_any_process_count(data_cfg, batch_per_host, seq_len, seed, process_index=0,
+                                        process_count=1, **kwargs):
+    full = original(data_cfg, batch_per_host * process_count, seq_len, seed, 0, 1, **kwargs)
+    return _OwnRows(full, process_index * batch_per_host, batch_per_host)
+
+  pipeline.make_train_iterator = same_stream_for_any_process_count
+  cfg = config_lib.load_config(os.path.join(ROOT, 'configs', 'tiny_cpu.py'), OVERRIDES)
+  loop.run(cfg, workdir)
+
+
+def _restore_worker(workdir: str, reference_workdir: str, export_dir: str) -> None:
+  """Single process, 2 devices, mesh tensor=2: restore the 2-process checkpoint, compare, export, run torch."""
+  from neobert_jax import distributed
+  distributed.initialize(num_cpu_devices=2)
+  import jax
+  import jax.numpy as jnp
+  import numpy as np
+  import torch
+  from flax import nnx
+
+  from neobert_jax import sharding as shd
+  from neobert_jax.convert import export_hf, import_hf, torch_ref
+  from neobert_jax.train import checkpoint as ckpt
+  from neobert_jax.train import state as state_lib
+
+  cfg = ckpt.read_config(workdir)
+  cfg.mesh = {'data': 1, 'fsdp': 1, 'tensor': 2}
+  mesh = shd.make_mesh(dict(cfg.mesh))
+  defs, abstract = state_lib.abstract_train_state(cfg, mesh)
+  mngr = ckpt.make_manager(workdir, keep=10, async_save=False)
+  step, state = ckpt.restore_latest(mngr, abstract, None)
+  assert step == STEPS, step
+  qkv = state['params']['encoder']['layers']['qkv'][...]
+  assert qkv.sharding.mesh.shape['tensor'] == 2 and 'tensor' in str(qkv.sharding.spec), qkv.sharding
+
+  # the 2-process run's parameters equal the 1-process run's
+  _, ours = ckpt.restore_params(workdir)
+  _, ref = ckpt.restore_params(reference_workdir)
+  assert sorted(ours) == sorted(ref)
+  for k in ref:
+    np.testing.assert_allclose(ours[k], ref[k], rtol=2e-5, atol=2e-6, err_msg=k)
+  # the optimizer state came back too (Adam moments, step counter), laid out on the new mesh
+  assert int(np.asarray(state['opt']['step'][...])) == STEPS
+
+  # export to Hugging Face / PyTorch and compare logits with the restored, tensor-parallel JAX model
+  export_hf.export_checkpoint(workdir, export_dir)
+  hf_cfg, hf_flat = import_hf.read_hf_dir(export_dir)
+  for k in ours:
+    np.testing.assert_array_equal(hf_flat[k], ours[k], err_msg=k)
+  torch_model = torch_ref.torch_model_from_flat(hf_flat, hf_cfg)
+  ids = np.random.default_rng(0).integers(5, cfg.model.vocab_size, (2, 16)).astype(np.int32)
+  with torch.no_grad():
+    t_logits = torch_model(input_ids=torch.from_numpy(ids.astype(np.int64))).logits.float().numpy()
+  with shd.activate(mesh):
+    model = nnx.merge(defs.model_def, state['params'])
+    j_logits = np.asarray(jax.jit(lambda m, x: m(x))(model, jnp.asarray(ids)))
+  np.testing.assert_allclose(j_logits, t_logits, rtol=1e-4, atol=1e-4)
+  print(f'RESTORE_OK step={step} mesh={dict(mesh.shape)} max_logit_diff={np.abs(j_logits - t_logits).max():.2e}')
+
+
+# ------------------------------------------------------------------------------------------------ test side
+
+def _run(cmd, env, timeout=400):
+  r = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+  assert r.returncode == 0, f'{cmd} failed ({r.returncode}):\n{r.stdout[-4000:]}\n{r.stderr[-6000:]}'
+  return r
+
+
+def _losses(workdir):
+  with open(os.path.join(workdir, 'metrics.jsonl')) as f:
+    rows = [json.loads(line) for line in f if line.strip()]
+  return [r['train/loss'] for r in rows if 'train/loss' in r]
+
+
+@pytest.fixture(scope='module')
+def runs(tmp_path_factory):
+  base = tmp_path_factory.mktemp('multihost')
+  one, two = str(base / 'one_process'), str(base / 'two_processes')
+  env = dict(os.environ, JAX_PLATFORMS='cpu', NEOBERT_NUM_CPU_DEVICES='4', PYTHONUNBUFFERED='1')
+  for k in ('NEOBERT_COORDINATOR', 'NEOBERT_NUM_PROCESSES', 'NEOBERT_PROCESS_ID'):
+    env.pop(k, None)
+  _run([sys.executable, __file__, 'train', one], env)
+  _run([sys.executable, os.path.join(ROOT, 'launch', 'local.py'), '-n', '2', '--devices-per-process', '2',
+        '--heartbeat', '20', '--', sys.executable, __file__, 'train', two], env)
+  return base, one, two
+
+
+def test_two_processes_match_one_process(runs):
+  _, one, two = runs
+  l1, l2 = _losses(one), _losses(two)
+  assert len(l1) == STEPS and len(l2) == STEPS, (l1, l2)
+  assert l2 == pytest.approx(l1, rel=1e-5), (l1, l2)
+  # every process wrote its own array shards and its own data-iterator position
+  step_dir = os.path.join(two, 'checkpoints', str(STEPS))
+  assert {'ocdbt.process_0', 'ocdbt.process_1'} <= set(os.listdir(os.path.join(step_dir, 'params')))
+  assert sorted(os.listdir(os.path.join(step_dir, 'data'))) == [
+      'commit_success.txt', 'process_0-of-2.json', 'process_1-of-2.json']
+
+
+def test_checkpoint_restores_on_another_mesh_and_exports_to_pytorch(runs):
+  base, one, two = runs
+  env = dict(os.environ, JAX_PLATFORMS='cpu', PYTHONUNBUFFERED='1')
+  r = _run([sys.executable, __file__, 'restore', two, one, str(base / 'hf_export')], env)
+  assert 'RESTORE_OK' in r.stdout, r.stdout[-2000:]
+
+
+if __name__ == '__main__':
+  sys.path.insert(0, ROOT)
+  mode, args = sys.argv[1], sys.argv[2:]
+  if mode == 'train':
+    _train_worker(*args)
+  elif mode == 'restore':
+    _restore_worker(*args)
+  else:
+    raise SystemExit(f'unknown mode {mode}')
