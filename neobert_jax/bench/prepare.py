@@ -58,8 +58,9 @@ def main(argv=None):
       out = os.path.join(tmp, f'w{w}')
       r = run(inputs, out, w, a.max_length, a.tokenizer)
       per_worker_cpu = r['worker_cpu'] if w > 0 else r['main_cpu']
-      print(f'{w:>7} {r["tokens"] / 1e6:6.2f} {r["wall"]:7.1f} {r["tokens"] / r["wall"] / 1e6:7.3f} '
-            f'{r["tokens"] / r["wall"] / max(w, 1) / 1e6:13.3f} {r["main_cpu"]:10.1f} '
+      rate = r['tokens'] / r['wall'] / 1e6
+      print(f'{w:>7} {r["tokens"] / 1e6:6.2f} {r["wall"]:7.1f} {rate:7.3f} '
+            f'{rate / max(w, 1):13.3f} {r["main_cpu"]:10.1f} '
             f'{r["worker_cpu"]:12.1f} {r["tokens"] / per_worker_cpu / 1e6:17.3f}', flush=True)
       shard_files = sorted(f for f in os.listdir(out) if f.endswith('.arrayrecord'))
       if base is None:

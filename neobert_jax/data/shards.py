@@ -10,6 +10,7 @@ training starts rather than a crash hours in.
 import json
 import os
 
+from array_record.python.array_record_module import ArrayRecordReader, ArrayRecordWriter
 import numpy as np
 
 MANIFEST = 'manifest.json'
@@ -42,7 +43,6 @@ class ShardWriter:
     self.documents = 0
 
   def _open(self):
-    from array_record.python.array_record_module import ArrayRecordWriter  # pylint: disable=g-import-not-at-top
     name = shard_name(self._split, len(self.shards))
     self._writer = ArrayRecordWriter(os.path.join(self._dir, name), WRITER_OPTIONS)
     self._current = {'file': name, 'records': 0, 'tokens': 0}
@@ -98,7 +98,6 @@ def split_paths(directory: str, manifest: dict, split: str) -> list[str]:
   info = manifest['splits'].get(split)
   if not info or not info['shards']:
     raise DataError(f'{directory}: split {split!r} holds no documents')
-  from array_record.python.array_record_module import ArrayRecordReader  # pylint: disable=g-import-not-at-top
   paths = []
   for shard in info['shards']:
     path = os.path.join(directory, shard['file'])
