@@ -1,0 +1,66 @@
+"""Host batches (numpy, this process's rows) -> global jax.Arrays laid out for the train / eval step.
+
+Each process reads its own rows; `jax.make_array_from_process_local_data` stitches them into one global array
+sharded over the mesh's batch axes, so nothing is ever copied between hosts. Rows are split into micro-batches on
+the host ([B_local, ...] -> [A, B_local / A, ...]), which keeps every device's slice of every micro-batch local.
+"""
+
+from __future__ import annotations
+
+from typing import Iterator, Mapping
+
+import jax
+import ml_collections
+import numpy as np
+
+from neobert_jax.train.step import batch_keys, batch_sharding
+
+
+def to_global(batch: Mapping[str, np.ndarray], keys: tuple[str, ...], mesh: jax.sharding.Mesh,
+              accum: int) -> dict[str, jax.Array]:
+  """[B_local, ...] host arrays -> {key: global [accum, B_global / accum, ...] array}."""
+  sharding = batch_sharding(mesh)
+  nproc = jax.process_count()
+  out = {}
+  for k in keys:
+    if k not in batch:
+      raise KeyError(f'the data pipeline gave no {k!r} (has {sorted(batch)}); check data.max_predictions')
+    local = np.asarray(batch[k])
+    if local.shape[0] % accum:
+      raise ValueError(f'{local.shape[0]} local rows do not split into {accum} micro-batches')
+    local = local.reshape((accum, local.shape[0] // accum) + local.shape[1:])
+    global_shape = (accum, local.shape[1] * nproc) + local.shape[2:]
+    out[k] = jax.make_array_from_process_local_data(sharding, local, global_shape)
+  return out
+
+
+def real_tokens(batch: Mapping[str, np.ndarray]) -> int:
+  """Non-padding tokens in this process's rows (the throughput numerator)."""
+  return int(np.count_nonzero(batch['segment_ids']))
+
+
+def local_batch_size(cfg: ml_collections.ConfigDict) -> int:
+  return cfg.train.global_batch_size // jax.process_count()
+
+
+def local_eval_batch_size(cfg: ml_collections.ConfigDict) -> int:
+  """Eval runs one micro-batch at a time (no gradients to accumulate), so it uses the micro-batch size."""
+  return cfg.train.global_batch_size // cfg.train.grad_accum_steps // jax.process_count()
+
+
+class GlobalBatches:
+  """Wraps a host iterator; yields (global arrays for the step, real tokens across all processes)."""
+
+  def __init__(self, host_iter: Iterator[Mapping[str, np.ndarray]], cfg: ml_collections.ConfigDict,
+               mesh: jax.sharding.Mesh, accum: int):
+    self.host_iter, self.mesh, self.accum = host_iter, mesh, accum
+    self.keys = batch_keys(cfg)
+
+  def __iter__(self) -> 'GlobalBatches':
+    return self
+
+  def __next__(self) -> tuple[dict[str, jax.Array], int]:
+    batch = next(self.host_iter)
+    # Processes read equal-sized shards of similar documents, so local * count estimates the global figure
+    # without a cross-host reduction on the hot path.
+    return to_global(batch, self.keys, self.mesh, self.accum), real_tokens(batch) * jax.process_count()

@@ -1,0 +1,164 @@
+"""Loading, validating and resolving training configs, before anything expensive runs.
+
+Every check here fails with a message that names the field and the fix: unknown keys (typos), a mesh that does
+not use exactly the available devices, batch sizes that do not split over micro-batches / devices / processes,
+and values outside what the trainer supports. The vocabulary-vs-tokenizer check needs the prepared data's
+manifest, so the loop runs it (via the data pipeline's open_prepared) right after these, still before the model.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+import jax
+import ml_collections
+
+from neobert_jax import sharding as shd
+from neobert_jax.data.config import validate_data_config
+from neobert_jax.model.config import validate_model_config
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+NAN_POLICIES = ('stop', 'skip')
+COMPUTE_DTYPES = ('auto', 'float32', 'bfloat16')
+
+
+class ConfigError(ValueError):
+  """A training config that cannot run; the message says which field and why."""
+
+
+def base_config() -> ml_collections.ConfigDict:
+  """configs/base.py's get_config(): the schema every run config must fit."""
+  if str(REPO_ROOT) not in sys.path:  # configs/ is a top-level folder of the checkout, next to neobert_jax/
+    sys.path.insert(0, str(REPO_ROOT))
+  from configs import base  # pylint: disable=g-import-not-at-top
+  return base.get_config()
+
+
+def load_config(path: str, overrides: dict[str, Any] | None = None) -> ml_collections.ConfigDict:
+  """Loads a config file's get_config() (for tests and tools; the CLI uses ml_collections' config_flags).
+
+  overrides: {'optimizer.peak_lr': 3e-4, ...}; a key that does not exist is a ConfigError.
+  """
+  if str(REPO_ROOT) not in sys.path:
+    sys.path.insert(0, str(REPO_ROOT))
+  spec = importlib.util.spec_from_file_location(f'_neobert_cfg_{Path(path).stem}', path)
+  if spec is None or spec.loader is None:
+    raise ConfigError(f'cannot load config file {path}')
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  cfg = module.get_config()
+  for key, value in (overrides or {}).items():
+    node = cfg
+    *parents, leaf = key.split('.')
+    for p in parents:
+      if p not in node:
+        raise ConfigError(f'unknown config key {key!r}')
+      node = node[p]
+    if leaf not in node:
+      raise ConfigError(f'unknown config key {key!r}')
+    node[leaf] = value
+  return cfg
+
+
+def _unknown_keys(cfg: Any, schema: Any, prefix: str = '') -> list[str]:
+  bad = []
+  for key in cfg.keys():
+    name = f'{prefix}{key}'
+    if key not in schema:
+      bad.append(name)
+    elif isinstance(cfg[key], ml_collections.ConfigDict) and isinstance(schema[key], ml_collections.ConfigDict):
+      bad += _unknown_keys(cfg[key], schema[key], name + '.')
+  return bad
+
+
+def mesh_shape(cfg: ml_collections.ConfigDict, num_devices: int | None = None) -> dict[str, int]:
+  n = jax.device_count() if num_devices is None else num_devices
+  try:
+    return dict(zip(shd.MESH_AXES, shd.resolve_mesh_shape(dict(cfg.mesh), n)))
+  except ValueError as e:
+    raise ConfigError(f'mesh: {e}') from None
+
+
+def validate(cfg: ml_collections.ConfigDict, num_devices: int | None = None,
+             process_count: int | None = None) -> None:
+  """Raises ConfigError for a config this trainer cannot run on the current devices."""
+  unknown = _unknown_keys(cfg, base_config())
+  if unknown:
+    raise ConfigError(f'unknown config keys {unknown}; every field must exist in configs/base.py '
+                      '(check the spelling, or add the field there with its documentation)')
+  for section, check in (('model', validate_model_config), ('data', validate_data_config)):
+    try:
+      check(cfg[section])
+    except ValueError as e:
+      raise ConfigError(str(e)) from None
+  t = cfg.train
+  if t.nan_policy not in NAN_POLICIES:
+    raise ConfigError(f'train.nan_policy={t.nan_policy!r}; expected one of {NAN_POLICIES}')
+  if t.compute_dtype not in COMPUTE_DTYPES:
+    raise ConfigError(f'train.compute_dtype={t.compute_dtype!r}; expected one of {COMPUTE_DTYPES}')
+  for field in ('num_steps', 'global_batch_size', 'grad_accum_steps'):
+    if t[field] < 1:
+      raise ConfigError(f'train.{field}={t[field]} must be >= 1')
+  if cfg.optimizer.warmup_steps < 0 or not 0 < cfg.optimizer.decay_fraction <= 1:
+    raise ConfigError('optimizer.warmup_steps must be >= 0 and optimizer.decay_fraction in (0, 1]')
+  if cfg.data.max_predictions > cfg.model.max_length:
+    raise ConfigError(f'data.max_predictions={cfg.data.max_predictions} exceeds the sequence length '
+                      f'model.max_length={cfg.model.max_length}')
+  if cfg.init.from_checkpoint and cfg.init.from_hf:
+    raise ConfigError('set at most one of init.from_checkpoint and init.from_hf')
+  if cfg.checkpoint.keep < 1 or cfg.checkpoint.every_steps < 1:
+    raise ConfigError('checkpoint.keep and checkpoint.every_steps must be >= 1')
+
+  shape = mesh_shape(cfg, num_devices)
+  nproc = jax.process_count() if process_count is None else process_count
+  gb, accum = t.global_batch_size, t.grad_accum_steps
+  if gb % accum:
+    raise ConfigError(f'train.global_batch_size={gb} is not divisible by train.grad_accum_steps={accum}')
+  micro = gb // accum
+  shards = shape['data'] * shape['fsdp']
+  if micro % shards:
+    raise ConfigError(
+        f'the micro-batch of {micro} rows (global_batch_size {gb} / grad_accum_steps {accum}) does not split '
+        f'over the mesh\'s batch axes data x fsdp = {shape["data"]} x {shape["fsdp"]} = {shards}; make it a '
+        f'multiple of {shards}')
+  if micro % nproc:
+    raise ConfigError(f'the micro-batch of {micro} rows does not split over {nproc} processes')
+
+
+def resolve(cfg: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  """A copy with the run-time choices filled in (compute dtype, mesh sizes), as written to config.json."""
+  from neobert_jax.train.state import resolve_compute_dtype  # pylint: disable=g-import-not-at-top
+  out = ml_collections.ConfigDict(cfg.to_dict())
+  out.model.dtype = resolve_compute_dtype(cfg.train.compute_dtype) if cfg.train.compute_dtype == 'auto' \
+      else cfg.train.compute_dtype
+  out.mesh = ml_collections.ConfigDict(mesh_shape(cfg))
+  return out
+
+
+def write(cfg: ml_collections.ConfigDict, workdir: str | Path) -> Path:
+  """WORKDIR/config.json (process 0 writes; every process may call)."""
+  path = Path(workdir) / 'config.json'
+  if jax.process_index() == 0:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix('.json.tmp')
+    tmp.write_text(json.dumps(cfg.to_dict(), indent=2, sort_keys=True) + '\n')
+    tmp.replace(path)
+  return path
+
+
+def tokens_per_step(cfg: ml_collections.ConfigDict) -> int:
+  return int(cfg.train.global_batch_size) * int(cfg.model.max_length)
+
+
+def describe(cfg: ml_collections.ConfigDict) -> str:
+  """One line for the log: the run's shape at a glance."""
+  m = cfg.model
+  return (f'{m.num_layers}x{m.hidden_size} model, vocab {m.vocab_size}, seq {m.max_length}, '
+          f'global batch {cfg.train.global_batch_size} ({cfg.train.grad_accum_steps} micro), '
+          f'{tokens_per_step(cfg):,} tokens/step, {cfg.train.num_steps:,} steps, mesh {dict(cfg.mesh)}, '
+          f'compute {m.dtype}; {math.prod(dict(cfg.mesh).values())} devices')

@@ -1,0 +1,115 @@
+"""Starting points other than random init (stage 2, continued pretraining), and the end-of-run HF export.
+
+Both initialisers load parameters only: the optimizer moments, step counter and schedule start afresh, which is
+what stage 2 of NeoBERT (a new 4096-token schedule) and continued pretraining want.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any, Mapping
+
+import jax
+import ml_collections
+import numpy as np
+import orbax.checkpoint as ocp
+from flax import nnx
+
+from neobert_jax.train import checkpoint as ckpt
+from neobert_jax.train.state import StateDefs, TrainState, with_params
+
+log = logging.getLogger('neobert_jax.train')
+
+# Fields that change parameter shapes; the rest (max_length, dtype, attention kernel, remat) may differ.
+SHAPE_FIELDS = ('vocab_size', 'hidden_size', 'num_layers', 'num_heads', 'intermediate_size')
+
+
+def check_compatible(source: ml_collections.ConfigDict, target: ml_collections.ConfigDict, where: str) -> None:
+  diff = {f: (source[f], target[f]) for f in SHAPE_FIELDS if f in source and source[f] != target[f]}
+  if diff:
+    raise ValueError(f'cannot initialise from {where}: model fields differ (source, this run): {diff}')
+
+
+def _abstract_pure(params: Any) -> Any:
+  return nnx.to_pure_dict(jax.tree.map(
+      lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=a.sharding), params))
+
+
+def params_from_checkpoint(path: str, step: int | None, like: Any) -> Any:
+  """Another run's parameters, read straight onto the shardings of `like` (no host gather)."""
+  cdir = ckpt.checkpoint_dir(path)
+  step = ckpt.latest_step(cdir) if step is None or step < 0 else step
+  if step is None:
+    raise FileNotFoundError(f'init.from_checkpoint={path!r}: no complete checkpoint under {cdir}')
+  with ocp.StandardCheckpointer() as ckptr:
+    tree = ckptr.restore(cdir / str(step) / 'params', _abstract_pure(like))
+  params = jax.tree.map(lambda a: a, like)
+  nnx.replace_by_pure_dict(params, tree)
+  log.info('initialised parameters from %s/%d', cdir, step)
+  return params
+
+
+def params_from_flat(flat: Mapping[str, np.ndarray], like: Any) -> Any:
+  """Flat {dotted key: array} (neobert_jax.model.params layout) -> params sharded like `like`.
+
+  Each process builds only the shards its devices hold, from its own host copy of the flat arrays.
+  """
+  pure = nnx.to_pure_dict(like)
+  expected: dict[str, Any] = {}
+
+  def walk(node: Any, prefix: str) -> None:
+    for k, v in node.items():
+      walk(v, f'{prefix}{k}.') if isinstance(v, dict) else expected.__setitem__(f'{prefix}{k}', v)
+  walk(pure, '')
+  missing, extra = sorted(set(expected) - set(flat)), sorted(set(flat) - set(expected))
+  wrong = [f'{k}: {np.shape(flat[k])} vs {expected[k].shape}' for k in expected
+           if k in flat and tuple(np.shape(flat[k])) != tuple(expected[k].shape)]
+  if missing or extra or wrong:
+    raise ValueError(f'parameters do not match the model: missing {missing}, unexpected {extra}, shapes {wrong}')
+
+  def put(key: str, ref: jax.Array) -> jax.Array:
+    host = np.asarray(flat[key], dtype=ref.dtype)
+    return jax.make_array_from_callback(ref.shape, ref.sharding, lambda idx: host[idx])
+
+  loaded: dict[str, Any] = {}
+
+  def build(node: Any, out: dict[str, Any], prefix: str) -> None:
+    for k, v in node.items():
+      if isinstance(v, dict):
+        out[k] = {}
+        build(v, out[k], f'{prefix}{k}.')
+      else:
+        out[k] = put(f'{prefix}{k}', v)
+  build(pure, loaded, '')
+  params = jax.tree.map(lambda a: a, like)
+  nnx.replace_by_pure_dict(params, loaded)
+  return params
+
+
+def _read_hf(path: str) -> tuple[ml_collections.ConfigDict, dict[str, np.ndarray]]:
+  from neobert_jax.convert import import_hf  # pylint: disable=g-import-not-at-top
+  return import_hf.read_hf_dir(path)
+
+
+def maybe_initialise(cfg: ml_collections.ConfigDict, defs: StateDefs, state: TrainState) -> TrainState:
+  """Applies cfg.init to a freshly created state; returns it unchanged when cfg.init is empty."""
+  init = cfg.init
+  if init.from_checkpoint:
+    check_compatible(ckpt.read_config(init.from_checkpoint).model, cfg.model, init.from_checkpoint)
+    step = None if init.step < 0 else int(init.step)
+    return with_params(defs, state, params_from_checkpoint(init.from_checkpoint, step, state['params']))
+  if init.from_hf:
+    model_cfg, flat = _read_hf(init.from_hf)
+    check_compatible(model_cfg, cfg.model, init.from_hf)
+    log.info('initialised parameters from Hugging Face directory %s', init.from_hf)
+    return with_params(defs, state, params_from_flat(flat, state['params']))
+  return state
+
+
+def export_hf(workdir: str | Path, out_dir: str) -> None:
+  """Writes the run's latest checkpoint as a Hugging Face NeoBERT directory (via neobert_jax.convert)."""
+  from neobert_jax.convert import export_hf as export_lib  # pylint: disable=g-import-not-at-top
+  model_cfg, flat = ckpt.restore_params(workdir)
+  export_lib.export_flat(flat, model_cfg, out_dir)
+  log.info('exported Hugging Face model to %s', out_dir)

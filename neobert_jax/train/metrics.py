@@ -1,0 +1,111 @@
+"""Throughput accounting (FLOPs per token, device peaks, MFU) and the metric sinks (TensorBoard, metrics.jsonl).
+
+MFU = model FLOPs actually needed per second / peak FLOP/s of the devices. Model FLOPs per token follow the usual
+convention (6 x matmul parameters + 12 x layers x seq x width for attention, no causal halving: NeoBERT attends
+both ways), with the MLM decoder counted only on the positions it decodes when the sparse head is on. Padding
+tokens are not counted as work done.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any, Mapping
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+
+from neobert_jax.model.config import train_flops_per_token
+
+# Dense bf16 peak FLOP/s per device, matched against jax's device_kind (first match wins, so specific names first).
+PEAK_FLOPS: tuple[tuple[str, float], ...] = (
+    ('H200', 989e12),
+    ('H100', 989e12),
+    ('A100', 312e12),
+    ('TPU v6 lite', 918e12),  # v6e
+    ('TPU v6e', 918e12),
+    ('TPU v5 lite', 197e12),  # v5e
+    ('TPU v5e', 197e12),
+    ('TPU v5p', 459e12),
+    ('TPU v5', 459e12),
+    ('TPU v4', 275e12),
+)
+
+
+def flops_per_token(cfg: ml_collections.ConfigDict) -> float:
+  seq = int(cfg.model.max_length)
+  p = int(cfg.data.max_predictions)
+  decoder_fraction = min(p / seq, 1.0) if p > 0 else 1.0
+  return float(train_flops_per_token(cfg.model, seq, decoder_fraction))
+
+
+def table_peak(device_kind: str) -> float | None:
+  for name, peak in PEAK_FLOPS:
+    if name.lower() in device_kind.lower():
+      return peak
+  return None
+
+
+def measure_matmul_peak(n: int = 1024, dtype: Any = jnp.float32, seconds: float = 1.0) -> float:
+  """Achieved FLOP/s of a square matmul on the default device (the CPU's usable peak, all cores together)."""
+  a = jnp.ones((n, n), dtype)
+  f = jax.jit(lambda x: x @ x)
+  f(a).block_until_ready()
+  reps, start = 0, time.perf_counter()
+  while time.perf_counter() - start < seconds or reps < 3:
+    f(a).block_until_ready()
+    reps += 1
+  return 2 * n ** 3 * reps / (time.perf_counter() - start)
+
+
+def total_peak_flops(cfg: ml_collections.ConfigDict) -> tuple[float | None, str]:
+  """(peak FLOP/s of all devices in the run, where the number came from)."""
+  n = jax.device_count()
+  if cfg.logging.peak_flops_per_device > 0:
+    return float(cfg.logging.peak_flops_per_device) * n, 'config'
+  kind = jax.devices()[0].device_kind
+  peak = table_peak(kind)
+  if peak is not None:
+    return peak * n, f'table ({kind})'
+  if jax.default_backend() == 'cpu':
+    # Fake CPU devices share the same cores, so the host's matmul rate is the whole run's peak.
+    dtype = jnp.bfloat16 if cfg.model.dtype == 'bfloat16' else jnp.float32
+    return measure_matmul_peak(dtype=dtype) * jax.process_count(), 'measured matmul'
+  return None, f'unknown device {kind}'
+
+
+class MetricsWriter:
+  """Writes scalars to WORKDIR/metrics.jsonl and TensorBoard event files (process 0 only; others no-op)."""
+
+  def __init__(self, workdir: str | os.PathLike, tensorboard: bool = True):
+    self.active = jax.process_index() == 0
+    self._jsonl = None
+    self._tb = None
+    if not self.active:
+      return
+    workdir = Path(workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    self._jsonl = open(workdir / 'metrics.jsonl', 'a', buffering=1)  # line-buffered: readable while training
+    if tensorboard:
+      from tensorboardX import SummaryWriter
+      self._tb = SummaryWriter(str(workdir / 'tensorboard'))
+
+  def write(self, step: int, scalars: Mapping[str, float], prefix: str = 'train') -> None:
+    if not self.active:
+      return
+    record = {'step': int(step), **{f'{prefix}/{k}': float(v) for k, v in scalars.items()}}
+    self._jsonl.write(json.dumps(record) + '\n')
+    if self._tb is not None:
+      for k, v in scalars.items():
+        self._tb.add_scalar(f'{prefix}/{k}', float(v), int(step))
+
+  def close(self) -> None:
+    if self._jsonl is not None:
+      self._jsonl.close()
+      self._jsonl = None
+    if self._tb is not None:
+      self._tb.close()
+      self._tb = None
