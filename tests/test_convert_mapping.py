@@ -98,6 +98,9 @@ def test_config_errors():
   with pytest.raises(mapping.ConversionError, match="lacks"):
     mapping.model_config_from_hf({"model_type": "neobert", "hidden_size": 8})
   hf = mapping.hf_config_dict(small_config())
+  with pytest.raises(mapping.ConversionError, match="'hidden_act': 'gelu'"):
+    mapping.model_config_from_hf({**hf, "hidden_act": "gelu", "rope": True})
+  mapping.model_config_from_hf({**hf, "hidden_act": "SwiGLU", "rope": True, "rms_norm": True, "ngpt": False})
   hf["dim_head"] = 16
   with pytest.raises(mapping.ConversionError, match="dim_head=16"):
     mapping.model_config_from_hf(hf)

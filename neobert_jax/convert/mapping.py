@@ -210,6 +210,12 @@ _FIELD_MAP = {
     "embedding_init_range": "embedding_init_range",
     "decoder_init_range": "decoder_init_range",
 }
+_ARCHITECTURE_FLAGS = {
+    "rope": lambda v: v is True,
+    "rms_norm": lambda v: v is True,
+    "hidden_act": lambda v: str(v).lower() == "swiglu",
+    "ngpt": lambda v: v is False,
+}
 _REQUIRED_HF_FIELDS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size")
 
 
@@ -243,9 +249,15 @@ def model_config_from_hf(hf_config: Mapping[str, Any], base=None):
   missing = [k for k in _REQUIRED_HF_FIELDS if k not in hf_config]
   if missing:
     raise ConversionError(f"config.json lacks {missing}; fix: add them (see the published chandar-lab/NeoBERT config)")
+  # Variant flags some NeoBERT configs carry; this port implements only the released architecture.
+  unsupported = {k: hf_config[k] for k, ok in _ARCHITECTURE_FLAGS.items() if k in hf_config and not ok(hf_config[k])}
+  if unsupported:
+    raise ConversionError(
+        f"config.json selects an architecture variant this port does not implement: {unsupported}; only the "
+        "released NeoBERT (RoPE, RMSNorm, SwiGLU, no nGPT) converts")
   cfg = default_model_config() if base is None else base.copy_and_resolve_references()
   for jax_name, hf_name in _FIELD_MAP.items():
-    if hf_name in hf_config:
+    if hf_config.get(hf_name) is not None:
       cfg[jax_name] = type(cfg[jax_name])(hf_config[hf_name])
   dim_head = hf_config.get("dim_head")
   if dim_head is not None and dim_head * cfg.num_heads != cfg.hidden_size:
