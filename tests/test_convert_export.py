@@ -179,6 +179,25 @@ def test_export_bfloat16(source, tmp_path):
   np.testing.assert_allclose(weights["decoder.weight"].astype(np.float32), flat["decoder.kernel"].T, rtol=1e-2)
 
 
+def write_vocab(path, size):
+  specials = ["[PAD]"] + [f"[unused{i}]" for i in range(99)] + ["[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+  path.write_text("\n".join(specials + [f"tok{i}" for i in range(size - len(specials))]) + "\n")
+  return path
+
+
+def test_tokenizer_larger_than_vocab_is_refused(source, tmp_path):
+  cfg, flat = source
+  with pytest.raises(export_hf.ExportError, match="30600 tokens but the model's vocab_size is 30522"):
+    export_hf.export_flat(flat, cfg, tmp_path / "hf", tokenizer=write_vocab(tmp_path / "vocab.txt", 30600))
+  sentencepiece = tmp_path / "sp.model"
+  sentencepiece.write_bytes(b"")
+  with pytest.raises(export_hf.ExportError, match="only WordPiece"):
+    export_hf.export_flat(flat, cfg, tmp_path / "hf", tokenizer=sentencepiece)
+  with pytest.raises(export_hf.ExportError, match="no such file"):
+    export_hf.export_flat(flat, cfg, tmp_path / "hf", tokenizer=tmp_path / "missing.json")
+  assert sorted(p.name for p in tmp_path.iterdir()) == ["sp.model", "vocab.txt"]  # no partial output
+
+
 def test_existing_output_is_kept_unless_overwrite(source, tmp_path):
   cfg, flat = source
   out = tmp_path / "out"
@@ -207,6 +226,8 @@ def test_export_from_sharded_training_checkpoint(tmp_path):
   from neobert_jax.train.state import create_train_state
 
   cfg = tiny_cpu.get_config()
+  vocab = write_vocab(tmp_path / "vocab.txt", 1000)
+  cfg.data.tokenizer = str(vocab)  # the training config's tokenizer is exported when none is given
   mesh = sharding.make_mesh({"data": 1, "fsdp": -1, "tensor": 1})
   _, state = create_train_state(cfg, mesh)
   workdir = tmp_path / "run"
@@ -223,6 +244,8 @@ def test_export_from_sharded_training_checkpoint(tmp_path):
   for key in expected:
     np.testing.assert_array_equal(back[key], expected[key], err_msg=key)
   assert json.loads((out / "config.json").read_text())["hidden_size"] == cfg.model.hidden_size
+  assert (out / "vocab.txt").read_bytes() == vocab.read_bytes()
+  assert json.loads((out / "tokenizer_config.json").read_text())["model_max_length"] == cfg.model.max_length
   # Through the CLI, with an explicit step; a step that does not exist is a clear error.
   assert cli.main(["to-pytorch", "--checkpoint", str(workdir / "checkpoints"), "--step", "7",
                    "--output", str(tmp_path / "hf2")]) == 0
