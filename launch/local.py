@@ -75,15 +75,21 @@ def run(cmd: list[str], num_processes: int, devices_per_process: int, *, port: i
     t.start()
     pumps.append(t)
 
-  first_bad, failed_at = 0, None
+  first_bad, failed_at, reported = 0, None, set()
   try:
     while True:
       codes = [p.poll() for p in procs]
       for i, rc in enumerate(codes):
-        if rc not in (None, 0) and failed_at is None:
+        if rc in (None, 0) or i in reported:
+          continue
+        reported.add(i)
+        if failed_at is None:
           first_bad, failed_at = rc, time.monotonic()
           print(f'[launch] process {i} exited with status {rc}; waiting up to {grace_s:.0f}s for the others',
                 file=sys.stderr, flush=True)
+        else:
+          print(f'[launch] process {i} exited with status {rc}, {time.monotonic() - failed_at:.1f}s after '
+                'the first failure', file=sys.stderr, flush=True)
       if all(rc is not None for rc in codes):
         break
       if failed_at is not None and time.monotonic() - failed_at > grace_s:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -64,8 +65,10 @@ class _OwnRows:
 
 
 def _train_worker(workdir: str) -> None:
+  import logging
   from neobert_jax import distributed
-  distributed.initialize()
+  info = distributed.initialize()
+  logging.basicConfig(level=logging.INFO if info.is_primary else logging.WARNING, format='%(message)s')
   from neobert_jax.data import pipeline
   from neobert_jax.train import config as config_lib
   from neobert_jax.train import loop
@@ -78,8 +81,17 @@ def _train_worker(workdir: str) -> None:
     return _OwnRows(full, process_index * batch_per_host, batch_per_host)
 
   pipeline.make_train_iterator = same_stream_for_any_process_count
-  cfg = config_lib.load_config(os.path.join(ROOT, 'configs', 'tiny_cpu.py'), OVERRIDES)
-  loop.run(cfg, workdir)
+  overrides = dict(OVERRIDES, **json.loads(os.environ.get('TEST_EXTRA_OVERRIDES', '{}')))
+  cfg = config_lib.load_config(os.path.join(ROOT, 'configs', 'tiny_cpu.py'), overrides)
+  die_at = int(os.environ.get('TEST_DIE_AT_STEP', '-1'))
+
+  def on_step(done: int) -> None:
+    # simulate a lost host: process 1 vanishes without any cleanup right after step `die_at`
+    if done == die_at and distributed.info().process_id == 1:
+      print(f'process 1 dying after step {done}', flush=True)
+      os._exit(9)
+
+  loop.run(cfg, workdir, on_step=on_step)
 
 
 def _restore_worker(workdir: str, reference_workdir: str, export_dir: str) -> None:
@@ -176,6 +188,40 @@ def test_checkpoint_restores_on_another_mesh_and_exports_to_pytorch(runs):
   env = dict(os.environ, JAX_PLATFORMS='cpu', PYTHONUNBUFFERED='1')
   r = _run([sys.executable, __file__, 'restore', two, one, str(base / 'hf_export')], env)
   assert 'RESTORE_OK' in r.stdout, r.stdout[-2000:]
+
+
+def test_lost_process_stops_the_job_and_the_same_command_resumes(runs):
+  """Process 1 dies mid-run: process 0 must stop by itself within the heartbeat bound; re-running the same
+  command resumes from the last complete checkpoint and ends with the uninterrupted run's parameters."""
+  base, _, two = runs
+  workdir = str(base / 'crash_and_resume')
+  heartbeat = 5
+  env = dict(os.environ, JAX_PLATFORMS='cpu', PYTHONUNBUFFERED='1',
+             TEST_EXTRA_OVERRIDES=json.dumps({'checkpoint.every_steps': 1}))
+  cmd = [sys.executable, os.path.join(ROOT, 'launch', 'local.py'), '-n', '2', '--devices-per-process', '2',
+         '--heartbeat', str(heartbeat), '--grace', '120', '--', sys.executable, __file__, 'train', workdir]
+  crashed = subprocess.run(cmd, env=dict(env, TEST_DIE_AT_STEP='2'), cwd=ROOT, capture_output=True, text=True,
+                           timeout=400)
+  out = crashed.stdout + crashed.stderr
+  assert crashed.returncode != 0 and 'process 1 dying after step 2' in out, out[-4000:]
+  assert 'killing process' not in out, out[-4000:]          # process 0 stopped on its own, not by the launcher
+  # process 0 failed too (a collective, the checkpoint barrier or the heartbeat monitor noticed), in bounded time
+  m = re.search(r'\[launch\] process 0 exited with status (-?\d+), ([\d.]+)s after the first failure', out)
+  assert m and int(m.group(1)) != 0, out[-4000:]
+  assert float(m.group(2)) < heartbeat + 30, m.group(0)
+
+  resumed = _run(cmd, env)
+  assert 'resumed from' in resumed.stdout, resumed.stdout[-3000:]
+  # the interrupted-then-resumed job ends exactly where the uninterrupted one did
+  check = (
+      'import sys, numpy as np; sys.path.insert(0, %r)\n'
+      'from neobert_jax.train import checkpoint as c\n'
+      '_, a = c.restore_params(%r); _, b = c.restore_params(%r)\n'
+      'assert sorted(a) == sorted(b)\n'
+      '[np.testing.assert_allclose(a[k], b[k], rtol=2e-5, atol=2e-6, err_msg=k) for k in a]\n'
+      'print("SAME_PARAMS")' % (ROOT, workdir, two))
+  r = _run([sys.executable, '-c', check], dict(os.environ, JAX_PLATFORMS='cpu'))
+  assert 'SAME_PARAMS' in r.stdout
 
 
 if __name__ == '__main__':
