@@ -96,7 +96,7 @@ def _compile(cfg, target: targets.Target):
                                 defs.shardings['params']))
     with shd.activate(mesh):
       lowered = fn.lower(abstract_state['params'], micro)
-  return lowered.compile(), mesh
+  return lowered, mesh
 
 
 def run_child(cfg_in) -> int:
@@ -110,10 +110,20 @@ def run_child(cfg_in) -> int:
   target = targets.parse_target(_TARGET.value)
   cfg = prepare_config(cfg_in, target)
   t0 = time.time()
-  compiled, mesh = _compile(cfg, target)
+  lowered, mesh = _compile(cfg, target)
+  notes = []
+  try:
+    compiled = lowered.compile()
+  except Exception as e:  # noqa: BLE001 - only the compiler's out-of-memory verdict is a report, not an error
+    needed = report_lib.parse_oom(str(e))
+    if needed is None:
+      raise
+    # The TPU compiler refuses programs that exceed HBM; that is the answer "does not fit", with its number.
+    compiled = None
+    notes.append('the compiler refused the program: ' + str(e).strip().splitlines()[0][:300])
   seconds = time.time() - t0
-  hlo = compiled.as_text()
-  if _DUMP_HLO.value:
+  hlo = compiled.as_text() if compiled is not None else ''
+  if _DUMP_HLO.value and compiled is not None:
     with open(_DUMP_HLO.value, 'w') as f:
       f.write(hlo)
 
@@ -121,21 +131,24 @@ def run_child(cfg_in) -> int:
   preds = int(cfg.data.max_predictions)
   tokens = int(cfg.train.global_batch_size) * seq
   decoder_fraction = preds / seq if preds > 0 else 1.0
-  notes = []
   if target.platform == 'cuda' and cfg.model.attention_impl != 'cudnn':
     notes.append(f'attention_impl={cfg.model.attention_impl}: the cuDNN fused kernels were not requested')
   if target.platform == 'cuda':
     notes.append('GPU compile-only target: no autotuning, so kernel choices and temporaries may differ a little '
                  'on a live GPU; XLA gives no FLOP count here')
-  mem = report_lib.memory_numbers(compiled)
+  if compiled is not None:
+    mem = report_lib.memory_numbers(compiled)
+  else:
+    mem = dict(argument_bytes=0, output_bytes=0, alias_bytes=0, temp_bytes=needed, code_bytes=0)
   r = report_lib.FitReport(
       target=target.spec, device_kind=mesh.devices.flat[0].device_kind, num_devices=target.num_devices,
       mesh=dict(zip(mesh.axis_names, (int(s) for s in mesh.devices.shape))),
       global_batch=int(cfg.train.global_batch_size), seq_len=seq, grad_accum=int(cfg.train.grad_accum_steps),
       device_memory_bytes=target.chip.memory_bytes, headroom=_HEADROOM.value,
       model_flops_per_step=model_config.train_flops_per_token(cfg.model, seq, decoder_fraction) * tokens,
-      xla_flops_per_device=report_lib.xla_flops(compiled), peak_flops_per_device=target.chip.peak_bf16_flops,
-      attention_kernels=report_lib.attention_kernels(hlo), compile_seconds=seconds, notes=notes, **mem)
+      xla_flops_per_device=report_lib.xla_flops(compiled) if compiled is not None else None, peak_flops_per_device=target.chip.peak_bf16_flops,
+      attention_kernels=report_lib.attention_kernels(hlo), compile_seconds=seconds, notes=notes,
+      compiler_refused=compiled is None, **mem)
   print(report_lib.format_report(r), flush=True)
   if _JSON.value:
     data = r.as_dict()

@@ -99,5 +99,10 @@ def test_fit_arithmetic_and_format():
   assert abs(r.step_seconds_at(0.5) - 0.25) < 1e-9
   text = report.format_report(r)
   assert 'fits          NO' in text and 'XLA (no cuDNN' in text
+  # the TPU compiler's refusal is turned into a number, anything else is not an out-of-memory verdict
+  msg = ('RESOURCE_EXHAUSTED: Ran out of memory on HBM, the total memory required for HLO temporaries (27.44G) '
+         'exceeds available HBM (15.75G).')
+  assert abs(report.parse_oom(msg) - 27.44 * 2**30) < 2**20
+  assert report.parse_oom('INVALID_ARGUMENT: something else') is None
   assert report.attention_kernels('custom_call_target="__cudnn$fmhaSoftmax" ... "__cudnn$fmhaSoftmaxBackward"') == [
       '__cudnn$fmhaSoftmax', '__cudnn$fmhaSoftmaxBackward']

@@ -41,6 +41,7 @@ class FitReport:
   attention_kernels: list[str]
   compile_seconds: float
   notes: list[str] = dataclasses.field(default_factory=list)
+  compiler_refused: bool = False         # the compiler stopped at the memory limit: only temporaries are known
 
   @property
   def total_bytes(self) -> int:
@@ -48,7 +49,7 @@ class FitReport:
 
   @property
   def fits(self) -> bool:
-    return self.total_bytes <= self.headroom * self.device_memory_bytes
+    return not self.compiler_refused and self.total_bytes <= self.headroom * self.device_memory_bytes
 
   @property
   def uses_cudnn_attention(self) -> bool:
@@ -92,6 +93,24 @@ def attention_kernels(hlo_text: str) -> list[str]:
   return sorted(set(_CUDNN_RE.findall(hlo_text)))
 
 
+_UNITS = {'': 1, 'K': 1024, 'M': 1024 ** 2, 'G': 1024 ** 3, 'T': 1024 ** 4}
+# libtpu: "RESOURCE_EXHAUSTED: Ran out of memory on HBM, the total memory required for HLO temporaries
+# (27.44G) exceeds available HBM (15.75G)."  and the older "Used 27.44G of 15.75G hbm" wording.
+_OOM_RES = (re.compile(r'required for HLO temporaries \(([\d.]+)([KMGT]?)'),
+            re.compile(r'Used ([\d.]+)([KMGT]?) of [\d.]+[KMGT]? hbm'))
+
+
+def parse_oom(message: str) -> int | None:
+  """Bytes the compiler said the program needs, if `message` is an out-of-memory refusal; else None."""
+  if 'RESOURCE_EXHAUSTED' not in message and 'Ran out of memory' not in message:
+    return None
+  for pattern in _OOM_RES:
+    m = pattern.search(message)
+    if m:
+      return int(float(m.group(1)) * _UNITS[m.group(2)])
+  return None
+
+
 def _gib(n: float) -> str:
   """Bytes in GiB, or MiB below 1 GiB (toy configs would otherwise print 0.00 everywhere)."""
   if abs(n) < 1024 ** 3:
@@ -110,7 +129,8 @@ def format_report(r: FitReport) -> str:
       f'mesh          {mesh}',
       f'batch         {r.global_batch} sequences x {r.seq_len} tokens = {r.global_batch * r.seq_len:,} tokens/step'
       + (f' ({r.grad_accum} micro-batches)' if r.grad_accum > 1 else ''),
-      'memory per device:',
+      'memory per device:' + (' (compile stopped at the memory limit; only the temporaries are known)'
+                              if r.compiler_refused else ''),
       f'  arguments   {_gib(r.argument_bytes)}',
       f'  outputs     {_gib(r.output_bytes)}  (aliased with donated arguments: {_gib(r.alias_bytes).strip()})',
       f'  temporaries {_gib(r.temp_bytes)}',
