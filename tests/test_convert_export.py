@@ -159,6 +159,8 @@ def test_import_round_trip_and_jax_model(exported, source, tmp_path):
     assert cfg2[field] == cfg[field], field
   for key in flat:
     np.testing.assert_array_equal(flat2[key], flat[key], err_msg=key)
+  model, _ = import_hf.load_hf_as_jax(exported)
+  np.testing.assert_array_equal(to_flat(model)["encoder.layers.qkv"], flat["encoder.layers.qkv"])
   # A .safetensors file with config.json beside it works too.
   _, flat3 = import_hf.read_hf_dir(exported / "model.safetensors")
   np.testing.assert_array_equal(flat3["encoder.layers.w12"], flat["encoder.layers.w12"])
