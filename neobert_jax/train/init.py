@@ -89,7 +89,8 @@ def params_from_flat(flat: Mapping[str, np.ndarray], like: Any) -> Any:
 
 def _read_hf(path: str) -> tuple[ml_collections.ConfigDict, dict[str, np.ndarray]]:
   from neobert_jax.convert import import_hf  # pylint: disable=g-import-not-at-top
-  return import_hf.read_hf_dir(path)
+  # A base-model save has no MLM head; continued pretraining needs one, so a fresh decoder is created.
+  return import_hf.read_hf_dir(path, init_missing_decoder=True)
 
 
 def maybe_initialise(cfg: ml_collections.ConfigDict, defs: StateDefs, state: TrainState) -> TrainState:
@@ -107,9 +108,12 @@ def maybe_initialise(cfg: ml_collections.ConfigDict, defs: StateDefs, state: Tra
   return state
 
 
-def export_hf(workdir: str | Path, out_dir: str) -> None:
-  """Writes the run's latest checkpoint as a Hugging Face NeoBERT directory (via neobert_jax.convert)."""
+def export_hf(workdir: str | Path, out_dir: str, tokenizer: str | None) -> Path:
+  """Writes the run's latest checkpoint (and its tokenizer) as a Hugging Face NeoBERT directory.
+
+  The directory belongs to this run, so a re-run replaces it (the converter writes it atomically).
+  """
   from neobert_jax.convert import export_hf as export_lib  # pylint: disable=g-import-not-at-top
-  model_cfg, flat = ckpt.restore_params(workdir)
-  export_lib.export_flat(flat, model_cfg, out_dir)
-  log.info('exported Hugging Face model to %s', out_dir)
+  out = export_lib.export_checkpoint(workdir, out_dir, tokenizer=tokenizer, overwrite=True)
+  log.info('exported Hugging Face model to %s', out)
+  return out

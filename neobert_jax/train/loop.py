@@ -253,5 +253,7 @@ def run(cfg: ml_collections.ConfigDict, workdir: str | Path,
   result.last_train = logger.last
   result.skipped_steps = logger.skipped
   if cfg.export.hf_dir and not result.preempted and is_main:
-    init_lib.export_hf(workdir, cfg.export.hf_dir)
+    # The tokenizer the data was prepared with goes along, so the export is usable on its own.
+    _, manifest = pipeline.open_prepared(cfg.data, seq_len, int(cfg.model.vocab_size))
+    init_lib.export_hf(workdir, cfg.export.hf_dir, cfg.data.tokenizer or manifest['tokenizer']['spec'])
   return result

@@ -64,7 +64,7 @@ def mlm_sums(model: Any, micro: dict[str, jax.Array], packed: bool) -> tuple[jax
 
 
 def _tree_norm(tree: Any) -> jax.Array:
-  return optax.global_norm(jax.tree.leaves(tree))
+  return optax.tree.norm(tree)
 
 
 def make_train_step(cfg: ml_collections.ConfigDict, defs: StateDefs) -> Callable[[TrainState, dict], tuple]:
@@ -77,6 +77,10 @@ def make_train_step(cfg: ml_collections.ConfigDict, defs: StateDefs) -> Callable
     return mlm_sums(nnx.merge(defs.model_def, params), micro, packed)
 
   def step(state: TrainState, batch: dict[str, jax.Array]) -> tuple[TrainState, dict[str, jax.Array]]:
+    # nnx.merge wraps the incoming arrays in Variables that opt.update then mutates in place, so the pre-update
+    # values are captured as plain leaves now (needed to roll back a non-finite update).
+    old_leaves = jax.tree.leaves(state)
+    old_param_norm = _tree_norm(state['params'])
     params = state['params']
     grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
 
@@ -102,12 +106,17 @@ def make_train_step(cfg: ml_collections.ConfigDict, defs: StateDefs) -> Callable
     opt.update(model, grads)
     new_state = {'params': nnx.state(model, nnx.Param), 'opt': nnx.state(opt)}
 
-    finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
+    param_norm = _tree_norm(new_state['params'])
+    # The update itself can overflow even when loss and gradients were finite (a huge learning rate), so the
+    # new parameters' norm is checked too: a state that is not finite is never committed or checkpointed.
+    finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm) & jnp.isfinite(param_norm)
     if skip_nonfinite:
-      # Drop the whole update (params, moments and step counter) when the loss or a gradient is NaN/inf.
-      new_state = jax.tree.map(lambda new, old: jnp.where(finite, new, old), new_state, state)
+      # Drop the whole update (params, moments and step counter).
+      new_leaves, treedef = jax.tree.flatten(new_state)
+      new_state = jax.tree.unflatten(treedef, [jnp.where(finite, n, o) for n, o in zip(new_leaves, old_leaves)])
+      param_norm = jnp.where(finite, param_norm, old_param_norm)
     metrics = {'loss': loss, 'accuracy': correct / denom, 'grad_norm': grad_norm,
-               'param_norm': _tree_norm(new_state['params']), 'learning_rate': lr,
+               'param_norm': param_norm, 'learning_rate': lr,
                'masked_tokens': count, 'finite': finite}
     return new_state, metrics
 

@@ -1,0 +1,26 @@
+"""NeoBERT stage 2: extend the stage-1 model to 4,096-token sequences (50k steps of ~2M tokens, 100B tokens).
+
+Parameters come from a stage-1 run (init.from_checkpoint; RoPE has no length-dependent weights, so the same
+parameters serve 4096 positions); the optimizer moments, step counter and schedule start afresh.
+Batches are 512 x 4,096 tokens. The paper gives no separate stage-2 optimizer; this keeps stage 1's AdamW and a
+short warmup-cosine schedule over the 50k steps. Point data.dir at data prepared with --max-length 4096.
+Usage: python -m neobert_jax.train --config=configs/neobert_250m_4096.py --workdir=runs/neobert_250m_4096 \
+         --config.init.from_checkpoint=runs/neobert_250m
+"""
+
+from configs import neobert_250m
+
+
+def get_config():
+  cfg = neobert_250m.get_config()
+  cfg.model.max_length = 4096
+  cfg.model.remat_policy = 'full'       # 4x longer rows: trade recompute for activation memory
+  cfg.data.max_predictions = 896        # 20% of 4096 = 819 on average
+  cfg.train.num_steps = 50_000
+  cfg.train.global_batch_size = 512
+  cfg.train.grad_accum_steps = 8
+  cfg.optimizer.warmup_steps = 1000
+  cfg.init.from_checkpoint = 'runs/neobert_250m'  # the stage-1 workdir (override on the command line)
+  cfg.eval.every_steps = 2500
+  cfg.checkpoint.every_steps = 500
+  return cfg

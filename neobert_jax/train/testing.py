@@ -1,0 +1,54 @@
+"""Small configs and synthetic batches for the trainer's tests and benchmarks (kept out of the hot path)."""
+
+from __future__ import annotations
+
+import jax
+import ml_collections
+import numpy as np
+
+from neobert_jax.train import config as config_lib
+from neobert_jax.train.step import abstract_batch
+
+
+def tiny_config(vocab_size: int = 30522, hidden: int = 32, layers: int = 1, seq_len: int = 128,
+                batch: int = 8, steps: int = 6) -> ml_collections.ConfigDict:
+  """configs/tiny_cpu.py shrunk to seconds per run: same code paths, real tokenizer-sized vocab by default."""
+  cfg = config_lib.load_config(str(config_lib.REPO_ROOT / 'configs' / 'tiny_cpu.py'))
+  m = cfg.model
+  m.vocab_size, m.hidden_size, m.num_layers, m.num_heads = vocab_size, hidden, layers, 2
+  m.intermediate_size, m.max_length = 2 * hidden, seq_len
+  cfg.data.max_predictions = max(4, seq_len // 4)
+  cfg.train.global_batch_size, cfg.train.num_steps = batch, steps
+  cfg.optimizer.warmup_steps = 2
+  cfg.eval.every_steps, cfg.eval.at_start, cfg.eval.num_batches = 0, False, 2
+  cfg.checkpoint.every_steps, cfg.checkpoint.keep = 3, 3
+  cfg.logging.log_every, cfg.logging.progress_bar, cfg.logging.tensorboard = 1, False, False
+  cfg.logging.peak_flops_per_device = 1e11  # skip the CPU matmul measurement in tests
+  return cfg
+
+
+def synthetic_batch(cfg: ml_collections.ConfigDict, mesh: jax.sharding.Mesh, seed: int, accum: int | None = None,
+                    as_numpy: bool = False) -> dict:
+  """A random packed MLM batch [A, M, ...] matching abstract_batch, with a varying number of real slots per row."""
+  rng = np.random.default_rng(seed)
+  shapes = abstract_batch(cfg, mesh, accum)
+  out = {}
+  for k, s in shapes.items():
+    a, m, n = s.shape
+    if k == 'input_ids':
+      v = rng.integers(1, cfg.model.vocab_size, s.shape)
+    elif k == 'positions':
+      v = np.broadcast_to(np.arange(n) % (n // 2), s.shape)  # two documents per row
+    elif k == 'segment_ids':
+      v = np.broadcast_to(1 + (np.arange(n) >= n // 2), s.shape)
+    elif k == 'mlm_positions':
+      v = rng.integers(0, cfg.model.max_length, s.shape)
+    elif k == 'mlm_labels':
+      v = rng.integers(1, cfg.model.vocab_size, s.shape)
+    elif k == 'mlm_weights':
+      v = (rng.random(s.shape) < rng.uniform(0.3, 1.0, (a, m, 1))).astype(np.float32)
+    else:  # dense labels
+      v = np.where(rng.random(s.shape) < 0.2, rng.integers(1, cfg.model.vocab_size, s.shape), -100)
+    v = np.ascontiguousarray(v.astype(s.dtype))
+    out[k] = v if as_numpy else jax.device_put(v, s.sharding)
+  return out
