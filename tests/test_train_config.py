@@ -1,0 +1,86 @@
+"""Configs: every shipped config validates; bad ones fail early with a message naming the field; the schedule and
+weight-decay rules follow the paper."""
+
+import glob
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+
+from neobert_jax.data.shards import DataError
+from neobert_jax.train import config as config_lib
+from neobert_jax.train import loop
+from neobert_jax.train import optimizer as opt_lib
+from neobert_jax.train.testing import tiny_config
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.parametrize('path', sorted(glob.glob(str(REPO / 'configs' / '*.py'))))
+def test_shipped_configs_validate(path):
+  if path.endswith('__init__.py'):
+    return
+  cfg = config_lib.load_config(path)
+  cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor = 1, -1, 1
+  config_lib.validate(cfg, num_devices=8)
+
+
+def test_stage1_recipe_is_the_paper():
+  cfg = config_lib.load_config(str(REPO / 'configs' / 'neobert_250m.py'))
+  o = cfg.optimizer
+  assert (o.b1, o.b2, o.eps, o.weight_decay, o.clip_norm) == (0.9, 0.95, 1e-8, 0.1, 1.0)
+  assert (o.warmup_steps, o.peak_lr, o.decay_fraction, o.final_lr_fraction) == (2000, 6e-4, 0.9, 0.1)
+  assert cfg.train.num_steps == 1_000_000
+  assert cfg.train.global_batch_size * cfg.model.max_length == 2048 * 1024  # ~2M tokens per step
+  assert (cfg.data.mask_rate, cfg.data.mask_strategy) == (0.2, 'all_mask')
+  s2 = config_lib.load_config(str(REPO / 'configs' / 'neobert_250m_4096.py'))
+  assert s2.model.max_length == 4096 and s2.init.from_checkpoint
+
+
+def test_schedule_warmup_cosine_floor():
+  cfg = tiny_config()
+  cfg.optimizer.peak_lr, cfg.optimizer.warmup_steps, cfg.train.num_steps = 6e-4, 20, 1000
+  _, sched = opt_lib.make_optimizer(cfg)
+  lr = lambda s: float(sched(s))
+  assert lr(0) == 0.0 and lr(10) == pytest.approx(3e-4) and lr(20) == pytest.approx(6e-4)
+  assert lr(900) == pytest.approx(6e-5, rel=1e-3) and lr(999) == pytest.approx(6e-5, rel=1e-3)
+  assert 6e-5 < lr(500) < 6e-4
+
+
+def test_weight_decay_skips_norms_and_biases():
+  names = {'encoder.token_embedding.embedding': True, 'encoder.layers.qkv': True, 'encoder.layers.w3': True,
+           'encoder.layers.attention_norm': False, 'encoder.layers.ffn_norm': False, 'encoder.final_norm': False,
+           'decoder.kernel': True, 'decoder.bias': False}
+  for name, decays in names.items():
+    assert opt_lib.decays(name.split('.')) is decays, name
+  assert not opt_lib.decays('encoder.token_embedding.embedding'.split('.'), decay_embeddings=False)
+
+
+@pytest.mark.parametrize('override, message', [
+    ({'optimizer.peak_lrr': 1.0}, 'unknown config key'),
+    ({'mesh.data': 3}, 'mesh'),
+    ({'train.global_batch_size': 12}, 'does not split over'),
+    ({'train.grad_accum_steps': 3}, 'not divisible by train.grad_accum_steps'),
+    ({'train.nan_policy': 'ignore'}, 'train.nan_policy'),
+    ({'model.num_heads': 5}, 'num_heads'),
+    ({'data.max_predictions': 1000}, 'max_predictions'),
+])
+def test_bad_configs_fail_clearly(override, message):
+  path = str(REPO / 'configs' / 'tiny_cpu.py')
+  with pytest.raises(config_lib.ConfigError, match=message):
+    config_lib.validate(config_lib.load_config(path, override), num_devices=8)
+
+
+def test_typo_in_a_config_file_is_caught():
+  cfg = tiny_config()
+  cfg.train.num_step = 10  # typo: not a field of configs/base.py
+  with pytest.raises(config_lib.ConfigError, match=r"unknown config keys \['train.num_step'\]"):
+    config_lib.validate(cfg, num_devices=8)
+
+
+def test_vocab_mismatch_fails_before_the_model_is_built(tmp_path):
+  cfg = tiny_config(vocab_size=1000)
+  with pytest.raises(DataError, match='vocab_size=1000'):
+    loop.run(cfg, tmp_path)
+  assert not (tmp_path / 'checkpoints').exists()

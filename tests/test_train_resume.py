@@ -1,0 +1,147 @@
+"""Checkpoints: exact resume (iterator included), corrupt or half-written checkpoints, other meshes, SIGTERM."""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+
+from neobert_jax.train import checkpoint as ckpt
+from neobert_jax.train import loop
+from neobert_jax.train.testing import tiny_config
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+class Crash(Exception):
+  pass
+
+
+def _crash_after(k):
+  def hook(step):
+    if step == k:
+      raise Crash(f'simulated crash after step {k}')
+  return hook
+
+
+def _params(workdir):
+  return ckpt.restore_params(workdir)[1]
+
+
+def _assert_identical(a, b):
+  assert sorted(a) == sorted(b)
+  for k in a:
+    np.testing.assert_array_equal(a[k], b[k], err_msg=k)
+
+
+@pytest.fixture(scope='module')
+def uninterrupted(tmp_path_factory):
+  workdir = tmp_path_factory.mktemp('full')
+  result = loop.run(tiny_config(steps=6), workdir)
+  assert result.final_step == 6
+  return workdir
+
+
+def test_crash_and_resume_is_bit_identical(uninterrupted, tmp_path):
+  cfg = tiny_config(steps=6)
+  with pytest.raises(Crash):
+    loop.run(cfg, tmp_path, on_step=_crash_after(4))  # checkpoint at 3, crash after 4: step 4 is lost
+  assert ckpt.latest_step(tmp_path) == 3
+  result = loop.run(cfg, tmp_path)  # the same command again
+  assert result.final_step == 6
+  _assert_identical(_params(tmp_path), _params(uninterrupted))
+  cfg_json = json.loads((tmp_path / 'config.json').read_text())
+  assert cfg_json['model']['hidden_size'] == 32 and cfg_json['mesh']['fsdp'] == 8  # resolved config written
+  lines = [json.loads(x) for x in (tmp_path / 'metrics.jsonl').read_text().splitlines()]
+  assert {'train/loss', 'train/learning_rate', 'train/tokens_per_sec', 'train/mfu'} <= set(lines[-1])
+
+
+def test_corrupt_latest_falls_back_and_half_written_is_ignored(uninterrupted, tmp_path, caplog):
+  shutil.copytree(uninterrupted, tmp_path, dirs_exist_ok=True)
+  cdir = tmp_path / 'checkpoints'
+  # A crash mid-save leaves only Orbax's temporary directory: never listed as a checkpoint.
+  (cdir / '9.orbax-checkpoint-tmp-123' / 'params').mkdir(parents=True)
+  assert ckpt.latest_step(tmp_path) == 6
+  # Damage the latest complete step: truncated index, array data gone.
+  (cdir / '6' / 'params' / 'manifest.ocdbt').write_bytes(b'')
+  for sub in ('d', 'ocdbt.process_0'):
+    shutil.rmtree(cdir / '6' / 'params' / sub, ignore_errors=True)
+  caplog.set_level('WARNING')
+  result = loop.run(tiny_config(steps=6), tmp_path)
+  assert 'checkpoint step 6' in caplog.text and 'falling back to step 3' in caplog.text
+  assert result.final_step == 6
+  assert (cdir / '6.corrupt').is_dir()  # kept for inspection, out of the way
+  _assert_identical(_params(tmp_path), _params(uninterrupted))  # steps 4-6 replayed exactly
+
+
+def test_restore_onto_a_different_mesh(uninterrupted, tmp_path):
+  cfg = tiny_config(steps=6)
+  with pytest.raises(Crash):
+    loop.run(cfg, tmp_path, on_step=_crash_after(3))
+  other = tiny_config(steps=6)
+  other.mesh.data, other.mesh.fsdp, other.mesh.tensor = 2, 2, 2
+  assert loop.run(other, tmp_path).final_step == 6
+  a, b = _params(tmp_path), _params(uninterrupted)
+  for k in a:
+    np.testing.assert_allclose(a[k], b[k], rtol=1e-4, atol=2e-5, err_msg=k)
+
+
+def test_init_from_checkpoint_params_only(uninterrupted, tmp_path):
+  cfg = tiny_config(steps=1)
+  cfg.init.from_checkpoint = str(uninterrupted)
+  cfg.optimizer.warmup_steps = 5  # step 0 of a fresh schedule has lr 0: parameters stay exactly as loaded
+  loop.run(cfg, tmp_path)
+  _assert_identical(_params(tmp_path), _params(uninterrupted))
+
+
+def test_nan_stops_with_last_good_checkpoint(tmp_path):
+  cfg = tiny_config(steps=8)
+  # Step 1 runs at lr 0 (warmup start) and is checkpointed; step 2's update (lr 5e29) overflows the parameters.
+  cfg.optimizer.peak_lr, cfg.optimizer.warmup_steps, cfg.optimizer.clip_norm = 1e30, 2, 0.0
+  cfg.checkpoint.every_steps = 1
+  with pytest.raises(loop.TrainingDiverged, match='Last good checkpoint: .*checkpoints/1'):
+    loop.run(cfg, tmp_path)
+  cfg.train.nan_policy = 'skip'
+  shutil.rmtree(tmp_path)
+  result = loop.run(cfg, tmp_path)
+  assert result.final_step == 8 and result.skipped_steps >= 1
+  assert all(np.isfinite(v).all() for v in _params(tmp_path).values())
+
+
+def test_sigterm_saves_and_exits_cleanly(tmp_path):
+  """The real CLI in a subprocess: SIGTERM mid-training -> checkpoint + exit 0; the same command resumes."""
+  workdir = tmp_path / 'run'
+  cmd = [sys.executable, '-m', 'neobert_jax.train', '--config=configs/tiny_cpu.py', f'--workdir={workdir}',
+         '--config.model.hidden_size=32', '--config.model.num_layers=1', '--config.model.num_heads=2',
+         '--config.model.intermediate_size=64', '--config.train.global_batch_size=8',
+         '--config.eval.every_steps=0', '--config.eval.at_start=False', '--config.checkpoint.every_steps=1000',
+         '--config.logging.progress_bar=False', '--config.logging.peak_flops_per_device=1e11',
+         '--config.logging.log_every=1']
+  env = {**os.environ, 'PYTHONPATH': str(REPO), 'XLA_FLAGS': ''}
+  proc = subprocess.Popen(cmd + ['--config.train.num_steps=100000'], cwd=REPO, env=env,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+  metrics = workdir / 'metrics.jsonl'
+  deadline = time.time() + 240
+  while time.time() < deadline and proc.poll() is None:
+    if metrics.exists() and len(metrics.read_text().splitlines()) >= 2:
+      break
+    time.sleep(0.5)
+  assert proc.poll() is None, proc.communicate()[0][-3000:]
+  proc.send_signal(signal.SIGTERM)
+  out = proc.communicate(timeout=120)[0]
+  assert proc.returncode == 0, out[-3000:]
+  assert 'preempted (SIGTERM), resumable' in out
+  saved = ckpt.latest_step(workdir)
+  assert saved is not None and saved >= 2
+  resumed = subprocess.run(cmd + [f'--config.train.num_steps={saved + 1}'], cwd=REPO, env=env,
+                           capture_output=True, text=True, timeout=240)
+  assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-2000:]
+  assert f'resumed from {workdir / "checkpoints"}/{saved}' in resumed.stdout + resumed.stderr
+  assert ckpt.latest_step(workdir) == saved + 1
