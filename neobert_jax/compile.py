@@ -136,6 +136,11 @@ def run_child(cfg_in) -> int:
   if target.platform == 'cuda':
     notes.append('GPU compile-only target: no autotuning, so kernel choices and temporaries may differ a little '
                  'on a live GPU; XLA gives no FLOP count here')
+  model_flops = model_config.train_flops_per_token(cfg.model, seq, decoder_fraction) * tokens
+  xla_flops = report_lib.xla_flops(compiled) if compiled is not None else None
+  if xla_flops is not None and xla_flops < 0.5 * model_flops / target.num_devices:
+    notes.append('XLA FLOPs count each loop body once (the layer scan, the micro-batch scan), so they are far '
+                 'below the real step; the model FLOPs are the figure to use')
   if compiled is not None:
     mem = report_lib.memory_numbers(compiled)
   else:
@@ -145,8 +150,8 @@ def run_child(cfg_in) -> int:
       mesh=dict(zip(mesh.axis_names, (int(s) for s in mesh.devices.shape))),
       global_batch=int(cfg.train.global_batch_size), seq_len=seq, grad_accum=int(cfg.train.grad_accum_steps),
       device_memory_bytes=target.chip.memory_bytes, headroom=_HEADROOM.value,
-      model_flops_per_step=model_config.train_flops_per_token(cfg.model, seq, decoder_fraction) * tokens,
-      xla_flops_per_device=report_lib.xla_flops(compiled) if compiled is not None else None, peak_flops_per_device=target.chip.peak_bf16_flops,
+      model_flops_per_step=model_flops, xla_flops_per_device=xla_flops,
+      peak_flops_per_device=target.chip.peak_bf16_flops,
       attention_kernels=report_lib.attention_kernels(hlo), compile_seconds=seconds, notes=notes,
       compiler_refused=compiled is None, **mem)
   print(report_lib.format_report(r), flush=True)
