@@ -11,7 +11,7 @@ override the trainer accepts works here, so a recipe can be checked before any h
 The compile needs libtpu (TPU) or the jax CUDA plugin + cuDNN (GPU). They are installed on first use into a
 cache (neobert_jax/aot/deps.py) and the work runs in a child interpreter that sees them, with JAX_PLATFORMS=cpu:
 the CPU is the only real backend, the target devices are compile-only topology devices.
-Exit status: 0 compiled (see the report), 3 the optional dependency could not be installed, 4 --require_fit
+Exit status: 0 compiled (see the report), 2 the config cannot run on the target, 3 the optional dependency could not be installed, 4 --require_fit
 and it does not fit, 5 --require_cudnn and no cuDNN attention, anything else an error.
 """
 
@@ -110,7 +110,12 @@ def run_child(cfg_in) -> int:
   target = targets.parse_target(_TARGET.value)
   cfg = prepare_config(cfg_in, target)
   t0 = time.time()
-  lowered, mesh = _compile(cfg, target)
+  from neobert_jax.train import config as train_config
+  try:
+    lowered, mesh = _compile(cfg, target)
+  except train_config.ConfigError as e:
+    print(f'config error for {target.spec}: {e}', file=sys.stderr)
+    return 2
   notes = []
   try:
     compiled = lowered.compile()
