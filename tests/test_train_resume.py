@@ -11,6 +11,7 @@ from pathlib import Path
 
 import jax
 import numpy as np
+import orbax.checkpoint as ocp
 import pytest
 
 from neobert_jax.train import checkpoint as ckpt
@@ -79,6 +80,33 @@ def test_corrupt_latest_falls_back_and_half_written_is_ignored(uninterrupted, tm
   assert result.final_step == 6
   assert (cdir / '6.corrupt').is_dir()  # kept for inspection, out of the way
   _assert_identical(_params(tmp_path), _params(uninterrupted))  # steps 4-6 replayed exactly
+
+
+def test_unusable_data_state_keeps_the_checkpoint(uninterrupted, tmp_path, caplog):
+  """Only the data-iterator state is lost: resume at the same step with a warning, never set the step aside."""
+  shutil.copytree(uninterrupted, tmp_path, dirs_exist_ok=True)
+  (tmp_path / 'checkpoints' / '6' / 'data' / 'process_0-of-1.json').unlink()
+  caplog.set_level('INFO')
+  assert loop.run(tiny_config(steps=6), tmp_path).final_step == 6
+  assert f'resumed from {tmp_path / "checkpoints"}/6' in caplog.text
+  assert 'data order is NOT the same' in caplog.text
+  assert not list((tmp_path / 'checkpoints').glob('*.corrupt*'))
+
+
+def test_storage_error_is_retried_and_never_sets_the_checkpoint_aside(uninterrupted, tmp_path, monkeypatch):
+  shutil.copytree(uninterrupted, tmp_path, dirs_exist_ok=True)
+  monkeypatch.setattr(ckpt, '_RETRY_DELAY_S', 0.0)
+  attempts = []
+
+  def unreachable_storage(self, step, *args, **kwargs):
+    attempts.append(step)
+    raise ValueError('UNAVAILABLE: Error reading "params/manifest.ocdbt": HTTP 503')
+
+  monkeypatch.setattr(ocp.CheckpointManager, 'restore', unreachable_storage)
+  with pytest.raises(ckpt.CheckpointReadError, match='left in place'):
+    loop.run(tiny_config(steps=6), tmp_path)
+  assert attempts == [6] * ckpt._READ_ATTEMPTS  # retried, and no fall back to an older step
+  assert ckpt.latest_step(tmp_path) == 6 and not list((tmp_path / 'checkpoints').glob('*.corrupt*'))
 
 
 def test_restore_onto_a_different_mesh(uninterrupted, tmp_path):

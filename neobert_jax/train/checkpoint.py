@@ -12,8 +12,14 @@ On-disk layout (one Orbax CheckpointManager rooted at WORKDIR/checkpoints):
 
 <step> is the number of optimizer steps already taken. Orbax writes each step into a temporary directory and
 renames it only after every item (and every process) has committed, so a crash mid-save leaves the previous
-steps intact and the half-written one is never listed. A step that is listed but cannot be read (disk damage,
-files removed by hand) is reported, moved aside as '<step>.corrupt', and the next older step is used.
+steps intact and the half-written one is never listed. A step whose params or optimizer state cannot be read
+(disk damage, files removed by hand) is reported, moved aside as '<step>.corrupt', and the next older step is
+used. A step is never set aside for anything else:
+  * an I/O error that looks transient (timeouts, UNAVAILABLE, permission denied, ...) is retried and then raised,
+    leaving the checkpoint where it is, so re-running once the storage is back resumes from it;
+  * a data-iterator state that cannot be used (the checkpoint was written by a different number of processes, or
+    the item is missing or unreadable) only costs the exact data order: params and optimizer state are restored and
+    the iterator is re-derived from the step count (see `_restore_data`), with a warning.
 
 For converters: `restore_params(path)` returns (model config, flat numpy params) on one CPU, whatever mesh wrote it.
 """
@@ -23,6 +29,8 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
+import time
 from pathlib import Path
 from typing import Any
 
@@ -87,27 +95,149 @@ def _set_aside(mngr: ocp.CheckpointManager, step: int) -> None:
   mngr.reload()
 
 
+class CheckpointReadError(RuntimeError):
+  """A checkpoint could not be read for a reason that says nothing about its contents (storage I/O trouble).
+
+  The checkpoint is left in place: re-running once the storage is healthy resumes from it."""
+
+
+# Status words of tensorstore / gRPC / cloud storage errors that describe the storage, not the bytes stored.
+_TRANSIENT_WORDS = ('UNAVAILABLE', 'DEADLINE_EXCEEDED', 'RESOURCE_EXHAUSTED', 'ABORTED', 'CANCELLED',
+                    'PERMISSION_DENIED', 'UNAUTHENTICATED', 'Connection reset', 'Too many open files',
+                    'timed out', 'Timeout')
+_READ_ATTEMPTS = 3
+_RETRY_DELAY_S = 2.0
+
+
+def _is_transient(e: BaseException) -> bool:
+  """True for errors of the storage (retry, never discard); False for missing or malformed checkpoint data."""
+  if isinstance(e, (FileNotFoundError, IsADirectoryError, NotADirectoryError)):
+    return False
+  if isinstance(e, (OSError, TimeoutError, ConnectionError, MemoryError)):  # PermissionError is an OSError
+    return True
+  text = f'{type(e).__name__}: {e}'
+  return any(w in text for w in _TRANSIENT_WORDS)
+
+
+def _first_line(e: BaseException) -> str:
+  return f'{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ""}'
+
+
+def _restore_arrays(mngr: ocp.CheckpointManager, step: int, abstract: TrainState) -> dict[str, Any]:
+  """params + opt of `step` onto `abstract`'s shardings; transient storage errors are retried, then raised."""
+  args = ocp.args.Composite(params=ocp.args.StandardRestore(nnx.to_pure_dict(abstract['params'])),
+                            opt=ocp.args.StandardRestore(abstract['opt']))
+  for attempt in range(1, _READ_ATTEMPTS + 1):
+    try:
+      return mngr.restore(step, args=args)
+    except Exception as e:  # noqa: BLE001
+      if not _is_transient(e):
+        raise
+      if attempt == _READ_ATTEMPTS:
+        raise CheckpointReadError(
+            f'checkpoint step {step} in {mngr.directory} could not be read after {attempt} attempts because of a '
+            f'storage error ({_first_line(e)}). It was left in place; re-run once the storage is reachable to '
+            f'resume from it.') from e
+      log.warning('reading checkpoint step %d failed (%s); retrying in %.0f s', step, _first_line(e),
+                  _RETRY_DELAY_S * attempt)
+      time.sleep(_RETRY_DELAY_S * attempt)
+  raise AssertionError('unreachable')
+
+
+_DATA_FILE = re.compile(r'process_(\d+)-of-(\d+)\.json')
+
+
+def _data_writer_count(data_dir: Path) -> int | None:
+  """How many processes wrote the Grain states in `data_dir` (None if there are none)."""
+  counts = {int(m.group(2)) for f in (data_dir.iterdir() if data_dir.is_dir() else ())
+            if (m := _DATA_FILE.fullmatch(f.name))}
+  return max(counts) if counts else None
+
+
+def _set_iterator_state(data_iter: Any, text: str) -> None:
+  """What Grain's Orbax handler does on restore (same file format as its save): JSON for a DatasetIterator,
+  raw bytes for any other iterator with get_state/set_state. Done here, not through mngr.restore, so that this
+  per-process step can never enter a cross-process barrier that another process skips."""
+  import grain  # pylint: disable=g-import-not-at-top
+  data_iter.set_state(json.loads(text) if isinstance(data_iter, grain.DatasetIterator) else text.encode())
+
+
+def _restore_data(mngr: ocp.CheckpointManager, step: int, data_iter: Any) -> bool:
+  """Moves `data_iter` (freshly made, at its start) to where it must be after `step` steps; True if exact.
+
+  Exact: this process's saved Grain state, when the checkpoint was written by as many processes as this job has.
+  Otherwise (different process count, or the state is missing / unreadable) the iterator is fast-forwarded by
+  `step` batches: it then stands exactly where an uninterrupted run *with this job's process count* would stand
+  after `step` steps, so the number of batches consumed is right and the run stays deterministic, but the
+  documents each process reads (and their order) differ from the run that wrote the checkpoint. Some documents of
+  the current epoch may be seen twice and others not at all. That is a warning, never a reason to discard a
+  checkpoint whose parameters are fine.
+  """
+  if data_iter is None or not hasattr(data_iter, 'get_state'):
+    return True
+  data_dir = Path(mngr.directory) / str(step) / 'data'
+  nproc, pid = jax.process_count(), jax.process_index()
+  writers = _data_writer_count(data_dir)
+  if writers is None:
+    reason = 'the checkpoint holds no data-iterator state'
+  elif writers != nproc:
+    reason = f'the checkpoint was written by {writers} process(es) and this job has {nproc}'
+  else:
+    initial = data_iter.get_state()
+    try:
+      _set_iterator_state(data_iter, (data_dir / f'process_{pid}-of-{nproc}.json').read_text())
+      if hasattr(data_iter, 'start_prefetch'):
+        data_iter.start_prefetch()
+      return True
+    except Exception as e:  # noqa: BLE001 - the data position is recoverable; the checkpoint is not at fault
+      reason = f'the data-iterator state of process {pid} could not be used ({_first_line(e)})'
+      data_iter.set_state(initial)
+  t0 = time.perf_counter()
+  for _ in range(step):
+    next(data_iter)
+  log.warning(
+      'checkpoint step %d: params and optimizer state restored, but %s. The data iterator was re-derived by '
+      'fast-forwarding %d batches (%.1f s): training continues deterministically, but the data order is NOT the '
+      'same as an uninterrupted run of the original job (documents are split among processes differently).',
+      step, reason, step, time.perf_counter() - t0)
+  return False
+
+
+def _agree_on_step(step: int | None, directory: Any) -> None:
+  """Every process must resume from the same step, or the first collective would hang."""
+  if jax.process_count() == 1:
+    return
+  from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+  steps = np.asarray(multihost_utils.process_allgather(np.int64(-1 if step is None else step))).reshape(-1)
+  if len(set(steps.tolist())) > 1:
+    raise RuntimeError(f'processes restored different checkpoint steps {steps.tolist()} (-1: none) from '
+                       f'{directory}; check that every process sees the same checkpoint directory')
+
+
 def restore_latest(mngr: ocp.CheckpointManager, abstract: TrainState, data_iter: Any) -> tuple[int, TrainState] | None:
   """Restores the newest readable step onto the shardings in `abstract` (any mesh); None if there is none.
 
-  `data_iter` (if any) is moved in place to the saved position. Unreadable steps are reported and set aside.
+  `data_iter` (if any) is moved in place to the saved position (see `_restore_data` for a checkpoint written by
+  another number of processes). Steps whose params/optimizer state are unreadable are reported and set aside;
+  storage errors raise CheckpointReadError and leave the checkpoint alone.
   """
   for step in sorted(mngr.all_steps(), reverse=True):
     try:
-      restored = mngr.restore(step, args=ocp.args.Composite(
-          params=ocp.args.StandardRestore(nnx.to_pure_dict(abstract['params'])),
-          opt=ocp.args.StandardRestore(abstract['opt']),
-          **_data_args(data_iter, save=False)))
-    except Exception as e:  # noqa: BLE001 - any failure to read means: try the previous checkpoint
+      restored = _restore_arrays(mngr, step, abstract)
+    except CheckpointReadError:
+      raise
+    except Exception as e:  # noqa: BLE001 - the arrays are damaged or missing: try the previous checkpoint
       older = [s for s in mngr.all_steps() if s < step]
-      log.warning('checkpoint step %d in %s could not be restored (%s: %s); %s', step, mngr.directory,
-                  type(e).__name__, str(e).splitlines()[0] if str(e) else '',
-                  f'falling back to step {max(older)}' if older else 'no older checkpoint is left')
+      log.warning('checkpoint step %d in %s could not be restored (%s); %s', step, mngr.directory,
+                  _first_line(e), f'falling back to step {max(older)}' if older else 'no older checkpoint is left')
       _set_aside(mngr, step)
       continue
+    _agree_on_step(step, mngr.directory)
+    _restore_data(mngr, step, data_iter)
     params = jax.tree.map(lambda a: a, abstract['params'])
     nnx.replace_by_pure_dict(params, restored['params'])
     return step, {'params': params, 'opt': restored['opt']}
+  _agree_on_step(None, mngr.directory)
   return None
 
 
