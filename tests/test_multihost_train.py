@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 
@@ -64,15 +65,8 @@ class _OwnRows:
       self.inner.close()
 
 
-def _train_worker(workdir: str) -> None:
-  import logging
-  from neobert_jax import distributed
-  info = distributed.initialize()
-  logging.basicConfig(level=logging.INFO if info.is_primary else logging.WARNING, format='%(message)s')
+def _same_stream_for_any_process_count() -> None:
   from neobert_jax.data import pipeline
-  from neobert_jax.train import config as config_lib
-  from neobert_jax.train import loop
-
   original = pipeline.make_train_iterator
 
   def same_stream_for_any_process_count(data_cfg, batch_per_host, seq_len, seed, process_index=0,
@@ -81,17 +75,80 @@ def _train_worker(workdir: str) -> None:
     return _OwnRows(full, process_index * batch_per_host, batch_per_host)
 
   pipeline.make_train_iterator = same_stream_for_any_process_count
+
+
+def _config():
+  from neobert_jax.train import config as config_lib
   overrides = dict(OVERRIDES, **json.loads(os.environ.get('TEST_EXTRA_OVERRIDES', '{}')))
-  cfg = config_lib.load_config(os.path.join(ROOT, 'configs', 'tiny_cpu.py'), overrides)
+  return config_lib.load_config(os.path.join(ROOT, 'configs', 'tiny_cpu.py'), overrides)
+
+
+def _train_worker(workdir: str) -> None:
+  import logging
+  import signal
+  from neobert_jax import distributed
+  info = distributed.initialize()
+  logging.basicConfig(level=logging.INFO if info.is_primary else logging.WARNING, format='%(message)s')
+  from neobert_jax.train import loop
+
+  _same_stream_for_any_process_count()
+  cfg = _config()
   die_at = int(os.environ.get('TEST_DIE_AT_STEP', '-1'))
+  sigterm_at = int(os.environ.get('TEST_SIGTERM_AT_STEP', '-1'))
 
   def on_step(done: int) -> None:
     # simulate a lost host: process 1 vanishes without any cleanup right after step `die_at`
     if done == die_at and distributed.info().process_id == 1:
       print(f'process 1 dying after step {done}', flush=True)
       os._exit(9)
+    # simulate a preemption notice that reaches process 1 only
+    if done == sigterm_at and distributed.info().process_id == 1:
+      print(f'process 1 got SIGTERM after step {done}', flush=True)
+      os.kill(os.getpid(), signal.SIGTERM)
 
-  loop.run(cfg, workdir, on_step=on_step)
+  result = loop.run(cfg, workdir, on_step=on_step)
+  print(f'process {info.process_id} TRAIN_DONE final_step={result.final_step} preempted={result.preempted}',
+        flush=True)
+
+
+def _resume_worker(workdir: str) -> None:
+  """One process resumes a checkpoint that 2 processes wrote (on a 2-device mesh instead of 4)."""
+  import logging
+  from neobert_jax import distributed
+  distributed.initialize(num_cpu_devices=2)
+  logging.basicConfig(level=logging.INFO, format='%(message)s')
+  logging.getLogger('absl').setLevel(logging.WARNING)
+  import jax
+  import numpy as np
+  from flax import nnx
+  from neobert_jax.train import checkpoint as ckpt
+  from neobert_jax.train import loop
+
+  _same_stream_for_any_process_count()
+  cfg = _config()
+  cfg.mesh.fsdp = 2
+  _, saved = ckpt.restore_params(workdir, STEPS)
+  seen = {}
+  original = ckpt.restore_latest
+
+  def spy(mngr, abstract, data_iter):
+    out = original(mngr, abstract, data_iter)
+    if out is not None:  # copied now: the train step donates the state's buffers
+      seen['step'] = out[0]
+      seen['params'] = ckpt._flatten(jax.device_get(nnx.to_pure_dict(out[1]['params'])))
+      seen['opt_step'] = int(np.asarray(out[1]['opt']['step'][...]))
+      seen['mesh'] = dict(out[1]['params']['encoder']['layers']['qkv'][...].sharding.mesh.shape)
+    return out
+
+  ckpt.restore_latest = spy
+  result = loop.run(cfg, workdir)
+  assert seen.get('step') == STEPS, seen.get('step')
+  assert seen['opt_step'] == STEPS and seen['mesh']['fsdp'] == 2, (seen['opt_step'], seen['mesh'])
+  assert sorted(seen['params']) == sorted(saved)
+  for k in saved:
+    np.testing.assert_array_equal(seen['params'][k], saved[k], err_msg=k)
+  assert result.final_step == cfg.train.num_steps, result.final_step
+  print(f'RESUME_OK step={seen["step"]} final_step={result.final_step}', flush=True)
 
 
 def _restore_worker(workdir: str, reference_workdir: str, export_dir: str) -> None:
@@ -190,6 +247,46 @@ def test_checkpoint_restores_on_another_mesh_and_exports_to_pytorch(runs):
   assert 'RESTORE_OK' in r.stdout, r.stdout[-2000:]
 
 
+def test_checkpoint_of_two_processes_resumes_in_one_process(runs, tmp_path):
+  """A different process count changes how documents are split among processes, so the saved data-iterator
+  states do not apply; the checkpoint must still resume at its step (params, optimizer) with a warning, never be
+  set aside as corrupt and silently restart from step 0."""
+  _, _, two = runs
+  workdir = tmp_path / 'resumed'
+  shutil.copytree(two, workdir)
+  env = dict(os.environ, JAX_PLATFORMS='cpu', PYTHONUNBUFFERED='1',
+             TEST_EXTRA_OVERRIDES=json.dumps({'train.num_steps': STEPS + 1}))
+  for k in ('NEOBERT_COORDINATOR', 'NEOBERT_NUM_PROCESSES', 'NEOBERT_PROCESS_ID', 'NEOBERT_NUM_CPU_DEVICES'):
+    env.pop(k, None)
+  r = _run([sys.executable, __file__, 'resume', str(workdir)], env)
+  out = r.stdout + r.stderr
+  assert f'RESUME_OK step={STEPS} final_step={STEPS + 1}' in out, out[-4000:]
+  assert 'written by 2 process(es) and this job has 1' in out and 'data order is NOT the same' in out, out[-4000:]
+  assert not [p for p in os.listdir(workdir / 'checkpoints') if 'corrupt' in p]
+  assert sorted(os.listdir(workdir / 'checkpoints' / str(STEPS + 1) / 'data')) == [
+      'commit_success.txt', 'process_0-of-1.json']
+
+
+def test_sigterm_on_one_process_stops_every_process_at_the_same_step(runs):
+  """Only process 1 gets SIGTERM: both must agree on one step, save it together and exit cleanly."""
+  base, _, _ = runs
+  workdir = base / 'sigterm'
+  steps = 60
+  env = dict(os.environ, JAX_PLATFORMS='cpu', PYTHONUNBUFFERED='1', TEST_SIGTERM_AT_STEP='2',
+             TEST_EXTRA_OVERRIDES=json.dumps({'train.num_steps': steps, 'checkpoint.every_steps': 1000}))
+  cmd = [sys.executable, os.path.join(ROOT, 'launch', 'local.py'), '-n', '2', '--devices-per-process', '2',
+         '--heartbeat', '10', '--', sys.executable, __file__, 'train', str(workdir)]
+  r = _run(cmd, env, timeout=240)
+  out = r.stdout + r.stderr
+  assert 'process 1 got SIGTERM after step 2' in out, out[-4000:]
+  done = re.findall(r'process (\d) TRAIN_DONE final_step=(\d+) preempted=(\w+)', out)
+  assert sorted(done) == sorted({(p, done[0][1], 'True') for p in '01'}), out[-4000:]
+  saved = int(done[0][1])
+  assert 2 <= saved < steps
+  step_dir = workdir / 'checkpoints' / str(saved)
+  assert sorted(os.listdir(step_dir / 'data')) == ['commit_success.txt', 'process_0-of-2.json', 'process_1-of-2.json']
+
+
 def test_lost_process_stops_the_job_and_the_same_command_resumes(runs):
   """Process 1 dies mid-run: process 0 must stop by itself within the heartbeat bound; re-running the same
   command resumes from the last complete checkpoint and ends with the uninterrupted run's parameters."""
@@ -231,5 +328,7 @@ if __name__ == '__main__':
     _train_worker(*args)
   elif mode == 'restore':
     _restore_worker(*args)
+  elif mode == 'resume':
+    _resume_worker(*args)
   else:
     raise SystemExit(f'unknown mode {mode}')

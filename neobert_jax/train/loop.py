@@ -46,21 +46,57 @@ class RunResult:
   skipped_steps: int = 0
 
 
-class _Preemption:
-  """Turns SIGTERM into a flag the loop polls, so the current step finishes and a checkpoint is written."""
+def _jax_preemption_service() -> bool:
+  """True when jax's preemption sync manager runs (jax.distributed with jax_enable_preemption_service, the
+  default): it installs its own SIGTERM notifier and agrees a common stop step across processes."""
+  if jax.process_count() == 1:
+    return False
+  try:
+    from jax._src import distributed as jax_distributed  # pylint: disable=g-import-not-at-top
+    return jax_distributed.global_state.preemption_sync_manager is not None
+  except (ImportError, AttributeError):  # private module moved: assume it is not there, use our own agreement
+    return False
 
-  def __init__(self):
-    self.requested = False
+
+class _Preemption:
+  """Decides when to stop for SIGTERM (preemption) so that every process stops, and saves, after the same step.
+
+  One process: a Python SIGTERM handler sets a flag, polled after every step.
+  Several processes: a process-local flag is not enough (processes get the signal at different steps, and one that
+  starts a checkpoint save alone waits forever for the others in its barrier), so the decision is agreed:
+    * with jax's preemption service (on by default under jax.distributed): jax's own SIGTERM notifier passes the
+      notice to every process and `reached_preemption(step)` (called by every process after every step) is True
+      in all of them at the same step. No Python handler is installed: it would replace jax's notifier.
+    * without it: the Python flag is all-gathered every `agree_every` steps and every process stops at the first
+      such step where any process has it.
+  """
+
+  def __init__(self, mngr: Any, agree_every: int):
+    self._mngr, self._agree_every = mngr, max(1, agree_every)
+    self._multi = jax.process_count() > 1
+    self._jax_service = _jax_preemption_service()
+    self.requested = False  # this process got SIGTERM (the Python handler's flag)
     self._previous = None
 
   def __enter__(self) -> '_Preemption':
-    if threading.current_thread() is threading.main_thread():
+    if not self._jax_service and threading.current_thread() is threading.main_thread():
       self._previous = signal.signal(signal.SIGTERM, self._handle)
     return self
 
   def _handle(self, signum: int, frame: Any) -> None:
     del signum, frame
     self.requested = True
+
+  def should_stop(self, done: int) -> bool:
+    """Called by every process after every step; the same answer in all of them."""
+    if not self._multi:
+      return self.requested
+    if self._jax_service:
+      return bool(self._mngr.reached_preemption(done))
+    if done % self._agree_every:
+      return False
+    from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+    return bool(np.asarray(multihost_utils.process_allgather(np.int32(self.requested))).any())
 
   def __exit__(self, *exc: Any) -> None:
     if self._previous is not None:
@@ -203,7 +239,7 @@ def run(cfg: ml_collections.ConfigDict, workdir: str | Path,
   prof_start, prof_n = int(cfg.logging.profile_start_step), int(cfg.logging.profile_num_steps)
   saved_at = start if restored is not None else -1
   try:
-    with _Preemption() as preempt:
+    with _Preemption(mngr, log_every) as preempt:
       if start == 0 and cfg.eval.at_start and eval_every > 0:
         do_eval(0)
       for step in range(start, num_steps):
@@ -227,7 +263,7 @@ def run(cfg: ml_collections.ConfigDict, workdir: str | Path,
           logger.flush(last_good)
           do_eval(done)
           logger.restart_clock()
-        stop = preempt.requested or (jax.process_count() > 1 and mngr.reached_preemption(done))
+        stop = preempt.should_stop(done)
         if done % ckpt_every == 0 or done == num_steps or stop:
           logger.flush(last_good)  # never checkpoint parameters that went non-finite
           ckpt.save(mngr, done, state, train_host, cfg)
