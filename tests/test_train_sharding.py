@@ -28,23 +28,37 @@ def _run(cfg, sizes, steps=3):
   devices = jax.devices()[:1] if sizes == MESHES['one_device'] else jax.devices()
   mesh = shd.make_mesh(sizes, devices)
   defs, state = state_lib.create_train_state(cfg, mesh)
+  # how the freshly created state is laid out (read before training donates its buffers)
+  qkv = state['params']['encoder']['layers']['qkv'][...]
+  created = {'qkv_spec': qkv.sharding.spec, 'qkv_size': qkv.size, 'qkv_shard_size': qkv.addressable_shards[0].data.size,
+             'opt_specs': [x.sharding.spec for x in jax.tree.leaves(state['opt']) if x.shape == qkv.shape]}
   train = step_lib.build_train_step(cfg, mesh, defs)
   losses = []
   for i in range(steps):
     state, metrics = train(state, synthetic_batch(cfg, mesh, seed=0))  # same batch: the loss must fall
     losses.append(float(metrics['loss']))
-  return losses, jax.device_get(state['params'])
+  return losses, jax.device_get(state['params']), created
+
+
+_RUNS = {}
+
+
+def _cached_run(name):
+  """Each mesh is compiled and trained once per session, whichever tests ask for it."""
+  if name not in _RUNS:
+    _RUNS[name] = _run(_cfg(), MESHES[name])
+  return _RUNS[name]
 
 
 @pytest.fixture(scope='module')
 def reference():
-  return _run(_cfg(), MESHES['one_device'])
+  return _cached_run('one_device')
 
 
 @pytest.mark.parametrize('name', ['data8', 'fsdp8', 'd2f2t2'])
 def test_same_losses_on_every_mesh(reference, name):
-  ref_losses, ref_params = reference
-  losses, params = _run(_cfg(), MESHES[name])
+  ref_losses, ref_params, _ = reference
+  losses, params, _ = _cached_run(name)
   np.testing.assert_allclose(losses, ref_losses, rtol=2e-5, atol=2e-5)
   for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(ref_params)):
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=2e-5)  # Adam magnifies ulp noise of ~0 grads
@@ -52,15 +66,11 @@ def test_same_losses_on_every_mesh(reference, name):
 
 
 def test_params_and_moments_are_sharded_at_creation():
-  cfg = _cfg()
-  mesh = shd.make_mesh(MESHES['d2f2t2'])
-  _, state = state_lib.create_train_state(cfg, mesh)
-  qkv = state['params']['encoder']['layers']['qkv'][...]
-  assert qkv.sharding.spec == jax.sharding.PartitionSpec(None, 'fsdp', 'tensor', None)
+  created = _cached_run('d2f2t2')[2]  # the state create_train_state made on the 2x2x2 mesh, before any step
+  assert created['qkv_spec'] == jax.sharding.PartitionSpec(None, 'fsdp', 'tensor', None)
   # Each device holds a quarter of qkv (fsdp x tensor), never the whole tensor.
-  assert qkv.addressable_shards[0].data.size == qkv.size // 4
-  opt_leaves = [x for x in jax.tree.leaves(state['opt']) if x.shape == qkv.shape]
-  assert opt_leaves and all(x.sharding.spec == qkv.sharding.spec for x in opt_leaves)
+  assert created['qkv_shard_size'] == created['qkv_size'] // 4
+  assert created['opt_specs'] and all(spec == created['qkv_spec'] for spec in created['opt_specs'])
 
 
 def test_grad_accumulation_matches_one_big_batch():
