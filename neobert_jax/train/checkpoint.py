@@ -192,9 +192,15 @@ def _restore_data(mngr: ocp.CheckpointManager, step: int, data_iter: Any) -> boo
     except Exception as e:  # noqa: BLE001 - the data position is recoverable; the checkpoint is not at fault
       reason = f'the data-iterator state of process {pid} could not be used ({_first_line(e)})'
       data_iter.set_state(initial)
+  # Replaying `step` batches costs data-pipeline time linear in the step (minutes per 100k steps on one host),
+  # so say what is happening before it starts rather than appear hung.
+  log.warning('checkpoint step %d: %s; re-deriving the data position by replaying %d batches...', step, reason,
+              step)
   t0 = time.perf_counter()
-  for _ in range(step):
+  for i in range(step):
     next(data_iter)
+    if (i + 1) % 10_000 == 0:
+      log.warning('  replayed %d / %d batches (%.0f s)', i + 1, step, time.perf_counter() - t0)
   log.warning(
       'checkpoint step %d: params and optimizer state restored, but %s. The data iterator was re-derived by '
       'fast-forwarding %d batches (%.1f s): training continues deterministically, but the data order is NOT the '
@@ -281,8 +287,16 @@ def restore_params(path: str | os.PathLike, step: int | None = None) -> tuple[ml
   if not item.is_dir():
     raise FileNotFoundError(f'checkpoint step {step} has no params at {item}')
   cpu = jax.sharding.SingleDeviceSharding(jax.local_devices(backend='cpu')[0])
+  absl_log = logging.getLogger('absl')
+  level = absl_log.level
   with ocp.StandardCheckpointer() as ckptr:
-    meta = ckptr.metadata(item).item_metadata
+    # The step-level metadata file sits one directory up (CheckpointManager layout); Orbax warns that the item
+    # has none of its own, which is expected here and only alarms users reading the export log.
+    absl_log.setLevel(logging.ERROR)
+    try:
+      meta = ckptr.metadata(item).item_metadata
+    finally:
+      absl_log.setLevel(level)
     target = jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=cpu), meta.tree)
     tree = ckptr.restore(item, target)
   flat = {k: np.asarray(v) for k, v in _flatten(tree).items()}
