@@ -5,9 +5,10 @@ python -m neobert_jax.bench.train_step [--layers 4 --hidden 768 --heads 12 --seq
 Both sides train the same model (weights copied from the JAX init) with AdamW (0.9, 0.95, eps 1e-8, wd 0.1) and
 global-norm clipping at 1.0 on the same batches: 20% of the tokens carry the MLM loss. The JAX step is the real
 one from neobert_jax.train (sparse head: only masked positions are decoded); PyTorch runs the HF-layout model
-eagerly and computes all logits, like the original NeoBERT code. Achieved FLOP/s use the model-FLOPs formula
-(neobert_jax.model.config.train_flops_per_token with the full decoder, the same work count for both sides) and
-are compared with the best square matmul each framework reaches here.
+eagerly and computes all logits, like the original NeoBERT code. Steps alternate between the two sides so machine
+load hits both alike. Achieved FLOP/s credit each side with the work it does (neobert_jax.model.config.
+train_flops_per_token: full decoder for PyTorch, decoder at the masked fraction for JAX) and are compared with the
+best square matmul each framework reaches here.
 """
 
 from __future__ import annotations
@@ -19,10 +20,11 @@ import time
 from typing import Callable
 
 import jax
-import jax.numpy as jnp
 import numpy as np
+from flax import nnx
 
 from neobert_jax import sharding as shd
+from neobert_jax.model import to_flat
 from neobert_jax.model.config import train_flops_per_token
 from neobert_jax.train import metrics as metrics_lib
 from neobert_jax.train import state as state_lib
@@ -64,7 +66,7 @@ def jax_stepper(cfg, batches) -> tuple[Callable[[int], None], dict]:
   """The real trainer step on one device; returns (run step i, the initial parameters as a flat dict)."""
   mesh = shd.make_mesh(dict(data=1, fsdp=1, tensor=1), jax.devices()[:1])
   defs, state = state_lib.create_train_state(cfg, mesh)
-  flat = {k: np.asarray(v) for k, v in _flat(state['params']).items()}
+  flat = to_flat(nnx.merge(defs.model_def, state['params']))  # the project's flat layout, as the converter uses
   train = step_lib.build_train_step(cfg, mesh, defs)
   keys, sharding = step_lib.batch_keys(cfg), step_lib.batch_sharding(mesh)
   dev = [{k: jax.device_put(b[k][None], sharding) for k in keys} for b in batches]
@@ -74,17 +76,6 @@ def jax_stepper(cfg, batches) -> tuple[Callable[[int], None], dict]:
     box['state'], m = train(box['state'], dev[i % len(dev)])
     jax.block_until_ready(m)
   return run, flat
-
-
-def _flat(params) -> dict:
-  from flax import nnx  # pylint: disable=g-import-not-at-top
-  out = {}
-
-  def walk(node, prefix):
-    for k, v in node.items():
-      walk(v, f'{prefix}{k}.') if isinstance(v, dict) else out.__setitem__(f'{prefix}{k}', jax.device_get(v))
-  walk(nnx.to_pure_dict(params), '')
-  return out
 
 
 def torch_stepper(cfg, flat, batches) -> Callable[[int], None]:
