@@ -10,7 +10,7 @@ positions go through the MLM decoder (data.max_predictions; a row of 1024 tokens
 Point data.dir at a directory made by `python -m neobert_jax.data.prepare` (RefinedWeb for the real run).
 """
 
-from configs import base
+from neobert_jax.config import base
 
 
 def get_config():

@@ -8,11 +8,13 @@ Usage: python -m neobert_jax.train --config=configs/neobert_250m_4096.py --workd
          --config.init.from_checkpoint=runs/neobert_250m
 """
 
-from configs import neobert_250m
+from pathlib import Path
+
+from neobert_jax import config
 
 
 def get_config():
-  cfg = neobert_250m.get_config()
+  cfg = config.load(Path(__file__).with_name('neobert_250m.py'))  # by path: no sys.path needed
   cfg.model.max_length = 4096
   cfg.model.remat_policy = 'full'       # 4x longer rows: trade recompute for activation memory
   cfg.data.max_predictions = 896        # 20% of 4096 = 819 on average

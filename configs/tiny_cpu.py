@@ -6,7 +6,7 @@ tokenized and sharded on first use (cached), evaluation on its held-out split ru
 steps, and the result is exported to a Hugging Face directory next to the run.
 """
 
-from configs import base
+from neobert_jax.config import base
 
 
 def get_config():

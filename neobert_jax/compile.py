@@ -182,9 +182,7 @@ def run_parent(argv: list[str]) -> int:
     return 3
   env = deps.child_env(target.deps_kind)
   env[_CHILD_ENV] = '1'
-  # Our own package must stay importable from the child whatever the working directory.
-  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-  env['PYTHONPATH'] = os.pathsep.join([env['PYTHONPATH'], root])
+  # The child finds neobert_jax where this process did: installed (pip install [-e] .), or the working directory.
   return subprocess.call([sys.executable, '-m', 'neobert_jax.compile'] + argv[1:], env=env)
 
 

@@ -8,61 +8,37 @@ manifest, so the loop runs it (via the data pipeline's open_prepared) right afte
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
-import sys
 from pathlib import Path
 from typing import Any
 
 import jax
 import ml_collections
 
+from neobert_jax import config as schema
 from neobert_jax import sharding as shd
 from neobert_jax.data.config import validate_data_config
+from neobert_jax.errors import ConfigError
 from neobert_jax.model.config import validate_model_config
 
+# The checkout's root, for tests and tools that run from a source tree; nothing in the package reads it.
 REPO_ROOT = Path(__file__).resolve().parents[2]
 NAN_POLICIES = ('stop', 'skip')
 COMPUTE_DTYPES = ('auto', 'float32', 'bfloat16')
 
 
-class ConfigError(ValueError):
-  """A training config that cannot run; the message says which field and why."""
-
-
 def base_config() -> ml_collections.ConfigDict:
-  """configs/base.py's get_config(): the schema every run config must fit."""
-  if str(REPO_ROOT) not in sys.path:  # configs/ is a top-level folder of the checkout, next to neobert_jax/
-    sys.path.insert(0, str(REPO_ROOT))
-  from configs import base  # pylint: disable=g-import-not-at-top
-  return base.get_config()
+  """The schema every run config must fit (neobert_jax/config/base.py)."""
+  return schema.get_config()
 
 
-def load_config(path: str, overrides: dict[str, Any] | None = None) -> ml_collections.ConfigDict:
-  """Loads a config file's get_config() (for tests and tools; the CLI uses ml_collections' config_flags).
+def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> ml_collections.ConfigDict:
+  """A config file's get_config() with overrides (for tests and tools; the CLI uses ml_collections' config_flags).
 
   overrides: {'optimizer.peak_lr': 3e-4, ...}; a key that does not exist is a ConfigError.
   """
-  if str(REPO_ROOT) not in sys.path:
-    sys.path.insert(0, str(REPO_ROOT))
-  spec = importlib.util.spec_from_file_location(f'_neobert_cfg_{Path(path).stem}', path)
-  if spec is None or spec.loader is None:
-    raise ConfigError(f'cannot load config file {path}')
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  cfg = module.get_config()
-  for key, value in (overrides or {}).items():
-    node = cfg
-    *parents, leaf = key.split('.')
-    for p in parents:
-      if p not in node:
-        raise ConfigError(f'unknown config key {key!r}')
-      node = node[p]
-    if leaf not in node:
-      raise ConfigError(f'unknown config key {key!r}')
-    node[leaf] = value
-  return cfg
+  return schema.load(path, overrides)
 
 
 def _unknown_keys(cfg: Any, schema: Any, prefix: str = '') -> list[str]:
@@ -89,8 +65,8 @@ def validate(cfg: ml_collections.ConfigDict, num_devices: int | None = None,
   """Raises ConfigError for a config this trainer cannot run on the current devices."""
   unknown = _unknown_keys(cfg, base_config())
   if unknown:
-    raise ConfigError(f'unknown config keys {unknown}; every field must exist in configs/base.py '
-                      '(check the spelling, or add the field there with its documentation)')
+    raise ConfigError(f'unknown config keys {unknown}; every field must exist in the schema, '
+                      'neobert_jax/config/base.py (check the spelling, or add the field there with its documentation)')
   for section, check in (('model', validate_model_config), ('data', validate_data_config)):
     try:
       check(cfg[section])

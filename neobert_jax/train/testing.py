@@ -6,14 +6,18 @@ import jax
 import ml_collections
 import numpy as np
 
-from neobert_jax.train import config as config_lib
+from neobert_jax import config
 from neobert_jax.train.step import abstract_batch
 
 
 def tiny_config(vocab_size: int = 30522, hidden: int = 32, layers: int = 1, seq_len: int = 128,
                 batch: int = 8, steps: int = 6) -> ml_collections.ConfigDict:
-  """configs/tiny_cpu.py shrunk to seconds per run: same code paths, real tokenizer-sized vocab by default."""
-  cfg = config_lib.load_config(str(config_lib.REPO_ROOT / 'configs' / 'tiny_cpu.py'))
+  """The tiny CPU recipe (configs/tiny_cpu.py) shrunk to seconds per run: same code paths, real tokenizer-sized
+  vocab by default. Built from the package's schema, not the recipe file, so it needs no checkout."""
+  cfg = config.get_config()
+  # The recipe's choices that are not overridden below.
+  cfg.mesh.fsdp, cfg.train.compute_dtype, cfg.data.block_docs = -1, 'float32', 512
+  cfg.optimizer.peak_lr = 2e-3
   m = cfg.model
   m.vocab_size, m.hidden_size, m.num_layers, m.num_heads = vocab_size, hidden, layers, 2
   m.intermediate_size, m.max_length = 2 * hidden, seq_len

@@ -1,0 +1,107 @@
+"""The errors a user can fix, one class per kind, each with its own exit status, and how a command reports them.
+
+Owns: the expected-error classes, their exit statuses, and `reported`, which every command's main runs under: an
+expected error is one line on stderr naming the problem and the fix, no traceback (`--debug` shows it). Every layer
+raises these (model, data, train, convert, the AOT command), so this module imports nothing from the package.
+Each class also derives from the builtin its raise sites used before (ValueError, RuntimeError), so
+`except ValueError` and existing `pytest.raises(ValueError)` keep working.
+
+  status  class              examples
+  1       ExportError        export target exists, tokenizer does not fit the model, HF weights missing a key
+  2       ConfigError        unknown config key, mesh does not match the devices, batch does not divide
+  10      DataError          prepared data missing or corrupt, input file unreadable, vocab does not match the data
+  11      CheckpointError    no checkpoint where one was named, checkpoint unreadable, shapes do not match
+  12      DistributedError   multi-process settings incomplete or contradictory
+
+Status 1 for export errors is what the convert command has always returned; 3 is the trainer's "training
+diverged" and 3-5 are the AOT command's fit verdicts, so the other kinds stay clear of them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+
+
+class NeobertError(Exception):
+  """An expected failure whose message names the problem and the fix; the CLI prints it as one line."""
+  exit_status = 1
+  kind = 'error'
+
+
+class ConfigError(NeobertError, ValueError):
+  """A config (file, override or command-line flag) that cannot run; the message names the field."""
+  exit_status = 2
+  kind = 'config error'
+
+
+class DataError(NeobertError, ValueError):
+  """Input text or prepared data that is missing, unreadable or does not match the model."""
+  exit_status = 10
+  kind = 'data error'
+
+
+class CheckpointError(NeobertError, RuntimeError):
+  """A checkpoint that is missing, unreadable or does not fit the model."""
+  exit_status = 11
+  kind = 'checkpoint error'
+
+
+class ExportError(NeobertError, ValueError):
+  """A conversion to or from Hugging Face that cannot be done as asked (target exists, tokenizer mismatch...)."""
+  exit_status = 1
+  kind = 'export error'
+
+
+class DistributedError(NeobertError, ValueError):
+  """Multi-process start-up settings that are incomplete or contradictory."""
+  exit_status = 12
+  kind = 'distributed error'
+
+
+ALL = (ConfigError, DataError, CheckpointError, ExportError, DistributedError)
+
+
+# --- How a command reports them ----------------------------------------------------------------------------------
+
+DEBUG_FLAG = '--debug'
+DEBUG_ENV = 'NEOBERT_DEBUG'   # set by --debug so that child processes (the AOT compile child) inherit it
+
+
+def take_debug_flag(argv: list[str]) -> bool:
+  """Removes --debug from argv (in place; any position, before or after a subcommand) and says whether traceback
+  mode is on (the flag, or NEOBERT_DEBUG=1 in the environment)."""
+  found = DEBUG_FLAG in argv
+  argv[:] = [a for a in argv if a != DEBUG_FLAG]
+  if found:
+    os.environ[DEBUG_ENV] = '1'
+  return found or os.environ.get(DEBUG_ENV) == '1'
+
+
+def one_line(error: BaseException) -> str:
+  """The message on one line: multi-line messages (a subprocess's output, a list) are joined with ' | '."""
+  lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+  return ' | '.join(lines) or type(error).__name__
+
+
+@contextlib.contextmanager
+def reported(prog: str, debug: bool = False, also: dict[type[BaseException], type[NeobertError]] | None = None):
+  """Runs the body; an expected error becomes one line on stderr and SystemExit with the class's status.
+
+  `also` maps builtin errors that a command's raise sites use for user errors (FileNotFoundError for a missing
+  input, FileExistsError for an existing output) to a class. With debug the error propagates with its traceback.
+  The SystemExit's text is the printed line (callers in tests can match it); its code is the exit status.
+  """
+  try:
+    yield
+  except Exception as e:  # pylint: disable=broad-except
+    kind = type(e) if isinstance(e, NeobertError) else next(
+        (cls for base, cls in (also or {}).items() if isinstance(e, base)), None)
+    if debug or kind is None:
+      raise
+    line = f'{prog}: {kind.kind}: {one_line(e)}'
+    print(line, file=sys.stderr, flush=True)
+    stop = SystemExit(line)
+    stop.code = kind.exit_status
+    raise stop from None
