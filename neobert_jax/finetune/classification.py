@@ -1,0 +1,101 @@
+"""The classification / regression task: files -> framed examples and labels, the loss, validation metrics.
+
+Everything that can be wrong with the input (missing file or column, empty file, labels that differ between the
+train and validation files) is found here, while the task is built, before the loop writes anything.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterator
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import optax
+
+from neobert_jax.finetune import batching, heads, labels as labels_lib, metrics, tables
+
+
+class ClassificationTask:
+  """Sentence (pair) classification or regression with NeoBERT's [CLS] head."""
+
+  def __init__(self, cfg: ml_collections.ConfigDict, tok: Any):
+    d = cfg.data
+    self.cfg = cfg
+    self.pad_id = tok.pad_id
+    fields = [('data.text_field', d.text_field), ('data.text_pair_field', d.text_pair_field),
+              ('data.label_field', d.label_field)]
+    train = tables.read_table(d.train_file, d.format)
+    tables.require_columns(train, d.train_file, fields)
+    self.spec = labels_lib.infer(train[d.label_field], d.task_type, d.train_file)
+    if d.validation_file:
+      val = tables.read_table(d.validation_file, d.format)
+      tables.require_columns(val, d.validation_file, fields)
+      labels_lib.check_same_labels(self.spec, val[d.label_field], d.validation_file)
+      train_rows, val_rows = (train, np.arange(len(train[d.label_field]))), (val, np.arange(len(val[d.label_field])))
+      where = (d.train_file, d.validation_file)
+    else:
+      strata = train[d.label_field] if self.spec.kind == 'classification' else None
+      tr, va = tables.split_holdout(len(train[d.label_field]), d.validation_fraction, int(cfg.seed), strata)
+      train_rows, val_rows = (train, tr), (train, va)
+      where = (d.train_file, d.train_file)
+    self.train_seqs, self.train_y = self._examples(tok, *train_rows, where[0])
+    self.val_seqs, self.val_y = self._examples(tok, *val_rows, where[1])
+    self.buckets = batching.buckets(int(d.max_length), int(d.min_bucket))
+    self.kind = self.spec.kind
+    self.metric = cfg.eval.metric or metrics.DEFAULT_METRIC[self.kind]
+
+  def _examples(self, tok: Any, table: dict[str, list], rows: np.ndarray, path: str):
+    d = self.cfg.data
+    text = tables.texts(table, d.text_field, path)
+    pair = tables.texts(table, d.text_pair_field, path) if d.text_pair_field else None
+    pick = lambda xs: [xs[i] for i in rows]  # noqa: E731
+    seqs = batching.frame(tok, pick(text), pick(pair) if pair else None, int(d.max_length))
+    return seqs, labels_lib.encode(self.spec, pick(table[d.label_field]), path)
+
+  batch_keys = ['input_ids', 'lengths', 'weights', 'labels']
+
+  @property
+  def num_train(self) -> int:
+    return len(self.train_seqs)
+
+  def steps_per_epoch(self) -> int:
+    lengths = [len(s) for s in self.train_seqs]
+    return len(batching.plan(lengths, int(self.cfg.train.batch_size), self.buckets, np.random.default_rng(0)))
+
+  def describe(self) -> str:
+    what = f'{self.spec.num_outputs} classes {list(self.spec.names)}' if self.kind == 'classification' \
+        else 'regression'
+    return f'{self.kind}: {what}; {len(self.train_seqs)} train / {len(self.val_seqs)} validation examples'
+
+  def make_model(self, model_cfg: ml_collections.ConfigDict, rngs: Any) -> heads.SequenceClassifier:
+    h = self.cfg.head
+    return heads.SequenceClassifier(model_cfg, self.spec.num_outputs, h.dropout, h.init_range, rngs=rngs)
+
+  def train_epoch(self, rng: np.random.Generator) -> Iterator[dict[str, np.ndarray]]:
+    yield from batching.epoch_batches(self.train_seqs, {'labels': self.train_y}, int(self.cfg.train.batch_size),
+                                      self.buckets, self.pad_id, rng)
+
+  def loss(self, model: Any, batch: dict[str, jax.Array], key: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """(weighted mean loss, number of real rows)."""
+    out = model(batch['input_ids'], batch['lengths'], key)
+    w = batch['weights']
+    if self.kind == 'regression':
+      per_row = jnp.square(out[:, 0] - batch['labels'].astype(jnp.float32))
+    else:
+      per_row = optax.softmax_cross_entropy_with_integer_labels(out, batch['labels'])
+    count = w.sum()
+    return jnp.sum(per_row * w) / jnp.maximum(count, 1.0), count
+
+  def evaluate(self, predict) -> dict[str, float]:
+    """predict(seqs) -> [N, outputs]; metrics over the whole validation set."""
+    out = predict(self.val_seqs)
+    if self.kind == 'regression':
+      return metrics.regression(self.val_y, out)
+    result = metrics.classification(self.val_y, out)
+    result['majority'] = metrics.majority_accuracy(self.val_y)
+    return result
+
+  def save(self, workdir) -> None:
+    labels_lib.save(self.spec, workdir)

@@ -1,0 +1,105 @@
+"""Labelled example files: CSV, TSV, JSONL and Parquet read into columns, with one-line errors for bad input.
+
+Every reader goes through pyarrow (compressed .gz/.zst/.bz2 variants included), so types are inferred the same
+way whatever the format: integer labels stay integers, float targets stay floats, text stays text.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+_COMPRESSIONS = ('.gz', '.bz2', '.zst', '.zstd', '.lz4')
+
+
+try:  # the project's expected-error family (one-line reports, exit statuses), where this tree has it
+  from neobert_jax.errors import DataError as _ProjectDataError
+except ImportError:  # pragma: no cover
+  _ProjectDataError = ValueError
+
+
+class DataError(_ProjectDataError):
+  """An input file the fine-tuning cannot use; the message names the file, the problem and the fix."""
+
+
+def detect_format(path: str, fmt: str = 'auto') -> str:
+  if fmt != 'auto':
+    return fmt
+  suffixes = [s.lower() for s in Path(path).suffixes]
+  while suffixes and suffixes[-1] in _COMPRESSIONS:
+    suffixes.pop()
+  ext = suffixes[-1] if suffixes else ''
+  known = {'.csv': 'csv', '.tsv': 'tsv', '.jsonl': 'jsonl', '.json': 'jsonl', '.ndjson': 'jsonl',
+           '.parquet': 'parquet', '.pq': 'parquet'}
+  if ext not in known:
+    raise DataError(f'{path}: cannot tell the format from the suffix {ext!r}; name it .csv, .tsv, .jsonl or '
+                    '.parquet, or set --config.data.format')
+  return known[ext]
+
+
+def read_table(path: str, fmt: str = 'auto') -> dict[str, list[Any]]:
+  """{column: values} of a data file; DataError if it is missing, unreadable or has no rows."""
+  import pyarrow  # pylint: disable=g-import-not-at-top
+  if not path or not Path(path).is_file():
+    raise DataError(f'{path or "(no path)"}: no such file; check data.train_file / data.validation_file')
+  fmt = detect_format(path, fmt)
+  if Path(path).stat().st_size == 0:
+    raise DataError(f'{path}: the file is empty; give a file with a header and at least one example')
+  try:
+    if fmt == 'parquet':
+      import pyarrow.parquet as pq  # pylint: disable=g-import-not-at-top
+      table = pq.read_table(path)
+    elif fmt == 'jsonl':
+      import pyarrow.json as pj  # pylint: disable=g-import-not-at-top
+      table = pj.read_json(path)
+    else:
+      import pyarrow.csv as pc  # pylint: disable=g-import-not-at-top
+      # GLUE TSVs contain unbalanced quotes inside sentences: tabs separate, quotes mean nothing.
+      parse = pc.ParseOptions(delimiter='\t', quote_char=False) if fmt == 'tsv' else pc.ParseOptions()
+      table = pc.read_csv(path, parse_options=parse)
+  except (pyarrow.ArrowInvalid, OSError, ValueError) as e:
+    first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    raise DataError(f'{path}: cannot be read as {fmt} ({first}); check the file or set --config.data.format') from None
+  if table.num_rows == 0:
+    raise DataError(f'{path}: no examples (only a header or nothing); give at least one row')
+  return {name: table.column(name).to_pylist() for name in table.column_names}
+
+
+def require_columns(table: dict[str, list[Any]], path: str, fields: Sequence[tuple[str, str]]) -> None:
+  """fields: (config field, column name); DataError naming the missing column, what exists, and the override."""
+  for field, column in fields:
+    if column and column not in table:
+      raise DataError(f'{path}: no column {column!r} (set by {field}); the file has columns {sorted(table)}; '
+                      f'fix with --config.{field}=NAME')
+
+
+def texts(table: dict[str, list[Any]], column: str, path: str) -> list[str]:
+  """A text column as strings; a missing value is an error (an empty string is allowed)."""
+  values = table[column]
+  missing = [i for i, v in enumerate(values) if v is None]
+  if missing:
+    raise DataError(f'{path}: column {column!r} has no value in {len(missing)} rows (first: row {missing[0] + 1}); '
+                    'fill or drop those rows')
+  return [str(v) for v in values]
+
+
+def split_holdout(n: int, fraction: float, seed: int, strata: Sequence[Any] | None = None) -> tuple[np.ndarray, np.ndarray]:
+  """(train rows, validation rows): a seeded split, stratified by `strata` (labels) so every class is in both."""
+  rng = np.random.default_rng(seed)
+  groups: dict[Any, list[int]] = {}
+  for i in range(n):
+    groups.setdefault(strata[i] if strata is not None else 0, []).append(i)
+  train, val = [], []
+  for key in sorted(groups, key=str):
+    rows = np.array(groups[key])
+    rng.shuffle(rows)
+    k = int(round(len(rows) * fraction))
+    k = min(max(k, 1), len(rows) - 1) if len(rows) > 1 else 0
+    val += rows[:k].tolist()
+    train += rows[k:].tolist()
+  if not val or not train:
+    raise DataError(f'cannot hold out {fraction:.0%} of {n} rows for validation; give data.validation_file '
+                    'or more rows')
+  return np.sort(np.array(train)), np.sort(np.array(val))
