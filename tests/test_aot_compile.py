@@ -98,7 +98,7 @@ def test_fit_arithmetic_and_format():
   assert r.total_bytes == 80 * 2**30 and not r.fits            # 100% of memory is over the 90% limit
   assert abs(r.step_seconds_at(0.5) - 0.25) < 1e-9
   text = report.format_report(r)
-  assert 'fits          NO' in text and 'XLA (no cuDNN' in text
+  assert 'fits          NO' in text and 'XLA (no fused' in text
   # the TPU compiler's refusal is turned into a number, anything else is not an out-of-memory verdict
   msg = ('RESOURCE_EXHAUSTED: Ran out of memory on HBM, the total memory required for HLO temporaries (27.44G) '
          'exceeds available HBM (15.75G).')

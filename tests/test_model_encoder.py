@@ -8,7 +8,6 @@ from flax import nnx
 
 from neobert_jax import sharding
 from neobert_jax.model import NeoBERTForMLM, default_model_config, train_flops_per_token
-from neobert_jax.model.attention import resolve_implementation
 from neobert_jax.model.config import ffn_hidden_size, validate_model_config
 from neobert_jax.model.rope import apply_rope
 
@@ -130,15 +129,15 @@ def test_bfloat16_compute_keeps_fp32_params_and_logits():
   assert bool(jnp.isfinite(logits).all())
 
 
-def test_attention_implementation_choice_and_config_errors():
-  assert resolve_implementation("auto", jnp.float32) == "xla"  # CPU test backend
-  assert resolve_implementation("cudnn", jnp.bfloat16) == "cudnn"
+def test_model_config_errors():
   with pytest.raises(ValueError, match="bfloat16"):
     validate_model_config(small_config(attention_impl="cudnn"))
   with pytest.raises(ValueError, match="num_heads"):
     validate_model_config(small_config(num_heads=5))
   with pytest.raises(ValueError, match="remat_policy"):
     validate_model_config(small_config(remat_policy="sometimes"))
+  with pytest.raises(ValueError, match="splash_block_size"):
+    validate_model_config(small_config(splash_block_size=100))
 
 
 def test_mesh_resolution_errors_name_the_fix():

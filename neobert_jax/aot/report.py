@@ -17,6 +17,8 @@ from typing import Any
 
 # cuDNN fused attention custom calls (forward + backward; Softmax = padding/no mask, ScaleBias = boolean mask).
 _CUDNN_RE = re.compile(r'__cudnn\$fmha\w+')
+# Pallas kernels keep their name in the compiled TPU program (splash_mha_fwd_segmented_no_residuals, ...).
+_SPLASH_RE = re.compile(r'splash_mha_(?:fwd|dq|dkv)[a-z_]*[a-z]')
 
 
 @dataclasses.dataclass
@@ -89,8 +91,9 @@ def xla_flops(compiled: Any) -> float | None:
 
 
 def attention_kernels(hlo_text: str) -> list[str]:
-  """Distinct cuDNN fused-attention custom-call targets in the compiled HLO (empty: attention ran on XLA)."""
-  return sorted(set(_CUDNN_RE.findall(hlo_text)))
+  """Distinct fused-attention kernels in the compiled HLO: cuDNN custom-call targets and Pallas splash kernels
+  (empty: attention ran as XLA ops)."""
+  return sorted(set(_CUDNN_RE.findall(hlo_text)) | set(_SPLASH_RE.findall(hlo_text)))
 
 
 _UNITS = {'': 1, 'K': 1024, 'M': 1024 ** 2, 'G': 1024 ** 3, 'T': 1024 ** 4}
@@ -146,10 +149,14 @@ def format_report(r: FitReport) -> str:
                  'partitioned program)')
   lines.append(f'step time     {r.step_seconds_at(0.5) * 1e3:.3g} ms at 50% MFU '
                f'({r.peak_flops_per_device / 1e12:.0f} TFLOP/s peak per device)')
-  if r.attention_kernels:
-    lines.append(f'attention     cuDNN fused: {", ".join(r.attention_kernels)}')
-  else:
-    lines.append('attention     XLA (no cuDNN fused attention in the compiled program)')
+  cudnn = [k for k in r.attention_kernels if k.startswith('__cudnn')]
+  splash = [k for k in r.attention_kernels if k.startswith('splash')]
+  if cudnn:
+    lines.append(f'attention     cuDNN fused: {", ".join(cudnn)}')
+  if splash:
+    lines.append(f'attention     Pallas splash: {", ".join(splash)}')
+  if not r.attention_kernels:
+    lines.append('attention     XLA (no fused attention kernel in the compiled program)')
   lines.append(f'compile       {r.compile_seconds:.1f} s')
   lines += [f'note          {n}' for n in r.notes]
   return '\n'.join(lines)

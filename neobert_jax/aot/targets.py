@@ -63,10 +63,11 @@ class Chip:
   dims: int = 2              # TPU torus rank
   chip_config: str = 'default'
   cores_per_chip_in_name: int = 1  # v4-8 / v5p-8 name TensorCores, not chips
+  compute_capability: str | None = None  # NVIDIA GPUs: decides the cuDNN kernels available (packed layout: 9.0+)
 
 
 CHIPS = {
-    'h100': Chip('H100 SXM 80GB', 84942979072, 989e12),
+    'h100': Chip('H100 SXM 80GB', 84942979072, 989e12, compute_capability='9.0'),
     # v4 and v5p have two TensorCores per chip that jax drives as one device ("megacore").
     'v4': Chip('TPU v4', 32 * GIB, 275e12, dims=3, chip_config='megacore', cores_per_chip_in_name=2),
     'v5p': Chip('TPU v5p', 95 * GIB, 459e12, dims=3, chip_config='megacore', cores_per_chip_in_name=2),
@@ -87,6 +88,10 @@ class Target:
   tpu_topology: str | None = None      # e.g. 'v5e:16x16'
   gpu_hosts: int | None = None
   gpus_per_host: int | None = None
+
+  @property
+  def compute_capability(self) -> str | None:
+    return self.chip.compute_capability
 
   @property
   def deps_kind(self) -> str:

@@ -25,6 +25,12 @@ def default_data_config() -> ml_collections.ConfigDict:
   # 'packed': several documents per row, segment ids + per-document positions.
   # 'none': one document per row, right-padded (the train step uses lengths).
   cfg.packing = 'packed'
+  # Most documents one packed row may hold; a row that reaches it is closed
+  # early. cuDNN's packed-layout flash kernel needs this static bound (its
+  # softmax statistics grow with it: B x this x heads x T fp32 per layer), and
+  # the train step stops with this setting's name if a batch ever exceeds it.
+  # 0: no limit (only for kernels that take segment ids directly).
+  cfg.max_documents_per_row = 16
   # Fraction of real, non-special tokens chosen for the MLM loss (NeoBERT: 0.2).
   cfg.mask_rate = 0.2
   # 'all_mask': every chosen token becomes [MASK] (NeoBERT).
@@ -61,6 +67,9 @@ def validate_data_config(cfg: ml_collections.ConfigDict) -> None:
     raise ValueError(f'data.mask_rate must be in (0, 1), got {cfg.mask_rate}')
   if cfg.max_predictions < 0:
     raise ValueError(f'data.max_predictions must be >= 0, got {cfg.max_predictions}')
+  if cfg.max_documents_per_row < 0:
+    raise ValueError(
+        f'data.max_documents_per_row must be >= 0, got {cfg.max_documents_per_row}')
   if cfg.block_docs < 1:
     raise ValueError(f'data.block_docs must be >= 1, got {cfg.block_docs}')
   if cfg.num_workers < 0:

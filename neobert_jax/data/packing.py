@@ -31,12 +31,15 @@ def split_long(lengths: np.ndarray, seq_len: int) -> np.ndarray:
   return out
 
 
-def first_fit_decreasing(lengths: np.ndarray, seq_len: int
+def first_fit_decreasing(lengths: np.ndarray, seq_len: int, max_docs: int = 0
                          ) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
   """Assigns each document (all <= seq_len) a row, an offset and a 1-based slot.
 
-  Longest first, each into the first row with room. Returns (row, offset, slot,
-  n_rows), each array indexed like `lengths`.
+  Longest first, each into the first row with room and, when max_docs > 0,
+  fewer than max_docs documents (a full row is closed early rather than ever
+  holding more documents than attention kernels with a static per-row document
+  limit can represent). Returns (row, offset, slot, n_rows), each array indexed
+  like `lengths`.
   """
   n = lengths.size
   row = np.empty(n, np.int64)
@@ -55,6 +58,8 @@ def first_fit_decreasing(lengths: np.ndarray, seq_len: int
   for i in order[n_full:].tolist():
     need = lengths[i]
     fits = free[:n_open] >= need
+    if max_docs > 0:
+      fits &= count[:n_open] < max_docs
     r = int(fits.argmax()) if n_open else 0
     if not n_open or not fits[r]:
       r = n_open
@@ -89,15 +94,17 @@ def assemble(tokens: np.ndarray, lengths: np.ndarray, row: np.ndarray, offset: n
 
 
 def pack_block(tokens: np.ndarray, lengths: np.ndarray, seq_len: int, mode: str,
-               pad_id: int, rng: np.random.Generator | None = None) -> dict:
-  """Rows for one block. mode 'packed' (first-fit decreasing) or 'none'.
+               pad_id: int, rng: np.random.Generator | None = None,
+               max_docs: int = 0) -> dict:
+  """Rows for one block. mode 'packed' (first-fit decreasing, at most max_docs
+  documents per row when > 0) or 'none'.
 
   With an rng the rows come out in random order: first-fit decreasing fills
   rows longest-first, and batches should not be sorted by document length.
   """
   lengths = split_long(lengths, seq_len)
   if mode == 'packed':
-    row, offset, slot, n_rows = first_fit_decreasing(lengths, seq_len)
+    row, offset, slot, n_rows = first_fit_decreasing(lengths, seq_len, max_docs)
   elif mode == 'none':
     n_rows = lengths.size
     row = np.arange(n_rows, dtype=np.int64)

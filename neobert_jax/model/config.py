@@ -9,7 +9,7 @@ import math
 
 import ml_collections
 
-ATTENTION_IMPLEMENTATIONS = ("auto", "xla", "cudnn")
+from neobert_jax.model.attention.select import IMPLEMENTATIONS as ATTENTION_IMPLEMENTATIONS
 REMAT_POLICIES = ("none", "full", "save_dots")
 DTYPES = ("float32", "bfloat16", "float16")
 
@@ -32,7 +32,12 @@ def default_model_config() -> ml_collections.ConfigDict:
   cfg.decoder_init_range = 0.02
   cfg.param_dtype = "float32"  # master weights
   cfg.dtype = "float32"  # compute dtype of matmuls and activations; 'bfloat16' on accelerators
-  cfg.attention_impl = "auto"  # 'auto' picks cuDNN on GPU with bf16/fp16 compute, XLA elsewhere
+  # Attention kernel: 'auto' | 'xla' | 'blockwise' | 'cudnn' | 'cudnn_bias' | 'splash'. 'auto' takes the fastest
+  # correct one for the backend, compute dtype and packing (the table in model/attention/select.py) and the
+  # trainer logs the choice at start-up.
+  cfg.attention_impl = "auto"
+  cfg.splash_block_size = 512  # TPU splash tiles (query and key), a multiple of 128
+  cfg.blockwise_block_size = 128  # key block of the 'blockwise' kernel
   cfg.scan_layers = True  # one compiled block for all layers (compile time independent of depth)
   cfg.remat_policy = "none"
   return cfg
@@ -59,11 +64,15 @@ def validate_model_config(cfg: ml_collections.ConfigDict) -> None:
     raise ValueError(f"model.attention_impl={cfg.attention_impl!r}; expected one of {ATTENTION_IMPLEMENTATIONS}.")
   if cfg.remat_policy not in REMAT_POLICIES:
     raise ValueError(f"model.remat_policy={cfg.remat_policy!r}; expected one of {REMAT_POLICIES}.")
+  if cfg.splash_block_size <= 0 or cfg.splash_block_size % 128:
+    raise ValueError(f"model.splash_block_size={cfg.splash_block_size} must be a positive multiple of 128.")
+  if cfg.blockwise_block_size <= 0:
+    raise ValueError(f"model.blockwise_block_size={cfg.blockwise_block_size} must be positive.")
   for field in ("dtype", "param_dtype"):
     if cfg[field] not in DTYPES:
       raise ValueError(f"model.{field}={cfg[field]!r}; expected one of {DTYPES}.")
-  if cfg.attention_impl == "cudnn" and cfg.dtype == "float32":
-    raise ValueError("model.attention_impl='cudnn' needs model.dtype='bfloat16' or 'float16' "
+  if cfg.attention_impl in ("cudnn", "cudnn_bias") and cfg.dtype == "float32":
+    raise ValueError(f"model.attention_impl={cfg.attention_impl!r} needs model.dtype='bfloat16' or 'float16' "
                      "(cuDNN fused attention has no fp32 kernel); use 'auto' or 'xla' for fp32.")
   for field in ("vocab_size", "num_layers", "intermediate_size", "max_length"):
     if cfg[field] <= 0:

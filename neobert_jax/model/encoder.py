@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import ml_collections
 from flax import nnx
 
-from neobert_jax.model.attention import attention, resolve_implementation
+from neobert_jax.model.attention import attention, choose
 from neobert_jax.model.config import ffn_hidden_size, head_dim, validate_model_config
 from neobert_jax.model.rope import apply_rope
 from neobert_jax.sharding import constrain, creation_scope
@@ -66,11 +66,20 @@ class EncoderLayers(nnx.Module):
     names = ("attention_norm", "qkv", "wo", "ffn_norm", "w12", "w3")
     return {name: getattr(self, name)[...] for name in names}
 
+  def kernel(self, packed: bool) -> str:
+    """The configured kernel; 'auto' (a config the trainer did not resolve) is decided for this backend here."""
+    cfg = self.cfg
+    if cfg.attention_impl != "auto":
+      return cfg.attention_impl
+    return choose("auto", platform=jax.default_backend(), dtype=cfg.dtype, packed=packed, seq_len=cfg.max_length,
+                  splash_block=cfg.splash_block_size).kernel
+
   def __call__(self, x: jax.Array, positions: jax.Array, segment_ids: jax.Array | None,
-               lengths: jax.Array | None) -> jax.Array:
+               lengths: jax.Array | None, max_segments: int | None = None) -> jax.Array:
     cfg = self.cfg
     dtype = jnp.dtype(cfg.dtype)
-    impl = resolve_implementation(cfg.attention_impl, dtype)
+    kernel = self.kernel(segment_ids is not None)
+    tile = {"splash": cfg.splash_block_size, "blockwise": cfg.blockwise_block_size}.get(kernel)
 
     def block(x, w):
       w = {k: v.astype(dtype) for k, v in w.items()}
@@ -80,7 +89,8 @@ class EncoderLayers(nnx.Module):
       q = apply_rope(q, positions, cfg.rope_theta)
       k = apply_rope(k, positions, cfg.rope_theta)
       q, k, v = (constrain(a, ("batch", "length", "heads", "head_dim")) for a in (q, k, v))
-      attended = attention(q, k, v, segment_ids=segment_ids, lengths=lengths, implementation=impl)
+      attended = attention(q, k, v, segment_ids=segment_ids, lengths=lengths, kernel=kernel,
+                           max_segments=max_segments, block_size=tile)
       x = x + jnp.einsum("bthk,hkd->btd", attended, w["wo"])
       x = constrain(x, ("batch", "length", "act_embed"))
       gate_up = jnp.einsum("btd,dgf->btgf", rms_norm(x, w["ffn_norm"], cfg.norm_eps), w["w12"])
@@ -116,14 +126,17 @@ class NeoBERT(nnx.Module):
     self.final_norm = nnx.Param(jnp.ones((cfg.hidden_size,), jnp.dtype(cfg.param_dtype)), out_sharding=("norm",))
 
   def __call__(self, input_ids: jax.Array, positions: jax.Array | None = None,
-               segment_ids: jax.Array | None = None, lengths: jax.Array | None = None) -> jax.Array:
+               segment_ids: jax.Array | None = None, lengths: jax.Array | None = None,
+               max_segments: int | None = None) -> jax.Array:
+    """max_segments: the static most documents per packed row (data.max_documents_per_row), which the cuDNN
+    packed-layout kernel needs; other kernels ignore it."""
     if positions is None:
       positions = jnp.broadcast_to(jnp.arange(input_ids.shape[1], dtype=jnp.int32), input_ids.shape)
     # Gather from a table whose embed axis is whole: a gather cannot follow the fsdp split of the table, and
     # letting XLA pick would replicate the whole table onto every device ("involuntary full rematerialization").
     table = constrain(self.token_embedding.embedding[...], ("vocab", None)).astype(self.cfg.dtype)
     x = constrain(jnp.take(table, input_ids, axis=0), ("batch", "length", "act_embed"))
-    x = self.layers(x, positions, segment_ids, lengths)
+    x = self.layers(x, positions, segment_ids, lengths, max_segments)
     return rms_norm(x, self.final_norm[...], self.cfg.norm_eps)
 
 
@@ -141,9 +154,9 @@ class NeoBERTForMLM(nnx.Module):
 
   def __call__(self, input_ids: jax.Array, positions: jax.Array | None = None,
                segment_ids: jax.Array | None = None, lengths: jax.Array | None = None,
-               mlm_positions: jax.Array | None = None) -> jax.Array:
+               mlm_positions: jax.Array | None = None, max_segments: int | None = None) -> jax.Array:
     """Returns float32 logits [B, T, V], or [B, P, V] for the positions mlm_positions [B, P] (gathered first)."""
-    hidden = self.encoder(input_ids, positions, segment_ids, lengths)
+    hidden = self.encoder(input_ids, positions, segment_ids, lengths, max_segments)
     if mlm_positions is not None:
       hidden = jnp.take_along_axis(hidden, mlm_positions[:, :, None].astype(jnp.int32), axis=1)
     dtype = jnp.dtype(self.cfg.dtype)

@@ -19,6 +19,7 @@ from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from neobert_jax import sharding as shd
+from neobert_jax.model.attention import overflow
 from neobert_jax.train.state import StateDefs, TrainState
 
 # Keys the step reads; anything else the data pipeline adds stays on the host.
@@ -47,10 +48,18 @@ def abstract_batch(cfg: ml_collections.ConfigDict, mesh: jax.sharding.Mesh,
           for k in batch_keys(cfg)}
 
 
-def mlm_sums(model: Any, micro: dict[str, jax.Array], packed: bool) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
+def max_segments(cfg: ml_collections.ConfigDict) -> int | None:
+  """The static documents-per-row bound of packed batches (None: unbounded), which cuDNN's packed layout needs."""
+  limit = int(cfg.data.get('max_documents_per_row', 0))
+  return limit if cfg.data.packing == 'packed' and limit > 0 else None
+
+
+def mlm_sums(model: Any, micro: dict[str, jax.Array], packed: bool, max_segments: int | None = None
+             ) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
   """Summed cross-entropy over the loss-carrying tokens of one micro-batch, plus (token count, correct count)."""
   seg = micro['segment_ids']
-  masking = {'segment_ids': seg} if packed else {'lengths': (seg > 0).sum(-1).astype(jnp.int32)}
+  masking = ({'segment_ids': seg, 'max_segments': max_segments} if packed
+             else {'lengths': (seg > 0).sum(-1).astype(jnp.int32)})
   if 'mlm_positions' in micro:  # sparse head: decode only the (static number of) masked slots
     logits = model(micro['input_ids'], positions=micro['positions'], mlm_positions=micro['mlm_positions'], **masking)
     labels, weights = micro['mlm_labels'], micro['mlm_weights'].astype(jnp.float32)
@@ -70,11 +79,12 @@ def _tree_norm(tree: Any) -> jax.Array:
 def make_train_step(cfg: ml_collections.ConfigDict, defs: StateDefs) -> Callable[[TrainState, dict], tuple]:
   """The un-jitted step function (state, batch) -> (new_state, metrics); see build_train_step."""
   packed = cfg.data.packing == 'packed'
+  limit = max_segments(cfg)
   skip_nonfinite = cfg.train.nan_policy == 'skip'
   param_shardings = defs.shardings['params']
 
   def loss_fn(params: Any, micro: dict[str, jax.Array]):
-    return mlm_sums(nnx.merge(defs.model_def, params), micro, packed)
+    return mlm_sums(nnx.merge(defs.model_def, params), micro, packed, limit)
 
   def step(state: TrainState, batch: dict[str, jax.Array]) -> tuple[TrainState, dict[str, jax.Array]]:
     # nnx.merge wraps the incoming arrays in Variables that opt.update then mutates in place, so the pre-update
@@ -122,6 +132,10 @@ def make_train_step(cfg: ml_collections.ConfigDict, defs: StateDefs) -> Callable
     metrics = {'loss': loss, 'accuracy': correct / denom, 'grad_norm': grad_norm,
                'param_norm': param_norm, 'learning_rate': lr,
                'masked_tokens': count, 'finite': finite}
+    if limit is not None:
+      # Rows the static packed layout could not represent: the loop stops the run naming the setting.
+      seg = batch['segment_ids']
+      metrics['rows_over_document_limit'] = overflow(seg.reshape(-1, seg.shape[-1]), limit)
     return new_state, metrics
 
   return step
@@ -165,12 +179,13 @@ def build_train_step(cfg: ml_collections.ConfigDict, mesh: jax.sharding.Mesh, de
 def build_eval_step(cfg: ml_collections.ConfigDict, mesh: jax.sharding.Mesh, defs: StateDefs) -> Callable:
   """Jitted (params, batch[1, M, ...]) -> {'loss_sum', 'correct', 'count'} summed over the batch (no update)."""
   packed = cfg.data.packing == 'packed'
+  limit = max_segments(cfg)
   data = batch_sharding(mesh)
 
   def evaluate(params: Any, batch: dict[str, jax.Array]) -> dict[str, jax.Array]:
     model = nnx.merge(defs.model_def, params)
     micro = {k: v[0] for k, v in batch.items()}
-    loss_sum, (count, correct) = mlm_sums(model, micro, packed)
+    loss_sum, (count, correct) = mlm_sums(model, micro, packed, limit)
     return {'loss_sum': loss_sum, 'correct': correct, 'count': count}
 
   return MeshBound(mesh, jax.jit(evaluate, in_shardings=(defs.shardings['params'], {k: data for k in batch_keys(cfg)}),

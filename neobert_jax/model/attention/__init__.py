@@ -1,0 +1,72 @@
+"""Bidirectional attention for NeoBERT's three masking modes, dispatched to one kernel per backend.
+
+  none     every token attends every token
+  padded   per-row lengths (right padding)
+  packed   segment ids: a token attends only inside its own document (0 = padding attends nowhere)
+
+Kernels (select.py decides what 'auto' means): 'xla' plain einsums (reference.py), 'blockwise' online softmax
+without a T x T tensor (blockwise.py), 'cudnn' cuDNN flash through jax.nn.dot_product_attention or, for packed
+rows, the packed layout (cudnn_compat.py), 'cudnn_bias' the segment mask as an additive bias, 'splash' TPU
+Pallas flash (splash.py). Every kernel is tested against reference.py.
+
+Owns: the dispatch. Imports only neobert_jax.sharding (splash's shard_map specs) from the rest of the package.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from neobert_jax.model.attention import cudnn_compat
+from neobert_jax.model.attention.blockwise import blockwise_attention
+from neobert_jax.model.attention.packed_layout import overflow, packed_layout
+from neobert_jax.model.attention.reference import allowed, segments_from_lengths, xla_attention
+from neobert_jax.model.attention.select import IMPLEMENTATIONS, KERNELS, Choice, choose
+
+__all__ = ["IMPLEMENTATIONS", "KERNELS", "Choice", "attention", "choose", "overflow", "packed_layout"]
+
+
+def _cudnn(q, k, v, segment_ids, lengths, kernel, max_segments):
+  if segment_ids is not None:
+    if kernel == "cudnn":
+      if max_segments is None:
+        raise ValueError("cuDNN packed attention needs max_segments (data.max_documents_per_row).")
+      seqlens, offsets = packed_layout(segment_ids, max_segments)
+      return cudnn_compat.packed_flash_attention(q, k, v, seqlens, offsets)
+    if q.shape[1] % 2:
+      raise ValueError(f"cuDNN's bias kernel needs an even sequence length, got {q.shape[1]}.")
+    return jax.nn.dot_product_attention(q, k, v, mask=allowed(segment_ids, segment_ids), implementation="cudnn")
+  if lengths is not None:
+    lengths = lengths.astype(jnp.int32)
+    return jax.nn.dot_product_attention(q, k, v, query_seq_lengths=lengths, key_value_seq_lengths=lengths,
+                                        implementation="cudnn")
+  return jax.nn.dot_product_attention(q, k, v, implementation="cudnn")
+
+
+def attention(q: jax.Array, k: jax.Array, v: jax.Array, *, segment_ids: jax.Array | None = None,
+              lengths: jax.Array | None = None, kernel: str = "xla", max_segments: int | None = None,
+              block_size: int | None = None) -> jax.Array:
+  """q, k, v [B, T, H, Dh] -> [B, T, H, Dh]. Give segment_ids (packed) or lengths (padded), or neither.
+
+  kernel is a resolved name (not 'auto'); max_segments is the static documents-per-row limit the cuDNN packed
+  layout needs; block_size is the blockwise / splash tile (None: the kernel's default).
+  """
+  if segment_ids is not None and lengths is not None:
+    raise ValueError("pass segment_ids (packed rows) or lengths (padded rows), not both.")
+  if kernel in ("cudnn", "cudnn_bias"):
+    return _cudnn(q, k, v, segment_ids, lengths, kernel, max_segments)
+  if segment_ids is not None:
+    q_seg = kv_seg = segment_ids.astype(jnp.int32)
+  elif lengths is not None:
+    q_seg, kv_seg = segments_from_lengths(lengths, k.shape[1])
+  else:
+    q_seg = kv_seg = None
+  if kernel == "xla":
+    return xla_attention(q, k, v, q_seg, kv_seg)
+  tile = {} if block_size is None else {"block_size": int(block_size)}
+  if kernel == "blockwise":
+    return blockwise_attention(q, k, v, q_seg, kv_seg, **tile)
+  if kernel == "splash":
+    from neobert_jax.model.attention.splash import splash_attention  # Pallas import only when used
+    return splash_attention(q, k, v, q_seg, kv_seg, **tile)
+  raise ValueError(f"unknown attention kernel {kernel!r}; expected one of {KERNELS}.")
