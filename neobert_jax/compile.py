@@ -46,19 +46,19 @@ def prepare_config(cfg, target: targets.Target):
   """The config as it would run on the target: accelerator compute dtype and the target's attention kernel.
 
   On the real hardware 'auto' settings resolve from jax.default_backend(); here the default backend is the
-  CPU, so they are resolved for the target explicitly instead.
+  CPU, so they are resolved for the target explicitly, through the trainer's own resolution (same table).
+  Returns (config, attention Choice); raises ConfigError when an explicit kernel cannot run on the target.
   """
+  from neobert_jax.train import config as train_config
   cfg = cfg.copy_and_resolve_references()
   dtype = cfg.train.get('compute_dtype', 'auto')
   if dtype == 'auto':
     dtype = 'bfloat16'
   cfg.train.compute_dtype = dtype
   cfg.model.dtype = dtype
-  if cfg.model.attention_impl == 'auto':
-    cfg.model.attention_impl = 'cudnn' if target.platform == 'cuda' and dtype != 'float32' else 'xla'
-  if target.platform == 'tpu' and cfg.model.attention_impl == 'cudnn':
-    raise ValueError('model.attention_impl=cudnn is GPU-only; use auto or xla for a TPU target')
-  return cfg
+  choice = train_config.attention_choice(cfg, platform=target.platform, compute_capability=target.compute_capability)
+  cfg.model.attention_impl = choice.kernel
+  return cfg, choice
 
 
 def _compile(cfg, target: targets.Target):
@@ -87,7 +87,8 @@ def _compile(cfg, target: targets.Target):
 
     def loss_and_grads(params, micro):
       def loss(p):
-        total, (count, _) = step_lib.mlm_sums(nnx.merge(defs.model_def, p), micro, packed)
+        total, (count, _) = step_lib.mlm_sums(nnx.merge(defs.model_def, p), micro, packed,
+                                              step_lib.max_segments(cfg))
         return total / jax.numpy.maximum(count, 1.0)
       return jax.value_and_grad(loss)(params)
 
@@ -108,15 +109,18 @@ def run_child(cfg_in) -> int:
   # attention checks at trace time fail with "cuDNN not found" without it.
   jax.devices()
   target = targets.parse_target(_TARGET.value)
-  cfg = prepare_config(cfg_in, target)
   t0 = time.time()
   from neobert_jax.train import config as train_config
+  if target.platform == 'cuda':
+    from neobert_jax.model.attention import cudnn_compat
+    cudnn_compat.assume_compute_capability(target.compute_capability)
   try:
+    cfg, choice = prepare_config(cfg_in, target)
     lowered, mesh = _compile(cfg, target)
   except train_config.ConfigError as e:
     print(f'config error for {target.spec}: {e}', file=sys.stderr)
     return 2
-  notes = []
+  notes = [f'attention kernel {choice.describe()}'] + ([choice.warning] if choice.warning else [])
   try:
     compiled = lowered.compile()
   except Exception as e:  # noqa: BLE001 - only the compiler's out-of-memory verdict is a report, not an error
@@ -136,7 +140,7 @@ def run_child(cfg_in) -> int:
   preds = int(cfg.data.max_predictions)
   tokens = int(cfg.train.global_batch_size) * seq
   decoder_fraction = preds / seq if preds > 0 else 1.0
-  if target.platform == 'cuda' and cfg.model.attention_impl != 'cudnn':
+  if target.platform == 'cuda' and cfg.model.attention_impl not in ('cudnn', 'cudnn_bias'):
     notes.append(f'attention_impl={cfg.model.attention_impl}: the cuDNN fused kernels were not requested')
   if target.platform == 'cuda':
     notes.append('GPU compile-only target: no autotuning, so kernel choices and temporaries may differ a little '

@@ -9,6 +9,7 @@ manifest, so the loop runs it (via the data pipeline's open_prepared) right afte
 from __future__ import annotations
 
 import json
+import logging
 import math
 from pathlib import Path
 from typing import Any
@@ -113,7 +114,30 @@ def resolve(cfg: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   out.model.dtype = resolve_compute_dtype(cfg.train.compute_dtype) if cfg.train.compute_dtype == 'auto' \
       else cfg.train.compute_dtype
   out.mesh = ml_collections.ConfigDict(mesh_shape(cfg))
+  choice = attention_choice(out)
+  out.model.attention_impl = choice.kernel
+  if jax.process_index() == 0:
+    logging.getLogger(__name__).info('attention kernel: %s', choice.describe())
+    if choice.warning:
+      logging.getLogger(__name__).warning('attention: %s', choice.warning)
   return out
+
+
+def attention_choice(cfg: ml_collections.ConfigDict, platform: str | None = None,
+                     compute_capability: str | None = None) -> Any:
+  """The attention kernel this run uses (model/attention/select.py's table) for `platform` (default: this
+  process's backend); raises ConfigError when an explicit model.attention_impl cannot run there."""
+  from neobert_jax.model.attention import choose  # pylint: disable=g-import-not-at-top
+  if platform is None:
+    platform = jax.default_backend()
+    if platform == 'gpu':
+      compute_capability = getattr(jax.devices()[0], 'compute_capability', None)
+  try:
+    return choose(cfg.model.attention_impl, platform=platform, dtype=cfg.model.dtype,
+                  packed=cfg.data.packing == 'packed', seq_len=int(cfg.model.max_length),
+                  compute_capability=compute_capability, splash_block=int(cfg.model.splash_block_size))
+  except ValueError as e:
+    raise ConfigError(str(e)) from None
 
 
 def write(cfg: ml_collections.ConfigDict, workdir: str | Path) -> Path:
@@ -137,4 +161,4 @@ def describe(cfg: ml_collections.ConfigDict) -> str:
   return (f'{m.num_layers}x{m.hidden_size} model, vocab {m.vocab_size}, seq {m.max_length}, '
           f'global batch {cfg.train.global_batch_size} ({cfg.train.grad_accum_steps} micro), '
           f'{tokens_per_step(cfg):,} tokens/step, {cfg.train.num_steps:,} steps, mesh {dict(cfg.mesh)}, '
-          f'compute {m.dtype}; {math.prod(dict(cfg.mesh).values())} devices')
+          f'compute {m.dtype}, attention {m.attention_impl}; {math.prod(dict(cfg.mesh).values())} devices')
