@@ -32,7 +32,7 @@ def make_step(defs: StateDefs, loss: Callable[[Any, dict, jax.Array], tuple[jax.
     opt = nnx.merge(defs.opt_def, state['opt'])
     lr = defs.schedule(opt.step[...])
     opt.update(model, grads)
-    grad_norm = optax.global_norm(grads)
+    grad_norm = optax.tree.norm(grads)
     metrics = {'loss': value, 'grad_norm': grad_norm, 'learning_rate': lr,
                'finite': jnp.isfinite(value) & jnp.isfinite(grad_norm)}
     return {'params': nnx.state(model, nnx.Param), 'opt': nnx.state(opt)}, metrics
