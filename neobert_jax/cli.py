@@ -1,0 +1,40 @@
+"""Console-script entry points (pyproject.toml's [project.scripts]): one function per command.
+
+Owns nothing but the glue: each function runs the command's own main exactly as `python -m <module>` does (same
+flags, same error reporting, same exit status). Nothing in the package imports this module; it imports each
+command lazily so that `neobert-prepare --help` does not pay for jax.
+"""
+
+from __future__ import annotations
+
+import sys
+
+
+def train() -> None:
+  """neobert-train: python -m neobert_jax.train."""
+  from neobert_jax.train import __main__ as train_main  # pylint: disable=g-import-not-at-top
+  train_main.run()
+
+
+def prepare() -> None:
+  """neobert-prepare: python -m neobert_jax.data.prepare (its main returns the manifest; the status is 0)."""
+  from neobert_jax.data import prepare as prepare_lib  # pylint: disable=g-import-not-at-top
+  prepare_lib.main()
+
+
+def convert() -> None:
+  """neobert-convert: python -m neobert_jax.convert."""
+  from neobert_jax.convert import __main__ as convert_main  # pylint: disable=g-import-not-at-top
+  sys.exit(convert_main.main())
+
+
+def compile_main() -> None:
+  """neobert-compile: python -m neobert_jax.compile (absl flags; --debug is passed on to its compile child)."""
+  from absl import app, flags  # pylint: disable=g-import-not-at-top
+  from neobert_jax import compile as compile_lib  # pylint: disable=g-import-not-at-top
+  from neobert_jax import errors  # pylint: disable=g-import-not-at-top
+  errors.take_debug_flag(sys.argv)
+  # absl's --help lists the flags of the module named by argv[0], here this script: show compile's.
+  for flag in flags.FLAGS.get_key_flags_for_module(compile_lib):
+    flags.FLAGS.register_key_flag_for_module(sys.argv[0], flag)
+  app.run(lambda argv: sys.exit(compile_lib.main(argv)))
