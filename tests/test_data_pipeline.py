@@ -96,17 +96,20 @@ def test_exact_resume_mid_block_and_across_epochs(data_dir, packing):
     assert _same(_take(it, 3), batches[i:i + 3]), i
 
 
-def test_processes_get_disjoint_documents(data_dir):
+def test_processes_split_one_global_stream(data_dir):
+  # Process p of 3 owns rows [10p, 10p + 10) of every global batch of 30: disjoint, and together exactly the
+  # single-process stream (tests/test_data_elastic.py: the same holds across a change of process count).
   cfg = _cfg(data_dir, packing='none')
-  per_process = []
-  for p in range(3):
-    it = pipeline.make_train_iterator(cfg, 10, 128, seed=0, process_index=p, process_count=3)
-    docs = set()
-    for _ in range(40):  # two epochs of 200 docs (blocks straddle the epoch end)
-      docs.update(testing.documents_in(next(it)))
-    per_process.append(docs)
-  assert [len(d) for d in per_process] == [200, 200, 200]
-  assert set.union(*per_process) == set(range(N_DOCS))  # so pairwise disjoint
+  whole = pipeline.make_train_iterator(cfg, 30, 128, seed=0)
+  parts = [pipeline.make_train_iterator(cfg, 10, 128, seed=0, process_index=p, process_count=3)
+           for p in range(3)]
+  seen = []
+  for _ in range(40):  # two epochs of 600 docs (blocks straddle the epoch end)
+    batch, mine = next(whole), [next(it) for it in parts]
+    for k in batch:
+      assert np.array_equal(batch[k], np.concatenate([m[k] for m in mine]))
+    seen.append([set(testing.documents_in(m)) for m in mine])
+  assert set.union(*[d for docs in seen for d in docs]) == set(range(N_DOCS))
 
 
 def test_eval_iterator_one_pass_and_fixed(data_dir):

@@ -5,10 +5,8 @@ checkpointing with per-process shards and per-process data-iterator state) on th
 They must log the same losses, and the checkpoint the 2-process job writes must restore in a single
 process on a different mesh (tensor parallel) and export to a PyTorch / Hugging Face model.
 
-Why a worker wrapper: the data pipeline gives each process a disjoint 1/process_count of the documents, so a
-2-process run sees different batches than a 1-process run (both are correct training, but the losses are not
-comparable). The worker makes every process read the single-process stream and keep only its own rows, so
-the global batch is identical in both runs and any difference comes from the multi-process machinery.
+The data pipeline's global row stream does not depend on the process count (process p keeps its slice of each
+global batch), so both runs see the same global batches and any difference comes from the multi-process machinery.
 This file is also that worker: `python tests/test_multihost_train.py train|restore ...`.
 """
 
@@ -36,47 +34,6 @@ OVERRIDES = {
 
 # ----------------------------------------------------------------------------------------------- worker side
 
-class _OwnRows:
-  """This process's rows of a global batch stream read in full by every process (see module docstring)."""
-
-  def __init__(self, inner, start: int, size: int):
-    self.inner, self.start, self.size = inner, start, size
-
-  def __iter__(self):
-    return self
-
-  def __next__(self):
-    batch = next(self.inner)
-    return {k: v[self.start:self.start + self.size] for k, v in batch.items()}
-
-  # grain's Orbax handler stores a non-DatasetIterator's state as bytes
-  def get_state(self) -> bytes:
-    return json.dumps(self.inner.get_state()).encode()
-
-  def set_state(self, state: bytes) -> None:
-    self.inner.set_state(json.loads(state.decode()))
-
-  def start_prefetch(self) -> None:
-    if hasattr(self.inner, 'start_prefetch'):
-      self.inner.start_prefetch()
-
-  def close(self) -> None:
-    if hasattr(self.inner, 'close'):
-      self.inner.close()
-
-
-def _same_stream_for_any_process_count() -> None:
-  from neobert_jax.data import pipeline
-  original = pipeline.make_train_iterator
-
-  def same_stream_for_any_process_count(data_cfg, batch_per_host, seq_len, seed, process_index=0,
-                                        process_count=1, **kwargs):
-    full = original(data_cfg, batch_per_host * process_count, seq_len, seed, 0, 1, **kwargs)
-    return _OwnRows(full, process_index * batch_per_host, batch_per_host)
-
-  pipeline.make_train_iterator = same_stream_for_any_process_count
-
-
 def _config():
   from neobert_jax.train import config as config_lib
   overrides = dict(OVERRIDES, **json.loads(os.environ.get('TEST_EXTRA_OVERRIDES', '{}')))
@@ -91,7 +48,6 @@ def _train_worker(workdir: str) -> None:
   logging.basicConfig(level=logging.INFO if info.is_primary else logging.WARNING, format='%(message)s')
   from neobert_jax.train import loop
 
-  _same_stream_for_any_process_count()
   cfg = _config()
   die_at = int(os.environ.get('TEST_DIE_AT_STEP', '-1'))
   sigterm_at = int(os.environ.get('TEST_SIGTERM_AT_STEP', '-1'))
@@ -124,7 +80,6 @@ def _resume_worker(workdir: str) -> None:
   from neobert_jax.train import checkpoint as ckpt
   from neobert_jax.train import loop
 
-  _same_stream_for_any_process_count()
   cfg = _config()
   cfg.mesh.fsdp = 2
   _, saved = ckpt.restore_params(workdir, STEPS)
@@ -248,9 +203,8 @@ def test_checkpoint_restores_on_another_mesh_and_exports_to_pytorch(runs):
 
 
 def test_checkpoint_of_two_processes_resumes_in_one_process(runs, tmp_path):
-  """A different process count changes how documents are split among processes, so the saved data-iterator
-  states do not apply; the checkpoint must still resume at its step (params, optimizer) with a warning, never be
-  set aside as corrupt and silently restart from step 0."""
+  """Elastic resume through the launcher: the data position is global, so one process continues exactly where the
+  two left off (no replay, no warning), at its step, with the checkpoint never set aside."""
   _, _, two = runs
   workdir = tmp_path / 'resumed'
   shutil.copytree(two, workdir)
@@ -261,7 +215,7 @@ def test_checkpoint_of_two_processes_resumes_in_one_process(runs, tmp_path):
   r = _run([sys.executable, __file__, 'resume', str(workdir)], env)
   out = r.stdout + r.stderr
   assert f'RESUME_OK step={STEPS} final_step={STEPS + 1}' in out, out[-4000:]
-  assert 'written by 2 process(es) and this job has 1' in out and 'data order is NOT the same' in out, out[-4000:]
+  assert 'data position written by 2 process(es), restored on 1' in out and 'NOT the same' not in out, out[-4000:]
   assert not [p for p in os.listdir(workdir / 'checkpoints') if 'corrupt' in p]
   assert sorted(os.listdir(workdir / 'checkpoints' / str(STEPS + 1) / 'data')) == [
       'commit_success.txt', 'process_0-of-1.json']

@@ -1,17 +1,29 @@
 """The Grain pipeline training consumes: prepared shards -> packed, masked batches.
 
-  ArrayRecord source -> this process's documents [p::n] -> shuffle (reseeded every
-  epoch) -> repeat -> blocks of `block_docs` documents -> pack + mask each block
-  (numpy, whole arrays) -> cut rows into batches -> optional mp_prefetch workers
+  ArrayRecord source -> all documents, shuffled (reseeded every epoch) -> repeat
+  -> blocks of `block_docs` documents -> pack + mask each block (numpy, whole
+  arrays) -> cut rows into GLOBAL batches -> optional mp_prefetch workers
+  -> this process's contiguous slice of each global batch
+
+The global row stream does not depend on the process count: global batch k is
+rows [k*B, (k+1)*B) of the stream, and process p of n owns rows
+[k*B + p*B/n, k*B + (p+1)*B/n). Every process therefore walks the same stream
+and its iterator state (block index + row, see _RowBatchIterator) is the same
+on every process: a position in the global stream. Restoring it under another
+process count is a seek, not a replay: rebuild the one block holding the row,
+and each process keeps its own slice from there on. The price is that each
+process packs and masks whole global batches (1/n of which it keeps); at
+~12M tokens per CPU-second that is far below what a host's accelerators eat,
+and only multi-host jobs pay it.
 
 Blocks are random-access (block b is a pure function of seed and b), so the
-iterator state is two integers plus Grain's own index: restoring recomputes one
-block and skips to the saved row. Batches are numpy dicts per host, as in the
-batch contract (/tmp/interfaces.md): input_ids, positions, segment_ids, labels
-[B, T] int32, and with max_predictions > 0 mlm_positions, mlm_labels [B, P] int32
-and mlm_weights [B, P] float32.
+iterator state is two integers plus Grain's own index. Batches are numpy dicts
+per host, as in the batch contract (/tmp/interfaces.md): input_ids, positions,
+segment_ids, labels [B, T] int32, and with max_predictions > 0 mlm_positions,
+mlm_labels [B, P] int32 and mlm_weights [B, P] float32.
 """
 
+import json
 from typing import Any
 
 import grain
@@ -68,6 +80,11 @@ class RowBatchDataset(grain.IterDataset):
     return _RowBatchIterator(self._parent.__iter__(), self._batch_size, self._finite_pad)
 
 
+# Marks an iterator state as a position in the process-count-independent global row stream (states written
+# before that layout hold a per-process position and cannot be moved to another process count).
+STREAM = 'global-rows/1'
+
+
 class _RowBatchIterator(grain.DatasetIterator):
   """State: the parent's state *before* the block holding the next row, and that row."""
 
@@ -115,10 +132,10 @@ class _RowBatchIterator(grain.DatasetIterator):
 
   def get_state(self) -> dict[str, Any]:
     if self._block is None:
-      return {'parent': self._block_state, 'row': self._skip}
+      return {'parent': self._block_state, 'row': self._skip, 'stream': STREAM}
     if self._row >= len(self._block['input_ids']):
-      return {'parent': self._parent.get_state(), 'row': 0}
-    return {'parent': self._block_state, 'row': self._row}
+      return {'parent': self._parent.get_state(), 'row': 0, 'stream': STREAM}
+    return {'parent': self._block_state, 'row': self._row, 'stream': STREAM}
 
   def set_state(self, state: dict[str, Any]) -> None:
     self._parent.set_state(state['parent'])
@@ -185,29 +202,62 @@ def _blocks(paths, data_cfg, seed, process_index, process_count, shuffle):
     raise shards.DataError(str(e)) from e
 
 
+class _OwnRows:
+  """Keeps this process's contiguous slice [start, start + size) of a global batch."""
+
+  def __init__(self, start: int, size: int):
+    self.start, self.size = start, size
+
+  def __call__(self, batch: dict) -> dict:
+    # Copies, so the host batch does not keep the whole global batch alive.
+    return {k: v[self.start:self.start + self.size].copy() for k, v in batch.items()}
+
+
 def make_train_iterator(data_cfg: ml_collections.ConfigDict, batch_size_per_host: int,
                         seq_len: int, seed: int, process_index: int = 0,
                         process_count: int = 1, *, model_vocab_size: int | None = None
                         ) -> grain.DatasetIterator:
   """Endless iterator of this host's training batches; has get_state/set_state.
 
-  Each process reads a disjoint 1/process_count of the documents. Save it with
-  grain.checkpoint.CheckpointSave(it) next to the train state; restore with
-  CheckpointRestore into an iterator made with the same arguments.
+  Process p of n gets rows [p*b, (p+1)*b) (b = batch_size_per_host) of each
+  global batch of n*b rows, so the rows of a step do not depend on n, and the
+  state (a global position, equal on every process) restores under any n.
+  Save it with grain.checkpoint.CheckpointSave(it) next to the train state;
+  restore with CheckpointRestore, or set_state, into an iterator made with the
+  same data config and global batch size.
   """
+  if not 0 <= process_index < process_count:
+    raise ValueError(f'process_index {process_index} outside [0, {process_count})')
   directory, manifest = open_prepared(data_cfg, seq_len, model_vocab_size)
   paths = shards.split_paths(directory, manifest, 'train')
   seed = _seed(data_cfg, seed)
-  blocks = _blocks(paths, data_cfg, seed, process_index, process_count, shuffle=True)
+  # The whole corpus, not a per-process share: the stream is the same for every process count.
+  blocks = _blocks(paths, data_cfg, seed, 0, 1, shuffle=True)
   blocks = blocks.map_with_index(_builder(data_cfg, manifest, seq_len, seed))
   # One thread builds the next block while the current one is cut into batches.
   ds = blocks.to_iter_dataset(grain.ReadOptions(num_threads=1, prefetch_buffer_size=1))
-  ds = RowBatchDataset(ds, batch_size_per_host)
+  ds = RowBatchDataset(ds, batch_size_per_host * process_count)
   if data_cfg.num_workers > 0:
     _mark_absl_flags_parsed()
     ds = ds.mp_prefetch(grain.MultiprocessingOptions(
         num_workers=data_cfg.num_workers, per_worker_buffer_size=data_cfg.worker_buffer_size))
+  if process_count > 1:
+    ds = ds.map(_OwnRows(process_index * batch_size_per_host, batch_size_per_host))
   return iter(ds)
+
+
+def state_at(block: int, row: int = 0) -> dict[str, Any]:
+  """The train iterator state (data.num_workers = 0) standing at `row` of global block `block`.
+
+  A seek costs building that one block, whatever its number: set_state(state_at(10**9)) is as fast as
+  set_state(state_at(0)).
+  """
+  return {'parent': {'next_index': int(block)}, 'row': int(row), 'stream': STREAM}
+
+
+def is_global_state(state: Any) -> bool:
+  """Whether a (JSON-decoded) iterator state is a global-stream position, valid under any process count."""
+  return STREAM in json.dumps(state)
 
 
 def make_eval_iterator(data_cfg: ml_collections.ConfigDict, batch_size_per_host: int,

@@ -129,6 +129,41 @@ def _units(files, counts: _Counts, text_field, text_mode, on_decode_error):
     yield texts
 
 
+_TMP_PREFIX = '.prepare-tmp-'
+
+
+def _alive(pid: int) -> bool:
+  try:
+    os.kill(pid, 0)
+  except ProcessLookupError:
+    return False
+  except PermissionError:  # exists, owned by someone else
+    return True
+  return True
+
+
+def remove_stale_tmp(output_dir: str) -> list[str]:
+  """Removes `.prepare-tmp-<pid>` directories left in `output_dir` by a prepare that was killed; returns them.
+
+  A killed run (SIGKILL, OOM, a lost node) never reaches its cleanup, and its half-written shards can be as
+  large as the corpus. A directory whose process still runs on this machine is another prepare at work and is
+  left alone (the pid test cannot see other hosts: do not run two prepares into one directory from two hosts).
+  """
+  removed = []
+  for name in sorted(os.listdir(output_dir)):
+    path = os.path.join(output_dir, name)
+    pid = name[len(_TMP_PREFIX):]
+    if not (name.startswith(_TMP_PREFIX) and pid.isdigit() and os.path.isdir(path)):
+      continue
+    if int(pid) != os.getpid() and _alive(int(pid)):
+      print(f'prepare: {path} belongs to a running process {pid}; left alone', file=sys.stderr)
+      continue
+    shutil.rmtree(path, ignore_errors=True)
+    removed.append(path)
+    print(f'prepare: removed {path}, left behind by an interrupted prepare (process {pid})', file=sys.stderr)
+  return removed
+
+
 def prepare(inputs: Sequence[str], output_dir: str, *, tokenizer: str = 'bert-base-uncased',
             max_length: int = 1024, workers: int = 0, eval_fraction: float = 0.01,
             text_field: str = 'text', text_mode: str = 'line',
@@ -146,7 +181,8 @@ def prepare(inputs: Sequence[str], output_dir: str, *, tokenizer: str = 'bert-ba
   if os.path.exists(manifest_path) and not overwrite:
     raise FileExistsError(f'{output_dir} already holds prepared data (pass --overwrite)')
   os.makedirs(output_dir, exist_ok=True)
-  tmp = os.path.join(output_dir, f'.prepare-tmp-{os.getpid()}')
+  remove_stale_tmp(output_dir)
+  tmp = os.path.join(output_dir, f'{_TMP_PREFIX}{os.getpid()}')
   os.makedirs(tmp)
   start = time.time()
   try:

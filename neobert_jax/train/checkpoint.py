@@ -17,9 +17,11 @@ steps intact and the half-written one is never listed. A step whose params or op
 used. A step is never set aside for anything else:
   * an I/O error that looks transient (timeouts, UNAVAILABLE, permission denied, ...) is retried and then raised,
     leaving the checkpoint where it is, so re-running once the storage is back resumes from it;
-  * a data-iterator state that cannot be used (the checkpoint was written by a different number of processes, or
-    the item is missing or unreadable) only costs the exact data order: params and optimizer state are restored and
-    the iterator is re-derived from the step count (see `_restore_data`), with a warning.
+  * the data-iterator state is a position in the global row stream, valid under any process count (1 -> 2 -> 4
+    processes continue with the rows an uninterrupted run would have used), restored in O(1); one that cannot be
+    used (missing, unreadable, an older per-process layout) only costs the exact data order: params and optimizer
+    state are restored and the iterator is moved in O(1) to a position derived from the step (see `_restore_data`),
+    with a warning.
 
 For converters: `restore_params(path)` returns (model config, flat numpy params) on one CPU, whatever mesh wrote it.
 """
@@ -162,50 +164,71 @@ def _set_iterator_state(data_iter: Any, text: str) -> None:
   data_iter.set_state(json.loads(text) if isinstance(data_iter, grain.DatasetIterator) else text.encode())
 
 
-def _restore_data(mngr: ocp.CheckpointManager, step: int, data_iter: Any) -> bool:
+def _saved_data_state(data_dir: Path, pid: int, nproc: int) -> tuple[str | None, str]:
+  """(state text to restore on process `pid` of `nproc`, or None; what was found, for the log).
+
+  The train iterator's state is a position in the global row stream, the same on every process (see
+  neobert_jax/data/pipeline.py), so a checkpoint written by any number of processes gives every process of
+  this job its position: process `pid` reads its own file when the counts match, else the first writer's.
+  A state from before the global layout is per-process and only usable under the same process count.
+  """
+  writers = _data_writer_count(data_dir)
+  if writers is None:
+    return None, 'the checkpoint holds no data-iterator state'
+  own = data_dir / f'process_{pid}-of-{nproc}.json'
+  path = own if writers == nproc and own.is_file() else data_dir / f'process_0-of-{writers}.json'
+  try:
+    text = path.read_text()
+  except OSError as e:
+    return None, f'the data-iterator state {path.name} could not be read ({_first_line(e)})'
+  if writers != nproc and _STREAM_MARK not in text:
+    return None, (f'the checkpoint was written by {writers} process(es) with a per-process data layout and this '
+                  f'job has {nproc}')
+  return text, f'written by {writers} process(es), restored on {nproc}'
+
+
+_STREAM_MARK = 'global-rows/'
+
+
+def _restore_data(mngr: ocp.CheckpointManager, step: int, data_iter: Any, *,
+                  process_index: int | None = None, process_count: int | None = None) -> bool:
   """Moves `data_iter` (freshly made, at its start) to where it must be after `step` steps; True if exact.
 
-  Exact: this process's saved Grain state, when the checkpoint was written by as many processes as this job has.
-  Otherwise (different process count, or the state is missing / unreadable) the iterator is fast-forwarded by
-  `step` batches: it then stands exactly where an uninterrupted run *with this job's process count* would stand
-  after `step` steps, so the number of batches consumed is right and the run stays deterministic, but the
-  documents each process reads (and their order) differ from the run that wrote the checkpoint. Some documents of
-  the current epoch may be seen twice and others not at all. That is a warning, never a reason to discard a
+  Exact (any process count): the saved global-stream position is set directly, which rebuilds one block, so
+  resuming at step 1,000,000 costs what resuming at step 10 does. Otherwise (no state, an unreadable one, a
+  per-process state from an older layout under another process count) the iterator is moved, also in O(1), to
+  the start of global block `step` (past the data the run has seen when blocks hold at least one global batch):
+  deterministic, but not the uninterrupted run's order. That is a warning, never a reason to discard a
   checkpoint whose parameters are fine.
   """
   if data_iter is None or not hasattr(data_iter, 'get_state'):
     return True
-  data_dir = Path(mngr.directory) / str(step) / 'data'
-  nproc, pid = jax.process_count(), jax.process_index()
-  writers = _data_writer_count(data_dir)
-  if writers is None:
-    reason = 'the checkpoint holds no data-iterator state'
-  elif writers != nproc:
-    reason = f'the checkpoint was written by {writers} process(es) and this job has {nproc}'
-  else:
-    initial = data_iter.get_state()
+  pid = jax.process_index() if process_index is None else process_index
+  nproc = jax.process_count() if process_count is None else process_count
+  t0 = time.perf_counter()
+  text, what = _saved_data_state(Path(mngr.directory) / str(step) / 'data', pid, nproc)
+  initial = data_iter.get_state()
+  if text is not None:
     try:
-      _set_iterator_state(data_iter, (data_dir / f'process_{pid}-of-{nproc}.json').read_text())
+      _set_iterator_state(data_iter, text)
       if hasattr(data_iter, 'start_prefetch'):
         data_iter.start_prefetch()
+      log.info('checkpoint step %d: data position %s (%.2f s)', step, what, time.perf_counter() - t0)
       return True
     except Exception as e:  # noqa: BLE001 - the data position is recoverable; the checkpoint is not at fault
-      reason = f'the data-iterator state of process {pid} could not be used ({_first_line(e)})'
+      what = f'the data-iterator state could not be used ({_first_line(e)})'
       data_iter.set_state(initial)
-  # Replaying `step` batches costs data-pipeline time linear in the step (minutes per 100k steps on one host),
-  # so say what is happening before it starts rather than appear hung.
-  log.warning('checkpoint step %d: %s; re-deriving the data position by replaying %d batches...', step, reason,
-              step)
-  t0 = time.perf_counter()
-  for i in range(step):
-    next(data_iter)
-    if (i + 1) % 10_000 == 0:
-      log.warning('  replayed %d / %d batches (%.0f s)', i + 1, step, time.perf_counter() - t0)
-  log.warning(
-      'checkpoint step %d: params and optimizer state restored, but %s. The data iterator was re-derived by '
-      'fast-forwarding %d batches (%.1f s): training continues deterministically, but the data order is NOT the '
-      'same as an uninterrupted run of the original job (documents are split among processes differently).',
-      step, reason, step, time.perf_counter() - t0)
+  from neobert_jax.data import pipeline  # pylint: disable=g-import-not-at-top
+  moved = 'left at the start of the stream'
+  if isinstance(initial, dict) and pipeline.is_global_state(initial) and 'next_index' in json.dumps(initial):
+    try:
+      data_iter.set_state(pipeline.state_at(step))
+      moved = f'moved to the start of global block {step}'
+    except Exception:  # noqa: BLE001 - an iterator of another shape (workers): stay at the start
+      data_iter.set_state(initial)
+  log.warning('checkpoint step %d: params and optimizer state restored, but %s. The data iterator was %s: '
+              'training continues deterministically, but the data order is NOT the same as an uninterrupted run\'s.',
+              step, what, moved)
   return False
 
 

@@ -1,0 +1,158 @@
+"""Elastic resume: the data position is global, so 1 -> 2 -> 4 processes continue the uninterrupted run's rows, and
+a seek to step 1,000,000 costs what a seek to step 10 does. Also: a killed `prepare` leaves no litter behind."""
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from neobert_jax.data import config as config_lib
+from neobert_jax.data import pipeline, testing
+from neobert_jax.data import prepare as prepare_lib
+
+GLOBAL_BATCH = 8
+
+
+@pytest.fixture(scope='module')
+def data_dir(tmp_path_factory):
+  d = str(tmp_path_factory.mktemp('prepared'))
+  testing.write_prepared(d, testing.synthetic_documents(300, max_len=200), max_length=128)
+  return d
+
+
+def _cfg(data_dir):
+  cfg = config_lib.default_data_config()
+  cfg.dir, cfg.block_docs, cfg.max_predictions = data_dir, 40, 16
+  return cfg
+
+
+def _iters(cfg, n, state=None):
+  """The n per-process train iterators of an n-process job, optionally restored to `state`."""
+  its = [pipeline.make_train_iterator(cfg, GLOBAL_BATCH // n, 128, seed=0, process_index=p, process_count=n)
+         for p in range(n)]
+  for it in its:
+    if state is not None:
+      it.set_state(json.loads(json.dumps(state)))  # as a checkpoint stores it
+  return its
+
+
+def _global_batches(its, steps):
+  """What the job's global batches hold: process p's rows at [p*b, (p+1)*b)."""
+  out = []
+  for _ in range(steps):
+    parts = [next(it) for it in its]
+    out.append({k: np.concatenate([p[k] for p in parts]) for k in parts[0]})
+  return out
+
+
+def _same(a, b):
+  return len(a) == len(b) and all(np.array_equal(x[k], y[k]) for x, y in zip(a, b) for k in x)
+
+
+def test_one_two_four_processes_continue_the_uninterrupted_rows(data_dir):
+  cfg = _cfg(data_dir)
+  reference = _global_batches(_iters(cfg, 1), 12)  # > 1 epoch of 300 docs at 8 rows x 128
+  run = _iters(cfg, 1)
+  got = _global_batches(run, 4)
+  state = run[0].get_state()
+  two = _iters(cfg, 2, state)
+  got += _global_batches(two, 4)
+  states = [it.get_state() for it in two]
+  assert states[0] == states[1]  # every process stands at the same global position
+  four = _iters(cfg, 4, states[1])
+  got += _global_batches(four, 4)
+  assert _same(got, reference)
+  # the rows of a step are split, never shared, between processes
+  docs = [set(testing.documents_in({k: v[p * 2:(p + 1) * 2] for k, v in reference[-1].items()}))
+          for p in range(4)]
+  assert sum(map(len, docs)) == len(set.union(*docs))
+
+
+def test_seek_to_step_one_million_takes_milliseconds_not_a_replay(data_dir):
+  cfg = _cfg(data_dir)
+  # The position a 1M-step run holds: a block deep in its ~27k-th epoch, mid-block.
+  far = pipeline.state_at(block=1_000_000, row=3)
+  t0 = time.perf_counter()
+  one = _global_batches(_iters(cfg, 1, far), 3)
+  seconds = time.perf_counter() - t0
+  assert seconds < 10, seconds  # one block built per iterator; a replay would build 1M
+  assert _same(_global_batches(_iters(cfg, 2, far), 3), one)
+  assert _same(_global_batches(_iters(cfg, 4, far), 3), one)
+  # and it is a different place in the stream than the start
+  assert not _same(one, _global_batches(_iters(cfg, 1), 3))
+
+
+def test_checkpoint_written_by_one_process_restores_on_two_and_four(data_dir, tmp_path):
+  ocp = pytest.importorskip('orbax.checkpoint')
+  import grain  # pylint: disable=g-import-not-at-top
+  from neobert_jax.train import checkpoint
+
+  cfg = _cfg(data_dir)
+  step = 1_000_000
+  writer = _iters(cfg, 1, pipeline.state_at(block=987_654, row=5))[0]
+  next(writer)
+  mngr = ocp.CheckpointManager(str(tmp_path / 'ckpt'))
+  mngr.save(step, args=ocp.args.Composite(data=grain.checkpoint.CheckpointSave(writer)))
+  mngr.wait_until_finished()
+  want = _global_batches([writer], 3)
+  for n in (2, 4):
+    its = _iters(cfg, n)
+    t0 = time.perf_counter()
+    exact = [checkpoint._restore_data(mngr, step, it, process_index=p, process_count=n)  # pylint: disable=protected-access
+             for p, it in enumerate(its)]
+    assert all(exact) and time.perf_counter() - t0 < 10
+    assert _same(_global_batches(its, 3), want), n
+  mngr.close()
+
+
+def test_missing_state_moves_in_constant_time_with_a_warning(data_dir, tmp_path, caplog):
+  ocp = pytest.importorskip('orbax.checkpoint')
+  from neobert_jax.train import checkpoint
+  mngr = ocp.CheckpointManager(str(tmp_path / 'ckpt'))
+  mngr.save(2_000_000, args=ocp.args.Composite(meta=ocp.args.JsonSave({'x': 1})))
+  mngr.wait_until_finished()
+  it = _iters(_cfg(data_dir), 1)[0]
+  assert not checkpoint._restore_data(mngr, 2_000_000, it)  # pylint: disable=protected-access
+  assert it.get_state() == pipeline.state_at(2_000_000)
+  assert 'no data-iterator state' in caplog.text and 'global block 2000000' in caplog.text
+  mngr.close()
+
+
+def test_next_prepare_removes_a_killed_prepares_temp_dir(tmp_path):
+  vocab = testing.write_wordpiece_vocab(str(tmp_path / 'vocab.txt'), ['alpha', 'beta', 'gamma'])
+  (tmp_path / 'in.txt').write_text('alpha beta gamma\n' * 2000)
+  out = tmp_path / 'out'
+  # A prepare killed mid-write (SIGKILL skips its `finally`), as a user's Ctrl-\ or the OOM killer would.
+  child = subprocess.Popen(
+      [sys.executable, '-c',
+       'import os, sys, time\n'
+       'from neobert_jax.data import prepare, shards\n'
+       'real = shards.ShardWriter.write_document\n'
+       'def write(self, chunks):\n'
+       '  real(self, chunks); print("writing", flush=True); time.sleep(60)\n'
+       'shards.ShardWriter.write_document = write\n'
+       f'prepare.prepare([{str(tmp_path / "in.txt")!r}], {str(out)!r}, tokenizer={vocab!r})\n'],
+      stdout=subprocess.PIPE, text=True, cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+      env=dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+  assert child.stdout.readline().strip() == 'writing'
+  child.kill()
+  child.wait()
+  left = [p.name for p in out.iterdir()]
+  assert left == [f'.prepare-tmp-{child.pid}'], left
+  # a live process's temp dir (another prepare at work) is left alone
+  (out / f'.prepare-tmp-{os.getppid()}').mkdir()
+  result = subprocess.run(
+      [sys.executable, '-m', 'neobert_jax.data.prepare', '--input', str(tmp_path / 'in.txt'), '--output', str(out),
+       '--tokenizer', vocab, '--workers', '0', '--no-progress'],
+      capture_output=True, text=True, check=True,
+      env=dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+  assert f'removed {out / f".prepare-tmp-{child.pid}"}' in result.stderr
+  assert 'interrupted prepare' in result.stderr and 'left alone' in result.stderr
+  assert sorted(p.name for p in out.iterdir() if p.name.startswith('.prepare-tmp')) == [
+      f'.prepare-tmp-{os.getppid()}']
+  assert (out / 'manifest.json').is_file()
+  assert prepare_lib.remove_stale_tmp(str(out)) == []  # nothing stale remains
