@@ -6,7 +6,8 @@
       [--init-missing-decoder] [--overwrite]
 
 --checkpoint also accepts what from-pytorch wrote (a .safetensors file or its directory). Errors (missing key, wrong
-shape, config mismatch, existing output) exit with status 1 and a message naming the problem and the fix.
+shape, config mismatch, existing output) exit with status 1 and one line naming the problem and the fix;
+--debug shows the traceback instead.
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from neobert_jax.convert import export_hf, import_hf, mapping
+from neobert_jax import errors
+from neobert_jax.convert import export_hf, import_hf
 
 
 def _is_saved_flat(path: Path) -> bool:
@@ -48,6 +50,8 @@ def from_pytorch(args: argparse.Namespace) -> str:
 
 def build_parser() -> argparse.ArgumentParser:
   parser = argparse.ArgumentParser(prog="python -m neobert_jax.convert", description=__doc__.split("\n\n")[0])
+  # Documented here; main() takes it out of argv first, so it works after the subcommand too.
+  parser.add_argument("--debug", action="store_true", help="on an error, show the traceback instead of one line")
   sub = parser.add_subparsers(dest="command", required=True)
 
   exp = sub.add_parser("to-pytorch", help="training checkpoint -> Hugging Face directory (model.py + safetensors)")
@@ -73,12 +77,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+  argv = list(sys.argv[1:] if argv is None else argv)
+  debug = errors.take_debug_flag(argv)  # anywhere on the line, before or after the subcommand
   args = build_parser().parse_args(argv)
   try:
-    print(args.run(args))
-  except (mapping.ConversionError, export_hf.ExportError, FileNotFoundError) as e:
-    print(f"error: {e}", file=sys.stderr)
-    return 1
+    # A missing input is the user's to fix like any other conversion error: same line, same status.
+    with errors.reported("convert", debug, also={FileNotFoundError: errors.ExportError}):
+      print(args.run(args))
+  except SystemExit as e:
+    return e.code
   return 0
 
 

@@ -24,6 +24,7 @@ import ml_dtypes
 import numpy as np
 from safetensors.numpy import save_file
 
+from neobert_jax import errors
 from neobert_jax.convert import mapping
 from neobert_jax.convert.hf_modeling import MODELING_FILE
 from neobert_jax.data import tokenizer as tokenizer_lib
@@ -35,7 +36,7 @@ TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "tokenizer_config.json", "spec
 BERT_SPECIAL_TOKENS = {f"{name}_token": piece for name, piece in tokenizer_lib.BERT_SPECIAL_TOKENS.items()}
 
 
-class ExportError(ValueError):
+class ExportError(errors.ExportError):
   """The export cannot proceed (output exists, unusable tokenizer, ...); the message says how to fix it."""
 
 

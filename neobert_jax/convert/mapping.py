@@ -28,6 +28,7 @@ from typing import Any, Mapping
 import ml_collections
 import numpy as np
 
+from neobert_jax import errors
 from neobert_jax.model.config import default_model_config, ffn_hidden_size
 
 HF_PREFIX = "model."
@@ -43,7 +44,7 @@ AUTO_MAP = {
 }
 
 
-class ConversionError(ValueError):
+class ConversionError(errors.ExportError):
   """A checkpoint does not match the model it is converted to (missing/unexpected key, wrong shape, config)."""
 
 

@@ -24,6 +24,7 @@ from typing import Iterable, Iterator, Sequence
 
 import numpy as np
 
+from neobert_jax import errors
 from neobert_jax.data import shards as shards_lib
 from neobert_jax.data import sources
 from neobert_jax.data import tokenizer as tokenizer_lib
@@ -255,7 +256,10 @@ def _progress_bar(enabled: bool):
 
 
 def main(argv: Sequence[str] | None = None) -> dict:
+  """The command line; returns the manifest. An expected error is one line on stderr and SystemExit with the data
+  error status (neobert_jax/errors.py); --debug shows the traceback instead."""
   argv = list(sys.argv[1:] if argv is None else argv)
+  debug = errors.take_debug_flag(argv)
   p = argparse.ArgumentParser(prog='python -m neobert_jax.data.prepare', description=__doc__,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
   p.add_argument('--input', nargs='+', required=True, action='extend',
@@ -275,16 +279,16 @@ def main(argv: Sequence[str] | None = None) -> dict:
   p.add_argument('--shard-mb', type=float, default=256.0, help='target shard size')
   p.add_argument('--overwrite', action='store_true')
   p.add_argument('--no-progress', action='store_true')
+  p.add_argument('--debug', action='store_true', help='on an error, show the traceback instead of one line')
   a = p.parse_args(argv)
   command = 'python -m neobert_jax.data.prepare ' + shlex.join(argv)
-  try:
+  # A missing tokenizer file or an existing output (without --overwrite) are the user's to fix like bad input.
+  with errors.reported('prepare', debug, also={FileNotFoundError: errors.DataError, FileExistsError: errors.DataError}):
     m = prepare(a.input, a.output, tokenizer=a.tokenizer, max_length=a.max_length,
                 workers=a.workers, eval_fraction=a.eval_fraction, text_field=a.text_field,
                 text_mode=a.text_mode, on_decode_error=a.on_decode_error,
                 shard_mb=a.shard_mb, overwrite=a.overwrite, progress=not a.no_progress,
                 command=command)
-  except (sources.InputError, FileNotFoundError, FileExistsError) as e:
-    sys.exit(f'prepare: error: {e}')
   tr, ev = m['splits']['train'], m['splits']['eval']
   print(f"prepared {tr['documents']} train / {ev['documents']} eval documents, "
         f"{tr['tokens'] + ev['tokens']} tokens in {len(tr['shards']) + len(ev['shards'])} "

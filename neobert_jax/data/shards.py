@@ -13,6 +13,8 @@ import os
 from array_record.python.array_record_module import ArrayRecordReader, ArrayRecordWriter
 import numpy as np
 
+from neobert_jax import errors
+
 MANIFEST = 'manifest.json'
 FORMAT = 'neobert_jax.prepared/v1'
 SPLITS = ('train', 'eval')
@@ -22,7 +24,7 @@ SPLITS = ('train', 'eval')
 WRITER_OPTIONS = 'group_size:1,uncompressed'
 
 
-class DataError(ValueError):
+class DataError(errors.DataError):
   """Prepared data that is missing, incomplete or does not fit the run."""
 
 

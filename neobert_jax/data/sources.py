@@ -15,6 +15,8 @@ import json
 import os
 from typing import Callable, Iterator, Sequence
 
+from neobert_jax import errors
+
 TEXT_EXTS = ('.txt', '.text')
 JSONL_EXTS = ('.jsonl', '.ndjson', '.json')
 PARQUET_EXTS = ('.parquet',)
@@ -39,7 +41,7 @@ class DecodeIssue:
     return f'{self.path}: undecodable bytes at byte offset {self.offset} ({self.reason})'
 
 
-class InputError(ValueError):
+class InputError(errors.DataError):
   """A problem with the user's input files, worded for the command line."""
 
 

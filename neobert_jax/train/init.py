@@ -16,6 +16,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 from flax import nnx
 
+from neobert_jax import errors
 from neobert_jax.train import checkpoint as ckpt
 from neobert_jax.train.state import StateDefs, TrainState, with_params
 
@@ -28,7 +29,7 @@ SHAPE_FIELDS = ('vocab_size', 'hidden_size', 'num_layers', 'num_heads', 'interme
 def check_compatible(source: ml_collections.ConfigDict, target: ml_collections.ConfigDict, where: str) -> None:
   diff = {f: (source[f], target[f]) for f in SHAPE_FIELDS if f in source and source[f] != target[f]}
   if diff:
-    raise ValueError(f'cannot initialise from {where}: model fields differ (source, this run): {diff}')
+    raise errors.CheckpointError(f'cannot initialise from {where}: model fields differ (source, this run): {diff}')
 
 
 def _abstract_pure(params: Any) -> Any:
@@ -41,7 +42,8 @@ def params_from_checkpoint(path: str, step: int | None, like: Any) -> Any:
   cdir = ckpt.checkpoint_dir(path)
   step = ckpt.latest_step(cdir) if step is None or step < 0 else step
   if step is None:
-    raise FileNotFoundError(f'init.from_checkpoint={path!r}: no complete checkpoint under {cdir}')
+    raise errors.CheckpointError(f'init.from_checkpoint={path!r}: no complete checkpoint under {cdir}; give a '
+                                 'workdir (or its checkpoints/) of a run that saved at least one step')
   with ocp.StandardCheckpointer() as ckptr:
     tree = ckptr.restore(cdir / str(step) / 'params', _abstract_pure(like))
   params = jax.tree.map(lambda a: a, like)
@@ -66,7 +68,8 @@ def params_from_flat(flat: Mapping[str, np.ndarray], like: Any) -> Any:
   wrong = [f'{k}: {np.shape(flat[k])} vs {expected[k].shape}' for k in expected
            if k in flat and tuple(np.shape(flat[k])) != tuple(expected[k].shape)]
   if missing or extra or wrong:
-    raise ValueError(f'parameters do not match the model: missing {missing}, unexpected {extra}, shapes {wrong}')
+    raise errors.CheckpointError(f'parameters do not match the model: missing {missing}, unexpected {extra}, '
+                                 f'shapes {wrong}')
 
   def put(key: str, ref: jax.Array) -> jax.Array:
     host = np.asarray(flat[key], dtype=ref.dtype)
