@@ -46,9 +46,15 @@ def get_config() -> ml_collections.ConfigDict:
       eps=1e-8,
       weight_decay=0.1,
       decay_embeddings=True,    # the paper decays every weight matrix, the token embedding included
+      decay_all_params=False,   # True: norm scales and biases decay too (the original trainer's AdamW over
+                                # model.parameters()); False: pulling RMSNorm gains towards 0 only fights the model
       clip_norm=1.0,            # global-norm clipping threshold; 0 disables
-      warmup_steps=2000,        # linear 0 -> peak_lr
+      clip_eps=0.0,             # clip by clip_norm / (norm + clip_eps): 1e-6 is torch's clip_grad_norm_ (the original)
+      warmup_steps=2000,        # linear warmup_init_fraction * peak_lr -> peak_lr over this many steps
+      warmup_init_fraction=0.0,  # the original trainer starts at 1e-4 * peak (torch LinearLR(start_factor=1e-4))
       decay_fraction=0.9,       # cosine reaches its floor after this fraction of num_steps, then stays there
+      decay_steps=0,            # > 0: the original trainer's cosine instead: period decay_steps from the end of
+                                # warmup, cut at ABSOLUTE step decay_steps, then the floor (decay_fraction unused)
       final_lr_fraction=0.1,    # floor = final_lr_fraction * peak_lr
   ))
 

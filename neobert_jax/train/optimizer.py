@@ -1,29 +1,72 @@
 """NeoBERT's optimizer: global-norm clipping, then AdamW under a warmup-cosine schedule.
 
-Weight decay follows the paper: every weight matrix decays (the token embedding too unless
-`optimizer.decay_embeddings=False`), norm scales and biases never do. The decision is made from the parameter's
-path, not its rank, because stacked layers turn the per-layer norm scales [D] into [L, D] matrices.
+Owns the learning-rate schedule, the weight-decay mask and the clip -> AdamW chain, configured by the `optimizer`
+section (neobert_jax/config/base.py documents each field). Two recipes are expressible, field by field:
+
+  this project (defaults)                      the original trainer (configs/neobert_250m.py:original)
+  warmup 0 -> peak                             warmup 1e-4 x peak -> peak (torch LinearLR(start_factor=1e-4))
+  cosine from the end of warmup, reaching      CosineAnnealingLR(T_max=decay_steps) from the end of warmup, cut at
+    the floor exactly at decay_fraction x        the absolute step decay_steps (SequentialLR milestones), then the
+    num_steps, then the floor                    floor (it stops 1.2e-5 of the range short of the floor at 2k/900k)
+  no weight decay on norm scales and biases    weight decay on every parameter (AdamW(model.parameters()))
+  clip by the exact global norm                clip by max_norm / (norm + 1e-6) (torch.nn.utils.clip_grad_norm_)
+
+The schedule is tabulated on the host in float64 and rounded once to float32: the step applies the correctly
+rounded rate, equal to the original's torch scheduler value rounded to float32 (tests/test_train_dynamics.py),
+where evaluating the cosine in float32 on the device would be a few ulps off at most steps. The table covers only
+the steps where the rate changes (4 bytes each: 3.6 MB for the 250M recipe's 900k-step cosine); past it the rate
+is the floor.
+
+Weight decay (unless `decay_all_params`): every weight matrix decays (the token embedding too unless
+`decay_embeddings=False`), norm scales and biases never do. The decision is made from the parameter's path, not
+its rank, because stacked layers turn the per-layer norm scales [D] into [L, D] matrices.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any, Callable
 
 import jax
+import jax.numpy as jnp
 import ml_collections
+import numpy as np
 import optax
+
+def _floor_step(opt_cfg: ml_collections.ConfigDict, num_steps: int) -> int:
+  """The first step at which the rate is the floor for good."""
+  warmup = int(opt_cfg.warmup_steps)
+  if int(opt_cfg.decay_steps) > 0:
+    return int(opt_cfg.decay_steps)
+  # Never below warmup + 1, or the cosine would have no length on short runs.
+  return max(int(round(opt_cfg.decay_fraction * num_steps)), warmup + 1)
+
+
+def lr_values(opt_cfg: ml_collections.ConfigDict, num_steps: int, steps: np.ndarray) -> np.ndarray:
+  """The learning rate of the update made at each of `steps` (0 = the first update), float64."""
+  peak, floor = float(opt_cfg.peak_lr), float(opt_cfg.peak_lr) * float(opt_cfg.final_lr_fraction)
+  warmup, start = int(opt_cfg.warmup_steps), float(opt_cfg.warmup_init_fraction)
+  end = _floor_step(opt_cfg, num_steps)
+  t = np.asarray(steps, np.float64)
+  warm = peak * (start + (1.0 - start) * t / max(warmup, 1))
+  # The original's cosine has period decay_steps from the end of warmup; ours spans warmup -> floor step exactly.
+  period = float(opt_cfg.decay_steps) if int(opt_cfg.decay_steps) > 0 else float(end - warmup)
+  cos = floor + (peak - floor) * 0.5 * (1.0 + np.cos(math.pi * (t - warmup) / period))
+  return np.where(t < warmup, warm, np.where(t < end, cos, floor))
 
 
 def lr_schedule(opt_cfg: ml_collections.ConfigDict, num_steps: int) -> optax.Schedule:
-  """Linear 0 -> peak over warmup_steps, cosine to final_lr_fraction*peak at decay_fraction*num_steps, then flat."""
-  peak = float(opt_cfg.peak_lr)
-  warmup = int(opt_cfg.warmup_steps)
-  # optax counts decay_steps from step 0 (warmup included); never let it fall below the warmup or the cosine
-  # part would have non-positive length on short runs.
-  decay_end = max(int(round(opt_cfg.decay_fraction * num_steps)), warmup + 1)
-  return optax.warmup_cosine_decay_schedule(
-      init_value=0.0, peak_value=peak, warmup_steps=warmup, decay_steps=decay_end,
-      end_value=peak * float(opt_cfg.final_lr_fraction))
+  """optax schedule: the float32-rounded lr_values, looked up by step (the floor from the floor step on)."""
+  end = _floor_step(opt_cfg, num_steps)
+  if int(opt_cfg.decay_steps) > 0 and end <= int(opt_cfg.warmup_steps):
+    raise ValueError(f'optimizer.decay_steps={end} is an absolute step and must exceed '
+                     f'warmup_steps={opt_cfg.warmup_steps} (the original trainer asserts the same)')
+  table = np.append(lr_values(opt_cfg, num_steps, np.arange(end)),
+                    float(opt_cfg.peak_lr) * float(opt_cfg.final_lr_fraction)).astype(np.float32)
+
+  def schedule(count: jax.Array) -> jax.Array:
+    return jnp.asarray(table)[jnp.clip(count, 0, end)]
+  return schedule
 
 
 def _path_names(path: tuple[Any, ...]) -> list[str]:
@@ -39,7 +82,7 @@ def _path_names(path: tuple[Any, ...]) -> list[str]:
 
 
 def decays(names: list[str], decay_embeddings: bool = True) -> bool:
-  """Whether the parameter at this path gets weight decay."""
+  """Whether the parameter at this path gets weight decay (this project's rule)."""
   leaf = names[-1] if names else ''
   if any('norm' in n for n in names) or leaf == 'bias' or leaf == 'scale':
     return False
@@ -56,12 +99,25 @@ def weight_decay_mask(decay_embeddings: bool) -> Callable[[Any], Any]:
   return mask
 
 
+def clip_by_global_norm_eps(max_norm: float, eps: float) -> optax.GradientTransformation:
+  """torch.nn.utils.clip_grad_norm_: scale by min(1, max_norm / (norm + eps)); eps=1e-6 there."""
+  def update(updates, state, params=None):
+    del params
+    scale = jnp.minimum(1.0, max_norm / (optax.tree.norm(updates) + eps))
+    return jax.tree.map(lambda g: (g * scale).astype(g.dtype), updates), state
+  return optax.GradientTransformation(lambda params: optax.EmptyState(), update)
+
+
 def make_optimizer(cfg: ml_collections.ConfigDict) -> tuple[optax.GradientTransformation, optax.Schedule]:
   """The full transformation (clip -> AdamW) and its schedule, from the `optimizer` and `train` config sections."""
   opt = cfg.optimizer
   schedule = lr_schedule(opt, int(cfg.train.num_steps))
   adamw = optax.adamw(
       learning_rate=schedule, b1=float(opt.b1), b2=float(opt.b2), eps=float(opt.eps),
-      weight_decay=float(opt.weight_decay), mask=weight_decay_mask(bool(opt.decay_embeddings)))
-  parts = [optax.clip_by_global_norm(float(opt.clip_norm))] if opt.clip_norm > 0 else []
-  return optax.chain(*parts, adamw), schedule
+      weight_decay=float(opt.weight_decay),
+      mask=None if opt.decay_all_params else weight_decay_mask(bool(opt.decay_embeddings)))
+  clip = []
+  if opt.clip_norm > 0:
+    clip = [clip_by_global_norm_eps(float(opt.clip_norm), float(opt.clip_eps)) if opt.clip_eps > 0
+            else optax.clip_by_global_norm(float(opt.clip_norm))]
+  return optax.chain(*clip, adamw), schedule
