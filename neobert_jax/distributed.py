@@ -30,6 +30,8 @@ from collections.abc import Sequence
 
 import jax
 
+from neobert_jax import errors, jax_compat
+
 log = logging.getLogger(__name__)
 
 # Environment variables read here (all optional). Documented in launch/README.md.
@@ -88,9 +90,7 @@ def _slurm_settings() -> tuple[str, int, int, tuple[int, ...] | None] | None:
   if ntasks <= 1:
     return None
   port = env.get(ENV_COORDINATOR_PORT) or env.get('JAX_COORDINATOR_PORT')
-  from jax._src.clusters import slurm_cluster  # jax's parser of the compressed node list ('node[01-04]')
-  coordinator = slurm_cluster.SlurmCluster.get_coordinator_address(
-      timeout_secs=None, override_coordinator_port=port)
+  coordinator = jax_compat.slurm_coordinator_address(port)
   nodes = int(env.get('SLURM_STEP_NUM_NODES') or env.get('SLURM_JOB_NUM_NODES') or env.get('SLURM_NNODES') or 1)
   tasks_per_node = max(1, ntasks // max(nodes, 1))
   # jax's own SLURM detection always pins a process to GPU number SLURM_LOCALID, which silently leaves 7 of
@@ -104,11 +104,7 @@ def _slurm_settings() -> tuple[str, int, int, tuple[int, ...] | None] | None:
 
 
 def _on_tpu_vm() -> bool:
-  try:
-    from jax._src import hardware_utils
-    return hardware_utils.num_available_tpu_chips_and_device_id()[0] > 0
-  except Exception:  # private helper: if it moves, fall back to "not a TPU VM"
-    return False
+  return jax_compat.num_tpu_chips() > 0
 
 
 def _fail_fast_excepthook(exc_type, exc, tb):
@@ -168,9 +164,10 @@ def initialize(coordinator_address: str | None = None,
 
   if method in ('explicit', 'env'):
     if nproc is None or pid is None or (coord is None and nproc > 1):
-      raise ValueError(f'multi-process start needs coordinator address, process count and process id; got '
-                       f'coordinator={coord!r} num_processes={nproc!r} process_id={pid!r} '
-                       f'(flags or {ENV_COORDINATOR}/{ENV_NUM_PROCESSES}/{ENV_PROCESS_ID})')
+      raise errors.DistributedError(
+          f'multi-process start needs coordinator address, process count and process id; got '
+          f'coordinator={coord!r} num_processes={nproc!r} process_id={pid!r} '
+          f'(flags or {ENV_COORDINATOR}/{ENV_NUM_PROCESSES}/{ENV_PROCESS_ID})')
     if nproc == 1:
       method = 'single'
 

@@ -49,13 +49,10 @@ class RunResult:
 def _jax_preemption_service() -> bool:
   """True when jax's preemption sync manager runs (jax.distributed with jax_enable_preemption_service, the
   default): it installs its own SIGTERM notifier and agrees a common stop step across processes."""
-  if jax.process_count() == 1:
-    return False
-  try:
-    from jax._src import distributed as jax_distributed  # pylint: disable=g-import-not-at-top
-    return jax_distributed.global_state.preemption_sync_manager is not None
-  except (ImportError, AttributeError):  # private module moved: assume it is not there, use our own agreement
-    return False
+  # Public equivalent of "jax's preemption sync manager exists": jax.distributed starts it exactly when this
+  # option is on (see multihost_utils.reached_preemption_sync_point).
+  return (jax.process_count() > 1 and jax.distributed.is_initialized()
+          and bool(jax.config.jax_enable_preemption_service))
 
 
 class _Preemption:
