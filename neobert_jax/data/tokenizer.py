@@ -16,6 +16,8 @@ from typing import Sequence
 
 import numpy as np
 
+from neobert_jax.data import assets
+
 SPECIAL_NAMES = ('pad', 'unk', 'cls', 'sep', 'mask')
 BERT_SPECIAL_TOKENS = {'pad': '[PAD]', 'unk': '[UNK]', 'cls': '[CLS]', 'sep': '[SEP]',
                        'mask': '[MASK]'}
@@ -145,8 +147,7 @@ class SentencePieceTokenizer(Tokenizer):
 def resolve_tokenizer_path(spec: str) -> str:
   """Maps a spec to a file on disk (fetching the built-in vocabulary if needed)."""
   if spec == BUILTIN_BERT:
-    from neobert_jax.data import corpus  # pylint: disable=g-import-not-at-top
-    return corpus.bert_tokenizer_file()
+    return assets.bert_tokenizer_file()
   if not os.path.isfile(spec):
     raise FileNotFoundError(
         f'tokenizer {spec!r}: no such file (expected {BUILTIN_BERT!r}, a vocab.txt, '

