@@ -86,3 +86,19 @@ def model_from_flat(make_model: Callable[[], nnx.Module], flat: dict[str, np.nda
   model = nnx.merge(graphdef, jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), abstract))
   load_flat(model, flat)
   return model
+
+
+def sharded_params(make_model: Callable[[], nnx.Module], flat: dict[str, np.ndarray], mesh: jax.sharding.Mesh
+                   ) -> tuple[Any, Any, Any]:
+  """(graphdef, params, shardings) for inference: `flat` placed onto the model's sharding under the mesh's rules,
+  each device receiving only its shard (no optimizer, no random init)."""
+  with shd.activate(mesh):
+    graphdef, abstract = nnx.split(nnx.eval_shape(make_model))
+    shardings = nnx.get_named_sharding(abstract, mesh)
+  abstract = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract, shardings)
+  return graphdef, params_from_flat(flat, abstract), shardings
+
+
+def inference_mesh() -> jax.sharding.Mesh:
+  """Every device on the batch (fsdp) axis: what inference commands use unless told otherwise."""
+  return shd.make_mesh({'data': 1, 'fsdp': -1, 'tensor': 1})

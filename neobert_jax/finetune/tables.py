@@ -72,7 +72,7 @@ def require_columns(table: dict[str, list[Any]], path: str, fields: Sequence[tup
   for field, column in fields:
     if column and column not in table:
       raise DataError(f'{path}: no column {column!r} (set by {field}); the file has columns {sorted(table)}; '
-                      f'fix with --config.{field}=NAME')
+                      f'fix with ' + (f'{field}=NAME' if field.startswith('--') else f'--config.{field}=NAME'))
 
 
 def texts(table: dict[str, list[Any]], column: str, path: str) -> list[str]:
@@ -103,3 +103,18 @@ def split_holdout(n: int, fraction: float, seed: int, strata: Sequence[Any] | No
     raise DataError(f'cannot hold out {fraction:.0%} of {n} rows for validation; give data.validation_file '
                     'or more rows')
   return np.sort(np.array(train)), np.sort(np.array(val))
+
+
+def read_texts(path: str, field: str = 'text') -> list[str]:
+  """Texts to embed or score: a .txt file (one text per non-empty line) or a column of any table format."""
+  if Path(path).suffix.lower() == '.txt':
+    if not Path(path).is_file():
+      raise DataError(f'{path}: no such file')
+    lines = [line.strip() for line in Path(path).read_text(encoding='utf-8', errors='replace').splitlines()]
+    out = [line for line in lines if line]
+    if not out:
+      raise DataError(f'{path}: no text (the file is empty)')
+    return out
+  table = read_table(path)
+  require_columns(table, path, [('--text-field', field)])
+  return texts(table, field, path)
