@@ -30,11 +30,28 @@ def convert() -> None:
 
 def compile_main() -> None:
   """neobert-compile: python -m neobert_jax.compile (absl flags; --debug is passed on to its compile child)."""
-  from absl import app, flags  # pylint: disable=g-import-not-at-top
   from neobert_jax import compile as compile_lib  # pylint: disable=g-import-not-at-top
   from neobert_jax import errors  # pylint: disable=g-import-not-at-top
   errors.take_debug_flag(sys.argv)
-  # absl's --help lists the flags of the module named by argv[0], here this script: show compile's.
-  for flag in flags.FLAGS.get_key_flags_for_module(compile_lib):
+  _run_absl(compile_lib, compile_lib.main)
+
+
+def finetune() -> None:
+  """neobert-finetune: python -m neobert_jax.finetune."""
+  from neobert_jax.finetune import __main__ as finetune_main  # pylint: disable=g-import-not-at-top
+  _run_absl(finetune_main, finetune_main.main)
+
+
+def evaluate() -> None:
+  """neobert-evaluate: python -m neobert_jax.evaluate."""
+  from neobert_jax.evaluate import __main__ as evaluate_main  # pylint: disable=g-import-not-at-top
+  sys.exit(evaluate_main.main())
+
+
+def _run_absl(module, main) -> None:
+  """app.run(main) with --help listing `module`'s flags: absl lists those of the module named by argv[0], which
+  for a console script is the script, not the module that defines them."""
+  from absl import app, flags  # pylint: disable=g-import-not-at-top
+  for flag in flags.FLAGS.get_key_flags_for_module(module):
     flags.FLAGS.register_key_flag_for_module(sys.argv[0], flag)
-  app.run(lambda argv: sys.exit(compile_lib.main(argv)))
+  app.run(lambda argv: sys.exit(main(argv)))

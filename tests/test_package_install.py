@@ -20,7 +20,9 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-SCRIPTS = ('neobert-train', 'neobert-prepare', 'neobert-convert', 'neobert-compile')
+SCRIPTS = ('neobert-train', 'neobert-prepare', 'neobert-convert', 'neobert-compile', 'neobert-finetune',
+           'neobert-evaluate')
+ABSL = ('neobert-train', 'neobert-compile', 'neobert-finetune')  # absl's --help prints the usage and exits 1
 
 
 def _run(cmd, cwd, env=None, timeout=180):
@@ -63,7 +65,7 @@ def test_installed_package_is_complete(installed):
 def test_console_script_help_outside_the_repo(installed, script):
   env_dir, env, tmp = installed
   r = _run([env_dir / 'bin' / script, '--help'], tmp, env)
-  absl_help = script in ('neobert-train', 'neobert-compile')  # absl's --help prints the usage and exits 1
+  absl_help = script in ABSL
   assert r.returncode == (1 if absl_help else 0), r.stdout[-2000:] + r.stderr[-3000:]
   assert '--config' in r.stdout if absl_help else 'usage:' in r.stdout, r.stdout[-2000:]
   assert 'Traceback' not in r.stderr, r.stderr[-3000:]
