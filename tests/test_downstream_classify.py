@@ -19,7 +19,7 @@ def tiny_config(task='classification'):
   cfg = base_config(task)
   m = cfg.model
   m.hidden_size, m.num_layers, m.num_heads, m.intermediate_size, m.max_length = 64, 2, 4, 256, 64
-  cfg.data.max_length = 64
+  cfg.data.max_length = cfg.data.min_bucket = 64  # one bucket: one compile
   cfg.train.batch_size = 32
   cfg.train.eval_batch_size = 64
   cfg.optimizer.lr = 2e-3

