@@ -1,0 +1,194 @@
+"""Every attention kernel against the plain masked einsum (reference.py), the packed layout against brute force,
+the documents-per-row cap in packing, and the 'auto' table.
+
+Outputs at padding positions are unspecified in every kernel (nothing reads them), so outputs are compared on
+real tokens and gradients flow from a loss over real tokens only; everything must be finite everywhere.
+"""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from neobert_jax import sharding
+from neobert_jax.data import packing
+from neobert_jax.model import NeoBERTForMLM, default_model_config
+from neobert_jax.model.attention import attention, choose, cudnn_compat, overflow, packed_layout
+
+B, T, H, D = 4, 256, 2, 32
+
+
+def _segments(max_docs=4):
+  """Row 0: three documents and padding; row 1: one full document; row 2: only padding; row 3: max_docs docs."""
+  seg = np.zeros((B, T), np.int32)
+  seg[0, :100], seg[0, 100:130], seg[0, 130:250] = 1, 2, 3
+  seg[1, :] = 1
+  bounds = np.linspace(0, T, max_docs + 1).astype(int)
+  for d in range(max_docs):
+    seg[3, bounds[d]:bounds[d + 1]] = d + 1
+  return seg
+
+
+MODES = {
+    'packed': lambda: ({'segment_ids': jnp.asarray(_segments())}, _segments() > 0),
+    'padded': lambda: ({'lengths': jnp.asarray([200, T, 0, 17])}, np.arange(T)[None] < np.array([200, T, 0, 17])[:, None]),
+    'none': lambda: ({}, np.ones((B, T), bool)),
+}
+
+
+def _qkv(dtype=jnp.float32):
+  keys = jax.random.split(jax.random.key(0), 4)
+  q, k, v = (jax.random.normal(key, (B, T, H, D), dtype) for key in keys[:3])
+  return q, k, v, jax.random.normal(keys[3], (B, T, H, D), jnp.float32)
+
+
+def _compare(kernel, mode, atol, block_size=None, **kw):
+  masking, live = MODES[mode]()
+  live = jnp.asarray(live)[:, :, None, None]
+  q, k, v, cot = _qkv()
+  cot = cot * live
+
+  def run(name, size):
+    f = lambda q, k, v: attention(q, k, v, kernel=name, block_size=size, **masking, **kw)
+    out = f(q, k, v)
+    grads = jax.grad(lambda *a: jnp.sum(f(*a) * cot), argnums=(0, 1, 2))(q, k, v)
+    return out, grads
+
+  out, grads = run(kernel, block_size)
+  ref_out, ref_grads = run('xla', None)
+  assert bool(jnp.isfinite(out).all()) and all(bool(jnp.isfinite(g).all()) for g in grads)
+  np.testing.assert_allclose(out * live, ref_out * live, atol=atol)
+  for g, r in zip(grads, ref_grads):
+    np.testing.assert_allclose(g, r, atol=atol)
+
+
+@pytest.mark.parametrize('mode', MODES)
+@pytest.mark.parametrize('block', [64, 100, 256])
+def test_blockwise_matches_reference(mode, block):
+  # 100 does not divide T: the last key block is padded with never-attended keys.
+  _compare('blockwise', mode, atol=1e-5, block_size=block)
+
+
+@pytest.mark.parametrize('mode', MODES)
+def test_splash_interpret_matches_reference(mode):
+  _compare('splash', mode, atol=1e-5, block_size=128)
+
+
+def test_kernels_fail_without_the_mask():
+  """The comparison can fail: a packed row run as if unmasked differs from the masked reference."""
+  q, k, v, _ = _qkv()
+  seg = jnp.asarray(_segments())
+  masked = attention(q, k, v, kernel='xla', segment_ids=seg)
+  unmasked = attention(q, k, v, kernel='blockwise', block_size=64)
+  live = jnp.asarray(_segments() > 0)[:, :, None, None]
+  assert float(jnp.max(jnp.abs((masked - unmasked) * live))) > 1e-2
+
+
+def _brute_layout(seg, max_segments):
+  b = seg.shape[0]
+  lens = -np.ones((b, max_segments), np.int32)
+  offs = -np.ones((b, max_segments + 1), np.int32)
+  for r in range(b):
+    for d in range(1, max_segments + 1):
+      where = np.nonzero(seg[r] == d)[0]
+      if where.size:
+        lens[r, d - 1], offs[r, d - 1] = where.size, where[0]
+  return lens, offs
+
+
+def test_packed_layout_matches_brute_force_and_reports_overflow():
+  seg = _segments(max_docs=4)
+  lens, offs = packed_layout(jnp.asarray(seg), 4)
+  want_lens, want_offs = _brute_layout(seg, 4)
+  np.testing.assert_array_equal(lens, want_lens)
+  np.testing.assert_array_equal(offs, want_offs)
+  assert lens[2].tolist() == [-1] * 4 and lens[3].tolist() == [64] * 4  # all padding; exactly at the maximum
+  assert int(overflow(jnp.asarray(seg), 4)) == 0
+  # Row 3 holds 4 documents: with room for 3 its fourth cannot be represented, and that is reported.
+  lens3, _ = packed_layout(jnp.asarray(seg), 3)
+  assert int(jnp.sum(lens3[3])) == 192 and int(overflow(jnp.asarray(seg), 3)) == 1
+
+
+def test_packing_closes_rows_at_the_document_limit():
+  rng = np.random.default_rng(0)
+  lengths = rng.integers(1, 12, 300)
+  tokens = rng.integers(5, 100, int(lengths.sum())).astype(np.int32)
+  free = packing.pack_block(tokens, lengths, 128, 'packed', 0)
+  capped = packing.pack_block(tokens, lengths, 128, 'packed', 0, max_docs=5)
+  assert free['segment_ids'].max() > 5            # the limit binds on this block
+  assert capped['segment_ids'].max() == 5
+  assert int((capped['segment_ids'] > 0).sum()) == int(lengths.sum())  # no token lost, only more rows
+  assert capped['segment_ids'].shape[0] > free['segment_ids'].shape[0]
+
+
+@functools.lru_cache(maxsize=None)
+def _model_logits_and_grads(kernel, mesh_sizes=None):
+  cfg = default_model_config()
+  cfg.update(num_layers=1, hidden_size=64, num_heads=4, intermediate_size=192, vocab_size=128, max_length=T,
+             attention_impl=kernel, splash_block_size=128, blockwise_block_size=64)
+  seg = jnp.asarray(_segments())
+  ids = jnp.asarray(np.random.default_rng(1).integers(1, 128, (B, T)), jnp.int32) * (seg > 0)
+  labels_weight = (seg > 0).astype(jnp.float32)
+
+  def loss(model):
+    logits = model(ids, segment_ids=seg)
+    ce = -jax.nn.log_softmax(logits)[..., 5]
+    return jnp.sum(ce * labels_weight), logits
+
+  def run():
+    model = NeoBERTForMLM(cfg, rngs=nnx.Rngs(0))
+    (_, logits), grads = nnx.value_and_grad(loss, has_aux=True)(model)
+    return logits, nnx.to_pure_dict(grads)
+
+  if mesh_sizes is None:
+    return jax.jit(run)()
+  mesh = sharding.make_mesh(dict(mesh_sizes), jax.devices()[:4])
+  with sharding.activate(mesh):
+    return jax.jit(run)()
+
+
+@pytest.mark.parametrize('kernel,mesh', [('blockwise', None), ('splash', None),
+                                         ('splash', (('data', 1), ('fsdp', 2), ('tensor', 2)))])
+def test_kernels_inside_the_model(kernel, mesh):
+  """Logits and parameter gradients of the whole model equal the XLA kernel's (splash also on a 2 x 2 mesh, rows
+  split over fsdp and heads over tensor, through shard_map with specs from the logical-axis rules)."""
+  logits, grads = _model_logits_and_grads(kernel, mesh)
+  ref_logits, ref_grads = _model_logits_and_grads('xla')
+  live = np.asarray(_segments() > 0)
+  np.testing.assert_allclose(np.asarray(logits)[live], np.asarray(ref_logits)[live], atol=2e-5)
+  for g, r in zip(jax.tree.leaves(grads), jax.tree.leaves(ref_grads)):
+    np.testing.assert_allclose(g, r, atol=2e-5, rtol=1e-4)
+
+
+def test_auto_resolution_table():
+  c = lambda **kw: choose('auto', **{'dtype': 'bfloat16', 'packed': True, 'seq_len': 1024, **kw}).kernel
+  assert c(platform='gpu', compute_capability='9.0') == 'cudnn'
+  assert c(platform='cuda', compute_capability='9.0', packed=False) == 'cudnn'
+  assert c(platform='gpu', compute_capability='8.0') == 'cudnn_bias'
+  assert c(platform='gpu', compute_capability='8.0', packed=False) == 'cudnn'
+  assert c(platform='gpu', compute_capability='9.0', dtype='float32') == 'xla'
+  assert c(platform='tpu') == 'splash' and c(platform='tpu', dtype='float32', packed=False) == 'splash'
+  assert c(platform='tpu', seq_len=1000) == 'xla'
+  assert c(platform='cpu', dtype='float32') == 'xla'
+  assert c(platform='cpu', dtype='float32', seq_len=4096) == 'blockwise'
+  assert 'bias' in choose('auto', platform='gpu', dtype='bfloat16', packed=True, seq_len=1024,
+                          compute_capability='8.6').warning
+  # explicit choices that cannot run say which setting to change
+  with pytest.raises(ValueError, match='bfloat16'):
+    choose('cudnn', platform='gpu', dtype='float32', packed=False, seq_len=1024)
+  with pytest.raises(ValueError, match='NVIDIA GPU'):
+    choose('cudnn', platform='tpu', dtype='bfloat16', packed=False, seq_len=1024)
+  with pytest.raises(ValueError, match='Hopper'):
+    choose('cudnn', platform='gpu', dtype='bfloat16', packed=True, seq_len=1024, compute_capability='8.0')
+  with pytest.raises(ValueError, match='splash_block_size'):
+    choose('splash', platform='tpu', dtype='bfloat16', packed=True, seq_len=640, splash_block=512)
+  assert choose('splash', platform='cpu', dtype='float32', packed=True, seq_len=256).warning  # interpret mode
+
+
+def test_private_cudnn_entry_point_is_where_we_expect():
+  """Fails loudly when a jax upgrade moves the packed-layout API (no silent fallback anywhere)."""
+  cudnn_compat.check()
+  assert cudnn_compat.jax_version_tested(), f'jax {jax.__version__} is outside the tested range'
