@@ -33,7 +33,7 @@ def compile_main() -> None:
   from neobert_jax import compile as compile_lib  # pylint: disable=g-import-not-at-top
   from neobert_jax import errors  # pylint: disable=g-import-not-at-top
   errors.take_debug_flag(sys.argv)
-  _run_absl(compile_lib, compile_lib.main)
+  _run_absl(compile_lib, errors.reports_errors('compile')(compile_lib.main))
 
 
 def finetune() -> None:

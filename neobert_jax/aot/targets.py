@@ -17,6 +17,8 @@ import dataclasses
 import math
 import re
 
+from neobert_jax.errors import ConfigError  # a bad --target is the user's to fix: one line, status 2
+
 GIB = 1024 ** 3
 
 # The H100 SXM 80GB as XLA's GpuTargetConfigProto wants it (the figures of XLA's h100_sxm spec): what the GPU
@@ -101,14 +103,14 @@ class Target:
 def _grid_2d(chips: int) -> tuple[int, int]:
   """The near-square a x b (a <= b, powers of two) grid Google uses for 2-D slices (v5e-32 = 4x8)."""
   if chips & (chips - 1):
-    raise ValueError(f'{chips} chips: 2-D TPU slices have a power-of-two chip count')
+    raise ConfigError(f'{chips} chips: 2-D TPU slices have a power-of-two chip count')
   a = 2 ** (int(math.log2(chips)) // 2)
   return a, chips // a
 
 
 def _grid_3d(chips: int) -> tuple[int, int, int]:
   if chips & (chips - 1) or chips < 4:
-    raise ValueError(f'{chips} chips: 3-D TPU slices have a power-of-two chip count of at least 4')
+    raise ConfigError(f'{chips} chips: 3-D TPU slices have a power-of-two chip count of at least 4')
   dims = [2, 2, 1]
   while math.prod(dims) < chips:   # grow the smallest axis first: 2x2x1, 2x2x2, 2x2x4, 2x4x4, 4x4x4, ...
     i = min(range(3), key=lambda k: (dims[k], -k))
@@ -122,31 +124,31 @@ def parse_target(spec: str) -> Target:
   if platform == 'cuda' or platform == 'gpu':
     m = re.fullmatch(r'(h100)x(\d+)', rest.lower())
     if not m:
-      raise ValueError(f'GPU target {spec!r}: expected cuda:h100x<N> (only the H100 SXM description is built in)')
+      raise ConfigError(f'GPU target {spec!r}: expected cuda:h100x<N> (only the H100 SXM description is built in)')
     n = int(m.group(2))
     per_host = min(n, 8)
     if n % per_host:
-      raise ValueError(f'{spec}: more than 8 GPUs must be a multiple of 8 (8 per host)')
+      raise ConfigError(f'{spec}: more than 8 GPUs must be a multiple of 8 (8 per host)')
     return Target(spec, 'cuda', CHIPS['h100'], n, gpu_hosts=n // per_host, gpus_per_host=per_host)
   if platform == 'tpu':
     m = re.fullmatch(r'(v4|v5e|v5p|v6e)([-:])([\dx]+)', rest.lower())
     if not m:
-      raise ValueError(f'TPU target {spec!r}: expected e.g. tpu:v5e-256, tpu:v4-32 or tpu:v5e:16x16')
+      raise ConfigError(f'TPU target {spec!r}: expected e.g. tpu:v5e-256, tpu:v4-32 or tpu:v5e:16x16')
     gen, sep, size = m.groups()
     chip = CHIPS[gen]
     if sep == ':':
       grid = tuple(int(x) for x in size.split('x'))
       if len(grid) != chip.dims:
-        raise ValueError(f'{spec}: {gen} slices are {chip.dims}-D (e.g. {"2x2x2" if chip.dims == 3 else "4x4"})')
+        raise ConfigError(f'{spec}: {gen} slices are {chip.dims}-D (e.g. {"2x2x2" if chip.dims == 3 else "4x4"})')
     else:
       cores = int(size)
       if cores % chip.cores_per_chip_in_name:
-        raise ValueError(f'{spec}: {gen}-N counts TensorCores ({chip.cores_per_chip_in_name} per chip)')
+        raise ConfigError(f'{spec}: {gen}-N counts TensorCores ({chip.cores_per_chip_in_name} per chip)')
       chips = cores // chip.cores_per_chip_in_name
       grid = _grid_2d(chips) if chip.dims == 2 else _grid_3d(chips)
     topo = f'{gen}:' + 'x'.join(map(str, grid))
     return Target(spec, 'tpu', chip, math.prod(grid), tpu_topology=topo)
-  raise ValueError(f'unknown target platform in {spec!r}; expected tpu:... or cuda:...')
+  raise ConfigError(f'unknown target platform in {spec!r}; expected tpu:... or cuda:...')
 
 
 def devices(target: Target) -> list:
