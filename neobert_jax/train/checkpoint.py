@@ -42,6 +42,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 from flax import nnx
 
+from neobert_jax import errors
 from neobert_jax.train.state import TrainState
 
 log = logging.getLogger(__name__)
@@ -97,7 +98,7 @@ def _set_aside(mngr: ocp.CheckpointManager, step: int) -> None:
   mngr.reload()
 
 
-class CheckpointReadError(RuntimeError):
+class CheckpointReadError(errors.CheckpointError):
   """A checkpoint could not be read for a reason that says nothing about its contents (storage I/O trouble).
 
   The checkpoint is left in place: re-running once the storage is healthy resumes from it."""
