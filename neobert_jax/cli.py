@@ -48,6 +48,12 @@ def evaluate() -> None:
   sys.exit(evaluate_main.main())
 
 
+def embed() -> None:
+  """neobert-embed: python -m neobert_jax.embed."""
+  from neobert_jax import embed as embed_lib  # pylint: disable=g-import-not-at-top
+  sys.exit(embed_lib.main())
+
+
 def _run_absl(module, main) -> None:
   """app.run(main) with --help listing `module`'s flags: absl lists those of the module named by argv[0], which
   for a console script is the script, not the module that defines them."""

@@ -86,6 +86,8 @@ RULES = {
     'model and data do not import train, convert or anything above':
         lambda a, b: _in(a, 'model', 'data') and _in(b, 'train', 'convert', 'finetune', 'evaluate', 'embed',
                                                      'aot', 'compile', 'cli', 'config'),
+    'model and data do not import each other':
+        lambda a, b: (_in(a, 'model') and _in(b, 'data')) or (_in(a, 'data') and _in(b, 'model')),
     'config (the schema) imports only model and data config and errors':
         lambda a, b: _in(a, 'config') and not _in(b, 'config', 'model.config', 'data.config', 'errors'),
     'convert does not import train or the downstream tasks':

@@ -21,7 +21,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPTS = ('neobert-train', 'neobert-prepare', 'neobert-convert', 'neobert-compile', 'neobert-finetune',
-           'neobert-evaluate')
+           'neobert-evaluate', 'neobert-embed')
 ABSL = ('neobert-train', 'neobert-compile', 'neobert-finetune')  # absl's --help prints the usage and exits 1
 
 

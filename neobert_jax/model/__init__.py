@@ -1,4 +1,8 @@
-"""NeoBERT model: config, attention, rotary embeddings, encoder and MLM head, flat parameter io."""
+"""NeoBERT model: config, attention, rotary embeddings, encoder and MLM head, flat parameter io.
+
+Owns the architecture and its parameter names. Must not import train/, convert/, data/ or anything above them:
+the trainer, the converter and the downstream commands build on the model, never the reverse.
+"""
 
 from neobert_jax.model.config import default_model_config, ffn_hidden_size, head_dim, train_flops_per_token
 from neobert_jax.model.encoder import NeoBERT, NeoBERTForMLM
