@@ -44,6 +44,7 @@ class RunResult:
   evals: list[dict[str, float]] = dataclasses.field(default_factory=list)   # {'step', 'loss', 'accuracy'}
   last_train: dict[str, float] = dataclasses.field(default_factory=dict)
   skipped_steps: int = 0
+  report: dict[str, Any] = dataclasses.field(default_factory=dict)  # train/report.py: unigram baseline, fill-mask
 
 
 def _jax_preemption_service() -> bool:
@@ -289,4 +290,7 @@ def run(cfg: ml_collections.ConfigDict, workdir: str | Path,
     # The tokenizer the data was prepared with goes along, so the export is usable on its own.
     _, manifest = pipeline.open_prepared(cfg.data, seq_len, int(cfg.model.vocab_size))
     init_lib.export_hf(workdir, cfg.export.hf_dir, cfg.data.tokenizer or manifest['tokenizer']['spec'])
+  if is_main and not result.preempted and result.final_step > 0:
+    from neobert_jax.train import report as report_lib  # pylint: disable=g-import-not-at-top
+    result.report = report_lib.report(cfg, workdir, result.evals)
   return result
