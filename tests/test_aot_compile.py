@@ -6,6 +6,7 @@ cannot fetch them the compile tests are skipped with pip's message.
 
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -64,12 +65,16 @@ def _check_fit_report(rep, devices, mesh):
   assert rep['model_flops_per_step'] > 0 and rep['dtype'] == 'bfloat16'
 
 
-def test_tpu_v5e_slice(tmp_path):
-  rep, out = _compile(tmp_path, 'tpu:v5e-4')
+def test_tpu_v5e_slice_uses_splash(tmp_path):
+  rep, out = _compile(tmp_path, 'tpu:v5e-4', packing='packed', preds=32)
   _check_fit_report(rep, 4, {'data': 1, 'fsdp': 4, 'tensor': 1})
-  assert rep['device_kind'].startswith('TPU v5')
-  assert rep['xla_flops_per_device'] and rep['attention_kernels'] == []
-  assert 'fits          YES' in out
+  assert rep['device_kind'].startswith('TPU v5') and rep['attention_impl'] == 'splash'
+  assert rep['xla_flops_per_device']
+  # the Pallas splash kernels with segment ids, forward and both backward passes
+  kernels = rep['attention_kernels']
+  assert {k.split('_segmented')[0] for k in kernels} == {'splash_mha_fwd', 'splash_mha_dq', 'splash_mha_dkv'}, kernels
+  assert all('segmented' in k for k in kernels)
+  assert 'fits          YES' in out and 'Pallas splash' in out
 
 
 def test_h100x8_padding_mode_uses_cudnn_flash(tmp_path):
@@ -81,11 +86,39 @@ def test_h100x8_padding_mode_uses_cudnn_flash(tmp_path):
   assert 'cuDNN fused' in out
 
 
-def test_h100x8_packed_sparse_head_uses_cudnn_bias_kernel(tmp_path):
+def test_h100x8_packed_rows_use_flash_and_pre_hopper_path_keeps_the_bias_kernel(tmp_path):
   rep, _ = _compile(tmp_path, 'cuda:h100x8', packing='packed', preds=32)
   _check_fit_report(rep, 8, {'data': 1, 'fsdp': 8, 'tensor': 1})
-  # segment ids become a boolean mask -> additive bias kernels (forward and backward)
-  assert rep['attention_kernels'] == ['__cudnn$fmhaScaleBiasSoftmax', '__cudnn$fmhaScaleBiasSoftmaxBackward']
+  # packed (ragged) layout: the plain flash kernel, no T x T bias, no dbias
+  assert rep['attention_kernels'] == ['__cudnn$fmhaSoftmax', '__cudnn$fmhaSoftmaxBackward']
+  bias, _ = _compile(tmp_path, 'cuda:h100x8', packing='packed', preds=32,
+                     extra=['--config.model.attention_impl=cudnn_bias'])
+  assert bias['attention_kernels'] == ['__cudnn$fmhaScaleBiasSoftmax', '__cudnn$fmhaScaleBiasSoftmaxBackward']
+
+
+@pytest.mark.parametrize('recipe', ['neobert_250m.py', 'neobert_250m_4096.py'])
+def test_250m_packed_step_on_h100_is_flash_without_a_t_by_t_buffer(tmp_path, recipe):
+  """The real 250M recipes, packed: cuDNN's plain flash kernel, no [.., T, T] buffer in the program, and
+  temporaries within 1% of padding mode's (the packed kernel's softmax statistics scale with
+  data.max_documents_per_row)."""
+  def run(packing):
+    out = tmp_path / f'{packing}.json'
+    hlo = tmp_path / f'{packing}.hlo'
+    cmd = [sys.executable, '-m', 'neobert_jax.compile', f'--config=configs/{recipe}', '--target=cuda:h100x8',
+           f'--config.data.packing={packing}', f'--json={out}', f'--dump_hlo={hlo}']
+    r = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=900)
+    if r.returncode == 3:
+      pytest.skip(f'optional AOT dependency could not be installed: {r.stderr[-800:]}')
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-5000:]
+    return json.loads(out.read_text()), hlo.read_text()
+
+  packed, hlo = run('packed')
+  padded, _ = run('none')
+  t = packed['seq_len']
+  assert packed['attention_kernels'] == ['__cudnn$fmhaSoftmax', '__cudnn$fmhaSoftmaxBackward']
+  assert not re.search(rf'\[[0-9,]*{t},{t}\]', hlo), 'a [.., T, T] buffer is in the compiled program'
+  assert packed['fits'] and packed['temp_bytes'] <= 1.01 * padded['temp_bytes'], (packed['temp_bytes'],
+                                                                               padded['temp_bytes'])
 
 
 def test_fit_arithmetic_and_format():
