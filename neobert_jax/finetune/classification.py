@@ -17,6 +17,20 @@ import optax
 from neobert_jax.finetune import batching, heads, labels as labels_lib, metrics, tables
 
 
+def sequence_loss(kind: str):
+  """(model, batch, key) -> (weighted mean loss, real rows): cross-entropy, or squared error for regression."""
+  def loss(model: Any, batch: dict[str, jax.Array], key: jax.Array) -> tuple[jax.Array, jax.Array]:
+    out = model(batch['input_ids'], batch['lengths'], key)
+    w = batch['weights']
+    if kind == 'regression':
+      per_row = jnp.square(out[:, 0] - batch['labels'].astype(jnp.float32))
+    else:
+      per_row = optax.softmax_cross_entropy_with_integer_labels(out, batch['labels'])
+    count = w.sum()
+    return jnp.sum(per_row * w) / jnp.maximum(count, 1.0), count
+  return loss
+
+
 class ClassificationTask:
   """Sentence (pair) classification or regression with NeoBERT's [CLS] head."""
 
@@ -45,6 +59,7 @@ class ClassificationTask:
     self.buckets = batching.buckets(int(d.max_length), int(d.min_bucket))
     self.kind = self.spec.kind
     self.metric = cfg.eval.metric or metrics.DEFAULT_METRIC[self.kind]
+    self.loss = sequence_loss(self.kind)
 
   def _examples(self, tok: Any, table: dict[str, list], rows: np.ndarray, path: str):
     d = self.cfg.data
@@ -76,17 +91,6 @@ class ClassificationTask:
   def train_epoch(self, rng: np.random.Generator) -> Iterator[dict[str, np.ndarray]]:
     yield from batching.epoch_batches(self.train_seqs, {'labels': self.train_y}, int(self.cfg.train.batch_size),
                                       self.buckets, self.pad_id, rng)
-
-  def loss(self, model: Any, batch: dict[str, jax.Array], key: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """(weighted mean loss, number of real rows)."""
-    out = model(batch['input_ids'], batch['lengths'], key)
-    w = batch['weights']
-    if self.kind == 'regression':
-      per_row = jnp.square(out[:, 0] - batch['labels'].astype(jnp.float32))
-    else:
-      per_row = optax.softmax_cross_entropy_with_integer_labels(out, batch['labels'])
-    count = w.sum()
-    return jnp.sum(per_row * w) / jnp.maximum(count, 1.0), count
 
   def evaluate(self, predict) -> dict[str, float]:
     """predict(seqs) -> [N, outputs]; metrics over the whole validation set."""
