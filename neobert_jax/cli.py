@@ -55,9 +55,11 @@ def embed() -> None:
 
 
 def _run_absl(module, main) -> None:
-  """app.run(main) with --help listing `module`'s flags: absl lists those of the module named by argv[0], which
-  for a console script is the script, not the module that defines them."""
+  """app.run(main) with --help listing `module`'s flags (absl lists those of the module named by argv[0], which
+  for a console script is the script, not the module that defines them) and without the backend-probe noise."""
   from absl import app, flags  # pylint: disable=g-import-not-at-top
+  from neobert_jax import jax_compat  # pylint: disable=g-import-not-at-top
+  jax_compat.quiet_backend_probe()  # absl's log handler would print jax's libtpu probe line on CPU / GPU machines
   for flag in flags.FLAGS.get_key_flags_for_module(module):
     flags.FLAGS.register_key_flag_for_module(sys.argv[0], flag)
   app.run(lambda argv: sys.exit(main(argv)))
