@@ -2,9 +2,9 @@
 
 Owns three things the loop writes after training (process 0 only):
   * the unigram cross-entropy of the held-out split: the loss of the best context-free predictor, which predicts
-    every masked token with the split's own token frequencies (its entropy, in nats). Masking picks loss positions
-    uniformly among non-special tokens, so this is exactly the held-out MLM loss such a predictor would score; a
-    model below it uses context.
+    every masked token with the split's own token frequencies (its entropy, in nats), and the (higher) loss of one
+    that uses the training split's frequencies. Masking picks loss positions uniformly among non-special tokens, so
+    these are the held-out MLM losses such predictors score; a model below the first uses context.
   * the loss curve: WORKDIR/loss_curve.md, a table of train and held-out loss from metrics.jsonl.
   * fill-mask examples: sentences of the held-out split with one word masked, predicted by the exported Hugging Face
     directory through `transformers` (the export is what users load, so that is what is shown).
@@ -28,24 +28,48 @@ from neobert_jax.data import shards
 log = logging.getLogger('neobert_jax.train')
 
 
-def _eval_ids(data_cfg: ml_collections.ConfigDict, seq_len: int) -> tuple[list[np.ndarray], dict]:
+def _split_ids(data_cfg: ml_collections.ConfigDict, seq_len: int, split: str,
+               max_tokens: int | None = None) -> tuple[list[np.ndarray], dict]:
+  """The split's records as int32 arrays, in order; at most ~max_tokens of them (a sample of a large train split)."""
   directory, manifest = pipeline.open_prepared(data_cfg, seq_len)
-  records = []
-  for path in shards.split_paths(directory, manifest, 'eval'):
+  records, tokens = [], 0
+  for path in shards.split_paths(directory, manifest, split):
     reader = ArrayRecordReader(path)
-    records += [np.frombuffer(r, np.int32) for r in reader.read_all()]
+    n = reader.num_records()
+    if max_tokens is None:
+      records += [np.frombuffer(r, np.int32) for r in reader.read_all()]
+    else:
+      for start in range(0, n, 1024):
+        if tokens >= max_tokens:
+          break
+        chunk = [np.frombuffer(r, np.int32) for r in reader.read(range(start, min(start + 1024, n)))]
+        records += chunk
+        tokens += sum(c.size for c in chunk)
     reader.close()
   return records, manifest
 
 
-def unigram_cross_entropy(data_cfg: ml_collections.ConfigDict, seq_len: int) -> float:
-  """Entropy (nats) of the held-out split's non-special token frequencies: the best context-free MLM loss."""
-  records, manifest = _eval_ids(data_cfg, seq_len)
+def _non_special(records: list[np.ndarray], manifest: dict) -> np.ndarray:
   ids = np.concatenate(records)
-  ids = ids[~np.isin(ids, list(manifest['tokenizer']['special_ids'].values()))]
-  p = np.bincount(ids).astype(np.float64)
-  p = p[p > 0] / ids.size
-  return float(-(p * np.log(p)).sum())
+  return ids[~np.isin(ids, list(manifest['tokenizer']['special_ids'].values()))]
+
+
+def unigram_cross_entropy(data_cfg: ml_collections.ConfigDict, seq_len: int) -> dict[str, float]:
+  """Context-free baselines of the held-out MLM loss, in nats.
+
+  'held_out': the entropy of the held-out split's own token frequencies, the best any context-free predictor
+  can score on it (it knows the answer's distribution). 'train': the cross-entropy of the held-out tokens under
+  the training split's frequencies (add-one smoothed; at most 20M training tokens read), which is what a model
+  that learned only unigram statistics scores.
+  """
+  records, manifest = _split_ids(data_cfg, seq_len, 'eval')
+  held_out = _non_special(records, manifest)
+  vocab = int(manifest['tokenizer']['vocab_size'])
+  p = np.bincount(held_out, minlength=vocab).astype(np.float64) / held_out.size
+  entropy = float(-(p[p > 0] * np.log(p[p > 0])).sum())
+  train = _non_special(_split_ids(data_cfg, seq_len, 'train', max_tokens=20_000_000)[0], manifest)
+  q = (np.bincount(train, minlength=vocab).astype(np.float64) + 1.0) / (train.size + vocab)
+  return {'held_out': entropy, 'train': float(-np.log(q[held_out]).mean())}
 
 
 def loss_curve(workdir: Path) -> list[dict[str, Any]]:
@@ -65,10 +89,11 @@ def loss_curve(workdir: Path) -> list[dict[str, Any]]:
   return [rows[s] for s in sorted(rows)]
 
 
-def write_curve_table(workdir: Path, unigram: float, every: int) -> Path:
-  """WORKDIR/loss_curve.md: held-out rows and every `every`-th train row, with the unigram line."""
+def write_curve_table(workdir: Path, unigram: dict[str, float], every: int) -> Path:
+  """WORKDIR/loss_curve.md: held-out rows and every `every`-th train row, with the unigram baselines."""
   fmt = lambda v: f'{v:.3f}' if isinstance(v, float) else ''
-  lines = [f'Held-out unigram cross-entropy (context-free baseline): {unigram:.3f}', '',
+  lines = [f'Unigram cross-entropy of the held-out split (context-free baselines): {unigram["held_out"]:.3f} '
+           f'(its own token frequencies), {unigram["train"]:.3f} (the training split\'s)', '',
            '| step | train loss | held-out loss | held-out accuracy |', '|---:|---:|---:|---:|']
   for r in loss_curve(workdir):
     if 'eval' in r or r['step'] % every == 0:
@@ -85,7 +110,7 @@ def fill_mask_examples(hf_dir: str, data_cfg: ml_collections.ConfigDict, seq_len
   from transformers import AutoModelForMaskedLM, AutoTokenizer  # pylint: disable=g-import-not-at-top
   tok = AutoTokenizer.from_pretrained(hf_dir)
   model = AutoModelForMaskedLM.from_pretrained(hf_dir, trust_remote_code=True).eval()
-  records, _ = _eval_ids(data_cfg, seq_len)
+  records, _ = _split_ids(data_cfg, seq_len, 'eval')
   rng = np.random.default_rng(0)
   special = set(tok.all_special_ids)
   out = []
@@ -124,11 +149,11 @@ def report(cfg: ml_collections.ConfigDict, workdir: Path, evals: list[dict[str, 
   if evals:
     last = evals[-1]
     out['eval_loss'] = last['loss']
-    below = unigram - last['loss']
-    log.info('held-out MLM loss %.3f at step %d vs unigram cross-entropy %.3f of the held-out split: %s '
-             '(perplexity %.0f vs %.0f); loss curve: %s', last['loss'], last['step'], unigram,
-             f'{below:.3f} below, the model uses context' if below > 0 else f'{-below:.3f} above unigram',
-             math.exp(last['loss']), math.exp(unigram), table)
+    below = unigram['held_out'] - last['loss']
+    log.info('held-out MLM loss %.3f (accuracy %.3f) at step %d; unigram cross-entropy of the held-out split %.3f '
+             '(%.3f with the training split\'s frequencies): %s; loss curve %s', last['loss'], last['accuracy'],
+             last['step'], unigram['held_out'], unigram['train'],
+             f'{below:.3f} below, the model uses context' if below > 0 else f'{-below:.3f} above', table)
   if cfg.export.hf_dir:
     try:
       examples = fill_mask_examples(cfg.export.hf_dir, cfg.data, seq_len)
