@@ -17,6 +17,7 @@ and it does not fit, 5 --require_cudnn and no cuDNN attention, anything else an 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -26,7 +27,8 @@ import time
 from absl import app, flags
 from ml_collections import config_flags
 
-from neobert_jax.aot import deps, targets
+from neobert_jax import errors
+from neobert_jax.aot import deps, lowering, targets
 
 _CHILD_ENV = 'NEOBERT_AOT_CHILD'
 
@@ -39,6 +41,13 @@ _HEADROOM = flags.DEFINE_float('headroom', 0.9, 'fraction of device memory the s
 _JSON = flags.DEFINE_string('json', None, 'also write the report as JSON to this file')
 _DUMP_HLO = flags.DEFINE_string('dump_hlo', None, 'write the compiled (optimised, partitioned) HLO text here')
 _REQUIRE_FIT = flags.DEFINE_bool('require_fit', False, 'exit with status 4 if the step does not fit')
+_PLAN = flags.DEFINE_bool('plan', False, 'search micro-batch / grad accumulation, remat policy and mesh for this '
+                          'global batch; print the table and the fastest layout that fits as --config overrides')
+_PLAN_MFU = flags.DEFINE_float('plan_mfu', 0.5, 'MFU assumed by the plan\'s GPU time model')
+_PLAN_REMAT = flags.DEFINE_list('plan_remat', ['none', 'save_dots', 'full'], 'remat policies the plan tries')
+_PLAN_TENSOR = flags.DEFINE_list('plan_tensor', ['1', '2'], 'tensor-parallel sizes the plan tries')
+_PLAN_MESH = flags.DEFINE_list('plan_mesh', ['fsdp', 'data'], 'batch-axis layouts the plan tries: fsdp (parameters '
+                               'sharded) and/or data (replicated)')
 _REQUIRE_CUDNN = flags.DEFINE_bool('require_cudnn', False, 'exit with status 5 if attention is not cuDNN fused')
 
 
@@ -61,45 +70,6 @@ def prepare_config(cfg, target: targets.Target):
   return cfg, choice
 
 
-def _compile(cfg, target: targets.Target):
-  """Lower and compile the step for the target mesh; returns (compiled, mesh)."""
-  import jax
-  from neobert_jax import sharding as shd
-  from neobert_jax.train import state as state_lib
-  from neobert_jax.train import step as step_lib
-
-  from neobert_jax.train import config as train_config
-
-  devices = targets.devices(target)
-  # The trainer's own checks (unknown keys, batch divisibility over the mesh and over the target's hosts), so
-  # a recipe that compiles here is one the trainer accepts there.
-  train_config.validate(cfg, num_devices=len(devices), process_count=len({d.process_index for d in devices}))
-  mesh = shd.make_mesh(cfg.mesh, devices)
-  defs, abstract_state = state_lib.abstract_train_state(cfg, mesh)
-  batch = step_lib.abstract_batch(cfg, mesh)
-  if _WHAT.value == 'train':
-    lowered = step_lib.build_train_step(cfg, mesh, defs).lower(abstract_state, batch)
-  else:
-    from flax import nnx
-    packed = cfg.data.packing == 'packed'
-    micro = {k: jax.ShapeDtypeStruct(v.shape[1:], v.dtype, sharding=jax.sharding.NamedSharding(
-        mesh, jax.sharding.PartitionSpec(*v.sharding.spec[1:]))) for k, v in batch.items()}
-
-    def loss_and_grads(params, micro):
-      def loss(p):
-        total, (count, _) = step_lib.mlm_sums(nnx.merge(defs.model_def, p), micro, packed,
-                                              step_lib.max_segments(cfg))
-        return total / jax.numpy.maximum(count, 1.0)
-      return jax.value_and_grad(loss)(params)
-
-    fn = jax.jit(loss_and_grads, in_shardings=(defs.shardings['params'], {k: v.sharding for k, v in micro.items()}),
-                 out_shardings=(jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()),
-                                defs.shardings['params']))
-    with shd.activate(mesh):
-      lowered = fn.lower(abstract_state['params'], micro)
-  return lowered, mesh
-
-
 def run_child(cfg_in) -> int:
   import jax
   from neobert_jax.aot import report as report_lib
@@ -116,7 +86,9 @@ def run_child(cfg_in) -> int:
     cudnn_compat.assume_compute_capability(target.compute_capability)
   try:
     cfg, choice = prepare_config(cfg_in, target)
-    lowered, mesh = _compile(cfg, target)
+    if _PLAN.value:
+      return run_plan(cfg, target)
+    lowered, mesh = lowering.lower_step(cfg, target, _WHAT.value)
   except train_config.ConfigError as e:
     print(f'config error for {target.spec}: {e}', file=sys.stderr)
     return 2
@@ -177,6 +149,34 @@ def run_child(cfg_in) -> int:
   return 0
 
 
+def run_plan(cfg, target: targets.Target) -> int:
+  from neobert_jax.aot import plan as plan_lib
+  t0 = time.time()
+  rows = plan_lib.plan(cfg, target, mfu=_PLAN_MFU.value, headroom=_HEADROOM.value,
+                       remats=tuple(_PLAN_REMAT.value), tensor_sizes=tuple(int(t) for t in _PLAN_TENSOR.value),
+                       layouts=tuple(_PLAN_MESH.value),
+                       log=lambda line: print(line, file=sys.stderr, flush=True))
+  tokens = int(cfg.train.global_batch_size) * int(cfg.model.max_length)
+  print(f'plan for {target.spec}: global batch {cfg.train.global_batch_size} x {cfg.model.max_length} = '
+        f'{tokens:,} tokens/step, attention {cfg.model.attention_impl}, {len(rows)} layouts '
+        f'({time.time() - t0:.0f} s of compiles)')
+  print(plan_lib.format_table(rows, target, _PLAN_MFU.value))
+  if target.platform != 'tpu':
+    print(f'estimated step time is a model (FLOPs at {_PLAN_MFU.value:.0%} MFU plus remat recompute), not a '
+          'measurement; it does not see communication, so meshes tie and fewer accumulation steps win')
+  best = plan_lib.recommend(rows)
+  if _JSON.value:
+    with open(_JSON.value, 'w') as f:
+      json.dump({'rows': [dataclasses.asdict(r) for r in rows],
+                 'best': dataclasses.asdict(best) if best else None,
+                 'overrides': best.overrides() if best else None}, f, indent=2)
+  if best is None:
+    print('no layout fits: reduce the global batch or the sequence length, or use more devices')
+    return 4
+  print('recommended: ' + ' '.join(best.overrides()))
+  return 0
+
+
 def run_parent(argv: list[str]) -> int:
   target = targets.parse_target(_TARGET.value)   # fail on a bad target before any download
   try:
@@ -190,6 +190,7 @@ def run_parent(argv: list[str]) -> int:
   return subprocess.call([sys.executable, '-m', 'neobert_jax.compile'] + argv[1:], env=env)
 
 
+@errors.reports_errors('compile')
 def main(argv: list[str]) -> int:
   if _CONFIG.value is None or not _TARGET.value:
     raise app.UsageError('--config and --target are required')

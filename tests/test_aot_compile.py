@@ -139,3 +139,35 @@ def test_fit_arithmetic_and_format():
   assert report.parse_oom('INVALID_ARGUMENT: something else') is None
   assert report.attention_kernels('custom_call_target="__cudnn$fmhaSoftmax" ... "__cudnn$fmhaSoftmaxBackward"') == [
       '__cudnn$fmhaSoftmax', '__cudnn$fmhaSoftmaxBackward']
+
+
+def test_plan_recommends_a_layout_that_fits_with_the_tpu_cost_model(tmp_path):
+  rep, out = _compile(tmp_path, 'tpu:v5e-4', packing='packed', preds=32,
+                      extra=['--plan', '--plan_remat=none,full', '--plan_tensor=1', '--plan_mesh=fsdp'])
+  rows, best = rep['rows'], rep['best']
+  assert len(rows) == 2 and all(r['fits'] and r['seconds'] > 0 for r in rows)
+  assert all(r['micro_per_device'] == 4 and r['grad_accum'] == 1 for r in rows)  # the largest micro-batch fits
+  full = next(r for r in rows if r['remat'] == 'full')
+  none = next(r for r in rows if r['remat'] == 'none')
+  assert full['seconds'] > none['seconds']          # the cost model sees the recomputed forward
+  assert best['remat'] == 'none' and '--config.model.remat_policy=none' in rep['overrides']
+  assert 'recommended: --config.mesh.data=1 --config.mesh.fsdp=4' in out
+
+
+def test_plan_gpu_time_model_charges_remat_recompute():
+  from ml_collections import ConfigDict
+  from neobert_jax.aot import plan
+  from neobert_jax.config import base
+  cfg = base.get_config()
+  cfg.model.max_length, cfg.data.max_predictions, cfg.train.global_batch_size = 1024, 256, 2048
+  target = targets.parse_target('cuda:h100x8')
+  seconds = {}
+  for remat in plan.REMAT_POLICIES:
+    cfg.model.remat_policy = remat
+    seconds[remat] = plan.gpu_seconds(cfg, target, 0.5)
+  assert seconds['none'] < seconds['save_dots'] < seconds['full']
+  # full recompute redoes the blocks' forward: about a third more work than the step without it
+  assert 1.2 < seconds['full'] / seconds['none'] < 1.34
+  assert isinstance(cfg, ConfigDict) and plan.meshes(8, 12, (1, 2)) == [
+      {'data': 1, 'fsdp': 8, 'tensor': 1}, {'data': 8, 'fsdp': 1, 'tensor': 1},
+      {'data': 1, 'fsdp': 4, 'tensor': 2}, {'data': 4, 'fsdp': 1, 'tensor': 2}]

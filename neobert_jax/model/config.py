@@ -92,3 +92,20 @@ def matmul_params(cfg: ml_collections.ConfigDict, decoder_fraction: float = 1.0)
 def train_flops_per_token(cfg: ml_collections.ConfigDict, seq_len: int, decoder_fraction: float = 1.0) -> float:
   """6 x matmul parameters + attention scores and values (forward + backward), the usual MFU convention."""
   return 6 * matmul_params(cfg, decoder_fraction) + 12 * cfg.num_layers * seq_len * cfg.hidden_size
+
+
+def remat_recompute_flops_per_token(cfg: ml_collections.ConfigDict, seq_len: int, policy: str) -> float:
+  """Forward work the backward pass redoes under a remat policy, per token (the blocks only; the decoder is
+  outside them).
+
+  'save_dots' keeps the weight matmuls' outputs but not the attention score/value products (batched dots) nor the
+  fused attention kernels, so attention's forward is recomputed; 'full' recomputes each block's whole forward.
+  """
+  attention_fwd = 4 * cfg.num_layers * seq_len * cfg.hidden_size
+  if policy == "none":
+    return 0.0
+  if policy == "save_dots":
+    return float(attention_fwd)
+  if policy == "full":
+    return 2 * matmul_params(cfg, decoder_fraction=0.0) + attention_fwd
+  raise ValueError(f"model.remat_policy={policy!r}; expected one of {REMAT_POLICIES}.")

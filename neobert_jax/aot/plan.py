@@ -1,0 +1,182 @@
+"""Recipe planning for a target: compile the candidate layouts of one global batch and recommend the fastest
+that fits.
+
+Candidates keep the config's global batch and sequence length and vary
+  - the mesh: (data, fsdp, tensor) = (1, N/t, t) FSDP and (N/t, 1, t) pure data parallel, for each tensor size t,
+  - the remat policy: none, save_dots, full,
+  - the micro-batch per device (powers of two), which sets grad_accum_steps = global batch / micro-batch rows.
+Memory is monotone in the micro-batch, so each (mesh, remat) pair binary-searches the largest micro-batch that
+fits (about three compiles) instead of compiling them all.
+
+Estimated step time (a model, not a measurement):
+  - GPU: model FLOPs (6 x matmul parameters + attention, the sparse head's share) plus the forward work each remat
+    policy recomputes, at a stated MFU of the device's dense bf16 peak. It cannot tell meshes apart (no
+    communication term); ties go to fewer accumulation steps, then less memory.
+  - TPU: XLA's own cost model (`cost_analysis()['optimal_seconds']`) of one micro-batch's forward + backward with
+    the layers unrolled, compiled at 1 and 2 layers and extrapolated linearly to the model's depth (loop bodies
+    are costed once, so the scanned program cannot be used), times the accumulation steps. Pallas kernels are
+    custom calls the cost model does not see: attention's FLOPs are added at the stated MFU. The optimizer
+    update (elementwise, FSDP-sharded) is not included.
+
+Owns: candidate generation, the estimates, the table and the recommendation. Runs in the AOT child interpreter.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Callable
+
+from neobert_jax.aot import lowering, report, targets
+
+REMAT_POLICIES = ('none', 'save_dots', 'full')
+
+
+@dataclasses.dataclass
+class Row:
+  mesh: dict[str, int]
+  remat: str
+  micro_per_device: int
+  grad_accum: int
+  fits: bool
+  total_bytes: int
+  seconds: float | None
+  kernels: list[str]
+  note: str = ''
+
+  def overrides(self) -> list[str]:
+    m = self.mesh
+    return [f'--config.mesh.data={m["data"]}', f'--config.mesh.fsdp={m["fsdp"]}',
+            f'--config.mesh.tensor={m["tensor"]}', f'--config.train.grad_accum_steps={self.grad_accum}',
+            f'--config.model.remat_policy={self.remat}']
+
+
+def meshes(num_devices: int, num_heads: int, tensor_sizes: tuple[int, ...],
+           layouts: tuple[str, ...] = ('fsdp', 'data')) -> list[dict[str, int]]:
+  out = []
+  for t in tensor_sizes:
+    if num_devices % t or num_heads % t:
+      continue
+    rest = num_devices // t
+    if 'fsdp' in layouts:
+      out.append({'data': 1, 'fsdp': rest, 'tensor': t})
+    if 'data' in layouts and (rest > 1 or 'fsdp' not in layouts):
+      out.append({'data': rest, 'fsdp': 1, 'tensor': t})
+  return out
+
+
+def _with(cfg, mesh: dict[str, int], remat: str, accum: int):
+  c = cfg.copy_and_resolve_references()
+  c.mesh.data, c.mesh.fsdp, c.mesh.tensor = mesh['data'], mesh['fsdp'], mesh['tensor']
+  c.model.remat_policy = remat
+  c.train.grad_accum_steps = accum
+  return c
+
+
+def _memory(cfg, target: targets.Target, headroom: float) -> tuple[bool, int, list[str]]:
+  """Compiles the full train step: (fits, total bytes per device, attention kernels)."""
+  lowered, _ = lowering.lower_step(cfg, target, 'train')
+  try:
+    compiled = lowered.compile()
+  except Exception as e:  # noqa: BLE001 - the TPU compiler refuses programs over HBM: that is "does not fit"
+    needed = report.parse_oom(str(e))
+    if needed is None:
+      raise
+    return False, needed, []
+  mem = report.memory_numbers(compiled)
+  total = mem['argument_bytes'] + mem['output_bytes'] - mem['alias_bytes'] + mem['temp_bytes'] + mem['code_bytes']
+  return total <= headroom * target.chip.memory_bytes, total, report.attention_kernels(compiled.as_text())
+
+
+def gpu_seconds(cfg, target: targets.Target, mfu: float) -> float:
+  from neobert_jax.model import config as model_config
+  t = int(cfg.model.max_length)
+  preds = int(cfg.data.max_predictions)
+  per_token = (model_config.train_flops_per_token(cfg.model, t, preds / t if preds > 0 else 1.0)
+               + model_config.remat_recompute_flops_per_token(cfg.model, t, cfg.model.remat_policy))
+  tokens = int(cfg.train.global_batch_size) * t
+  return per_token * tokens / (target.num_devices * target.chip.peak_bf16_flops * mfu)
+
+
+def tpu_seconds(cfg, target: targets.Target, mfu: float) -> float | None:
+  """XLA's cost model, extrapolated from 1- and 2-layer unrolled micro-batch programs (module docstring)."""
+  costs = []
+  for layers in (1, 2):
+    c = cfg.copy_and_resolve_references()
+    c.model.num_layers, c.model.scan_layers = layers, False
+    cost = lowering.lower_step(c, target, 'forward_backward')[0].compile().cost_analysis()
+    if isinstance(cost, (list, tuple)):
+      cost = cost[0] if cost else None
+    if not cost or 'optimal_seconds' not in cost:
+      return None
+    costs.append(float(cost['optimal_seconds']))
+  micro = costs[0] + (int(cfg.model.num_layers) - 1) * (costs[1] - costs[0])
+  seconds = micro * int(cfg.train.grad_accum_steps)
+  if cfg.model.attention_impl == 'splash':  # a custom call: invisible to the cost model, so add its FLOPs
+    t = int(cfg.model.max_length)
+    attention = 12 * cfg.model.num_layers * t * cfg.model.hidden_size * int(cfg.train.global_batch_size) * t
+    seconds += attention / (target.num_devices * target.chip.peak_bf16_flops * mfu)
+  return seconds
+
+
+def plan(cfg, target: targets.Target, *, mfu: float = 0.5, headroom: float = 0.9,
+         remats: tuple[str, ...] = REMAT_POLICIES, tensor_sizes: tuple[int, ...] = (1, 2),
+         layouts: tuple[str, ...] = ('fsdp', 'data'), log: Callable[[str], None] = print) -> list[Row]:
+  rows = []
+  global_batch = int(cfg.train.global_batch_size)
+  for mesh in meshes(target.num_devices, int(cfg.model.num_heads), tensor_sizes, layouts):
+    shards = mesh['data'] * mesh['fsdp']
+    micro_sizes = [m for m in (2 ** i for i in range(20)) if m * shards <= global_batch
+                   and global_batch % (m * shards) == 0]
+    for remat in remats:
+      lo, hi, best = 0, len(micro_sizes) - 1, None
+      tried = {}
+      while lo <= hi:  # largest micro-batch that fits
+        mid = (lo + hi) // 2
+        m = micro_sizes[mid]
+        c = _with(cfg, mesh, remat, global_batch // (m * shards))
+        t0 = time.time()
+        fits, total, kernels = _memory(c, target, headroom)
+        tried[m] = (fits, total, kernels)
+        log(f'[plan] mesh {mesh} remat {remat:9s} micro {m:4d}/device: '
+            f'{total / 2**30:7.2f} GiB {"fits" if fits else "too big"} ({time.time() - t0:.0f} s)')
+        if fits:
+          best, lo = m, mid + 1
+        else:
+          hi = mid - 1
+      m = best if best is not None else micro_sizes[0]
+      fits, total, kernels = tried[m]
+      c = _with(cfg, mesh, remat, global_batch // (m * shards))
+      seconds = None
+      note = ''
+      if fits:
+        if target.platform == 'tpu':
+          seconds = tpu_seconds(c, target, mfu)
+          note = 'TPU cost model' if seconds is not None else 'no cost model'
+        else:
+          seconds = gpu_seconds(c, target, mfu)
+      rows.append(Row(mesh, remat, m, int(c.train.grad_accum_steps), fits, total, seconds, kernels, note))
+  return rows
+
+
+def recommend(rows: list[Row]) -> Row | None:
+  ok = [r for r in rows if r.fits and r.seconds is not None]
+  if not ok:
+    return None
+  return min(ok, key=lambda r: (round(r.seconds, 6), r.grad_accum, r.total_bytes))
+
+
+def format_table(rows: list[Row], target: targets.Target, mfu: float) -> str:
+  basis = ('XLA TPU cost model (+ splash attention FLOPs at MFU)' if target.platform == 'tpu'
+           else f'model FLOPs + remat recompute at {mfu:.0%} MFU')
+  head = (f'| mesh (data x fsdp x tensor) | remat | micro-batch / device | accum | memory / device | fits | '
+          f'attention kernel | est. step ({basis}) |')
+  lines = [head, '|' + '---|' * 8]
+  for r in rows:
+    mesh = f'{r.mesh["data"]} x {r.mesh["fsdp"]} x {r.mesh["tensor"]}'
+    kern = ', '.join(sorted({k.replace('__cudnn$', '').replace('Backward', '').split('_segmented')[0]
+                             for k in r.kernels})) or 'XLA'
+    est = f'{r.seconds * 1e3:,.4g} ms' if r.seconds is not None else '-'
+    lines.append(f'| {mesh} | {r.remat} | {r.micro_per_device} | {r.grad_accum} | {r.total_bytes / 2**30:.2f} GiB '
+                 f'| {"yes" if r.fits else "no"} | {kern} | {est} |')
+  return '\n'.join(lines)
