@@ -10,3 +10,8 @@ os.environ["XLA_FLAGS"] = " ".join(
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+
+def pytest_configure(config):
+  config.addinivalue_line(
+      "markers", "gpu: needs a real NVIDIA GPU (run with JAX_PLATFORMS=cuda); skipped on CPU")

@@ -1,6 +1,7 @@
 """Train-step throughput on this machine: the JAX trainer vs the project's PyTorch NeoBERT, same config, same run.
 
 python -m neobert_jax.bench.train_step [--layers 4 --hidden 768 --heads 12 --seq 512 --batch 4 --steps 5]
+                                       [--attention xla blockwise]
 
 Both sides train the same model (weights copied from the JAX init) with AdamW (0.9, 0.95, eps 1e-8, wd 0.1) and
 global-norm clipping at 1.0 on the same batches: 20% of the tokens carry the MLM loss. The JAX step is the real
@@ -8,7 +9,8 @@ one from neobert_jax.train (sparse head: only masked positions are decoded); PyT
 eagerly and computes all logits, like the original NeoBERT code. Steps alternate between the two sides so machine
 load hits both alike. Achieved FLOP/s credit each side with the work it does (neobert_jax.model.config.
 train_flops_per_token: full decoder for PyTorch, decoder at the masked fraction for JAX) and are compared with the
-best square matmul each framework reaches here.
+best square matmul each framework reaches here. With several --attention kernels, each runs as its own JAX side
+in the same interleaved loop (the same weights and batches), so kernels are compared side by side.
 """
 
 from __future__ import annotations
@@ -134,6 +136,8 @@ def main() -> None:
   p.add_argument('--batch', type=int, default=4)
   p.add_argument('--steps', type=int, default=5)
   p.add_argument('--skip-torch', action='store_true')
+  p.add_argument('--attention', nargs='+', default=['auto'],
+                 help="model.attention_impl of each JAX side ('auto' = what the trainer picks on this backend)")
   a = p.parse_args()
   cfg = _config(a)
   tokens = a.batch * a.seq
@@ -143,23 +147,27 @@ def main() -> None:
   flops_full = train_flops_per_token(cfg.model, a.seq)
   flops_sparse = train_flops_per_token(cfg.model, a.seq, decoder_fraction=masked)
   peak_xla = max(metrics_lib.measure_matmul_peak(n) for n in (1024, 2048))
-  jax_run, flat = jax_stepper(cfg, batches)
-  steppers = {'jax': jax_run}
+  steppers, flat = {}, None
+  for kernel in a.attention:
+    c = cfg.copy_and_resolve_references()
+    c.model.attention_impl = kernel
+    steppers[f'jax-{kernel}'], flat = jax_stepper(c, batches)  # same seed: the same initial weights
   if not a.skip_torch:
     peak_torch = torch_matmul_peak()
     steppers['torch'] = torch_stepper(cfg, flat, batches)
   sec = interleaved_seconds(steppers, a.steps)
-  res = {'config': vars(a), 'tokens_per_step': tokens, 'masked_fraction': masked,
-         'xla_matmul_peak_flops': peak_xla, 'jax_step_s': sec['jax'], 'jax_tokens_per_s': tokens / sec['jax'],
-         'jax_model_flops': flops_sparse * tokens / sec['jax'],
-         'jax_frac_of_xla_peak': flops_sparse * tokens / sec['jax'] / peak_xla}
+  best_peak = max(peak_xla, peak_torch) if not a.skip_torch else peak_xla
+  res = {'config': vars(a), 'tokens_per_step': tokens, 'masked_fraction': masked, 'xla_matmul_peak_flops': peak_xla}
+  for kernel in a.attention:
+    s = sec[f'jax-{kernel}']
+    res[f'jax-{kernel}'] = {'step_s': s, 'tokens_per_s': tokens / s, 'model_flops': flops_sparse * tokens / s,
+                            'frac_of_best_peak': flops_sparse * tokens / s / best_peak}
+    if not a.skip_torch:
+      res[f'jax-{kernel}']['speedup_vs_torch'] = sec['torch'] / s
   if not a.skip_torch:
-    best_peak = max(peak_xla, peak_torch)
-    res.update({'torch_matmul_peak_flops': peak_torch, 'torch_step_s': sec['torch'],
-                'torch_tokens_per_s': tokens / sec['torch'], 'torch_model_flops': flops_full * tokens / sec['torch'],
-                'jax_speedup_vs_torch': sec['torch'] / sec['jax'],
-                'jax_frac_of_best_peak': flops_sparse * tokens / sec['jax'] / best_peak,
-                'torch_frac_of_best_peak': flops_full * tokens / sec['torch'] / best_peak})
+    res['torch'] = {'matmul_peak_flops': peak_torch, 'step_s': sec['torch'], 'tokens_per_s': tokens / sec['torch'],
+                    'model_flops': flops_full * tokens / sec['torch'],
+                    'frac_of_best_peak': flops_full * tokens / sec['torch'] / best_peak}
   print(json.dumps(res, indent=2))
 
 
