@@ -49,8 +49,10 @@ class BlockBuilder:
   """
 
   def __init__(self, *, seq_len: int, packing_mode: str, seed: int, rate: float,
-               strategy: str, max_predictions: int, special: dict, vocab_size: int):
+               strategy: str, max_predictions: int, special: dict, vocab_size: int,
+               max_docs: int = 0):
     self.seq_len, self.packing_mode, self.seed = seq_len, packing_mode, seed
+    self.max_docs = max_docs
     self.rate, self.strategy, self.max_predictions = rate, strategy, max_predictions
     self.pad_id, self.mask_id = special['pad'], special['mask']
     self.is_special = masking.special_table(vocab_size, special.values())
@@ -59,7 +61,7 @@ class BlockBuilder:
     tokens, lengths = block
     rng = np.random.default_rng([self.seed, index])
     rows = packing.pack_block(tokens, lengths, self.seq_len, self.packing_mode,
-                              self.pad_id, rng)
+                              self.pad_id, rng, max_docs=self.max_docs)
     masked = masking.mask_rows(rows['input_ids'], rows['segment_ids'], rng, rate=self.rate,
                                strategy=self.strategy, mask_id=self.mask_id,
                                is_special=self.is_special,
@@ -189,7 +191,8 @@ def _builder(data_cfg, manifest, seq_len, seed) -> BlockBuilder:
   return BlockBuilder(seq_len=seq_len, packing_mode=data_cfg.packing, seed=seed,
                       rate=data_cfg.mask_rate, strategy=data_cfg.mask_strategy,
                       max_predictions=data_cfg.max_predictions,
-                      special=ident['special_ids'], vocab_size=ident['vocab_size'])
+                      special=ident['special_ids'], vocab_size=ident['vocab_size'],
+                      max_docs=int(data_cfg.get('max_documents_per_row', 0)))
 
 
 def _blocks(paths, data_cfg, seed, process_index, process_count, shuffle):

@@ -20,6 +20,7 @@ import ml_collections
 import numpy as np
 
 from neobert_jax import sharding as shd
+from neobert_jax.errors import DataError
 from neobert_jax.data import pipeline
 from neobert_jax.train import batches as batches_lib
 from neobert_jax.train import checkpoint as ckpt
@@ -145,6 +146,12 @@ class _Logger:
     host = jax.device_get([m for _, m in self.pending])
     steps = [s for s, _ in self.pending]
     for s, m in zip(steps, host):
+      if int(m.get('rows_over_document_limit', 0)):
+        raise DataError(
+            f'step {s}: {int(m["rows_over_document_limit"])} packed rows hold more documents than '
+            f'data.max_documents_per_row={self.cfg.data.max_documents_per_row}, which the packed attention layout '
+            f'cannot represent. Data from this pipeline never does; raise --config.data.max_documents_per_row '
+            f'or pack your batches with that limit.')
       if not bool(m['finite']):
         if self.cfg.train.nan_policy == 'stop':
           raise TrainingDiverged(
