@@ -25,13 +25,19 @@ from ml_collections import config_flags
 GRID = {'lr': (5e-6, 6e-6, 1e-5, 2e-5, 3e-5), 'batch': (4, 8, 16, 32), 'weight_decay': (1e-2, 1e-5)}
 SUMMARY_FILE = 'sweep.json'
 
-_CONFIG = config_flags.DEFINE_config_file('config', None, 'Fine-tuning config (configs/finetune_*.py).',
-                                          lock_config=True)
-_WORKDIR = flags.DEFINE_string('workdir', None, 'Sweep directory: one sub-directory per grid point.')
-_LR = flags.DEFINE_list('lr', [str(v) for v in GRID['lr']], 'Learning rates to try.')
-_BATCH = flags.DEFINE_list('batch', [str(v) for v in GRID['batch']], 'Global batch sizes to try.')
-_WD = flags.DEFINE_list('weight_decay', [str(v) for v in GRID['weight_decay']], 'Weight decays to try.')
+_FLAGS: dict[str, Any] = {}
 
+
+def _define_flags() -> None:
+  """Defined only when run as a command, so importing this module (tests, other commands) adds no absl flags."""
+  _FLAGS['config'] = config_flags.DEFINE_config_file('config', None, 'Fine-tuning config (configs/finetune_*.py).',
+                                                     lock_config=True)
+  _FLAGS['workdir'] = flags.DEFINE_string('workdir', None, 'Sweep directory: one sub-directory per grid point.')
+  _FLAGS['lr'] = flags.DEFINE_list('lr', [str(v) for v in GRID['lr']], 'Learning rates to try.')
+  _FLAGS['batch'] = flags.DEFINE_list('batch', [str(v) for v in GRID['batch']], 'Global batch sizes to try.')
+  _FLAGS['weight_decay'] = flags.DEFINE_list('weight_decay', [str(v) for v in GRID['weight_decay']],
+                                             'Weight decays to try.')
+  flags.mark_flags_as_required(['config', 'workdir'])
 
 def point_name(lr: float, batch: int, wd: float) -> str:
   return f'lr{lr:g}_bs{batch}_wd{wd:g}'
@@ -88,12 +94,13 @@ def main(argv: list[str]) -> int:
                       force=True)
   logging.getLogger('absl').setLevel(logging.WARNING)
   try:
-    grid = ([float(v) for v in _LR.value], [int(v) for v in _BATCH.value], [float(v) for v in _WD.value])
+    grid = ([float(v) for v in _FLAGS['lr'].value], [int(v) for v in _FLAGS['batch'].value],
+            [float(v) for v in _FLAGS['weight_decay'].value])
   except ValueError as e:
     print(f'sweep: error: --lr / --batch / --weight_decay must be comma-separated numbers ({e})', file=sys.stderr)
     return 2
   try:
-    summary = run_sweep(_CONFIG.value, _WORKDIR.value, *grid)
+    summary = run_sweep(_FLAGS['config'].value, _FLAGS['workdir'].value, *grid)
   except (ConfigError, DataError) as e:
     print(f'sweep: error: {e}', file=sys.stderr)
     return 2
@@ -102,5 +109,5 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == '__main__':
-  flags.mark_flags_as_required(['config', 'workdir'])
+  _define_flags()
   app.run(lambda argv: sys.exit(main(argv)))
