@@ -172,8 +172,8 @@ def test_auto_resolution_table():
   assert c(platform='gpu', compute_capability='9.0', dtype='float32') == 'xla'
   assert c(platform='tpu') == 'splash' and c(platform='tpu', dtype='float32', packed=False) == 'splash'
   assert c(platform='tpu', seq_len=1000) == 'xla'
-  assert c(platform='cpu', dtype='float32') == 'xla'
-  assert c(platform='cpu', dtype='float32', seq_len=4096) == 'blockwise'
+  assert c(platform='cpu', dtype='float32') == 'blockwise' and c(platform='cpu', seq_len=4096) == 'blockwise'
+  assert c(platform='cpu', dtype='float32', seq_len=128) == 'xla'          # one key block: nothing to tile
   assert 'bias' in choose('auto', platform='gpu', dtype='bfloat16', packed=True, seq_len=1024,
                           compute_capability='8.6').warning
   # explicit choices that cannot run say which setting to change

@@ -72,7 +72,7 @@ class EncoderLayers(nnx.Module):
     if cfg.attention_impl != "auto":
       return cfg.attention_impl
     return choose("auto", platform=jax.default_backend(), dtype=cfg.dtype, packed=packed, seq_len=cfg.max_length,
-                  splash_block=cfg.splash_block_size).kernel
+                  splash_block=cfg.splash_block_size, blockwise_block=cfg.blockwise_block_size).kernel
 
   def __call__(self, x: jax.Array, positions: jax.Array, segment_ids: jax.Array | None,
                lengths: jax.Array | None, max_segments: int | None = None) -> jax.Array:

@@ -135,7 +135,8 @@ def attention_choice(cfg: ml_collections.ConfigDict, platform: str | None = None
   try:
     return choose(cfg.model.attention_impl, platform=platform, dtype=cfg.model.dtype,
                   packed=cfg.data.packing == 'packed', seq_len=int(cfg.model.max_length),
-                  compute_capability=compute_capability, splash_block=int(cfg.model.splash_block_size))
+                  compute_capability=compute_capability, splash_block=int(cfg.model.splash_block_size),
+                  blockwise_block=int(cfg.model.blockwise_block_size))
   except ValueError as e:
     raise ConfigError(str(e)) from None
 

@@ -8,8 +8,8 @@
 | gpu      | fp32          | any     | xla         | cuDNN fused attention has no fp32 kernel                        |
 | tpu      | any           | any     | splash      | Pallas flash kernel with segment ids (T a multiple of 128)      |
 | tpu      | any           | any     | xla         | when T is not a multiple of 128                                 |
-| cpu      | any           | any     | xla         | measured fastest at T <= CPU_BLOCKWISE_MIN_SEQ (README)         |
-| cpu      | any           | any     | blockwise   | longer rows: the [B, H, T, T] scores would not fit in memory    |
+| cpu      | any           | any     | blockwise   | T > one key block: beats the einsums on the bench-768 step      |
+| cpu      | any           | any     | xla         | T within one key block: nothing to tile, the two are level      |
 
 Owns: this table and the checks of explicit choices. Called once per run by the trainer's config resolution
 (train/config.py) and by the AOT command for its target; the encoder only asks it when a config still says 'auto'.
@@ -21,9 +21,6 @@ import dataclasses
 
 IMPLEMENTATIONS = ("auto", "xla", "blockwise", "cudnn", "cudnn_bias", "splash")
 KERNELS = IMPLEMENTATIONS[1:]
-# Below this many tokens per row the plain einsums beat the blockwise kernel on XLA:CPU (bench-768 measurement in
-# the README); above it they are kept for memory: [B, H, T, T] fp32 scores at T = 2048 are 16 MiB per row-head.
-CPU_BLOCKWISE_MIN_SEQ = 2048
 _HALF = ("bfloat16", "float16")
 
 
@@ -51,7 +48,7 @@ def _splash_fits(seq_len: int, block: int) -> str:
 
 
 def choose(requested: str, *, platform: str, dtype: str, packed: bool, seq_len: int,
-           compute_capability: str | None = None, splash_block: int = 512) -> Choice:
+           compute_capability: str | None = None, splash_block: int = 512, blockwise_block: int = 128) -> Choice:
   """The kernel for `requested` ('auto' or a kernel name) on `platform` ('cpu' | 'gpu' | 'cuda' | 'tpu').
 
   Raises ValueError naming the setting and the fix when an explicit choice cannot run there.
@@ -62,7 +59,7 @@ def choose(requested: str, *, platform: str, dtype: str, packed: bool, seq_len: 
   hopper = compute_capability is None or tuple(int(x) for x in compute_capability.split(".")) >= (9, 0)
   if requested == "auto":
     return _auto(platform=platform, dtype=dtype, packed=packed, seq_len=seq_len, hopper=hopper,
-                 splash_block=splash_block)
+                 splash_block=splash_block, blockwise_block=blockwise_block)
   if requested in ("cudnn", "cudnn_bias"):
     if platform != "gpu":
       raise ValueError(f"model.attention_impl={requested!r} needs an NVIDIA GPU, this is {platform}; use 'auto'.")
@@ -83,7 +80,8 @@ def choose(requested: str, *, platform: str, dtype: str, packed: bool, seq_len: 
   return Choice(requested, "requested")
 
 
-def _auto(*, platform: str, dtype: str, packed: bool, seq_len: int, hopper: bool, splash_block: int) -> Choice:
+def _auto(*, platform: str, dtype: str, packed: bool, seq_len: int, hopper: bool, splash_block: int,
+          blockwise_block: int) -> Choice:
   if platform == "gpu":
     if dtype not in _HALF:
       return Choice("xla", f"cuDNN fused attention has no {dtype} kernel")
@@ -98,6 +96,8 @@ def _auto(*, platform: str, dtype: str, packed: bool, seq_len: int, hopper: bool
   if platform == "tpu":
     why = _splash_fits(seq_len, splash_block)
     return Choice("xla", why + ": no splash tiling") if why else Choice("splash", "Pallas flash with segment ids")
-  if seq_len >= CPU_BLOCKWISE_MIN_SEQ:
-    return Choice("blockwise", f"rows of {seq_len}: T x T scores kept out of memory")
-  return Choice("xla", f"fastest on CPU for rows of {seq_len}")
+  # Measured side by side on the bench-768 train step (README): blockwise ~1.15x the einsums' tokens/s at T=512;
+  # at T=128 in one block the two are level, so the simpler program is kept.
+  if seq_len > blockwise_block:
+    return Choice("blockwise", f"online softmax over {blockwise_block}-token key blocks, no T x T scores")
+  return Choice("xla", f"rows of {seq_len} fit one key block")
