@@ -76,7 +76,10 @@ def bbc_pairs_run(tmp_path_factory):
     titles, bodies, labels = datasets.bbc_titled(max_chars=300)
   except CorpusUnavailable as e:
     pytest.skip(f'package registry unreachable: {e}')
-  rows = [{'query': t, 'positive': b, 'dataset': 'bbc'} for t, b in list(zip(titles, bodies))[::3]]
+  picked = list(range(0, len(titles), 3))
+  # Hard negative: the body of the next picked article of the same topic (the last one of a topic has none).
+  negative = [bodies[j] if j != -1 and labels[j] == labels[i] else '' for i, j in zip(picked, picked[1:] + [-1])]
+  rows = [{'query': titles[i], 'positive': bodies[i], 'negative': n, 'dataset': 'bbc'} for i, n in zip(picked, negative)]
   (root / 'pairs.jsonl').write_text(''.join(json.dumps(r) + '\n' for r in rows))
   (root / 'instructions.json').write_text(json.dumps({'bbc': 'Given a headline, find the article:'}))
   cfg = base_config('contrastive')
@@ -84,6 +87,7 @@ def bbc_pairs_run(tmp_path_factory):
   m.hidden_size, m.num_layers, m.num_heads, m.intermediate_size = 64, 2, 4, 256
   cfg.data.train_file = str(root / 'pairs.jsonl')
   cfg.data.dataset_field, cfg.data.instructions = 'dataset', str(root / 'instructions.json')
+  cfg.data.negative_field = 'negative'
   cfg.data.max_length, cfg.data.min_bucket, cfg.data.validation_fraction = 32, 32, 0.2
   cfg.train.batch_size, cfg.train.epochs, cfg.train.eval_batch_size = 32, 3, 64
   cfg.optimizer.lr = 2e-3
