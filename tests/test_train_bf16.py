@@ -99,30 +99,38 @@ def test_the_tolerance_fails_when_the_loss_is_summed_in_bf16(fp32_curve, monkeyp
 
 
 def main() -> None:
-  """The long curve for the README: the tiny config on the built-in corpus, fp32 and bf16 on the same batches."""
+  """The long curve for the README: the tiny config on the built-in corpus, fp32 and bf16 stepped in turn on the
+  same batches, a table row every --every steps (printed as it goes)."""
   from neobert_jax.train import config as config_lib
   from neobert_jax.data import pipeline
   p = argparse.ArgumentParser()
   p.add_argument('--steps', type=int, default=300)
   p.add_argument('--every', type=int, default=25)
   a = p.parse_args()
-  curves, seconds = {}, {}
+  mesh = shd.make_mesh(dict(data=1, fsdp=1, tensor=1), jax.devices()[:1])
+  runs = {}
   for dtype in ('float32', 'bfloat16'):
     cfg = config_lib.load_config(str(config_lib.REPO_ROOT / 'configs' / 'tiny_cpu.py'))
     cfg.train.num_steps, cfg.train.compute_dtype, cfg.model.dtype = a.steps, dtype, dtype
-    it = pipeline.make_train_iterator(cfg.data, cfg.train.global_batch_size, cfg.model.max_length, int(cfg.seed),
-                                      model_vocab_size=int(cfg.model.vocab_size))
-    batches = ({k: v[None] for k, v in next(it).items()} for _ in range(a.steps))
-    t0 = time.perf_counter()
-    curves[dtype] = run_curve(cfg, batches)
-    seconds[dtype] = time.perf_counter() - t0
-  f, b = np.asarray(curves['float32']), np.asarray(curves['bfloat16'])
-  print(f'| step | fp32 loss | bf16 loss | bf16 - fp32 |')
-  print('|---|---|---|---|')
-  for s in sorted(set(range(0, a.steps, a.every)) | {a.steps - 1}):
-    print(f'| {s + 1} | {f[s]:.3f} | {b[s]:.3f} | {b[s] - f[s]:+.3f} |')
-  print(f'max |bf16 - fp32| {np.abs(b - f).max():.3f}, over the last 50 steps (mean) {np.abs(b - f)[-50:].mean():.3f}; '
-        f'NaN: {bool(np.isnan(b).any())}; wall fp32 {seconds["float32"]:.0f} s, bf16 {seconds["bfloat16"]:.0f} s')
+    defs, state = state_lib.create_train_state(cfg, mesh)
+    runs[dtype] = [step_lib.build_train_step(cfg, mesh, defs), state, []]
+  it = pipeline.make_train_iterator(cfg.data, cfg.train.global_batch_size, cfg.model.max_length, int(cfg.seed),
+                                    model_vocab_size=int(cfg.model.vocab_size))
+  keys = step_lib.batch_keys(cfg)
+  print('| step | fp32 loss | bf16 loss | bf16 - fp32 |\n|---|---|---|---|', flush=True)
+  t0 = time.perf_counter()
+  for s in range(a.steps):
+    batch = {k: jax.device_put(v[None], step_lib.batch_sharding(mesh)) for k, v in next(it).items() if k in keys}
+    for run in runs.values():
+      run[1], m = run[0](run[1], batch)
+      run[2].append(float(m['loss']))
+    f, b = runs['float32'][2][-1], runs['bfloat16'][2][-1]
+    if (s + 1) % a.every == 0 or s == 0 or s == a.steps - 1:
+      print(f'| {s + 1} | {f:.3f} | {b:.3f} | {b - f:+.3f} |', flush=True)
+  f, b = np.asarray(runs['float32'][2]), np.asarray(runs['bfloat16'][2])
+  print(f'max |bf16 - fp32| {np.abs(b - f).max():.3f}, mean over the last 50 steps {np.abs(b - f)[-50:].mean():.3f}, '
+        f'final fp32 {f[-1]:.3f} bf16 {b[-1]:.3f}; NaN: {bool(np.isnan(b).any())}; '
+        f'{time.perf_counter() - t0:.0f} s for both', flush=True)
 
 
 if __name__ == '__main__':
