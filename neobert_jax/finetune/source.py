@@ -63,7 +63,20 @@ def load(path: str, step: int | None = None, need_decoder: bool = False) -> Sour
   if need_decoder and 'decoder.kernel' not in flat:
     raise DataError(f'{path}: these weights have no MLM decoder (a fine-tuned model?); use a pretraining run '
                     'or a NeoBERT MLM export')
-  return Source(cfg, flat, str(run_config.get('data', {}).get('tokenizer') or ''), run_config, str(p))
+  return Source(cfg, flat, _run_tokenizer(run_config), run_config, str(p))
+
+
+def _run_tokenizer(run_config: dict[str, Any]) -> str:
+  """A run's tokenizer: named in its config, else recorded in its prepared data's manifest ('' if unknown)."""
+  data = run_config.get('data', {})
+  if data.get('tokenizer'):
+    return str(data['tokenizer'])
+  if data.get('dir'):
+    from neobert_jax.data import shards  # pylint: disable=g-import-not-at-top
+    manifest = Path(data['dir']).expanduser() / shards.MANIFEST
+    if manifest.is_file():
+      return str(json.loads(manifest.read_text()).get('tokenizer', {}).get('spec', ''))
+  return ''  # the built-in corpus, or data no longer on this machine: the default (bert-base-uncased) applies
 
 
 def encoder_params(flat: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
