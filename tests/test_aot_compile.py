@@ -98,9 +98,9 @@ def test_h100x8_packed_rows_use_flash_and_pre_hopper_path_keeps_the_bias_kernel(
 
 @pytest.mark.parametrize('recipe', ['neobert_250m.py', 'neobert_250m_4096.py'])
 def test_250m_packed_step_on_h100_is_flash_without_a_t_by_t_buffer(tmp_path, recipe):
-  """The real 250M recipes, packed: cuDNN's plain flash kernel, no [.., T, T] buffer in the program, and
-  temporaries within 1% of padding mode's (the packed kernel's softmax statistics scale with
-  data.max_documents_per_row)."""
+  """The real 250M recipes, packed: cuDNN's plain flash kernel, no [.., T, T] buffer in the program, and no more
+  temporaries than padding mode's except the softmax statistics jax's packed layout keeps per document slot
+  ([B x max_documents_per_row, heads, T] fp32 per layer instead of [B, heads, T])."""
   def run(packing):
     out = tmp_path / f'{packing}.json'
     hlo = tmp_path / f'{packing}.hlo'
@@ -112,13 +112,18 @@ def test_250m_packed_step_on_h100_is_flash_without_a_t_by_t_buffer(tmp_path, rec
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-5000:]
     return json.loads(out.read_text()), hlo.read_text()
 
+  from neobert_jax import config
+  cfg = config.load(os.path.join(ROOT, 'configs', recipe))
   packed, hlo = run('packed')
   padded, _ = run('none')
   t = packed['seq_len']
   assert packed['attention_kernels'] == ['__cudnn$fmhaSoftmax', '__cudnn$fmhaSoftmaxBackward']
   assert not re.search(rf'\[[0-9,]*{t},{t}\]', hlo), 'a [.., T, T] buffer is in the compiled program'
-  assert packed['fits'] and packed['temp_bytes'] <= 1.01 * padded['temp_bytes'], (packed['temp_bytes'],
-                                                                               padded['temp_bytes'])
+  rows = packed['global_batch'] // packed['grad_accum'] // packed['num_devices']
+  slots = cfg.data.max_documents_per_row
+  stats = cfg.model.num_layers * rows * (slots - 1) * cfg.model.num_heads * t * 4
+  assert packed['fits'] and packed['temp_bytes'] <= 1.005 * padded['temp_bytes'] + stats, (
+      packed['temp_bytes'], padded['temp_bytes'], stats)
 
 
 def test_fit_arithmetic_and_format():
