@@ -11,7 +11,9 @@ Owns: the private API surface. Imports nothing from the rest of the package.
 
 from __future__ import annotations
 
+import functools
 import importlib
+import logging
 
 import jax
 
@@ -45,6 +47,15 @@ def jax_version_tested() -> bool:
   return TESTED_JAX[0] <= major_minor <= TESTED_JAX[1]
 
 
+@functools.cache
+def _warn_if_untested() -> None:
+  if not jax_version_tested():
+    logging.getLogger(__name__).warning(
+        'jax %s is outside the releases the cuDNN packed-layout call was tested with (%s - %s); the private '
+        'signature may have changed: run tests/test_attention_gpu.py on a GPU before training.', jax.__version__,
+        '.'.join(map(str, TESTED_JAX[0])), '.'.join(map(str, TESTED_JAX[1])))
+
+
 def check() -> None:
   """Raises CudnnPackedUnavailable if the private entry point moved (called by the tests and at trace time)."""
   _module()
@@ -54,6 +65,7 @@ def packed_flash_attention(q: jax.Array, k: jax.Array, v: jax.Array, seqlens: ja
                            offsets: jax.Array) -> jax.Array:
   """q, k, v [B, T, H, Dh] (bf16/fp16) with packed_layout()'s seqlens [B, M] / offsets [B, M + 1] -> [B, T, H, Dh]."""
   mod = _module()
+  _warn_if_untested()
   return mod.dot_product_attention(
       q, k, v, None, None, seqlens, seqlens, offsets, offsets, scale=q.shape[-1] ** -0.5,
       mask_type=mod.MaskType.PADDING, qkv_layout="BTNH")
