@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from neobert_jax.data import config as config_lib
+from neobert_jax.data import batch as batch_contract
 from neobert_jax.data import pipeline, shards, testing
 
 N_DOCS = 600
@@ -53,6 +54,9 @@ def test_batch_contract(data_dir, packing, max_predictions):
   assert set(b) == want
   for k in ('input_ids', 'positions', 'segment_ids', 'labels'):
     assert b[k].shape == (8, 128) and b[k].dtype == np.int32
+  # what the train step reads is exactly data/batch.py's contract
+  for k, (shape, dtype) in batch_contract.row_shapes(128, max_predictions).items():
+    assert b[k].shape == (8,) + shape and b[k].dtype == dtype, k
   if packing == 'none':
     assert b['segment_ids'].max() == 1
     lengths = (b['segment_ids'] > 0).sum(-1)  # what the train step derives

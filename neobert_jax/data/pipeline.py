@@ -18,7 +18,7 @@ and only multi-host jobs pay it.
 
 Blocks are random-access (block b is a pure function of seed and b), so the
 iterator state is two integers plus Grain's own index. Batches are numpy dicts
-per host, as in the batch contract (/tmp/interfaces.md): input_ids, positions,
+per host, as in the batch contract (data/batch.py): input_ids, positions,
 segment_ids, labels [B, T] int32, and with max_predictions > 0 mlm_positions,
 mlm_labels [B, P] int32 and mlm_weights [B, P] float32.
 """
@@ -37,8 +37,6 @@ from neobert_jax.data import packing
 from neobert_jax.data import shards
 from neobert_jax.data import tokenizer as tokenizer_lib
 
-ROW_KEYS = ('input_ids', 'positions', 'segment_ids', 'labels')
-SLOT_KEYS = ('mlm_positions', 'mlm_labels', 'mlm_weights')
 
 
 class BlockBuilder:

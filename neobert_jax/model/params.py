@@ -1,6 +1,6 @@
 """The model's parameters as a flat {dotted path: numpy array} dict: the layout converters and tools exchange.
 
-Keys (layers stacked along a leading axis), e.g. 'encoder.layers.qkv' [L, D, H, 3*Dh]; see /tmp/interfaces.md.
+Keys (layers stacked along a leading axis), e.g. 'encoder.layers.qkv' [L, D, H, 3*Dh].
 """
 
 from __future__ import annotations

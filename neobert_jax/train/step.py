@@ -19,16 +19,13 @@ from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from neobert_jax import sharding as shd
+from neobert_jax.data import batch as batch_contract
 from neobert_jax.model.attention import overflow
 from neobert_jax.train.state import StateDefs, TrainState
 
-# Keys the step reads; anything else the data pipeline adds stays on the host.
-SPARSE_KEYS = ('input_ids', 'positions', 'segment_ids', 'mlm_positions', 'mlm_labels', 'mlm_weights')
-DENSE_KEYS = ('input_ids', 'positions', 'segment_ids', 'labels')
-
-
 def batch_keys(cfg: ml_collections.ConfigDict) -> tuple[str, ...]:
-  return SPARSE_KEYS if cfg.data.max_predictions > 0 else DENSE_KEYS
+  """Keys the step reads (data/batch.py); anything else the data pipeline adds stays on the host."""
+  return batch_contract.step_keys(int(cfg.data.max_predictions))
 
 
 def batch_sharding(mesh: jax.sharding.Mesh) -> NamedSharding:
@@ -40,18 +37,10 @@ def abstract_batch(cfg: ml_collections.ConfigDict, mesh: jax.sharding.Mesh,
                    accum: int | None = None) -> dict[str, jax.ShapeDtypeStruct]:
   """ShapeDtypeStructs of one global train batch (eval: accum=1, M = global batch / grad_accum_steps)."""
   a = int(cfg.train.grad_accum_steps) if accum is None else accum
-  m, t, p = cfg.train.global_batch_size // cfg.train.grad_accum_steps, cfg.model.max_length, cfg.data.max_predictions
-  shapes = {'input_ids': (t,), 'positions': (t,), 'segment_ids': (t,), 'labels': (t,),
-            'mlm_positions': (p,), 'mlm_labels': (p,), 'mlm_weights': (p,)}
+  m = cfg.train.global_batch_size // cfg.train.grad_accum_steps
   s = batch_sharding(mesh)
-  return {k: jax.ShapeDtypeStruct((a, m) + shapes[k], jnp.float32 if k == 'mlm_weights' else jnp.int32, sharding=s)
-          for k in batch_keys(cfg)}
-
-
-def max_segments(cfg: ml_collections.ConfigDict) -> int | None:
-  """The static documents-per-row bound of packed batches (None: unbounded), which cuDNN's packed layout needs."""
-  limit = int(cfg.data.get('max_documents_per_row', 0))
-  return limit if cfg.data.packing == 'packed' and limit > 0 else None
+  rows = batch_contract.row_shapes(int(cfg.model.max_length), int(cfg.data.max_predictions))
+  return {k: jax.ShapeDtypeStruct((a, m) + shape, dtype, sharding=s) for k, (shape, dtype) in rows.items()}
 
 
 def mlm_sums(model: Any, micro: dict[str, jax.Array], packed: bool, max_segments: int | None = None
