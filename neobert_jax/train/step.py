@@ -43,6 +43,12 @@ def abstract_batch(cfg: ml_collections.ConfigDict, mesh: jax.sharding.Mesh,
   return {k: jax.ShapeDtypeStruct((a, m) + shape, dtype, sharding=s) for k, (shape, dtype) in rows.items()}
 
 
+def max_segments(cfg: ml_collections.ConfigDict) -> int | None:
+  """The static documents-per-row bound of packed batches (None: unbounded), which cuDNN's packed layout needs."""
+  limit = int(cfg.data.get('max_documents_per_row', 0))
+  return limit if cfg.data.packing == 'packed' and limit > 0 else None
+
+
 def mlm_sums(model: Any, micro: dict[str, jax.Array], packed: bool, max_segments: int | None = None
              ) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
   """Summed cross-entropy over the loss-carrying tokens of one micro-batch, plus (token count, correct count)."""
