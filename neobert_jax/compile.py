@@ -73,7 +73,7 @@ def prepare_config(cfg, target: targets.Target):
 def run_child(cfg_in) -> int:
   import jax
   from neobert_jax.aot import report as report_lib
-  from neobert_jax.model import config as model_config
+  from neobert_jax.train import metrics
 
   # Initialise the backends first: plugin discovery is what preloads the pip cuDNN library, and the cuDNN
   # attention checks at trace time fail with "cuDNN not found" without it.
@@ -111,13 +111,12 @@ def run_child(cfg_in) -> int:
   seq = int(cfg.model.max_length)
   preds = int(cfg.data.max_predictions)
   tokens = int(cfg.train.global_batch_size) * seq
-  decoder_fraction = preds / seq if preds > 0 else 1.0
   if target.platform == 'cuda' and cfg.model.attention_impl not in ('cudnn', 'cudnn_bias'):
     notes.append(f'attention_impl={cfg.model.attention_impl}: the cuDNN fused kernels were not requested')
   if target.platform == 'cuda':
     notes.append('GPU compile-only target: no autotuning, so kernel choices and temporaries may differ a little '
                  'on a live GPU; XLA gives no FLOP count here')
-  model_flops = model_config.train_flops_per_token(cfg.model, seq, decoder_fraction) * tokens
+  model_flops = metrics.flops_per_token(cfg) * tokens  # the trainer's own MFU accounting
   xla_flops = report_lib.xla_flops(compiled) if compiled is not None else None
   if xla_flops is not None and xla_flops < 0.5 * model_flops / target.num_devices:
     notes.append('XLA FLOPs count each loop body once (the layer scan, the micro-batch scan), so they are far '
@@ -132,7 +131,7 @@ def run_child(cfg_in) -> int:
       global_batch=int(cfg.train.global_batch_size), seq_len=seq, grad_accum=int(cfg.train.grad_accum_steps),
       device_memory_bytes=target.chip.memory_bytes, headroom=_HEADROOM.value,
       model_flops_per_step=model_flops, xla_flops_per_device=xla_flops,
-      peak_flops_per_device=target.chip.peak_bf16_flops,
+      peak_flops_per_device=target.peak_bf16_flops,
       attention_kernels=report_lib.attention_kernels(hlo), compile_seconds=seconds, notes=notes,
       compiler_refused=compiled is None, **mem)
   print(report_lib.format_report(r), flush=True)

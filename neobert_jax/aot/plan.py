@@ -90,12 +90,12 @@ def _memory(cfg, target: targets.Target, headroom: float) -> tuple[bool, int, li
 
 def gpu_seconds(cfg, target: targets.Target, mfu: float) -> float:
   from neobert_jax.model import config as model_config
+  from neobert_jax.train import metrics
   t = int(cfg.model.max_length)
-  preds = int(cfg.data.max_predictions)
-  per_token = (model_config.train_flops_per_token(cfg.model, t, preds / t if preds > 0 else 1.0)
+  per_token = (metrics.flops_per_token(cfg)
                + model_config.remat_recompute_flops_per_token(cfg.model, t, cfg.model.remat_policy))
   tokens = int(cfg.train.global_batch_size) * t
-  return per_token * tokens / (target.num_devices * target.chip.peak_bf16_flops * mfu)
+  return per_token * tokens / (target.num_devices * target.peak_bf16_flops * mfu)
 
 
 def tpu_seconds(cfg, target: targets.Target, mfu: float) -> float | None:
@@ -115,7 +115,7 @@ def tpu_seconds(cfg, target: targets.Target, mfu: float) -> float | None:
   if cfg.model.attention_impl == 'splash':  # a custom call: invisible to the cost model, so add its FLOPs
     t = int(cfg.model.max_length)
     attention = 12 * cfg.model.num_layers * t * cfg.model.hidden_size * int(cfg.train.global_batch_size) * t
-    seconds += attention / (target.num_devices * target.chip.peak_bf16_flops * mfu)
+    seconds += attention / (target.num_devices * target.peak_bf16_flops * mfu)
   return seconds
 
 

@@ -17,6 +17,8 @@ import dataclasses
 import math
 import re
 
+from neobert_jax import hardware
+
 from neobert_jax.errors import ConfigError  # a bad --target is the user's to fix: one line, status 2
 
 GIB = 1024 ** 3
@@ -61,7 +63,6 @@ device_description_str: "NVIDIA H100 80GB HBM3"
 class Chip:
   name: str
   memory_bytes: int          # per device (a TPU chip in one-device-per-chip mode, or a GPU)
-  peak_bf16_flops: float     # dense, per device
   dims: int = 2              # TPU torus rank
   chip_config: str = 'default'
   cores_per_chip_in_name: int = 1  # v4-8 / v5p-8 name TensorCores, not chips
@@ -69,12 +70,12 @@ class Chip:
 
 
 CHIPS = {
-    'h100': Chip('H100 SXM 80GB', 84942979072, 989e12, compute_capability='9.0'),
+    'h100': Chip('H100 SXM 80GB', 84942979072, compute_capability='9.0'),
     # v4 and v5p have two TensorCores per chip that jax drives as one device ("megacore").
-    'v4': Chip('TPU v4', 32 * GIB, 275e12, dims=3, chip_config='megacore', cores_per_chip_in_name=2),
-    'v5p': Chip('TPU v5p', 95 * GIB, 459e12, dims=3, chip_config='megacore', cores_per_chip_in_name=2),
-    'v5e': Chip('TPU v5 lite', 16 * GIB, 197e12),
-    'v6e': Chip('TPU v6 lite', 32 * GIB, 918e12),
+    'v4': Chip('TPU v4', 32 * GIB, dims=3, chip_config='megacore', cores_per_chip_in_name=2),
+    'v5p': Chip('TPU v5p', 95 * GIB, dims=3, chip_config='megacore', cores_per_chip_in_name=2),
+    'v5e': Chip('TPU v5 lite', 16 * GIB),
+    'v6e': Chip('TPU v6 lite', 32 * GIB),
 }
 
 # Chips per host along each torus axis (4 chips per TPU VM host in multi-host slices).
@@ -94,6 +95,11 @@ class Target:
   @property
   def compute_capability(self) -> str | None:
     return self.chip.compute_capability
+
+  @property
+  def peak_bf16_flops(self) -> float:
+    """Dense bf16 peak per device, from the one table (neobert_jax/hardware.py)."""
+    return hardware.peak_flops(self.chip.name)
 
   @property
   def deps_kind(self) -> str:

@@ -18,24 +18,11 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
+from neobert_jax import hardware
 from neobert_jax.model.config import train_flops_per_token
 
-# Dense bf16 peak FLOP/s per device, matched against jax's device_kind (first match wins, so specific names first).
-PEAK_FLOPS: tuple[tuple[str, float], ...] = (
-    ('H200', 989e12),
-    ('H100', 989e12),
-    ('A100', 312e12),
-    ('TPU v6 lite', 918e12),  # v6e
-    ('TPU v6e', 918e12),
-    ('TPU v5 lite', 197e12),  # v5e
-    ('TPU v5e', 197e12),
-    ('TPU v5p', 459e12),
-    ('TPU v5', 459e12),
-    ('TPU v4', 275e12),
-)
-
-
 def flops_per_token(cfg: ml_collections.ConfigDict) -> float:
+  """Model FLOPs per trained token of a training config (the sparse head decodes max_predictions of T slots)."""
   seq = int(cfg.model.max_length)
   p = int(cfg.data.max_predictions)
   decoder_fraction = min(p / seq, 1.0) if p > 0 else 1.0
@@ -43,10 +30,7 @@ def flops_per_token(cfg: ml_collections.ConfigDict) -> float:
 
 
 def table_peak(device_kind: str) -> float | None:
-  for name, peak in PEAK_FLOPS:
-    if name.lower() in device_kind.lower():
-      return peak
-  return None
+  return hardware.peak_flops(device_kind)
 
 
 def measure_matmul_peak(n: int = 1024, dtype: Any = jnp.float32, seconds: float = 1.0) -> float:
