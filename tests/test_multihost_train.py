@@ -77,6 +77,7 @@ def _resume_worker(workdir: str) -> None:
   import jax
   import numpy as np
   from flax import nnx
+  from neobert_jax import checkpoint_io
   from neobert_jax.train import checkpoint as ckpt
   from neobert_jax.train import loop
 
@@ -90,7 +91,7 @@ def _resume_worker(workdir: str) -> None:
     out = original(mngr, abstract, data_iter)
     if out is not None:  # copied now: the train step donates the state's buffers
       seen['step'] = out[0]
-      seen['params'] = ckpt._flatten(jax.device_get(nnx.to_pure_dict(out[1]['params'])))
+      seen['params'] = checkpoint_io.flatten(jax.device_get(nnx.to_pure_dict(out[1]['params'])))
       seen['opt_step'] = int(np.asarray(out[1]['opt']['step'][...]))
       seen['mesh'] = dict(out[1]['params']['encoder']['layers']['qkv'][...].sharding.mesh.shape)
     return out

@@ -2,6 +2,6 @@
 
 Modules: ``mapping`` (pure numpy key/shape mapping, config.json), ``torch_ref`` (build the PyTorch model from
 flat params), ``export_hf`` / ``import_hf`` (directories), ``__main__`` (``python -m neobert_jax.convert``).
-Owns the Hugging Face layout. Must not import train/ (today export_hf reads training checkpoints through
-train.checkpoint: known debt) nor the downstream commands.
+Owns the Hugging Face layout. Reads training checkpoints through neobert_jax/checkpoint_io.py; must not import
+train/ nor the downstream commands (today export_downstream reads finetune.labels: known debt).
 """

@@ -24,6 +24,7 @@ from typing import Any, Mapping
 import numpy as np
 from safetensors.numpy import save_file
 
+from neobert_jax import checkpoint_io
 from neobert_jax.convert import mapping
 from neobert_jax.convert.export_hf import ExportError, WEIGHTS_NAME, check_output_dir, write_atomically, write_tokenizer
 from neobert_jax.convert.hf_modeling import MODELING_FILE
@@ -116,7 +117,6 @@ def export_sentence_transformer(flat: Mapping[str, Any], model_cfg: Any, output:
 def export_run(workdir: str | Path, output: str | Path, *, overwrite: bool = False) -> Path:
   """Exports a fine-tuning workdir's best checkpoint in the format its task calls for."""
   from neobert_jax.finetune import labels as labels_lib  # pylint: disable=g-import-not-at-top
-  from neobert_jax.train import checkpoint as ckpt  # pylint: disable=g-import-not-at-top
   check_output_dir(output, overwrite)
   workdir = Path(workdir).expanduser()
   if not (workdir / 'config.json').is_file():
@@ -125,7 +125,7 @@ def export_run(workdir: str | Path, output: str | Path, *, overwrite: bool = Fal
   if 'task' not in cfg:
     raise ExportError(f'--run {workdir}: not a fine-tuning run (use python -m neobert_jax.convert for pretraining runs)')
   try:
-    model_cfg, flat = ckpt.restore_params(workdir)
+    model_cfg, flat = checkpoint_io.restore_params(workdir)
   except FileNotFoundError as e:
     raise ExportError(f'--run {workdir}: {e}') from None
   data, head = cfg['data'], cfg['head']

@@ -7,8 +7,9 @@ PyTorch NeoBERT, hf_modeling/model.py) and, when a tokenizer is given, its files
   AutoModelForMaskedLM.from_pretrained(dir, trust_remote_code=True)   # also AutoModel, ...ForSequenceClassification
 
 The source is a flat param dict plus model config, or a training checkpoint (restored on one CPU whatever mesh
-wrote it). Files are written into a temporary sibling directory that is renamed into place at the end; an existing
-non-empty output directory is only replaced with ``overwrite=True``. Needs numpy + safetensors, not torch.
+wrote it, by neobert_jax/checkpoint_io.py: never through train/). Files are written into a temporary sibling
+directory that is renamed into place at the end; an existing non-empty output directory is only replaced with
+``overwrite=True``. Needs numpy + safetensors, not torch.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import ml_dtypes
 import numpy as np
 from safetensors.numpy import save_file
 
-from neobert_jax import errors
+from neobert_jax import checkpoint_io, errors
 from neobert_jax.convert import mapping
 from neobert_jax.convert.hf_modeling import MODELING_FILE
 from neobert_jax.data import tokenizer as tokenizer_lib
@@ -161,23 +162,21 @@ def export_checkpoint(checkpoint: str | os.PathLike, output: str | os.PathLike, 
 
   Without ``tokenizer``, the training config's data.tokenizer is used when it names one.
   """
-  from neobert_jax.train import checkpoint as train_ckpt  # imports orbax; only this source needs it
-
   check_output_dir(output, overwrite)
   if not Path(checkpoint).expanduser().is_dir():
     raise ExportError(f"--checkpoint {checkpoint}: no such directory (give a training workdir or its checkpoints/)")
   try:
-    model_cfg, flat = train_ckpt.restore_params(checkpoint, step)
+    model_cfg, flat = checkpoint_io.restore_params(checkpoint, step)
   except FileNotFoundError as e:
     raise ExportError(f"--checkpoint {checkpoint}: {e}") from e
   if tokenizer is None:
-    tokenizer = _training_tokenizer(train_ckpt, checkpoint, step)
+    tokenizer = _training_tokenizer(checkpoint, step)
   return export_flat(flat, model_cfg, output, tokenizer=tokenizer, dtype=dtype, overwrite=overwrite)
 
 
-def _training_tokenizer(train_ckpt, checkpoint, step) -> str | None:
+def _training_tokenizer(checkpoint, step) -> str | None:
   try:
-    spec = train_ckpt.read_config(checkpoint, step).get("data", {}).get("tokenizer")
+    spec = checkpoint_io.read_config(checkpoint, step).get("data", {}).get("tokenizer")
   except FileNotFoundError:
     return None
   return spec or None

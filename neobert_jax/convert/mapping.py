@@ -28,7 +28,7 @@ from typing import Any, Mapping
 import ml_collections
 import numpy as np
 
-from neobert_jax import errors
+from neobert_jax import checkpoint_io, errors
 from neobert_jax.model.config import default_model_config, ffn_hidden_size
 
 HF_PREFIX = "model."
@@ -102,39 +102,21 @@ def hf_shapes(cfg: Any) -> dict[str, tuple[int, ...]]:
   return shapes
 
 
-def _check_keys_and_shapes(got: Mapping[str, Any], expected: Mapping[str, tuple], what: str, fix: str) -> None:
-  missing = [k for k in expected if k not in got]
-  unexpected = [k for k in got if k not in expected]
-  problems = []
-  if missing:
-    problems.append(f"missing keys ({len(missing)}): {_preview(missing)}")
-  if unexpected:
-    problems.append(f"unexpected keys ({len(unexpected)}): {_preview(unexpected)}")
-  for key, shape in expected.items():
-    if key in got and tuple(np.shape(got[key])) != tuple(shape):
-      problems.append(f"{key}: expected shape {tuple(shape)}, got {tuple(np.shape(got[key]))}")
-  if problems:
-    raise ConversionError(f"{what} does not match the model config:\n  " + "\n  ".join(problems) + f"\nFix: {fix}")
-
-
-def _preview(keys: list[str], limit: int = 6) -> str:
-  shown = ", ".join(keys[:limit])
-  return shown + (f", ... ({len(keys) - limit} more)" if len(keys) > limit else "")
-
-
 def check_flat(flat: Mapping[str, Any], cfg: Any) -> None:
   """Raises ConversionError naming every missing/unexpected key and wrong shape of a flat param dict."""
-  _check_keys_and_shapes(
+  checkpoint_io.check_keys_and_shapes(
       flat, flat_shapes(cfg), "the flat parameter dict",
-      "pass the model config the parameters were trained with (layers, width, heads, vocab, intermediate_size)")
+      "pass the model config the parameters were trained with (layers, width, heads, vocab, intermediate_size)",
+      ConversionError)
 
 
 def check_hf_state_dict(sd: Mapping[str, Any], cfg: Any) -> None:
   """Raises ConversionError naming every missing/unexpected key and wrong shape of an HF NeoBERT state_dict."""
-  _check_keys_and_shapes(
+  checkpoint_io.check_keys_and_shapes(
       sd, hf_shapes(cfg), "the Hugging Face state_dict",
       "make sure config.json matches model.safetensors (num_hidden_layers, hidden_size, num_attention_heads, "
-      "intermediate_size, vocab_size) and that the checkpoint is a NeoBERTLMHead (keys 'model.*' + 'decoder.*')")
+      "intermediate_size, vocab_size) and that the checkpoint is a NeoBERTLMHead (keys 'model.*' + 'decoder.*')",
+      ConversionError)
 
 
 def flat_to_hf_state_dict(flat: Mapping[str, Any], cfg: Any) -> dict[str, np.ndarray]:

@@ -11,6 +11,8 @@ import jax
 import numpy as np
 from flax import nnx
 
+from neobert_jax import checkpoint_io
+
 
 def _path_key(path) -> str:
   return ".".join(str(getattr(p, "key", p)) for p in path)
@@ -22,11 +24,6 @@ def to_flat(model: nnx.Module) -> dict[str, np.ndarray]:
   return {_path_key(path): np.asarray(jax.device_get(var[...])) for path, var in nnx.to_flat_state(state)}
 
 
-def expected_shapes(model: nnx.Module) -> dict[str, tuple[int, ...]]:
-  state = nnx.state(model, nnx.Param)
-  return {_path_key(path): tuple(var[...].shape) for path, var in nnx.to_flat_state(state)}
-
-
 def load_flat(model: nnx.Module, flat: Mapping[str, np.ndarray]) -> None:
   """Writes flat arrays into the model in place, keeping each parameter's dtype and sharding.
 
@@ -34,20 +31,9 @@ def load_flat(model: nnx.Module, flat: Mapping[str, np.ndarray]) -> None:
   """
   state = nnx.state(model, nnx.Param)
   variables = {_path_key(path): var for path, var in nnx.to_flat_state(state)}
-  missing = sorted(set(variables) - set(flat))
-  unexpected = sorted(set(flat) - set(variables))
-  wrong = [f"{k}: checkpoint {tuple(np.shape(flat[k]))} vs model {tuple(variables[k][...].shape)}"
-           for k in sorted(set(variables) & set(flat)) if tuple(np.shape(flat[k])) != tuple(variables[k][...].shape)]
-  problems = []
-  if missing:
-    problems.append(f"missing parameters {missing}")
-  if unexpected:
-    problems.append(f"unexpected parameters {unexpected}")
-  if wrong:
-    problems.append("shape mismatches " + "; ".join(wrong))
-  if problems:
-    raise ValueError("parameters do not fit the model: " + ". ".join(problems) +
-                     ". Check that the model config (layers, sizes, vocab) matches the checkpoint.")
+  checkpoint_io.check_keys_and_shapes(
+      flat, {k: tuple(v[...].shape) for k, v in variables.items()}, 'the parameters',
+      'check that the model config (layers, sizes, vocab) matches the checkpoint', error=ValueError)
   for key, var in variables.items():
     current = var[...]
     value = np.asarray(flat[key]).astype(current.dtype)

@@ -23,7 +23,9 @@ used. A step is never set aside for anything else:
     state are restored and the iterator is moved in O(1) to a position derived from the step (see `_restore_data`),
     with a warning.
 
-For converters: `restore_params(path)` returns (model config, flat numpy params) on one CPU, whatever mesh wrote it.
+Owns writing the layout above and resuming from it (params, optimizer state, data position). Reading parameters
+and a run's config without the trainer (converters, fine-tuning) is neobert_jax/checkpoint_io.py's, re-exported
+here. Imports checkpoint_io, errors, train.state and data.pipeline; never convert/.
 """
 
 from __future__ import annotations
@@ -42,18 +44,18 @@ import numpy as np
 import orbax.checkpoint as ocp
 from flax import nnx
 
-from neobert_jax import errors
+from neobert_jax import checkpoint_io, errors
 from neobert_jax.train.state import TrainState
 
 log = logging.getLogger(__name__)
 
-CHECKPOINT_SUBDIR = 'checkpoints'
-
-
-def checkpoint_dir(path: str | os.PathLike) -> Path:
-  """Accepts a workdir (with a checkpoints/ subdir) or the checkpoints dir itself."""
-  p = Path(path).expanduser().resolve()
-  return p / CHECKPOINT_SUBDIR if (p / CHECKPOINT_SUBDIR).is_dir() else p
+# The run layout and the readers of parameters and config live one layer down, where convert/ reads them too;
+# they are re-exported here for the trainer's callers.
+CHECKPOINT_SUBDIR = checkpoint_io.CHECKPOINT_SUBDIR
+checkpoint_dir = checkpoint_io.checkpoint_dir
+latest_step = checkpoint_io.latest_step
+read_config = checkpoint_io.read_config
+restore_params = checkpoint_io.restore_params
 
 
 def make_manager(workdir: str | os.PathLike, keep: int = 3, async_save: bool = True) -> ocp.CheckpointManager:
@@ -80,7 +82,7 @@ def save(mngr: ocp.CheckpointManager, step: int, state: TrainState, data_iter: A
   """
   args = {'params': ocp.args.StandardSave(nnx.to_pure_dict(state['params'])),
           'opt': ocp.args.StandardSave(state['opt']),
-          'config': ocp.args.JsonSave(cfg.to_dict()),
+          checkpoint_io.CONFIG_ITEM: ocp.args.JsonSave(cfg.to_dict()),
           **_data_args(data_iter, save=True)}
   mngr.save(step, args=ocp.args.Composite(**args), force=True)
 
@@ -269,59 +271,3 @@ def restore_latest(mngr: ocp.CheckpointManager, abstract: TrainState, data_iter:
     return step, {'params': params, 'opt': restored['opt']}
   _agree_on_step(None, mngr.directory)
   return None
-
-
-def _flatten(tree: dict[str, Any], prefix: str = '') -> dict[str, Any]:
-  out = {}
-  for k, v in tree.items():
-    key = f'{prefix}{k}'
-    out.update(_flatten(v, key + '.') if isinstance(v, dict) else {key: v})
-  return out
-
-
-def latest_step(ckpt_dir: str | os.PathLike) -> int | None:
-  steps = ocp.utils.checkpoint_steps(checkpoint_dir(ckpt_dir))
-  return max(steps) if steps else None
-
-
-def read_config(path: str | os.PathLike, step: int | None = None) -> ml_collections.ConfigDict:
-  """The resolved training config saved with `step` (default latest), else the workdir's config.json."""
-  cdir = checkpoint_dir(path)
-  step = latest_step(cdir) if step is None else step
-  candidates = []
-  if step is not None:
-    candidates.append(cdir / str(step) / 'config' / 'metadata')
-  candidates += [cdir.parent / 'config.json', cdir / 'config.json']
-  for c in candidates:
-    if c.is_file():
-      return ml_collections.ConfigDict(json.loads(c.read_text()))
-  raise FileNotFoundError(f'no training config found for {path} (looked at {", ".join(map(str, candidates))})')
-
-
-def restore_params(path: str | os.PathLike, step: int | None = None) -> tuple[ml_collections.ConfigDict, dict[str, np.ndarray]]:
-  """(model config, {dotted key: numpy array}) of a checkpoint, read on one CPU device whatever mesh wrote it.
-
-  `path` is a workdir, its checkpoints/ dir; `step` defaults to the latest complete step.
-  """
-  cdir = checkpoint_dir(path)
-  step = latest_step(cdir) if step is None else step
-  if step is None:
-    raise FileNotFoundError(f'no complete checkpoint under {cdir}')
-  item = cdir / str(step) / 'params'
-  if not item.is_dir():
-    raise FileNotFoundError(f'checkpoint step {step} has no params at {item}')
-  cpu = jax.sharding.SingleDeviceSharding(jax.local_devices(backend='cpu')[0])
-  absl_log = logging.getLogger('absl')
-  level = absl_log.level
-  with ocp.StandardCheckpointer() as ckptr:
-    # The step-level metadata file sits one directory up (CheckpointManager layout); Orbax warns that the item
-    # has none of its own, which is expected here and only alarms users reading the export log.
-    absl_log.setLevel(logging.ERROR)
-    try:
-      meta = ckptr.metadata(item).item_metadata
-    finally:
-      absl_log.setLevel(level)
-    target = jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=cpu), meta.tree)
-    tree = ckptr.restore(item, target)
-  flat = {k: np.asarray(v) for k, v in _flatten(tree).items()}
-  return read_config(cdir, step).model, flat

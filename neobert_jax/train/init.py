@@ -13,11 +13,9 @@ from typing import Any, Mapping
 import jax
 import ml_collections
 import numpy as np
-import orbax.checkpoint as ocp
 from flax import nnx
 
-from neobert_jax import errors
-from neobert_jax.train import checkpoint as ckpt
+from neobert_jax import checkpoint_io, errors
 from neobert_jax.train.state import StateDefs, TrainState, with_params
 
 log = logging.getLogger('neobert_jax.train')
@@ -39,16 +37,14 @@ def _abstract_pure(params: Any) -> Any:
 
 def params_from_checkpoint(path: str, step: int | None, like: Any) -> Any:
   """Another run's parameters, read straight onto the shardings of `like` (no host gather)."""
-  cdir = ckpt.checkpoint_dir(path)
-  step = ckpt.latest_step(cdir) if step is None or step < 0 else step
-  if step is None:
-    raise errors.CheckpointError(f'init.from_checkpoint={path!r}: no complete checkpoint under {cdir}; give a '
-                                 'workdir (or its checkpoints/) of a run that saved at least one step')
-  with ocp.StandardCheckpointer() as ckptr:
-    tree = ckptr.restore(cdir / str(step) / 'params', _abstract_pure(like))
+  try:
+    tree, step = checkpoint_io.restore_param_tree(path, step, _abstract_pure(like))
+  except FileNotFoundError as e:
+    raise errors.CheckpointError(f'init.from_checkpoint={path!r}: {e}; give a workdir (or its checkpoints/) of a '
+                                 'run that saved at least one step') from None
   params = jax.tree.map(lambda a: a, like)
   nnx.replace_by_pure_dict(params, tree)
-  log.info('initialised parameters from %s/%d', cdir, step)
+  log.info('initialised parameters from %s step %d', path, step)
   return params
 
 
@@ -57,36 +53,17 @@ def params_from_flat(flat: Mapping[str, np.ndarray], like: Any) -> Any:
 
   Each process builds only the shards its devices hold, from its own host copy of the flat arrays.
   """
-  pure = nnx.to_pure_dict(like)
-  expected: dict[str, Any] = {}
-
-  def walk(node: Any, prefix: str) -> None:
-    for k, v in node.items():
-      walk(v, f'{prefix}{k}.') if isinstance(v, dict) else expected.__setitem__(f'{prefix}{k}', v)
-  walk(pure, '')
-  missing, extra = sorted(set(expected) - set(flat)), sorted(set(flat) - set(expected))
-  wrong = [f'{k}: {np.shape(flat[k])} vs {expected[k].shape}' for k in expected
-           if k in flat and tuple(np.shape(flat[k])) != tuple(expected[k].shape)]
-  if missing or extra or wrong:
-    raise errors.CheckpointError(f'parameters do not match the model: missing {missing}, unexpected {extra}, '
-                                 f'shapes {wrong}')
+  expected = checkpoint_io.flatten(nnx.to_pure_dict(like))
+  checkpoint_io.check_keys_and_shapes(
+      flat, {k: tuple(v.shape) for k, v in expected.items()}, 'the parameters to initialise from',
+      'initialise from a checkpoint of the same architecture (layers, width, heads, vocab, intermediate_size)')
 
   def put(key: str, ref: jax.Array) -> jax.Array:
     host = np.asarray(flat[key], dtype=ref.dtype)
     return jax.make_array_from_callback(ref.shape, ref.sharding, lambda idx: host[idx])
 
-  loaded: dict[str, Any] = {}
-
-  def build(node: Any, out: dict[str, Any], prefix: str) -> None:
-    for k, v in node.items():
-      if isinstance(v, dict):
-        out[k] = {}
-        build(v, out[k], f'{prefix}{k}.')
-      else:
-        out[k] = put(f'{prefix}{k}', v)
-  build(pure, loaded, '')
   params = jax.tree.map(lambda a: a, like)
-  nnx.replace_by_pure_dict(params, loaded)
+  nnx.replace_by_pure_dict(params, checkpoint_io.unflatten({k: put(k, v) for k, v in expected.items()}))
   return params
 
 
@@ -100,7 +77,7 @@ def maybe_initialise(cfg: ml_collections.ConfigDict, defs: StateDefs, state: Tra
   """Applies cfg.init to a freshly created state; returns it unchanged when cfg.init is empty."""
   init = cfg.init
   if init.from_checkpoint:
-    check_compatible(ckpt.read_config(init.from_checkpoint).model, cfg.model, init.from_checkpoint)
+    check_compatible(checkpoint_io.read_config(init.from_checkpoint).model, cfg.model, init.from_checkpoint)
     step = None if init.step < 0 else int(init.step)
     return with_params(defs, state, params_from_checkpoint(init.from_checkpoint, step, state['params']))
   if init.from_hf:
