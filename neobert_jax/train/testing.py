@@ -56,3 +56,23 @@ def synthetic_batch(cfg: ml_collections.ConfigDict, mesh: jax.sharding.Mesh, see
     v = np.ascontiguousarray(v.astype(s.dtype))
     out[k] = v if as_numpy else jax.device_put(v, s.sharding)
   return out
+
+
+def mlm_rows(cfg: ml_collections.ConfigDict, seed: int = 0, fraction: float = 0.2) -> dict[str, np.ndarray]:
+  """One global batch of full rows (one document each, no padding) with `fraction` of the tokens carrying the loss,
+  every key of data/batch.py filled consistently: the sparse slots and the dense labels name the same tokens, so
+  a sparse-head step, a dense-head step and the PyTorch model see the same work. Shapes [B, ...], no accum axis."""
+  rng = np.random.default_rng(seed)
+  b, t, p = cfg.train.global_batch_size, cfg.model.max_length, max(int(cfg.data.max_predictions), 1)
+  ids = rng.integers(1000, cfg.model.vocab_size, (b, t)).astype(np.int32)
+  chosen = rng.random((b, t)) < fraction
+  chosen &= np.cumsum(chosen, 1) <= p  # no more loss tokens than sparse slots
+  pos = np.zeros((b, p), np.int32)
+  weights = np.zeros((b, p), np.float32)
+  for r in range(b):
+    idx = np.flatnonzero(chosen[r])
+    pos[r, :len(idx)], weights[r, :len(idx)] = idx, 1.0
+  return {'input_ids': np.where(chosen, 103, ids).astype(np.int32),  # 103: [MASK] of the BERT vocabulary
+          'positions': np.broadcast_to(np.arange(t, dtype=np.int32), (b, t)).copy(),
+          'segment_ids': np.ones((b, t), np.int32), 'labels': np.where(chosen, ids, -100).astype(np.int32),
+          'mlm_positions': pos, 'mlm_labels': np.take_along_axis(ids, pos, 1), 'mlm_weights': weights}
