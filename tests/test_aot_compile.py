@@ -77,23 +77,14 @@ def test_tpu_v5e_slice_uses_splash(tmp_path):
   assert 'fits          YES' in out and 'Pallas splash' in out
 
 
-def test_h100x8_padding_mode_uses_cudnn_flash(tmp_path):
-  rep, out = _compile(tmp_path, 'cuda:h100x8', packing='none', extra=['--config.mesh.tensor=2', '--require_cudnn'])
+def test_h100x8_pre_hopper_bias_kernel_on_a_tensor_parallel_mesh(tmp_path):
+  """`cudnn_bias` (what pre-Hopper GPUs get for packed rows) keeps cuDNN's bias kernel, heads split over tensor."""
+  rep, out = _compile(tmp_path, 'cuda:h100x8', packing='packed', preds=32,
+                      extra=['--config.model.attention_impl=cudnn_bias', '--config.mesh.tensor=2', '--require_cudnn'])
   _check_fit_report(rep, 8, {'data': 1, 'fsdp': 4, 'tensor': 2})
-  assert rep['device_kind'] == 'NVIDIA H100 80GB HBM3' and rep['attention_impl'] == 'cudnn'
-  # per-row lengths: the plain flash kernel, no T x T bias
-  assert rep['attention_kernels'] == ['__cudnn$fmhaSoftmax', '__cudnn$fmhaSoftmaxBackward']
+  assert rep['device_kind'] == 'NVIDIA H100 80GB HBM3' and rep['attention_impl'] == 'cudnn_bias'
+  assert rep['attention_kernels'] == ['__cudnn$fmhaScaleBiasSoftmax', '__cudnn$fmhaScaleBiasSoftmaxBackward']
   assert 'cuDNN fused' in out
-
-
-def test_h100x8_packed_rows_use_flash_and_pre_hopper_path_keeps_the_bias_kernel(tmp_path):
-  rep, _ = _compile(tmp_path, 'cuda:h100x8', packing='packed', preds=32)
-  _check_fit_report(rep, 8, {'data': 1, 'fsdp': 8, 'tensor': 1})
-  # packed (ragged) layout: the plain flash kernel, no T x T bias, no dbias
-  assert rep['attention_kernels'] == ['__cudnn$fmhaSoftmax', '__cudnn$fmhaSoftmaxBackward']
-  bias, _ = _compile(tmp_path, 'cuda:h100x8', packing='packed', preds=32,
-                     extra=['--config.model.attention_impl=cudnn_bias'])
-  assert bias['attention_kernels'] == ['__cudnn$fmhaScaleBiasSoftmax', '__cudnn$fmhaScaleBiasSoftmaxBackward']
 
 
 @pytest.mark.parametrize('recipe', ['neobert_250m.py', 'neobert_250m_4096.py'])
@@ -117,7 +108,11 @@ def test_250m_packed_step_on_h100_is_flash_without_a_t_by_t_buffer(tmp_path, rec
   packed, hlo = run('packed')
   padded, _ = run('none')
   t = packed['seq_len']
-  assert packed['attention_kernels'] == ['__cudnn$fmhaSoftmax', '__cudnn$fmhaSoftmaxBackward']
+  # packed rows (packed layout) and padded rows (per-row lengths) both get the plain flash kernel
+  assert packed['attention_kernels'] == padded['attention_kernels'] == [
+      '__cudnn$fmhaSoftmax', '__cudnn$fmhaSoftmaxBackward']
+  assert packed['attention_impl'] == padded['attention_impl'] == 'cudnn' and packed['dtype'] == 'bfloat16'
+
   assert not re.search(rf'\[[0-9,]*{t},{t}\]', hlo), 'a [.., T, T] buffer is in the compiled program'
   rows = packed['global_batch'] // packed['grad_accum'] // packed['num_devices']
   slots = cfg.data.max_documents_per_row

@@ -66,7 +66,7 @@ def _compare(kernel, mode, atol, block_size=None, **kw):
 
 
 @pytest.mark.parametrize('mode', MODES)
-@pytest.mark.parametrize('block', [64, 100, 256])
+@pytest.mark.parametrize('block', [64, 100])
 def test_blockwise_matches_reference(mode, block):
   # 100 does not divide T: the last key block is padded with never-attended keys.
   _compare('blockwise', mode, atol=1e-5, block_size=block)
