@@ -29,10 +29,6 @@ def flops_per_token(cfg: ml_collections.ConfigDict) -> float:
   return float(train_flops_per_token(cfg.model, seq, decoder_fraction))
 
 
-def table_peak(device_kind: str) -> float | None:
-  return hardware.peak_flops(device_kind)
-
-
 def measure_matmul_peak(n: int = 1024, dtype: Any = jnp.float32, seconds: float = 1.0) -> float:
   """Achieved FLOP/s of a square matmul on the default device (the CPU's usable peak, all cores together)."""
   a = jnp.ones((n, n), dtype)
@@ -51,7 +47,7 @@ def total_peak_flops(cfg: ml_collections.ConfigDict) -> tuple[float | None, str]
   if cfg.logging.peak_flops_per_device > 0:
     return float(cfg.logging.peak_flops_per_device) * n, 'config'
   kind = jax.devices()[0].device_kind
-  peak = table_peak(kind)
+  peak = hardware.peak_flops(kind)
   if peak is not None:
     return peak * n, f'table ({kind})'
   if jax.default_backend() == 'cpu':

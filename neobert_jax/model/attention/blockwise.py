@@ -31,14 +31,16 @@ def _unblock(x: jax.Array) -> jax.Array:
   return jnp.moveaxis(x, 0, 2).reshape((b, h, n * blk) + x.shape[4:])
 
 
-def _pad_keys(k, v, kv_seg, block):
-  """Pads S up to a multiple of block with keys of segment 0 (never attended)."""
+def _key_blocks(k, v, kv_seg, block):
+  """Keys, values and key segments cut into scan-ready blocks; S is padded up to a multiple of block with keys
+  of segment 0 (never attended). Returns ([n, B, H, block, D], [n, B, H, block, D], [n, B, 1, block])."""
   pad = -k.shape[2] % block
   if pad:
     k = jnp.pad(k, ((0, 0), (0, 0), (0, pad), (0, 0)))
     v = jnp.pad(v, ((0, 0), (0, 0), (0, pad), (0, 0)))
     kv_seg = jnp.pad(kv_seg, ((0, 0), (0, pad)))
-  return k, v, kv_seg
+  segments = jnp.moveaxis(kv_seg.reshape(kv_seg.shape[0], 1, -1, block), 2, 0)
+  return _blocks(k, block), _blocks(v, block), segments
 
 
 def _scores(qh, kj, q_seg, sj, scale):
@@ -52,8 +54,6 @@ def _forward(qh, kh, vh, q_seg, kv_seg, block):
   """Heads-major inputs [B, H, T|S, D]; returns (out [B, H, T, D] in v's dtype, lse [B, H, T] fp32)."""
   b, h, t, d = qh.shape
   scale = d ** -0.5
-  kh, vh, kv_seg = _pad_keys(kh, vh, kv_seg, block)
-  seg_blocks = jnp.moveaxis(kv_seg.reshape(b, 1, -1, block), 2, 0)  # [n, B, 1, block]
 
   def step(carry, xs):
     m, l, acc = carry
@@ -69,7 +69,7 @@ def _forward(qh, kh, vh, q_seg, kv_seg, block):
 
   init = (jnp.full((b, h, t), MASKED_SCORE, jnp.float32), jnp.zeros((b, h, t), jnp.float32),
           jnp.zeros((b, h, t, d), jnp.float32))
-  (m, l, acc), _ = jax.lax.scan(step, init, (_blocks(kh, block), _blocks(vh, block), seg_blocks))
+  (m, l, acc), _ = jax.lax.scan(step, init, _key_blocks(kh, vh, kv_seg, block))
   live = l > 0
   out = acc / jnp.where(live, l, 1.0)[..., None]
   # A query with no allowed key gets lse = +inf, so the backward pass gives it zero probability everywhere.
@@ -81,8 +81,6 @@ def _backward(qh, kh, vh, q_seg, kv_seg, out, lse, dout, block):
   b, h, t, d = qh.shape
   s_len = kh.shape[2]
   scale = d ** -0.5
-  kh, vh, kv_seg = _pad_keys(kh, vh, kv_seg, block)
-  seg_blocks = jnp.moveaxis(kv_seg.reshape(b, 1, -1, block), 2, 0)
   dout32 = dout.astype(jnp.float32)
   delta = jnp.sum(dout32 * out.astype(jnp.float32), axis=-1)  # rowsum(dO * O) [B, H, T]
 
@@ -97,8 +95,7 @@ def _backward(qh, kh, vh, q_seg, kv_seg, out, lse, dout, block):
     dk = jnp.einsum("bhts,bhtd->bhsd", ds, qh, preferred_element_type=jnp.float32)
     return dq, (dk, dv)
 
-  dq, (dk, dv) = jax.lax.scan(step, jnp.zeros((b, h, t, d), jnp.float32),
-                              (_blocks(kh, block), _blocks(vh, block), seg_blocks))
+  dq, (dk, dv) = jax.lax.scan(step, jnp.zeros((b, h, t, d), jnp.float32), _key_blocks(kh, vh, kv_seg, block))
   dk, dv = _unblock(dk)[:, :, :s_len], _unblock(dv)[:, :, :s_len]
   return (dq * scale).astype(qh.dtype), (dk * scale).astype(kh.dtype), dv.astype(vh.dtype)
 
