@@ -3,7 +3,7 @@
 AdamW (0.9, 0.95, eps 1e-8), weight decay 0.1 on all weights but norms and biases, global-norm clipping at 1.0,
 2,000 warmup steps to 6e-4 then cosine decay to 10% of the peak over 90% of the steps; batches of 2,048 x 1,024
 tokens (the paper's 32 per GPU x 8 GPUs x 8 accumulation steps); 20% of tokens chosen for the loss, every chosen
-token replaced by [MASK]. bf16 compute with fp32 master weights on GPU/TPU (train.compute_dtype='auto').
+token replaced by [MASK]. bf16 compute with fp32 master weights on GPU/TPU (model.dtype='auto').
 
 Unlike the original code, documents are packed with attention kept inside each document, and only the masked
 positions go through the MLM decoder (data.max_predictions; a row of 1024 tokens averages ~205 masked).
@@ -26,6 +26,7 @@ def get_config(variant: str = ''):
   # 32 rows x 1024 per device per micro-batch, 8 micro-batches, no remat: 47.9 GiB of 80 and ~6% less work per
   # step than 'save_dots' (which recomputes attention). Smaller devices: 'save_dots' (16.4 GiB) or 'full'.
   cfg.model.remat_policy = 'none'
+  cfg.model.dtype = 'auto'           # bf16 compute on GPU/TPU, fp32 on CPU; master weights fp32 (param_dtype)
 
   cfg.data.packing = 'packed'
   cfg.data.mask_rate = 0.2
@@ -36,7 +37,6 @@ def get_config(variant: str = ''):
   cfg.train.num_steps = 1_000_000
   cfg.train.global_batch_size = 2048
   cfg.train.grad_accum_steps = 8
-  cfg.train.compute_dtype = 'auto'
 
   o = cfg.optimizer
   o.peak_lr, o.b1, o.b2, o.eps = 6e-4, 0.9, 0.95, 1e-8

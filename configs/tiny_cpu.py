@@ -31,7 +31,7 @@ def get_config():
   cfg.mesh.fsdp = -1             # whatever CPU devices there are, as FSDP
   cfg.train.num_steps = 500
   cfg.train.global_batch_size = 16
-  cfg.train.compute_dtype = 'float32'
+  cfg.model.dtype = 'float32'
 
   o = cfg.optimizer
   o.peak_lr = 3e-3               # a small model trained briefly tolerates (and needs) a larger rate

@@ -58,13 +58,10 @@ def prepare_config(cfg, target: targets.Target):
   CPU, so they are resolved for the target explicitly, through the trainer's own resolution (same table).
   Returns (config, attention Choice); raises ConfigError when an explicit kernel cannot run on the target.
   """
+  from neobert_jax.model.config import resolve_dtype
   from neobert_jax.train import config as train_config
   cfg = cfg.copy_and_resolve_references()
-  dtype = cfg.train.get('compute_dtype', 'auto')
-  if dtype == 'auto':
-    dtype = 'bfloat16'
-  cfg.train.compute_dtype = dtype
-  cfg.model.dtype = dtype
+  cfg.model.dtype = resolve_dtype(cfg.model.dtype, target.platform)
   choice = train_config.attention_choice(cfg, platform=target.platform, compute_capability=target.compute_capability)
   cfg.model.attention_impl = choice.kernel
   return cfg, choice

@@ -49,6 +49,8 @@ def _subprocess_cases(d: Path, vocab: str) -> list[tuple[str, list[str], int, st
   work = f'--workdir={d / "run"}'
   return [
       ('train: unknown override key', TRAIN + [work, '--config.train.num_step=3'], CONFIG, "'num_steps'", {}),
+      ('train: renamed override key', TRAIN + [work, '--config.train.compute_dtype=bfloat16'], CONFIG,
+       'train.compute_dtype is now model.dtype', {}),
       ('train: missing config file', TRAIN[:-1] + ['--config=configs/nope.py', work], CONFIG, 'nope.py', {}),
       ('train: mesh does not fit the devices', TRAIN + [work, '--config.mesh.tensor=3'], CONFIG, 'tensor', {}),
       ('train: missing data directory', TRAIN + [work, f'--config.data.dir={d / "none"}'], DATA, 'does not exist',

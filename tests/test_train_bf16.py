@@ -40,7 +40,7 @@ CURVE_RTOL = 5e-4
 def _cfg(dtype: str, steps: int = TEST_STEPS):
   cfg = tiny_config(vocab_size=512, hidden=64, layers=2, seq_len=32, batch=8, steps=steps)
   cfg.model.num_heads, cfg.data.max_predictions = 4, 8
-  cfg.train.compute_dtype = cfg.model.dtype = dtype
+  cfg.model.dtype = dtype
   cfg.optimizer.peak_lr, cfg.optimizer.warmup_steps = 3e-3, 5
   return cfg
 
@@ -111,7 +111,7 @@ def main() -> None:
   runs = {}
   for dtype in ('float32', 'bfloat16'):
     cfg = config_lib.load_config(str(config_lib.REPO_ROOT / 'configs' / 'tiny_cpu.py'))
-    cfg.train.num_steps, cfg.train.compute_dtype, cfg.model.dtype = a.steps, dtype, dtype
+    cfg.train.num_steps, cfg.model.dtype = a.steps, dtype
     defs, state = state_lib.create_train_state(cfg, mesh)
     runs[dtype] = [step_lib.build_train_step(cfg, mesh, defs), state, []]
   it = pipeline.make_train_iterator(cfg.data, cfg.train.global_batch_size, cfg.model.max_length, int(cfg.seed),

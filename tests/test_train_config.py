@@ -70,6 +70,8 @@ def test_weight_decay_skips_norms_and_biases():
     ({'train.nan_policy': 'ignore'}, 'train.nan_policy'),
     ({'model.num_heads': 5}, 'num_heads'),
     ({'data.max_predictions': 1000}, 'max_predictions'),
+    ({'model.dtype': 'float16'}, 'loss scaling'),
+    ({'train.compute_dtype': 'bfloat16'}, 'train.compute_dtype is now model.dtype'),
 ])
 def test_bad_configs_fail_clearly(override, message):
   path = str(REPO / 'configs' / 'tiny_cpu.py')
@@ -81,6 +83,19 @@ def test_typo_in_a_config_file_is_caught():
   cfg = tiny_config()
   cfg.train.num_step = 10  # typo: not a field of configs/base.py
   with pytest.raises(config_lib.ConfigError, match=r"unknown config keys \['train.num_step'\]"):
+    config_lib.validate(cfg, num_devices=8)
+
+
+def test_one_compute_dtype_setting():
+  from neobert_jax.model.config import resolve_dtype
+  assert config_lib.base_config().model.dtype == 'auto' and 'compute_dtype' not in config_lib.base_config().train
+  assert (resolve_dtype('auto', 'cpu'), resolve_dtype('auto', 'tpu'), resolve_dtype('auto', 'cuda')) == (
+      'float32', 'bfloat16', 'bfloat16')
+  cfg = tiny_config()
+  cfg.model.dtype = 'auto'
+  assert config_lib.resolve(cfg).model.dtype == 'float32'  # this CPU
+  cfg.train.compute_dtype = 'bfloat16'  # a recipe written before the rename is told where the setting went
+  with pytest.raises(config_lib.ConfigError, match='train.compute_dtype is now model.dtype'):
     config_lib.validate(cfg, num_devices=8)
 
 

@@ -39,7 +39,7 @@ def _original_config():
   original = module.get_config('original').optimizer
   cfg = tiny_config(vocab_size=512, hidden=64, layers=2, seq_len=32, batch=8, steps=STEPS)
   cfg.model.num_heads = 4
-  cfg.train.compute_dtype = 'float32'
+  cfg.model.dtype = 'float32'
   o = cfg.optimizer
   for k in ('b1', 'b2', 'eps', 'weight_decay', 'final_lr_fraction', 'warmup_init_fraction', 'decay_all_params',
             'clip_eps'):

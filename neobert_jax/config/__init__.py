@@ -21,10 +21,10 @@ from typing import Any
 
 import ml_collections
 
-from neobert_jax.config.base import get_config
+from neobert_jax.config.base import RENAMED, get_config
 from neobert_jax.errors import ConfigError
 
-__all__ = ['get_config', 'load']
+__all__ = ['RENAMED', 'get_config', 'load', 'unknown_key']
 
 
 def load(path: str | Path, overrides: dict[str, Any] | None = None) -> ml_collections.ConfigDict:
@@ -46,9 +46,17 @@ def load(path: str | Path, overrides: dict[str, Any] | None = None) -> ml_collec
     *parents, leaf = key.split('.')
     for p in parents:
       if p not in node:
-        raise ConfigError(f'unknown config key {key!r}')
+        raise unknown_key(key)
       node = node[p]
     if leaf not in node:
-      raise ConfigError(f'unknown config key {key!r}')
+      raise unknown_key(key)
     node[leaf] = value
   return cfg
+
+
+def unknown_key(key: str) -> ConfigError:
+  """The error for an override of a field the schema lacks; a renamed one (RENAMED) names its new home."""
+  if key in RENAMED:
+    return ConfigError(f'{key} is now {RENAMED[key]}: set --config.{RENAMED[key]}=... (cfg.{RENAMED[key]} in a '
+                       'recipe) instead')
+  return ConfigError(f'unknown config key {key!r}')

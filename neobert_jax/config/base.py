@@ -14,13 +14,19 @@ from neobert_jax.data.config import default_data_config
 from neobert_jax.model.config import default_model_config
 
 
+# Fields that moved: a config (file or --config.* override) that still sets the old name is told the new one.
+RENAMED = {'train.compute_dtype': 'model.dtype'}
+
+
 def get_config() -> ml_collections.ConfigDict:
   cfg = ml_collections.ConfigDict()
   cfg.seed = 0  # parameter init and anything else random on the trainer side (the data has its own seed)
 
-  # Model architecture (neobert_jax/model/config.py documents each field). `dtype` is the compute dtype; the
-  # trainer fills it from train.compute_dtype, parameters stay `param_dtype` (fp32 master weights).
+  # Model architecture and numerics (neobert_jax/model/config.py documents each field). `dtype` is the run's one
+  # compute-dtype setting: 'auto' = bfloat16 on GPU/TPU, float32 on CPU (resolved once, at start-up, and written
+  # to config.json), or 'float32' / 'bfloat16'; parameters stay `param_dtype` (fp32 master weights).
   cfg.model = default_model_config()
+  cfg.model.dtype = 'auto'
 
   # Data pipeline (neobert_jax/data documents each field): corpus, tokenizer, sequence length, packing, masking.
   cfg.data = default_data_config()
@@ -34,7 +40,6 @@ def get_config() -> ml_collections.ConfigDict:
       num_steps=1_000_000,      # optimizer steps of the whole run (also sets the schedule length)
       global_batch_size=2048,   # sequences per optimizer step, summed over all processes
       grad_accum_steps=1,       # micro-batches per step; the global batch is split evenly across them
-      compute_dtype='auto',     # 'auto' = bfloat16 on GPU/TPU, float32 on CPU; or 'float32' / 'bfloat16'
       nan_policy='stop',        # non-finite loss/grad: 'stop' (exit, name the last good checkpoint) or 'skip'
   ))
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import ml_collections
 
 from neobert_jax.model.config import default_model_config, validate_model_config
-from neobert_jax.train.config import ConfigError, _unknown_keys, mesh_shape
+from neobert_jax.train.config import ConfigError, mesh_shape, reject_unknown_keys
 
 TASKS = ('classification', 'contrastive')
 TASK_TYPES = ('auto', 'classification', 'regression')
@@ -27,6 +27,9 @@ def base_config(task: str = 'classification') -> ml_collections.ConfigDict:
   cfg.task = task           # 'classification' (also regression) or 'contrastive'
   cfg.seed = 0              # head init, dropout, shuffling, validation split
   cfg.model = default_model_config()  # used only without init.*; e.g. a tiny random model for tests
+  # The numerics apply whatever the source (finetune/loop._RUNTIME_FIELDS): dtype is the one compute-dtype
+  # setting, 'auto' = bf16 on accelerators, fp32 on CPU.
+  cfg.model.dtype = 'auto'
   cfg.mesh = ml_collections.ConfigDict(dict(data=1, fsdp=-1, tensor=1))  # same axes and rules as pretraining
   cfg.init = ml_collections.ConfigDict(dict(
       from_checkpoint='',   # a pretraining workdir (its latest or `step` checkpoint)
@@ -61,7 +64,6 @@ def base_config(task: str = 'classification') -> ml_collections.ConfigDict:
       batch_size=32,        # global batch (rows) per optimizer step; must split over data x fsdp
       eval_every=0,         # steps between evaluations; 0 = once per epoch (and always at the end)
       eval_batch_size=64,
-      compute_dtype='auto',  # 'auto' = bf16 on accelerators, fp32 on CPU
       log_every=10,
   ))
   cfg.optimizer = ml_collections.ConfigDict(dict(
@@ -87,9 +89,7 @@ def validate(cfg: ml_collections.ConfigDict, num_devices: int | None = None) -> 
   """Raises ConfigError naming the field and the fix."""
   if cfg.get('task') not in TASKS:
     raise ConfigError(f'task={cfg.get("task")!r}; expected one of {TASKS}')
-  unknown = _unknown_keys(cfg, base_config(cfg.task))
-  if unknown:
-    raise ConfigError(f'unknown config keys {unknown}; every field must exist in neobert_jax/finetune/config.py')
+  reject_unknown_keys(cfg, base_config(cfg.task), 'neobert_jax/finetune/config.py')
   try:
     validate_model_config(cfg.model)
   except ValueError as e:

@@ -29,14 +29,14 @@ from neobert_jax import sharding as shd
 from neobert_jax.finetune import batching, config as config_lib, inference, source as source_lib, state as state_lib
 from neobert_jax.finetune import step as step_lib
 from neobert_jax.finetune.tables import DataError
+from neobert_jax.model.config import resolve_dtype
 from neobert_jax.train import checkpoint as ckpt
 from neobert_jax.train import config as train_config
 from neobert_jax.train.metrics import MetricsWriter
-from neobert_jax.train.state import resolve_compute_dtype
 
 log = logging.getLogger('neobert_jax.finetune')
 RESULTS_FILE = 'results.json'
-_RUNTIME_FIELDS = ('attention_impl', 'scan_layers', 'remat_policy', 'param_dtype')
+_RUNTIME_FIELDS = ('dtype', 'attention_impl', 'scan_layers', 'remat_policy', 'param_dtype')
 _LOWER_IS_BETTER = ('mse', 'loss')
 
 
@@ -55,7 +55,7 @@ def model_config(cfg: ml_collections.ConfigDict, source: source_lib.Source | Non
     m = ml_collections.ConfigDict(source.model_cfg.to_dict())
     for field in _RUNTIME_FIELDS:
       m[field] = cfg.model[field]
-  m.dtype = resolve_compute_dtype(cfg.train.compute_dtype)
+  m.dtype = resolve_dtype(m.dtype)
   return m
 
 

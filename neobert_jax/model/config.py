@@ -7,11 +7,14 @@ from __future__ import annotations
 
 import math
 
+import jax
 import ml_collections
 
 from neobert_jax.model.attention.select import IMPLEMENTATIONS as ATTENTION_IMPLEMENTATIONS
 REMAT_POLICIES = ("none", "full", "save_dots")
 DTYPES = ("float32", "bfloat16", "float16")
+# model.dtype may also be 'auto': bf16 compute on accelerators, fp32 on CPU (resolve_dtype).
+COMPUTE_DTYPES = ("auto",) + DTYPES
 
 
 def default_model_config() -> ml_collections.ConfigDict:
@@ -31,7 +34,10 @@ def default_model_config() -> ml_collections.ConfigDict:
   cfg.embedding_init_range = 0.02
   cfg.decoder_init_range = 0.02
   cfg.param_dtype = "float32"  # master weights
-  cfg.dtype = "float32"  # compute dtype of matmuls and activations; 'bfloat16' on accelerators
+  # Compute dtype of matmuls and activations: the one compute-dtype setting (MaxText's `dtype`, Flax's `dtype` next
+  # to `param_dtype`). A model built from this config directly computes in fp32; the training and fine-tuning
+  # schemas default to 'auto', which resolve_dtype turns into bfloat16 on GPU/TPU and float32 on CPU.
+  cfg.dtype = "float32"
   # Attention kernel: 'auto' | 'xla' | 'blockwise' | 'cudnn' | 'cudnn_bias' | 'splash'. 'auto' takes the fastest
   # correct one for the backend, compute dtype and packing (the table in model/attention/select.py) and the
   # trainer logs the choice at start-up.
@@ -52,6 +58,17 @@ def ffn_hidden_size(cfg: ml_collections.ConfigDict) -> int:
   return 8 * math.ceil(int(2 * cfg.intermediate_size / 3) / 8)
 
 
+def resolve_dtype(name: str, platform: str | None = None) -> str:
+  """The concrete compute dtype for model.dtype on `platform` (default: this process's backend).
+
+  The only place 'auto' is resolved: the trainer (train/config.resolve), fine-tuning and the AOT command (for its
+  target's platform) all call this, so they agree. fp32 master weights stay in param_dtype either way.
+  """
+  if name != "auto":
+    return name
+  return "float32" if (platform or jax.default_backend()) == "cpu" else "bfloat16"
+
+
 def validate_model_config(cfg: ml_collections.ConfigDict) -> None:
   """Raises ValueError naming the field and the fix for configurations the model cannot run."""
   if cfg.hidden_size % cfg.num_heads:
@@ -68,9 +85,10 @@ def validate_model_config(cfg: ml_collections.ConfigDict) -> None:
     raise ValueError(f"model.splash_block_size={cfg.splash_block_size} must be a positive multiple of 128.")
   if cfg.blockwise_block_size <= 0:
     raise ValueError(f"model.blockwise_block_size={cfg.blockwise_block_size} must be positive.")
-  for field in ("dtype", "param_dtype"):
-    if cfg[field] not in DTYPES:
-      raise ValueError(f"model.{field}={cfg[field]!r}; expected one of {DTYPES}.")
+  if cfg.dtype not in COMPUTE_DTYPES:
+    raise ValueError(f"model.dtype={cfg.dtype!r}; expected one of {COMPUTE_DTYPES}.")
+  if cfg.param_dtype not in DTYPES:
+    raise ValueError(f"model.param_dtype={cfg.param_dtype!r}; expected one of {DTYPES}.")
   if cfg.attention_impl in ("cudnn", "cudnn_bias") and cfg.dtype == "float32":
     raise ValueError(f"model.attention_impl={cfg.attention_impl!r} needs model.dtype='bfloat16' or 'float16' "
                      "(cuDNN fused attention has no fp32 kernel); use 'auto' or 'xla' for fp32.")

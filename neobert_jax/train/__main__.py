@@ -72,6 +72,11 @@ def _parse_flags(argv: list[str]) -> list[str]:
     except flags.Error as e:
       raise errors.ConfigError(f'{errors.one_line(e)} (see --help)') from e
     except (AttributeError, KeyError) as e:  # ml_collections: an override names a field the config lacks
+      from neobert_jax import config as schema  # pylint: disable=g-import-not-at-top
+      for arg in argv:  # a field that moved: name its new home
+        key = arg.partition('=')[0].removeprefix('--config.')
+        if key in schema.RENAMED:
+          raise schema.unknown_key(key) from e
       text = errors.one_line(e).replace('\\n', ' ').replace("\\'", "'")
       key, hint = re.search(r"'(\w+)'", text), re.search(r'Did you mean "(\w+)"', text)
       raise errors.ConfigError(

@@ -21,12 +21,13 @@ from neobert_jax import config as schema
 from neobert_jax import sharding as shd
 from neobert_jax.data.config import validate_data_config
 from neobert_jax.errors import ConfigError
-from neobert_jax.model.config import validate_model_config
+from neobert_jax.model.config import resolve_dtype, validate_model_config
 
 # The checkout's root, for tests and tools that run from a source tree; nothing in the package reads it.
 REPO_ROOT = Path(__file__).resolve().parents[2]
 NAN_POLICIES = ('stop', 'skip')
-COMPUTE_DTYPES = ('auto', 'float32', 'bfloat16')
+# model.dtype values the trainer runs: float16 would need loss scaling, which it does not do.
+TRAIN_DTYPES = ('auto', 'float32', 'bfloat16')
 
 
 def base_config() -> ml_collections.ConfigDict:
@@ -53,6 +54,17 @@ def _unknown_keys(cfg: Any, schema: Any, prefix: str = '') -> list[str]:
   return bad
 
 
+def reject_unknown_keys(cfg: Any, schema_cfg: Any, where: str) -> None:
+  """ConfigError for keys the schema lacks; a renamed field (schema.RENAMED) is named with its new home."""
+  unknown = _unknown_keys(cfg, schema_cfg)
+  for key in unknown:
+    if key in schema.RENAMED:
+      raise schema.unknown_key(key)
+  if unknown:
+    raise ConfigError(f'unknown config keys {unknown}; every field must exist in the schema, {where} (check the '
+                      'spelling, or add the field there with its documentation)')
+
+
 def mesh_shape(cfg: ml_collections.ConfigDict, num_devices: int | None = None) -> dict[str, int]:
   n = jax.device_count() if num_devices is None else num_devices
   try:
@@ -64,10 +76,7 @@ def mesh_shape(cfg: ml_collections.ConfigDict, num_devices: int | None = None) -
 def validate(cfg: ml_collections.ConfigDict, num_devices: int | None = None,
              process_count: int | None = None) -> None:
   """Raises ConfigError for a config this trainer cannot run on the current devices."""
-  unknown = _unknown_keys(cfg, base_config())
-  if unknown:
-    raise ConfigError(f'unknown config keys {unknown}; every field must exist in the schema, '
-                      'neobert_jax/config/base.py (check the spelling, or add the field there with its documentation)')
+  reject_unknown_keys(cfg, base_config(), 'neobert_jax/config/base.py')
   for section, check in (('model', validate_model_config), ('data', validate_data_config)):
     try:
       check(cfg[section])
@@ -76,8 +85,9 @@ def validate(cfg: ml_collections.ConfigDict, num_devices: int | None = None,
   t = cfg.train
   if t.nan_policy not in NAN_POLICIES:
     raise ConfigError(f'train.nan_policy={t.nan_policy!r}; expected one of {NAN_POLICIES}')
-  if t.compute_dtype not in COMPUTE_DTYPES:
-    raise ConfigError(f'train.compute_dtype={t.compute_dtype!r}; expected one of {COMPUTE_DTYPES}')
+  if cfg.model.dtype not in TRAIN_DTYPES:
+    raise ConfigError(f'model.dtype={cfg.model.dtype!r}; the trainer runs {TRAIN_DTYPES} (float16 would need loss '
+                      'scaling: use bfloat16)')
   for field in ('num_steps', 'global_batch_size', 'grad_accum_steps'):
     if t[field] < 1:
       raise ConfigError(f'train.{field}={t[field]} must be >= 1')
@@ -108,11 +118,10 @@ def validate(cfg: ml_collections.ConfigDict, num_devices: int | None = None,
 
 
 def resolve(cfg: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
-  """A copy with the run-time choices filled in (compute dtype, mesh sizes), as written to config.json."""
-  from neobert_jax.train.state import resolve_compute_dtype  # pylint: disable=g-import-not-at-top
+  """A copy with the run-time choices filled in (compute dtype, mesh sizes, attention kernel), as written to
+  config.json."""
   out = ml_collections.ConfigDict(cfg.to_dict())
-  out.model.dtype = resolve_compute_dtype(cfg.train.compute_dtype) if cfg.train.compute_dtype == 'auto' \
-      else cfg.train.compute_dtype
+  out.model.dtype = resolve_dtype(cfg.model.dtype)
   out.mesh = ml_collections.ConfigDict(mesh_shape(cfg))
   choice = attention_choice(out)
   out.model.attention_impl = choice.kernel

@@ -35,13 +35,6 @@ class StateDefs:
   schedule: optax.Schedule
 
 
-def resolve_compute_dtype(name: str) -> str:
-  """'auto' means bf16 compute on accelerators (fp32 master weights stay in param_dtype), fp32 on CPU."""
-  if name == 'auto':
-    return 'float32' if jax.default_backend() == 'cpu' else 'bfloat16'
-  return name
-
-
 def _make(cfg: ml_collections.ConfigDict, tx: optax.GradientTransformation):
   model = NeoBERTForMLM(cfg.model, rngs=nnx.Rngs(int(cfg.seed)))
   return model, nnx.Optimizer(model, tx, wrt=nnx.Param)

@@ -16,7 +16,7 @@ def tiny_config(vocab_size: int = 30522, hidden: int = 32, layers: int = 1, seq_
   vocab by default. Built from the package's schema, not the recipe file, so it needs no checkout."""
   cfg = config.get_config()
   # The recipe's choices that are not overridden below.
-  cfg.mesh.fsdp, cfg.train.compute_dtype, cfg.data.block_docs = -1, 'float32', 512
+  cfg.mesh.fsdp, cfg.model.dtype, cfg.data.block_docs = -1, 'float32', 512
   cfg.optimizer.peak_lr = 2e-3
   m = cfg.model
   m.vocab_size, m.hidden_size, m.num_layers, m.num_heads = vocab_size, hidden, layers, 2

@@ -65,7 +65,7 @@ def choose(requested: str, *, platform: str, dtype: str, packed: bool, seq_len: 
       raise ValueError(f"model.attention_impl={requested!r} needs an NVIDIA GPU, this is {platform}; use 'auto'.")
     if dtype not in _HALF:
       raise ValueError(f"model.attention_impl={requested!r} needs bfloat16 or float16 compute (cuDNN fused "
-                       f"attention has no {dtype} kernel); set train.compute_dtype='bfloat16' or use 'auto'.")
+                       f"attention has no {dtype} kernel); set model.dtype='bfloat16' or use 'auto'.")
     if requested == "cudnn" and packed and not hopper:
       raise ValueError(f"model.attention_impl='cudnn' with packed rows needs a Hopper GPU (sm90+), this is sm"
                        f"{compute_capability}; use 'cudnn_bias' or data.packing='none'.")
