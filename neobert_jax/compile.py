@@ -79,8 +79,8 @@ def run_child(cfg_in) -> int:
   t0 = time.time()
   from neobert_jax.train import config as train_config
   if target.platform == 'cuda':
-    from neobert_jax.model.attention import cudnn_compat
-    cudnn_compat.assume_compute_capability(target.compute_capability)
+    from neobert_jax import jax_compat
+    jax_compat.cudnn_assume_compute_capability(target.compute_capability)
   try:
     cfg, choice = prepare_config(cfg_in, target)
     if _PLAN.value:

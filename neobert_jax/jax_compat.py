@@ -1,15 +1,20 @@
 """The one place that touches JAX internals; tests/test_jax_compat.py fails loudly when jax moves any of them.
 
-Owns: every use of a private jax module or name, each with the reason no public API serves. Everything else in the
-package uses public jax only. Imports jax and nothing from the package. No try/except fallbacks here: a moved
-private API must break the test, not silently change behaviour.
+Owns: every use of a private jax module or name, each with the reason no public API serves: SLURM node lists and
+TPU chip discovery for multi-host start-up (distributed.py), the backend-probe log line, and cuDNN's packed
+(ragged) attention layout (model/attention). Everything else in the package uses public jax only. Imports jax and
+nothing from the package. No try/except fallbacks here: a moved private API must break the test, not silently
+change behaviour.
 """
 
 from __future__ import annotations
 
+import functools
+import importlib
 import logging
 
-# Private modules, imported here at load time so that a move fails at once (and in tests/test_jax_compat.py).
+import jax
+# Private modules every start-up needs, imported at load time so that a move fails at once (and in the test).
 from jax._src import hardware_utils
 from jax._src.clusters import slurm_cluster
 
@@ -49,3 +54,72 @@ def num_tpu_chips() -> int:
     return int(hardware_utils.num_available_tpu_chips_and_device_id()[0])
   except OSError:  # an unreadable /sys entry (containers): not a TPU VM. A moved API still raises.
     return 0
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# cuDNN packed attention. jax.nn.dot_product_attention has no segment-id or offset argument, so packed rows reach
+# cuDNN's plain flash kernel only through this private module's dot_product_attention(q_seqlen, kv_seqlen,
+# q_offsets, kv_offsets, mask_type=PADDING) (present since jax 0.6; needs Hopper and cuDNN >= 9.6). Unlike the
+# modules above it is imported on first use, inside the functions below: a jax that moved it still trains with
+# every other kernel, and a run that picks 'cudnn' gets one clear error at trace time. The test imports it
+# eagerly, so a jax upgrade that moves it fails there.
+CUDNN_MODULE = "jax._src.cudnn.fused_attention_stablehlo"
+_CUDNN_NEEDED = ("dot_product_attention", "MaskType", "check_compute_capability")
+# Releases whose private signature the packed-layout call was written and compile-tested against.
+CUDNN_TESTED_JAX = ((0, 6), (0, 12))
+
+
+class CudnnPackedUnavailable(RuntimeError):
+  """The installed jax no longer exposes the packed-layout entry point this module relies on."""
+
+
+def _cudnn_module():
+  try:
+    mod = importlib.import_module(CUDNN_MODULE)
+  except ImportError as e:
+    raise CudnnPackedUnavailable(
+        f"jax {jax.__version__} has no {CUDNN_MODULE} ({e}); cuDNN packed attention is unavailable. Use "
+        "--config.model.attention_impl=cudnn_bias (segment mask as a bias) or --config.data.packing=none.") from e
+  missing = [name for name in _CUDNN_NEEDED if not hasattr(mod, name)]
+  if missing:
+    raise CudnnPackedUnavailable(
+        f"jax {jax.__version__}: {CUDNN_MODULE} lacks {missing}; cuDNN packed attention is unavailable. Use "
+        "--config.model.attention_impl=cudnn_bias or --config.data.packing=none.")
+  return mod
+
+
+def cudnn_jax_version_tested() -> bool:
+  major_minor = tuple(int(p) for p in jax.__version__.split(".")[:2])
+  return CUDNN_TESTED_JAX[0] <= major_minor <= CUDNN_TESTED_JAX[1]
+
+
+@functools.cache
+def _warn_if_cudnn_untested() -> None:
+  if not cudnn_jax_version_tested():
+    logging.getLogger(__name__).warning(
+        'jax %s is outside the releases the cuDNN packed-layout call was tested with (%s - %s); the private '
+        'signature may have changed: run tests/test_attention_gpu.py on a GPU before training.', jax.__version__,
+        '.'.join(map(str, CUDNN_TESTED_JAX[0])), '.'.join(map(str, CUDNN_TESTED_JAX[1])))
+
+
+def check_cudnn_packed() -> None:
+  """Raises CudnnPackedUnavailable if the private entry point moved (the tests call it)."""
+  _cudnn_module()
+
+
+def cudnn_packed_flash_attention(q: jax.Array, k: jax.Array, v: jax.Array, seqlens: jax.Array,
+                                 offsets: jax.Array) -> jax.Array:
+  """q, k, v [B, T, H, Dh] (bf16/fp16) with packed_layout()'s seqlens [B, M] / offsets [B, M + 1] -> [B, T, H, Dh]."""
+  mod = _cudnn_module()
+  _warn_if_cudnn_untested()
+  return mod.dot_product_attention(
+      q, k, v, None, None, seqlens, seqlens, offsets, offsets, scale=q.shape[-1] ** -0.5,
+      mask_type=mod.MaskType.PADDING, qkv_layout="BTNH")
+
+
+def cudnn_assume_compute_capability(major_minor: str) -> None:
+  """For deviceless AOT only: the cuDNN checks ask the *default* backend (the CPU there) whether the GPU is
+  Hopper; answer for the compile target instead. Never called in a process that trains."""
+  mod = _cudnn_module()
+  target = tuple(int(x) for x in major_minor.split("."))
+  mod.check_compute_capability = lambda capability: target >= tuple(int(x) for x in capability.split("."))

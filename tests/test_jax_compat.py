@@ -1,6 +1,7 @@
 """The private JAX APIs the package still uses (all in neobert_jax/jax_compat.py) are where jax_compat expects them.
 
-A jax upgrade that moves one fails here, loudly, instead of silently changing multi-host start-up.
+A jax upgrade that moves one fails here, loudly, instead of silently changing multi-host start-up or losing cuDNN's
+packed attention (which jax_compat imports only when that kernel runs, so this test imports it eagerly).
 """
 
 import logging
@@ -18,6 +19,15 @@ def test_private_apis_present():
   assert callable(hardware_utils.num_available_tpu_chips_and_device_id)
   assert callable(slurm_cluster.SlurmCluster.get_coordinator_address)
   assert isinstance(jax_compat.num_tpu_chips(), int)
+
+
+def test_private_cudnn_packed_attention_present():
+  from jax._src.cudnn import fused_attention_stablehlo as cudnn  # pylint: disable=g-import-not-at-top
+  assert jax_compat.CUDNN_MODULE == cudnn.__name__
+  assert callable(cudnn.dot_product_attention) and callable(cudnn.check_compute_capability)
+  assert hasattr(cudnn.MaskType, 'PADDING')
+  jax_compat.check_cudnn_packed()
+  assert jax_compat.cudnn_jax_version_tested(), f'jax {jax.__version__} is outside the tested range'
 
 
 def test_slurm_coordinator_parses_compressed_node_list():

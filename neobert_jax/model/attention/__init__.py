@@ -6,10 +6,11 @@
 
 Kernels (select.py decides what 'auto' means): 'xla' plain einsums (reference.py), 'blockwise' online softmax
 without a T x T tensor (blockwise.py), 'cudnn' cuDNN flash through jax.nn.dot_product_attention or, for packed
-rows, the packed layout (cudnn_compat.py), 'cudnn_bias' the segment mask as an additive bias, 'splash' TPU
+rows, the packed layout (its private jax API is in neobert_jax/jax_compat.py), 'cudnn_bias' the segment mask as an additive bias, 'splash' TPU
 Pallas flash (splash.py). Every kernel is tested against reference.py.
 
-Owns: the dispatch. Imports only neobert_jax.sharding (splash's shard_map specs) from the rest of the package.
+Owns: the dispatch. Imports only neobert_jax.sharding (splash's shard_map specs) and neobert_jax.jax_compat (cuDNN's
+packed layout) from the rest of the package.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from neobert_jax.model.attention import cudnn_compat
+from neobert_jax import jax_compat
 from neobert_jax.model.attention.blockwise import blockwise_attention
 from neobert_jax.model.attention.packed_layout import overflow, packed_layout
 from neobert_jax.model.attention.reference import allowed, segments_from_lengths, xla_attention
@@ -32,7 +33,7 @@ def _cudnn(q, k, v, segment_ids, lengths, kernel, max_segments):
       if max_segments is None:
         raise ValueError("cuDNN packed attention needs max_segments (data.max_documents_per_row).")
       seqlens, offsets = packed_layout(segment_ids, max_segments)
-      return cudnn_compat.packed_flash_attention(q, k, v, seqlens, offsets)
+      return jax_compat.cudnn_packed_flash_attention(q, k, v, seqlens, offsets)
     if q.shape[1] % 2:
       raise ValueError(f"cuDNN's bias kernel needs an even sequence length, got {q.shape[1]}.")
     return jax.nn.dot_product_attention(q, k, v, mask=allowed(segment_ids, segment_ids), implementation="cudnn")
