@@ -1,12 +1,15 @@
 """`prepare` throughput: tokens/s per worker and scaling from 1 to 2 workers.
 
-  python -m neobert_jax.bench.prepare                      # built-in corpus, 1 and 2 workers
-  python -m neobert_jax.bench.prepare --input 'my/*.jsonl' --workers 1 2 4
+  python -m benchmarks.prepare    # built-in corpus, 1 and 2 workers
+  python -m benchmarks.prepare --input 'my/*.jsonl' --workers 1 2 4
 
 Prints, per worker count: wall tokens/s, tokens/s per worker, the CPU seconds
 spent by the main process (reading, writing) and by the workers (tokenizing),
 and tokens per worker-CPU-second, which stays meaningful on a busy machine
 where wall-clock scaling does not. Output shards are checked to be identical.
+
+A script, not part of the library (nothing imports it): run it from the repository root as above, or as
+`python benchmarks/prepare.py` where the package is installed.
 """
 
 import argparse

@@ -1,13 +1,16 @@
 """Training-pipeline throughput: packed + masked batches from prepared shards.
 
-  python -m neobert_jax.bench.data_pipeline                     # synthetic, mean doc 494
-  python -m neobert_jax.bench.data_pipeline --data DIR          # any prepared directory
-  python -m neobert_jax.bench.data_pipeline --workers 0 2       # also mp_prefetch
+  python -m benchmarks.data_pipeline                  # synthetic, mean doc 494
+  python -m benchmarks.data_pipeline --data DIR       # any prepared directory
+  python -m benchmarks.data_pipeline --workers 0 2    # also mp_prefetch
 
 Prints, per configuration: row tokens/s (batch x seq_len, what the model
 consumes), tokens per CPU-second (all threads and worker processes of the
 pipeline; the bar is >= 2M per core), the padding fraction each packing mode
 leaves, and a per-stage split of one block (read / pack / mask).
+
+A script, not part of the library (nothing imports it): run it from the repository root as above, or as
+`python benchmarks/data_pipeline.py` where the package is installed.
 """
 
 import argparse

@@ -1,6 +1,6 @@
 """Downstream throughput on this machine: fine-tuning tokens/s and embedding throughput.
 
-python -m neobert_jax.bench.downstream [--layers 4 --hidden 768 --heads 12 --seq 128 --batch 16 --steps 5]
+python -m benchmarks.downstream [--layers 4 --hidden 768 --heads 12 --seq 128 --batch 16 --steps 5]
 
 * fine-tuning: the real jitted classification step of neobert_jax.finetune (NeoBERT's [CLS] head with dropout,
   cross-entropy, clipped AdamW, state donated) on full rows of `seq` tokens; median step after compilation;
@@ -8,6 +8,9 @@ python -m neobert_jax.bench.downstream [--layers 4 --hidden 768 --heads 12 --seq
   `--texts` texts whose lengths are uniform in [8, seq]; texts/s and real (unpadded) tokens/s, compilation
   excluded by a warm-up pass.
 Random weights (speed does not depend on them), vocab 30522, fp32, all local devices on the fsdp axis.
+
+A script, not part of the library (nothing imports it): run it from the repository root as above, or as
+`python benchmarks/downstream.py` where the package is installed.
 """
 
 from __future__ import annotations
@@ -81,7 +84,7 @@ def embedding_throughput(a: argparse.Namespace, mesh) -> dict[str, float]:
 
 
 def main(argv: list[str] | None = None) -> dict:
-  p = argparse.ArgumentParser(prog='python -m neobert_jax.bench.downstream', description=__doc__,
+  p = argparse.ArgumentParser(prog='python -m benchmarks.downstream', description=__doc__,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
   p.add_argument('--layers', type=int, default=4)
   p.add_argument('--hidden', type=int, default=768)
