@@ -106,6 +106,12 @@ def _convert(argv: list[str], capsys) -> tuple[int, str]:
   return code, capsys.readouterr().err
 
 
+def _export_finetuned(argv: list[str], capsys) -> tuple[int, str]:
+  from neobert_jax.finetune import export  # pylint: disable=g-import-not-at-top
+  code = export.main(argv)
+  return code, capsys.readouterr().err
+
+
 # The same reporting in-process (the subprocess cases above prove the module entry points; these save start-ups).
 def test_more_expected_errors_in_process(files, capsys):
   d, vocab = files
@@ -121,6 +127,9 @@ def test_more_expected_errors_in_process(files, capsys):
                                                 str(d / 'hf')], capsys), EXPORT, 'no such directory'),
       ('convert: export target not empty', _convert(['to-pytorch', '--checkpoint', str(d / 'none'), '--output',
                                                      str(d / 'prepared')], capsys), EXPORT, '--overwrite'),
+      ('export a fine-tuned model: not a fine-tuning run', _export_finetuned(['--run', str(d), '--output',
+                                                                              str(d / 'ft')], capsys),
+       EXPORT, 'no config.json'),
   ]
   failed = [f'{name}: {"; ".join(p)}\n{err}' for name, (code, err), status, text in cases
             if (p := _problems(code, status, err, text))]

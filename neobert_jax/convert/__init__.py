@@ -3,5 +3,6 @@
 Modules: ``mapping`` (pure numpy key/shape mapping, config.json), ``torch_ref`` (build the PyTorch model from
 flat params), ``export_hf`` / ``import_hf`` (directories), ``__main__`` (``python -m neobert_jax.convert``).
 Owns the Hugging Face layout. Reads training checkpoints through neobert_jax/checkpoint_io.py; must not import
-train/ nor the downstream commands (today export_downstream reads finetune.labels: known debt).
+train/ nor the downstream commands (the fine-tuned model's export, which reads their label spec, is
+finetune/export.py).
 """

@@ -200,6 +200,6 @@ def run(cfg: ml_collections.ConfigDict, workdir: str | Path) -> dict[str, Any]:
     tmp.write_text(json.dumps(results, indent=2) + '\n')
     tmp.replace(workdir / RESULTS_FILE)
   if cfg.export.dir and is_main:
-    from neobert_jax.convert import export_downstream  # pylint: disable=g-import-not-at-top
-    results['export'] = str(export_downstream.export_run(workdir, cfg.export.dir, overwrite=True))
+    from neobert_jax.finetune import export as export_lib  # pylint: disable=g-import-not-at-top
+    results['export'] = str(export_lib.export_run(workdir, cfg.export.dir, overwrite=True))
   return results

@@ -8,8 +8,13 @@
 
 The encoder's weights go through the same mapping as the MLM export (convert/mapping.py); the head adds four
 tensors. Directories are written atomically like every other export (convert/export_hf.write_atomically).
+The fine-tuning loop calls export_run at the end of a run with export.dir set; by hand:
 
-  python -m neobert_jax.convert.export_downstream --run WORKDIR --output DIR [--overwrite]
+  python -m neobert_jax.finetune.export --run WORKDIR --output DIR [--overwrite] [--debug]
+
+Owns the fine-tuned model's export formats. Lives in finetune/ because it reads the run's label spec
+(finetune/labels.py) and builds on convert/ (the Hugging Face layout, atomic directories); convert/ never imports
+finetune/.
 """
 
 from __future__ import annotations
@@ -24,10 +29,11 @@ from typing import Any, Mapping
 import numpy as np
 from safetensors.numpy import save_file
 
-from neobert_jax import checkpoint_io
+from neobert_jax import checkpoint_io, errors
 from neobert_jax.convert import mapping
 from neobert_jax.convert.export_hf import ExportError, WEIGHTS_NAME, check_output_dir, write_atomically, write_tokenizer
 from neobert_jax.convert.hf_modeling import MODELING_FILE
+from neobert_jax.finetune import labels as labels_lib
 
 
 def encoder_state_dict(flat: Mapping[str, Any], model_cfg: Any) -> dict[str, np.ndarray]:
@@ -116,7 +122,6 @@ def export_sentence_transformer(flat: Mapping[str, Any], model_cfg: Any, output:
 
 def export_run(workdir: str | Path, output: str | Path, *, overwrite: bool = False) -> Path:
   """Exports a fine-tuning workdir's best checkpoint in the format its task calls for."""
-  from neobert_jax.finetune import labels as labels_lib  # pylint: disable=g-import-not-at-top
   check_output_dir(output, overwrite)
   workdir = Path(workdir).expanduser()
   if not (workdir / 'config.json').is_file():
@@ -138,18 +143,21 @@ def export_run(workdir: str | Path, output: str | Path, *, overwrite: bool = Fal
 
 
 def main(argv: list[str] | None = None) -> int:
-  p = argparse.ArgumentParser(prog='python -m neobert_jax.convert.export_downstream', description=__doc__,
+  argv = list(sys.argv[1:] if argv is None else argv)
+  debug = errors.take_debug_flag(argv)
+  p = argparse.ArgumentParser(prog='python -m neobert_jax.finetune.export', description=__doc__,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
+  p.add_argument('--debug', action='store_true', help='on an error, show the traceback instead of one line')
   p.add_argument('--run', required=True, help='fine-tuning workdir')
   p.add_argument('--output', required=True)
   p.add_argument('--overwrite', action='store_true')
   a = p.parse_args(argv)
   try:
-    out = export_run(a.run, a.output, overwrite=a.overwrite)
-  except (ExportError, mapping.ConversionError) as e:
-    print(f'export: error: {e}', file=sys.stderr)
-    return 2
-  print(out)
+    # One line and the export error's status, like `python -m neobert_jax.convert`.
+    with errors.reported('export', debug, also={FileNotFoundError: errors.ExportError}):
+      print(export_run(a.run, a.output, overwrite=a.overwrite))
+  except SystemExit as e:
+    return e.code
   return 0
 
 
