@@ -28,7 +28,7 @@ from neobert_jax import errors
 
 
 def _orbax():
-  # Imported on first use: model/params.py and convert/mapping.py need only the key checks, and importing
+  # Imported on first use: model/params.py and model/hf_layout.py need only the key checks, and importing
   # them should not cost Orbax's import (~0.4 s).
   import orbax.checkpoint  # pylint: disable=g-import-not-at-top
   return orbax.checkpoint

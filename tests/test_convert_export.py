@@ -14,7 +14,8 @@ from flax import nnx
 from safetensors.numpy import load_file, save_file
 
 from neobert_jax.convert import __main__ as cli
-from neobert_jax.convert import export_hf, import_hf, mapping
+from neobert_jax.convert import export_hf, import_hf
+from neobert_jax.model import hf_layout
 from neobert_jax.convert.hf_modeling import MODELING_FILE
 from neobert_jax.model import NeoBERTForMLM, default_model_config, to_flat
 
@@ -76,8 +77,8 @@ def test_export_directory_contents(exported, source):
                      "torch_dtype": "float32"}.items():
     assert config[key] == value, key
   weights = load_file(str(exported / "model.safetensors"))
-  assert {k: v.shape for k, v in weights.items()} == mapping.hf_shapes(cfg)
-  back = mapping.hf_state_dict_to_flat(weights, cfg)
+  assert {k: v.shape for k, v in weights.items()} == hf_layout.hf_shapes(cfg)
+  back = hf_layout.hf_state_dict_to_flat(weights, cfg)
   for key in flat:
     np.testing.assert_array_equal(back[key], flat[key], err_msg=key)
   assert not any(p.name.startswith(".hf") for p in exported.parent.iterdir())  # no temp dirs left behind
@@ -153,7 +154,7 @@ def test_transformers_loads_export_in_fresh_offline_process(exported, source, tm
 
 def test_import_round_trip_and_jax_model(exported, source, tmp_path):
   cfg, flat = source
-  cfg2, flat2 = import_hf.read_hf_dir(exported)
+  cfg2, flat2 = hf_layout.read_hf_dir(exported)
   for field in ("vocab_size", "hidden_size", "num_layers", "num_heads", "intermediate_size", "norm_eps",
                 "max_length", "rope_theta"):
     assert cfg2[field] == cfg[field], field
@@ -162,7 +163,7 @@ def test_import_round_trip_and_jax_model(exported, source, tmp_path):
   model, _ = import_hf.load_hf_as_jax(exported)
   np.testing.assert_array_equal(to_flat(model)["encoder.layers.qkv"], flat["encoder.layers.qkv"])
   # A .safetensors file with config.json beside it works too.
-  _, flat3 = import_hf.read_hf_dir(exported / "model.safetensors")
+  _, flat3 = hf_layout.read_hf_dir(exported / "model.safetensors")
   np.testing.assert_array_equal(flat3["encoder.layers.w12"], flat["encoder.layers.w12"])
   # Saved flat params (file and directory) load back with their config.
   for out in (tmp_path / "params.safetensors", tmp_path / "params_dir"):
@@ -211,7 +212,7 @@ def test_existing_output_is_kept_unless_overwrite(source, tmp_path):
   # A failing export (bad params) leaves neither a partial directory nor temp files.
   bad = dict(flat)
   del bad["decoder.bias"]
-  with pytest.raises(mapping.ConversionError, match="decoder.bias"):
+  with pytest.raises(hf_layout.ConversionError, match="decoder.bias"):
     export_hf.export_flat(bad, cfg, tmp_path / "new")
   assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
   export_hf.export_flat(flat, cfg, out, overwrite=True)
@@ -239,7 +240,7 @@ def test_export_from_sharded_training_checkpoint(tmp_path):
   expected = to_flat(nnx.merge(defs.model_def, state["params"]))  # gathered from the 8 devices
   out = export_hf.export_checkpoint(workdir, tmp_path / "hf")
   weights = load_file(str(out / "model.safetensors"))
-  back = mapping.hf_state_dict_to_flat(weights, cfg.model)
+  back = hf_layout.hf_state_dict_to_flat(weights, cfg.model)
   assert back.keys() == expected.keys()
   for key in expected:
     np.testing.assert_array_equal(back[key], expected[key], err_msg=key)

@@ -118,7 +118,8 @@ def _restore_worker(workdir: str, reference_workdir: str, export_dir: str) -> No
   from flax import nnx
 
   from neobert_jax import sharding as shd
-  from neobert_jax.convert import export_hf, import_hf, torch_ref
+  from neobert_jax.convert import export_hf, torch_ref
+  from neobert_jax.model import hf_layout
   from neobert_jax.train import checkpoint as ckpt
   from neobert_jax.train import state as state_lib
 
@@ -143,7 +144,7 @@ def _restore_worker(workdir: str, reference_workdir: str, export_dir: str) -> No
 
   # export to Hugging Face / PyTorch and compare logits with the restored, tensor-parallel JAX model
   export_hf.export_checkpoint(workdir, export_dir)
-  hf_cfg, hf_flat = import_hf.read_hf_dir(export_dir)
+  hf_cfg, hf_flat = hf_layout.read_hf_dir(export_dir)
   for k in ours:
     np.testing.assert_array_equal(hf_flat[k], ours[k], err_msg=k)
   torch_model = torch_ref.torch_model_from_flat(hf_flat, hf_cfg)

@@ -1,9 +1,9 @@
 """The package's import direction, read from the source (ast, function-level imports included; nothing is run).
 
 Layers, lowest first: errors / jax_compat (import nothing of ours) -> checkpoint_io (parameter trees and run
-checkpoints; imports only errors) -> model, data, sharding, distributed ->
-config (the schema) -> train, convert (convert must not import train) -> finetune, evaluate, embed, aot, compile
--> cli.
+checkpoints; imports only errors) -> model (with hf_layout, the Hugging Face layout), data, sharding, distributed ->
+config (the schema) -> train, convert (side by side: neither imports the other) -> pretrain (train, then the export),
+finetune, evaluate, embed, aot, compile -> entry points (cli and each package's __main__, README "Architecture").
 Nothing imports cli (console scripts); the benchmark scripts live outside the package (benchmarks/), so nothing in
 it can import them. An import cycle between modules fails, even
 when it is hidden in a function body.
@@ -70,20 +70,29 @@ def _in(name: str, *areas: str) -> bool:
   return any(name == f'neobert_jax.{a}' or name.startswith(f'neobert_jax.{a}.') for a in areas)
 
 
+def _entry(name: str) -> bool:
+  """The entry-point layer (README's table): cli.py and each package's __main__, which may import anything."""
+  return name == 'neobert_jax.cli' or name.endswith('.__main__')
+
+
+COMMANDS = ('finetune', 'evaluate', 'embed', 'aot', 'compile', 'pretrain', 'cli')
+
+
 RULES = {
     'errors and jax_compat import nothing of ours':
         lambda a, b: _in(a, 'errors', 'jax_compat'),
     'checkpoint_io (the parameter and checkpoint layer) imports only errors':
         lambda a, b: _in(a, 'checkpoint_io') and not _in(b, 'errors'),
     'model and data do not import train, convert or anything above':
-        lambda a, b: _in(a, 'model', 'data') and _in(b, 'train', 'convert', 'finetune', 'evaluate', 'embed',
-                                                     'aot', 'compile', 'cli', 'config'),
+        lambda a, b: _in(a, 'model', 'data') and _in(b, 'train', 'convert', 'config', *COMMANDS),
     'model and data do not import each other':
         lambda a, b: (_in(a, 'model') and _in(b, 'data')) or (_in(a, 'data') and _in(b, 'model')),
     'config (the schema) imports only model and data config and errors':
         lambda a, b: _in(a, 'config') and not _in(b, 'config', 'model.config', 'data.config', 'errors'),
-    'convert does not import train or the downstream tasks':
-        lambda a, b: _in(a, 'convert') and _in(b, 'train', 'finetune', 'evaluate', 'embed'),
+    'convert does not import train or the commands above it':
+        lambda a, b: _in(a, 'convert') and _in(b, 'train', *COMMANDS),
+    'train does not import convert or the commands above it (its entry point, train/__main__, may)':
+        lambda a, b: _in(a, 'train') and not _entry(a) and _in(b, 'convert', *COMMANDS),
     'nothing imports cli (console scripts)':
         lambda a, b: _in(b, 'cli'),
 }
@@ -149,7 +158,9 @@ def _area(name: str) -> str:
 
 
 def test_no_cycles_between_subpackages():
-  graph = _graph()
+  # Entry points (a package's __main__) sit above every layer, whichever folder holds them: train/__main__ runs
+  # pretrain.py, which builds on train/, and that is no cycle between the layers.
+  graph = {a: deps for a, deps in _graph().items() if not _entry(a)}
   areas = lambda keep: {  # noqa: E731
       _area(a): {_area(b) for a2, deps in graph.items() if _area(a2) == _area(a) for b in deps
                  if _area(b) != _area(a) and keep(a2, b)} for a in graph}
@@ -161,15 +172,17 @@ def test_no_cycles_between_subpackages():
 
 
 def test_train_and_convert_share_the_parameter_layer():
-  # Both read checkpoints through checkpoint_io; convert never imports train (train uses convert one way, for
-  # init.from_hf and the end-of-run export), so the two cannot form a cycle.
+  # Both read checkpoints through checkpoint_io and the Hugging Face layout through model/hf_layout; neither
+  # imports the other (the end-of-run export joins them in pretrain.py, above both).
   graph = _graph()
-  upward = sorted((a, b) for a, deps in graph.items() for b in deps if _in(a, 'convert') and _in(b, 'train'))
-  assert not upward, f'convert imports train: {upward}'
+  between = sorted((a, b) for a, deps in graph.items() for b in deps if not _entry(a) and (
+      (_in(a, 'convert') and _in(b, 'train')) or (_in(a, 'train') and _in(b, 'convert'))))
+  assert not between, f'train and convert import each other: {between}'
   assert 'neobert_jax.checkpoint_io' in graph['neobert_jax.convert.export_hf']
   assert 'neobert_jax.checkpoint_io' in graph['neobert_jax.train.checkpoint']
-  assert not _cycles({_area(a): {_area(b) for b in deps if _in(b, 'train', 'convert')}
-                      for a, deps in graph.items() if _in(a, 'train', 'convert')})
+  assert 'neobert_jax.model.hf_layout' in graph['neobert_jax.convert.export_hf']
+  assert 'neobert_jax.model.hf_layout' in graph['neobert_jax.train.init']
+  assert {'neobert_jax.train.loop', 'neobert_jax.convert.export_hf'} <= graph['neobert_jax.pretrain']
 
 
 def _top_level_imports(path: pathlib.Path) -> set[str]:
@@ -197,4 +210,4 @@ def test_the_walker_sees_function_level_imports():
   # see imports there, and resolve `from pkg import module` to the module.
   graph = _graph()
   assert 'neobert_jax.data.assets' in graph['neobert_jax.data.tokenizer']
-  assert 'neobert_jax.convert.import_hf' in graph['neobert_jax.train.init']  # imported inside a function
+  assert 'neobert_jax.pretrain' in graph['neobert_jax.train.__main__']  # imported inside a function

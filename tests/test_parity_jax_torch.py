@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 import torch
 
-from neobert_jax.convert import mapping, torch_ref
+from neobert_jax.convert import torch_ref
 from neobert_jax.convert.import_hf import jax_model_from_flat
-from neobert_jax.model import default_model_config, to_flat
+from neobert_jax.model import default_model_config, hf_layout, to_flat
 
 TOL = 1e-4
 
@@ -25,12 +25,12 @@ def model_config(num_layers):
 
 def random_flat(cfg, seed):
   rng = np.random.default_rng(seed)
-  d = mapping.Dims.from_config(cfg)
+  d = hf_layout.Dims.from_config(cfg)
 
   def normal(shape, std):  # uniform with the given standard deviation (cheaper to draw than a gaussian)
     return ((rng.random(shape, dtype=np.float32) - 0.5) * np.float32(std * np.sqrt(12.0))).astype(np.float32)
 
-  shapes = mapping.flat_shapes(cfg)
+  shapes = hf_layout.flat_shapes(cfg)
   return {
       "encoder.token_embedding.embedding": normal(shapes["encoder.token_embedding.embedding"], 1.0),
       "encoder.layers.attention_norm": 1 + normal(shapes["encoder.layers.attention_norm"], 0.1),

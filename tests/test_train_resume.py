@@ -129,6 +129,19 @@ def test_init_from_checkpoint_params_only(uninterrupted, tmp_path):
   _assert_identical(_params(tmp_path), _params(uninterrupted))
 
 
+def test_init_from_hf_params_only(uninterrupted, tmp_path):
+  # init.from_hf reads the Hugging Face layout through model/hf_layout (not convert/); here the directory is
+  # the converter's export of the uninterrupted run, so the loaded parameters are exactly that run's.
+  from neobert_jax.convert import export_hf  # pylint: disable=g-import-not-at-top
+  model_cfg, flat = ckpt.restore_params(uninterrupted)
+  export_hf.export_flat(flat, model_cfg, tmp_path / 'hf')
+  cfg = tiny_config(steps=1)
+  cfg.init.from_hf = str(tmp_path / 'hf')
+  cfg.optimizer.warmup_steps = 5  # lr 0 at step 0: parameters stay exactly as loaded
+  loop.run(cfg, tmp_path / 'run')
+  _assert_identical(_params(tmp_path / 'run'), flat)
+
+
 def test_nan_stops_with_last_good_checkpoint(tmp_path):
   cfg = tiny_config(steps=4)
   # Step 1 runs at lr 0 (warmup start) and is checkpointed; step 2's update (lr 5e29) overflows the parameters.

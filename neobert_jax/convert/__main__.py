@@ -18,6 +18,7 @@ from pathlib import Path
 
 from neobert_jax import errors
 from neobert_jax.convert import export_hf, import_hf
+from neobert_jax.model import hf_layout
 
 
 def _is_saved_flat(path: Path) -> bool:
@@ -41,7 +42,7 @@ def to_pytorch(args: argparse.Namespace) -> str:
 
 
 def from_pytorch(args: argparse.Namespace) -> str:
-  cfg, flat = import_hf.read_hf_dir(args.input, init_missing_decoder=args.init_missing_decoder)
+  cfg, flat = hf_layout.read_hf_dir(args.input, init_missing_decoder=args.init_missing_decoder)
   out = import_hf.save_flat(flat, cfg, args.output, overwrite=args.overwrite)
   count = sum(v.size for v in flat.values())
   return (f"wrote {len(flat)} arrays ({count / 1e6:.1f}M parameters, {cfg.num_layers} layers x {cfg.hidden_size}) "

@@ -26,9 +26,9 @@ import numpy as np
 from safetensors.numpy import save_file
 
 from neobert_jax import checkpoint_io, errors
-from neobert_jax.convert import mapping
 from neobert_jax.convert.hf_modeling import MODELING_FILE
 from neobert_jax.data import tokenizer as tokenizer_lib
+from neobert_jax.model import hf_layout
 
 WEIGHTS_NAME = "model.safetensors"
 EXPORT_DTYPES = {"float32": np.float32, "bfloat16": ml_dtypes.bfloat16}
@@ -141,9 +141,9 @@ def export_flat(flat: Mapping[str, Any], model_cfg: Any, output: str | os.PathLi
   if dtype not in EXPORT_DTYPES:
     raise ExportError(f"dtype {dtype!r} is not supported; choose one of {sorted(EXPORT_DTYPES)}")
   check_output_dir(output, overwrite)  # fail before the (slow) conversion
-  state_dict = mapping.flat_to_hf_state_dict(flat, model_cfg)
+  state_dict = hf_layout.flat_to_hf_state_dict(flat, model_cfg)
   state_dict = {k: np.ascontiguousarray(v.astype(EXPORT_DTYPES[dtype])) for k, v in state_dict.items()}
-  config = mapping.hf_config_dict(model_cfg, torch_dtype=dtype)
+  config = hf_layout.hf_config_dict(model_cfg, torch_dtype=dtype)
 
   def fill(tmp: Path) -> None:
     save_file(state_dict, str(tmp / WEIGHTS_NAME), metadata={"format": "pt"})

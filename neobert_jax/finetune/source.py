@@ -1,6 +1,6 @@
 """Where a downstream job's weights and tokenizer come from: a pretraining run, a fine-tuning run or an HF directory.
 
-Reading goes through the project's own readers (train/checkpoint.restore_params for Orbax runs, convert/import_hf
+Reading goes through the project's own readers (train/checkpoint.restore_params for Orbax runs, model/hf_layout
 for Hugging Face NeoBERT directories); this module only decides which one applies, which tokenizer belongs to the
 weights, and refuses a tokenizer whose vocabulary the weights were not trained with.
 """
@@ -48,10 +48,10 @@ def load(path: str, step: int | None = None, need_decoder: bool = False) -> Sour
   if not p.is_dir():
     raise DataError(f'{path}: no such directory; give a training/fine-tuning workdir or a Hugging Face NeoBERT dir')
   if _is_hf_dir(p) and not (p / 'checkpoints').is_dir():
-    from neobert_jax.convert import import_hf, mapping  # pylint: disable=g-import-not-at-top
+    from neobert_jax.model import hf_layout  # pylint: disable=g-import-not-at-top
     try:
-      cfg, flat = import_hf.read_hf_dir(p, init_missing_decoder=not need_decoder)
-    except mapping.ConversionError as e:
+      cfg, flat = hf_layout.read_hf_dir(p, init_missing_decoder=not need_decoder)
+    except hf_layout.ConversionError as e:
       raise DataError(f'{path}: {str(e).splitlines()[0]}') from None
     return Source(cfg, flat, _hf_tokenizer(p), {}, str(p))
   from neobert_jax.train import checkpoint as ckpt  # pylint: disable=g-import-not-at-top

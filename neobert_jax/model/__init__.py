@@ -1,4 +1,5 @@
-"""NeoBERT model: config, attention, rotary embeddings, encoder and MLM head, flat parameter io.
+"""NeoBERT model: config, attention, rotary embeddings, encoder and MLM head, flat parameter io, and the Hugging Face
+layout of those parameters (hf_layout.py: the mapping and checkpoint reading that train/ and convert/ share).
 
 Owns the architecture and its parameter names. Must not import train/, convert/, data/ or anything above them:
 the trainer, the converter and the downstream commands build on the model, never the reverse.

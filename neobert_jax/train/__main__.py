@@ -34,6 +34,7 @@ def main(argv: list[str]) -> int:
   distributed.initialize()
   import jax  # pylint: disable=g-import-not-at-top
   from neobert_jax import jax_compat  # pylint: disable=g-import-not-at-top
+  from neobert_jax import pretrain  # pylint: disable=g-import-not-at-top
   from neobert_jax.train import config as config_lib  # pylint: disable=g-import-not-at-top
   from neobert_jax.train import loop  # pylint: disable=g-import-not-at-top
 
@@ -45,7 +46,7 @@ def main(argv: list[str]) -> int:
   cfg = _CONFIG.value
   config_lib.validate(cfg)
   try:
-    result = loop.run(cfg, _WORKDIR.value)
+    result = pretrain.run(cfg, _WORKDIR.value)  # train, then the Hugging Face export and the report
   except loop.TrainingDiverged as e:
     print(f'training stopped: {e}', file=sys.stderr)
     return 3

@@ -1,13 +1,14 @@
-"""Starting points other than random init (stage 2, continued pretraining), and the end-of-run HF export.
+"""Starting points other than random init: stage 2 and continued pretraining from a run or a Hugging Face NeoBERT.
 
 Both initialisers load parameters only: the optimizer moments, step counter and schedule start afresh, which is
-what stage 2 of NeoBERT (a new 4096-token schedule) and continued pretraining want.
+what stage 2 of NeoBERT (a new 4096-token schedule) and continued pretraining want. A Hugging Face directory is
+read through model/hf_layout.py (the layout convert/ exports), never through convert/: train and convert do not
+import each other.
 """
 
 from __future__ import annotations
 
 import logging
-from pathlib import Path
 from typing import Any, Mapping
 
 import jax
@@ -16,6 +17,7 @@ import numpy as np
 from flax import nnx
 
 from neobert_jax import checkpoint_io, errors
+from neobert_jax.model import hf_layout
 from neobert_jax.train.state import StateDefs, TrainState, with_params
 
 log = logging.getLogger('neobert_jax.train')
@@ -67,12 +69,6 @@ def params_from_flat(flat: Mapping[str, np.ndarray], like: Any) -> Any:
   return params
 
 
-def _read_hf(path: str) -> tuple[ml_collections.ConfigDict, dict[str, np.ndarray]]:
-  from neobert_jax.convert import import_hf  # pylint: disable=g-import-not-at-top
-  # A base-model save has no MLM head; continued pretraining needs one, so a fresh decoder is created.
-  return import_hf.read_hf_dir(path, init_missing_decoder=True)
-
-
 def maybe_initialise(cfg: ml_collections.ConfigDict, defs: StateDefs, state: TrainState) -> TrainState:
   """Applies cfg.init to a freshly created state; returns it unchanged when cfg.init is empty."""
   init = cfg.init
@@ -81,19 +77,9 @@ def maybe_initialise(cfg: ml_collections.ConfigDict, defs: StateDefs, state: Tra
     step = None if init.step < 0 else int(init.step)
     return with_params(defs, state, params_from_checkpoint(init.from_checkpoint, step, state['params']))
   if init.from_hf:
-    model_cfg, flat = _read_hf(init.from_hf)
+    # A base-model save has no MLM head; continued pretraining needs one, so a fresh decoder is created.
+    model_cfg, flat = hf_layout.read_hf_dir(init.from_hf, init_missing_decoder=True)
     check_compatible(model_cfg, cfg.model, init.from_hf)
     log.info('initialised parameters from Hugging Face directory %s', init.from_hf)
     return with_params(defs, state, params_from_flat(flat, state['params']))
   return state
-
-
-def export_hf(workdir: str | Path, out_dir: str, tokenizer: str | None) -> Path:
-  """Writes the run's latest checkpoint (and its tokenizer) as a Hugging Face NeoBERT directory.
-
-  The directory belongs to this run, so a re-run replaces it (the converter writes it atomically).
-  """
-  from neobert_jax.convert import export_hf as export_lib  # pylint: disable=g-import-not-at-top
-  out = export_lib.export_checkpoint(workdir, out_dir, tokenizer=tokenizer, overwrite=True)
-  log.info('exported Hugging Face model to %s', out)
-  return out

@@ -45,7 +45,8 @@ class RunResult:
   evals: list[dict[str, float]] = dataclasses.field(default_factory=list)   # {'step', 'loss', 'accuracy'}
   last_train: dict[str, float] = dataclasses.field(default_factory=dict)
   skipped_steps: int = 0
-  report: dict[str, Any] = dataclasses.field(default_factory=dict)  # train/report.py: unigram baseline, fill-mask
+  # train/report.py's unigram baseline and fill-mask examples, filled in by neobert_jax/pretrain.py after the export
+  report: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
 def _jax_preemption_service() -> bool:
@@ -183,7 +184,9 @@ def run(cfg: ml_collections.ConfigDict, workdir: str | Path,
         on_step: Callable[[int], None] | None = None) -> RunResult:
   """Trains `cfg` in `workdir`, resuming from its latest readable checkpoint if it has one.
 
-  on_step(step) is called after every completed step (tests use it to simulate crashes).
+  on_step(step) is called after every completed step (tests use it to simulate crashes). Training only: the
+  end-of-run Hugging Face export (export.hf_dir, through convert/) and the report that reads it are the job's,
+  neobert_jax/pretrain.py, which the train command runs.
   """
   config_lib.validate(cfg)
   cfg = config_lib.resolve(cfg)
@@ -293,11 +296,4 @@ def run(cfg: ml_collections.ConfigDict, workdir: str | Path,
       train_host.close()
   result.last_train = logger.last
   result.skipped_steps = logger.skipped
-  if cfg.export.hf_dir and not result.preempted and is_main:
-    # The tokenizer the data was prepared with goes along, so the export is usable on its own.
-    _, manifest = pipeline.open_prepared(cfg.data, seq_len, int(cfg.model.vocab_size))
-    init_lib.export_hf(workdir, cfg.export.hf_dir, cfg.data.tokenizer or manifest['tokenizer']['spec'])
-  if is_main and not result.preempted and result.final_step > 0:
-    from neobert_jax.train import report as report_lib  # pylint: disable=g-import-not-at-top
-    result.report = report_lib.report(cfg, workdir, result.evals)
   return result

@@ -1,4 +1,9 @@
-"""Pure-numpy mapping between neobert-jax's flat parameter dict and the Hugging Face NeoBERT state_dict.
+"""The Hugging Face NeoBERT layout of this model's parameters: flat dict <-> HF state_dict, model config <->
+config.json, and reading an HF checkpoint (safetensors, sharded safetensors, pytorch_model.bin) into flat params.
+
+Owns the HF names, shapes and config fields. Lives in the model layer, below both train/ (init.from_hf) and
+convert/ (export, import, the PyTorch model), so neither imports the other. Imports numpy, safetensors, the model
+config, checkpoint_io and errors; torch only to read a legacy pytorch_model.bin. Never train/, convert/ or data/.
 
 Flat layout (``neobert_jax.model.params.to_flat``; layers stacked on a leading L axis):
 
@@ -23,10 +28,14 @@ Both directions are exact reshapes and transposes (bit-exact round trip). ``cfg`
 from __future__ import annotations
 
 import dataclasses
+import json
+import os
+from pathlib import Path
 from typing import Any, Mapping
 
 import ml_collections
 import numpy as np
+from safetensors import safe_open
 
 from neobert_jax import checkpoint_io, errors
 from neobert_jax.model.config import default_model_config, ffn_hidden_size
@@ -248,3 +257,81 @@ def model_config_from_hf(hf_config: Mapping[str, Any], base=None):
         f"config.json dim_head={dim_head} x num_attention_heads={cfg.num_heads} != hidden_size={cfg.hidden_size}; "
         "NeoBERT requires dim_head = hidden_size / num_attention_heads")
   return cfg
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Reading a Hugging Face checkpoint
+
+
+def torch_to_numpy(tensor: Any) -> np.ndarray:
+  """A torch tensor's values as numpy (bfloat16 through ml_dtypes, which numpy lacks)."""
+  import torch  # pylint: disable=g-import-not-at-top  # only pytorch_model.bin and the PyTorch model need torch
+  tensor = tensor.detach().cpu().contiguous()
+  if tensor.dtype == torch.bfloat16:
+    import ml_dtypes  # pylint: disable=g-import-not-at-top  # installed with jax
+    return tensor.view(torch.uint16).numpy().view(ml_dtypes.bfloat16)
+  return tensor.numpy()
+
+
+def read_safetensors(path: Path) -> tuple[dict[str, str], dict[str, np.ndarray]]:
+  """(metadata, arrays) of a safetensors file; ConversionError if it is not one."""
+  try:
+    with safe_open(str(path), framework="np") as fh:
+      return fh.metadata() or {}, {key: fh.get_tensor(key) for key in fh.keys()}
+  except Exception as e:  # safetensors raises its own error types for truncated or foreign files
+    raise ConversionError(f"{path} is not a readable safetensors file ({type(e).__name__}: {e})") from e
+
+
+def read_hf_state_dict(path: str | os.PathLike) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+  """(config.json as a dict, state_dict as numpy arrays) of an HF directory or .safetensors file."""
+  path = Path(path).expanduser()
+  if not path.exists():
+    raise ConversionError(f"--input {path}: no such file or directory")
+  folder = path if path.is_dir() else path.parent
+  config_path = folder / "config.json"
+  if not config_path.is_file():
+    raise ConversionError(f"{folder} has no config.json; fix: put the checkpoint's config.json next to its weights")
+  hf_config = json.loads(config_path.read_text())
+  if path.is_file():
+    if path.suffix != ".safetensors":
+      raise ConversionError(f"--input {path}: expected a directory or a .safetensors file")
+    return hf_config, read_safetensors(path)[1]
+  if (folder / "model.safetensors").is_file():
+    return hf_config, read_safetensors(folder / "model.safetensors")[1]
+  index = folder / "model.safetensors.index.json"
+  if index.is_file():
+    shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+    state = {}
+    for shard in shards:
+      state.update(read_safetensors(folder / shard)[1])
+    return hf_config, state
+  if (folder / "pytorch_model.bin").is_file():
+    import torch  # pylint: disable=g-import-not-at-top  # only this legacy format needs torch
+    state = torch.load(folder / "pytorch_model.bin", map_location="cpu", weights_only=True)
+    return hf_config, {k: torch_to_numpy(v) for k, v in state.items()}
+  raise ConversionError(f"{folder} has no model.safetensors, model.safetensors.index.json or pytorch_model.bin")
+
+
+def read_hf_dir(path: str | os.PathLike, *, init_missing_decoder: bool = False,
+                seed: int = 0) -> tuple[ml_collections.ConfigDict, dict[str, np.ndarray]]:
+  """(model ConfigDict, flat params) of an HF NeoBERT checkpoint; raises ConversionError on any mismatch.
+
+  ``init_missing_decoder``: a base-model save has no MLM decoder; create one (U(-r, r) kernel, zero bias).
+  """
+  hf_config, state = read_hf_state_dict(path)
+  cfg = model_config_from_hf(hf_config)
+  state = normalize_hf_state_dict(state)
+  if init_missing_decoder and "decoder.weight" not in state and "decoder.bias" not in state:
+    rng = np.random.default_rng(seed)
+    limit = cfg.decoder_init_range
+    dtype = state["model.encoder.weight"].dtype if "model.encoder.weight" in state else np.float32
+    state["decoder.weight"] = rng.uniform(-limit, limit, (cfg.vocab_size, cfg.hidden_size)).astype(dtype)
+    state["decoder.bias"] = np.zeros((cfg.vocab_size,), dtype)
+  try:
+    return cfg, hf_state_dict_to_flat(state, cfg)
+  except ConversionError as e:
+    if "decoder.weight" in str(e) and "decoder.weight" not in state:
+      raise ConversionError(
+          f"{e}\nThis looks like a base NeoBERT save without the MLM head: pass --init-missing-decoder "
+          "(init_missing_decoder=True) to create a fresh decoder") from e
+    raise
