@@ -87,7 +87,10 @@ def test_h100x8_pre_hopper_bias_kernel_on_a_tensor_parallel_mesh(tmp_path):
   assert 'cuDNN fused' in out
 
 
-@pytest.mark.parametrize('recipe', ['neobert_250m.py', 'neobert_250m_4096.py'])
+# The 4096 recipe only: it has the larger document bound (32 slots) and the longer rows, the harder case of the two
+# (each compile pair takes ~30 s of the suite's budget; `python -m neobert_jax.compile --config=configs/neobert_250m.py
+# --target=cuda:h100x8` checks the 1024 recipe).
+@pytest.mark.parametrize('recipe', ['neobert_250m_4096.py'])
 def test_250m_packed_step_on_h100_is_flash_without_a_t_by_t_buffer(tmp_path, recipe):
   """The real 250M recipes, packed: cuDNN's plain flash kernel, no [.., T, T] buffer in the program, and no more
   temporaries than padding mode's except the softmax statistics jax's packed layout keeps per document slot
