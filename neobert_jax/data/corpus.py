@@ -126,8 +126,8 @@ def builtin_vocab_file(spec: str) -> str:
     # The trainer learns the same pieces every time but numbers its alphabet in hash order, which changes from
     # process to process. Ids are renumbered canonically (specials 0-4, then the pieces sorted), so the same corpus
     # always gives the same ids; WordPiece matches the longest piece, whatever its id.
-    pieces = sorted(set(tok.get_vocab()) - set(specials))
-    tok.model = models.WordPiece({piece: i for i, piece in enumerate(specials + pieces)}, unk_token=specials[1])
+    by_id = specials + sorted(set(tok.get_vocab()) - set(specials))
+    tok.model = models.WordPiece({piece: i for i, piece in enumerate(by_id)}, unk_token=specials[1])
     cls, sep = specials[2], specials[3]
     # What BertTokenizer adds around a text, so the Hugging Face export encodes as training did.
     tok.post_processor = processors.TemplateProcessing(
@@ -138,19 +138,21 @@ def builtin_vocab_file(spec: str) -> str:
     shutil.rmtree(staging, ignore_errors=True)
     os.makedirs(staging)
     tok.save(os.path.join(staging, 'tokenizer.json'))
-    vocab = tok.get_vocab()
     with open(os.path.join(staging, 'vocab.txt'), 'w', encoding='utf-8') as f:  # for the slow BertTokenizer too
-      f.write(''.join(piece + '\n' for piece, _ in sorted(vocab.items(), key=lambda kv: kv[1])))
+      f.write(''.join(piece + '\n' for piece in by_id))
     shutil.rmtree(folder, ignore_errors=True)
     os.replace(staging, folder)
   return path
 
 
 def _prepared_with(out: str, tokenizer: str) -> bool:
-  """Whether `out` holds shards made with today's file of `tokenizer` (a vocabulary re-learned after its cache
-  was deleted by hand is re-checked, not trusted)."""
+  """Whether `out` holds shards made with today's `tokenizer`. bert-base-uncased is pinned by its sha256 when
+  fetched, so its shards are trusted as before; a learned vocabulary is compared (one re-learned by another
+  `tokenizers` release may split text differently, and its old shards must not be reused)."""
   if not os.path.exists(os.path.join(out, shards.MANIFEST)):
     return False
+  if tokenizer == tokenizer_lib.BUILTIN_BERT:
+    return True
   made_with = shards.read_manifest(out)['tokenizer']
   return tokenizer_lib.same_vocabulary(made_with, tokenizer_lib.load_tokenizer(tokenizer).identity())
 
