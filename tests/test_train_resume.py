@@ -124,7 +124,7 @@ def test_restore_onto_a_different_mesh(uninterrupted, tmp_path):
 def test_init_from_checkpoint_params_only(uninterrupted, tmp_path):
   cfg = tiny_config(steps=1)
   cfg.init.from_checkpoint = str(uninterrupted)
-  cfg.optimizer.warmup_steps = 5  # step 0 of a fresh schedule has lr 0: parameters stay exactly as loaded
+  cfg.optimizer.warmup_steps = 1  # step 0 of a fresh schedule has lr 0: parameters stay exactly as loaded
   loop.run(cfg, tmp_path)
   _assert_identical(_params(tmp_path), _params(uninterrupted))
 
@@ -137,7 +137,7 @@ def test_init_from_hf_params_only(uninterrupted, tmp_path):
   export_hf.export_flat(flat, model_cfg, tmp_path / 'hf')
   cfg = tiny_config(steps=1)
   cfg.init.from_hf = str(tmp_path / 'hf')
-  cfg.optimizer.warmup_steps = 5  # lr 0 at step 0: parameters stay exactly as loaded
+  cfg.optimizer.warmup_steps = 1  # lr 0 at step 0: parameters stay exactly as loaded
   loop.run(cfg, tmp_path / 'run')
   _assert_identical(_params(tmp_path / 'run'), flat)
 

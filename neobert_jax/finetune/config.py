@@ -113,6 +113,15 @@ def validate(cfg: ml_collections.ConfigDict, num_devices: int | None = None) -> 
     raise ConfigError('set train.epochs >= 1 or train.num_steps >= 1')
   if not 0 <= h.dropout < 1 or h.temperature <= 0 or not 0 <= o.warmup_fraction < 1:
     raise ConfigError('head.dropout and optimizer.warmup_fraction must be in [0, 1), head.temperature > 0')
+  ranges = (('optimizer.lr', o.lr > 0, '> 0'), ('optimizer.weight_decay', o.weight_decay >= 0, '>= 0'),
+            ('optimizer.b1', 0 <= o.b1 < 1, 'in [0, 1)'), ('optimizer.b2', 0 <= o.b2 < 1, 'in [0, 1)'),
+            ('optimizer.eps', o.eps > 0, '> 0'), ('optimizer.clip_norm', o.clip_norm >= 0, '>= 0 (0: no clipping)'),
+            ('head.init_range', h.init_range > 0, '> 0'), ('train.log_every', t.log_every >= 1, '>= 1'),
+            ('train.eval_every', t.eval_every >= 0, '>= 0 (0: once per epoch)'))
+  for name, ok, needed in ranges:
+    if not ok:
+      section, field = name.split('.')
+      raise ConfigError(f'{name}={cfg[section][field]} must be {needed}')
   shape = mesh_shape(cfg, num_devices)
   shards = shape['data'] * shape['fsdp']
   for field in ('batch_size', 'eval_batch_size'):

@@ -28,10 +28,13 @@ from flax import nnx
 from neobert_jax import sharding as shd
 from neobert_jax.finetune import batching, config as config_lib, inference, source as source_lib, state as state_lib
 from neobert_jax.finetune import step as step_lib
+from neobert_jax.config import resume as resume_rules
+from neobert_jax.errors import ConfigError
 from neobert_jax.finetune.tables import DataError
 from neobert_jax.model.config import resolve_dtype
 from neobert_jax.train import checkpoint as ckpt
 from neobert_jax.train import config as train_config
+from neobert_jax.train import resume as resume_lib
 from neobert_jax.train.metrics import MetricsWriter
 
 log = logging.getLogger('neobert_jax.finetune')
@@ -62,8 +65,9 @@ def model_config(cfg: ml_collections.ConfigDict, source: source_lib.Source | Non
 def prepare(cfg: ml_collections.ConfigDict, workdir: Path):
   """(source, model config, tokenizer, task): every check that needs no device work, nothing written."""
   config_lib.validate(cfg)
+  resume_lib.check_workdir(workdir)
   if (workdir / RESULTS_FILE).exists() or (workdir / ckpt.CHECKPOINT_SUBDIR).exists():
-    raise DataError(f'{workdir} already holds a fine-tuning run; choose a new --workdir or delete that one')
+    raise ConfigError(_existing_run(cfg, workdir))
   init = cfg.init
   source = None
   if init.from_checkpoint or init.from_hf:
@@ -75,6 +79,24 @@ def prepare(cfg: ml_collections.ConfigDict, workdir: Path):
     raise DataError(f'tokenizer {tok.spec!r} has {tok.vocab_size} tokens but model.vocab_size={m.vocab_size}; '
                     'set --config.model.vocab_size or start from a pretrained model (init.*)')
   return source, m, tok, make_task(cfg, tok)
+
+
+def _existing_run(cfg: ml_collections.ConfigDict, workdir: Path) -> str:
+  """The refusal for a workdir that already holds a fine-tuning run (it is never continued nor overwritten),
+  naming the fields this config changes against the one recorded there."""
+  recorded = workdir / 'config.json'
+  changed = ''
+  if recorded.is_file():
+    # model and mesh are recorded resolved (the source's architecture, the device count's mesh): not comparable.
+    current = {k: v for k, v in cfg.to_dict().items() if k not in ('model', 'mesh')}
+    past = {k: v for k, v in json.loads(recorded.read_text()).items() if k not in ('model', 'mesh')}
+    past.get('data', {}).pop('tokenizer', None)
+    current.get('data', {}).pop('tokenizer', None)
+    changes = resume_rules.diff(past, current, {})
+    changed = (f' (this config differs from it in: {"; ".join(c.describe() for c in changes)})' if changes
+               else ' (with this same config; its results are in results.json)')
+  return (f'{workdir} already holds a fine-tuning run{changed}; nothing in it was changed. Choose a new --workdir, '
+          'or delete that one to redo it')
 
 
 def _save_best(mngr: ocp.CheckpointManager, step: int, state: Any, cfg_dict: dict) -> None:

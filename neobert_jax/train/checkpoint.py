@@ -13,8 +13,11 @@ On-disk layout (one Orbax CheckpointManager rooted at WORKDIR/checkpoints):
 <step> is the number of optimizer steps already taken. Orbax writes each step into a temporary directory and
 renames it only after every item (and every process) has committed, so a crash mid-save leaves the previous
 steps intact and the half-written one is never listed. A step whose params or optimizer state cannot be read
-(disk damage, files removed by hand) is reported, moved aside as '<step>.corrupt', and the next older step is
-used. A step is never set aside for anything else:
+(disk damage, files removed by hand) is reported loudly, moved aside as '<step>.corrupt', and the next older step
+is used. A step is never set aside for anything else:
+  * a readable step whose arrays do not fit the state this config builds (other shapes, another tree structure)
+    is a config mismatch (CheckpointMismatch, one line), checked from the small metadata files before any array is
+    read; train/resume.py has refused the config differences that cause it even earlier;
   * an I/O error that looks transient (timeouts, UNAVAILABLE, permission denied, ...) is retried and then raised,
     leaving the checkpoint where it is, so re-running once the storage is back resumes from it;
   * the data-iterator state is a position in the global row stream, valid under any process count (1 -> 2 -> 4
@@ -36,7 +39,7 @@ import os
 import re
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import jax
 import ml_collections
@@ -87,8 +90,9 @@ def save(mngr: ocp.CheckpointManager, step: int, state: TrainState, data_iter: A
   mngr.save(step, args=ocp.args.Composite(**args), force=True)
 
 
-def _set_aside(mngr: ocp.CheckpointManager, step: int) -> None:
-  """Renames an unreadable step so it is neither retried nor overwritten by a later save of the same number."""
+def _set_aside(mngr: ocp.CheckpointManager, step: int, reason: str) -> None:
+  """Renames a step whose bytes cannot be read, so it is neither retried nor overwritten by a later save of the
+  same number; said loudly, with both paths, because it is the one thing resume ever moves."""
   src = Path(mngr.directory) / str(step)
   if jax.process_index() == 0 and src.exists():
     dst = src.with_name(f'{step}.corrupt')
@@ -96,7 +100,8 @@ def _set_aside(mngr: ocp.CheckpointManager, step: int) -> None:
     while dst.exists():
       dst, n = src.with_name(f'{step}.corrupt{n}'), n + 1
     src.rename(dst)
-    log.warning('moved unreadable checkpoint %s to %s', src, dst)
+    log.error('CHECKPOINT SET ASIDE: step %d at %s could not be read (%s). It was renamed to %s (nothing was '
+              'deleted); inspect it, or delete it once you no longer need it.', step, src, reason, dst)
   mngr.reload()
 
 
@@ -128,25 +133,67 @@ def _first_line(e: BaseException) -> str:
   return f'{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ""}'
 
 
-def _restore_arrays(mngr: ocp.CheckpointManager, step: int, abstract: TrainState) -> dict[str, Any]:
-  """params + opt of `step` onto `abstract`'s shardings; transient storage errors are retried, then raised."""
-  args = ocp.args.Composite(params=ocp.args.StandardRestore(nnx.to_pure_dict(abstract['params'])),
-                            opt=ocp.args.StandardRestore(abstract['opt']))
+def _with_retries(read: Callable[[], Any], step: int, directory: Any) -> Any:
+  """read(); transient storage errors are retried, then raised as CheckpointReadError (checkpoint left alone)."""
   for attempt in range(1, _READ_ATTEMPTS + 1):
     try:
-      return mngr.restore(step, args=args)
+      return read()
     except Exception as e:  # noqa: BLE001
       if not _is_transient(e):
         raise
       if attempt == _READ_ATTEMPTS:
         raise CheckpointReadError(
-            f'checkpoint step {step} in {mngr.directory} could not be read after {attempt} attempts because of a '
+            f'checkpoint step {step} in {directory} could not be read after {attempt} attempts because of a '
             f'storage error ({_first_line(e)}). It was left in place; re-run once the storage is reachable to '
             f'resume from it.') from e
       log.warning('reading checkpoint step %d failed (%s); retrying in %.0f s', step, _first_line(e),
                   _RETRY_DELAY_S * attempt)
       time.sleep(_RETRY_DELAY_S * attempt)
   raise AssertionError('unreachable')
+
+
+def _restore_arrays(mngr: ocp.CheckpointManager, step: int, abstract: TrainState) -> dict[str, Any]:
+  """params + opt of `step` onto `abstract`'s shardings; transient storage errors are retried, then raised."""
+  args = ocp.args.Composite(params=ocp.args.StandardRestore(nnx.to_pure_dict(abstract['params'])),
+                            opt=ocp.args.StandardRestore(abstract['opt']))
+  return _with_retries(lambda: mngr.restore(step, args=args), step, mngr.directory)
+
+
+class CheckpointMismatch(errors.ConfigError):
+  """A readable checkpoint whose arrays do not fit the state this config builds: a config difference, never
+  damage, so the checkpoint is left exactly where it is."""
+
+
+def _names(path: tuple[Any, ...]) -> str:
+  # Orbax's metadata tree spells every node as a dict key ('1', 'value'); the abstract state uses sequence
+  # indices and attributes. Their names agree.
+  return '.'.join(str(getattr(e, 'key', getattr(e, 'name', getattr(e, 'idx', e)))) for e in path)
+
+
+def _leaves(tree: Any) -> dict[str, Any]:
+  return {_names(p): leaf for p, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]}
+
+
+def _check_fits(mngr: ocp.CheckpointManager, step: int, abstract: TrainState) -> None:
+  """CheckpointMismatch when the saved tree structure or shapes differ from `abstract`'s. Reads only the small
+  metadata files, on this process alone (a handler, not a Checkpointer: no cross-process barrier)."""
+  root = Path(mngr.directory) / str(step)
+  for item in ('params', 'opt'):
+    handler = ocp.StandardCheckpointHandler()
+    absl_log = logging.getLogger('absl')
+    level = absl_log.level
+    absl_log.setLevel(logging.ERROR)  # "no step metadata in the item": expected in the manager's layout
+    try:
+      saved = _with_retries(lambda: handler.metadata(root / item), step, mngr.directory)
+    finally:
+      absl_log.setLevel(level)
+    target = nnx.to_pure_dict(abstract['params']) if item == 'params' else abstract['opt']
+    tree = getattr(saved, 'tree', saved)
+    checkpoint_io.check_keys_and_shapes(
+        _leaves(tree), {k: v.shape for k, v in _leaves(target).items()}, f'checkpoint step {step} in {mngr.directory} ({item})',
+        'this config builds a different state than the one saved (see the config differences above, if any); '
+        'nothing was changed. Resume with the run\'s own config, or start a new --workdir (with '
+        '--config.init.from_checkpoint to start from its weights).', error=CheckpointMismatch)
 
 
 _DATA_FILE = re.compile(r'process_(\d+)-of-(\d+)\.json')
@@ -255,14 +302,15 @@ def restore_latest(mngr: ocp.CheckpointManager, abstract: TrainState, data_iter:
   """
   for step in sorted(mngr.all_steps(), reverse=True):
     try:
+      _check_fits(mngr, step, abstract)
       restored = _restore_arrays(mngr, step, abstract)
-    except CheckpointReadError:
+    except (CheckpointReadError, CheckpointMismatch):
       raise
-    except Exception as e:  # noqa: BLE001 - the arrays are damaged or missing: try the previous checkpoint
+    except Exception as e:  # noqa: BLE001 - the bytes are damaged or missing: try the previous checkpoint
       older = [s for s in mngr.all_steps() if s < step]
-      log.warning('checkpoint step %d in %s could not be restored (%s); %s', step, mngr.directory,
-                  _first_line(e), f'falling back to step {max(older)}' if older else 'no older checkpoint is left')
-      _set_aside(mngr, step)
+      log.error('checkpoint step %d in %s could not be restored (%s); %s', step, mngr.directory,
+                _first_line(e), f'falling back to step {max(older)}' if older else 'no older checkpoint is left')
+      _set_aside(mngr, step, _first_line(e))
       continue
     _agree_on_step(step, mngr.directory)
     _restore_data(mngr, step, data_iter)

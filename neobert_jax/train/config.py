@@ -91,8 +91,7 @@ def validate(cfg: ml_collections.ConfigDict, num_devices: int | None = None,
   for field in ('num_steps', 'global_batch_size', 'grad_accum_steps'):
     if t[field] < 1:
       raise ConfigError(f'train.{field}={t[field]} must be >= 1')
-  if cfg.optimizer.warmup_steps < 0 or not 0 < cfg.optimizer.decay_fraction <= 1:
-    raise ConfigError('optimizer.warmup_steps must be >= 0 and optimizer.decay_fraction in (0, 1]')
+  _validate_optimizer(cfg.optimizer, int(t.num_steps))
   if cfg.data.max_predictions > cfg.model.max_length:
     raise ConfigError(f'data.max_predictions={cfg.data.max_predictions} exceeds the sequence length '
                       f'model.max_length={cfg.model.max_length}')
@@ -100,6 +99,11 @@ def validate(cfg: ml_collections.ConfigDict, num_devices: int | None = None,
     raise ConfigError('set at most one of init.from_checkpoint and init.from_hf')
   if cfg.checkpoint.keep < 1 or cfg.checkpoint.every_steps < 1:
     raise ConfigError('checkpoint.keep and checkpoint.every_steps must be >= 1')
+  if cfg.eval.every_steps < 0 or cfg.eval.num_batches < 1:
+    raise ConfigError(f'eval.every_steps={cfg.eval.every_steps} must be >= 0 (0 disables evaluation) and '
+                      f'eval.num_batches={cfg.eval.num_batches} >= 1')
+  if cfg.logging.log_every < 1 or cfg.logging.peak_flops_per_device < 0:
+    raise ConfigError('logging.log_every must be >= 1 and logging.peak_flops_per_device >= 0 (0: look it up)')
 
   shape = mesh_shape(cfg, num_devices)
   nproc = jax.process_count() if process_count is None else process_count
@@ -115,6 +119,27 @@ def validate(cfg: ml_collections.ConfigDict, num_devices: int | None = None,
         f'multiple of {shards}')
   if micro % nproc:
     raise ConfigError(f'the micro-batch of {micro} rows does not split over {nproc} processes')
+
+
+def _validate_optimizer(o: ml_collections.ConfigDict, num_steps: int) -> None:
+  """The optimizer values that cannot train: each refused with its field, its value and the range it needs."""
+  ranges = (('peak_lr', o.peak_lr > 0, '> 0'), ('b1', 0 <= o.b1 < 1, 'in [0, 1)'), ('b2', 0 <= o.b2 < 1, 'in [0, 1)'),
+            ('eps', o.eps > 0, '> 0'), ('weight_decay', o.weight_decay >= 0, '>= 0'),
+            ('clip_norm', o.clip_norm >= 0, '>= 0 (0 disables clipping)'), ('clip_eps', o.clip_eps >= 0, '>= 0'),
+            ('warmup_steps', o.warmup_steps >= 0, '>= 0'),
+            ('warmup_init_fraction', 0 <= o.warmup_init_fraction <= 1, 'in [0, 1]'),
+            ('decay_fraction', 0 < o.decay_fraction <= 1, 'in (0, 1]'), ('decay_steps', o.decay_steps >= 0, '>= 0'),
+            ('final_lr_fraction', 0 <= o.final_lr_fraction <= 1,
+             'in [0, 1] (the floor is final_lr_fraction x peak_lr and may not exceed the peak)'))
+  for field, ok, needed in ranges:
+    if not ok:
+      raise ConfigError(f'optimizer.{field}={o[field]} must be {needed}')
+  if o.warmup_steps > num_steps:
+    raise ConfigError(f'optimizer.warmup_steps={o.warmup_steps} is longer than the run (train.num_steps={num_steps}): '
+                      'the learning rate would never reach its peak. Lower the warmup or raise num_steps.')
+  if o.decay_steps > 0 and o.decay_steps <= o.warmup_steps:
+    raise ConfigError(f'optimizer.decay_steps={o.decay_steps} is an absolute step and must exceed '
+                      f'optimizer.warmup_steps={o.warmup_steps} (the original trainer asserts the same)')
 
 
 def resolve(cfg: ml_collections.ConfigDict) -> ml_collections.ConfigDict:

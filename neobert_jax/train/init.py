@@ -9,6 +9,7 @@ import each other.
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 from typing import Any, Mapping
 
 import jax
@@ -67,6 +68,26 @@ def params_from_flat(flat: Mapping[str, np.ndarray], like: Any) -> Any:
   params = jax.tree.map(lambda a: a, like)
   nnx.replace_by_pure_dict(params, checkpoint_io.unflatten({k: put(k, v) for k, v in expected.items()}))
   return params
+
+
+def check_source(cfg: ml_collections.ConfigDict) -> None:
+  """One line for an init source that is missing or of another architecture, before any model is built (the
+  trainer calls it only for a run that starts afresh: a resumed run ignores cfg.init)."""
+  init = cfg.init
+  if init.from_checkpoint:
+    path = Path(init.from_checkpoint).expanduser()
+    try:
+      if not path.is_dir() or checkpoint_io.latest_step(path) is None:
+        raise FileNotFoundError('no complete checkpoint there')
+      source = checkpoint_io.read_config(path).model
+    except (FileNotFoundError, ValueError) as e:
+      raise errors.CheckpointError(f'init.from_checkpoint={init.from_checkpoint!r}: {e}; give the workdir (or its '
+                                   'checkpoints/) of a run that saved at least one step') from None
+    check_compatible(source, cfg.model, init.from_checkpoint)
+  if init.from_hf and not (Path(init.from_hf).expanduser() / 'config.json').is_file():
+    raise errors.CheckpointError(f'init.from_hf={init.from_hf!r} is not a Hugging Face model directory (no '
+                                 'config.json there); give the local directory of a NeoBERT save (config.json + '
+                                 'model.safetensors or pytorch_model.bin)')
 
 
 def maybe_initialise(cfg: ml_collections.ConfigDict, defs: StateDefs, state: TrainState) -> TrainState:

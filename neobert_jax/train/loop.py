@@ -27,6 +27,7 @@ from neobert_jax.train import checkpoint as ckpt
 from neobert_jax.train import config as config_lib
 from neobert_jax.train import init as init_lib
 from neobert_jax.train import metrics as metrics_lib
+from neobert_jax.train import resume as resume_lib
 from neobert_jax.train import state as state_lib
 from neobert_jax.train import step as step_lib
 
@@ -191,6 +192,10 @@ def run(cfg: ml_collections.ConfigDict, workdir: str | Path,
   config_lib.validate(cfg)
   cfg = config_lib.resolve(cfg)
   workdir = Path(workdir).expanduser().resolve()
+  # Before the data is opened or a file written: a workdir holding another run is refused here, untouched.
+  plan = resume_lib.check(cfg, workdir)
+  if plan.step is None:
+    init_lib.check_source(cfg)
   is_main = jax.process_index() == 0
   mesh = shd.make_mesh(dict(cfg.mesh))
   seq_len = int(cfg.model.max_length)
@@ -198,7 +203,6 @@ def run(cfg: ml_collections.ConfigDict, workdir: str | Path,
   train_host = pipeline.make_train_iterator(
       cfg.data, batches_lib.local_batch_size(cfg), seq_len, int(cfg.seed), jax.process_index(),
       jax.process_count(), model_vocab_size=int(cfg.model.vocab_size))
-  config_lib.write(cfg, workdir)
   if is_main:
     log.info('run: %s', config_lib.describe(cfg))
 
@@ -213,6 +217,7 @@ def run(cfg: ml_collections.ConfigDict, workdir: str | Path,
     start = 0
     defs, state = state_lib.create_train_state(cfg, mesh)
     state = init_lib.maybe_initialise(cfg, defs, state)
+  resume_lib.record(plan, cfg, start)  # config.json and the history line, once the state is in hand
   if is_main:
     log.info('%s parameters, sharded over %s', f'{state_lib.param_count(state):,}', dict(mesh.shape))
 

@@ -33,7 +33,7 @@ import ml_collections
 import numpy as np
 import optax
 
-def _floor_step(opt_cfg: ml_collections.ConfigDict, num_steps: int) -> int:
+def floor_step(opt_cfg: ml_collections.ConfigDict, num_steps: int) -> int:
   """The first step at which the rate is the floor for good."""
   warmup = int(opt_cfg.warmup_steps)
   if int(opt_cfg.decay_steps) > 0:
@@ -46,7 +46,7 @@ def lr_values(opt_cfg: ml_collections.ConfigDict, num_steps: int, steps: np.ndar
   """The learning rate of the update made at each of `steps` (0 = the first update), float64."""
   peak, floor = float(opt_cfg.peak_lr), float(opt_cfg.peak_lr) * float(opt_cfg.final_lr_fraction)
   warmup, start = int(opt_cfg.warmup_steps), float(opt_cfg.warmup_init_fraction)
-  end = _floor_step(opt_cfg, num_steps)
+  end = floor_step(opt_cfg, num_steps)
   t = np.asarray(steps, np.float64)
   warm = peak * (start + (1.0 - start) * t / max(warmup, 1))
   # The original's cosine has period decay_steps from the end of warmup; ours spans warmup -> floor step exactly.
@@ -57,7 +57,7 @@ def lr_values(opt_cfg: ml_collections.ConfigDict, num_steps: int, steps: np.ndar
 
 def lr_schedule(opt_cfg: ml_collections.ConfigDict, num_steps: int) -> optax.Schedule:
   """optax schedule: the float32-rounded lr_values, looked up by step (the floor from the floor step on)."""
-  end = _floor_step(opt_cfg, num_steps)
+  end = floor_step(opt_cfg, num_steps)
   if int(opt_cfg.decay_steps) > 0 and end <= int(opt_cfg.warmup_steps):
     raise ValueError(f'optimizer.decay_steps={end} is an absolute step and must exceed '
                      f'warmup_steps={opt_cfg.warmup_steps} (the original trainer asserts the same)')

@@ -1,0 +1,127 @@
+"""What a resumed run may change: every config field is identity, schedule or free.
+
+A workdir holds one run. Re-running with a changed config is compared field by field with the config the run
+recorded, before anything is read or written:
+
+  identity   what the checkpoint *is*: architecture, vocabulary and tokenizer, data layout, sequence length,
+             masking, seeds. A difference is refused: the checkpoint belongs to another run.
+  schedule   how the rest of the run proceeds: train.num_steps, the optimizer and its learning-rate schedule, the
+             batch and its accumulation. Accepted, logged with what it does (train/resume.py says what happens
+             to the learning rate at the resume step), and recorded in WORKDIR/config_history.jsonl.
+  free       how the run is observed or executed: logging, evaluation and checkpoint cadence, the mesh, the
+             attention kernel, rematerialisation, the compute dtype, init sources (ignored once a checkpoint
+             exists), the export. Accepted, logged and recorded.
+
+The table is the one home of these decisions. A field the table does not name falls under its section's rule, and
+a section the table does not name is identity: a new field is safe (refused on change) until someone decides
+otherwise. tests/test_resume_config.py checks that every schema field resolves to a rule.
+
+Plain dicts (config.to_dict()) in, no jax work; the trainer and fine-tuning apply it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Mapping
+
+from neobert_jax import checkpoint_io
+
+IDENTITY, SCHEDULE, FREE = 'identity', 'schedule', 'free'
+
+# Longest matching prefix wins ('model.dtype' over 'model').
+PRETRAIN_RULES: dict[str, str] = {
+    'seed': IDENTITY,
+    'model': IDENTITY,                  # shapes, vocabulary, sequence length, norms, RoPE, param dtype, layout
+    'model.dtype': FREE,                # compute dtype: fp32 master weights either way
+    'model.attention_impl': FREE,
+    'model.splash_block_size': FREE,
+    'model.blockwise_block_size': FREE,
+    'model.remat_policy': FREE,
+    'data': IDENTITY,                   # corpus, tokenizer, packing, masking, data seed, block size, workers
+    'data.worker_buffer_size': FREE,
+    'mesh': FREE,                       # restore works onto any mesh and any process count
+    'train': IDENTITY,                  # a new train field is refused on change until it is classified
+    'train.num_steps': SCHEDULE,
+    'train.global_batch_size': SCHEDULE,
+    'train.grad_accum_steps': SCHEDULE,
+    'train.nan_policy': FREE,
+    'optimizer': SCHEDULE,
+    'eval': FREE,
+    'checkpoint': FREE,
+    'init': FREE,                       # a checkpoint in the workdir wins over any init source
+    'logging': FREE,
+    'export': FREE,
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Change:
+  field: str      # dotted, e.g. 'model.hidden_size'
+  before: Any     # the recorded value (MISSING: the recorded config predates the field)
+  after: Any
+  kind: str       # IDENTITY | SCHEDULE | FREE
+
+  def describe(self) -> str:
+    return f'{self.field} {_show(self.before)} -> {_show(self.after)}'
+
+  def to_json(self) -> dict[str, Any]:
+    return {'field': self.field, 'before': self.before, 'after': self.after, 'kind': self.kind}
+
+
+class _Missing:
+  def __repr__(self) -> str:
+    return '<not recorded>'
+
+
+MISSING = _Missing()
+
+
+def _show(value: Any) -> str:
+  return repr(value) if isinstance(value, str) else str(value)
+
+
+def rule(field: str, rules: Mapping[str, str]) -> str:
+  """The kind of `field` under `rules` (longest matching prefix; IDENTITY when nothing matches)."""
+  parts = field.split('.')
+  for n in range(len(parts), 0, -1):
+    kind = rules.get('.'.join(parts[:n]))
+    if kind is not None:
+      return kind
+  return IDENTITY
+
+
+def flat(tree: Mapping[str, Any]) -> dict[str, Any]:
+  """Nested sections -> {'section.field': value}: checkpoint_io's flattening, which config.json shares."""
+  return checkpoint_io.flatten(tree)
+
+
+def _same(a: Any, b: Any) -> bool:
+  # JSON round trips turn tuples into lists and may turn 3.0 into 3; neither is a change.
+  if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+    return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+  if isinstance(a, (int, float)) and isinstance(b, (int, float)) and not isinstance(a, bool) \
+      and not isinstance(b, bool):
+    return float(a) == float(b)
+  return a == b
+
+
+def diff(recorded: Mapping[str, Any], current: Mapping[str, Any], rules: Mapping[str, str],
+         defaults: Mapping[str, Any] | None = None) -> list[Change]:
+  """Every field whose value differs, classified. Nested dicts in, dotted fields out, sorted by field.
+
+  A field the recorded config lacks (it predates the field) is compared with `defaults` (the schema's default,
+  what the older run implicitly used) when given; a recorded field the current schema lacks is ignored (the
+  trainer no longer reads it).
+  """
+  old, new = flat(recorded), flat(current)
+  base = flat(defaults) if defaults is not None else {}
+  changes = []
+  for field in sorted(new):
+    before = old.get(field, base.get(field, MISSING))
+    if before is MISSING or not _same(before, new[field]):
+      changes.append(Change(field, before, new[field], rule(field, rules)))
+  return changes
+
+
+def of_kind(changes: list[Change], kind: str) -> list[Change]:
+  return [c for c in changes if c.kind == kind]

@@ -1,0 +1,181 @@
+"""Resuming with the config the run was given: compared with the recorded one before anything is touched.
+
+`check` runs before the trainer opens the data, builds a model or writes a file. It reads the config the run
+recorded (the latest checkpoint's copy, else WORKDIR/config.json) and classifies every difference with
+neobert_jax/config/resume.py's table:
+  * identity differences refuse the resume with one line listing each field with both values and the fix;
+    nothing in the workdir is renamed, rewritten or removed;
+  * schedule differences are accepted and logged with what they do (the learning rate of the next update under
+    the old and the new schedule, where the new cosine ends, what a new batch size means for the data);
+  * free differences are accepted and logged.
+`record` runs once the state is restored (or created): process 0 rewrites WORKDIR/config.json and appends one
+line to WORKDIR/config_history.jsonl naming the step and every accepted change, so a run's config is never
+silently rewritten.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import json
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+import jax
+import ml_collections
+import numpy as np
+
+from neobert_jax import checkpoint_io
+from neobert_jax import config as schema
+from neobert_jax.config import resume as rules
+from neobert_jax.errors import ConfigError
+from neobert_jax.train import config as config_lib
+from neobert_jax.train import optimizer as optimizer_lib
+
+log = logging.getLogger('neobert_jax.train')
+HISTORY_FILE = 'config_history.jsonl'
+
+
+@dataclasses.dataclass
+class Plan:
+  """What `check` found: the recorded config (None for a new run), the step it belongs to, accepted changes."""
+  workdir: Path
+  recorded: dict[str, Any] | None = None
+  step: int | None = None                   # the latest checkpoint's step (None: the workdir has none)
+  changes: list[rules.Change] = dataclasses.field(default_factory=list)
+
+
+def check_workdir(workdir: Path) -> None:
+  """A workdir that is a file, or one that cannot be written, is one line now, not a traceback later."""
+  if workdir.exists() and not workdir.is_dir():
+    raise ConfigError(f'--workdir={workdir} is a file, not a directory; pass a directory for the run (it is '
+                      'created if missing)')
+  if jax.process_index() != 0:
+    return
+  probe = workdir / f'.write-probe-{os.getpid()}'
+  created = not workdir.exists()
+  try:
+    workdir.mkdir(parents=True, exist_ok=True)
+    probe.write_bytes(b'')
+    probe.unlink()
+    if created:  # a refusal further on must not leave an empty run directory behind
+      workdir.rmdir()
+  except OSError as e:
+    raise ConfigError(f'--workdir={workdir} cannot be written ({e.strerror or e}); make it writable or pass '
+                      'another --workdir. Nothing in it was changed.') from None
+
+
+def _recorded(workdir: Path) -> tuple[dict[str, Any] | None, int | None]:
+  """(the run's recorded config, its latest checkpoint step); (None, None) for an empty workdir."""
+  step = checkpoint_io.latest_step(workdir) if (workdir / checkpoint_io.CHECKPOINT_SUBDIR).is_dir() else None
+  if step is None and not (workdir / checkpoint_io.CONFIG_FILE).is_file():
+    return None, None
+  try:
+    return checkpoint_io.read_config(workdir, step).to_dict(), step
+  except FileNotFoundError:  # a run from before configs were recorded: only its arrays can be checked
+    log.warning('%s holds checkpoints but no recorded config: this config cannot be compared with the run\'s; '
+                'the checkpoint\'s array shapes will be checked against it instead', workdir)
+    return None, step
+  except (OSError, ValueError) as e:  # an unreadable record: the run cannot be checked, so it is not touched
+    raise ConfigError(f'{workdir} holds a run whose recorded config cannot be read ({e}); resume refused and '
+                      'nothing changed. Fix it, or pass a new --workdir.') from None
+
+
+def _refusal(workdir: Path, step: int, identity: list[rules.Change]) -> ConfigError:
+  listed = '; '.join(c.describe() for c in identity)
+  return ConfigError(
+      f'{workdir} holds a run (checkpoint step {step}) that this config does not continue: {listed}. These '
+      f'fields define what the checkpoint is, so resume is refused and nothing in the workdir was changed. '
+      f'Fix: run the command that started it (its config is {workdir / checkpoint_io.CONFIG_FILE}), or train '
+      f'the new config in a new --workdir, adding --config.init.from_checkpoint={workdir} to start from '
+      f'this run\'s weights.')
+
+
+def check(cfg: ml_collections.ConfigDict, workdir: str | os.PathLike) -> Plan:
+  """The resume plan for the resolved `cfg` in `workdir`; ConfigError when the workdir's run is not this one."""
+  workdir = Path(workdir)
+  check_workdir(workdir)
+  recorded, step = _recorded(workdir)
+  if recorded is None:
+    return Plan(workdir, None, step)
+  changes = rules.diff(recorded, cfg.to_dict(), rules.PRETRAIN_RULES, schema.get_config().to_dict())
+  identity = rules.of_kind(changes, rules.IDENTITY) + _restructuring(changes)
+  if step is None:  # config.json but no checkpoint: nothing to lose; the new config replaces it, on the record
+    if changes:
+      log.warning('%s has a config.json but no checkpoint: starting afresh with this config (%d field(s) '
+                  'differ: %s); the previous config is kept in %s', workdir, len(changes),
+                  '; '.join(c.describe() for c in changes), HISTORY_FILE)
+    return Plan(workdir, recorded, None, changes)
+  if identity:
+    raise _refusal(workdir, step, identity)
+  num_steps = int(cfg.train.num_steps)
+  if num_steps < step:
+    raise ConfigError(f'train.num_steps={num_steps} is below the checkpoint step {step} in {workdir}: the run '
+                      'cannot go back. Fix: keep train.num_steps at or above it (raise it to train further).')
+  for line in describe(changes, recorded, cfg, step):
+    log.warning('resume with a changed config: %s', line)
+  return Plan(workdir, recorded, step, changes)
+
+
+# Schedule fields that change the learning rate (the others change the update rule, not the rate).
+_LR_FIELDS = ('train.num_steps', 'optimizer.peak_lr', 'optimizer.warmup_steps', 'optimizer.warmup_init_fraction',
+              'optimizer.decay_fraction', 'optimizer.decay_steps', 'optimizer.final_lr_fraction')
+
+
+def _restructuring(changes: list[rules.Change]) -> list[rules.Change]:
+  """Schedule changes that would change the optimizer state's tree (clipping switched on or off adds or removes
+  a transformation in front of AdamW): refused like identity changes, since the saved state no longer fits."""
+  return [dataclasses.replace(c, kind=rules.IDENTITY) for c in changes
+          if c.field == 'optimizer.clip_norm' and isinstance(c.before, (int, float)) and (c.before > 0) != (c.after > 0)]
+
+
+def _lr(opt: dict[str, Any] | ml_collections.ConfigDict, num_steps: int, step: int) -> float:
+  return float(optimizer_lib.lr_values(ml_collections.ConfigDict(dict(opt)), num_steps, np.asarray([step]))[0])
+
+
+def describe(changes: list[rules.Change], recorded: dict[str, Any], cfg: ml_collections.ConfigDict,
+             step: int) -> list[str]:
+  """One line per accepted change, saying what it does from `step` on."""
+  lines = [f'{c.describe()} ({c.kind})' for c in changes]
+  fields = {c.field for c in changes}
+  if fields & set(_LR_FIELDS):
+    old_n, new_n = int(recorded['train']['num_steps']), int(cfg.train.num_steps)
+    old = _lr(recorded['optimizer'], old_n, step)
+    new = _lr(cfg.optimizer, new_n, step)
+    floor_at = optimizer_lib.floor_step(cfg.optimizer, new_n)
+    lines.append(f'the learning-rate schedule is recomputed from the new config: the next update (step {step}) '
+                 f'uses {new:.4g} where the old schedule gave {old:.4g}; the cosine now reaches its floor at step '
+                 f'{floor_at} of {new_n}' + (' (a jump: consider warming up again in a new run)'
+                                            if old > 0 and new > 1.5 * old else ''))
+  if 'train.global_batch_size' in fields:
+    lines.append(f'rows per step {recorded["train"]["global_batch_size"]} -> {cfg.train.global_batch_size}: the '
+                 'data continues at the next unseen row of the same stream; steps (and the schedule) count '
+                 'optimizer updates, so each remaining step now sees the new number of rows')
+  if 'train.grad_accum_steps' in fields and 'train.global_batch_size' not in fields:
+    lines.append('the same global batch, split into another number of micro-batches (token-weighted: the '
+                 'update is the same up to float rounding)')
+  return lines
+
+
+def record(plan: Plan, cfg: ml_collections.ConfigDict, step: int) -> None:
+  """Process 0: WORKDIR/config.json := cfg, and one history line for this start or resume at `step`."""
+  if jax.process_index() != 0:
+    return
+  entry = {'time': datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds'), 'step': int(step),
+           'event': 'start' if plan.step is None else 'resume',
+           'changes': [c.to_json() for c in plan.changes]}
+  if plan.step is None and plan.recorded is not None and plan.changes:
+    entry['replaced_config'] = plan.recorded  # a config.json without checkpoints, kept before it is replaced
+  with open(plan.workdir / HISTORY_FILE, 'a', encoding='utf-8') as f:
+    f.write(json.dumps(entry, default=str, sort_keys=True) + '\n')
+  config_lib.write(cfg, plan.workdir)
+
+
+def history(workdir: str | os.PathLike) -> list[dict[str, Any]]:
+  """The run's recorded starts and resumes, oldest first (empty for a run from before the history existed)."""
+  path = Path(workdir) / HISTORY_FILE
+  if not path.is_file():
+    return []
+  return [json.loads(line) for line in path.read_text(encoding='utf-8').splitlines() if line.strip()]
