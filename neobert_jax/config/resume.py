@@ -24,8 +24,6 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Mapping
 
-from neobert_jax import checkpoint_io
-
 IDENTITY, SCHEDULE, FREE = 'identity', 'schedule', 'free'
 
 # Longest matching prefix wins ('model.dtype' over 'model').
@@ -90,9 +88,11 @@ def rule(field: str, rules: Mapping[str, str]) -> str:
   return IDENTITY
 
 
-def flat(tree: Mapping[str, Any]) -> dict[str, Any]:
-  """Nested sections -> {'section.field': value}: checkpoint_io's flattening, which config.json shares."""
-  return checkpoint_io.flatten(tree)
+def flat(tree: Mapping[str, Any], prefix: str = '') -> dict[str, Any]:
+  """Nested sections -> {'section.field': value} (the schema stays free of jax, so not checkpoint_io's)."""
+  return {name: value for key, sub in tree.items()
+          for name, value in (flat(sub, f'{prefix}{key}.') if isinstance(sub, Mapping)
+                              else {f'{prefix}{key}': sub}).items()}
 
 
 def _same(a: Any, b: Any) -> bool:
