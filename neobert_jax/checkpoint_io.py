@@ -24,7 +24,7 @@ import jax
 import ml_collections
 import numpy as np
 
-from neobert_jax import errors
+from neobert_jax import errors, paths
 
 
 def _orbax():
@@ -83,9 +83,9 @@ def check_keys_and_shapes(got: Mapping[str, Any], expected: Mapping[str, tuple[i
     raise error(f'{what} does not match the model config:\n  ' + '\n  '.join(problems) + f'\nFix: {fix}')
 
 
-def checkpoint_dir(path: str | os.PathLike) -> Path:
-  """Accepts a workdir (with a checkpoints/ subdir) or the checkpoints dir itself."""
-  p = Path(path).expanduser().resolve()
+def checkpoint_dir(path: str | os.PathLike) -> paths.Path:
+  """Accepts a workdir (with a checkpoints/ subdir) or the checkpoints dir itself, local or on a bucket."""
+  p = paths.resolve(path)
   return p / CHECKPOINT_SUBDIR if (p / CHECKPOINT_SUBDIR).is_dir() else p
 
 
@@ -117,7 +117,7 @@ def read_config(path: str | os.PathLike, step: int | None = None) -> ml_collecti
   raise FileNotFoundError(f'no training config found for {path} (looked at {", ".join(looked)})')
 
 
-def _params_item(path: str | os.PathLike, step: int | None) -> tuple[Path, int]:
+def _params_item(path: str | os.PathLike, step: int | None) -> tuple[paths.Path, int]:
   cdir = checkpoint_dir(path)
   step = latest_step(cdir) if step is None or step < 0 else step
   if step is None:

@@ -12,6 +12,7 @@ Each class also derives from the builtin its raise sites used before (ValueError
   10      DataError          prepared data missing or corrupt, input file unreadable, vocab does not match the data
   11      CheckpointError    no checkpoint where one was named, checkpoint unreadable, shapes do not match
   12      DistributedError   multi-process settings incomplete or contradictory
+  13      StorageError       a bucket that does not exist or refuses writes, a read-only workdir
 
 Status 1 for export errors is what the convert command has always returned; 3 is the trainer's "training
 diverged" and 3-5 are the AOT command's fit verdicts, so the other kinds stay clear of them.
@@ -61,7 +62,13 @@ class DistributedError(NeobertError, ValueError):
   kind = 'distributed error'
 
 
-ALL = (ConfigError, DataError, CheckpointError, ExportError, DistributedError)
+class StorageError(NeobertError, OSError):
+  """A place that cannot be read or written: a missing bucket, refused credentials, a read-only directory."""
+  exit_status = 13
+  kind = 'storage error'
+
+
+ALL = (ConfigError, DataError, CheckpointError, ExportError, DistributedError, StorageError)
 
 
 # --- How a command reports them ----------------------------------------------------------------------------------

@@ -1,7 +1,7 @@
 """The package's import direction, read from the source (ast, function-level imports included; nothing is run).
 
-Layers, lowest first: errors / jax_compat (import nothing of ours) -> checkpoint_io (parameter trees and run
-checkpoints; imports only errors) -> model (with hf_layout, the Hugging Face layout), data, sharding, distributed ->
+Layers, lowest first: errors / jax_compat (import nothing of ours) -> paths (local paths and bucket URLs; imports
+only errors) -> checkpoint_io (parameter trees and run checkpoints; imports errors and paths) -> model (with hf_layout, the Hugging Face layout), data, sharding, distributed ->
 config (the schema) -> train, convert (side by side: neither imports the other) -> pretrain (train, then the export),
 finetune, evaluate, embed, aot, compile -> entry points (cli and each package's __main__, README "Architecture").
 Nothing imports cli (console scripts); the benchmark scripts live outside the package (benchmarks/), so nothing in
@@ -81,8 +81,10 @@ COMMANDS = ('finetune', 'evaluate', 'embed', 'aot', 'compile', 'pretrain', 'cli'
 RULES = {
     'errors and jax_compat import nothing of ours':
         lambda a, b: _in(a, 'errors', 'jax_compat'),
-    'checkpoint_io (the parameter and checkpoint layer) imports only errors':
-        lambda a, b: _in(a, 'checkpoint_io') and not _in(b, 'errors'),
+    'paths (local paths and bucket URLs) imports only errors':
+        lambda a, b: _in(a, 'paths') and not _in(b, 'errors'),
+    'checkpoint_io (the parameter and checkpoint layer) imports only errors and paths':
+        lambda a, b: _in(a, 'checkpoint_io') and not _in(b, 'errors', 'paths'),
     'model and data do not import train, convert or anything above':
         lambda a, b: _in(a, 'model', 'data') and _in(b, 'train', 'convert', 'config', *COMMANDS),
     'model and data do not import each other':

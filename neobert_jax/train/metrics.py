@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
-from neobert_jax import hardware
+from neobert_jax import hardware, paths
 from neobert_jax.model.config import train_flops_per_token
 
 def flops_per_token(cfg: ml_collections.ConfigDict) -> float:
@@ -58,7 +58,11 @@ def total_peak_flops(cfg: ml_collections.ConfigDict) -> tuple[float | None, str]
 
 
 class MetricsWriter:
-  """Writes scalars to WORKDIR/metrics.jsonl and TensorBoard event files (process 0 only; others no-op)."""
+  """Writes scalars to WORKDIR/metrics.jsonl and TensorBoard event files (process 0 only; others no-op).
+
+  On a bucket workdir both live in a local mirror (objects cannot be appended to) that `sync` uploads: the loop
+  syncs with every checkpoint and at the end, and a resumed run first pulls its metrics.jsonl back.
+  """
 
   def __init__(self, workdir: str | os.PathLike, tensorboard: bool = True):
     self.active = jax.process_index() == 0
@@ -66,12 +70,28 @@ class MetricsWriter:
     self._tb = None
     if not self.active:
       return
-    workdir = Path(workdir)
-    workdir.mkdir(parents=True, exist_ok=True)
-    self._jsonl = open(workdir / 'metrics.jsonl', 'a', buffering=1)  # line-buffered: readable while training
+    remote = paths.resolve(workdir, '--workdir')
+    self.mirror = paths.Mirror(remote, paths.cache_dir('mirror', paths.url_key(remote)))
+    self.mirror.pull(('metrics.jsonl',))
+    local = self.mirror.path
+    local.mkdir(parents=True, exist_ok=True)
+    self._jsonl = open(local / 'metrics.jsonl', 'a', buffering=1)  # line-buffered: readable while training
     if tensorboard:
       from tensorboardX import SummaryWriter
-      self._tb = SummaryWriter(str(workdir / 'tensorboard'))
+      self._tb = SummaryWriter(str(local / 'tensorboard'))
+
+  @property
+  def local_dir(self) -> Path | None:
+    """Where this process may write run outputs that grow (a profile trace), uploaded by `sync`."""
+    return self.mirror.path if self.active else None
+
+  def sync(self) -> None:
+    """Makes everything written so far visible in the workdir (a no-op for a local one)."""
+    if not self.active:
+      return
+    if self._tb is not None:
+      self._tb.flush()
+    self.mirror.sync()
 
   def write(self, step: int, scalars: Mapping[str, float], prefix: str = 'train') -> None:
     if not self.active:
@@ -89,3 +109,5 @@ class MetricsWriter:
     if self._tb is not None:
       self._tb.close()
       self._tb = None
+    if self.active:
+      self.mirror.sync()

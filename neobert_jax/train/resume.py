@@ -20,14 +20,13 @@ import datetime
 import json
 import logging
 import os
-from pathlib import Path
 from typing import Any
 
 import jax
 import ml_collections
 import numpy as np
 
-from neobert_jax import checkpoint_io
+from neobert_jax import checkpoint_io, paths
 from neobert_jax import config as schema
 from neobert_jax.config import resume as rules
 from neobert_jax.errors import ConfigError
@@ -41,33 +40,23 @@ HISTORY_FILE = 'config_history.jsonl'
 @dataclasses.dataclass
 class Plan:
   """What `check` found: the recorded config (None for a new run), the step it belongs to, accepted changes."""
-  workdir: Path
+  workdir: paths.Path
   recorded: dict[str, Any] | None = None
   step: int | None = None                   # the latest checkpoint's step (None: the workdir has none)
   changes: list[rules.Change] = dataclasses.field(default_factory=list)
 
 
-def check_workdir(workdir: Path) -> None:
-  """A workdir that is a file, or one that cannot be written, is one line now, not a traceback later."""
-  if workdir.exists() and not workdir.is_dir():
+def check_workdir(workdir: paths.Path) -> None:
+  """A workdir that is a file, or one that cannot be written (read-only, a missing bucket, refused
+  credentials), is one line now, not a traceback later."""
+  if paths.local(workdir) and workdir.exists() and not workdir.is_dir():
     raise ConfigError(f'--workdir={workdir} is a file, not a directory; pass a directory for the run (it is '
                       'created if missing)')
-  if jax.process_index() != 0:
-    return
-  probe = workdir / f'.write-probe-{os.getpid()}'
-  created = not workdir.exists()
-  try:
-    workdir.mkdir(parents=True, exist_ok=True)
-    probe.write_bytes(b'')
-    probe.unlink()
-    if created:  # a refusal further on must not leave an empty run directory behind
-      workdir.rmdir()
-  except OSError as e:
-    raise ConfigError(f'--workdir={workdir} cannot be written ({e.strerror or e}); make it writable or pass '
-                      'another --workdir. Nothing in it was changed.') from None
+  if jax.process_index() == 0:
+    paths.check_writable(workdir, '--workdir')
 
 
-def _recorded(workdir: Path) -> tuple[dict[str, Any] | None, int | None]:
+def _recorded(workdir: paths.Path) -> tuple[dict[str, Any] | None, int | None]:
   """(the run's recorded config, its latest checkpoint step); (None, None) for an empty workdir."""
   step = checkpoint_io.latest_step(workdir) if (workdir / checkpoint_io.CHECKPOINT_SUBDIR).is_dir() else None
   if step is None and not (workdir / checkpoint_io.CONFIG_FILE).is_file():
@@ -83,7 +72,7 @@ def _recorded(workdir: Path) -> tuple[dict[str, Any] | None, int | None]:
                       'nothing changed. Fix it, or pass a new --workdir.') from None
 
 
-def _refusal(workdir: Path, step: int, identity: list[rules.Change]) -> ConfigError:
+def _refusal(workdir: paths.Path, step: int, identity: list[rules.Change]) -> ConfigError:
   listed = '; '.join(c.describe() for c in identity)
   return ConfigError(
       f'{workdir} holds a run (checkpoint step {step}) that this config does not continue: {listed}. These '
@@ -95,7 +84,7 @@ def _refusal(workdir: Path, step: int, identity: list[rules.Change]) -> ConfigEr
 
 def check(cfg: ml_collections.ConfigDict, workdir: str | os.PathLike) -> Plan:
   """The resume plan for the resolved `cfg` in `workdir`; ConfigError when the workdir's run is not this one."""
-  workdir = Path(workdir)
+  workdir = paths.resolve(workdir, '--workdir')
   check_workdir(workdir)
   recorded, step = _recorded(workdir)
   if recorded is None:
@@ -168,14 +157,13 @@ def record(plan: Plan, cfg: ml_collections.ConfigDict, step: int) -> None:
            'changes': [c.to_json() for c in plan.changes]}
   if plan.step is None and plan.recorded is not None and plan.changes:
     entry['replaced_config'] = plan.recorded  # a config.json without checkpoints, kept before it is replaced
-  with open(plan.workdir / HISTORY_FILE, 'a', encoding='utf-8') as f:
-    f.write(json.dumps(entry, default=str, sort_keys=True) + '\n')
+  paths.append_line(plan.workdir / HISTORY_FILE, json.dumps(entry, default=str, sort_keys=True))
   config_lib.write(cfg, plan.workdir)
 
 
 def history(workdir: str | os.PathLike) -> list[dict[str, Any]]:
   """The run's recorded starts and resumes, oldest first (empty for a run from before the history existed)."""
-  path = Path(workdir) / HISTORY_FILE
+  path = paths.resolve(workdir) / HISTORY_FILE
   if not path.is_file():
     return []
   return [json.loads(line) for line in path.read_text(encoding='utf-8').splitlines() if line.strip()]
