@@ -24,31 +24,42 @@ import subprocess
 import sys
 import time
 
-from absl import app, flags
+from absl import flags
 from ml_collections import config_flags
 
-from neobert_jax import errors
+from neobert_jax import commandline, errors
 from neobert_jax.aot import deps, lowering, targets
 
 _CHILD_ENV = 'NEOBERT_AOT_CHILD'
+_FLAGS = flags.FlagValues()  # this command's own, as train's: several commands can be imported in one process
 
-_CONFIG = config_flags.DEFINE_config_file('config', None, 'training config file (configs/*.py)', lock_config=False)
-_TARGET = flags.DEFINE_string('target', None, 'tpu:v5e-256, tpu:v4-32, tpu:v5e:4x4, cuda:h100x8, cuda:h100x16, ...')
+_CONFIG = config_flags.DEFINE_config_file('config', None, 'training config file (configs/*.py)', lock_config=False,
+                                          flag_values=_FLAGS)
+_TARGET = flags.DEFINE_string('target', None, 'tpu:v5e-256, tpu:v4-32, tpu:v5e:4x4, cuda:h100x8, cuda:h100x16, ...',
+                              flag_values=_FLAGS)
 _WHAT = flags.DEFINE_enum('what', 'train', ['train', 'forward_backward'],
                           'train: the full train step (grad accumulation + optimizer update, state donated); '
-                          'forward_backward: loss and parameter gradients only (to isolate the model)')
-_HEADROOM = flags.DEFINE_float('headroom', 0.9, 'fraction of device memory the step may use and still "fit"')
-_JSON = flags.DEFINE_string('json', None, 'also write the report as JSON to this file')
-_DUMP_HLO = flags.DEFINE_string('dump_hlo', None, 'write the compiled (optimised, partitioned) HLO text here')
-_REQUIRE_FIT = flags.DEFINE_bool('require_fit', False, 'exit with status 4 if the step does not fit')
+                          'forward_backward: loss and parameter gradients only (to isolate the model)',
+                          flag_values=_FLAGS)
+_HEADROOM = flags.DEFINE_float('headroom', 0.9, 'fraction of device memory the step may use and still "fit"',
+                               flag_values=_FLAGS)
+_JSON = flags.DEFINE_string('json', None, 'also write the report as JSON to this file', flag_values=_FLAGS)
+_DUMP_HLO = flags.DEFINE_string('dump_hlo', None, 'write the compiled (optimised, partitioned) HLO text here',
+                                flag_values=_FLAGS)
+_REQUIRE_FIT = flags.DEFINE_bool('require_fit', False, 'exit with status 4 if the step does not fit',
+                                 flag_values=_FLAGS)
 _PLAN = flags.DEFINE_bool('plan', False, 'search micro-batch / grad accumulation, remat policy and mesh for this '
-                          'global batch; print the table and the fastest layout that fits as --config overrides')
-_PLAN_MFU = flags.DEFINE_float('plan_mfu', 0.5, 'MFU assumed by the plan\'s GPU time model')
-_PLAN_REMAT = flags.DEFINE_list('plan_remat', ['none', 'save_dots', 'full'], 'remat policies the plan tries')
-_PLAN_TENSOR = flags.DEFINE_list('plan_tensor', ['1', '2'], 'tensor-parallel sizes the plan tries')
+                          'global batch; print the table and the fastest layout that fits as --config overrides',
+                          flag_values=_FLAGS)
+_PLAN_MFU = flags.DEFINE_float('plan_mfu', 0.5, 'MFU assumed by the plan\'s GPU time model', flag_values=_FLAGS)
+_PLAN_REMAT = flags.DEFINE_list('plan_remat', ['none', 'save_dots', 'full'], 'remat policies the plan tries',
+                                flag_values=_FLAGS)
+_PLAN_TENSOR = flags.DEFINE_list('plan_tensor', ['1', '2'], 'tensor-parallel sizes the plan tries',
+                                 flag_values=_FLAGS)
 _PLAN_MESH = flags.DEFINE_list('plan_mesh', ['fsdp', 'data'], 'batch-axis layouts the plan tries: fsdp (parameters '
-                               'sharded) and/or data (replicated)')
-_REQUIRE_CUDNN = flags.DEFINE_bool('require_cudnn', False, 'exit with status 5 if attention is not cuDNN fused')
+                               'sharded) and/or data (replicated)', flag_values=_FLAGS)
+_REQUIRE_CUDNN = flags.DEFINE_bool('require_cudnn', False, 'exit with status 5 if attention is not cuDNN fused',
+                                   flag_values=_FLAGS)
 
 
 def prepare_config(cfg, target: targets.Target):
@@ -87,8 +98,7 @@ def run_child(cfg_in) -> int:
       return run_plan(cfg, target)
     lowered, mesh = lowering.lower_step(cfg, target, _WHAT.value)
   except train_config.ConfigError as e:
-    print(f'config error for {target.spec}: {e}', file=sys.stderr)
-    return 2
+    raise errors.ConfigError(f'for {target.spec}: {errors.one_line(e)}') from e
   notes = [f'attention kernel {choice.describe()}'] + ([choice.warning] if choice.warning else [])
   try:
     compiled = lowered.compile()
@@ -186,14 +196,23 @@ def run_parent(argv: list[str]) -> int:
   return subprocess.call([sys.executable, '-m', 'neobert_jax.compile'] + argv[1:], env=env)
 
 
-@errors.reports_errors('compile')
 def main(argv: list[str]) -> int:
-  if _CONFIG.value is None or not _TARGET.value:
-    raise app.UsageError('--config and --target are required')
+  del argv  # run() refuses positional arguments
   if os.environ.get(_CHILD_ENV) == '1':
     return run_child(_CONFIG.value)
   return run_parent(sys.argv)
 
 
+def _renamed(key: str) -> errors.ConfigError | None:
+  from neobert_jax import config as schema  # pylint: disable=g-import-not-at-top
+  return schema.unknown_key(key) if key in schema.RENAMED else None
+
+
+def run() -> None:
+  """The command line (neobert_jax/commandline.py); the compile child, started with the same flags, runs it too."""
+  commandline.run_absl('compile', 'neobert_jax.compile', __doc__, _FLAGS, main, required=('config', 'target'),
+                       fields_doc='neobert_jax/config/base.py', renamed=_renamed)
+
+
 if __name__ == '__main__':
-  app.run(lambda argv: sys.exit(main(argv)))
+  run()

@@ -21,7 +21,6 @@ diverged" and 3-5 are the AOT command's fit verdicts, so the other kinds stay cl
 from __future__ import annotations
 
 import contextlib
-import functools
 import os
 import sys
 
@@ -114,14 +113,3 @@ def reported(prog: str, debug: bool = False, also: dict[type[BaseException], typ
     stop.code = kind.exit_status
     raise stop from None
 
-
-def reports_errors(prog: str):
-  """Decorator for a command's `main(argv) -> int`: runs it under `reported` (traceback mode: --debug, taken out
-  of argv by the console script, or NEOBERT_DEBUG=1)."""
-  def wrap(main):
-    @functools.wraps(main)
-    def run(*args, **kwargs):
-      with reported(prog, take_debug_flag([])):
-        return main(*args, **kwargs)
-    return run
-  return wrap

@@ -1,6 +1,7 @@
 """Bad fine-tuning input gives one clear error line naming the problem and the fix, a non-zero exit, and leaves
 the workdir exactly as it was."""
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -9,6 +10,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from neobert_jax import errors
 from neobert_jax.finetune.__main__ import run_cli
 from neobert_jax.finetune.config import base_config
 
@@ -35,7 +37,7 @@ def _check_refused(cfg, workdir, capsys, *needles):
   before = sorted(p.name for p in workdir.iterdir())
   assert run_cli(cfg, str(workdir)) != 0
   err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
-  assert len(err) == 1 and err[0].startswith('finetune: error:'), err
+  assert len(err) == 1 and re.match(r'finetune: [a-z]+ error: ', err[0]), err  # errors.reported
   for needle in needles:
     assert needle in err[0], err[0]
   assert sorted(p.name for p in workdir.iterdir()) == before and (workdir / 'keep.txt').read_text() == 'mine'
@@ -82,7 +84,7 @@ def test_cli_exit_status_and_single_line(tmp_path):
   r = subprocess.run([sys.executable, '-m', 'neobert_jax.finetune', '--config=configs/finetune_classification.py',
                       f'--workdir={tmp_path / "w"}', f'--config.data.train_file={train}'],
                      cwd=REPO, capture_output=True, text=True, timeout=300)
-  assert r.returncode == 2, r.stderr
+  assert r.returncode == errors.DataError.exit_status, r.stderr  # a missing column is the input's fault
   lines = [line for line in r.stderr.splitlines() if 'error' in line.lower()]
   assert len(lines) == 1 and "no column 'text'" in lines[0], r.stderr
   assert not (tmp_path / 'w').exists()

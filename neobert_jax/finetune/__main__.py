@@ -1,8 +1,10 @@
-"""python -m neobert_jax.finetune --config=configs/finetune_classification.py --workdir=W [--config.x.y=v ...]
+"""Fine-tune a pretrained NeoBERT for classification, regression or contrastive sentence embeddings.
+
+  python -m neobert_jax.finetune --config=configs/finetune_classification.py --workdir=W [--config.x.y=v ...]
 
 The config's `task` field picks classification (also regression) or contrastive. Bad input (config, files, columns,
-labels, a checkpoint of another vocabulary) exits with status 2 and one line naming the problem and the fix,
-having written nothing.
+labels, a checkpoint of another vocabulary) is one line naming the problem and the fix, with its class's exit
+status (neobert_jax/errors.py), having written nothing; a non-finite loss exits with status 3.
 """
 
 from __future__ import annotations
@@ -10,32 +12,30 @@ from __future__ import annotations
 import logging
 import sys
 
-from absl import app, flags
+from absl import flags
 from ml_collections import config_flags
 
+from neobert_jax import commandline, errors
+
+_PROG = 'finetune'
+_FLAGS = flags.FlagValues()  # this command's own, as train's: several commands can be imported in one process
 _CONFIG = config_flags.DEFINE_config_file('config', None, 'Fine-tuning config (configs/finetune_*.py).',
-                                          lock_config=True)
+                                          flag_values=_FLAGS, lock_config=True)
 _WORKDIR = flags.DEFINE_string('workdir', None, 'Run directory: config.json, labels.json, best checkpoint, '
-                               'metrics.jsonl, tensorboard/, results.json.')
-flags.mark_flags_as_required(['config', 'workdir'])
+                               'metrics.jsonl, tensorboard/, results.json.', flag_values=_FLAGS)
 
 
 def run_cli(cfg, workdir: str) -> int:
-  """Runs a fine-tuning job and prints its outcome; the exit status (0 ok, 2 bad input, 3 diverged)."""
+  """Runs a fine-tuning job and prints its outcome; the exit status: 0, 3 diverged, or an expected error's (reported
+  in one line, `finetune: <kind>: ...`)."""
   from neobert_jax.finetune import loop  # pylint: disable=g-import-not-at-top
-  from neobert_jax.finetune.tables import DataError  # pylint: disable=g-import-not-at-top
-  from neobert_jax.train.config import ConfigError  # pylint: disable=g-import-not-at-top
   try:
-    from neobert_jax.errors import NeobertError as expected  # pylint: disable=g-import-not-at-top
-  except ImportError:  # pragma: no cover
-    expected = DataError
-  try:
-    results = loop.run(cfg, workdir)
-  except (ConfigError, DataError, expected) as e:
-    print(f'finetune: error: {e}', file=sys.stderr)
-    return 2
+    with errors.reported(_PROG, errors.take_debug_flag([])):
+      results = loop.run(cfg, workdir)
+  except SystemExit as e:  # the expected error, already reported
+    return e.code
   except FloatingPointError as e:
-    print(f'finetune: stopped: {e}', file=sys.stderr)
+    print(f'{_PROG}: stopped: {e}', file=sys.stderr)
     return 3
   best, final = results['best'], results['final']
   metric = results['metric']
@@ -46,15 +46,21 @@ def run_cli(cfg, workdir: str) -> int:
 
 
 def main(argv: list[str]) -> int:
-  if len(argv) > 1:
-    raise app.UsageError(f'unexpected arguments: {argv[1:]}')
-  from neobert_jax import distributed  # pylint: disable=g-import-not-at-top
+  del argv  # run() refuses positional arguments
+  from neobert_jax import distributed, jax_compat  # pylint: disable=g-import-not-at-top
   distributed.initialize()
   logging.basicConfig(level=logging.INFO, format='%(asctime)s %(levelname)s %(message)s', datefmt='%H:%M:%S',
                       force=True)
   logging.getLogger('absl').setLevel(logging.WARNING)
+  jax_compat.quiet_backend_probe()  # no "Unable to initialize backend 'tpu'" line at INFO on CPU / GPU machines
   return run_cli(_CONFIG.value, _WORKDIR.value)
 
 
+def run() -> None:
+  """The command line (neobert_jax/commandline.py): parse flags, fine-tune, exit with the status."""
+  commandline.run_absl(_PROG, 'neobert_jax.finetune', __doc__, _FLAGS, main, required=('config', 'workdir'),
+                       fields_doc='neobert_jax/finetune/config.py')
+
+
 if __name__ == '__main__':
-  app.run(lambda argv: sys.exit(main(argv)))
+  run()

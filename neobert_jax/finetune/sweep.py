@@ -1,5 +1,6 @@
-"""The paper's GLUE hyper-parameter grid: python -m neobert_jax.finetune.sweep --config=... --workdir=SWEEP
+"""Run the paper's GLUE hyper-parameter grid of fine-tuning jobs and report the best point.
 
+  python -m neobert_jax.finetune.sweep --config=... --workdir=SWEEP
   learning rate {5e-6, 6e-6, 1e-5, 2e-5, 3e-5} x batch {4, 8, 16, 32} x weight decay {1e-2, 1e-5}
 
 --lr / --batch / --weight_decay restrict the grid (comma-separated values). Each point is an ordinary fine-tuning
@@ -14,30 +15,30 @@ import itertools
 import json
 import logging
 import shutil
-import sys
 from pathlib import Path
 from typing import Any, Sequence
 
 import ml_collections
-from absl import app, flags
+from absl import flags
 from ml_collections import config_flags
+
+from neobert_jax import commandline, errors
 
 GRID = {'lr': (5e-6, 6e-6, 1e-5, 2e-5, 3e-5), 'batch': (4, 8, 16, 32), 'weight_decay': (1e-2, 1e-5)}
 SUMMARY_FILE = 'sweep.json'
 
-_FLAGS: dict[str, Any] = {}
+_PROG = 'sweep'
+_FLAGS = flags.FlagValues()  # this command's own, so importing this module (tests, other commands) adds no absl flags
+_CONFIG = config_flags.DEFINE_config_file('config', None, 'Fine-tuning config (configs/finetune_*.py).',
+                                          flag_values=_FLAGS, lock_config=True)
+_WORKDIR = flags.DEFINE_string('workdir', None, 'Sweep directory: one sub-directory per grid point.',
+                               flag_values=_FLAGS)
+_LR = flags.DEFINE_list('lr', [str(v) for v in GRID['lr']], 'Learning rates to try.', flag_values=_FLAGS)
+_BATCH = flags.DEFINE_list('batch', [str(v) for v in GRID['batch']], 'Global batch sizes to try.',
+                           flag_values=_FLAGS)
+_WEIGHT_DECAY = flags.DEFINE_list('weight_decay', [str(v) for v in GRID['weight_decay']], 'Weight decays to try.',
+                                  flag_values=_FLAGS)
 
-
-def _define_flags() -> None:
-  """Defined only when run as a command, so importing this module (tests, other commands) adds no absl flags."""
-  _FLAGS['config'] = config_flags.DEFINE_config_file('config', None, 'Fine-tuning config (configs/finetune_*.py).',
-                                                     lock_config=True)
-  _FLAGS['workdir'] = flags.DEFINE_string('workdir', None, 'Sweep directory: one sub-directory per grid point.')
-  _FLAGS['lr'] = flags.DEFINE_list('lr', [str(v) for v in GRID['lr']], 'Learning rates to try.')
-  _FLAGS['batch'] = flags.DEFINE_list('batch', [str(v) for v in GRID['batch']], 'Global batch sizes to try.')
-  _FLAGS['weight_decay'] = flags.DEFINE_list('weight_decay', [str(v) for v in GRID['weight_decay']],
-                                             'Weight decays to try.')
-  flags.mark_flags_as_required(['config', 'workdir'])
 
 def point_name(lr: float, batch: int, wd: float) -> str:
   return f'lr{lr:g}_bs{batch}_wd{wd:g}'
@@ -86,28 +87,24 @@ def format_table(summary: dict[str, Any]) -> str:
 
 
 def main(argv: list[str]) -> int:
-  if len(argv) > 1:
-    raise app.UsageError(f'unexpected arguments: {argv[1:]}')
-  from neobert_jax.finetune.tables import DataError  # pylint: disable=g-import-not-at-top
-  from neobert_jax.train.config import ConfigError  # pylint: disable=g-import-not-at-top
+  del argv  # run() refuses positional arguments
   logging.basicConfig(level=logging.INFO, format='%(asctime)s %(levelname)s %(message)s', datefmt='%H:%M:%S',
                       force=True)
   logging.getLogger('absl').setLevel(logging.WARNING)
   try:
-    grid = ([float(v) for v in _FLAGS['lr'].value], [int(v) for v in _FLAGS['batch'].value],
-            [float(v) for v in _FLAGS['weight_decay'].value])
+    grid = ([float(v) for v in _LR.value], [int(v) for v in _BATCH.value], [float(v) for v in _WEIGHT_DECAY.value])
   except ValueError as e:
-    print(f'sweep: error: --lr / --batch / --weight_decay must be comma-separated numbers ({e})', file=sys.stderr)
-    return 2
-  try:
-    summary = run_sweep(_FLAGS['config'].value, _FLAGS['workdir'].value, *grid)
-  except (ConfigError, DataError) as e:
-    print(f'sweep: error: {e}', file=sys.stderr)
-    return 2
-  print(format_table(summary))
+    raise errors.ConfigError(f'--lr / --batch / --weight_decay must be comma-separated numbers ({e}) '
+                             '(see --help)') from e
+  print(format_table(run_sweep(_CONFIG.value, _WORKDIR.value, *grid)))
   return 0
 
 
+def run() -> None:
+  """The command line (neobert_jax/commandline.py), as finetune's: the same config file and overrides."""
+  commandline.run_absl(_PROG, 'neobert_jax.finetune.sweep', __doc__, _FLAGS, main, required=('config', 'workdir'),
+                       fields_doc='neobert_jax/finetune/config.py')
+
+
 if __name__ == '__main__':
-  _define_flags()
-  app.run(lambda argv: sys.exit(main(argv)))
+  run()

@@ -1,4 +1,6 @@
-"""python -m neobert_jax.train --config=configs/neobert_250m.py --workdir=runs/x [--config.section.field=value ...]
+"""Pretrain (or continue pretraining) NeoBERT from a recipe file, resuming from the run directory's latest checkpoint.
+
+  python -m neobert_jax.train --config=configs/neobert_250m.py --workdir=runs/x [--config.section.field=value ...]
 
 Re-running the same command resumes from the latest complete checkpoint in the workdir. SIGTERM saves a checkpoint
 and exits with status 0; a non-finite loss exits with status 3 naming the last good checkpoint. An expected error
@@ -9,26 +11,24 @@ status; --debug shows the traceback instead. `neobert-train` and the repository'
 from __future__ import annotations
 
 import logging
-import re
 import sys
 
-from absl import app, flags
+from absl import flags
 from ml_collections import config_flags
 
-from neobert_jax import errors
+from neobert_jax import commandline, errors
 
 _PROG = 'train'
+# This command's own flags (not absl's global FLAGS), so that importing several commands in one process is fine.
+_FLAGS = flags.FlagValues()
 _CONFIG = config_flags.DEFINE_config_file('config', None, 'Training config file (configs/*.py).',
-                                          lock_config=True)
-_WORKDIR = flags.DEFINE_string('workdir', None, 'Run directory: checkpoints, config.json, metrics, TensorBoard.')
-flags.mark_flags_as_required(['config', 'workdir'])
-# Declared for --help only: run() takes --debug out of argv before the flags are parsed.
-flags.DEFINE_bool('debug', False, 'On an expected error, show the Python traceback instead of one line.')
+                                          flag_values=_FLAGS, lock_config=True)
+_WORKDIR = flags.DEFINE_string('workdir', None, 'Run directory: checkpoints, config.json, metrics, TensorBoard.',
+                               flag_values=_FLAGS)
 
 
 def main(argv: list[str]) -> int:
-  if len(argv) > 1:
-    raise errors.ConfigError(f'unexpected arguments {argv[1:]}; flags take the form --name=value (see --help)')
+  del argv  # run() refuses positional arguments
   # Multi-host bring-up must precede the first device query; with no multi-process environment it does nothing.
   from neobert_jax import distributed  # pylint: disable=g-import-not-at-top
   distributed.initialize()
@@ -64,46 +64,15 @@ def main(argv: list[str]) -> int:
   return 0
 
 
-def _parse_flags(argv: list[str]) -> list[str]:
-  """absl's flag parsing, where a bad flag, override or config file is one config-error line (absl's own report
-  is two lines, and an unknown override key is a traceback)."""
-  with errors.reported(_PROG, errors.take_debug_flag([])):
-    try:
-      argv = flags.FLAGS(argv)
-    except flags.Error as e:
-      raise errors.ConfigError(f'{errors.one_line(e)} (see --help)') from e
-    except (AttributeError, KeyError) as e:  # ml_collections: an override names a field the config lacks
-      from neobert_jax import config as schema  # pylint: disable=g-import-not-at-top
-      for arg in argv:  # a field that moved: name its new home
-        key = arg.partition('=')[0].removeprefix('--config.')
-        if key in schema.RENAMED:
-          raise schema.unknown_key(key) from e
-      text = errors.one_line(e).replace('\\n', ' ').replace("\\'", "'")
-      key, hint = re.search(r"'(\w+)'", text), re.search(r'Did you mean "(\w+)"', text)
-      raise errors.ConfigError(
-          f'a --config.* override names a field the config does not have'
-          f'{f" ({key.group(1)!r})" if key else ""}; {f"did you mean {hint.group(1)!r}? " if hint else ""}'
-          'every field is listed in neobert_jax/config/base.py') from e
-    try:
-      _CONFIG.value.keys()  # config_flags defers a file that failed to load until the first access
-    except OSError as e:
-      raise errors.ConfigError(f'--config={config_flags.get_config_filename(flags.FLAGS["config"])}: '
-                               f'{str(e).strip().splitlines()[-1].strip()}') from e
-    return argv
+def _renamed(key: str) -> errors.ConfigError | None:
+  from neobert_jax import config as schema  # pylint: disable=g-import-not-at-top
+  return schema.unknown_key(key) if key in schema.RENAMED else None
 
 
 def run() -> None:
-  """The command line: parse flags, train, exit with the status (an expected error: one line, its status)."""
-  debug = errors.take_debug_flag(sys.argv)
-  # --help lists the flags of the module named by argv[0]: this one, train.py or the neobert-train script.
-  for name in ('config', 'workdir', 'debug'):
-    flags.FLAGS.register_key_flag_for_module(sys.argv[0], flags.FLAGS[name])
-
-  def _main(argv: list[str]) -> None:
-    with errors.reported(_PROG, debug):
-      sys.exit(main(argv))
-
-  app.run(_main, flags_parser=_parse_flags)
+  """The command line (neobert_jax/commandline.py): parse flags, train, exit with the status."""
+  commandline.run_absl(_PROG, 'neobert_jax.train', __doc__, _FLAGS, main, required=('config', 'workdir'),
+                       fields_doc='neobert_jax/config/base.py', renamed=_renamed)
 
 
 if __name__ == '__main__':

@@ -1,0 +1,188 @@
+"""The command-line convention every command follows (README "Command-line conventions").
+
+  --help         `usage: <command> <required flags> [flags]`, one paragraph saying what the command does, then its
+                 flags; status 0.
+  a bad flag     an unknown flag, a bad value or a missing required flag is one line on stderr,
+                 `<prog>: config error: ... (see --help)`, with ConfigError's status (2).
+  --debug        every command takes it: an expected error shows its traceback instead of one line.
+
+Commands without a config build a `Parser` (argparse). Commands with one (train, finetune, finetune.sweep, compile)
+define absl flags, with ml_collections' config_flags for `--config=FILE --config.a.b=v`, in a FlagValues of their
+own and start through `run_absl`, which prints their help through the same argparse formatter and reports their
+errors the same way. Base layer: imports only errors (absl and ml_collections inside functions, so an argparse
+command never loads them).
+"""
+
+from __future__ import annotations
+
+import argparse
+import faulthandler
+import functools
+import os
+import re
+import sys
+from typing import Callable, Sequence
+
+from neobert_jax import errors
+
+# argparse's two spellings; absl's others (--helpfull, -?) are unknown flags here, as on the argparse commands.
+HELP_FLAGS = ('-h', '--help')
+CONFIG = 'config'  # the config_flags flag of every command that has one: --config=FILE --config.a.b=v
+DEBUG_HELP = 'on an expected error, show the traceback instead of one line'
+
+
+def invoked_as(module: str) -> str:
+  """The command's name for the usage line: the console script as typed (neobert-train), else `python -m module`."""
+  script = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else ''
+  return script if script.startswith('neobert-') else f'python -m {module}'
+
+
+def first_paragraph(doc: str | None) -> str:
+  return ' '.join((doc or '').strip().split('\n\n')[0].split())
+
+
+class _Formatter(argparse.HelpFormatter):
+  """argparse's layout with a short usage line (the required flags, then [flags]) and each flag's default."""
+
+  def _format_usage(self, usage, actions, groups, prefix):
+    shown = [a for a in actions if a.required or not a.option_strings]
+    # One line however long: argparse wraps a usage line to the terminal; the flags are listed below it anyway.
+    return ' '.join(super()._format_usage(usage, shown, [], prefix).split()) + ' [flags]\n\n'
+
+  def _get_help_string(self, action):
+    text = action.help or ''
+    if action.option_strings and action.default not in (None, False, '', argparse.SUPPRESS):
+      text += ' (default: %(default)s)'
+    return text
+
+
+class Parser(argparse.ArgumentParser):
+  """An ArgumentParser under the convention: the layout above, --debug, and a usage error as one config-error line.
+
+  `command` is the short name expected errors are reported under (`prepare: data error: ...`); `doc`'s first
+  paragraph is the description. Subcommands (add_subparsers) are Parsers of the same command.
+  """
+
+  def __init__(self, command: str = '', module: str = '', doc: str | None = None, **kwargs):
+    self.command = command
+    kwargs.setdefault('prog', invoked_as(module))
+    super().__init__(description=first_paragraph(doc), formatter_class=_Formatter, allow_abbrev=False, **kwargs)
+    self._optionals.title = 'flags'
+    self.add_argument('--debug', action='store_true', help=DEBUG_HELP)
+
+  def add_subparsers(self, **kwargs):
+    kwargs.setdefault('title', 'commands')
+    kwargs.setdefault('prog', self.prog)  # argparse would build it from the usage line, flags included
+    kwargs.setdefault('parser_class', functools.partial(Parser, self.command))
+    return super().add_subparsers(**kwargs)
+
+  def parse_args(self, args: Sequence[str] | None = None, namespace=None) -> argparse.Namespace:
+    argv = list(sys.argv[1:] if args is None else args)
+    debug = errors.take_debug_flag(argv)  # anywhere on the line, before or after a subcommand
+    # argparse names missing required flags before unknown ones; a mistyped flag is the likelier fault, name it.
+    known = self._option_strings()
+    unknown = [a for a in argv[:argv.index('--') if '--' in argv else None]
+               if re.match(r'-[^\d]', a) and a.split('=', 1)[0] not in known]
+    if unknown:
+      self.error(f'unrecognized arguments: {" ".join(unknown)}')
+    parsed = super().parse_args(argv, namespace)
+    parsed.debug = debug
+    return parsed
+
+  def _option_strings(self) -> set[str]:
+    """Every flag this parser or one of its subcommands takes."""
+    known = set(self._option_string_actions)
+    for action in self._actions:
+      if isinstance(action, argparse._SubParsersAction):  # pylint: disable=protected-access
+        for sub in action.choices.values():
+          known |= sub._option_strings()
+    return known
+
+  def error(self, message: str):
+    # argparse's own report is the usage and a second line, with status 2; the convention is one line.
+    with errors.reported(self.command, errors.take_debug_flag([])):
+      raise errors.ConfigError(f'{message} (see --help)')
+
+
+# --- Commands with a config: absl flags -------------------------------------------------------------------------
+
+def run_absl(command: str, module: str, doc: str | None, flag_values, main: Callable[[list[str]], int],
+             required: Sequence[str] = (), fields_doc: str = '',
+             renamed: Callable[[str], errors.ConfigError | None] | None = None) -> None:
+  """Parses sys.argv (config_flags reads the --config.* overrides from sys.argv itself) with `flag_values`, then
+  runs main(argv) under errors.reported and exits with its status.
+
+  `fields_doc` names the file that lists every config field, and `renamed(key)` may return the error for a field
+  that moved: both go into the one line for an override of a field the config lacks.
+  """
+  from absl import flags  # pylint: disable=g-import-not-at-top
+  debug = errors.take_debug_flag(sys.argv)  # before absl sees the line: --debug is not an absl flag here
+  with errors.reported(command, debug):
+    if any(arg in HELP_FLAGS for arg in sys.argv[1:]):
+      print(absl_help(command, module, doc, flag_values, required), end='')
+      sys.exit(0)
+    flags.mark_flags_as_required(list(required), flag_values=flag_values)
+    argv = _parse_absl(flag_values, sys.argv, fields_doc, renamed)
+    if len(argv) > 1:
+      raise errors.ConfigError(f'unexpected arguments {argv[1:]}; flags take the form --name=value (see --help)')
+    # What absl's app.run did besides parsing: libraries that read absl's global flags (Grain's config) get their
+    # defaults instead of an unparsed-flag error, and a crash in native code (XLA) prints the Python stack.
+    flags.FLAGS.mark_as_parsed()
+    faulthandler.enable()
+    status = main(argv)
+  sys.exit(status)
+
+
+def absl_help(command: str, module: str, doc: str | None, flag_values, required: Sequence[str] = ()) -> str:
+  """The help of absl flags in the Parser layout: each flag becomes an argparse argument that is only printed."""
+  parser = Parser(command, module, doc)
+  for name in list(flag_values):
+    flag = flag_values[name]
+    if name != flag.name or '.' in name:  # a short alias, or an override registered by an earlier parse
+      continue
+    text = (flag.help or '').replace('%', '%%')
+    if flag.boolean:
+      parser.add_argument(f'--{name}', action='store_true', help=text)
+      continue
+    default = ','.join(flag.default) if isinstance(flag.default, list) else flag.default
+    choices = getattr(flag.parser, 'enum_values', None)
+    if choices:  # argparse shows them as {a,b}; absl's help text starts with <a|b>:
+      text = text.removeprefix(f'<{"|".join(choices)}>: ')
+    parser.add_argument(f'--{name}', metavar='FILE' if name == CONFIG else None if choices else name.upper(),
+                        choices=choices, default=default, required=name in required, help=text)
+    if name == CONFIG:
+      parser.add_argument(f'--{CONFIG}.FIELD', metavar='VALUE', help='set one field of the config file '
+                          f'(--{CONFIG}.SECTION.FIELD=VALUE; any number of them)')
+  return parser.format_help()
+
+
+def _parse_absl(flag_values, argv: list[str], fields_doc: str, renamed) -> list[str]:
+  """flag_values(argv), where a bad flag, override or config file is one ConfigError (absl's own report is two lines,
+  and an override of a missing field or a config file that does not load is a traceback)."""
+  from absl import flags  # pylint: disable=g-import-not-at-top
+  try:
+    rest = flag_values(argv)
+    if CONFIG in flag_values and flag_values[CONFIG].value is not None:
+      flag_values[CONFIG].value.keys()  # config_flags defers a file that failed to load until the first access
+    return rest
+  except flags.Error as e:
+    raise errors.ConfigError(f'{errors.one_line(e)} (see --help)') from e
+  except OSError as e:  # a config file that does not load (its last line says why)
+    file = next((a for a in argv if a.startswith(f'--{CONFIG}=')), f'--{CONFIG}')
+    raise errors.ConfigError(f'{file}: {str(e).strip().splitlines()[-1].strip()}') from e
+  except (AttributeError, KeyError) as e:  # ml_collections: an override names a field the config lacks
+    raise _missing_field(e, argv, fields_doc, renamed) from e
+
+
+def _missing_field(error: Exception, argv: list[str], fields_doc: str, renamed) -> errors.ConfigError:
+  for arg in argv:  # a field that moved: name its new home
+    key = arg.partition('=')[0].removeprefix(f'--{CONFIG}.')
+    moved = renamed(key) if renamed and arg.startswith(f'--{CONFIG}.') else None
+    if moved is not None:
+      return moved
+  text = errors.one_line(error).replace('\\n', ' ').replace("\\'", "'")
+  key, hint = re.search(r"'(\w+)'", text), re.search(r'Did you mean "(\w+)"', text)
+  return errors.ConfigError(
+      'a --config.* override names a field the config does not have'
+      f'{f" ({key.group(1)!r})" if key else ""}; {f"did you mean {hint.group(1)!r}? " if hint else ""}'
+      f'every field is listed in {fields_doc or "the config file"}')
