@@ -1,4 +1,6 @@
-"""Sentence embeddings from a NeoBERT: python -m neobert_jax.embed --model=DIR_OR_RUN --input=FILE --output=emb.npy
+"""Embed texts with a NeoBERT: one float32 vector per text, written as an [N, D] .npy file in input order.
+
+  python -m neobert_jax.embed --model=DIR_OR_RUN --input=FILE --output=emb.npy
 
 The model is a contrastive fine-tuning workdir (its pooling and normalisation are used), a pretraining workdir or a
 Hugging Face NeoBERT directory (mean pooling by default). Texts are framed [CLS] ... [SEP], sorted by length into
@@ -15,6 +17,7 @@ from typing import Sequence
 import numpy as np
 from flax import nnx
 
+from neobert_jax import commandline, errors
 from neobert_jax.finetune import batching, heads, inference, source as source_lib, state as state_lib, tables
 
 
@@ -59,9 +62,9 @@ class Encoder:
 
 
 def main(argv: list[str] | None = None) -> int:
-  p = argparse.ArgumentParser(prog='python -m neobert_jax.embed', description=__doc__,
-                              formatter_class=argparse.RawDescriptionHelpFormatter)
-  p.add_argument('--model', required=True)
+  p = commandline.Parser('embed', 'neobert_jax.embed', __doc__)
+  p.add_argument('--model', required=True, help='contrastive fine-tuning or pretraining workdir, or a Hugging Face '
+                 'NeoBERT directory')
   p.add_argument('--input', required=True, help='.txt (one text per line), CSV, TSV, JSONL or Parquet')
   p.add_argument('--output', required=True, help='.npy file')
   p.add_argument('--text-field', default='text')
@@ -75,13 +78,13 @@ def main(argv: list[str] | None = None) -> int:
   p.add_argument('--no-progress', action='store_true')
   a = p.parse_args(argv)
   try:
-    texts = tables.read_texts(a.input, a.text_field)
-    enc = Encoder.load(a.model, None if a.step < 0 else a.step, tokenizer=a.tokenizer, pooling=a.pooling,
-                       normalize=a.normalize, max_length=a.max_length, batch_size=a.batch_size, prefix=a.prefix)
-    emb = enc.encode(texts, progress=not a.no_progress)
-  except tables.DataError as e:
-    print(f'embed: error: {e}', file=sys.stderr)
-    return 2
+    with errors.reported('embed', a.debug):
+      texts = tables.read_texts(a.input, a.text_field)
+      enc = Encoder.load(a.model, None if a.step < 0 else a.step, tokenizer=a.tokenizer, pooling=a.pooling,
+                         normalize=a.normalize, max_length=a.max_length, batch_size=a.batch_size, prefix=a.prefix)
+      emb = enc.encode(texts, progress=not a.no_progress)
+  except SystemExit as e:  # an expected error, already reported in one line
+    return e.code
   np.save(a.output, emb)
   print(f'{emb.shape[0]} embeddings of dimension {emb.shape[1]} ({enc.pooling} pooling'
         f'{", normalised" if enc.normalize else ""}) -> {a.output}')

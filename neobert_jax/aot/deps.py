@@ -16,6 +16,8 @@ import subprocess
 import sys
 import time
 
+from neobert_jax import commandline
+
 # Versions that match jax/jaxlib 0.10.2 (jax[tpu]==0.10.2 pins libtpu 0.0.42.*; the CUDA plugin is versioned
 # with jax). cuDNN only has to be loadable by the plugin: any 9.x works for a compile-only target.
 PACKAGES = {
@@ -98,9 +100,14 @@ def child_env(kind: str, base: dict | None = None) -> dict:
 
 
 def main(argv=None) -> int:
-  """python -m neobert_jax.aot.deps tpu|cuda ... : pre-install (e.g. in a CI cache step)."""
-  kinds = (sys.argv[1:] if argv is None else argv) or list(PACKAGES)
-  for kind in kinds:
+  """python -m neobert_jax.aot.deps [tpu] [cuda]: pre-install (e.g. in a CI cache step)."""
+  p = commandline.Parser('deps', 'neobert_jax.aot.deps', __doc__)
+  p.add_argument('kinds', nargs='*', metavar='KIND', help=f'what to install: {", ".join(PACKAGES)} (default: all)')
+  a = p.parse_args(argv)
+  unknown = sorted(set(a.kinds) - set(PACKAGES))
+  if unknown:
+    p.error(f'unknown dependency kind {", ".join(unknown)}; expected one of {", ".join(PACKAGES)}')
+  for kind in a.kinds or list(PACKAGES):
     print(ensure(kind))
   return 0
 

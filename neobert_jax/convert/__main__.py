@@ -1,4 +1,4 @@
-"""Command line: convert between neobert-jax checkpoints and Hugging Face NeoBERT directories.
+"""Convert between neobert-jax checkpoints and Hugging Face NeoBERT directories.
 
   python -m neobert_jax.convert to-pytorch --checkpoint RUN_OR_CKPT_DIR [--step N] --output DIR \
       [--tokenizer bert-base-uncased|DIR|tokenizer.json|vocab.txt] [--dtype float32|bfloat16] [--overwrite]
@@ -16,7 +16,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from neobert_jax import errors
+from neobert_jax import commandline, errors
 from neobert_jax.convert import export_hf, import_hf
 from neobert_jax.model import hf_layout
 
@@ -49,13 +49,12 @@ def from_pytorch(args: argparse.Namespace) -> str:
           f"to {out}")
 
 
-def build_parser() -> argparse.ArgumentParser:
-  parser = argparse.ArgumentParser(prog="python -m neobert_jax.convert", description=__doc__.split("\n\n")[0])
-  # Documented here; main() takes it out of argv first, so it works after the subcommand too.
-  parser.add_argument("--debug", action="store_true", help="on an error, show the traceback instead of one line")
+def build_parser() -> commandline.Parser:
+  parser = commandline.Parser("convert", "neobert_jax.convert", __doc__)
   sub = parser.add_subparsers(dest="command", required=True)
 
-  exp = sub.add_parser("to-pytorch", help="training checkpoint -> Hugging Face directory (model.py + safetensors)")
+  help_text = "training checkpoint -> Hugging Face directory (model.py + safetensors)"
+  exp = sub.add_parser("to-pytorch", help=help_text, doc=help_text)
   exp.add_argument("--checkpoint", required=True,
                    help="training workdir, its checkpoints/ dir, or flat params written by from-pytorch")
   exp.add_argument("--step", type=int, default=None, help="checkpoint step (default: latest complete)")
@@ -67,7 +66,8 @@ def build_parser() -> argparse.ArgumentParser:
   exp.add_argument("--overwrite", action="store_true", help="replace a non-empty output directory")
   exp.set_defaults(run=to_pytorch)
 
-  imp = sub.add_parser("from-pytorch", help="Hugging Face NeoBERT -> flat params (+ model config) for JAX")
+  help_text = "Hugging Face NeoBERT -> flat params (+ model config) for JAX"
+  imp = sub.add_parser("from-pytorch", help=help_text, doc=help_text)
   imp.add_argument("--input", required=True, help="HF directory (config.json + weights) or a .safetensors file")
   imp.add_argument("--output", required=True, help="FILE.safetensors, or a directory (gets params.safetensors)")
   imp.add_argument("--init-missing-decoder", action="store_true",
@@ -78,12 +78,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-  argv = list(sys.argv[1:] if argv is None else argv)
-  debug = errors.take_debug_flag(argv)  # anywhere on the line, before or after the subcommand
   args = build_parser().parse_args(argv)
   try:
     # A missing input is the user's to fix like any other conversion error: same line, same status.
-    with errors.reported("convert", debug, also={FileNotFoundError: errors.ExportError}):
+    with errors.reported("convert", args.debug, also={FileNotFoundError: errors.ExportError}):
       print(args.run(args))
   except SystemExit as e:
     return e.code

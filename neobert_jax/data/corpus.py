@@ -21,7 +21,6 @@ Cache: $NEOBERT_JAX_CACHE, else ~/.cache/neobert_jax (assets.py owns it and the 
 text and its prepared shards; imports prepare, never the pipeline, train/ or convert/.
 """
 
-import argparse
 import glob
 import json
 import os
@@ -31,6 +30,7 @@ import sys
 import tarfile
 import zipfile
 
+from neobert_jax import commandline, errors
 from neobert_jax.data import assets
 from neobert_jax.data import prepare as prepare_lib
 from neobert_jax.data import shards
@@ -186,17 +186,14 @@ def default_prepared_dir(max_length: int = 1024, workers: int = 0,
 
 
 def main(argv=None) -> str:
-  p = argparse.ArgumentParser(prog='python -m neobert_jax.data.corpus', description=__doc__,
-                              formatter_class=argparse.RawDescriptionHelpFormatter)
-  p.add_argument('--max-length', type=int, default=1024)
-  p.add_argument('--workers', type=int, default=0)
+  p = commandline.Parser('corpus', 'neobert_jax.data.corpus', __doc__)
+  p.add_argument('--max-length', type=int, default=1024, help='ids per record, specials included')
+  p.add_argument('--workers', type=int, default=0, help='tokenizer processes (0: tokenize in this process)')
   p.add_argument('--tokenizer', default=tokenizer_lib.BUILTIN_BERT,
                  help="'bert-base-uncased' or builtin-wordpiece-N (learned from this corpus)")
   a = p.parse_args(argv)
-  try:
+  with errors.reported('corpus', a.debug):  # CorpusUnavailable (the registry unreachable) is a data error
     out = default_prepared_dir(a.max_length, a.workers, a.tokenizer)
-  except CorpusUnavailable as e:
-    sys.exit(f'corpus: error: {e}')
   print(out)
   return out
 

@@ -11,7 +11,6 @@ are byte-identical for any --workers. The held-out split is chosen by a hash of
 each document's text, so it is stable too (and duplicates land together).
 """
 
-import argparse
 import collections
 import hashlib
 import multiprocessing
@@ -24,7 +23,7 @@ from typing import Iterable, Iterator, Sequence
 
 import numpy as np
 
-from neobert_jax import errors
+from neobert_jax import commandline, errors
 from neobert_jax.data import shards as shards_lib
 from neobert_jax.data import sources
 from neobert_jax.data import tokenizer as tokenizer_lib
@@ -260,8 +259,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
   error status (neobert_jax/errors.py); --debug shows the traceback instead."""
   argv = list(sys.argv[1:] if argv is None else argv)
   debug = errors.take_debug_flag(argv)
-  p = argparse.ArgumentParser(prog='python -m neobert_jax.data.prepare', description=__doc__,
-                              formatter_class=argparse.RawDescriptionHelpFormatter)
+  p = commandline.Parser('prepare', 'neobert_jax.data.prepare', __doc__)
   p.add_argument('--input', nargs='+', required=True, action='extend',
                  help='files, globs or directories (.txt/.jsonl/.json/.parquet, .gz/.zst)')
   p.add_argument('--output', required=True, help='directory for shards + manifest.json')
@@ -279,7 +277,6 @@ def main(argv: Sequence[str] | None = None) -> dict:
   p.add_argument('--shard-mb', type=float, default=256.0, help='target shard size')
   p.add_argument('--overwrite', action='store_true')
   p.add_argument('--no-progress', action='store_true')
-  p.add_argument('--debug', action='store_true', help='on an error, show the traceback instead of one line')
   a = p.parse_args(argv)
   command = 'python -m neobert_jax.data.prepare ' + shlex.join(argv)
   # A missing tokenizer file or an existing output (without --overwrite) are the user's to fix like bad input.

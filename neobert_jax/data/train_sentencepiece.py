@@ -9,10 +9,9 @@ Ids: [PAD]=0 [UNK]=1 [CLS]=2 [SEP]=3 [MASK]=4, then the learned pieces. Then
 printed size. Reads inputs exactly as `prepare` does (same formats and flags).
 """
 
-import argparse
-import sys
 from typing import Iterator, Sequence
 
+from neobert_jax import commandline, errors
 from neobert_jax.data import sources
 from neobert_jax.data import tokenizer as tokenizer_lib
 
@@ -58,10 +57,8 @@ def train(inputs: Sequence[str], output_prefix: str, *, vocab_size: int = 32000,
 
 
 def main(argv=None):
-  p = argparse.ArgumentParser(prog='python -m neobert_jax.data.train_sentencepiece',
-                              description=__doc__,
-                              formatter_class=argparse.RawDescriptionHelpFormatter)
-  p.add_argument('--input', nargs='+', required=True, action='extend')
+  p = commandline.Parser('train_sentencepiece', 'neobert_jax.data.train_sentencepiece', __doc__)
+  p.add_argument('--input', nargs='+', required=True, action='extend', help='files, globs or directories, as prepare')
   p.add_argument('--output', required=True, help='prefix: writes PREFIX.model, PREFIX.vocab')
   p.add_argument('--vocab-size', type=int, default=32000)
   p.add_argument('--model-type', default='unigram', choices=('unigram', 'bpe'))
@@ -71,12 +68,10 @@ def main(argv=None):
   p.add_argument('--sentences', type=int, default=1_000_000,
                  help='lines sampled for training (SentencePiece input_sentence_size)')
   a = p.parse_args(argv)
-  try:
+  with errors.reported('train_sentencepiece', a.debug):
     tok = train(a.input, a.output, vocab_size=a.vocab_size, model_type=a.model_type,
                 text_field=a.text_field, text_mode=a.text_mode,
                 character_coverage=a.character_coverage, seed_sentences=a.sentences)
-  except sources.InputError as e:
-    sys.exit(f'train_sentencepiece: error: {e}')
   print(f'{a.output}.model: {tok.vocab_size} ids, specials {tok.special}')
   return tok
 

@@ -1,9 +1,6 @@
-"""python -m neobert_jax.evaluate {pppl,lee,bbc} --model=RUN_OR_HF_DIR ...
+"""Evaluate a NeoBERT: pseudo-perplexity on a text file, or its frozen embeddings on two benchmark tasks.
 
-  pppl   pseudo-perplexity of an MLM (pretraining run or HF NeoBERT dir) on a text file
-         (--input FILE [--text-field text] [--per-document out.jsonl])
-  lee    Spearman correlation of embedding cosine similarity with the Lee human ratings (gensim test data)
-  bbc    kNN topic accuracy on BBC News from frozen embeddings (5-fold, cosine, k=5)
+  python -m neobert_jax.evaluate {pppl,lee,bbc} --model=RUN_OR_HF_DIR ...   (the commands: _COMMANDS, or --help)
 
 Every command prints one JSON line with its figures; --output also writes it to a file.
 """
@@ -16,13 +13,20 @@ import sys
 
 import numpy as np
 
+from neobert_jax import commandline, errors
 
-def _parser() -> argparse.ArgumentParser:
-  p = argparse.ArgumentParser(prog='python -m neobert_jax.evaluate', description=__doc__,
-                              formatter_class=argparse.RawDescriptionHelpFormatter)
+_COMMANDS = {
+    'pppl': 'pseudo-perplexity of an MLM (pretraining run or Hugging Face NeoBERT directory) on a text file',
+    'lee': 'Spearman correlation of embedding cosine similarity with the Lee human ratings (gensim test data)',
+    'bbc': 'kNN topic accuracy on BBC News from frozen embeddings (5-fold, cosine, k=5)',
+}
+
+
+def _parser() -> commandline.Parser:
+  p = commandline.Parser('evaluate', 'neobert_jax.evaluate', __doc__)
   sub = p.add_subparsers(dest='command', required=True)
-  for name in ('pppl', 'lee', 'bbc'):
-    s = sub.add_parser(name)
+  for name, text in _COMMANDS.items():
+    s = sub.add_parser(name, help=text, doc=text)
     s.add_argument('--model', required=True, help='pretraining or fine-tuning workdir, or a Hugging Face NeoBERT dir')
     s.add_argument('--step', type=int, default=-1, help='checkpoint step of a workdir (-1 = latest / best)')
     s.add_argument('--tokenizer', default='', help="default: the model's own")
@@ -84,12 +88,11 @@ def embeddings_task(args: argparse.Namespace) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
   args = _parser().parse_args(argv)
-  from neobert_jax.finetune.tables import DataError  # pylint: disable=g-import-not-at-top
   try:
-    result = pppl(args) if args.command == 'pppl' else embeddings_task(args)
-  except DataError as e:
-    print(f'evaluate: error: {e}', file=sys.stderr)
-    return 2
+    with errors.reported('evaluate', args.debug):
+      result = pppl(args) if args.command == 'pppl' else embeddings_task(args)
+  except SystemExit as e:  # an expected error, already reported in one line
+    return e.code
   line = json.dumps({'command': args.command, 'model': args.model, **result})
   print(line)
   if args.output:

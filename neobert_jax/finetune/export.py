@@ -19,7 +19,6 @@ finetune/.
 
 from __future__ import annotations
 
-import argparse
 import json
 import shutil
 import sys
@@ -29,7 +28,7 @@ from typing import Any, Mapping
 import numpy as np
 from safetensors.numpy import save_file
 
-from neobert_jax import checkpoint_io, errors
+from neobert_jax import checkpoint_io, commandline, errors
 from neobert_jax.convert.export_hf import ExportError, WEIGHTS_NAME, check_output_dir, write_atomically, write_tokenizer
 from neobert_jax.convert.hf_modeling import MODELING_FILE
 from neobert_jax.finetune import labels as labels_lib
@@ -143,18 +142,14 @@ def export_run(workdir: str | Path, output: str | Path, *, overwrite: bool = Fal
 
 
 def main(argv: list[str] | None = None) -> int:
-  argv = list(sys.argv[1:] if argv is None else argv)
-  debug = errors.take_debug_flag(argv)
-  p = argparse.ArgumentParser(prog='python -m neobert_jax.finetune.export', description=__doc__,
-                              formatter_class=argparse.RawDescriptionHelpFormatter)
-  p.add_argument('--debug', action='store_true', help='on an error, show the traceback instead of one line')
+  p = commandline.Parser('export', 'neobert_jax.finetune.export', __doc__)
   p.add_argument('--run', required=True, help='fine-tuning workdir')
-  p.add_argument('--output', required=True)
-  p.add_argument('--overwrite', action='store_true')
+  p.add_argument('--output', required=True, help='directory to create')
+  p.add_argument('--overwrite', action='store_true', help='replace a non-empty output directory')
   a = p.parse_args(argv)
   try:
     # One line and the export error's status, like `python -m neobert_jax.convert`.
-    with errors.reported('export', debug, also={FileNotFoundError: errors.ExportError}):
+    with errors.reported('export', a.debug, also={FileNotFoundError: errors.ExportError}):
       print(export_run(a.run, a.output, overwrite=a.overwrite))
   except SystemExit as e:
     return e.code
