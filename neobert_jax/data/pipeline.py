@@ -232,6 +232,10 @@ def make_train_iterator(data_cfg: ml_collections.ConfigDict, batch_size_per_host
     raise ValueError(f'process_index {process_index} outside [0, {process_count})')
   directory, manifest = open_prepared(data_cfg, seq_len, model_vocab_size)
   paths = shards.split_paths(directory, manifest, 'train')
+  # The held-out shards are checked now too: a damaged one would otherwise stop the run at its first evaluation,
+  # possibly hours in, instead of before the first step.
+  if manifest['splits'].get('eval', {}).get('shards'):
+    shards.split_paths(directory, manifest, 'eval')
   seed = _seed(data_cfg, seed)
   # The whole corpus, not a per-process share: the stream is the same for every process count.
   blocks = _blocks(paths, data_cfg, seed, 0, 1, shuffle=True)

@@ -14,6 +14,7 @@ from array_record.python.array_record_module import ArrayRecordReader, ArrayReco
 import numpy as np
 
 from neobert_jax import errors
+from neobert_jax.data import assets
 
 MANIFEST = 'manifest.json'
 FORMAT = 'neobert_jax.prepared/v1'
@@ -77,6 +78,14 @@ class ShardWriter:
             'tokens': self.tokens}
 
 
+def _remedy(directory: str) -> str:
+  """How to get whole prepared data back, for the end of every message about damaged data."""
+  if os.path.abspath(directory).startswith(os.path.join(os.path.abspath(assets.cache_dir()), '')):
+    return f'delete {directory}: the built-in corpus is prepared again on first use'
+  return (f'prepare it again (python -m neobert_jax.data.prepare --output {directory} --overwrite '
+          'with the original inputs)')
+
+
 def read_manifest(directory: str) -> dict:
   path = os.path.join(directory, MANIFEST)
   if not os.path.isdir(directory):
@@ -84,15 +93,35 @@ def read_manifest(directory: str) -> dict:
                     '(make it with `python -m neobert_jax.data.prepare`)')
   if not os.path.isfile(path):
     raise DataError(f'{directory}: no {MANIFEST}; the directory is not prepared data, or '
-                    'its prepare run did not finish')
+                    f'its prepare run did not finish: {_remedy(directory)}')
   try:
     with open(path) as f:
       manifest = json.load(f)
-  except json.JSONDecodeError as e:
-    raise DataError(f'{path}: unreadable manifest ({e})') from e
-  if manifest.get('format') != FORMAT:
-    raise DataError(f'{path}: format {manifest.get("format")!r}, expected {FORMAT!r}')
+  except (json.JSONDecodeError, UnicodeDecodeError) as e:
+    raise DataError(f'{path}: unreadable manifest ({e}); {_remedy(directory)}') from e
+  if not isinstance(manifest, dict) or manifest.get('format') != FORMAT:
+    found = manifest.get('format') if isinstance(manifest, dict) else type(manifest).__name__
+    raise DataError(f'{path}: format {found!r}, expected {FORMAT!r}; {_remedy(directory)}')
+  _check_fields(path, manifest, directory)
   return manifest
+
+
+def _check_fields(path: str, manifest: dict, directory: str) -> None:
+  """The fields readers index into: a manifest damaged into other valid JSON is one error here, not a KeyError
+  (or TypeError) from deep inside the pipeline."""
+  try:
+    ident, splits = manifest['tokenizer'], manifest['splits']
+    counts = [ident['vocab_size'], ident['special_ids']['pad'], ident['special_ids']['mask']]
+    for split in SPLITS:
+      for shard in splits.get(split, {'shards': []})['shards']:
+        counts += [shard['bytes'], shard['records']]
+        if not isinstance(shard['file'], str):
+          raise TypeError(f'shard file {shard["file"]!r}')
+    bad = [c for c in counts if not isinstance(c, int)]
+    if bad:
+      raise TypeError(f'{bad[0]!r} where a number is expected')
+  except (KeyError, TypeError, AttributeError) as e:
+    raise DataError(f'{path}: damaged manifest ({type(e).__name__}: {e}); {_remedy(directory)}') from e
 
 
 def split_paths(directory: str, manifest: dict, split: str) -> list[str]:
@@ -104,19 +133,19 @@ def split_paths(directory: str, manifest: dict, split: str) -> list[str]:
   for shard in info['shards']:
     path = os.path.join(directory, shard['file'])
     if not os.path.isfile(path):
-      raise DataError(f'{path}: shard listed in the manifest is missing')
+      raise DataError(f'{path}: shard listed in the manifest is missing; {_remedy(directory)}')
     size = os.path.getsize(path)
     if size != shard['bytes']:
       raise DataError(f'{path}: {size} bytes on disk, manifest says {shard["bytes"]} '
-                      '(truncated or replaced shard)')
+                      f'(truncated or replaced shard); {_remedy(directory)}')
     try:
       reader = ArrayRecordReader(path)
       n = reader.num_records()
       reader.close()
     except Exception as e:  # the C++ reader raises RuntimeError/ValueError variants
-      raise DataError(f'{path}: corrupt shard ({e})') from e
+      raise DataError(f'{path}: corrupt shard ({e}); {_remedy(directory)}') from e
     if n != shard['records']:
-      raise DataError(f'{path}: {n} records, manifest says {shard["records"]}')
+      raise DataError(f'{path}: {n} records, manifest says {shard["records"]}; {_remedy(directory)}')
     paths.append(path)
   return paths
 
