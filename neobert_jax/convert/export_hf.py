@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
+import sys
 import uuid
 from pathlib import Path
 from typing import Any, Mapping
@@ -42,8 +44,12 @@ class ExportError(errors.ExportError):
 
 
 def check_output_dir(output: str | os.PathLike, overwrite: bool) -> Path:
-  """Refuses an existing file, or a non-empty directory unless ``overwrite``."""
+  """Refuses an existing file, or a non-empty directory unless ``overwrite``.
+
+  First puts right what an earlier export into ``output`` that was killed left behind (see `_recover`), so that a
+  previous export it had moved aside counts as existing."""
   out = Path(output).expanduser().absolute()
+  _recover(out)
   if out.exists() and not out.is_dir():
     raise ExportError(f"output {out} exists and is not a directory; choose another --output")
   if out.is_dir() and any(out.iterdir()) and not overwrite:
@@ -52,16 +58,52 @@ def check_output_dir(output: str | os.PathLike, overwrite: bool) -> Path:
   return out
 
 
+def _sibling(output: Path, kind: str) -> Path:
+  """A hidden sibling of ``output`` named after this process, so that a later export can tell a killed writer's
+  leftovers from a running one's."""
+  return output.with_name(f".{output.name}.{kind}-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+
+
+def _recover(output: Path) -> None:
+  """Cleans up after an export into ``output`` that was killed (SIGKILL, OOM, a lost node) and never reached its own
+  cleanup, saying what it does. Its ``.tmp-`` directory is an unfinished export: removed. Its ``.old-`` directory
+  is the export it replaced: if the kill fell between moving it aside and moving the new one in, ``output`` is
+  missing and the old export is moved back; otherwise the new one is in place and the old one goes. A running
+  process's leftovers are left alone (a pid says nothing about other hosts: do not export into one directory from
+  two)."""
+  # prepare asks the same question of its temporary directories; one liveness test for both.
+  from neobert_jax.data.prepare import _alive  # pylint: disable=g-import-not-at-top
+  pattern = re.compile(rf"\.{re.escape(output.name)}\.(tmp|old)-(\d+)-[0-9a-f]{{8}}")
+  if not output.parent.is_dir():
+    return
+  found = [(m.group(1), int(m.group(2)), p) for p in sorted(output.parent.iterdir())
+           if (m := pattern.fullmatch(p.name)) and p.is_dir()]
+  for kind, pid, path in sorted(found, key=lambda f: f[0] != "old"):  # a moved-aside export first
+    if pid != os.getpid() and _alive(pid):
+      continue
+    if kind == "old" and not output.exists():
+      path.rename(output)
+      print(f"export: restored {output} from {path}, where an interrupted export (process {pid}) had moved it",
+            file=sys.stderr, flush=True)
+    else:
+      shutil.rmtree(path, ignore_errors=True)
+      print(f"export: removed {path}, left behind by an interrupted export (process {pid})", file=sys.stderr,
+            flush=True)
+
+
 def write_atomically(output: Path, fill, overwrite: bool) -> Path:
-  """Calls fill(tmp_dir) on a fresh sibling directory, then renames it to ``output`` (replacing it if allowed)."""
+  """Calls fill(tmp_dir) on a fresh sibling directory, then renames it to ``output`` (replacing it if allowed).
+
+  A kill at any point leaves either the previous export or the new one at ``output``, or (between the two renames of
+  a replacement) the previous one under a hidden name that the next export moves back (`_recover`)."""
   output = check_output_dir(output, overwrite)
   output.parent.mkdir(parents=True, exist_ok=True)
-  tmp = output.with_name(f".{output.name}.tmp-{uuid.uuid4().hex[:8]}")
+  tmp = _sibling(output, "tmp")
   tmp.mkdir()
   try:
     fill(tmp)
     if output.exists():
-      old = output.with_name(f".{output.name}.old-{uuid.uuid4().hex[:8]}")
+      old = _sibling(output, "old")
       output.rename(old)
       tmp.rename(output)
       shutil.rmtree(old)
