@@ -15,3 +15,67 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 def pytest_configure(config):
   config.addinivalue_line(
       "markers", "gpu: needs a real NVIDIA GPU (run with JAX_PLATFORMS=cuda); skipped on CPU")
+
+
+# --- A real GCS server on 127.0.0.1 (gcp-storage-emulator), for the tests of runs and data on a bucket -----------
+
+import socket  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+
+import pytest  # noqa: E402
+
+GCS_BUCKET = "neobert"
+
+
+def _free_port():
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    return s.getsockname()[1]
+
+
+def start_gcs_emulator(data_dir=None, bucket=GCS_BUCKET):
+  """(process, http url) of a gcp-storage-emulator on a free loopback port, ready to serve; in memory unless
+  data_dir is given. Skips (with the reason) where the emulator is not installed."""
+  try:
+    import gcp_storage_emulator  # noqa: F401  pylint: disable=g-import-not-at-top,unused-import
+  except ImportError:
+    pytest.skip("gcp-storage-emulator is not installed (pip install gcp-storage-emulator)")
+  port = _free_port()
+  # tests/gcs_emulator.py is the emulator's own command with the x-goog-generation header tensorstore needs.
+  cmd = [sys.executable, os.path.join(os.path.dirname(__file__), "gcs_emulator.py"), "start", "--host=127.0.0.1",
+         f"--port={port}", f"--default-bucket={bucket}"]
+  cmd += [f"--data-dir={data_dir}"] if data_dir else ["--in-memory"]
+  proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+  deadline = time.time() + 30
+  while time.time() < deadline:
+    try:
+      socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+      return proc, f"http://127.0.0.1:{port}"
+    except OSError:
+      time.sleep(0.1)
+  proc.kill()
+  raise RuntimeError("gcp-storage-emulator did not start in 30 s")
+
+
+def gcs_env(url):
+  """What gcsfs (epath's gs:// backend) and tensorstore (Orbax's) need to talk to the emulator at `url`."""
+  return {"STORAGE_EMULATOR_HOST": url, "TENSORSTORE_GCS_HTTP_URL": url, "GOOGLE_AUTH_TOKEN_FOR_TESTING": "x",
+          "GOOGLE_CLOUD_PROJECT": "test"}
+
+
+@pytest.fixture(scope="session")
+def gcs():
+  """gs://neobert on an emulator for the whole session (tensorstore reads its endpoint once per process)."""
+  proc, url = start_gcs_emulator()
+  saved = {k: os.environ.get(k) for k in gcs_env(url)}
+  os.environ.update(gcs_env(url))
+  yield f"gs://{GCS_BUCKET}"
+  for k, v in saved.items():
+    if v is None:
+      os.environ.pop(k, None)
+    else:
+      os.environ[k] = v
+  proc.terminate()
+  proc.wait(timeout=10)

@@ -164,7 +164,7 @@ def test_sigterm_saves_and_exits_cleanly(tmp_path):
          '--config.model.intermediate_size=64', '--config.train.global_batch_size=8',
          '--config.eval.every_steps=0', '--config.eval.at_start=False', '--config.checkpoint.every_steps=1000',
          '--config.logging.progress_bar=False', '--config.logging.peak_flops_per_device=1e11',
-         '--config.logging.log_every=1']
+         '--config.logging.log_every=1', '--config.optimizer.warmup_steps=1']
   env = {**os.environ, 'PYTHONPATH': str(REPO), 'XLA_FLAGS': ''}
   proc = subprocess.Popen(cmd + ['--config.train.num_steps=100000'], cwd=REPO, env=env,
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
