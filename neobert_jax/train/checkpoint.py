@@ -87,7 +87,47 @@ def save(mngr: ocp.CheckpointManager, step: int, state: TrainState, data_iter: A
           'opt': ocp.args.StandardSave(state['opt']),
           checkpoint_io.CONFIG_ITEM: ocp.args.JsonSave(cfg.to_dict()),
           **_data_args(data_iter, save=True)}
-  mngr.save(step, args=ocp.args.Composite(**args), force=True)
+  try:
+    # An earlier async save that failed in the background raises here, at the next save.
+    mngr.save(step, args=ocp.args.Composite(**args), force=True)
+  except Exception as e:  # noqa: BLE001 - every failure of a save is the storage's; --debug shows the cause
+    raise save_failed(mngr, e) from e
+
+
+def finish(mngr: ocp.CheckpointManager) -> None:
+  """Waits for the saves in flight; a failed one is CheckpointSaveError (one line), like in `save`."""
+  try:
+    mngr.wait_until_finished()
+  except Exception as e:  # noqa: BLE001
+    raise save_failed(mngr, e) from e
+
+
+def close(mngr: ocp.CheckpointManager) -> None:
+  """Closes the manager; after a failed save Orbax raises the same failure again here, which must not replace the
+  error already on its way to the user."""
+  try:
+    mngr.close()
+  except Exception as e:  # noqa: BLE001
+    log.debug('closing the checkpoint manager after a failure: %s', _first_line(e))
+
+
+class CheckpointSaveError(errors.StorageError):
+  """A checkpoint could not be written (disk full, read-only, refused). The complete ones are untouched."""
+
+
+# What a write failure says, in the words users search for; Orbax and tensorstore wrap them in long specs.
+_WRITE_REASONS = ('No space left on device', 'Read-only file system', 'Permission denied', 'Disk quota exceeded',
+                  'PERMISSION_DENIED', 'RESOURCE_EXHAUSTED', 'UNAVAILABLE', 'DEADLINE_EXCEEDED')
+
+
+def save_failed(mngr: ocp.CheckpointManager, e: BaseException) -> CheckpointSaveError:
+  text = f'{type(e).__name__}: {e}'
+  reason = next((r for r in _WRITE_REASONS if r in text), None) or _first_line(e).split(' [tensorstore_spec')[0]
+  good = checkpoint_io.latest_step(paths.Path(mngr.directory))
+  kept = (f'the last complete checkpoint, {mngr.directory}/{good}, is kept' if good is not None
+          else 'no checkpoint of this run was complete yet')
+  return CheckpointSaveError(f'writing a checkpoint under {mngr.directory} failed ({reason}); {kept}. Free space '
+                             'or fix the storage, then re-run the same command to resume from it.')
 
 
 def _set_aside(mngr: ocp.CheckpointManager, step: int, reason: str) -> None:

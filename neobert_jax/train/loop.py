@@ -246,7 +246,7 @@ def run(cfg: ml_collections.ConfigDict, workdir: str | Path,
   result = RunResult(workdir=workdir, final_step=start)
 
   def last_good() -> str:
-    mngr.wait_until_finished()
+    ckpt.finish(mngr)
     s = mngr.latest_step()
     return f'{mngr.directory}/{s}' if s is not None else 'none (no checkpoint was written yet)'
 
@@ -303,12 +303,12 @@ def run(cfg: ml_collections.ConfigDict, workdir: str | Path,
           break
     if result.final_step != saved_at and result.final_step > 0:
       ckpt.save(mngr, result.final_step, state, train_host, cfg)
-    mngr.wait_until_finished()
+    ckpt.finish(mngr)
   finally:
     if pbar is not None:
       pbar.close()
     writer.close()
-    mngr.close()
+    ckpt.close(mngr)
     if hasattr(train_host, 'close'):
       train_host.close()
   result.last_train = logger.last
