@@ -2,6 +2,7 @@
 the workdir exactly as it was."""
 
 import re
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -88,3 +89,16 @@ def test_cli_exit_status_and_single_line(tmp_path):
   lines = [line for line in r.stderr.splitlines() if 'error' in line.lower()]
   assert len(lines) == 1 and "no column 'text'" in lines[0], r.stderr
   assert not (tmp_path / 'w').exists()
+
+
+def test_workdir_with_a_run_of_another_config_names_what_differs(tmp_path, capsys):
+  """The resume rules for fine-tuning: a workdir's run is never continued nor overwritten, and the refusal says
+  which fields of this config differ from the one recorded there."""
+  train = _write(tmp_path / 'train.csv', 'text,label\nhello,a\nbye,b\n')
+  recorded = _config(train)
+  (tmp_path / 'w').mkdir()
+  (tmp_path / 'w' / 'config.json').write_text(json.dumps(recorded.to_dict()))
+  (tmp_path / 'w' / 'results.json').write_text('{}')
+  cfg = _config(train)
+  cfg.optimizer.lr = 3e-5
+  _check_refused(cfg, tmp_path / 'w', capsys, 'already holds a fine-tuning run', 'optimizer.lr 2e-05 -> 3e-05')
