@@ -135,6 +135,62 @@ def copy(src: epath.Path, dst: epath.Path) -> None:
     shutil.copyfileobj(fin, fout, 1 << 22)
 
 
+def publish_dir(local_dir: PathLike, remote: epath.Path, marker: str) -> None:
+  """Uploads the files of `local_dir` to the bucket directory `remote`, `marker` last, so a reader that waits for
+  the marker never takes a half-uploaded directory for a finished one. An earlier directory there loses its marker
+  first and, once the new one is complete, the files the new one does not have."""
+  local_dir = LocalPath(local_dir)
+  files = sorted(p.relative_to(local_dir).as_posix() for p in local_dir.rglob('*') if p.is_file())
+  if marker not in files:
+    raise ValueError(f'{local_dir} has no {marker} to commit it with')
+  old = set(_files(remote))
+  if marker in old:
+    (remote / marker).unlink()
+  for rel in [f for f in files if f != marker] + [marker]:
+    (remote / rel).parent.mkdir(parents=True, exist_ok=True)
+    copy(epath.Path(local_dir / rel), remote / rel)
+  for rel in sorted(old - set(files)):
+    (remote / rel).unlink()
+
+
+def _files(root: epath.Path) -> list[str]:
+  """Relative paths of the files under `root` (empty when it does not exist)."""
+  if not root.exists():
+    return []
+  out = []
+  for child in root.iterdir():  # epath refuses '**' globs on buckets: walk level by level
+    if child.is_dir():
+      out += [f'{child.name}/{rel}' for rel in _files(child)]
+    else:
+      out.append(child.name)
+  return sorted(out)
+
+
+def local_copy(source: PathLike, marker: str | None = None) -> LocalPath:
+  """A local path for `source`: itself when local, else a copy of the bucket file or directory in this machine's
+  cache (downloaded again each call: sources are small, such as a Hugging Face directory or a CSV file; prepared
+  data has its own staging with checksums). With `marker`, a directory without that file is refused: it is not
+  (yet) complete."""
+  src = resolve(source)
+  if local(src):
+    return LocalPath(os.fspath(src))
+  dst = cache_dir('downloads', url_key(src)) / src.name
+  shutil.rmtree(dst, ignore_errors=True)
+  if not src.is_dir():
+    if not src.exists():
+      raise FileNotFoundError(f'{src}: no such object')
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    copy(src, epath.Path(dst))
+    return dst
+  names = _files(src)
+  if marker is not None and marker not in names:
+    raise FileNotFoundError(f'{src} has no {marker}: not a complete directory (an upload still running, or failed)')
+  for rel in names:
+    (dst / rel).parent.mkdir(parents=True, exist_ok=True)
+    copy(src / rel, epath.Path(dst / rel))
+  return dst
+
+
 class Mirror:
   """A local directory standing in for `remote` (a run's append-only streams: metrics.jsonl, TensorBoard).
 

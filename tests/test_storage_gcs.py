@@ -94,3 +94,27 @@ def test_s3_is_refused_with_one_line_and_no_local_folder(tmp_path, monkeypatch):
   with pytest.raises(errors.ConfigError, match='s3://'):
     loop.run(tiny_config(steps=2), 's3://bucket/run')
   assert not list(tmp_path.iterdir())  # never a local folder named 's3:'
+
+
+def test_export_to_a_bucket_loads_in_transformers_and_starts_a_run(gcs, uninterrupted, tmp_path):
+  """The export is uploaded with config.json last; read back from the bucket it is byte-identical to a local
+  export of the same checkpoint, loads in transformers, and initialises another run (init.from_hf on gs://)."""
+  from neobert_jax import paths
+  from neobert_jax.convert import export_hf
+  source = tmp_path / 'run'
+  loop.run(tiny_config(steps=3), source)
+  url = f'{gcs}/exports/tiny'
+  export_hf.export_checkpoint(source, url)
+  local = export_hf.export_checkpoint(source, tmp_path / 'local-export')
+  with pytest.raises(errors.ExportError, match='--overwrite'):
+    export_hf.export_checkpoint(source, url)  # an existing export on the bucket is kept
+  copy = paths.local_copy(url, marker='config.json')
+  assert sorted(p.name for p in copy.iterdir()) == sorted(p.name for p in Path(local).iterdir())
+  for p in Path(local).iterdir():
+    assert (copy / p.name).read_bytes() == p.read_bytes(), p.name
+  from transformers import AutoModelForMaskedLM
+  AutoModelForMaskedLM.from_pretrained(copy, trust_remote_code=True)
+  cfg = tiny_config(steps=1)
+  cfg.init.from_hf, cfg.optimizer.warmup_steps = url, 1  # lr 0 at step 0: the parameters stay as loaded
+  loop.run(cfg, tmp_path / 'from-hf')
+  _assert_identical(ckpt.restore_params(tmp_path / 'from-hf')[1], ckpt.restore_params(source)[1])

@@ -19,6 +19,7 @@ import os
 import re
 import shutil
 import sys
+import tempfile
 import uuid
 from pathlib import Path
 from typing import Any, Mapping
@@ -27,7 +28,7 @@ import ml_dtypes
 import numpy as np
 from safetensors.numpy import save_file
 
-from neobert_jax import checkpoint_io, errors
+from neobert_jax import checkpoint_io, errors, paths
 from neobert_jax.convert.hf_modeling import MODELING_FILE
 from neobert_jax.data import tokenizer as tokenizer_lib
 from neobert_jax.model import hf_layout
@@ -48,6 +49,12 @@ def check_output_dir(output: str | os.PathLike, overwrite: bool) -> Path:
 
   First puts right what an earlier export into ``output`` that was killed left behind (see `_recover`), so that a
   previous export it had moved aside counts as existing."""
+  if paths.is_url(output):
+    remote = paths.resolve(output, '--output')
+    if remote.exists() and any(remote.iterdir()) and not overwrite:
+      raise ExportError(f"output {remote} exists and is not empty; pass --overwrite to replace it or choose "
+                        "another --output")
+    return remote
   out = Path(output).expanduser().absolute()
   _recover(out)
   if out.exists() and not out.is_dir():
@@ -97,6 +104,14 @@ def write_atomically(output: Path, fill, overwrite: bool) -> Path:
   A kill at any point leaves either the previous export or the new one at ``output``, or (between the two renames of
   a replacement) the previous one under a hidden name that the next export moves back (`_recover`)."""
   output = check_output_dir(output, overwrite)
+  if paths.is_url(output):
+    # No rename on a bucket: fill a local directory, then upload it with config.json (what from_pretrained reads
+    # first) last, so an export that is cut short is never taken for a complete one.
+    paths.check_writable(output.parent, '--output')
+    with tempfile.TemporaryDirectory(dir=paths.cache_dir('exports')) as tmp:
+      fill(Path(tmp))
+      paths.publish_dir(tmp, output, 'config.json')
+    return output
   output.parent.mkdir(parents=True, exist_ok=True)
   tmp = _sibling(output, "tmp")
   tmp.mkdir()
@@ -194,7 +209,7 @@ def export_flat(flat: Mapping[str, Any], model_cfg: Any, output: str | os.PathLi
     if tokenizer is not None:
       write_tokenizer(tokenizer, tmp, max_length=config["max_length"], vocab_size=config["vocab_size"])
 
-  return write_atomically(Path(output), fill, overwrite)
+  return write_atomically(output, fill, overwrite)
 
 
 def export_checkpoint(checkpoint: str | os.PathLike, output: str | os.PathLike, *, step: int | None = None,
@@ -205,7 +220,7 @@ def export_checkpoint(checkpoint: str | os.PathLike, output: str | os.PathLike, 
   Without ``tokenizer``, the training config's data.tokenizer is used when it names one.
   """
   check_output_dir(output, overwrite)
-  if not Path(checkpoint).expanduser().is_dir():
+  if not paths.resolve(checkpoint, '--checkpoint').is_dir():
     raise ExportError(f"--checkpoint {checkpoint}: no such directory (give a training workdir or its checkpoints/)")
   try:
     model_cfg, flat = checkpoint_io.restore_params(checkpoint, step)

@@ -9,7 +9,6 @@ import each other.
 from __future__ import annotations
 
 import logging
-from pathlib import Path
 from typing import Any, Mapping
 
 import jax
@@ -17,7 +16,7 @@ import ml_collections
 import numpy as np
 from flax import nnx
 
-from neobert_jax import checkpoint_io, errors
+from neobert_jax import checkpoint_io, errors, paths
 from neobert_jax.model import hf_layout
 from neobert_jax.train.state import StateDefs, TrainState, with_params
 
@@ -75,7 +74,7 @@ def check_source(cfg: ml_collections.ConfigDict) -> None:
   trainer calls it only for a run that starts afresh: a resumed run ignores cfg.init)."""
   init = cfg.init
   if init.from_checkpoint:
-    path = Path(init.from_checkpoint).expanduser()
+    path = paths.resolve(init.from_checkpoint, 'init.from_checkpoint')
     try:
       if not path.is_dir() or checkpoint_io.latest_step(path) is None:
         raise FileNotFoundError('no complete checkpoint there')
@@ -84,7 +83,7 @@ def check_source(cfg: ml_collections.ConfigDict) -> None:
       raise errors.CheckpointError(f'init.from_checkpoint={init.from_checkpoint!r}: {e}; give the workdir (or its '
                                    'checkpoints/) of a run that saved at least one step') from None
     check_compatible(source, cfg.model, init.from_checkpoint)
-  if init.from_hf and not (Path(init.from_hf).expanduser() / 'config.json').is_file():
+  if init.from_hf and not (paths.resolve(init.from_hf, 'init.from_hf') / 'config.json').is_file():
     raise errors.CheckpointError(f'init.from_hf={init.from_hf!r} is not a Hugging Face model directory (no '
                                  'config.json there); give the local directory of a NeoBERT save (config.json + '
                                  'model.safetensors or pytorch_model.bin)')
@@ -99,7 +98,8 @@ def maybe_initialise(cfg: ml_collections.ConfigDict, defs: StateDefs, state: Tra
     return with_params(defs, state, params_from_checkpoint(init.from_checkpoint, step, state['params']))
   if init.from_hf:
     # A base-model save has no MLM head; continued pretraining needs one, so a fresh decoder is created.
-    model_cfg, flat = hf_layout.read_hf_dir(init.from_hf, init_missing_decoder=True)
+    local = paths.local_copy(init.from_hf, marker='config.json')  # a bucket's directory is read from a copy
+    model_cfg, flat = hf_layout.read_hf_dir(local, init_missing_decoder=True)
     check_compatible(model_cfg, cfg.model, init.from_hf)
     log.info('initialised parameters from Hugging Face directory %s', init.from_hf)
     return with_params(defs, state, params_from_flat(flat, state['params']))

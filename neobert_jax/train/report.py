@@ -22,6 +22,7 @@ import ml_collections
 import numpy as np
 from array_record.python.array_record_module import ArrayRecordReader
 
+from neobert_jax import paths
 from neobert_jax.data import pipeline
 from neobert_jax.data import shards
 
@@ -108,6 +109,7 @@ def fill_mask_examples(hf_dir: str, data_cfg: ml_collections.ConfigDict, seq_len
   """Held-out snippets with one whole word masked; the exported model's top predictions, via transformers."""
   import torch  # pylint: disable=g-import-not-at-top
   from transformers import AutoModelForMaskedLM, AutoTokenizer  # pylint: disable=g-import-not-at-top
+  hf_dir = str(paths.local_copy(hf_dir, marker='config.json'))  # transformers reads local directories
   tok = AutoTokenizer.from_pretrained(hf_dir)
   model = AutoModelForMaskedLM.from_pretrained(hf_dir, trust_remote_code=True).eval()
   records, _ = _split_ids(data_cfg, seq_len, 'eval')
