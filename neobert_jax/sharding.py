@@ -1,16 +1,21 @@
 """Declarative sharding: parameters and activations name logical axes; one rules table maps them to mesh axes.
 
-Changing data / FSDP / tensor parallelism is a change of mesh sizes in the config, never of model code.
+Changing data / FSDP / tensor parallelism is a change of mesh sizes in the config, never of model code. On several
+TPU slices or GPU nodes the mesh is hybrid (make_mesh): the config's data / fsdp / tensor sizes are per slice or
+node, and dcn_data / dcn_fsdp say how many slices / nodes those axes span; the axes and the rules stay the same.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 from typing import Iterator, Mapping, Sequence
 
 import jax
+import numpy as np
 from flax import nnx
+from jax.experimental import mesh_utils
 from jax.sharding import AxisType, Mesh, PartitionSpec
 
 MESH_AXES = ("data", "fsdp", "tensor")
@@ -32,34 +37,145 @@ LOGICAL_AXIS_RULES: tuple[tuple[str, str | tuple[str, ...] | None], ...] = (
 )
 
 
-def resolve_mesh_shape(sizes: Mapping[str, int], num_devices: int) -> tuple[int, ...]:
+# The mesh axes that may span slices (TPU) or nodes (GPU), each with its config field. Tensor parallelism never
+# does: its all-reduces sit inside every layer's forward and backward, too many and too small for the slow
+# data-centre network (DCN) between slices, so tensor stays on the fast links (ICI / NVLink) inside one.
+DCN_FIELDS = {"data": "dcn_data", "fsdp": "dcn_fsdp"}
+
+
+@dataclasses.dataclass(frozen=True)
+class MeshLayout:
+  """A resolved mesh: per axis, its size inside one slice / node (ici) and how many slices / nodes it spans (dcn).
+
+  The mesh the program sees has the product per axis (`shape`); along each axis the slice index varies slowest,
+  so position i of axis a lies in slice i // ici[a] of that axis (jax's hybrid-mesh layout).
+  """
+  ici: tuple[int, ...]
+  dcn: tuple[int, ...]
+
+  @property
+  def shape(self) -> tuple[int, ...]:
+    return tuple(i * d for i, d in zip(self.ici, self.dcn))
+
+  @property
+  def num_granules(self) -> int:
+    """Slices (TPU) or nodes (GPU) the mesh spans."""
+    return math.prod(self.dcn)
+
+  def as_config(self) -> dict[str, int]:
+    """The mesh config section that builds this layout: per-slice sizes, then the dcn_* sizes."""
+    out = dict(zip(MESH_AXES, self.ici))
+    out.update({field: self.dcn[MESH_AXES.index(axis)] for axis, field in DCN_FIELDS.items()})
+    return out
+
+  def granule_of(self, flat_index: int) -> int:
+    """The slice / node of the device at this position of the mesh's flattened (row-major) device array, which is
+    also its partition id in the compiled program."""
+    coords = np.unravel_index(flat_index, self.shape)
+    return int(np.ravel_multi_index([c // i for c, i in zip(coords, self.ici)], self.dcn))
+
+
+def _fill(shape: list[int], num_devices: int, where: str) -> list[int]:
   """Fills a single -1 entry so the product equals num_devices; raises a clear error otherwise."""
-  unknown = [a for a in MESH_AXES if a not in sizes]
-  if unknown:
-    raise ValueError(f"mesh config is missing axes {unknown}; give sizes for {MESH_AXES} (one may be -1).")
-  shape = [int(sizes[a]) for a in MESH_AXES]
+  named = dict(zip(MESH_AXES, shape))
   fill = [i for i, s in enumerate(shape) if s == -1]
   if len(fill) > 1:
-    raise ValueError(f"mesh sizes {dict(zip(MESH_AXES, shape))}: at most one axis may be -1.")
+    raise ValueError(f"mesh sizes {named}: at most one axis may be -1.")
   if any(s == 0 or s < -1 for s in shape):
-    raise ValueError(f"mesh sizes {dict(zip(MESH_AXES, shape))} must be positive (or -1 for one axis).")
+    raise ValueError(f"mesh sizes {named} must be positive (or -1 for one axis).")
   known = math.prod(s for s in shape if s != -1)
   if fill:
     if num_devices % known:
-      raise ValueError(f"mesh sizes {dict(zip(MESH_AXES, shape))}: {num_devices} devices are not divisible by "
+      raise ValueError(f"mesh sizes {named}: {num_devices} devices{where} are not divisible by "
                        f"the fixed axes' product {known}.")
     shape[fill[0]] = num_devices // known
   if math.prod(shape) != num_devices:
-    raise ValueError(f"mesh sizes {dict(zip(MESH_AXES, shape))} use {math.prod(shape)} devices but "
-                     f"{num_devices} are available; set one axis to -1 to fill the rest.")
-  return tuple(shape)
+    raise ValueError(f"mesh sizes {named} use {math.prod(shape)} devices but {num_devices} are available{where}; "
+                     "set one axis to -1 to fill the rest.")
+  return shape
+
+
+def resolve_layout(sizes: Mapping[str, int], num_devices: int) -> MeshLayout:
+  """Per-slice sizes (data / fsdp / tensor, one may be -1) and dcn_* sizes (default 1) -> a MeshLayout."""
+  sizes = dict(sizes)
+  unknown = [a for a in MESH_AXES if a not in sizes]
+  if unknown:
+    raise ValueError(f"mesh config is missing axes {unknown}; give sizes for {MESH_AXES} (one may be -1).")
+  if int(sizes.get("dcn_tensor", 1)) != 1:
+    raise ValueError("mesh.dcn_tensor: tensor parallelism stays inside a slice / node (its per-layer all-reduces "
+                     "would cross the data-centre network); span slices with mesh.dcn_data or mesh.dcn_fsdp.")
+  dcn = tuple(int(sizes.get(DCN_FIELDS.get(a, ""), 1)) for a in MESH_AXES)
+  if any(d < 1 for d in dcn):
+    raise ValueError(f"mesh {', '.join(f'{f}={sizes[f]}' for f in DCN_FIELDS.values() if f in sizes)}: "
+                     "the number of slices / nodes an axis spans must be >= 1 (no -1 fill across slices).")
+  granules = math.prod(dcn)
+  if num_devices % granules:
+    raise ValueError(f"{num_devices} devices do not split into dcn_data x dcn_fsdp = {granules} slices / nodes.")
+  where = f" per slice / node ({granules} of them)" if granules > 1 else ""
+  ici = _fill([int(sizes[a]) for a in MESH_AXES], num_devices // granules, where)
+  return MeshLayout(tuple(ici), dcn)
+
+
+def resolve_mesh_shape(sizes: Mapping[str, int], num_devices: int) -> tuple[int, ...]:
+  """The mesh's total size per axis (per-slice size x slices spanned)."""
+  return resolve_layout(sizes, num_devices).shape
+
+
+def _hybrid_devices(layout: MeshLayout, devices: Sequence[jax.Device]) -> np.ndarray:
+  """The device array of a mesh whose dcn axes run across slices / nodes and the rest inside each one."""
+  n = layout.num_granules
+  slices = {getattr(d, "slice_index", 0) for d in devices}
+  processes = sorted({d.process_index for d in devices})
+  if devices[0].platform == "tpu":   # libtpu says which slice each chip is in; a slice's hosts share its ICI
+    if len(slices) != n:
+      raise ValueError(f"the devices are {len(slices)} TPU slice(s) but dcn_data x dcn_fsdp = {n}")
+    return mesh_utils.create_hybrid_device_mesh(layout.ici, layout.dcn, devices, allow_split_physical_axes=True)
+  if len(processes) == n:   # GPU nodes, one process each (GPU devices carry no slice index of their own)
+    return mesh_utils.create_hybrid_device_mesh(layout.ici, layout.dcn, devices, process_is_granule=True,
+                                                allow_split_physical_axes=True)
+  if len(processes) > 1 and len(processes) % n:
+    raise ValueError(f"{len(processes)} processes do not split into dcn_data x dcn_fsdp = {n} nodes")
+  # Several processes per node (one per GPU: launchers number them node by node), or one process simulating
+  # slices (tests on fake CPU devices): consecutive processes, then consecutive device ids, form a granule.
+  ordered = sorted(devices, key=lambda d: (d.process_index, d.id))
+  per = len(ordered) // n
+  blocks = np.stack([mesh_utils.create_device_mesh(layout.ici, ordered[g * per:(g + 1) * per],
+                                                   allow_split_physical_axes=True) for g in range(n)])
+  # [granule, ici...] -> [dcn..., ici...] -> interleave so each axis is (dcn outer, ici inner), as jax's helper does
+  k = len(MESH_AXES)
+  blocks = blocks.reshape(layout.dcn + layout.ici).transpose([x for a in range(k) for x in (a, k + a)])
+  return blocks.reshape(layout.shape)
 
 
 def make_mesh(sizes: Mapping[str, int], devices: Sequence[jax.Device] | None = None) -> Mesh:
-  """A ('data', 'fsdp', 'tensor') mesh in Auto mode (GSPMD propagation, jit in/out shardings)."""
+  """A ('data', 'fsdp', 'tensor') mesh in Auto mode (GSPMD propagation, jit in/out shardings).
+
+  With dcn_data / dcn_fsdp > 1 the mesh is hybrid: those axes cross slices / nodes, everything else stays inside
+  one, so FSDP's gathers and tensor parallelism run on the fast links. Same axes, same rules table either way.
+  """
   devices = list(devices) if devices is not None else jax.devices()
-  shape = resolve_mesh_shape(sizes, len(devices))
-  return jax.make_mesh(shape, MESH_AXES, axis_types=(AxisType.Auto,) * len(MESH_AXES), devices=devices)
+  layout = resolve_layout(sizes, len(devices))
+  axis_types = (AxisType.Auto,) * len(MESH_AXES)
+  if layout.num_granules > 1:
+    return Mesh(_hybrid_devices(layout, devices), MESH_AXES, axis_types=axis_types)
+  slices = {getattr(d, "slice_index", 0) for d in devices}
+  if len(slices) > 1:   # jax.make_mesh refuses these too, less helpfully
+    raise ValueError(f"the devices are {len(slices)} TPU slices: set mesh.dcn_data (or mesh.dcn_fsdp) to "
+                     f"{len(slices)} so the mesh knows which axis crosses the data-centre network")
+  return jax.make_mesh(layout.shape, MESH_AXES, axis_types=axis_types, devices=devices)
+
+
+def granule_ids(mesh: Mesh, layout: MeshLayout | None = None) -> list[int]:
+  """The slice / node of each device, in the mesh's flattened order (= the partition ids of programs compiled
+  on it): the hardware's slice index where there are several slices, else the layout's dcn blocks (what
+  make_mesh built), else the process (one per host)."""
+  devices = list(mesh.devices.flat)
+  slices = [getattr(d, "slice_index", 0) for d in devices]
+  if len(set(slices)) > 1:
+    return slices
+  if layout is not None and layout.num_granules > 1:
+    return [layout.granule_of(i) for i in range(len(devices))]
+  return [d.process_index for d in devices]
 
 
 @contextlib.contextmanager

@@ -31,10 +31,16 @@ def get_config() -> ml_collections.ConfigDict:
   # Data pipeline (neobert_jax/data documents each field): corpus, tokenizer, sequence length, packing, masking.
   cfg.data = default_data_config()
 
-  # Device mesh: sizes of the named axes; their product must equal jax.device_count(). One may be -1 (fill).
-  # data = pure data parallel (replicated params), fsdp = data parallel with params/optimizer sharded,
-  # tensor = model parallel over heads / mlp / vocab.
-  cfg.mesh = ml_collections.ConfigDict(dict(data=1, fsdp=-1, tensor=1))
+  # Device mesh. data = pure data parallel (replicated params), fsdp = data parallel with params/optimizer
+  # sharded, tensor = model parallel over heads / mlp / vocab.
+  # data / fsdp / tensor are sizes INSIDE one TPU slice or GPU node (the fast ICI / NVLink links); their product
+  # must equal the devices per slice or node, and one may be -1 (fill). dcn_data / dcn_fsdp say how many slices
+  # or nodes the axis spans over the data-centre network (DCN); the axis's total size is the product, e.g.
+  # data=1, fsdp=-1, dcn_data=2 on 2 slices of 256 chips = data 2 across slices x fsdp 256 inside each.
+  # dcn_data x dcn_fsdp must equal the number of slices (TPU) or nodes (GPU); with both 1 (a single slice or
+  # node) the sizes are simply the mesh. Tensor parallelism never crosses the DCN. Prefer dcn_data: FSDP across
+  # slices gathers every layer's weights over the slow network (the compile report counts those bytes).
+  cfg.mesh = ml_collections.ConfigDict(dict(data=1, fsdp=-1, tensor=1, dcn_data=1, dcn_fsdp=1))
 
   cfg.train = ml_collections.ConfigDict(dict(
       num_steps=1_000_000,      # optimizer steps of the whole run (also sets the schedule length)

@@ -66,12 +66,19 @@ def reject_unknown_keys(cfg: Any, schema_cfg: Any, where: str) -> None:
                       'spelling, or add the field there with its documentation)')
 
 
-def mesh_shape(cfg: ml_collections.ConfigDict, num_devices: int | None = None) -> dict[str, int]:
+def _mesh_layout(cfg: ml_collections.ConfigDict, num_devices: int | None = None) -> shd.MeshLayout:
   n = jax.device_count() if num_devices is None else num_devices
   try:
-    return dict(zip(shd.MESH_AXES, shd.resolve_mesh_shape(dict(cfg.mesh), n)))
+    return shd.resolve_layout(dict(cfg.mesh), n)
   except ValueError as e:
     raise ConfigError(f'mesh: {e}') from None
+
+
+def mesh_shape(cfg: ml_collections.ConfigDict, num_devices: int | None = None) -> dict[str, int]:
+  """The mesh section with -1 filled in, as written to config.json: per-slice sizes, plus the dcn_* sizes
+  where the config has them (with none, per-slice sizes are the mesh's sizes)."""
+  layout = _mesh_layout(cfg, num_devices)
+  return {k: v for k, v in layout.as_config().items() if k in shd.MESH_AXES or k in cfg.mesh}
 
 
 def validate(cfg: ml_collections.ConfigDict, num_devices: int | None = None,
@@ -106,8 +113,12 @@ def validate(cfg: ml_collections.ConfigDict, num_devices: int | None = None,
   if cfg.logging.log_every < 1 or cfg.logging.peak_flops_per_device < 0:
     raise ConfigError('logging.log_every must be >= 1 and logging.peak_flops_per_device >= 0 (0: look it up)')
 
-  shape = mesh_shape(cfg, num_devices)
+  layout = _mesh_layout(cfg, num_devices)
+  shape = dict(zip(shd.MESH_AXES, layout.shape))   # totals: what the batch is split over
   nproc = jax.process_count() if process_count is None else process_count
+  if layout.num_granules > 1 and nproc > 1 and nproc % layout.num_granules:
+    raise ConfigError(f'mesh.dcn_data x mesh.dcn_fsdp = {layout.num_granules} slices / nodes, but the {nproc} '
+                      'processes do not split evenly over them (each slice or node runs whole processes)')
   gb, accum = t.global_batch_size, t.grad_accum_steps
   if gb % accum:
     raise ConfigError(f'train.global_batch_size={gb} is not divisible by train.grad_accum_steps={accum}')
