@@ -140,7 +140,7 @@ def run_child(cfg_in) -> int:
       model_flops_per_step=model_flops, xla_flops_per_device=xla_flops,
       peak_flops_per_device=target.peak_bf16_flops,
       attention_kernels=report_lib.attention_kernels(hlo), compile_seconds=seconds, notes=notes,
-      compiler_refused=compiled is None, **mem)
+      compiler_refused=compiled is None, **mem, **report_lib.dcn_fields(hlo, mesh, cfg.mesh, target))
   print(report_lib.format_report(r), flush=True)
   if _JSON.value:
     data = r.as_dict()
@@ -168,8 +168,10 @@ def run_plan(cfg, target: targets.Target) -> int:
         f'({time.time() - t0:.0f} s of compiles)')
   print(plan_lib.format_table(rows, target, _PLAN_MFU.value))
   if target.platform != 'tpu':
-    print(f'estimated step time is a model (FLOPs at {_PLAN_MFU.value:.0%} MFU plus remat recompute), not a '
-          'measurement; it does not see communication, so meshes tie and fewer accumulation steps win')
+    dcn = ' plus DCN bytes at the published bandwidth' if target.num_granules > 1 else ''
+    print(f'estimated step time is a model (FLOPs at {_PLAN_MFU.value:.0%} MFU plus remat recompute{dcn}), not a '
+          'measurement; it does not see communication inside a slice / node, so meshes that differ only there tie '
+          'and fewer accumulation steps win')
   best = plan_lib.recommend(rows)
   if _JSON.value:
     with open(_JSON.value, 'w') as f:

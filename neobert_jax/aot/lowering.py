@@ -25,7 +25,10 @@ def lower_step(cfg, target: targets.Target, what: str = 'train'):
   # The trainer's own checks (unknown keys, batch divisibility over the mesh and over the target's hosts), so
   # a recipe that compiles here is one the trainer accepts there.
   train_config.validate(cfg, num_devices=len(devices), process_count=len({d.process_index for d in devices}))
-  mesh = shd.make_mesh(cfg.mesh, devices)
+  try:
+    mesh = shd.make_mesh(cfg.mesh, devices)
+  except ValueError as e:   # dcn sizes that do not match the target's slices / hosts: the config's to fix
+    raise train_config.ConfigError(f'mesh: {e}') from None
   defs, abstract_state = state_lib.abstract_train_state(cfg, mesh)
   batch = step_lib.abstract_batch(cfg, mesh)
   if what == 'train':

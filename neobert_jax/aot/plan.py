@@ -2,7 +2,10 @@
 that fits.
 
 Candidates keep the config's global batch and sequence length and vary
-  - the mesh: (data, fsdp, tensor) = (1, N/t, t) FSDP and (N/t, 1, t) pure data parallel, for each tensor size t,
+  - the mesh: (data, fsdp, tensor) = (1, N/t, t) FSDP and (N/t, 1, t) pure data parallel, for each tensor size t;
+    on a target of G > 1 slices / nodes the sizes are per slice (n = N/G) and the slices go on data (FSDP inside
+    each, replicas across: dcn_data=G), on fsdp (one FSDP group over everything: dcn_fsdp=G) or, for the data
+    layout, on data with pure data parallelism inside,
   - the remat policy: none, save_dots, full,
   - the micro-batch per device (powers of two), which sets grad_accum_steps = global batch / micro-batch rows.
 Memory is monotone in the micro-batch, so each (mesh, remat) pair binary-searches the largest micro-batch that
@@ -17,6 +20,10 @@ Estimated step time (a model, not a measurement):
     are costed once, so the scanned program cannot be used), times the accumulation steps. Pallas kernels are
     custom calls the cost model does not see: attention's FLOPs are added at the stated MFU. The optimizer
     update (elementwise, FSDP-sharded) is not included.
+  - On a target of several slices / nodes, plus the DCN time: the bytes the compiled step sends across slices
+    (aot/collectives.py) over the published per-device DCN bandwidth (neobert_jax/hardware.py), with nothing
+    overlapped, which is what tells the hybrid layouts apart. A layout whose FSDP all-gathers cross the DCN is
+    flagged under the table.
 
 Owns: candidate generation, the estimates, the table and the recommendation. Runs in the AOT child interpreter.
 """
@@ -43,49 +50,66 @@ class Row:
   seconds: float | None
   kernels: list[str]
   note: str = ''
+  dcn_bytes: float = 0.0       # per device per step across slices / nodes
+  dcn_seconds: float | None = None
+  fsdp_gathers_cross_dcn: bool = False
 
   def overrides(self) -> list[str]:
-    m = self.mesh
-    return [f'--config.mesh.data={m["data"]}', f'--config.mesh.fsdp={m["fsdp"]}',
-            f'--config.mesh.tensor={m["tensor"]}', f'--config.train.grad_accum_steps={self.grad_accum}',
-            f'--config.model.remat_policy={self.remat}']
+    return ([f'--config.mesh.{k}={v}' for k, v in self.mesh.items()] +
+            [f'--config.train.grad_accum_steps={self.grad_accum}', f'--config.model.remat_policy={self.remat}'])
+
+
+def batch_shards(mesh: dict[str, int]) -> int:
+  """Devices the batch is split over: data x fsdp in total (per-slice size x slices spanned)."""
+  return mesh['data'] * mesh.get('dcn_data', 1) * mesh['fsdp'] * mesh.get('dcn_fsdp', 1)
 
 
 def meshes(num_devices: int, num_heads: int, tensor_sizes: tuple[int, ...],
-           layouts: tuple[str, ...] = ('fsdp', 'data')) -> list[dict[str, int]]:
+           layouts: tuple[str, ...] = ('fsdp', 'data'), granules: int = 1) -> list[dict[str, int]]:
+  """Candidate mesh sections; with granules > 1 slices / nodes, sizes are per slice plus the dcn_* fields."""
   out = []
+  per = num_devices // granules
   for t in tensor_sizes:
-    if num_devices % t or num_heads % t:
+    if per % t or num_heads % t:
       continue
-    rest = num_devices // t
-    if 'fsdp' in layouts:
-      out.append({'data': 1, 'fsdp': rest, 'tensor': t})
+    rest = per // t
+    if granules == 1:
+      if 'fsdp' in layouts:
+        out.append({'data': 1, 'fsdp': rest, 'tensor': t})
+      if 'data' in layouts and (rest > 1 or 'fsdp' not in layouts):
+        out.append({'data': rest, 'fsdp': 1, 'tensor': t})
+      continue
+    if 'fsdp' in layouts:   # replicas across slices, FSDP inside (gradients cross once) / FSDP across everything
+      out.append({'data': 1, 'fsdp': rest, 'tensor': t, 'dcn_data': granules, 'dcn_fsdp': 1})
+      out.append({'data': 1, 'fsdp': rest, 'tensor': t, 'dcn_data': 1, 'dcn_fsdp': granules})
     if 'data' in layouts and (rest > 1 or 'fsdp' not in layouts):
-      out.append({'data': rest, 'fsdp': 1, 'tensor': t})
+      out.append({'data': rest, 'fsdp': 1, 'tensor': t, 'dcn_data': granules, 'dcn_fsdp': 1})
   return out
 
 
 def _with(cfg, mesh: dict[str, int], remat: str, accum: int):
   c = cfg.copy_and_resolve_references()
-  c.mesh.data, c.mesh.fsdp, c.mesh.tensor = mesh['data'], mesh['fsdp'], mesh['tensor']
+  c.mesh.update({'dcn_data': 1, 'dcn_fsdp': 1, **mesh})
   c.model.remat_policy = remat
   c.train.grad_accum_steps = accum
   return c
 
 
-def _memory(cfg, target: targets.Target, headroom: float) -> tuple[bool, int, list[str]]:
-  """Compiles the full train step: (fits, total bytes per device, attention kernels)."""
-  lowered, _ = lowering.lower_step(cfg, target, 'train')
+def _memory(cfg, target: targets.Target, headroom: float) -> tuple[bool, int, list[str], dict]:
+  """Compiles the full train step: (fits, total bytes per device, attention kernels, DCN collectives by kind)."""
+  lowered, mesh = lowering.lower_step(cfg, target, 'train')
   try:
     compiled = lowered.compile()
   except Exception as e:  # noqa: BLE001 - the TPU compiler refuses programs over HBM: that is "does not fit"
     needed = report.parse_oom(str(e))
     if needed is None:
       raise
-    return False, needed, []
+    return False, needed, [], {}
   mem = report.memory_numbers(compiled)
   total = mem['argument_bytes'] + mem['output_bytes'] - mem['alias_bytes'] + mem['temp_bytes'] + mem['code_bytes']
-  return total <= headroom * target.chip.memory_bytes, total, report.attention_kernels(compiled.as_text())
+  hlo = compiled.as_text()
+  dcn = report.dcn_fields(hlo, mesh, cfg.mesh, target)['dcn_collectives']
+  return total <= headroom * target.chip.memory_bytes, total, report.attention_kernels(hlo), dcn
 
 
 def gpu_seconds(cfg, target: targets.Target, mfu: float) -> float:
@@ -124,8 +148,8 @@ def plan(cfg, target: targets.Target, *, mfu: float = 0.5, headroom: float = 0.9
          layouts: tuple[str, ...] = ('fsdp', 'data'), log: Callable[[str], None] = print) -> list[Row]:
   rows = []
   global_batch = int(cfg.train.global_batch_size)
-  for mesh in meshes(target.num_devices, int(cfg.model.num_heads), tensor_sizes, layouts):
-    shards = mesh['data'] * mesh['fsdp']
+  for mesh in meshes(target.num_devices, int(cfg.model.num_heads), tensor_sizes, layouts, target.num_granules):
+    shards = batch_shards(mesh)
     micro_sizes = [m for m in (2 ** i for i in range(20)) if m * shards <= global_batch
                    and global_batch % (m * shards) == 0]
     for remat in remats:
@@ -136,8 +160,8 @@ def plan(cfg, target: targets.Target, *, mfu: float = 0.5, headroom: float = 0.9
         m = micro_sizes[mid]
         c = _with(cfg, mesh, remat, global_batch // (m * shards))
         t0 = time.time()
-        fits, total, kernels = _memory(c, target, headroom)
-        tried[m] = (fits, total, kernels)
+        fits, total, kernels, dcn = _memory(c, target, headroom)
+        tried[m] = (fits, total, kernels, dcn)
         log(f'[plan] mesh {mesh} remat {remat:9s} micro {m:4d}/device: '
             f'{total / 2**30:7.2f} GiB {"fits" if fits else "too big"} ({time.time() - t0:.0f} s)')
         if fits:
@@ -145,7 +169,7 @@ def plan(cfg, target: targets.Target, *, mfu: float = 0.5, headroom: float = 0.9
         else:
           hi = mid - 1
       m = best if best is not None else micro_sizes[0]
-      fits, total, kernels = tried[m]
+      fits, total, kernels, dcn = tried[m]
       c = _with(cfg, mesh, remat, global_batch // (m * shards))
       seconds = None
       note = ''
@@ -155,7 +179,12 @@ def plan(cfg, target: targets.Target, *, mfu: float = 0.5, headroom: float = 0.9
           note = 'TPU cost model' if seconds is not None else 'no cost model'
         else:
           seconds = gpu_seconds(c, target, mfu)
-      rows.append(Row(mesh, remat, m, int(c.train.grad_accum_steps), fits, total, seconds, kernels, note))
+      dcn_bytes = sum(row['bytes'] for row in dcn.values())
+      dcn_seconds = dcn_bytes / target.dcn_bandwidth if dcn_bytes and target.dcn_bandwidth else None
+      if seconds is not None and dcn_seconds is not None:
+        seconds += dcn_seconds
+      rows.append(Row(mesh, remat, m, int(c.train.grad_accum_steps), fits, total, seconds, kernels, note,
+                      dcn_bytes, dcn_seconds, 'all-gather' in dcn))
   return rows
 
 
@@ -163,20 +192,34 @@ def recommend(rows: list[Row]) -> Row | None:
   ok = [r for r in rows if r.fits and r.seconds is not None]
   if not ok:
     return None
-  return min(ok, key=lambda r: (round(r.seconds, 6), r.grad_accum, r.total_bytes))
+  # equal to 6 significant digits is a tie (layouts whose estimate differs only in float noise)
+  return min(ok, key=lambda r: (float(f'{r.seconds:.6g}'), r.grad_accum, r.total_bytes))
 
 
 def format_table(rows: list[Row], target: targets.Target, mfu: float) -> str:
   basis = ('XLA TPU cost model (+ splash attention FLOPs at MFU)' if target.platform == 'tpu'
            else f'model FLOPs + remat recompute at {mfu:.0%} MFU')
-  head = (f'| mesh (data x fsdp x tensor) | remat | micro-batch / device | accum | memory / device | fits | '
-          f'attention kernel | est. step ({basis}) |')
-  lines = [head, '|' + '---|' * 8]
+  multi = target.num_granules > 1
+  if multi:
+    basis += ' + DCN bytes at the published bandwidth'
+  head = (f'| mesh (data x fsdp x tensor{", per slice; dcn data x fsdp" if multi else ""}) | remat | '
+          f'micro-batch / device | accum | memory / device | fits | attention kernel |'
+          f'{" DCN / device / step |" if multi else ""} est. step ({basis}) |')
+  lines = [head, '|' + '---|' * (9 if multi else 8)]
   for r in rows:
     mesh = f'{r.mesh["data"]} x {r.mesh["fsdp"]} x {r.mesh["tensor"]}'
+    if multi:
+      mesh += f'; {r.mesh["dcn_data"]} x {r.mesh["dcn_fsdp"]}'
     kern = ', '.join(sorted({k.replace('__cudnn$', '').replace('Backward', '').split('_segmented')[0]
                              for k in r.kernels})) or 'XLA'
     est = f'{r.seconds * 1e3:,.4g} ms' if r.seconds is not None else '-'
+    dcn = ''
+    if multi:
+      dcn = f' {r.dcn_bytes / 2**20:,.3g} MiB' + (f' ({r.dcn_seconds * 1e3:,.3g} ms)' if r.dcn_seconds else '') + ' |'
     lines.append(f'| {mesh} | {r.remat} | {r.micro_per_device} | {r.grad_accum} | {r.total_bytes / 2**30:.2f} GiB '
-                 f'| {"yes" if r.fits else "no"} | {kern} | {est} |')
+                 f'| {"yes" if r.fits else "no"} | {kern} |{dcn} {est} |')
+  for r in rows:
+    if r.fsdp_gathers_cross_dcn:
+      lines.append(f'warning: mesh {r.mesh} (remat {r.remat}): FSDP\'s all-gathers cross the DCN; with '
+                   'mesh.dcn_data carrying the slices / nodes they stay inside each')
   return '\n'.join(lines)

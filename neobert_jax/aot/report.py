@@ -1,4 +1,5 @@
-"""What a compiled executable tells us: memory per device, whether it fits, FLOPs, and which attention kernels.
+"""What a compiled executable tells us: memory per device, whether it fits, FLOPs, which attention kernels, and on
+a mesh over several slices / nodes what crosses the data-centre network (DCN) per step (aot/collectives.py).
 
 All numbers are per device. Memory comes from XLA's buffer assignment (compiled.memory_analysis()):
   arguments  the train state shard + the batch shard fed to the step
@@ -44,6 +45,11 @@ class FitReport:
   compile_seconds: float
   notes: list[str] = dataclasses.field(default_factory=list)
   compiler_refused: bool = False         # the compiler stopped at the memory limit: only temporaries are known
+  # Multi-slice / multi-node (aot/collectives.py): what crosses the data-centre network, per device per step.
+  granules: int = 1                      # slices (TPU) or nodes (GPU) the mesh spans
+  dcn: dict[str, int] = dataclasses.field(default_factory=dict)   # the config's mesh.dcn_* sizes
+  dcn_collectives: dict[str, dict[str, float]] = dataclasses.field(default_factory=dict)  # collectives.by_kind
+  dcn_bandwidth: float | None = None     # bytes/s per device (neobert_jax/hardware.py), None if not published
 
   @property
   def total_bytes(self) -> int:
@@ -61,10 +67,25 @@ class FitReport:
     """Step time if the devices reach `mfu` of their peak on the model FLOPs."""
     return self.model_flops_per_step / (self.num_devices * self.peak_flops_per_device * mfu)
 
+  @property
+  def dcn_bytes_per_step(self) -> float:
+    return sum(row['bytes'] for row in self.dcn_collectives.values())
+
+  @property
+  def dcn_seconds(self) -> float | None:
+    """Time to send the DCN bytes at the published bandwidth, with nothing overlapped (an upper bound)."""
+    return self.dcn_bytes_per_step / self.dcn_bandwidth if self.dcn_bandwidth else None
+
+  @property
+  def fsdp_gathers_cross_dcn(self) -> bool:
+    return 'all-gather' in self.dcn_collectives
+
   def as_dict(self) -> dict[str, Any]:
     d = dataclasses.asdict(self)
     d.update(total_bytes=self.total_bytes, fits=self.fits, uses_cudnn_attention=self.uses_cudnn_attention,
-             tokens_per_step=self.global_batch * self.seq_len, step_seconds_at_50pct_mfu=self.step_seconds_at(0.5))
+             tokens_per_step=self.global_batch * self.seq_len, step_seconds_at_50pct_mfu=self.step_seconds_at(0.5),
+             dcn_bytes_per_step=self.dcn_bytes_per_step, dcn_seconds=self.dcn_seconds,
+             fsdp_gathers_cross_dcn=self.fsdp_gathers_cross_dcn)
     return d
 
 
@@ -157,6 +178,51 @@ def format_report(r: FitReport) -> str:
     lines.append(f'attention     Pallas splash: {", ".join(splash)}')
   if not r.attention_kernels:
     lines.append('attention     XLA (no fused attention kernel in the compiled program)')
+  lines += dcn_lines(r)
   lines.append(f'compile       {r.compile_seconds:.1f} s')
   lines += [f'note          {n}' for n in r.notes]
   return '\n'.join(lines)
+
+
+def fsdp_gather_warning(gather_bytes: float, dcn: dict[str, int]) -> str:
+  if dcn.get('dcn_fsdp', 1) > 1:
+    where = 'mesh.dcn_fsdp > 1 spreads FSDP over slices / nodes'
+  elif all(v == 1 for v in dcn.values()):
+    where = 'the devices span slices / nodes but mesh.dcn_* are all 1, so the mesh ignores the boundary'
+  else:
+    where = 'an all-gather spans slices / nodes'
+  return (f'FSDP\'s parameter all-gathers cross the DCN ({_gib(gather_bytes).strip()} per device per step): '
+          f'{where}; set mesh.dcn_data to the number of slices / nodes and keep fsdp inside each')
+
+
+def dcn_lines(r: FitReport) -> list[str]:
+  """The report's data-centre network section (nothing for a single slice / node)."""
+  if r.granules < 2:
+    return []
+  set_ = ' '.join(f'mesh.{k}={v}' for k, v in r.dcn.items()) or 'mesh.dcn_* unset'
+  if not r.dcn_collectives:
+    return [f'DCN           {r.granules} slices / nodes ({set_}): no collective crosses the DCN']
+  lines = [f'DCN           {r.granules} slices / nodes ({set_}); collectives crossing it, per device per step:']
+  for kind, row in r.dcn_collectives.items():
+    runs = f'{int(row["ops"])} ops, {int(row["per_step"])} runs/step'
+    lines.append(f'  {kind:20s}{runs:26s}{_gib(row["bytes"])}')
+  total = f'  {"total":46s}{_gib(r.dcn_bytes_per_step)}'
+  if r.dcn_seconds is not None:
+    total += (f'  -> {r.dcn_seconds * 1e3:.3g} ms/step at {r.dcn_bandwidth / 1e9:.3g} GB/s per device '
+              '(neobert_jax/hardware.py; nothing overlapped)')
+  else:
+    total += '  (no published DCN bandwidth for this device: no time estimate)'
+  lines.append(total)
+  if r.fsdp_gathers_cross_dcn:
+    lines.append('warning       ' + fsdp_gather_warning(r.dcn_collectives['all-gather']['bytes'], r.dcn))
+  return lines
+
+
+def dcn_fields(hlo: str, mesh: Any, mesh_config: Any, target: Any) -> dict[str, Any]:
+  """The FitReport fields of the DCN section, for a program compiled on `mesh` for `target`."""
+  from neobert_jax import sharding as shd  # pylint: disable=g-import-not-at-top
+  from neobert_jax.aot import collectives  # pylint: disable=g-import-not-at-top
+  layout = shd.resolve_layout(dict(mesh_config), mesh.size)
+  granules, transfers = collectives.for_mesh(hlo, mesh, layout) if hlo else (target.num_granules, [])
+  return dict(granules=granules, dcn={f: int(mesh_config[f]) for f in shd.DCN_FIELDS.values() if f in mesh_config},
+              dcn_collectives=collectives.by_kind(transfers), dcn_bandwidth=target.dcn_bandwidth)

@@ -4,7 +4,9 @@ Target strings:
   tpu:v5e-256        a named TPU slice: generation + chip count (v4 and v5p count TensorCores, as Google does,
                      i.e. 2 per chip: v4-8 is 4 chips)
   tpu:v5e:16x16      the same slice as an explicit chip grid (v4/v5p: AxBxC)
-  cuda:h100x8        N H100 SXM 80GB GPUs, 8 per host (cuda:h100x16 = 2 hosts)
+  tpu:2xv5p-256      2 such slices joined by the data-centre network (multi-slice; pair with mesh.dcn_data=2)
+  cuda:h100x8        N H100 SXM 80GB GPUs, 8 per host (cuda:h100x16 = 2 hosts, one process each: the nodes a
+                     mesh.dcn_* size > 1 spans)
 
 Devices come from jax.experimental.topologies: libtpu builds TPU slices from a name; the CUDA plugin builds GPU
 hosts from a GpuTargetConfig text proto describing the GPU (written below from the H100 SXM's published
@@ -88,7 +90,8 @@ class Target:
   platform: str              # 'tpu' | 'cuda'
   chip: Chip
   num_devices: int
-  tpu_topology: str | None = None      # e.g. 'v5e:16x16'
+  tpu_topology: str | None = None      # e.g. 'v5e:16x16', one slice's grid
+  num_slices: int = 1                  # TPU slices over the data-centre network (num_devices counts them all)
   gpu_hosts: int | None = None
   gpus_per_host: int | None = None
 
@@ -100,6 +103,16 @@ class Target:
   def peak_bf16_flops(self) -> float:
     """Dense bf16 peak per device, from the one table (neobert_jax/hardware.py)."""
     return hardware.peak_flops(self.chip.name)
+
+  @property
+  def dcn_bandwidth(self) -> float | None:
+    """DCN bytes/s per device to another slice / node, from the one table (neobert_jax/hardware.py)."""
+    return hardware.dcn_bandwidth(self.chip.name)
+
+  @property
+  def num_granules(self) -> int:
+    """Slices (TPU) or hosts (GPU) the target spans: the groups joined by the data-centre network."""
+    return self.num_slices if self.platform == 'tpu' else (self.gpu_hosts or 1)
 
   @property
   def deps_kind(self) -> str:
@@ -137,10 +150,14 @@ def parse_target(spec: str) -> Target:
       raise ConfigError(f'{spec}: more than 8 GPUs must be a multiple of 8 (8 per host)')
     return Target(spec, 'cuda', CHIPS['h100'], n, gpu_hosts=n // per_host, gpus_per_host=per_host)
   if platform == 'tpu':
-    m = re.fullmatch(r'(v4|v5e|v5p|v6e)([-:])([\dx]+)', rest.lower())
+    m = re.fullmatch(r'(?:(\d+)x)?(v4|v5e|v5p|v6e)([-:])([\dx]+)', rest.lower())
     if not m:
-      raise ConfigError(f'TPU target {spec!r}: expected e.g. tpu:v5e-256, tpu:v4-32 or tpu:v5e:16x16')
-    gen, sep, size = m.groups()
+      raise ConfigError(f'TPU target {spec!r}: expected e.g. tpu:v5e-256, tpu:v4-32, tpu:v5e:16x16 or '
+                        'tpu:2xv5p-256 (2 slices)')
+    slices, gen, sep, size = m.groups()
+    slices = int(slices or 1)
+    if slices < 1:
+      raise ConfigError(f'{spec}: the number of slices must be >= 1')
     chip = CHIPS[gen]
     if sep == ':':
       grid = tuple(int(x) for x in size.split('x'))
@@ -153,7 +170,7 @@ def parse_target(spec: str) -> Target:
       chips = cores // chip.cores_per_chip_in_name
       grid = _grid_2d(chips) if chip.dims == 2 else _grid_3d(chips)
     topo = f'{gen}:' + 'x'.join(map(str, grid))
-    return Target(spec, 'tpu', chip, math.prod(grid), tpu_topology=topo)
+    return Target(spec, 'tpu', chip, slices * math.prod(grid), tpu_topology=topo, num_slices=slices)
   raise ConfigError(f'unknown target platform in {spec!r}; expected tpu:... or cuda:...')
 
 
@@ -167,7 +184,7 @@ def devices(target: Target) -> list:
     bounds = tuple(min(b, g) for b, g in zip(bounds, grid + (1,) * (3 - len(grid))))
     topo = topologies.get_topology_desc(platform='tpu', topology_name=target.tpu_topology,
                                         chip_config_name=target.chip.chip_config,
-                                        chips_per_host_bounds=bounds, num_slices=1,
+                                        chips_per_host_bounds=bounds, num_slices=target.num_slices,
                                         wrap=(False,) * 3)
   else:
     # 'partitions x hosts x devices per host'
