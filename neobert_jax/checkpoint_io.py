@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-from pathlib import Path
 from typing import Any, Callable, Mapping
 
 import jax

@@ -17,7 +17,7 @@ from typing import Sequence
 import numpy as np
 from flax import nnx
 
-from neobert_jax import commandline, errors
+from neobert_jax import commandline, errors, paths
 from neobert_jax.finetune import batching, heads, inference, source as source_lib, state as state_lib, tables
 
 
@@ -85,7 +85,8 @@ def main(argv: list[str] | None = None) -> int:
       emb = enc.encode(texts, progress=not a.no_progress)
   except SystemExit as e:  # an expected error, already reported in one line
     return e.code
-  np.save(a.output, emb)
+  with paths.resolve(a.output, '--output').open('wb') as fh:  # a local file or a gs:// object
+    np.save(fh, emb)
   print(f'{emb.shape[0]} embeddings of dimension {emb.shape[1]} ({enc.pooling} pooling'
         f'{", normalised" if enc.normalize else ""}) -> {a.output}')
   return 0

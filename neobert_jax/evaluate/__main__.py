@@ -13,7 +13,7 @@ import sys
 
 import numpy as np
 
-from neobert_jax import commandline, errors
+from neobert_jax import commandline, errors, paths
 
 _COMMANDS = {
     'pppl': 'pseudo-perplexity of an MLM (pretraining run or Hugging Face NeoBERT directory) on a text file',
@@ -62,9 +62,8 @@ def pppl(args: argparse.Namespace) -> dict:
                                       batching.buckets(args.max_length), mesh, bar)
   bar.close()
   if args.per_document:
-    with open(args.per_document, 'w') as fh:
-      for row in result.per_document:
-        fh.write(json.dumps(row) + '\n')
+    paths.write_text(paths.resolve(args.per_document, '--per-document'),
+                     ''.join(json.dumps(row) + '\n' for row in result.per_document))
   return {'pppl': result.pppl, 'nll': result.nll, 'tokens': result.tokens, 'documents': len(seqs)}
 
 
@@ -96,8 +95,7 @@ def main(argv: list[str] | None = None) -> int:
   line = json.dumps({'command': args.command, 'model': args.model, **result})
   print(line)
   if args.output:
-    with open(args.output, 'w') as fh:
-      fh.write(line + '\n')
+    paths.write_text(paths.resolve(args.output, '--output'), line + '\n')
   return 0
 
 

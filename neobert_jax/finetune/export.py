@@ -28,7 +28,7 @@ from typing import Any, Mapping
 import numpy as np
 from safetensors.numpy import save_file
 
-from neobert_jax import checkpoint_io, commandline, errors
+from neobert_jax import checkpoint_io, commandline, errors, paths
 from neobert_jax.convert.export_hf import ExportError, WEIGHTS_NAME, check_output_dir, write_atomically, write_tokenizer
 from neobert_jax.convert.hf_modeling import MODELING_FILE
 from neobert_jax.finetune import labels as labels_lib
@@ -78,7 +78,7 @@ def export_classifier(flat: Mapping[str, Any], model_cfg: Any, label_spec: Any, 
     if tokenizer:
       write_tokenizer(tokenizer, tmp, max_length=config['max_length'], vocab_size=config['vocab_size'])
 
-  return write_atomically(Path(output), fill, overwrite)
+  return write_atomically(output, fill, overwrite)
 
 
 def export_sentence_transformer(flat: Mapping[str, Any], model_cfg: Any, output: str | Path, *, tokenizer: str,
@@ -116,13 +116,13 @@ def export_sentence_transformer(flat: Mapping[str, Any], model_cfg: Any, output:
     if normalize:
       (tmp / '2_Normalize').mkdir()
 
-  return write_atomically(Path(output), fill, overwrite)
+  return write_atomically(output, fill, overwrite)
 
 
 def export_run(workdir: str | Path, output: str | Path, *, overwrite: bool = False) -> Path:
   """Exports a fine-tuning workdir's best checkpoint in the format its task calls for."""
   check_output_dir(output, overwrite)
-  workdir = Path(workdir).expanduser()
+  workdir = paths.resolve(workdir, '--run')
   if not (workdir / 'config.json').is_file():
     raise ExportError(f'--run {workdir}: no config.json; give a workdir written by python -m neobert_jax.finetune')
   cfg = json.loads((workdir / 'config.json').read_text())

@@ -14,6 +14,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from neobert_jax import paths
 from neobert_jax.finetune.tables import DataError
 
 LABELS_FILE = 'labels.json'
@@ -84,10 +85,10 @@ def check_same_labels(spec: LabelSpec, val_values: Sequence[Any], where: str) ->
 
 
 def save(spec: LabelSpec, workdir: str | Path) -> Path:
-  path = Path(workdir) / LABELS_FILE
-  path.write_text(json.dumps(spec.to_json(), indent=2) + '\n')
+  path = paths.resolve(workdir) / LABELS_FILE
+  paths.write_text(path, json.dumps(spec.to_json(), indent=2) + '\n')
   return path
 
 
 def load(workdir: str | Path) -> LabelSpec:
-  return LabelSpec.from_json(json.loads((Path(workdir) / LABELS_FILE).read_text()))
+  return LabelSpec.from_json(json.loads((paths.resolve(workdir) / LABELS_FILE).read_text()))

@@ -25,6 +25,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 from flax import nnx
 
+from neobert_jax import paths
 from neobert_jax import sharding as shd
 from neobert_jax.finetune import batching, config as config_lib, inference, source as source_lib, state as state_lib
 from neobert_jax.finetune import step as step_lib
@@ -110,7 +111,7 @@ def _better(metric: str, new: float, old: float | None) -> bool:
 
 def run(cfg: ml_collections.ConfigDict, workdir: str | Path) -> dict[str, Any]:
   """Fine-tunes per cfg in workdir; returns the results dict also written to WORKDIR/results.json."""
-  workdir = Path(workdir).expanduser().resolve()
+  workdir = paths.resolve(workdir, '--workdir')
   source, model_cfg, tok, task = prepare(cfg, workdir)
   is_main = jax.process_index() == 0
   resolved = ml_collections.ConfigDict(cfg.to_dict())
@@ -218,9 +219,7 @@ def run(cfg: ml_collections.ConfigDict, workdir: str | Path) -> dict[str, Any]:
              'num_steps': num_steps, 'train_examples': task.num_train,
              'train_tokens_per_sec': float(np.median(tokens_per_sec)) if tokens_per_sec else None, 'evals': evals}
   if is_main:
-    tmp = workdir / (RESULTS_FILE + '.tmp')
-    tmp.write_text(json.dumps(results, indent=2) + '\n')
-    tmp.replace(workdir / RESULTS_FILE)
+    paths.write_text(workdir / RESULTS_FILE, json.dumps(results, indent=2) + '\n')
   if cfg.export.dir and is_main:
     from neobert_jax.finetune import export as export_lib  # pylint: disable=g-import-not-at-top
     results['export'] = str(export_lib.export_run(workdir, cfg.export.dir, overwrite=True))

@@ -15,6 +15,7 @@ from typing import Any
 import ml_collections
 import numpy as np
 
+from neobert_jax import paths
 from neobert_jax.data import tokenizer as tokenizer_lib
 from neobert_jax.finetune.tables import DataError
 
@@ -44,7 +45,9 @@ def _hf_tokenizer(path: Path) -> str:
 
 def load(path: str, step: int | None = None, need_decoder: bool = False) -> Source:
   """Weights of a run directory (pretraining or fine-tuning) or a Hugging Face NeoBERT directory."""
-  p = Path(path).expanduser()
+  p = paths.resolve(path, 'the model')
+  if paths.is_url(p) and p.is_dir() and not (p / 'checkpoints').is_dir():
+    p = paths.local_copy(p)  # a Hugging Face directory on a bucket: its tokenizer files are read by path
   if not p.is_dir():
     raise DataError(f'{path}: no such directory; give a training/fine-tuning workdir or a Hugging Face NeoBERT dir')
   if _is_hf_dir(p) and not (p / 'checkpoints').is_dir():

@@ -14,7 +14,6 @@ from __future__ import annotations
 import itertools
 import json
 import logging
-import shutil
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -22,7 +21,7 @@ import ml_collections
 from absl import flags
 from ml_collections import config_flags
 
-from neobert_jax import commandline, errors
+from neobert_jax import commandline, errors, paths
 
 GRID = {'lr': (5e-6, 6e-6, 1e-5, 2e-5, 3e-5), 'batch': (4, 8, 16, 32), 'weight_decay': (1e-2, 1e-5)}
 SUMMARY_FILE = 'sweep.json'
@@ -48,7 +47,7 @@ def run_sweep(cfg: ml_collections.ConfigDict, workdir: str | Path, lrs: Sequence
               weight_decays: Sequence[float]) -> dict[str, Any]:
   """Runs (or reads back) every point; returns {'metric', 'rows': [...], 'best': row}."""
   from neobert_jax.finetune import loop  # pylint: disable=g-import-not-at-top
-  root = Path(workdir).expanduser().resolve()
+  root = paths.resolve(workdir, '--workdir')
   rows = []
   for lr, batch, wd in itertools.product(lrs, batches, weight_decays):
     point = root / point_name(lr, batch, wd)
@@ -56,7 +55,7 @@ def run_sweep(cfg: ml_collections.ConfigDict, workdir: str | Path, lrs: Sequence
     reused = results_path.exists()
     if not reused:
       if point.exists():  # an interrupted point of this sweep: its partial files belong to us, start it again
-        shutil.rmtree(point)
+        point.rmtree()
       c = ml_collections.ConfigDict(cfg.to_dict())
       c.optimizer.lr, c.train.batch_size, c.optimizer.weight_decay = float(lr), int(batch), float(wd)
       c.export.dir = ''

@@ -14,10 +14,8 @@ import numpy as np
 _COMPRESSIONS = ('.gz', '.bz2', '.zst', '.zstd', '.lz4')
 
 
-try:  # the project's expected-error family (one-line reports, exit statuses), where this tree has it
-  from neobert_jax.errors import DataError as _ProjectDataError
-except ImportError:  # pragma: no cover
-  _ProjectDataError = ValueError
+from neobert_jax import paths
+from neobert_jax.errors import DataError as _ProjectDataError
 
 
 class DataError(_ProjectDataError):
@@ -39,9 +37,20 @@ def detect_format(path: str, fmt: str = 'auto') -> str:
   return known[ext]
 
 
+def _local(path: str) -> str:
+  """A bucket file (gs://) as a local copy; a local path as it is."""
+  if path and paths.is_url(path):
+    try:
+      return str(paths.local_copy(path))
+    except FileNotFoundError:
+      raise DataError(f'{path}: no such file; check data.train_file / data.validation_file') from None
+  return path
+
+
 def read_table(path: str, fmt: str = 'auto') -> dict[str, list[Any]]:
-  """{column: values} of a data file; DataError if it is missing, unreadable or has no rows."""
+  """{column: values} of a data file (local or gs://); DataError if it is missing, unreadable or has no rows."""
   import pyarrow  # pylint: disable=g-import-not-at-top
+  path = _local(path)
   if not path or not Path(path).is_file():
     raise DataError(f'{path or "(no path)"}: no such file; check data.train_file / data.validation_file')
   fmt = detect_format(path, fmt)
@@ -107,6 +116,7 @@ def split_holdout(n: int, fraction: float, seed: int, strata: Sequence[Any] | No
 
 def read_texts(path: str, field: str = 'text') -> list[str]:
   """Texts to embed or score: a .txt file (one text per non-empty line) or a column of any table format."""
+  path = _local(path)
   if Path(path).suffix.lower() == '.txt':
     if not Path(path).is_file():
       raise DataError(f'{path}: no such file')

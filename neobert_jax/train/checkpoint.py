@@ -38,7 +38,6 @@ import logging
 import os
 import re
 import time
-from pathlib import Path
 from typing import Any, Callable
 
 import jax
