@@ -97,7 +97,7 @@ def test_finetune_starts_from_a_pretraining_checkpoint(tmp_path):
   cfg.init.from_checkpoint = str(run)
   cfg.data.train_file, cfg.data.max_length, cfg.data.min_bucket = str(tmp_path / 'train.jsonl'), 8, 8
   cfg.train.num_steps, cfg.train.batch_size, cfg.train.eval_batch_size = 1, 8, 8
-  cfg.optimizer.lr = 0.0  # the encoder must come out exactly as it went in
+  cfg.optimizer.lr = 1e-3  # one step at warmup's rate 0: the encoder must come out exactly as it went in
   cfg.logging.progress_bar = False
   loop.run(cfg, tmp_path / 'ft')
   saved = json.loads((tmp_path / 'ft' / 'config.json').read_text())
