@@ -44,9 +44,10 @@ def start_gcs_emulator(data_dir=None, bucket=GCS_BUCKET):
     pytest.skip("gcp-storage-emulator is not installed (pip install gcp-storage-emulator)")
   port = _free_port()
   # tests/gcs_emulator.py is the emulator's own command with the x-goog-generation header tensorstore needs.
-  cmd = [sys.executable, os.path.join(os.path.dirname(__file__), "gcs_emulator.py"), "start", "--host=127.0.0.1",
-         f"--port={port}", f"--default-bucket={bucket}"]
-  cmd += [f"--data-dir={data_dir}"] if data_dir else ["--in-memory"]
+  cmd = [sys.executable, os.path.join(os.path.dirname(__file__), "gcs_emulator.py")]
+  cmd += [f"--data-dir={data_dir}"] if data_dir else []
+  cmd += ["start", "--host=127.0.0.1", f"--port={port}", f"--default-bucket={bucket}"]
+  cmd += [] if data_dir else ["--in-memory"]
   proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
   deadline = time.time() + 30
   while time.time() < deadline:

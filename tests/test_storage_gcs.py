@@ -150,3 +150,35 @@ def test_fine_tuning_and_embedding_from_and_to_a_bucket(gcs, tmp_path):
                      '--no-progress']) == 0
   with epath.Path(out).open('rb') as f:
     assert np.load(f).shape == (2, 32)
+
+
+def test_bucket_that_refuses_writes_is_one_line_and_loses_nothing(tmp_path, capsys):
+  """A second GCS server whose storage turns read-only after an object was put there: the run stops with one line
+  naming the URL before any work, and the object is still there. (The emulator has no IAM to answer 403; its
+  read-only disk makes every write fail on the server side, which gcsfs retries for ~30 s before giving up.)"""
+  import gcsfs
+  from conftest import gcs_env, start_gcs_emulator
+  disk = tmp_path / 'disk'
+  disk.mkdir()
+  if subprocess.run(['mount', '-t', 'tmpfs', '-o', 'size=8m', 'tmpfs', str(disk)], capture_output=True).returncode:
+    pytest.skip('cannot mount a tmpfs here (needs root): no read-only storage for the server')
+  proc, url = start_gcs_emulator(data_dir=disk, bucket='locked')
+  saved = {k: os.environ.get(k) for k in gcs_env(url)}
+  try:
+    os.environ.update(gcs_env(url))
+    gcsfs.GCSFileSystem.clear_instance_cache()  # epath's gs:// filesystem was made for the session's server
+    epath.Path('gs://locked/keep.txt').write_text('precious')
+    subprocess.run(['mount', '-o', 'remount,ro', str(disk)], check=True)
+    with pytest.raises(SystemExit) as stop, errors.reported('train'):
+      loop.run(tiny_config(steps=2), 'gs://locked/run')
+    assert stop.value.code == errors.StorageError.exit_status
+    err = [x for x in capsys.readouterr().err.splitlines() if x.strip()]
+    assert len(err) == 1 and 'gs://locked/run cannot be written' in err[0], err
+    assert epath.Path('gs://locked/keep.txt').read_text() == 'precious'
+  finally:
+    for k, v in saved.items():
+      os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
+    gcsfs.GCSFileSystem.clear_instance_cache()
+    proc.terminate()
+    proc.wait(timeout=10)
+    subprocess.run(['umount', str(disk)], capture_output=True)
