@@ -3,11 +3,19 @@
   python -m benchmarks.data_pipeline                  # synthetic, mean doc 494
   python -m benchmarks.data_pipeline --data DIR       # any prepared directory
   python -m benchmarks.data_pipeline --workers 0 2    # also mp_prefetch
+  python -m benchmarks.data_pipeline --emulator       # data on a bucket: a local GCS emulator
+  python -m benchmarks.data_pipeline --bucket gs://B/P  # data on a real bucket (default credentials)
 
 Prints, per configuration: row tokens/s (batch x seq_len, what the model
 consumes), tokens per CPU-second (all threads and worker processes of the
 pipeline; the bar is >= 2M per core), the padding fraction each packing mode
 leaves, and a per-stage split of one block (read / pack / mask).
+
+With --bucket or --emulator: the built-in corpus (prepared for --seq-len) is uploaded to the bucket, then
+staged back (data.dir=gs://..., data/staging.py) into a fresh cache folder: upload and staging MiB/s, the check
+of an already staged copy, then the pipeline's tokens/s from the local directory and from the staged copy, and
+the read stage alone (a block of documents at random) from local, staged and straight from the bucket
+(array_record's own gs:// reader; the emulator's address goes to it through CLOUD_STORAGE_EMULATOR_ENDPOINT).
 
 A script, not part of the library (nothing imports it): run it from the repository root as above, or as
 `python benchmarks/data_pipeline.py` where the package is installed.
@@ -100,6 +108,63 @@ def stage_split(directory: str, cfg, seq_len: int) -> dict:
   return {k: v / n_tok * 1e6 for k, v in out.items()}
 
 
+def _random_reads(urls: list[str], n: int) -> tuple[float, float]:
+  """(records/s, Mtok/s) of reading n records at random, one by one, as the pipeline's read stage does."""
+  import grain  # pylint: disable=g-import-not-at-top
+  source = grain.sources.ArrayRecordDataSource(urls)
+  order = np.random.default_rng(0).permutation(len(source))[:n]
+  t0, tokens = time.perf_counter(), 0
+  for i in order:
+    tokens += len(source[int(i)]) // 4
+  took = time.perf_counter() - t0
+  return n / took, tokens / took / 1e6
+
+
+def bucket_comparison(a) -> None:
+  """Data on a bucket against the same data on local disk (see the module docstring)."""
+  from neobert_jax import paths  # pylint: disable=g-import-not-at-top
+  from neobert_jax.data import corpus, publish, staging  # pylint: disable=g-import-not-at-top
+  emulator = None
+  if a.emulator:
+    from tests.conftest import gcs_env, start_gcs_emulator  # pylint: disable=g-import-not-at-top
+    emulator, endpoint = start_gcs_emulator()
+    os.environ.update(gcs_env(endpoint), CLOUD_STORAGE_EMULATOR_ENDPOINT=endpoint)
+  try:
+    local = corpus.default_prepared_dir(max_length=a.seq_len)
+    m = shards.read_manifest(local)
+    url = paths.Path(a.bucket or 'gs://neobert/bench') / f'corpus-L{a.seq_len}'
+    mib = sum(s['bytes'] for split in m['splits'].values() for s in split['shards']) / 2**20
+    t0 = time.perf_counter()
+    publish.upload(local, url, m)
+    up = time.perf_counter() - t0
+    with tempfile.TemporaryDirectory() as cache:
+      os.environ['NEOBERT_JAX_CACHE'] = cache  # a cold staging, whatever this machine staged before
+      t0 = time.perf_counter()
+      staged = staging.stage(url)
+      down = time.perf_counter() - t0
+      t0 = time.perf_counter()
+      staging.stage(url)
+      check = time.perf_counter() - t0
+      print(f'data: {url} ({mib:.1f} MiB, {len(os.listdir(staged)) - 1} shards); upload {mib / up:.0f} MiB/s, '
+            f'staging {down:.2f} s = {mib / down:.0f} MiB/s, check of the staged copy {check * 1e3:.0f} ms')
+      print(f'{"source":8} {"pipeline Mtok/s":>15} {"random reads/s":>14} {"read Mtok/s":>11}   (packed, '
+            f'P {a.max_predictions[-1]}, workers 0, seq_len {a.seq_len}, batch {a.batch}, block_docs {a.block_docs}; '
+            f'{a.random_reads} records read at random)')
+      files = [s['file'] for s in m['splits']['train']['shards']]
+      for name, data_dir, urls in (('local', local, [os.path.join(local, f) for f in files]),
+                                   ('staged', str(url), [os.path.join(staged, f) for f in files]),
+                                   ('bucket', None, [f'{url}/{f}' for f in files])):
+        cfg = config_lib.default_data_config()
+        cfg.dir, cfg.block_docs, cfg.max_predictions = data_dir, a.block_docs, a.max_predictions[-1]
+        tok = f'{measure(cfg, a.batch, a.seq_len, a.seconds)["tokens_per_s"] / 1e6:15.2f}' if data_dir else (
+            f'{"-":>15}')
+        per_s, mtok = _random_reads(urls, a.random_reads)
+        print(f'{name:8} {tok} {per_s:14.0f} {mtok:11.3f}', flush=True)
+  finally:
+    if emulator is not None:
+      emulator.terminate()
+
+
 def main(argv=None):
   p = argparse.ArgumentParser(description=__doc__,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -112,7 +177,13 @@ def main(argv=None):
   p.add_argument('--seconds', type=float, default=3.0, help='per configuration')
   p.add_argument('--workers', type=int, nargs='+', default=[0])
   p.add_argument('--max-predictions', type=int, nargs='+', default=[0, 256])
+  p.add_argument('--bucket', default='', help='gs:// prefix: compare data there with local data')
+  p.add_argument('--emulator', action='store_true', help='as --bucket, on a local GCS emulator')
+  p.add_argument('--random-reads', type=int, default=500, help='with --bucket: records read at random per source')
   a = p.parse_args(argv)
+  if a.bucket or a.emulator:
+    bucket_comparison(a)
+    return
   with tempfile.TemporaryDirectory() as tmp:
     directory = a.data or synthetic_dir(tmp, a.docs, a.mean_len, a.seq_len)
     m = shards.read_manifest(directory)

@@ -5,8 +5,13 @@ reads every object's generation from that header, and OCDBT (Orbax's checkpoint 
 while several arrays commit, so a checkpoint with many arrays fails there with "Malformed StorageGeneration".
 Real GCS always sends the header. This wrapper adds it to the emulator's download handler, then starts the
 emulator exactly as its own command does: `python tests/gcs_emulator.py start --host=... --port=...`.
+
+It also answers suffix ranges (`Range: bytes=-N`, the last N bytes) as GCS does: the emulator sends the whole
+object with status 200 instead, and array_record's own gs:// reader, which fetches a shard's footer that way,
+then fails with "Failed to read RiegeliPostscript" (benchmarks/data_pipeline.py --emulator reads shards so).
 """
 
+import re
 import sys
 
 from gcp_storage_emulator.exceptions import NotFound
@@ -15,7 +20,22 @@ from gcp_storage_emulator.handlers import objects
 _download = objects.download
 
 
+def _absolute_suffix_range(request, storage) -> None:
+  """Rewrites `bytes=-N` as `bytes=START-`, which the emulator serves."""
+  suffix = re.fullmatch(r'\s*bytes=-(\d+)\s*', request.get_header('range') or '')
+  if not suffix:
+    return
+  try:
+    size = len(storage.get_file(request.params['bucket_name'], request.params['object_id']))
+  except NotFound:
+    return
+  headers = request._request_handler.headers  # pylint: disable=protected-access
+  del headers['Range']
+  headers['Range'] = f'bytes={max(0, size - int(suffix[1]))}-'
+
+
 def _download_with_generation(request, response, storage, *args, **kwargs):
+  _absolute_suffix_range(request, storage)
   _download(request, response, storage, *args, **kwargs)
   try:
     obj = storage.get_file_obj(request.params['bucket_name'], request.params['object_id'])

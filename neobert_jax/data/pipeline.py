@@ -30,13 +30,14 @@ import grain
 import ml_collections
 import numpy as np
 
+from neobert_jax import paths
 from neobert_jax.data import blocks as blocks_lib
 from neobert_jax.data import config as config_lib
 from neobert_jax.data import masking
 from neobert_jax.data import packing
 from neobert_jax.data import shards
+from neobert_jax.data import staging
 from neobert_jax.data import tokenizer as tokenizer_lib
-
 
 
 class BlockBuilder:
@@ -158,25 +159,31 @@ def _loss_free_rows(like: dict, n: int) -> dict:
 
 def open_prepared(data_cfg: ml_collections.ConfigDict, seq_len: int,
                   model_vocab_size: int | None = None) -> tuple[str, dict]:
-  """Finds the prepared directory and checks it fits this run; returns (dir, manifest)."""
+  """Finds the prepared directory and checks it fits this run; returns (local dir, manifest).
+
+  Data on a bucket (data.dir=gs://...) is read from a verified local copy (staging.py): the returned directory is
+  that copy, and the messages here name the URL.
+  """
   config_lib.validate_data_config(data_cfg)
-  directory = data_cfg.dir
+  directory = shown = data_cfg.dir
   if not directory:
     from neobert_jax.data import corpus  # pylint: disable=g-import-not-at-top
-    directory = corpus.default_prepared_dir(max_length=seq_len,
-                                            tokenizer=data_cfg.tokenizer or tokenizer_lib.BUILTIN_BERT)
+    directory = shown = corpus.default_prepared_dir(max_length=seq_len,
+                                                    tokenizer=data_cfg.tokenizer or tokenizer_lib.BUILTIN_BERT)
+  elif paths.is_url(directory):
+    directory = staging.stage(paths.resolve(directory, 'data.dir'))
   manifest = shards.read_manifest(directory)
   ident = manifest['tokenizer']
   if data_cfg.tokenizer:
     want = tokenizer_lib.load_tokenizer(data_cfg.tokenizer).identity()
     if not tokenizer_lib.same_vocabulary(want, ident):
       raise shards.DataError(
-          f'{directory} was prepared with tokenizer {ident["spec"]!r} ({ident["kind"]}, '
+          f'{shown} was prepared with tokenizer {ident["spec"]!r} ({ident["kind"]}, '
           f'{ident["vocab_size"]} ids), not data.tokenizer={data_cfg.tokenizer!r} '
           f'({want["kind"]}, {want["vocab_size"]} ids); prepare it again with that tokenizer')
   if model_vocab_size is not None and model_vocab_size != ident['vocab_size']:
     raise shards.DataError(
-        f'{directory} uses a {ident["vocab_size"]}-id vocabulary ({ident["spec"]!r}) but the '
+        f'{shown} uses a {ident["vocab_size"]}-id vocabulary ({ident["spec"]!r}) but the '
         f'model has vocab_size={model_vocab_size}; they must match')
   return directory, manifest
 

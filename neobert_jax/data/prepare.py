@@ -9,6 +9,9 @@ The main process reads documents in a fixed order and groups them into units;
 workers only tokenize, and results are written back in unit order, so the shards
 are byte-identical for any --workers. The held-out split is chosen by a hash of
 each document's text, so it is stable too (and duplicates land together).
+Inputs and output may be on a bucket (gs://...): inputs are streamed (sources.py),
+shards are written to local scratch and uploaded, manifest last (publish.py), so
+they are byte-identical to a local prepare's.
 """
 
 import collections
@@ -23,7 +26,8 @@ from typing import Iterable, Iterator, Sequence
 
 import numpy as np
 
-from neobert_jax import commandline, errors
+from neobert_jax import commandline, errors, paths
+from neobert_jax.data import publish
 from neobert_jax.data import shards as shards_lib
 from neobert_jax.data import sources
 from neobert_jax.data import tokenizer as tokenizer_lib
@@ -177,12 +181,17 @@ def prepare(inputs: Sequence[str], output_dir: str, *, tokenizer: str = 'bert-ba
     raise ValueError(f'eval_fraction must be in [0, 1), got {eval_fraction}')
   files = sources.expand_inputs(inputs)
   tok = tokenizer_lib.load_tokenizer(tokenizer)
-  manifest_path = os.path.join(output_dir, shards_lib.MANIFEST)
-  if os.path.exists(manifest_path) and not overwrite:
-    raise FileExistsError(f'{output_dir} already holds prepared data (pass --overwrite)')
-  os.makedirs(output_dir, exist_ok=True)
-  remove_stale_tmp(output_dir)
-  tmp = os.path.join(output_dir, f'{_TMP_PREFIX}{os.getpid()}')
+  bucket = paths.resolve(output_dir, '--output') if paths.is_url(output_dir) else None
+  if bucket is not None:  # shards are written to local scratch, then uploaded (publish.py)
+    publish.check_output(bucket, overwrite)
+    work = publish.scratch_root()
+  else:
+    if os.path.exists(os.path.join(output_dir, shards_lib.MANIFEST)) and not overwrite:
+      raise FileExistsError(f'{output_dir} already holds prepared data (pass --overwrite)')
+    os.makedirs(output_dir, exist_ok=True)
+    work = output_dir
+  remove_stale_tmp(work)
+  tmp = os.path.join(work, f'{_TMP_PREFIX}{os.getpid()}')
   os.makedirs(tmp)
   start = time.time()
   try:
@@ -227,7 +236,10 @@ def prepare(inputs: Sequence[str], output_dir: str, *, tokenizer: str = 'bert-ba
         'workers': workers,
         'seconds': round(time.time() - start, 3),
     }
-    _install(tmp, output_dir, manifest)
+    if bucket is not None:
+      publish.upload(tmp, bucket, manifest)
+    else:
+      _install(tmp, output_dir, manifest)
     return manifest
   finally:
     shutil.rmtree(tmp, ignore_errors=True)
@@ -261,8 +273,8 @@ def main(argv: Sequence[str] | None = None) -> dict:
   debug = errors.take_debug_flag(argv)
   p = commandline.Parser('prepare', 'neobert_jax.data.prepare', __doc__)
   p.add_argument('--input', nargs='+', required=True, action='extend',
-                 help='files, globs or directories (.txt/.jsonl/.json/.parquet, .gz/.zst)')
-  p.add_argument('--output', required=True, help='directory for shards + manifest.json')
+                 help='files, globs or directories (.txt/.jsonl/.json/.parquet, .gz/.zst), local or gs://')
+  p.add_argument('--output', required=True, help='directory for shards + manifest.json, local or gs://')
   p.add_argument('--tokenizer', default='bert-base-uncased',
                  help="'bert-base-uncased', vocab.txt, tokenizer.json or SentencePiece .model")
   p.add_argument('--max-length', type=int, default=1024, help='ids per record, specials included')

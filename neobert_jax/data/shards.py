@@ -4,7 +4,9 @@ A prepared directory is complete only when manifest.json exists: `prepare`
 writes shards under a hidden temporary directory, moves them in, and writes the
 manifest last (atomically). Readers check every shard the manifest lists (size
 on disk and record count), so a truncated or missing shard is an error before
-training starts rather than a crash hours in.
+training starts rather than a crash hours in. The manifest also records each
+shard's sha256 (manifests written before it lack it): too slow to check on every
+open, it is checked when a copy is made (staging.py, data on a bucket).
 """
 
 import json
@@ -13,7 +15,7 @@ import os
 from array_record.python.array_record_module import ArrayRecordReader, ArrayRecordWriter
 import numpy as np
 
-from neobert_jax import errors
+from neobert_jax import errors, paths
 from neobert_jax.data import assets
 
 MANIFEST = 'manifest.json'
@@ -69,6 +71,7 @@ class ShardWriter:
       self._writer.close()
       path = os.path.join(self._dir, self._current['file'])
       self._current['bytes'] = os.path.getsize(path)
+      self._current['sha256'] = paths.sha256(paths.Path(path))
       self.shards.append(self._current)
       self._writer = None
 
@@ -78,9 +81,12 @@ class ShardWriter:
             'tokens': self.tokens}
 
 
-def _remedy(directory: str) -> str:
+def remedy(directory: str) -> str:
   """How to get whole prepared data back, for the end of every message about damaged data."""
-  if os.path.abspath(directory).startswith(os.path.join(os.path.abspath(assets.cache_dir()), '')):
+  cache = os.path.abspath(assets.cache_dir())
+  if not paths.is_url(directory) and os.path.abspath(directory).startswith(os.path.join(cache, 'staged', '')):
+    return f'delete {directory}: it is staged again from the bucket on first use'
+  if not paths.is_url(directory) and os.path.abspath(directory).startswith(os.path.join(cache, '')):
     return f'delete {directory}: the built-in corpus is prepared again on first use'
   return (f'prepare it again (python -m neobert_jax.data.prepare --output {directory} --overwrite '
           'with the original inputs)')
@@ -93,15 +99,21 @@ def read_manifest(directory: str) -> dict:
                     '(make it with `python -m neobert_jax.data.prepare`)')
   if not os.path.isfile(path):
     raise DataError(f'{directory}: no {MANIFEST}; the directory is not prepared data, or '
-                    f'its prepare run did not finish: {_remedy(directory)}')
+                    f'its prepare run did not finish: {remedy(directory)}')
+  with open(path, 'rb') as f:
+    return parse_manifest(f.read(), directory)
+
+
+def parse_manifest(raw: bytes, directory: str) -> dict:
+  """A manifest's bytes, checked; errors name `directory`/manifest.json (a local path or a bucket URL)."""
+  path = f'{directory.rstrip("/")}/{MANIFEST}'
   try:
-    with open(path) as f:
-      manifest = json.load(f)
+    manifest = json.loads(raw.decode('utf-8'))
   except (json.JSONDecodeError, UnicodeDecodeError) as e:
-    raise DataError(f'{path}: unreadable manifest ({e}); {_remedy(directory)}') from e
+    raise DataError(f'{path}: unreadable manifest ({e}); {remedy(directory)}') from e
   if not isinstance(manifest, dict) or manifest.get('format') != FORMAT:
     found = manifest.get('format') if isinstance(manifest, dict) else type(manifest).__name__
-    raise DataError(f'{path}: format {found!r}, expected {FORMAT!r}; {_remedy(directory)}')
+    raise DataError(f'{path}: format {found!r}, expected {FORMAT!r}; {remedy(directory)}')
   _check_fields(path, manifest, directory)
   return manifest
 
@@ -117,11 +129,13 @@ def _check_fields(path: str, manifest: dict, directory: str) -> None:
         counts += [shard['bytes'], shard['records']]
         if not isinstance(shard['file'], str):
           raise TypeError(f'shard file {shard["file"]!r}')
+        if not isinstance(shard.get('sha256', ''), str):  # optional: older manifests lack it
+          raise TypeError(f'shard sha256 {shard["sha256"]!r}')
     bad = [c for c in counts if not isinstance(c, int)]
     if bad:
       raise TypeError(f'{bad[0]!r} where a number is expected')
   except (KeyError, TypeError, AttributeError) as e:
-    raise DataError(f'{path}: damaged manifest ({type(e).__name__}: {e}); {_remedy(directory)}') from e
+    raise DataError(f'{path}: damaged manifest ({type(e).__name__}: {e}); {remedy(directory)}') from e
 
 
 def split_paths(directory: str, manifest: dict, split: str) -> list[str]:
@@ -129,30 +143,42 @@ def split_paths(directory: str, manifest: dict, split: str) -> list[str]:
   info = manifest['splits'].get(split)
   if not info or not info['shards']:
     raise DataError(f'{directory}: split {split!r} holds no documents')
-  paths = []
+  found = []
   for shard in info['shards']:
     path = os.path.join(directory, shard['file'])
     if not os.path.isfile(path):
-      raise DataError(f'{path}: shard listed in the manifest is missing; {_remedy(directory)}')
-    size = os.path.getsize(path)
-    if size != shard['bytes']:
-      raise DataError(f'{path}: {size} bytes on disk, manifest says {shard["bytes"]} '
-                      f'(truncated or replaced shard); {_remedy(directory)}')
-    try:
-      reader = ArrayRecordReader(path)
-      n = reader.num_records()
-      reader.close()
-    except Exception as e:  # the C++ reader raises RuntimeError/ValueError variants
-      raise DataError(f'{path}: corrupt shard ({e}); {_remedy(directory)}') from e
-    if n != shard['records']:
-      raise DataError(f'{path}: {n} records, manifest says {shard["records"]}; {_remedy(directory)}')
-    paths.append(path)
-  return paths
+      raise DataError(f'{path}: shard listed in the manifest is missing; {remedy(directory)}')
+    check_size(path, os.path.getsize(path), shard, directory, 'on disk')
+    check_records(path, path, shard, directory)
+    found.append(path)
+  return found
+
+
+def check_size(shown: str, size: int, shard: dict, directory: str, where: str) -> None:
+  if size != shard['bytes']:
+    raise DataError(f'{shown}: {size} bytes {where}, manifest says {shard["bytes"]} '
+                    f'(truncated or replaced shard); {remedy(directory)}')
+
+
+def check_records(path: str, shown: str, shard: dict, directory: str) -> None:
+  """The shard at local `path` opens and holds the manifest's record count; errors name `shown`."""
+  try:
+    reader = ArrayRecordReader(path)
+    n = reader.num_records()
+    reader.close()
+  except Exception as e:  # the C++ reader raises RuntimeError/ValueError variants
+    raise DataError(f'{shown}: corrupt shard ({e}); {remedy(directory)}') from e
+  if n != shard['records']:
+    raise DataError(f'{shown}: {n} records, manifest says {shard["records"]}; {remedy(directory)}')
+
+
+def manifest_text(manifest: dict) -> str:
+  """The manifest as written, locally and to a bucket alike (so the two are byte-identical)."""
+  return json.dumps(manifest, indent=1, sort_keys=True) + '\n'
 
 
 def write_manifest(directory: str, manifest: dict) -> None:
   tmp = os.path.join(directory, f'.{MANIFEST}.tmp')
   with open(tmp, 'w') as f:
-    json.dump(manifest, f, indent=1, sort_keys=True)
-    f.write('\n')
+    f.write(manifest_text(manifest))
   os.replace(tmp, os.path.join(directory, MANIFEST))

@@ -1,12 +1,14 @@
-"""Reading raw documents: text, JSONL and Parquet files, plain or .gz/.zst.
+"""Reading raw documents: text, JSONL and Parquet files, plain or .gz/.zst, local or on a bucket (gs://).
 
 Everything here is sequential and deterministic: files in sorted order, documents
 in file order, so `prepare` produces the same shards whatever its worker count.
 Bytes that are not UTF-8 are reported with the file and byte offset (into the
 decompressed stream) through `on_issue`, then replaced with U+FFFD or, with
-on_decode_error='fail', raised.
+on_decode_error='fail', raised. Bucket inputs are read as streams through etils.epath (paths.py), so the same
+readers serve both; their names stay URLs in the manifest and in every message.
 """
 
+import contextlib
 import dataclasses
 import glob
 import gzip
@@ -15,7 +17,7 @@ import json
 import os
 from typing import Callable, Iterator, Sequence
 
-from neobert_jax import errors
+from neobert_jax import errors, paths
 
 TEXT_EXTS = ('.txt', '.text')
 JSONL_EXTS = ('.jsonl', '.ndjson', '.json')
@@ -62,7 +64,9 @@ def expand_inputs(inputs: Sequence[str]) -> list[str]:
   """Files named by paths, globs and directories (searched recursively), sorted."""
   files: list[str] = []
   for item in inputs:
-    if os.path.isdir(item):
+    if paths.is_url(item):
+      found = _expand_url(item)
+    elif os.path.isdir(item):
       found = sorted(os.path.join(d, f) for d, _, fs in os.walk(item) for f in fs
                      if split_ext(f)[0])
       if not found:
@@ -81,14 +85,55 @@ def expand_inputs(inputs: Sequence[str]) -> list[str]:
   return [f for f in files if not (f in seen or seen.add(f))]
 
 
-def _open_binary(path: str, comp: str) -> io.BufferedIOBase:
-  if comp == '.gz':
-    return gzip.open(path, 'rb')
-  if comp in ('.zst', '.zstd'):
-    import zstandard  # pylint: disable=g-import-not-at-top
-    raw = open(path, 'rb')
-    return io.BufferedReader(zstandard.ZstdDecompressor().stream_reader(raw, closefd=True))
-  return open(path, 'rb')
+def _expand_url(item: str) -> list[str]:
+  """expand_inputs for one gs:// item. `**` is refused: epath would list the whole bucket below it, object by
+  object; a directory is searched recursively instead."""
+  url = paths.resolve(item, '--input')
+  if any(c in item for c in '*?['):
+    if '**' in item:
+      raise InputError(f'{item}: ** is not supported on a bucket; pass the directory (searched recursively) or '
+                       'a pattern with * in the file name')
+    parts = os.fspath(url).split('/')
+    base = next(i for i, p in enumerate(parts) if any(c in p for c in '*?['))
+    found = sorted(os.fspath(p) for p in paths.Path('/'.join(parts[:base])).glob('/'.join(parts[base:]))
+                   if not p.is_dir())
+    if not found:
+      raise InputError(f'{item}: pattern matches no objects')
+    return found
+  if url.is_dir():
+    found = sorted(os.fspath(p) for p in _walk(url) if split_ext(p.name)[0])
+    if not found:
+      raise InputError(f'{item}: holds no .txt/.jsonl/.json/.parquet objects (optionally .gz/.zst)')
+    return found
+  if url.exists():
+    return [os.fspath(url)]
+  raise InputError(f'{item}: no such object or directory (or the bucket does not exist)')
+
+
+def _walk(directory: paths.Path):
+  for p in directory.iterdir():
+    if p.is_dir():
+      yield from _walk(p)
+    else:
+      yield p
+
+
+def _open_file(path: str):
+  return paths.Path(path).open('rb') if paths.is_url(path) else open(path, 'rb')
+
+
+@contextlib.contextmanager
+def _open_binary(path: str, comp: str) -> Iterator[io.BufferedIOBase]:
+  with _open_file(path) as raw:
+    if comp == '.gz':
+      with gzip.GzipFile(fileobj=raw, mode='rb') as f:
+        yield f
+    elif comp in ('.zst', '.zstd'):
+      import zstandard  # pylint: disable=g-import-not-at-top
+      with io.BufferedReader(zstandard.ZstdDecompressor().stream_reader(raw, closefd=False)) as f:
+        yield f
+    else:
+      yield raw
 
 
 def _lines(path: str, comp: str) -> Iterator[tuple[bytes, int]]:
@@ -169,21 +214,24 @@ def _jsonl_documents(path, comp, field, policy, on_issue):
 
 def _parquet_documents(path, column):
   import pyarrow.parquet as pq  # pylint: disable=g-import-not-at-top
-  try:
-    pf = pq.ParquetFile(path)
-  except Exception as e:
-    raise InputError(f'{path}: not a readable Parquet file ({e})') from e
-  names = pf.schema_arrow.names
-  if column not in names:
-    raise InputError(f'{path}: no column {column!r} (columns: {names}); '
-                     'choose one with --text-field')
-  row = 0
-  for batch in pf.iter_batches(columns=[column], batch_size=4096):
-    for text in batch.column(0).to_pylist():
-      if text is not None and not isinstance(text, str):
-        raise InputError(f'{path}: row {row}: column {column!r} is not a string column')
-      yield Document(text or '', path, row)
-      row += 1
+  with contextlib.ExitStack() as stack:
+    # Local files by name: pyarrow reads them natively, faster than through a Python file object.
+    source = stack.enter_context(_open_file(path)) if paths.is_url(path) else path
+    try:
+      pf = pq.ParquetFile(source)
+    except Exception as e:
+      raise InputError(f'{path}: not a readable Parquet file ({e})') from e
+    names = pf.schema_arrow.names
+    if column not in names:
+      raise InputError(f'{path}: no column {column!r} (columns: {names}); '
+                       'choose one with --text-field')
+    row = 0
+    for batch in pf.iter_batches(columns=[column], batch_size=4096):
+      for text in batch.column(0).to_pylist():
+        if text is not None and not isinstance(text, str):
+          raise InputError(f'{path}: row {row}: column {column!r} is not a string column')
+        yield Document(text or '', path, row)
+        row += 1
 
 
 def iter_documents(path: str, *, text_field: str = 'text', text_mode: str = 'line',

@@ -1,0 +1,65 @@
+"""`prepare --output gs://...`: the finished shards go up to the bucket, the manifest last.
+
+ArrayRecordWriter (array_record 0.8.6) cannot write gs:// ("open() failed: No such file or directory"), so
+`prepare` writes its shards to local scratch exactly as it does for a local output, and this module uploads
+them: the bytes on the bucket are those a local prepare writes. The manifest is the commit marker here too:
+  * without --overwrite, an output that already holds a manifest is refused before any work, untouched;
+  * with it, the old manifest is removed before the first shard goes up (so nothing reads a half-replaced
+    output as prepared data, as locally), the new one is uploaded after the last shard, and only then are the
+    shards it does not list removed.
+An upload cut short leaves no manifest: readers refuse the output as unfinished, and running prepare again
+(--overwrite) replaces it.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import os
+
+from neobert_jax import errors, paths
+from neobert_jax.data import shards
+
+# Uploads in flight: one GCS stream is limited well below a VM's network, so a few at once.
+PARALLEL = 4
+
+
+def check_output(out: paths.Path, overwrite: bool) -> None:
+  """Before tokenizing: an existing output without --overwrite is refused, and the bucket must take writes."""
+  if not overwrite and (out / shards.MANIFEST).exists():
+    raise FileExistsError(f'{out} already holds prepared data (pass --overwrite)')
+  paths.check_writable(out, '--output')
+
+
+def scratch_root() -> str:
+  """Where shards bound for a bucket are written first (as large as the prepared data)."""
+  return str(paths.cache_dir('prepare-scratch'))
+
+
+def upload(local: str, out: paths.Path, manifest: dict) -> None:
+  """Puts the shards `manifest` lists from the local directory `local` at `out`, then the manifest."""
+  names = [s['file'] for split in manifest['splits'].values() for s in split['shards']]
+  try:
+    (out / shards.MANIFEST).unlink(missing_ok=True)  # from here on the output reads as unfinished
+    with concurrent.futures.ThreadPoolExecutor(PARALLEL) as pool:
+      list(pool.map(lambda name: _put(os.path.join(local, name), out / name), names))
+    paths.write_text(out / shards.MANIFEST, shards.manifest_text(manifest))  # the commit marker, last
+  except errors.NeobertError:
+    raise
+  except Exception as e:  # noqa: BLE001 - gcsfs raises its own types for HTTP 403 / 5xx
+    raise errors.StorageError(f'--output={out}: upload failed ({errors.one_line(e)}); it holds no complete '
+                              'prepared data now: run prepare again with --overwrite') from None
+  try:
+    for obj in out.iterdir():  # the old output's shards, and those of an upload cut short
+      if obj.name.endswith('.arrayrecord') and obj.name not in names:
+        obj.unlink()
+  except Exception as e:  # noqa: BLE001 - the new data is complete; only leftovers remain
+    raise errors.StorageError(f'--output={out}: the prepared data is complete, but shards it does not list could '
+                              f'not be removed ({errors.one_line(e)}); delete them by hand') from None
+
+
+def _put(src: str, dst: paths.Path) -> None:
+  paths.copy(paths.Path(src), dst)
+  size = dst.stat().length
+  if size != os.path.getsize(src):
+    raise errors.StorageError(f'{dst}: {size} bytes on the bucket after upload, {os.path.getsize(src)} written '
+                              'locally; run prepare again with --overwrite')

@@ -1,0 +1,187 @@
+"""Data on a bucket: a real GCS server on 127.0.0.1 (gcp-storage-emulator, started by tests/conftest.py).
+
+`prepare` from raw files on gs:// into shards on gs:// gives the bytes a local prepare gives; --overwrite on a
+bucket removes the old shards only after the new manifest is up; a missing bucket is one line before tokenizing.
+Training with data.dir on gs:// (read through a verified local copy, data/staging.py) gives exactly the weights of
+the same run on the local directory; a damaged shard on the bucket is one line naming its URL; a bucket whose
+data was prepared again is staged again; several stagers at once download once."""
+
+import gzip
+import json
+import os
+import shutil
+import threading
+import uuid
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import zstandard
+
+from neobert_jax import errors, paths
+from neobert_jax.data import config as data_config
+from neobert_jax.data import corpus, pipeline, publish, shards, staging, testing
+from neobert_jax.data import prepare as prepare_lib
+from neobert_jax.train import checkpoint as ckpt
+from neobert_jax.train import loop
+from neobert_jax.train.testing import tiny_config
+
+WORDS = ('the', 'cat', 'sat', 'on', 'mat', 'dog', 'ran', 'far', 'away', 'home')
+# Fields that record where and when a prepare ran, not what it made.
+RUN_FIELDS = ('input_files', 'command', 'seconds')
+
+
+@pytest.fixture
+def root(gcs):
+  """A fresh prefix on the bucket; the staged copies made of it are removed from this machine's cache after."""
+  url = f'{gcs}/{uuid.uuid4().hex[:8]}'
+  yield url
+  for key in (paths.url_key(f'{url}/{name}') for name in ('data', 'train', 'bad', 'moving')):
+    shutil.rmtree(paths.cache_dir('staged', key), ignore_errors=True)
+
+
+@pytest.fixture(scope='module')
+def vocab(tmp_path_factory):
+  return testing.write_wordpiece_vocab(str(tmp_path_factory.mktemp('vocab') / 'vocab.txt'), WORDS)
+
+
+def _raw(directory, seed=0):
+  """JSONL, .jsonl.gz, .jsonl.zst and Parquet inputs; returns the folder."""
+  rng = np.random.default_rng(seed)
+  docs = [' '.join(rng.choice(WORDS, rng.integers(1, 40))) for _ in range(400)]
+  lines = lambda part: ''.join(json.dumps({'text': d}) + '\n' for d in part)
+  (directory / 'sub').mkdir(parents=True)
+  (directory / 'a.jsonl').write_text(lines(docs[:100]))
+  (directory / 'b.jsonl').write_text(lines(docs[100:200]))
+  (directory / 'sub' / 'c.jsonl.gz').write_bytes(gzip.compress(lines(docs[200:300]).encode()))
+  (directory / 'sub' / 'd.jsonl.zst').write_bytes(zstandard.ZstdCompressor().compress(lines(docs[300:350]).encode()))
+  pq.write_table(pa.table({'text': docs[350:]}), directory / 'sub' / 'e.parquet')
+  return directory
+
+
+def _upload_tree(local, url):
+  for f in sorted(local.rglob('*')):
+    if f.is_file():
+      paths.copy(paths.Path(f), paths.Path(f'{url}/{f.relative_to(local).as_posix()}'))
+
+
+def _prepare(inputs, output, vocab, **kw):
+  return prepare_lib.prepare(inputs, output, tokenizer=vocab, max_length=16, workers=0, eval_fraction=0.2,
+                             shard_mb=kw.pop('shard_mb', 0.004), **kw)
+
+
+def _objects(url):
+  return {p.name: p.read_bytes() for p in paths.Path(url).iterdir()}
+
+
+def test_prepare_from_and_to_a_bucket_is_byte_identical_to_a_local_prepare(root, vocab, tmp_path, monkeypatch):
+  raw = _raw(tmp_path / 'raw')
+  _upload_tree(raw, f'{root}/raw')
+  local = _prepare([f'{raw}/*.jsonl', f'{raw}/sub'], str(tmp_path / 'out'), vocab)
+  remote = _prepare([f'{root}/raw/*.jsonl', f'{root}/raw/sub'], f'{root}/data', vocab)
+  assert remote['input_files'] == [f.replace(str(raw), f'{root}/raw') for f in local['input_files']]
+  made = remote['splits']['train']['shards']
+  assert len(made) > 2 and all(len(s['sha256']) == 64 for s in made)
+  on_bucket = _objects(f'{root}/data')
+  here = {p.name: p.read_bytes() for p in (tmp_path / 'out').iterdir()}
+  assert sorted(on_bucket) == sorted(here)
+  for name in here:
+    if name != shards.MANIFEST:
+      assert on_bucket[name] == here[name], name
+  a, b = json.loads(on_bucket[shards.MANIFEST]), json.loads(here[shards.MANIFEST])
+  assert {k: v for k, v in a.items() if k not in RUN_FIELDS} == {k: v for k, v in b.items() if k not in RUN_FIELDS}
+  assert on_bucket[shards.MANIFEST] == shards.manifest_text(remote).encode()
+
+  # Without --overwrite: refused before any work, nothing touched.
+  with pytest.raises(FileExistsError, match='--overwrite'):
+    _prepare([f'{root}/raw/a.jsonl'], f'{root}/data', vocab)
+  assert _objects(f'{root}/data') == on_bucket
+  # With it: fewer, larger shards; the old ones are removed only once the new manifest is up.
+  seen_at_commit = []
+  real_write = paths.write_text
+
+  def spy(path, text):
+    if path.name == shards.MANIFEST:
+      seen_at_commit.extend(p.name for p in paths.Path(f'{root}/data').iterdir())
+    real_write(path, text)
+
+  monkeypatch.setattr(paths, 'write_text', spy)
+  new = _prepare([f'{root}/raw/a.jsonl'], f'{root}/data', vocab, shard_mb=1, overwrite=True)
+  listed = sorted(s['file'] for split in new['splits'].values() for s in split['shards'])
+  assert set(on_bucket) - {shards.MANIFEST} <= set(seen_at_commit)
+  assert sorted(_objects(f'{root}/data')) == sorted(listed + [shards.MANIFEST])
+
+
+def test_missing_bucket_is_one_line_before_tokenizing(vocab, tmp_path, monkeypatch, capsys, gcs):
+  raw = _raw(tmp_path / 'raw')
+  monkeypatch.setattr(prepare_lib, '_ordered_map', lambda *a: pytest.fail('tokenized before the output check'))
+  with pytest.raises(SystemExit) as stop:
+    prepare_lib.main(['--input', str(raw), '--output', 'gs://no-such-bucket/data', '--tokenizer', vocab,
+                      '--workers', '0', '--no-progress'])
+  assert stop.value.code == errors.StorageError.exit_status
+  err = [x for x in capsys.readouterr().err.splitlines() if x.strip()]
+  assert len(err) == 1 and 'gs://no-such-bucket/data' in err[0], err
+
+
+def test_training_on_bucket_data_matches_local_data(root, tmp_path):
+  local = corpus.default_prepared_dir(max_length=128)  # what tiny_config trains on
+  publish.upload(local, paths.Path(f'{root}/train'), shards.read_manifest(local))
+  results = {}
+  for name, data_dir in (('local', local), ('bucket', f'{root}/train')):
+    cfg = tiny_config(steps=3)
+    cfg.data.dir = data_dir
+    loop.run(cfg, tmp_path / name)
+    losses = [json.loads(x)['train/loss'] for x in (tmp_path / name / 'metrics.jsonl').read_text().splitlines()]
+    results[name] = losses, ckpt.restore_params(tmp_path / name)[1]
+  assert results['bucket'][0] == results['local'][0] and len(results['local'][0]) == 3
+  for k, v in results['local'][1].items():
+    np.testing.assert_array_equal(results['bucket'][1][k], v, err_msg=k)
+
+
+def _data_cfg(url):
+  cfg = data_config.default_data_config()
+  cfg.dir, cfg.block_docs = url, 64
+  return cfg
+
+
+def test_damaged_shard_on_the_bucket_is_one_line_naming_it(root, vocab, tmp_path):
+  made = _prepare([str(_raw(tmp_path / 'raw'))], f'{root}/bad', vocab)
+  shard = made['splits']['train']['shards'][1]
+  obj = paths.Path(f'{root}/bad/{shard["file"]}')
+  good = obj.read_bytes()
+  obj.write_bytes(good[:-10])  # truncated
+  with pytest.raises(shards.DataError) as e:
+    pipeline.make_train_iterator(_data_cfg(f'{root}/bad'), 4, 16, seed=0)
+  assert f'{obj}: {len(good) - 10} bytes on the bucket' in str(e.value) and '\n' not in str(e.value)
+  assert f'--output {root}/bad --overwrite' in str(e.value)
+  obj.write_bytes(good[:100] + bytes([good[100] ^ 1]) + good[101:])  # same size, one bit flipped
+  with pytest.raises(shards.DataError, match=f'{obj}: content differs from the manifest'):
+    pipeline.make_train_iterator(_data_cfg(f'{root}/bad'), 4, 16, seed=0)
+  obj.write_bytes(good)  # repaired: staged (the shards already verified are kept) and read
+  assert next(pipeline.make_train_iterator(_data_cfg(f'{root}/bad'), 4, 16, seed=0))['input_ids'].shape == (4, 16)
+
+
+def test_bucket_data_prepared_again_is_staged_again_once(root, vocab, tmp_path, capsys):
+  url = paths.Path(f'{root}/moving')
+  first = _prepare([str(_raw(tmp_path / 'raw1', seed=1))], str(url), vocab)
+  results = []
+  stagers = [threading.Thread(target=lambda: results.append(staging.stage(url))) for _ in range(3)]
+  for t in stagers:
+    t.start()
+  for t in stagers:
+    t.join()
+  assert len(set(results)) == 1 and len(results) == 3
+  assert capsys.readouterr().err.count('neobert_jax: staging') == 1  # the lock: one download for three
+  local = results[0]
+  assert shards.read_manifest(local) == first
+  staging.stage(url)
+  assert 'staging' not in capsys.readouterr().err  # unchanged on the bucket: the copy is used as it is
+
+  second = _prepare([str(_raw(tmp_path / 'raw2', seed=2))], str(url), vocab, overwrite=True)
+  assert staging.stage(url) == local and shards.read_manifest(local) == second
+  assert 'neobert_jax: staging' in capsys.readouterr().err
+  files = sorted(s['file'] for split in second['splits'].values() for s in split['shards'])
+  assert sorted(os.listdir(local)) == sorted(files + [shards.MANIFEST])
+  for name in files:
+    assert open(os.path.join(local, name), 'rb').read() == (url / name).read_bytes()
