@@ -33,8 +33,9 @@ from neobert_jax import errors
 Path = epath.Path
 PathLike = Union[str, os.PathLike]
 URL_SCHEMES = ('gs://',)
-_REFUSED = {'s3://': ('Orbax 0.12.8 cannot write checkpoints to s3:// (its OCDBT layer accepts only gs:// URLs); '
-                      'mount the bucket (mountpoint-s3 or s3fs-fuse) and pass the mount point, or use gs://')}
+_REFUSED = {'s3://': ('s3:// is not supported: runs and their data go where their checkpoints can, and Orbax 0.12.8 '
+                      'writes checkpoints only to gs:// (its OCDBT layer refuses s3://); mount the bucket '
+                      '(mountpoint-s3 or s3fs-fuse) and pass the mount point, or use gs://')}
 
 # gcsfs logs a warning on every bucket access without a metadata server ("could not determine bucket type"):
 # noise on every machine that authenticates by other means, and in the tests' emulator.

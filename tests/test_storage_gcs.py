@@ -45,16 +45,26 @@ def hold(step):
   if step == 4:  # checkpoint 3 is on the bucket; step 4 is lost when the parent kills us here
     print('READY', flush=True)
     time.sleep(600)
-loop.run(tiny_config(steps=6), sys.argv[1], on_step=hold)
+cfg = tiny_config(steps=6)
+cfg.data.dir = sys.argv[2]
+loop.run(cfg, sys.argv[1], on_step=hold)
 '''
 
 
 def test_run_on_a_bucket_killed_and_resumed_is_bit_identical(gcs, uninterrupted, tmp_path):
+  """The workdir and the prepared data on the bucket: kill -9 mid-run, resume, bit-identical to a local run."""
+  from neobert_jax import paths
+  from neobert_jax.data import pipeline
+  cfg = tiny_config(steps=6)
+  local_data, _ = pipeline.open_prepared(cfg.data, int(cfg.model.max_length), int(cfg.model.vocab_size))
+  data_url = f'{gcs}/data/tiny'
+  paths.publish_dir(local_data, epath.Path(data_url), 'manifest.json')
+  cfg.data.dir = data_url
   workdir = f'{gcs}/runs/killed'
   env = {**os.environ, 'NEOBERT_JAX_CACHE': str(tmp_path / 'child-cache'),
          'XLA_FLAGS': '--xla_force_host_platform_device_count=8', 'JAX_PLATFORMS': 'cpu'}
   env['NEOBERT_JAX_CACHE'] = os.environ.get('NEOBERT_JAX_CACHE', env['NEOBERT_JAX_CACHE'])
-  child = subprocess.Popen([sys.executable, '-c', _CHILD, workdir], cwd=REPO, env=env, stdout=subprocess.PIPE,
+  child = subprocess.Popen([sys.executable, '-c', _CHILD, workdir, data_url], cwd=REPO, env=env, stdout=subprocess.PIPE,
                            stderr=subprocess.PIPE, text=True)
   try:
     deadline = time.time() + 300
@@ -71,7 +81,7 @@ def test_run_on_a_bucket_killed_and_resumed_is_bit_identical(gcs, uninterrupted,
     if child.poll() is None:
       child.kill()
   assert ckpt.latest_step(workdir) == 3
-  result = loop.run(tiny_config(steps=6), workdir)  # the same command again, in another process
+  result = loop.run(cfg, workdir)  # the same command again, in another process
   assert result.final_step == 6
   _assert_identical(ckpt.restore_params(workdir)[1], uninterrupted)
   root = epath.Path(workdir)

@@ -76,8 +76,8 @@ def _run_tokenizer(run_config: dict[str, Any]) -> str:
     return str(data['tokenizer'])
   if data.get('dir'):
     from neobert_jax.data import shards  # pylint: disable=g-import-not-at-top
-    manifest = Path(data['dir']).expanduser() / shards.MANIFEST
-    if manifest.is_file():
+    manifest = paths.resolve(data['dir']) / shards.MANIFEST
+    if manifest.exists():
       return str(json.loads(manifest.read_text()).get('tokenizer', {}).get('spec', ''))
   return ''  # the built-in corpus, or data no longer on this machine: the default (bert-base-uncased) applies
 
