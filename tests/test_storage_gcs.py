@@ -124,6 +124,13 @@ def test_export_to_a_bucket_loads_in_transformers_and_starts_a_run(gcs, uninterr
     assert (copy / p.name).read_bytes() == p.read_bytes(), p.name
   from transformers import AutoModelForMaskedLM
   AutoModelForMaskedLM.from_pretrained(copy, trust_remote_code=True)
+  # convert's two directions between buckets: HF dir -> flat params file -> HF dir, the same weights
+  from neobert_jax.convert import __main__ as convert_main
+  assert convert_main.main(['from-pytorch', '--input', url, '--output', f'{gcs}/flat/tiny.safetensors']) == 0
+  assert convert_main.main(['to-pytorch', '--checkpoint', f'{gcs}/flat/tiny.safetensors', '--output',
+                            f'{gcs}/exports/back']) == 0
+  back = paths.local_copy(f'{gcs}/exports/back', marker='config.json')
+  assert (back / 'model.safetensors').read_bytes() == (copy / 'model.safetensors').read_bytes()
   cfg = tiny_config(steps=1)
   cfg.init.from_hf, cfg.optimizer.warmup_steps = url, 1  # lr 0 at step 0: the parameters stay as loaded
   loop.run(cfg, tmp_path / 'from-hf')

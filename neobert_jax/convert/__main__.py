@@ -16,7 +16,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from neobert_jax import commandline, errors
+from neobert_jax import commandline, errors, paths
 from neobert_jax.convert import export_hf, import_hf
 from neobert_jax.model import hf_layout
 
@@ -27,11 +27,11 @@ def _is_saved_flat(path: Path) -> bool:
 
 def to_pytorch(args: argparse.Namespace) -> str:
   export_hf.check_output_dir(args.output, args.overwrite)  # before reading a possibly large checkpoint
-  source = Path(args.checkpoint).expanduser()
+  source = paths.resolve(args.checkpoint, "--checkpoint")
   if _is_saved_flat(source):
     if args.step is not None:
       raise export_hf.ExportError(f"--step applies to training checkpoints, not to the params file {source}")
-    cfg, flat = import_hf.load_saved_flat(source)
+    cfg, flat = import_hf.load_saved_flat(paths.local_copy(source))
     out = export_hf.export_flat(flat, cfg, args.output, tokenizer=args.tokenizer, dtype=args.dtype,
                                 overwrite=args.overwrite)
   else:
@@ -42,7 +42,8 @@ def to_pytorch(args: argparse.Namespace) -> str:
 
 
 def from_pytorch(args: argparse.Namespace) -> str:
-  cfg, flat = hf_layout.read_hf_dir(args.input, init_missing_decoder=args.init_missing_decoder)
+  source = args.input if not paths.is_url(args.input) else paths.local_copy(args.input, marker="config.json")
+  cfg, flat = hf_layout.read_hf_dir(source, init_missing_decoder=args.init_missing_decoder)
   out = import_hf.save_flat(flat, cfg, args.output, overwrite=args.overwrite)
   count = sum(v.size for v in flat.values())
   return (f"wrote {len(flat)} arrays ({count / 1e6:.1f}M parameters, {cfg.num_layers} layers x {cfg.hidden_size}) "

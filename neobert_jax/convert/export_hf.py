@@ -98,11 +98,12 @@ def _recover(output: Path) -> None:
             flush=True)
 
 
-def write_atomically(output: Path, fill, overwrite: bool) -> Path:
+def write_atomically(output: Path, fill, overwrite: bool, marker: str = "config.json") -> Path:
   """Calls fill(tmp_dir) on a fresh sibling directory, then renames it to ``output`` (replacing it if allowed).
 
   A kill at any point leaves either the previous export or the new one at ``output``, or (between the two renames of
-  a replacement) the previous one under a hidden name that the next export moves back (`_recover`)."""
+  a replacement) the previous one under a hidden name that the next export moves back (`_recover`). On a bucket,
+  where nothing can be renamed, the directory is filled locally and uploaded with ``marker`` last."""
   output = check_output_dir(output, overwrite)
   if paths.is_url(output):
     # No rename on a bucket: fill a local directory, then upload it with config.json (what from_pretrained reads
@@ -110,7 +111,7 @@ def write_atomically(output: Path, fill, overwrite: bool) -> Path:
     paths.check_writable(output.parent, '--output')
     with tempfile.TemporaryDirectory(dir=paths.cache_dir('exports')) as tmp:
       fill(Path(tmp))
-      paths.publish_dir(tmp, output, 'config.json')
+      paths.publish_dir(tmp, output, marker)
     return output
   output.parent.mkdir(parents=True, exist_ok=True)
   tmp = _sibling(output, "tmp")

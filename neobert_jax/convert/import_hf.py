@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,7 @@ import numpy as np
 from flax import nnx
 from safetensors.numpy import save_file
 
+from neobert_jax import paths
 from neobert_jax.convert.export_hf import write_atomically
 from neobert_jax.model import NeoBERTForMLM, hf_layout, load_flat
 
@@ -52,6 +54,8 @@ def save_flat(flat: dict[str, np.ndarray], cfg: ml_collections.ConfigDict, outpu
   hf_layout.check_flat(flat, cfg)
   arrays = {k: np.ascontiguousarray(v) for k, v in flat.items()}
   metadata = {CONFIG_METADATA_KEY: json.dumps(cfg.to_dict(), sort_keys=True)}
+  if paths.is_url(output):
+    return _save_flat_to_bucket(arrays, metadata, paths.resolve(output, "--output"), overwrite)
   output = Path(output).expanduser().absolute()
   if output.suffix == ".safetensors":
     if output.exists() and not overwrite:
@@ -70,6 +74,25 @@ def save_flat(flat: dict[str, np.ndarray], cfg: ml_collections.ConfigDict, outpu
     (tmp / "model_config.json").write_text(metadata[CONFIG_METADATA_KEY] + "\n")
 
   return write_atomically(output, fill, overwrite)
+
+
+def _save_flat_to_bucket(arrays: dict[str, np.ndarray], metadata: dict[str, str], output: paths.Path,
+                         overwrite: bool) -> paths.Path:
+  """save_flat for a gs:// output: written locally, then uploaded (a single file appears whole; a directory is
+  committed by its model_config.json, uploaded last)."""
+  if output.name.endswith(".safetensors"):
+    if output.exists() and not overwrite:
+      raise hf_layout.ConversionError(f"output file {output} exists; pass --overwrite to replace it")
+    with tempfile.TemporaryDirectory(dir=paths.cache_dir("exports")) as tmp:
+      save_file(arrays, os.path.join(tmp, output.name), metadata=metadata)
+      paths.copy(paths.Path(os.path.join(tmp, output.name)), output)
+    return output
+
+  def fill(tmp: Path) -> None:
+    save_file(arrays, str(tmp / FLAT_FILE_NAME), metadata=metadata)
+    (tmp / "model_config.json").write_text(metadata[CONFIG_METADATA_KEY] + "\n")
+
+  return write_atomically(output, fill, overwrite, marker="model_config.json")
 
 
 def load_saved_flat(path: str | os.PathLike) -> tuple[ml_collections.ConfigDict, dict[str, np.ndarray]]:
