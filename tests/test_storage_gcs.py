@@ -81,6 +81,7 @@ def test_run_on_a_bucket_killed_and_resumed_is_bit_identical(gcs, uninterrupted,
     if child.poll() is None:
       child.kill()
   assert ckpt.latest_step(workdir) == 3
+  cfg.logging.tensorboard = True  # a free change on resume: the events go up through the metrics mirror
   result = loop.run(cfg, workdir)  # the same command again, in another process
   assert result.final_step == 6
   _assert_identical(ckpt.restore_params(workdir)[1], uninterrupted)
@@ -89,6 +90,7 @@ def test_run_on_a_bucket_killed_and_resumed_is_bit_identical(gcs, uninterrupted,
   assert [e['event'] for e in resume.history(workdir)] == ['start', 'resume']
   steps = [json.loads(x)['step'] for x in (root / 'metrics.jsonl').read_text().splitlines()]
   assert steps[-1] == 6 and 1 in steps  # the resumed run appended to the killed run's metrics
+  assert any(p.name.startswith('events.out.tfevents') for p in (root / 'tensorboard').iterdir())
 
 
 def test_missing_bucket_is_one_line_before_any_work(gcs, capsys):
