@@ -19,15 +19,12 @@ from etils import epath
 from neobert_jax import errors
 from neobert_jax.train import checkpoint as ckpt
 from neobert_jax.train import loop, resume
-from neobert_jax.train.testing import tiny_config
+from neobert_jax.train.testing import assert_identical_params, tiny_config
 
 REPO = Path(__file__).resolve().parents[1]
 
 
-def _assert_identical(a, b):
-  assert sorted(a) == sorted(b)
-  for k in a:
-    np.testing.assert_array_equal(a[k], b[k], err_msg=k)
+_assert_identical = assert_identical_params
 
 
 @pytest.fixture(scope='module')
@@ -40,7 +37,7 @@ def uninterrupted(tmp_path_factory):
 _CHILD = '''
 import os, sys, time
 from neobert_jax.train import loop
-from neobert_jax.train.testing import tiny_config
+from neobert_jax.train.testing import assert_identical_params, tiny_config
 def hold(step):
   if step == 4:  # checkpoint 3 is on the bucket; step 4 is lost when the parent kills us here
     print('READY', flush=True)

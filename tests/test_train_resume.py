@@ -16,7 +16,7 @@ import pytest
 
 from neobert_jax.train import checkpoint as ckpt
 from neobert_jax.train import loop
-from neobert_jax.train.testing import tiny_config
+from neobert_jax.train.testing import assert_identical_params, tiny_config
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -36,10 +36,7 @@ def _params(workdir):
   return ckpt.restore_params(workdir)[1]
 
 
-def _assert_identical(a, b):
-  assert sorted(a) == sorted(b)
-  for k in a:
-    np.testing.assert_array_equal(a[k], b[k], err_msg=k)
+_assert_identical = assert_identical_params
 
 
 @pytest.fixture(scope='module')

@@ -76,3 +76,10 @@ def mlm_rows(cfg: ml_collections.ConfigDict, seed: int = 0, fraction: float = 0.
           'positions': np.broadcast_to(np.arange(t, dtype=np.int32), (b, t)).copy(),
           'segment_ids': np.ones((b, t), np.int32), 'labels': np.where(chosen, ids, -100).astype(np.int32),
           'mlm_positions': pos, 'mlm_labels': np.take_along_axis(ids, pos, 1), 'mlm_weights': weights}
+
+
+def assert_identical_params(a: dict, b: dict) -> None:
+  """Two {dotted key: array} parameter sets are bit-identical (the tests' exact-resume check)."""
+  assert sorted(a) == sorted(b), (sorted(set(a) ^ set(b)))
+  for k in a:
+    np.testing.assert_array_equal(a[k], b[k], err_msg=k)
