@@ -54,12 +54,18 @@ def save_flat(flat: dict[str, np.ndarray], cfg: ml_collections.ConfigDict, outpu
   hf_layout.check_flat(flat, cfg)
   arrays = {k: np.ascontiguousarray(v) for k, v in flat.items()}
   metadata = {CONFIG_METADATA_KEY: json.dumps(cfg.to_dict(), sort_keys=True)}
-  if paths.is_url(output):
-    return _save_flat_to_bucket(arrays, metadata, paths.resolve(output, "--output"), overwrite)
-  output = Path(output).expanduser().absolute()
-  if output.suffix == ".safetensors":
+  # A gs:// output is written locally first: a single file is uploaded whole, a directory is committed by its
+  # model_config.json, uploaded last (write_atomically).
+  remote = paths.is_url(output)
+  output = paths.resolve(output, "--output") if remote else Path(output).expanduser().absolute()
+  if output.name.endswith(".safetensors"):
     if output.exists() and not overwrite:
       raise hf_layout.ConversionError(f"output file {output} exists; pass --overwrite to replace it")
+    if remote:
+      with tempfile.TemporaryDirectory(dir=paths.cache_dir("exports")) as tmp:
+        save_file(arrays, os.path.join(tmp, output.name), metadata=metadata)
+        paths.copy(paths.Path(os.path.join(tmp, output.name)), output)
+      return output
     output.parent.mkdir(parents=True, exist_ok=True)
     tmp = output.with_name(f".{output.name}.tmp-{os.getpid()}")
     try:
@@ -67,25 +73,6 @@ def save_flat(flat: dict[str, np.ndarray], cfg: ml_collections.ConfigDict, outpu
       os.replace(tmp, output)
     finally:
       tmp.unlink(missing_ok=True)
-    return output
-
-  def fill(tmp: Path) -> None:
-    save_file(arrays, str(tmp / FLAT_FILE_NAME), metadata=metadata)
-    (tmp / "model_config.json").write_text(metadata[CONFIG_METADATA_KEY] + "\n")
-
-  return write_atomically(output, fill, overwrite)
-
-
-def _save_flat_to_bucket(arrays: dict[str, np.ndarray], metadata: dict[str, str], output: paths.Path,
-                         overwrite: bool) -> paths.Path:
-  """save_flat for a gs:// output: written locally, then uploaded (a single file appears whole; a directory is
-  committed by its model_config.json, uploaded last)."""
-  if output.name.endswith(".safetensors"):
-    if output.exists() and not overwrite:
-      raise hf_layout.ConversionError(f"output file {output} exists; pass --overwrite to replace it")
-    with tempfile.TemporaryDirectory(dir=paths.cache_dir("exports")) as tmp:
-      save_file(arrays, os.path.join(tmp, output.name), metadata=metadata)
-      paths.copy(paths.Path(os.path.join(tmp, output.name)), output)
     return output
 
   def fill(tmp: Path) -> None:

@@ -47,6 +47,7 @@ import orbax.checkpoint as ocp
 from flax import nnx
 
 from neobert_jax import checkpoint_io, errors, paths
+from neobert_jax.train.optimizer import path_names
 from neobert_jax.train.state import TrainState
 
 log = logging.getLogger(__name__)
@@ -203,14 +204,10 @@ class CheckpointMismatch(errors.ConfigError):
   damage, so the checkpoint is left exactly where it is."""
 
 
-def _names(path: tuple[Any, ...]) -> str:
+def _leaves(tree: Any) -> dict[str, Any]:
   # Orbax's metadata tree spells every node as a dict key ('1', 'value'); the abstract state uses sequence
   # indices and attributes. Their names agree.
-  return '.'.join(str(getattr(e, 'key', getattr(e, 'name', getattr(e, 'idx', e)))) for e in path)
-
-
-def _leaves(tree: Any) -> dict[str, Any]:
-  return {_names(p): leaf for p, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]}
+  return {'.'.join(path_names(p)): leaf for p, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]}
 
 
 def _check_fits(mngr: ocp.CheckpointManager, step: int, abstract: TrainState) -> None:

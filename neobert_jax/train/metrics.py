@@ -109,5 +109,4 @@ class MetricsWriter:
     if self._tb is not None:
       self._tb.close()
       self._tb = None
-    if self.active:
-      self.mirror.sync()
+    self.sync()

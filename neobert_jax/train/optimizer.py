@@ -69,7 +69,8 @@ def lr_schedule(opt_cfg: ml_collections.ConfigDict, num_steps: int) -> optax.Sch
   return schedule
 
 
-def _path_names(path: tuple[Any, ...]) -> list[str]:
+def path_names(path: tuple[Any, ...]) -> list[str]:
+  """The names along a pytree path (dict keys, attribute names, sequence indices), as strings."""
   names = []
   for entry in path:
     for attr in ('key', 'name', 'idx'):
@@ -95,7 +96,7 @@ def weight_decay_mask(decay_embeddings: bool) -> Callable[[Any], Any]:
   """A mask function for optax.adamw: True where a parameter decays, same tree structure as the parameters."""
   def mask(params: Any) -> Any:
     return jax.tree_util.tree_map_with_path(
-        lambda path, _: decays(_path_names(path), decay_embeddings), params)
+        lambda path, _: decays(path_names(path), decay_embeddings), params)
   return mask
 
 
