@@ -24,7 +24,8 @@ import jax
 import numpy as np
 from flax import nnx
 
-from neobert_jax.finetune import batching, heads, inference, state as state_lib
+from neobert_jax.downstream import batching, heads, inference
+from neobert_jax.finetune import state as state_lib
 from neobert_jax.finetune.classification import sequence_loss
 from neobert_jax.finetune.config import base_config
 from neobert_jax.finetune.step import build_step

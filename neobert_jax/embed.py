@@ -18,7 +18,8 @@ import numpy as np
 from flax import nnx
 
 from neobert_jax import commandline, errors, paths
-from neobert_jax.finetune import batching, heads, inference, source as source_lib, state as state_lib, tables
+from neobert_jax.downstream import batching, heads, inference, tables
+from neobert_jax.finetune import source as source_lib, state as state_lib
 
 
 class Encoder:

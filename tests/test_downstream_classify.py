@@ -9,7 +9,8 @@ import pytest
 from flax import nnx
 
 from neobert_jax.data.corpus import CorpusUnavailable
-from neobert_jax.finetune import heads, labels, loop, state
+from neobert_jax.downstream import heads
+from neobert_jax.finetune import labels, loop, state
 from neobert_jax.finetune.config import base_config
 from neobert_jax.train import checkpoint as ckpt
 

@@ -11,7 +11,8 @@ import pytest
 from flax import nnx
 
 from neobert_jax.evaluate import embedding_tasks
-from neobert_jax.finetune import batching, loop, source, tables
+from neobert_jax.downstream import batching, tables
+from neobert_jax.finetune import loop, source
 from neobert_jax.finetune.config import base_config
 from neobert_jax.model import NeoBERTForMLM, default_model_config, to_flat
 from neobert_jax.train import checkpoint as ckpt

@@ -11,7 +11,8 @@ from flax import nnx
 
 from neobert_jax.evaluate import pppl as pppl_lib
 from neobert_jax.evaluate.__main__ import main as evaluate_main
-from neobert_jax.finetune import batching, state as state_lib
+from neobert_jax.downstream import batching
+from neobert_jax.finetune import state as state_lib
 from neobert_jax.model import NeoBERTForMLM, default_model_config, to_flat
 
 MASK, PAD = 103, 0

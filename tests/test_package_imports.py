@@ -2,8 +2,9 @@
 
 Layers, lowest first: errors / jax_compat (import nothing of ours) -> paths (local paths and bucket URLs; imports
 only errors) -> checkpoint_io (parameter trees and run checkpoints; imports errors and paths) -> model (with hf_layout, the Hugging Face layout), data, sharding, distributed ->
-config (the schema) -> train, convert (side by side: neither imports the other) -> pretrain (train, then the export),
-finetune, evaluate, embed, aot, compile -> entry points (cli and each package's __main__, README "Architecture").
+config (the schema) -> train, convert (side by side: neither imports the other) -> downstream (batching, inference,
+heads, tables: what the commands below share) -> pretrain (train, then the export), finetune, evaluate, embed, aot,
+compile -> entry points (cli and each package's __main__, README "Architecture").
 Nothing imports cli (console scripts); the benchmark scripts live outside the package (benchmarks/), so nothing in
 it can import them. An import cycle between modules fails, even
 when it is hidden in a function body.
@@ -95,6 +96,10 @@ RULES = {
         lambda a, b: _in(a, 'convert') and _in(b, 'train', *COMMANDS),
     'train does not import convert or the commands above it (its entry point, train/__main__, may)':
         lambda a, b: _in(a, 'train') and not _entry(a) and _in(b, 'convert', *COMMANDS),
+    'downstream (what finetune, evaluate and embed share) imports neither them nor the commands above':
+        lambda a, b: _in(a, 'downstream') and _in(b, *COMMANDS),
+    'model, data, sharding and train do not import downstream':
+        lambda a, b: _in(a, 'model', 'data', 'sharding', 'train', 'convert', 'config') and _in(b, 'downstream'),
     'nothing imports cli (console scripts)':
         lambda a, b: _in(b, 'cli'),
 }

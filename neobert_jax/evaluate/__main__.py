@@ -45,7 +45,8 @@ def _parser() -> commandline.Parser:
 
 def pppl(args: argparse.Namespace) -> dict:
   from neobert_jax.evaluate import pppl as pppl_lib  # pylint: disable=g-import-not-at-top
-  from neobert_jax.finetune import batching, source as source_lib, state as state_lib, tables  # pylint: disable=g-import-not-at-top
+  from neobert_jax.downstream import batching, tables  # pylint: disable=g-import-not-at-top
+  from neobert_jax.finetune import source as source_lib, state as state_lib  # pylint: disable=g-import-not-at-top
   from neobert_jax.model import NeoBERTForMLM  # pylint: disable=g-import-not-at-top
   from tqdm.auto import tqdm  # pylint: disable=g-import-not-at-top
   src = source_lib.load(args.model, None if args.step < 0 else args.step, need_decoder=True)

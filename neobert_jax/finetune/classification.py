@@ -14,7 +14,8 @@ import ml_collections
 import numpy as np
 import optax
 
-from neobert_jax.finetune import batching, heads, labels as labels_lib, metrics, tables
+from neobert_jax.downstream import batching, heads, tables
+from neobert_jax.finetune import labels as labels_lib, metrics
 
 
 def sequence_loss(kind: str):

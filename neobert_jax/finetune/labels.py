@@ -15,7 +15,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from neobert_jax import paths
-from neobert_jax.finetune.tables import DataError
+from neobert_jax.errors import DataError
 
 LABELS_FILE = 'labels.json'
 

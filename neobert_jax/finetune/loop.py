@@ -27,11 +27,12 @@ from flax import nnx
 
 from neobert_jax import paths
 from neobert_jax import sharding as shd
-from neobert_jax.finetune import batching, config as config_lib, inference, source as source_lib, state as state_lib
+from neobert_jax.downstream import batching, inference
+from neobert_jax.finetune import config as config_lib, source as source_lib, state as state_lib
 from neobert_jax.finetune import step as step_lib
 from neobert_jax.config import resume as resume_rules
 from neobert_jax.errors import ConfigError
-from neobert_jax.finetune.tables import DataError
+from neobert_jax.errors import DataError
 from neobert_jax.model.config import resolve_dtype
 from neobert_jax.train import checkpoint as ckpt
 from neobert_jax.train import config as train_config

@@ -17,7 +17,9 @@ import jax
 import ml_collections
 import numpy as np
 
-from neobert_jax.finetune import batching, contrastive, heads, tables
+from neobert_jax.downstream import batching, heads, tables
+from neobert_jax.errors import DataError
+from neobert_jax.finetune import contrastive
 
 
 def _instructions(path: str) -> dict[str, str]:
@@ -26,10 +28,10 @@ def _instructions(path: str) -> dict[str, str]:
   try:
     table = json.loads(Path(path).read_text())
   except (OSError, ValueError) as e:
-    raise tables.DataError(f'data.instructions={path}: not a readable JSON file ({e}); give {{"dataset": '
-                           '"instruction", ...}') from None
+    raise DataError(f'data.instructions={path}: not a readable JSON file ({e}); give {{"dataset": '
+                    '"instruction", ...}') from None
   if not isinstance(table, dict):
-    raise tables.DataError(f'data.instructions={path}: expected a JSON object {{"dataset": "instruction"}}')
+    raise DataError(f'data.instructions={path}: expected a JSON object {{"dataset": "instruction"}}')
   return {str(k): str(v) for k, v in table.items()}
 
 

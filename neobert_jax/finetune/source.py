@@ -17,7 +17,7 @@ import numpy as np
 
 from neobert_jax import paths
 from neobert_jax.data import tokenizer as tokenizer_lib
-from neobert_jax.finetune.tables import DataError
+from neobert_jax.errors import DataError
 
 DEFAULT_TOKENIZER = tokenizer_lib.BUILTIN_BERT
 

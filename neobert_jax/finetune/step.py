@@ -15,7 +15,7 @@ import optax
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from neobert_jax.finetune import batching
+from neobert_jax.downstream import batching
 from neobert_jax.train.state import StateDefs, TrainState
 from neobert_jax.train.step import MeshBound
 

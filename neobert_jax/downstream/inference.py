@@ -14,7 +14,7 @@ import numpy as np
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from neobert_jax.finetune import batching
+from neobert_jax.downstream import batching
 from neobert_jax.train.step import MeshBound
 
 

@@ -11,15 +11,10 @@ from typing import Any, Sequence
 
 import numpy as np
 
-_COMPRESSIONS = ('.gz', '.bz2', '.zst', '.zstd', '.lz4')
-
-
 from neobert_jax import paths
-from neobert_jax.errors import DataError as _ProjectDataError
+from neobert_jax.errors import DataError
 
-
-class DataError(_ProjectDataError):
-  """An input file the fine-tuning cannot use; the message names the file, the problem and the fix."""
+_COMPRESSIONS = ('.gz', '.bz2', '.zst', '.zstd', '.lz4')
 
 
 def detect_format(path: str, fmt: str = 'auto') -> str:
