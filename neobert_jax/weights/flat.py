@@ -1,0 +1,197 @@
+"""The flat parameter layout, {dotted key: array}, that every loader, converter and tool exchanges.
+
+Owns:
+  * the keys and shapes the JAX model has for a model config (`flat_shapes`, `check_flat`; `Dims`, the sizes they
+    derive from), e.g. 'encoder.layers.qkv' [L, D, H, 3*Dh] (layers stacked on a leading axis);
+  * flat <-> nested trees, as Orbax stores them (`flatten` / `unflatten`), and a pytree path's key (`path_key`);
+  * the key/shape check every loader runs before touching a model (`check_keys_and_shapes`);
+  * a model's parameters as flat host arrays and back (`to_flat` / `load_flat`);
+  * the flat-params file: a safetensors file of the flat keys whose metadata holds the model config as JSON
+    (`write_flat_file`, `write_flat_dir`, `is_flat_file`, `load_saved_flat`). Where such a file is published
+    (overwrite rules, buckets) is the converter's (convert/import_hf.save_flat).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from typing import Any, Callable, Mapping
+
+import jax
+import ml_collections
+import numpy as np
+from flax import nnx
+
+from neobert_jax import errors
+from neobert_jax.model.config import ffn_hidden_size
+
+CONFIG_METADATA_KEY = 'neobert_jax.model_config'  # the flat-params file's metadata entry with the model config
+FLAT_FILE_NAME = 'params.safetensors'  # the file inside a flat-params directory
+MODEL_CONFIG_FILE = 'model_config.json'  # beside it, the same config (the directory's commit marker)
+
+
+@dataclasses.dataclass(frozen=True)
+class Dims:
+  vocab: int
+  dim: int
+  layers: int
+  heads: int
+  head_dim: int
+  ffn: int
+
+  @classmethod
+  def from_config(cls, cfg: Any) -> 'Dims':
+    if cfg['hidden_size'] % cfg['num_heads']:
+      raise errors.ExportError(
+          f"hidden_size={cfg['hidden_size']} is not divisible by num_heads={cfg['num_heads']}")
+    return cls(vocab=int(cfg['vocab_size']), dim=int(cfg['hidden_size']), layers=int(cfg['num_layers']),
+               heads=int(cfg['num_heads']), head_dim=int(cfg['hidden_size']) // int(cfg['num_heads']),
+               ffn=ffn_hidden_size(ml_collections.ConfigDict({'intermediate_size': int(cfg['intermediate_size'])})))
+
+
+def flat_shapes(cfg: Any) -> dict[str, tuple[int, ...]]:
+  """The flat keys and shapes of NeoBERTForMLM for the model config ``cfg`` (or a mapping with its field names)."""
+  d = Dims.from_config(cfg)
+  return {
+      'encoder.token_embedding.embedding': (d.vocab, d.dim),
+      'encoder.layers.attention_norm': (d.layers, d.dim),
+      'encoder.layers.qkv': (d.layers, d.dim, d.heads, 3 * d.head_dim),
+      'encoder.layers.wo': (d.layers, d.heads, d.head_dim, d.dim),
+      'encoder.layers.ffn_norm': (d.layers, d.dim),
+      'encoder.layers.w12': (d.layers, d.dim, 2, d.ffn),
+      'encoder.layers.w3': (d.layers, d.ffn, d.dim),
+      'encoder.final_norm': (d.dim,),
+      'decoder.kernel': (d.dim, d.vocab),
+      'decoder.bias': (d.vocab,),
+  }
+
+
+def _preview(keys: list[str], limit: int = 6) -> str:
+  shown = ', '.join(keys[:limit])
+  return shown + (f', ... ({len(keys) - limit} more)' if len(keys) > limit else '')
+
+
+def check_keys_and_shapes(got: Mapping[str, Any], expected: Mapping[str, tuple[int, ...]], what: str, fix: str,
+                          error: Callable[[str], Exception] = errors.CheckpointError) -> None:
+  """Raises `error` naming every missing and unexpected key and every wrong shape at once, before any is used."""
+  missing = [k for k in expected if k not in got]
+  unexpected = [k for k in got if k not in expected]
+  problems = []
+  if missing:
+    problems.append(f'missing keys ({len(missing)}): {_preview(missing)}')
+  if unexpected:
+    problems.append(f'unexpected keys ({len(unexpected)}): {_preview(unexpected)}')
+  for key, shape in expected.items():
+    if key in got and tuple(np.shape(got[key])) != tuple(shape):
+      problems.append(f'{key}: expected shape {tuple(shape)}, got {tuple(np.shape(got[key]))}')
+  if problems:
+    raise error(f'{what} does not match the model config:\n  ' + '\n  '.join(problems) + f'\nFix: {fix}')
+
+
+def check_flat(flat: Mapping[str, Any], cfg: Any) -> None:
+  """Raises ExportError naming every missing/unexpected key and wrong shape of NeoBERTForMLM flat params."""
+  check_keys_and_shapes(
+      flat, flat_shapes(cfg), 'the flat parameter dict',
+      'pass the model config the parameters were trained with (layers, width, heads, vocab, intermediate_size)',
+      errors.ExportError)
+
+
+def flatten(tree: Mapping[str, Any], prefix: str = '') -> dict[str, Any]:
+  """Nested {name: {...: leaf}} -> {'name.….leaf': leaf}."""
+  out: dict[str, Any] = {}
+  for k, v in tree.items():
+    key = f'{prefix}{k}'
+    out.update(flatten(v, key + '.') if isinstance(v, Mapping) else {key: v})
+  return out
+
+
+def unflatten(flat: Mapping[str, Any]) -> dict[str, Any]:
+  """Inverse of `flatten`."""
+  out: dict[str, Any] = {}
+  for key, value in flat.items():
+    *parents, leaf = key.split('.')
+    node = out
+    for p in parents:
+      node = node.setdefault(p, {})
+    node[leaf] = value
+  return out
+
+
+def path_key(path: tuple[Any, ...]) -> str:
+  """An nnx state path ('encoder', 'layers', 'qkv') as its flat key 'encoder.layers.qkv'."""
+  return '.'.join(str(getattr(p, 'key', p)) for p in path)
+
+
+def to_flat(model: nnx.Module) -> dict[str, np.ndarray]:
+  """Gathers every nnx.Param to host memory (fine for export; a sharded run restores on one CPU for that)."""
+  state = nnx.state(model, nnx.Param)
+  return {path_key(path): np.asarray(jax.device_get(var[...])) for path, var in nnx.to_flat_state(state)}
+
+
+def load_flat(model: nnx.Module, flat: Mapping[str, np.ndarray]) -> None:
+  """Writes flat arrays into the model in place, keeping each parameter's dtype and sharding.
+
+  Raises ValueError naming every missing or unexpected key and every shape mismatch, before anything changes.
+  """
+  state = nnx.state(model, nnx.Param)
+  variables = {path_key(path): var for path, var in nnx.to_flat_state(state)}
+  check_keys_and_shapes(
+      flat, {k: tuple(v[...].shape) for k, v in variables.items()}, 'the parameters',
+      'check that the model config (layers, sizes, vocab) matches the checkpoint', error=ValueError)
+  for key, var in variables.items():
+    current = var[...]
+    value = np.asarray(flat[key]).astype(current.dtype)
+    var[...] = jax.device_put(value, current.sharding)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The flat-params file
+
+
+def read_safetensors(path: str | os.PathLike) -> tuple[dict[str, str], dict[str, np.ndarray]]:
+  """(metadata, arrays) of a safetensors file; ExportError if it is not one."""
+  from safetensors import safe_open  # pylint: disable=g-import-not-at-top
+  try:
+    with safe_open(str(path), framework='np') as fh:
+      return fh.metadata() or {}, {key: fh.get_tensor(key) for key in fh.keys()}
+  except Exception as e:  # safetensors raises its own error types for truncated or foreign files
+    raise errors.ExportError(f'{path} is not a readable safetensors file ({type(e).__name__}: {e})') from e
+
+
+def _metadata(cfg: ml_collections.ConfigDict) -> dict[str, str]:
+  return {CONFIG_METADATA_KEY: json.dumps(cfg.to_dict(), sort_keys=True)}
+
+
+def write_flat_file(flat: Mapping[str, np.ndarray], cfg: ml_collections.ConfigDict, path: str | os.PathLike) -> None:
+  """Writes flat params + model config as one local safetensors file at `path` (checked against `cfg` first)."""
+  from safetensors.numpy import save_file  # pylint: disable=g-import-not-at-top
+  check_flat(flat, cfg)
+  save_file({k: np.ascontiguousarray(v) for k, v in flat.items()}, str(path), metadata=_metadata(cfg))
+
+
+def write_flat_dir(flat: Mapping[str, np.ndarray], cfg: ml_collections.ConfigDict,
+                   directory: str | os.PathLike) -> None:
+  """Fills a local directory: FLAT_FILE_NAME, then MODEL_CONFIG_FILE (the same config, readable without numpy)."""
+  write_flat_file(flat, cfg, os.path.join(directory, FLAT_FILE_NAME))
+  with open(os.path.join(directory, MODEL_CONFIG_FILE), 'w') as fh:
+    fh.write(_metadata(cfg)[CONFIG_METADATA_KEY] + '\n')
+
+
+def is_flat_file(path: Any) -> bool:
+  """Whether `path` (a local or epath path) is a flat-params file or a directory holding one."""
+  return (path.is_file() and path.suffix == '.safetensors') or (path / FLAT_FILE_NAME).is_file()
+
+
+def load_saved_flat(path: str | os.PathLike) -> tuple[ml_collections.ConfigDict, dict[str, np.ndarray]]:
+  """Reads a flat-params file or directory (local): (model ConfigDict, flat params)."""
+  path = os.path.expanduser(os.fspath(path))
+  file = os.path.join(path, FLAT_FILE_NAME) if os.path.isdir(path) else path
+  if not os.path.isfile(file):
+    raise errors.ExportError(f'{path}: no flat params file (expected a .safetensors or a dir with {FLAT_FILE_NAME})')
+  metadata, flat = read_safetensors(file)
+  if CONFIG_METADATA_KEY not in metadata:
+    raise errors.ExportError(f"{file} lacks the '{CONFIG_METADATA_KEY}' metadata of a flat-params file")
+  cfg = ml_collections.ConfigDict(json.loads(metadata[CONFIG_METADATA_KEY]))
+  check_flat(flat, cfg)
+  return cfg, flat

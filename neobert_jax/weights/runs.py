@@ -1,0 +1,114 @@
+"""Run directories on disk or on a bucket, as train/ and fine-tuning write them, read without the trainer.
+
+Owns the run layout, WORKDIR/config.json and WORKDIR/checkpoints/<step>/{params,opt,data,config} (the engine's
+checkpoint module writes it): `checkpoint_dir`, `latest_step`, `read_config`; and restoring a step's parameters,
+onto given shardings (`restore_param_tree`: no host gather) or on one CPU device whatever mesh wrote them
+(`restore_params`: what converters and host-side tools read). A missing run or step is FileNotFoundError; opening a
+source for a user (one error class, one message) is weights/source.py's.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from typing import Any
+
+import jax
+import ml_collections
+import numpy as np
+
+from neobert_jax import paths
+from neobert_jax.weights.flat import flatten
+
+
+def _orbax():
+  # Imported on first use: readers of the config alone, and the modules that import this one for its
+  # constants, should not pay Orbax's import (~0.4 s) until a checkpoint is opened.
+  import orbax.checkpoint  # pylint: disable=g-import-not-at-top
+  return orbax.checkpoint
+
+
+CHECKPOINT_SUBDIR = 'checkpoints'
+PARAMS_ITEM = 'params'
+CONFIG_ITEM = 'config'  # the resolved config, saved with each step as an Orbax JSON item
+CONFIG_FILE = 'config.json'  # the same config, written into the workdir when the run starts
+
+
+def checkpoint_dir(path: str | os.PathLike) -> paths.Path:
+  """Accepts a workdir (with a checkpoints/ subdir) or the checkpoints dir itself, local or on a bucket."""
+  p = paths.resolve(path)
+  return p / CHECKPOINT_SUBDIR if (p / CHECKPOINT_SUBDIR).is_dir() else p
+
+
+def latest_step(path: str | os.PathLike) -> int | None:
+  """The newest complete step (Orbax lists only finalised steps: a half-written one is never returned)."""
+  steps = _orbax().utils.checkpoint_steps(checkpoint_dir(path))
+  return max(steps) if steps else None
+
+
+def read_config(path: str | os.PathLike, step: int | None = None) -> ml_collections.ConfigDict:
+  """The resolved config saved with `step` (default: latest), else the workdir's config.json.
+
+  The step's item is read through Orbax's JSON handler (the format `ocp.args.JsonSave` wrote), on this process
+  alone: a Checkpointer would wait at a barrier for processes that may not be reading.
+  """
+  cdir = checkpoint_dir(path)
+  step = latest_step(cdir) if step is None else step
+  looked = []
+  if step is not None:
+    item = cdir / str(step) / CONFIG_ITEM
+    looked.append(str(item))
+    if item.is_dir():
+      return ml_collections.ConfigDict(_orbax().JsonCheckpointHandler().restore(item))
+  # Runs whose steps hold no config item (fine-tuning runs) record it in the workdir only.
+  for c in (cdir.parent / CONFIG_FILE, cdir / CONFIG_FILE):
+    looked.append(str(c))
+    if c.is_file():
+      return ml_collections.ConfigDict(json.loads(c.read_text()))
+  raise FileNotFoundError(f'no training config found for {path} (looked at {", ".join(looked)})')
+
+
+def params_item(path: str | os.PathLike, step: int | None) -> tuple[paths.Path, int]:
+  """(the params item's directory, its step) of `step` (None or < 0: the latest); FileNotFoundError if absent."""
+  cdir = checkpoint_dir(path)
+  step = latest_step(cdir) if step is None or step < 0 else step
+  if step is None:
+    raise FileNotFoundError(f'no complete checkpoint under {cdir}')
+  item = cdir / str(step) / PARAMS_ITEM
+  if not item.is_dir():
+    raise FileNotFoundError(f'checkpoint step {step} has no params at {item}')
+  return item, step
+
+
+def restore_param_tree(path: str | os.PathLike, step: int | None, abstract: Any) -> tuple[Any, int]:
+  """(nested params, step) of a run, read straight onto `abstract`'s shardings (ShapeDtypeStructs; no host
+  gather). Every process must call it: Orbax reads collectively."""
+  item, step = params_item(path, step)
+  with _orbax().StandardCheckpointer() as ckptr:
+    return ckptr.restore(item, abstract), step
+
+
+def restore_params(path: str | os.PathLike,
+                   step: int | None = None) -> tuple[ml_collections.ConfigDict, dict[str, np.ndarray]]:
+  """(model config, {dotted key: numpy array}) of a checkpoint, read on one CPU device whatever mesh wrote it.
+
+  `path` is a workdir or its checkpoints/ dir; `step` defaults to the latest complete step. FileNotFoundError
+  when there is none.
+  """
+  item, step = params_item(path, step)
+  cpu = jax.sharding.SingleDeviceSharding(jax.local_devices(backend='cpu')[0])
+  absl_log = logging.getLogger('absl')
+  level = absl_log.level
+  with _orbax().StandardCheckpointer() as ckptr:
+    # The step-level metadata file sits one directory up (CheckpointManager layout); Orbax warns that the item
+    # has none of its own, which is expected here and only alarms users reading the export log.
+    absl_log.setLevel(logging.ERROR)
+    try:
+      meta = ckptr.metadata(item).item_metadata
+    finally:
+      absl_log.setLevel(level)
+    target = jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=cpu), meta.tree)
+    tree = ckptr.restore(item, target)
+  flat = {k: np.asarray(v) for k, v in flatten(tree).items()}
+  return read_config(item.parent.parent, step).model, flat
