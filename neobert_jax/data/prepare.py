@@ -15,7 +15,6 @@ they are byte-identical to a local prepare's.
 """
 
 import collections
-import hashlib
 import multiprocessing
 import os
 import shlex
@@ -24,38 +23,19 @@ import sys
 import time
 from typing import Iterable, Iterator, Sequence
 
-import numpy as np
-
 from neobert_jax import commandline, errors, paths
-from neobert_jax.data import publish
+from neobert_jax.data import documents, publish
 from neobert_jax.data import shards as shards_lib
 from neobert_jax.data import sources
 from neobert_jax.data import tokenizer as tokenizer_lib
 
-_UNIT_CHARS = 1 << 20  # ~1 MB of text per task: big enough to hide IPC costs
-_UNIT_DOCS = 1024
-_MAX_REPORTED_ISSUES = 100
 _TOKENIZER = None  # per-worker tokenizer, built once by _init_worker
-
-
-def chunk_document(ids: np.ndarray, max_length: int, cls_id: int, sep_id: int
-                   ) -> list[np.ndarray]:
-  """Splits a document's ids into [CLS] ... [SEP] records of <= max_length ids."""
-  body = max_length - 2
-  out = []
-  for start in range(0, max(len(ids), 1), body):
-    rec = np.empty(min(body, len(ids) - start) + 2, np.int32)
-    rec[0], rec[-1] = cls_id, sep_id
-    rec[1:-1] = ids[start:start + body]
-    out.append(rec)
-  return out
-
-
-def is_eval_document(text: str, eval_fraction: float) -> bool:
-  if eval_fraction <= 0:
-    return False
-  h = int.from_bytes(hashlib.blake2b(text.encode('utf-8'), digest_size=8).digest(), 'little')
-  return h / 2.0**64 < eval_fraction
+ENGINES = ('local', 'ray')
+# Their home is documents.py, shared with the Ray engine; these names stay for callers that know them from here.
+chunk_document = documents.chunk_document
+is_eval_document = documents.is_eval_document
+# The manifest fields that say how and when a prepare ran rather than what it made: the engines differ only there.
+RUN_FIELDS = ('command', 'seconds', 'workers', 'engine')
 
 
 def _init_worker(tokenizer_path: str) -> None:
@@ -68,15 +48,7 @@ def _init_worker(tokenizer_path: str) -> None:
 
 def _tokenize_unit(task):
   texts, max_length, eval_fraction = task
-  tok = _TOKENIZER
-  out = []
-  for text, ids in zip(texts, tok.encode_batch(texts)):
-    if ids.size == 0:
-      out.append(None)  # e.g. only control characters: nothing to learn from
-    else:
-      out.append((is_eval_document(text, eval_fraction),
-                  chunk_document(ids, max_length, tok.cls_id, tok.sep_id)))
-  return out
+  return documents.tokenize_texts(_TOKENIZER, texts, max_length, eval_fraction)
 
 
 def _ordered_map(fn, tasks: Iterable, workers: int, initargs: tuple) -> Iterator:
@@ -96,41 +68,6 @@ def _ordered_map(fn, tasks: Iterable, workers: int, initargs: tuple) -> Iterator
         yield pending.popleft().get()
     while pending:
       yield pending.popleft().get()
-
-
-class _Counts:
-  def __init__(self):
-    self.input_documents = 0
-    self.skipped_empty = 0
-    self.split_documents = 0
-    self.issues: list[str] = []
-    self.issue_count = 0
-
-  def on_issue(self, issue: sources.DecodeIssue) -> None:
-    self.issue_count += 1
-    if len(self.issues) < _MAX_REPORTED_ISSUES:
-      self.issues.append(str(issue))
-    print(f'warning: {issue}; replaced with U+FFFD', file=sys.stderr)
-
-
-def _units(files, counts: _Counts, text_field, text_mode, on_decode_error):
-  """Non-empty document texts grouped into units, in file order."""
-  texts, size = [], 0
-  for path in files:
-    for doc in sources.iter_documents(path, text_field=text_field, text_mode=text_mode,
-                                      on_decode_error=on_decode_error,
-                                      on_issue=counts.on_issue):
-      counts.input_documents += 1
-      if not doc.text.strip():
-        counts.skipped_empty += 1
-        continue
-      texts.append(doc.text)
-      size += len(doc.text)
-      if size >= _UNIT_CHARS or len(texts) >= _UNIT_DOCS:
-        yield texts
-        texts, size = [], 0
-  if texts:
-    yield texts
 
 
 _TMP_PREFIX = '.prepare-tmp-'
@@ -174,42 +111,29 @@ def prepare(inputs: Sequence[str], output_dir: str, *, tokenizer: str = 'bert-ba
             on_decode_error: str = 'replace', shard_mb: float = 256.0,
             overwrite: bool = False, progress: bool = False,
             command: str | None = None) -> dict:
-  """Tokenizes `inputs` into `output_dir`; returns the manifest it wrote."""
-  if max_length < 3:
-    raise ValueError(f'max_length must be >= 3 ([CLS] + a token + [SEP]), got {max_length}')
-  if not 0 <= eval_fraction < 1:
-    raise ValueError(f'eval_fraction must be in [0, 1), got {eval_fraction}')
+  """Tokenizes `inputs` into `output_dir` on this machine; returns the manifest it wrote."""
+  documents.check_args(max_length, eval_fraction)
   files = sources.expand_inputs(inputs)
   tok = tokenizer_lib.load_tokenizer(tokenizer)
-  bucket = paths.resolve(output_dir, '--output') if paths.is_url(output_dir) else None
-  if bucket is not None:  # shards are written to local scratch, then uploaded (publish.py)
-    publish.check_output(bucket, overwrite)
-    work = publish.scratch_root()
-  else:
-    if os.path.exists(os.path.join(output_dir, shards_lib.MANIFEST)) and not overwrite:
-      raise FileExistsError(f'{output_dir} already holds prepared data (pass --overwrite)')
-    os.makedirs(output_dir, exist_ok=True)
-    work = output_dir
+  out = publish.open_output(output_dir, overwrite)
+  bucket = None if paths.local(out) else out
+  # Shards bound for a bucket are written to local scratch, then uploaded (publish.py).
+  work = publish.scratch_root() if bucket is not None else output_dir
   remove_stale_tmp(work)
   tmp = os.path.join(work, f'{_TMP_PREFIX}{os.getpid()}')
   os.makedirs(tmp)
   start = time.time()
   try:
-    counts = _Counts()
+    counts = documents.Counts()
     limit = int(shard_mb * 2**20)
     writers = {s: shards_lib.ShardWriter(tmp, s, limit) for s in shards_lib.SPLITS}
-    tasks = ((u, max_length, eval_fraction)
-             for u in _units(files, counts, text_field, text_mode, on_decode_error))
+    units = documents.text_units([(f, None) for f in files], counts, text_field, text_mode, on_decode_error)
     bar = _progress_bar(progress)
     try:
-      for results in _ordered_map(_tokenize_unit, tasks, workers, (tok.path,)):
-        for res in results:
-          if res is None:
-            counts.skipped_empty += 1
-            continue
-          held_out, chunks = res
-          counts.split_documents += len(chunks) > 1
-          writers['eval' if held_out else 'train'].write_document(chunks)
+      for results in _ordered_map(_tokenize_unit, ((u, max_length, eval_fraction) for u in units), workers,
+                                  (tok.path,)):
+        for split, chunks in counts.take(results):
+          writers[split].write_document(chunks)
         if bar is not None:
           bar.update(len(results))
           bar.set_postfix(tokens=writers['train'].tokens + writers['eval'].tokens)
@@ -217,25 +141,9 @@ def prepare(inputs: Sequence[str], output_dir: str, *, tokenizer: str = 'bert-ba
       if bar is not None:
         bar.close()
     splits = {s: w.close() for s, w in writers.items()}
-    if splits['train']['documents'] == 0:
-      raise sources.InputError(
-          f'no documents with text in {len(files)} file(s) ({counts.input_documents} read, '
-          f'{counts.skipped_empty} empty); the corpus is empty')
-    manifest = {
-        'format': shards_lib.FORMAT,
-        'tokenizer': tok.identity(),
-        'max_length': max_length,
-        'eval_fraction': eval_fraction,
-        'splits': splits,
-        'input_files': files,
-        'input_documents': counts.input_documents,
-        'skipped_empty_documents': counts.skipped_empty,
-        'split_long_documents': counts.split_documents,
-        'decode_errors': {'count': counts.issue_count, 'first': counts.issues},
-        'command': command or f'prepare({list(inputs)!r}, {output_dir!r}, ...)',
-        'workers': workers,
-        'seconds': round(time.time() - start, 3),
-    }
+    manifest = documents.manifest(tok, max_length, eval_fraction, splits, files, counts,
+                                  command or f'prepare({list(inputs)!r}, {output_dir!r}, ...)')
+    manifest.update(workers=workers, seconds=round(time.time() - start, 3))
     if bucket is not None:
       publish.upload(tmp, bucket, manifest)
     else:

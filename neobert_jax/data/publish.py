@@ -9,18 +9,36 @@ them: the bytes on the bucket are those a local prepare writes. The manifest is 
     shards it does not list removed.
 An upload cut short leaves no manifest: readers refuse the output as unfinished, and running prepare again
 (--overwrite) replaces it.
+
+The Ray engine (prepare_ray.py) writes each shard on the node that assembles it and puts it in place with
+`put_file` (local: a shared directory, renamed in whole; bucket: uploaded and its size checked), then `commit`s:
+the manifest last, then the removal of shards it does not list. `open_output` is both engines' check before work.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
 import os
+import shutil
 
 from neobert_jax import errors, paths
 from neobert_jax.data import shards
 
 # Uploads in flight: one GCS stream is limited well below a VM's network, so a few at once.
 PARALLEL = 4
+
+
+def open_output(output_dir: str, overwrite: bool) -> paths.Path:
+  """Before tokenizing, for both engines: an output that holds prepared data is refused without --overwrite
+  (FileExistsError, untouched); a bucket must take writes; a local directory is created."""
+  out = paths.resolve(output_dir, '--output')
+  if not paths.local(out):
+    check_output(out, overwrite)
+    return out
+  if (out / shards.MANIFEST).exists() and not overwrite:
+    raise FileExistsError(f'{output_dir} already holds prepared data (pass --overwrite)')
+  out.mkdir(parents=True, exist_ok=True)
+  return out
 
 
 def check_output(out: paths.Path, overwrite: bool) -> None:
@@ -48,13 +66,43 @@ def upload(local: str, out: paths.Path, manifest: dict) -> None:
   except Exception as e:  # noqa: BLE001 - gcsfs raises its own types for HTTP 403 / 5xx
     raise errors.StorageError(f'--output={out}: upload failed ({errors.one_line(e)}); it holds no complete '
                               'prepared data now: run prepare again with --overwrite') from None
+  remove_unlisted(out, names)
+
+
+def remove_unlisted(out: paths.Path, names: list[str]) -> None:
+  """Removes the shards at `out` that the (new, committed) manifest does not list: an old output's, or those of a
+  build cut short."""
   try:
-    for obj in out.iterdir():  # the old output's shards, and those of an upload cut short
+    for obj in out.iterdir():
       if obj.name.endswith('.arrayrecord') and obj.name not in names:
         obj.unlink()
   except Exception as e:  # noqa: BLE001 - the new data is complete; only leftovers remain
     raise errors.StorageError(f'--output={out}: the prepared data is complete, but shards it does not list could '
                               f'not be removed ({errors.one_line(e)}); delete them by hand') from None
+
+
+def commit(out: paths.Path, manifest: dict) -> None:
+  """The shards `manifest` lists are in place at `out`: the manifest goes up last, then unlisted shards go."""
+  if paths.local(out):
+    shards.write_manifest(os.fspath(out), manifest)
+  else:
+    paths.write_text(out / shards.MANIFEST, shards.manifest_text(manifest))
+  remove_unlisted(out, [s['file'] for split in manifest['splits'].values() for s in split['shards']])
+
+
+def put_file(src: str, dst: paths.Path) -> None:
+  """Moves the local file `src` to `dst` whole: a reader sees the old file or the new one, never part of it."""
+  if not paths.local(dst):
+    _put(src, dst)
+    os.remove(src)
+    return
+  tmp = f'{os.fspath(dst)}.tmp-{os.getpid()}'
+  try:
+    os.replace(src, tmp)  # same filesystem: a rename
+  except OSError:
+    shutil.copyfile(src, tmp)  # the scratch and the shared output are on different filesystems
+    os.remove(src)
+  os.replace(tmp, dst)
 
 
 def _put(src: str, dst: paths.Path) -> None:

@@ -16,7 +16,7 @@ from array_record.python.array_record_module import ArrayRecordReader, ArrayReco
 import numpy as np
 
 from neobert_jax import errors, paths
-from neobert_jax.data import assets
+from neobert_jax.data import assets, rollover
 
 MANIFEST = 'manifest.json'
 FORMAT = 'neobert_jax.prepared/v1'
@@ -36,10 +36,11 @@ def shard_name(split: str, index: int) -> str:
 
 
 class ShardWriter:
-  """Writes one split as numbered shards, rolling over at `shard_bytes`."""
+  """Writes one split as numbered shards (from `first_index`), rolling over at `shard_bytes` (rollover.py)."""
 
-  def __init__(self, directory: str, split: str, shard_bytes: int):
-    self._dir, self._split, self._limit = directory, split, shard_bytes
+  def __init__(self, directory: str, split: str, shard_bytes: int, first_index: int = 0):
+    self._dir, self._split, self._first = directory, split, first_index
+    self._rollover = rollover.Rollover(shard_bytes)
     self._writer = None
     self._current = None
     self.shards: list[dict] = []
@@ -48,7 +49,7 @@ class ShardWriter:
     self.documents = 0
 
   def _open(self):
-    name = shard_name(self._split, len(self.shards))
+    name = shard_name(self._split, self._first + len(self.shards))
     self._writer = ArrayRecordWriter(os.path.join(self._dir, name), WRITER_OPTIONS)
     self._current = {'file': name, 'records': 0, 'tokens': 0}
 
@@ -60,10 +61,11 @@ class ShardWriter:
       self._writer.write(np.ascontiguousarray(c, dtype=np.int32).tobytes())
       self._current['records'] += 1
       self._current['tokens'] += int(c.size)
+    tokens = sum(int(c.size) for c in chunks)
     self.records += len(chunks)
-    self.tokens += sum(int(c.size) for c in chunks)
+    self.tokens += tokens
     self.documents += 1
-    if self._current['tokens'] * 4 >= self._limit:
+    if self._rollover.cuts([tokens]):
       self._close_current()
 
   def _close_current(self):

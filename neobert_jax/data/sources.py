@@ -6,6 +6,10 @@ Bytes that are not UTF-8 are reported with the file and byte offset (into the
 decompressed stream) through `on_issue`, then replaced with U+FFFD or, with
 on_decode_error='fail', raised. Bucket inputs are read as streams through etils.epath (paths.py), so the same
 readers serve both; their names stay URLs in the manifest and in every message.
+
+A file may also be read in parts (`Span`, planned by splits.py for `prepare --engine=ray`): the parts' documents,
+concatenated in order, are exactly the whole file's, with the same offsets and messages (a JSONL line number is
+counted from the part's start and shifted by the driver, `LineError.shifted`).
 """
 
 import contextlib
@@ -45,6 +49,29 @@ class DecodeIssue:
 
 class InputError(errors.DataError):
   """A problem with the user's input files, worded for the command line."""
+
+
+class LineError(InputError):
+  """An InputError at a line of a file; `line` counts from the start of the part that was read."""
+
+  def __init__(self, path: str, line: int, detail: str):
+    super().__init__(f'{path}:{line}{detail}')
+    self.path, self.line, self.detail = path, line, detail
+
+  def shifted(self, lines_before: int) -> 'LineError':
+    return LineError(self.path, self.line + lines_before, self.detail)
+
+
+@dataclasses.dataclass(frozen=True)
+class Span:
+  """A part of one file, read alone. Text and JSONL: the lines that start in (start, end] of the decompressed
+  stream (the first part also owns byte 0), read from `seek` in the stored file (a .zst frame's offset, else
+  `start`); in text_mode 'blank' a part ends after the first blank line starting past `end`, so no paragraph is
+  cut. Parquet: row groups [start, end), whose first row is `row`."""
+  start: int
+  end: int
+  seek: int = 0
+  row: int = 0
 
 
 def split_ext(path: str) -> tuple[str, str]:
@@ -123,27 +150,45 @@ def _open_file(path: str):
 
 
 @contextlib.contextmanager
-def _open_binary(path: str, comp: str) -> Iterator[io.BufferedIOBase]:
+def _open_binary(path: str, comp: str, seek: int = 0) -> Iterator[io.BufferedIOBase]:
   with _open_file(path) as raw:
+    raw.seek(seek)  # a Span's start (a frame boundary in a .zst)
     if comp == '.gz':
       with gzip.GzipFile(fileobj=raw, mode='rb') as f:
         yield f
     elif comp in ('.zst', '.zstd'):
       import zstandard  # pylint: disable=g-import-not-at-top
-      with io.BufferedReader(zstandard.ZstdDecompressor().stream_reader(raw, closefd=False)) as f:
+      with io.BufferedReader(zstandard.ZstdDecompressor().stream_reader(
+          raw, closefd=False, read_across_frames=True)) as f:
         yield f
     else:
       yield raw
 
 
-def _lines(path: str, comp: str) -> Iterator[tuple[bytes, int]]:
-  """(line bytes, offset) pairs; turns decompression failures into InputError."""
-  offset = 0
+def _blank(raw: bytes) -> bool:
+  return not raw.decode('utf-8', errors='replace').strip()  # the paragraph rule of _text_documents
+
+
+def _lines(path: str, comp: str, span: Span | None = None, blank: bool = False) -> Iterator[tuple[bytes, int]]:
+  """(line bytes, offset) pairs of the file or of its `span` (blank: paragraph mode); turns decompression failures
+  into InputError."""
+  offset = span.start if span else 0
+  lead = span is not None and span.start > 0  # lines starting at or before `start` belong to the part before
   try:
-    with _open_binary(path, comp) as f:
+    with _open_binary(path, comp, span.seek if span else 0) as f:
       for line in f:
-        yield line, offset
-        offset += len(line)
+        off, offset = offset, offset + len(line)
+        if lead:  # what began in the part before: lines up to `start` (paragraph mode: through a blank line)
+          lead = not (off > span.start and (not blank or _blank(line)))
+          if lead or blank:
+            continue
+        if span is not None and off > span.end:
+          if not blank:
+            return
+          if _blank(line):  # the blank line that closes this part's last paragraph
+            yield line, off
+            return
+        yield line, off
   except (EOFError, gzip.BadGzipFile, OSError) as e:
     if not comp:
       raise
@@ -166,9 +211,9 @@ def _decode(raw: bytes, path: str, offset: int, policy: str,
     return raw.decode('utf-8', errors='replace')
 
 
-def _text_documents(path, comp, mode, policy, on_issue):
+def _text_documents(path, comp, mode, policy, on_issue, span):
   if mode == 'line':
-    for raw, off in _lines(path, comp):
+    for raw, off in _lines(path, comp, span):
       yield Document(_decode(raw, path, off, policy, on_issue).rstrip('\r\n'), path, off)
     return
   if mode == 'file':
@@ -178,7 +223,7 @@ def _text_documents(path, comp, mode, policy, on_issue):
     return
   # 'blank': paragraphs separated by one or more blank lines.
   buf, start = [], 0
-  for raw, off in _lines(path, comp):
+  for raw, off in _lines(path, comp, span, blank=True):
     line = _decode(raw, path, off, policy, on_issue)
     if line.strip():
       if not buf:
@@ -191,28 +236,27 @@ def _text_documents(path, comp, mode, policy, on_issue):
     yield Document(''.join(buf).rstrip('\r\n'), path, start)
 
 
-def _jsonl_documents(path, comp, field, policy, on_issue):
-  for lineno, (raw, off) in enumerate(_lines(path, comp), start=1):
+def _jsonl_documents(path, comp, field, policy, on_issue, span):
+  for lineno, (raw, off) in enumerate(_lines(path, comp, span), start=1):
     line = _decode(raw, path, off, policy, on_issue)
     if not line.strip():
       continue
     try:
       obj = json.loads(line)
     except json.JSONDecodeError as e:
-      raise InputError(f'{path}:{lineno} (byte {off}): not valid JSON ({e.msg})') from e
+      raise LineError(path, lineno, f' (byte {off}): not valid JSON ({e.msg})') from e
     if not isinstance(obj, dict) or field not in obj:
       have = sorted(obj) if isinstance(obj, dict) else type(obj).__name__
-      raise InputError(f'{path}:{lineno}: no field {field!r} (found {have}); '
-                       'choose one with --text-field')
+      raise LineError(path, lineno, f': no field {field!r} (found {have}); choose one with --text-field')
     text = obj[field]
     if text is None:
       text = ''
     if not isinstance(text, str):
-      raise InputError(f'{path}:{lineno}: field {field!r} is {type(text).__name__}, not text')
+      raise LineError(path, lineno, f': field {field!r} is {type(text).__name__}, not text')
     yield Document(text, path, off)
 
 
-def _parquet_documents(path, column):
+def _parquet_documents(path, column, span):
   import pyarrow.parquet as pq  # pylint: disable=g-import-not-at-top
   with contextlib.ExitStack() as stack:
     # Local files by name: pyarrow reads them natively, faster than through a Python file object.
@@ -225,8 +269,9 @@ def _parquet_documents(path, column):
     if column not in names:
       raise InputError(f'{path}: no column {column!r} (columns: {names}); '
                        'choose one with --text-field')
-    row = 0
-    for batch in pf.iter_batches(columns=[column], batch_size=4096):
+    groups = range(span.start, span.end) if span else None
+    row = span.row if span else 0
+    for batch in pf.iter_batches(row_groups=groups, columns=[column], batch_size=4096):
       for text in batch.column(0).to_pylist():
         if text is not None and not isinstance(text, str):
           raise InputError(f'{path}: row {row}: column {column!r} is not a string column')
@@ -236,22 +281,24 @@ def _parquet_documents(path, column):
 
 def iter_documents(path: str, *, text_field: str = 'text', text_mode: str = 'line',
                    on_decode_error: str = 'replace',
-                   on_issue: Callable[[DecodeIssue], None] = lambda _: None
-                   ) -> Iterator[Document]:
-  """Documents of one file, empty ones included (the caller counts and skips them)."""
+                   on_issue: Callable[[DecodeIssue], None] = lambda _: None,
+                   span: Span | None = None) -> Iterator[Document]:
+  """Documents of one file (or of its `span`), empty ones included (the caller counts and skips them)."""
   fmt, comp = split_ext(path)
   if text_mode not in TEXT_MODES:
     raise ValueError(f'text_mode must be one of {TEXT_MODES}, got {text_mode!r}')
   if on_decode_error not in ('replace', 'fail'):
     raise ValueError(f"on_decode_error must be 'replace' or 'fail', got {on_decode_error!r}")
   if fmt == 'text':
-    yield from _text_documents(path, comp, text_mode, on_decode_error, on_issue)
+    if span is not None and text_mode == 'file':
+      raise ValueError("text_mode 'file' reads whole files: a span would cut its one document")
+    yield from _text_documents(path, comp, text_mode, on_decode_error, on_issue, span)
   elif fmt == 'jsonl':
-    yield from _jsonl_documents(path, comp, text_field, on_decode_error, on_issue)
+    yield from _jsonl_documents(path, comp, text_field, on_decode_error, on_issue, span)
   elif fmt == 'parquet':
     if comp:
       raise InputError(f'{path}: compress Parquet internally, not as a {comp} file')
-    yield from _parquet_documents(path, text_field)
+    yield from _parquet_documents(path, text_field, span)
   else:
     raise InputError(f'{path}: unknown file type (want .txt/.jsonl/.json/.parquet, '
                      'optionally .gz/.zst)')

@@ -1,0 +1,137 @@
+"""Documents -> records, the part of `prepare` both engines share: reading documents in units, tokenizing, cutting
+long documents into records, choosing the held-out split, the counts the manifest reports and the manifest itself.
+
+The local engine (prepare.py) runs these over every file in one process pool; the Ray engine (prepare_ray.py) runs
+them over each unit of a file (splits.py) in a task. Both then hand the records to the same shard rule
+(rollover.py) and writer (shards.ShardWriter), which is why their shards are the same bytes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import sys
+from typing import Iterable, Iterator
+
+import numpy as np
+
+from neobert_jax.data import shards, sources
+
+UNIT_CHARS = 1 << 20  # ~1 MB of text per tokenizer call: big enough to hide IPC costs
+UNIT_DOCS = 1024
+MAX_REPORTED_ISSUES = 100
+
+
+def check_args(max_length: int, eval_fraction: float) -> None:
+  if max_length < 3:
+    raise ValueError(f'max_length must be >= 3 ([CLS] + a token + [SEP]), got {max_length}')
+  if not 0 <= eval_fraction < 1:
+    raise ValueError(f'eval_fraction must be in [0, 1), got {eval_fraction}')
+
+
+def chunk_document(ids: np.ndarray, max_length: int, cls_id: int, sep_id: int) -> list[np.ndarray]:
+  """Splits a document's ids into [CLS] ... [SEP] records of <= max_length ids."""
+  body = max_length - 2
+  out = []
+  for start in range(0, max(len(ids), 1), body):
+    rec = np.empty(min(body, len(ids) - start) + 2, np.int32)
+    rec[0], rec[-1] = cls_id, sep_id
+    rec[1:-1] = ids[start:start + body]
+    out.append(rec)
+  return out
+
+
+def is_eval_document(text: str, eval_fraction: float) -> bool:
+  if eval_fraction <= 0:
+    return False
+  h = int.from_bytes(hashlib.blake2b(text.encode('utf-8'), digest_size=8).digest(), 'little')
+  return h / 2.0**64 < eval_fraction
+
+
+def tokenize_texts(tok, texts: list[str], max_length: int, eval_fraction: float) -> list:
+  """Per text: None (no tokens: e.g. only control characters, nothing to learn from) or (held out, records)."""
+  out = []
+  for text, ids in zip(texts, tok.encode_batch(texts)):
+    if ids.size == 0:
+      out.append(None)
+    else:
+      out.append((is_eval_document(text, eval_fraction), chunk_document(ids, max_length, tok.cls_id, tok.sep_id)))
+  return out
+
+
+class Counts:
+  """What the manifest reports about the input, summed over units (`add`) on the Ray engine."""
+
+  FIELDS = ('input_documents', 'skipped_empty', 'split_documents', 'issue_count')
+
+  def __init__(self, echo: bool = True):
+    self.echo = echo  # print each decode issue as it is found (a Ray task returns them to the driver instead)
+    self.input_documents = self.skipped_empty = self.split_documents = self.issue_count = 0
+    self.issues: list[str] = []
+
+  def on_issue(self, issue) -> None:
+    self.issue_count += 1
+    if len(self.issues) < MAX_REPORTED_ISSUES:
+      self.issues.append(str(issue))
+    if self.echo:
+      print(f'warning: {issue}; replaced with U+FFFD', file=sys.stderr)
+
+  def take(self, results: list) -> Iterator[tuple[str, list[np.ndarray]]]:
+    """(split, records) of each tokenized document of `results` (tokenize_texts), counting the others."""
+    for res in results:
+      if res is None:
+        self.skipped_empty += 1
+        continue
+      held_out, chunks = res
+      self.split_documents += len(chunks) > 1
+      yield ('eval' if held_out else 'train'), chunks
+
+  def as_dict(self) -> dict:
+    return {**{f: getattr(self, f) for f in self.FIELDS}, 'issues': self.issues}
+
+  def add(self, counts: dict) -> None:
+    for f in self.FIELDS:
+      setattr(self, f, getattr(self, f) + counts[f])
+    self.issues += counts['issues'][:MAX_REPORTED_ISSUES - len(self.issues)]
+
+
+def text_units(units: Iterable[tuple[str, sources.Span | None]], counts: Counts, text_field: str, text_mode: str,
+               on_decode_error: str) -> Iterator[list[str]]:
+  """Non-empty document texts of the units (file, part or None), grouped for the tokenizer, in order."""
+  texts, size = [], 0
+  for path, span in units:
+    for doc in sources.iter_documents(path, text_field=text_field, text_mode=text_mode,
+                                      on_decode_error=on_decode_error, on_issue=counts.on_issue, span=span):
+      counts.input_documents += 1
+      if not doc.text.strip():
+        counts.skipped_empty += 1
+        continue
+      texts.append(doc.text)
+      size += len(doc.text)
+      if size >= UNIT_CHARS or len(texts) >= UNIT_DOCS:
+        yield texts
+        texts, size = [], 0
+  if texts:
+    yield texts
+
+
+def manifest(tok, max_length: int, eval_fraction: float, splits: dict, files: list[str], counts: Counts,
+             command: str) -> dict:
+  """The manifest's fields that depend only on what was prepared; each engine adds its own (timing, workers or
+  cluster). Refuses a corpus with no text."""
+  if splits['train']['documents'] == 0:
+    raise sources.InputError(
+        f'no documents with text in {len(files)} file(s) ({counts.input_documents} read, '
+        f'{counts.skipped_empty} empty); the corpus is empty')
+  return {
+      'format': shards.FORMAT,
+      'tokenizer': tok.identity(),
+      'max_length': max_length,
+      'eval_fraction': eval_fraction,
+      'splits': splits,
+      'input_files': files,
+      'input_documents': counts.input_documents,
+      'skipped_empty_documents': counts.skipped_empty,
+      'split_long_documents': counts.split_documents,
+      'decode_errors': {'count': counts.issue_count, 'first': counts.issues},
+      'command': command,
+  }

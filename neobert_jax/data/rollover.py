@@ -1,0 +1,31 @@
+"""Where a split's shards end: the one rule both `prepare` engines apply.
+
+The local engine's ShardWriter asks it after every document it writes; the Ray driver asks it about the
+documents' token counts alone (pass 1 returns them) and so plans the same shards before any is written. A shard
+closes after the document that brings its int32 ids to the target size, so a document is never cut.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+class Rollover:
+  """The running token count of the open shard of one split."""
+
+  def __init__(self, shard_bytes: int):
+    self.target = max(1, -(-int(shard_bytes) // 4))  # ids are int32: tokens * 4 >= shard_bytes
+    self.tokens = 0
+
+  def cuts(self, doc_tokens) -> list[int]:
+    """For the next documents (their token counts, in order): the indices after which a shard closes."""
+    sums = np.cumsum(np.asarray(doc_tokens, np.int64))
+    out, base = [], 0
+    while sums.size:
+      at = int(np.searchsorted(sums, base + self.target - self.tokens, side='left'))
+      if at >= sums.size:
+        self.tokens += int(sums[-1]) - base
+        break
+      out.append(at)
+      base, self.tokens = int(sums[at]), 0
+    return out

@@ -1,0 +1,154 @@
+"""Cutting input files into units of work for `prepare --engine=ray`: one 50 GB file must not be one task.
+
+A unit is (file, Span or None); reading every unit's documents in order gives the whole corpus's documents in the
+order the local engine reads them (sources.Span says which lines a part owns). How each kind is cut:
+  * plain text and JSONL: byte ranges of about `split_bytes`; a line (a paragraph in text_mode 'blank') belongs to
+    exactly one part whatever the cut points;
+  * Parquet: runs of whole row groups of about `split_bytes` (uncompressed, as the footer states them);
+  * .zst: runs of whole frames, when the frames can be found without decompressing: the seekable format's seek
+    table (any file), else by walking the frame and block headers (local files only: on a bucket every header
+    would be a request). A frame need not end at a line end: a part owns the lines that start in its range of the
+    decompressed stream, and reads into the next frame to finish its last one;
+  * .gz, a .zst of one frame (what `zstd FILE` writes), a bucket .zst without a seek table, and text_mode 'file':
+    one unit per file, with a warning when the file is larger than `split_bytes` (the limit the README names).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Sequence
+
+from neobert_jax import paths
+from neobert_jax.data import sources
+
+_ZSTD_MAGIC = 0xFD2FB528
+_SEEKABLE_MAGIC = 0x8F92EAB1  # the last 4 bytes of a seekable-format .zst (zstd/contrib/seekable_format)
+
+
+def _size(path: str) -> int:
+  return paths.Path(path).stat().length if paths.is_url(path) else os.path.getsize(path)
+
+
+def _ranges(total: int, split_bytes: int) -> list[tuple[int, int]]:
+  n = max(1, -(-total // split_bytes))
+  cuts = [total * k // n for k in range(n + 1)]
+  return list(zip(cuts[:-1], cuts[1:]))
+
+
+def _seek_table(f, size: int) -> list[tuple[int, int]] | None:
+  """(compressed, decompressed) size of each frame, from a seekable .zst's seek table; None without one."""
+  if size < 17:
+    return None
+  f.seek(size - 9)
+  foot = f.read(9)
+  if int.from_bytes(foot[5:], 'little') != _SEEKABLE_MAGIC:
+    return None
+  n, entry = int.from_bytes(foot[:4], 'little'), 12 if foot[4] & 0x80 else 8
+  f.seek(size - 9 - n * entry)
+  table = f.read(n * entry)
+  frames = [(int.from_bytes(table[i:i + 4], 'little'), int.from_bytes(table[i + 4:i + 8], 'little'))
+            for i in range(0, n * entry, entry)]
+  return frames if sum(c for c, _ in frames) + 8 + n * entry + 9 == size else None
+
+
+def _walk_frames(f, size: int) -> list[tuple[int, int]] | None:
+  """(compressed, decompressed) size of each frame from the headers; None when a frame does not state its size."""
+  import zstandard  # pylint: disable=g-import-not-at-top
+  out, pos = [], 0
+  while pos < size:
+    f.seek(pos)
+    head = f.read(18)
+    magic = int.from_bytes(head[:4], 'little')
+    if magic & 0xFFFFFFF0 == 0x184D2A50:  # a skippable frame (a seek table, metadata): no text
+      pos += 8 + int.from_bytes(head[4:8], 'little')
+      continue
+    if magic != _ZSTD_MAGIC:
+      return None
+    params = zstandard.get_frame_parameters(head)
+    if params.content_size == zstandard.CONTENTSIZE_UNKNOWN:
+      return None
+    start, pos = pos, pos + zstandard.frame_header_size(head)
+    last = False
+    while not last:
+      f.seek(pos)
+      block = int.from_bytes(f.read(3), 'little')
+      last, kind, length = block & 1, (block >> 1) & 3, block >> 3
+      pos += 3 + (1 if kind == 1 else length)  # an RLE block stores one byte
+    pos += 4 if params.has_checksum else 0
+    out.append((pos - start, params.content_size))
+  return out if pos == size else None  # headers that do not add up: not cut (the reader reports the damage)
+
+
+def _zstd_spans(path: str, size: int, split_bytes: int) -> list[sources.Span] | None:
+  try:
+    with (paths.Path(path).open('rb') if paths.is_url(path) else open(path, 'rb')) as f:
+      frames = _seek_table(f, size)
+      if frames is None and not paths.is_url(path):
+        frames = _walk_frames(f, size)
+  except Exception:  # noqa: BLE001 - a damaged file is one unit: its reader reports it as the local path does
+    return []
+  if not frames or len(frames) < 2:
+    return None
+  spans, seek, start, cseek, dpos, group = [], 0, 0, 0, 0, 0
+  for csize, dsize in frames:
+    if group >= split_bytes:  # close the run before this frame
+      spans.append(sources.Span(start, dpos, seek))
+      seek, start, group = cseek, dpos, 0
+    cseek, dpos, group = cseek + csize, dpos + dsize, group + csize
+  spans.append(sources.Span(start, dpos, seek))
+  return spans if len(spans) > 1 else None
+
+
+def _parquet_spans(path: str, split_bytes: int) -> list[sources.Span] | None:
+  import pyarrow.parquet as pq  # pylint: disable=g-import-not-at-top
+  try:
+    with (paths.Path(path).open('rb') if paths.is_url(path) else open(path, 'rb')) as f:
+      meta = pq.ParquetFile(f).metadata
+  except Exception:  # noqa: BLE001 - an unreadable file is one unit: its reader reports it as the local path does
+    return []
+  spans, first, row, size, rows = [], 0, 0, 0, 0
+  for g in range(meta.num_row_groups):
+    if size >= split_bytes:
+      spans.append(sources.Span(first, g, row=row))
+      first, row, size = g, row + rows, 0
+      rows = 0
+    size += meta.row_group(g).total_byte_size
+    rows += meta.row_group(g).num_rows
+  spans.append(sources.Span(first, meta.num_row_groups, row=row))
+  return spans if len(spans) > 1 else None
+
+
+def plan(files: Sequence[str], split_bytes: int, text_mode: str = 'line') -> list[tuple[str, sources.Span | None]]:
+  """The units of `files`, in reading order. A file that cannot be cut is one unit, with a warning when it is
+  larger than `split_bytes`, except when it looks damaged (its reader will say so, as on the local engine)."""
+  units = []
+  for path in files:
+    fmt, comp = sources.split_ext(path)
+    size = _size(path)
+    spans = None
+    if size > split_bytes and not (fmt == 'text' and text_mode == 'file'):
+      if fmt == 'parquet':
+        spans = _parquet_spans(path, split_bytes)
+      elif fmt and not comp:
+        spans = [sources.Span(a, b, a) for a, b in _ranges(size, split_bytes)]
+      elif comp in ('.zst', '.zstd'):
+        spans = _zstd_spans(path, size, split_bytes)
+      if spans is None and fmt:
+        print(f'prepare: warning: {path} ({size / 2**20:.0f} MiB) is read by one task: '
+              f'{_why_whole(path, fmt, comp, text_mode)}', file=sys.stderr)
+    units += [(path, s) for s in spans] if spans else [(path, None)]
+  return units
+
+
+def _why_whole(path: str, fmt: str, comp: str, text_mode: str) -> str:
+  if fmt == 'text' and text_mode == 'file':
+    return "--text-mode=file makes the whole file one document"
+  if comp == '.gz':
+    return ('a gzip stream cannot be entered mid-file; split the file, or recompress it as zstd in frames '
+            '(e.g. pzstd, or a seekable .zst)')
+  if comp:
+    where = 'a bucket object needs a seek table (seekable format) to be' if paths.is_url(path) else 'it cannot be'
+    return (f'{where} cut into frames (one frame, or frames that do not state their size); compress it in '
+            'frames (pzstd, or a seekable .zst)')
+  return 'it has a single row group; write it with smaller row groups'
