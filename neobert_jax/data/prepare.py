@@ -197,15 +197,24 @@ def main(argv: Sequence[str] | None = None) -> dict:
   p.add_argument('--shard-mb', type=float, default=256.0, help='target shard size')
   p.add_argument('--overwrite', action='store_true')
   p.add_argument('--no-progress', action='store_true')
+  p.add_argument('--engine', default='local', choices=ENGINES,
+                 help='local: --workers processes on this machine; ray: the tasks of a Ray cluster (same shards)')
+  p.add_argument('--ray-address', default='auto',
+                 help="--engine=ray: the cluster, 'auto' (the one this node belongs to) or HOST:PORT")
+  p.add_argument('--split-mb', type=float, default=64.0,
+                 help='--engine=ray: input per task; larger files are cut (byte ranges, row groups, .zst frames)')
   a = p.parse_args(argv)
   command = 'python -m neobert_jax.data.prepare ' + shlex.join(argv)
   # A missing tokenizer file or an existing output (without --overwrite) are the user's to fix like bad input.
   with errors.reported('prepare', debug, also={FileNotFoundError: errors.DataError, FileExistsError: errors.DataError}):
-    m = prepare(a.input, a.output, tokenizer=a.tokenizer, max_length=a.max_length,
-                workers=a.workers, eval_fraction=a.eval_fraction, text_field=a.text_field,
-                text_mode=a.text_mode, on_decode_error=a.on_decode_error,
-                shard_mb=a.shard_mb, overwrite=a.overwrite, progress=not a.no_progress,
-                command=command)
+    common = dict(tokenizer=a.tokenizer, max_length=a.max_length, eval_fraction=a.eval_fraction,
+                  text_field=a.text_field, text_mode=a.text_mode, on_decode_error=a.on_decode_error,
+                  shard_mb=a.shard_mb, overwrite=a.overwrite, progress=not a.no_progress, command=command)
+    if a.engine == 'ray':
+      from neobert_jax.data import prepare_ray  # pylint: disable=g-import-not-at-top
+      m = prepare_ray.prepare(a.input, a.output, ray_address=a.ray_address, split_mb=a.split_mb, **common)
+    else:
+      m = prepare(a.input, a.output, workers=a.workers, **common)
   tr, ev = m['splits']['train'], m['splits']['eval']
   print(f"prepared {tr['documents']} train / {ev['documents']} eval documents, "
         f"{tr['tokens'] + ev['tokens']} tokens in {len(tr['shards']) + len(ev['shards'])} "

@@ -29,3 +29,18 @@ class Rollover:
       out.append(at)
       base, self.tokens = int(sums[at]), 0
     return out
+
+
+def plan_shards(doc_tokens: list[np.ndarray], shard_bytes: int) -> list[list[tuple[int, int, int]]]:
+  """The shards of one split, from its documents' token counts per unit (in input order): each shard as the
+  pieces (unit, first document, end) it holds, in order; the shards ShardWriter makes writing them one by one."""
+  rule, plan, current = Rollover(shard_bytes), [], []
+  for unit, tokens in enumerate(doc_tokens):
+    first = 0
+    for cut in rule.cuts(tokens):
+      current.append((unit, first, cut + 1))
+      plan.append(current)
+      current, first = [], cut + 1
+    if first < len(tokens):
+      current.append((unit, first, len(tokens)))
+  return plan + ([current] if current else [])

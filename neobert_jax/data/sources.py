@@ -8,8 +8,8 @@ on_decode_error='fail', raised. Bucket inputs are read as streams through etils.
 readers serve both; their names stay URLs in the manifest and in every message.
 
 A file may also be read in parts (`Span`, planned by splits.py for `prepare --engine=ray`): the parts' documents,
-concatenated in order, are exactly the whole file's, with the same offsets and messages (a JSONL line number is
-counted from the part's start and shifted by the driver, `LineError.shifted`).
+concatenated in order, are exactly the whole file's, with the same offsets and messages (a JSONL error's line
+number counts the lines before the part, read again only then).
 """
 
 import contextlib
@@ -49,17 +49,6 @@ class DecodeIssue:
 
 class InputError(errors.DataError):
   """A problem with the user's input files, worded for the command line."""
-
-
-class LineError(InputError):
-  """An InputError at a line of a file; `line` counts from the start of the part that was read."""
-
-  def __init__(self, path: str, line: int, detail: str):
-    super().__init__(f'{path}:{line}{detail}')
-    self.path, self.line, self.detail = path, line, detail
-
-  def shifted(self, lines_before: int) -> 'LineError':
-    return LineError(self.path, self.line + lines_before, self.detail)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -128,7 +117,7 @@ def _expand_url(item: str) -> list[str]:
       raise InputError(f'{item}: pattern matches no objects')
     return found
   if url.is_dir():
-    found = sorted(os.fspath(p) for p in _walk(url) if split_ext(p.name)[0])
+    found = sorted(os.fspath(p) for p in walk(url) if split_ext(p.name)[0])
     if not found:
       raise InputError(f'{item}: holds no .txt/.jsonl/.json/.parquet objects (optionally .gz/.zst)')
     return found
@@ -137,10 +126,11 @@ def _expand_url(item: str) -> list[str]:
   raise InputError(f'{item}: no such object or directory (or the bucket does not exist)')
 
 
-def _walk(directory: paths.Path):
+def walk(directory: paths.Path) -> Iterator[paths.Path]:
+  """The files below `directory`, level by level (epath refuses '**' globs on buckets)."""
   for p in directory.iterdir():
     if p.is_dir():
-      yield from _walk(p)
+      yield from walk(p)
     else:
       yield p
 
@@ -236,6 +226,18 @@ def _text_documents(path, comp, mode, policy, on_issue, span):
     yield Document(''.join(buf).rstrip('\r\n'), path, start)
 
 
+def _line_error(path: str, comp: str, span: Span | None, line: int, detail: str) -> InputError:
+  """`path:LINE detail`, LINE counted from the file's first line also when only a part of it was read."""
+  if span is not None and span.start > 0:
+    # The parts before own the lines starting at or before `start`: the first, and one after each newline there.
+    before, left = 1, span.start
+    with _open_binary(path, comp) as f:
+      while left > 0 and (block := f.read(min(left, 1 << 22))):
+        before, left = before + block.count(b'\n'), left - len(block)
+    line += before
+  return InputError(f'{path}:{line}{detail}')
+
+
 def _jsonl_documents(path, comp, field, policy, on_issue, span):
   for lineno, (raw, off) in enumerate(_lines(path, comp, span), start=1):
     line = _decode(raw, path, off, policy, on_issue)
@@ -244,15 +246,15 @@ def _jsonl_documents(path, comp, field, policy, on_issue, span):
     try:
       obj = json.loads(line)
     except json.JSONDecodeError as e:
-      raise LineError(path, lineno, f' (byte {off}): not valid JSON ({e.msg})') from e
+      raise _line_error(path, comp, span, lineno, f' (byte {off}): not valid JSON ({e.msg})') from e
     if not isinstance(obj, dict) or field not in obj:
       have = sorted(obj) if isinstance(obj, dict) else type(obj).__name__
-      raise LineError(path, lineno, f': no field {field!r} (found {have}); choose one with --text-field')
+      raise _line_error(path, comp, span, lineno, f': no field {field!r} (found {have}); choose one with --text-field')
     text = obj[field]
     if text is None:
       text = ''
     if not isinstance(text, str):
-      raise LineError(path, lineno, f': field {field!r} is {type(text).__name__}, not text')
+      raise _line_error(path, comp, span, lineno, f': field {field!r} is {type(text).__name__}, not text')
     yield Document(text, path, off)
 
 

@@ -119,13 +119,14 @@ def _parquet_spans(path: str, split_bytes: int) -> list[sources.Span] | None:
   return spans if len(spans) > 1 else None
 
 
-def plan(files: Sequence[str], split_bytes: int, text_mode: str = 'line') -> list[tuple[str, sources.Span | None]]:
-  """The units of `files`, in reading order. A file that cannot be cut is one unit, with a warning when it is
-  larger than `split_bytes`, except when it looks damaged (its reader will say so, as on the local engine)."""
-  units = []
+def plan(files: Sequence[str], split_bytes: int, text_mode: str = 'line'
+         ) -> tuple[list[tuple[str, sources.Span | None]], dict[str, int]]:
+  """The units of `files` in reading order, and each file's size. A file that cannot be cut is one unit, with a
+  warning when it is larger than `split_bytes`, except when it looks damaged (its reader says so, as locally)."""
+  units, sizes = [], {}
   for path in files:
     fmt, comp = sources.split_ext(path)
-    size = _size(path)
+    size = sizes[path] = _size(path)
     spans = None
     if size > split_bytes and not (fmt == 'text' and text_mode == 'file'):
       if fmt == 'parquet':
@@ -138,7 +139,7 @@ def plan(files: Sequence[str], split_bytes: int, text_mode: str = 'line') -> lis
         print(f'prepare: warning: {path} ({size / 2**20:.0f} MiB) is read by one task: '
               f'{_why_whole(path, fmt, comp, text_mode)}', file=sys.stderr)
     units += [(path, s) for s in spans] if spans else [(path, None)]
-  return units
+  return units, sizes
 
 
 def _why_whole(path: str, fmt: str, comp: str, text_mode: str) -> str:

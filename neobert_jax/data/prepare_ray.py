@@ -1,0 +1,193 @@
+"""`prepare --engine=ray`: the same shards as `prepare` on one machine, made by the tasks of a Ray cluster.
+
+  python -m neobert_jax.data.prepare --engine=ray --ray-address=auto --input 'gs://B/raw/*.jsonl.zst' \
+      --output gs://B/data/web --tokenizer bert-base-uncased --max-length 1024
+
+Two passes, planned by the driver between them (README "Preparing a web-scale corpus" says why not a new format):
+  1. one task per unit of input (splits.py: byte ranges, row groups, .zst frames) reads, tokenizes, cuts and picks
+     each document's split exactly as the local engine does (documents.py), keeps its records in the work area
+     (ledger.py) and returns each document's token count;
+  2. the driver runs the local engine's shard rule over those counts in input order (rollover.py), which fixes
+     every shard's documents before any is written; one task per shard writes it with the local engine's writer
+     and puts it in place. The manifest is committed last (publish.py), then the work area is removed.
+So the shards are the local engine's bytes whatever the node count, and the manifest differs only in its run
+fields (prepare.RUN_FIELDS: `engine` holds the cluster's part, per node). Tasks retry on any fault of a machine;
+a re-run of a killed build resumes from the work area without redoing a finished unit or shard.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import sys
+import time
+
+from neobert_jax import errors, paths
+from neobert_jax.data import documents, ledger as ledger_lib, publish, ray_tasks, rollover, shards, sources, splits
+from neobert_jax.data import tokenizer as tokenizer_lib
+
+RETRIES = 5  # per task, for a lost node, a killed worker or a storage hiccup
+
+
+def connect(address: str):
+  """(ray, whether this call connected): checked before any work, an unreachable cluster is one line."""
+  try:
+    import ray  # pylint: disable=g-import-not-at-top
+  except ImportError:
+    raise errors.ConfigError("--engine=ray needs Ray: pip install 'neobert-jax[ray]'") from None
+  if ray.is_initialized():
+    return ray, False
+  fix = ('start one (`ray start --head` on the head node, `ray start --address=HEAD:6379` on the others) and pass '
+         "the address `ray status` shows, or --ray-address=auto on a node of the cluster")
+  if address != 'auto':
+    host, _, port = address.rpartition(':')
+    try:  # Ray itself waits a minute or more on an address where nothing listens
+      socket.create_connection((host.strip('[]'), int(port)), timeout=5).close()
+    except (OSError, ValueError) as e:
+      reason = getattr(e, 'strerror', None) or errors.one_line(e)
+      raise errors.DistributedError(f'--ray-address={address}: no Ray cluster answers there ({reason}); {fix}') from None
+  try:
+    ray.init(address=address, log_to_driver=False, logging_level=logging.WARNING)
+  except Exception as e:  # noqa: BLE001 - ConnectionError, or Ray's own timeouts
+    raise errors.DistributedError(f'--ray-address={address}: cannot join the Ray cluster ({errors.one_line(e)}); '
+                                  f'{fix}') from None
+  return ray, True
+
+
+def prepare(inputs, output_dir: str, *, ray_address: str = 'auto', tokenizer: str = 'bert-base-uncased',
+            max_length: int = 1024, eval_fraction: float = 0.01, text_field: str = 'text', text_mode: str = 'line',
+            on_decode_error: str = 'replace', shard_mb: float = 256.0, split_mb: float = 64.0,
+            overwrite: bool = False, progress: bool = False, command: str | None = None) -> dict:
+  """Tokenizes `inputs` into `output_dir` on the Ray cluster at `ray_address`; returns the manifest it wrote."""
+  documents.check_args(max_length, eval_fraction)
+  ray, connected = connect(ray_address)
+  try:
+    return _build(ray, inputs, output_dir, ray_address, tokenizer, overwrite, progress, command,
+                  shard_bytes=int(shard_mb * 2**20), split_bytes=max(1, int(split_mb * 2**20)),
+                  cfg=dict(max_length=max_length, eval_fraction=eval_fraction, text_field=text_field,
+                           text_mode=text_mode, on_decode_error=on_decode_error))
+  finally:
+    if connected:
+      ray.shutdown()
+
+
+def _build(ray, inputs, output_dir, address, tokenizer, overwrite, progress, command, shard_bytes, split_bytes, cfg):
+  start = time.time()
+  files = sources.expand_inputs(inputs)
+  tok = tokenizer_lib.load_tokenizer(tokenizer)
+  out = publish.open_output(output_dir, overwrite)
+  units, sizes = splits.plan(files, split_bytes, cfg['text_mode'])
+  ledger = ledger_lib.Ledger(out)
+  identity = {'format': shards.FORMAT, 'tokenizer': tok.identity(), 'shard_bytes': shard_bytes, **cfg,
+              'units': [[p, sizes[p], s and [s.start, s.end, s.seek, s.row]] for p, s in units]}
+  done = ledger.finished_units() if ledger.start(identity) else {}
+  with open(tok.path, 'rb') as f:
+    shipped = (tokenizer, os.path.basename(tok.path), f.read())
+  task = ray.remote(ray_tasks.tokenize_unit).options(
+      num_cpus=1, max_retries=RETRIES, retry_exceptions=True, scheduling_strategy='SPREAD')
+  results = {i: {**meta, 'doc_tokens': doc_tokens} for i, (meta, doc_tokens) in done.items()}
+  todo = [(i, (i, p, s, cfg, ledger, shipped)) for i, (p, s) in enumerate(units) if i not in done]
+  bar = _bar(progress, len(units), len(done), 'unit')
+  _run(ray, task, todo, results, bar, stop_on_error=True)
+  failed = sorted(i for i, r in results.items() if 'error' in r)
+  if failed:  # the first in input order, as the local engine meets it; nothing of this build is kept
+    ledger.remove()
+    error = results[failed[0]]['error']
+    raise (errors.StorageError if error['storage'] else sources.InputError)(error['message'])
+  counts = documents.Counts(echo=False)
+  for i in range(len(units)):
+    counts.add(results[i])
+    for issue in results[i]['issues'] if i not in done else ():
+      print(f'warning: {issue}; replaced with U+FFFD', file=sys.stderr)
+
+  t0 = time.perf_counter()
+  plans = {s: rollover.plan_shards([results[i]['doc_tokens'][s] for i in range(len(units))], shard_bytes)
+           for s in shards.SPLITS}
+  plan_seconds = time.perf_counter() - t0
+  (out / shards.MANIFEST).unlink(missing_ok=True)  # only with --overwrite (open_output): now it reads unfinished
+  finished = ledger.finished_shards()
+  shard_results, todo = {}, []
+  for split, plan in plans.items():
+    for k, pieces in enumerate(plan):
+      name = shards.shard_name(split, k)
+      old = finished.get(name)
+      if old and old['pieces'] == [list(p) for p in pieces] and _in_place(out / name, old['entry']):
+        shard_results[name] = old
+      else:
+        todo.append((name, (split, k, pieces, shard_bytes, ledger, os.fspath(out))))
+  resumed_shards = len(shard_results)
+  task = ray.remote(ray_tasks.assemble_shard).options(
+      num_cpus=1, max_retries=RETRIES, retry_exceptions=True, scheduling_strategy='SPREAD')
+  _run(ray, task, todo, shard_results, _bar(progress, len(shard_results) + len(todo), len(shard_results), 'shard'))
+
+  manifest = documents.manifest(tok, cfg['max_length'], cfg['eval_fraction'], _splits(plans, shard_results), files,
+                                counts, command or f'prepare_ray.prepare({list(inputs)!r}, {output_dir!r}, ...)')
+  manifest.update(seconds=round(time.time() - start, 3), engine={
+      'kind': 'ray', 'address': address, 'units': len(units), 'resumed_units': len(done),
+      'resumed_shards': resumed_shards, 'plan_seconds_per_shard': plan_seconds / max(1, len(shard_results)),
+      'nodes': _per_node(results, shard_results)})
+  publish.commit(out, manifest)
+  ledger.remove()
+  return manifest
+
+
+def _in_place(path: paths.Path, entry: dict) -> bool:
+  return path.exists() and path.stat().length == entry['bytes']
+
+
+def _run(ray, task, todo: list, results: dict, bar, stop_on_error: bool = False) -> None:
+  """Runs task(*args) for each (key, args) of `todo`, a bounded number in flight, into results[key]. After an
+  input error no further task starts (those before it in order have all started: they finish, as one of them may
+  hold an earlier error)."""
+  window = max(2, 2 * int(ray.cluster_resources().get('CPU', 1)))
+  pending, queue, stopped, tokens, t0 = {}, iter(todo), False, 0, time.perf_counter()
+  try:
+    while True:
+      while not stopped and len(pending) < window and (nxt := next(queue, None)) is not None:
+        pending[task.remote(*nxt[1])] = nxt[0]
+      if not pending:
+        return
+      ready, _ = ray.wait(list(pending), num_returns=1)
+      key = pending.pop(ready[0])
+      try:
+        results[key] = result = ray.get(ready[0])
+      except ray.exceptions.RayError as e:
+        raise errors.DistributedError(
+            f'a task failed {RETRIES + 1} times ({errors.one_line(e)[:300]}); the finished work is kept: run the '
+            'same command again to resume') from None
+      stopped = stopped or (stop_on_error and 'error' in result)
+      tokens += result.get('tokens') or result.get('entry', {}).get('tokens', 0)
+      if bar is not None:
+        bar.update(1)
+        bar.set_postfix_str(f'{tokens / max(time.perf_counter() - t0, 1e-9) / 1e6:.2f}M tokens/s', refresh=False)
+  finally:
+    if bar is not None:
+      bar.close()
+
+
+def _bar(enabled: bool, total: int, initial: int, unit: str):
+  if not enabled:
+    return None
+  import tqdm  # pylint: disable=g-import-not-at-top
+  return tqdm.tqdm(total=total, initial=initial, unit=unit, desc=f'prepare (ray, {unit}s)', mininterval=1.0)
+
+
+def _splits(plans: dict, shard_results: dict) -> dict:
+  out = {}
+  for split, plan in plans.items():
+    entries = [shard_results[shards.shard_name(split, k)]['entry'] for k in range(len(plan))]
+    out[split] = {'shards': entries, 'documents': sum(end - first for p in plan for _, first, end in p),
+                  'records': sum(e['records'] for e in entries), 'tokens': sum(e['tokens'] for e in entries)}
+  return out
+
+
+def _per_node(units: dict, shard_results: dict) -> dict:
+  nodes = {}
+  for r in list(units.values()) + list(shard_results.values()):
+    n = nodes.setdefault(r['node'], {'ip': r['ip'], 'units': 0, 'tokens': 0, 'shards': 0})
+    if 'entry' in r:
+      n['shards'] += 1
+    else:
+      n['units'], n['tokens'] = n['units'] + 1, n['tokens'] + r['tokens']
+  return nodes
