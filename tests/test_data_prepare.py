@@ -13,7 +13,7 @@ import zstandard
 from array_record.python.array_record_module import ArrayRecordReader
 
 from neobert_jax.data import prepare as prepare_lib
-from neobert_jax.data import shards, sources, testing
+from neobert_jax.data import shards, sources, splits, testing
 from neobert_jax.data import tokenizer as tokenizer_lib
 from neobert_jax.data import train_sentencepiece
 
@@ -179,3 +179,50 @@ def test_sentencepiece_train_load_prepare(tmp_path):
                           max_length=64, eval_fraction=0)
   assert m['tokenizer']['kind'] == 'sentencepiece' and m['tokenizer']['vocab_size'] == 30
   assert all(r[0] == 2 and r[-1] == 3 for r in _all_records(out))
+
+
+def _seekable_zst(frames: list[bytes]) -> bytes:
+  """A seekable-format .zst (zstd/contrib/seekable_format): one frame per part, then the seek table."""
+  c = zstandard.ZstdCompressor()
+  parts = [c.compress(f) for f in frames]
+  table = b''.join(len(p).to_bytes(4, 'little') + len(f).to_bytes(4, 'little') for p, f in zip(parts, frames))
+  table += len(frames).to_bytes(4, 'little') + b'\0' + (0x8F92EAB1).to_bytes(4, 'little')
+  return b''.join(parts) + (0x184D2A5E).to_bytes(4, 'little') + len(table).to_bytes(4, 'little') + table
+
+
+def test_parts_of_a_file_read_as_the_whole_file(tmp_path, capsys):
+  """splits.plan cuts text, JSONL, multi-frame / seekable .zst and Parquet; its parts' documents, in order, are the
+  whole file's (offsets included), paragraphs are never cut, and an error's line number counts from the file's
+  start; what cannot be cut (gzip, one frame) is one unit with a warning."""
+  rng = np.random.default_rng(4)
+  lines = [_text(rng, int(rng.integers(0, 30))) if rng.random() > 0.2 else '' for _ in range(400)]
+  text = '\n'.join(lines) + '\n'
+  jsonl = ''.join(json.dumps({'text': t}) + '\n' for t in lines)
+  (tmp_path / 'a.txt').write_text(text)
+  (tmp_path / 'a.jsonl').write_text(jsonl)
+  frames = [jsonl.encode()[i:i + 3000] for i in range(0, len(jsonl), 3000)]  # frames end mid-line
+  c = zstandard.ZstdCompressor()
+  (tmp_path / 'b.jsonl.zst').write_bytes(b''.join(c.compress(f) for f in frames))
+  (tmp_path / 'c.jsonl.zst').write_bytes(_seekable_zst(frames))
+  (tmp_path / 'd.jsonl.gz').write_bytes(gzip.compress(jsonl.encode()))
+  pq.write_table(pa.table({'text': lines}), tmp_path / 'e.parquet', row_group_size=37)
+  whole = lambda path, **kw: [(d.text, d.offset) for d in sources.iter_documents(path, **kw)]
+  for name, kw in (('a.txt', {}), ('a.txt', {'text_mode': 'blank'}), ('a.jsonl', {}), ('b.jsonl.zst', {}),
+                   ('c.jsonl.zst', {}), ('e.parquet', {})):
+    path = str(tmp_path / name)
+    for split_bytes in (300, 1777):
+      units, sizes = splits.plan([path], split_bytes, kw.get('text_mode', 'line'))
+      assert len(units) > 1 and sizes[path] == os.path.getsize(path), (name, split_bytes)
+      parts = [(d.text, d.offset) for p, span in units for d in sources.iter_documents(p, span=span, **kw)]
+      assert parts == whole(path, **kw), (name, kw, split_bytes)
+  units, _ = splits.plan([str(tmp_path / 'd.jsonl.gz'), str(tmp_path / 'a.txt')], 500, 'file')
+  assert [s for _, s in units] == [None, None]
+  assert 'd.jsonl.gz' in capsys.readouterr().err
+  lines[300] = '{oops'
+  (tmp_path / 'bad.jsonl').write_text(''.join(json.dumps({'text': t}) + '\n' for t in lines[:300]) + '{oops\n')
+  with pytest.raises(sources.InputError) as whole_error:
+    list(sources.iter_documents(str(tmp_path / 'bad.jsonl')))
+  units, _ = splits.plan([str(tmp_path / 'bad.jsonl')], 700)
+  with pytest.raises(sources.InputError) as part_error:
+    [d for p, span in units for d in sources.iter_documents(p, span=span)]
+  assert str(part_error.value) == str(whole_error.value) and 'bad.jsonl:301 ' in str(whole_error.value)

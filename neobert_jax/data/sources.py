@@ -170,6 +170,8 @@ def _lines(path: str, comp: str, span: Span | None = None, blank: bool = False) 
         off, offset = offset, offset + len(line)
         if lead:  # what began in the part before: lines up to `start` (paragraph mode: through a blank line)
           lead = not (off > span.start and (not blank or _blank(line)))
+          if blank and not lead and off > span.end:
+            return  # the blank line that opens this part also closes it: all its lines are in paragraphs before
           if lead or blank:
             continue
         if span is not None and off > span.end:
