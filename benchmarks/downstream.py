@@ -25,11 +25,14 @@ import numpy as np
 from flax import nnx
 
 from neobert_jax.downstream import batching, heads, inference
-from neobert_jax.finetune import state as state_lib
+from neobert_jax import sharding as shd
+from neobert_jax.engine.optimizer import make_finetune_optimizer
+from neobert_jax.engine.state import create_state
 from neobert_jax.finetune.classification import sequence_loss
 from neobert_jax.finetune.config import base_config
-from neobert_jax.finetune.step import build_step
-from neobert_jax.model import to_flat
+from neobert_jax.finetune.loop import build_step
+from neobert_jax.weights import place
+from neobert_jax.weights.flat import to_flat
 
 
 def _model_cfg(a: argparse.Namespace):
@@ -43,11 +46,11 @@ def finetune_tokens_per_sec(a: argparse.Namespace, mesh) -> dict[str, float]:
   cfg = base_config()
   cfg.train.num_steps = 1000
   model_cfg = _model_cfg(a)
-  tx, lr = state_lib.make_optimizer(cfg, 1000)
-  defs, state = state_lib.create(lambda: heads.SequenceClassifier(model_cfg, 2, 0.1, 0.02, rngs=nnx.Rngs(0)),
-                                 tx, lr, mesh)
+  tx, lr = make_finetune_optimizer(cfg.optimizer, 1000)
+  defs, state = create_state(lambda: heads.SequenceClassifier(model_cfg, 2, 0.1, 0.02, rngs=nnx.Rngs(0)),
+                             tx, lr, mesh)
   keys = ['input_ids', 'lengths', 'weights', 'labels']
-  step = build_step(defs, sequence_loss('classification'), mesh, keys)
+  step = build_step(defs, mesh, sequence_loss('classification'), keys)
   rng = np.random.default_rng(0)
   b, t = a.batch, a.seq
   host = {'input_ids': rng.integers(1000, 30522, (b, t)).astype(np.int32), 'lengths': np.full((b,), t, np.int32),
@@ -69,8 +72,8 @@ def finetune_tokens_per_sec(a: argparse.Namespace, mesh) -> dict[str, float]:
 def embedding_throughput(a: argparse.Namespace, mesh) -> dict[str, float]:
   model_cfg = _model_cfg(a)
   flat = to_flat(heads.Embedder(model_cfg, 'mean', rngs=nnx.Rngs(0)))
-  graphdef, params, shardings = state_lib.sharded_params(lambda: heads.Embedder(model_cfg, 'mean', rngs=nnx.Rngs(0)),
-                                                          flat, mesh)
+  graphdef, params, shardings = place.sharded_params(lambda: heads.Embedder(model_cfg, 'mean', rngs=nnx.Rngs(0)),
+                                                      flat, mesh)
   forward = inference.jit_forward(graphdef, shardings, mesh)
   rng = np.random.default_rng(1)
   seqs = [rng.integers(1000, 30522, int(n)).astype(np.int32) for n in rng.integers(8, a.seq + 1, a.texts)]
@@ -96,7 +99,7 @@ def main(argv: list[str] | None = None) -> dict:
   p.add_argument('--texts', type=int, default=512)
   p.add_argument('--embed-batch', type=int, default=64)
   a = p.parse_args(argv)
-  mesh = state_lib.inference_mesh()
+  mesh = shd.inference_mesh()
   out = {'config': vars(a), 'devices': jax.device_count(), 'finetune': finetune_tokens_per_sec(a, mesh),
          'embedding': embedding_throughput(a, mesh)}
   print(json.dumps(out, indent=2))

@@ -81,7 +81,7 @@ def prepare_config(cfg, target: targets.Target):
 def run_child(cfg_in) -> int:
   import jax
   from neobert_jax.aot import report as report_lib
-  from neobert_jax.train import metrics
+  from neobert_jax.engine import metrics
 
   # Initialise the backends first: plugin discovery is what preloads the pip cuDNN library, and the cuDNN
   # attention checks at trace time fail with "cuDNN not found" without it.

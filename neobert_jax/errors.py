@@ -67,6 +67,11 @@ class StorageError(NeobertError, OSError):
   kind = 'storage error'
 
 
+class TrainingDiverged(FloatingPointError):
+  """The loss or gradient norm became NaN/inf under nan_policy 'stop'; the message names the last good checkpoint.
+  Not a user error of the kinds above: the commands exit with status 3 for it."""
+
+
 ALL = (ConfigError, DataError, CheckpointError, ExportError, DistributedError, StorageError)
 
 

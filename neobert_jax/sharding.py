@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
-from typing import Iterator, Mapping, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
 import jax
 import numpy as np
@@ -204,3 +204,31 @@ def constrain(x: jax.Array, names: Sequence[str | None]) -> jax.Array:
   if mesh.empty or mesh.size == 1 or not set(MESH_AXES) <= set(mesh.axis_names):
     return x
   return jax.lax.with_sharding_constraint(x, logical_to_spec(names))
+
+
+def inference_mesh() -> Mesh:
+  """Every device on the batch (fsdp) axis: what inference commands use unless told otherwise."""
+  return make_mesh({'data': 1, 'fsdp': -1, 'tensor': 1})
+
+
+class MeshBound:
+  """A jitted function that is always traced with the mesh and logical-axis rules active.
+
+  The model pins activation shardings by logical name at trace time, so tracing outside the mesh context would
+  silently drop them; binding the context here means callers (the loops, tests, AOT compile) cannot forget it.
+  """
+
+  def __init__(self, mesh: Mesh, jitted: Any):
+    self.mesh, self.jitted = mesh, jitted
+
+  def __call__(self, *args: Any) -> Any:
+    with activate(self.mesh):
+      return self.jitted(*args)
+
+  def lower(self, *args: Any) -> Any:
+    with activate(self.mesh):
+      return self.jitted.lower(*args)
+
+  def trace(self, *args: Any) -> Any:
+    with activate(self.mesh):
+      return self.jitted.trace(*args)

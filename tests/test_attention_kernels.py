@@ -190,14 +190,13 @@ def test_auto_resolution_table():
 
 def test_train_step_reports_rows_over_the_document_limit():
   """The step's metric the loop stops on: rows whose documents the static packed layout cannot hold."""
-  from neobert_jax.train import state as state_lib
-  from neobert_jax.train import step as step_lib
+  from neobert_jax.train import mlm
   from neobert_jax.train.testing import synthetic_batch, tiny_config
   cfg = tiny_config(vocab_size=64, seq_len=32, batch=2)
   cfg.data.max_documents_per_row = 2
   mesh = sharding.make_mesh({'data': 1, 'fsdp': 1, 'tensor': 1}, jax.devices()[:1])
-  defs, state = state_lib.create_train_state(cfg, mesh)
-  train = step_lib.build_train_step(cfg, mesh, defs)
+  defs, state = mlm.create_train_state(cfg, mesh)
+  train = mlm.build_train_step(cfg, mesh, defs)
   batch = synthetic_batch(cfg, mesh, seed=0, as_numpy=True)  # two documents per row: within the limit
   state, metrics = train(state, batch)
   assert int(metrics['rows_over_document_limit']) == 0

@@ -12,8 +12,10 @@ from flax import nnx
 from neobert_jax.evaluate import pppl as pppl_lib
 from neobert_jax.evaluate.__main__ import main as evaluate_main
 from neobert_jax.downstream import batching
-from neobert_jax.finetune import state as state_lib
-from neobert_jax.model import NeoBERTForMLM, default_model_config, to_flat
+from neobert_jax import sharding as shd
+from neobert_jax.model import NeoBERTForMLM, default_model_config
+from neobert_jax.weights import place
+from neobert_jax.weights.flat import to_flat
 
 MASK, PAD = 103, 0
 
@@ -45,9 +47,9 @@ def test_batched_pppl_equals_slow_reference():
   model = NeoBERTForMLM(cfg, rngs=nnx.Rngs(1))
   rng = np.random.default_rng(0)
   seqs = [np.concatenate([[101], rng.integers(1000, 30000, n), [102]]).astype(np.int32) for n in (3, 14, 29, 1, 9)]
-  mesh = state_lib.inference_mesh()
-  graphdef, params, shardings = state_lib.sharded_params(lambda: NeoBERTForMLM(cfg, rngs=nnx.Rngs(0)),
-                                                          to_flat(model), mesh)
+  mesh = shd.inference_mesh()
+  graphdef, params, shardings = place.sharded_params(lambda: NeoBERTForMLM(cfg, rngs=nnx.Rngs(0)), to_flat(model),
+                                                      mesh)
   score = pppl_lib.jit_scorer(graphdef, shardings, mesh)
   got = pppl_lib.pseudo_perplexity(score, params, seqs, MASK, PAD, 16, batching.buckets(64), mesh)
   ref = _reference(model, seqs)

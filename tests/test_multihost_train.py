@@ -77,13 +77,14 @@ def _resume_worker(workdir: str) -> None:
   import jax
   import numpy as np
   from flax import nnx
-  from neobert_jax import checkpoint_io
-  from neobert_jax.train import checkpoint as ckpt
+  from neobert_jax.engine import checkpoint as ckpt
   from neobert_jax.train import loop
+  from neobert_jax.weights import flat as flat_lib
+  from neobert_jax.weights import runs
 
   cfg = _config()
   cfg.mesh.fsdp = 2
-  _, saved = ckpt.restore_params(workdir, STEPS)
+  _, saved = runs.restore_params(workdir, STEPS)
   seen = {}
   original = ckpt.restore_latest
 
@@ -91,7 +92,7 @@ def _resume_worker(workdir: str) -> None:
     out = original(mngr, abstract, data_iter)
     if out is not None:  # copied now: the train step donates the state's buffers
       seen['step'] = out[0]
-      seen['params'] = checkpoint_io.flatten(jax.device_get(nnx.to_pure_dict(out[1]['params'])))
+      seen['params'] = flat_lib.flatten(jax.device_get(nnx.to_pure_dict(out[1]['params'])))
       seen['opt_step'] = int(np.asarray(out[1]['opt']['step'][...]))
       seen['mesh'] = dict(out[1]['params']['encoder']['layers']['qkv'][...].sharding.mesh.shape)
     return out
@@ -119,14 +120,14 @@ def _restore_worker(workdir: str, reference_workdir: str, export_dir: str) -> No
 
   from neobert_jax import sharding as shd
   from neobert_jax.convert import export_hf, torch_ref
-  from neobert_jax.model import hf_layout
-  from neobert_jax.train import checkpoint as ckpt
-  from neobert_jax.train import state as state_lib
+  from neobert_jax.engine import checkpoint as ckpt
+  from neobert_jax.train import mlm
+  from neobert_jax.weights import hf, runs
 
-  cfg = ckpt.read_config(workdir)
+  cfg = runs.read_config(workdir)
   cfg.mesh = {'data': 1, 'fsdp': 1, 'tensor': 2}
   mesh = shd.make_mesh(dict(cfg.mesh))
-  defs, abstract = state_lib.abstract_train_state(cfg, mesh)
+  defs, abstract = mlm.abstract_train_state(cfg, mesh)
   mngr = ckpt.make_manager(workdir, keep=10, async_save=False)
   step, state = ckpt.restore_latest(mngr, abstract, None)
   assert step == STEPS, step
@@ -134,8 +135,8 @@ def _restore_worker(workdir: str, reference_workdir: str, export_dir: str) -> No
   assert qkv.sharding.mesh.shape['tensor'] == 2 and 'tensor' in str(qkv.sharding.spec), qkv.sharding
 
   # the 2-process run's parameters equal the 1-process run's
-  _, ours = ckpt.restore_params(workdir)
-  _, ref = ckpt.restore_params(reference_workdir)
+  _, ours = runs.restore_params(workdir)
+  _, ref = runs.restore_params(reference_workdir)
   assert sorted(ours) == sorted(ref)
   for k in ref:
     np.testing.assert_allclose(ours[k], ref[k], rtol=2e-5, atol=2e-6, err_msg=k)
@@ -144,7 +145,7 @@ def _restore_worker(workdir: str, reference_workdir: str, export_dir: str) -> No
 
   # export to Hugging Face / PyTorch and compare logits with the restored, tensor-parallel JAX model
   export_hf.export_checkpoint(workdir, export_dir)
-  hf_cfg, hf_flat = hf_layout.read_hf_dir(export_dir)
+  hf_cfg, hf_flat = hf.read_hf_dir(export_dir)
   for k in ours:
     np.testing.assert_array_equal(hf_flat[k], ours[k], err_msg=k)
   torch_model = torch_ref.torch_model_from_flat(hf_flat, hf_cfg)
@@ -268,7 +269,7 @@ def test_lost_process_stops_the_job_and_the_same_command_resumes(runs):
   # the interrupted-then-resumed job ends exactly where the uninterrupted one did
   check = (
       'import sys, numpy as np; sys.path.insert(0, %r)\n'
-      'from neobert_jax.train import checkpoint as c\n'
+      'from neobert_jax.weights import runs as c\n'
       '_, a = c.restore_params(%r); _, b = c.restore_params(%r)\n'
       'assert sorted(a) == sorted(b)\n'
       '[np.testing.assert_allclose(a[k], b[k], rtol=2e-5, atol=2e-6, err_msg=k) for k in a]\n'
@@ -285,7 +286,7 @@ def test_two_hosts_without_a_shared_path_train_and_resume_through_a_bucket(runs,
   from etils import epath
   from neobert_jax import paths
   from neobert_jax.data import pipeline
-  from neobert_jax.train import checkpoint as ckpt
+  from neobert_jax.weights import runs as run_dirs  # `runs` is this test's fixture
   _, one, _ = runs
   cfg = _config()
   local_data, _ = pipeline.open_prepared(cfg.data, int(cfg.model.max_length), int(cfg.model.vocab_size))
@@ -314,7 +315,7 @@ def test_two_hosts_without_a_shared_path_train_and_resume_through_a_bucket(runs,
 
   codes, out = job({'TEST_DIE_AT_STEP': '2'})
   assert codes[1] != 0 and 'process 1 dying after step 2' in out, out[-3000:]
-  assert ckpt.latest_step(workdir) in (1, 2), out[-3000:]
+  assert run_dirs.latest_step(workdir) in (1, 2), out[-3000:]
   codes, out = job({})
   assert codes == [0, 0] and 'final_step=3 preempted=False' in out, out[-3000:]
   rows = [json.loads(x) for x in epath.Path(f'{workdir}/metrics.jsonl').read_text().splitlines() if x.strip()]

@@ -1,10 +1,11 @@
 """The package's import direction, read from the source (ast, function-level imports included; nothing is run).
 
 Layers, lowest first: errors / jax_compat (import nothing of ours) -> paths (local paths and bucket URLs; imports
-only errors) -> checkpoint_io (parameter trees and run checkpoints; imports errors and paths) -> model (with hf_layout, the Hugging Face layout), data, sharding, distributed ->
-config (the schema) -> train, convert (side by side: neither imports the other) -> downstream (batching, inference,
-heads, tables: what the commands below share) -> pretrain (train, then the export), finetune, evaluate, embed, aot,
-compile -> entry points (cli and each package's __main__, README "Architecture").
+only errors) -> model, data, sharding, distributed -> weights (flat parameters, run directories, the Hugging Face
+layout, init sources, placement) and config (the schema) -> train, convert (side by side: neither imports the
+other) -> downstream (batching, inference, heads, tables: what the commands below share) -> pretrain (train, then
+the export), finetune, evaluate, embed, aot, compile -> entry points (cli and each package's __main__, README
+"Architecture").
 Nothing imports cli (console scripts); the benchmark scripts live outside the package (benchmarks/), so nothing in
 it can import them. An import cycle between modules fails, even
 when it is hidden in a function body.
@@ -84,14 +85,19 @@ RULES = {
         lambda a, b: _in(a, 'errors', 'jax_compat'),
     'paths (local paths and bucket URLs) and commandline (the CLI convention) import only errors':
         lambda a, b: _in(a, 'paths', 'commandline') and not _in(b, 'errors'),
-    'checkpoint_io (the parameter and checkpoint layer) imports only errors and paths':
-        lambda a, b: _in(a, 'checkpoint_io') and not _in(b, 'errors', 'paths'),
-    'model and data do not import train, convert or anything above':
-        lambda a, b: _in(a, 'model', 'data') and _in(b, 'train', 'convert', 'config', *COMMANDS),
+    'weights (the parameter layer) imports only errors, paths, jax_compat, sharding, model and data':
+        lambda a, b: _in(a, 'weights') and not _in(b, 'weights', 'errors', 'paths', 'jax_compat', 'sharding', 'model',
+                                                   'data'),
+    'model and data do not import weights, train, convert or anything above':
+        lambda a, b: _in(a, 'model', 'data') and _in(b, 'weights', 'train', 'convert', 'config', *COMMANDS),
     'model and data do not import each other':
         lambda a, b: (_in(a, 'model') and _in(b, 'data')) or (_in(a, 'data') and _in(b, 'model')),
     'config (the schema) imports only model and data config and errors':
         lambda a, b: _in(a, 'config') and not _in(b, 'config', 'model.config', 'data.config', 'errors'),
+    'engine (the one trainer) imports no task: not train, finetune, downstream, convert or the commands':
+        lambda a, b: _in(a, 'engine') and _in(b, 'train', 'finetune', 'downstream', 'convert', *COMMANDS),
+    'model, data, weights and sharding do not import engine':
+        lambda a, b: _in(a, 'model', 'data', 'weights', 'sharding', 'config') and _in(b, 'engine'),
     'convert does not import train or the commands above it':
         lambda a, b: _in(a, 'convert') and _in(b, 'train', *COMMANDS),
     'train does not import convert or the commands above it (its entry point, train/__main__, may)':
@@ -179,17 +185,36 @@ def test_no_cycles_between_subpackages():
 
 
 def test_train_and_convert_share_the_parameter_layer():
-  # Both read checkpoints through checkpoint_io and the Hugging Face layout through model/hf_layout; neither
-  # imports the other (the end-of-run export joins them in pretrain.py, above both).
+  # Both read run directories and the Hugging Face layout through weights/; neither imports the other (the
+  # end-of-run export joins them in pretrain.py, above both).
   graph = _graph()
   between = sorted((a, b) for a, deps in graph.items() for b in deps if not _entry(a) and (
       (_in(a, 'convert') and _in(b, 'train')) or (_in(a, 'train') and _in(b, 'convert'))))
   assert not between, f'train and convert import each other: {between}'
-  assert 'neobert_jax.checkpoint_io' in graph['neobert_jax.convert.export_hf']
-  assert 'neobert_jax.checkpoint_io' in graph['neobert_jax.train.checkpoint']
-  assert 'neobert_jax.model.hf_layout' in graph['neobert_jax.convert.export_hf']
-  assert 'neobert_jax.model.hf_layout' in graph['neobert_jax.train.init']
+  assert {'neobert_jax.weights.runs', 'neobert_jax.weights.hf'} <= graph['neobert_jax.convert.export_hf']
+  assert 'neobert_jax.weights.source' in graph['neobert_jax.train.init']
   assert {'neobert_jax.train.loop', 'neobert_jax.convert.export_hf'} <= graph['neobert_jax.pretrain']
+
+
+# What reads weights off disk: the low-level readers of each format. Only weights/ may call them; everything else
+# opens a source or reads a run through weights/ (one set of checks and errors for every command).
+_WEIGHT_READERS = {'safe_open', 'load_file', 'StandardCheckpointer', 'PyTreeCheckpointer'}
+
+
+def _reads_weights(path: pathlib.Path) -> bool:
+  for node in ast.walk(ast.parse(path.read_text(), str(path))):
+    if isinstance(node, ast.Attribute) and (node.attr in _WEIGHT_READERS or (
+        node.attr == 'load' and isinstance(node.value, ast.Name) and node.value.id == 'torch')):
+      return True
+    if isinstance(node, ast.ImportFrom) and any(a.name in _WEIGHT_READERS for a in node.names):
+      return True
+  return False
+
+
+def test_only_the_weights_layer_reads_weight_files():
+  readers = sorted(name for name, path in _modules().items() if _reads_weights(path))
+  assert readers and all(_in(name, 'weights') for name in readers), readers
+  assert not (PKG / 'checkpoint_io.py').exists() and not (PKG / 'model' / 'hf_layout.py').exists()
 
 
 def _top_level_imports(path: pathlib.Path) -> set[str]:

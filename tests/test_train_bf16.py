@@ -28,8 +28,7 @@ import numpy as np
 import pytest
 
 from neobert_jax import sharding as shd
-from neobert_jax.train import state as state_lib
-from neobert_jax.train import step as step_lib
+from neobert_jax.train import mlm
 from neobert_jax.train.testing import synthetic_batch, tiny_config
 
 TEST_STEPS, CYCLE = 40, 4
@@ -48,13 +47,13 @@ def _cfg(dtype: str, steps: int = TEST_STEPS):
 def run_curve(cfg, batches, hlo: list | None = None) -> list[float]:
   """Per-step training losses of the real jitted train step on `batches` (an iterable of global batches)."""
   mesh = shd.make_mesh(dict(data=1, fsdp=1, tensor=1), jax.devices()[:1])
-  defs, state = state_lib.create_train_state(cfg, mesh)
-  train = step_lib.build_train_step(cfg, mesh, defs)
+  defs, state = mlm.create_train_state(cfg, mesh)
+  train = mlm.build_train_step(cfg, mesh, defs)
   if hlo is not None:
-    hlo.append(train.lower(state, step_lib.abstract_batch(cfg, mesh)).as_text())
+    hlo.append(train.lower(state, mlm.abstract_batch(cfg, mesh)).as_text())
   losses = []
   for batch in batches:
-    state, m = train(state, {k: jax.device_put(v, step_lib.batch_sharding(mesh)) for k, v in batch.items()})
+    state, m = train(state, {k: jax.device_put(v, mlm.batch_sharding(mesh)) for k, v in batch.items()})
     losses.append(float(m['loss']))
   return losses
 
@@ -88,12 +87,12 @@ def test_bf16_follows_the_fp32_curve(fp32_curve):
 
 
 def test_the_tolerance_fails_when_the_loss_is_summed_in_bf16(fp32_curve, monkeypatch):
-  real = step_lib.mlm_sums
+  real = mlm.mlm_sums
 
   def bf16_loss(*args, **kwargs):
     loss_sum, counts = real(*args, **kwargs)
     return loss_sum.astype(jnp.bfloat16).astype(jnp.float32), counts
-  monkeypatch.setattr(step_lib, 'mlm_sums', bf16_loss)
+  monkeypatch.setattr(mlm, 'mlm_sums', bf16_loss)
   cfg = _cfg('bfloat16')
   assert _gap(run_curve(cfg, _synthetic(cfg)), fp32_curve) > CURVE_RTOL
 
@@ -112,15 +111,15 @@ def main() -> None:
   for dtype in ('float32', 'bfloat16'):
     cfg = config_lib.load_config(str(config_lib.REPO_ROOT / 'configs' / 'tiny_cpu.py'))
     cfg.train.num_steps, cfg.model.dtype = a.steps, dtype
-    defs, state = state_lib.create_train_state(cfg, mesh)
-    runs[dtype] = [step_lib.build_train_step(cfg, mesh, defs), state, []]
+    defs, state = mlm.create_train_state(cfg, mesh)
+    runs[dtype] = [mlm.build_train_step(cfg, mesh, defs), state, []]
   it = pipeline.make_train_iterator(cfg.data, cfg.train.global_batch_size, cfg.model.max_length, int(cfg.seed),
                                     model_vocab_size=int(cfg.model.vocab_size))
-  keys = step_lib.batch_keys(cfg)
+  keys = mlm.batch_keys(cfg.data.max_predictions)
   print('| step | fp32 loss | bf16 loss | bf16 - fp32 |\n|---|---|---|---|', flush=True)
   t0 = time.perf_counter()
   for s in range(a.steps):
-    batch = {k: jax.device_put(v[None], step_lib.batch_sharding(mesh)) for k, v in next(it).items() if k in keys}
+    batch = {k: jax.device_put(v[None], mlm.batch_sharding(mesh)) for k, v in next(it).items() if k in keys}
     for run in runs.values():
       run[1], m = run[0](run[1], batch)
       run[2].append(float(m['loss']))

@@ -19,11 +19,10 @@ from torch.optim.lr_scheduler import CosineAnnealingLR, LambdaLR, LinearLR, Sequ
 
 from neobert_jax import sharding as shd
 from neobert_jax.convert import torch_ref
-from neobert_jax.model import to_flat
 from neobert_jax.train import config as config_lib
-from neobert_jax.train import state as state_lib
-from neobert_jax.train import step as step_lib
+from neobert_jax.train import mlm
 from neobert_jax.train.testing import synthetic_batch, tiny_config
+from neobert_jax.weights.flat import to_flat
 
 STEPS, WARMUP, DECAY_STEPS = 24, 5, 18  # the cosine is cut at step 18, then the floor for 6 steps
 PEAK, CLIP = 3e-3, 1.8  # gradient norms here run 1.5-2.1: clipping acts on some steps, not others
@@ -64,9 +63,9 @@ def _torch_loss(model, b):
 def runs():
   cfg, original = _original_config()
   mesh = shd.make_mesh(dict(data=1, fsdp=1, tensor=1), jax.devices()[:1])
-  defs, state = state_lib.create_train_state(cfg, mesh)
+  defs, state = mlm.create_train_state(cfg, mesh)
   flat0 = to_flat(nnx.merge(defs.model_def, state['params']))
-  train = step_lib.build_train_step(cfg, mesh, defs)
+  train = mlm.build_train_step(cfg, mesh, defs)
 
   model = torch_ref.torch_model_from_flat(flat0, cfg.model).train()
   o = cfg.optimizer
@@ -81,7 +80,7 @@ def runs():
   rows = []
   for i in range(STEPS):
     batch = synthetic_batch(cfg, mesh, seed=100 + i, as_numpy=True)
-    state, m = train(state, {k: jax.device_put(v, step_lib.batch_sharding(mesh)) for k, v in batch.items()})
+    state, m = train(state, {k: jax.device_put(v, mlm.batch_sharding(mesh)) for k, v in batch.items()})
     opt.zero_grad()
     loss = _torch_loss(model, {k: v[0] for k, v in batch.items()})
     loss.backward()
@@ -129,7 +128,7 @@ def test_loss_and_parameters_agree_at_every_step(runs):
 
 
 def test_our_schedule_differs_where_documented():
-  from neobert_jax.train import optimizer
+  from neobert_jax.engine import optimizer
   cfg, _ = _original_config()
   ours = tiny_config(steps=100).optimizer
   ours.peak_lr, ours.warmup_steps = PEAK, WARMUP

@@ -14,7 +14,9 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
-from neobert_jax.train import checkpoint as ckpt
+from neobert_jax.engine import checkpoint as ckpt
+from neobert_jax.weights import runs
+from neobert_jax import errors
 from neobert_jax.train import loop
 from neobert_jax.train.testing import assert_identical_params, tiny_config
 
@@ -33,7 +35,7 @@ def _crash_after(k):
 
 
 def _params(workdir):
-  return ckpt.restore_params(workdir)[1]
+  return runs.restore_params(workdir)[1]
 
 
 _assert_identical = assert_identical_params
@@ -51,7 +53,7 @@ def test_crash_and_resume_is_bit_identical(uninterrupted, tmp_path):
   cfg = tiny_config(steps=6)
   with pytest.raises(Crash):
     loop.run(cfg, tmp_path, on_step=_crash_after(4))  # checkpoint at 3, crash after 4: step 4 is lost
-  assert ckpt.latest_step(tmp_path) == 3
+  assert runs.latest_step(tmp_path) == 3
   result = loop.run(cfg, tmp_path)  # the same command again
   assert result.final_step == 6
   _assert_identical(_params(tmp_path), _params(uninterrupted))
@@ -66,7 +68,7 @@ def test_corrupt_latest_falls_back_and_half_written_is_ignored(uninterrupted, tm
   cdir = tmp_path / 'checkpoints'
   # A crash mid-save leaves only Orbax's temporary directory: never listed as a checkpoint.
   (cdir / '9.orbax-checkpoint-tmp-123' / 'params').mkdir(parents=True)
-  assert ckpt.latest_step(tmp_path) == 6
+  assert runs.latest_step(tmp_path) == 6
   # Damage the latest complete step: truncated index, array data gone.
   (cdir / '6' / 'params' / 'manifest.ocdbt').write_bytes(b'')
   for sub in ('d', 'ocdbt.process_0'):
@@ -103,7 +105,7 @@ def test_storage_error_is_retried_and_never_sets_the_checkpoint_aside(uninterrup
   with pytest.raises(ckpt.CheckpointReadError, match='left in place'):
     loop.run(tiny_config(steps=6), tmp_path)
   assert attempts == [6] * ckpt._READ_ATTEMPTS  # retried, and no fall back to an older step
-  assert ckpt.latest_step(tmp_path) == 6 and not list((tmp_path / 'checkpoints').glob('*.corrupt*'))
+  assert runs.latest_step(tmp_path) == 6 and not list((tmp_path / 'checkpoints').glob('*.corrupt*'))
 
 
 def test_restore_onto_a_different_mesh(uninterrupted, tmp_path):
@@ -127,10 +129,10 @@ def test_init_from_checkpoint_params_only(uninterrupted, tmp_path):
 
 
 def test_init_from_hf_params_only(uninterrupted, tmp_path):
-  # init.from_hf reads the Hugging Face layout through model/hf_layout (not convert/); here the directory is
+  # init.from_hf reads the Hugging Face layout through the weights layer (not convert/); here the directory is
   # the converter's export of the uninterrupted run, so the loaded parameters are exactly that run's.
   from neobert_jax.convert import export_hf  # pylint: disable=g-import-not-at-top
-  model_cfg, flat = ckpt.restore_params(uninterrupted)
+  model_cfg, flat = runs.restore_params(uninterrupted)
   export_hf.export_flat(flat, model_cfg, tmp_path / 'hf')
   cfg = tiny_config(steps=1)
   cfg.init.from_hf = str(tmp_path / 'hf')
@@ -144,7 +146,7 @@ def test_nan_stops_with_last_good_checkpoint(tmp_path):
   # Step 1 runs at lr 0 (warmup start) and is checkpointed; step 2's update (lr 5e29) overflows the parameters.
   cfg.optimizer.peak_lr, cfg.optimizer.warmup_steps, cfg.optimizer.clip_norm = 1e30, 2, 0.0
   cfg.checkpoint.every_steps = 1
-  with pytest.raises(loop.TrainingDiverged, match='Last good checkpoint: .*checkpoints/1'):
+  with pytest.raises(errors.TrainingDiverged, match='Last good checkpoint: .*checkpoints/1'):
     loop.run(cfg, tmp_path)
   cfg.train.nan_policy = 'skip'
   shutil.rmtree(tmp_path)
@@ -176,10 +178,10 @@ def test_sigterm_saves_and_exits_cleanly(tmp_path):
   out = proc.communicate(timeout=120)[0]
   assert proc.returncode == 0, out[-3000:]
   assert 'preempted (SIGTERM), resumable' in out
-  saved = ckpt.latest_step(workdir)
+  saved = runs.latest_step(workdir)
   assert saved is not None and saved >= 2
   resumed = subprocess.run(cmd + [f'--config.train.num_steps={saved + 1}'], cwd=REPO, env=env,
                            capture_output=True, text=True, timeout=240)
   assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-2000:]
   assert f'resumed from {workdir / "checkpoints"}/{saved}' in resumed.stdout + resumed.stderr
-  assert ckpt.latest_step(workdir) == saved + 1
+  assert runs.latest_step(workdir) == saved + 1

@@ -5,8 +5,7 @@ import numpy as np
 import pytest
 
 from neobert_jax import sharding as shd
-from neobert_jax.train import state as state_lib
-from neobert_jax.train import step as step_lib
+from neobert_jax.train import mlm
 from neobert_jax.train.testing import synthetic_batch, tiny_config
 
 MESHES = {
@@ -27,12 +26,12 @@ def _cfg():
 def _run(cfg, sizes, steps=3):
   devices = jax.devices()[:1] if sizes == MESHES['one_device'] else jax.devices()
   mesh = shd.make_mesh(sizes, devices)
-  defs, state = state_lib.create_train_state(cfg, mesh)
+  defs, state = mlm.create_train_state(cfg, mesh)
   # how the freshly created state is laid out (read before training donates its buffers)
   qkv = state['params']['encoder']['layers']['qkv'][...]
   created = {'qkv_spec': qkv.sharding.spec, 'qkv_size': qkv.size, 'qkv_shard_size': qkv.addressable_shards[0].data.size,
              'opt_specs': [x.sharding.spec for x in jax.tree.leaves(state['opt']) if x.shape == qkv.shape]}
-  train = step_lib.build_train_step(cfg, mesh, defs)
+  train = mlm.build_train_step(cfg, mesh, defs)
   losses = []
   for i in range(steps):
     state, metrics = train(state, synthetic_batch(cfg, mesh, seed=0))  # same batch: the loss must fall
@@ -83,9 +82,9 @@ def test_grad_accumulation_matches_one_big_batch():
   batch = synthetic_batch(big, mesh, seed=7, as_numpy=True)  # [1, 32, ...]
   results = []
   for cfg, accum in ((big, 1), (micro, 4)):
-    defs, state = state_lib.create_train_state(cfg, mesh)
-    train = step_lib.build_train_step(cfg, mesh, defs)
-    sharding = step_lib.batch_sharding(mesh)
+    defs, state = mlm.create_train_state(cfg, mesh)
+    train = mlm.build_train_step(cfg, mesh, defs)
+    sharding = mlm.batch_sharding(mesh)
     split = {k: jax.device_put(v.reshape((accum, 32 // accum) + v.shape[2:]), sharding) for k, v in batch.items()}
     counts = batch['mlm_weights'].reshape(accum, -1).sum(-1)
     state, metrics = train(state, split)

@@ -18,8 +18,8 @@ def lower_step(cfg, target: targets.Target, what: str = 'train'):
 
   from neobert_jax import sharding as shd
   from neobert_jax.train import config as train_config
-  from neobert_jax.train import state as state_lib
-  from neobert_jax.train import step as step_lib
+  from neobert_jax.train import mlm as state_lib
+  from neobert_jax.train import mlm as step_lib
 
   devices = targets.devices(target)
   # The trainer's own checks (unknown keys, batch divisibility over the mesh and over the target's hosts), so
@@ -36,7 +36,7 @@ def lower_step(cfg, target: targets.Target, what: str = 'train'):
   if what != 'forward_backward':
     raise ValueError(f'unknown program {what!r}')
   packed = cfg.data.packing == 'packed'
-  limit = step_lib.max_segments(cfg)
+  limit = step_lib.max_segments(cfg.data)
   micro = {k: jax.ShapeDtypeStruct(v.shape[1:], v.dtype, sharding=NamedSharding(mesh, P(*v.sharding.spec[1:])))
            for k, v in batch.items()}
 

@@ -114,7 +114,7 @@ def _memory(cfg, target: targets.Target, headroom: float) -> tuple[bool, int, li
 
 def gpu_seconds(cfg, target: targets.Target, mfu: float) -> float:
   from neobert_jax.model import config as model_config
-  from neobert_jax.train import metrics
+  from neobert_jax.engine import metrics
   t = int(cfg.model.max_length)
   per_token = (metrics.flops_per_token(cfg)
                + model_config.remat_recompute_flops_per_token(cfg.model, t, cfg.model.remat_policy))

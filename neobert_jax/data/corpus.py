@@ -158,8 +158,9 @@ def _prepared_with(out: str, tokenizer: str) -> bool:
 
 
 def default_prepared_dir(max_length: int = 1024, workers: int = 0,
-                         tokenizer: str = tokenizer_lib.BUILTIN_BERT) -> str:
-  """Prepared shards of the built-in corpus for `max_length` and `tokenizer` (made on first use)."""
+                         tokenizer: str = tokenizer_lib.BUILTIN_BERT, build: bool = True) -> str:
+  """Prepared shards of the built-in corpus for `max_length` and `tokenizer`; made here when `build` (the train
+  command's explicit preparation step), else a DataError naming the command that makes them."""
   if tokenizer != tokenizer_lib.BUILTIN_BERT:
     try:
       tokenizer_lib.builtin_wordpiece_size(tokenizer)
@@ -172,6 +173,11 @@ def default_prepared_dir(max_length: int = 1024, workers: int = 0,
     builtin_vocab_file(tokenizer)
   if _prepared_with(out, tokenizer):
     return out
+  if not build:
+    raise shards.DataError(
+        f'the built-in corpus is not prepared for max_length={max_length} and tokenizer {tokenizer!r}; the train '
+        f'command prepares it, or run: python -m neobert_jax.data.corpus --max-length {max_length} '
+        f'--tokenizer {tokenizer}')
   corpus = default_corpus_jsonl()
   with assets.locked(f'prepared-{tokenizer}-L{max_length}'):
     if not _prepared_with(out, tokenizer):

@@ -157,19 +157,28 @@ def _loss_free_rows(like: dict, n: int) -> dict:
   return rows
 
 
+def prepare_builtin(data_cfg: ml_collections.ConfigDict, seq_len: int) -> None:
+  """The explicit preparation step of a run on the built-in corpus (data.dir empty): fetches and tokenizes it once
+  per machine. Opening prepared data (below) never does; the train command calls this first."""
+  if not data_cfg.dir:
+    from neobert_jax.data import corpus  # pylint: disable=g-import-not-at-top
+    corpus.default_prepared_dir(max_length=seq_len, tokenizer=data_cfg.tokenizer or tokenizer_lib.BUILTIN_BERT)
+
+
 def open_prepared(data_cfg: ml_collections.ConfigDict, seq_len: int,
                   model_vocab_size: int | None = None) -> tuple[str, dict]:
-  """Finds the prepared directory and checks it fits this run; returns (local dir, manifest).
+  """Finds the prepared directory and checks it fits this run; returns (local dir, manifest). Reads only.
 
   Data on a bucket (data.dir=gs://...) is read from a verified local copy (staging.py): the returned directory is
-  that copy, and the messages here name the URL.
+  that copy, and the messages here name the URL. The built-in corpus (data.dir empty) must have been prepared
+  (prepare_builtin); otherwise the error names the command that prepares it.
   """
   config_lib.validate_data_config(data_cfg)
   directory = shown = data_cfg.dir
   if not directory:
     from neobert_jax.data import corpus  # pylint: disable=g-import-not-at-top
-    directory = shown = corpus.default_prepared_dir(max_length=seq_len,
-                                                    tokenizer=data_cfg.tokenizer or tokenizer_lib.BUILTIN_BERT)
+    directory = shown = corpus.default_prepared_dir(
+        max_length=seq_len, tokenizer=data_cfg.tokenizer or tokenizer_lib.BUILTIN_BERT, build=False)
   elif paths.is_url(directory):
     directory = staging.stage(paths.resolve(directory, 'data.dir'))
   manifest = shards.read_manifest(directory)
@@ -294,10 +303,20 @@ def make_eval_iterator(data_cfg: ml_collections.ConfigDict, batch_size_per_host:
   it_ds = RowBatchDataset(blocks.to_iter_dataset(
       grain.ReadOptions(num_threads=1, prefetch_buffer_size=1)), batch_size_per_host,
                           finite_pad=True)
-  it = iter(it_ds)
-  if num_batches is None:
-    return it
-  return (next(it) for _ in range(num_batches))
+  return EvalBatches(it_ds, num_batches)
+
+
+class EvalBatches:
+  """The held-out batches, built and checked once; every iteration is a fresh pass with the same masking."""
+
+  def __init__(self, dataset: grain.IterDataset, num_batches: int | None):
+    self.dataset, self.num_batches = dataset, num_batches
+
+  def __iter__(self):
+    it = iter(self.dataset)
+    if self.num_batches is None:
+      return it
+    return (next(it) for _ in range(self.num_batches))
 
 
 def _mark_absl_flags_parsed() -> None:

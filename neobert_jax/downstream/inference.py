@@ -15,7 +15,7 @@ from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from neobert_jax.downstream import batching
-from neobert_jax.train.step import MeshBound
+from neobert_jax.sharding import MeshBound
 
 
 def jit_forward(model_def: Any, param_shardings: Any, mesh: jax.sharding.Mesh) -> Callable:

@@ -20,7 +20,7 @@ from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from neobert_jax.downstream import batching
-from neobert_jax.train.step import MeshBound
+from neobert_jax.sharding import MeshBound
 
 
 @dataclasses.dataclass

@@ -6,7 +6,7 @@ before the first file is written, so a mistake costs one error line and leaves t
 Workdir layout:
   config.json       the resolved config (model = the architecture actually used, data.tokenizer resolved)
   labels.json       the label mapping (classification / regression)
-  checkpoints/<s>/  Orbax params of the best validation step s (train/checkpoint.restore_params reads it)
+  checkpoints/<s>/  Orbax params of the best validation step s (weights/runs.restore_params reads it)
   metrics.jsonl, tensorboard/   train/* every log_every steps, eval/* at every evaluation
   results.json      final and best validation metrics with their steps
 """
@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import logging
-import time
 from pathlib import Path
 from typing import Any
 
@@ -28,16 +27,22 @@ from flax import nnx
 from neobert_jax import paths
 from neobert_jax import sharding as shd
 from neobert_jax.downstream import batching, inference
-from neobert_jax.finetune import config as config_lib, source as source_lib, state as state_lib
-from neobert_jax.finetune import step as step_lib
+from neobert_jax.engine import loop as engine_loop
+from neobert_jax.engine import optimizer as optimizer_lib
+from neobert_jax.engine import step as engine_step
+from neobert_jax.engine.state import create_state, param_count
+from neobert_jax.finetune import config as config_lib
 from neobert_jax.config import resume as resume_rules
 from neobert_jax.errors import ConfigError
 from neobert_jax.errors import DataError
 from neobert_jax.model.config import resolve_dtype
-from neobert_jax.train import checkpoint as ckpt
+from neobert_jax.engine import checkpoint as ckpt
 from neobert_jax.train import config as train_config
 from neobert_jax.train import resume as resume_lib
-from neobert_jax.train.metrics import MetricsWriter
+from neobert_jax.engine.metrics import MetricsWriter
+from neobert_jax.engine.state import with_params
+from neobert_jax.weights import place, runs
+from neobert_jax.weights import source as source_lib
 
 log = logging.getLogger('neobert_jax.finetune')
 RESULTS_FILE = 'results.json'
@@ -68,13 +73,12 @@ def prepare(cfg: ml_collections.ConfigDict, workdir: Path):
   """(source, model config, tokenizer, task): every check that needs no device work, nothing written."""
   config_lib.validate(cfg)
   resume_lib.check_workdir(workdir)
-  if (workdir / RESULTS_FILE).exists() or (workdir / ckpt.CHECKPOINT_SUBDIR).exists():
+  if (workdir / RESULTS_FILE).exists() or (workdir / runs.CHECKPOINT_SUBDIR).exists():
     raise ConfigError(_existing_run(cfg, workdir))
   init = cfg.init
-  source = None
-  if init.from_checkpoint or init.from_hf:
-    step = None if init.step < 0 else int(init.step)
-    source = source_lib.load(init.from_checkpoint or init.from_hf, step if init.from_checkpoint else None)
+  source = source_lib.from_init(init.from_checkpoint, init.from_hf, int(init.step))
+  if source is not None:
+    source.read()
   tok = source_lib.resolve_tokenizer(cfg.data.tokenizer, source)
   m = model_config(cfg, source)
   if source is None and tok.vocab_size > m.vocab_size:
@@ -110,6 +114,32 @@ def _better(metric: str, new: float, old: float | None) -> bool:
   return old is None or (new < old if metric in _LOWER_IS_BETTER else new > old)
 
 
+def _loss_sums(loss: Any) -> Any:
+  """A task's batch-mean loss as the engine's summed loss: one micro-batch, counted once."""
+  def loss_sums(model: Any, batch: dict, key: Any):
+    value, _ = loss(model, batch, key)
+    return value, 1.0, {}
+  return loss_sums
+
+
+def build_step(defs: Any, mesh: Any, loss: Any, keys: list[str]) -> Any:
+  """The jitted (state, batch, dropout key) -> (state, metrics) of a task: the engine's step on whole batches
+  (rows split over data x fsdp), committing nothing non-finite unseen (the loop stops at its next flush)."""
+  data = batching.batch_sharding(mesh)
+  return engine_step.build_train_step(defs, mesh, _loss_sums(loss), {k: data for k in keys}, micro_batched=False,
+                                      skip_nonfinite=False, uses_key=True)
+
+
+def _batches(task: Any, keys: list[str], mesh: Any, seed: int):
+  """Epoch after epoch of (global batch, real tokens, dropout key of that step), for engine.loop.Trainer."""
+  base_key, rng, step = jax.random.key(seed), np.random.default_rng(seed), 0
+  while True:
+    for batch in task.train_epoch(rng):
+      tokens = int(sum(batch[k].sum() for k in batch if k.endswith('lengths')))
+      yield batching.to_global({k: batch[k] for k in keys}, mesh), tokens, jax.random.fold_in(base_key, step)
+      step += 1
+
+
 def run(cfg: ml_collections.ConfigDict, workdir: str | Path) -> dict[str, Any]:
   """Fine-tunes per cfg in workdir; returns the results dict also written to WORKDIR/results.json."""
   workdir = paths.resolve(workdir, '--workdir')
@@ -126,57 +156,31 @@ def run(cfg: ml_collections.ConfigDict, workdir: str | Path) -> dict[str, Any]:
   t = cfg.train
   steps_per_epoch = task.steps_per_epoch()
   num_steps = int(t.num_steps) if t.num_steps > 0 else int(t.epochs) * steps_per_epoch
-  tx, lr = state_lib.make_optimizer(cfg, num_steps)
-  defs, state = state_lib.create(lambda: task.make_model(model_cfg, nnx.Rngs(int(cfg.seed))), tx, lr, mesh)
+  tx, lr = optimizer_lib.make_finetune_optimizer(cfg.optimizer, num_steps)
+  defs, state = create_state(lambda: task.make_model(model_cfg, nnx.Rngs(cfg.seed)), tx, lr, mesh)
   if source is not None:
-    state = state_lib.load_encoder(defs, state, source_lib.encoder_params(source.flat))
+    state = with_params(defs, state, place.with_encoder(state['params'], source.flat))
   if is_main:
-    n_params = sum(x.size for x in jax.tree.leaves(state['params']))
     log.info('%s; %d layers x %d, %s parameters, %d steps (%d per epoch), mesh %s', task.describe(),
-             model_cfg.num_layers, model_cfg.hidden_size, f'{n_params:,}', num_steps, steps_per_epoch, dict(mesh.shape))
+             model_cfg.num_layers, model_cfg.hidden_size, f'{param_count(state):,}', num_steps, steps_per_epoch,
+             dict(mesh.shape))
 
   keys = task.batch_keys
-  train_step = step_lib.build_step(defs, task.loss, mesh, keys)
+  train_step = build_step(defs, mesh, task.loss, keys)
   forward = inference.jit_forward(defs.model_def, defs.shardings['params'], mesh)
-  eval_bs = int(t.eval_batch_size)
-
-  def predict(seqs):
-    return inference.run_batched(forward, state['params'], seqs, eval_bs, task.buckets, tok.pad_id, mesh)
-
-  writer = MetricsWriter(workdir, bool(cfg.logging.tensorboard))
+  writer = MetricsWriter(workdir, cfg.logging.tensorboard)
   mngr = ckpt.make_manager(workdir, keep=1, async_save=False)
   pbar = None
   if is_main and cfg.logging.progress_bar:
     from tqdm.auto import tqdm  # pylint: disable=g-import-not-at-top
     pbar = tqdm(total=num_steps, desc=f'finetune {task.kind}', unit='step', dynamic_ncols=True)
-  eval_every = int(t.eval_every) or steps_per_epoch
-  base_key = jax.random.key(int(cfg.seed))
-  rng = np.random.default_rng(int(cfg.seed))
+  logger = engine_loop.Logger(writer, pbar, nan_policy='stop', diverged_hint='Lower --config.optimizer.lr.')
   best, final, evals = None, None, []
-  pending, tokens, t0, timed = [], 0, time.perf_counter(), 0
-  tokens_per_sec = []
 
-  def flush(step: int) -> None:
-    nonlocal pending, tokens, t0, timed
-    if not pending:
-      return
-    host = jax.device_get(pending)
-    if not all(bool(m['finite']) for m in host):
-      raise FloatingPointError(f'non-finite loss or gradient by step {step}; lower --config.optimizer.lr')
-    elapsed = max(time.perf_counter() - t0, 1e-9)
-    out = {'loss': float(np.mean([m['loss'] for m in host])), 'grad_norm': float(np.mean([m['grad_norm'] for m in host])),
-           'learning_rate': float(host[-1]['learning_rate']), 'tokens_per_sec': tokens / elapsed}
-    if timed:
-      tokens_per_sec.append(out['tokens_per_sec'])
-    writer.write(step, out)
-    if pbar is not None:
-      pbar.set_postfix({'loss': f'{out["loss"]:.4f}', 'tok/s': f'{out["tokens_per_sec"]:,.0f}'}, refresh=False)
-    pending, tokens, t0, timed = [], 0, time.perf_counter(), 0
-
-  def evaluate(step: int) -> None:
+  def evaluate(step: int, state: Any) -> None:
     nonlocal best, final
-    flush(step)
-    ev = task.evaluate(predict)
+    ev = task.evaluate(lambda seqs: inference.run_batched(forward, state['params'], seqs, t.eval_batch_size,
+                                                          task.buckets, tok.pad_id, mesh))
     writer.write(step, ev, prefix='eval')
     evals.append({'step': step, **ev})
     final = {'step': step, 'metrics': ev}
@@ -184,38 +188,22 @@ def run(cfg: ml_collections.ConfigDict, workdir: str | Path) -> dict[str, Any]:
       best = final
       _save_best(mngr, step, state, resolved.to_dict())
     if is_main:
-      msg = f'eval step {step}: ' + ', '.join(f'{k} {v:.4f}' for k, v in ev.items())
-      (pbar.write if pbar is not None else log.info)(msg)
+      trainer.say(f'eval step {step}: ' + ', '.join(f'{k} {v:.4f}' for k, v in ev.items()))
 
-  step = 0
+  trainer = engine_loop.Trainer(
+      train_step, state, _batches(task, keys, mesh, cfg.seed), num_steps=num_steps, start=0, logger=logger,
+      log_every=t.log_every, hooks=[engine_loop.Hook(evaluate, t.eval_every or steps_per_epoch)],
+      last_good=lambda: 'none (fine-tuning keeps only its best evaluation)', pbar=pbar)
+  del state  # donated to the first step: the trainer holds the live state
   try:
-    while step < num_steps:
-      for batch in task.train_epoch(rng):
-        g = batching.to_global({k: batch[k] for k in keys}, mesh)
-        state, m = train_step(state, g, jax.random.fold_in(base_key, step))
-        step += 1
-        pending.append(m)
-        if step == 1:  # the first step includes compilation: start the throughput clock after it
-          jax.block_until_ready(m)
-          pending, tokens, t0, timed = [m], 0, time.perf_counter(), 0
-        else:
-          tokens += int(sum(batch[k].sum() for k in batch if k.endswith('lengths')))
-          timed += 1
-        if pbar is not None:
-          pbar.update(1)
-        if step % int(t.log_every) == 0 or step == num_steps:
-          flush(step)
-        if step % eval_every == 0 or step == num_steps:
-          evaluate(step)
-          t0 = time.perf_counter()
-        if step >= num_steps:
-          break
+    trainer.run()
     mngr.wait_until_finished()
   finally:
     if pbar is not None:
       pbar.close()
     writer.close()
     mngr.close()
+  tokens_per_sec = logger.throughput
   results = {'task': cfg.task, 'kind': task.kind, 'metric': task.metric, 'final': final, 'best': best,
              'num_steps': num_steps, 'train_examples': task.num_train,
              'train_tokens_per_sec': float(np.median(tokens_per_sec)) if tokens_per_sec else None, 'evals': evals}

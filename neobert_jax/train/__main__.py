@@ -36,7 +36,6 @@ def main(argv: list[str]) -> int:
   from neobert_jax import jax_compat  # pylint: disable=g-import-not-at-top
   from neobert_jax import pretrain  # pylint: disable=g-import-not-at-top
   from neobert_jax.train import config as config_lib  # pylint: disable=g-import-not-at-top
-  from neobert_jax.train import loop  # pylint: disable=g-import-not-at-top
 
   jax_compat.quiet_backend_probe()  # no "Unable to initialize backend 'tpu'" line on CPU / GPU machines
   logging.basicConfig(level=logging.INFO if jax.process_index() == 0 else logging.WARNING,
@@ -47,7 +46,7 @@ def main(argv: list[str]) -> int:
   config_lib.validate(cfg)
   try:
     result = pretrain.run(cfg, _WORKDIR.value)  # train, then the Hugging Face export and the report
-  except loop.TrainingDiverged as e:
+  except errors.TrainingDiverged as e:
     print(f'training stopped: {e}', file=sys.stderr)
     return 3
   if jax.process_index() == 0:

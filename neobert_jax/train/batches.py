@@ -13,7 +13,7 @@ import jax
 import ml_collections
 import numpy as np
 
-from neobert_jax.train.step import batch_keys, batch_sharding
+from neobert_jax.train.mlm import batch_keys, batch_sharding
 
 
 def to_global(batch: Mapping[str, np.ndarray], keys: tuple[str, ...], mesh: jax.sharding.Mesh,
@@ -54,7 +54,7 @@ class GlobalBatches:
   def __init__(self, host_iter: Iterator[Mapping[str, np.ndarray]], cfg: ml_collections.ConfigDict,
                mesh: jax.sharding.Mesh, accum: int):
     self.host_iter, self.mesh, self.accum = host_iter, mesh, accum
-    self.keys = batch_keys(cfg)
+    self.keys = batch_keys(cfg.data.max_predictions)
 
   def __iter__(self) -> 'GlobalBatches':
     return self

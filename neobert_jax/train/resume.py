@@ -26,12 +26,13 @@ import jax
 import ml_collections
 import numpy as np
 
-from neobert_jax import checkpoint_io, paths
+from neobert_jax import paths
 from neobert_jax import config as schema
 from neobert_jax.config import resume as rules
 from neobert_jax.errors import ConfigError
 from neobert_jax.train import config as config_lib
-from neobert_jax.train import optimizer as optimizer_lib
+from neobert_jax.engine import optimizer as optimizer_lib
+from neobert_jax.weights import runs
 
 log = logging.getLogger('neobert_jax.train')
 HISTORY_FILE = 'config_history.jsonl'
@@ -58,11 +59,11 @@ def check_workdir(workdir: paths.Path) -> None:
 
 def _recorded(workdir: paths.Path) -> tuple[dict[str, Any] | None, int | None]:
   """(the run's recorded config, its latest checkpoint step); (None, None) for an empty workdir."""
-  step = checkpoint_io.latest_step(workdir) if (workdir / checkpoint_io.CHECKPOINT_SUBDIR).is_dir() else None
-  if step is None and not (workdir / checkpoint_io.CONFIG_FILE).is_file():
+  step = runs.latest_step(workdir) if (workdir / runs.CHECKPOINT_SUBDIR).is_dir() else None
+  if step is None and not (workdir / runs.CONFIG_FILE).is_file():
     return None, None
   try:
-    return checkpoint_io.read_config(workdir, step).to_dict(), step
+    return runs.read_config(workdir, step).to_dict(), step
   except FileNotFoundError:  # a run from before configs were recorded: only its arrays can be checked
     log.warning('%s holds checkpoints but no recorded config: this config cannot be compared with the run\'s; '
                 'the checkpoint\'s array shapes will be checked against it instead', workdir)
@@ -77,7 +78,7 @@ def _refusal(workdir: paths.Path, step: int, identity: list[rules.Change]) -> Co
   return ConfigError(
       f'{workdir} holds a run (checkpoint step {step}) that this config does not continue: {listed}. These '
       f'fields define what the checkpoint is, so resume is refused and nothing in the workdir was changed. '
-      f'Fix: run the command that started it (its config is {workdir / checkpoint_io.CONFIG_FILE}), or train '
+      f'Fix: run the command that started it (its config is {workdir / runs.CONFIG_FILE}), or train '
       f'the new config in a new --workdir, adding --config.init.from_checkpoint={workdir} to start from '
       f'this run\'s weights.')
 

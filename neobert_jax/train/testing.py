@@ -7,7 +7,7 @@ import ml_collections
 import numpy as np
 
 from neobert_jax import config
-from neobert_jax.train.step import abstract_batch
+from neobert_jax.train.mlm import abstract_batch
 
 
 def tiny_config(vocab_size: int = 30522, hidden: int = 32, layers: int = 1, seq_len: int = 128,

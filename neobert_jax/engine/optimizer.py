@@ -122,3 +122,23 @@ def make_optimizer(cfg: ml_collections.ConfigDict) -> tuple[optax.GradientTransf
     clip = [clip_by_global_norm_eps(float(opt.clip_norm), float(opt.clip_eps)) if opt.clip_eps > 0
             else optax.clip_by_global_norm(float(opt.clip_norm))]
   return optax.chain(*clip, adamw), schedule
+
+
+def decay_to_zero_schedule(peak: float, warmup: int, num_steps: int, kind: str) -> optax.Schedule:
+  """Fine-tuning's schedule: linear warmup over `warmup` steps, then linear or cosine decay to 0 at num_steps."""
+  if kind == 'cosine':
+    return optax.warmup_cosine_decay_schedule(0.0, peak, warmup, max(num_steps, warmup + 1), 0.0)
+  return optax.join_schedules(
+      [optax.linear_schedule(0.0, peak, max(warmup, 1)), optax.linear_schedule(peak, 0.0, max(num_steps - warmup, 1))],
+      [max(warmup, 1)])
+
+
+def make_finetune_optimizer(opt: ml_collections.ConfigDict, num_steps: int
+                            ) -> tuple[optax.GradientTransformation, optax.Schedule]:
+  """Clip -> AdamW under decay_to_zero_schedule, from a fine-tuning config's `optimizer` section. Norm scales and
+  biases (the head's too) never decay, as in pretraining."""
+  lr = decay_to_zero_schedule(opt.lr, round(opt.warmup_fraction * num_steps), num_steps, opt.schedule)
+  adamw = optax.adamw(lr, b1=opt.b1, b2=opt.b2, eps=opt.eps, weight_decay=opt.weight_decay,
+                      mask=weight_decay_mask(True))
+  parts = [optax.clip_by_global_norm(opt.clip_norm)] if opt.clip_norm > 0 else []
+  return optax.chain(*parts, adamw), lr

@@ -5,7 +5,7 @@ On-disk layout (one Orbax CheckpointManager rooted at WORKDIR/checkpoints):
   WORKDIR/config.json                    the resolved training config (model/data/train/... sections)
   WORKDIR/checkpoints/<step>/params      nested dict of the model's parameters, e.g.
                                          params['encoder']['layers']['qkv'] [L, D, H, 3*Dh]; joining the keys with
-                                         '.' gives exactly neobert_jax.model.params.to_flat's keys
+                                         '.' gives exactly neobert_jax.weights.flat.to_flat's keys
   WORKDIR/checkpoints/<step>/opt         the nnx.Optimizer state (step counter, optax AdamW moments mu/nu)
   WORKDIR/checkpoints/<step>/data        the Grain iterator position (one JSON per process), if the run had one
   WORKDIR/checkpoints/<step>/config      a copy of the resolved config, so a step directory stands alone
@@ -27,8 +27,8 @@ is used. A step is never set aside for anything else:
     with a warning.
 
 Owns writing the layout above and resuming from it (params, optimizer state, data position). Reading parameters
-and a run's config without the trainer (converters, fine-tuning) is neobert_jax/checkpoint_io.py's, re-exported
-here. Imports checkpoint_io, errors, train.state and data.pipeline; never convert/.
+and a run's config without the trainer (converters, fine-tuning, init) is the weights layer's (weights/runs.py,
+weights/source.py). Imports weights, errors, paths and the engine's state; never convert/.
 """
 
 from __future__ import annotations
@@ -46,23 +46,17 @@ import numpy as np
 import orbax.checkpoint as ocp
 from flax import nnx
 
-from neobert_jax import checkpoint_io, errors, paths
-from neobert_jax.train.optimizer import path_names
-from neobert_jax.train.state import TrainState
+from neobert_jax import errors, paths
+from neobert_jax.engine.optimizer import path_names
+from neobert_jax.engine.state import TrainState
+from neobert_jax.weights import runs
+from neobert_jax.weights.flat import check_keys_and_shapes
 
 log = logging.getLogger(__name__)
 
-# The run layout and the readers of parameters and config live one layer down, where convert/ reads them too;
-# they are re-exported here for the trainer's callers.
-CHECKPOINT_SUBDIR = checkpoint_io.CHECKPOINT_SUBDIR
-checkpoint_dir = checkpoint_io.checkpoint_dir
-latest_step = checkpoint_io.latest_step
-read_config = checkpoint_io.read_config
-restore_params = checkpoint_io.restore_params
-
 
 def make_manager(workdir: str | os.PathLike, keep: int = 3, async_save: bool = True) -> ocp.CheckpointManager:
-  directory = paths.resolve(workdir, '--workdir') / CHECKPOINT_SUBDIR
+  directory = paths.resolve(workdir, '--workdir') / runs.CHECKPOINT_SUBDIR
   options = ocp.CheckpointManagerOptions(
       max_to_keep=keep, save_interval_steps=1,  # the loop decides when to save; Orbax just obeys
       enable_async_checkpointing=async_save, create=True)
@@ -85,7 +79,7 @@ def save(mngr: ocp.CheckpointManager, step: int, state: TrainState, data_iter: A
   """
   args = {'params': ocp.args.StandardSave(nnx.to_pure_dict(state['params'])),
           'opt': ocp.args.StandardSave(state['opt']),
-          checkpoint_io.CONFIG_ITEM: ocp.args.JsonSave(cfg.to_dict()),
+          runs.CONFIG_ITEM: ocp.args.JsonSave(cfg.to_dict()),
           **_data_args(data_iter, save=True)}
   try:
     # An earlier async save that failed in the background raises here, at the next save.
@@ -123,7 +117,7 @@ _WRITE_REASONS = ('No space left on device', 'Read-only file system', 'Permissio
 def save_failed(mngr: ocp.CheckpointManager, e: BaseException) -> CheckpointSaveError:
   text = f'{type(e).__name__}: {e}'
   reason = next((r for r in _WRITE_REASONS if r in text), None) or _first_line(e).split(' [tensorstore_spec')[0]
-  good = checkpoint_io.latest_step(paths.Path(mngr.directory))
+  good = runs.latest_step(paths.Path(mngr.directory))
   kept = (f'the last complete checkpoint, {mngr.directory}/{good}, is kept' if good is not None
           else 'no checkpoint of this run was complete yet')
   return CheckpointSaveError(f'writing a checkpoint under {mngr.directory} failed ({reason}); {kept}. Free space '
@@ -225,7 +219,7 @@ def _check_fits(mngr: ocp.CheckpointManager, step: int, abstract: TrainState) ->
       absl_log.setLevel(level)
     target = nnx.to_pure_dict(abstract['params']) if item == 'params' else abstract['opt']
     tree = getattr(saved, 'tree', saved)
-    checkpoint_io.check_keys_and_shapes(
+    check_keys_and_shapes(
         _leaves(tree), {k: v.shape for k, v in _leaves(target).items()}, f'checkpoint step {step} in {mngr.directory} ({item})',
         'this config builds a different state than the one saved (see the config differences above, if any); '
         'nothing was changed. Resume with the run\'s own config, or start a new --workdir (with '

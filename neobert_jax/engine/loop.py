@@ -1,0 +1,172 @@
+"""The one training loop: step, log, run hooks (evaluation, checkpoints), stop cleanly on SIGTERM.
+
+Pretraining (train/loop.py) and fine-tuning (finetune/loop.py) each build a state, a jitted step and an iterator,
+and hand them to `Trainer` with their hooks; logging, throughput, the non-finite policy, profiling and preemption
+live here once.
+
+Order of work matters for exact resume: a step's batch is pulled from the iterator immediately before the step
+runs and nothing is prefetched beyond the iterator's own buffers, so when a hook checkpoints after step s the
+iterator has handed out exactly s batches and its saved position is where the resumed run must continue.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import jax
+import numpy as np
+
+from neobert_jax.engine.metrics import MetricsWriter
+from neobert_jax.engine.preemption import Preemption
+from neobert_jax.errors import TrainingDiverged
+
+log = logging.getLogger('neobert_jax.engine')
+# Step metrics that are logged as the latest value rather than averaged over the logging window.
+_LATEST = ('param_norm', 'learning_rate')
+# Step metrics that are checks, not curves: `finite` is the policy's, the rest the caller's `check`.
+_NOT_LOGGED = ('finite', 'rows_over_document_limit')
+
+
+class Logger:
+  """Collects per-step device metrics and turns them into host scalars only every few steps (one device sync)."""
+
+  def __init__(self, writer: MetricsWriter, pbar: Any, *, nan_policy: str = 'stop', diverged_hint: str = '',
+               flops_per_token: float | None = None, peak_flops: float | None = None,
+               check: Callable[[int, dict], None] | None = None):
+    self.writer, self.pbar = writer, pbar
+    self.nan_policy, self.diverged_hint, self.check = nan_policy, diverged_hint, check
+    self.flops_per_token, self.peak_flops = flops_per_token, peak_flops
+    self.pending: list[tuple[int, dict[str, Any]]] = []
+    self.skipped = 0
+    self.last: dict[str, float] = {}
+    self.throughput: list[float] = []   # tokens/s of every logged window that held timed steps
+    self.restart_clock()
+
+  def add(self, step: int, metrics: dict[str, Any], tokens: int) -> None:
+    self.pending.append((step, metrics))
+    self.tokens += tokens
+    self.timed += 1
+
+  def restart_clock(self) -> None:
+    """Excludes compilation (and evaluation / checkpoint pauses) from throughput."""
+    self.t0 = time.perf_counter()
+    self.tokens = 0
+    self.timed = 0
+
+  def _check_finite(self, step: int, m: dict[str, Any], last_good: Callable[[], str]) -> None:
+    if bool(m['finite']):
+      return
+    if self.nan_policy == 'stop':
+      raise TrainingDiverged(
+          f'non-finite loss/gradient at step {step} (loss={float(m["loss"])}, grad_norm={float(m["grad_norm"])}). '
+          f'Last good checkpoint: {last_good()}. {self.diverged_hint}')
+    self.skipped += 1
+    log.warning('step %d: non-finite loss/gradient, update skipped (%d so far)', step, self.skipped)
+
+  def flush(self, last_good: Callable[[], str]) -> None:
+    if not self.pending:
+      return
+    host = jax.device_get([m for _, m in self.pending])
+    steps = [s for s, _ in self.pending]
+    for s, m in zip(steps, host):
+      if self.check is not None:
+        self.check(s, m)
+      self._check_finite(s, m, last_good)
+    elapsed = max(time.perf_counter() - self.t0, 1e-9)
+    tps = self.tokens / elapsed
+    out = {k: float(np.mean([float(m[k]) for m in host])) for k in host[0] if k not in _LATEST + _NOT_LOGGED}
+    out.update({k: float(host[-1][k]) for k in _LATEST if k in host[-1]})
+    out.update(tokens_per_sec=tps, step_time=elapsed / max(self.timed, 1))
+    if self.timed:
+      self.throughput.append(tps)
+    if self.peak_flops and self.flops_per_token:
+      out['mfu'] = tps * self.flops_per_token / self.peak_flops
+    self.writer.write(steps[-1], out)
+    if self.pbar is not None:
+      post = {'loss': f'{out["loss"]:.3f}', 'lr': f'{out["learning_rate"]:.2e}', 'tok/s': f'{tps:,.0f}'}
+      if 'mfu' in out:
+        post['mfu'] = f'{100 * out["mfu"]:.1f}%'
+      self.pbar.set_postfix(post, refresh=False)
+    self.last = out
+    self.pending = []
+    self.restart_clock()
+
+
+@dataclasses.dataclass
+class Hook:
+  """fn(step, state) after every `every` steps and after the last one; `checkpoint` hooks also run on preemption."""
+  fn: Callable[[int, Any], None]
+  every: int
+  checkpoint: bool = False
+
+
+@dataclasses.dataclass
+class Profile:
+  """A jax.profiler trace of `num_steps` steps from `start` (start < 0: none) into where()."""
+  start: int = -1
+  num_steps: int = 0
+  where: Callable[[], Path] | None = None
+
+
+class Trainer:
+  """Runs `step(state, batch[, key])` over `batches` from step `start` to `num_steps`, with hooks.
+
+  `batches` yields (batch, real tokens) or (batch, real tokens, key). `last_good()` names the newest checkpoint
+  for the divergence message. `on_step(done)` runs after every step (tests simulate crashes with it).
+  """
+
+  def __init__(self, step: Callable, state: Any, batches: Iterator[tuple], *, num_steps: int, start: int,
+               logger: Logger, log_every: int, hooks: list[Hook] = (), last_good: Callable[[], str] = lambda: 'none',
+               preemption: Preemption | None = None, profile: Profile = Profile(), pbar: Any = None,
+               on_step: Callable[[int], None] | None = None):
+    self.step, self.state, self.batches = step, state, batches
+    self.num_steps, self.start, self.log_every = num_steps, start, max(1, log_every)
+    self.logger, self.hooks, self.last_good = logger, list(hooks), last_good
+    self.preemption, self.profile, self.pbar, self.on_step = preemption, profile, pbar, on_step
+    self.final_step, self.preempted = start, False
+
+  def say(self, message: str) -> None:
+    """A line for the user that does not break the progress bar."""
+    (self.pbar.write if self.pbar is not None else log.info)(message)
+
+  def _due(self, hook: Hook, done: int, stop: bool) -> bool:
+    return (hook.every > 0 and (done % hook.every == 0 or done == self.num_steps)) or (stop and hook.checkpoint)
+
+  def run(self) -> Any:
+    """Trains to num_steps (or a preemption stop); returns the final state."""
+    prof = self.profile
+    for step in range(self.start, self.num_steps):
+      if step == prof.start:
+        jax.profiler.start_trace(str(prof.where()))
+      batch, tokens, *key = next(self.batches)
+      self.state, metrics = self.step(self.state, batch, *key)
+      done = step + 1
+      self.logger.add(done, metrics, tokens)
+      if prof.start >= 0 and step == prof.start + prof.num_steps - 1:
+        jax.block_until_ready(self.state)
+        jax.profiler.stop_trace()
+      if step == self.start:  # the first step compiled: start the throughput clock from here
+        jax.block_until_ready(metrics)
+        self.logger.restart_clock()
+      if self.pbar is not None:
+        self.pbar.update(1)
+      if done % self.log_every == 0 or done == self.num_steps:
+        self.logger.flush(self.last_good)
+      stop = self.preemption is not None and self.preemption.should_stop(done)
+      for hook in self.hooks:
+        if self._due(hook, done, stop):
+          self.logger.flush(self.last_good)  # never act on (evaluate, checkpoint) a state that went non-finite
+          hook.fn(done, self.state)
+          if not hook.checkpoint:
+            self.logger.restart_clock()
+      self.final_step = done
+      if self.on_step is not None:
+        self.on_step(done)
+      if stop:
+        self.preempted = True
+        break
+    return self.state

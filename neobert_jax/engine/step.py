@@ -1,0 +1,125 @@
+"""The one jitted train step: summed loss -> token-weighted gradients -> optimizer update, non-finite rollback.
+
+A task supplies `loss_sums(model, micro, key) -> (loss_sum, weight, sums)`: the loss summed over what it is
+averaged over, that count (masked tokens for MLM, 1 for a task whose loss is already a batch mean), and any other
+sums (e.g. correct predictions) that are reported divided by the same count. With micro-batches the batch arrives
+as [A, M, ...] global arrays (A = accumulation steps, M rows sharded over the mesh's batch axes); the step scans
+over A, adds losses, counts and gradients, and divides by the total count at the end. Dividing by the count (not
+by A) makes 4 micro-batches of 8 rows give exactly the gradient of one batch of 32, however the masked tokens
+happen to fall, which a mean of per-micro-batch means would not.
+
+A state that is not finite is never committed: under `skip_nonfinite` the whole update (params, moments, step
+counter) is dropped in the step itself; otherwise the loop stops at its next metrics flush (engine/loop.py).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+from neobert_jax import sharding as shd
+from neobert_jax.engine.state import StateDefs, TrainState
+
+# (model, one micro-batch, dropout key or None) -> (summed loss, count it is averaged over, {name: other sum})
+LossSums = Callable[[Any, dict, Any], tuple[jax.Array, jax.Array, dict[str, jax.Array]]]
+
+
+def micro_batch_sharding(mesh: jax.sharding.Mesh) -> NamedSharding:
+  """[A, M, ...] arrays: the micro-batch axis is replicated, rows are split over the rules' 'batch' axes."""
+  return NamedSharding(mesh, P(None, shd.logical_to_spec(('batch',))[0]))
+
+
+def make_train_step(defs: StateDefs, loss_sums: LossSums, *, micro_batched: bool, skip_nonfinite: bool,
+                    weight_name: str | None = None, batch_metrics: Callable[[dict], dict] | None = None) -> Callable:
+  """The un-jitted step (state, batch, key) -> (new_state, metrics); see build_train_step."""
+  param_shardings = defs.shardings['params']
+
+  def loss_fn(params: Any, micro: dict[str, jax.Array], key: Any):
+    loss_sum, weight, sums = loss_sums(nnx.merge(defs.model_def, params), micro, key)
+    return loss_sum, (weight, sums)
+
+  grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
+
+  def gradients(params: Any, batch: dict[str, jax.Array], key: Any):
+    if not micro_batched:
+      return grad_fn(params, batch, key)
+    accum = jax.tree.leaves(batch)[0].shape[0]
+    if accum == 1:
+      # One micro-batch: no accumulator (saves a zero-fill and an add over every parameter per step).
+      return grad_fn(params, {k: v[0] for k, v in batch.items()}, key)
+
+    def accumulate(carry, xs):
+      grads, loss_sum, weight, sums = carry
+      index, micro = xs
+      micro_key = None if key is None else jax.random.fold_in(key, index)
+      (l, (w, s)), g = grad_fn(params, micro, micro_key)
+      grads = jax.tree.map(lambda a, b: a + b.astype(jnp.float32), grads, g)
+      # Keep the accumulator laid out like the parameters so FSDP never materialises a full gradient.
+      grads = jax.lax.with_sharding_constraint(grads, param_shardings)
+      return (grads, loss_sum + l, weight + w, jax.tree.map(jnp.add, sums, s)), None
+
+    zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), params)
+    first = {k: v[0] for k, v in batch.items()}
+    sum_zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype),
+                             jax.eval_shape(lambda: loss_fn(params, first, key)[1][1]))
+    init = (jax.lax.with_sharding_constraint(zeros, param_shardings), 0.0, 0.0, sum_zeros)
+    (grads, loss_sum, weight, sums), _ = jax.lax.scan(accumulate, init, (jnp.arange(accum), batch))
+    return (loss_sum, (weight, sums)), grads
+
+  def step(state: TrainState, batch: dict[str, jax.Array], key: Any = None) -> tuple[TrainState, dict]:
+    # nnx.merge wraps the incoming arrays in Variables that opt.update then mutates in place, so the pre-update
+    # values are captured as plain leaves now (needed to roll back a non-finite update).
+    old_leaves = jax.tree.leaves(state)
+    old_param_norm = optax.tree.norm(state['params'])
+    params = state['params']
+    (loss_sum, (weight, sums)), grads = gradients(params, batch, key)
+    denom = jnp.maximum(weight, 1.0)
+    grads = jax.tree.map(lambda g: g / denom, grads)
+    loss = loss_sum / denom
+    grad_norm = optax.tree.norm(grads)
+
+    model = nnx.merge(defs.model_def, params)
+    opt = nnx.merge(defs.opt_def, state['opt'])
+    lr = defs.schedule(opt.step[...])  # the rate this update uses (optax counts from the same step)
+    opt.update(model, grads)
+    new_state = {'params': nnx.state(model, nnx.Param), 'opt': nnx.state(opt)}
+
+    param_norm = optax.tree.norm(new_state['params'])
+    # The update itself can overflow even when loss and gradients were finite (a huge learning rate), so the
+    # new parameters' norm is checked too: a state that is not finite is never committed or checkpointed.
+    finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm) & jnp.isfinite(param_norm)
+    if skip_nonfinite:
+      new_leaves, treedef = jax.tree.flatten(new_state)
+      new_state = jax.tree.unflatten(treedef, [jnp.where(finite, n, o) for n, o in zip(new_leaves, old_leaves)])
+      param_norm = jnp.where(finite, param_norm, old_param_norm)
+    metrics = {'loss': loss, **{k: v / denom for k, v in sums.items()}, 'grad_norm': grad_norm,
+               'param_norm': param_norm, 'learning_rate': lr, 'finite': finite}
+    if weight_name:
+      metrics[weight_name] = weight
+    if batch_metrics is not None:
+      metrics.update(batch_metrics(batch))
+    return new_state, metrics
+
+  return step
+
+
+def build_train_step(defs: StateDefs, mesh: jax.sharding.Mesh, loss_sums: LossSums,
+                     batch_shardings: dict[str, NamedSharding], *, micro_batched: bool, skip_nonfinite: bool,
+                     uses_key: bool = False, **options: Any) -> shd.MeshBound:
+  """The jitted step with explicit in/out shardings and the state donated (updated in place).
+
+  Called as step(state, batch) or, with uses_key, step(state, batch, key) (dropout); the key is replicated.
+  neobert_jax/compile.py AOT-compiles it with .lower(abstract_state, abstract_batch).
+  """
+  fn = make_train_step(defs, loss_sums, micro_batched=micro_batched, skip_nonfinite=skip_nonfinite, **options)
+  replicated = NamedSharding(mesh, P())
+  in_shardings = (defs.shardings, batch_shardings) + ((replicated,) if uses_key else ())
+  if not uses_key:
+    fn = (lambda f: lambda state, batch: f(state, batch))(fn)
+  return shd.MeshBound(mesh, jax.jit(fn, in_shardings=in_shardings, out_shardings=(defs.shardings, replicated),
+                                     donate_argnums=0))

@@ -1,0 +1,135 @@
+"""Pretraining as the engine sees it: the MLM model factory, its summed loss, its batch shapes and its steps.
+
+A train batch arrives as a dict of global arrays shaped [A, M, ...]: A micro-batches of M rows each (A =
+train.grad_accum_steps), with M sharded over the mesh's batch axes; engine/step.py accumulates over A, weighting by
+masked tokens. The eval step sums the same loss over one micro-batch without an update.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import optax
+from flax import nnx
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+from neobert_jax import sharding as shd
+from neobert_jax.data import batch as batch_contract
+from neobert_jax.engine import optimizer as optimizer_lib
+from neobert_jax.engine import state as engine_state
+from neobert_jax.engine import step as engine_step
+from neobert_jax.engine.state import StateDefs, TrainState
+from neobert_jax.model import NeoBERTForMLM
+from neobert_jax.model.attention import overflow
+
+batch_sharding = engine_step.micro_batch_sharding
+
+
+def model_factory(cfg: ml_collections.ConfigDict) -> Callable[[], NeoBERTForMLM]:
+  return lambda: NeoBERTForMLM(cfg.model, rngs=nnx.Rngs(cfg.seed))
+
+
+def abstract_train_state(cfg: ml_collections.ConfigDict, mesh: jax.sharding.Mesh) -> tuple[StateDefs, TrainState]:
+  """Definitions and a TrainState of ShapeDtypeStructs with their shardings (restore target, AOT compile)."""
+  tx, schedule = optimizer_lib.make_optimizer(cfg)
+  return engine_state.abstract_state(model_factory(cfg), tx, schedule, mesh)
+
+
+def create_train_state(cfg: ml_collections.ConfigDict, mesh: jax.sharding.Mesh) -> tuple[StateDefs, TrainState]:
+  """Freshly initialised parameters (seeded by cfg.seed) and optimizer state, each array sharded at birth."""
+  tx, schedule = optimizer_lib.make_optimizer(cfg)
+  return engine_state.create_state(model_factory(cfg), tx, schedule, mesh)
+
+
+def batch_keys(max_predictions: int) -> tuple[str, ...]:
+  """Keys the step reads (data/batch.py); anything else the data pipeline adds stays on the host."""
+  return batch_contract.step_keys(max_predictions)
+
+
+def abstract_batch(cfg: ml_collections.ConfigDict, mesh: jax.sharding.Mesh,
+                   accum: int | None = None) -> dict[str, jax.ShapeDtypeStruct]:
+  """ShapeDtypeStructs of one global train batch (eval: accum=1, M = global batch / grad_accum_steps)."""
+  a = cfg.train.grad_accum_steps if accum is None else accum
+  m = cfg.train.global_batch_size // cfg.train.grad_accum_steps
+  s = batch_sharding(mesh)
+  rows = batch_contract.row_shapes(cfg.model.max_length, cfg.data.max_predictions)
+  return {k: jax.ShapeDtypeStruct((a, m) + shape, dtype, sharding=s) for k, (shape, dtype) in rows.items()}
+
+
+def max_segments(data_cfg: ml_collections.ConfigDict) -> int | None:
+  """The static documents-per-row bound of packed batches (None: unbounded), which cuDNN's packed layout needs."""
+  limit = data_cfg.get('max_documents_per_row', 0)
+  return limit if data_cfg.packing == 'packed' and limit > 0 else None
+
+
+def mlm_sums(model: Any, micro: dict[str, jax.Array], packed: bool, max_segments: int | None = None
+             ) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
+  """Summed cross-entropy over the loss-carrying tokens of one micro-batch, plus (token count, correct count)."""
+  seg = micro['segment_ids']
+  masking = ({'segment_ids': seg, 'max_segments': max_segments} if packed
+             else {'lengths': (seg > 0).sum(-1).astype(jnp.int32)})
+  if 'mlm_positions' in micro:  # sparse head: decode only the (static number of) masked slots
+    logits = model(micro['input_ids'], positions=micro['positions'], mlm_positions=micro['mlm_positions'], **masking)
+    labels, weights = micro['mlm_labels'], micro['mlm_weights'].astype(jnp.float32)
+  else:
+    logits = model(micro['input_ids'], positions=micro['positions'], **masking)
+    weights = (micro['labels'] >= 0).astype(jnp.float32)
+    labels = jnp.maximum(micro['labels'], 0)  # -100 slots carry weight 0; any valid id keeps the gather in range
+  ce = optax.softmax_cross_entropy_with_integer_labels(logits.astype(jnp.float32), labels)
+  correct = (jnp.argmax(logits, -1) == labels).astype(jnp.float32)
+  return (ce * weights).sum(), (weights.sum(), (correct * weights).sum())
+
+
+def _loss_sums(cfg: ml_collections.ConfigDict) -> engine_step.LossSums:
+  packed, limit = cfg.data.packing == 'packed', max_segments(cfg.data)
+
+  def loss_sums(model: Any, micro: dict[str, jax.Array], key: Any):
+    del key  # the pretrained model has no dropout
+    loss_sum, (count, correct) = mlm_sums(model, micro, packed, limit)
+    return loss_sum, count, {'accuracy': correct}
+  return loss_sums
+
+
+def _document_overflow(limit: int) -> Callable[[dict], dict]:
+  def rows_over(batch: dict[str, jax.Array]) -> dict[str, jax.Array]:
+    # Rows the static packed layout could not represent: the loop stops the run naming the setting.
+    seg = batch['segment_ids']
+    return {'rows_over_document_limit': overflow(seg.reshape(-1, seg.shape[-1]), limit)}
+  return rows_over
+
+
+def _step_options(cfg: ml_collections.ConfigDict) -> dict[str, Any]:
+  limit = max_segments(cfg.data)
+  return dict(micro_batched=True, skip_nonfinite=cfg.train.nan_policy == 'skip', weight_name='masked_tokens',
+              batch_metrics=None if limit is None else _document_overflow(limit))
+
+
+def make_train_step(cfg: ml_collections.ConfigDict, defs: StateDefs) -> Callable[[TrainState, dict], tuple]:
+  """The un-jitted step function (state, batch) -> (new_state, metrics); see build_train_step."""
+  return engine_step.make_train_step(defs, _loss_sums(cfg), **_step_options(cfg))
+
+
+def build_train_step(cfg: ml_collections.ConfigDict, mesh: jax.sharding.Mesh, defs: StateDefs) -> shd.MeshBound:
+  """The jitted (state, batch) -> (state, metrics) with the state donated; .lower() AOT-compiles it."""
+  data = batch_sharding(mesh)
+  return engine_step.build_train_step(defs, mesh, _loss_sums(cfg),
+                                      {k: data for k in batch_keys(cfg.data.max_predictions)}, **_step_options(cfg))
+
+
+def build_eval_step(cfg: ml_collections.ConfigDict, mesh: jax.sharding.Mesh, defs: StateDefs) -> shd.MeshBound:
+  """Jitted (params, batch[1, M, ...]) -> {'loss_sum', 'correct', 'count'} summed over the batch (no update)."""
+  packed, limit = cfg.data.packing == 'packed', max_segments(cfg.data)
+  data = batch_sharding(mesh)
+
+  def evaluate(params: Any, batch: dict[str, jax.Array]) -> dict[str, jax.Array]:
+    model = nnx.merge(defs.model_def, params)
+    micro = {k: v[0] for k, v in batch.items()}
+    loss_sum, (count, correct) = mlm_sums(model, micro, packed, limit)
+    return {'loss_sum': loss_sum, 'correct': correct, 'count': count}
+
+  keys = batch_keys(cfg.data.max_predictions)
+  return shd.MeshBound(mesh, jax.jit(evaluate, in_shardings=(defs.shardings['params'], {k: data for k in keys}),
+                                     out_shardings=NamedSharding(mesh, P())))
