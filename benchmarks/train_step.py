@@ -36,7 +36,6 @@ import numpy as np
 from flax import nnx
 
 from neobert_jax import sharding as shd
-from neobert_jax.model import to_flat
 from neobert_jax.model.config import train_flops_per_token
 from neobert_jax.train import config as config_lib
 from neobert_jax.train import metrics as metrics_lib
@@ -44,6 +43,7 @@ from neobert_jax.train import optimizer as optimizer_lib
 from neobert_jax.train import state as state_lib
 from neobert_jax.train import step as step_lib
 from neobert_jax.train.testing import mlm_rows, tiny_config
+from neobert_jax.weights.flat import to_flat
 
 MASK_FRACTION = 0.2
 Run = Callable[[int], float]  # step i -> its loss (blocks until the step is done)

@@ -19,7 +19,9 @@ from flax import nnx
 
 from neobert_jax import commandline, errors, paths
 from neobert_jax.downstream import batching, heads, inference, tables
-from neobert_jax.finetune import source as source_lib, state as state_lib
+from neobert_jax.finetune import state as state_lib
+from neobert_jax.weights import place
+from neobert_jax.weights import source as source_lib
 
 
 class Encoder:
@@ -36,14 +38,14 @@ class Encoder:
     self.batch_size = -(-int(batch_size) // self.mesh.size) * self.mesh.size
     flat = {k: v for k, v in src.flat.items() if k.startswith('encoder.')}
     model_cfg = src.model_cfg
-    graphdef, self.params, shardings = state_lib.sharded_params(
+    graphdef, self.params, shardings = place.sharded_params(
         lambda: heads.Embedder(model_cfg, self.pooling, rngs=nnx.Rngs(0)), flat, self.mesh)
     self.forward = inference.jit_forward(graphdef, shardings, self.mesh)
     self.dim = int(model_cfg.hidden_size)
 
   @classmethod
   def load(cls, path: str, step: int | None = None, **kwargs) -> 'Encoder':
-    return cls(source_lib.load(path, step), **kwargs)
+    return cls(source_lib.open_source(path, step), **kwargs)
 
   def encode(self, texts: Sequence[str], progress: bool = False) -> np.ndarray:
     seqs = batching.frame(self.tok, [self.prefix + t for t in texts], None, self.max_length)

@@ -13,11 +13,13 @@ import pytest
 from flax import nnx
 from safetensors.numpy import load_file, save_file
 
+from neobert_jax import errors
 from neobert_jax.convert import __main__ as cli
 from neobert_jax.convert import export_hf, import_hf
-from neobert_jax.model import hf_layout
 from neobert_jax.convert.hf_modeling import MODELING_FILE
-from neobert_jax.model import NeoBERTForMLM, default_model_config, to_flat
+from neobert_jax.model import NeoBERTForMLM, default_model_config
+from neobert_jax.weights import hf, place
+from neobert_jax.weights.flat import load_saved_flat, to_flat
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -77,8 +79,8 @@ def test_export_directory_contents(exported, source):
                      "torch_dtype": "float32"}.items():
     assert config[key] == value, key
   weights = load_file(str(exported / "model.safetensors"))
-  assert {k: v.shape for k, v in weights.items()} == hf_layout.hf_shapes(cfg)
-  back = hf_layout.hf_state_dict_to_flat(weights, cfg)
+  assert {k: v.shape for k, v in weights.items()} == hf.hf_shapes(cfg)
+  back = hf.hf_state_dict_to_flat(weights, cfg)
   for key in flat:
     np.testing.assert_array_equal(back[key], flat[key], err_msg=key)
   assert not any(p.name.startswith(".hf") for p in exported.parent.iterdir())  # no temp dirs left behind
@@ -144,7 +146,7 @@ def test_transformers_loads_export_in_fresh_offline_process(exported, source, tm
   assert info["tok_logits"] == [1, 5, 30522]
   assert info["decoder_equal"]
   out = np.load(tmp_path / "out.npz")
-  jax_model = import_hf.jax_model_from_flat(flat, cfg)
+  jax_model = place.model_from_flat(lambda: NeoBERTForMLM(cfg, rngs=nnx.Rngs(0)), flat)
   want = np.asarray(jax_model(ids, lengths=lengths))
   np.testing.assert_allclose(out["logits"][mask], want[mask], atol=1e-4, rtol=0)
   hidden = np.asarray(jax_model.encoder(ids, lengths=lengths))
@@ -154,7 +156,7 @@ def test_transformers_loads_export_in_fresh_offline_process(exported, source, tm
 
 def test_import_round_trip_and_jax_model(exported, source, tmp_path):
   cfg, flat = source
-  cfg2, flat2 = hf_layout.read_hf_dir(exported)
+  cfg2, flat2 = hf.read_hf_dir(exported)
   for field in ("vocab_size", "hidden_size", "num_layers", "num_heads", "intermediate_size", "norm_eps",
                 "max_length", "rope_theta"):
     assert cfg2[field] == cfg[field], field
@@ -163,12 +165,12 @@ def test_import_round_trip_and_jax_model(exported, source, tmp_path):
   model, _ = import_hf.load_hf_as_jax(exported)
   np.testing.assert_array_equal(to_flat(model)["encoder.layers.qkv"], flat["encoder.layers.qkv"])
   # A .safetensors file with config.json beside it works too.
-  _, flat3 = hf_layout.read_hf_dir(exported / "model.safetensors")
+  _, flat3 = hf.read_hf_dir(exported / "model.safetensors")
   np.testing.assert_array_equal(flat3["encoder.layers.w12"], flat["encoder.layers.w12"])
   # Saved flat params (file and directory) load back with their config.
   for out in (tmp_path / "params.safetensors", tmp_path / "params_dir"):
     import_hf.save_flat(flat2, cfg2, out)
-    cfg4, flat4 = import_hf.load_saved_flat(out)
+    cfg4, flat4 = load_saved_flat(out)
     assert cfg4.to_dict() == cfg2.to_dict()
     np.testing.assert_array_equal(flat4["decoder.kernel"], flat["decoder.kernel"])
 
@@ -212,7 +214,7 @@ def test_existing_output_is_kept_unless_overwrite(source, tmp_path):
   # A failing export (bad params) leaves neither a partial directory nor temp files.
   bad = dict(flat)
   del bad["decoder.bias"]
-  with pytest.raises(hf_layout.ConversionError, match="decoder.bias"):
+  with pytest.raises(errors.ExportError, match="decoder.bias"):
     export_hf.export_flat(bad, cfg, tmp_path / "new")
   assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
   export_hf.export_flat(flat, cfg, out, overwrite=True)
@@ -240,7 +242,7 @@ def test_export_from_sharded_training_checkpoint(tmp_path):
   expected = to_flat(nnx.merge(defs.model_def, state["params"]))  # gathered from the 8 devices
   out = export_hf.export_checkpoint(workdir, tmp_path / "hf")
   weights = load_file(str(out / "model.safetensors"))
-  back = hf_layout.hf_state_dict_to_flat(weights, cfg.model)
+  back = hf.hf_state_dict_to_flat(weights, cfg.model)
   assert back.keys() == expected.keys()
   for key in expected:
     np.testing.assert_array_equal(back[key], expected[key], err_msg=key)
@@ -339,7 +341,7 @@ def test_cli_base_model_without_decoder(exported, tmp_path, capsys):
   code, out = run_cli(capsys, "from-pytorch", "--input", src, "--output", tmp_path / "p.safetensors",
                       "--init-missing-decoder")
   assert code == 0, out
-  _, flat = import_hf.load_saved_flat(tmp_path / "p.safetensors")
+  _, flat = load_saved_flat(tmp_path / "p.safetensors")
   assert np.all(flat["decoder.bias"] == 0) and np.abs(flat["decoder.kernel"]).max() <= 0.02
 
 

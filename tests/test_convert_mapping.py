@@ -1,10 +1,12 @@
-"""Flat params <-> Hugging Face state_dict mapping (pure numpy) and config translation (model/hf_layout.py)."""
+"""Flat params <-> Hugging Face state_dict mapping (pure numpy) and config translation (weights/hf.py, weights/flat.py)."""
 
 import numpy as np
 import pytest
 
-from neobert_jax.model import hf_layout
+from neobert_jax import errors
 from neobert_jax.model.config import default_model_config
+from neobert_jax.weights import flat as flat_lib
+from neobert_jax.weights import hf as hf_lib
 
 
 def small_config():
@@ -15,15 +17,15 @@ def small_config():
 
 def random_flat(cfg, seed=0, dtype=np.float32):
   rng = np.random.default_rng(seed)
-  return {k: rng.standard_normal(s).astype(dtype) for k, s in hf_layout.flat_shapes(cfg).items()}
+  return {k: rng.standard_normal(s).astype(dtype) for k, s in flat_lib.flat_shapes(cfg).items()}
 
 
 def test_round_trip_is_bit_exact():
   cfg = small_config()
   flat = random_flat(cfg)
-  sd = hf_layout.flat_to_hf_state_dict(flat, cfg)
-  assert {k: v.shape for k, v in sd.items()} == hf_layout.hf_shapes(cfg)
-  back = hf_layout.hf_state_dict_to_flat(sd, cfg)
+  sd = hf_lib.flat_to_hf_state_dict(flat, cfg)
+  assert {k: v.shape for k, v in sd.items()} == hf_lib.hf_shapes(cfg)
+  back = hf_lib.hf_state_dict_to_flat(sd, cfg)
   assert back.keys() == flat.keys()
   for key in flat:
     assert back[key].dtype == flat[key].dtype
@@ -33,9 +35,9 @@ def test_round_trip_is_bit_exact():
 def test_layout_conventions():
   """qkv rows grouped per head (q|k|v), w12's first F rows are the gate, Linear weights are [out, in]."""
   cfg = small_config()
-  d = hf_layout.Dims.from_config(cfg)
+  d = flat_lib.Dims.from_config(cfg)
   flat = random_flat(cfg, seed=1)
-  sd = hf_layout.flat_to_hf_state_dict(flat, cfg)
+  sd = hf_lib.flat_to_hf_state_dict(flat, cfg)
   layer, head = 2, 1
   qkv = sd[f"model.transformer_encoder.{layer}.qkv.weight"]
   rows = qkv[3 * d.head_dim * head: 3 * d.head_dim * (head + 1)]
@@ -50,23 +52,23 @@ def test_layout_conventions():
 
 def test_base_model_keys_and_buffers_are_accepted():
   cfg = small_config()
-  sd = hf_layout.flat_to_hf_state_dict(random_flat(cfg), cfg)
+  sd = hf_lib.flat_to_hf_state_dict(random_flat(cfg), cfg)
   base = {(k[len("model."):] if k.startswith("model.") else k): v for k, v in sd.items()}
   base["freqs_cis"] = np.zeros(3)
-  flat = hf_layout.hf_state_dict_to_flat(base, cfg)
+  flat = hf_lib.hf_state_dict_to_flat(base, cfg)
   np.testing.assert_array_equal(flat["encoder.final_norm"], sd["model.layer_norm.weight"])
 
 
 def test_errors_name_key_shapes_and_fix():
   cfg = small_config()
   flat = random_flat(cfg)
-  sd = hf_layout.flat_to_hf_state_dict(flat, cfg)
+  sd = hf_lib.flat_to_hf_state_dict(flat, cfg)
   bad = dict(sd)
   del bad["model.transformer_encoder.1.wo.weight"]
   bad["model.pooler.weight"] = np.zeros(2)
   bad["decoder.bias"] = np.zeros(7)
-  with pytest.raises(hf_layout.ConversionError) as err:
-    hf_layout.hf_state_dict_to_flat(bad, cfg)
+  with pytest.raises(errors.ExportError) as err:
+    hf_lib.hf_state_dict_to_flat(bad, cfg)
   msg = str(err.value)
   assert "missing keys (1): model.transformer_encoder.1.wo.weight" in msg
   assert "unexpected keys (1): model.pooler.weight" in msg
@@ -75,32 +77,32 @@ def test_errors_name_key_shapes_and_fix():
 
   wrong = small_config()
   wrong.num_layers = 2
-  with pytest.raises(hf_layout.ConversionError, match=r"encoder.layers.qkv: expected shape \(2, 32, 4, 24\), got \(3, 32, 4, 24\)"):
-    hf_layout.flat_to_hf_state_dict(flat, wrong)
+  with pytest.raises(errors.ExportError, match=r"encoder.layers.qkv: expected shape \(2, 32, 4, 24\), got \(3, 32, 4, 24\)"):
+    hf_lib.flat_to_hf_state_dict(flat, wrong)
 
 
 def test_config_round_trip():
   cfg = small_config()
   cfg.norm_eps, cfg.max_length, cfg.rope_theta = 1e-6, 4096, 500.0
-  hf = hf_layout.hf_config_dict(cfg)
+  hf = hf_lib.hf_config_dict(cfg)
   assert hf["model_type"] == "neobert" and hf["architectures"] == ["NeoBERTLMHead"]
   assert hf["auto_map"]["AutoModelForMaskedLM"] == "model.NeoBERTLMHead"
   assert (hf["num_hidden_layers"], hf["num_attention_heads"], hf["dim_head"]) == (3, 4, 8)
-  back = hf_layout.model_config_from_hf(hf)
+  back = hf_lib.model_config_from_hf(hf)
   for field in ("vocab_size", "hidden_size", "num_layers", "num_heads", "intermediate_size", "norm_eps",
                 "max_length", "rope_theta", "pad_token_id"):
     assert back[field] == cfg[field], field
 
 
 def test_config_errors():
-  with pytest.raises(hf_layout.ConversionError, match="model_type='bert'"):
-    hf_layout.model_config_from_hf({"model_type": "bert"})
-  with pytest.raises(hf_layout.ConversionError, match="lacks"):
-    hf_layout.model_config_from_hf({"model_type": "neobert", "hidden_size": 8})
-  hf = hf_layout.hf_config_dict(small_config())
-  with pytest.raises(hf_layout.ConversionError, match="'hidden_act': 'gelu'"):
-    hf_layout.model_config_from_hf({**hf, "hidden_act": "gelu", "rope": True})
-  hf_layout.model_config_from_hf({**hf, "hidden_act": "SwiGLU", "rope": True, "rms_norm": True, "ngpt": False})
+  with pytest.raises(errors.ExportError, match="model_type='bert'"):
+    hf_lib.model_config_from_hf({"model_type": "bert"})
+  with pytest.raises(errors.ExportError, match="lacks"):
+    hf_lib.model_config_from_hf({"model_type": "neobert", "hidden_size": 8})
+  hf = hf_lib.hf_config_dict(small_config())
+  with pytest.raises(errors.ExportError, match="'hidden_act': 'gelu'"):
+    hf_lib.model_config_from_hf({**hf, "hidden_act": "gelu", "rope": True})
+  hf_lib.model_config_from_hf({**hf, "hidden_act": "SwiGLU", "rope": True, "rms_norm": True, "ngpt": False})
   hf["dim_head"] = 16
-  with pytest.raises(hf_layout.ConversionError, match="dim_head=16"):
-    hf_layout.model_config_from_hf(hf)
+  with pytest.raises(errors.ExportError, match="dim_head=16"):
+    hf_lib.model_config_from_hf(hf)

@@ -47,9 +47,9 @@ def test_state_dict_matches_published_250m_table():
 
 
 def test_mapping_shapes_match_published_table():
-  from neobert_jax.model import hf_layout
+  from neobert_jax.weights import hf
   from neobert_jax.model.config import default_model_config
-  assert hf_layout.hf_shapes(default_model_config()) == published_table()
+  assert hf.hf_shapes(default_model_config()) == published_table()
 
 
 def test_rotary_is_complex_rotation_of_adjacent_pairs():

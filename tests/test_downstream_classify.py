@@ -10,9 +10,9 @@ from flax import nnx
 
 from neobert_jax.data.corpus import CorpusUnavailable
 from neobert_jax.downstream import heads
-from neobert_jax.finetune import labels, loop, state
+from neobert_jax.finetune import labels, loop
 from neobert_jax.finetune.config import base_config
-from neobert_jax.train import checkpoint as ckpt
+from neobert_jax.weights import place, runs
 
 
 def tiny_config(task='classification'):
@@ -56,7 +56,7 @@ def test_learns_bbc_topics_clearly_above_majority(bbc_run):
   records = [json.loads(line) for line in (workdir / 'metrics.jsonl').read_text().splitlines()]
   assert any('train/loss' in r for r in records) and any('eval/accuracy' in r for r in records)
   assert any((workdir / 'tensorboard').iterdir())
-  assert ckpt.latest_step(workdir) == results['best']['step']
+  assert runs.latest_step(workdir) == results['best']['step']
 
 
 def test_hf_export_loads_offline_with_same_logits(bbc_run):
@@ -66,8 +66,8 @@ def test_hf_export_loads_offline_with_same_logits(bbc_run):
   model = AutoModelForSequenceClassification.from_pretrained(hf_dir, trust_remote_code=True).eval()
   tok = AutoTokenizer.from_pretrained(hf_dir)
   assert model.config.id2label == dict(enumerate(labels.load(workdir).names))
-  cfg, flat = ckpt.restore_params(workdir)
-  jax_model = state.model_from_flat(
+  cfg, flat = runs.restore_params(workdir)
+  jax_model = place.model_from_flat(
       lambda: heads.SequenceClassifier(cfg, 5, 0.1, 0.02, rngs=nnx.Rngs(0)), flat)
   texts = ['the bank raised interest rates again', 'the striker scored twice as the team won the cup final',
            'a new phone']

@@ -12,10 +12,12 @@ from flax import nnx
 
 from neobert_jax.evaluate import embedding_tasks
 from neobert_jax.downstream import batching, tables
-from neobert_jax.finetune import loop, source
+from neobert_jax.finetune import loop
 from neobert_jax.finetune.config import base_config
-from neobert_jax.model import NeoBERTForMLM, default_model_config, to_flat
+from neobert_jax.model import NeoBERTForMLM, default_model_config
 from neobert_jax.train import checkpoint as ckpt
+from neobert_jax.weights import runs, source
+from neobert_jax.weights.flat import to_flat
 
 
 @pytest.mark.parametrize('fmt', ['csv', 'tsv', 'jsonl', 'parquet'])
@@ -68,12 +70,12 @@ def test_sources_give_the_encoder_weights(tmp_path):
   from neobert_jax.convert.export_hf import export_flat
   m, flat = _tiny_mlm()
   export_flat(flat, m, tmp_path / 'hf', tokenizer='bert-base-uncased')
-  src = source.load(str(tmp_path / 'hf'))
+  src = source.open_source(str(tmp_path / 'hf'))
+  assert src.kind == 'hf' and src.model_cfg.hidden_size == 32
   assert src.tokenizer.endswith('tokenizer.json') and source.resolve_tokenizer('', src).vocab_size == 30522
-  enc = source.encoder_params(src.flat)
-  assert set(enc) == {k[len('encoder.'):] for k in flat if k.startswith('encoder.')}
-  for k, v in enc.items():
-    np.testing.assert_array_equal(v, flat['encoder.' + k])
+  assert sorted(src.flat) == sorted(flat)
+  for k, v in flat.items():
+    np.testing.assert_array_equal(src.flat[k], v)
 
 
 def test_finetune_starts_from_a_pretraining_checkpoint(tmp_path):
@@ -103,7 +105,7 @@ def test_finetune_starts_from_a_pretraining_checkpoint(tmp_path):
   loop.run(cfg, tmp_path / 'ft')
   saved = json.loads((tmp_path / 'ft' / 'config.json').read_text())
   assert saved['model']['hidden_size'] == 32 and saved['data']['tokenizer'] == 'bert-base-uncased'
-  _, tuned = ckpt.restore_params(tmp_path / 'ft')
+  _, tuned = runs.restore_params(tmp_path / 'ft')
   for k, v in flat.items():
     if k.startswith('encoder.'):
       np.testing.assert_array_equal(tuned[k], v)

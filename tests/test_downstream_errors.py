@@ -63,7 +63,8 @@ def test_empty_file(tmp_path, capsys, content):
 
 def test_checkpoint_from_another_vocabulary(tmp_path, capsys):
   from neobert_jax.convert.export_hf import export_flat
-  from neobert_jax.model import NeoBERTForMLM, default_model_config, to_flat
+  from neobert_jax.model import NeoBERTForMLM, default_model_config
+  from neobert_jax.weights.flat import to_flat
   m = default_model_config()
   m.vocab_size, m.hidden_size, m.num_layers, m.num_heads, m.intermediate_size = 1000, 32, 1, 2, 64
   export_flat(to_flat(NeoBERTForMLM(m, rngs=nnx.Rngs(0))), m, tmp_path / 'hf')

@@ -31,7 +31,7 @@ import pytest
 from neobert_jax import errors, pretrain
 from neobert_jax.convert import export_hf
 from neobert_jax.data import testing as data_testing
-from neobert_jax.train import checkpoint as ckpt
+from neobert_jax.weights import runs
 from neobert_jax.train import loop
 from neobert_jax.train.testing import tiny_config
 
@@ -70,7 +70,7 @@ def reference(data_dir, tmp_path_factory):
 
 def _assert_same_params(workdir: Path, other: Path, step: int | None = None) -> None:
   """Both runs' parameters at `step` (default: each one's latest) are bit-identical."""
-  (_, a), (_, b) = ckpt.restore_params(workdir, step), ckpt.restore_params(other, step)
+  (_, a), (_, b) = runs.restore_params(workdir, step), runs.restore_params(other, step)
   assert sorted(a) == sorted(b)
   for k in a:
     np.testing.assert_array_equal(a[k], b[k], err_msg=k)
@@ -166,7 +166,7 @@ def test_kill_9_during_an_async_save_resumes_bit_identical(data_dir, reference, 
   assert child.returncode == -signal.SIGKILL, log.read_text()[-3000:]
   left = os.listdir(checkpoints)
   assert any('orbax-checkpoint-tmp' in n for n in left), left  # the kill did land mid-save
-  complete = ckpt.latest_step(workdir)
+  complete = runs.latest_step(workdir)
   assert complete is not None and complete < STEPS, left
 
   result = loop.run(_cfg(data_dir, every=1), workdir)  # the same command again
@@ -227,7 +227,7 @@ def test_kill_9_while_swapping_an_export_in_restores_the_previous_one(reference,
   out, digest = good_export
   pid = _kill_export_at('export-swap', reference, out)
   assert _visible(out.parent) == []  # no export visible, so none that is half-written
-  with pytest.raises(export_hf.ExportError, match='--overwrite'):  # the previous export is back, and kept
+  with pytest.raises(errors.ExportError, match='--overwrite'):  # the previous export is back, and kept
     export_hf.check_output_dir(out, overwrite=False)
   err = capfd.readouterr().err
   assert f'restored {out} from {out.parent}/.hf.old-{pid}-' in err, err
@@ -255,7 +255,7 @@ def disk_full(data_dir, reference, tmp_path_factory):
 def test_disk_full_keeps_the_last_good_checkpoint(data_dir, reference, disk_full):
   outcome, stderr, workdir, before = disk_full
   assert outcome is not None, 'the run did not notice the full disk'
-  assert ckpt.latest_step(workdir) == 4
+  assert runs.latest_step(workdir) == 4
   assert _tree_digest(workdir / 'checkpoints' / '4') == before
   # Once there is room again, the same command resumes from it and ends where the uninterrupted run did.
   _remount(workdir, 'size=64m')
@@ -286,7 +286,7 @@ def test_read_only_workdir_loses_nothing(reference, read_only):
   outcome, _, workdir, before = read_only
   assert outcome is not None, 'the run did not notice the read-only workdir'
   assert _tree_digest(workdir) == before
-  assert ckpt.latest_step(workdir) == 4
+  assert runs.latest_step(workdir) == 4
   _assert_same_params(workdir, reference, step=4)
 
 

@@ -7,10 +7,12 @@ norm scales and the decoder bias, moves the logits: a wrong transpose, head grou
 import numpy as np
 import pytest
 import torch
+from flax import nnx
 
 from neobert_jax.convert import torch_ref
-from neobert_jax.convert.import_hf import jax_model_from_flat
-from neobert_jax.model import default_model_config, hf_layout, to_flat
+from neobert_jax.model import NeoBERTForMLM, default_model_config
+from neobert_jax.weights import place
+from neobert_jax.weights.flat import Dims, flat_shapes, to_flat
 
 TOL = 1e-4
 
@@ -23,14 +25,18 @@ def model_config(num_layers):
   return cfg
 
 
+def jax_model_from_flat(flat, cfg):
+  return place.model_from_flat(lambda: NeoBERTForMLM(cfg, rngs=nnx.Rngs(0)), flat)
+
+
 def random_flat(cfg, seed):
   rng = np.random.default_rng(seed)
-  d = hf_layout.Dims.from_config(cfg)
+  d = Dims.from_config(cfg)
 
   def normal(shape, std):  # uniform with the given standard deviation (cheaper to draw than a gaussian)
     return ((rng.random(shape, dtype=np.float32) - 0.5) * np.float32(std * np.sqrt(12.0))).astype(np.float32)
 
-  shapes = hf_layout.flat_shapes(cfg)
+  shapes = flat_shapes(cfg)
   return {
       "encoder.token_embedding.embedding": normal(shapes["encoder.token_embedding.embedding"], 1.0),
       "encoder.layers.attention_norm": 1 + normal(shapes["encoder.layers.attention_norm"], 0.1),

@@ -23,7 +23,7 @@ from neobert_jax import errors, paths
 from neobert_jax.data import config as data_config
 from neobert_jax.data import corpus, pipeline, publish, shards, staging, testing
 from neobert_jax.data import prepare as prepare_lib
-from neobert_jax.train import checkpoint as ckpt
+from neobert_jax.weights import runs
 from neobert_jax.train import loop
 from neobert_jax.train.testing import tiny_config
 
@@ -133,7 +133,7 @@ def test_training_on_bucket_data_matches_local_data(root, tmp_path):
     cfg.data.dir = data_dir
     loop.run(cfg, tmp_path / name)
     losses = [json.loads(x)['train/loss'] for x in (tmp_path / name / 'metrics.jsonl').read_text().splitlines()]
-    results[name] = losses, ckpt.restore_params(tmp_path / name)[1]
+    results[name] = losses, runs.restore_params(tmp_path / name)[1]
   assert results['bucket'][0] == results['local'][0] and len(results['local'][0]) == 3
   for k, v in results['local'][1].items():
     np.testing.assert_array_equal(results['bucket'][1][k], v, err_msg=k)
@@ -151,12 +151,12 @@ def test_damaged_shard_on_the_bucket_is_one_line_naming_it(root, vocab, tmp_path
   obj = paths.Path(f'{root}/bad/{shard["file"]}')
   good = obj.read_bytes()
   obj.write_bytes(good[:-10])  # truncated
-  with pytest.raises(shards.DataError) as e:
+  with pytest.raises(errors.DataError) as e:
     pipeline.make_train_iterator(_data_cfg(f'{root}/bad'), 4, 16, seed=0)
   assert f'{obj}: {len(good) - 10} bytes on the bucket' in str(e.value) and '\n' not in str(e.value)
   assert f'--output {root}/bad --overwrite' in str(e.value)
   obj.write_bytes(good[:100] + bytes([good[100] ^ 1]) + good[101:])  # same size, one bit flipped
-  with pytest.raises(shards.DataError, match=f'{obj}: content differs from the manifest'):
+  with pytest.raises(errors.DataError, match=f'{obj}: content differs from the manifest'):
     pipeline.make_train_iterator(_data_cfg(f'{root}/bad'), 4, 16, seed=0)
   obj.write_bytes(good)  # repaired: staged (the shards already verified are kept) and read
   assert next(pipeline.make_train_iterator(_data_cfg(f'{root}/bad'), 4, 16, seed=0))['input_ids'].shape == (4, 16)

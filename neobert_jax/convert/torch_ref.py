@@ -1,6 +1,6 @@
 """Build our PyTorch NeoBERT (``hf_modeling/model.py``) from a neobert-jax flat param dict, and back.
 
-Imports torch: use ``neobert_jax.model.hf_layout`` for the torch-free parts (key/shape mapping, config.json).
+Imports torch: use ``neobert_jax.weights.hf`` for the torch-free parts (key/shape mapping, config.json).
 """
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import numpy as np
 import torch
 
 from neobert_jax.convert.hf_modeling import model as hf_model
-from neobert_jax.model import hf_layout
-from neobert_jax.model.hf_layout import torch_to_numpy
+from neobert_jax.weights import hf
+from neobert_jax.weights.hf import torch_to_numpy
 
 _TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -27,7 +27,7 @@ def numpy_to_torch(array: np.ndarray) -> torch.Tensor:
 
 def hf_config(cfg: Any, **overrides) -> hf_model.NeoBERTConfig:
   """The ``NeoBERTConfig`` for a model ConfigDict (same fields as the exported config.json)."""
-  fields = hf_layout.hf_config_dict(cfg)
+  fields = hf.hf_config_dict(cfg)
   for key in ("architectures", "auto_map", "model_type"):
     fields.pop(key)
   fields.update(overrides)
@@ -41,15 +41,15 @@ def torch_model_from_flat(flat: Mapping[str, Any], cfg: Any, dtype: str | torch.
   The model is created on the meta device and the weights are assigned, so a 250M model costs one copy.
   """
   dtype = _TORCH_DTYPES[dtype] if isinstance(dtype, str) else dtype
-  state = {k: numpy_to_torch(v).to(dtype) for k, v in hf_layout.flat_to_hf_state_dict(flat, cfg).items()}
+  state = {k: numpy_to_torch(v).to(dtype) for k, v in hf.flat_to_hf_state_dict(flat, cfg).items()}
   with torch.device("meta"):
     model = cls(hf_config(cfg))
   if cls is hf_model.NeoBERT:
-    state = {k[len(hf_layout.HF_PREFIX):]: v for k, v in state.items() if k.startswith(hf_layout.HF_PREFIX)}
+    state = {k[len(hf.HF_PREFIX):]: v for k, v in state.items() if k.startswith(hf.HF_PREFIX)}
   model.load_state_dict(state, strict=True, assign=True)
   return model.eval()
 
 
 def flat_from_torch_model(model: torch.nn.Module, cfg: Any) -> dict[str, np.ndarray]:
   """The flat param dict of a ``NeoBERTLMHead`` (inverse of torch_model_from_flat)."""
-  return hf_layout.hf_state_dict_to_flat({k: torch_to_numpy(v) for k, v in model.state_dict().items()}, cfg)
+  return hf.hf_state_dict_to_flat({k: torch_to_numpy(v) for k, v in model.state_dict().items()}, cfg)

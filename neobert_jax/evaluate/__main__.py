@@ -46,17 +46,18 @@ def _parser() -> commandline.Parser:
 def pppl(args: argparse.Namespace) -> dict:
   from neobert_jax.evaluate import pppl as pppl_lib  # pylint: disable=g-import-not-at-top
   from neobert_jax.downstream import batching, tables  # pylint: disable=g-import-not-at-top
-  from neobert_jax.finetune import source as source_lib, state as state_lib  # pylint: disable=g-import-not-at-top
+  from neobert_jax.finetune import state as state_lib  # pylint: disable=g-import-not-at-top
+  from neobert_jax.weights import place, source as source_lib  # pylint: disable=g-import-not-at-top
   from neobert_jax.model import NeoBERTForMLM  # pylint: disable=g-import-not-at-top
   from tqdm.auto import tqdm  # pylint: disable=g-import-not-at-top
-  src = source_lib.load(args.model, None if args.step < 0 else args.step, need_decoder=True)
+  src = source_lib.open_source(args.model, args.step, need_decoder=True)
   tok = source_lib.resolve_tokenizer(args.tokenizer, src)
   texts = tables.read_texts(args.input, args.text_field)
   seqs = batching.frame(tok, texts, None, args.max_length)
   mesh = state_lib.inference_mesh()
   batch = -(-args.batch_size // mesh.size) * mesh.size
-  graphdef, params, shardings = state_lib.sharded_params(lambda: NeoBERTForMLM(src.model_cfg, rngs=_rngs()),
-                                                          src.flat, mesh)
+  graphdef, params, shardings = place.sharded_params(lambda: NeoBERTForMLM(src.model_cfg, rngs=_rngs()), src.flat,
+                                                      mesh)
   score = pppl_lib.jit_scorer(graphdef, shardings, mesh)
   bar = tqdm(total=sum(max(len(s) - 2, 0) for s in seqs), unit='tok', desc='pppl', disable=args.no_progress)
   result = pppl_lib.pseudo_perplexity(score, params, seqs, tok.mask_id, tok.pad_id, batch,

@@ -6,7 +6,7 @@
 * contrastive (embeddings) -> a sentence-transformers directory (Transformer -> Pooling -> Normalize) for
   `SentenceTransformer(dir, trust_remote_code=True)`, whose Transformer is model.py's base NeoBERT.
 
-The encoder's weights go through the same mapping as the MLM export (model/hf_layout.py); the head adds four
+The encoder's weights go through the same mapping as the MLM export (weights/hf.py); the head adds four
 tensors. Directories are written atomically like every other export (convert/export_hf.write_atomically).
 The fine-tuning loop calls export_run at the end of a run with export.dir set; by hand:
 
@@ -28,11 +28,11 @@ from typing import Any, Mapping
 import numpy as np
 from safetensors.numpy import save_file
 
-from neobert_jax import checkpoint_io, commandline, errors, paths
+from neobert_jax import commandline, errors, paths
 from neobert_jax.convert.export_hf import ExportError, WEIGHTS_NAME, check_output_dir, write_atomically, write_tokenizer
 from neobert_jax.convert.hf_modeling import MODELING_FILE
 from neobert_jax.finetune import labels as labels_lib
-from neobert_jax.model import hf_layout
+from neobert_jax.weights import hf, runs
 
 
 def encoder_state_dict(flat: Mapping[str, Any], model_cfg: Any) -> dict[str, np.ndarray]:
@@ -42,7 +42,7 @@ def encoder_state_dict(flat: Mapping[str, Any], model_cfg: Any) -> dict[str, np.
   # The mapping converts whole NeoBERTLMHead dicts; a fine-tuned model has no decoder, so a placeholder one
   # passes through and is dropped again.
   placeholder = {'decoder.kernel': np.zeros((d, v), np.float32), 'decoder.bias': np.zeros((v,), np.float32)}
-  sd = hf_layout.flat_to_hf_state_dict({**enc, **placeholder}, model_cfg)
+  sd = hf.flat_to_hf_state_dict({**enc, **placeholder}, model_cfg)
   return {k: x for k, x in sd.items() if not k.startswith('decoder.')}
 
 
@@ -61,7 +61,7 @@ def export_classifier(flat: Mapping[str, Any], model_cfg: Any, label_spec: Any, 
   check_output_dir(output, overwrite)
   state = {**encoder_state_dict(flat, model_cfg), **_head(flat)}
   state = {k: np.ascontiguousarray(v.astype(np.float32)) for k, v in state.items()}
-  config = hf_layout.hf_config_dict(model_cfg)
+  config = hf.hf_config_dict(model_cfg)
   config['architectures'] = ['NeoBERTForSequenceClassification']
   config['classifier_dropout'] = float(dropout)
   if label_spec.kind == 'regression':
@@ -87,9 +87,9 @@ def export_sentence_transformer(flat: Mapping[str, Any], model_cfg: Any, output:
   """The sentence-transformers directory: base NeoBERT weights, tokenizer, pooling and normalisation modules."""
   check_output_dir(output, overwrite)
   # A base NeoBERT (AutoModel) state_dict has no 'model.' prefix.
-  state = {k[len(hf_layout.HF_PREFIX):]: np.ascontiguousarray(v.astype(np.float32))
+  state = {k[len(hf.HF_PREFIX):]: np.ascontiguousarray(v.astype(np.float32))
            for k, v in encoder_state_dict(flat, model_cfg).items()}
-  config = hf_layout.hf_config_dict(model_cfg)
+  config = hf.hf_config_dict(model_cfg)
   config['architectures'] = ['NeoBERT']
   modules = [{'idx': 0, 'name': '0', 'path': '', 'type': 'sentence_transformers.models.Transformer'},
              {'idx': 1, 'name': '1', 'path': '1_Pooling', 'type': 'sentence_transformers.models.Pooling'}]
@@ -129,7 +129,7 @@ def export_run(workdir: str | Path, output: str | Path, *, overwrite: bool = Fal
   if 'task' not in cfg:
     raise ExportError(f'--run {workdir}: not a fine-tuning run (use python -m neobert_jax.convert for pretraining runs)')
   try:
-    model_cfg, flat = checkpoint_io.restore_params(workdir)
+    model_cfg, flat = runs.restore_params(workdir)
   except FileNotFoundError as e:
     raise ExportError(f'--run {workdir}: {e}') from None
   data, head = cfg['data'], cfg['head']

@@ -1,13 +1,11 @@
-"""NeoBERT model: config, attention, rotary embeddings, encoder and MLM head, flat parameter io, and the Hugging Face
-layout of those parameters (hf_layout.py: the mapping and checkpoint reading that train/ and convert/ share).
+"""NeoBERT model: config, attention, rotary embeddings, encoder and MLM head.
 
-Owns the architecture and its parameter names. Must not import train/, convert/, data/ or anything above them:
-the trainer, the converter and the downstream commands build on the model, never the reverse.
+Owns the architecture and its parameter names. Reading and writing parameters (flat io, Orbax runs, the Hugging
+Face layout) is the weights layer's (neobert_jax/weights/), which builds on this package. Must not import
+weights/, train/, convert/, data/ or anything above them: they build on the model, never the reverse.
 """
 
 from neobert_jax.model.config import default_model_config, ffn_hidden_size, head_dim, train_flops_per_token
 from neobert_jax.model.encoder import NeoBERT, NeoBERTForMLM
-from neobert_jax.model.params import load_flat, to_flat
 
-__all__ = ["NeoBERT", "NeoBERTForMLM", "default_model_config", "ffn_hidden_size", "head_dim", "load_flat",
-           "to_flat", "train_flops_per_token"]
+__all__ = ["NeoBERT", "NeoBERTForMLM", "default_model_config", "ffn_hidden_size", "head_dim", "train_flops_per_token"]

@@ -80,6 +80,11 @@ class Source:
                        'NeoBERT MLM export')
     return flat
 
+  def read(self) -> 'Source':
+    """Reads the weights now (once), so that a problem with them is reported before anything is written."""
+    _ = self.flat
+    return self
+
   def check_fits(self, model_cfg: ml_collections.ConfigDict) -> None:
     """CheckpointError when the weights' shapes differ from `model_cfg`'s (numerics and lengths may differ)."""
     diff = {f: (self.model_cfg[f], model_cfg[f]) for f in SHAPE_FIELDS
