@@ -90,15 +90,19 @@ class Ledger:
       with np.load(io.BytesIO(path.read_bytes())) as z:
         doc_tokens = {k: z[k] for k in z.files if k != 'meta'}
         return int(path.name.split('.')[0]), (json.loads(z['meta'].tobytes()), doc_tokens)
-    done = [p for p in self._path('units').iterdir() if p.name.endswith('.done.npz')]
+    done = self._entries('units', '.done.npz')
     with concurrent.futures.ThreadPoolExecutor(_PARALLEL) as pool:
       return dict(pool.map(read, done))
+
+  def _entries(self, sub: str, suffix: str) -> list[paths.Path]:
+    folder = self._path(sub)  # on a bucket a folder exists only while it holds an object
+    return [p for p in folder.iterdir() if p.name.endswith(suffix)] if folder.exists() else []
 
   def write_shard(self, name: str, entry: dict) -> None:
     self._put(f'shards/{name}.json', json.dumps(entry, sort_keys=True).encode())
 
   def finished_shards(self) -> dict[str, dict]:
-    found = [p for p in self._path('shards').iterdir() if p.name.endswith('.json')]
+    found = self._entries('shards', '.json')
     with concurrent.futures.ThreadPoolExecutor(_PARALLEL) as pool:
       return dict(pool.map(lambda p: (p.name[:-len('.json')], json.loads(p.read_text())), found))
 
