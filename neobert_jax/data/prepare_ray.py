@@ -185,9 +185,10 @@ def _splits(plans: dict, shard_results: dict) -> dict:
 def _per_node(units: dict, shard_results: dict) -> dict:
   nodes = {}
   for r in list(units.values()) + list(shard_results.values()):
-    n = nodes.setdefault(r['node'], {'ip': r['ip'], 'units': 0, 'tokens': 0, 'shards': 0})
+    n = nodes.setdefault(r['node'], {'ip': r['ip'], 'units': 0, 'tokens': 0, 'cpu_seconds': 0.0, 'shards': 0})
     if 'entry' in r:
       n['shards'] += 1
     else:
       n['units'], n['tokens'] = n['units'] + 1, n['tokens'] + r['tokens']
+      n['cpu_seconds'] = round(n['cpu_seconds'] + r['cpu_seconds'], 3)
   return nodes

@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+import time
 
 import numpy as np
 
@@ -57,7 +58,7 @@ def _records(chunks: list[list[np.ndarray]]) -> tuple[dict[str, np.ndarray], np.
 
 def tokenize_unit(index: int, path: str, span, cfg: dict, ledger: ledger_lib.Ledger, tokenizer: tuple) -> dict:
   """Pass 1 for one unit: {'index', 'node', 'ip', counts..., 'doc_tokens': {split: array}} or {'error': ...}."""
-  out = {'index': index, **node()}
+  out, cpu = {'index': index, **node()}, time.process_time()
   try:
     ledger.check_visible()
     tok = _tokenizer(*tokenizer)
@@ -76,7 +77,8 @@ def tokenize_unit(index: int, path: str, span, cfg: dict, ledger: ledger_lib.Led
   records, doc_tokens = {}, {}
   for split, chunks in docs.items():
     records[split], doc_tokens[split] = _records(chunks)
-  out.update(counts.as_dict(), tokens=int(sum(r['lengths'].sum() for r in records.values())))
+  out.update(counts.as_dict(), tokens=int(sum(r['lengths'].sum() for r in records.values())),
+             cpu_seconds=round(time.process_time() - cpu, 3))  # the node's work, whatever else loads the machine
   ledger.write_unit(index, records, out, doc_tokens)
   return {**out, 'doc_tokens': doc_tokens}
 
