@@ -30,7 +30,7 @@ import numpy as np
 import psutil
 
 from neobert_jax.data import blocks as blocks_lib
-from neobert_jax.data import config as config_lib
+from neobert_jax.config import data as config_lib
 from neobert_jax.data import masking, packing, pipeline, shards, testing
 
 

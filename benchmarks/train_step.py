@@ -37,7 +37,7 @@ from flax import nnx
 
 from neobert_jax import sharding as shd
 from neobert_jax.model.config import train_flops_per_token
-from neobert_jax.train import config as config_lib
+from neobert_jax.train import runtime as config_lib
 from neobert_jax.train import metrics as metrics_lib
 from neobert_jax.train import optimizer as optimizer_lib
 from neobert_jax.train import state as state_lib

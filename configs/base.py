@@ -3,4 +3,4 @@
 Kept so that `from configs import base` and `--config=configs/base.py` still work from a checkout.
 """
 
-from neobert_jax.config.base import get_config  # noqa: F401  (re-export)
+from neobert_jax.config.train import get_config  # noqa: F401  (re-export)

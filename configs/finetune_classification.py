@@ -8,7 +8,7 @@ Defaults are the paper's GLUE recipe: 10 epochs, AdamW, lr / batch / weight deca
 (`python -m neobert_jax.finetune.sweep` searches the grid), linear decay after 10% warmup, head dropout 0.1.
 """
 
-from neobert_jax.finetune.config import base_config
+from neobert_jax.config.finetune import base_config
 
 
 def get_config():

@@ -8,7 +8,7 @@ In-batch negatives come from the whole data-parallel batch (every device's posit
 instructions: --config.data.dataset_field=dataset --config.data.instructions=instructions.json.
 """
 
-from neobert_jax.finetune.config import base_config
+from neobert_jax.config.finetune import base_config
 
 
 def get_config():

@@ -13,7 +13,7 @@ The original trainer's optimizer mechanics, exactly: `--config=configs/neobert_2
 optimizer lines below for what changes, and why the defaults differ).
 """
 
-from neobert_jax.config import base
+from neobert_jax.config import train as base
 
 
 def get_config(variant: str = ''):

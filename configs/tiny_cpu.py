@@ -20,7 +20,7 @@ What differs from the 250M recipe, and why (each measured on this corpus, README
     steps per second; a wider (256) model and a 1e-2 learning rate were worse per step.
 """
 
-from neobert_jax.config import base
+from neobert_jax.config import train as base
 
 
 def get_config():

@@ -70,7 +70,7 @@ def prepare_config(cfg, target: targets.Target):
   Returns (config, attention Choice); raises ConfigError when an explicit kernel cannot run on the target.
   """
   from neobert_jax.model.config import resolve_dtype
-  from neobert_jax.train import config as train_config
+  from neobert_jax.train import runtime as train_config
   cfg = cfg.copy_and_resolve_references()
   cfg.model.dtype = resolve_dtype(cfg.model.dtype, target.platform)
   choice = train_config.attention_choice(cfg, platform=target.platform, compute_capability=target.compute_capability)
@@ -88,7 +88,7 @@ def run_child(cfg_in) -> int:
   jax.devices()
   target = targets.parse_target(_TARGET.value)
   t0 = time.time()
-  from neobert_jax.train import config as train_config
+  from neobert_jax.config import train as train_config
   if target.platform == 'cuda':
     from neobert_jax import jax_compat
     jax_compat.cudnn_assume_compute_capability(target.compute_capability)
@@ -213,7 +213,7 @@ def _renamed(key: str) -> errors.ConfigError | None:
 def run() -> None:
   """The command line (neobert_jax/commandline.py); the compile child, started with the same flags, runs it too."""
   commandline.run_absl('compile', 'neobert_jax.compile', __doc__, _FLAGS, main, required=('config', 'target'),
-                       fields_doc='neobert_jax/config/base.py', renamed=_renamed)
+                       fields_doc='neobert_jax/config/train.py', renamed=_renamed)
 
 
 if __name__ == '__main__':

@@ -162,7 +162,7 @@ def test_plan_recommends_a_layout_that_fits_with_the_tpu_cost_model(tmp_path):
 def test_plan_gpu_time_model_charges_remat_recompute():
   from ml_collections import ConfigDict
   from neobert_jax.aot import plan
-  from neobert_jax.config import base
+  from neobert_jax.config import train as base
   cfg = base.get_config()
   cfg.model.max_length, cfg.data.max_predictions, cfg.train.global_batch_size = 1024, 256, 2048
   target = targets.parse_target('cuda:h100x8')

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from neobert_jax import errors
-from neobert_jax.model.config import default_model_config
+from neobert_jax.config.model import default_model_config
 from neobert_jax.weights import flat as flat_lib
 from neobert_jax.weights import hf as hf_lib
 

@@ -48,7 +48,7 @@ def test_state_dict_matches_published_250m_table():
 
 def test_mapping_shapes_match_published_table():
   from neobert_jax.weights import hf
-  from neobert_jax.model.config import default_model_config
+  from neobert_jax.config.model import default_model_config
   assert hf.hf_shapes(default_model_config()) == published_table()
 
 

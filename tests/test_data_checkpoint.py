@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from neobert_jax.data import config as config_lib
+from neobert_jax.config import data as config_lib
 from neobert_jax.data import pipeline, testing
 
 

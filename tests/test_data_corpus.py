@@ -8,7 +8,7 @@ import os
 import numpy as np
 import pytest
 
-from neobert_jax.data import config as config_lib
+from neobert_jax.config import data as config_lib
 from neobert_jax.data import corpus, pipeline
 from neobert_jax.data import prepare as prepare_lib
 from neobert_jax.data import tokenizer as tokenizer_lib

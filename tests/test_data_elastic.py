@@ -10,7 +10,7 @@ import time
 import numpy as np
 import pytest
 
-from neobert_jax.data import config as config_lib
+from neobert_jax.config import data as config_lib
 from neobert_jax.data import pipeline, testing
 from neobert_jax.data import prepare as prepare_lib
 

@@ -7,7 +7,7 @@ import os
 import numpy as np
 import pytest
 
-from neobert_jax.data import config as config_lib
+from neobert_jax.config import data as config_lib
 from neobert_jax.data import batch as batch_contract
 from neobert_jax.data import pipeline, shards, testing
 

@@ -11,7 +11,7 @@ from flax import nnx
 from neobert_jax.data.corpus import CorpusUnavailable
 from neobert_jax.downstream import heads
 from neobert_jax.finetune import labels, loop
-from neobert_jax.finetune.config import base_config
+from neobert_jax.config.finetune import base_config
 from neobert_jax.weights import place, runs
 
 

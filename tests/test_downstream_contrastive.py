@@ -12,7 +12,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from neobert_jax import sharding as shd
 from neobert_jax.data.corpus import CorpusUnavailable
 from neobert_jax.finetune import contrastive, loop
-from neobert_jax.finetune.config import base_config
+from neobert_jax.config.finetune import base_config
 
 
 def brute_force(q, p, w, t, n=None, nw=None, reduction='mean'):

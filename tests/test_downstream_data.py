@@ -13,7 +13,7 @@ from flax import nnx
 from neobert_jax.evaluate import embedding_tasks
 from neobert_jax.downstream import batching, tables
 from neobert_jax.finetune import loop
-from neobert_jax.finetune.config import base_config
+from neobert_jax.config.finetune import base_config
 from neobert_jax.model import NeoBERTForMLM, default_model_config
 from neobert_jax.train import checkpoint as ckpt
 from neobert_jax.weights import runs, source

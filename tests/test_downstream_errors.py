@@ -13,7 +13,7 @@ from flax import nnx
 
 from neobert_jax import errors
 from neobert_jax.finetune.__main__ import run_cli
-from neobert_jax.finetune.config import base_config
+from neobert_jax.config.finetune import base_config
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -7,7 +7,7 @@ import pytest
 from scipy import stats
 
 from neobert_jax.finetune import labels, loop, metrics
-from neobert_jax.finetune.config import base_config
+from neobert_jax.config.finetune import base_config
 
 
 def test_classification_metrics_by_hand():

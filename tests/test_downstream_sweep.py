@@ -3,7 +3,7 @@
 import json
 
 from neobert_jax.finetune import sweep
-from neobert_jax.finetune.config import base_config
+from neobert_jax.config.finetune import base_config
 
 
 def test_sweep_runs_restricted_grid_and_resumes(tmp_path):

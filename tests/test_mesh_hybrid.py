@@ -18,7 +18,7 @@ import test_train_sharding as single  # the sharding tests' config, run helper a
 from neobert_jax import sharding as shd
 from neobert_jax.aot import collectives, targets
 from neobert_jax.errors import ConfigError
-from neobert_jax.train import config as train_config
+from neobert_jax.config import train as train_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HYBRID = {'data': 1, 'fsdp': 4, 'tensor': 1, 'dcn_data': 2}   # data 2 across slices x fsdp 4 inside each

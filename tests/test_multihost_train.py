@@ -35,9 +35,9 @@ OVERRIDES = {
 # ----------------------------------------------------------------------------------------------- worker side
 
 def _config():
-  from neobert_jax.train import config as config_lib
+  from neobert_jax import config as config_lib
   overrides = dict(OVERRIDES, **json.loads(os.environ.get('TEST_EXTRA_OVERRIDES', '{}')))
-  return config_lib.load_config(os.path.join(ROOT, 'configs', 'tiny_cpu.py'), overrides)
+  return config_lib.load(os.path.join(ROOT, 'configs', 'tiny_cpu.py'), overrides)
 
 
 def _train_worker(workdir: str) -> None:

@@ -1,8 +1,9 @@
 """The package's import direction, read from the source (ast, function-level imports included; nothing is run).
 
 Layers, lowest first: errors / jax_compat (import nothing of ours) -> paths (local paths and bucket URLs; imports
-only errors) -> model, data, sharding, distributed -> weights (flat parameters, run directories, the Hugging Face
-layout, init sources, placement) and config (the schema) -> train, convert (side by side: neither imports the
+only errors), sharding -> config (every section's fields, defaults, types and validation) -> model, data,
+distributed -> weights (flat parameters, run directories, the Hugging Face layout, init sources, placement) ->
+train, convert (side by side: neither imports the
 other) -> downstream (batching, inference, heads, tables: what the commands below share) -> pretrain (train, then
 the export), finetune, evaluate, embed, aot, compile -> entry points (cli and each package's __main__, README
 "Architecture").
@@ -85,15 +86,16 @@ RULES = {
         lambda a, b: _in(a, 'errors', 'jax_compat'),
     'paths (local paths and bucket URLs) and commandline (the CLI convention) import only errors':
         lambda a, b: _in(a, 'paths', 'commandline') and not _in(b, 'errors'),
-    'weights (the parameter layer) imports only errors, paths, jax_compat, sharding, model and data':
-        lambda a, b: _in(a, 'weights') and not _in(b, 'weights', 'errors', 'paths', 'jax_compat', 'sharding', 'model',
-                                                   'data'),
-    'model and data do not import weights, train, convert or anything above':
-        lambda a, b: _in(a, 'model', 'data') and _in(b, 'weights', 'train', 'convert', 'config', *COMMANDS),
+    'weights (the parameter layer) imports only errors, paths, jax_compat, sharding, config, model and data':
+        lambda a, b: _in(a, 'weights') and not _in(b, 'weights', 'errors', 'paths', 'jax_compat', 'sharding', 'config',
+                                                   'model', 'data'),
+    'model and data do not import weights, train, convert or anything above (of config, only their sections)':
+        lambda a, b: _in(a, 'model', 'data') and (_in(b, 'weights', 'train', 'convert', *COMMANDS) or (
+            _in(b, 'config') and not _in(b, 'config.model', 'config.data'))),
     'model and data do not import each other':
         lambda a, b: (_in(a, 'model') and _in(b, 'data')) or (_in(a, 'data') and _in(b, 'model')),
-    'config (the schema) imports only model and data config and errors':
-        lambda a, b: _in(a, 'config') and not _in(b, 'config', 'model.config', 'data.config', 'errors'),
+    'config (the one home of configs) sits below model and data: it imports only errors, paths and sharding':
+        lambda a, b: _in(a, 'config') and not _in(b, 'config', 'errors', 'paths', 'sharding'),
     'engine (the one trainer) imports no task: not train, finetune, downstream, convert or the commands':
         lambda a, b: _in(a, 'engine') and _in(b, 'train', 'finetune', 'downstream', 'convert', *COMMANDS),
     'model, data, weights and sharding do not import engine':

@@ -7,7 +7,7 @@ import shutil
 import numpy as np
 import pytest
 
-from neobert_jax import config as schema
+from neobert_jax.config import train as schema
 from neobert_jax import errors
 from neobert_jax.config import resume as rules
 from neobert_jax.train import checkpoint as ckpt

@@ -20,7 +20,7 @@ import pytest
 import zstandard
 
 from neobert_jax import errors, paths
-from neobert_jax.data import config as data_config
+from neobert_jax.config import data as data_config
 from neobert_jax.data import corpus, pipeline, publish, shards, staging, testing
 from neobert_jax.data import prepare as prepare_lib
 from neobert_jax.weights import runs

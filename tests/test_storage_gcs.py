@@ -141,7 +141,7 @@ def test_fine_tuning_and_embedding_from_and_to_a_bucket(gcs, tmp_path):
   export there; embed reads the run and the texts from the bucket and writes the embeddings there."""
   from neobert_jax import embed
   from neobert_jax.finetune import loop as finetune_loop
-  from neobert_jax.finetune.config import base_config
+  from neobert_jax.config.finetune import base_config
   pretrained = f'{gcs}/runs/for-finetune'
   loop.run(tiny_config(steps=2), pretrained)
   rows = ['text,label'] + [f'{w} {w} news,{w}' for w in ('sport', 'music', 'money', 'sport', 'music', 'money')] * 4

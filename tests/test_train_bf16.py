@@ -100,7 +100,8 @@ def test_the_tolerance_fails_when_the_loss_is_summed_in_bf16(fp32_curve, monkeyp
 def main() -> None:
   """The long curve for the README: the tiny config on the built-in corpus, fp32 and bf16 stepped in turn on the
   same batches, a table row every --every steps (printed as it goes)."""
-  from neobert_jax.train import config as config_lib
+  from neobert_jax import config as config_lib
+  from neobert_jax.train.testing import REPO_ROOT
   from neobert_jax.data import pipeline
   p = argparse.ArgumentParser()
   p.add_argument('--steps', type=int, default=300)
@@ -109,7 +110,7 @@ def main() -> None:
   mesh = shd.make_mesh(dict(data=1, fsdp=1, tensor=1), jax.devices()[:1])
   runs = {}
   for dtype in ('float32', 'bfloat16'):
-    cfg = config_lib.load_config(str(config_lib.REPO_ROOT / 'configs' / 'tiny_cpu.py'))
+    cfg = config_lib.load(REPO_ROOT / 'configs' / 'tiny_cpu.py')
     cfg.train.num_steps, cfg.model.dtype = a.steps, dtype
     defs, state = mlm.create_train_state(cfg, mesh)
     runs[dtype] = [mlm.build_train_step(cfg, mesh, defs), state, []]

@@ -9,9 +9,11 @@ import numpy as np
 import pytest
 
 from neobert_jax.data.shards import DataError
-from neobert_jax.train import config as config_lib
+from neobert_jax import config
+from neobert_jax.config import train as config_lib
 from neobert_jax.train import loop
 from neobert_jax.train import optimizer as opt_lib
+from neobert_jax.train import runtime
 from neobert_jax.train.testing import tiny_config
 
 REPO = Path(__file__).resolve().parents[1]
@@ -21,10 +23,10 @@ REPO = Path(__file__).resolve().parents[1]
 def test_shipped_configs_validate(path):
   if path.endswith('__init__.py'):
     return
-  cfg = config_lib.load_config(path)
+  cfg = config.load(path)
   cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor = 1, -1, 1
   if Path(path).name.startswith('finetune_'):  # fine-tuning recipes have their own schema
-    from neobert_jax.finetune import config as finetune_config
+    from neobert_jax.config import finetune as finetune_config
     cfg.data.train_file = 'train.tsv'  # the one field a user must give on the command line
     finetune_config.validate(cfg, num_devices=8)
     return
@@ -32,14 +34,14 @@ def test_shipped_configs_validate(path):
 
 
 def test_stage1_recipe_is_the_paper():
-  cfg = config_lib.load_config(str(REPO / 'configs' / 'neobert_250m.py'))
+  cfg = config.load(str(REPO / 'configs' / 'neobert_250m.py'))
   o = cfg.optimizer
   assert (o.b1, o.b2, o.eps, o.weight_decay, o.clip_norm) == (0.9, 0.95, 1e-8, 0.1, 1.0)
   assert (o.warmup_steps, o.peak_lr, o.decay_fraction, o.final_lr_fraction) == (2000, 6e-4, 0.9, 0.1)
   assert cfg.train.num_steps == 1_000_000
   assert cfg.train.global_batch_size * cfg.model.max_length == 2048 * 1024  # ~2M tokens per step
   assert (cfg.data.mask_rate, cfg.data.mask_strategy) == (0.2, 'all_mask')
-  s2 = config_lib.load_config(str(REPO / 'configs' / 'neobert_250m_4096.py'))
+  s2 = config.load(str(REPO / 'configs' / 'neobert_250m_4096.py'))
   assert s2.model.max_length == 4096 and s2.init.from_checkpoint
 
 
@@ -76,24 +78,24 @@ def test_weight_decay_skips_norms_and_biases():
 def test_bad_configs_fail_clearly(override, message):
   path = str(REPO / 'configs' / 'tiny_cpu.py')
   with pytest.raises(config_lib.ConfigError, match=message):
-    config_lib.validate(config_lib.load_config(path, override), num_devices=8)
+    config_lib.validate(config.load(path, override), num_devices=8)
 
 
 def test_typo_in_a_config_file_is_caught():
   cfg = tiny_config()
-  cfg.train.num_step = 10  # typo: not a field of configs/base.py
+  cfg.train.num_step = 10  # typo: not a field of the schema (config/train.py)
   with pytest.raises(config_lib.ConfigError, match=r"unknown config keys \['train.num_step'\]"):
     config_lib.validate(cfg, num_devices=8)
 
 
 def test_one_compute_dtype_setting():
   from neobert_jax.model.config import resolve_dtype
-  assert config_lib.base_config().model.dtype == 'auto' and 'compute_dtype' not in config_lib.base_config().train
+  assert config_lib.get_config().model.dtype == 'auto' and 'compute_dtype' not in config_lib.get_config().train
   assert (resolve_dtype('auto', 'cpu'), resolve_dtype('auto', 'tpu'), resolve_dtype('auto', 'cuda')) == (
       'float32', 'bfloat16', 'bfloat16')
   cfg = tiny_config()
   cfg.model.dtype = 'auto'
-  assert config_lib.resolve(cfg).model.dtype == 'float32'  # this CPU
+  assert runtime.resolve(cfg).model.dtype == 'float32'  # this CPU
   cfg.train.compute_dtype = 'bfloat16'  # a recipe written before the rename is told where the setting went
   with pytest.raises(config_lib.ConfigError, match='train.compute_dtype is now model.dtype'):
     config_lib.validate(cfg, num_devices=8)
@@ -104,3 +106,22 @@ def test_vocab_mismatch_fails_before_the_model_is_built(tmp_path):
   with pytest.raises(DataError, match='vocab_size=1000'):
     loop.run(cfg, tmp_path)
   assert not (tmp_path / 'checkpoints').exists()
+
+
+def test_validate_types_the_config_once_at_the_boundary():
+  import ml_collections
+  cfg = tiny_config()
+  cfg.optimizer = ml_collections.ConfigDict(dict(cfg.optimizer.to_dict(), peak_lr=1, weight_decay=0))  # ints
+  typed = config_lib.validate(cfg, num_devices=8)
+  assert type(typed.optimizer.peak_lr) is float and type(typed.optimizer.weight_decay) is float
+  cfg.train = ml_collections.ConfigDict(dict(cfg.train.to_dict(), num_steps='6'))
+  with pytest.raises(config_lib.ConfigError, match=r"train.num_steps='6' is a str; the field is a int"):
+    config_lib.validate(cfg, num_devices=8)
+  # a recorded config.json: older (a field missing), newer (a field the schema lacks), numbers as JSON wrote them
+  recorded = typed.to_dict()
+  del recorded['optimizer']['clip_eps']
+  recorded['train']['retired_field'] = 1
+  recorded['optimizer']['final_lr_fraction'] = 0
+  back = config.from_record(recorded, config_lib.get_config())
+  assert back.optimizer.clip_eps == 0.0 and 'retired_field' not in back.train
+  assert type(back.optimizer.final_lr_fraction) is float

@@ -19,7 +19,7 @@ from torch.optim.lr_scheduler import CosineAnnealingLR, LambdaLR, LinearLR, Sequ
 
 from neobert_jax import sharding as shd
 from neobert_jax.convert import torch_ref
-from neobert_jax.train import config as config_lib
+from neobert_jax.train.testing import REPO_ROOT
 from neobert_jax.train import mlm
 from neobert_jax.train.testing import synthetic_batch, tiny_config
 from neobert_jax.weights.flat import to_flat
@@ -31,7 +31,7 @@ PARAM_ATOL = 1e-5    # measured: 9.5e-7 worst, growing ~4e-8 a step; the paramet
 
 
 def _original_config():
-  path = config_lib.REPO_ROOT / 'configs' / 'neobert_250m.py'
+  path = REPO_ROOT / 'configs' / 'neobert_250m.py'
   spec = importlib.util.spec_from_file_location('_neobert_250m', path)
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)

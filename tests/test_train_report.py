@@ -6,7 +6,7 @@ import math
 import numpy as np
 import pytest
 
-from neobert_jax.data import config as config_lib
+from neobert_jax.config import data as config_lib
 from neobert_jax.data import testing
 from neobert_jax.train import report
 

@@ -3,11 +3,12 @@
 import json
 
 from neobert_jax import pretrain
-from neobert_jax.train import config as config_lib
+from neobert_jax import config as config_lib
+from neobert_jax.train.testing import REPO_ROOT
 
 
 def test_tiny_config_learns_on_real_text_and_exports(tmp_path):
-  cfg = config_lib.load_config(str(config_lib.REPO_ROOT / 'configs' / 'tiny_cpu.py'), {
+  cfg = config_lib.load(REPO_ROOT / 'configs' / 'tiny_cpu.py', {
       'train.num_steps': 40, 'eval.every_steps': 40, 'eval.num_batches': 2, 'checkpoint.every_steps': 40,
       'logging.progress_bar': False, 'logging.peak_flops_per_device': 1e11,
       'export.hf_dir': str(tmp_path / 'hf')})

@@ -17,7 +17,7 @@ def lower_step(cfg, target: targets.Target, what: str = 'train'):
   from jax.sharding import NamedSharding, PartitionSpec as P
 
   from neobert_jax import sharding as shd
-  from neobert_jax.train import config as train_config
+  from neobert_jax.config import train as train_config
   from neobert_jax.train import mlm as state_lib
   from neobert_jax.train import mlm as step_lib
 

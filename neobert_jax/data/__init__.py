@@ -6,6 +6,5 @@ Owns everything from text to batches, and the download cache (assets.py). Must n
 convert/; inside, assets <- tokenizer <- prepare <- corpus <- pipeline, never back.
 """
 
-from neobert_jax.data.config import default_data_config, validate_data_config
+from neobert_jax.config.data import default_data_config, validate_data_config
 from neobert_jax.data.pipeline import make_eval_iterator, make_train_iterator, open_prepared
-from neobert_jax.data.shards import DataError

@@ -32,7 +32,7 @@ import numpy as np
 
 from neobert_jax import paths
 from neobert_jax.data import blocks as blocks_lib
-from neobert_jax.data import config as config_lib
+from neobert_jax.config import data as config_lib
 from neobert_jax.data import masking
 from neobert_jax.data import packing
 from neobert_jax.data import shards

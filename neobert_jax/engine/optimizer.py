@@ -1,7 +1,7 @@
 """NeoBERT's optimizer: global-norm clipping, then AdamW under a warmup-cosine schedule.
 
 Owns the learning-rate schedule, the weight-decay mask and the clip -> AdamW chain, configured by the `optimizer`
-section (neobert_jax/config/base.py documents each field). Two recipes are expressible, field by field:
+section (neobert_jax/config/train.py documents each field). Two recipes are expressible, field by field:
 
   this project (defaults)                      the original trainer (configs/neobert_250m.py:original)
   warmup 0 -> peak                             warmup 1e-4 x peak -> peak (torch LinearLR(start_factor=1e-4))

@@ -59,7 +59,7 @@ def main(argv: list[str]) -> int:
 def run() -> None:
   """The command line (neobert_jax/commandline.py): parse flags, fine-tune, exit with the status."""
   commandline.run_absl(_PROG, 'neobert_jax.finetune', __doc__, _FLAGS, main, required=('config', 'workdir'),
-                       fields_doc='neobert_jax/finetune/config.py')
+                       fields_doc='neobert_jax/config/finetune.py')
 
 
 if __name__ == '__main__':

@@ -31,13 +31,13 @@ from neobert_jax.engine import loop as engine_loop
 from neobert_jax.engine import optimizer as optimizer_lib
 from neobert_jax.engine import step as engine_step
 from neobert_jax.engine.state import create_state, param_count
-from neobert_jax.finetune import config as config_lib
+from neobert_jax.config import finetune as config_lib
 from neobert_jax.config import resume as resume_rules
 from neobert_jax.errors import ConfigError
 from neobert_jax.errors import DataError
 from neobert_jax.model.config import resolve_dtype
 from neobert_jax.engine import checkpoint as ckpt
-from neobert_jax.train import config as train_config
+from neobert_jax.config import train as train_config
 from neobert_jax.train import resume as resume_lib
 from neobert_jax.engine.metrics import MetricsWriter
 from neobert_jax.engine.state import with_params
@@ -70,8 +70,8 @@ def model_config(cfg: ml_collections.ConfigDict, source: source_lib.Source | Non
 
 
 def prepare(cfg: ml_collections.ConfigDict, workdir: Path):
-  """(source, model config, tokenizer, task): every check that needs no device work, nothing written."""
-  config_lib.validate(cfg)
+  """(source, model config, tokenizer, task) of a validated `cfg`: every check that needs no device work, nothing
+  written."""
   resume_lib.check_workdir(workdir)
   if (workdir / RESULTS_FILE).exists() or (workdir / runs.CHECKPOINT_SUBDIR).exists():
     raise ConfigError(_existing_run(cfg, workdir))
@@ -143,6 +143,7 @@ def _batches(task: Any, keys: list[str], mesh: Any, seed: int):
 def run(cfg: ml_collections.ConfigDict, workdir: str | Path) -> dict[str, Any]:
   """Fine-tunes per cfg in workdir; returns the results dict also written to WORKDIR/results.json."""
   workdir = paths.resolve(workdir, '--workdir')
+  cfg = config_lib.validate(cfg)  # typed by the schema: nothing past here casts a config value
   source, model_cfg, tok, task = prepare(cfg, workdir)
   is_main = jax.process_index() == 0
   resolved = ml_collections.ConfigDict(cfg.to_dict())

@@ -102,7 +102,7 @@ def main(argv: list[str]) -> int:
 def run() -> None:
   """The command line (neobert_jax/commandline.py), as finetune's: the same config file and overrides."""
   commandline.run_absl(_PROG, 'neobert_jax.finetune.sweep', __doc__, _FLAGS, main, required=('config', 'workdir'),
-                       fields_doc='neobert_jax/finetune/config.py')
+                       fields_doc='neobert_jax/config/finetune.py')
 
 
 if __name__ == '__main__':

@@ -15,7 +15,8 @@ import ml_collections
 from flax import nnx
 
 from neobert_jax.model.attention import attention, choose
-from neobert_jax.model.config import ffn_hidden_size, head_dim, validate_model_config
+from neobert_jax.config.model import validate_model_config
+from neobert_jax.model.config import ffn_hidden_size, head_dim
 from neobert_jax.model.rope import apply_rope
 from neobert_jax.sharding import constrain, creation_scope
 

@@ -35,15 +35,14 @@ def main(argv: list[str]) -> int:
   import jax  # pylint: disable=g-import-not-at-top
   from neobert_jax import jax_compat  # pylint: disable=g-import-not-at-top
   from neobert_jax import pretrain  # pylint: disable=g-import-not-at-top
-  from neobert_jax.train import config as config_lib  # pylint: disable=g-import-not-at-top
+  from neobert_jax.config import train as config_lib  # pylint: disable=g-import-not-at-top
 
   jax_compat.quiet_backend_probe()  # no "Unable to initialize backend 'tpu'" line on CPU / GPU machines
   logging.basicConfig(level=logging.INFO if jax.process_index() == 0 else logging.WARNING,
                       format='%(asctime)s %(levelname)s %(message)s', datefmt='%H:%M:%S', force=True)
   # Orbax and Grain narrate every file they write at INFO (through absl); keep their warnings and errors only.
   logging.getLogger('absl').setLevel(logging.WARNING)
-  cfg = _CONFIG.value
-  config_lib.validate(cfg)
+  cfg = config_lib.validate(_CONFIG.value)  # typed by the schema: the boundary
   try:
     result = pretrain.run(cfg, _WORKDIR.value)  # train, then the Hugging Face export and the report
   except errors.TrainingDiverged as e:
@@ -71,7 +70,7 @@ def _renamed(key: str) -> errors.ConfigError | None:
 def run() -> None:
   """The command line (neobert_jax/commandline.py): parse flags, train, exit with the status."""
   commandline.run_absl(_PROG, 'neobert_jax.train', __doc__, _FLAGS, main, required=('config', 'workdir'),
-                       fields_doc='neobert_jax/config/base.py', renamed=_renamed)
+                       fields_doc='neobert_jax/config/train.py', renamed=_renamed)
 
 
 if __name__ == '__main__':

@@ -24,10 +24,11 @@ from neobert_jax.engine.preemption import Preemption
 from neobert_jax.engine.state import param_count
 from neobert_jax.errors import DataError
 from neobert_jax.train import batches as batches_lib
-from neobert_jax.train import config as config_lib
+from neobert_jax.config import train as config_lib
 from neobert_jax.train import init as init_lib
 from neobert_jax.train import mlm
 from neobert_jax.train import resume as resume_lib
+from neobert_jax.train import runtime
 
 log = logging.getLogger('neobert_jax.train')
 
@@ -84,8 +85,7 @@ def run(cfg: ml_collections.ConfigDict, workdir: str | Path,
   end-of-run Hugging Face export (export.hf_dir, through convert/) and the report that reads it are the job's,
   neobert_jax/pretrain.py, which the train command runs.
   """
-  config_lib.validate(cfg)
-  cfg = config_lib.resolve(cfg)
+  cfg = runtime.resolve(config_lib.validate(cfg))
   workdir = paths.resolve(workdir, '--workdir')
   # Before the data is opened or a file written: a workdir holding another run is refused here, untouched.
   plan = resume_lib.check(cfg, workdir)

@@ -27,10 +27,10 @@ import ml_collections
 import numpy as np
 
 from neobert_jax import paths
-from neobert_jax import config as schema
+from neobert_jax import config as config_io
 from neobert_jax.config import resume as rules
 from neobert_jax.errors import ConfigError
-from neobert_jax.train import config as config_lib
+from neobert_jax.config import train as config_lib
 from neobert_jax.engine import optimizer as optimizer_lib
 from neobert_jax.weights import runs
 
@@ -90,7 +90,7 @@ def check(cfg: ml_collections.ConfigDict, workdir: str | os.PathLike) -> Plan:
   recorded, step = _recorded(workdir)
   if recorded is None:
     return Plan(workdir, None, step)
-  changes = rules.diff(recorded, cfg.to_dict(), rules.PRETRAIN_RULES, schema.get_config().to_dict())
+  changes = rules.diff(recorded, cfg.to_dict(), rules.PRETRAIN_RULES, config_lib.get_config().to_dict())
   identity = rules.of_kind(changes, rules.IDENTITY) + _restructuring(changes)
   if step is None:  # config.json but no checkpoint: nothing to lose; the new config replaces it, on the record
     if changes:
@@ -100,7 +100,7 @@ def check(cfg: ml_collections.ConfigDict, workdir: str | os.PathLike) -> Plan:
     return Plan(workdir, recorded, None, changes)
   if identity:
     raise _refusal(workdir, step, identity)
-  num_steps = int(cfg.train.num_steps)
+  num_steps = cfg.train.num_steps
   if num_steps < step:
     raise ConfigError(f'train.num_steps={num_steps} is below the checkpoint step {step} in {workdir}: the run '
                       'cannot go back. Fix: keep train.num_steps at or above it (raise it to train further).')
@@ -121,8 +121,8 @@ def _restructuring(changes: list[rules.Change]) -> list[rules.Change]:
           if c.field == 'optimizer.clip_norm' and isinstance(c.before, (int, float)) and (c.before > 0) != (c.after > 0)]
 
 
-def _lr(opt: dict[str, Any] | ml_collections.ConfigDict, num_steps: int, step: int) -> float:
-  return float(optimizer_lib.lr_values(ml_collections.ConfigDict(dict(opt)), num_steps, np.asarray([step]))[0])
+def _lr(opt: ml_collections.ConfigDict, num_steps: int, step: int) -> float:
+  return float(optimizer_lib.lr_values(opt, num_steps, np.asarray([step]))[0])
 
 
 def describe(changes: list[rules.Change], recorded: dict[str, Any], cfg: ml_collections.ConfigDict,
@@ -131,8 +131,9 @@ def describe(changes: list[rules.Change], recorded: dict[str, Any], cfg: ml_coll
   lines = [f'{c.describe()} ({c.kind})' for c in changes]
   fields = {c.field for c in changes}
   if fields & set(_LR_FIELDS):
-    old_n, new_n = int(recorded['train']['num_steps']), int(cfg.train.num_steps)
-    old = _lr(recorded['optimizer'], old_n, step)
+    past = config_io.from_record(recorded, config_lib.get_config())  # the record, typed by the schema
+    old_n, new_n = past.train.num_steps, cfg.train.num_steps
+    old = _lr(past.optimizer, old_n, step)
     new = _lr(cfg.optimizer, new_n, step)
     floor_at = optimizer_lib.floor_step(cfg.optimizer, new_n)
     lines.append(f'the learning-rate schedule is recomputed from the new config: the next update (step {step}) '

@@ -2,19 +2,24 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import jax
 import ml_collections
 import numpy as np
 
-from neobert_jax import config
+from neobert_jax.config import train as config_lib
 from neobert_jax.train.mlm import abstract_batch
+
+# The checkout's root (configs/ holds the recipes), for tests and tools that run from a source tree.
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def tiny_config(vocab_size: int = 30522, hidden: int = 32, layers: int = 1, seq_len: int = 128,
                 batch: int = 8, steps: int = 6) -> ml_collections.ConfigDict:
   """The tiny CPU recipe (configs/tiny_cpu.py) shrunk to seconds per run: same code paths, real tokenizer-sized
   vocab by default. Built from the package's schema, not the recipe file, so it needs no checkout."""
-  cfg = config.get_config()
+  cfg = config_lib.get_config()
   # The recipe's choices that are not overridden below.
   cfg.mesh.fsdp, cfg.model.dtype, cfg.data.block_docs = -1, 'float32', 512
   cfg.optimizer.peak_lr = 2e-3

@@ -37,7 +37,7 @@ import ml_collections
 import numpy as np
 
 from neobert_jax import errors
-from neobert_jax.model.config import default_model_config
+from neobert_jax.config.model import default_model_config
 from neobert_jax.weights.flat import Dims, check_flat, check_keys_and_shapes, read_safetensors
 
 HF_PREFIX = "model."

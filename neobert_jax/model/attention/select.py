@@ -12,14 +12,14 @@
 | cpu      | any           | any     | xla         | T within one key block: nothing to tile, the two are level      |
 
 Owns: this table and the checks of explicit choices. Called once per run by the trainer's config resolution
-(train/config.py) and by the AOT command for its target; the encoder only asks it when a config still says 'auto'.
+(train/runtime.py) and by the AOT command for its target; the encoder only asks it when a config still says 'auto'.
 """
 
 from __future__ import annotations
 
 import dataclasses
 
-IMPLEMENTATIONS = ("auto", "xla", "blockwise", "cudnn", "cudnn_bias", "splash")
+from neobert_jax.config.model import ATTENTION_IMPLEMENTATIONS as IMPLEMENTATIONS  # the model section's field
 KERNELS = IMPLEMENTATIONS[1:]
 _HALF = ("bfloat16", "float16")
 

@@ -6,7 +6,7 @@ a padded row), so no query row is ever fully masked. The kernel is built per sha
 shard_map's specs come from the trainer's logical-axis rules (batch over data x fsdp, heads over tensor), so
 changing the mesh never touches this file. Off TPU the same kernel runs in Pallas interpret mode (tests).
 
-Owns: the splash call and its sharding. Block sizes are validated in model/config.py.
+Owns: the splash call and its sharding. Block sizes are validated in config/model.py.
 """
 
 from __future__ import annotations

@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import ml_collections
 
-from neobert_jax.model.config import default_model_config, validate_model_config
-from neobert_jax.train.config import ConfigError, mesh_shape, reject_unknown_keys
+from neobert_jax import config as config_lib
+from neobert_jax.config.model import default_model_config, validate_model_config
+from neobert_jax.config.train import mesh_shape
+from neobert_jax.errors import ConfigError
 
 TASKS = ('classification', 'contrastive')
 TASK_TYPES = ('auto', 'classification', 'regression')
@@ -85,11 +87,11 @@ def base_config(task: str = 'classification') -> ml_collections.ConfigDict:
   return cfg
 
 
-def validate(cfg: ml_collections.ConfigDict, num_devices: int | None = None) -> None:
-  """Raises ConfigError naming the field and the fix."""
+def validate(cfg: ml_collections.ConfigDict, num_devices: int | None = None) -> ml_collections.ConfigDict:
+  """`cfg` typed by the schema (config_lib.typed); raises ConfigError naming the field and the fix."""
   if cfg.get('task') not in TASKS:
     raise ConfigError(f'task={cfg.get("task")!r}; expected one of {TASKS}')
-  reject_unknown_keys(cfg, base_config(cfg.task), 'neobert_jax/finetune/config.py')
+  cfg = config_lib.typed(cfg, base_config(cfg.task), 'neobert_jax/config/finetune.py')
   try:
     validate_model_config(cfg.model)
   except ValueError as e:
@@ -128,3 +130,4 @@ def validate(cfg: ml_collections.ConfigDict, num_devices: int | None = None) -> 
     if t[field] < 1 or t[field] % shards:
       raise ConfigError(f'train.{field}={t[field]} does not split over the batch axes data x fsdp = {shards}; '
                         f'make it a positive multiple of {shards}')
+  return cfg

@@ -1,8 +1,8 @@
-"""The `data` section of a training config: every knob the input pipeline reads.
+"""The `data` section of the pretraining config: every knob the input pipeline reads, and its validation.
 
-The train helper nests this under `config.data`; the pipeline reads nothing else
-(sequence length, per-host batch size and the run seed come in as arguments,
-because they belong to the model and the trainer).
+The pretraining schema (config/train.py) nests this under `config.data`; the pipeline reads nothing else
+(sequence length, per-host batch size and the run seed come in as arguments, because they belong to the model
+and the trainer). Imports nothing of ours: data/ builds on it.
 """
 
 import ml_collections

@@ -1,0 +1,232 @@
+"""The pretraining config: the whole schema, every field with what it means and its default, and its validation.
+
+Recipes (configs/*.py) call `get_config()` and change fields; `validate` types the config against the schema
+(rejecting any key that is not defined here, so a typo in a config file or on the command line is an error, not a
+silent no-op) and refuses, with the field and the fix named, what the trainer cannot run on the current devices:
+a mesh that does not use exactly the available devices, batch sizes that do not split over micro-batches /
+devices / processes, values out of range. Each section checks itself (config/model.py, config/data.py,
+_validate_optimizer); the checks across sections are here. The vocabulary-vs-tokenizer check needs the prepared
+data's manifest, so the trainer runs it (via the data pipeline's open_prepared) right after these, still before
+the model. The run-time choices (compute dtype, attention kernel) are resolved in train/runtime.py.
+The defaults are NeoBERT's stage-1 recipe (see configs/neobert_250m.py for the values spelled out).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import jax
+import ml_collections
+
+from neobert_jax import config as config_lib
+from neobert_jax import paths
+from neobert_jax import sharding as shd
+from neobert_jax.config.data import default_data_config, validate_data_config
+from neobert_jax.config.model import default_model_config, validate_model_config
+from neobert_jax.errors import ConfigError
+
+NAN_POLICIES = ('stop', 'skip')
+# model.dtype values the trainer runs: float16 would need loss scaling, which it does not do.
+TRAIN_DTYPES = ('auto', 'float32', 'bfloat16')
+
+
+def get_config() -> ml_collections.ConfigDict:
+  """The schema, at its defaults: every field the trainer reads, each with the type of its default."""
+  cfg = ml_collections.ConfigDict()
+  cfg.seed = 0  # parameter init and anything else random on the trainer side (the data has its own seed)
+
+  # Model architecture and numerics (config/model.py documents each field). `dtype` is the run's one
+  # compute-dtype setting: 'auto' = bfloat16 on GPU/TPU, float32 on CPU (resolved once, at start-up, and written
+  # to config.json), or 'float32' / 'bfloat16'; parameters stay `param_dtype` (fp32 master weights).
+  cfg.model = default_model_config()
+  cfg.model.dtype = 'auto'
+
+  # Data pipeline (config/data.py documents each field): corpus, tokenizer, sequence length, packing, masking.
+  cfg.data = default_data_config()
+
+  # Device mesh. data = pure data parallel (replicated params), fsdp = data parallel with params/optimizer
+  # sharded, tensor = model parallel over heads / mlp / vocab.
+  # data / fsdp / tensor are sizes INSIDE one TPU slice or GPU node (the fast ICI / NVLink links); their product
+  # must equal the devices per slice or node, and one may be -1 (fill). dcn_data / dcn_fsdp say how many slices
+  # or nodes the axis spans over the data-centre network (DCN); the axis's total size is the product, e.g.
+  # data=1, fsdp=-1, dcn_data=2 on 2 slices of 256 chips = data 2 across slices x fsdp 256 inside each.
+  # dcn_data x dcn_fsdp must equal the number of slices (TPU) or nodes (GPU); with both 1 (a single slice or
+  # node) the sizes are simply the mesh. Tensor parallelism never crosses the DCN. Prefer dcn_data: FSDP across
+  # slices gathers every layer's weights over the slow network (the compile report counts those bytes).
+  cfg.mesh = ml_collections.ConfigDict(dict(data=1, fsdp=-1, tensor=1, dcn_data=1, dcn_fsdp=1))
+
+  cfg.train = ml_collections.ConfigDict(dict(
+      num_steps=1_000_000,      # optimizer steps of the whole run (also sets the schedule length)
+      global_batch_size=2048,   # sequences per optimizer step, summed over all processes
+      grad_accum_steps=1,       # micro-batches per step; the global batch is split evenly across them
+      nan_policy='stop',        # non-finite loss/grad: 'stop' (exit, name the last good checkpoint) or 'skip'
+  ))
+
+  # AdamW with linear warmup then cosine decay; decoupled weight decay on all weights except norms and biases.
+  cfg.optimizer = ml_collections.ConfigDict(dict(
+      peak_lr=6e-4,
+      b1=0.9,
+      b2=0.95,
+      eps=1e-8,
+      weight_decay=0.1,
+      decay_embeddings=True,    # the paper decays every weight matrix, the token embedding included
+      decay_all_params=False,   # True: norm scales and biases decay too (the original trainer's AdamW over
+                                # model.parameters()); False: pulling RMSNorm gains towards 0 only fights the model
+      clip_norm=1.0,            # global-norm clipping threshold; 0 disables
+      clip_eps=0.0,             # clip by clip_norm / (norm + clip_eps): 1e-6 is torch's clip_grad_norm_ (the original)
+      warmup_steps=2000,        # linear warmup_init_fraction * peak_lr -> peak_lr over this many steps
+      warmup_init_fraction=0.0,  # the original trainer starts at 1e-4 * peak (torch LinearLR(start_factor=1e-4))
+      decay_fraction=0.9,       # cosine reaches its floor after this fraction of num_steps, then stays there
+      decay_steps=0,            # > 0: the original trainer's cosine instead: period decay_steps from the end of
+                                # warmup, cut at ABSOLUTE step decay_steps, then the floor (decay_fraction unused)
+      final_lr_fraction=0.1,    # floor = final_lr_fraction * peak_lr
+  ))
+
+  # Held-out evaluation (MLM loss and accuracy on the data's eval split).
+  cfg.eval = ml_collections.ConfigDict(dict(
+      every_steps=1000,         # 0 disables periodic evaluation
+      num_batches=16,           # global batches per evaluation (fixed, deterministic subset)
+      at_start=False,           # also evaluate before the first step (a baseline for the loss curve)
+  ))
+
+  # Orbax checkpoints in WORKDIR/checkpoints. Re-running the same command resumes from the latest complete one.
+  cfg.checkpoint = ml_collections.ConfigDict(dict(
+      every_steps=1000,         # also saved at the end and on SIGTERM
+      keep=3,                   # most recent checkpoints kept
+      async_save=True,          # write arrays in the background while training continues
+  ))
+
+  # Initialise parameters (only; fresh optimizer and schedule) for stage 2 / continued pretraining. Ignored when
+  # the workdir already has a checkpoint (resume wins). At most one of the two may be set.
+  cfg.init = ml_collections.ConfigDict(dict(
+      from_checkpoint='',       # a workdir or its checkpoints/ dir written by this trainer
+      step=-1,                  # which step of from_checkpoint; -1 = latest
+      from_hf='',               # a Hugging Face NeoBERT directory (config.json + weights)
+  ))
+
+  cfg.logging = ml_collections.ConfigDict(dict(
+      log_every=10,             # steps between metric fetches (tensorboard, metrics.jsonl, progress bar)
+      tensorboard=True,
+      progress_bar=True,
+      peak_flops_per_device=0.0,  # for MFU; 0 = look the device up in the table (CPU: measure a matmul)
+      profile_start_step=-1,    # >= 0: write a jax.profiler trace of profile_num_steps steps from this one
+      profile_num_steps=3,
+  ))
+
+  # After training, export the final parameters as a Hugging Face NeoBERT directory ('' = do not export).
+  cfg.export = ml_collections.ConfigDict(dict(hf_dir=''))
+  return cfg
+
+
+def _mesh_layout(cfg: ml_collections.ConfigDict, num_devices: int | None = None) -> shd.MeshLayout:
+  n = jax.device_count() if num_devices is None else num_devices
+  try:
+    return shd.resolve_layout(dict(cfg.mesh), n)
+  except ValueError as e:
+    raise ConfigError(f'mesh: {e}') from None
+
+
+def mesh_shape(cfg: ml_collections.ConfigDict, num_devices: int | None = None) -> dict[str, int]:
+  """The mesh section with -1 filled in, as written to config.json: per-slice sizes, plus the dcn_* sizes
+  where the config has them (with none, per-slice sizes are the mesh's sizes)."""
+  layout = _mesh_layout(cfg, num_devices)
+  return {k: v for k, v in layout.as_config().items() if k in shd.MESH_AXES or k in cfg.mesh}
+
+
+def validate(cfg: ml_collections.ConfigDict, num_devices: int | None = None,
+             process_count: int | None = None) -> ml_collections.ConfigDict:
+  """`cfg` typed by the schema (config_lib.typed); raises ConfigError for a config this trainer cannot run on the
+  current devices."""
+  cfg = config_lib.typed(cfg, get_config(), 'neobert_jax/config/train.py')
+  for section, check in (('model', validate_model_config), ('data', validate_data_config)):
+    try:
+      check(cfg[section])
+    except ValueError as e:
+      raise ConfigError(str(e)) from None
+  t = cfg.train
+  if t.nan_policy not in NAN_POLICIES:
+    raise ConfigError(f'train.nan_policy={t.nan_policy!r}; expected one of {NAN_POLICIES}')
+  if cfg.model.dtype not in TRAIN_DTYPES:
+    raise ConfigError(f'model.dtype={cfg.model.dtype!r}; the trainer runs {TRAIN_DTYPES} (float16 would need loss '
+                      'scaling: use bfloat16)')
+  for field in ('num_steps', 'global_batch_size', 'grad_accum_steps'):
+    if t[field] < 1:
+      raise ConfigError(f'train.{field}={t[field]} must be >= 1')
+  _validate_optimizer(cfg.optimizer, t.num_steps)
+  if cfg.data.max_predictions > cfg.model.max_length:
+    raise ConfigError(f'data.max_predictions={cfg.data.max_predictions} exceeds the sequence length '
+                      f'model.max_length={cfg.model.max_length}')
+  if cfg.init.from_checkpoint and cfg.init.from_hf:
+    raise ConfigError('set at most one of init.from_checkpoint and init.from_hf')
+  if cfg.checkpoint.keep < 1 or cfg.checkpoint.every_steps < 1:
+    raise ConfigError('checkpoint.keep and checkpoint.every_steps must be >= 1')
+  if cfg.eval.every_steps < 0 or cfg.eval.num_batches < 1:
+    raise ConfigError(f'eval.every_steps={cfg.eval.every_steps} must be >= 0 (0 disables evaluation) and '
+                      f'eval.num_batches={cfg.eval.num_batches} >= 1')
+  if cfg.logging.log_every < 1 or cfg.logging.peak_flops_per_device < 0:
+    raise ConfigError('logging.log_every must be >= 1 and logging.peak_flops_per_device >= 0 (0: look it up)')
+
+  layout = _mesh_layout(cfg, num_devices)
+  shape = dict(zip(shd.MESH_AXES, layout.shape))   # totals: what the batch is split over
+  nproc = jax.process_count() if process_count is None else process_count
+  if layout.num_granules > 1 and nproc > 1 and nproc % layout.num_granules:
+    raise ConfigError(f'mesh.dcn_data x mesh.dcn_fsdp = {layout.num_granules} slices / nodes, but the {nproc} '
+                      'processes do not split evenly over them (each slice or node runs whole processes)')
+  gb, accum = t.global_batch_size, t.grad_accum_steps
+  if gb % accum:
+    raise ConfigError(f'train.global_batch_size={gb} is not divisible by train.grad_accum_steps={accum}')
+  micro = gb // accum
+  shards = shape['data'] * shape['fsdp']
+  if micro % shards:
+    raise ConfigError(
+        f'the micro-batch of {micro} rows (global_batch_size {gb} / grad_accum_steps {accum}) does not split '
+        f'over the mesh\'s batch axes data x fsdp = {shape["data"]} x {shape["fsdp"]} = {shards}; make it a '
+        f'multiple of {shards}')
+  if micro % nproc:
+    raise ConfigError(f'the micro-batch of {micro} rows does not split over {nproc} processes')
+  return cfg
+
+
+def _validate_optimizer(o: ml_collections.ConfigDict, num_steps: int) -> None:
+  """The optimizer values that cannot train: each refused with its field, its value and the range it needs."""
+  ranges = (('peak_lr', o.peak_lr > 0, '> 0'), ('b1', 0 <= o.b1 < 1, 'in [0, 1)'), ('b2', 0 <= o.b2 < 1, 'in [0, 1)'),
+            ('eps', o.eps > 0, '> 0'), ('weight_decay', o.weight_decay >= 0, '>= 0'),
+            ('clip_norm', o.clip_norm >= 0, '>= 0 (0 disables clipping)'), ('clip_eps', o.clip_eps >= 0, '>= 0'),
+            ('warmup_steps', o.warmup_steps >= 0, '>= 0'),
+            ('warmup_init_fraction', 0 <= o.warmup_init_fraction <= 1, 'in [0, 1]'),
+            ('decay_fraction', 0 < o.decay_fraction <= 1, 'in (0, 1]'), ('decay_steps', o.decay_steps >= 0, '>= 0'),
+            ('final_lr_fraction', 0 <= o.final_lr_fraction <= 1,
+             'in [0, 1] (the floor is final_lr_fraction x peak_lr and may not exceed the peak)'))
+  for field, ok, needed in ranges:
+    if not ok:
+      raise ConfigError(f'optimizer.{field}={o[field]} must be {needed}')
+  if o.warmup_steps > num_steps:
+    raise ConfigError(f'optimizer.warmup_steps={o.warmup_steps} is longer than the run (train.num_steps={num_steps}): '
+                      'the learning rate would never reach its peak. Lower the warmup or raise num_steps.')
+  if o.decay_steps > 0 and o.decay_steps <= o.warmup_steps:
+    raise ConfigError(f'optimizer.decay_steps={o.decay_steps} is an absolute step and must exceed '
+                      f'optimizer.warmup_steps={o.warmup_steps} (the original trainer asserts the same)')
+
+
+def write(cfg: ml_collections.ConfigDict, workdir: str | Path) -> Path:
+  """WORKDIR/config.json (process 0 writes; every process may call)."""
+  path = paths.resolve(workdir, '--workdir') / 'config.json'
+  if jax.process_index() == 0:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    paths.write_text(path, json.dumps(cfg.to_dict(), indent=2, sort_keys=True) + '\n')
+  return path
+
+
+def tokens_per_step(cfg: ml_collections.ConfigDict) -> int:
+  return cfg.train.global_batch_size * cfg.model.max_length
+
+
+def describe(cfg: ml_collections.ConfigDict) -> str:
+  """One line for the log: the run's shape at a glance."""
+  m = cfg.model
+  return (f'{m.num_layers}x{m.hidden_size} model, vocab {m.vocab_size}, seq {m.max_length}, '
+          f'global batch {cfg.train.global_batch_size} ({cfg.train.grad_accum_steps} micro), '
+          f'{tokens_per_step(cfg):,} tokens/step, {cfg.train.num_steps:,} steps, mesh {dict(cfg.mesh)}, '
+          f'compute {m.dtype}, attention {m.attention_impl}; {math.prod(dict(cfg.mesh).values())} devices')
