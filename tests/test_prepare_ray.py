@@ -181,7 +181,7 @@ def test_a_driver_killed_mid_build_resumes_from_the_ledger(driver, vocab, local,
   units = paths.Path(out) / ledger.WORK / 'units'
   deadline = time.time() + 60
   while time.time() < deadline and proc.poll() is None:
-    if units.exists() and len([p for p in units.iterdir() if p.name.endswith('.done.npz')]) >= 3:
+    if units.exists() and any(p.name.endswith('.done.npz') for p in units.iterdir()):
       break
     time.sleep(0.01)
   assert proc.poll() is None, 'the build ended before it could be killed'
@@ -189,7 +189,7 @@ def test_a_driver_killed_mid_build_resumes_from_the_ledger(driver, vocab, local,
   proc.wait()
   assert not (paths.Path(out) / 'manifest.json').exists()
   m = _ray([str(raw)], out, vocab, driver)
-  assert 3 <= m['engine']['resumed_units'] < m['engine']['units']
+  assert 1 <= m['engine']['resumed_units'] < m['engine']['units']
   _same(local_out, lm, out, m)
 
 
