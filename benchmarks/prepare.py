@@ -51,6 +51,7 @@ def run_local(inputs, out, workers, flags) -> dict:
 def run_ray(inputs, out, nodes, flags, split_mb, warmup) -> list[dict]:
   """One row per node count: a cluster on 127.0.0.1 grown node by node, this process its driver."""
   os.environ.setdefault('RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER', '0')  # every Ray process on loopback
+  os.environ.setdefault('RAY_USAGE_STATS_ENABLED', '0')  # and no usage report over the network
   import ray  # pylint: disable=g-import-not-at-top
   from ray.cluster_utils import Cluster  # pylint: disable=g-import-not-at-top
   from neobert_jax.data import prepare_ray  # pylint: disable=g-import-not-at-top

@@ -33,8 +33,9 @@ from test_data_prepare import _seekable_zst  # noqa: E402  the .zst writer of th
 WORDS = ('the', 'cat', 'sat', 'on', 'mat', 'dog', 'ran', 'far', 'away', 'home')
 FLAGS = dict(max_length=16, eval_fraction=0.1, shard_mb=0.02)
 SPLIT_MB = 0.01  # the large JSONL becomes ~20 parts, the zstd files several runs of frames, the Parquet several
-# Ray's processes listen on loopback only with this (by default the GCS advertises the machine's interface address).
-LOOPBACK = {'RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER': '0'}
+# Ray's processes listen on loopback only with the first (by default the GCS advertises the machine's interface
+# address); the second keeps Ray from reporting usage statistics over the network.
+LOOPBACK = {'RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER': '0', 'RAY_USAGE_STATS_ENABLED': '0'}
 
 
 @pytest.fixture(scope='module')
