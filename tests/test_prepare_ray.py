@@ -207,7 +207,10 @@ def test_a_node_removed_mid_build_still_gives_the_same_shards(driver, vocab, loc
       break
     time.sleep(0.01)
   assert build.is_alive(), 'the build ended before a node could be removed'
-  driver.remove_node(next(iter(driver.worker_nodes)))
+  gone = next(iter(driver.worker_nodes))
+  driver.remove_node(gone)
   build.join(timeout=120)
   assert 'm' in result, 'the build did not finish on the remaining node'
   _same(local_out, lm, out, result['m'])
+  nodes = result['m']['engine']['nodes']  # every shard (pass 2) was made after the node had gone
+  assert nodes.get(gone.node_id, {}).get('shards', 0) == 0 and sum(n['shards'] for n in nodes.values()) > 3
