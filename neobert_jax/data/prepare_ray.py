@@ -82,19 +82,9 @@ def _build(ray, inputs, output_dir, address, tokenizer, overwrite, progress, com
   identity = {'format': shards.FORMAT, 'tokenizer': tok.identity(), 'shard_bytes': shard_bytes, **cfg,
               'units': [[p, sizes[p], s and [s.start, s.end, s.seek, s.row]] for p, s in units]}
   done = ledger.finished_units() if ledger.start(identity) else {}
-  with open(tok.path, 'rb') as f:
-    shipped = (tokenizer, os.path.basename(tok.path), f.read())
-  task = ray.remote(ray_tasks.tokenize_unit).options(
-      num_cpus=1, max_retries=RETRIES, retry_exceptions=True, scheduling_strategy='SPREAD')
-  results = {i: {**meta, 'doc_tokens': doc_tokens} for i, (meta, doc_tokens) in done.items()}
-  todo = [(i, (i, p, s, cfg, ledger, shipped)) for i, (p, s) in enumerate(units) if i not in done]
-  bar = _bar(progress, len(units), len(done), 'unit')
-  _run(ray, task, todo, results, bar, stop_on_error=True)
-  failed = sorted(i for i, r in results.items() if 'error' in r)
-  if failed:  # the first in input order, as the local engine meets it; nothing of this build is kept
-    ledger.remove()
-    error = results[failed[0]]['error']
-    raise (errors.StorageError if error['storage'] else sources.InputError)(error['message'])
+  with open(tok.path, 'rb') as f:  # once into the object store, not into every task's arguments
+    shipped = ray.put((tokenizer, os.path.basename(tok.path), f.read()))
+  results = _pass1(ray, units, cfg, ledger, shipped, done, progress)
   counts = documents.Counts(echo=False)
   for i in range(len(units)):
     counts.add(results[i])
@@ -106,20 +96,7 @@ def _build(ray, inputs, output_dir, address, tokenizer, overwrite, progress, com
            for s in shards.SPLITS}
   plan_seconds = time.perf_counter() - t0
   (out / shards.MANIFEST).unlink(missing_ok=True)  # only with --overwrite (open_output): now it reads unfinished
-  finished = ledger.finished_shards()
-  shard_results, todo = {}, []
-  for split, plan in plans.items():
-    for k, pieces in enumerate(plan):
-      name = shards.shard_name(split, k)
-      old = finished.get(name)
-      if old and old['pieces'] == [list(p) for p in pieces] and _in_place(out / name, old['entry']):
-        shard_results[name] = old
-      else:
-        todo.append((name, (split, k, pieces, shard_bytes, ledger, os.fspath(out))))
-  resumed_shards = len(shard_results)
-  task = ray.remote(ray_tasks.assemble_shard).options(
-      num_cpus=1, max_retries=RETRIES, retry_exceptions=True, scheduling_strategy='SPREAD')
-  _run(ray, task, todo, shard_results, _bar(progress, len(shard_results) + len(todo), len(shard_results), 'shard'))
+  shard_results, resumed_shards = _pass2(ray, plans, shard_bytes, ledger, out, progress)
 
   manifest = documents.manifest(tok, cfg['max_length'], cfg['eval_fraction'], _splits(plans, shard_results), files,
                                 counts, command or f'prepare_ray.prepare({list(inputs)!r}, {output_dir!r}, ...)')
@@ -130,6 +107,42 @@ def _build(ray, inputs, output_dir, address, tokenizer, overwrite, progress, com
   publish.commit(out, manifest)
   ledger.remove()
   return manifest
+
+
+def _options(ray, fn):
+  return ray.remote(fn).options(num_cpus=1, max_retries=RETRIES, retry_exceptions=True, scheduling_strategy='SPREAD')
+
+
+def _pass1(ray, units, cfg, ledger, shipped, done, progress) -> dict:
+  """Every unit's counts, by index: the ledger's for finished units, a task's for the others. Bad input raises the
+  first error in input order, as the local engine meets it, and keeps nothing of the build."""
+  results = {i: {**meta, 'doc_tokens': doc_tokens} for i, (meta, doc_tokens) in done.items()}
+  todo = [(i, (i, p, s, cfg, ledger, shipped)) for i, (p, s) in enumerate(units) if i not in done]
+  _run(ray, _options(ray, ray_tasks.tokenize_unit), todo, results, _bar(progress, len(units), len(done), 'unit'),
+       stop_on_error=True)
+  failed = sorted(i for i, r in results.items() if 'error' in r)
+  if failed:
+    ledger.remove()
+    error = results[failed[0]]['error']
+    raise (errors.StorageError if error['storage'] else sources.InputError)(error['message'])
+  return results
+
+
+def _pass2(ray, plans: dict, shard_bytes: int, ledger, out: paths.Path, progress) -> tuple[dict, int]:
+  """Every shard of the plan in place, by file name (a finished one of a resumed build is kept), and how many were
+  kept."""
+  finished, results, todo = ledger.finished_shards(), {}, []
+  for split, plan in plans.items():
+    for k, pieces in enumerate(plan):
+      name = shards.shard_name(split, k)
+      old = finished.get(name)
+      if old and old['pieces'] == [list(p) for p in pieces] and _in_place(out / name, old['entry']):
+        results[name] = old
+      else:
+        todo.append((name, (split, k, pieces, shard_bytes, ledger, os.fspath(out))))
+  kept = len(results)
+  _run(ray, _options(ray, ray_tasks.assemble_shard), todo, results, _bar(progress, kept + len(todo), kept, 'shard'))
+  return results, kept
 
 
 def _in_place(path: paths.Path, entry: dict) -> bool:
