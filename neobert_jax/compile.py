@@ -51,7 +51,11 @@ _REQUIRE_FIT = flags.DEFINE_bool('require_fit', False, 'exit with status 4 if th
 _PLAN = flags.DEFINE_bool('plan', False, 'search micro-batch / grad accumulation, remat policy and mesh for this '
                           'global batch; print the table and the fastest layout that fits as --config overrides',
                           flag_values=_FLAGS)
-_PLAN_MFU = flags.DEFINE_float('plan_mfu', 0.5, 'MFU assumed by the plan\'s GPU time model', flag_values=_FLAGS)
+_PLAN_MFU = flags.DEFINE_float('plan_mfu', 0.5, 'MFU at which the TPU plan prices splash attention (a custom call '
+                                'XLA\'s cost model does not see)', flag_values=_FLAGS)
+_PLAN_WORKERS = flags.DEFINE_integer('plan_workers', 0, 'processes compiling plan candidates in parallel (0: one per '
+                                     'two cores); results are cached, so a re-run compiles only what changed',
+                                     flag_values=_FLAGS)
 _PLAN_REMAT = flags.DEFINE_list('plan_remat', ['none', 'save_dots', 'full'], 'remat policies the plan tries',
                                 flag_values=_FLAGS)
 _PLAN_TENSOR = flags.DEFINE_list('plan_tensor', ['1', '2'], 'tensor-parallel sizes the plan tries',
@@ -128,6 +132,9 @@ def run_child(cfg_in) -> int:
   if xla_flops is not None and xla_flops < 0.5 * model_flops / target.num_devices:
     notes.append('XLA FLOPs count each loop body once (the layer scan, the micro-batch scan), so they are far '
                  'below the real step; the model FLOPs are the figure to use')
+  roofline_fields = {}
+  if compiled is not None:
+    roofline_fields = roofline_report(hlo, target, mesh, cfg, model_flops)
   if compiled is not None:
     mem = report_lib.memory_numbers(compiled)
   else:
@@ -140,7 +147,8 @@ def run_child(cfg_in) -> int:
       model_flops_per_step=model_flops, xla_flops_per_device=xla_flops,
       peak_flops_per_device=target.peak_bf16_flops,
       attention_kernels=report_lib.attention_kernels(hlo), compile_seconds=seconds, notes=notes,
-      compiler_refused=compiled is None, **mem, **report_lib.dcn_fields(hlo, mesh, cfg.mesh, target))
+      compiler_refused=compiled is None, **mem, **report_lib.dcn_fields(hlo, mesh, cfg.mesh, target),
+      **roofline_fields)
   print(report_lib.format_report(r), flush=True)
   if _JSON.value:
     data = r.as_dict()
@@ -155,12 +163,27 @@ def run_child(cfg_in) -> int:
   return 0
 
 
+def roofline_report(hlo: str, target: targets.Target, mesh, cfg, model_flops: float) -> dict:
+  """The FitReport fields of the roofline section, with the model FLOP formula's two terms beside what the
+  program's kernels count (the dot FLOPs must match the matmul term: the check that the model reads the program)."""
+  from neobert_jax.aot import roofline
+  from neobert_jax.model.config import matmul_params, train_flops_per_token
+  rl = roofline.for_program(hlo, target, mesh, cfg.mesh, model_flops / target.num_devices)
+  seq, tokens = int(cfg.model.max_length), int(cfg.train.global_batch_size) * int(cfg.model.max_length)
+  # The formula's attention term, which does not depend on the decoder: total minus matmuls, both without decoder.
+  attention = (train_flops_per_token(cfg.model, seq, 0.0) - 6 * matmul_params(cfg.model, 0.0)) * tokens
+  per_device = 1 / target.num_devices
+  lines = roofline.format_lines(rl, (model_flops - attention) * per_device, attention * per_device)
+  return {'roofline': rl.as_dict(), 'roofline_lines': lines}
+
+
 def run_plan(cfg, target: targets.Target) -> int:
   from neobert_jax.aot import plan as plan_lib
+  from neobert_jax.aot import plan_cache
   t0 = time.time()
   rows = plan_lib.plan(cfg, target, mfu=_PLAN_MFU.value, headroom=_HEADROOM.value,
                        remats=tuple(_PLAN_REMAT.value), tensor_sizes=tuple(int(t) for t in _PLAN_TENSOR.value),
-                       layouts=tuple(_PLAN_MESH.value),
+                       layouts=tuple(_PLAN_MESH.value), workers=_PLAN_WORKERS.value or plan_cache.default_workers(),
                        log=lambda line: print(line, file=sys.stderr, flush=True))
   tokens = int(cfg.train.global_batch_size) * int(cfg.model.max_length)
   print(f'plan for {target.spec}: global batch {cfg.train.global_batch_size} x {cfg.model.max_length} = '
@@ -168,10 +191,8 @@ def run_plan(cfg, target: targets.Target) -> int:
         f'({time.time() - t0:.0f} s of compiles)')
   print(plan_lib.format_table(rows, target, _PLAN_MFU.value))
   if target.platform != 'tpu':
-    dcn = ' plus DCN bytes at the published bandwidth' if target.num_granules > 1 else ''
-    print(f'estimated step time is a model (FLOPs at {_PLAN_MFU.value:.0%} MFU plus remat recompute{dcn}), not a '
-          'measurement; it does not see communication inside a slice / node, so meshes that differ only there tie '
-          'and fewer accumulation steps win')
+    print('estimated step time is the roofline of each compiled step (aot/roofline.py: kernels at the achievable '
+          'rates of neobert_jax/hardware.py, communication with the stated overlap): a model, not a measurement')
   best = plan_lib.recommend(rows)
   if _JSON.value:
     with open(_JSON.value, 'w') as f:

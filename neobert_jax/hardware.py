@@ -1,58 +1,119 @@
-"""Published figures per accelerator: dense bf16 peak FLOP/s, the denominator of every MFU figure (trainer, AOT,
-planner), and the data-centre network bandwidth between slices / nodes (the AOT report's and planner's DCN time).
+"""One table of accelerator figures: dense bf16 peak (the denominator of every MFU figure: trainer, AOT, planner),
+HBM, in-node and between-node bandwidth, and the *achievable* rates the roofline (aot/roofline.py) divides by.
 
-Owns: those tables and their lookup by jax's device_kind. Imports nothing.
+Peaks and bandwidths are published figures. Achievable rates are what well-tuned kernels reach, with their
+sources; where no measurement exists for a shape the value is this project's stated assumption (marked so). A
+lent accelerator replaces them with measurements: `python -m benchmarks.accelerator` times the step's own GEMM
+shapes next to this table.
+
+Sources:
+  H100 SXM   989 TFLOP/s dense bf16, 3.35 TB/s HBM3, NVLink 4 900 GB/s both directions (450 each way): NVIDIA
+             H100 datasheet / "Hopper architecture in depth" (Table 3). Largest achievable bf16 matmul: 794 TFLOP/s
+             (80.3%), ml-engineering's Maximum Achievable Matmul FLOPS table (stas00/ml-engineering,
+             compute/accelerator, mamf-finder.py; GH200 821 = 83%). cuDNN flash attention, head dim 64,
+             non-causal, FlashAttention-3 paper (Shah et al. 2024, arXiv 2407.08608, Fig. 4 and 6; FLOPs counted
+             as 4 B H T S D forward, 2.5x that backward): forward 335 / 373 / 395 / 408 TFLOP/s at 512 / 1k / 2k /
+             4k+, backward 266 / 348 / 395 / 417. NCCL on 8 x H100 NVLink: bus bandwidth 460-480 GB/s with
+             NVLink SHARP (nccl-tests reference numbers); ring algorithms reach ~80% of the 450 GB/s link.
+  TPU        peaks, HBM and ICI per chip from the Cloud TPU system-architecture pages (v4, v5e, v5p, v6e).
+             Matmul and attention efficiencies on TPU have no published per-shape figures: assumption, checked
+             against XLA's own TPU cost model (tests/test_roofline.py, README "Roofline").
+  DCN        per device: Cloud TPU v5p page "DCN bandwidth per chip 50 Gbps"; v5e / v6e: 2 x 100 / 4 x 200 Gbps
+             NICs per 8-chip host; DGX H100 / H200: one 400 Gb/s ConnectX-7 per GPU.
+  HBM        streaming kernels reach ~90% of the datasheet bandwidth (memory copy 90.6%, read-read-write 91.4% on a
+             recent NVIDIA card, measured in public ceiling probes): 0.9 everywhere.
+
+Owns: the table and its lookup by jax's device_kind. Imports nothing.
 """
 
 from __future__ import annotations
 
-# Matched against jax's device_kind in order (first match wins, so specific names first).
-PEAK_BF16_FLOPS: tuple[tuple[str, float], ...] = (
-    ('H200', 989e12),
-    ('H100', 989e12),
-    ('A100', 312e12),
-    ('TPU v6 lite', 918e12),  # v6e
-    ('TPU v6e', 918e12),
-    ('TPU v5 lite', 197e12),  # v5e
-    ('TPU v5e', 197e12),
-    ('TPU v5p', 459e12),
-    ('TPU v5', 459e12),
-    ('TPU v4', 275e12),
+import bisect
+import dataclasses
+import math
+
+# Matmul efficiency against the dense peak as a function of the contraction (inner) length K, for a GEMM with
+# enough output tiles to fill the device (tile / wave quantization is applied on top, aot/roofline.py). The top
+# row is the measured maximum; the rest follow the pipeline depth (K / 64 main-loop steps per output tile) and are
+# an assumption, not a measurement.
+_H100_MATMUL = ((64, 0.20), (128, 0.35), (256, 0.52), (512, 0.66), (768, 0.72), (1024, 0.75), (2048, 0.78),
+                (4096, 0.80))
+_TPU_MATMUL = ((64, 0.25), (128, 0.45), (256, 0.65), (512, 0.78), (1024, 0.85))   # assumption (see docstring)
+
+
+@dataclasses.dataclass(frozen=True)
+class Accelerator:
+  kind: str                       # matched against jax's device_kind (case-insensitive substring)
+  peak_bf16_flops: float          # dense, per device
+  hbm_bytes_per_s: float
+  link_bytes_per_s: float | None  # one direction, per device: NVLink inside a node, ICI inside a slice
+  dcn_bytes_per_s: float | None   # to another node / slice, per device, one direction
+  matmul_efficiency: tuple[tuple[int, float], ...] = _TPU_MATMUL
+  # flash attention forward / backward rates (FLOP/s) by key length, head dim 64 (the 250M model's)
+  attention_fwd: tuple[tuple[int, float], ...] = ()
+  attention_bwd: tuple[tuple[int, float], ...] = ()
+  hbm_efficiency: float = 0.9
+  link_efficiency: float = 0.8
+  tile: tuple[int, int] = (128, 256)   # output tile of a large GEMM kernel (wave quantization)
+  cores: int = 1                       # tiles in flight at once (SMs; 1 for a TPU's MXUs behind one core)
+
+  def matmul_rate(self, k: int) -> float:
+    return self.peak_bf16_flops * _interpolate(self.matmul_efficiency, k)
+
+  def attention_rate(self, seq: int, backward: bool) -> float:
+    table = self.attention_bwd if backward else self.attention_fwd
+    if not table:   # no published kernel figures: half the matmul rate at this length (assumption)
+      return 0.5 * self.matmul_rate(seq)
+    return _interpolate(table, seq)
+
+
+def _interpolate(table: tuple[tuple[int, float], ...], x: float) -> float:
+  """Linear in log2(x) between the table's rows, clamped at both ends."""
+  keys = [k for k, _ in table]
+  if x <= keys[0]:
+    return table[0][1]
+  if x >= keys[-1]:
+    return table[-1][1]
+  i = bisect.bisect_right(keys, x)
+  (k0, v0), (k1, v1) = table[i - 1], table[i]
+  w = (math.log2(x) - math.log2(k0)) / (math.log2(k1) - math.log2(k0))
+  return v0 + w * (v1 - v0)
+
+
+_H100 = dict(peak_bf16_flops=989e12, hbm_bytes_per_s=3.35e12, link_bytes_per_s=450e9, dcn_bytes_per_s=400e9 / 8,
+             matmul_efficiency=_H100_MATMUL, cores=132,
+             attention_fwd=((512, 335e12), (1024, 373e12), (2048, 395e12), (4096, 408e12)),
+             attention_bwd=((512, 266e12), (1024, 348e12), (2048, 395e12), (4096, 417e12)))
+
+# First match wins, so specific names come first.
+ACCELERATORS: tuple[Accelerator, ...] = (
+    Accelerator('H200', **{**_H100, 'hbm_bytes_per_s': 4.8e12}),
+    Accelerator('H100', **_H100),
+    Accelerator('A100', 312e12, 2.04e12, 300e9, None, _H100_MATMUL, cores=108),
+    Accelerator('TPU v6 lite', 918e12, 1.64e12, 3584e9 / 8, 100e9 / 8),   # v6e
+    Accelerator('TPU v6e', 918e12, 1.64e12, 3584e9 / 8, 100e9 / 8),
+    Accelerator('TPU v5 lite', 197e12, 819e9, 1600e9 / 8, 25e9 / 8),      # v5e
+    Accelerator('TPU v5e', 197e12, 819e9, 1600e9 / 8, 25e9 / 8),
+    Accelerator('TPU v5p', 459e12, 2.765e12, 4800e9 / 8, 50e9 / 8),
+    Accelerator('TPU v5', 459e12, 2.765e12, 4800e9 / 8, 50e9 / 8),
+    Accelerator('TPU v4', 275e12, 1.228e12, 2400e9 / 8, None),            # v4 publishes no per-chip DCN figure
 )
 
 
-# Data-centre network (DCN) bandwidth per device, bytes/s in each direction: what one chip or GPU can send to
-# another TPU slice or GPU node. Sources:
-#   TPU v5p  Cloud TPU v5p page (cloud.google.com/tpu/docs/v5p): "DCN bandwidth per chip 50 Gbps".
-#   TPU v5e  Cloud TPU v6e page (cloud.google.com/tpu/docs/v6e), v5e column: 2 x 100 Gbps NICs per 8-chip host.
-#   TPU v6e  the same page: 4 x 200 Gbps NICs per 8-chip host (25.6 Tbps per 256-chip pod) = 100 Gbps per chip.
-#   H100 / H200  DGX H100 / H200 (docs.nvidia.com/dgx-basepod, core components): eight single-port 400 Gb/s
-#            ConnectX-7 for the compute fabric, one per GPU.
-# TPU v4 publishes no per-chip DCN figure, so it has none here (the report then gives bytes without a time).
-DCN_BYTES_PER_SECOND: tuple[tuple[str, float], ...] = (
-    ('H200', 400e9 / 8),
-    ('H100', 400e9 / 8),
-    ('TPU v6 lite', 100e9 / 8),
-    ('TPU v6e', 100e9 / 8),
-    ('TPU v5 lite', 25e9 / 8),
-    ('TPU v5e', 25e9 / 8),
-    ('TPU v5p', 50e9 / 8),
-    ('TPU v5', 50e9 / 8),
-)
-
-
-def _lookup(table: tuple[tuple[str, float], ...], device_kind: str) -> float | None:
-  for name, value in table:
-    if name.lower() in device_kind.lower():
-      return value
+def lookup(device_kind: str) -> Accelerator | None:
+  for acc in ACCELERATORS:
+    if acc.kind.lower() in device_kind.lower():
+      return acc
   return None
 
 
 def peak_flops(device_kind: str) -> float | None:
   """Dense bf16 peak of one device of this kind, or None when it is not in the table."""
-  return _lookup(PEAK_BF16_FLOPS, device_kind)
+  acc = lookup(device_kind)
+  return acc.peak_bf16_flops if acc else None
 
 
 def dcn_bandwidth(device_kind: str) -> float | None:
   """DCN bytes/s one device of this kind can send to another slice / node, or None when not in the table."""
-  return _lookup(DCN_BYTES_PER_SECOND, device_kind)
+  acc = lookup(device_kind)
+  return acc.dcn_bytes_per_s if acc else None

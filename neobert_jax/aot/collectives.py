@@ -28,16 +28,12 @@ from typing import Callable, Iterable
 
 import numpy as np
 
+from neobert_jax.aot import hlo as hlo_lib
+
 KINDS = ('all-gather', 'reduce-scatter', 'all-reduce', 'all-to-all', 'collective-permute')
 
-_DTYPE_BYTES = {'pred': 1, 's8': 1, 'u8': 1, 's16': 2, 'u16': 2, 'f16': 2, 'bf16': 2, 's32': 4, 'u32': 4,
-                'f32': 4, 's64': 8, 'u64': 8, 'f64': 8, 'c64': 8, 'c128': 16, 's4': 0.5, 'u4': 0.5}
-_ARRAY = re.compile(r'([a-z]\w*)\[([\d,]*)\]')
-_INSTR = re.compile(r'^\s*(?:ROOT )?%([\w.\-]+) = (.*)$')
 _COLLECTIVE = re.compile(r'^(?P<type>.*?) (?P<op>' + '|'.join(KINDS) + r')(?P<start>-start)?\((?P<rest>.*)$')
-_CALLS = re.compile(r'\b(body|condition|calls|to_apply|true_computation|false_computation)=%([\w.\-]+)')
-_BRANCHES = re.compile(r'branch_computations=\{([^}]*)\}')
-_TRIP = re.compile(r'"known_trip_count":\{"n":"(\d+)"')
+_INSTR = re.compile(r'^\s*(?:ROOT )?%([\w.\-]+) = (.*)$')
 
 
 @dataclasses.dataclass
@@ -52,33 +48,6 @@ class Transfer:
   @property
   def bytes_per_step(self) -> float:
     return self.per_step * self.dcn_bytes
-
-
-def _type_sizes(text: str):
-  """An HLO type -> its bytes: an int for an array, a list (nested) for a tuple."""
-  text = re.sub(r'/\*.*?\*/', '', text)
-  text = re.sub(r'\]\{[^}]*\}', ']', text)          # drop layouts ({1,0:T(8,128)} holds parentheses)
-  tokens = re.findall(r'\(|\)|[a-z]\w*\[[\d,]*\]', text)
-  pos = 0
-
-  def parse():
-    nonlocal pos
-    tok = tokens[pos]
-    pos += 1
-    if tok == '(':
-      items = []
-      while tokens[pos] != ')':
-        items.append(parse())
-      pos += 1
-      return items
-    dtype, dims = _ARRAY.fullmatch(tok).groups()
-    return _DTYPE_BYTES.get(dtype, 0) * math.prod(int(d) for d in dims.split(',') if d)
-
-  return parse() if tokens else 0
-
-
-def _total(sizes) -> float:
-  return sum(_total(s) for s in sizes) if isinstance(sizes, list) else sizes
 
 
 def _iota(reshape: list[int], perm: list[int] | None) -> np.ndarray:
@@ -130,68 +99,11 @@ def _hierarchical_bytes(kind: str, data: float, k: int) -> float:
   return data * (k - 1) / k
 
 
-def _computations(hlo: str) -> dict[str, list[str]]:
-  comps, name = {}, None
-  for line in hlo.splitlines():
-    if line and not line[0].isspace() and line.rstrip().endswith('{'):
-      head = line.split('(', 1)[0].split()
-      name = head[-1].lstrip('%')
-      comps[name] = ['ENTRY'] if head[0] == 'ENTRY' else []
-    elif line.startswith('}'):
-      name = None
-    elif name is not None:
-      comps[name].append(line)
-  return comps
-
-
-def _trip_count(line: str, comps: dict[str, list[str]], condition: str) -> int | None:
-  """A while loop's trip count: XLA's own annotation (GPU, CPU), else the `i < N` of its condition (TPU keeps the
-  scan counter starting at 0)."""
-  m = _TRIP.search(line)
-  if m:
-    return int(m.group(1))
-  consts = {}
-  for ins in comps.get(condition, []):
-    c = re.match(r'^\s*(?:ROOT )?%([\w.\-]+) = s32\[\]\S* constant\((\d+)\)', ins)
-    if c:
-      consts[c.group(1)] = int(c.group(2))
-  for ins in comps.get(condition, []):
-    if ' compare(' in ins and 'direction=LT' in ins:
-      operands = re.findall(r'%([\w.\-]+)', ins.split(' compare(', 1)[1].split(')', 1)[0])
-      if len(operands) == 2 and operands[1] in consts:
-        return consts[operands[1]]
-  return None
-
-
-def executions(comps: dict[str, list[str]]) -> dict[str, int]:
-  """How many times each computation runs per call of the entry computation."""
-  callers: dict[str, list[tuple[str, int]]] = {}
-  for parent, lines in comps.items():
-    for line in lines:
-      calls = _CALLS.findall(line)
-      cond = next((c for role, c in calls if role == 'condition'), None)
-      trips = _trip_count(line, comps, cond) if cond else None
-      for role, child in calls:
-        callers.setdefault(child, []).append((parent, (trips or 1) if role in ('body', 'condition') else 1))
-      for block in _BRANCHES.findall(line):
-        for child in re.findall(r'%([\w.\-]+)', block):
-          callers.setdefault(child, []).append((parent, 1))   # at most once each: an upper bound
-  memo: dict[str, int] = {}
-
-  def count(name: str) -> int:
-    if name not in memo:
-      lines = comps.get(name, [])
-      memo[name] = 1 if lines[:1] == ['ENTRY'] else sum(count(p) * f for p, f in callers.get(name, []))
-    return memo[name]
-
-  return {name: count(name) for name in comps}
-
-
 def dcn_transfers(hlo: str, granule_of: Callable[[int], int], num_devices: int,
                   num_granules: int) -> list[Transfer]:
   """The DCN-crossing collectives of a compiled program (module docstring), in program order."""
-  comps = _computations(hlo)
-  runs = executions(comps)
+  comps = hlo_lib.computations(hlo)
+  runs = hlo_lib.executions(comps)
   # A TPU multi-slice program numbers its in-slice collectives with slice-local ids; its DCN traffic is the sends.
   multislice = '_xla_megascale_transfer_type' in hlo
   out = []
@@ -204,17 +116,17 @@ def dcn_transfers(hlo: str, granule_of: Callable[[int], int], num_devices: int,
       mega = re.search(r'_xla_megascale_transfer_type="(\w+)"', rhs)
       if mega and ' send(' in rhs:
         kind = mega.group(1).lower().replace('_', '-')
-        payload = _total(_type_sizes(rhs.split(' send(', 1)[0])[0])
+        payload = hlo_lib.total(hlo_lib.type_sizes(rhs.split(' send(', 1)[0])[0])
         out.append(Transfer(kind, name, runs[comp], num_granules,
                             _hierarchical_bytes(kind, payload, num_granules)))
         continue
       c = None if multislice else _COLLECTIVE.match(rhs)
       if not c:
         continue
-      kind, sizes = c.group('op'), _type_sizes(c.group('type'))
+      kind, sizes = c.group('op'), hlo_lib.type_sizes(c.group('type'))
       if c.group('start') and kind != 'all-reduce':
         sizes = sizes[1]   # async start: (operands, results[, context]); all-reduce-start gives the results alone
-      result = _total(sizes)
+      result = hlo_lib.total(sizes)
       groups = replica_groups(c.group('rest'), num_devices)
       if not groups:
         continue

@@ -12,9 +12,10 @@ Memory is monotone in the micro-batch, so each (mesh, remat) pair binary-searche
 fits (about three compiles) instead of compiling them all.
 
 Estimated step time (a model, not a measurement):
-  - GPU: model FLOPs (6 x matmul parameters + attention, the sparse head's share) plus the forward work each remat
-    policy recomputes, at a stated MFU of the device's dense bf16 peak. It cannot tell meshes apart (no
-    communication term); ties go to fewer accumulation steps, then less memory.
+  - GPU: the roofline of the compiled train step (aot/roofline.py): every kernel's FLOPs at the achievable rate
+    of hardware.py's table or its bytes at HBM speed, collectives at NVLink / DCN speed with asynchronous ones
+    overlapping their loop body's compute. Remat recompute, layouts that need copies, accumulation steps and
+    communication all show, so meshes and policies no longer tie by construction.
   - TPU: XLA's own cost model (`cost_analysis()['optimal_seconds']`) of one micro-batch's forward + backward with
     the layers unrolled, compiled at 1 and 2 layers and extrapolated linearly to the model's depth (loop bodies
     are costed once, so the scanned program cannot be used), times the accumulation steps. Pallas kernels are
@@ -22,8 +23,12 @@ Estimated step time (a model, not a measurement):
     update (elementwise, FSDP-sharded) is not included.
   - On a target of several slices / nodes, plus the DCN time: the bytes the compiled step sends across slices
     (aot/collectives.py) over the published per-device DCN bandwidth (neobert_jax/hardware.py), with nothing
-    overlapped, which is what tells the hybrid layouts apart. A layout whose FSDP all-gathers cross the DCN is
+    overlapped, which is what tells the hybrid layouts apart (TPU; on GPU the roofline prices them). A layout whose FSDP all-gathers cross the DCN is
     flagged under the table.
+
+The (mesh, remat) searches are independent: they run in parallel processes where cores allow, and every compile's
+result is cached by (config, target, layout, source) in the machine's cache (aot/plan_cache.py), so re-running a
+plan only compiles what changed.
 
 Owns: candidate generation, the estimates, the table and the recommendation. Runs in the AOT child interpreter.
 """
@@ -31,10 +36,11 @@ Owns: candidate generation, the estimates, the table and the recommendation. Run
 from __future__ import annotations
 
 import dataclasses
+import sys
 import time
 from typing import Callable
 
-from neobert_jax.aot import lowering, report, targets
+from neobert_jax.aot import lowering, plan_cache, report, targets
 
 REMAT_POLICIES = ('none', 'save_dots', 'full')
 
@@ -53,6 +59,9 @@ class Row:
   dcn_bytes: float = 0.0       # per device per step across slices / nodes
   dcn_seconds: float | None = None
   fsdp_gathers_cross_dcn: bool = False
+  roofline_seconds: float | None = None   # the roofline of the compiled step (on TPU beside the cost model)
+  roofline_mfu: float | None = None
+  other_share: float | None = None        # share of the roofline step outside matmuls and attention
 
   def overrides(self) -> list[str]:
     return ([f'--config.mesh.{k}={v}' for k, v in self.mesh.items()] +
@@ -95,8 +104,11 @@ def _with(cfg, mesh: dict[str, int], remat: str, accum: int):
   return c
 
 
-def _memory(cfg, target: targets.Target, headroom: float) -> tuple[bool, int, list[str], dict]:
-  """Compiles the full train step: (fits, total bytes per device, attention kernels, DCN collectives by kind)."""
+def compile_layout(cfg, target: targets.Target, headroom: float) -> dict:
+  """Compiles the full train step: fits, total bytes per device, attention kernels, DCN collectives by kind and the
+  roofline's summary (a dict, so that it can be cached and sent between processes)."""
+  from neobert_jax.aot import roofline
+  from neobert_jax.engine import metrics
   lowered, mesh = lowering.lower_step(cfg, target, 'train')
   try:
     compiled = lowered.compile()
@@ -104,22 +116,15 @@ def _memory(cfg, target: targets.Target, headroom: float) -> tuple[bool, int, li
     needed = report.parse_oom(str(e))
     if needed is None:
       raise
-    return False, needed, [], {}
+    return {'fits': False, 'total': needed, 'kernels': [], 'dcn': {}, 'roofline': None}
   mem = report.memory_numbers(compiled)
   total = mem['argument_bytes'] + mem['output_bytes'] - mem['alias_bytes'] + mem['temp_bytes'] + mem['code_bytes']
   hlo = compiled.as_text()
-  dcn = report.dcn_fields(hlo, mesh, cfg.mesh, target)['dcn_collectives']
-  return total <= headroom * target.chip.memory_bytes, total, report.attention_kernels(hlo), dcn
-
-
-def gpu_seconds(cfg, target: targets.Target, mfu: float) -> float:
-  from neobert_jax.model import config as model_config
-  from neobert_jax.engine import metrics
-  t = int(cfg.model.max_length)
-  per_token = (metrics.flops_per_token(cfg)
-               + model_config.remat_recompute_flops_per_token(cfg.model, t, cfg.model.remat_policy))
-  tokens = int(cfg.train.global_batch_size) * t
-  return per_token * tokens / (target.num_devices * target.peak_bf16_flops * mfu)
+  model_flops = metrics.flops_per_token(cfg) * int(cfg.train.global_batch_size) * int(cfg.model.max_length)
+  rl = roofline.for_program(hlo, target, mesh, cfg.mesh, model_flops / target.num_devices)
+  return {'fits': total <= headroom * target.chip.memory_bytes, 'total': total,
+          'kernels': report.attention_kernels(hlo), 'dcn': report.dcn_fields(hlo, mesh, cfg.mesh, target)['dcn_collectives'],
+          'roofline': {'seconds': rl.step_seconds, 'mfu': rl.mfu, 'other_share': rl.other_share}}
 
 
 def tpu_seconds(cfg, target: targets.Target, mfu: float) -> float | None:
@@ -143,49 +148,71 @@ def tpu_seconds(cfg, target: targets.Target, mfu: float) -> float | None:
   return seconds
 
 
+def search(cfg, target: targets.Target, mesh: dict[str, int], remat: str, headroom: float, mfu: float,
+           log: Callable[[str], None] = print) -> Row:
+  """The largest micro-batch that fits for one (mesh, remat), by binary search, and its estimated step."""
+  global_batch = int(cfg.train.global_batch_size)
+  shards = batch_shards(mesh)
+  micro_sizes = [m for m in (2 ** i for i in range(20)) if m * shards <= global_batch
+                 and global_batch % (m * shards) == 0]
+  lo, hi, best, tried = 0, len(micro_sizes) - 1, None, {}
+  while lo <= hi:  # largest micro-batch that fits
+    mid = (lo + hi) // 2
+    m = micro_sizes[mid]
+    c = _with(cfg, mesh, remat, global_batch // (m * shards))
+    t0 = time.time()
+    tried[m], cached = plan_cache.cached(c, target, ('train', headroom), lambda: compile_layout(c, target, headroom))
+    log(f'[plan] mesh {mesh} remat {remat:9s} micro {m:4d}/device: {tried[m]["total"] / 2**30:7.2f} GiB '
+        f'{"fits" if tried[m]["fits"] else "too big"} ({"cached" if cached else f"{time.time() - t0:.0f} s"})')
+    if tried[m]['fits']:
+      best, lo = m, mid + 1
+    else:
+      hi = mid - 1
+  m = best if best is not None else micro_sizes[0]
+  r = tried[m]
+  c = _with(cfg, mesh, remat, global_batch // (m * shards))
+  dcn_bytes = sum(row['bytes'] for row in r['dcn'].values())
+  dcn_seconds = dcn_bytes / target.dcn_bandwidth if dcn_bytes and target.dcn_bandwidth else None
+  seconds, note, rl = None, '', r['roofline'] or {}
+  if r['fits'] and target.platform == 'tpu':
+    seconds = plan_cache.cached(c, target, ('tpu_cost', mfu), lambda: tpu_seconds(c, target, mfu))[0]
+    note = 'TPU cost model' if seconds is not None else 'no cost model'
+    if seconds is not None and dcn_seconds is not None:
+      seconds += dcn_seconds
+  elif r['fits']:
+    seconds, note = rl.get('seconds'), 'roofline'
+  return Row(mesh, remat, m, int(c.train.grad_accum_steps), r['fits'], r['total'], seconds, r['kernels'], note,
+             dcn_bytes, dcn_seconds, 'all-gather' in r['dcn'], rl.get('seconds'), rl.get('mfu'),
+             rl.get('other_share'))
+
+
 def plan(cfg, target: targets.Target, *, mfu: float = 0.5, headroom: float = 0.9,
          remats: tuple[str, ...] = REMAT_POLICIES, tensor_sizes: tuple[int, ...] = (1, 2),
-         layouts: tuple[str, ...] = ('fsdp', 'data'), log: Callable[[str], None] = print) -> list[Row]:
-  rows = []
-  global_batch = int(cfg.train.global_batch_size)
-  for mesh in meshes(target.num_devices, int(cfg.model.num_heads), tensor_sizes, layouts, target.num_granules):
-    shards = batch_shards(mesh)
-    micro_sizes = [m for m in (2 ** i for i in range(20)) if m * shards <= global_batch
-                   and global_batch % (m * shards) == 0]
-    for remat in remats:
-      lo, hi, best = 0, len(micro_sizes) - 1, None
-      tried = {}
-      while lo <= hi:  # largest micro-batch that fits
-        mid = (lo + hi) // 2
-        m = micro_sizes[mid]
-        c = _with(cfg, mesh, remat, global_batch // (m * shards))
-        t0 = time.time()
-        fits, total, kernels, dcn = _memory(c, target, headroom)
-        tried[m] = (fits, total, kernels, dcn)
-        log(f'[plan] mesh {mesh} remat {remat:9s} micro {m:4d}/device: '
-            f'{total / 2**30:7.2f} GiB {"fits" if fits else "too big"} ({time.time() - t0:.0f} s)')
-        if fits:
-          best, lo = m, mid + 1
-        else:
-          hi = mid - 1
-      m = best if best is not None else micro_sizes[0]
-      fits, total, kernels, dcn = tried[m]
-      c = _with(cfg, mesh, remat, global_batch // (m * shards))
-      seconds = None
-      note = ''
-      if fits:
-        if target.platform == 'tpu':
-          seconds = tpu_seconds(c, target, mfu)
-          note = 'TPU cost model' if seconds is not None else 'no cost model'
-        else:
-          seconds = gpu_seconds(c, target, mfu)
-      dcn_bytes = sum(row['bytes'] for row in dcn.values())
-      dcn_seconds = dcn_bytes / target.dcn_bandwidth if dcn_bytes and target.dcn_bandwidth else None
-      if seconds is not None and dcn_seconds is not None:
-        seconds += dcn_seconds
-      rows.append(Row(mesh, remat, m, int(c.train.grad_accum_steps), fits, total, seconds, kernels, note,
-                      dcn_bytes, dcn_seconds, 'all-gather' in dcn))
-  return rows
+         layouts: tuple[str, ...] = ('fsdp', 'data'), log: Callable[[str], None] = print,
+         workers: int = 1) -> list[Row]:
+  tasks = [(mesh, remat)
+           for mesh in meshes(target.num_devices, int(cfg.model.num_heads), tensor_sizes, layouts, target.num_granules)
+           for remat in remats]
+  if workers <= 1 or len(tasks) < 2:
+    return [search(cfg, target, mesh, remat, headroom, mfu, log) for mesh, remat in tasks]
+  return plan_cache.pool_map(_search_task, [(cfg, target.spec, m, r, headroom, mfu) for m, r in tasks], workers,
+                             _init_worker, (target.spec,))
+
+
+def _init_worker(spec: str) -> None:
+  """A pool process starts its backends as the compile command's child does (the CUDA plugin preloads cuDNN)."""
+  import jax
+  jax.devices()
+  target = targets.parse_target(spec)
+  if target.platform == 'cuda':
+    from neobert_jax import jax_compat
+    jax_compat.cudnn_assume_compute_capability(target.compute_capability)
+
+
+def _search_task(args) -> Row:
+  cfg, spec, mesh, remat, headroom, mfu = args
+  return search(cfg, targets.parse_target(spec), mesh, remat, headroom, mfu,
+                lambda line: print(line, file=sys.stderr, flush=True))
 
 
 def recommend(rows: list[Row]) -> Row | None:
@@ -196,16 +223,23 @@ def recommend(rows: list[Row]) -> Row | None:
   return min(ok, key=lambda r: (float(f'{r.seconds:.6g}'), r.grad_accum, r.total_bytes))
 
 
+def _roofline_cell(r: Row) -> str:
+  if r.roofline_seconds is None:
+    return '-'
+  return f'{r.roofline_seconds * 1e3:,.4g} ms, {r.roofline_mfu:.1%}, {r.other_share:.1%}'
+
+
 def format_table(rows: list[Row], target: targets.Target, mfu: float) -> str:
   basis = ('XLA TPU cost model (+ splash attention FLOPs at MFU)' if target.platform == 'tpu'
-           else f'model FLOPs + remat recompute at {mfu:.0%} MFU')
+           else 'roofline of the compiled step')
   multi = target.num_granules > 1
   if multi:
     basis += ' + DCN bytes at the published bandwidth'
   head = (f'| mesh (data x fsdp x tensor{", per slice; dcn data x fsdp" if multi else ""}) | remat | '
           f'micro-batch / device | accum | memory / device | fits | attention kernel |'
-          f'{" DCN / device / step |" if multi else ""} est. step ({basis}) |')
-  lines = [head, '|' + '---|' * (9 if multi else 8)]
+          f'{" DCN / device / step |" if multi else ""} est. step ({basis}) | roofline: step, MFU, outside '
+          'matmul / attention |')
+  lines = [head, '|' + '---|' * (10 if multi else 9)]
   for r in rows:
     mesh = f'{r.mesh["data"]} x {r.mesh["fsdp"]} x {r.mesh["tensor"]}'
     if multi:
@@ -217,7 +251,7 @@ def format_table(rows: list[Row], target: targets.Target, mfu: float) -> str:
     if multi:
       dcn = f' {r.dcn_bytes / 2**20:,.3g} MiB' + (f' ({r.dcn_seconds * 1e3:,.3g} ms)' if r.dcn_seconds else '') + ' |'
     lines.append(f'| {mesh} | {r.remat} | {r.micro_per_device} | {r.grad_accum} | {r.total_bytes / 2**30:.2f} GiB '
-                 f'| {"yes" if r.fits else "no"} | {kern} |{dcn} {est} |')
+                 f'| {"yes" if r.fits else "no"} | {kern} |{dcn} {est} | {_roofline_cell(r)} |')
   for r in rows:
     if r.fsdp_gathers_cross_dcn:
       lines.append(f'warning: mesh {r.mesh} (remat {r.remat}): FSDP\'s all-gathers cross the DCN; with '

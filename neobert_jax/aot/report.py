@@ -50,6 +50,9 @@ class FitReport:
   dcn: dict[str, int] = dataclasses.field(default_factory=dict)   # the config's mesh.dcn_* sizes
   dcn_collectives: dict[str, dict[str, float]] = dataclasses.field(default_factory=dict)  # collectives.by_kind
   dcn_bandwidth: float | None = None     # bytes/s per device (neobert_jax/hardware.py), None if not published
+  # The roofline of the compiled program (aot/roofline.py): its summary and the lines the report prints.
+  roofline: dict[str, Any] | None = None
+  roofline_lines: list[str] = dataclasses.field(default_factory=list)
 
   @property
   def total_bytes(self) -> int:
@@ -82,6 +85,7 @@ class FitReport:
 
   def as_dict(self) -> dict[str, Any]:
     d = dataclasses.asdict(self)
+    d.pop('roofline_lines')
     d.update(total_bytes=self.total_bytes, fits=self.fits, uses_cudnn_attention=self.uses_cudnn_attention,
              tokens_per_step=self.global_batch * self.seq_len, step_seconds_at_50pct_mfu=self.step_seconds_at(0.5),
              dcn_bytes_per_step=self.dcn_bytes_per_step, dcn_seconds=self.dcn_seconds,
@@ -179,6 +183,7 @@ def format_report(r: FitReport) -> str:
   if not r.attention_kernels:
     lines.append('attention     XLA (no fused attention kernel in the compiled program)')
   lines += dcn_lines(r)
+  lines += r.roofline_lines
   lines.append(f'compile       {r.compile_seconds:.1f} s')
   lines += [f'note          {n}' for n in r.notes]
   return '\n'.join(lines)

@@ -17,6 +17,7 @@ from flax import nnx
 from neobert_jax.model.attention import attention, choose
 from neobert_jax.config.model import validate_model_config
 from neobert_jax.model.config import ffn_hidden_size, head_dim
+from neobert_jax.model.fused import rms_norm, swiglu
 from neobert_jax.model.rope import apply_rope
 from neobert_jax.sharding import constrain, creation_scope
 
@@ -36,13 +37,6 @@ def _uniform(limit: float):
 
 def _param(init, key, shape, dtype, axes) -> nnx.Param:
   return nnx.Param(init(key, shape, dtype), out_sharding=axes)
-
-
-def rms_norm(x: jax.Array, scale: jax.Array, eps: float) -> jax.Array:
-  """RMSNorm computed in fp32 whatever the activation dtype, returned in the activation dtype."""
-  x32 = x.astype(jnp.float32)
-  normed = x32 * jax.lax.rsqrt(jnp.mean(jnp.square(x32), axis=-1, keepdims=True) + eps)
-  return (normed * scale.astype(jnp.float32)).astype(x.dtype)
 
 
 class EncoderLayers(nnx.Module):
@@ -95,7 +89,7 @@ class EncoderLayers(nnx.Module):
       x = x + jnp.einsum("bthk,hkd->btd", attended, w["wo"])
       x = constrain(x, ("batch", "length", "act_embed"))
       gate_up = jnp.einsum("btd,dgf->btgf", rms_norm(x, w["ffn_norm"], cfg.norm_eps), w["w12"])
-      activated = jax.nn.silu(gate_up[:, :, 0]) * gate_up[:, :, 1]
+      activated = swiglu(gate_up)
       x = x + jnp.einsum("btf,fd->btd", activated, w["w3"])
       return constrain(x, ("batch", "length", "act_embed"))
 

@@ -8,18 +8,16 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from neobert_jax.model.fused import rotate
+
 
 def inverse_frequencies(head_dim: int, theta: float) -> jax.Array:
   return 1.0 / (theta ** (jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim))
 
 
 def apply_rope(x: jax.Array, positions: jax.Array, theta: float) -> jax.Array:
-  """Rotates x [B, T, H, Dh] by angles positions [B, T] x inverse frequencies, in fp32, returning x's dtype."""
-  *lead, dh = x.shape
-  angles = positions.astype(jnp.float32)[..., None] * inverse_frequencies(dh, theta)  # [B, T, Dh/2]
-  cos = jnp.cos(angles)[:, :, None, :]
-  sin = jnp.sin(angles)[:, :, None, :]
-  pairs = x.astype(jnp.float32).reshape(*lead, dh // 2, 2)
-  real, imag = pairs[..., 0], pairs[..., 1]
-  rotated = jnp.stack([real * cos - imag * sin, real * sin + imag * cos], axis=-1)
-  return rotated.reshape(x.shape).astype(x.dtype)
+  """Rotates x [B, T, H, Dh] by angles positions [B, T] x inverse frequencies, in fp32, returning x's dtype.
+
+  The gradient is the inverse rotation (model/fused.py): only the angles are kept for the backward pass."""
+  angles = positions.astype(jnp.float32)[..., None] * inverse_frequencies(x.shape[-1], theta)  # [B, T, Dh/2]
+  return rotate(x, jnp.cos(angles)[:, :, None, :], jnp.sin(angles)[:, :, None, :])

@@ -1,0 +1,193 @@
+"""Reading a compiled (optimised, partitioned) HLO module's text: computations, instructions, types and how many
+times each computation runs per step. Shared by the DCN report (collectives.py) and the roofline (roofline.py).
+
+Only what XLA prints for every backend is relied on: `%name = TYPE op(%operand, ...), attr=...` lines inside
+`[ENTRY] %computation (...) -> ... {` blocks, operands named without their types, loops as `while` ops whose
+trip count is either annotated (`known_trip_count`, GPU / CPU) or the `i < N` of their condition (TPU).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+
+DTYPE_BYTES = {'pred': 1, 's8': 1, 'u8': 1, 's16': 2, 'u16': 2, 'f16': 2, 'bf16': 2, 's32': 4, 'u32': 4,
+               'f32': 4, 's64': 8, 'u64': 8, 'f64': 8, 'c64': 8, 'c128': 16, 's4': 0.5, 'u4': 0.5,
+               'f8e4m3fn': 1, 'f8e5m2': 1}
+_ARRAY = re.compile(r'([a-z]\w*)\[([\d,]*)\]')
+_HEAD = re.compile(r'^\s*(?:ROOT )?%([\w.\-]+) = ')
+_CALLS = re.compile(r'\b(body|condition|calls|to_apply|true_computation|false_computation)=%([\w.\-]+)')
+_BRANCHES = re.compile(r'branch_computations=\{([^}]*)\}')
+_TRIP = re.compile(r'"known_trip_count":\{"n":"(\d+)"')
+
+
+@dataclasses.dataclass
+class Instr:
+  name: str
+  type: str          # the result type as printed (an array or a tuple)
+  op: str            # 'fusion', 'custom-call', 'all-gather-start', ...
+  operands: list[str]
+  attrs: str         # everything after the operand list
+  root: bool = False
+  args: str = ''     # the operand list as printed (a parameter's number, a constant's value)
+
+
+def _strip(text: str) -> str:
+  text = re.sub(r'/\*.*?\*/', '', text)
+  return re.sub(r'\]\{[^}]*\}', ']', text)          # drop layouts ({1,0:T(8,128)} holds parentheses)
+
+
+def arrays(text: str) -> list[tuple[str, tuple[int, ...]]]:
+  """Every array of a type, flattened: [(dtype, dims), ...]."""
+  return [(d, tuple(int(x) for x in dims.split(',') if x)) for d, dims in _ARRAY.findall(_strip(text))]
+
+
+def nbytes(dtype: str, dims: tuple[int, ...]) -> float:
+  return DTYPE_BYTES.get(dtype, 0) * math.prod(dims)
+
+
+def type_sizes(text: str):
+  """An HLO type -> its bytes: a number for an array, a list (nested) for a tuple."""
+  tokens = re.findall(r'\(|\)|[a-z]\w*\[[\d,]*\]', _strip(text))
+  pos = 0
+
+  def parse():
+    nonlocal pos
+    tok = tokens[pos]
+    pos += 1
+    if tok == '(':
+      items = []
+      while tokens[pos] != ')':
+        items.append(parse())
+      pos += 1
+      return items
+    dtype, dims = _ARRAY.fullmatch(tok).groups()
+    return nbytes(dtype, tuple(int(d) for d in dims.split(',') if d))
+
+  return parse() if tokens else 0
+
+
+def total(sizes) -> float:
+  return sum(total(s) for s in sizes) if isinstance(sizes, list) else sizes
+
+
+def _balanced(text: str, start: int) -> int:
+  """Index just past the parenthesis group opening at text[start]."""
+  depth = 0
+  for i in range(start, len(text)):
+    if text[i] == '(':
+      depth += 1
+    elif text[i] == ')':
+      depth -= 1
+      if depth == 0:
+        return i + 1
+  return len(text)
+
+
+def parse_instr(line: str) -> Instr | None:
+  m = _HEAD.match(line)
+  if not m:
+    return None
+  rest = line[m.end():]
+  if rest.startswith('('):
+    end = _balanced(rest, 0)
+  else:
+    end = rest.find(' ')
+  type_, rest = rest[:end], rest[end:].lstrip()
+  op_end = rest.find('(')
+  if op_end < 0:
+    return None
+  close = _balanced(rest, op_end)
+  operands = re.findall(r'%([\w.\-]+)', rest[op_end:close])
+  return Instr(m.group(1), type_, rest[:op_end], operands, rest[close:], line.lstrip().startswith('ROOT '),
+               rest[op_end + 1:close - 1])
+
+
+def computations(hlo: str) -> dict[str, list[str]]:
+  """{computation name: its instruction lines}; the entry computation's list starts with the marker 'ENTRY'."""
+  comps, name = {}, None
+  for line in hlo.splitlines():
+    if line and not line[0].isspace() and line.rstrip().endswith('{'):
+      head = line.split('(', 1)[0].split()
+      name = head[-1].lstrip('%')
+      comps[name] = ['ENTRY'] if head[0] == 'ENTRY' else []
+    elif line.startswith('}'):
+      name = None
+    elif name is not None:
+      comps[name].append(line)
+  return comps
+
+
+def instructions(lines: list[str]) -> list[Instr]:
+  return [i for i in map(parse_instr, lines) if i is not None]
+
+
+def _trip_count(line: str, comps: dict[str, list[str]], condition: str) -> int | None:
+  """A while loop's trip count: XLA's own annotation (GPU, CPU), else the `i < N` of its condition (TPU keeps the
+  scan counter starting at 0)."""
+  m = _TRIP.search(line)
+  if m:
+    return int(m.group(1))
+  consts = {}
+  for ins in comps.get(condition, []):
+    c = re.match(r'^\s*(?:ROOT )?%([\w.\-]+) = s32\[\]\S* constant\((\d+)\)', ins)
+    if c:
+      consts[c.group(1)] = int(c.group(2))
+  for ins in comps.get(condition, []):
+    if ' compare(' in ins and 'direction=LT' in ins:
+      operands = re.findall(r'%([\w.\-]+)', ins.split(' compare(', 1)[1].split(')', 1)[0])
+      if len(operands) == 2 and operands[1] in consts:
+        return consts[operands[1]]
+  return None
+
+
+def executions(comps: dict[str, list[str]]) -> dict[str, int]:
+  """How many times each computation runs per call of the entry computation."""
+  callers: dict[str, list[tuple[str, int]]] = {}
+  for parent, lines in comps.items():
+    for line in lines:
+      calls = _CALLS.findall(line)
+      cond = next((c for role, c in calls if role == 'condition'), None)
+      trips = _trip_count(line, comps, cond) if cond else None
+      for role, child in calls:
+        callers.setdefault(child, []).append((parent, (trips or 1) if role in ('body', 'condition') else 1))
+      for block in _BRANCHES.findall(line):
+        for child in re.findall(r'%([\w.\-]+)', block):
+          callers.setdefault(child, []).append((parent, 1))   # at most once each: an upper bound
+  memo: dict[str, int] = {}
+
+  def count(name: str) -> int:
+    if name not in memo:
+      lines = comps.get(name, [])
+      memo[name] = 1 if lines[:1] == ['ENTRY'] else sum(count(p) * f for p, f in callers.get(name, []))
+    return memo[name]
+
+  return {name: count(name) for name in comps}
+
+
+def scheduled(comps: dict[str, list[str]]) -> list[str]:
+  """Computations whose instructions run as kernels / ops: the entry and what it reaches through loops,
+  conditionals and calls (not fusion bodies nor reduction functions)."""
+  entry = next(n for n, lines in comps.items() if lines[:1] == ['ENTRY'])
+  out, todo = [], [entry]
+  while todo:
+    name = todo.pop()
+    if name in out or name not in comps:
+      continue
+    out.append(name)
+    for ins in instructions(comps[name]):
+      if ins.op == 'while':
+        todo += [c for role, c in _CALLS.findall(ins.attrs) if role in ('body', 'condition')]
+      elif ins.op == 'conditional':
+        todo += [c for role, c in _CALLS.findall(ins.attrs) if role.endswith('computation')]
+        for block in _BRANCHES.findall(ins.attrs):
+          todo += re.findall(r'%([\w.\-]+)', block)
+      elif ins.op == 'call':
+        todo += [c for role, c in _CALLS.findall(ins.attrs) if role == 'to_apply']
+  return out
+
+
+def called(ins: Instr) -> list[str]:
+  """Computations an instruction calls (a fusion's body, a reduction's function, ...)."""
+  return [c for _, c in _CALLS.findall(ins.attrs)]

@@ -1,0 +1,139 @@
+"""What each kernel of a compiled program computes and moves: FLOPs of its dots (and of fused attention calls,
+from their shapes) and the HBM bytes a fusion reads and writes. The roofline (roofline.py) prices them.
+
+Owns: the per-instruction accounting; reads HLO through hlo.py only.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+
+from neobert_jax.aot import hlo as hlo_lib
+
+SLICES = {'dynamic-slice', 'slice', 'gather'}
+
+
+class Module:
+  """Symbol tables of one HLO module, built once."""
+
+  def __init__(self, hlo: str):
+    self.comps = hlo_lib.computations(hlo)
+    self.instrs = {c: hlo_lib.instructions(lines) for c, lines in self.comps.items()}
+    self.types = {c: {i.name: i.type for i in ins} for c, ins in self.instrs.items()}
+
+  def reachable(self, comp: str) -> list[str]:
+    out, todo = [], [comp]
+    while todo:
+      c = todo.pop()
+      if c not in out and c in self.instrs:
+        out.append(c)
+        for ins in self.instrs[c]:
+          todo += hlo_lib.called(ins)
+    return out
+
+  def dots(self, comp: str) -> list[tuple[float, int, int, int, int]]:
+    """(FLOPs, batch, M, N, K) of every dot / convolution under a fusion's computation."""
+    out = []
+    for c in self.reachable(comp):
+      for ins in self.instrs[c]:
+        if ins.op in ('dot', 'convolution'):
+          out.append(dot_shape(ins, self.types[c]))
+    return out
+
+  def fusion_bytes(self, ins: hlo_lib.Instr, comp: str, fused: str) -> float:
+    """Bytes a fusion moves: each operand (or only the slices its body reads), and its output (or only the
+    update of an in-place dynamic-update-slice)."""
+    body = self.instrs.get(fused, [])
+    users: dict[str, list[hlo_lib.Instr]] = {}
+    for i in body:
+      for o in i.operands:
+        users.setdefault(o, []).append(i)
+
+    def uses(name: str) -> list[tuple[str, hlo_lib.Instr]]:   # (the alias used, user), through bitcasts
+      out = []
+      for u in users.get(name, []):
+        out += uses(u.name) if u.op == 'bitcast' else [(name, u)]
+      return out
+
+    read = 0.0
+    order = {int(i.args): i for i in body if i.op == 'parameter' and i.args.strip().isdigit()}
+    for k, operand in enumerate(ins.operands):
+      full = hlo_lib.total(hlo_lib.type_sizes(self.types[comp].get(operand, '')))
+      p = order.get(k)
+      us = uses(p.name) if p is not None else []
+      if us and all(u.op in SLICES and u.operands[0] == a for a, u in us):
+        read += sum(hlo_lib.total(hlo_lib.type_sizes(u.type)) for _, u in us)
+      elif us and all(u.op == 'dynamic-update-slice' and u.operands[0] == a for a, u in us):
+        continue                                         # the in-place buffer: only the update is written
+      else:
+        read += full
+    root = next((i for i in body if i.root), None)
+    return read + self._written(root, body, ins)
+
+  def _written(self, root, body, ins) -> float:
+    if root is None:
+      return hlo_lib.total(hlo_lib.type_sizes(ins.type))
+    named = {i.name: i for i in body}
+    parts = [named.get(o) for o in root.operands] if root.op == 'tuple' else [root]
+    out = 0.0
+    for p in parts:
+      if p is None:
+        continue
+      if p.op == 'dynamic-update-slice':
+        out += hlo_lib.total(hlo_lib.type_sizes(named[p.operands[1]].type)) if p.operands[1] in named else 0
+      else:
+        out += hlo_lib.total(hlo_lib.type_sizes(p.type))
+    return out
+
+
+def _dims(attrs: str, key: str) -> list[int]:
+  m = re.search(key + r'=\{([\d,]*)\}', attrs)
+  return [int(x) for x in m.group(1).split(',') if x] if m else []
+
+
+def dot_shape(ins: hlo_lib.Instr, types: dict[str, str]) -> tuple[float, int, int, int, int]:
+  out = hlo_lib.arrays(ins.type)
+  lhs = hlo_lib.arrays(types.get(ins.operands[0], ''))
+  rhs = hlo_lib.arrays(types.get(ins.operands[1], '')) if len(ins.operands) > 1 else []
+  if not out or not lhs or not rhs:
+    return 0.0, 1, 1, 1, 1
+  out_elems = math.prod(out[0][1])
+  ldims, rdims = lhs[0][1], rhs[0][1]
+  if ins.op == 'convolution':   # dim_labels=b0f_0io->b0f: the kernel's input-feature and spatial dims contract
+    labels = re.search(r'dim_labels=\w+_(\w+)->', ins.attrs)
+    k = math.prod(d for d, c in zip(rdims, labels.group(1)) if c != 'o') if labels else 1
+    return 2.0 * out_elems * k, 1, out_elems // max(rdims[-1], 1), rdims[-1], k
+  lc, rc = _dims(ins.attrs, 'lhs_contracting_dims'), _dims(ins.attrs, 'rhs_contracting_dims')
+  lb, rb = _dims(ins.attrs, 'lhs_batch_dims'), _dims(ins.attrs, 'rhs_batch_dims')
+  k = math.prod(ldims[i] for i in lc)
+  batch = math.prod(ldims[i] for i in lb)
+  m = math.prod(d for i, d in enumerate(ldims) if i not in lc and i not in lb)
+  n = math.prod(d for i, d in enumerate(rdims) if i not in rc and i not in rb)
+  return 2.0 * out_elems * k, batch, m, n, k
+
+
+def attention_work(ins: hlo_lib.Instr, types: dict[str, str]) -> tuple[float, int, bool]:
+  """(FLOPs, key length, backward?) of a fused attention call, from its q / k shapes (roofline.py's docstring)."""
+  constraint = ins.attrs.split('operand_layout_constraints=', 1)[1].split('}}', 1)[0] if (
+      'operand_layout_constraints=' in ins.attrs) else ''
+  shapes = hlo_lib.arrays(constraint) if constraint else [
+      a for o in ins.operands[:2] for a in hlo_lib.arrays(types.get(o, ''))[:1]]
+  backward = bool(re.search(r'Backward|_dq|_dkv|bwd', ins.attrs))
+  if len(shapes) < 2 or len(shapes[0][1]) < 3:
+    return 0.0, 1, backward
+  q, kv = shapes[0][1], shapes[1][1]
+  if 'cudnn' in ins.attrs:      # BTNH
+    b, t, heads, d = q
+    s = kv[1]
+    work = 4.0 * b * heads * t * s * d
+  else:                          # splash: [.., heads, T, D] per example
+    d, t, s = q[-1], q[-2], kv[-2]
+    work = 4.0 * math.prod(q[:-2]) * t * s * d
+  if re.search(r'_dq\b|_dq_', ins.attrs):
+    work *= 1.5                 # dq alone: recompute QK^T, dO V^T, dS K
+  elif re.search(r'_dkv', ins.attrs):
+    work *= 2.0                 # dk, dv: QK^T, dO V^T, P^T dO, dS^T Q
+  elif backward:
+    work *= 2.5
+  return work, s, backward

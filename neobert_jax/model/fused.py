@@ -1,0 +1,108 @@
+"""The block's elementwise pieces with hand-written gradients: RMSNorm, SwiGLU and RoPE.
+
+Why: left to autodiff, each of them saves its fp32 intermediates for the backward pass (RMSNorm's upcast input and
+normalised value, SwiGLU's sigmoid and products, RoPE's rotated pairs), and with the layer scan every saved value is
+a [layers, B, T, width] buffer written in the forward pass, copied when the scan starts and read back: the roofline
+of the 250M step on H100 (README, "Roofline") put over half the step in that traffic. Here each saves only its
+input in the compute dtype (which the block keeps alive anyway) plus, for RMSNorm, one fp32 scalar per token, and
+recomputes the rest inside the backward kernel, where it fuses with the arithmetic that needs it.
+
+The forward computations are the same expressions as before (so outputs are bit-identical); the backward passes
+are the exact derivatives, evaluated in fp32 and returned in the input's dtype.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+
+import jax
+import jax.numpy as jnp
+
+
+def _rms_forward(x: jax.Array, scale: jax.Array, eps: float) -> tuple[jax.Array, jax.Array]:
+  x32 = x.astype(jnp.float32)
+  inv = jax.lax.rsqrt(jnp.mean(jnp.square(x32), axis=-1, keepdims=True) + eps)
+  return ((x32 * inv) * scale.astype(jnp.float32)).astype(x.dtype), inv
+
+
+@partial(jax.custom_vjp, nondiff_argnums=(2,))
+def rms_norm(x: jax.Array, scale: jax.Array, eps: float) -> jax.Array:
+  """RMSNorm computed in fp32 whatever the activation dtype, returned in the activation dtype."""
+  return _rms_forward(x, scale, eps)[0]
+
+
+def _rms_fwd(x, scale, eps):
+  out, inv = _rms_forward(x, scale, eps)
+  return out, (x, scale, inv)
+
+
+def _rms_bwd(eps, residuals, g):
+  del eps
+  x, scale, inv = residuals
+  normed = x.astype(jnp.float32) * inv
+  g32 = g.astype(jnp.float32)
+  d_scale = jnp.sum(g32 * normed, axis=tuple(range(g.ndim - 1))).astype(scale.dtype)
+  gn = g32 * scale.astype(jnp.float32)
+  # d/dx of x * (mean(x^2) + eps)^-1/2: inv * (gn - normed * mean(gn * normed))
+  dx = inv * (gn - normed * jnp.mean(gn * normed, axis=-1, keepdims=True))
+  return dx.astype(x.dtype), d_scale
+
+
+rms_norm.defvjp(_rms_fwd, _rms_bwd)
+
+
+@jax.custom_vjp
+def swiglu(gate_up: jax.Array) -> jax.Array:
+  """[..., 2, F] (gate, up) -> silu(gate) * up, in the input's dtype."""
+  return jax.nn.silu(gate_up[..., 0, :]) * gate_up[..., 1, :]
+
+
+def _swiglu_fwd(gate_up):
+  return swiglu(gate_up), gate_up
+
+
+def _swiglu_bwd(gate_up, g):
+  # One elementwise pass over [..., 2, F]: each slot reads its partner (the other half, reversed along the slot
+  # axis) so that gate and up gradients come out of one kernel with one sigmoid per element; written with a
+  # stack, XLA put the sigmoid in a kernel of its own and wrote it to memory in fp32.
+  x = gate_up.astype(jnp.float32)
+  partner = x[..., ::-1, :]
+  is_gate = jax.lax.broadcasted_iota(jnp.int32, x.shape, x.ndim - 2) == 0
+  gate, up = jnp.where(is_gate, x, partner), jnp.where(is_gate, partner, x)
+  sig = jax.nn.sigmoid(gate)
+  g32 = jnp.expand_dims(g.astype(jnp.float32), -2)
+  # silu'(a) = s + a s (1 - s) for the gate, silu(a) for the up projection
+  d = jnp.where(is_gate, up * sig * (1.0 + gate * (1.0 - sig)), gate * sig)
+  return ((g32 * d).astype(gate_up.dtype),)
+
+
+swiglu.defvjp(_swiglu_fwd, _swiglu_bwd)
+
+
+def rotate_pairs(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
+  """Adjacent pairs (x[2i], x[2i+1]) of x [B, T, H, Dh] rotated by angles with cos / sin [B, T, 1, Dh/2], in
+  fp32, returned in x's dtype."""
+  *lead, dh = x.shape
+  pairs = x.astype(jnp.float32).reshape(*lead, dh // 2, 2)
+  real, imag = pairs[..., 0], pairs[..., 1]
+  rotated = jnp.stack([real * cos - imag * sin, real * sin + imag * cos], axis=-1)
+  return rotated.reshape(x.shape).astype(x.dtype)
+
+
+@jax.custom_vjp
+def rotate(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
+  """rotate_pairs whose gradient is the inverse rotation (a rotation is orthogonal), so nothing but the angles is
+  saved. The angles come from integer positions: they get no gradient."""
+  return rotate_pairs(x, cos, sin)
+
+
+def _rotate_fwd(x, cos, sin):
+  return rotate_pairs(x, cos, sin), (cos, sin)
+
+
+def _rotate_bwd(residuals, g):
+  cos, sin = residuals
+  return rotate_pairs(g, cos, -sin), jnp.zeros_like(cos), jnp.zeros_like(sin)
+
+
+rotate.defvjp(_rotate_fwd, _rotate_bwd)

@@ -1,0 +1,94 @@
+"""The roofline (neobert_jax/aot/roofline.py) reads a compiled program the way the model FLOP formula counts it.
+
+CPU only and small: the accelerator figures (the 250M step on H100 x 8 and v5p) come from commands in the README
+("Roofline"); the deviceless GPU / TPU checks are in tests/test_aot_compile.py.
+"""
+
+import jax
+import jax.numpy as jnp
+import pytest
+from flax import nnx
+
+from neobert_jax import hardware
+from neobert_jax.aot import hlo, kernel_cost, roofline
+from neobert_jax.model import NeoBERTForMLM, default_model_config
+from neobert_jax.model.config import train_flops_per_token
+
+H100 = 'NVIDIA H100 80GB HBM3'
+
+
+def _compiled_step(layers=2, hidden=64, seq=128, rows=4, micro=2):
+  """Forward + backward of the encoder and dense MLM head over `micro` micro-batches (a scan, as the trainer's
+  accumulation), layers under the layer scan, attention as plain einsums (so it is made of dots too)."""
+  cfg = default_model_config()
+  cfg.update(vocab_size=512, hidden_size=hidden, num_layers=layers, num_heads=4, intermediate_size=2 * hidden,
+             max_length=seq, attention_impl='xla')
+  model = NeoBERTForMLM(cfg, rngs=nnx.Rngs(0))
+  graph, params = nnx.split(model)
+
+  def loss(p, ids):
+    # squared, so that the logits' cotangent is not a constant (XLA turns a dot with ones into a reduction)
+    return jnp.square(nnx.merge(graph, p)(ids).astype(jnp.float32)).sum()
+
+  def step(p, batches):
+    def body(acc, ids):
+      g = jax.grad(loss)(p, ids)
+      return jax.tree.map(jnp.add, acc, g), None
+    return jax.lax.scan(body, jax.tree.map(jnp.zeros_like, p), batches)[0]
+
+  ids = jnp.ones((micro, rows, seq), jnp.int32)
+  text = jax.jit(step).lower(params, ids).compile().as_text()
+  return cfg, text, micro * rows * seq
+
+
+def test_dot_flops_equal_the_model_formula():
+  cfg, text, tokens = _compiled_step()
+  r = roofline.analyze(text, hardware.lookup(H100), H100, num_devices=1)
+  formula = train_flops_per_token(cfg, cfg.max_length, decoder_fraction=1.0) * tokens
+  # Every matmul of the formula is a dot here (attention too: the 'xla' kernel is einsums), counted once per
+  # layer and per micro-batch through the loops' trip counts. Stated tolerance: 1%.
+  assert r.flops('matmul') == pytest.approx(formula, rel=0.01)
+  assert r.step_seconds > 0 and r.seconds('matmul') > 0 and r.seconds('other') > 0
+  assert 0 < r.other_share < 1
+
+
+def test_loop_trip_counts_multiply_kernels():
+  _, text, _ = _compiled_step(layers=3, micro=2)
+  comps = hlo.computations(text)
+  runs = hlo.executions(comps)
+  assert sorted({runs[c] for c in hlo.scheduled(comps)}) == [1, 2, 6]   # entry, micro-batch loop, layer loop
+
+
+def test_fusion_bytes_count_slices_and_in_place_updates():
+  text = """
+%fused (p0: f32[8,1024], p1: f32[1024], p2: s32[]) -> f32[8,1024] {
+  %p0 = f32[8,1024]{1,0} parameter(0)
+  %p1 = f32[1024]{0} parameter(1)
+  %p2 = s32[] parameter(2)
+  %c = s32[] constant(0)
+  %b = f32[1,1024]{1,0} bitcast(%p1)
+  ROOT %u = f32[8,1024]{1,0} dynamic-update-slice(%p0, %b, %p2, %c)
+}
+
+ENTRY %main (a: f32[8,1024], v: f32[1024], i: s32[]) -> f32[8,1024] {
+  %a = f32[8,1024]{1,0} parameter(0)
+  %v = f32[1024]{0} parameter(1)
+  %i = s32[] parameter(2)
+  ROOT %f = f32[8,1024]{1,0} fusion(%a, %v, %i), kind=kLoop, calls=%fused
+}
+"""
+  mod = kernel_cost.Module(text)
+  fusion = next(i for i in mod.instrs['main'] if i.op == 'fusion')
+  # the buffer updated in place is neither read nor written whole: the 4 KiB row in, the 4 KiB row out, the index
+  assert mod.fusion_bytes(fusion, 'main', 'fused') == 4096 + 4 + 4096
+
+
+def test_achievable_rates_are_below_peak_and_fall_with_short_contractions():
+  acc = hardware.lookup(H100)
+  assert acc.peak_bf16_flops == 989e12 and hardware.peak_flops('TPU v5p') == 459e12
+  assert acc.matmul_rate(8192) == pytest.approx(0.80 * 989e12)      # the measured maximum, not the peak
+  assert acc.matmul_rate(64) < acc.matmul_rate(768) < acc.matmul_rate(4096)
+  # a GEMM with too few output tiles for 132 SMs is split along K rather than left idle
+  flops = 2.0 * 768 * 2304 * 32768     # a weight gradient of the 250M step: 6 x 9 tiles of 128 x 256
+  unsplit = flops / (acc.matmul_rate(32768) * 54 / 132)
+  assert flops / acc.peak_bf16_flops < roofline.matmul_seconds(acc, flops, 1, 768, 2304, 32768) < 0.5 * unsplit
