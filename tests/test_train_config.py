@@ -48,7 +48,7 @@ def test_stage1_recipe_is_the_paper():
 def test_schedule_warmup_cosine_floor():
   cfg = tiny_config()
   cfg.optimizer.peak_lr, cfg.optimizer.warmup_steps, cfg.train.num_steps = 6e-4, 20, 1000
-  _, sched = opt_lib.make_optimizer(cfg)
+  _, sched = opt_lib.make_optimizer(cfg.optimizer, cfg.train.num_steps)
   lr = lambda s: float(sched(s))
   assert lr(0) == 0.0 and lr(10) == pytest.approx(3e-4) and lr(20) == pytest.approx(6e-4)
   assert lr(900) == pytest.approx(6e-5, rel=1e-3) and lr(999) == pytest.approx(6e-5, rel=1e-3)

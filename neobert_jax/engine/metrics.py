@@ -23,10 +23,9 @@ from neobert_jax.model.config import train_flops_per_token
 
 def flops_per_token(cfg: ml_collections.ConfigDict) -> float:
   """Model FLOPs per trained token of a training config (the sparse head decodes max_predictions of T slots)."""
-  seq = int(cfg.model.max_length)
-  p = int(cfg.data.max_predictions)
+  seq, p = cfg.model.max_length, cfg.data.max_predictions
   decoder_fraction = min(p / seq, 1.0) if p > 0 else 1.0
-  return float(train_flops_per_token(cfg.model, seq, decoder_fraction))
+  return train_flops_per_token(cfg.model, seq, decoder_fraction)
 
 
 def measure_matmul_peak(n: int = 1024, dtype: Any = jnp.float32, seconds: float = 1.0) -> float:
@@ -41,18 +40,19 @@ def measure_matmul_peak(n: int = 1024, dtype: Any = jnp.float32, seconds: float 
   return 2 * n ** 3 * reps / (time.perf_counter() - start)
 
 
-def total_peak_flops(cfg: ml_collections.ConfigDict) -> tuple[float | None, str]:
-  """(peak FLOP/s of all devices in the run, where the number came from)."""
+def total_peak_flops(peak_flops_per_device: float, compute_dtype: str) -> tuple[float | None, str]:
+  """(peak FLOP/s of all devices in the run, where the number came from): logging.peak_flops_per_device when > 0,
+  else the device table (or, on CPU, a matmul measured in the resolved model.dtype)."""
   n = jax.device_count()
-  if cfg.logging.peak_flops_per_device > 0:
-    return float(cfg.logging.peak_flops_per_device) * n, 'config'
+  if peak_flops_per_device > 0:
+    return peak_flops_per_device * n, 'config'
   kind = jax.devices()[0].device_kind
   peak = hardware.peak_flops(kind)
   if peak is not None:
     return peak * n, f'table ({kind})'
   if jax.default_backend() == 'cpu':
     # Fake CPU devices share the same cores, so the host's matmul rate is the whole run's peak.
-    dtype = jnp.bfloat16 if cfg.model.dtype == 'bfloat16' else jnp.float32
+    dtype = jnp.bfloat16 if compute_dtype == 'bfloat16' else jnp.float32
     return measure_matmul_peak(dtype=dtype) * jax.process_count(), 'measured matmul'
   return None, f'unknown device {kind}'
 

@@ -35,22 +35,21 @@ import optax
 
 def floor_step(opt_cfg: ml_collections.ConfigDict, num_steps: int) -> int:
   """The first step at which the rate is the floor for good."""
-  warmup = int(opt_cfg.warmup_steps)
-  if int(opt_cfg.decay_steps) > 0:
-    return int(opt_cfg.decay_steps)
+  if opt_cfg.decay_steps > 0:
+    return opt_cfg.decay_steps
   # Never below warmup + 1, or the cosine would have no length on short runs.
-  return max(int(round(opt_cfg.decay_fraction * num_steps)), warmup + 1)
+  return max(round(opt_cfg.decay_fraction * num_steps), opt_cfg.warmup_steps + 1)
 
 
 def lr_values(opt_cfg: ml_collections.ConfigDict, num_steps: int, steps: np.ndarray) -> np.ndarray:
   """The learning rate of the update made at each of `steps` (0 = the first update), float64."""
-  peak, floor = float(opt_cfg.peak_lr), float(opt_cfg.peak_lr) * float(opt_cfg.final_lr_fraction)
-  warmup, start = int(opt_cfg.warmup_steps), float(opt_cfg.warmup_init_fraction)
+  peak, floor = opt_cfg.peak_lr, opt_cfg.peak_lr * opt_cfg.final_lr_fraction
+  warmup, start = opt_cfg.warmup_steps, opt_cfg.warmup_init_fraction
   end = floor_step(opt_cfg, num_steps)
   t = np.asarray(steps, np.float64)
   warm = peak * (start + (1.0 - start) * t / max(warmup, 1))
   # The original's cosine has period decay_steps from the end of warmup; ours spans warmup -> floor step exactly.
-  period = float(opt_cfg.decay_steps) if int(opt_cfg.decay_steps) > 0 else float(end - warmup)
+  period = opt_cfg.decay_steps if opt_cfg.decay_steps > 0 else end - warmup
   cos = floor + (peak - floor) * 0.5 * (1.0 + np.cos(math.pi * (t - warmup) / period))
   return np.where(t < warmup, warm, np.where(t < end, cos, floor))
 
@@ -58,11 +57,11 @@ def lr_values(opt_cfg: ml_collections.ConfigDict, num_steps: int, steps: np.ndar
 def lr_schedule(opt_cfg: ml_collections.ConfigDict, num_steps: int) -> optax.Schedule:
   """optax schedule: the float32-rounded lr_values, looked up by step (the floor from the floor step on)."""
   end = floor_step(opt_cfg, num_steps)
-  if int(opt_cfg.decay_steps) > 0 and end <= int(opt_cfg.warmup_steps):
+  if opt_cfg.decay_steps > 0 and end <= opt_cfg.warmup_steps:
     raise ValueError(f'optimizer.decay_steps={end} is an absolute step and must exceed '
                      f'warmup_steps={opt_cfg.warmup_steps} (the original trainer asserts the same)')
   table = np.append(lr_values(opt_cfg, num_steps, np.arange(end)),
-                    float(opt_cfg.peak_lr) * float(opt_cfg.final_lr_fraction)).astype(np.float32)
+                    opt_cfg.peak_lr * opt_cfg.final_lr_fraction).astype(np.float32)
 
   def schedule(count: jax.Array) -> jax.Array:
     return jnp.asarray(table)[jnp.clip(count, 0, end)]
@@ -109,18 +108,17 @@ def clip_by_global_norm_eps(max_norm: float, eps: float) -> optax.GradientTransf
   return optax.GradientTransformation(lambda params: optax.EmptyState(), update)
 
 
-def make_optimizer(cfg: ml_collections.ConfigDict) -> tuple[optax.GradientTransformation, optax.Schedule]:
-  """The full transformation (clip -> AdamW) and its schedule, from the `optimizer` and `train` config sections."""
-  opt = cfg.optimizer
-  schedule = lr_schedule(opt, int(cfg.train.num_steps))
+def make_optimizer(opt: ml_collections.ConfigDict, num_steps: int
+                   ) -> tuple[optax.GradientTransformation, optax.Schedule]:
+  """The full transformation (clip -> AdamW) and its schedule, from the `optimizer` section and train.num_steps."""
+  schedule = lr_schedule(opt, num_steps)
   adamw = optax.adamw(
-      learning_rate=schedule, b1=float(opt.b1), b2=float(opt.b2), eps=float(opt.eps),
-      weight_decay=float(opt.weight_decay),
-      mask=None if opt.decay_all_params else weight_decay_mask(bool(opt.decay_embeddings)))
+      learning_rate=schedule, b1=opt.b1, b2=opt.b2, eps=opt.eps, weight_decay=opt.weight_decay,
+      mask=None if opt.decay_all_params else weight_decay_mask(opt.decay_embeddings))
   clip = []
   if opt.clip_norm > 0:
-    clip = [clip_by_global_norm_eps(float(opt.clip_norm), float(opt.clip_eps)) if opt.clip_eps > 0
-            else optax.clip_by_global_norm(float(opt.clip_norm))]
+    clip = [clip_by_global_norm_eps(opt.clip_norm, opt.clip_eps) if opt.clip_eps > 0
+            else optax.clip_by_global_norm(opt.clip_norm)]
   return optax.chain(*clip, adamw), schedule
 
 

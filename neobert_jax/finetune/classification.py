@@ -52,12 +52,12 @@ class ClassificationTask:
       where = (d.train_file, d.validation_file)
     else:
       strata = train[d.label_field] if self.spec.kind == 'classification' else None
-      tr, va = tables.split_holdout(len(train[d.label_field]), d.validation_fraction, int(cfg.seed), strata)
+      tr, va = tables.split_holdout(len(train[d.label_field]), d.validation_fraction, cfg.seed, strata)
       train_rows, val_rows = (train, tr), (train, va)
       where = (d.train_file, d.train_file)
     self.train_seqs, self.train_y = self._examples(tok, *train_rows, where[0])
     self.val_seqs, self.val_y = self._examples(tok, *val_rows, where[1])
-    self.buckets = batching.buckets(int(d.max_length), int(d.min_bucket))
+    self.buckets = batching.buckets(d.max_length, d.min_bucket)
     self.kind = self.spec.kind
     self.metric = cfg.eval.metric or metrics.DEFAULT_METRIC[self.kind]
     self.loss = sequence_loss(self.kind)
@@ -67,7 +67,7 @@ class ClassificationTask:
     text = tables.texts(table, d.text_field, path)
     pair = tables.texts(table, d.text_pair_field, path) if d.text_pair_field else None
     pick = lambda xs: [xs[i] for i in rows]  # noqa: E731
-    seqs = batching.frame(tok, pick(text), pick(pair) if pair else None, int(d.max_length))
+    seqs = batching.frame(tok, pick(text), pick(pair) if pair else None, d.max_length)
     return seqs, labels_lib.encode(self.spec, pick(table[d.label_field]), path)
 
   batch_keys = ['input_ids', 'lengths', 'weights', 'labels']
@@ -78,7 +78,7 @@ class ClassificationTask:
 
   def steps_per_epoch(self) -> int:
     lengths = [len(s) for s in self.train_seqs]
-    return len(batching.plan(lengths, int(self.cfg.train.batch_size), self.buckets, np.random.default_rng(0)))
+    return len(batching.plan(lengths, self.cfg.train.batch_size, self.buckets, np.random.default_rng(0)))
 
   def describe(self) -> str:
     what = f'{self.spec.num_outputs} classes {list(self.spec.names)}' if self.kind == 'classification' \
@@ -90,7 +90,7 @@ class ClassificationTask:
     return heads.SequenceClassifier(model_cfg, self.spec.num_outputs, h.dropout, h.init_range, rngs=rngs)
 
   def train_epoch(self, rng: np.random.Generator) -> Iterator[dict[str, np.ndarray]]:
-    yield from batching.epoch_batches(self.train_seqs, {'labels': self.train_y}, int(self.cfg.train.batch_size),
+    yield from batching.epoch_batches(self.train_seqs, {'labels': self.train_y}, self.cfg.train.batch_size,
                                       self.buckets, self.pad_id, rng)
 
   def evaluate(self, predict) -> dict[str, float]:

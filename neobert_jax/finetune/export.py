@@ -38,7 +38,7 @@ from neobert_jax.weights import hf, runs
 def encoder_state_dict(flat: Mapping[str, Any], model_cfg: Any) -> dict[str, np.ndarray]:
   """'model.*' tensors of the HF layout for the 'encoder.*' entries of flat (no MLM decoder needed)."""
   enc = {k: np.asarray(v) for k, v in flat.items() if k.startswith('encoder.')}
-  d, v = int(model_cfg.hidden_size), int(model_cfg.vocab_size)
+  d, v = model_cfg.hidden_size, model_cfg.vocab_size
   # The mapping converts whole NeoBERTLMHead dicts; a fine-tuned model has no decoder, so a placeholder one
   # passes through and is dropped again.
   placeholder = {'decoder.kernel': np.zeros((d, v), np.float32), 'decoder.bias': np.zeros((v,), np.float32)}
@@ -95,7 +95,7 @@ def export_sentence_transformer(flat: Mapping[str, Any], model_cfg: Any, output:
              {'idx': 1, 'name': '1', 'path': '1_Pooling', 'type': 'sentence_transformers.models.Pooling'}]
   if normalize:
     modules.append({'idx': 2, 'name': '2', 'path': '2_Normalize', 'type': 'sentence_transformers.models.Normalize'})
-  pooling_cfg = {'word_embedding_dimension': int(model_cfg.hidden_size),
+  pooling_cfg = {'word_embedding_dimension': model_cfg.hidden_size,
                  'pooling_mode_cls_token': pooling == 'cls', 'pooling_mode_mean_tokens': pooling == 'mean',
                  'pooling_mode_max_tokens': False, 'pooling_mode_mean_sqrt_len_tokens': False,
                  'pooling_mode_weightedmean_tokens': False, 'pooling_mode_lasttoken': False, 'include_prompt': True}

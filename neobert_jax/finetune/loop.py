@@ -76,7 +76,7 @@ def prepare(cfg: ml_collections.ConfigDict, workdir: Path):
   if (workdir / RESULTS_FILE).exists() or (workdir / runs.CHECKPOINT_SUBDIR).exists():
     raise ConfigError(_existing_run(cfg, workdir))
   init = cfg.init
-  source = source_lib.from_init(init.from_checkpoint, init.from_hf, int(init.step))
+  source = source_lib.from_init(init.from_checkpoint, init.from_hf, init.step)
   if source is not None:
     source.read()
   tok = source_lib.resolve_tokenizer(cfg.data.tokenizer, source)
@@ -156,7 +156,7 @@ def run(cfg: ml_collections.ConfigDict, workdir: str | Path) -> dict[str, Any]:
   mesh = shd.make_mesh(dict(cfg.mesh))
   t = cfg.train
   steps_per_epoch = task.steps_per_epoch()
-  num_steps = int(t.num_steps) if t.num_steps > 0 else int(t.epochs) * steps_per_epoch
+  num_steps = t.num_steps if t.num_steps > 0 else t.epochs * steps_per_epoch
   tx, lr = optimizer_lib.make_finetune_optimizer(cfg.optimizer, num_steps)
   defs, state = create_state(lambda: task.make_model(model_cfg, nnx.Rngs(cfg.seed)), tx, lr, mesh)
   if source is not None:

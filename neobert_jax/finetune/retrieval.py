@@ -43,7 +43,7 @@ class ContrastiveTask:
   def __init__(self, cfg: ml_collections.ConfigDict, tok: Any):
     d = cfg.data
     self.cfg, self.pad_id = cfg, tok.pad_id
-    self.has_negatives = bool(d.negative_field)
+    self.has_negatives = d.negative_field != ''
     self.instructions = _instructions(d.instructions)
     fields = [('data.query_field', d.query_field), ('data.positive_field', d.positive_field),
               ('data.negative_field', d.negative_field), ('data.dataset_field', d.dataset_field)]
@@ -56,10 +56,10 @@ class ContrastiveTask:
       self.train = self._examples(tok, train, np.arange(n), d.train_file)
       self.val = self._examples(tok, val, np.arange(len(val[d.query_field])), d.validation_file)
     else:
-      tr, va = tables.split_holdout(n, d.validation_fraction, int(cfg.seed))
+      tr, va = tables.split_holdout(n, d.validation_fraction, cfg.seed)
       self.train = self._examples(tok, train, tr, d.train_file)
       self.val = self._examples(tok, train, va, d.train_file)
-    self.buckets = batching.buckets(int(d.max_length), int(d.min_bucket))
+    self.buckets = batching.buckets(d.max_length, d.min_bucket)
     self.metric = cfg.eval.metric or 'retrieval_accuracy'
     self.batch_keys = ['q_ids', 'q_lengths', 'p_ids', 'p_lengths', 'weights']
     if self.has_negatives:
@@ -71,11 +71,11 @@ class ContrastiveTask:
     datasets = pick(d.dataset_field) if d.dataset_field else [''] * len(rows)
     queries = [(f'{self.instructions[ds]} ' if ds in self.instructions else d.query_prefix) + q
                for q, ds in zip(pick(d.query_field), datasets)]
-    out = {'q': batching.frame(tok, queries, None, int(d.max_length)),
-           'p': batching.frame(tok, [d.document_prefix + t for t in pick(d.positive_field)], None, int(d.max_length))}
+    out = {'q': batching.frame(tok, queries, None, d.max_length),
+           'p': batching.frame(tok, [d.document_prefix + t for t in pick(d.positive_field)], None, d.max_length)}
     if self.has_negatives:
       negs = pick(d.negative_field)
-      out['n'] = batching.frame(tok, [d.document_prefix + t for t in negs], None, int(d.max_length))
+      out['n'] = batching.frame(tok, [d.document_prefix + t for t in negs], None, d.max_length)
       out['n_present'] = [bool(t.strip()) for t in negs]
     return out
 
@@ -84,7 +84,7 @@ class ContrastiveTask:
     return len(self.train['q'])
 
   def steps_per_epoch(self) -> int:
-    return math.ceil(self.num_train / int(self.cfg.train.batch_size))
+    return math.ceil(self.num_train / self.cfg.train.batch_size)
 
   def describe(self) -> str:
     return (f'contrastive: {self.num_train} train / {len(self.val["q"])} validation pairs'
@@ -94,7 +94,7 @@ class ContrastiveTask:
     return heads.Embedder(model_cfg, self.cfg.head.pooling, rngs=rngs)
 
   def train_epoch(self, rng: np.random.Generator) -> Iterator[dict[str, np.ndarray]]:
-    b = int(self.cfg.train.batch_size)
+    b = self.cfg.train.batch_size
     order = rng.permutation(self.num_train)
     groups = ('q', 'p', 'n') if self.has_negatives else ('q', 'p')
     for start in range(0, len(order), b):
@@ -117,7 +117,7 @@ class ContrastiveTask:
     p = model(batch['p_ids'], batch['p_lengths'])
     n = model(batch['n_ids'], batch['n_lengths']) if self.has_negatives else None
     h = self.cfg.head
-    loss, _ = contrastive.info_nce(q, p, batch['weights'], float(h.temperature), n,
+    loss, _ = contrastive.info_nce(q, p, batch['weights'], h.temperature, n,
                                    batch.get('n_weights'), h.loss_reduction)
     return loss, batch['weights'].sum()
 
@@ -128,7 +128,7 @@ class ContrastiveTask:
     sim = q @ p.T
     own = np.diag(sim)
     rank = (sim > own[:, None]).sum(1)  # documents scored above the query's own positive
-    logits = sim / float(self.cfg.head.temperature)
+    logits = sim / self.cfg.head.temperature
     logits = logits - logits.max(1, keepdims=True)
     nll = -(np.diag(logits) - np.log(np.exp(logits).sum(1)))
     return {'retrieval_accuracy': float((rank == 0).mean()), 'mrr': float((1.0 / (rank + 1)).mean()),

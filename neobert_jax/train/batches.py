@@ -10,7 +10,6 @@ from __future__ import annotations
 from typing import Iterator, Mapping
 
 import jax
-import ml_collections
 import numpy as np
 
 from neobert_jax.train.mlm import batch_keys, batch_sharding
@@ -39,22 +38,23 @@ def real_tokens(batch: Mapping[str, np.ndarray]) -> int:
   return int(np.count_nonzero(batch['segment_ids']))
 
 
-def local_batch_size(cfg: ml_collections.ConfigDict) -> int:
-  return cfg.train.global_batch_size // jax.process_count()
+def local_batch_size(global_batch_size: int, process_count: int) -> int:
+  """This process's rows of each step (config/train.validate checks that they split evenly)."""
+  return global_batch_size // process_count
 
 
-def local_eval_batch_size(cfg: ml_collections.ConfigDict) -> int:
+def local_eval_batch_size(global_batch_size: int, grad_accum_steps: int, process_count: int) -> int:
   """Eval runs one micro-batch at a time (no gradients to accumulate), so it uses the micro-batch size."""
-  return cfg.train.global_batch_size // cfg.train.grad_accum_steps // jax.process_count()
+  return global_batch_size // grad_accum_steps // process_count
 
 
 class GlobalBatches:
   """Wraps a host iterator; yields (global arrays for the step, real tokens across all processes)."""
 
-  def __init__(self, host_iter: Iterator[Mapping[str, np.ndarray]], cfg: ml_collections.ConfigDict,
+  def __init__(self, host_iter: Iterator[Mapping[str, np.ndarray]], max_predictions: int,
                mesh: jax.sharding.Mesh, accum: int):
     self.host_iter, self.mesh, self.accum = host_iter, mesh, accum
-    self.keys = batch_keys(cfg.data.max_predictions)
+    self.keys = batch_keys(max_predictions)
 
   def __iter__(self) -> 'GlobalBatches':
     return self

@@ -20,7 +20,7 @@ log = logging.getLogger('neobert_jax.train')
 
 def _source(cfg: ml_collections.ConfigDict) -> source_lib.Source | None:
   init = cfg.init
-  src = source_lib.from_init(init.from_checkpoint, init.from_hf, int(init.step))
+  src = source_lib.from_init(init.from_checkpoint, init.from_hf, init.step)
   if src is not None:
     src.check_fits(cfg.model)
   return src

@@ -93,16 +93,16 @@ def run(cfg: ml_collections.ConfigDict, workdir: str | Path,
     init_lib.check_source(cfg)
   is_main = jax.process_index() == 0
   mesh = shd.make_mesh(dict(cfg.mesh))
-  seq_len, vocab = cfg.model.max_length, cfg.model.vocab_size
+  seq_len, vocab, t, nproc = cfg.model.max_length, cfg.model.vocab_size, cfg.train, jax.process_count()
   pipeline.prepare_builtin(cfg.data, seq_len)  # the one place a run may tokenize: the built-in corpus, once
   # The data pipeline checks the prepared data's tokenizer against model.vocab_size here, before the model exists.
   train_host = pipeline.make_train_iterator(
-      cfg.data, batches_lib.local_batch_size(cfg), seq_len, cfg.seed, jax.process_index(),
-      jax.process_count(), model_vocab_size=vocab)
+      cfg.data, batches_lib.local_batch_size(t.global_batch_size, nproc), seq_len, cfg.seed, jax.process_index(),
+      nproc, model_vocab_size=vocab)
   eval_every = cfg.eval.every_steps
   eval_batches = pipeline.make_eval_iterator(
-      cfg.data, batches_lib.local_eval_batch_size(cfg), seq_len, seed=cfg.seed, process_index=jax.process_index(),
-      process_count=jax.process_count(), num_batches=cfg.eval.num_batches,
+      cfg.data, batches_lib.local_eval_batch_size(t.global_batch_size, t.grad_accum_steps, nproc), seq_len,
+      seed=cfg.seed, process_index=jax.process_index(), process_count=nproc, num_batches=cfg.eval.num_batches,
       model_vocab_size=vocab) if eval_every > 0 else ()
   if is_main:
     log.info('run: %s', config_lib.describe(cfg))
@@ -129,7 +129,7 @@ def run(cfg: ml_collections.ConfigDict, workdir: str | Path,
   if is_main and cfg.logging.progress_bar:
     from tqdm.auto import tqdm  # pylint: disable=g-import-not-at-top
     pbar = tqdm(total=cfg.train.num_steps, initial=start, desc='train', unit='step', dynamic_ncols=True)
-  peak, peak_source = metrics_lib.total_peak_flops(cfg)
+  peak, peak_source = metrics_lib.total_peak_flops(cfg.logging.peak_flops_per_device, cfg.model.dtype)
   fpt = metrics_lib.flops_per_token(cfg)
   limit = mlm.max_segments(cfg.data)
   logger = engine_loop.Logger(
@@ -165,7 +165,7 @@ def run(cfg: ml_collections.ConfigDict, workdir: str | Path,
     with Preemption(mngr, cfg.logging.log_every) as preempt:
       trainer = engine_loop.Trainer(
           mlm.build_train_step(cfg, mesh, defs), state,
-          batches_lib.GlobalBatches(train_host, cfg, mesh, cfg.train.grad_accum_steps),
+          batches_lib.GlobalBatches(train_host, cfg.data.max_predictions, mesh, t.grad_accum_steps),
           num_steps=cfg.train.num_steps, start=start, logger=logger, log_every=cfg.logging.log_every,
           hooks=[engine_loop.Hook(evaluate, eval_every),
                  engine_loop.Hook(checkpoint, cfg.checkpoint.every_steps, checkpoint=True)],

@@ -34,13 +34,13 @@ def model_factory(cfg: ml_collections.ConfigDict) -> Callable[[], NeoBERTForMLM]
 
 def abstract_train_state(cfg: ml_collections.ConfigDict, mesh: jax.sharding.Mesh) -> tuple[StateDefs, TrainState]:
   """Definitions and a TrainState of ShapeDtypeStructs with their shardings (restore target, AOT compile)."""
-  tx, schedule = optimizer_lib.make_optimizer(cfg)
+  tx, schedule = optimizer_lib.make_optimizer(cfg.optimizer, cfg.train.num_steps)
   return engine_state.abstract_state(model_factory(cfg), tx, schedule, mesh)
 
 
 def create_train_state(cfg: ml_collections.ConfigDict, mesh: jax.sharding.Mesh) -> tuple[StateDefs, TrainState]:
   """Freshly initialised parameters (seeded by cfg.seed) and optimizer state, each array sharded at birth."""
-  tx, schedule = optimizer_lib.make_optimizer(cfg)
+  tx, schedule = optimizer_lib.make_optimizer(cfg.optimizer, cfg.train.num_steps)
   return engine_state.create_state(model_factory(cfg), tx, schedule, mesh)
 
 

@@ -144,9 +144,9 @@ def fill_mask_examples(hf_dir: str, data_cfg: ml_collections.ConfigDict, seq_len
 
 def report(cfg: ml_collections.ConfigDict, workdir: Path, evals: list[dict[str, float]]) -> dict[str, Any]:
   """Logs held-out loss against unigram, writes the curve table, shows fill-mask examples if the run exported."""
-  seq_len = int(cfg.model.max_length)
+  seq_len = cfg.model.max_length
   unigram = unigram_cross_entropy(cfg.data, seq_len)
-  table = write_curve_table(workdir, unigram, max(int(cfg.logging.log_every), 1) * 5)
+  table = write_curve_table(workdir, unigram, max(cfg.logging.log_every, 1) * 5)
   out: dict[str, Any] = {'unigram': unigram, 'curve': str(table)}
   if evals:
     last = evals[-1]

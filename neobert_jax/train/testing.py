@@ -68,7 +68,7 @@ def mlm_rows(cfg: ml_collections.ConfigDict, seed: int = 0, fraction: float = 0.
   every key of data/batch.py filled consistently: the sparse slots and the dense labels name the same tokens, so
   a sparse-head step, a dense-head step and the PyTorch model see the same work. Shapes [B, ...], no accum axis."""
   rng = np.random.default_rng(seed)
-  b, t, p = cfg.train.global_batch_size, cfg.model.max_length, max(int(cfg.data.max_predictions), 1)
+  b, t, p = cfg.train.global_batch_size, cfg.model.max_length, max(cfg.data.max_predictions, 1)
   ids = rng.integers(1000, cfg.model.vocab_size, (b, t)).astype(np.int32)
   chosen = rng.random((b, t)) < fraction
   chosen &= np.cumsum(chosen, 1) <= p  # no more loss tokens than sparse slots
