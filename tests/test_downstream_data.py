@@ -1,5 +1,5 @@
-"""Data readers (CSV / TSV / JSONL / Parquet), [CLS]/[SEP] framing and buckets, kNN scoring, and starting a
-fine-tuning run from a pretraining checkpoint or a Hugging Face directory."""
+"""Data readers (CSV / TSV / JSONL / Parquet), [CLS]/[SEP] framing and buckets, and starting a fine-tuning run
+from a pretraining checkpoint or a Hugging Face directory."""
 
 import json
 
@@ -10,7 +10,6 @@ import pyarrow.parquet as pq
 import pytest
 from flax import nnx
 
-from neobert_jax.evaluate import embedding_tasks
 from neobert_jax.downstream import batching, tables
 from neobert_jax.finetune import loop
 from neobert_jax.config.finetune import base_config
@@ -49,15 +48,6 @@ def test_framing_truncation_and_buckets():
   assert batching.buckets(128, 16) == [16, 32, 64, 128] and batching.buckets(100, 16) == [16, 32, 64, 100]
   plan = batching.plan([3, 40, 5, 17, 90], 2, batching.buckets(128), rng=None)
   assert [(b, list(i)) for b, i in plan] == [(16, [0, 2]), (32, [3]), (64, [1]), (128, [4])]
-
-
-def test_knn_accuracy_on_separable_clusters():
-  rng = np.random.default_rng(0)
-  centers = rng.normal(size=(3, 16)) * 5
-  labels = np.repeat(['a', 'b', 'c'], 20)
-  emb = centers[np.repeat(np.arange(3), 20)] + rng.normal(size=(60, 16))
-  r = embedding_tasks.knn_accuracy(emb, labels)
-  assert r['accuracy'] == 1.0 and r['majority'] == pytest.approx(1 / 3)
 
 
 def _tiny_mlm():

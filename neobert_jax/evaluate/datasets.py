@@ -4,6 +4,7 @@
   Lee document similarity            gensim==4.4.0 test data: 50 news documents, 1225 human-rated pairs
 
 Fetching and caching reuse neobert_jax.data.corpus (pip download --no-deps into the cache, once per machine).
+The `mteb` tasks of `evaluate mteb` (evaluate/mteb_tasks.py) and the fine-tuning tests read them from here.
 """
 
 from __future__ import annotations
@@ -17,13 +18,14 @@ import numpy as np
 
 from neobert_jax.data import corpus
 
+BBC_PACKAGE = corpus.BBC_PACKAGE
 GENSIM_PACKAGE = 'gensim==4.4.0'
 _LEE_FILES = ('lee.cor', 'similarities0-1.txt')
 
 
 def bbc_titled(max_chars: int = 2000) -> tuple[list[str], list[str], list[str]]:
   """(titles, bodies, topic labels) of the BBC News articles in a fixed order; bodies cut to max_chars."""
-  folder = corpus._fetch_once('bbc', corpus.BBC_PACKAGE, corpus._extract_bbc)  # pylint: disable=protected-access
+  folder = corpus._fetch_once('bbc', BBC_PACKAGE, corpus._extract_bbc)  # pylint: disable=protected-access
   titles, bodies, labels = [], [], []
   for path in sorted(glob.glob(os.path.join(folder, '*.txt'))):
     with open(path, 'rb') as fh:

