@@ -20,20 +20,17 @@ import jax
 import ml_collections
 
 from neobert_jax.convert import export_hf
-from neobert_jax.data import pipeline
 from neobert_jax.train import loop
 from neobert_jax.train import report as report_lib
 
 log = logging.getLogger('neobert_jax.train')
 
 
-def export(cfg: ml_collections.ConfigDict, workdir: str | Path) -> Path:
-  """Writes the run's latest checkpoint, with the tokenizer its data was prepared with (so the directory is usable
-  on its own), as a Hugging Face NeoBERT directory. The directory belongs to this run, so a re-run replaces it (the
-  converter writes it atomically)."""
-  _, manifest = pipeline.open_prepared(cfg.data, int(cfg.model.max_length), int(cfg.model.vocab_size))
-  out = export_hf.export_checkpoint(workdir, cfg.export.hf_dir, overwrite=True,
-                                    tokenizer=cfg.data.tokenizer or manifest['tokenizer']['spec'])
+def export(cfg: ml_collections.ConfigDict, workdir: str | Path, tokenizer: str) -> Path:
+  """Writes the run's latest checkpoint, with the tokenizer its data was prepared with (recorded by the run, so the
+  directory is usable on its own), as a Hugging Face NeoBERT directory. The directory belongs to this run, so a
+  re-run replaces it (the converter writes it atomically)."""
+  out = export_hf.export_checkpoint(workdir, cfg.export.hf_dir, overwrite=True, tokenizer=tokenizer)
   log.info('exported Hugging Face model to %s', out)
   return out
 
@@ -45,7 +42,7 @@ def run(cfg: ml_collections.ConfigDict, workdir: str | Path,
   if result.preempted or jax.process_index() != 0:
     return result
   if cfg.export.hf_dir:
-    export(cfg, result.workdir)
+    export(cfg, result.workdir, result.tokenizer)
   if result.final_step > 0:
     result.report = report_lib.report(cfg, result.workdir, result.evals)
   return result

@@ -192,13 +192,13 @@ def write_vocab(path, size):
 
 def test_tokenizer_larger_than_vocab_is_refused(source, tmp_path):
   cfg, flat = source
-  with pytest.raises(export_hf.ExportError, match="30600 tokens but the model's vocab_size is 30522"):
+  with pytest.raises(errors.ExportError, match="30600 tokens but the model's vocab_size is 30522"):
     export_hf.export_flat(flat, cfg, tmp_path / "hf", tokenizer=write_vocab(tmp_path / "vocab.txt", 30600))
   sentencepiece = tmp_path / "sp.model"
   sentencepiece.write_bytes(b"")
-  with pytest.raises(export_hf.ExportError, match="only WordPiece"):
+  with pytest.raises(errors.ExportError, match="only WordPiece"):
     export_hf.export_flat(flat, cfg, tmp_path / "hf", tokenizer=sentencepiece)
-  with pytest.raises(export_hf.ExportError, match="no such file"):
+  with pytest.raises(errors.ExportError, match="no such file"):
     export_hf.export_flat(flat, cfg, tmp_path / "hf", tokenizer=tmp_path / "missing.json")
   assert sorted(p.name for p in tmp_path.iterdir()) == ["sp.model", "vocab.txt"]  # no partial output
 
@@ -208,7 +208,7 @@ def test_existing_output_is_kept_unless_overwrite(source, tmp_path):
   out = tmp_path / "out"
   out.mkdir()
   (out / "keep.txt").write_text("precious")
-  with pytest.raises(export_hf.ExportError, match="--overwrite"):
+  with pytest.raises(errors.ExportError, match="--overwrite"):
     export_hf.export_flat(flat, cfg, out)
   assert (out / "keep.txt").read_text() == "precious"
   # A failing export (bad params) leaves neither a partial directory nor temp files.
@@ -226,8 +226,8 @@ def test_export_from_sharded_training_checkpoint(tmp_path):
   """A checkpoint written by the trainer on an 8-device FSDP mesh exports on one CPU, weights unchanged."""
   from configs import tiny_cpu
   from neobert_jax import sharding
-  from neobert_jax.train import checkpoint
-  from neobert_jax.train.state import create_train_state
+  from neobert_jax.engine import checkpoint
+  from neobert_jax.train.mlm import create_train_state
 
   cfg = tiny_cpu.get_config()
   vocab = write_vocab(tmp_path / "vocab.txt", 1000)

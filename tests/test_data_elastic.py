@@ -89,7 +89,7 @@ def test_seek_to_step_one_million_takes_milliseconds_not_a_replay(data_dir):
 def test_checkpoint_written_by_one_process_restores_on_two_and_four(data_dir, tmp_path):
   ocp = pytest.importorskip('orbax.checkpoint')
   import grain  # pylint: disable=g-import-not-at-top
-  from neobert_jax.train import checkpoint
+  from neobert_jax.engine import checkpoint
 
   cfg = _cfg(data_dir)
   step = 1_000_000
@@ -111,7 +111,7 @@ def test_checkpoint_written_by_one_process_restores_on_two_and_four(data_dir, tm
 
 def test_missing_state_moves_in_constant_time_with_a_warning(data_dir, tmp_path, caplog):
   ocp = pytest.importorskip('orbax.checkpoint')
-  from neobert_jax.train import checkpoint
+  from neobert_jax.engine import checkpoint
   mngr = ocp.CheckpointManager(str(tmp_path / 'ckpt'))
   mngr.save(2_000_000, args=ocp.args.Composite(meta=ocp.args.JsonSave({'x': 1})))
   mngr.wait_until_finished()

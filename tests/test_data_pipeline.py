@@ -9,7 +9,8 @@ import pytest
 
 from neobert_jax.config import data as config_lib
 from neobert_jax.data import batch as batch_contract
-from neobert_jax.data import pipeline, shards, testing
+from neobert_jax import errors
+from neobert_jax.data import pipeline, testing
 
 N_DOCS = 600
 
@@ -149,17 +150,17 @@ def test_long_records_are_split_to_seq_len(tmp_path):
 
 def test_refuses_mismatched_tokenizer_and_vocab(data_dir, tmp_path):
   vocab = testing.write_wordpiece_vocab(str(tmp_path / 'vocab.txt'))
-  with pytest.raises(shards.DataError, match='prepared with tokenizer'):
+  with pytest.raises(errors.DataError, match='prepared with tokenizer'):
     pipeline.make_train_iterator(_cfg(data_dir, tokenizer=vocab), 8, 128, seed=0)
-  with pytest.raises(shards.DataError, match='vocab_size=1000'):
+  with pytest.raises(errors.DataError, match='vocab_size=1000'):
     pipeline.make_train_iterator(_cfg(data_dir), 8, 128, seed=0, model_vocab_size=1000)
 
 
 def test_refuses_missing_truncated_or_corrupt_data(data_dir, tmp_path):
-  with pytest.raises(shards.DataError, match='does not exist'):
+  with pytest.raises(errors.DataError, match='does not exist'):
     pipeline.make_train_iterator(_cfg(str(tmp_path / 'nope')), 8, 128, seed=0)
   (tmp_path / 'empty').mkdir()
-  with pytest.raises(shards.DataError, match='no manifest.json'):
+  with pytest.raises(errors.DataError, match='no manifest.json'):
     pipeline.make_train_iterator(_cfg(str(tmp_path / 'empty')), 8, 128, seed=0)
   d = tmp_path / 'copy'
   d.mkdir()
@@ -168,13 +169,13 @@ def test_refuses_missing_truncated_or_corrupt_data(data_dir, tmp_path):
   shard = d / 'train-00001.arrayrecord'
   raw = shard.read_bytes()
   shard.write_bytes(raw[:len(raw) // 2])  # truncated
-  with pytest.raises(shards.DataError, match='truncated'):
+  with pytest.raises(errors.DataError, match='truncated'):
     pipeline.make_train_iterator(_cfg(str(d)), 8, 128, seed=0)
   shard.write_bytes(b'\0' * len(raw))  # right size, garbage inside
-  with pytest.raises(shards.DataError, match='corrupt'):
+  with pytest.raises(errors.DataError, match='corrupt'):
     pipeline.make_train_iterator(_cfg(str(d)), 8, 128, seed=0)
   shard.unlink()
-  with pytest.raises(shards.DataError, match='missing'):
+  with pytest.raises(errors.DataError, match='missing'):
     pipeline.make_train_iterator(_cfg(str(d)), 8, 128, seed=0)
 
 

@@ -8,11 +8,11 @@ import jax
 import numpy as np
 import pytest
 
-from neobert_jax.data.shards import DataError
+from neobert_jax.errors import DataError
 from neobert_jax import config
 from neobert_jax.config import train as config_lib
 from neobert_jax.train import loop
-from neobert_jax.train import optimizer as opt_lib
+from neobert_jax.engine import optimizer as opt_lib
 from neobert_jax.train import runtime
 from neobert_jax.train.testing import tiny_config
 

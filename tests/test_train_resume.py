@@ -102,7 +102,7 @@ def test_storage_error_is_retried_and_never_sets_the_checkpoint_aside(uninterrup
     raise ValueError('UNAVAILABLE: Error reading "params/manifest.ocdbt": HTTP 503')
 
   monkeypatch.setattr(ocp.CheckpointManager, 'restore', unreachable_storage)
-  with pytest.raises(ckpt.CheckpointReadError, match='left in place'):
+  with pytest.raises(errors.CheckpointError, match='left in place'):
     loop.run(tiny_config(steps=6), tmp_path)
   assert attempts == [6] * ckpt._READ_ATTEMPTS  # retried, and no fall back to an older step
   assert runs.latest_step(tmp_path) == 6 and not list((tmp_path / 'checkpoints').glob('*.corrupt*'))

@@ -165,7 +165,7 @@ def default_prepared_dir(max_length: int = 1024, workers: int = 0,
     try:
       tokenizer_lib.builtin_wordpiece_size(tokenizer)
     except ValueError as e:
-      raise shards.DataError(f'{e}: the built-in corpus (data.dir empty) is prepared with '
+      raise errors.DataError(f'{e}: the built-in corpus (data.dir empty) is prepared with '
                              f'{tokenizer_lib.BUILTIN_BERT!r} or builtin-wordpiece-N; for another tokenizer, '
                              'prepare your data with it and set data.dir') from None
   out = os.path.join(cache_dir(), 'prepared', f'default-{CORPUS_VERSION}-{tokenizer}-L{max_length}')
@@ -174,7 +174,7 @@ def default_prepared_dir(max_length: int = 1024, workers: int = 0,
   if _prepared_with(out, tokenizer):
     return out
   if not build:
-    raise shards.DataError(
+    raise errors.DataError(
         f'the built-in corpus is not prepared for max_length={max_length} and tokenizer {tokenizer!r}; the train '
         f'command prepares it, or run: python -m neobert_jax.data.corpus --max-length {max_length} '
         f'--tokenizer {tokenizer}')

@@ -30,7 +30,7 @@ import grain
 import ml_collections
 import numpy as np
 
-from neobert_jax import paths
+from neobert_jax import errors, paths
 from neobert_jax.data import blocks as blocks_lib
 from neobert_jax.config import data as config_lib
 from neobert_jax.data import masking
@@ -186,12 +186,12 @@ def open_prepared(data_cfg: ml_collections.ConfigDict, seq_len: int,
   if data_cfg.tokenizer:
     want = tokenizer_lib.load_tokenizer(data_cfg.tokenizer).identity()
     if not tokenizer_lib.same_vocabulary(want, ident):
-      raise shards.DataError(
+      raise errors.DataError(
           f'{shown} was prepared with tokenizer {ident["spec"]!r} ({ident["kind"]}, '
           f'{ident["vocab_size"]} ids), not data.tokenizer={data_cfg.tokenizer!r} '
           f'({want["kind"]}, {want["vocab_size"]} ids); prepare it again with that tokenizer')
   if model_vocab_size is not None and model_vocab_size != ident['vocab_size']:
-    raise shards.DataError(
+    raise errors.DataError(
         f'{shown} uses a {ident["vocab_size"]}-id vocabulary ({ident["spec"]!r}) but the '
         f'model has vocab_size={model_vocab_size}; they must match')
   return directory, manifest
@@ -217,7 +217,7 @@ def _blocks(paths, data_cfg, seed, process_index, process_count, shuffle):
                                      process_index=process_index,
                                      process_count=process_count, shuffle=shuffle)
   except ValueError as e:
-    raise shards.DataError(str(e)) from e
+    raise errors.DataError(str(e)) from e
 
 
 class _OwnRows:

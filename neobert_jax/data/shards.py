@@ -27,10 +27,6 @@ SPLITS = ('train', 'eval')
 WRITER_OPTIONS = 'group_size:1,uncompressed'
 
 
-class DataError(errors.DataError):
-  """Prepared data that is missing, incomplete or does not fit the run."""
-
-
 def shard_name(split: str, index: int) -> str:
   return f'{split}-{index:05d}.arrayrecord'
 
@@ -97,10 +93,10 @@ def remedy(directory: str) -> str:
 def read_manifest(directory: str) -> dict:
   path = os.path.join(directory, MANIFEST)
   if not os.path.isdir(directory):
-    raise DataError(f'{directory}: prepared-data directory does not exist '
+    raise errors.DataError(f'{directory}: prepared-data directory does not exist '
                     '(make it with `python -m neobert_jax.data.prepare`)')
   if not os.path.isfile(path):
-    raise DataError(f'{directory}: no {MANIFEST}; the directory is not prepared data, or '
+    raise errors.DataError(f'{directory}: no {MANIFEST}; the directory is not prepared data, or '
                     f'its prepare run did not finish: {remedy(directory)}')
   with open(path, 'rb') as f:
     return parse_manifest(f.read(), directory)
@@ -112,10 +108,10 @@ def parse_manifest(raw: bytes, directory: str) -> dict:
   try:
     manifest = json.loads(raw.decode('utf-8'))
   except (json.JSONDecodeError, UnicodeDecodeError) as e:
-    raise DataError(f'{path}: unreadable manifest ({e}); {remedy(directory)}') from e
+    raise errors.DataError(f'{path}: unreadable manifest ({e}); {remedy(directory)}') from e
   if not isinstance(manifest, dict) or manifest.get('format') != FORMAT:
     found = manifest.get('format') if isinstance(manifest, dict) else type(manifest).__name__
-    raise DataError(f'{path}: format {found!r}, expected {FORMAT!r}; {remedy(directory)}')
+    raise errors.DataError(f'{path}: format {found!r}, expected {FORMAT!r}; {remedy(directory)}')
   _check_fields(path, manifest, directory)
   return manifest
 
@@ -137,19 +133,19 @@ def _check_fields(path: str, manifest: dict, directory: str) -> None:
     if bad:
       raise TypeError(f'{bad[0]!r} where a number is expected')
   except (KeyError, TypeError, AttributeError) as e:
-    raise DataError(f'{path}: damaged manifest ({type(e).__name__}: {e}); {remedy(directory)}') from e
+    raise errors.DataError(f'{path}: damaged manifest ({type(e).__name__}: {e}); {remedy(directory)}') from e
 
 
 def split_paths(directory: str, manifest: dict, split: str) -> list[str]:
   """Shard paths of a split, after checking each one is whole."""
   info = manifest['splits'].get(split)
   if not info or not info['shards']:
-    raise DataError(f'{directory}: split {split!r} holds no documents')
+    raise errors.DataError(f'{directory}: split {split!r} holds no documents')
   found = []
   for shard in info['shards']:
     path = os.path.join(directory, shard['file'])
     if not os.path.isfile(path):
-      raise DataError(f'{path}: shard listed in the manifest is missing; {remedy(directory)}')
+      raise errors.DataError(f'{path}: shard listed in the manifest is missing; {remedy(directory)}')
     check_size(path, os.path.getsize(path), shard, directory, 'on disk')
     check_records(path, path, shard, directory)
     found.append(path)
@@ -158,7 +154,7 @@ def split_paths(directory: str, manifest: dict, split: str) -> list[str]:
 
 def check_size(shown: str, size: int, shard: dict, directory: str, where: str) -> None:
   if size != shard['bytes']:
-    raise DataError(f'{shown}: {size} bytes {where}, manifest says {shard["bytes"]} '
+    raise errors.DataError(f'{shown}: {size} bytes {where}, manifest says {shard["bytes"]} '
                     f'(truncated or replaced shard); {remedy(directory)}')
 
 
@@ -169,9 +165,9 @@ def check_records(path: str, shown: str, shard: dict, directory: str) -> None:
     n = reader.num_records()
     reader.close()
   except Exception as e:  # the C++ reader raises RuntimeError/ValueError variants
-    raise DataError(f'{shown}: corrupt shard ({e}); {remedy(directory)}') from e
+    raise errors.DataError(f'{shown}: corrupt shard ({e}); {remedy(directory)}') from e
   if n != shard['records']:
-    raise DataError(f'{shown}: {n} records, manifest says {shard["records"]}; {remedy(directory)}')
+    raise errors.DataError(f'{shown}: {n} records, manifest says {shard["records"]}; {remedy(directory)}')
 
 
 def manifest_text(manifest: dict) -> str:

@@ -61,9 +61,9 @@ def _read_manifest(url: paths.Path) -> bytes:
     if not bucket.exists():
       raise errors.StorageError(f'{url}: bucket {bucket} does not exist, or these credentials cannot see it') from None
     if not url.exists():
-      raise shards.DataError(f'{url}: prepared-data directory does not exist (nothing under that URL; make it '
+      raise errors.DataError(f'{url}: prepared-data directory does not exist (nothing under that URL; make it '
                              f'with `python -m neobert_jax.data.prepare --output {url}`)') from None
-    raise shards.DataError(f'{url}: no {shards.MANIFEST}; the directory is not prepared data, or its prepare run '
+    raise errors.DataError(f'{url}: no {shards.MANIFEST}; the directory is not prepared data, or its prepare run '
                            f'did not finish: {shards.remedy(str(url))}') from None
   except Exception as e:  # noqa: BLE001 - gcsfs raises its own types for HTTP 401 / 403 / 5xx
     raise errors.StorageError(f'{url}/{shards.MANIFEST} cannot be read ({errors.one_line(e)}); check that '
@@ -88,7 +88,7 @@ def _restage(url: paths.Path, local: str, raw: bytes, manifest: dict) -> None:
     try:
       size = src.stat().length
     except FileNotFoundError:
-      raise shards.DataError(f'{src}: shard listed in the manifest is missing; {shards.remedy(str(url))}') from None
+      raise errors.DataError(f'{src}: shard listed in the manifest is missing; {shards.remedy(str(url))}') from None
     shards.check_size(str(src), size, shard, str(url), 'on the bucket')
   marker = os.path.join(local, shards.MANIFEST)
   if os.path.exists(marker):
@@ -133,13 +133,13 @@ def _download(url: paths.Path, local: str, shard: dict) -> None:
         fout.write(block)
         size += len(block)
   except FileNotFoundError:
-    raise shards.DataError(f'{src}: shard listed in the manifest is missing; {shards.remedy(str(url))}') from None
+    raise errors.DataError(f'{src}: shard listed in the manifest is missing; {shards.remedy(str(url))}') from None
   except Exception as e:  # noqa: BLE001 - a network or permission failure mid-copy
     raise errors.StorageError(f'{src}: download failed ({errors.one_line(e)}); nothing was lost, run again to '
                               'resume staging') from None
   shards.check_size(str(src), size, shard, str(url), 'on the bucket')
   if 'sha256' in shard and h.hexdigest() != shard['sha256']:
-    raise shards.DataError(f'{src}: content differs from the manifest (sha256 {h.hexdigest()[:16]}..., manifest '
+    raise errors.DataError(f'{src}: content differs from the manifest (sha256 {h.hexdigest()[:16]}..., manifest '
                            f'says {shard["sha256"][:16]}...); {shards.remedy(str(url))}')
   shards.check_records(part, str(src), shard, str(url))
   os.replace(part, dst)

@@ -16,7 +16,7 @@ steps intact and the half-written one is never listed. A step whose params or op
 (disk damage, files removed by hand) is reported loudly, moved aside as '<step>.corrupt', and the next older step
 is used. A step is never set aside for anything else:
   * a readable step whose arrays do not fit the state this config builds (other shapes, another tree structure)
-    is a config mismatch (CheckpointMismatch, one line), checked from the small metadata files before any array is
+    is a config mismatch (errors.ConfigError, one line), checked from the small metadata files before any array is
     read; train/resume.py has refused the config differences that cause it even earlier;
   * an I/O error that looks transient (timeouts, UNAVAILABLE, permission denied, ...) is retried and then raised,
     leaving the checkpoint where it is, so re-running once the storage is back resumes from it;
@@ -89,7 +89,7 @@ def save(mngr: ocp.CheckpointManager, step: int, state: TrainState, data_iter: A
 
 
 def finish(mngr: ocp.CheckpointManager) -> None:
-  """Waits for the saves in flight; a failed one is CheckpointSaveError (one line), like in `save`."""
+  """Waits for the saves in flight; a failed one is errors.StorageError (one line), like in `save`."""
   try:
     mngr.wait_until_finished()
   except Exception as e:  # noqa: BLE001
@@ -105,22 +105,18 @@ def close(mngr: ocp.CheckpointManager) -> None:
     log.debug('closing the checkpoint manager after a failure: %s', _first_line(e))
 
 
-class CheckpointSaveError(errors.StorageError):
-  """A checkpoint could not be written (disk full, read-only, refused). The complete ones are untouched."""
-
-
 # What a write failure says, in the words users search for; Orbax and tensorstore wrap them in long specs.
 _WRITE_REASONS = ('No space left on device', 'Read-only file system', 'Permission denied', 'Disk quota exceeded',
                   'PERMISSION_DENIED', 'RESOURCE_EXHAUSTED', 'UNAVAILABLE', 'DEADLINE_EXCEEDED')
 
 
-def save_failed(mngr: ocp.CheckpointManager, e: BaseException) -> CheckpointSaveError:
+def save_failed(mngr: ocp.CheckpointManager, e: BaseException) -> errors.StorageError:
   text = f'{type(e).__name__}: {e}'
   reason = next((r for r in _WRITE_REASONS if r in text), None) or _first_line(e).split(' [tensorstore_spec')[0]
   good = runs.latest_step(paths.Path(mngr.directory))
   kept = (f'the last complete checkpoint, {mngr.directory}/{good}, is kept' if good is not None
           else 'no checkpoint of this run was complete yet')
-  return CheckpointSaveError(f'writing a checkpoint under {mngr.directory} failed ({reason}); {kept}. Free space '
+  return errors.StorageError(f'writing a checkpoint under {mngr.directory} failed ({reason}); {kept}. Free space '
                              'or fix the storage, then re-run the same command to resume from it.')
 
 
@@ -137,12 +133,6 @@ def _set_aside(mngr: ocp.CheckpointManager, step: int, reason: str) -> None:
     log.error('CHECKPOINT SET ASIDE: step %d at %s could not be read (%s). It was renamed to %s (nothing was '
               'deleted); inspect it, or delete it once you no longer need it.', step, src, reason, dst)
   mngr.reload()
-
-
-class CheckpointReadError(errors.CheckpointError):
-  """A checkpoint could not be read for a reason that says nothing about its contents (storage I/O trouble).
-
-  The checkpoint is left in place: re-running once the storage is healthy resumes from it."""
 
 
 # Status words of tensorstore / gRPC / cloud storage errors that describe the storage, not the bytes stored.
@@ -168,7 +158,7 @@ def _first_line(e: BaseException) -> str:
 
 
 def _with_retries(read: Callable[[], Any], step: int, directory: Any) -> Any:
-  """read(); transient storage errors are retried, then raised as CheckpointReadError (checkpoint left alone)."""
+  """read(); transient storage errors are retried, then raised as errors.CheckpointError (checkpoint left alone)."""
   for attempt in range(1, _READ_ATTEMPTS + 1):
     try:
       return read()
@@ -176,7 +166,7 @@ def _with_retries(read: Callable[[], Any], step: int, directory: Any) -> Any:
       if not _is_transient(e):
         raise
       if attempt == _READ_ATTEMPTS:
-        raise CheckpointReadError(
+        raise errors.CheckpointError(
             f'checkpoint step {step} in {directory} could not be read after {attempt} attempts because of a '
             f'storage error ({_first_line(e)}). It was left in place; re-run once the storage is reachable to '
             f'resume from it.') from e
@@ -193,11 +183,6 @@ def _restore_arrays(mngr: ocp.CheckpointManager, step: int, abstract: TrainState
   return _with_retries(lambda: mngr.restore(step, args=args), step, mngr.directory)
 
 
-class CheckpointMismatch(errors.ConfigError):
-  """A readable checkpoint whose arrays do not fit the state this config builds: a config difference, never
-  damage, so the checkpoint is left exactly where it is."""
-
-
 def _leaves(tree: Any) -> dict[str, Any]:
   # Orbax's metadata tree spells every node as a dict key ('1', 'value'); the abstract state uses sequence
   # indices and attributes. Their names agree.
@@ -205,7 +190,7 @@ def _leaves(tree: Any) -> dict[str, Any]:
 
 
 def _check_fits(mngr: ocp.CheckpointManager, step: int, abstract: TrainState) -> None:
-  """CheckpointMismatch when the saved tree structure or shapes differ from `abstract`'s. Reads only the small
+  """errors.ConfigError when the saved tree structure or shapes differ from `abstract`'s. Reads only the small
   metadata files, on this process alone (a handler, not a Checkpointer: no cross-process barrier)."""
   root = paths.Path(mngr.directory) / str(step)
   for item in ('params', 'opt'):
@@ -223,7 +208,7 @@ def _check_fits(mngr: ocp.CheckpointManager, step: int, abstract: TrainState) ->
         _leaves(tree), {k: v.shape for k, v in _leaves(target).items()}, f'checkpoint step {step} in {mngr.directory} ({item})',
         'this config builds a different state than the one saved (see the config differences above, if any); '
         'nothing was changed. Resume with the run\'s own config, or start a new --workdir (with '
-        '--config.init.from_checkpoint to start from its weights).', error=CheckpointMismatch)
+        '--config.init.from_checkpoint to start from its weights).', error=errors.ConfigError)
 
 
 _DATA_FILE = re.compile(r'process_(\d+)-of-(\d+)\.json')
@@ -328,13 +313,13 @@ def restore_latest(mngr: ocp.CheckpointManager, abstract: TrainState, data_iter:
 
   `data_iter` (if any) is moved in place to the saved position (see `_restore_data` for a checkpoint written by
   another number of processes). Steps whose params/optimizer state are unreadable are reported and set aside;
-  storage errors raise CheckpointReadError and leave the checkpoint alone.
+  storage errors raise errors.CheckpointError and leave the checkpoint alone.
   """
   for step in sorted(mngr.all_steps(), reverse=True):
     try:
       _check_fits(mngr, step, abstract)
       restored = _restore_arrays(mngr, step, abstract)
-    except (CheckpointReadError, CheckpointMismatch):
+    except (errors.CheckpointError, errors.ConfigError):
       raise
     except Exception as e:  # noqa: BLE001 - the bytes are damaged or missing: try the previous checkpoint
       older = [s for s in mngr.all_steps() if s < step]

@@ -41,6 +41,7 @@ class RunResult:
   evals: list[dict[str, float]] = dataclasses.field(default_factory=list)   # {'step', 'loss', 'accuracy'}
   last_train: dict[str, float] = dataclasses.field(default_factory=dict)
   skipped_steps: int = 0
+  tokenizer: str = ''   # the tokenizer spec the prepared data was made with (data.tokenizer, else its manifest's)
   # train/report.py's unigram baseline and fill-mask examples, filled in by neobert_jax/pretrain.py after the export
   report: dict[str, Any] = dataclasses.field(default_factory=dict)
 
@@ -95,6 +96,7 @@ def run(cfg: ml_collections.ConfigDict, workdir: str | Path,
   mesh = shd.make_mesh(dict(cfg.mesh))
   seq_len, vocab, t, nproc = cfg.model.max_length, cfg.model.vocab_size, cfg.train, jax.process_count()
   pipeline.prepare_builtin(cfg.data, seq_len)  # the one place a run may tokenize: the built-in corpus, once
+  tokenizer = pipeline.open_prepared(cfg.data, seq_len)[1]['tokenizer']['spec']
   # The data pipeline checks the prepared data's tokenizer against model.vocab_size here, before the model exists.
   train_host = pipeline.make_train_iterator(
       cfg.data, batches_lib.local_batch_size(t.global_batch_size, nproc), seq_len, cfg.seed, jax.process_index(),
@@ -105,7 +107,7 @@ def run(cfg: ml_collections.ConfigDict, workdir: str | Path,
       seed=cfg.seed, process_index=jax.process_index(), process_count=nproc, num_batches=cfg.eval.num_batches,
       model_vocab_size=vocab) if eval_every > 0 else ()
   if is_main:
-    log.info('run: %s', config_lib.describe(cfg))
+    log.info('run: %s; data tokenized with %s', config_lib.describe(cfg), tokenizer)
 
   defs, abstract = mlm.abstract_train_state(cfg, mesh)
   mngr = ckpt.make_manager(workdir, cfg.checkpoint.keep, cfg.checkpoint.async_save)
@@ -139,7 +141,7 @@ def run(cfg: ml_collections.ConfigDict, workdir: str | Path,
                     'or --config.train.nan_policy=skip to drop such steps.')
   if is_main:
     log.info('MFU peak: %s FLOP/s (%s); %.3g model FLOPs per token', peak, peak_source, fpt)
-  result = RunResult(workdir=workdir, final_step=start)
+  result = RunResult(workdir=workdir, final_step=start, tokenizer=cfg.data.tokenizer or tokenizer)
   saved = {'step': start if restored is not None else -1}
 
   def last_good() -> str:
