@@ -38,10 +38,10 @@ from flax import nnx
 from neobert_jax import sharding as shd
 from neobert_jax.model.config import train_flops_per_token
 from neobert_jax.train import runtime as config_lib
-from neobert_jax.train import metrics as metrics_lib
-from neobert_jax.train import optimizer as optimizer_lib
-from neobert_jax.train import state as state_lib
-from neobert_jax.train import step as step_lib
+from neobert_jax.engine import metrics as metrics_lib
+from neobert_jax.engine import optimizer as optimizer_lib
+from neobert_jax.train import mlm as state_lib
+from neobert_jax.train import mlm as step_lib
 from neobert_jax.train.testing import mlm_rows, tiny_config
 from neobert_jax.weights.flat import to_flat
 
@@ -65,7 +65,7 @@ def jax_side(cfg, mode: str, batches: list[dict[str, np.ndarray]]) -> tuple[Run,
   cfg = config_lib.resolve(cfg)  # 'auto' attention and compute dtype, as the trainer resolves them
   defs, state = state_lib.create_train_state(cfg, mesh)
   flat = to_flat(nnx.merge(defs.model_def, state['params']))  # the same seed gives every side the same weights
-  keys, sharding = step_lib.batch_keys(cfg), step_lib.batch_sharding(mesh)
+  keys, sharding = step_lib.batch_keys(cfg.data.max_predictions), step_lib.batch_sharding(mesh)
   dev = [{k: jax.device_put(b[k][None], sharding) for k in keys} for b in batches]
   if mode == 'step':
     train = step_lib.build_train_step(cfg, mesh, defs)
@@ -76,13 +76,13 @@ def jax_side(cfg, mode: str, batches: list[dict[str, np.ndarray]]) -> tuple[Run,
       return float(metrics['loss'])
     return run, flat
 
-  packed, limit = cfg.data.packing == 'packed', step_lib.max_segments(cfg)
+  packed, limit = cfg.data.packing == 'packed', step_lib.max_segments(cfg.data)
 
   def loss(params, batch):
     total, (count, _) = step_lib.mlm_sums(nnx.merge(defs.model_def, params), {k: v[0] for k, v in batch.items()},
                                           packed, limit)
     return total / count
-  grad = step_lib.MeshBound(mesh, jax.jit(jax.value_and_grad(loss)))
+  grad = shd.MeshBound(mesh, jax.jit(jax.value_and_grad(loss)))
 
   def run_grad(i: int) -> float:
     value, grads = grad(state['params'], dev[i % len(dev)])

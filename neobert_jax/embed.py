@@ -19,7 +19,7 @@ from flax import nnx
 
 from neobert_jax import commandline, errors, paths
 from neobert_jax.downstream import batching, heads, inference, tables
-from neobert_jax.finetune import state as state_lib
+from neobert_jax import sharding as shd
 from neobert_jax.weights import place
 from neobert_jax.weights import source as source_lib
 
@@ -34,7 +34,7 @@ class Encoder:
     self.normalize = bool(run_head.get('normalize', False)) if normalize is None else normalize
     self.tok = source_lib.resolve_tokenizer(tokenizer, src)
     self.max_length, self.prefix = int(max_length), prefix
-    self.mesh = state_lib.inference_mesh()
+    self.mesh = shd.inference_mesh()
     self.batch_size = -(-int(batch_size) // self.mesh.size) * self.mesh.size
     flat = {k: v for k, v in src.flat.items() if k.startswith('encoder.')}
     model_cfg = src.model_cfg

@@ -14,7 +14,7 @@ from neobert_jax.downstream import batching, tables
 from neobert_jax.finetune import loop
 from neobert_jax.config.finetune import base_config
 from neobert_jax.model import NeoBERTForMLM, default_model_config
-from neobert_jax.train import checkpoint as ckpt
+from neobert_jax.engine import checkpoint as ckpt
 from neobert_jax.weights import runs, source
 from neobert_jax.weights.flat import to_flat
 

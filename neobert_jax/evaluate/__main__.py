@@ -51,7 +51,7 @@ def _parser() -> commandline.Parser:
 def pppl(args: argparse.Namespace) -> dict:
   from neobert_jax.evaluate import pppl as pppl_lib  # pylint: disable=g-import-not-at-top
   from neobert_jax.downstream import batching, tables  # pylint: disable=g-import-not-at-top
-  from neobert_jax.finetune import state as state_lib  # pylint: disable=g-import-not-at-top
+  from neobert_jax import sharding as shd  # pylint: disable=g-import-not-at-top
   from neobert_jax.weights import place, source as source_lib  # pylint: disable=g-import-not-at-top
   from neobert_jax.model import NeoBERTForMLM  # pylint: disable=g-import-not-at-top
   from tqdm.auto import tqdm  # pylint: disable=g-import-not-at-top
@@ -59,7 +59,7 @@ def pppl(args: argparse.Namespace) -> dict:
   tok = source_lib.resolve_tokenizer(args.tokenizer, src)
   texts = tables.read_texts(args.input, args.text_field)
   seqs = batching.frame(tok, texts, None, args.max_length)
-  mesh = state_lib.inference_mesh()
+  mesh = shd.inference_mesh()
   batch = -(-args.batch_size // mesh.size) * mesh.size
   graphdef, params, shardings = place.sharded_params(lambda: NeoBERTForMLM(src.model_cfg, rngs=_rngs()), src.flat,
                                                       mesh)
