@@ -49,6 +49,7 @@ def _torch_bf16(cfg, flat, batches):
   """Our PyTorch NeoBERT in bf16 on this machine's GPU (SDPA inside), AdamW, all logits: the original's work."""
   import torch  # pylint: disable=g-import-not-at-top
   from neobert_jax.convert.torch_ref import torch_model_from_flat  # pylint: disable=g-import-not-at-top
+
   device = 'cuda' if torch.cuda.is_available() else 'cpu'
   model = torch_model_from_flat(flat, cfg.model, dtype='bfloat16').to(device).train()
   opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
@@ -64,6 +65,7 @@ def _torch_bf16(cfg, flat, batches):
 
   def peak() -> int | None:
     return torch.cuda.max_memory_allocated() if device == 'cuda' else None
+
   return run, peak
 
 
@@ -89,10 +91,14 @@ def step_comparison(a, seq: int) -> dict:
   seconds, losses = bench.interleaved(sides, a.steps, 2)
   out = {'seq': seq, 'rows': ns.batch, 'device': kind, 'sides': {}}
   for name, s in seconds.items():
-    out['sides'][name] = {'step_s': s, 'tokens_per_s': tokens / s,
-                          'mfu': work[name] * tokens / s / peak if peak else None, 'first_loss': losses[name][0]}
+    out['sides'][name] = {
+      'step_s': s,
+      'tokens_per_s': tokens / s,
+      'mfu': work[name] * tokens / s / peak if peak else None,
+      'first_loss': losses[name][0],
+    }
   mem = _peak_memory()
-  out['jax_peak_memory_bytes'] = mem   # all JAX sides of the process together
+  out['jax_peak_memory_bytes'] = mem  # all JAX sides of the process together
   out['torch_peak_memory_bytes'] = torch_peak() if torch_peak else None
   del memory
   return out
@@ -100,8 +106,9 @@ def step_comparison(a, seq: int) -> dict:
 
 def roofline_of_training(a) -> dict | None:
   """The roofline of the one-device train step the training run compiles (this backend's own compiled program)."""
-  code = ('import json,sys; from benchmarks.accelerator import _roofline_child as f; '
-          'json.dump(f(sys.argv[1:]), sys.stdout)')
+  code = (
+    'import json,sys; from benchmarks.accelerator import _roofline_child as f; json.dump(f(sys.argv[1:]), sys.stdout)'
+  )
   r = subprocess.run([sys.executable, '-c', code, *a.train_flags], capture_output=True, text=True, cwd=ROOT)
   return json.loads(r.stdout) if r.returncode == 0 and r.stdout.strip() else {'error': r.stderr[-2000:]}
 
@@ -110,9 +117,10 @@ def _roofline_child(flags: list[str]) -> dict:
   from neobert_jax import config  # pylint: disable=g-import-not-at-top
   from neobert_jax import sharding as shd  # pylint: disable=g-import-not-at-top
   from neobert_jax.aot import roofline  # pylint: disable=g-import-not-at-top
+
   cfg = config.load(flags[0].split('=', 1)[1])
   for f in flags[1:]:
-    key, value = f[len('--config.'):].split('=', 1)
+    key, value = f[len('--config.') :].split('=', 1)
     section, field = key.split('.', 1)
     cfg[section][field] = type(cfg[section][field])(value)
   # the trainer's own resolution, state and step, through the modules benchmarks/train_step.py uses
@@ -125,8 +133,13 @@ def _roofline_child(flags: list[str]) -> dict:
   kind = jax.devices()[0].device_kind
   acc = hardware.lookup(kind) or hardware.lookup('H100')
   rl = roofline.analyze(text, acc, kind, num_devices=1, model_flops_per_device=flops)
-  return {'device': kind, 'rates_of': acc.kind, 'step_seconds': rl.step_seconds, 'mfu': rl.mfu,
-          'other_share': rl.other_share}
+  return {
+    'device': kind,
+    'rates_of': acc.kind,
+    'step_seconds': rl.step_seconds,
+    'mfu': rl.mfu,
+    'other_share': rl.other_share,
+  }
 
 
 def main() -> None:
@@ -142,10 +155,16 @@ def main() -> None:
     recipe, extra = 'configs/tiny_cpu.py', []
   else:
     a.layers, a.hidden, a.heads, a.rows, a.steps, seqs, train_steps = 28, 768, 12, 16, 10, (1024, 4096), 200
-    recipe, extra = 'configs/neobert_250m.py', ['--config.train.global_batch_size=16',
-                                                '--config.train.grad_accum_steps=1', '--config.mesh.fsdp=1']
-  a.train_flags = [f'--config={recipe}', f'--config.train.num_steps={train_steps}',
-                   f'--config.optimizer.warmup_steps={max(1, train_steps // 10)}', *extra]
+    recipe, extra = (
+      'configs/neobert_250m.py',
+      ['--config.train.global_batch_size=16', '--config.train.grad_accum_steps=1', '--config.mesh.fsdp=1'],
+    )
+  a.train_flags = [
+    f'--config={recipe}',
+    f'--config.train.num_steps={train_steps}',
+    f'--config.optimizer.warmup_steps={max(1, train_steps // 10)}',
+    *extra,
+  ]
   res = {'smoke': a.smoke, 'backend': jax.default_backend(), 'device': jax.devices()[0].device_kind}
   res['gpu_tests'] = _run([sys.executable, '-m', 'pytest', '-q', '-m', 'gpu', 'tests/test_attention_gpu.py'], 300)
   res['train_step'] = [step_comparison(a, seq) for seq in seqs]
@@ -158,17 +177,25 @@ def main() -> None:
 
 
 def markdown(res: dict) -> str:
-  lines = [f'# Acceptance run on {res["device"]} ({res["backend"]}{", smoke" if res["smoke"] else ""})', '',
-           f'gpu tests: rc {res["gpu_tests"]["rc"]} ({res["gpu_tests"]["tail"][-1] if res["gpu_tests"]["tail"] else ""})',
-           '', '| seq | side | step s | tokens/s | MFU |', '|---|---|---|---|---|']
+  lines = [
+    f'# Acceptance run on {res["device"]} ({res["backend"]}{", smoke" if res["smoke"] else ""})',
+    '',
+    f'gpu tests: rc {res["gpu_tests"]["rc"]} ({res["gpu_tests"]["tail"][-1] if res["gpu_tests"]["tail"] else ""})',
+    '',
+    '| seq | side | step s | tokens/s | MFU |',
+    '|---|---|---|---|---|',
+  ]
   for row in res['train_step']:
     for name, s in row['sides'].items():
       mfu = f'{s["mfu"]:.1%}' if s['mfu'] else '-'
       lines.append(f'| {row["seq"]} | {name} | {s["step_s"]:.4f} | {s["tokens_per_s"]:,.0f} | {mfu} |')
   rl, tr = res['roofline'] or {}, res['training']
-  lines += ['', f'training: rc {tr["rc"]}, {tr["seconds"]:.0f} s; last lines: {tr["tail"][-1] if tr["tail"] else ""}',
-            f'roofline of that step: {rl.get("step_seconds", float("nan")) * 1e3:.1f} ms estimated '
-            f'(rates of {rl.get("rates_of")}), est. MFU {rl.get("mfu") or 0:.1%}; compare with the measured step above']
+  lines += [
+    '',
+    f'training: rc {tr["rc"]}, {tr["seconds"]:.0f} s; last lines: {tr["tail"][-1] if tr["tail"] else ""}',
+    f'roofline of that step: {rl.get("step_seconds", float("nan")) * 1e3:.1f} ms estimated '
+    f'(rates of {rl.get("rates_of")}), est. MFU {rl.get("mfu") or 0:.1%}; compare with the measured step above',
+  ]
   return '\n'.join(lines) + '\n'
 
 

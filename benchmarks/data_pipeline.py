@@ -71,8 +71,14 @@ def measure(cfg, batch: int, seq_len: int, seconds: float) -> dict:
     chosen += int((b['labels'] >= 0).sum())
   wall, cpu = time.perf_counter() - t0, _cpu_seconds(proc) - c0
   it.close()  # stops prefetch threads/workers before the next measurement
-  return {'steps': steps, 'tokens_per_s': slots / wall, 'tokens_per_cpu_s': slots / cpu,
-          'cpu_cores_busy': cpu / wall, 'padding': 1 - real / slots, 'masked': chosen / real}
+  return {
+    'steps': steps,
+    'tokens_per_s': slots / wall,
+    'tokens_per_cpu_s': slots / cpu,
+    'cpu_cores_busy': cpu / wall,
+    'padding': 1 - real / slots,
+    'masked': chosen / real,
+  }
 
 
 def stage_split(directory: str, cfg, seq_len: int) -> dict:
@@ -81,11 +87,12 @@ def stage_split(directory: str, cfg, seq_len: int) -> dict:
   Process CPU time, not wall time, so other jobs on the machine do not inflate it.
   """
   import grain  # pylint: disable=g-import-not-at-top
+
   m = shards.read_manifest(directory)
   paths = shards.split_paths(directory, m, 'train')
-  blocks = blocks_lib.DocumentBlocks(grain.sources.ArrayRecordDataSource(paths),
-                                     cfg.block_docs, seed=0, process_index=0, process_count=1,
-                                     shuffle=True)
+  blocks = blocks_lib.DocumentBlocks(
+    grain.sources.ArrayRecordDataSource(paths), cfg.block_docs, seed=0, process_index=0, process_count=1, shuffle=True
+  )
   special = m['tokenizer']['special_ids']
   table = masking.special_table(m['tokenizer']['vocab_size'], special.values())
   out = {'read': 0.0, 'pack': 0.0, 'mask': 0.0}
@@ -94,12 +101,18 @@ def stage_split(directory: str, cfg, seq_len: int) -> dict:
     t = time.process_time()
     tokens, lengths = blocks[i]
     t1 = time.process_time()
-    rows = packing.pack_block(tokens, lengths, seq_len, cfg.packing, special['pad'],
-                              np.random.default_rng(i))
+    rows = packing.pack_block(tokens, lengths, seq_len, cfg.packing, special['pad'], np.random.default_rng(i))
     t2 = time.process_time()
-    masking.mask_rows(rows['input_ids'], rows['segment_ids'], np.random.default_rng(i),
-                      rate=cfg.mask_rate, strategy=cfg.mask_strategy, mask_id=special['mask'],
-                      is_special=table, max_predictions=cfg.max_predictions)
+    masking.mask_rows(
+      rows['input_ids'],
+      rows['segment_ids'],
+      np.random.default_rng(i),
+      rate=cfg.mask_rate,
+      strategy=cfg.mask_strategy,
+      mask_id=special['mask'],
+      is_special=table,
+      max_predictions=cfg.max_predictions,
+    )
     t3 = time.process_time()
     out['read'] += t1 - t
     out['pack'] += t2 - t1
@@ -111,6 +124,7 @@ def stage_split(directory: str, cfg, seq_len: int) -> dict:
 def _random_reads(urls: list[str], n: int) -> tuple[float, float]:
   """(records/s, Mtok/s) of reading n records at random, one by one, as the pipeline's read stage does."""
   import grain  # pylint: disable=g-import-not-at-top
+
   source = grain.sources.ArrayRecordDataSource(urls)
   order = np.random.default_rng(0).permutation(len(source))[:n]
   t0, tokens = time.perf_counter(), 0
@@ -124,9 +138,11 @@ def bucket_comparison(a) -> None:
   """Data on a bucket against the same data on local disk (see the module docstring)."""
   from neobert_jax import paths  # pylint: disable=g-import-not-at-top
   from neobert_jax.data import corpus, publish, staging  # pylint: disable=g-import-not-at-top
+
   emulator = None
   if a.emulator:
     from tests.conftest import gcs_env, start_gcs_emulator  # pylint: disable=g-import-not-at-top
+
     emulator, endpoint = start_gcs_emulator()
     os.environ.update(gcs_env(endpoint), CLOUD_STORAGE_EMULATOR_ENDPOINT=endpoint)
   try:
@@ -145,19 +161,26 @@ def bucket_comparison(a) -> None:
       t0 = time.perf_counter()
       staging.stage(url)
       check = time.perf_counter() - t0
-      print(f'data: {url} ({mib:.1f} MiB, {len(os.listdir(staged)) - 1} shards); upload {mib / up:.0f} MiB/s, '
-            f'staging {down:.2f} s = {mib / down:.0f} MiB/s, check of the staged copy {check * 1e3:.0f} ms')
-      print(f'{"source":8} {"pipeline Mtok/s":>15} {"random reads/s":>14} {"read Mtok/s":>11}   (packed, '
-            f'P {a.max_predictions[-1]}, workers 0, seq_len {a.seq_len}, batch {a.batch}, block_docs {a.block_docs}; '
-            f'{a.random_reads} records read at random)')
+      print(
+        f'data: {url} ({mib:.1f} MiB, {len(os.listdir(staged)) - 1} shards); upload {mib / up:.0f} MiB/s, '
+        f'staging {down:.2f} s = {mib / down:.0f} MiB/s, check of the staged copy {check * 1e3:.0f} ms'
+      )
+      print(
+        f'{"source":8} {"pipeline Mtok/s":>15} {"random reads/s":>14} {"read Mtok/s":>11}   (packed, '
+        f'P {a.max_predictions[-1]}, workers 0, seq_len {a.seq_len}, batch {a.batch}, block_docs {a.block_docs}; '
+        f'{a.random_reads} records read at random)'
+      )
       files = [s['file'] for s in m['splits']['train']['shards']]
-      for name, data_dir, urls in (('local', local, [os.path.join(local, f) for f in files]),
-                                   ('staged', str(url), [os.path.join(staged, f) for f in files]),
-                                   ('bucket', None, [f'{url}/{f}' for f in files])):
+      for name, data_dir, urls in (
+        ('local', local, [os.path.join(local, f) for f in files]),
+        ('staged', str(url), [os.path.join(staged, f) for f in files]),
+        ('bucket', None, [f'{url}/{f}' for f in files]),
+      ):
         cfg = config_lib.default_data_config()
         cfg.dir, cfg.block_docs, cfg.max_predictions = data_dir, a.block_docs, a.max_predictions[-1]
-        tok = f'{measure(cfg, a.batch, a.seq_len, a.seconds)["tokens_per_s"] / 1e6:15.2f}' if data_dir else (
-            f'{"-":>15}')
+        tok = (
+          f'{measure(cfg, a.batch, a.seq_len, a.seconds)["tokens_per_s"] / 1e6:15.2f}' if data_dir else (f'{"-":>15}')
+        )
         per_s, mtok = _random_reads(urls, a.random_reads)
         print(f'{name:8} {tok} {per_s:14.0f} {mtok:11.3f}', flush=True)
   finally:
@@ -166,8 +189,7 @@ def bucket_comparison(a) -> None:
 
 
 def main(argv=None):
-  p = argparse.ArgumentParser(description=__doc__,
-                              formatter_class=argparse.RawDescriptionHelpFormatter)
+  p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   p.add_argument('--data', default='', help='prepared directory (default: synthetic)')
   p.add_argument('--docs', type=int, default=20000, help='synthetic documents')
   p.add_argument('--mean-len', type=int, default=494, help='synthetic mean document length')
@@ -188,11 +210,15 @@ def main(argv=None):
     directory = a.data or synthetic_dir(tmp, a.docs, a.mean_len, a.seq_len)
     m = shards.read_manifest(directory)
     tr = m['splits']['train']
-    print(f'data: {directory}  {tr["records"]} records, mean length '
-          f'{tr["tokens"] / tr["records"]:.0f}, seq_len {a.seq_len}, batch {a.batch}, '
-          f'block_docs {a.block_docs}, {os.cpu_count()} CPUs')
-    print(f'{"packing":8} {"P":>4} {"workers":>7} {"Mtok/s":>7} {"Mtok/cpu-s":>10} '
-          f'{"cores":>5} {"padding":>7} {"masked":>6}   CPU ms per Mtok: read pack mask')
+    print(
+      f'data: {directory}  {tr["records"]} records, mean length '
+      f'{tr["tokens"] / tr["records"]:.0f}, seq_len {a.seq_len}, batch {a.batch}, '
+      f'block_docs {a.block_docs}, {os.cpu_count()} CPUs'
+    )
+    print(
+      f'{"packing":8} {"P":>4} {"workers":>7} {"Mtok/s":>7} {"Mtok/cpu-s":>10} '
+      f'{"cores":>5} {"padding":>7} {"masked":>6}   CPU ms per Mtok: read pack mask'
+    )
     for mode in ('packed', 'none'):
       for pred in a.max_predictions:
         for workers in a.workers:
@@ -202,9 +228,12 @@ def main(argv=None):
           r = measure(cfg, a.batch, a.seq_len, a.seconds)
           s = stage_split(directory, cfg, a.seq_len) if workers == 0 else {}
           split = ' '.join(f'{s[k] * 1e3:5.0f}' for k in ('read', 'pack', 'mask')) if s else ''
-          print(f'{mode:8} {pred:>4} {workers:>7} {r["tokens_per_s"] / 1e6:7.2f} '
-                f'{r["tokens_per_cpu_s"] / 1e6:10.2f} {r["cpu_cores_busy"]:5.2f} '
-                f'{r["padding"]:7.3f} {r["masked"]:6.3f}   {split}', flush=True)
+          print(
+            f'{mode:8} {pred:>4} {workers:>7} {r["tokens_per_s"] / 1e6:7.2f} '
+            f'{r["tokens_per_cpu_s"] / 1e6:10.2f} {r["cpu_cores_busy"]:5.2f} '
+            f'{r["padding"]:7.3f} {r["masked"]:6.3f}   {split}',
+            flush=True,
+          )
 
 
 if __name__ == '__main__':

@@ -47,14 +47,17 @@ def finetune_tokens_per_sec(a: argparse.Namespace, mesh) -> dict[str, float]:
   cfg.train.num_steps = 1000
   model_cfg = _model_cfg(a)
   tx, lr = make_finetune_optimizer(cfg.optimizer, 1000)
-  defs, state = create_state(lambda: heads.SequenceClassifier(model_cfg, 2, 0.1, 0.02, rngs=nnx.Rngs(0)),
-                             tx, lr, mesh)
+  defs, state = create_state(lambda: heads.SequenceClassifier(model_cfg, 2, 0.1, 0.02, rngs=nnx.Rngs(0)), tx, lr, mesh)
   keys = ['input_ids', 'lengths', 'weights', 'labels']
   step = build_step(defs, mesh, sequence_loss('classification'), keys)
   rng = np.random.default_rng(0)
   b, t = a.batch, a.seq
-  host = {'input_ids': rng.integers(1000, 30522, (b, t)).astype(np.int32), 'lengths': np.full((b,), t, np.int32),
-          'weights': np.ones((b,), np.float32), 'labels': rng.integers(0, 2, (b,)).astype(np.int32)}
+  host = {
+    'input_ids': rng.integers(1000, 30522, (b, t)).astype(np.int32),
+    'lengths': np.full((b,), t, np.int32),
+    'weights': np.ones((b,), np.float32),
+    'labels': rng.integers(0, 2, (b,)).astype(np.int32),
+  }
   batch = batching.to_global(host, mesh)
   key = jax.random.key(0)
   state, m = step(state, batch, key)  # compile
@@ -72,8 +75,9 @@ def finetune_tokens_per_sec(a: argparse.Namespace, mesh) -> dict[str, float]:
 def embedding_throughput(a: argparse.Namespace, mesh) -> dict[str, float]:
   model_cfg = _model_cfg(a)
   flat = to_flat(heads.Embedder(model_cfg, 'mean', rngs=nnx.Rngs(0)))
-  graphdef, params, shardings = place.sharded_params(lambda: heads.Embedder(model_cfg, 'mean', rngs=nnx.Rngs(0)),
-                                                      flat, mesh)
+  graphdef, params, shardings = place.sharded_params(
+    lambda: heads.Embedder(model_cfg, 'mean', rngs=nnx.Rngs(0)), flat, mesh
+  )
   forward = inference.jit_forward(graphdef, shardings, mesh)
   rng = np.random.default_rng(1)
   seqs = [rng.integers(1000, 30522, int(n)).astype(np.int32) for n in rng.integers(8, a.seq + 1, a.texts)]
@@ -88,8 +92,9 @@ def embedding_throughput(a: argparse.Namespace, mesh) -> dict[str, float]:
 
 
 def main(argv: list[str] | None = None) -> dict:
-  p = argparse.ArgumentParser(prog='python -m benchmarks.downstream', description=__doc__,
-                              formatter_class=argparse.RawDescriptionHelpFormatter)
+  p = argparse.ArgumentParser(
+    prog='python -m benchmarks.downstream', description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+  )
   p.add_argument('--layers', type=int, default=4)
   p.add_argument('--hidden', type=int, default=768)
   p.add_argument('--heads', type=int, default=12)
@@ -100,8 +105,12 @@ def main(argv: list[str] | None = None) -> dict:
   p.add_argument('--embed-batch', type=int, default=64)
   a = p.parse_args(argv)
   mesh = shd.inference_mesh()
-  out = {'config': vars(a), 'devices': jax.device_count(), 'finetune': finetune_tokens_per_sec(a, mesh),
-         'embedding': embedding_throughput(a, mesh)}
+  out = {
+    'config': vars(a),
+    'devices': jax.device_count(),
+    'finetune': finetune_tokens_per_sec(a, mesh),
+    'embedding': embedding_throughput(a, mesh),
+  }
   print(json.dumps(out, indent=2))
   return out
 

@@ -44,8 +44,13 @@ def run_local(inputs, out, workers, flags) -> dict:
   m = prepare_lib.prepare(inputs, out, workers=workers, overwrite=True, **flags)
   wall = time.perf_counter() - t0
   # Pool workers have exited by now, so RUSAGE_CHILDREN holds their CPU time.
-  return {'manifest': m, 'tokens': _tokens(m), 'wall': wall, 'main_cpu': _cpu(resource.RUSAGE_SELF) - self0,
-          'worker_cpu': _cpu(resource.RUSAGE_CHILDREN) - kids0}
+  return {
+    'manifest': m,
+    'tokens': _tokens(m),
+    'wall': wall,
+    'main_cpu': _cpu(resource.RUSAGE_SELF) - self0,
+    'worker_cpu': _cpu(resource.RUSAGE_CHILDREN) - kids0,
+  }
 
 
 def run_ray(inputs, out, nodes, flags, split_mb, warmup) -> list[dict]:
@@ -55,6 +60,7 @@ def run_ray(inputs, out, nodes, flags, split_mb, warmup) -> list[dict]:
   import ray  # pylint: disable=g-import-not-at-top
   from ray.cluster_utils import Cluster  # pylint: disable=g-import-not-at-top
   from neobert_jax.data import prepare_ray  # pylint: disable=g-import-not-at-top
+
   cluster = Cluster(initialize_head=True, head_node_args=dict(num_cpus=0, include_dashboard=False))
   rows = []
   try:
@@ -67,8 +73,16 @@ def run_ray(inputs, out, nodes, flags, split_mb, warmup) -> list[dict]:
       prepare_ray.prepare([warmup], f'{out}-warm', split_mb=0.05, overwrite=True, **flags)
       cpu0, t0 = _cpu(resource.RUSAGE_SELF), time.perf_counter()
       m = prepare_ray.prepare(inputs, f'{out}-{n}', split_mb=split_mb, overwrite=True, **flags)
-      rows.append({'nodes': n, 'manifest': m, 'tokens': _tokens(m), 'wall': time.perf_counter() - t0,
-                   'driver_cpu': _cpu(resource.RUSAGE_SELF) - cpu0, 'out': f'{out}-{n}'})
+      rows.append(
+        {
+          'nodes': n,
+          'manifest': m,
+          'tokens': _tokens(m),
+          'wall': time.perf_counter() - t0,
+          'driver_cpu': _cpu(resource.RUSAGE_SELF) - cpu0,
+          'out': f'{out}-{n}',
+        }
+      )
   finally:
     ray.shutdown()
     cluster.shutdown()
@@ -87,7 +101,8 @@ def plan_at_scale(units=2048, docs_per_unit=16384, shard_mb=256) -> tuple[float,
 def _same(a: str, b: str) -> bool:
   files = sorted(f for f in os.listdir(a) if f.endswith('.arrayrecord'))
   return files == sorted(f for f in os.listdir(b) if f.endswith('.arrayrecord')) and all(
-      filecmp.cmp(os.path.join(a, f), os.path.join(b, f), shallow=False) for f in files)
+    filecmp.cmp(os.path.join(a, f), os.path.join(b, f), shallow=False) for f in files
+  )
 
 
 def main(argv=None):
@@ -108,8 +123,10 @@ def main(argv=None):
     inputs = a.input or [corpus.default_corpus_jsonl()]
     if a.repeat > 1:  # the same files again under other names: more units, the same text
       inputs = [_repeat(inputs, a.repeat, tmp)]
-    print(f'inputs: {inputs}, tokenizer {a.tokenizer}, max_length {a.max_length}, shards of {a.shard_mb} MiB, '
-          f'{os.cpu_count()} CPUs')
+    print(
+      f'inputs: {inputs}, tokenizer {a.tokenizer}, max_length {a.max_length}, shards of {a.shard_mb} MiB, '
+      f'{os.cpu_count()} CPUs'
+    )
     print(f'{"engine":>14} {"Mtok":>6} {"wall s":>7} {"Mtok/s":>7} {"Mtok/s/CPU":>10}  details')
     base = None
     for w in workers if 'local' in a.engine else []:
@@ -117,9 +134,11 @@ def main(argv=None):
       rate = r['tokens'] / r['wall'] / 1e6
       per_cpu = r['tokens'] / (r['worker_cpu'] if w > 0 else r['main_cpu']) / 1e6
       label = f'local, {w} wkr'
-      print(f'{label:>14} {r["tokens"] / 1e6:6.2f} {r["wall"]:7.1f} {rate:7.3f} {rate / max(w, 1):10.3f}  '
-            f'main cpu {r["main_cpu"]:.1f} s, worker cpu {r["worker_cpu"]:.1f} s, {per_cpu:.3f} Mtok/worker-cpu-s',
-            flush=True)
+      print(
+        f'{label:>14} {r["tokens"] / 1e6:6.2f} {r["wall"]:7.1f} {rate:7.3f} {rate / max(w, 1):10.3f}  '
+        f'main cpu {r["main_cpu"]:.1f} s, worker cpu {r["worker_cpu"]:.1f} s, {per_cpu:.3f} Mtok/worker-cpu-s',
+        flush=True,
+      )
       base = base or os.path.join(tmp, f'w{w}')
     if 'ray' in a.engine:
       warm = os.path.join(tmp, 'warm.jsonl')
@@ -130,23 +149,30 @@ def main(argv=None):
         shards = sum(len(s['shards']) for s in r['manifest']['splits'].values())
         task_cpu = sum(n['cpu_seconds'] for n in e['nodes'].values())
         label = f'ray, {r["nodes"]} node'
-        print(f'{label:>14} {r["tokens"] / 1e6:6.2f} {r["wall"]:7.1f} {rate:7.3f} '
-              f'{rate / r["nodes"]:10.3f}  task cpu {task_cpu:.1f} s, {r["tokens"] / task_cpu / 1e6:.3f} Mtok/task-cpu-s, '
-              f'{e["units"]} units, {shards} shards, driver cpu '
-              f'{r["driver_cpu"] / e["units"] * 1e3:.1f} ms/unit, planning {e["plan_seconds_per_shard"] * 1e6:.0f} '
-              f'us/shard', flush=True)
+        print(
+          f'{label:>14} {r["tokens"] / 1e6:6.2f} {r["wall"]:7.1f} {rate:7.3f} '
+          f'{rate / r["nodes"]:10.3f}  task cpu {task_cpu:.1f} s, {r["tokens"] / task_cpu / 1e6:.3f} Mtok/task-cpu-s, '
+          f'{e["units"]} units, {shards} shards, driver cpu '
+          f'{r["driver_cpu"] / e["units"] * 1e3:.1f} ms/unit, planning {e["plan_seconds_per_shard"] * 1e6:.0f} '
+          f'us/shard',
+          flush=True,
+        )
         base = base or r['out']
         print(f'{"":>14} shards identical to {os.path.basename(base)}: {_same(base, r["out"])}')
       per_shard, n = plan_at_scale()
-      print(f'planner alone at web scale: {n} shards of 256 MiB from 2048 units x 16384 documents: '
-            f'{per_shard * 1e3:.2f} ms/shard')
+      print(
+        f'planner alone at web scale: {n} shards of 256 MiB from 2048 units x 16384 documents: '
+        f'{per_shard * 1e3:.2f} ms/shard'
+      )
     for w in workers[1:] if 'local' in a.engine else []:
-      print(f'local {w} workers: shards identical to {os.path.basename(base)}: '
-            f'{_same(base, os.path.join(tmp, f"w{w}"))}')
+      print(
+        f'local {w} workers: shards identical to {os.path.basename(base)}: {_same(base, os.path.join(tmp, f"w{w}"))}'
+      )
 
 
 def _repeat(inputs, times, tmp) -> str:
   from neobert_jax.data import sources  # pylint: disable=g-import-not-at-top
+
   folder = os.path.join(tmp, 'repeated')
   os.makedirs(folder)
   for k in range(times):

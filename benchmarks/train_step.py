@@ -74,20 +74,24 @@ def jax_side(cfg, mode: str, batches: list[dict[str, np.ndarray]]) -> tuple[Run,
     def run(i: int) -> float:
       box['state'], metrics = train(box['state'], dev[i % len(dev)])
       return float(metrics['loss'])
+
     return run, flat
 
   packed, limit = cfg.data.packing == 'packed', step_lib.max_segments(cfg.data)
 
   def loss(params, batch):
-    total, (count, _) = step_lib.mlm_sums(nnx.merge(defs.model_def, params), {k: v[0] for k, v in batch.items()},
-                                          packed, limit)
+    total, (count, _) = step_lib.mlm_sums(
+      nnx.merge(defs.model_def, params), {k: v[0] for k, v in batch.items()}, packed, limit
+    )
     return total / count
+
   grad = shd.MeshBound(mesh, jax.jit(jax.value_and_grad(loss)))
 
   def run_grad(i: int) -> float:
     value, grads = grad(state['params'], dev[i % len(dev)])
     jax.block_until_ready(grads)  # the gradients are the work; returning them keeps XLA from dropping it
     return float(value)
+
   return run_grad, flat
 
 
@@ -104,17 +108,23 @@ def torch_side(cfg, flat: dict[str, np.ndarray], mode: str, head: str, batches: 
   """Our PyTorch NeoBERT with torch's AdamW configured from cfg.optimizer, on the same batches."""
   import torch  # pylint: disable=g-import-not-at-top
   from neobert_jax.convert.torch_ref import torch_model_from_flat  # pylint: disable=g-import-not-at-top
+
   model = torch_model_from_flat(flat, cfg.model).train()
   o = cfg.optimizer
   groups = {True: [], False: []}
   for name, p in model.named_parameters():
     p.requires_grad_(True)
     groups[_torch_decays(name, o)].append(p)
-  opt = torch.optim.AdamW([{'params': groups[True], 'weight_decay': float(o.weight_decay)},
-                           {'params': groups[False], 'weight_decay': 0.0}],
-                          lr=float(o.peak_lr), betas=(float(o.b1), float(o.b2)), eps=float(o.eps))
-  tb = [{k: torch.from_numpy(v) if v.dtype == np.float32 else torch.from_numpy(v).long() for k, v in b.items()}
-        for b in batches]
+  opt = torch.optim.AdamW(
+    [{'params': groups[True], 'weight_decay': float(o.weight_decay)}, {'params': groups[False], 'weight_decay': 0.0}],
+    lr=float(o.peak_lr),
+    betas=(float(o.b1), float(o.b2)),
+    eps=float(o.eps),
+  )
+  tb = [
+    {k: torch.from_numpy(v) if v.dtype == np.float32 else torch.from_numpy(v).long() for k, v in b.items()}
+    for b in batches
+  ]
 
   def loss_of(b) -> torch.Tensor:
     ones = torch.ones_like(b['input_ids'])
@@ -122,8 +132,9 @@ def torch_side(cfg, flat: dict[str, np.ndarray], mode: str, head: str, batches: 
       return model(input_ids=b['input_ids'], attention_mask=ones, labels=b['labels']).loss
     hidden = model.model(input_ids=b['input_ids'], attention_mask=ones).last_hidden_state
     picked = torch.take_along_dim(hidden, b['mlm_positions'][..., None], dim=1)
-    ce = torch.nn.functional.cross_entropy(model.decoder(picked).flatten(0, 1), b['mlm_labels'].flatten(),
-                                           reduction='none')
+    ce = torch.nn.functional.cross_entropy(
+      model.decoder(picked).flatten(0, 1), b['mlm_labels'].flatten(), reduction='none'
+    )
     w = b['mlm_weights'].flatten()
     return (ce * w).sum() / w.sum()
 
@@ -139,6 +150,7 @@ def torch_side(cfg, flat: dict[str, np.ndarray], mode: str, head: str, batches: 
         g['lr'] = lr
       opt.step()
     return float(loss.detach())
+
   return run
 
 
@@ -159,13 +171,14 @@ def interleaved(sides: dict[str, Run], steps: int, warmup: int) -> tuple[dict[st
 
 def torch_matmul_peak(n: int = 2048, seconds: float = 1.0) -> float:
   import torch  # pylint: disable=g-import-not-at-top
+
   a = torch.ones(n, n)
   a @ a
   reps, start = 0, time.perf_counter()
   while time.perf_counter() - start < seconds or reps < 3:
     a @ a
     reps += 1
-  return 2 * n ** 3 * reps / (time.perf_counter() - start)
+  return 2 * n**3 * reps / (time.perf_counter() - start)
 
 
 def main() -> None:
@@ -177,8 +190,9 @@ def main() -> None:
   p.add_argument('--batch', type=int, default=4)
   p.add_argument('--steps', type=int, default=5, help='timed steps per side')
   p.add_argument('--warmup', type=int, default=2, help='untimed steps per side (JAX compiles in the first)')
-  p.add_argument('--mode', choices=('step', 'grad'), default='step',
-                 help='step: the full train step; grad: forward + backward only')
+  p.add_argument(
+    '--mode', choices=('step', 'grad'), default='step', help='step: the full train step; grad: forward + backward only'
+  )
   p.add_argument('--head', nargs='+', choices=('sparse', 'dense'), default=['sparse'])
   p.add_argument('--attention', nargs='+', default=['auto'], help='model.attention_impl of each JAX side')
   p.add_argument('--no-torch', '--skip-torch', dest='torch', action='store_false', help='JAX sides only')
@@ -203,11 +217,21 @@ def main() -> None:
     peaks['torch'] = torch_matmul_peak()
   seconds, losses = interleaved(sides, a.steps, a.warmup)
   best = max(peaks.values())
-  res = {'config': vars(a), 'tokens_per_step': tokens, 'masked_fraction': masked,
-         'matmul_peak_flops': peaks, 'sides': {}}
+  res = {
+    'config': vars(a),
+    'tokens_per_step': tokens,
+    'masked_fraction': masked,
+    'matmul_peak_flops': peaks,
+    'sides': {},
+  }
   for name, s in seconds.items():
-    res['sides'][name] = {'step_s': s, 'tokens_per_s': tokens / s, 'model_flops': work[name] * tokens / s,
-                          'frac_of_best_peak': work[name] * tokens / s / best, 'losses': losses[name]}
+    res['sides'][name] = {
+      'step_s': s,
+      'tokens_per_s': tokens / s,
+      'model_flops': work[name] * tokens / s,
+      'frac_of_best_peak': work[name] * tokens / s / best,
+      'losses': losses[name],
+    }
     head = name.rsplit('-', 1)[1]
     if a.torch and not name.startswith('torch'):
       res['sides'][name]['speedup_vs_torch'] = seconds[f'torch-{head}'] / s

@@ -26,12 +26,12 @@ def get_config(variant: str = ''):
   # 32 rows x 1024 per device per micro-batch, 8 micro-batches, no remat: 47.9 GiB of 80 and ~6% less work per
   # step than 'save_dots' (which recomputes attention). Smaller devices: 'save_dots' (16.4 GiB) or 'full'.
   cfg.model.remat_policy = 'none'
-  cfg.model.dtype = 'auto'           # bf16 compute on GPU/TPU, fp32 on CPU; master weights fp32 (param_dtype)
+  cfg.model.dtype = 'auto'  # bf16 compute on GPU/TPU, fp32 on CPU; master weights fp32 (param_dtype)
 
   cfg.data.packing = 'packed'
   cfg.data.mask_rate = 0.2
   cfg.data.mask_strategy = 'all_mask'
-  cfg.data.max_predictions = 256        # 20% of 1024 = 205 on average; rows above 256 keep a random 256
+  cfg.data.max_predictions = 256  # 20% of 1024 = 205 on average; rows above 256 keep a random 256
 
   cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor = 1, -1, 1  # FSDP over every device
   cfg.train.num_steps = 1_000_000

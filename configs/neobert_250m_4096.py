@@ -20,11 +20,11 @@ def get_config():
   # tensor exists, so 8 rows x 4096 per device train without remat in 47.7 GiB of 80, ~25% faster by the FLOP
   # model than full remat (which the bias kernel's memory used to force). Smaller GPUs: 'save_dots' or 'full'.
   cfg.model.remat_policy = 'none'
-  cfg.data.max_documents_per_row = 32   # rows 4x longer hold more documents (the packed layout's static bound)
-  cfg.data.max_predictions = 896        # 20% of 4096 = 819 on average
+  cfg.data.max_documents_per_row = 32  # rows 4x longer hold more documents (the packed layout's static bound)
+  cfg.data.max_predictions = 896  # 20% of 4096 = 819 on average
   cfg.train.num_steps = 50_000
   cfg.train.global_batch_size = 512
-  cfg.train.grad_accum_steps = 8        # 8 rows per H100 per micro-batch (fsdp=8)
+  cfg.train.grad_accum_steps = 8  # 8 rows per H100 per micro-batch (fsdp=8)
   cfg.optimizer.warmup_steps = 1000
   cfg.init.from_checkpoint = 'runs/neobert_250m'  # the stage-1 workdir (override on the command line)
   cfg.eval.every_steps = 2500

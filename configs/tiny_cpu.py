@@ -28,31 +28,31 @@ def get_config():
   m = cfg.model
   m.hidden_size = 128
   m.num_layers = 1
-  m.scan_layers = False           # one layer: nothing to scan over
+  m.scan_layers = False  # one layer: nothing to scan over
   m.num_heads = 4
-  m.intermediate_size = 512      # SwiGLU hidden 344
-  m.max_length = 128             # training sequence length (packed rows)
+  m.intermediate_size = 512  # SwiGLU hidden 344
+  m.max_length = 128  # training sequence length (packed rows)
 
   m.vocab_size = 2048
   cfg.data.tokenizer = 'builtin-wordpiece-2048'  # learned from the built-in corpus on first use (data.dir empty)
   cfg.data.mask_rate = 0.4
   cfg.data.max_predictions = 64  # sparse head: 40% of ~126 real tokens is ~50 masked slots per row
-  cfg.data.block_docs = 512      # small blocks: the first batch is ready in well under a second
+  cfg.data.block_docs = 512  # small blocks: the first batch is ready in well under a second
 
-  cfg.mesh.fsdp = -1             # whatever CPU devices there are, as FSDP
+  cfg.mesh.fsdp = -1  # whatever CPU devices there are, as FSDP
   cfg.train.num_steps = 450
   cfg.train.global_batch_size = 32
   cfg.model.dtype = 'float32'
 
   o = cfg.optimizer
-  o.peak_lr = 3e-3               # a small model trained briefly tolerates (and needs) a larger rate
+  o.peak_lr = 3e-3  # a small model trained briefly tolerates (and needs) a larger rate
   o.warmup_steps = 30
 
-  cfg.eval.every_steps = 90       # 8 x 32 rows of held-out text: ~13k masked tokens, +-0.02 on the loss
+  cfg.eval.every_steps = 90  # 8 x 32 rows of held-out text: ~13k masked tokens, +-0.02 on the loss
   cfg.eval.num_batches = 8
-  cfg.eval.at_start = True        # step 0 on the curve (and tests/test_train_tiny.py reads it)
+  cfg.eval.at_start = True  # step 0 on the curve (and tests/test_train_tiny.py reads it)
   cfg.checkpoint.every_steps = 225
   cfg.checkpoint.keep = 2
   cfg.logging.log_every = 10
-  cfg.export.hf_dir = ''         # set e.g. --config.export.hf_dir=runs/tiny/hf to export at the end
+  cfg.export.hf_dir = ''  # set e.g. --config.export.hf_dir=runs/tiny/hf to export at the end
   return cfg

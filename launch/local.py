@@ -32,13 +32,24 @@ def free_port() -> int:
     return s.getsockname()[1]
 
 
-def child_env(process_id: int, num_processes: int, devices_per_process: int, port: int,
-              heartbeat_s: int | None = None, base: dict | None = None) -> dict:
+def child_env(
+  process_id: int,
+  num_processes: int,
+  devices_per_process: int,
+  port: int,
+  heartbeat_s: int | None = None,
+  base: dict | None = None,
+) -> dict:
   """Environment for one child (also used by the tests, which start children themselves)."""
   env = dict(os.environ if base is None else base)
-  env.update(NEOBERT_COORDINATOR=f'127.0.0.1:{port}', NEOBERT_NUM_PROCESSES=str(num_processes),
-             NEOBERT_PROCESS_ID=str(process_id), NEOBERT_NUM_CPU_DEVICES=str(devices_per_process),
-             JAX_PLATFORMS='cpu', PYTHONUNBUFFERED='1')
+  env.update(
+    NEOBERT_COORDINATOR=f'127.0.0.1:{port}',
+    NEOBERT_NUM_PROCESSES=str(num_processes),
+    NEOBERT_PROCESS_ID=str(process_id),
+    NEOBERT_NUM_CPU_DEVICES=str(devices_per_process),
+    JAX_PLATFORMS='cpu',
+    PYTHONUNBUFFERED='1',
+  )
   if heartbeat_s:
     env['NEOBERT_HEARTBEAT_TIMEOUT'] = str(heartbeat_s)
     env.setdefault('NEOBERT_SHUTDOWN_TIMEOUT', str(max(2 * heartbeat_s, 30)))
@@ -56,9 +67,17 @@ def _pump(stream, prefix: str, sink, log_file) -> None:
   stream.close()
 
 
-def run(cmd: list[str], num_processes: int, devices_per_process: int, *, port: int | None = None,
-        heartbeat_s: int | None = None, grace_s: float = 120.0, log_dir: str | None = None,
-        cwd: str | None = None) -> int:
+def run(
+  cmd: list[str],
+  num_processes: int,
+  devices_per_process: int,
+  *,
+  port: int | None = None,
+  heartbeat_s: int | None = None,
+  grace_s: float = 120.0,
+  log_dir: str | None = None,
+  cwd: str | None = None,
+) -> int:
   port = port or free_port()
   procs, pumps, logs = [], [], []
   for i in range(num_processes):
@@ -67,9 +86,14 @@ def run(cmd: list[str], num_processes: int, devices_per_process: int, *, port: i
       os.makedirs(log_dir, exist_ok=True)
       log_file = open(os.path.join(log_dir, f'process_{i}.log'), 'w')
     logs.append(log_file)
-    p = subprocess.Popen(cmd, env=child_env(i, num_processes, devices_per_process, port, heartbeat_s),
-                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=cwd,
-                         start_new_session=True)   # own process group: Ctrl-C here is forwarded by us
+    p = subprocess.Popen(
+      cmd,
+      env=child_env(i, num_processes, devices_per_process, port, heartbeat_s),
+      stdout=subprocess.PIPE,
+      stderr=subprocess.STDOUT,
+      cwd=cwd,
+      start_new_session=True,
+    )  # own process group: Ctrl-C here is forwarded by us
     procs.append(p)
     t = threading.Thread(target=_pump, args=(p.stdout, f'[p{i}] ', sys.stdout, log_file), daemon=True)
     t.start()
@@ -85,18 +109,28 @@ def run(cmd: list[str], num_processes: int, devices_per_process: int, *, port: i
         reported.add(i)
         if failed_at is None:
           first_bad, failed_at = rc, time.monotonic()
-          print(f'[launch] process {i} exited with status {rc}; waiting up to {grace_s:.0f}s for the others',
-                file=sys.stderr, flush=True)
+          print(
+            f'[launch] process {i} exited with status {rc}; waiting up to {grace_s:.0f}s for the others',
+            file=sys.stderr,
+            flush=True,
+          )
         else:
-          print(f'[launch] process {i} exited with status {rc}, {time.monotonic() - failed_at:.1f}s after '
-                'the first failure', file=sys.stderr, flush=True)
+          print(
+            f'[launch] process {i} exited with status {rc}, {time.monotonic() - failed_at:.1f}s after '
+            'the first failure',
+            file=sys.stderr,
+            flush=True,
+          )
       if all(rc is not None for rc in codes):
         break
       if failed_at is not None and time.monotonic() - failed_at > grace_s:
         for i, p in enumerate(procs):
           if p.poll() is None:
-            print(f'[launch] killing process {i}: still running {grace_s:.0f}s after a peer failed',
-                  file=sys.stderr, flush=True)
+            print(
+              f'[launch] killing process {i}: still running {grace_s:.0f}s after a peer failed',
+              file=sys.stderr,
+              flush=True,
+            )
             os.killpg(p.pid, signal.SIGKILL)
       time.sleep(0.2)
   except KeyboardInterrupt:
@@ -124,17 +158,26 @@ def main(argv: list[str] | None = None) -> int:
   parser.add_argument('-n', '--num-processes', type=int, default=2)
   parser.add_argument('--devices-per-process', type=int, default=1)
   parser.add_argument('--port', type=int, default=None, help='coordinator port (default: a free one)')
-  parser.add_argument('--heartbeat', type=int, default=None,
-                      help='seconds without heartbeat before a process counts as dead (default 60)')
-  parser.add_argument('--grace', type=float, default=120.0,
-                      help='seconds to wait for the others after one fails, before killing them')
+  parser.add_argument(
+    '--heartbeat', type=int, default=None, help='seconds without heartbeat before a process counts as dead (default 60)'
+  )
+  parser.add_argument(
+    '--grace', type=float, default=120.0, help='seconds to wait for the others after one fails, before killing them'
+  )
   parser.add_argument('--log-dir', default=None)
   args = parser.parse_args(argv[:split])
-  cmd = argv[split + 1:]
+  cmd = argv[split + 1 :]
   if not cmd:
     parser.error('no command after --')
-  return run(cmd, args.num_processes, args.devices_per_process, port=args.port, heartbeat_s=args.heartbeat,
-             grace_s=args.grace, log_dir=args.log_dir)
+  return run(
+    cmd,
+    args.num_processes,
+    args.devices_per_process,
+    port=args.port,
+    heartbeat_s=args.heartbeat,
+    grace_s=args.grace,
+    log_dir=args.log_dir,
+  )
 
 
 if __name__ == '__main__':

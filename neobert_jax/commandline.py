@@ -81,8 +81,11 @@ class Parser(argparse.ArgumentParser):
     debug = errors.take_debug_flag(argv)  # anywhere on the line, before or after a subcommand
     # argparse names missing required flags before unknown ones; a mistyped flag is the likelier fault, name it.
     known = self._option_strings()
-    unknown = [a for a in argv[:argv.index('--') if '--' in argv else None]
-               if re.match(r'-[^\d]', a) and a.split('=', 1)[0] not in known]
+    unknown = [
+      a
+      for a in argv[: argv.index('--') if '--' in argv else None]
+      if re.match(r'-[^\d]', a) and a.split('=', 1)[0] not in known
+    ]
     if unknown:
       self.error(f'unrecognized arguments: {" ".join(unknown)}')
     parsed = super().parse_args(argv, namespace)
@@ -106,9 +109,17 @@ class Parser(argparse.ArgumentParser):
 
 # --- Commands with a config: absl flags -------------------------------------------------------------------------
 
-def run_absl(command: str, module: str, doc: str | None, flag_values, main: Callable[[list[str]], int],
-             required: Sequence[str] = (), fields_doc: str = '',
-             renamed: Callable[[str], errors.ConfigError | None] | None = None) -> None:
+
+def run_absl(
+  command: str,
+  module: str,
+  doc: str | None,
+  flag_values,
+  main: Callable[[list[str]], int],
+  required: Sequence[str] = (),
+  fields_doc: str = '',
+  renamed: Callable[[str], errors.ConfigError | None] | None = None,
+) -> None:
   """Parses sys.argv (config_flags reads the --config.* overrides from sys.argv itself) with `flag_values`, then
   runs main(argv) under errors.reported and exits with its status.
 
@@ -116,6 +127,7 @@ def run_absl(command: str, module: str, doc: str | None, flag_values, main: Call
   that moved: both go into the one line for an override of a field the config lacks.
   """
   from absl import flags  # pylint: disable=g-import-not-at-top
+
   debug = errors.take_debug_flag(sys.argv)  # before absl sees the line: --debug is not an absl flag here
   with errors.reported(command, debug):
     if any(arg in HELP_FLAGS for arg in sys.argv[1:]):
@@ -148,11 +160,20 @@ def absl_help(command: str, module: str, doc: str | None, flag_values, required:
     choices = getattr(flag.parser, 'enum_values', None)
     if choices:  # argparse shows them as {a,b}; absl's help text starts with <a|b>:
       text = text.removeprefix(f'<{"|".join(choices)}>: ')
-    parser.add_argument(f'--{name}', metavar='FILE' if name == CONFIG else None if choices else name.upper(),
-                        choices=choices, default=default, required=name in required, help=text)
+    parser.add_argument(
+      f'--{name}',
+      metavar='FILE' if name == CONFIG else None if choices else name.upper(),
+      choices=choices,
+      default=default,
+      required=name in required,
+      help=text,
+    )
     if name == CONFIG:
-      parser.add_argument(f'--{CONFIG}.FIELD', metavar='VALUE', help='set one field of the config file '
-                          f'(--{CONFIG}.SECTION.FIELD=VALUE; any number of them)')
+      parser.add_argument(
+        f'--{CONFIG}.FIELD',
+        metavar='VALUE',
+        help=f'set one field of the config file (--{CONFIG}.SECTION.FIELD=VALUE; any number of them)',
+      )
   return parser.format_help()
 
 
@@ -160,6 +181,7 @@ def _parse_absl(flag_values, argv: list[str], fields_doc: str, renamed) -> list[
   """flag_values(argv), where a bad flag, override or config file is one ConfigError (absl's own report is two lines,
   and an override of a missing field or a config file that does not load is a traceback)."""
   from absl import flags  # pylint: disable=g-import-not-at-top
+
   try:
     rest = flag_values(argv)
     if CONFIG in flag_values and flag_values[CONFIG].value is not None:
@@ -183,6 +205,7 @@ def _missing_field(error: Exception, argv: list[str], fields_doc: str, renamed) 
   text = errors.one_line(error).replace('\\n', ' ').replace("\\'", "'")
   key, hint = re.search(r"'(\w+)'", text), re.search(r'Did you mean "(\w+)"', text)
   return errors.ConfigError(
-      'a --config.* override names a field the config does not have'
-      f'{f" ({key.group(1)!r})" if key else ""}; {f"did you mean {hint.group(1)!r}? " if hint else ""}'
-      f'every field is listed in {fields_doc or "the config file"}')
+    'a --config.* override names a field the config does not have'
+    f'{f" ({key.group(1)!r})" if key else ""}; {f"did you mean {hint.group(1)!r}? " if hint else ""}'
+    f'every field is listed in {fields_doc or "the config file"}'
+  )

@@ -33,37 +33,63 @@ from neobert_jax.aot import deps, lowering, targets
 _CHILD_ENV = 'NEOBERT_AOT_CHILD'
 _FLAGS = flags.FlagValues()  # this command's own, as train's: several commands can be imported in one process
 
-_CONFIG = config_flags.DEFINE_config_file('config', None, 'training config file (configs/*.py)', lock_config=False,
-                                          flag_values=_FLAGS)
-_TARGET = flags.DEFINE_string('target', None, 'tpu:v5e-256, tpu:v4-32, tpu:v5e:4x4, cuda:h100x8, cuda:h100x16, ...',
-                              flag_values=_FLAGS)
-_WHAT = flags.DEFINE_enum('what', 'train', ['train', 'forward_backward'],
-                          'train: the full train step (grad accumulation + optimizer update, state donated); '
-                          'forward_backward: loss and parameter gradients only (to isolate the model)',
-                          flag_values=_FLAGS)
-_HEADROOM = flags.DEFINE_float('headroom', 0.9, 'fraction of device memory the step may use and still "fit"',
-                               flag_values=_FLAGS)
+_CONFIG = config_flags.DEFINE_config_file(
+  'config', None, 'training config file (configs/*.py)', lock_config=False, flag_values=_FLAGS
+)
+_TARGET = flags.DEFINE_string(
+  'target', None, 'tpu:v5e-256, tpu:v4-32, tpu:v5e:4x4, cuda:h100x8, cuda:h100x16, ...', flag_values=_FLAGS
+)
+_WHAT = flags.DEFINE_enum(
+  'what',
+  'train',
+  ['train', 'forward_backward'],
+  'train: the full train step (grad accumulation + optimizer update, state donated); '
+  'forward_backward: loss and parameter gradients only (to isolate the model)',
+  flag_values=_FLAGS,
+)
+_HEADROOM = flags.DEFINE_float(
+  'headroom', 0.9, 'fraction of device memory the step may use and still "fit"', flag_values=_FLAGS
+)
 _JSON = flags.DEFINE_string('json', None, 'also write the report as JSON to this file', flag_values=_FLAGS)
-_DUMP_HLO = flags.DEFINE_string('dump_hlo', None, 'write the compiled (optimised, partitioned) HLO text here',
-                                flag_values=_FLAGS)
-_REQUIRE_FIT = flags.DEFINE_bool('require_fit', False, 'exit with status 4 if the step does not fit',
-                                 flag_values=_FLAGS)
-_PLAN = flags.DEFINE_bool('plan', False, 'search micro-batch / grad accumulation, remat policy and mesh for this '
-                          'global batch; print the table and the fastest layout that fits as --config overrides',
-                          flag_values=_FLAGS)
-_PLAN_MFU = flags.DEFINE_float('plan_mfu', 0.5, 'MFU at which the TPU plan prices splash attention (a custom call '
-                                'XLA\'s cost model does not see)', flag_values=_FLAGS)
-_PLAN_WORKERS = flags.DEFINE_integer('plan_workers', 0, 'processes compiling plan candidates in parallel (0: one per '
-                                     'two cores); results are cached, so a re-run compiles only what changed',
-                                     flag_values=_FLAGS)
-_PLAN_REMAT = flags.DEFINE_list('plan_remat', ['none', 'save_dots', 'full'], 'remat policies the plan tries',
-                                flag_values=_FLAGS)
-_PLAN_TENSOR = flags.DEFINE_list('plan_tensor', ['1', '2'], 'tensor-parallel sizes the plan tries',
-                                 flag_values=_FLAGS)
-_PLAN_MESH = flags.DEFINE_list('plan_mesh', ['fsdp', 'data'], 'batch-axis layouts the plan tries: fsdp (parameters '
-                               'sharded) and/or data (replicated)', flag_values=_FLAGS)
-_REQUIRE_CUDNN = flags.DEFINE_bool('require_cudnn', False, 'exit with status 5 if attention is not cuDNN fused',
-                                   flag_values=_FLAGS)
+_DUMP_HLO = flags.DEFINE_string(
+  'dump_hlo', None, 'write the compiled (optimised, partitioned) HLO text here', flag_values=_FLAGS
+)
+_REQUIRE_FIT = flags.DEFINE_bool(
+  'require_fit', False, 'exit with status 4 if the step does not fit', flag_values=_FLAGS
+)
+_PLAN = flags.DEFINE_bool(
+  'plan',
+  False,
+  'search micro-batch / grad accumulation, remat policy and mesh for this '
+  'global batch; print the table and the fastest layout that fits as --config overrides',
+  flag_values=_FLAGS,
+)
+_PLAN_MFU = flags.DEFINE_float(
+  'plan_mfu',
+  0.5,
+  "MFU at which the TPU plan prices splash attention (a custom call XLA's cost model does not see)",
+  flag_values=_FLAGS,
+)
+_PLAN_WORKERS = flags.DEFINE_integer(
+  'plan_workers',
+  0,
+  'processes compiling plan candidates in parallel (0: one per '
+  'two cores); results are cached, so a re-run compiles only what changed',
+  flag_values=_FLAGS,
+)
+_PLAN_REMAT = flags.DEFINE_list(
+  'plan_remat', ['none', 'save_dots', 'full'], 'remat policies the plan tries', flag_values=_FLAGS
+)
+_PLAN_TENSOR = flags.DEFINE_list('plan_tensor', ['1', '2'], 'tensor-parallel sizes the plan tries', flag_values=_FLAGS)
+_PLAN_MESH = flags.DEFINE_list(
+  'plan_mesh',
+  ['fsdp', 'data'],
+  'batch-axis layouts the plan tries: fsdp (parameters sharded) and/or data (replicated)',
+  flag_values=_FLAGS,
+)
+_REQUIRE_CUDNN = flags.DEFINE_bool(
+  'require_cudnn', False, 'exit with status 5 if attention is not cuDNN fused', flag_values=_FLAGS
+)
 
 
 def prepare_config(cfg, target: targets.Target):
@@ -75,6 +101,7 @@ def prepare_config(cfg, target: targets.Target):
   """
   from neobert_jax.model.config import resolve_dtype
   from neobert_jax.train import runtime as train_config
+
   cfg = cfg.copy_and_resolve_references()
   cfg.model.dtype = resolve_dtype(cfg.model.dtype, target.platform)
   choice = train_config.attention_choice(cfg, platform=target.platform, compute_capability=target.compute_capability)
@@ -93,8 +120,10 @@ def run_child(cfg_in) -> int:
   target = targets.parse_target(_TARGET.value)
   t0 = time.time()
   from neobert_jax.config import train as train_config
+
   if target.platform == 'cuda':
     from neobert_jax import jax_compat
+
     jax_compat.cudnn_assume_compute_capability(target.compute_capability)
   try:
     cfg, choice = prepare_config(cfg_in, target)
@@ -125,13 +154,17 @@ def run_child(cfg_in) -> int:
   if target.platform == 'cuda' and cfg.model.attention_impl not in ('cudnn', 'cudnn_bias'):
     notes.append(f'attention_impl={cfg.model.attention_impl}: the cuDNN fused kernels were not requested')
   if target.platform == 'cuda':
-    notes.append('GPU compile-only target: no autotuning, so kernel choices and temporaries may differ a little '
-                 'on a live GPU; XLA gives no FLOP count here')
+    notes.append(
+      'GPU compile-only target: no autotuning, so kernel choices and temporaries may differ a little '
+      'on a live GPU; XLA gives no FLOP count here'
+    )
   model_flops = metrics.flops_per_token(cfg) * tokens  # the trainer's own MFU accounting
   xla_flops = report_lib.xla_flops(compiled) if compiled is not None else None
   if xla_flops is not None and xla_flops < 0.5 * model_flops / target.num_devices:
-    notes.append('XLA FLOPs count each loop body once (the layer scan, the micro-batch scan), so they are far '
-                 'below the real step; the model FLOPs are the figure to use')
+    notes.append(
+      'XLA FLOPs count each loop body once (the layer scan, the micro-batch scan), so they are far '
+      'below the real step; the model FLOPs are the figure to use'
+    )
   roofline_fields = {}
   if compiled is not None:
     roofline_fields = roofline_report(hlo, target, mesh, cfg, model_flops)
@@ -140,20 +173,36 @@ def run_child(cfg_in) -> int:
   else:
     mem = dict(argument_bytes=0, output_bytes=0, alias_bytes=0, temp_bytes=needed, code_bytes=0)
   r = report_lib.FitReport(
-      target=target.spec, device_kind=mesh.devices.flat[0].device_kind, num_devices=target.num_devices,
-      mesh=dict(zip(mesh.axis_names, (int(s) for s in mesh.devices.shape))),
-      global_batch=int(cfg.train.global_batch_size), seq_len=seq, grad_accum=int(cfg.train.grad_accum_steps),
-      device_memory_bytes=target.chip.memory_bytes, headroom=_HEADROOM.value,
-      model_flops_per_step=model_flops, xla_flops_per_device=xla_flops,
-      peak_flops_per_device=target.peak_bf16_flops,
-      attention_kernels=report_lib.attention_kernels(hlo), compile_seconds=seconds, notes=notes,
-      compiler_refused=compiled is None, **mem, **report_lib.dcn_fields(hlo, mesh, cfg.mesh, target),
-      **roofline_fields)
+    target=target.spec,
+    device_kind=mesh.devices.flat[0].device_kind,
+    num_devices=target.num_devices,
+    mesh=dict(zip(mesh.axis_names, (int(s) for s in mesh.devices.shape))),
+    global_batch=int(cfg.train.global_batch_size),
+    seq_len=seq,
+    grad_accum=int(cfg.train.grad_accum_steps),
+    device_memory_bytes=target.chip.memory_bytes,
+    headroom=_HEADROOM.value,
+    model_flops_per_step=model_flops,
+    xla_flops_per_device=xla_flops,
+    peak_flops_per_device=target.peak_bf16_flops,
+    attention_kernels=report_lib.attention_kernels(hlo),
+    compile_seconds=seconds,
+    notes=notes,
+    compiler_refused=compiled is None,
+    **mem,
+    **report_lib.dcn_fields(hlo, mesh, cfg.mesh, target),
+    **roofline_fields,
+  )
   print(report_lib.format_report(r), flush=True)
   if _JSON.value:
     data = r.as_dict()
-    data.update(what=_WHAT.value, attention_impl=cfg.model.attention_impl, dtype=cfg.model.dtype,
-                packing=cfg.data.packing, max_predictions=preds)
+    data.update(
+      what=_WHAT.value,
+      attention_impl=cfg.model.attention_impl,
+      dtype=cfg.model.dtype,
+      packing=cfg.data.packing,
+      max_predictions=preds,
+    )
     with open(_JSON.value, 'w') as f:
       json.dump(data, f, indent=2)
   if _REQUIRE_FIT.value and not r.fits:
@@ -168,6 +217,7 @@ def roofline_report(hlo: str, target: targets.Target, mesh, cfg, model_flops: fl
   program's kernels count (the dot FLOPs must match the matmul term: the check that the model reads the program)."""
   from neobert_jax.aot import roofline
   from neobert_jax.model.config import matmul_params, train_flops_per_token
+
   rl = roofline.for_program(hlo, target, mesh, cfg.mesh, model_flops / target.num_devices)
   seq, tokens = int(cfg.model.max_length), int(cfg.train.global_batch_size) * int(cfg.model.max_length)
   # The formula's attention term, which does not depend on the decoder: total minus matmuls, both without decoder.
@@ -180,25 +230,43 @@ def roofline_report(hlo: str, target: targets.Target, mesh, cfg, model_flops: fl
 def run_plan(cfg, target: targets.Target) -> int:
   from neobert_jax.aot import plan as plan_lib
   from neobert_jax.aot import plan_cache
+
   t0 = time.time()
-  rows = plan_lib.plan(cfg, target, mfu=_PLAN_MFU.value, headroom=_HEADROOM.value,
-                       remats=tuple(_PLAN_REMAT.value), tensor_sizes=tuple(int(t) for t in _PLAN_TENSOR.value),
-                       layouts=tuple(_PLAN_MESH.value), workers=_PLAN_WORKERS.value or plan_cache.default_workers(),
-                       log=lambda line: print(line, file=sys.stderr, flush=True))
+  rows = plan_lib.plan(
+    cfg,
+    target,
+    mfu=_PLAN_MFU.value,
+    headroom=_HEADROOM.value,
+    remats=tuple(_PLAN_REMAT.value),
+    tensor_sizes=tuple(int(t) for t in _PLAN_TENSOR.value),
+    layouts=tuple(_PLAN_MESH.value),
+    workers=_PLAN_WORKERS.value or plan_cache.default_workers(),
+    log=lambda line: print(line, file=sys.stderr, flush=True),
+  )
   tokens = int(cfg.train.global_batch_size) * int(cfg.model.max_length)
-  print(f'plan for {target.spec}: global batch {cfg.train.global_batch_size} x {cfg.model.max_length} = '
-        f'{tokens:,} tokens/step, attention {cfg.model.attention_impl}, {len(rows)} layouts '
-        f'({time.time() - t0:.0f} s of compiles)')
+  print(
+    f'plan for {target.spec}: global batch {cfg.train.global_batch_size} x {cfg.model.max_length} = '
+    f'{tokens:,} tokens/step, attention {cfg.model.attention_impl}, {len(rows)} layouts '
+    f'({time.time() - t0:.0f} s of compiles)'
+  )
   print(plan_lib.format_table(rows, target, _PLAN_MFU.value))
   if target.platform != 'tpu':
-    print('estimated step time is the roofline of each compiled step (aot/roofline.py: kernels at the achievable '
-          'rates of neobert_jax/hardware.py, communication with the stated overlap): a model, not a measurement')
+    print(
+      'estimated step time is the roofline of each compiled step (aot/roofline.py: kernels at the achievable '
+      'rates of neobert_jax/hardware.py, communication with the stated overlap): a model, not a measurement'
+    )
   best = plan_lib.recommend(rows)
   if _JSON.value:
     with open(_JSON.value, 'w') as f:
-      json.dump({'rows': [dataclasses.asdict(r) for r in rows],
-                 'best': dataclasses.asdict(best) if best else None,
-                 'overrides': best.overrides() if best else None}, f, indent=2)
+      json.dump(
+        {
+          'rows': [dataclasses.asdict(r) for r in rows],
+          'best': dataclasses.asdict(best) if best else None,
+          'overrides': best.overrides() if best else None,
+        },
+        f,
+        indent=2,
+      )
   if best is None:
     print('no layout fits: reduce the global batch or the sequence length, or use more devices')
     return 4
@@ -207,7 +275,7 @@ def run_plan(cfg, target: targets.Target) -> int:
 
 
 def run_parent(argv: list[str]) -> int:
-  target = targets.parse_target(_TARGET.value)   # fail on a bad target before any download
+  target = targets.parse_target(_TARGET.value)  # fail on a bad target before any download
   try:
     deps.ensure(target.deps_kind)
   except deps.DependencyError as e:
@@ -228,13 +296,22 @@ def main(argv: list[str]) -> int:
 
 def _renamed(key: str) -> errors.ConfigError | None:
   from neobert_jax import config as schema  # pylint: disable=g-import-not-at-top
+
   return schema.unknown_key(key) if key in schema.RENAMED else None
 
 
 def run() -> None:
   """The command line (neobert_jax/commandline.py); the compile child, started with the same flags, runs it too."""
-  commandline.run_absl('compile', 'neobert_jax.compile', __doc__, _FLAGS, main, required=('config', 'target'),
-                       fields_doc='neobert_jax/config/train.py', renamed=_renamed)
+  commandline.run_absl(
+    'compile',
+    'neobert_jax.compile',
+    __doc__,
+    _FLAGS,
+    main,
+    required=('config', 'target'),
+    fields_doc='neobert_jax/config/train.py',
+    renamed=_renamed,
+  )
 
 
 if __name__ == '__main__':

@@ -35,15 +35,15 @@ from neobert_jax import errors, jax_compat
 log = logging.getLogger(__name__)
 
 # Environment variables read here (all optional). Documented in launch/README.md.
-ENV_COORDINATOR = 'NEOBERT_COORDINATOR'            # host:port of process 0
+ENV_COORDINATOR = 'NEOBERT_COORDINATOR'  # host:port of process 0
 ENV_NUM_PROCESSES = 'NEOBERT_NUM_PROCESSES'
 ENV_PROCESS_ID = 'NEOBERT_PROCESS_ID'
 ENV_LOCAL_DEVICE_IDS = 'NEOBERT_LOCAL_DEVICE_IDS'  # "0,1" or "all"
-ENV_NUM_CPU_DEVICES = 'NEOBERT_NUM_CPU_DEVICES'    # fake CPU devices per process (tests, debugging)
-ENV_HEARTBEAT = 'NEOBERT_HEARTBEAT_TIMEOUT'        # seconds
-ENV_SHUTDOWN = 'NEOBERT_SHUTDOWN_TIMEOUT'          # seconds
-ENV_INIT = 'NEOBERT_INIT_TIMEOUT'                  # seconds
-ENV_DISABLE = 'NEOBERT_DISTRIBUTED'                # "0" forces single-process mode
+ENV_NUM_CPU_DEVICES = 'NEOBERT_NUM_CPU_DEVICES'  # fake CPU devices per process (tests, debugging)
+ENV_HEARTBEAT = 'NEOBERT_HEARTBEAT_TIMEOUT'  # seconds
+ENV_SHUTDOWN = 'NEOBERT_SHUTDOWN_TIMEOUT'  # seconds
+ENV_INIT = 'NEOBERT_INIT_TIMEOUT'  # seconds
+ENV_DISABLE = 'NEOBERT_DISTRIBUTED'  # "0" forces single-process mode
 ENV_COORDINATOR_PORT = 'NEOBERT_COORDINATOR_PORT'  # SLURM: port override
 
 # A dead peer is noticed within a minute; jax's own default is 100 s. The shutdown timeout bounds how long
@@ -57,7 +57,7 @@ DEFAULT_INIT_S = 300
 class DistributedInfo:
   process_id: int
   num_processes: int
-  method: str                      # 'explicit' | 'env' | 'slurm' | 'tpu' | 'single'
+  method: str  # 'explicit' | 'env' | 'slurm' | 'tpu' | 'single'
   coordinator_address: str | None = None
   local_device_ids: tuple[int, ...] | None = None
 
@@ -97,9 +97,9 @@ def _slurm_settings() -> tuple[str, int, int, tuple[int, ...] | None] | None:
   # 8 GPUs idle when one process drives a whole node (anchors.md, MaxText #3433). Decide from the layout:
   visible = [v for v in env.get('CUDA_VISIBLE_DEVICES', '').split(',') if v.strip()]
   if tasks_per_node == 1 or len(visible) == 1:
-    local = None          # all visible GPUs (a node per process, or SLURM already bound one GPU per task)
+    local = None  # all visible GPUs (a node per process, or SLURM already bound one GPU per task)
   else:
-    local = (int(env.get('SLURM_LOCALID', '0')),)   # one process per GPU, all GPUs visible to every task
+    local = (int(env.get('SLURM_LOCALID', '0')),)  # one process per GPU, all GPUs visible to every task
   return coordinator, ntasks, int(env['SLURM_PROCID']), local
 
 
@@ -113,8 +113,10 @@ def _fail_fast_excepthook(exc_type, exc, tb):
   Peers see this process stop heartbeating and abort within the heartbeat timeout, instead of both sides
   waiting out the shutdown timeout."""
   pid = _INFO.process_id if _INFO else '?'
-  sys.stderr.write(f'[neobert_jax.distributed] process {pid}: uncaught exception, exiting without '
-                   'shutdown barrier so the other processes stop too.\n')
+  sys.stderr.write(
+    f'[neobert_jax.distributed] process {pid}: uncaught exception, exiting without '
+    'shutdown barrier so the other processes stop too.\n'
+  )
   traceback.print_exception(exc_type, exc, tb)
   sys.stdout.flush()
   sys.stderr.flush()
@@ -122,15 +124,17 @@ def _fail_fast_excepthook(exc_type, exc, tb):
   os._exit(1)
 
 
-def initialize(coordinator_address: str | None = None,
-               num_processes: int | None = None,
-               process_id: int | None = None,
-               *,
-               local_device_ids: Sequence[int] | None = None,
-               num_cpu_devices: int | None = None,
-               heartbeat_timeout_s: int | None = None,
-               shutdown_timeout_s: int | None = None,
-               init_timeout_s: int | None = None) -> DistributedInfo:
+def initialize(
+  coordinator_address: str | None = None,
+  num_processes: int | None = None,
+  process_id: int | None = None,
+  *,
+  local_device_ids: Sequence[int] | None = None,
+  num_cpu_devices: int | None = None,
+  heartbeat_timeout_s: int | None = None,
+  shutdown_timeout_s: int | None = None,
+  init_timeout_s: int | None = None,
+) -> DistributedInfo:
   """Start jax.distributed if this is a multi-process job; safe to call more than once.
 
   Must run before anything touches a jax backend (jax.devices(), jnp arrays, ...). Returns what was decided.
@@ -165,9 +169,10 @@ def initialize(coordinator_address: str | None = None,
   if method in ('explicit', 'env'):
     if nproc is None or pid is None or (coord is None and nproc > 1):
       raise errors.DistributedError(
-          f'multi-process start needs coordinator address, process count and process id; got '
-          f'coordinator={coord!r} num_processes={nproc!r} process_id={pid!r} '
-          f'(flags or {ENV_COORDINATOR}/{ENV_NUM_PROCESSES}/{ENV_PROCESS_ID})')
+        f'multi-process start needs coordinator address, process count and process id; got '
+        f'coordinator={coord!r} num_processes={nproc!r} process_id={pid!r} '
+        f'(flags or {ENV_COORDINATOR}/{ENV_NUM_PROCESSES}/{ENV_PROCESS_ID})'
+      )
     if nproc == 1:
       method = 'single'
 
@@ -178,33 +183,39 @@ def initialize(coordinator_address: str | None = None,
   # Gloo gives the CPU backend cross-process collectives (the fake-device tests); GPU/TPU ignore it.
   jax.config.update('jax_cpu_collectives_implementation', 'gloo')
   timeouts = dict(
-      initialization_timeout=init_timeout_s or _env_int(ENV_INIT) or DEFAULT_INIT_S,
-      heartbeat_timeout_seconds=heartbeat_timeout_s or _env_int(ENV_HEARTBEAT) or DEFAULT_HEARTBEAT_S,
-      shutdown_timeout_seconds=shutdown_timeout_s or _env_int(ENV_SHUTDOWN) or DEFAULT_SHUTDOWN_S)
+    initialization_timeout=init_timeout_s or _env_int(ENV_INIT) or DEFAULT_INIT_S,
+    heartbeat_timeout_seconds=heartbeat_timeout_s or _env_int(ENV_HEARTBEAT) or DEFAULT_HEARTBEAT_S,
+    shutdown_timeout_seconds=shutdown_timeout_s or _env_int(ENV_SHUTDOWN) or DEFAULT_SHUTDOWN_S,
+  )
   if method == 'tpu':
     try:
       jax.distributed.initialize(**timeouts)
-    except ValueError as e:   # a lone TPU VM without pod metadata: nothing to coordinate
+    except ValueError as e:  # a lone TPU VM without pod metadata: nothing to coordinate
       log.info('TPU VM without multi-host metadata (%s); running single-process', e)
       _INFO = DistributedInfo(process_id=0, num_processes=1, method='single')
       return _INFO
     nproc, pid = jax.process_count(), jax.process_index()
   else:
     # 'deactivate' stops jax from second-guessing what we resolved (notably its SLURM one-GPU pinning).
-    jax.distributed.initialize(coordinator_address=coord, num_processes=int(nproc), process_id=int(pid),
-                               local_device_ids=list(local) if local is not None else None,
-                               cluster_detection_method='deactivate', **timeouts)
+    jax.distributed.initialize(
+      coordinator_address=coord,
+      num_processes=int(nproc),
+      process_id=int(pid),
+      local_device_ids=list(local) if local is not None else None,
+      cluster_detection_method='deactivate',
+      **timeouts,
+    )
   sys.excepthook = _fail_fast_excepthook
-  _INFO = DistributedInfo(process_id=int(pid), num_processes=int(nproc), method=method,
-                          coordinator_address=coord, local_device_ids=local)
+  _INFO = DistributedInfo(
+    process_id=int(pid), num_processes=int(nproc), method=method, coordinator_address=coord, local_device_ids=local
+  )
   log.info('jax.distributed up: %s', _INFO)
   return _INFO
 
 
 def info() -> DistributedInfo:
   """What initialize() decided (a single-process DistributedInfo if it was never called)."""
-  return _INFO or DistributedInfo(process_id=jax.process_index(), num_processes=jax.process_count(),
-                                  method='single')
+  return _INFO or DistributedInfo(process_id=jax.process_index(), num_processes=jax.process_count(), method='single')
 
 
 def is_primary() -> bool:
@@ -216,6 +227,7 @@ def barrier(name: str) -> None:
   """Wait until every process reaches this point (no-op with one process)."""
   if jax.process_count() > 1:
     from jax.experimental import multihost_utils
+
     multihost_utils.sync_global_devices(name)
 
 

@@ -27,8 +27,16 @@ from neobert_jax.weights import source as source_lib
 class Encoder:
   """A loaded, sharded embedding model: encode(texts) -> [N, D] float32."""
 
-  def __init__(self, src: source_lib.Source, tokenizer: str = '', pooling: str = '', normalize: bool | None = None,
-               max_length: int = 512, batch_size: int = 64, prefix: str = ''):
+  def __init__(
+    self,
+    src: source_lib.Source,
+    tokenizer: str = '',
+    pooling: str = '',
+    normalize: bool | None = None,
+    max_length: int = 512,
+    batch_size: int = 64,
+    prefix: str = '',
+  ):
     run_head = src.run_config.get('head', {}) if src.run_config.get('task') == 'contrastive' else {}
     self.pooling = pooling or run_head.get('pooling', 'mean')
     self.normalize = bool(run_head.get('normalize', False)) if normalize is None else normalize
@@ -39,7 +47,8 @@ class Encoder:
     flat = {k: v for k, v in src.flat.items() if k.startswith('encoder.')}
     model_cfg = src.model_cfg
     graphdef, self.params, shardings = place.sharded_params(
-        lambda: heads.Embedder(model_cfg, self.pooling, rngs=nnx.Rngs(0)), flat, self.mesh)
+      lambda: heads.Embedder(model_cfg, self.pooling, rngs=nnx.Rngs(0)), flat, self.mesh
+    )
     self.forward = inference.jit_forward(graphdef, shardings, self.mesh)
     self.dim = int(model_cfg.hidden_size)
 
@@ -52,10 +61,19 @@ class Encoder:
     bar = None
     if progress:
       from tqdm.auto import tqdm  # pylint: disable=g-import-not-at-top
+
       bar = tqdm(total=len(seqs), unit='text', desc='embed', dynamic_ncols=True)
     try:
-      out = inference.run_batched(self.forward, self.params, seqs, self.batch_size,
-                                  batching.buckets(self.max_length), self.tok.pad_id, self.mesh, bar)
+      out = inference.run_batched(
+        self.forward,
+        self.params,
+        seqs,
+        self.batch_size,
+        batching.buckets(self.max_length),
+        self.tok.pad_id,
+        self.mesh,
+        bar,
+      )
     finally:
       if bar is not None:
         bar.close()
@@ -66,8 +84,9 @@ class Encoder:
 
 def main(argv: list[str] | None = None) -> int:
   p = commandline.Parser('embed', 'neobert_jax.embed', __doc__)
-  p.add_argument('--model', required=True, help='contrastive fine-tuning or pretraining workdir, or a Hugging Face '
-                 'NeoBERT directory')
+  p.add_argument(
+    '--model', required=True, help='contrastive fine-tuning or pretraining workdir, or a Hugging Face NeoBERT directory'
+  )
   p.add_argument('--input', required=True, help='.txt (one text per line), CSV, TSV, JSONL or Parquet')
   p.add_argument('--output', required=True, help='.npy file')
   p.add_argument('--text-field', default='text')
@@ -83,15 +102,25 @@ def main(argv: list[str] | None = None) -> int:
   try:
     with errors.reported('embed', a.debug):
       texts = tables.read_texts(a.input, a.text_field)
-      enc = Encoder.load(a.model, None if a.step < 0 else a.step, tokenizer=a.tokenizer, pooling=a.pooling,
-                         normalize=a.normalize, max_length=a.max_length, batch_size=a.batch_size, prefix=a.prefix)
+      enc = Encoder.load(
+        a.model,
+        None if a.step < 0 else a.step,
+        tokenizer=a.tokenizer,
+        pooling=a.pooling,
+        normalize=a.normalize,
+        max_length=a.max_length,
+        batch_size=a.batch_size,
+        prefix=a.prefix,
+      )
       emb = enc.encode(texts, progress=not a.no_progress)
   except SystemExit as e:  # an expected error, already reported in one line
     return e.code
   with paths.resolve(a.output, '--output').open('wb') as fh:  # a local file or a gs:// object
     np.save(fh, emb)
-  print(f'{emb.shape[0]} embeddings of dimension {emb.shape[1]} ({enc.pooling} pooling'
-        f'{", normalised" if enc.normalize else ""}) -> {a.output}')
+  print(
+    f'{emb.shape[0]} embeddings of dimension {emb.shape[1]} ({enc.pooling} pooling'
+    f'{", normalised" if enc.normalize else ""}) -> {a.output}'
+  )
   return 0
 
 

@@ -27,42 +27,49 @@ import sys
 
 class NeobertError(Exception):
   """An expected failure whose message names the problem and the fix; the CLI prints it as one line."""
+
   exit_status = 1
   kind = 'error'
 
 
 class ConfigError(NeobertError, ValueError):
   """A config (file, override or command-line flag) that cannot run; the message names the field."""
+
   exit_status = 2
   kind = 'config error'
 
 
 class DataError(NeobertError, ValueError):
   """Input text or prepared data that is missing, unreadable or does not match the model."""
+
   exit_status = 10
   kind = 'data error'
 
 
 class CheckpointError(NeobertError, RuntimeError):
   """A checkpoint that is missing, unreadable or does not fit the model."""
+
   exit_status = 11
   kind = 'checkpoint error'
 
 
 class ExportError(NeobertError, ValueError):
   """A conversion to or from Hugging Face that cannot be done as asked (target exists, tokenizer mismatch...)."""
+
   exit_status = 1
   kind = 'export error'
 
 
 class DistributedError(NeobertError, ValueError):
   """Multi-process start-up settings that are incomplete or contradictory."""
+
   exit_status = 12
   kind = 'distributed error'
 
 
 class StorageError(NeobertError, OSError):
   """A place that cannot be read or written: a missing bucket, refused credentials, a read-only directory."""
+
   exit_status = 13
   kind = 'storage error'
 
@@ -78,7 +85,7 @@ ALL = (ConfigError, DataError, CheckpointError, ExportError, DistributedError, S
 # --- How a command reports them ----------------------------------------------------------------------------------
 
 DEBUG_FLAG = '--debug'
-DEBUG_ENV = 'NEOBERT_DEBUG'   # set by --debug so that child processes (the AOT compile child) inherit it
+DEBUG_ENV = 'NEOBERT_DEBUG'  # set by --debug so that child processes (the AOT compile child) inherit it
 
 
 def take_debug_flag(argv: list[str]) -> bool:
@@ -108,8 +115,11 @@ def reported(prog: str, debug: bool = False, also: dict[type[BaseException], typ
   try:
     yield
   except Exception as e:  # pylint: disable=broad-except
-    kind = type(e) if isinstance(e, NeobertError) else next(
-        (cls for base, cls in (also or {}).items() if isinstance(e, base)), None)
+    kind = (
+      type(e)
+      if isinstance(e, NeobertError)
+      else next((cls for base, cls in (also or {}).items() if isinstance(e, base)), None)
+    )
     if debug or kind is None:
       raise
     line = f'{prog}: {kind.kind}: {one_line(e)}'
@@ -117,4 +127,3 @@ def reported(prog: str, debug: bool = False, also: dict[type[BaseException], typ
     stop = SystemExit(line)
     stop.code = kind.exit_status
     raise stop from None
-

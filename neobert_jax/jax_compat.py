@@ -14,6 +14,7 @@ import importlib
 import logging
 
 import jax
+
 # Private modules every start-up needs, imported at load time so that a move fails at once (and in the test).
 from jax._src import hardware_utils
 from jax._src.clusters import slurm_cluster
@@ -26,7 +27,6 @@ BACKEND_PROBE_PREFIX = 'Unable to initialize backend'
 
 
 class _DropBackendProbe(logging.Filter):
-
   def filter(self, record: logging.LogRecord) -> bool:
     return not (record.levelno <= logging.INFO and str(record.msg).startswith(BACKEND_PROBE_PREFIX))
 
@@ -63,8 +63,8 @@ def num_tpu_chips() -> int:
 # modules above it is imported on first use, inside the functions below: a jax that moved it still trains with
 # every other kernel, and a run that picks 'cudnn' gets one clear error at trace time. The test imports it
 # eagerly, so a jax upgrade that moves it fails there.
-CUDNN_MODULE = "jax._src.cudnn.fused_attention_stablehlo"
-_CUDNN_NEEDED = ("dot_product_attention", "MaskType", "check_compute_capability")
+CUDNN_MODULE = 'jax._src.cudnn.fused_attention_stablehlo'
+_CUDNN_NEEDED = ('dot_product_attention', 'MaskType', 'check_compute_capability')
 # Releases whose private signature the packed-layout call was written and compile-tested against.
 CUDNN_TESTED_JAX = ((0, 6), (0, 12))
 
@@ -78,18 +78,20 @@ def _cudnn_module():
     mod = importlib.import_module(CUDNN_MODULE)
   except ImportError as e:
     raise CudnnPackedUnavailable(
-        f"jax {jax.__version__} has no {CUDNN_MODULE} ({e}); cuDNN packed attention is unavailable. Use "
-        "--config.model.attention_impl=cudnn_bias (segment mask as a bias) or --config.data.packing=none.") from e
+      f'jax {jax.__version__} has no {CUDNN_MODULE} ({e}); cuDNN packed attention is unavailable. Use '
+      '--config.model.attention_impl=cudnn_bias (segment mask as a bias) or --config.data.packing=none.'
+    ) from e
   missing = [name for name in _CUDNN_NEEDED if not hasattr(mod, name)]
   if missing:
     raise CudnnPackedUnavailable(
-        f"jax {jax.__version__}: {CUDNN_MODULE} lacks {missing}; cuDNN packed attention is unavailable. Use "
-        "--config.model.attention_impl=cudnn_bias or --config.data.packing=none.")
+      f'jax {jax.__version__}: {CUDNN_MODULE} lacks {missing}; cuDNN packed attention is unavailable. Use '
+      '--config.model.attention_impl=cudnn_bias or --config.data.packing=none.'
+    )
   return mod
 
 
 def cudnn_jax_version_tested() -> bool:
-  major_minor = tuple(int(p) for p in jax.__version__.split(".")[:2])
+  major_minor = tuple(int(p) for p in jax.__version__.split('.')[:2])
   return CUDNN_TESTED_JAX[0] <= major_minor <= CUDNN_TESTED_JAX[1]
 
 
@@ -97,9 +99,12 @@ def cudnn_jax_version_tested() -> bool:
 def _warn_if_cudnn_untested() -> None:
   if not cudnn_jax_version_tested():
     logging.getLogger(__name__).warning(
-        'jax %s is outside the releases the cuDNN packed-layout call was tested with (%s - %s); the private '
-        'signature may have changed: run tests/test_attention_gpu.py on a GPU before training.', jax.__version__,
-        '.'.join(map(str, CUDNN_TESTED_JAX[0])), '.'.join(map(str, CUDNN_TESTED_JAX[1])))
+      'jax %s is outside the releases the cuDNN packed-layout call was tested with (%s - %s); the private '
+      'signature may have changed: run tests/test_attention_gpu.py on a GPU before training.',
+      jax.__version__,
+      '.'.join(map(str, CUDNN_TESTED_JAX[0])),
+      '.'.join(map(str, CUDNN_TESTED_JAX[1])),
+    )
 
 
 def check_cudnn_packed() -> None:
@@ -107,19 +112,31 @@ def check_cudnn_packed() -> None:
   _cudnn_module()
 
 
-def cudnn_packed_flash_attention(q: jax.Array, k: jax.Array, v: jax.Array, seqlens: jax.Array,
-                                 offsets: jax.Array) -> jax.Array:
+def cudnn_packed_flash_attention(
+  q: jax.Array, k: jax.Array, v: jax.Array, seqlens: jax.Array, offsets: jax.Array
+) -> jax.Array:
   """q, k, v [B, T, H, Dh] (bf16/fp16) with packed_layout()'s seqlens [B, M] / offsets [B, M + 1] -> [B, T, H, Dh]."""
   mod = _cudnn_module()
   _warn_if_cudnn_untested()
   return mod.dot_product_attention(
-      q, k, v, None, None, seqlens, seqlens, offsets, offsets, scale=q.shape[-1] ** -0.5,
-      mask_type=mod.MaskType.PADDING, qkv_layout="BTNH")
+    q,
+    k,
+    v,
+    None,
+    None,
+    seqlens,
+    seqlens,
+    offsets,
+    offsets,
+    scale=q.shape[-1] ** -0.5,
+    mask_type=mod.MaskType.PADDING,
+    qkv_layout='BTNH',
+  )
 
 
 def cudnn_assume_compute_capability(major_minor: str) -> None:
   """For deviceless AOT only: the cuDNN checks ask the *default* backend (the CPU there) whether the GPU is
   Hopper; answer for the compile target instead. Never called in a process that trains."""
   mod = _cudnn_module()
-  target = tuple(int(x) for x in major_minor.split("."))
-  mod.check_compute_capability = lambda capability: target >= tuple(int(x) for x in capability.split("."))
+  target = tuple(int(x) for x in major_minor.split('.'))
+  mod.check_compute_capability = lambda capability: target >= tuple(int(x) for x in capability.split('.'))

@@ -33,9 +33,13 @@ from neobert_jax import errors
 Path = epath.Path
 PathLike = Union[str, os.PathLike]
 URL_SCHEMES = ('gs://',)
-_REFUSED = {'s3://': ('s3:// is not supported: runs and their data go where their checkpoints can, and Orbax 0.12.8 '
-                      'writes checkpoints only to gs:// (its OCDBT layer refuses s3://); mount the bucket '
-                      '(mountpoint-s3 or s3fs-fuse) and pass the mount point, or use gs://')}
+_REFUSED = {
+  's3://': (
+    's3:// is not supported: runs and their data go where their checkpoints can, and Orbax 0.12.8 '
+    'writes checkpoints only to gs:// (its OCDBT layer refuses s3://); mount the bucket '
+    '(mountpoint-s3 or s3fs-fuse) and pass the mount point, or use gs://'
+  )
+}
 
 # gcsfs logs a warning on every bucket access without a metadata server ("could not determine bucket type"):
 # noise on every machine that authenticates by other means, and in the tests' emulator.
@@ -102,11 +106,15 @@ def check_writable(directory: epath.Path, what: str) -> None:
       directory.rmdir()
   except Exception as e:  # noqa: BLE001 - OSError locally; gcsfs raises its own types for HTTP 403 / 404
     reason = getattr(e, 'strerror', None) or errors.one_line(e)
-    fix = ('check that the bucket exists and that these credentials may write to it (gcloud auth '
-           'application-default login, or the VM / pod service account)' if not local(directory) else
-           'make it writable or pass another path')
-    raise errors.StorageError(f'{what}={directory} cannot be written ({reason}); {fix}. Nothing there was '
-                              'changed.') from None
+    fix = (
+      'check that the bucket exists and that these credentials may write to it (gcloud auth '
+      'application-default login, or the VM / pod service account)'
+      if not local(directory)
+      else 'make it writable or pass another path'
+    )
+    raise errors.StorageError(
+      f'{what}={directory} cannot be written ({reason}); {fix}. Nothing there was changed.'
+    ) from None
 
 
 def cache_dir(*parts: str) -> LocalPath:

@@ -35,8 +35,9 @@ def export(cfg: ml_collections.ConfigDict, workdir: str | Path, tokenizer: str) 
   return out
 
 
-def run(cfg: ml_collections.ConfigDict, workdir: str | Path,
-        on_step: Callable[[int], None] | None = None) -> loop.RunResult:
+def run(
+  cfg: ml_collections.ConfigDict, workdir: str | Path, on_step: Callable[[int], None] | None = None
+) -> loop.RunResult:
   """Trains `cfg` in `workdir` (loop.run), then exports and reports as described above."""
   result = loop.run(cfg, workdir, on_step=on_step)
   if result.preempted or jax.process_index() != 0:

@@ -18,29 +18,29 @@ from flax import nnx
 from jax.experimental import mesh_utils
 from jax.sharding import AxisType, Mesh, PartitionSpec
 
-MESH_AXES = ("data", "fsdp", "tensor")
+MESH_AXES = ('data', 'fsdp', 'tensor')
 
 # Logical axis -> mesh axis (or axes). Weights shard their 'embed' dimension over fsdp (ZeRO-3 style) and their
 # head / FFN / vocab dimension over tensor (Megatron style); activations shard the batch over data x fsdp.
 LOGICAL_AXIS_RULES: tuple[tuple[str, str | tuple[str, ...] | None], ...] = (
-    ("batch", ("data", "fsdp")),
-    ("length", None),
-    ("embed", "fsdp"),
-    ("act_embed", None),
-    ("vocab", "tensor"),
-    ("heads", "tensor"),
-    ("mlp", "tensor"),
-    ("head_dim", None),
-    ("layers", None),
-    ("norm", None),
-    ("predictions", None),
+  ('batch', ('data', 'fsdp')),
+  ('length', None),
+  ('embed', 'fsdp'),
+  ('act_embed', None),
+  ('vocab', 'tensor'),
+  ('heads', 'tensor'),
+  ('mlp', 'tensor'),
+  ('head_dim', None),
+  ('layers', None),
+  ('norm', None),
+  ('predictions', None),
 )
 
 
 # The mesh axes that may span slices (TPU) or nodes (GPU), each with its config field. Tensor parallelism never
 # does: its all-reduces sit inside every layer's forward and backward, too many and too small for the slow
 # data-centre network (DCN) between slices, so tensor stays on the fast links (ICI / NVLink) inside one.
-DCN_FIELDS = {"data": "dcn_data", "fsdp": "dcn_fsdp"}
+DCN_FIELDS = {'data': 'dcn_data', 'fsdp': 'dcn_fsdp'}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,6 +50,7 @@ class MeshLayout:
   The mesh the program sees has the product per axis (`shape`); along each axis the slice index varies slowest,
   so position i of axis a lies in slice i // ici[a] of that axis (jax's hybrid-mesh layout).
   """
+
   ici: tuple[int, ...]
   dcn: tuple[int, ...]
 
@@ -80,18 +81,21 @@ def _fill(shape: list[int], num_devices: int, where: str) -> list[int]:
   named = dict(zip(MESH_AXES, shape))
   fill = [i for i, s in enumerate(shape) if s == -1]
   if len(fill) > 1:
-    raise ValueError(f"mesh sizes {named}: at most one axis may be -1.")
+    raise ValueError(f'mesh sizes {named}: at most one axis may be -1.')
   if any(s == 0 or s < -1 for s in shape):
-    raise ValueError(f"mesh sizes {named} must be positive (or -1 for one axis).")
+    raise ValueError(f'mesh sizes {named} must be positive (or -1 for one axis).')
   known = math.prod(s for s in shape if s != -1)
   if fill:
     if num_devices % known:
-      raise ValueError(f"mesh sizes {named}: {num_devices} devices{where} are not divisible by "
-                       f"the fixed axes' product {known}.")
+      raise ValueError(
+        f"mesh sizes {named}: {num_devices} devices{where} are not divisible by the fixed axes' product {known}."
+      )
     shape[fill[0]] = num_devices // known
   if math.prod(shape) != num_devices:
-    raise ValueError(f"mesh sizes {named} use {math.prod(shape)} devices but {num_devices} are available{where}; "
-                     "set one axis to -1 to fill the rest.")
+    raise ValueError(
+      f'mesh sizes {named} use {math.prod(shape)} devices but {num_devices} are available{where}; '
+      'set one axis to -1 to fill the rest.'
+    )
   return shape
 
 
@@ -100,18 +104,22 @@ def resolve_layout(sizes: Mapping[str, int], num_devices: int) -> MeshLayout:
   sizes = dict(sizes)
   unknown = [a for a in MESH_AXES if a not in sizes]
   if unknown:
-    raise ValueError(f"mesh config is missing axes {unknown}; give sizes for {MESH_AXES} (one may be -1).")
-  if int(sizes.get("dcn_tensor", 1)) != 1:
-    raise ValueError("mesh.dcn_tensor: tensor parallelism stays inside a slice / node (its per-layer all-reduces "
-                     "would cross the data-centre network); span slices with mesh.dcn_data or mesh.dcn_fsdp.")
-  dcn = tuple(int(sizes.get(DCN_FIELDS.get(a, ""), 1)) for a in MESH_AXES)
+    raise ValueError(f'mesh config is missing axes {unknown}; give sizes for {MESH_AXES} (one may be -1).')
+  if int(sizes.get('dcn_tensor', 1)) != 1:
+    raise ValueError(
+      'mesh.dcn_tensor: tensor parallelism stays inside a slice / node (its per-layer all-reduces '
+      'would cross the data-centre network); span slices with mesh.dcn_data or mesh.dcn_fsdp.'
+    )
+  dcn = tuple(int(sizes.get(DCN_FIELDS.get(a, ''), 1)) for a in MESH_AXES)
   if any(d < 1 for d in dcn):
-    raise ValueError(f"mesh {', '.join(f'{f}={sizes[f]}' for f in DCN_FIELDS.values() if f in sizes)}: "
-                     "the number of slices / nodes an axis spans must be >= 1 (no -1 fill across slices).")
+    raise ValueError(
+      f'mesh {", ".join(f"{f}={sizes[f]}" for f in DCN_FIELDS.values() if f in sizes)}: '
+      'the number of slices / nodes an axis spans must be >= 1 (no -1 fill across slices).'
+    )
   granules = math.prod(dcn)
   if num_devices % granules:
-    raise ValueError(f"{num_devices} devices do not split into dcn_data x dcn_fsdp = {granules} slices / nodes.")
-  where = f" per slice / node ({granules} of them)" if granules > 1 else ""
+    raise ValueError(f'{num_devices} devices do not split into dcn_data x dcn_fsdp = {granules} slices / nodes.')
+  where = f' per slice / node ({granules} of them)' if granules > 1 else ''
   ici = _fill([int(sizes[a]) for a in MESH_AXES], num_devices // granules, where)
   return MeshLayout(tuple(ici), dcn)
 
@@ -124,23 +132,28 @@ def resolve_mesh_shape(sizes: Mapping[str, int], num_devices: int) -> tuple[int,
 def _hybrid_devices(layout: MeshLayout, devices: Sequence[jax.Device]) -> np.ndarray:
   """The device array of a mesh whose dcn axes run across slices / nodes and the rest inside each one."""
   n = layout.num_granules
-  slices = {getattr(d, "slice_index", 0) for d in devices}
+  slices = {getattr(d, 'slice_index', 0) for d in devices}
   processes = sorted({d.process_index for d in devices})
-  if devices[0].platform == "tpu":   # libtpu says which slice each chip is in; a slice's hosts share its ICI
+  if devices[0].platform == 'tpu':  # libtpu says which slice each chip is in; a slice's hosts share its ICI
     if len(slices) != n:
-      raise ValueError(f"the devices are {len(slices)} TPU slice(s) but dcn_data x dcn_fsdp = {n}")
+      raise ValueError(f'the devices are {len(slices)} TPU slice(s) but dcn_data x dcn_fsdp = {n}')
     return mesh_utils.create_hybrid_device_mesh(layout.ici, layout.dcn, devices, allow_split_physical_axes=True)
-  if len(processes) == n:   # GPU nodes, one process each (GPU devices carry no slice index of their own)
-    return mesh_utils.create_hybrid_device_mesh(layout.ici, layout.dcn, devices, process_is_granule=True,
-                                                allow_split_physical_axes=True)
+  if len(processes) == n:  # GPU nodes, one process each (GPU devices carry no slice index of their own)
+    return mesh_utils.create_hybrid_device_mesh(
+      layout.ici, layout.dcn, devices, process_is_granule=True, allow_split_physical_axes=True
+    )
   if len(processes) > 1 and len(processes) % n:
-    raise ValueError(f"{len(processes)} processes do not split into dcn_data x dcn_fsdp = {n} nodes")
+    raise ValueError(f'{len(processes)} processes do not split into dcn_data x dcn_fsdp = {n} nodes')
   # Several processes per node (one per GPU: launchers number them node by node), or one process simulating
   # slices (tests on fake CPU devices): consecutive processes, then consecutive device ids, form a granule.
   ordered = sorted(devices, key=lambda d: (d.process_index, d.id))
   per = len(ordered) // n
-  blocks = np.stack([mesh_utils.create_device_mesh(layout.ici, ordered[g * per:(g + 1) * per],
-                                                   allow_split_physical_axes=True) for g in range(n)])
+  blocks = np.stack(
+    [
+      mesh_utils.create_device_mesh(layout.ici, ordered[g * per : (g + 1) * per], allow_split_physical_axes=True)
+      for g in range(n)
+    ]
+  )
   # [granule, ici...] -> [dcn..., ici...] -> interleave so each axis is (dcn outer, ici inner), as jax's helper does
   k = len(MESH_AXES)
   blocks = blocks.reshape(layout.dcn + layout.ici).transpose([x for a in range(k) for x in (a, k + a)])
@@ -158,10 +171,12 @@ def make_mesh(sizes: Mapping[str, int], devices: Sequence[jax.Device] | None = N
   axis_types = (AxisType.Auto,) * len(MESH_AXES)
   if layout.num_granules > 1:
     return Mesh(_hybrid_devices(layout, devices), MESH_AXES, axis_types=axis_types)
-  slices = {getattr(d, "slice_index", 0) for d in devices}
-  if len(slices) > 1:   # jax.make_mesh refuses these too, less helpfully
-    raise ValueError(f"the devices are {len(slices)} TPU slices: set mesh.dcn_data (or mesh.dcn_fsdp) to "
-                     f"{len(slices)} so the mesh knows which axis crosses the data-centre network")
+  slices = {getattr(d, 'slice_index', 0) for d in devices}
+  if len(slices) > 1:  # jax.make_mesh refuses these too, less helpfully
+    raise ValueError(
+      f'the devices are {len(slices)} TPU slices: set mesh.dcn_data (or mesh.dcn_fsdp) to '
+      f'{len(slices)} so the mesh knows which axis crosses the data-centre network'
+    )
   return jax.make_mesh(layout.shape, MESH_AXES, axis_types=axis_types, devices=devices)
 
 
@@ -170,7 +185,7 @@ def granule_ids(mesh: Mesh, layout: MeshLayout | None = None) -> list[int]:
   on it): the hardware's slice index where there are several slices, else the layout's dcn blocks (what
   make_mesh built), else the process (one per host)."""
   devices = list(mesh.devices.flat)
-  slices = [getattr(d, "slice_index", 0) for d in devices]
+  slices = [getattr(d, 'slice_index', 0) for d in devices]
   if len(set(slices)) > 1:
     return slices
   if layout is not None and layout.num_granules > 1:

@@ -5,17 +5,17 @@ The flag must be in the environment before jax initialises its backends, hence a
 
 import os
 
-os.environ["XLA_FLAGS"] = " ".join(
-    [os.environ.get("XLA_FLAGS", ""), "--xla_force_host_platform_device_count=8"]).strip()
-os.environ.setdefault("JAX_PLATFORMS", "cpu")
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-os.environ.setdefault("HF_DATASETS_OFFLINE", "1")  # evaluate mteb: MTEB tasks read only the datasets cache
+os.environ['XLA_FLAGS'] = ' '.join(
+  [os.environ.get('XLA_FLAGS', ''), '--xla_force_host_platform_device_count=8']
+).strip()
+os.environ.setdefault('JAX_PLATFORMS', 'cpu')
+os.environ.setdefault('HF_HUB_OFFLINE', '1')
+os.environ.setdefault('TRANSFORMERS_OFFLINE', '1')
+os.environ.setdefault('HF_DATASETS_OFFLINE', '1')  # evaluate mteb: MTEB tasks read only the datasets cache
 
 
 def pytest_configure(config):
-  config.addinivalue_line(
-      "markers", "gpu: needs a real NVIDIA GPU (run with JAX_PLATFORMS=cuda); skipped on CPU")
+  config.addinivalue_line('markers', 'gpu: needs a real NVIDIA GPU (run with JAX_PLATFORMS=cuda); skipped on CPU')
 
 
 # --- A real GCS server on 127.0.0.1 (gcp-storage-emulator), for the tests of runs and data on a bucket -----------
@@ -27,12 +27,12 @@ import time  # noqa: E402
 
 import pytest  # noqa: E402
 
-GCS_BUCKET = "neobert"
+GCS_BUCKET = 'neobert'
 
 
 def _free_port():
   with socket.socket() as s:
-    s.bind(("127.0.0.1", 0))
+    s.bind(('127.0.0.1', 0))
     return s.getsockname()[1]
 
 
@@ -42,38 +42,42 @@ def start_gcs_emulator(data_dir=None, bucket=GCS_BUCKET):
   try:
     import gcp_storage_emulator  # noqa: F401  pylint: disable=g-import-not-at-top,unused-import
   except ImportError:
-    pytest.skip("gcp-storage-emulator is not installed (pip install gcp-storage-emulator)")
+    pytest.skip('gcp-storage-emulator is not installed (pip install gcp-storage-emulator)')
   port = _free_port()
   # tests/gcs_emulator.py is the emulator's own command with the x-goog-generation header tensorstore needs.
-  cmd = [sys.executable, os.path.join(os.path.dirname(__file__), "gcs_emulator.py")]
-  cmd += [f"--data-dir={data_dir}"] if data_dir else []
-  cmd += ["start", "--host=127.0.0.1", f"--port={port}", f"--default-bucket={bucket}"]
-  cmd += [] if data_dir else ["--in-memory"]
+  cmd = [sys.executable, os.path.join(os.path.dirname(__file__), 'gcs_emulator.py')]
+  cmd += [f'--data-dir={data_dir}'] if data_dir else []
+  cmd += ['start', '--host=127.0.0.1', f'--port={port}', f'--default-bucket={bucket}']
+  cmd += [] if data_dir else ['--in-memory']
   proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
   deadline = time.time() + 30
   while time.time() < deadline:
     try:
-      socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
-      return proc, f"http://127.0.0.1:{port}"
+      socket.create_connection(('127.0.0.1', port), timeout=0.5).close()
+      return proc, f'http://127.0.0.1:{port}'
     except OSError:
       time.sleep(0.1)
   proc.kill()
-  raise RuntimeError("gcp-storage-emulator did not start in 30 s")
+  raise RuntimeError('gcp-storage-emulator did not start in 30 s')
 
 
 def gcs_env(url):
   """What gcsfs (epath's gs:// backend) and tensorstore (Orbax's) need to talk to the emulator at `url`."""
-  return {"STORAGE_EMULATOR_HOST": url, "TENSORSTORE_GCS_HTTP_URL": url, "GOOGLE_AUTH_TOKEN_FOR_TESTING": "x",
-          "GOOGLE_CLOUD_PROJECT": "test"}
+  return {
+    'STORAGE_EMULATOR_HOST': url,
+    'TENSORSTORE_GCS_HTTP_URL': url,
+    'GOOGLE_AUTH_TOKEN_FOR_TESTING': 'x',
+    'GOOGLE_CLOUD_PROJECT': 'test',
+  }
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope='session')
 def gcs():
   """gs://neobert on an emulator for the whole session (tensorstore reads its endpoint once per process)."""
   proc, url = start_gcs_emulator()
   saved = {k: os.environ.get(k) for k in gcs_env(url)}
   os.environ.update(gcs_env(url))
-  yield f"gs://{GCS_BUCKET}"
+  yield f'gs://{GCS_BUCKET}'
   for k, v in saved.items():
     if v is None:
       os.environ.pop(k, None)

@@ -49,4 +49,5 @@ objects.download = _download_with_generation  # before the server module builds 
 
 if __name__ == '__main__':
   from gcp_storage_emulator.__main__ import main  # pylint: disable=g-import-not-at-top
+
   main(sys.argv[1:])

@@ -35,8 +35,7 @@ def _compile(tmp_path, target, packing='none', preds=0, extra=()):
   cfg = tmp_path / f'tiny_{packing}.py'
   cfg.write_text(textwrap.dedent(TINY.format(packing=packing, preds=preds)))
   out = tmp_path / 'report.json'
-  cmd = [sys.executable, '-m', 'neobert_jax.compile', f'--config={cfg}', f'--target={target}',
-         f'--json={out}', *extra]
+  cmd = [sys.executable, '-m', 'neobert_jax.compile', f'--config={cfg}', f'--target={target}', f'--json={out}', *extra]
   r = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=600)
   if r.returncode == 3:
     pytest.skip(f'optional AOT dependency for {target} could not be installed: {r.stderr[-800:]}')
@@ -47,7 +46,7 @@ def _compile(tmp_path, target, packing='none', preds=0, extra=()):
 def test_parse_targets():
   t = targets.parse_target('tpu:v5e-256')
   assert (t.platform, t.num_devices, t.tpu_topology) == ('tpu', 256, 'v5e:16x16')
-  assert targets.parse_target('tpu:v4-8').tpu_topology == 'v4:2x2x1'          # v4-N counts TensorCores
+  assert targets.parse_target('tpu:v4-8').tpu_topology == 'v4:2x2x1'  # v4-N counts TensorCores
   assert targets.parse_target('tpu:v5e:2x4').num_devices == 8
   g = targets.parse_target('cuda:h100x16')
   assert (g.platform, g.num_devices, g.gpu_hosts, g.gpus_per_host) == ('cuda', 16, 2, 8)
@@ -60,8 +59,8 @@ def _check_fit_report(rep, devices, mesh):
   assert rep['num_devices'] == devices and rep['mesh'] == mesh
   assert rep['fits'] is True and 0 < rep['total_bytes'] < rep['device_memory_bytes']
   # parameters and Adam moments (about 0.13M values x 3 x 4 bytes, FSDP-sharded) are the bulk of the arguments
-  assert rep["argument_bytes"] > 3 * 4 * 1.2e5 / devices
-  assert rep['temp_bytes'] > 0 and rep['alias_bytes'] > 0   # the state is donated: outputs reuse it
+  assert rep['argument_bytes'] > 3 * 4 * 1.2e5 / devices
+  assert rep['temp_bytes'] > 0 and rep['alias_bytes'] > 0  # the state is donated: outputs reuse it
   assert rep['model_flops_per_step'] > 0 and rep['dtype'] == 'bfloat16'
 
 
@@ -79,8 +78,13 @@ def test_tpu_v5e_slice_uses_splash(tmp_path):
 
 def test_h100x8_pre_hopper_bias_kernel_on_a_tensor_parallel_mesh(tmp_path):
   """`cudnn_bias` (what pre-Hopper GPUs get for packed rows) keeps cuDNN's bias kernel, heads split over tensor."""
-  rep, out = _compile(tmp_path, 'cuda:h100x8', packing='packed', preds=32,
-                      extra=['--config.model.attention_impl=cudnn_bias', '--config.mesh.tensor=2', '--require_cudnn'])
+  rep, out = _compile(
+    tmp_path,
+    'cuda:h100x8',
+    packing='packed',
+    preds=32,
+    extra=['--config.model.attention_impl=cudnn_bias', '--config.mesh.tensor=2', '--require_cudnn'],
+  )
   _check_fit_report(rep, 8, {'data': 1, 'fsdp': 4, 'tensor': 2})
   assert rep['device_kind'] == 'NVIDIA H100 80GB HBM3' and rep['attention_impl'] == 'cudnn_bias'
   assert rep['attention_kernels'] == ['__cudnn$fmhaScaleBiasSoftmax', '__cudnn$fmhaScaleBiasSoftmaxBackward']
@@ -95,11 +99,20 @@ def test_250m_packed_step_on_h100_is_flash_without_a_t_by_t_buffer(tmp_path, rec
   """The real 250M recipes, packed: cuDNN's plain flash kernel, no [.., T, T] buffer in the program, and no more
   temporaries than padding mode's except the softmax statistics jax's packed layout keeps per document slot
   ([B x max_documents_per_row, heads, T] fp32 per layer instead of [B, heads, T])."""
+
   def run(packing):
     out = tmp_path / f'{packing}.json'
     hlo = tmp_path / f'{packing}.hlo'
-    cmd = [sys.executable, '-m', 'neobert_jax.compile', f'--config=configs/{recipe}', '--target=cuda:h100x8',
-           f'--config.data.packing={packing}', f'--json={out}', f'--dump_hlo={hlo}']
+    cmd = [
+      sys.executable,
+      '-m',
+      'neobert_jax.compile',
+      f'--config=configs/{recipe}',
+      '--target=cuda:h100x8',
+      f'--config.data.packing={packing}',
+      f'--json={out}',
+      f'--dump_hlo={hlo}',
+    ]
     r = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=900)
     if r.returncode == 3:
       pytest.skip(f'optional AOT dependency could not be installed: {r.stderr[-800:]}')
@@ -107,13 +120,15 @@ def test_250m_packed_step_on_h100_is_flash_without_a_t_by_t_buffer(tmp_path, rec
     return json.loads(out.read_text()), hlo.read_text()
 
   from neobert_jax import config
+
   cfg = config.load(os.path.join(ROOT, 'configs', recipe))
   packed, hlo = run('packed')
   padded, _ = run('none')
   t = packed['seq_len']
   # packed rows (packed layout) and padded rows (per-row lengths) both get the plain flash kernel
-  assert packed['attention_kernels'] == padded['attention_kernels'] == [
-      '__cudnn$fmhaSoftmax', '__cudnn$fmhaSoftmaxBackward']
+  assert (
+    packed['attention_kernels'] == padded['attention_kernels'] == ['__cudnn$fmhaSoftmax', '__cudnn$fmhaSoftmaxBackward']
+  )
   assert packed['attention_impl'] == padded['attention_impl'] == 'cudnn' and packed['dtype'] == 'bfloat16'
 
   assert not re.search(rf'\[[0-9,]*{t},{t}\]', hlo), 'a [.., T, T] buffer is in the compiled program'
@@ -131,40 +146,70 @@ def test_250m_packed_step_on_h100_is_flash_without_a_t_by_t_buffer(tmp_path, rec
   assert abs(3 * rl['attention_forward_flops'] / attention - 1) < 0.01
   assert 0 < rl['mfu'] < 0.8 and 0 < rl['other_share'] < 1
   assert packed['fits'] and packed['temp_bytes'] <= 1.005 * padded['temp_bytes'] + stats, (
-      packed['temp_bytes'], padded['temp_bytes'], stats)
+    packed['temp_bytes'],
+    padded['temp_bytes'],
+    stats,
+  )
 
 
 def test_fit_arithmetic_and_format():
   from neobert_jax.aot import report
-  r = report.FitReport(target='cuda:h100x8', device_kind='H100', num_devices=8, mesh={'data': 1, 'fsdp': 8, 'tensor': 1},
-                       global_batch=64, seq_len=1024, grad_accum=1, argument_bytes=10 * 2**30, output_bytes=10 * 2**30,
-                       alias_bytes=10 * 2**30, temp_bytes=70 * 2**30, code_bytes=0, device_memory_bytes=80 * 2**30,
-                       headroom=0.9, model_flops_per_step=1e15, xla_flops_per_device=None, peak_flops_per_device=1e15,
-                       attention_kernels=[], compile_seconds=1.0)
-  assert r.total_bytes == 80 * 2**30 and not r.fits            # 100% of memory is over the 90% limit
+
+  r = report.FitReport(
+    target='cuda:h100x8',
+    device_kind='H100',
+    num_devices=8,
+    mesh={'data': 1, 'fsdp': 8, 'tensor': 1},
+    global_batch=64,
+    seq_len=1024,
+    grad_accum=1,
+    argument_bytes=10 * 2**30,
+    output_bytes=10 * 2**30,
+    alias_bytes=10 * 2**30,
+    temp_bytes=70 * 2**30,
+    code_bytes=0,
+    device_memory_bytes=80 * 2**30,
+    headroom=0.9,
+    model_flops_per_step=1e15,
+    xla_flops_per_device=None,
+    peak_flops_per_device=1e15,
+    attention_kernels=[],
+    compile_seconds=1.0,
+  )
+  assert r.total_bytes == 80 * 2**30 and not r.fits  # 100% of memory is over the 90% limit
   assert abs(r.step_seconds_at(0.5) - 0.25) < 1e-9
   text = report.format_report(r)
   assert 'fits          NO' in text and 'XLA (no fused' in text
   # the TPU compiler's refusal is turned into a number, anything else is not an out-of-memory verdict
-  msg = ('RESOURCE_EXHAUSTED: Ran out of memory on HBM, the total memory required for HLO temporaries (27.44G) '
-         'exceeds available HBM (15.75G).')
+  msg = (
+    'RESOURCE_EXHAUSTED: Ran out of memory on HBM, the total memory required for HLO temporaries (27.44G) '
+    'exceeds available HBM (15.75G).'
+  )
   assert abs(report.parse_oom(msg) - 27.44 * 2**30) < 2**20
   assert report.parse_oom('INVALID_ARGUMENT: something else') is None
   assert report.attention_kernels('custom_call_target="__cudnn$fmhaSoftmax" ... "__cudnn$fmhaSoftmaxBackward"') == [
-      '__cudnn$fmhaSoftmax', '__cudnn$fmhaSoftmaxBackward']
+    '__cudnn$fmhaSoftmax',
+    '__cudnn$fmhaSoftmaxBackward',
+  ]
 
 
 def test_plan_recommends_a_layout_that_fits_with_the_tpu_cost_model(tmp_path):
   # 4 rows over fsdp=4: one candidate micro-batch (1 row per device), one memory compile per remat policy
-  extra = ['--plan', '--plan_remat=none,full', '--plan_tensor=1', '--plan_mesh=fsdp',
-           '--config.train.global_batch_size=4', '--config.train.grad_accum_steps=1']
+  extra = [
+    '--plan',
+    '--plan_remat=none,full',
+    '--plan_tensor=1',
+    '--plan_mesh=fsdp',
+    '--config.train.global_batch_size=4',
+    '--config.train.grad_accum_steps=1',
+  ]
   rep, out = _compile(tmp_path, 'tpu:v5e-4', packing='packed', preds=32, extra=extra)
   rows, best = rep['rows'], rep['best']
   assert len(rows) == 2 and all(r['fits'] and r['seconds'] > 0 for r in rows)
   assert all(r['micro_per_device'] == 1 and r['grad_accum'] == 1 for r in rows)
   full = next(r for r in rows if r['remat'] == 'full')
   none = next(r for r in rows if r['remat'] == 'none')
-  assert full['seconds'] > none['seconds']          # the cost model sees the recomputed forward
+  assert full['seconds'] > none['seconds']  # the cost model sees the recomputed forward
   assert best['remat'] == 'none' and '--config.model.remat_policy=none' in rep['overrides']
   assert 'recommended: --config.mesh.data=1 --config.mesh.fsdp=4' in out
   # The roofline is computed beside the cost model (at this toy size it is dominated by its per-kernel floor, so the
@@ -177,6 +222,10 @@ def test_plan_recommends_a_layout_that_fits_with_the_tpu_cost_model(tmp_path):
 
 def test_plan_meshes():
   from neobert_jax.aot import plan
+
   assert plan.meshes(8, 12, (1, 2)) == [
-      {'data': 1, 'fsdp': 8, 'tensor': 1}, {'data': 8, 'fsdp': 1, 'tensor': 1},
-      {'data': 1, 'fsdp': 4, 'tensor': 2}, {'data': 4, 'fsdp': 1, 'tensor': 2}]
+    {'data': 1, 'fsdp': 8, 'tensor': 1},
+    {'data': 8, 'fsdp': 1, 'tensor': 1},
+    {'data': 1, 'fsdp': 4, 'tensor': 2},
+    {'data': 4, 'fsdp': 1, 'tensor': 2},
+  ]

@@ -15,8 +15,10 @@ from flax import nnx
 
 from neobert_jax.model import NeoBERTForMLM, default_model_config
 
-pytestmark = [pytest.mark.gpu,
-              pytest.mark.skipif(jax.default_backend() != 'gpu', reason='needs an NVIDIA GPU (JAX_PLATFORMS=cuda)')]
+pytestmark = [
+  pytest.mark.gpu,
+  pytest.mark.skipif(jax.default_backend() != 'gpu', reason='needs an NVIDIA GPU (JAX_PLATFORMS=cuda)'),
+]
 
 B, T = 4, 512
 
@@ -28,18 +30,26 @@ def _hopper() -> bool:
 
 def _segments():
   seg = np.zeros((B, T), np.int32)
-  seg[0, :200], seg[0, 200:230], seg[0, 230:500] = 1, 2, 3   # three documents and padding
-  seg[1, :] = 1                                              # one full row
-  bounds = np.linspace(0, T, 17).astype(int)                 # 16 documents: the default per-row maximum
+  seg[0, :200], seg[0, 200:230], seg[0, 230:500] = 1, 2, 3  # three documents and padding
+  seg[1, :] = 1  # one full row
+  bounds = np.linspace(0, T, 17).astype(int)  # 16 documents: the default per-row maximum
   for d in range(16):
-    seg[3, bounds[d]:bounds[d + 1]] = d + 1                  # row 2 stays all padding
+    seg[3, bounds[d] : bounds[d + 1]] = d + 1  # row 2 stays all padding
   return seg
 
 
 def _run(kernel: str, masking: str):
   cfg = default_model_config()
-  cfg.update(num_layers=2, hidden_size=768, num_heads=12, intermediate_size=3072, vocab_size=1024, max_length=T,
-             dtype='bfloat16', attention_impl=kernel)
+  cfg.update(
+    num_layers=2,
+    hidden_size=768,
+    num_heads=12,
+    intermediate_size=3072,
+    vocab_size=1024,
+    max_length=T,
+    dtype='bfloat16',
+    attention_impl=kernel,
+  )
   seg = jnp.asarray(_segments())
   ids = jnp.asarray(np.random.default_rng(0).integers(1, 1024, (B, T)), jnp.int32) * (seg > 0)
   kw = {'segment_ids': seg, 'max_segments': 16} if masking == 'packed' else {'lengths': (seg > 0).sum(-1)}
@@ -52,8 +62,10 @@ def _run(kernel: str, masking: str):
     def loss(m):
       logits = m(ids, **kw)
       return jnp.sum(-jax.nn.log_softmax(logits)[..., 7] * weight) / weight.sum(), logits
+
     (_, logits), grads = nnx.value_and_grad(loss, has_aux=True)(model)
     return logits, nnx.to_pure_dict(grads)
+
   return run()
 
 

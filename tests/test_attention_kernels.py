@@ -28,14 +28,17 @@ def _segments(max_docs=4):
   seg[1, :] = 1
   bounds = np.linspace(0, T, max_docs + 1).astype(int)
   for d in range(max_docs):
-    seg[3, bounds[d]:bounds[d + 1]] = d + 1
+    seg[3, bounds[d] : bounds[d + 1]] = d + 1
   return seg
 
 
 MODES = {
-    'packed': lambda: ({'segment_ids': jnp.asarray(_segments())}, _segments() > 0),
-    'padded': lambda: ({'lengths': jnp.asarray([200, T, 0, 17])}, np.arange(T)[None] < np.array([200, T, 0, 17])[:, None]),
-    'none': lambda: ({}, np.ones((B, T), bool)),
+  'packed': lambda: ({'segment_ids': jnp.asarray(_segments())}, _segments() > 0),
+  'padded': lambda: (
+    {'lengths': jnp.asarray([200, T, 0, 17])},
+    np.arange(T)[None] < np.array([200, T, 0, 17])[:, None],
+  ),
+  'none': lambda: ({}, np.ones((B, T), bool)),
 }
 
 
@@ -118,7 +121,7 @@ def test_packing_closes_rows_at_the_document_limit():
   tokens = rng.integers(5, 100, int(lengths.sum())).astype(np.int32)
   free = packing.pack_block(tokens, lengths, 128, 'packed', 0)
   capped = packing.pack_block(tokens, lengths, 128, 'packed', 0, max_docs=5)
-  assert free['segment_ids'].max() > 5            # the limit binds on this block
+  assert free['segment_ids'].max() > 5  # the limit binds on this block
   assert capped['segment_ids'].max() == 5
   assert int((capped['segment_ids'] > 0).sum()) == int(lengths.sum())  # no token lost, only more rows
   assert capped['segment_ids'].shape[0] > free['segment_ids'].shape[0]
@@ -127,8 +130,17 @@ def test_packing_closes_rows_at_the_document_limit():
 @functools.lru_cache(maxsize=None)
 def _model_logits_and_grads(kernel, mesh_sizes=None):
   cfg = default_model_config()
-  cfg.update(num_layers=1, hidden_size=64, num_heads=4, intermediate_size=192, vocab_size=128, max_length=T,
-             attention_impl=kernel, splash_block_size=128, blockwise_block_size=64)
+  cfg.update(
+    num_layers=1,
+    hidden_size=64,
+    num_heads=4,
+    intermediate_size=192,
+    vocab_size=128,
+    max_length=T,
+    attention_impl=kernel,
+    splash_block_size=128,
+    blockwise_block_size=64,
+  )
   seg = jnp.asarray(_segments())
   ids = jnp.asarray(np.random.default_rng(1).integers(1, 128, (B, T)), jnp.int32) * (seg > 0)
   labels_weight = (seg > 0).astype(jnp.float32)
@@ -150,8 +162,9 @@ def _model_logits_and_grads(kernel, mesh_sizes=None):
     return jax.jit(run)()
 
 
-@pytest.mark.parametrize('kernel,mesh', [('blockwise', None), ('splash', None),
-                                         ('splash', (('data', 1), ('fsdp', 2), ('tensor', 2)))])
+@pytest.mark.parametrize(
+  'kernel,mesh', [('blockwise', None), ('splash', None), ('splash', (('data', 1), ('fsdp', 2), ('tensor', 2)))]
+)
 def test_kernels_inside_the_model(kernel, mesh):
   """Logits and parameter gradients of the whole model equal the XLA kernel's (splash also on a 2 x 2 mesh, rows
   split over fsdp and heads over tensor, through shard_map with specs from the logical-axis rules)."""
@@ -173,9 +186,11 @@ def test_auto_resolution_table():
   assert c(platform='tpu') == 'splash' and c(platform='tpu', dtype='float32', packed=False) == 'splash'
   assert c(platform='tpu', seq_len=1000) == 'xla'
   assert c(platform='cpu', dtype='float32') == 'blockwise' and c(platform='cpu', seq_len=4096) == 'blockwise'
-  assert c(platform='cpu', dtype='float32', seq_len=128) == 'xla'          # one key block: nothing to tile
-  assert 'bias' in choose('auto', platform='gpu', dtype='bfloat16', packed=True, seq_len=1024,
-                          compute_capability='8.6').warning
+  assert c(platform='cpu', dtype='float32', seq_len=128) == 'xla'  # one key block: nothing to tile
+  assert (
+    'bias'
+    in choose('auto', platform='gpu', dtype='bfloat16', packed=True, seq_len=1024, compute_capability='8.6').warning
+  )
   # explicit choices that cannot run say which setting to change
   with pytest.raises(ValueError, match='bfloat16'):
     choose('cudnn', platform='gpu', dtype='float32', packed=False, seq_len=1024)
@@ -192,6 +207,7 @@ def test_train_step_reports_rows_over_the_document_limit():
   """The step's metric the loop stops on: rows whose documents the static packed layout cannot hold."""
   from neobert_jax.train import mlm
   from neobert_jax.train.testing import synthetic_batch, tiny_config
+
   cfg = tiny_config(vocab_size=64, seq_len=32, batch=2)
   cfg.data.max_documents_per_row = 2
   mesh = sharding.make_mesh({'data': 1, 'fsdp': 1, 'tensor': 1}, jax.devices()[:1])

@@ -10,11 +10,16 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def test_accelerator_benchmark_smoke(tmp_path):
-  r = subprocess.run([sys.executable, '-m', 'benchmarks.accelerator', '--out', str(tmp_path), '--smoke'],
-                     capture_output=True, text=True, cwd=ROOT, timeout=300)
+  r = subprocess.run(
+    [sys.executable, '-m', 'benchmarks.accelerator', '--out', str(tmp_path), '--smoke'],
+    capture_output=True,
+    text=True,
+    cwd=ROOT,
+    timeout=300,
+  )
   assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
   res = json.loads((tmp_path / 'accelerator.json').read_text())
-  assert res['gpu_tests']['rc'] in (0, 5)            # on CPU every gpu test skips (5: none selected)
+  assert res['gpu_tests']['rc'] in (0, 5)  # on CPU every gpu test skips (5: none selected)
   sides = res['train_step'][0]['sides']
   assert 'torch-bf16-sdpa' in sides and any(k.startswith('jax-') for k in sides)
   assert all(s['tokens_per_s'] > 0 for s in sides.values())

@@ -25,23 +25,23 @@ REPO = Path(__file__).resolve().parents[1]
 
 # module: (short name in its error lines, console script or None, has a config)
 COMMANDS = {
-    'neobert_jax.train': ('train', 'neobert-train', True),
-    'neobert_jax.finetune': ('finetune', 'neobert-finetune', True),
-    'neobert_jax.finetune.sweep': ('sweep', None, True),
-    'neobert_jax.compile': ('compile', 'neobert-compile', True),
-    'neobert_jax.data.prepare': ('prepare', 'neobert-prepare', False),
-    'neobert_jax.convert': ('convert', 'neobert-convert', False),
-    'neobert_jax.evaluate': ('evaluate', 'neobert-evaluate', False),
-    'neobert_jax.embed': ('embed', 'neobert-embed', False),
-    'neobert_jax.finetune.export': ('export', None, False),
-    'neobert_jax.data.corpus': ('corpus', None, False),
-    'neobert_jax.data.train_sentencepiece': ('train_sentencepiece', None, False),
-    'neobert_jax.aot.deps': ('deps', None, False),
+  'neobert_jax.train': ('train', 'neobert-train', True),
+  'neobert_jax.finetune': ('finetune', 'neobert-finetune', True),
+  'neobert_jax.finetune.sweep': ('sweep', None, True),
+  'neobert_jax.compile': ('compile', 'neobert-compile', True),
+  'neobert_jax.data.prepare': ('prepare', 'neobert-prepare', False),
+  'neobert_jax.convert': ('convert', 'neobert-convert', False),
+  'neobert_jax.evaluate': ('evaluate', 'neobert-evaluate', False),
+  'neobert_jax.embed': ('embed', 'neobert-embed', False),
+  'neobert_jax.finetune.export': ('export', None, False),
+  'neobert_jax.data.corpus': ('corpus', None, False),
+  'neobert_jax.data.train_sentencepiece': ('train_sentencepiece', None, False),
+  'neobert_jax.aot.deps': ('deps', None, False),
 }
 UNKNOWN = '--no-such-flag'
 
 # Runs in the subprocess: argv[1] is a JSON list of (form, target); prints one JSON result per run.
-_PROBE = r'''
+_PROBE = r"""
 import contextlib, io, json, runpy, sys, warnings
 warnings.simplefilter('ignore')  # runpy: "found in sys.modules ... prior to execution" for a re-run module
 from neobert_jax import cli
@@ -67,7 +67,7 @@ for form, target in runs:
     results.append({'form': form, 'target': target, 'flag': flag, 'code': code, 'out': out.getvalue(),
                     'err': err.getvalue()})
 print(json.dumps(results))
-'''
+"""
 
 
 def _scripts() -> dict[str, str]:
@@ -88,8 +88,11 @@ def _forms() -> list[tuple[str, object, str, str]]:
 def test_every_command_is_listed():
   # A new command (a module that runs as __main__) or console script must join the convention and this test.
   pkg = REPO / 'neobert_jax'
-  mains = {'.'.join(p.relative_to(REPO).with_suffix('').parts).removesuffix('.__main__') for p in pkg.rglob('*.py')
-           if "if __name__ == '__main__':" in p.read_text() or 'if __name__ == "__main__":' in p.read_text()}
+  mains = {
+    '.'.join(p.relative_to(REPO).with_suffix('').parts).removesuffix('.__main__')
+    for p in pkg.rglob('*.py')
+    if "if __name__ == '__main__':" in p.read_text() or 'if __name__ == "__main__":' in p.read_text()
+  }
   assert mains == set(COMMANDS)
   assert {script for _, script, _ in COMMANDS.values() if script} == set(_scripts())
 
@@ -104,7 +107,7 @@ def _help_problems(out: str, name: str, has_config: bool) -> list[str]:
   blocks = out.split('\n\n')
   if len(blocks) < 3 or not blocks[1].strip() or blocks[1].lstrip().startswith(('-', 'usage', 'flags:')):
     problems.append('no description paragraph after the usage line')
-  flags = out[out.find('\nflags:\n'):] if '\nflags:\n' in out else ''
+  flags = out[out.find('\nflags:\n') :] if '\nflags:\n' in out else ''
   wanted = ['-h, --help', '--debug'] + (['--config FILE', '--config.FIELD VALUE'] if has_config else [])
   missing = [w for w in wanted if w not in flags]
   if missing:
@@ -123,8 +126,14 @@ def _error_problems(code: int, err: str, prog: str) -> list[str]:
 @pytest.fixture(scope='module')
 def results():
   forms = _forms()
-  r = subprocess.run([sys.executable, '-c', _PROBE, json.dumps([[f, t] for f, t, _, _ in forms]), UNKNOWN],
-                     cwd=REPO, capture_output=True, text=True, timeout=300, env={**os.environ, 'NEOBERT_DEBUG': '0'})
+  r = subprocess.run(
+    [sys.executable, '-c', _PROBE, json.dumps([[f, t] for f, t, _, _ in forms]), UNKNOWN],
+    cwd=REPO,
+    capture_output=True,
+    text=True,
+    timeout=300,
+    env={**os.environ, 'NEOBERT_DEBUG': '0'},
+  )
   assert r.returncode == 0, r.stderr[-3000:]
   runs = json.loads(r.stdout.strip().splitlines()[-1])
   assert len(runs) == 2 * len(forms)
@@ -136,9 +145,11 @@ def test_help_and_unknown_flag_in_every_form(results):
   for (form, target, module, name), run in results:
     prog, _, has_config = COMMANDS[module]
     if run['flag'] == '--help':
-      problems = ([] if run['code'] == 0 else [f'exit status {run["code"]}']) + (
-          [f'stderr: {run["err"][-300:]}'] if run['err'].strip() else []) + _help_problems(run['out'], name,
-                                                                                            has_config)
+      problems = (
+        ([] if run['code'] == 0 else [f'exit status {run["code"]}'])
+        + ([f'stderr: {run["err"][-300:]}'] if run['err'].strip() else [])
+        + _help_problems(run['out'], name, has_config)
+      )
     else:
       problems = _error_problems(run['code'], run['err'], prog)
     if problems:
@@ -148,6 +159,7 @@ def test_help_and_unknown_flag_in_every_form(results):
 
 def test_python_dash_m_in_a_fresh_interpreter():
   # The one form runpy stands in for above, run for real once: an absl command (its --help used to exit 1).
-  r = subprocess.run([sys.executable, '-m', 'neobert_jax.finetune', '--help'], cwd=REPO, capture_output=True,
-                     text=True, timeout=120)
+  r = subprocess.run(
+    [sys.executable, '-m', 'neobert_jax.finetune', '--help'], cwd=REPO, capture_output=True, text=True, timeout=120
+  )
   assert r.returncode == 0 and not _help_problems(r.stdout, 'python -m neobert_jax.finetune', True), r.stdout + r.stderr

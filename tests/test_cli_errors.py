@@ -23,14 +23,20 @@ from neobert_jax.data import prepare as prepare_lib
 from neobert_jax.data import testing as data_testing
 
 REPO = Path(__file__).resolve().parents[1]
-CONFIG, DATA, CHECKPOINT, EXPORT, DISTRIBUTED = (c.exit_status for c in (
-    errors.ConfigError, errors.DataError, errors.CheckpointError, errors.ExportError, errors.DistributedError))
+CONFIG, DATA, CHECKPOINT, EXPORT, DISTRIBUTED = (
+  c.exit_status
+  for c in (errors.ConfigError, errors.DataError, errors.CheckpointError, errors.ExportError, errors.DistributedError)
+)
 TRAIN = [sys.executable, '-m', 'neobert_jax.train', '--config=configs/tiny_cpu.py']
 PREPARE = [sys.executable, '-m', 'neobert_jax.data.prepare', '--no-progress', '--workers=0']
 CONVERT = [sys.executable, '-m', 'neobert_jax.convert']
 # The console script's path (neobert-compile), which reports errors whatever compile.py's own __main__ does.
-COMPILE = [sys.executable, '-c', 'import sys; sys.argv[0] = "neobert-compile"; from neobert_jax import cli; '
-           'cli.compile_main()', '--config=configs/tiny_cpu.py']
+COMPILE = [
+  sys.executable,
+  '-c',
+  'import sys; sys.argv[0] = "neobert-compile"; from neobert_jax import cli; cli.compile_main()',
+  '--config=configs/tiny_cpu.py',
+]
 
 
 @pytest.fixture(scope='module')
@@ -48,20 +54,39 @@ def _subprocess_cases(d: Path, vocab: str) -> list[tuple[str, list[str], int, st
   """(name, command, exit status, text the line must contain, extra environment)."""
   work = f'--workdir={d / "run"}'
   return [
-      ('train: unknown override key', TRAIN + [work, '--config.train.num_step=3'], CONFIG, "'num_steps'", {}),
-      ('train: renamed override key', TRAIN + [work, '--config.train.compute_dtype=bfloat16'], CONFIG,
-       'train.compute_dtype is now model.dtype', {}),
-      ('train: missing config file', TRAIN[:-1] + ['--config=configs/nope.py', work], CONFIG, 'nope.py', {}),
-      ('train: mesh does not fit the devices', TRAIN + [work, '--config.mesh.tensor=3'], CONFIG, 'tensor', {}),
-      ('train: missing data directory', TRAIN + [work, f'--config.data.dir={d / "none"}'], DATA, 'does not exist',
-       {}),
-      ('train: incomplete multi-process settings', TRAIN + [work], DISTRIBUTED, 'coordinator',
-       {'NEOBERT_NUM_PROCESSES': '2', 'NEOBERT_PROCESS_ID': '0'}),
-      ('prepare: missing input', PREPARE + ['--input', str(d / 'gone.txt'), '--output', str(d / 'o1'),
-                                            '--tokenizer', vocab], DATA, 'no such file', {}),
-      ('convert: missing Hugging Face input', CONVERT + ['from-pytorch', '--input', str(d / 'none'), '--output',
-                                                         str(d / 'x.safetensors')], EXPORT, 'no such file', {}),
-      ('compile: unknown target', COMPILE + ['--target=cuda:a100x8'], CONFIG, 'h100', {}),
+    ('train: unknown override key', TRAIN + [work, '--config.train.num_step=3'], CONFIG, "'num_steps'", {}),
+    (
+      'train: renamed override key',
+      TRAIN + [work, '--config.train.compute_dtype=bfloat16'],
+      CONFIG,
+      'train.compute_dtype is now model.dtype',
+      {},
+    ),
+    ('train: missing config file', TRAIN[:-1] + ['--config=configs/nope.py', work], CONFIG, 'nope.py', {}),
+    ('train: mesh does not fit the devices', TRAIN + [work, '--config.mesh.tensor=3'], CONFIG, 'tensor', {}),
+    ('train: missing data directory', TRAIN + [work, f'--config.data.dir={d / "none"}'], DATA, 'does not exist', {}),
+    (
+      'train: incomplete multi-process settings',
+      TRAIN + [work],
+      DISTRIBUTED,
+      'coordinator',
+      {'NEOBERT_NUM_PROCESSES': '2', 'NEOBERT_PROCESS_ID': '0'},
+    ),
+    (
+      'prepare: missing input',
+      PREPARE + ['--input', str(d / 'gone.txt'), '--output', str(d / 'o1'), '--tokenizer', vocab],
+      DATA,
+      'no such file',
+      {},
+    ),
+    (
+      'convert: missing Hugging Face input',
+      CONVERT + ['from-pytorch', '--input', str(d / 'none'), '--output', str(d / 'x.safetensors')],
+      EXPORT,
+      'no such file',
+      {},
+    ),
+    ('compile: unknown target', COMPILE + ['--target=cuda:a100x8'], CONFIG, 'h100', {}),
   ]
 
 
@@ -72,8 +97,9 @@ def _error_lines(stderr: str) -> list[str]:
 
 def _run(case):
   name, cmd, status, text, env = case
-  r = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300,
-                     env={**os.environ, 'NEOBERT_DEBUG': '0', **env})
+  r = subprocess.run(
+    cmd, cwd=REPO, capture_output=True, text=True, timeout=300, env={**os.environ, 'NEOBERT_DEBUG': '0', **env}
+  )
   return name, _problems(r.returncode, status, r.stderr, text), r.stderr[-1500:]
 
 
@@ -108,6 +134,7 @@ def _convert(argv: list[str], capsys) -> tuple[int, str]:
 
 def _export_finetuned(argv: list[str], capsys) -> tuple[int, str]:
   from neobert_jax.finetune import export  # pylint: disable=g-import-not-at-top
+
   code = export.main(argv)
   return code, capsys.readouterr().err
 
@@ -116,23 +143,48 @@ def _export_finetuned(argv: list[str], capsys) -> tuple[int, str]:
 def test_more_expected_errors_in_process(files, capsys):
   d, vocab = files
   cases = [
-      ('prepare: missing tokenizer', _prepare(['--input', str(d / 'in.txt'), '--output', str(d / 'o2'),
-                                               '--tokenizer', str(d / 'nope.txt')], capsys), DATA, 'nope.txt'),
-      ('prepare: no such JSONL field', _prepare(['--input', str(d / 'in.jsonl'), '--output', str(d / 'o3'),
-                                                 '--tokenizer', vocab], capsys), DATA, "no field 'text'"),
-      ('prepare: output holds prepared data', _prepare(['--input', str(d / 'in.txt'), '--output',
-                                                        str(d / 'prepared'), '--tokenizer', vocab], capsys),
-       DATA, '--overwrite'),
-      ('convert: missing checkpoint', _convert(['to-pytorch', '--checkpoint', str(d / 'none'), '--output',
-                                                str(d / 'hf')], capsys), EXPORT, 'no such directory'),
-      ('convert: export target not empty', _convert(['to-pytorch', '--checkpoint', str(d / 'none'), '--output',
-                                                     str(d / 'prepared')], capsys), EXPORT, '--overwrite'),
-      ('export a fine-tuned model: not a fine-tuning run', _export_finetuned(['--run', str(d), '--output',
-                                                                              str(d / 'ft')], capsys),
-       EXPORT, 'no config.json'),
+    (
+      'prepare: missing tokenizer',
+      _prepare(['--input', str(d / 'in.txt'), '--output', str(d / 'o2'), '--tokenizer', str(d / 'nope.txt')], capsys),
+      DATA,
+      'nope.txt',
+    ),
+    (
+      'prepare: no such JSONL field',
+      _prepare(['--input', str(d / 'in.jsonl'), '--output', str(d / 'o3'), '--tokenizer', vocab], capsys),
+      DATA,
+      "no field 'text'",
+    ),
+    (
+      'prepare: output holds prepared data',
+      _prepare(['--input', str(d / 'in.txt'), '--output', str(d / 'prepared'), '--tokenizer', vocab], capsys),
+      DATA,
+      '--overwrite',
+    ),
+    (
+      'convert: missing checkpoint',
+      _convert(['to-pytorch', '--checkpoint', str(d / 'none'), '--output', str(d / 'hf')], capsys),
+      EXPORT,
+      'no such directory',
+    ),
+    (
+      'convert: export target not empty',
+      _convert(['to-pytorch', '--checkpoint', str(d / 'none'), '--output', str(d / 'prepared')], capsys),
+      EXPORT,
+      '--overwrite',
+    ),
+    (
+      'export a fine-tuned model: not a fine-tuning run',
+      _export_finetuned(['--run', str(d), '--output', str(d / 'ft')], capsys),
+      EXPORT,
+      'no config.json',
+    ),
   ]
-  failed = [f'{name}: {"; ".join(p)}\n{err}' for name, (code, err), status, text in cases
-            if (p := _problems(code, status, err, text))]
+  failed = [
+    f'{name}: {"; ".join(p)}\n{err}'
+    for name, (code, err), status, text in cases
+    if (p := _problems(code, status, err, text))
+  ]
   assert not failed, '\n\n'.join(failed)
 
 

@@ -9,25 +9,25 @@ from neobert_jax.convert.hf_modeling import model as hf
 
 # The published chandar-lab/NeoBERT checkpoint (NeoBERTLMHead), per block i in 0..27.
 PUBLISHED_GLOBAL = {
-    "model.encoder.weight": (30522, 768),
-    "model.layer_norm.weight": (768,),
-    "decoder.weight": (30522, 768),
-    "decoder.bias": (30522,),
+  'model.encoder.weight': (30522, 768),
+  'model.layer_norm.weight': (768,),
+  'decoder.weight': (30522, 768),
+  'decoder.bias': (30522,),
 }
 PUBLISHED_BLOCK = {
-    "qkv.weight": (2304, 768),
-    "wo.weight": (768, 768),
-    "ffn.w12.weight": (4096, 768),
-    "ffn.w3.weight": (768, 2048),
-    "attention_norm.weight": (768,),
-    "ffn_norm.weight": (768,),
+  'qkv.weight': (2304, 768),
+  'wo.weight': (768, 768),
+  'ffn.w12.weight': (4096, 768),
+  'ffn.w3.weight': (768, 2048),
+  'attention_norm.weight': (768,),
+  'ffn_norm.weight': (768,),
 }
 
 
 def published_table():
   table = dict(PUBLISHED_GLOBAL)
   for i in range(28):
-    table.update({f"model.transformer_encoder.{i}.{k}": v for k, v in PUBLISHED_BLOCK.items()})
+    table.update({f'model.transformer_encoder.{i}.{k}': v for k, v in PUBLISHED_BLOCK.items()})
   return table
 
 
@@ -38,7 +38,7 @@ def tiny_config(**kw):
 
 
 def test_state_dict_matches_published_250m_table():
-  with torch.device("meta"):
+  with torch.device('meta'):
     model = hf.NeoBERTLMHead(hf.NeoBERTConfig(norm_eps=1e-5))
   got = {k: tuple(v.shape) for k, v in model.state_dict().items()}
   assert got == published_table()
@@ -49,6 +49,7 @@ def test_state_dict_matches_published_250m_table():
 def test_mapping_shapes_match_published_table():
   from neobert_jax.weights import hf
   from neobert_jax.config.model import default_model_config
+
   assert hf.hf_shapes(default_model_config()) == published_table()
 
 
@@ -88,8 +89,8 @@ def test_qkv_rows_are_grouped_per_head():
   cos, sin = hf.rotary_cos_sin(torch.arange(6)[None], dh, config.rope_theta)
   outs = []
   for h in range(heads):
-    rows = w[3 * dh * h: 3 * dh * (h + 1)]
-    q, k, v = (h_in @ rows[j * dh:(j + 1) * dh].T for j in range(3))
+    rows = w[3 * dh * h : 3 * dh * (h + 1)]
+    q, k, v = (h_in @ rows[j * dh : (j + 1) * dh].T for j in range(3))
     q = hf.apply_rotary(q[:, :, None], cos, sin)[:, :, 0]
     k = hf.apply_rotary(k[:, :, None], cos, sin)[:, :, 0]
     probs = torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(dh), dim=-1)
@@ -102,7 +103,7 @@ def test_qkv_rows_are_grouped_per_head():
   torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope='module')
 def tiny_lm():
   torch.manual_seed(0)
   return hf.NeoBERTLMHead(tiny_config()).eval()
@@ -135,19 +136,19 @@ def test_positions_restart_per_segment():
   seg = torch.tensor([[1, 1, 1, 2, 2, 3, 0, 0], [1, 1, 1, 1, 1, 1, 1, 1]])
   assert hf.positions_from_segment_ids(seg).tolist() == [[0, 1, 2, 0, 1, 0, 0, 1], list(range(8))]
   assert hf.segment_ids_from_cu_seqlens(torch.tensor([0, 3, 5]), 7).tolist() == [1, 1, 1, 2, 2, 0, 0]
-  with pytest.raises(ValueError, match="cu_seqlens"):
+  with pytest.raises(ValueError, match='cu_seqlens'):
     hf.segment_ids_from_cu_seqlens(torch.tensor([1, 3]), 7)
 
 
 def test_bad_inputs_are_named(tiny_lm):
   ids = torch.randint(1, 97, (2, 5))
-  with pytest.raises(ValueError, match="attention_mask must have shape"):
+  with pytest.raises(ValueError, match='attention_mask must have shape'):
     tiny_lm(ids, attention_mask=torch.ones(2, 4))
-  with pytest.raises(ValueError, match="not both"):
+  with pytest.raises(ValueError, match='not both'):
     tiny_lm(ids[:1], segment_ids=torch.ones(1, 5), cu_seqlens=torch.tensor([0, 5]))
-  with pytest.raises(ValueError, match=r"\[1, total\]"):
+  with pytest.raises(ValueError, match=r'\[1, total\]'):
     tiny_lm(ids, cu_seqlens=torch.tensor([0, 5]))
-  with pytest.raises(ValueError, match="dim_head"):
+  with pytest.raises(ValueError, match='dim_head'):
     hf.NeoBERTConfig(hidden_size=64, num_attention_heads=4, dim_head=32)
 
 
@@ -164,5 +165,5 @@ def test_sequence_classification_head(tiny_lm):
   torch.testing.assert_close(out.logits, want)
   assert out.loss.ndim == 0 and torch.isfinite(out.loss)
   keys = set(clf.state_dict())
-  assert {"dense.weight", "dense.bias", "classifier.weight", "classifier.bias"} <= keys
-  assert not any(k.startswith("decoder") for k in keys)
+  assert {'dense.weight', 'dense.bias', 'classifier.weight', 'classifier.bias'} <= keys
+  assert not any(k.startswith('decoder') for k in keys)

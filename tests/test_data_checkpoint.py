@@ -30,6 +30,7 @@ def _same(a, b):
 def test_orbax_checkpoint_round_trip(data_dir, tmp_path):
   ocp = pytest.importorskip('orbax.checkpoint')
   import grain  # pylint: disable=g-import-not-at-top
+
   cfg = _cfg(data_dir)
   it = pipeline.make_train_iterator(cfg, 4, 256, seed=1)
   for _ in range(7):

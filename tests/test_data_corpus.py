@@ -37,19 +37,23 @@ def test_real_corpus_prepares_and_feeds_the_pipeline(tmp_path):
   sources = {r['source'].split('/')[0] for r in rows}
   assert sources == {'shakespeare', 'bbc'} and len(rows) > 2000
   # Plays are cut into scenes, so the held-out split (2% of documents by hash) holds both sources.
-  held_out = {r['source'].split('/')[0] for r in rows
-              if prepare_lib.is_eval_document(r['text'], corpus.DEFAULT_EVAL_FRACTION)}
+  held_out = {
+    r['source'].split('/')[0] for r in rows if prepare_lib.is_eval_document(r['text'], corpus.DEFAULT_EVAL_FRACTION)
+  }
   assert held_out == {'shakespeare', 'bbc'}
-  assert all(r['text'].startswith('SCENE ') for r in rows if r['source'].startswith('shakespeare')
-             and not r['source'].endswith('#0'))
+  assert all(
+    r['text'].startswith('SCENE ')
+    for r in rows
+    if r['source'].startswith('shakespeare') and not r['source'].endswith('#0')
+  )
   # A slice keeps the test fast: 30 scenes and 150 news articles.
   sample = tmp_path / 'sample.jsonl'
   picked = [r for r in rows if r['source'].startswith('shakespeare')][:30] + [
-      r for r in rows if r['source'].startswith('bbc')][:150]
+    r for r in rows if r['source'].startswith('bbc')
+  ][:150]
   sample.write_text(''.join(json.dumps(r) + '\n' for r in picked))
   out = str(tmp_path / 'prepared')
-  m = prepare_lib.prepare([str(sample)], out, tokenizer='bert-base-uncased', max_length=256,
-                          eval_fraction=0.05)
+  m = prepare_lib.prepare([str(sample)], out, tokenizer='bert-base-uncased', max_length=256, eval_fraction=0.05)
   assert m['split_long_documents'] >= 2  # most scenes are longer than 256
   assert m['splits']['train']['tokens'] > 100_000 and m['splits']['eval']['documents'] > 0
   cfg = config_lib.default_data_config()
@@ -73,12 +77,15 @@ def test_builtin_wordpiece_vocabulary_is_reproducible(tmp_path, monkeypatch):
   assert tok.special == {'pad': 0, 'unk': 1, 'cls': 2, 'sep': 3, 'mask': 4}
   # The same pieces and ids when learned again in another process's cache (the trainer's own id order is not).
   monkeypatch.setenv('NEOBERT_JAX_CACHE', str(tmp_path))
-  os.symlink(first.replace(f'vocab/{spec}/tokenizer.json', f'default_corpus_{corpus.CORPUS_VERSION}.jsonl'),
-             tmp_path / f'default_corpus_{corpus.CORPUS_VERSION}.jsonl')
+  os.symlink(
+    first.replace(f'vocab/{spec}/tokenizer.json', f'default_corpus_{corpus.CORPUS_VERSION}.jsonl'),
+    tmp_path / f'default_corpus_{corpus.CORPUS_VERSION}.jsonl',
+  )
   again = corpus.builtin_vocab_file(spec)
   assert again != first and open(again).read() == open(first).read()
   # The export's tokenizer.json adds [CLS] ... [SEP] as training rows have them.
   import tokenizers  # pylint: disable=g-import-not-at-top
+
   enc = tokenizers.Tokenizer.from_file(again).encode('The king is dead.')
   assert enc.ids[0] == 2 and enc.ids[-1] == 3 and 1 not in enc.ids
   with pytest.raises(FileNotFoundError, match='builtin-wordpiece-1024'):

@@ -32,8 +32,10 @@ def _cfg(data_dir):
 
 def _iters(cfg, n, state=None):
   """The n per-process train iterators of an n-process job, optionally restored to `state`."""
-  its = [pipeline.make_train_iterator(cfg, GLOBAL_BATCH // n, 128, seed=0, process_index=p, process_count=n)
-         for p in range(n)]
+  its = [
+    pipeline.make_train_iterator(cfg, GLOBAL_BATCH // n, 128, seed=0, process_index=p, process_count=n)
+    for p in range(n)
+  ]
   for it in its:
     if state is not None:
       it.set_state(json.loads(json.dumps(state)))  # as a checkpoint stores it
@@ -67,8 +69,7 @@ def test_one_two_four_processes_continue_the_uninterrupted_rows(data_dir):
   got += _global_batches(four, 4)
   assert _same(got, reference)
   # the rows of a step are split, never shared, between processes
-  docs = [set(testing.documents_in({k: v[p * 2:(p + 1) * 2] for k, v in reference[-1].items()}))
-          for p in range(4)]
+  docs = [set(testing.documents_in({k: v[p * 2 : (p + 1) * 2] for k, v in reference[-1].items()})) for p in range(4)]
   assert sum(map(len, docs)) == len(set.union(*docs))
 
 
@@ -102,8 +103,10 @@ def test_checkpoint_written_by_one_process_restores_on_two_and_four(data_dir, tm
   for n in (2, 4):
     its = _iters(cfg, n)
     t0 = time.perf_counter()
-    exact = [checkpoint._restore_data(mngr, step, it, process_index=p, process_count=n)  # pylint: disable=protected-access
-             for p, it in enumerate(its)]
+    exact = [
+      checkpoint._restore_data(mngr, step, it, process_index=p, process_count=n)  # pylint: disable=protected-access
+      for p, it in enumerate(its)
+    ]
     assert all(exact) and time.perf_counter() - t0 < 10
     assert _same(_global_batches(its, 3), want), n
   mngr.close()
@@ -112,6 +115,7 @@ def test_checkpoint_written_by_one_process_restores_on_two_and_four(data_dir, tm
 def test_missing_state_moves_in_constant_time_with_a_warning(data_dir, tmp_path, caplog):
   ocp = pytest.importorskip('orbax.checkpoint')
   from neobert_jax.engine import checkpoint
+
   mngr = ocp.CheckpointManager(str(tmp_path / 'ckpt'))
   mngr.save(2_000_000, args=ocp.args.Composite(meta=ocp.args.JsonSave({'x': 1})))
   mngr.wait_until_finished()
@@ -128,16 +132,22 @@ def test_next_prepare_removes_a_killed_prepares_temp_dir(tmp_path):
   out = tmp_path / 'out'
   # A prepare killed mid-write (SIGKILL skips its `finally`), as a user's Ctrl-\ or the OOM killer would.
   child = subprocess.Popen(
-      [sys.executable, '-c',
-       'import os, sys, time\n'
-       'from neobert_jax.data import prepare, shards\n'
-       'real = shards.ShardWriter.write_document\n'
-       'def write(self, chunks):\n'
-       '  real(self, chunks); print("writing", flush=True); time.sleep(60)\n'
-       'shards.ShardWriter.write_document = write\n'
-       f'prepare.prepare([{str(tmp_path / "in.txt")!r}], {str(out)!r}, tokenizer={vocab!r})\n'],
-      stdout=subprocess.PIPE, text=True, cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-      env=dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+    [
+      sys.executable,
+      '-c',
+      'import os, sys, time\n'
+      'from neobert_jax.data import prepare, shards\n'
+      'real = shards.ShardWriter.write_document\n'
+      'def write(self, chunks):\n'
+      '  real(self, chunks); print("writing", flush=True); time.sleep(60)\n'
+      'shards.ShardWriter.write_document = write\n'
+      f'prepare.prepare([{str(tmp_path / "in.txt")!r}], {str(out)!r}, tokenizer={vocab!r})\n',
+    ],
+    stdout=subprocess.PIPE,
+    text=True,
+    cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+    env=dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+  )
   assert child.stdout.readline().strip() == 'writing'
   child.kill()
   child.wait()
@@ -146,13 +156,27 @@ def test_next_prepare_removes_a_killed_prepares_temp_dir(tmp_path):
   # a live process's temp dir (another prepare at work) is left alone
   (out / f'.prepare-tmp-{os.getppid()}').mkdir()
   result = subprocess.run(
-      [sys.executable, '-m', 'neobert_jax.data.prepare', '--input', str(tmp_path / 'in.txt'), '--output', str(out),
-       '--tokenizer', vocab, '--workers', '0', '--no-progress'],
-      capture_output=True, text=True, check=True,
-      env=dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+    [
+      sys.executable,
+      '-m',
+      'neobert_jax.data.prepare',
+      '--input',
+      str(tmp_path / 'in.txt'),
+      '--output',
+      str(out),
+      '--tokenizer',
+      vocab,
+      '--workers',
+      '0',
+      '--no-progress',
+    ],
+    capture_output=True,
+    text=True,
+    check=True,
+    env=dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+  )
   assert f'removed {out / f".prepare-tmp-{child.pid}"}' in result.stderr
   assert 'interrupted prepare' in result.stderr and 'left alone' in result.stderr
-  assert sorted(p.name for p in out.iterdir() if p.name.startswith('.prepare-tmp')) == [
-      f'.prepare-tmp-{os.getppid()}']
+  assert sorted(p.name for p in out.iterdir() if p.name.startswith('.prepare-tmp')) == [f'.prepare-tmp-{os.getppid()}']
   assert (out / 'manifest.json').is_file()
   assert prepare_lib.remove_stale_tmp(str(out)) == []  # nothing stale remains

@@ -31,8 +31,7 @@ def _documents_of(rows):
 @pytest.mark.parametrize('mode', ['packed', 'none'])
 def test_packing_keeps_every_token_within_its_document(mode):
   tokens, lengths = _block(300, max_len=70)
-  rows = packing.pack_block(tokens, lengths, 64, mode, pad_id=0,
-                            rng=np.random.default_rng(1))
+  rows = packing.pack_block(tokens, lengths, 64, mode, pad_id=0, rng=np.random.default_rng(1))
   pieces = packing.split_long(lengths, 64)
   assert pieces.sum() == tokens.size and pieces.max() <= 64
   docs = _documents_of(rows)
@@ -40,7 +39,7 @@ def test_packing_keeps_every_token_within_its_document(mode):
   # Every segment is one contiguous run, positions 0..len-1, and the multiset
   # of segments equals the multiset of document pieces.
   starts = np.cumsum(pieces) - pieces
-  want = sorted(tuple(tokens[s:s + n]) for s, n in zip(starts, pieces))
+  want = sorted(tuple(tokens[s : s + n]) for s, n in zip(starts, pieces))
   got = []
   for ids, pos in docs.values():
     np.testing.assert_array_equal(pos, np.arange(len(ids)))
@@ -49,7 +48,7 @@ def test_packing_keeps_every_token_within_its_document(mode):
   for r in range(rows['segment_ids'].shape[0]):  # segments ascend, padding only at the end
     seg = rows['segment_ids'][r]
     real = seg[seg > 0]
-    assert np.all(np.diff(real) >= 0) and np.all(seg[len(real):] == 0)
+    assert np.all(np.diff(real) >= 0) and np.all(seg[len(real) :] == 0)
   if mode == 'none':
     assert rows['segment_ids'].max() == 1
 
@@ -68,11 +67,11 @@ def test_split_long_keeps_lengths():
 
 
 def _mask(rows, **kw):
-  args = dict(rate=0.2, strategy='all_mask', mask_id=4,
-              is_special=masking.special_table(V, SPECIAL_IDS), max_predictions=0)
+  args = dict(
+    rate=0.2, strategy='all_mask', mask_id=4, is_special=masking.special_table(V, SPECIAL_IDS), max_predictions=0
+  )
   args.update(kw)
-  return masking.mask_rows(rows['input_ids'], rows['segment_ids'],
-                           np.random.default_rng(7), **args)
+  return masking.mask_rows(rows['input_ids'], rows['segment_ids'], np.random.default_rng(7), **args)
 
 
 def _rows_with_specials():

@@ -38,14 +38,12 @@ def _take(it, n):
 
 
 def _same(a, b):
-  return all(x.keys() == y.keys() and all(np.array_equal(x[k], y[k]) for k in x)
-             for x, y in zip(a, b))
+  return all(x.keys() == y.keys() and all(np.array_equal(x[k], y[k]) for k in x) for x, y in zip(a, b))
 
 
 @pytest.mark.parametrize('packing,max_predictions', [('packed', 0), ('none', 24)])
 def test_batch_contract(data_dir, packing, max_predictions):
-  it = pipeline.make_train_iterator(_cfg(data_dir, packing=packing,
-                                         max_predictions=max_predictions), 8, 128, seed=0)
+  it = pipeline.make_train_iterator(_cfg(data_dir, packing=packing, max_predictions=max_predictions), 8, 128, seed=0)
   b = next(it)
   want = {'input_ids', 'positions', 'segment_ids', 'labels'}
   if max_predictions:
@@ -98,7 +96,7 @@ def test_exact_resume_mid_block_and_across_epochs(data_dir, packing):
   for i in (0, 5, 37, 61):
     it = pipeline.make_train_iterator(cfg, 8, 128, seed=0)
     it.set_state(json.loads(json.dumps(states[i])))  # must survive a JSON round trip
-    assert _same(_take(it, 3), batches[i:i + 3]), i
+    assert _same(_take(it, 3), batches[i : i + 3]), i
 
 
 def test_processes_split_one_global_stream(data_dir):
@@ -106,8 +104,7 @@ def test_processes_split_one_global_stream(data_dir):
   # single-process stream (tests/test_data_elastic.py: the same holds across a change of process count).
   cfg = _cfg(data_dir, packing='none')
   whole = pipeline.make_train_iterator(cfg, 30, 128, seed=0)
-  parts = [pipeline.make_train_iterator(cfg, 10, 128, seed=0, process_index=p, process_count=3)
-           for p in range(3)]
+  parts = [pipeline.make_train_iterator(cfg, 10, 128, seed=0, process_index=p, process_count=3) for p in range(3)]
   seen = []
   for _ in range(40):  # two epochs of 600 docs (blocks straddle the epoch end)
     batch, mine = next(whole), [next(it) for it in parts]
@@ -126,8 +123,7 @@ def test_eval_iterator_one_pass_and_fixed(data_dir):
   assert np.all(last['labels'][8:] == -100) and np.all(last['segment_ids'][8:].sum(1) > 0)
   real = a[:2] + [{k: v[:8] for k, v in last.items()}]
   assert sorted(d for x in real for d in testing.documents_in(x)) == list(range(40))
-  n = list(pipeline.make_eval_iterator(cfg, 16, 128, process_index=1, process_count=2,
-                                       num_batches=5))
+  n = list(pipeline.make_eval_iterator(cfg, 16, 128, process_index=1, process_count=2, num_batches=5))
   assert len(n) == 5
   with pytest.raises(ValueError, match='num_batches'):
     pipeline.make_eval_iterator(cfg, 16, 128, process_index=0, process_count=2)
@@ -168,7 +164,7 @@ def test_refuses_missing_truncated_or_corrupt_data(data_dir, tmp_path):
     (d / name).write_bytes(open(os.path.join(data_dir, name), 'rb').read())
   shard = d / 'train-00001.arrayrecord'
   raw = shard.read_bytes()
-  shard.write_bytes(raw[:len(raw) // 2])  # truncated
+  shard.write_bytes(raw[: len(raw) // 2])  # truncated
   with pytest.raises(errors.DataError, match='truncated'):
     pipeline.make_train_iterator(_cfg(str(d)), 8, 128, seed=0)
   shard.write_bytes(b'\0' * len(raw))  # right size, garbage inside

@@ -26,8 +26,7 @@ def _text(rng, n_words):
 
 @pytest.fixture(scope='module')
 def vocab(tmp_path_factory):
-  return testing.write_wordpiece_vocab(str(tmp_path_factory.mktemp('vocab') / 'vocab.txt'),
-                                       WORDS)
+  return testing.write_wordpiece_vocab(str(tmp_path_factory.mktemp('vocab') / 'vocab.txt'), WORDS)
 
 
 def _records(path):
@@ -39,8 +38,7 @@ def _records(path):
 
 def _all_records(directory, split='train'):
   m = shards.read_manifest(directory)
-  return [rec for s in m['splits'][split]['shards']
-          for rec in _records(os.path.join(directory, s['file']))]
+  return [rec for s in m['splits'][split]['shards'] for rec in _records(os.path.join(directory, s['file']))]
 
 
 def test_formats_and_compression(tmp_path):
@@ -49,8 +47,9 @@ def test_formats_and_compression(tmp_path):
   (tmp_path / 'b.txt').write_text('para one\nstill one\n\n\npara two\n')
   with gzip.open(tmp_path / 'c.jsonl.gz', 'wt') as f:
     f.writelines(json.dumps({'body': d}) + '\n' for d in docs)
-  (tmp_path / 'd.jsonl.zst').write_bytes(zstandard.ZstdCompressor().compress(
-      ''.join(json.dumps({'body': d}) + '\n' for d in docs).encode()))
+  (tmp_path / 'd.jsonl.zst').write_bytes(
+    zstandard.ZstdCompressor().compress(''.join(json.dumps({'body': d}) + '\n' for d in docs).encode())
+  )
   pq.write_table(pa.table({'body': docs, 'n': [1, 2, 3]}), tmp_path / 'e.parquet')
   read = lambda name, **kw: [d.text for d in sources.iter_documents(str(tmp_path / name), **kw)]
   assert read('a.txt') == docs
@@ -58,10 +57,8 @@ def test_formats_and_compression(tmp_path):
   assert read('b.txt', text_mode='file') == ['para one\nstill one\n\n\npara two\n']
   for name in ('c.jsonl.gz', 'd.jsonl.zst', 'e.parquet'):
     assert read(name, text_field='body') == docs, name
-  assert sources.expand_inputs([str(tmp_path)]) == sorted(
-      str(p) for p in tmp_path.iterdir())
-  assert sources.expand_inputs([str(tmp_path / '*.txt')]) == [
-      str(tmp_path / 'a.txt'), str(tmp_path / 'b.txt')]
+  assert sources.expand_inputs([str(tmp_path)]) == sorted(str(p) for p in tmp_path.iterdir())
+  assert sources.expand_inputs([str(tmp_path / '*.txt')]) == [str(tmp_path / 'a.txt'), str(tmp_path / 'b.txt')]
 
 
 def test_input_errors_are_clear(tmp_path):
@@ -95,8 +92,7 @@ def test_prepare_chunks_long_documents_without_losing_tokens(tmp_path, vocab):
   texts = [_text(rng, n) for n in (3, 40, 200, 7)] + ['', '   ']
   (tmp_path / 'in.txt').write_text('\n'.join(texts) + '\n')
   out = str(tmp_path / 'out')
-  m = prepare_lib.prepare([str(tmp_path / 'in.txt')], out, tokenizer=vocab, max_length=16,
-                          eval_fraction=0.0)
+  m = prepare_lib.prepare([str(tmp_path / 'in.txt')], out, tokenizer=vocab, max_length=16, eval_fraction=0.0)
   assert m['skipped_empty_documents'] == 2 and m['splits']['train']['documents'] == 4
   tok = tokenizer_lib.load_tokenizer(vocab)
   recs = _all_records(out)
@@ -116,16 +112,22 @@ def test_prepare_is_identical_for_any_worker_count_and_holds_out(tmp_path, vocab
   outs = []
   for workers in (0, 2):
     out = str(tmp_path / f'w{workers}')
-    m = prepare_lib.prepare([str(tmp_path / 'in.jsonl')], out, tokenizer=vocab, max_length=32,
-                            workers=workers, eval_fraction=0.1, shard_mb=0.05)
+    m = prepare_lib.prepare(
+      [str(tmp_path / 'in.jsonl')],
+      out,
+      tokenizer=vocab,
+      max_length=32,
+      workers=workers,
+      eval_fraction=0.1,
+      shard_mb=0.05,
+    )
     outs.append((out, m))
   (a, ma), (b, mb) = outs
   assert len(ma['splits']['train']['shards']) > 1
   for split in ('train', 'eval'):
     assert ma['splits'][split] == mb['splits'][split]
     for s in ma['splits'][split]['shards']:
-      assert open(os.path.join(a, s['file']), 'rb').read() == open(
-          os.path.join(b, s['file']), 'rb').read()
+      assert open(os.path.join(a, s['file']), 'rb').read() == open(os.path.join(b, s['file']), 'rb').read()
   n_eval = ma['splits']['eval']['documents']
   assert 0.07 < n_eval / 3000 < 0.13
 
@@ -141,8 +143,7 @@ def test_prepare_refuses_bad_runs_and_leaves_nothing_half_done(tmp_path, vocab):
   good = [json.dumps({'text': _text(rng, 50)}) for _ in range(3000)]
   (tmp_path / 'half.jsonl').write_text('\n'.join(good) + '\n{oops\n')
   with pytest.raises(sources.InputError, match=r'half.jsonl:3001 .*not valid JSON'):
-    prepare_lib.prepare([str(tmp_path / 'half.jsonl')], str(out), tokenizer=vocab,
-                        shard_mb=0.01)
+    prepare_lib.prepare([str(tmp_path / 'half.jsonl')], str(out), tokenizer=vocab, shard_mb=0.01)
   assert os.listdir(out) == []
   with pytest.raises(FileNotFoundError, match='no such file'):
     prepare_lib.prepare([str(tmp_path / 'empty.txt')], str(out), tokenizer='nope.txt')
@@ -156,8 +157,21 @@ def test_prepare_refuses_bad_runs_and_leaves_nothing_half_done(tmp_path, vocab):
 def test_cli_records_command(tmp_path, vocab, capsys):
   (tmp_path / 'in.txt').write_text('the cat sat\nthe dog ran\n')
   out = str(tmp_path / 'out')
-  argv = ['--input', str(tmp_path / 'in.txt'), '--output', out, '--tokenizer', vocab,
-          '--max-length', '64', '--workers', '0', '--eval-fraction', '0', '--no-progress']
+  argv = [
+    '--input',
+    str(tmp_path / 'in.txt'),
+    '--output',
+    out,
+    '--tokenizer',
+    vocab,
+    '--max-length',
+    '64',
+    '--workers',
+    '0',
+    '--eval-fraction',
+    '0',
+    '--no-progress',
+  ]
   m = prepare_lib.main(argv)
   assert m['command'].startswith('python -m neobert_jax.data.prepare --input')
   assert 'prepared 2 train' in capsys.readouterr().out
@@ -168,15 +182,15 @@ def test_cli_records_command(tmp_path, vocab, capsys):
 def test_sentencepiece_train_load_prepare(tmp_path):
   rng = np.random.default_rng(3)
   (tmp_path / 'c.txt').write_text('\n'.join(_text(rng, 30) for _ in range(300)) + '\n')
-  tok = train_sentencepiece.train([str(tmp_path / 'c.txt')], str(tmp_path / 'sp'),
-                                  vocab_size=30)
+  tok = train_sentencepiece.train([str(tmp_path / 'c.txt')], str(tmp_path / 'sp'), vocab_size=30)
   assert tok.kind == 'sentencepiece' and tok.vocab_size == 30
   assert tok.special == {'pad': 0, 'unk': 1, 'cls': 2, 'sep': 3, 'mask': 4}
   ids = tok.encode_batch(['the cat sat on the mat.'])[0]
   assert ids.size and ids.min() >= 5
   out = str(tmp_path / 'out')
-  m = prepare_lib.prepare([str(tmp_path / 'c.txt')], out, tokenizer=str(tmp_path / 'sp.model'),
-                          max_length=64, eval_fraction=0)
+  m = prepare_lib.prepare(
+    [str(tmp_path / 'c.txt')], out, tokenizer=str(tmp_path / 'sp.model'), max_length=64, eval_fraction=0
+  )
   assert m['tokenizer']['kind'] == 'sentencepiece' and m['tokenizer']['vocab_size'] == 30
   assert all(r[0] == 2 and r[-1] == 3 for r in _all_records(out))
 
@@ -200,15 +214,21 @@ def test_parts_of_a_file_read_as_the_whole_file(tmp_path, capsys):
   jsonl = ''.join(json.dumps({'text': t}) + '\n' for t in lines)
   (tmp_path / 'a.txt').write_text(text)
   (tmp_path / 'a.jsonl').write_text(jsonl)
-  frames = [jsonl.encode()[i:i + 3000] for i in range(0, len(jsonl), 3000)]  # frames end mid-line
+  frames = [jsonl.encode()[i : i + 3000] for i in range(0, len(jsonl), 3000)]  # frames end mid-line
   c = zstandard.ZstdCompressor()
   (tmp_path / 'b.jsonl.zst').write_bytes(b''.join(c.compress(f) for f in frames))
   (tmp_path / 'c.jsonl.zst').write_bytes(_seekable_zst(frames))
   (tmp_path / 'd.jsonl.gz').write_bytes(gzip.compress(jsonl.encode()))
   pq.write_table(pa.table({'text': lines}), tmp_path / 'e.parquet', row_group_size=37)
   whole = lambda path, **kw: [(d.text, d.offset) for d in sources.iter_documents(path, **kw)]
-  for name, kw in (('a.txt', {}), ('a.txt', {'text_mode': 'blank'}), ('a.jsonl', {}), ('b.jsonl.zst', {}),
-                   ('c.jsonl.zst', {}), ('e.parquet', {})):
+  for name, kw in (
+    ('a.txt', {}),
+    ('a.txt', {'text_mode': 'blank'}),
+    ('a.jsonl', {}),
+    ('b.jsonl.zst', {}),
+    ('c.jsonl.zst', {}),
+    ('e.parquet', {}),
+  ):
     path = str(tmp_path / name)
     for split_bytes in (300, 1777):
       units, sizes = splits.plan([path], split_bytes, kw.get('text_mode', 'line'))

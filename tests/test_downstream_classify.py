@@ -31,6 +31,7 @@ def tiny_config(task='classification'):
 @pytest.fixture(scope='module')
 def bbc_run(tmp_path_factory):
   from neobert_jax.evaluate import datasets
+
   root = tmp_path_factory.mktemp('bbc')
   try:
     csv_path = datasets.write_bbc_csv(str(root / 'bbc.csv'), n_per_class=80, max_chars=600)
@@ -62,15 +63,18 @@ def test_learns_bbc_topics_clearly_above_majority(bbc_run):
 def test_hf_export_loads_offline_with_same_logits(bbc_run):
   import torch
   from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
   workdir, _, hf_dir = bbc_run
   model = AutoModelForSequenceClassification.from_pretrained(hf_dir, trust_remote_code=True).eval()
   tok = AutoTokenizer.from_pretrained(hf_dir)
   assert model.config.id2label == dict(enumerate(labels.load(workdir).names))
   cfg, flat = runs.restore_params(workdir)
-  jax_model = place.model_from_flat(
-      lambda: heads.SequenceClassifier(cfg, 5, 0.1, 0.02, rngs=nnx.Rngs(0)), flat)
-  texts = ['the bank raised interest rates again', 'the striker scored twice as the team won the cup final',
-           'a new phone']
+  jax_model = place.model_from_flat(lambda: heads.SequenceClassifier(cfg, 5, 0.1, 0.02, rngs=nnx.Rngs(0)), flat)
+  texts = [
+    'the bank raised interest rates again',
+    'the striker scored twice as the team won the cup final',
+    'a new phone',
+  ]
   enc = tok(texts, padding=True, truncation=True, max_length=64, return_tensors='pt')
   with torch.no_grad():
     expected = model(**enc).logits.numpy()

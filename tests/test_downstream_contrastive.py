@@ -4,13 +4,12 @@ data (BBC titles -> article bodies), embeddings, the embedding evaluations, and 
 import json
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from neobert_jax import sharding as shd
-from neobert_jax.data.corpus import CorpusUnavailable
+from neobert_jax.data.assets import AssetUnavailable
 from neobert_jax.finetune import contrastive, loop
 from neobert_jax.config.finetune import base_config
 
@@ -71,15 +70,18 @@ def test_info_nce_on_a_2x2_mesh_uses_the_whole_global_batch():
 @pytest.fixture(scope='module')
 def bbc_pairs_run(tmp_path_factory):
   from neobert_jax.evaluate import datasets
+
   root = tmp_path_factory.mktemp('contrastive')
   try:
     titles, bodies, labels = datasets.bbc_titled(max_chars=300)
-  except CorpusUnavailable as e:
+  except AssetUnavailable as e:
     pytest.skip(f'package registry unreachable: {e}')
   picked = list(range(0, len(titles), 3))
   # Hard negative: the body of the next picked article of the same topic (the last one of a topic has none).
   negative = [bodies[j] if j != -1 and labels[j] == labels[i] else '' for i, j in zip(picked, picked[1:] + [-1])]
-  rows = [{'query': titles[i], 'positive': bodies[i], 'negative': n, 'dataset': 'bbc'} for i, n in zip(picked, negative)]
+  rows = [
+    {'query': titles[i], 'positive': bodies[i], 'negative': n, 'dataset': 'bbc'} for i, n in zip(picked, negative)
+  ]
   (root / 'pairs.jsonl').write_text(''.join(json.dumps(r) + '\n' for r in rows))
   (root / 'instructions.json').write_text(json.dumps({'bbc': 'Given a headline, find the article:'}))
   cfg = base_config('contrastive')
@@ -106,6 +108,7 @@ def test_contrastive_learns_title_to_article_retrieval(bbc_pairs_run):
 def test_sentence_transformers_export_matches_jax_embeddings(bbc_pairs_run):
   from sentence_transformers import SentenceTransformer
   from neobert_jax import embed
+
   root, _ = bbc_pairs_run
   st = SentenceTransformer(str(root / 'st'), trust_remote_code=True, device='cpu')
   texts = ['Markets rally as rates fall', 'A longer sentence about the football club that won the league title.', 'x']
@@ -117,10 +120,25 @@ def test_sentence_transformers_export_matches_jax_embeddings(bbc_pairs_run):
 
 def test_embed_cli_keeps_the_input_order(bbc_pairs_run):
   from neobert_jax import embed
+
   root, _ = bbc_pairs_run
   (root / 'texts.txt').write_text('a short one\na considerably longer text that lands in a larger bucket\nmid size\n')
-  assert embed.main(['--model', str(root / 'run'), '--input', str(root / 'texts.txt'),
-                     '--output', str(root / 'emb.npy'), '--no-progress', '--max-length', '32']) == 0
+  assert (
+    embed.main(
+      [
+        '--model',
+        str(root / 'run'),
+        '--input',
+        str(root / 'texts.txt'),
+        '--output',
+        str(root / 'emb.npy'),
+        '--no-progress',
+        '--max-length',
+        '32',
+      ]
+    )
+    == 0
+  )
   emb = np.load(root / 'emb.npy')
   alone = embed.Encoder.load(str(root / 'run'), max_length=32).encode(['mid size'])
   assert emb.shape == (3, 64) and np.allclose(emb[2], alone[0], atol=1e-5)  # input order kept

@@ -41,6 +41,7 @@ def test_framing_truncation_and_buckets():
 
     def encode_batch(self, texts):
       return [np.arange(1000, 1000 + int(t), dtype=np.int32) for t in texts]
+
   single, pair = batching.frame(Tok(), ['3', '50'], None, 8), batching.frame(Tok(), ['6', '2'], ['4', '9'], 9)
   assert single[0].tolist() == [101, 1000, 1001, 1002, 102] and len(single[1]) == 8 and single[1][-1] == 102
   assert pair[0].tolist() == [101, 1000, 1001, 1002, 102, 1000, 1001, 1002, 102]  # longest side trimmed first
@@ -58,6 +59,7 @@ def _tiny_mlm():
 
 def test_sources_give_the_encoder_weights(tmp_path):
   from neobert_jax.convert.export_hf import export_flat
+
   m, flat = _tiny_mlm()
   export_flat(flat, m, tmp_path / 'hf', tokenizer='bert-base-uncased')
   src = source.open_source(str(tmp_path / 'hf'))
@@ -82,8 +84,7 @@ def test_finetune_starts_from_a_pretraining_checkpoint(tmp_path):
       node = node.setdefault(p, {})
     node[leaf] = value
   with ckpt.make_manager(run, keep=1, async_save=False) as mngr:
-    mngr.save(7, args=ocp.args.Composite(params=ocp.args.StandardSave(nested),
-                                         config=ocp.args.JsonSave(pretrain_cfg)))
+    mngr.save(7, args=ocp.args.Composite(params=ocp.args.StandardSave(nested), config=ocp.args.JsonSave(pretrain_cfg)))
   rows = [{'text': f'{w} thing', 'label': w} for w in ('good', 'bad') * 8]
   (tmp_path / 'train.jsonl').write_text(''.join(json.dumps(r) + '\n' for r in rows))
   cfg = base_config('classification')

@@ -7,7 +7,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
 from flax import nnx
 
@@ -65,6 +64,7 @@ def test_checkpoint_from_another_vocabulary(tmp_path, capsys):
   from neobert_jax.convert.export_hf import export_flat
   from neobert_jax.model import NeoBERTForMLM, default_model_config
   from neobert_jax.weights.flat import to_flat
+
   m = default_model_config()
   m.vocab_size, m.hidden_size, m.num_layers, m.num_heads, m.intermediate_size = 1000, 32, 1, 2, 64
   export_flat(to_flat(NeoBERTForMLM(m, rngs=nnx.Rngs(0))), m, tmp_path / 'hf')
@@ -83,9 +83,20 @@ def test_workdir_with_a_finished_run_is_not_overwritten(tmp_path, capsys):
 
 def test_cli_exit_status_and_single_line(tmp_path):
   train = _write(tmp_path / 'train.csv', 'sentence,label\nhello,a\nbye,b\n')
-  r = subprocess.run([sys.executable, '-m', 'neobert_jax.finetune', '--config=configs/finetune_classification.py',
-                      f'--workdir={tmp_path / "w"}', f'--config.data.train_file={train}'],
-                     cwd=REPO, capture_output=True, text=True, timeout=300)
+  r = subprocess.run(
+    [
+      sys.executable,
+      '-m',
+      'neobert_jax.finetune',
+      '--config=configs/finetune_classification.py',
+      f'--workdir={tmp_path / "w"}',
+      f'--config.data.train_file={train}',
+    ],
+    cwd=REPO,
+    capture_output=True,
+    text=True,
+    timeout=300,
+  )
   assert r.returncode == errors.DataError.exit_status, r.stderr  # a missing column is the input's fault
   lines = [line for line in r.stderr.splitlines() if 'error' in line.lower()]
   assert len(lines) == 1 and "no column 'text'" in lines[0], r.stderr

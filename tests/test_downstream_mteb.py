@@ -8,7 +8,7 @@ import pytest
 from flax import nnx
 from scipy import stats
 
-from neobert_jax.data.corpus import CorpusUnavailable
+from neobert_jax.data.assets import AssetUnavailable
 from neobert_jax.model import NeoBERTForMLM, default_model_config
 from neobert_jax.weights.flat import to_flat
 
@@ -18,10 +18,11 @@ def tiny_hf(tmp_path_factory):
   """A random-init 1 x 32 NeoBERT as a Hugging Face directory, and the packaged data (skips without a registry)."""
   from neobert_jax.convert.export_hf import export_flat
   from neobert_jax.evaluate import datasets
+
   try:
     datasets.lee()
     datasets.bbc_articles()
-  except CorpusUnavailable as e:
+  except AssetUnavailable as e:
     pytest.skip(f'package registry unreachable: {e}')
   m = default_model_config()
   m.hidden_size, m.num_layers, m.num_heads, m.intermediate_size = 32, 1, 2, 64
@@ -34,8 +35,26 @@ def test_mteb_scores_the_packaged_tasks(tiny_hf, tmp_path, capsys):
   from neobert_jax import embed
   from neobert_jax.evaluate import datasets
   from neobert_jax.evaluate.__main__ import main as evaluate_main
-  assert evaluate_main(['mteb', '--model', tiny_hf, '--tasks', 'lee,bbc', '--max-length', '64', '--no-progress',
-                        '--output', str(tmp_path / 'scores.json'), '--results-dir', str(tmp_path / 'mteb')]) == 0
+
+  assert (
+    evaluate_main(
+      [
+        'mteb',
+        '--model',
+        tiny_hf,
+        '--tasks',
+        'lee,bbc',
+        '--max-length',
+        '64',
+        '--no-progress',
+        '--output',
+        str(tmp_path / 'scores.json'),
+        '--results-dir',
+        str(tmp_path / 'mteb'),
+      ]
+    )
+    == 0
+  )
   printed = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
   assert json.loads((tmp_path / 'scores.json').read_text()) == printed
   lee, bbc = printed['tasks']['LeeSTS'], printed['tasks']['BBCNewsClassification']
@@ -56,10 +75,25 @@ def test_mteb_scores_the_packaged_tasks(tiny_hf, tmp_path, capsys):
 def test_mteb_encoder_gives_the_embed_commands_vectors(tiny_hf, tmp_path):
   from neobert_jax import embed
   from neobert_jax.evaluate.mteb_encoder import MtebEncoder
+
   texts = ['a short one', 'a considerably longer text that lands in a larger bucket than the others', 'mid size']
   (tmp_path / 'texts.txt').write_text('\n'.join(texts) + '\n')
-  assert embed.main(['--model', tiny_hf, '--input', str(tmp_path / 'texts.txt'), '--output',
-                     str(tmp_path / 'emb.npy'), '--max-length', '64', '--no-progress']) == 0
+  assert (
+    embed.main(
+      [
+        '--model',
+        tiny_hf,
+        '--input',
+        str(tmp_path / 'texts.txt'),
+        '--output',
+        str(tmp_path / 'emb.npy'),
+        '--max-length',
+        '64',
+        '--no-progress',
+      ]
+    )
+    == 0
+  )
   expected = np.load(tmp_path / 'emb.npy')
   encoder = MtebEncoder.load(tiny_hf, max_length=64)
   # mteb passes batches of a DataLoader; a repeated text is embedded once and returned in every place.
@@ -72,6 +106,7 @@ def test_mteb_encoder_gives_the_embed_commands_vectors(tiny_hf, tmp_path):
 
 def test_mteb_bad_task_is_one_line(tiny_hf, capsys):
   from neobert_jax.evaluate.__main__ import main as evaluate_main
+
   assert evaluate_main(['mteb', '--model', tiny_hf, '--tasks', 'lee,STSBenchmrk', '--no-progress']) == 2
   err = capsys.readouterr().err.strip().splitlines()
   assert len(err) == 1 and err[0].startswith("evaluate: config error: --tasks: unknown task 'STSBenchmrk'"), err

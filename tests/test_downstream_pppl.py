@@ -48,8 +48,7 @@ def test_batched_pppl_equals_slow_reference():
   rng = np.random.default_rng(0)
   seqs = [np.concatenate([[101], rng.integers(1000, 30000, n), [102]]).astype(np.int32) for n in (3, 14, 29, 1, 9)]
   mesh = shd.inference_mesh()
-  graphdef, params, shardings = place.sharded_params(lambda: NeoBERTForMLM(cfg, rngs=nnx.Rngs(0)), to_flat(model),
-                                                      mesh)
+  graphdef, params, shardings = place.sharded_params(lambda: NeoBERTForMLM(cfg, rngs=nnx.Rngs(0)), to_flat(model), mesh)
   score = pppl_lib.jit_scorer(graphdef, shardings, mesh)
   got = pppl_lib.pseudo_perplexity(score, params, seqs, MASK, PAD, 16, batching.buckets(64), mesh)
   ref = _reference(model, seqs)
@@ -62,12 +61,29 @@ def test_batched_pppl_equals_slow_reference():
 
 def test_cli_on_hf_dir(tmp_path, capsys):
   from neobert_jax.convert.export_hf import export_flat
+
   cfg = _model_cfg()
   export_flat(to_flat(NeoBERTForMLM(cfg, rngs=nnx.Rngs(0))), cfg, tmp_path / 'hf', tokenizer='bert-base-uncased')
   (tmp_path / 'in.txt').write_text('the cat sat on the mat.\n\nmarkets fell sharply on monday.\n')
-  assert evaluate_main(['pppl', '--model', str(tmp_path / 'hf'), '--input', str(tmp_path / 'in.txt'),
-                        '--max-length', '32', '--batch-size', '8', '--no-progress',
-                        '--per-document', str(tmp_path / 'docs.jsonl')]) == 0
+  assert (
+    evaluate_main(
+      [
+        'pppl',
+        '--model',
+        str(tmp_path / 'hf'),
+        '--input',
+        str(tmp_path / 'in.txt'),
+        '--max-length',
+        '32',
+        '--batch-size',
+        '8',
+        '--no-progress',
+        '--per-document',
+        str(tmp_path / 'docs.jsonl'),
+      ]
+    )
+    == 0
+  )
   result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
   assert result['documents'] == 2 and result['pppl'] > 1
   docs = [json.loads(line) for line in (tmp_path / 'docs.jsonl').read_text().splitlines()]

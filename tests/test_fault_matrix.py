@@ -78,8 +78,10 @@ def _assert_same_params(workdir: Path, other: Path, step: int | None = None) -> 
 
 def _copy_run(src: Path, dst: Path, upto: int = STEPS) -> Path:
   """`src` as it stood at step `upto`: its later checkpoints left out."""
+
   def later(directory, names):
     return [n for n in names if Path(directory).name == 'checkpoints' and n.isdigit() and int(n) > upto]
+
   shutil.copytree(src, dst, ignore=later, dirs_exist_ok=True)
   return dst
 
@@ -110,8 +112,9 @@ def _assert_one_line(outcome, stderr: str, *words: str) -> str:
 
 
 def _tree_digest(root: Path) -> dict[str, str]:
-  return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
-          for p in sorted(root.rglob('*')) if p.is_file()}
+  return {
+    str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(root.rglob('*')) if p.is_file()
+  }
 
 
 def _pages(root: Path) -> int:
@@ -124,8 +127,9 @@ def _tmpfs(path: Path, size_bytes: int):
   """A tmpfs of `size_bytes` at `path` (root only: skips with the reason otherwise)."""
   path.mkdir(parents=True, exist_ok=True)
   try:
-    r = subprocess.run(['mount', '-t', 'tmpfs', '-o', f'size={size_bytes // 1024}k', 'tmpfs', str(path)],
-                       capture_output=True, text=True)
+    r = subprocess.run(
+      ['mount', '-t', 'tmpfs', '-o', f'size={size_bytes // 1024}k', 'tmpfs', str(path)], capture_output=True, text=True
+    )
   except FileNotFoundError:
     pytest.skip('no mount command: cannot make a small or read-only filesystem')
   if r.returncode:
@@ -142,14 +146,20 @@ def _remount(path: Path, options: str) -> None:
 
 # ------------------------------------------------------------------------------------- kill -9 during an async save
 
+
 def test_kill_9_during_an_async_save_resumes_bit_identical(data_dir, reference, tmp_path):
   """SIGKILL while Orbax writes a step in the background (its temporary directory exists): the half-written step is
   never used, the same command resumes from the last complete one and ends with the uninterrupted run's params."""
   workdir = tmp_path / 'run'
   log = tmp_path / 'child.log'
   with open(log, 'w') as out:
-    child = subprocess.Popen([sys.executable, __file__, 'train', str(data_dir), str(workdir)], cwd=REPO,
-                             stdout=out, stderr=subprocess.STDOUT, env=dict(os.environ, PYTHONUNBUFFERED='1'))
+    child = subprocess.Popen(
+      [sys.executable, __file__, 'train', str(data_dir), str(workdir)],
+      cwd=REPO,
+      stdout=out,
+      stderr=subprocess.STDOUT,
+      env=dict(os.environ, PYTHONUNBUFFERED='1'),
+    )
   checkpoints = workdir / 'checkpoints'
   deadline, names = time.time() + 240, []
   try:
@@ -177,6 +187,7 @@ def test_kill_9_during_an_async_save_resumes_bit_identical(data_dir, reference, 
 
 # ----------------------------------------------------------------------------------------- kill -9 during the export
 
+
 @pytest.fixture
 def good_export(reference, tmp_path):
   out = export_hf.export_checkpoint(reference, tmp_path / 'exports' / 'hf')
@@ -186,9 +197,14 @@ def good_export(reference, tmp_path):
 def _kill_export_at(mode: str, reference: Path, out: Path) -> int:
   """Re-exports `reference` over `out` in a child that pauses at `mode`'s point (after the real call) to be
   SIGKILLed there; returns the child's pid."""
-  child = subprocess.Popen([sys.executable, __file__, mode, str(reference), str(out)], cwd=REPO,
-                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                           env=dict(os.environ, PYTHONUNBUFFERED='1'))
+  child = subprocess.Popen(
+    [sys.executable, __file__, mode, str(reference), str(out)],
+    cwd=REPO,
+    stdout=subprocess.PIPE,
+    stderr=subprocess.STDOUT,
+    text=True,
+    env=dict(os.environ, PYTHONUNBUFFERED='1'),
+  )
   try:
     lines = []
     for line in child.stdout:
@@ -217,7 +233,8 @@ def test_kill_9_while_writing_an_export_keeps_the_previous_one(reference, good_e
   # The next export (here: its first step) removes the leftover and says so.
   export_hf.check_output_dir(out, overwrite=True)
   assert f'removed {out.parent / hidden[0]}, left behind by an interrupted export (process {pid})' in (
-      capfd.readouterr().err)
+    capfd.readouterr().err
+  )
   assert sorted(p.name for p in out.parent.iterdir()) == ['hf'] and _tree_digest(out) == digest
 
 
@@ -236,6 +253,7 @@ def test_kill_9_while_swapping_an_export_in_restores_the_previous_one(reference,
 
 
 # ------------------------------------------------------------------------------------------ disk full while saving
+
 
 @pytest.fixture(scope='module')
 def disk_full(data_dir, reference, tmp_path_factory):
@@ -270,6 +288,7 @@ def test_disk_full_stops_with_one_line_naming_the_last_good_checkpoint(disk_full
 
 # ------------------------------------------------------------------------------------------- a read-only workdir
 
+
 @pytest.fixture(scope='module')
 def read_only(data_dir, reference, tmp_path_factory):
   """A run at step 4 on a filesystem remounted read-only: (outcome, stderr, workdir, digest before the run)."""
@@ -297,9 +316,10 @@ def test_read_only_workdir_is_refused_with_one_line(read_only):
 
 # ------------------------------------------------------------------------ a truncated shard, a corrupted manifest
 
+
 def _truncate(path: Path) -> None:
   raw = path.read_bytes()
-  path.write_bytes(raw[:len(raw) // 2])
+  path.write_bytes(raw[: len(raw) // 2])
 
 
 def _drop_a_shard_size(path: Path) -> None:
@@ -308,12 +328,16 @@ def _drop_a_shard_size(path: Path) -> None:
   path.write_text(json.dumps(manifest))
 
 
-@pytest.mark.parametrize('damage,target', [
+@pytest.mark.parametrize(
+  'damage,target',
+  [
     (_truncate, 'train-00000.arrayrecord'),
     (_truncate, 'eval-00000.arrayrecord'),  # read only at evaluations: checked before the first step all the same
     (_truncate, 'manifest.json'),
     (_drop_a_shard_size, 'manifest.json'),  # still JSON
-], ids=['train shard truncated', 'eval shard truncated', 'manifest truncated', 'manifest field lost'])
+  ],
+  ids=['train shard truncated', 'eval shard truncated', 'manifest truncated', 'manifest field lost'],
+)
 def test_damaged_data_is_refused_with_one_line_before_training(damage, target, tmp_path):
   data = tmp_path / 'prepared'
   _make_data(data)
@@ -327,8 +351,10 @@ def test_damaged_data_is_refused_with_one_line_before_training(damage, target, t
 
 # ----------------------------------------------------------------------- a checkpoint with one array file removed
 
+
 def test_checkpoint_missing_one_array_file_falls_back_loudly_and_resumes_bit_identical(
-    data_dir, reference, tmp_path, caplog):
+  data_dir, reference, tmp_path, caplog
+):
   workdir = _copy_run(reference, tmp_path / 'run')
   files = sorted((workdir / 'checkpoints' / '8' / 'params').rglob('d/*'), key=lambda p: p.stat().st_size)
   files[-1].unlink()  # the largest array data file of the latest step
@@ -336,13 +362,17 @@ def test_checkpoint_missing_one_array_file_falls_back_loudly_and_resumes_bit_ide
   assert loop.run(_cfg(data_dir), workdir).final_step == STEPS
   assert 'checkpoint step 8' in caplog.text and 'falling back to step 6' in caplog.text
   # Set aside under a new name with a loud message naming it, never deleted.
-  assert [r for r in caplog.records if r.levelno >= logging.WARNING and
-          f'{workdir / "checkpoints"}/8.corrupt' in r.getMessage()], caplog.text
+  assert [
+    r
+    for r in caplog.records
+    if r.levelno >= logging.WARNING and f'{workdir / "checkpoints"}/8.corrupt' in r.getMessage()
+  ], caplog.text
   assert (workdir / 'checkpoints' / '8.corrupt' / 'params').is_dir()
   _assert_same_params(workdir, reference)  # steps 7 and 8 replayed exactly
 
 
 # ------------------------------------------------------------------------------------------------- child processes
+
 
 def _child_train(data_dir: str, workdir: str) -> None:
   loop.run(_cfg(data_dir, every=1), workdir)  # a checkpoint every step: a save is nearly always under way
@@ -351,6 +381,7 @@ def _child_train(data_dir: str, workdir: str) -> None:
 def _child_export(mode: str, checkpoint: str, out: str) -> None:
   """Re-exports over `out` and pauses, after the real call, at the point the parent kills: when the weights
   file is written (export-write), or when the previous export has been moved aside (export-swap)."""
+
   def pause():
     print('PAUSED', flush=True)
     time.sleep(600)
@@ -361,6 +392,7 @@ def _child_export(mode: str, checkpoint: str, out: str) -> None:
     def save_file(*args, **kwargs):
       real_save(*args, **kwargs)
       pause()
+
     export_hf.save_file = save_file
   else:
     real_rename = os.rename
@@ -369,6 +401,7 @@ def _child_export(mode: str, checkpoint: str, out: str) -> None:
       real_rename(src, dst, **kwargs)
       if Path(src) == Path(out):
         pause()
+
     os.rename = rename
   export_hf.export_checkpoint(checkpoint, out, overwrite=True)
 

@@ -16,6 +16,7 @@ from neobert_jax import jax_compat
 def test_private_apis_present():
   from jax._src import hardware_utils  # pylint: disable=g-import-not-at-top
   from jax._src.clusters import slurm_cluster  # pylint: disable=g-import-not-at-top
+
   assert callable(hardware_utils.num_available_tpu_chips_and_device_id)
   assert callable(slurm_cluster.SlurmCluster.get_coordinator_address)
   assert isinstance(jax_compat.num_tpu_chips(), int)
@@ -23,6 +24,7 @@ def test_private_apis_present():
 
 def test_private_cudnn_packed_attention_present():
   from jax._src.cudnn import fused_attention_stablehlo as cudnn  # pylint: disable=g-import-not-at-top
+
   assert jax_compat.CUDNN_MODULE == cudnn.__name__
   assert callable(cudnn.dot_product_attention) and callable(cudnn.check_compute_capability)
   assert hasattr(cudnn.MaskType, 'PADDING')

@@ -20,7 +20,7 @@ def _script(rel):
   """launch/ is a folder of scripts, not a package: load one by path."""
   name = os.path.splitext(os.path.basename(rel))[0]
   spec = importlib.util.spec_from_file_location(f'launch_{name}', os.path.join(ROOT, rel))
-  module = sys.modules[spec.name] = importlib.util.module_from_spec(spec)   # dataclasses look themselves up there
+  module = sys.modules[spec.name] = importlib.util.module_from_spec(spec)  # dataclasses look themselves up there
   spec.loader.exec_module(module)
   return module
 
@@ -32,8 +32,10 @@ render = _script('launch/slurm/render.py')
 @pytest.fixture(autouse=True)
 def _nothing_runs(monkeypatch):
   """A dry run or a rendering must not start gcloud, kubectl or sbatch."""
+
   def refuse(*a, **k):
     raise AssertionError(f'launcher tried to run {a}')
+
   for mod in (multislice, render):
     monkeypatch.setattr(mod, 'subprocess', types.SimpleNamespace(run=refuse, Popen=refuse))
 
@@ -45,6 +47,7 @@ def _start(monkeypatch, env, tpu_cluster=None):
   (tpu_cluster) for the process id, count and coordinator. Returns (DistributedInfo, recorded arguments, coordinator).
   """
   from neobert_jax import distributed
+
   for k in list(os.environ):
     if k.startswith(('NEOBERT_', 'SLURM', 'MEGASCALE_', 'TPU_', 'CUDA_VISIBLE_DEVICES')):
       monkeypatch.delenv(k)
@@ -55,24 +58,30 @@ def _start(monkeypatch, env, tpu_cluster=None):
   def initialize(**kwargs):
     seen.update(kwargs)
     if tpu_cluster is not None:
-      seen.update(pid=tpu_cluster.get_process_id(), count=tpu_cluster.get_process_count(),
-                  tpu_coordinator=tpu_cluster.get_coordinator_address(None, None))
+      seen.update(
+        pid=tpu_cluster.get_process_id(),
+        count=tpu_cluster.get_process_count(),
+        tpu_coordinator=tpu_cluster.get_coordinator_address(None, None),
+      )
 
   fake_jax = types.SimpleNamespace(
-      config=types.SimpleNamespace(update=lambda *a: None),
-      distributed=types.SimpleNamespace(initialize=initialize),
-      process_index=lambda: seen['pid'], process_count=lambda: seen['count'])
+    config=types.SimpleNamespace(update=lambda *a: None),
+    distributed=types.SimpleNamespace(initialize=initialize),
+    process_index=lambda: seen['pid'],
+    process_count=lambda: seen['count'],
+  )
   monkeypatch.setattr(distributed, 'jax', fake_jax)
   monkeypatch.setattr(distributed, '_INFO', None)
   monkeypatch.setattr(distributed, '_on_tpu_vm', lambda: tpu_cluster is not None)
-  monkeypatch.setattr(sys, 'excepthook', sys.excepthook)   # initialize() installs its own; put it back after
+  monkeypatch.setattr(sys, 'excepthook', sys.excepthook)  # initialize() installs its own; put it back after
   info = distributed.initialize()
   return info, seen, seen.get('tpu_coordinator', info.coordinator_address)
 
 
 @pytest.fixture
 def tpu_clusters(monkeypatch):
-  from jax._src.clusters import cloud_tpu_cluster as c   # what jax.distributed.initialize() uses on TPU VMs
+  from jax._src.clusters import cloud_tpu_cluster as c  # what jax.distributed.initialize() uses on TPU VMs
+
   # It checks the coordinator's name resolves before returning it; these host names are examples.
   monkeypatch.setattr(c.BaseTpuCluster, 'wait_for_coordinator', classmethod(lambda cls, addr, timeout: None))
   return c
@@ -84,24 +93,46 @@ def _same_everywhere(values):
 
 
 def test_tpu_gke_jobset_two_slices_v5p_64(monkeypatch, capsys, tpu_clusters):
-  args = ['gke', '--slices', '2', '--tpu', 'v5p-64', '--image', 'us-docker.pkg.dev/p/neobert:1', '--workdir',
-          WORKDIR, '--', DATA]
+  args = [
+    'gke',
+    '--slices',
+    '2',
+    '--tpu',
+    'v5p-64',
+    '--image',
+    'us-docker.pkg.dev/p/neobert:1',
+    '--workdir',
+    WORKDIR,
+    '--',
+    DATA,
+  ]
   assert multislice.main(args) == 0
   manifest = yaml.safe_load(capsys.readouterr().out)
   job = manifest['spec']['replicatedJobs'][0]
   pod = job['template']['spec']['template']['spec']
   assert (manifest['kind'], job['replicas'], job['template']['spec']['parallelism']) == ('JobSet', 2, 8)
-  assert pod['nodeSelector'] == {'cloud.google.com/gke-tpu-accelerator': 'tpu-v5p-slice',
-                                 'cloud.google.com/gke-tpu-topology': '2x4x4'}   # v5p-64 = 32 chips, 8 hosts
+  assert pod['nodeSelector'] == {
+    'cloud.google.com/gke-tpu-accelerator': 'tpu-v5p-slice',
+    'cloud.google.com/gke-tpu-topology': '2x4x4',
+  }  # v5p-64 = 32 chips, 8 hosts
   assert pod['containers'][0]['resources']['limits'] == {'google.com/tpu': 4}
-  assert manifest['metadata']['annotations']['alpha.jobset.sigs.k8s.io/exclusive-topology'] == \
-      'cloud.google.com/gke-nodepool'
+  assert (
+    manifest['metadata']['annotations']['alpha.jobset.sigs.k8s.io/exclusive-topology']
+    == 'cloud.google.com/gke-nodepool'
+  )
 
   workers = multislice.jobset_workers(manifest)
-  assert len(workers) == 16   # processes = hosts: 2 slices x 8
+  assert len(workers) == 16  # processes = hosts: 2 slices x 8
   argv = _same_everywhere([tuple(w.argv) for w in workers])
-  assert argv == ('python', '-m', 'neobert_jax.train', '--config=configs/neobert_250m.py', f'--workdir={WORKDIR}',
-                  '--config.mesh.dcn_data=2', DATA)
+  assert argv == (
+    'python',
+    '-m',
+    'neobert_jax.train',
+    '--config=configs/neobert_250m.py',
+    f'--workdir={WORKDIR}',
+    '--config.mesh.dcn_data=2',
+    DATA,
+  )
   assert sorted({w.env['MEGASCALE_SLICE_ID'] for w in workers}) == ['0', '1']
   assert _same_everywhere([w.env['MEGASCALE_NUM_SLICES'] for w in workers]) == '2'
   assert _same_everywhere([w.env['MEGASCALE_PORT'] for w in workers]) == '8080'
@@ -114,14 +145,30 @@ def test_tpu_gke_jobset_two_slices_v5p_64(monkeypatch, capsys, tpu_clusters):
     # distributed.py leaves a TPU start to jax's cluster detection: no coordinator or ids of its own
     assert info.method == 'tpu' and 'coordinator_address' not in seen and 'process_id' not in seen
     assert (info.num_processes, jax_coordinator) == (16, f'{workers[0].host}:8482')
-    assert info.process_id == int(w.env['MEGASCALE_SLICE_ID']) * 8 + w.worker_id   # slice-major
+    assert info.process_id == int(w.env['MEGASCALE_SLICE_ID']) * 8 + w.worker_id  # slice-major
     ids.append(info.process_id)
   assert sorted(ids) == list(range(16))
 
 
 def test_tpu_gcloud_two_slices_v5p_64(monkeypatch, capsys, tpu_clusters):
-  args = ['gcloud', '--dry-run', '--slices', '2', '--tpu', 'v5p-64', '--name', 'neobert', '--zone', 'us-east5-a',
-          '--coordinator-ip', '10.0.0.2', '--workdir', WORKDIR, '--', DATA]
+  args = [
+    'gcloud',
+    '--dry-run',
+    '--slices',
+    '2',
+    '--tpu',
+    'v5p-64',
+    '--name',
+    'neobert',
+    '--zone',
+    'us-east5-a',
+    '--coordinator-ip',
+    '10.0.0.2',
+    '--workdir',
+    WORKDIR,
+    '--',
+    DATA,
+  ]
   assert multislice.main(args) == 0
   out = capsys.readouterr().out
   ssh = [l for l in out.splitlines() if l.startswith('gcloud ')]
@@ -139,19 +186,32 @@ def test_tpu_gcloud_two_slices_v5p_64(monkeypatch, capsys, tpu_clusters):
   ids = []
   for w in workers:
     # A TPU VM knows its rank and its slice's hosts from the metadata server; slice 0 worker 0 is 10.0.0.2.
-    metadata = {'agent-worker-number': str(w.worker_id),
-                'worker-network-endpoints': ','.join(f'10.0.{w.slice_id}.{i + 2}' for i in range(8))}
+    metadata = {
+      'agent-worker-number': str(w.worker_id),
+      'worker-network-endpoints': ','.join(f'10.0.{w.slice_id}.{i + 2}' for i in range(8)),
+    }
     monkeypatch.setattr(tpu_clusters, 'get_metadata', lambda key, m=metadata: (m[key], 200))
     info, _, jax_coordinator = _start(monkeypatch, w.env, tpu_clusters.GceTpuCluster)
     assert (info.method, info.num_processes, jax_coordinator) == ('tpu', 16, '10.0.0.2:8482')
     ids.append(info.process_id)
-  assert ids == list(range(16))   # slice-major, in the order the launcher lists them
+  assert ids == list(range(16))  # slice-major, in the order the launcher lists them
 
 
 @pytest.mark.parametrize('layout, per_node', [('node', 1), ('gpu', 8)])
 def test_slurm_two_nodes_of_8_h100(monkeypatch, capsys, layout, per_node):
-  args = ['--dry-run', '--nodes', '2', '--layout', layout, '--workdir', WORKDIR, '--repo', '/shared/neobert-jax',
-          '--', DATA]
+  args = [
+    '--dry-run',
+    '--nodes',
+    '2',
+    '--layout',
+    layout,
+    '--workdir',
+    WORKDIR,
+    '--repo',
+    '/shared/neobert-jax',
+    '--',
+    DATA,
+  ]
   assert render.main(args) == 0
   out = capsys.readouterr().out
   submit = out.splitlines()[0]
@@ -161,8 +221,15 @@ def test_slurm_two_nodes_of_8_h100(monkeypatch, capsys, layout, per_node):
   workers = render.workers(render.parse_args(args))
   assert len(workers) == 2 * per_node
   argv = _same_everywhere([tuple(a) for _, _, a in workers])
-  assert argv == ('/shared/neobert-jax/.venv/bin/python', '-m', 'neobert_jax.train',
-                  '--config=configs/neobert_250m.py', f'--workdir={WORKDIR}', '--config.mesh.dcn_data=2', DATA)
+  assert argv == (
+    '/shared/neobert-jax/.venv/bin/python',
+    '-m',
+    'neobert_jax.train',
+    '--config=configs/neobert_250m.py',
+    f'--workdir={WORKDIR}',
+    '--config.mesh.dcn_data=2',
+    DATA,
+  )
   # what the sbatch script itself exports reaches every task
   assert all(env['XLA_PYTHON_CLIENT_MEM_FRACTION'] == '0.92' for _, env, _ in workers)
 
@@ -170,7 +237,7 @@ def test_slurm_two_nodes_of_8_h100(monkeypatch, capsys, layout, per_node):
   for host, env, _ in workers:
     info, seen, coordinator = _start(monkeypatch, env)
     assert (info.method, info.num_processes, coordinator) == ('slurm', 2 * per_node, 'gpu001:6002')
-    assert host == ('gpu001' if info.process_id < per_node else 'gpu002')   # the coordinator runs on process 0's node
+    assert host == ('gpu001' if info.process_id < per_node else 'gpu002')  # the coordinator runs on process 0's node
     # a process per node drives all 8 GPUs; a process per GPU drives GPU number SLURM_LOCALID
     assert seen['local_device_ids'] == (None if per_node == 1 else [int(env['SLURM_LOCALID'])])
     ids.append(info.process_id)

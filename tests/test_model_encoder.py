@@ -86,7 +86,7 @@ def test_scan_unrolled_and_remat_agree_in_value_and_gradient():
     return nnx.jit(nnx.value_and_grad(loss))(model)
 
   base_loss, base_grad = loss_and_grad()
-  for overrides in ({"scan_layers": False}, {"remat_policy": "full"}, {"remat_policy": "save_dots"}):
+  for overrides in ({'scan_layers': False}, {'remat_policy': 'full'}, {'remat_policy': 'save_dots'}):
     loss, grad = loss_and_grad(**overrides)
     np.testing.assert_allclose(loss, base_loss, rtol=1e-6)
     for a, b in zip(jax.tree.leaves(grad), jax.tree.leaves(base_grad)):
@@ -104,7 +104,7 @@ def test_sparse_head_equals_dense_logits_at_the_masked_positions():
 
 
 # One mesh with every axis above 1: the train step's test (tests/test_train_sharding.py) covers data x 8 and fsdp x 8.
-@pytest.mark.parametrize("mesh_sizes", [{"data": 2, "fsdp": 2, "tensor": 2}])
+@pytest.mark.parametrize('mesh_sizes', [{'data': 2, 'fsdp': 2, 'tensor': 2}])
 def test_sharded_forward_and_gradient_equal_single_device(mesh_sizes):
   cfg = small_config()
   ids = random_ids(8, 16)
@@ -115,7 +115,7 @@ def test_sharded_forward_and_gradient_equal_single_device(mesh_sizes):
   with sharding.activate(mesh):
     model = nnx.jit(lambda: NeoBERTForMLM(cfg, rngs=nnx.Rngs(0)))()
     value, grad = nnx.jit(nnx.value_and_grad(loss))(model)
-  expected = jax.sharding.NamedSharding(mesh, sharding.logical_to_spec(("layers", "embed", None, "mlp")))
+  expected = jax.sharding.NamedSharding(mesh, sharding.logical_to_spec(('layers', 'embed', None, 'mlp')))
   assert model.encoder.layers.w12[...].sharding.is_equivalent_to(expected, 4)
   np.testing.assert_allclose(value, ref_loss, rtol=1e-5)
   for a, b in zip(jax.tree.leaves(grad), jax.tree.leaves(ref_grad)):
@@ -123,7 +123,7 @@ def test_sharded_forward_and_gradient_equal_single_device(mesh_sizes):
 
 
 def test_bfloat16_compute_keeps_fp32_params_and_logits():
-  model = NeoBERTForMLM(small_config(dtype="bfloat16"), rngs=nnx.Rngs(0))
+  model = NeoBERTForMLM(small_config(dtype='bfloat16'), rngs=nnx.Rngs(0))
   logits = model(random_ids(2, 8))
   assert logits.dtype == jnp.float32
   assert model.encoder.layers.qkv[...].dtype == jnp.float32
@@ -131,19 +131,19 @@ def test_bfloat16_compute_keeps_fp32_params_and_logits():
 
 
 def test_model_config_errors():
-  with pytest.raises(ValueError, match="bfloat16"):
-    validate_model_config(small_config(attention_impl="cudnn"))
-  with pytest.raises(ValueError, match="num_heads"):
+  with pytest.raises(ValueError, match='bfloat16'):
+    validate_model_config(small_config(attention_impl='cudnn'))
+  with pytest.raises(ValueError, match='num_heads'):
     validate_model_config(small_config(num_heads=5))
-  with pytest.raises(ValueError, match="remat_policy"):
-    validate_model_config(small_config(remat_policy="sometimes"))
-  with pytest.raises(ValueError, match="splash_block_size"):
+  with pytest.raises(ValueError, match='remat_policy'):
+    validate_model_config(small_config(remat_policy='sometimes'))
+  with pytest.raises(ValueError, match='splash_block_size'):
     validate_model_config(small_config(splash_block_size=100))
 
 
 def test_mesh_resolution_errors_name_the_fix():
-  assert sharding.resolve_mesh_shape({"data": -1, "fsdp": 2, "tensor": 1}, 8) == (4, 2, 1)
-  with pytest.raises(ValueError, match="-1"):
-    sharding.resolve_mesh_shape({"data": 2, "fsdp": 2, "tensor": 1}, 8)
-  with pytest.raises(ValueError, match="at most one"):
-    sharding.resolve_mesh_shape({"data": -1, "fsdp": -1, "tensor": 1}, 8)
+  assert sharding.resolve_mesh_shape({'data': -1, 'fsdp': 2, 'tensor': 1}, 8) == (4, 2, 1)
+  with pytest.raises(ValueError, match='-1'):
+    sharding.resolve_mesh_shape({'data': 2, 'fsdp': 2, 'tensor': 1}, 8)
+  with pytest.raises(ValueError, match='at most one'):
+    sharding.resolve_mesh_shape({'data': -1, 'fsdp': -1, 'tensor': 1}, 8)

@@ -27,15 +27,35 @@ def test_two_processes_agree_on_psum():
   lines = [l for l in r.stdout.splitlines() if 'PSUM' in l]
   # each process contributes (its id + 1) on each of its 2 devices: 2*1 + 2*2 = 6
   assert len(lines) == 4 and all('value=6.0 processes=2 devices=4' in l for l in lines), r.stdout
-  assert sum('PRIMARY done' in l for l in r.stdout.splitlines()) == 1   # only process 0 reports
+  assert sum('PRIMARY done' in l for l in r.stdout.splitlines()) == 1  # only process 0 reports
 
 
 @pytest.mark.parametrize('how', ['exit', 'raise'])
 def test_peer_failure_stops_job_in_bounded_time(how):
   t0 = time.monotonic()
-  r = _launch(['-n', '2', '--devices-per-process', '1', '--heartbeat', str(HEARTBEAT_S), '--grace', '60',
-               '--', sys.executable, PSUM, '--steps', '1000', '--sleep', '0.1', '--die-at', '3',
-               '--die-how', how])
+  r = _launch(
+    [
+      '-n',
+      '2',
+      '--devices-per-process',
+      '1',
+      '--heartbeat',
+      str(HEARTBEAT_S),
+      '--grace',
+      '60',
+      '--',
+      sys.executable,
+      PSUM,
+      '--steps',
+      '1000',
+      '--sleep',
+      '0.1',
+      '--die-at',
+      '3',
+      '--die-how',
+      how,
+    ]
+  )
   elapsed = time.monotonic() - t0
   assert r.returncode != 0
   assert 'process 1 dying now' in r.stdout
@@ -50,10 +70,17 @@ def test_peer_failure_stops_job_in_bounded_time(how):
 def test_sigkill_of_one_process_stops_the_other():
   """Kill -9 from outside (a lost node), with children started directly rather than by the launcher."""
   port = launcher.free_port()
-  procs = [subprocess.Popen([sys.executable, PSUM, '--steps', '1000', '--sleep', '0.1'],
-                            env=launcher.child_env(i, 2, 1, port, HEARTBEAT_S), cwd=ROOT,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-           for i in range(2)]
+  procs = [
+    subprocess.Popen(
+      [sys.executable, PSUM, '--steps', '1000', '--sleep', '0.1'],
+      env=launcher.child_env(i, 2, 1, port, HEARTBEAT_S),
+      cwd=ROOT,
+      stdout=subprocess.PIPE,
+      stderr=subprocess.STDOUT,
+      text=True,
+    )
+    for i in range(2)
+  ]
   try:
     # wait until process 1 is inside the step loop
     for line in procs[1].stdout:
@@ -72,8 +99,16 @@ def test_sigkill_of_one_process_stops_the_other():
   assert elapsed < HEARTBEAT_S + 30, elapsed
 
 
-SLURM_KEYS = ('SLURM_JOB_ID', 'SLURM_STEP_NODELIST', 'SLURM_NTASKS', 'SLURM_PROCID', 'SLURM_LOCALID',
-              'SLURM_STEP_NUM_NODES', 'CUDA_VISIBLE_DEVICES', 'NEOBERT_COORDINATOR_PORT')
+SLURM_KEYS = (
+  'SLURM_JOB_ID',
+  'SLURM_STEP_NODELIST',
+  'SLURM_NTASKS',
+  'SLURM_PROCID',
+  'SLURM_LOCALID',
+  'SLURM_STEP_NUM_NODES',
+  'CUDA_VISIBLE_DEVICES',
+  'NEOBERT_COORDINATOR_PORT',
+)
 
 
 def _slurm_env(monkeypatch, **values):
@@ -83,16 +118,20 @@ def _slurm_env(monkeypatch, **values):
     monkeypatch.setenv(k, str(v))
 
 
-@pytest.mark.parametrize('layout, expected_local', [
+@pytest.mark.parametrize(
+  'layout, expected_local',
+  [
     # one process per node driving its 8 GPUs: no pinning (jax's own SLURM detection would pin GPU 0)
     (dict(SLURM_NTASKS=2, SLURM_STEP_NUM_NODES=2, SLURM_PROCID=1, SLURM_LOCALID=0), None),
     # one process per GPU, every GPU visible to every task: pin GPU number SLURM_LOCALID
     (dict(SLURM_NTASKS=16, SLURM_STEP_NUM_NODES=2, SLURM_PROCID=13, SLURM_LOCALID=5), (5,)),
     # one process per GPU, SLURM already bound one GPU per task (--gpus-per-task=1): that one GPU
     (dict(SLURM_NTASKS=16, SLURM_STEP_NUM_NODES=2, SLURM_PROCID=13, SLURM_LOCALID=5, CUDA_VISIBLE_DEVICES=5), None),
-])
+  ],
+)
 def test_slurm_layouts(monkeypatch, layout, expected_local):
   from neobert_jax import distributed
+
   _slurm_env(monkeypatch, SLURM_JOB_ID=4242, SLURM_STEP_NODELIST='gpu[017-018]', **layout)
   coordinator, nproc, pid, local = distributed._slurm_settings()
   assert coordinator.startswith('gpu017:')
@@ -101,6 +140,7 @@ def test_slurm_layouts(monkeypatch, layout, expected_local):
 
 def test_no_slurm_step_means_no_distributed(monkeypatch):
   from neobert_jax import distributed
+
   # inside the sbatch script itself (no srun step) and single-task steps are not multi-process jobs
   _slurm_env(monkeypatch, SLURM_JOB_ID=1, SLURM_NTASKS=2, SLURM_PROCID=0, SLURM_LOCALID=0)
   assert distributed._slurm_settings() is None
@@ -114,11 +154,28 @@ def test_fake_slurm_step_on_this_machine():
   procs = []
   for i in range(2):
     env = {k: v for k, v in os.environ.items() if not k.startswith(('NEOBERT_', 'SLURM_'))}
-    env.update(SLURM_JOB_ID='77', SLURM_STEP_NODELIST='localhost', SLURM_NTASKS='2', SLURM_PROCID=str(i),
-               SLURM_LOCALID=str(i), SLURM_STEP_NUM_NODES='1', NEOBERT_COORDINATOR_PORT=str(port),
-               JAX_PLATFORMS='cpu', NEOBERT_HEARTBEAT_TIMEOUT=str(HEARTBEAT_S), NEOBERT_NUM_CPU_DEVICES='1')
-    procs.append(subprocess.Popen([sys.executable, PSUM, '--steps', '1'], env=env, cwd=ROOT, text=True,
-                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
+    env.update(
+      SLURM_JOB_ID='77',
+      SLURM_STEP_NODELIST='localhost',
+      SLURM_NTASKS='2',
+      SLURM_PROCID=str(i),
+      SLURM_LOCALID=str(i),
+      SLURM_STEP_NUM_NODES='1',
+      NEOBERT_COORDINATOR_PORT=str(port),
+      JAX_PLATFORMS='cpu',
+      NEOBERT_HEARTBEAT_TIMEOUT=str(HEARTBEAT_S),
+      NEOBERT_NUM_CPU_DEVICES='1',
+    )
+    procs.append(
+      subprocess.Popen(
+        [sys.executable, PSUM, '--steps', '1'],
+        env=env,
+        cwd=ROOT,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+      )
+    )
   outs = [p.communicate(timeout=120)[0] for p in procs]
   assert [p.returncode for p in procs] == [0, 0], outs
   for out in outs:

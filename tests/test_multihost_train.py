@@ -24,18 +24,34 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STEPS = 3
 OVERRIDES = {
-    'model.num_layers': 2, 'model.hidden_size': 64, 'model.num_heads': 4, 'model.intermediate_size': 128,
-    'model.max_length': 64, 'data.max_predictions': 16, 'train.global_batch_size': 8,
-    'train.num_steps': STEPS, 'optimizer.warmup_steps': 1, 'eval.every_steps': 0, 'eval.at_start': False,
-    'checkpoint.every_steps': STEPS, 'logging.log_every': 1, 'logging.progress_bar': False,
-    'logging.tensorboard': False, 'logging.peak_flops_per_device': 1e12, 'mesh.data': 1, 'mesh.fsdp': 4, 'mesh.tensor': 1,
+  'model.num_layers': 2,
+  'model.hidden_size': 64,
+  'model.num_heads': 4,
+  'model.intermediate_size': 128,
+  'model.max_length': 64,
+  'data.max_predictions': 16,
+  'train.global_batch_size': 8,
+  'train.num_steps': STEPS,
+  'optimizer.warmup_steps': 1,
+  'eval.every_steps': 0,
+  'eval.at_start': False,
+  'checkpoint.every_steps': STEPS,
+  'logging.log_every': 1,
+  'logging.progress_bar': False,
+  'logging.tensorboard': False,
+  'logging.peak_flops_per_device': 1e12,
+  'mesh.data': 1,
+  'mesh.fsdp': 4,
+  'mesh.tensor': 1,
 }
 
 
 # ----------------------------------------------------------------------------------------------- worker side
 
+
 def _config():
   from neobert_jax import config as config_lib
+
   overrides = dict(OVERRIDES, **json.loads(os.environ.get('TEST_EXTRA_OVERRIDES', '{}')))
   return config_lib.load(os.path.join(ROOT, 'configs', 'tiny_cpu.py'), overrides)
 
@@ -44,6 +60,7 @@ def _train_worker(workdir: str) -> None:
   import logging
   import signal
   from neobert_jax import distributed
+
   info = distributed.initialize()
   logging.basicConfig(level=logging.INFO if info.is_primary else logging.WARNING, format='%(message)s')
   from neobert_jax.train import loop
@@ -63,14 +80,14 @@ def _train_worker(workdir: str) -> None:
       os.kill(os.getpid(), signal.SIGTERM)
 
   result = loop.run(cfg, workdir, on_step=on_step)
-  print(f'process {info.process_id} TRAIN_DONE final_step={result.final_step} preempted={result.preempted}',
-        flush=True)
+  print(f'process {info.process_id} TRAIN_DONE final_step={result.final_step} preempted={result.preempted}', flush=True)
 
 
 def _resume_worker(workdir: str) -> None:
   """One process resumes a checkpoint that 2 processes wrote (on a 2-device mesh instead of 4)."""
   import logging
   from neobert_jax import distributed
+
   distributed.initialize(num_cpu_devices=2)
   logging.basicConfig(level=logging.INFO, format='%(message)s')
   logging.getLogger('absl').setLevel(logging.WARNING)
@@ -111,6 +128,7 @@ def _resume_worker(workdir: str) -> None:
 def _restore_worker(workdir: str, reference_workdir: str, export_dir: str) -> None:
   """Single process, 2 devices, mesh tensor=2: restore the 2-process checkpoint, compare, export, run torch."""
   from neobert_jax import distributed
+
   distributed.initialize(num_cpu_devices=2)
   import jax
   import jax.numpy as jnp
@@ -161,6 +179,7 @@ def _restore_worker(workdir: str, reference_workdir: str, export_dir: str) -> No
 
 # ------------------------------------------------------------------------------------------------ test side
 
+
 def _run(cmd, env, timeout=400):
   r = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
   assert r.returncode == 0, f'{cmd} failed ({r.returncode}):\n{r.stdout[-4000:]}\n{r.stderr[-6000:]}'
@@ -181,8 +200,24 @@ def runs(tmp_path_factory):
   for k in ('NEOBERT_COORDINATOR', 'NEOBERT_NUM_PROCESSES', 'NEOBERT_PROCESS_ID'):
     env.pop(k, None)
   _run([sys.executable, __file__, 'train', one], env)
-  _run([sys.executable, os.path.join(ROOT, 'launch', 'local.py'), '-n', '2', '--devices-per-process', '2',
-        '--heartbeat', '20', '--', sys.executable, __file__, 'train', two], env)
+  _run(
+    [
+      sys.executable,
+      os.path.join(ROOT, 'launch', 'local.py'),
+      '-n',
+      '2',
+      '--devices-per-process',
+      '2',
+      '--heartbeat',
+      '20',
+      '--',
+      sys.executable,
+      __file__,
+      'train',
+      two,
+    ],
+    env,
+  )
   return base, one, two
 
 
@@ -195,7 +230,10 @@ def test_two_processes_match_one_process(runs):
   step_dir = os.path.join(two, 'checkpoints', str(STEPS))
   assert {'ocdbt.process_0', 'ocdbt.process_1'} <= set(os.listdir(os.path.join(step_dir, 'params')))
   assert sorted(os.listdir(os.path.join(step_dir, 'data'))) == [
-      'commit_success.txt', 'process_0-of-2.json', 'process_1-of-2.json']
+    'commit_success.txt',
+    'process_0-of-2.json',
+    'process_1-of-2.json',
+  ]
 
 
 def test_checkpoint_restores_on_another_mesh_and_exports_to_pytorch(runs):
@@ -211,8 +249,12 @@ def test_checkpoint_of_two_processes_resumes_in_one_process(runs, tmp_path):
   _, _, two = runs
   workdir = tmp_path / 'resumed'
   shutil.copytree(two, workdir)
-  env = dict(os.environ, JAX_PLATFORMS='cpu', PYTHONUNBUFFERED='1',
-             TEST_EXTRA_OVERRIDES=json.dumps({'train.num_steps': STEPS + 1}))
+  env = dict(
+    os.environ,
+    JAX_PLATFORMS='cpu',
+    PYTHONUNBUFFERED='1',
+    TEST_EXTRA_OVERRIDES=json.dumps({'train.num_steps': STEPS + 1}),
+  )
   for k in ('NEOBERT_COORDINATOR', 'NEOBERT_NUM_PROCESSES', 'NEOBERT_PROCESS_ID', 'NEOBERT_NUM_CPU_DEVICES'):
     env.pop(k, None)
   r = _run([sys.executable, __file__, 'resume', str(workdir)], env)
@@ -221,7 +263,9 @@ def test_checkpoint_of_two_processes_resumes_in_one_process(runs, tmp_path):
   assert 'data position written by 2 process(es), restored on 1' in out and 'NOT the same' not in out, out[-4000:]
   assert not [p for p in os.listdir(workdir / 'checkpoints') if 'corrupt' in p]
   assert sorted(os.listdir(workdir / 'checkpoints' / str(STEPS + 1) / 'data')) == [
-      'commit_success.txt', 'process_0-of-1.json']
+    'commit_success.txt',
+    'process_0-of-1.json',
+  ]
 
 
 def test_sigterm_on_one_process_stops_every_process_at_the_same_step(runs):
@@ -229,10 +273,28 @@ def test_sigterm_on_one_process_stops_every_process_at_the_same_step(runs):
   base, _, _ = runs
   workdir = base / 'sigterm'
   steps = 60
-  env = dict(os.environ, JAX_PLATFORMS='cpu', PYTHONUNBUFFERED='1', TEST_SIGTERM_AT_STEP='2',
-             TEST_EXTRA_OVERRIDES=json.dumps({'train.num_steps': steps, 'checkpoint.every_steps': 1000}))
-  cmd = [sys.executable, os.path.join(ROOT, 'launch', 'local.py'), '-n', '2', '--devices-per-process', '2',
-         '--heartbeat', '10', '--', sys.executable, __file__, 'train', str(workdir)]
+  env = dict(
+    os.environ,
+    JAX_PLATFORMS='cpu',
+    PYTHONUNBUFFERED='1',
+    TEST_SIGTERM_AT_STEP='2',
+    TEST_EXTRA_OVERRIDES=json.dumps({'train.num_steps': steps, 'checkpoint.every_steps': 1000}),
+  )
+  cmd = [
+    sys.executable,
+    os.path.join(ROOT, 'launch', 'local.py'),
+    '-n',
+    '2',
+    '--devices-per-process',
+    '2',
+    '--heartbeat',
+    '10',
+    '--',
+    sys.executable,
+    __file__,
+    'train',
+    str(workdir),
+  ]
   r = _run(cmd, env, timeout=240)
   out = r.stdout + r.stderr
   assert 'process 1 got SIGTERM after step 2' in out, out[-4000:]
@@ -250,15 +312,35 @@ def test_lost_process_stops_the_job_and_the_same_command_resumes(runs):
   base, _, two = runs
   workdir = str(base / 'crash_and_resume')
   heartbeat = 5
-  env = dict(os.environ, JAX_PLATFORMS='cpu', PYTHONUNBUFFERED='1',
-             TEST_EXTRA_OVERRIDES=json.dumps({'checkpoint.every_steps': 1}))
-  cmd = [sys.executable, os.path.join(ROOT, 'launch', 'local.py'), '-n', '2', '--devices-per-process', '2',
-         '--heartbeat', str(heartbeat), '--grace', '120', '--', sys.executable, __file__, 'train', workdir]
-  crashed = subprocess.run(cmd, env=dict(env, TEST_DIE_AT_STEP='2'), cwd=ROOT, capture_output=True, text=True,
-                           timeout=400)
+  env = dict(
+    os.environ,
+    JAX_PLATFORMS='cpu',
+    PYTHONUNBUFFERED='1',
+    TEST_EXTRA_OVERRIDES=json.dumps({'checkpoint.every_steps': 1}),
+  )
+  cmd = [
+    sys.executable,
+    os.path.join(ROOT, 'launch', 'local.py'),
+    '-n',
+    '2',
+    '--devices-per-process',
+    '2',
+    '--heartbeat',
+    str(heartbeat),
+    '--grace',
+    '120',
+    '--',
+    sys.executable,
+    __file__,
+    'train',
+    workdir,
+  ]
+  crashed = subprocess.run(
+    cmd, env=dict(env, TEST_DIE_AT_STEP='2'), cwd=ROOT, capture_output=True, text=True, timeout=400
+  )
   out = crashed.stdout + crashed.stderr
   assert crashed.returncode != 0 and 'process 1 dying after step 2' in out, out[-4000:]
-  assert 'killing process' not in out, out[-4000:]          # process 0 stopped on its own, not by the launcher
+  assert 'killing process' not in out, out[-4000:]  # process 0 stopped on its own, not by the launcher
   # process 0 failed too (a collective, the checkpoint barrier or the heartbeat monitor noticed), in bounded time
   m = re.search(r'\[launch\] process 0 exited with status (-?\d+), ([\d.]+)s after the first failure', out)
   assert m and int(m.group(1)) != 0, out[-4000:]
@@ -268,12 +350,13 @@ def test_lost_process_stops_the_job_and_the_same_command_resumes(runs):
   assert 'resumed from' in resumed.stdout, resumed.stdout[-3000:]
   # the interrupted-then-resumed job ends exactly where the uninterrupted one did
   check = (
-      'import sys, numpy as np; sys.path.insert(0, %r)\n'
-      'from neobert_jax.weights import runs as c\n'
-      '_, a = c.restore_params(%r); _, b = c.restore_params(%r)\n'
-      'assert sorted(a) == sorted(b)\n'
-      '[np.testing.assert_allclose(a[k], b[k], rtol=2e-5, atol=2e-6, err_msg=k) for k in a]\n'
-      'print("SAME_PARAMS")' % (ROOT, workdir, two))
+    'import sys, numpy as np; sys.path.insert(0, %r)\n'
+    'from neobert_jax.weights import runs as c\n'
+    '_, a = c.restore_params(%r); _, b = c.restore_params(%r)\n'
+    'assert sorted(a) == sorted(b)\n'
+    '[np.testing.assert_allclose(a[k], b[k], rtol=2e-5, atol=2e-6, err_msg=k) for k in a]\n'
+    'print("SAME_PARAMS")' % (ROOT, workdir, two)
+  )
   r = _run([sys.executable, '-c', check], dict(os.environ, JAX_PLATFORMS='cpu'))
   assert 'SAME_PARAMS' in r.stdout
 
@@ -287,6 +370,7 @@ def test_two_hosts_without_a_shared_path_train_and_resume_through_a_bucket(runs,
   from neobert_jax import paths
   from neobert_jax.data import pipeline
   from neobert_jax.weights import runs as run_dirs  # `runs` is this test's fixture
+
   _, one, _ = runs
   cfg = _config()
   local_data, _ = pipeline.open_prepared(cfg.data, int(cfg.model.max_length), int(cfg.model.vocab_size))
@@ -304,12 +388,30 @@ def test_two_hosts_without_a_shared_path_train_and_resume_through_a_bucket(runs,
     for pid in range(2):
       host = tmp_path / f'host{pid}'  # each "host" has its own working directory and cache
       host.mkdir(exist_ok=True)
-      env = dict(os.environ, JAX_PLATFORMS='cpu', PYTHONUNBUFFERED='1', PYTHONPATH=ROOT,
-                 NEOBERT_COORDINATOR=f'127.0.0.1:{port}', NEOBERT_NUM_PROCESSES='2', NEOBERT_PROCESS_ID=str(pid),
-                 NEOBERT_NUM_CPU_DEVICES='2', NEOBERT_HEARTBEAT_TIMEOUT='5', NEOBERT_JAX_CACHE=str(host / 'cache'),
-                 TEST_EXTRA_OVERRIDES=json.dumps(extra), **extra_env)
-      procs.append(subprocess.Popen([sys.executable, os.path.abspath(__file__), 'train', workdir], cwd=host, env=env,
-                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+      env = dict(
+        os.environ,
+        JAX_PLATFORMS='cpu',
+        PYTHONUNBUFFERED='1',
+        PYTHONPATH=ROOT,
+        NEOBERT_COORDINATOR=f'127.0.0.1:{port}',
+        NEOBERT_NUM_PROCESSES='2',
+        NEOBERT_PROCESS_ID=str(pid),
+        NEOBERT_NUM_CPU_DEVICES='2',
+        NEOBERT_HEARTBEAT_TIMEOUT='5',
+        NEOBERT_JAX_CACHE=str(host / 'cache'),
+        TEST_EXTRA_OVERRIDES=json.dumps(extra),
+        **extra_env,
+      )
+      procs.append(
+        subprocess.Popen(
+          [sys.executable, os.path.abspath(__file__), 'train', workdir],
+          cwd=host,
+          env=env,
+          stdout=subprocess.PIPE,
+          stderr=subprocess.STDOUT,
+          text=True,
+        )
+      )
     outs = [p.communicate(timeout=400)[0] for p in procs]
     return [p.returncode for p in procs], ''.join(outs)
 

@@ -48,7 +48,7 @@ def _imports(name: str, path: pathlib.Path, known: set[str]) -> set[str]:
       base = node.module or ''
       if node.level:  # relative: from . import x / from ..y import z
         anchor = package.split('.')
-        anchor = anchor[:len(anchor) - node.level + 1]
+        anchor = anchor[: len(anchor) - node.level + 1]
         base = '.'.join(anchor + ([base] if base else []))
       # `from pkg import mod` imports the module pkg.mod; `from mod import name` imports mod.
       targets = [f'{base}.{a.name}' if f'{base}.{a.name}' in known else base for a in node.names]
@@ -82,34 +82,45 @@ COMMANDS = ('finetune', 'evaluate', 'embed', 'aot', 'compile', 'pretrain', 'cli'
 
 
 RULES = {
-    'errors and jax_compat import nothing of ours':
-        lambda a, b: _in(a, 'errors', 'jax_compat'),
-    'paths (local paths and bucket URLs) and commandline (the CLI convention) import only errors':
-        lambda a, b: _in(a, 'paths', 'commandline') and not _in(b, 'errors'),
-    'weights (the parameter layer) imports only errors, paths, jax_compat, sharding, config, model and data':
-        lambda a, b: _in(a, 'weights') and not _in(b, 'weights', 'errors', 'paths', 'jax_compat', 'sharding', 'config',
-                                                   'model', 'data'),
-    'model and data do not import weights, train, convert or anything above (of config, only their sections)':
-        lambda a, b: _in(a, 'model', 'data') and (_in(b, 'weights', 'train', 'convert', *COMMANDS) or (
-            _in(b, 'config') and not _in(b, 'config.model', 'config.data'))),
-    'model and data do not import each other':
-        lambda a, b: (_in(a, 'model') and _in(b, 'data')) or (_in(a, 'data') and _in(b, 'model')),
-    'config (the one home of configs) sits below model and data: it imports only errors, paths and sharding':
-        lambda a, b: _in(a, 'config') and not _in(b, 'config', 'errors', 'paths', 'sharding'),
-    'engine (the one trainer) imports no task: not train, finetune, downstream, convert or the commands':
-        lambda a, b: _in(a, 'engine') and _in(b, 'train', 'finetune', 'downstream', 'convert', *COMMANDS),
-    'model, data, weights and sharding do not import engine':
-        lambda a, b: _in(a, 'model', 'data', 'weights', 'sharding', 'config') and _in(b, 'engine'),
-    'convert does not import train or the commands above it':
-        lambda a, b: _in(a, 'convert') and _in(b, 'train', *COMMANDS),
-    'train does not import convert or the commands above it (its entry point, train/__main__, may)':
-        lambda a, b: _in(a, 'train') and not _entry(a) and _in(b, 'convert', *COMMANDS),
-    'downstream (what finetune, evaluate and embed share) imports neither them nor the commands above':
-        lambda a, b: _in(a, 'downstream') and _in(b, *COMMANDS),
-    'model, data, sharding and train do not import downstream':
-        lambda a, b: _in(a, 'model', 'data', 'sharding', 'train', 'convert', 'config') and _in(b, 'downstream'),
-    'nothing imports cli (console scripts)':
-        lambda a, b: _in(b, 'cli'),
+  'errors and jax_compat import nothing of ours': lambda a, b: _in(a, 'errors', 'jax_compat'),
+  'paths (local paths and bucket URLs) and commandline (the CLI convention) import only errors': lambda a, b: (
+    _in(a, 'paths', 'commandline') and not _in(b, 'errors')
+  ),
+  'weights (the parameter layer) imports only errors, paths, jax_compat, sharding, config, model and data': lambda a, b: (
+    _in(a, 'weights') and not _in(b, 'weights', 'errors', 'paths', 'jax_compat', 'sharding', 'config', 'model', 'data')
+  ),
+  'model and data do not import weights, train, convert or anything above (of config, only their sections)': lambda a, b: (
+    _in(a, 'model', 'data')
+    and (
+      _in(b, 'weights', 'train', 'convert', *COMMANDS)
+      or (_in(b, 'config') and not _in(b, 'config.model', 'config.data'))
+    )
+  ),
+  'model and data do not import each other': lambda a, b: (
+    (_in(a, 'model') and _in(b, 'data')) or (_in(a, 'data') and _in(b, 'model'))
+  ),
+  'config (the one home of configs) sits below model and data: it imports only errors, paths and sharding': lambda a, b: (
+    _in(a, 'config') and not _in(b, 'config', 'errors', 'paths', 'sharding')
+  ),
+  'engine (the one trainer) imports no task: not train, finetune, downstream, convert or the commands': lambda a, b: (
+    _in(a, 'engine') and _in(b, 'train', 'finetune', 'downstream', 'convert', *COMMANDS)
+  ),
+  'model, data, weights and sharding do not import engine': lambda a, b: (
+    _in(a, 'model', 'data', 'weights', 'sharding', 'config') and _in(b, 'engine')
+  ),
+  'convert does not import train or the commands above it': lambda a, b: (
+    _in(a, 'convert') and _in(b, 'train', *COMMANDS)
+  ),
+  'train does not import convert or the commands above it (its entry point, train/__main__, may)': lambda a, b: (
+    _in(a, 'train') and not _entry(a) and _in(b, 'convert', *COMMANDS)
+  ),
+  'downstream (what finetune, evaluate and embed share) imports neither them nor the commands above': lambda a, b: (
+    _in(a, 'downstream') and _in(b, *COMMANDS)
+  ),
+  'model, data, sharding and train do not import downstream': lambda a, b: (
+    _in(a, 'model', 'data', 'sharding', 'train', 'convert', 'config') and _in(b, 'downstream')
+  ),
+  'nothing imports cli (console scripts)': lambda a, b: _in(b, 'cli'),
 }
 
 
@@ -177,8 +188,15 @@ def test_no_cycles_between_subpackages():
   # pretrain.py, which builds on train/, and that is no cycle between the layers.
   graph = {a: deps for a, deps in _graph().items() if not _entry(a)}
   areas = lambda keep: {  # noqa: E731
-      _area(a): {_area(b) for a2, deps in graph.items() if _area(a2) == _area(a) for b in deps
-                 if _area(b) != _area(a) and keep(a2, b)} for a in graph}
+    _area(a): {
+      _area(b)
+      for a2, deps in graph.items()
+      if _area(a2) == _area(a)
+      for b in deps
+      if _area(b) != _area(a) and keep(a2, b)
+    }
+    for a in graph
+  }
   new = _cycles(areas(lambda a, b: (a, b) not in KNOWN))
   assert not new, f'subpackages that import each other: {new}'
   cycles = _cycles(areas(lambda a, b: True))
@@ -190,8 +208,12 @@ def test_train_and_convert_share_the_parameter_layer():
   # Both read run directories and the Hugging Face layout through weights/; neither imports the other (the
   # end-of-run export joins them in pretrain.py, above both).
   graph = _graph()
-  between = sorted((a, b) for a, deps in graph.items() for b in deps if not _entry(a) and (
-      (_in(a, 'convert') and _in(b, 'train')) or (_in(a, 'train') and _in(b, 'convert'))))
+  between = sorted(
+    (a, b)
+    for a, deps in graph.items()
+    for b in deps
+    if not _entry(a) and ((_in(a, 'convert') and _in(b, 'train')) or (_in(a, 'train') and _in(b, 'convert')))
+  )
   assert not between, f'train and convert import each other: {between}'
   assert {'neobert_jax.weights.runs', 'neobert_jax.weights.hf'} <= graph['neobert_jax.convert.export_hf']
   assert 'neobert_jax.weights.source' in graph['neobert_jax.train.init']
@@ -205,8 +227,10 @@ _WEIGHT_READERS = {'safe_open', 'load_file', 'StandardCheckpointer', 'PyTreeChec
 
 def _reads_weights(path: pathlib.Path) -> bool:
   for node in ast.walk(ast.parse(path.read_text(), str(path))):
-    if isinstance(node, ast.Attribute) and (node.attr in _WEIGHT_READERS or (
-        node.attr == 'load' and isinstance(node.value, ast.Name) and node.value.id == 'torch')):
+    if isinstance(node, ast.Attribute) and (
+      node.attr in _WEIGHT_READERS
+      or (node.attr == 'load' and isinstance(node.value, ast.Name) and node.value.id == 'torch')
+    ):
       return True
     if isinstance(node, ast.ImportFrom) and any(a.name in _WEIGHT_READERS for a in node.names):
       return True

@@ -20,8 +20,15 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-SCRIPTS = ('neobert-train', 'neobert-prepare', 'neobert-convert', 'neobert-compile', 'neobert-finetune',
-           'neobert-evaluate', 'neobert-embed')
+SCRIPTS = (
+  'neobert-train',
+  'neobert-prepare',
+  'neobert-convert',
+  'neobert-compile',
+  'neobert-finetune',
+  'neobert-evaluate',
+  'neobert-embed',
+)
 
 
 def _run(cmd, cwd, env=None, timeout=180):
@@ -44,16 +51,19 @@ def installed(tmp_path_factory):
   (purelib / '_parent_env.pth').write_text('\n'.join(site.getsitepackages()) + '\n')
   env = {k: v for k, v in os.environ.items() if k not in ('PYTHONPATH', 'VIRTUAL_ENV')}
   env['PATH'] = f'{env_dir / "bin"}{os.pathsep}{env.get("PATH", "")}'
-  r = _run([py, '-m', 'pip', 'install', '-q', '--no-deps', '--no-build-isolation', '--no-index', src], tmp, env,
-           timeout=300)
+  r = _run(
+    [py, '-m', 'pip', 'install', '-q', '--no-deps', '--no-build-isolation', '--no-index', src], tmp, env, timeout=300
+  )
   assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
   return env_dir, env, tmp
 
 
 def test_installed_package_is_complete(installed):
   env_dir, env, tmp = installed
-  code = ('import pathlib, neobert_jax, neobert_jax.convert.hf_modeling as m; '
-          'print(neobert_jax.__file__); print(m.MODELING_FILE.is_file())')
+  code = (
+    'import pathlib, neobert_jax, neobert_jax.convert.hf_modeling as m; '
+    'print(neobert_jax.__file__); print(m.MODELING_FILE.is_file())'
+  )
   r = _run([env_dir / 'bin' / 'python', '-c', code], tmp, env)
   assert r.returncode == 0, r.stderr[-3000:]
   where, has_model_file = r.stdout.split()
@@ -72,8 +82,16 @@ def test_console_script_help_outside_the_repo(installed, script):
 def test_recipe_by_path_outside_the_repo(installed):
   # The stage-2 recipe loads stage 1's by path; a mesh that cannot fit 1 device is refused after loading both.
   env_dir, env, tmp = installed
-  r = _run([env_dir / 'bin' / 'neobert-train', f'--config={REPO / "configs" / "neobert_250m_4096.py"}',
-            f'--workdir={tmp / "run"}', '--config.mesh.tensor=3'], tmp, env)
+  r = _run(
+    [
+      env_dir / 'bin' / 'neobert-train',
+      f'--config={REPO / "configs" / "neobert_250m_4096.py"}',
+      f'--workdir={tmp / "run"}',
+      '--config.mesh.tensor=3',
+    ],
+    tmp,
+    env,
+  )
   assert r.returncode == 2 and 'tensor' in r.stderr, r.stderr[-3000:]
   assert r.stderr.strip().count('\n') == 0 and 'Traceback' not in r.stderr, r.stderr[-3000:]
 

@@ -21,7 +21,7 @@ def model_config(num_layers):
   cfg = default_model_config()
   cfg.num_layers = num_layers
   cfg.scan_layers = True
-  cfg.attention_impl = "xla"
+  cfg.attention_impl = 'xla'
   return cfg
 
 
@@ -38,16 +38,16 @@ def random_flat(cfg, seed):
 
   shapes = flat_shapes(cfg)
   return {
-      "encoder.token_embedding.embedding": normal(shapes["encoder.token_embedding.embedding"], 1.0),
-      "encoder.layers.attention_norm": 1 + normal(shapes["encoder.layers.attention_norm"], 0.1),
-      "encoder.layers.qkv": normal(shapes["encoder.layers.qkv"], 1.5 / np.sqrt(d.dim)),
-      "encoder.layers.wo": normal(shapes["encoder.layers.wo"], 1 / np.sqrt(d.dim)),
-      "encoder.layers.ffn_norm": 1 + normal(shapes["encoder.layers.ffn_norm"], 0.1),
-      "encoder.layers.w12": normal(shapes["encoder.layers.w12"], 1 / np.sqrt(d.dim)),
-      "encoder.layers.w3": normal(shapes["encoder.layers.w3"], 1 / np.sqrt(d.ffn)),
-      "encoder.final_norm": 1 + normal(shapes["encoder.final_norm"], 0.1),
-      "decoder.kernel": normal(shapes["decoder.kernel"], 1 / np.sqrt(d.dim)),
-      "decoder.bias": normal(shapes["decoder.bias"], 0.1),
+    'encoder.token_embedding.embedding': normal(shapes['encoder.token_embedding.embedding'], 1.0),
+    'encoder.layers.attention_norm': 1 + normal(shapes['encoder.layers.attention_norm'], 0.1),
+    'encoder.layers.qkv': normal(shapes['encoder.layers.qkv'], 1.5 / np.sqrt(d.dim)),
+    'encoder.layers.wo': normal(shapes['encoder.layers.wo'], 1 / np.sqrt(d.dim)),
+    'encoder.layers.ffn_norm': 1 + normal(shapes['encoder.layers.ffn_norm'], 0.1),
+    'encoder.layers.w12': normal(shapes['encoder.layers.w12'], 1 / np.sqrt(d.dim)),
+    'encoder.layers.w3': normal(shapes['encoder.layers.w3'], 1 / np.sqrt(d.ffn)),
+    'encoder.final_norm': 1 + normal(shapes['encoder.final_norm'], 0.1),
+    'decoder.kernel': normal(shapes['decoder.kernel'], 1 / np.sqrt(d.dim)),
+    'decoder.bias': normal(shapes['decoder.bias'], 0.1),
   }
 
 
@@ -58,7 +58,7 @@ def build_pair(num_layers, seed):
   return cfg, flat, jax_model, torch_ref.torch_model_from_flat(flat, cfg)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope='module')
 def pair4():
   return build_pair(4, seed=0)
 
@@ -78,8 +78,8 @@ def packed_batch(rng, doc_lengths_per_row, length):
   for r, docs in enumerate(doc_lengths_per_row):
     start = 0
     for doc, n in enumerate(docs, start=1):
-      seg[r, start:start + n] = doc
-      pos[r, start:start + n] = np.arange(n)
+      seg[r, start : start + n] = doc
+      pos[r, start : start + n] = np.arange(n)
       start += n
   ids = np.where(seg > 0, ids, 0).astype(np.int32)
   return ids, seg, pos
@@ -152,14 +152,14 @@ def test_packed_rows_equal_documents_one_by_one_in_jax(pair4):
   starts = [(r, sum(row[:i]), n) for r, row in enumerate(docs) for i, n in enumerate(row)]
   alone_ids = np.zeros((len(starts), 20), np.int32)
   for j, (r, start, n) in enumerate(starts):
-    alone_ids[j, :n] = ids[r, start:start + n]
+    alone_ids[j, :n] = ids[r, start : start + n]
   lengths = np.array([n for _, _, n in starts], np.int32)
   alone = np.asarray(jax_model(alone_ids, lengths=lengths))
   for j, (r, start, n) in enumerate(starts):
-    np.testing.assert_allclose(packed[r, start:start + n], alone[j, :n], atol=2e-5, rtol=0)
+    np.testing.assert_allclose(packed[r, start : start + n], alone[j, :n], atol=2e-5, rtol=0)
   # The unmasked path on one document agrees too.
   r, start, n = starts[0]
-  np.testing.assert_allclose(np.asarray(jax_model(ids[r:r + 1, start:start + n]))[0], alone[0, :n], atol=2e-5)
+  np.testing.assert_allclose(np.asarray(jax_model(ids[r : r + 1, start : start + n]))[0], alone[0, :n], atol=2e-5)
 
 
 def test_round_trip_jax_torch_jax_is_bit_exact(pair4):
@@ -168,7 +168,7 @@ def test_round_trip_jax_torch_jax_is_bit_exact(pair4):
   for key in flat:
     np.testing.assert_array_equal(exported[key], flat[key], err_msg=key)
   state_dict = {k: v.numpy().copy() for k, v in torch_model.state_dict().items()}
-  np.testing.assert_array_equal(state_dict["model.encoder.weight"], flat["encoder.token_embedding.embedding"])
+  np.testing.assert_array_equal(state_dict['model.encoder.weight'], flat['encoder.token_embedding.embedding'])
   restored = jax_model_from_flat(torch_ref.flat_from_torch_model(torch_model, cfg), cfg)
   back = to_flat(restored)
   assert back.keys() == exported.keys()

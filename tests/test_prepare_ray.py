@@ -42,8 +42,9 @@ LOOPBACK = {'RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER': '0', 'RAY_USAGE_STATS_ENABLED':
 def cluster(gcs):  # the bucket server first: the nodes' workers inherit its address from this environment
   saved = {k: os.environ.get(k) for k in LOOPBACK}
   os.environ.update(LOOPBACK)
-  c = Cluster(initialize_head=True, head_node_args=dict(
-      num_cpus=0, object_store_memory=100 * 2**20, include_dashboard=False))
+  c = Cluster(
+    initialize_head=True, head_node_args=dict(num_cpus=0, object_store_memory=100 * 2**20, include_dashboard=False)
+  )
   for _ in range(2):
     c.add_node(num_cpus=1, object_store_memory=100 * 2**20)
   c.wait_for_nodes()
@@ -78,7 +79,7 @@ def _corpus(directory, seed=0, bad_line=None):
   (directory / 'a.jsonl').write_text(''.join(big))  # ~100 KB: cut into parts
   (directory / 'b.jsonl.gz').write_bytes(gzip.compress(lines(docs[1400:1600]).encode()))
   data = lines(docs[1600:1900]).encode()
-  frames = [data[i:i + 2000] for i in range(0, len(data), 2000)]  # frames end mid-line
+  frames = [data[i : i + 2000] for i in range(0, len(data), 2000)]  # frames end mid-line
   c = zstandard.ZstdCompressor()
   (directory / 'c.jsonl.zst').write_bytes(b''.join(c.compress(f) for f in frames))
   (directory / 'd.jsonl.zst').write_bytes(_seekable_zst(frames))
@@ -97,8 +98,10 @@ def local(vocab, tmp_path_factory):
 
 def _ray(inputs, out, vocab, cluster, **kw):  # joins the cluster unless this process is its driver already
   from neobert_jax.data import prepare_ray  # pylint: disable=g-import-not-at-top
-  return prepare_ray.prepare(inputs, out, ray_address=cluster.address, tokenizer=vocab, split_mb=SPLIT_MB,
-                             **FLAGS, **kw)
+
+  return prepare_ray.prepare(
+    inputs, out, ray_address=cluster.address, tokenizer=vocab, split_mb=SPLIT_MB, **FLAGS, **kw
+  )
 
 
 def _same(local_out, local_manifest, out, manifest, also=()):
@@ -107,8 +110,9 @@ def _same(local_out, local_manifest, out, manifest, also=()):
   assert drop(manifest) == drop(local_manifest)
   for split in local_manifest['splits'].values():
     for shard in split['shards']:
-      assert paths.Path(f'{out}/{shard["file"]}').read_bytes() == paths.Path(
-          f'{local_out}/{shard["file"]}').read_bytes(), shard['file']
+      assert (
+        paths.Path(f'{out}/{shard["file"]}').read_bytes() == paths.Path(f'{local_out}/{shard["file"]}').read_bytes()
+      ), shard['file']
   left = sorted(p.name for p in paths.Path(out).iterdir())
   assert left == sorted(['manifest.json'] + [s['file'] for sp in manifest['splits'].values() for s in sp['shards']])
 
@@ -120,8 +124,18 @@ def test_an_unreachable_cluster_is_one_line_before_any_work(vocab, tmp_path, cap
     address = f'127.0.0.1:{s.getsockname()[1]}'  # nothing listens there once closed
   (tmp_path / 'in.txt').write_text('the cat\n')
   with pytest.raises(SystemExit) as stop:
-    prepare_lib.main(['--input', str(tmp_path / 'in.txt'), '--output', str(tmp_path / 'out'), '--tokenizer', vocab,
-                      '--engine=ray', f'--ray-address={address}'])
+    prepare_lib.main(
+      [
+        '--input',
+        str(tmp_path / 'in.txt'),
+        '--output',
+        str(tmp_path / 'out'),
+        '--tokenizer',
+        vocab,
+        '--engine=ray',
+        f'--ray-address={address}',
+      ]
+    )
   err = capsys.readouterr().err.strip().splitlines()
   assert stop.value.code == 12 and len(err) == 1
   assert err[0].startswith(f'prepare: distributed error: --ray-address={address}: no Ray cluster answers there')
@@ -136,8 +150,10 @@ def test_ray_engine_writes_the_local_engines_shards(driver, vocab, local, tmp_pa
   engine = m['engine']
   assert engine['units'] > 20 and engine['resumed_units'] == 0 and len(engine['nodes']) == 2
   assert sum(n['units'] for n in engine['nodes'].values()) == engine['units']
-  assert sum(n['tokens'] for n in engine['nodes'].values()) == lm['splits']['train']['tokens'] + lm['splits'][
-      'eval']['tokens']
+  assert (
+    sum(n['tokens'] for n in engine['nodes'].values())
+    == lm['splits']['train']['tokens'] + lm['splits']['eval']['tokens']
+  )
 
 
 def test_bad_input_and_an_existing_output_as_on_the_local_engine(driver, vocab, local, tmp_path):
@@ -174,11 +190,14 @@ def test_from_and_to_a_bucket(driver, gcs, vocab, local, tmp_path):
 def test_a_driver_killed_mid_build_resumes_from_the_ledger(driver, vocab, local, tmp_path):
   raw, local_out, lm = local
   out = str(tmp_path / 'out')
-  script = (f'from neobert_jax.data import prepare_ray\n'
-            f'prepare_ray.prepare([{str(raw)!r}], {out!r}, ray_address={driver.address!r}, tokenizer={vocab!r}, '
-            f'split_mb={SPLIT_MB}, **{FLAGS!r})\n')
-  proc = subprocess.Popen([sys.executable, '-c', script], env={**os.environ, **LOOPBACK},
-                            cwd=os.path.dirname(os.path.dirname(__file__)))
+  script = (
+    f'from neobert_jax.data import prepare_ray\n'
+    f'prepare_ray.prepare([{str(raw)!r}], {out!r}, ray_address={driver.address!r}, tokenizer={vocab!r}, '
+    f'split_mb={SPLIT_MB}, **{FLAGS!r})\n'
+  )
+  proc = subprocess.Popen(
+    [sys.executable, '-c', script], env={**os.environ, **LOOPBACK}, cwd=os.path.dirname(os.path.dirname(__file__))
+  )
   units = paths.Path(out) / ledger.WORK / 'units'
   deadline = time.time() + 60
   while time.time() < deadline and proc.poll() is None:

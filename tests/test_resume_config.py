@@ -40,15 +40,41 @@ def test_every_schema_field_has_a_rule_and_the_issue_s_identity_fields_are_ident
   kinds = {f: rules.rule(f, rules.PRETRAIN_RULES) for f in fields}
   # Every section is named in the table: a field added to the schema falls under a deliberate rule.
   assert {f.split('.')[0] for f in fields} <= set(rules.PRETRAIN_RULES)
-  for field in ('seed', 'model.hidden_size', 'model.num_layers', 'model.vocab_size', 'model.max_length',
-                'model.param_dtype', 'model.scan_layers', 'data.tokenizer', 'data.dir', 'data.packing',
-                'data.mask_rate', 'data.mask_strategy', 'data.max_predictions', 'data.shuffle_seed'):
+  for field in (
+    'seed',
+    'model.hidden_size',
+    'model.num_layers',
+    'model.vocab_size',
+    'model.max_length',
+    'model.param_dtype',
+    'model.scan_layers',
+    'data.tokenizer',
+    'data.dir',
+    'data.packing',
+    'data.mask_rate',
+    'data.mask_strategy',
+    'data.max_predictions',
+    'data.shuffle_seed',
+  ):
     assert kinds[field] == rules.IDENTITY, field
-  for field in ('train.num_steps', 'train.global_batch_size', 'train.grad_accum_steps', 'optimizer.peak_lr',
-                'optimizer.warmup_steps'):
+  for field in (
+    'train.num_steps',
+    'train.global_batch_size',
+    'train.grad_accum_steps',
+    'optimizer.peak_lr',
+    'optimizer.warmup_steps',
+  ):
     assert kinds[field] == rules.SCHEDULE, field
-  for field in ('logging.log_every', 'eval.every_steps', 'checkpoint.every_steps', 'logging.progress_bar',
-                'model.attention_impl', 'model.remat_policy', 'mesh.fsdp', 'export.hf_dir'):
+  for field in (
+    'logging.log_every',
+    'eval.every_steps',
+    'checkpoint.every_steps',
+    'logging.progress_bar',
+    'model.attention_impl',
+    'model.remat_policy',
+    'mesh.fsdp',
+    'export.hf_dir',
+  ):
     assert kinds[field] == rules.FREE, field
 
 
@@ -61,8 +87,13 @@ def test_identity_change_is_refused_with_both_values_and_nothing_touched(run, ca
   assert stop.value.code == errors.ConfigError.exit_status
   err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
   assert len(err) == 1, err
-  for needle in ('model.hidden_size 32 -> 64', 'data.mask_rate 0.2 -> 0.3', 'checkpoint step 6', 'new --workdir',
-                 f'--config.init.from_checkpoint={run}'):
+  for needle in (
+    'model.hidden_size 32 -> 64',
+    'data.mask_rate 0.2 -> 0.3',
+    'checkpoint step 6',
+    'new --workdir',
+    f'--config.init.from_checkpoint={run}',
+  ):
     assert needle in err[0], err[0]
   assert _snapshot(run) == before  # nothing renamed, rewritten or added
   assert not list((run / 'checkpoints').glob('*.corrupt*'))
@@ -90,7 +121,9 @@ def test_extending_the_run_follows_the_new_schedule_and_is_recorded(run, caplog)
   events = resume.history(run)
   assert [e['event'] for e in events] == ['start', 'resume'] and events[1]['step'] == 6
   assert {(c['field'], c['before'], c['after'], c['kind']) for c in events[1]['changes']} == {
-      ('train.num_steps', 6, 9, 'schedule'), ('checkpoint.every_steps', 3, 2, 'free')}
+    ('train.num_steps', 6, 9, 'schedule'),
+    ('checkpoint.every_steps', 3, 2, 'free'),
+  }
   assert json.loads((run / 'config.json').read_text())['train']['num_steps'] == 9
 
 
@@ -137,14 +170,17 @@ def test_workdir_that_is_a_file_and_missing_init_sources_are_one_line(tmp_path):
     assert not (tmp_path / f'w_{field}').exists()
 
 
-@pytest.mark.parametrize('field,value,needle', [
+@pytest.mark.parametrize(
+  'field,value,needle',
+  [
     ('optimizer.peak_lr', -1.0, 'optimizer.peak_lr=-1.0 must be > 0'),
     ('optimizer.warmup_steps', 10, 'longer than the run'),
     ('optimizer.final_lr_fraction', 2.0, 'may not exceed the peak'),
     ('optimizer.b2', 1.0, 'optimizer.b2=1.0 must be in [0, 1)'),
     ('data.mask_rate', 0.0, 'data.mask_rate must be in (0, 1)'),
     ('eval.num_batches', 0, 'eval.num_batches=0'),
-])
+  ],
+)
 def test_values_that_cannot_train_are_refused_before_anything_runs(tmp_path, field, value, needle):
   cfg = tiny_config(steps=6)
   section, name = field.split('.')

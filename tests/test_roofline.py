@@ -21,8 +21,15 @@ def _compiled_step(layers=2, hidden=64, seq=128, rows=4, micro=2):
   """Forward + backward of the encoder and dense MLM head over `micro` micro-batches (a scan, as the trainer's
   accumulation), layers under the layer scan, attention as plain einsums (so it is made of dots too)."""
   cfg = default_model_config()
-  cfg.update(vocab_size=512, hidden_size=hidden, num_layers=layers, num_heads=4, intermediate_size=2 * hidden,
-             max_length=seq, attention_impl='xla')
+  cfg.update(
+    vocab_size=512,
+    hidden_size=hidden,
+    num_layers=layers,
+    num_heads=4,
+    intermediate_size=2 * hidden,
+    max_length=seq,
+    attention_impl='xla',
+  )
   model = NeoBERTForMLM(cfg, rngs=nnx.Rngs(0))
   graph, params = nnx.split(model)
 
@@ -34,6 +41,7 @@ def _compiled_step(layers=2, hidden=64, seq=128, rows=4, micro=2):
     def body(acc, ids):
       g = jax.grad(loss)(p, ids)
       return jax.tree.map(jnp.add, acc, g), None
+
     return jax.lax.scan(body, jax.tree.map(jnp.zeros_like, p), batches)[0]
 
   ids = jnp.ones((micro, rows, seq), jnp.int32)
@@ -56,7 +64,7 @@ def test_loop_trip_counts_multiply_kernels():
   _, text, _ = _compiled_step(layers=3, micro=2)
   comps = hlo.computations(text)
   runs = hlo.executions(comps)
-  assert sorted({runs[c] for c in hlo.scheduled(comps)}) == [1, 2, 6]   # entry, micro-batch loop, layer loop
+  assert sorted({runs[c] for c in hlo.scheduled(comps)}) == [1, 2, 6]  # entry, micro-batch loop, layer loop
 
 
 def test_fusion_bytes_count_slices_and_in_place_updates():
@@ -86,9 +94,9 @@ ENTRY %main (a: f32[8,1024], v: f32[1024], i: s32[]) -> f32[8,1024] {
 def test_achievable_rates_are_below_peak_and_fall_with_short_contractions():
   acc = hardware.lookup(H100)
   assert acc.peak_bf16_flops == 989e12 and hardware.peak_flops('TPU v5p') == 459e12
-  assert acc.matmul_rate(8192) == pytest.approx(0.80 * 989e12)      # the measured maximum, not the peak
+  assert acc.matmul_rate(8192) == pytest.approx(0.80 * 989e12)  # the measured maximum, not the peak
   assert acc.matmul_rate(64) < acc.matmul_rate(768) < acc.matmul_rate(4096)
   # a GEMM with too few output tiles for 132 SMs is split along K rather than left idle
-  flops = 2.0 * 768 * 2304 * 32768     # a weight gradient of the 250M step: 6 x 9 tiles of 128 x 256
+  flops = 2.0 * 768 * 2304 * 32768  # a weight gradient of the 250M step: 6 x 9 tiles of 128 x 256
   unsplit = flops / (acc.matmul_rate(32768) * 54 / 132)
   assert flops / acc.peak_bf16_flops < roofline.matmul_seconds(acc, flops, 1, 768, 2304, 32768) < 0.5 * unsplit

@@ -67,8 +67,16 @@ def _upload_tree(local, url):
 
 
 def _prepare(inputs, output, vocab, **kw):
-  return prepare_lib.prepare(inputs, output, tokenizer=vocab, max_length=16, workers=0, eval_fraction=0.2,
-                             shard_mb=kw.pop('shard_mb', 0.004), **kw)
+  return prepare_lib.prepare(
+    inputs,
+    output,
+    tokenizer=vocab,
+    max_length=16,
+    workers=0,
+    eval_fraction=0.2,
+    shard_mb=kw.pop('shard_mb', 0.004),
+    **kw,
+  )
 
 
 def _objects(url):
@@ -117,8 +125,19 @@ def test_missing_bucket_is_one_line_before_tokenizing(vocab, tmp_path, monkeypat
   raw = _raw(tmp_path / 'raw')
   monkeypatch.setattr(prepare_lib, '_ordered_map', lambda *a: pytest.fail('tokenized before the output check'))
   with pytest.raises(SystemExit) as stop:
-    prepare_lib.main(['--input', str(raw), '--output', 'gs://no-such-bucket/data', '--tokenizer', vocab,
-                      '--workers', '0', '--no-progress'])
+    prepare_lib.main(
+      [
+        '--input',
+        str(raw),
+        '--output',
+        'gs://no-such-bucket/data',
+        '--tokenizer',
+        vocab,
+        '--workers',
+        '0',
+        '--no-progress',
+      ]
+    )
   assert stop.value.code == errors.StorageError.exit_status
   err = [x for x in capsys.readouterr().err.splitlines() if x.strip()]
   assert len(err) == 1 and 'gs://no-such-bucket/data' in err[0], err

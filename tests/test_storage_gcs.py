@@ -34,7 +34,7 @@ def uninterrupted(tmp_path_factory):
   return runs.restore_params(workdir)[1]
 
 
-_CHILD = '''
+_CHILD = """
 import os, sys, time
 from neobert_jax.train import loop
 from neobert_jax.train.testing import assert_identical_params, tiny_config
@@ -45,24 +45,35 @@ def hold(step):
 cfg = tiny_config(steps=6)
 cfg.data.dir = sys.argv[2]
 loop.run(cfg, sys.argv[1], on_step=hold)
-'''
+"""
 
 
 def test_run_on_a_bucket_killed_and_resumed_is_bit_identical(gcs, uninterrupted, tmp_path):
   """The workdir and the prepared data on the bucket: kill -9 mid-run, resume, bit-identical to a local run."""
   from neobert_jax import paths
   from neobert_jax.data import pipeline
+
   cfg = tiny_config(steps=6)
   local_data, _ = pipeline.open_prepared(cfg.data, int(cfg.model.max_length), int(cfg.model.vocab_size))
   data_url = f'{gcs}/data/tiny'
   paths.publish_dir(local_data, epath.Path(data_url), 'manifest.json')
   cfg.data.dir = data_url
   workdir = f'{gcs}/runs/killed'
-  env = {**os.environ, 'NEOBERT_JAX_CACHE': str(tmp_path / 'child-cache'),
-         'XLA_FLAGS': '--xla_force_host_platform_device_count=8', 'JAX_PLATFORMS': 'cpu'}
+  env = {
+    **os.environ,
+    'NEOBERT_JAX_CACHE': str(tmp_path / 'child-cache'),
+    'XLA_FLAGS': '--xla_force_host_platform_device_count=8',
+    'JAX_PLATFORMS': 'cpu',
+  }
   env['NEOBERT_JAX_CACHE'] = os.environ.get('NEOBERT_JAX_CACHE', env['NEOBERT_JAX_CACHE'])
-  child = subprocess.Popen([sys.executable, '-c', _CHILD, workdir, data_url], cwd=REPO, env=env, stdout=subprocess.PIPE,
-                           stderr=subprocess.PIPE, text=True)
+  child = subprocess.Popen(
+    [sys.executable, '-c', _CHILD, workdir, data_url],
+    cwd=REPO,
+    env=env,
+    stdout=subprocess.PIPE,
+    stderr=subprocess.PIPE,
+    text=True,
+  )
   try:
     deadline = time.time() + 300
     line = ''
@@ -110,6 +121,7 @@ def test_export_to_a_bucket_loads_in_transformers_and_starts_a_run(gcs, uninterr
   export of the same checkpoint, loads in transformers, and initialises another run (init.from_hf on gs://)."""
   from neobert_jax import paths
   from neobert_jax.convert import export_hf
+
   source = tmp_path / 'run'
   loop.run(tiny_config(steps=3), source)
   url = f'{gcs}/exports/tiny'
@@ -122,12 +134,16 @@ def test_export_to_a_bucket_loads_in_transformers_and_starts_a_run(gcs, uninterr
   for p in Path(local).iterdir():
     assert (copy / p.name).read_bytes() == p.read_bytes(), p.name
   from transformers import AutoModelForMaskedLM
+
   AutoModelForMaskedLM.from_pretrained(copy, trust_remote_code=True)
   # convert's two directions between buckets: HF dir -> flat params file -> HF dir, the same weights
   from neobert_jax.convert import __main__ as convert_main
+
   assert convert_main.main(['from-pytorch', '--input', url, '--output', f'{gcs}/flat/tiny.safetensors']) == 0
-  assert convert_main.main(['to-pytorch', '--checkpoint', f'{gcs}/flat/tiny.safetensors', '--output',
-                            f'{gcs}/exports/back']) == 0
+  assert (
+    convert_main.main(['to-pytorch', '--checkpoint', f'{gcs}/flat/tiny.safetensors', '--output', f'{gcs}/exports/back'])
+    == 0
+  )
   back = paths.local_copy(f'{gcs}/exports/back', marker='config.json')
   assert (back / 'model.safetensors').read_bytes() == (copy / 'model.safetensors').read_bytes()
   cfg = tiny_config(steps=1)
@@ -142,6 +158,7 @@ def test_fine_tuning_and_embedding_from_and_to_a_bucket(gcs, tmp_path):
   from neobert_jax import embed
   from neobert_jax.finetune import loop as finetune_loop
   from neobert_jax.config.finetune import base_config
+
   pretrained = f'{gcs}/runs/for-finetune'
   loop.run(tiny_config(steps=2), pretrained)
   rows = ['text,label'] + [f'{w} {w} news,{w}' for w in ('sport', 'music', 'money', 'sport', 'music', 'money')] * 4
@@ -162,8 +179,9 @@ def test_fine_tuning_and_embedding_from_and_to_a_bucket(gcs, tmp_path):
   assert (root / 'labels.json').exists() and runs.latest_step(run) is not None
   assert (epath.Path(cfg.export.dir) / 'config.json').exists()
   out = f'{gcs}/embeddings/texts.npy'
-  assert embed.main(['--model', pretrained, '--input', f'{gcs}/tables/texts.txt', '--output', out,
-                     '--no-progress']) == 0
+  assert (
+    embed.main(['--model', pretrained, '--input', f'{gcs}/tables/texts.txt', '--output', out, '--no-progress']) == 0
+  )
   with epath.Path(out).open('rb') as f:
     assert np.load(f).shape == (2, 32)
 
@@ -174,6 +192,7 @@ def test_bucket_that_refuses_writes_is_one_line_and_loses_nothing(tmp_path, caps
   read-only disk makes every write fail on the server side, which gcsfs retries for ~30 s before giving up.)"""
   import gcsfs
   from conftest import gcs_env, start_gcs_emulator
+
   disk = tmp_path / 'disk'
   disk.mkdir()
   if subprocess.run(['mount', '-t', 'tmpfs', '-o', 'size=8m', 'tmpfs', str(disk)], capture_output=True).returncode:

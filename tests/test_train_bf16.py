@@ -92,6 +92,7 @@ def test_the_tolerance_fails_when_the_loss_is_summed_in_bf16(fp32_curve, monkeyp
   def bf16_loss(*args, **kwargs):
     loss_sum, counts = real(*args, **kwargs)
     return loss_sum.astype(jnp.bfloat16).astype(jnp.float32), counts
+
   monkeypatch.setattr(mlm, 'mlm_sums', bf16_loss)
   cfg = _cfg('bfloat16')
   assert _gap(run_curve(cfg, _synthetic(cfg)), fp32_curve) > CURVE_RTOL
@@ -103,6 +104,7 @@ def main() -> None:
   from neobert_jax import config as config_lib
   from neobert_jax.train.testing import REPO_ROOT
   from neobert_jax.data import pipeline
+
   p = argparse.ArgumentParser()
   p.add_argument('--steps', type=int, default=300)
   p.add_argument('--every', type=int, default=25)
@@ -114,8 +116,13 @@ def main() -> None:
     cfg.train.num_steps, cfg.model.dtype = a.steps, dtype
     defs, state = mlm.create_train_state(cfg, mesh)
     runs[dtype] = [mlm.build_train_step(cfg, mesh, defs), state, []]
-  it = pipeline.make_train_iterator(cfg.data, cfg.train.global_batch_size, cfg.model.max_length, int(cfg.seed),
-                                    model_vocab_size=int(cfg.model.vocab_size))
+  it = pipeline.make_train_iterator(
+    cfg.data,
+    cfg.train.global_batch_size,
+    cfg.model.max_length,
+    int(cfg.seed),
+    model_vocab_size=int(cfg.model.vocab_size),
+  )
   keys = mlm.batch_keys(cfg.data.max_predictions)
   print('| step | fp32 loss | bf16 loss | bf16 - fp32 |\n|---|---|---|---|', flush=True)
   t0 = time.perf_counter()
@@ -128,9 +135,12 @@ def main() -> None:
     if (s + 1) % a.every == 0 or s == 0 or s == a.steps - 1:
       print(f'| {s + 1} | {f:.3f} | {b:.3f} | {b - f:+.3f} |', flush=True)
   f, b = np.asarray(runs['float32'][2]), np.asarray(runs['bfloat16'][2])
-  print(f'max |bf16 - fp32| {np.abs(b - f).max():.3f}, mean over the last 50 steps {np.abs(b - f)[-50:].mean():.3f}, '
-        f'final fp32 {f[-1]:.3f} bf16 {b[-1]:.3f}; NaN: {bool(np.isnan(b).any())}; '
-        f'{time.perf_counter() - t0:.0f} s for both', flush=True)
+  print(
+    f'max |bf16 - fp32| {np.abs(b - f).max():.3f}, mean over the last 50 steps {np.abs(b - f)[-50:].mean():.3f}, '
+    f'final fp32 {f[-1]:.3f} bf16 {b[-1]:.3f}; NaN: {bool(np.isnan(b).any())}; '
+    f'{time.perf_counter() - t0:.0f} s for both',
+    flush=True,
+  )
 
 
 if __name__ == '__main__':

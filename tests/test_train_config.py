@@ -4,8 +4,6 @@ weight-decay rules follow the paper."""
 import glob
 from pathlib import Path
 
-import jax
-import numpy as np
 import pytest
 
 from neobert_jax.errors import DataError
@@ -27,6 +25,7 @@ def test_shipped_configs_validate(path):
   cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor = 1, -1, 1
   if Path(path).name.startswith('finetune_'):  # fine-tuning recipes have their own schema
     from neobert_jax.config import finetune as finetune_config
+
     cfg.data.train_file = 'train.tsv'  # the one field a user must give on the command line
     finetune_config.validate(cfg, num_devices=8)
     return
@@ -56,15 +55,24 @@ def test_schedule_warmup_cosine_floor():
 
 
 def test_weight_decay_skips_norms_and_biases():
-  names = {'encoder.token_embedding.embedding': True, 'encoder.layers.qkv': True, 'encoder.layers.w3': True,
-           'encoder.layers.attention_norm': False, 'encoder.layers.ffn_norm': False, 'encoder.final_norm': False,
-           'decoder.kernel': True, 'decoder.bias': False}
+  names = {
+    'encoder.token_embedding.embedding': True,
+    'encoder.layers.qkv': True,
+    'encoder.layers.w3': True,
+    'encoder.layers.attention_norm': False,
+    'encoder.layers.ffn_norm': False,
+    'encoder.final_norm': False,
+    'decoder.kernel': True,
+    'decoder.bias': False,
+  }
   for name, decays in names.items():
     assert opt_lib.decays(name.split('.')) is decays, name
   assert not opt_lib.decays('encoder.token_embedding.embedding'.split('.'), decay_embeddings=False)
 
 
-@pytest.mark.parametrize('override, message', [
+@pytest.mark.parametrize(
+  'override, message',
+  [
     ({'optimizer.peak_lrr': 1.0}, 'unknown config key'),
     ({'mesh.data': 3}, 'mesh'),
     ({'train.global_batch_size': 12}, 'does not split over'),
@@ -74,7 +82,8 @@ def test_weight_decay_skips_norms_and_biases():
     ({'data.max_predictions': 1000}, 'max_predictions'),
     ({'model.dtype': 'float16'}, 'loss scaling'),
     ({'train.compute_dtype': 'bfloat16'}, 'train.compute_dtype is now model.dtype'),
-])
+  ],
+)
 def test_bad_configs_fail_clearly(override, message):
   path = str(REPO / 'configs' / 'tiny_cpu.py')
   with pytest.raises(config_lib.ConfigError, match=message):
@@ -90,9 +99,13 @@ def test_typo_in_a_config_file_is_caught():
 
 def test_one_compute_dtype_setting():
   from neobert_jax.model.config import resolve_dtype
+
   assert config_lib.get_config().model.dtype == 'auto' and 'compute_dtype' not in config_lib.get_config().train
   assert (resolve_dtype('auto', 'cpu'), resolve_dtype('auto', 'tpu'), resolve_dtype('auto', 'cuda')) == (
-      'float32', 'bfloat16', 'bfloat16')
+    'float32',
+    'bfloat16',
+    'bfloat16',
+  )
   cfg = tiny_config()
   cfg.model.dtype = 'auto'
   assert runtime.resolve(cfg).model.dtype == 'float32'  # this CPU
@@ -110,6 +123,7 @@ def test_vocab_mismatch_fails_before_the_model_is_built(tmp_path):
 
 def test_validate_types_the_config_once_at_the_boundary():
   import ml_collections
+
   cfg = tiny_config()
   cfg.optimizer = ml_collections.ConfigDict(dict(cfg.optimizer.to_dict(), peak_lr=1, weight_decay=0))  # ints
   typed = config_lib.validate(cfg, num_devices=8)

@@ -26,8 +26,8 @@ from neobert_jax.weights.flat import to_flat
 
 STEPS, WARMUP, DECAY_STEPS = 24, 5, 18  # the cosine is cut at step 18, then the floor for 6 steps
 PEAK, CLIP = 3e-3, 1.8  # gradient norms here run 1.5-2.1: clipping acts on some steps, not others
-LOSS_RTOL = 1e-5     # measured: 2.4e-7 worst relative loss difference over the 24 steps
-PARAM_ATOL = 1e-5    # measured: 9.5e-7 worst, growing ~4e-8 a step; the parameters move by ~3e-2 in the run
+LOSS_RTOL = 1e-5  # measured: 2.4e-7 worst relative loss difference over the 24 steps
+PARAM_ATOL = 1e-5  # measured: 9.5e-7 worst, growing ~4e-8 a step; the parameters move by ~3e-2 in the run
 
 
 def _original_config():
@@ -40,21 +40,33 @@ def _original_config():
   cfg.model.num_heads = 4
   cfg.model.dtype = 'float32'
   o = cfg.optimizer
-  for k in ('b1', 'b2', 'eps', 'weight_decay', 'final_lr_fraction', 'warmup_init_fraction', 'decay_all_params',
-            'clip_eps'):
+  for k in (
+    'b1',
+    'b2',
+    'eps',
+    'weight_decay',
+    'final_lr_fraction',
+    'warmup_init_fraction',
+    'decay_all_params',
+    'clip_eps',
+  ):
     o[k] = original[k]
   o.peak_lr, o.clip_norm, o.warmup_steps, o.decay_steps = PEAK, CLIP, WARMUP, DECAY_STEPS  # scaled down
   return cfg, original
 
 
 def _torch_loss(model, b):
-  logits = model(input_ids=torch.from_numpy(b['input_ids'].astype(np.int64)),
-                 position_ids=torch.from_numpy(b['positions'].astype(np.int64)),
-                 segment_ids=torch.from_numpy(b['segment_ids'].astype(np.int64))).logits
-  picked = torch.gather(logits, 1, torch.from_numpy(b['mlm_positions'].astype(np.int64))[..., None].expand(
-      -1, -1, logits.shape[-1]))
-  ce = torch.nn.functional.cross_entropy(picked.flatten(0, 1), torch.from_numpy(
-      b['mlm_labels'].astype(np.int64)).flatten(), reduction='none')
+  logits = model(
+    input_ids=torch.from_numpy(b['input_ids'].astype(np.int64)),
+    position_ids=torch.from_numpy(b['positions'].astype(np.int64)),
+    segment_ids=torch.from_numpy(b['segment_ids'].astype(np.int64)),
+  ).logits
+  picked = torch.gather(
+    logits, 1, torch.from_numpy(b['mlm_positions'].astype(np.int64))[..., None].expand(-1, -1, logits.shape[-1])
+  )
+  ce = torch.nn.functional.cross_entropy(
+    picked.flatten(0, 1), torch.from_numpy(b['mlm_labels'].astype(np.int64)).flatten(), reduction='none'
+  )
   w = torch.from_numpy(b['mlm_weights']).flatten()
   return (ce * w).sum() / w.sum()  # the original's mean over the masked tokens
 
@@ -69,14 +81,18 @@ def runs():
 
   model = torch_ref.torch_model_from_flat(flat0, cfg.model).train()
   o = cfg.optimizer
-  opt = torch.optim.AdamW(model.parameters(), lr=o.peak_lr, betas=(o.b1, o.b2), eps=o.eps,
-                          weight_decay=o.weight_decay)
+  opt = torch.optim.AdamW(model.parameters(), lr=o.peak_lr, betas=(o.b1, o.b2), eps=o.eps, weight_decay=o.weight_decay)
   with warnings.catch_warnings():  # SequentialLR's own deprecation chatter
     warnings.simplefilter('ignore')
-    sched = SequentialLR(opt, [LinearLR(opt, start_factor=o.warmup_init_fraction, end_factor=1.0,
-                                        total_iters=o.warmup_steps),
-                               CosineAnnealingLR(opt, T_max=o.decay_steps, eta_min=o.peak_lr * o.final_lr_fraction),
-                               LambdaLR(opt, lambda _: o.final_lr_fraction)], milestones=[o.warmup_steps, o.decay_steps])
+    sched = SequentialLR(
+      opt,
+      [
+        LinearLR(opt, start_factor=o.warmup_init_fraction, end_factor=1.0, total_iters=o.warmup_steps),
+        CosineAnnealingLR(opt, T_max=o.decay_steps, eta_min=o.peak_lr * o.final_lr_fraction),
+        LambdaLR(opt, lambda _: o.final_lr_fraction),
+      ],
+      milestones=[o.warmup_steps, o.decay_steps],
+    )
   rows = []
   for i in range(STEPS):
     batch = synthetic_batch(cfg, mesh, seed=100 + i, as_numpy=True)
@@ -92,18 +108,30 @@ def runs():
       sched.step()
     jflat = to_flat(nnx.merge(defs.model_def, state['params']))
     tflat = torch_ref.flat_from_torch_model(model, cfg.model)
-    rows.append(dict(jax_loss=float(m['loss']), torch_loss=float(loss.detach()), jax_lr=np.asarray(m['learning_rate']),
-                     torch_lr=lr, clipped=float(norm) > o.clip_norm, jax_norm=float(m['grad_norm']),
-                     torch_norm=float(norm),
-                     param_diff=max(float(np.abs(jflat[k] - tflat[k]).max()) for k in jflat),
-                     moved=max(float(np.abs(jflat[k] - flat0[k]).max()) for k in jflat)))
+    rows.append(
+      dict(
+        jax_loss=float(m['loss']),
+        torch_loss=float(loss.detach()),
+        jax_lr=np.asarray(m['learning_rate']),
+        torch_lr=lr,
+        clipped=float(norm) > o.clip_norm,
+        jax_norm=float(m['grad_norm']),
+        torch_norm=float(norm),
+        param_diff=max(float(np.abs(jflat[k] - tflat[k]).max()) for k in jflat),
+        moved=max(float(np.abs(jflat[k] - flat0[k]).max()) for k in jflat),
+      )
+    )
   return cfg, original, rows
 
 
 def test_original_switch_holds_the_original_trainers_choices():
   _, original = _original_config()
   assert (original.warmup_init_fraction, original.decay_steps, original.decay_all_params, original.clip_eps) == (
-      1e-4, 900_000, True, 1e-6)
+    1e-4,
+    900_000,
+    True,
+    1e-6,
+  )
   assert (original.peak_lr, original.warmup_steps, original.final_lr_fraction) == (6e-4, 2000, 0.1)
 
 
@@ -114,7 +142,8 @@ def test_learning_rate_is_exactly_the_original_schedule(runs):
   lrs = [r['torch_lr'] for r in rows]
   assert lrs[0] == pytest.approx(PEAK * 1e-4) and lrs[WARMUP] == pytest.approx(PEAK)
   assert lrs[DECAY_STEPS - 1] > PEAK * 0.1 * 1.001 and lrs[DECAY_STEPS:] == [pytest.approx(PEAK * 0.1)] * (
-      STEPS - DECAY_STEPS)
+    STEPS - DECAY_STEPS
+  )
 
 
 def test_loss_and_parameters_agree_at_every_step(runs):
@@ -129,6 +158,7 @@ def test_loss_and_parameters_agree_at_every_step(runs):
 
 def test_our_schedule_differs_where_documented():
   from neobert_jax.engine import optimizer
+
   cfg, _ = _original_config()
   ours = tiny_config(steps=100).optimizer
   ours.peak_lr, ours.warmup_steps = PEAK, WARMUP

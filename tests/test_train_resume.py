@@ -9,7 +9,6 @@ import sys
 import time
 from pathlib import Path
 
-import jax
 import numpy as np
 import orbax.checkpoint as ocp
 import pytest
@@ -31,6 +30,7 @@ def _crash_after(k):
   def hook(step):
     if step == k:
       raise Crash(f'simulated crash after step {k}')
+
   return hook
 
 
@@ -132,6 +132,7 @@ def test_init_from_hf_params_only(uninterrupted, tmp_path):
   # init.from_hf reads the Hugging Face layout through the weights layer (not convert/); here the directory is
   # the converter's export of the uninterrupted run, so the loaded parameters are exactly that run's.
   from neobert_jax.convert import export_hf  # pylint: disable=g-import-not-at-top
+
   model_cfg, flat = runs.restore_params(uninterrupted)
   export_hf.export_flat(flat, model_cfg, tmp_path / 'hf')
   cfg = tiny_config(steps=1)
@@ -158,15 +159,34 @@ def test_nan_stops_with_last_good_checkpoint(tmp_path):
 def test_sigterm_saves_and_exits_cleanly(tmp_path):
   """The real CLI in a subprocess: SIGTERM mid-training -> checkpoint + exit 0; the same command resumes."""
   workdir = tmp_path / 'run'
-  cmd = [sys.executable, '-m', 'neobert_jax.train', '--config=configs/tiny_cpu.py', f'--workdir={workdir}',
-         '--config.model.hidden_size=32', '--config.model.num_layers=1', '--config.model.num_heads=2',
-         '--config.model.intermediate_size=64', '--config.train.global_batch_size=8',
-         '--config.eval.every_steps=0', '--config.eval.at_start=False', '--config.checkpoint.every_steps=1000',
-         '--config.logging.progress_bar=False', '--config.logging.peak_flops_per_device=1e11',
-         '--config.logging.log_every=1', '--config.optimizer.warmup_steps=1']
+  cmd = [
+    sys.executable,
+    '-m',
+    'neobert_jax.train',
+    '--config=configs/tiny_cpu.py',
+    f'--workdir={workdir}',
+    '--config.model.hidden_size=32',
+    '--config.model.num_layers=1',
+    '--config.model.num_heads=2',
+    '--config.model.intermediate_size=64',
+    '--config.train.global_batch_size=8',
+    '--config.eval.every_steps=0',
+    '--config.eval.at_start=False',
+    '--config.checkpoint.every_steps=1000',
+    '--config.logging.progress_bar=False',
+    '--config.logging.peak_flops_per_device=1e11',
+    '--config.logging.log_every=1',
+    '--config.optimizer.warmup_steps=1',
+  ]
   env = {**os.environ, 'PYTHONPATH': str(REPO), 'XLA_FLAGS': ''}
-  proc = subprocess.Popen(cmd + ['--config.train.num_steps=100000'], cwd=REPO, env=env,
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+  proc = subprocess.Popen(
+    cmd + ['--config.train.num_steps=100000'],
+    cwd=REPO,
+    env=env,
+    stdout=subprocess.PIPE,
+    stderr=subprocess.STDOUT,
+    text=True,
+  )
   metrics = workdir / 'metrics.jsonl'
   deadline = time.time() + 240
   while time.time() < deadline and proc.poll() is None:
@@ -180,8 +200,9 @@ def test_sigterm_saves_and_exits_cleanly(tmp_path):
   assert 'preempted (SIGTERM), resumable' in out
   saved = runs.latest_step(workdir)
   assert saved is not None and saved >= 2
-  resumed = subprocess.run(cmd + [f'--config.train.num_steps={saved + 1}'], cwd=REPO, env=env,
-                           capture_output=True, text=True, timeout=240)
+  resumed = subprocess.run(
+    cmd + [f'--config.train.num_steps={saved + 1}'], cwd=REPO, env=env, capture_output=True, text=True, timeout=240
+  )
   assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-2000:]
   assert f'resumed from {workdir / "checkpoints"}/{saved}' in resumed.stdout + resumed.stderr
   assert runs.latest_step(workdir) == saved + 1

@@ -9,10 +9,10 @@ from neobert_jax.train import mlm
 from neobert_jax.train.testing import synthetic_batch, tiny_config
 
 MESHES = {
-    'one_device': dict(data=1, fsdp=1, tensor=1),
-    'data8': dict(data=8, fsdp=1, tensor=1),
-    'fsdp8': dict(data=1, fsdp=8, tensor=1),
-    'd2f2t2': dict(data=2, fsdp=2, tensor=2),
+  'one_device': dict(data=1, fsdp=1, tensor=1),
+  'data8': dict(data=8, fsdp=1, tensor=1),
+  'fsdp8': dict(data=1, fsdp=8, tensor=1),
+  'd2f2t2': dict(data=2, fsdp=2, tensor=2),
 }
 
 
@@ -29,8 +29,12 @@ def _run(cfg, sizes, steps=3):
   defs, state = mlm.create_train_state(cfg, mesh)
   # how the freshly created state is laid out (read before training donates its buffers)
   qkv = state['params']['encoder']['layers']['qkv'][...]
-  created = {'qkv_spec': qkv.sharding.spec, 'qkv_size': qkv.size, 'qkv_shard_size': qkv.addressable_shards[0].data.size,
-             'opt_specs': [x.sharding.spec for x in jax.tree.leaves(state['opt']) if x.shape == qkv.shape]}
+  created = {
+    'qkv_spec': qkv.sharding.spec,
+    'qkv_size': qkv.size,
+    'qkv_shard_size': qkv.addressable_shards[0].data.size,
+    'opt_specs': [x.sharding.spec for x in jax.tree.leaves(state['opt']) if x.shape == qkv.shape],
+  }
   train = mlm.build_train_step(cfg, mesh, defs)
   losses = []
   for i in range(steps):
@@ -60,7 +64,9 @@ def test_same_losses_on_every_mesh(reference, name):
   losses, params, _ = _cached_run(name)
   np.testing.assert_allclose(losses, ref_losses, rtol=2e-5, atol=2e-5)
   for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(ref_params)):
-    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=2e-5)  # Adam magnifies ulp noise of ~0 grads
+    np.testing.assert_allclose(
+      np.asarray(a), np.asarray(b), rtol=1e-4, atol=2e-5
+    )  # Adam magnifies ulp noise of ~0 grads
   assert ref_losses[-1] < ref_losses[0]  # it actually trains
 
 

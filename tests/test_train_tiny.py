@@ -8,10 +8,18 @@ from neobert_jax.train.testing import REPO_ROOT
 
 
 def test_tiny_config_learns_on_real_text_and_exports(tmp_path):
-  cfg = config_lib.load(REPO_ROOT / 'configs' / 'tiny_cpu.py', {
-      'train.num_steps': 40, 'eval.every_steps': 40, 'eval.num_batches': 2, 'checkpoint.every_steps': 40,
-      'logging.progress_bar': False, 'logging.peak_flops_per_device': 1e11,
-      'export.hf_dir': str(tmp_path / 'hf')})
+  cfg = config_lib.load(
+    REPO_ROOT / 'configs' / 'tiny_cpu.py',
+    {
+      'train.num_steps': 40,
+      'eval.every_steps': 40,
+      'eval.num_batches': 2,
+      'checkpoint.every_steps': 40,
+      'logging.progress_bar': False,
+      'logging.peak_flops_per_device': 1e11,
+      'export.hf_dir': str(tmp_path / 'hf'),
+    },
+  )
   result = pretrain.run(cfg, tmp_path / 'run')  # what the train command runs: train, export, report
   first, last = result.evals[0], result.evals[-1]
   assert (first['step'], last['step']) == (0, 40)
@@ -22,6 +30,7 @@ def test_tiny_config_learns_on_real_text_and_exports(tmp_path):
   assert json.loads((hf / 'config.json').read_text())['vocab_size'] == 2048
   # The export carries the vocabulary the run was trained with, and it frames text as the training rows are.
   from transformers import AutoTokenizer  # pylint: disable=g-import-not-at-top
+
   ids = AutoTokenizer.from_pretrained(hf)('The king is dead.')['input_ids']
   assert ids[0] == 2 and ids[-1] == 3 and len(ids) > 4  # [CLS] ... [SEP] of builtin-wordpiece-2048
   assert result.report['unigram']['held_out'] > 5.0 and result.report['fill_mask']

@@ -32,16 +32,17 @@ def main():
   mesh = jax.make_mesh((jax.device_count(),), ('data',), axis_types=(AxisType.Auto,))
   local = np.full((jax.local_device_count(), 1), info.process_id + 1, np.float32)
   x = jax.make_array_from_process_local_data(NamedSharding(mesh, P('data')), local)
-  total = jax.jit(jax.shard_map(lambda a: jax.lax.psum(a.sum(), 'data'), mesh=mesh,
-                                in_specs=P('data'), out_specs=P()))
+  total = jax.jit(jax.shard_map(lambda a: jax.lax.psum(a.sum(), 'data'), mesh=mesh, in_specs=P('data'), out_specs=P()))
   for step in range(args.steps):
     if step == args.die_at and info.process_id == 1:
       print('process 1 dying now', flush=True)
       if args.die_how == 'raise':
         raise RuntimeError('simulated failure in process 1')
       os._exit(17)
-    print(f'PSUM step={step} value={float(total(x))} processes={jax.process_count()} '
-          f'devices={jax.device_count()}', flush=True)
+    print(
+      f'PSUM step={step} value={float(total(x))} processes={jax.process_count()} devices={jax.device_count()}',
+      flush=True,
+    )
     time.sleep(args.sleep)
   if distributed.is_primary():
     print('PRIMARY done', flush=True)

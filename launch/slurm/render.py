@@ -29,7 +29,7 @@ import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SCRIPTS = {'node': 'node_per_process.sbatch', 'gpu': 'gpu_per_process.sbatch'}
-GPU_LAYOUT_TASKS = 8   # gpu_per_process.sbatch's `srun --ntasks-per-node=8`
+GPU_LAYOUT_TASKS = 8  # gpu_per_process.sbatch's `srun --ntasks-per-node=8`
 
 
 def script_defaults(script: str) -> dict[str, str]:
@@ -46,8 +46,14 @@ def trainer_flags(args) -> list[str]:
 
 def train_argv(python: str, args) -> list[str]:
   """What the sbatch scripts' srun line runs in every task."""
-  return [python, '-m', 'neobert_jax.train', f'--config={args.config}', f'--workdir={args.workdir}',
-          *trainer_flags(args)]
+  return [
+    python,
+    '-m',
+    'neobert_jax.train',
+    f'--config={args.config}',
+    f'--workdir={args.workdir}',
+    *trainer_flags(args),
+  ]
 
 
 def submit_env(args) -> dict[str, str]:
@@ -57,37 +63,62 @@ def submit_env(args) -> dict[str, str]:
 
 def sbatch_argv(args) -> list[str]:
   tasks = 1 if args.layout == 'node' else args.gpus_per_node
-  return ['sbatch', f'--nodes={args.nodes}', f'--gpus-per-node={args.gpus_per_node}', f'--ntasks-per-node={tasks}',
-          os.path.relpath(os.path.join(HERE, SCRIPTS[args.layout])), *trainer_flags(args)]
+  return [
+    'sbatch',
+    f'--nodes={args.nodes}',
+    f'--gpus-per-node={args.gpus_per_node}',
+    f'--ntasks-per-node={tasks}',
+    os.path.relpath(os.path.join(HERE, SCRIPTS[args.layout])),
+    *trainer_flags(args),
+  ]
 
 
 def workers(args) -> list[tuple[str, dict[str, str], list[str]]]:
   """(host, environment, argv) of every task, in SLURM_PROCID order (srun's default block distribution)."""
   tasks = 1 if args.layout == 'node' else args.gpus_per_node
   hosts = [f'{args.host_prefix}{i:03d}' for i in range(1, args.nodes + 1)]
-  nodelist = hosts[0] if args.nodes == 1 else f'{args.host_prefix}[001-{args.nodes:03d}]'   # SLURM's compressed form
-  base = {**script_defaults(SCRIPTS[args.layout]), **submit_env(args),
-          'SLURM_JOB_ID': str(args.job_id), 'SLURM_JOB_NODELIST': nodelist, 'SLURM_STEP_NODELIST': nodelist,
-          'SLURM_JOB_NUM_NODES': str(args.nodes), 'SLURM_STEP_NUM_NODES': str(args.nodes),
-          'SLURM_NTASKS': str(args.nodes * tasks),
-          # --gpus-per-node without a per-task binding: every task of a node sees all its GPUs
-          'CUDA_VISIBLE_DEVICES': ','.join(map(str, range(args.gpus_per_node)))}
+  nodelist = hosts[0] if args.nodes == 1 else f'{args.host_prefix}[001-{args.nodes:03d}]'  # SLURM's compressed form
+  base = {
+    **script_defaults(SCRIPTS[args.layout]),
+    **submit_env(args),
+    'SLURM_JOB_ID': str(args.job_id),
+    'SLURM_JOB_NODELIST': nodelist,
+    'SLURM_STEP_NODELIST': nodelist,
+    'SLURM_JOB_NUM_NODES': str(args.nodes),
+    'SLURM_STEP_NUM_NODES': str(args.nodes),
+    'SLURM_NTASKS': str(args.nodes * tasks),
+    # --gpus-per-node without a per-task binding: every task of a node sees all its GPUs
+    'CUDA_VISIBLE_DEVICES': ','.join(map(str, range(args.gpus_per_node))),
+  }
   argv = train_argv(os.path.join(args.repo, '.venv', 'bin', 'python'), args)
-  return [(host, {**base, 'SLURMD_NODENAME': host, 'SLURM_NODEID': str(n), 'SLURM_LOCALID': str(local),
-                  'SLURM_PROCID': str(n * tasks + local)}, argv)
-          for n, host in enumerate(hosts) for local in range(tasks)]
+  return [
+    (
+      host,
+      {
+        **base,
+        'SLURMD_NODENAME': host,
+        'SLURM_NODEID': str(n),
+        'SLURM_LOCALID': str(local),
+        'SLURM_PROCID': str(n * tasks + local),
+      },
+      argv,
+    )
+    for n, host in enumerate(hosts)
+    for local in range(tasks)
+  ]
 
 
 def parse_args(argv: list[str]):
-  argv, trainer_args = (argv[:argv.index('--')], argv[argv.index('--') + 1:]) if '--' in argv else (argv, [])
+  argv, trainer_args = (argv[: argv.index('--')], argv[argv.index('--') + 1 :]) if '--' in argv else (argv, [])
   p = argparse.ArgumentParser(description=__doc__.split('\n')[0])
   p.add_argument('--nodes', type=int, required=True)
   p.add_argument('--gpus-per-node', type=int, default=8)
   p.add_argument('--layout', choices=sorted(SCRIPTS), default='node', help='one process per node, or per GPU')
   p.add_argument('--workdir', required=True, help='run directory every node writes: gs://bucket/run or a shared path')
   p.add_argument('--config', default='configs/neobert_250m.py')
-  p.add_argument('--dcn-axis', choices=('data', 'fsdp'), default='data',
-                 help='mesh axis that spans the nodes (mesh.dcn_<axis>=N)')
+  p.add_argument(
+    '--dcn-axis', choices=('data', 'fsdp'), default='data', help='mesh axis that spans the nodes (mesh.dcn_<axis>=N)'
+  )
   p.add_argument('--port', type=int, default=6002, help='coordinator port on the first node')
   p.add_argument('--dry-run', action='store_true', help="print each process's command and environment")
   p.add_argument('--repo', default=os.getcwd(), help='dry run: the repository as the nodes see it (submit dir)')

@@ -37,10 +37,14 @@ import yaml
 from neobert_jax.aot import targets
 
 # GKE node label of each generation's multi-host slices (cloud.google.com/gke-tpu-accelerator).
-GKE_ACCELERATOR = {'v4': 'tpu-v4-podslice', 'v5e': 'tpu-v5-lite-podslice', 'v5p': 'tpu-v5p-slice',
-                   'v6e': 'tpu-v6e-slice'}
-CHIPS_PER_HOST = 4          # every host of a multi-host v4 / v5e / v5p / v6e slice
-TPU_RUNTIME_PORT = 8471     # libtpu within a slice
+GKE_ACCELERATOR = {
+  'v4': 'tpu-v4-podslice',
+  'v5e': 'tpu-v5-lite-podslice',
+  'v5p': 'tpu-v5p-slice',
+  'v6e': 'tpu-v6e-slice',
+}
+CHIPS_PER_HOST = 4  # every host of a multi-host v4 / v5e / v5p / v6e slice
+TPU_RUNTIME_PORT = 8471  # libtpu within a slice
 JAX_COORDINATOR_PORT = 8482  # jax's fixed port for its coordination service on TPU
 # The JobSet annotations that carry a pod's slice (child Job) index and its index within the slice.
 SLICE_FIELD = "metadata.annotations['jobset.sigs.k8s.io/job-index']"
@@ -51,8 +55,8 @@ REMOTE_DIR, LOG_NAME, PID_NAME = 'neobert-jax', 'neobert-train.log', 'neobert-tr
 
 @dataclasses.dataclass(frozen=True)
 class Slice:
-  generation: str   # v4 | v5e | v5p | v6e
-  topology: str     # chip grid, e.g. 2x4x4
+  generation: str  # v4 | v5e | v5p | v6e
+  topology: str  # chip grid, e.g. 2x4x4
   chips: int
 
   @property
@@ -88,9 +92,13 @@ def train_argv(python: str, args) -> list[str]:
 
 def megascale_env(slices: int, slice_id: str, coordinator_host: str, port: int) -> dict[str, str]:
   if slices == 1:
-    return {}   # one slice: no DCN runtime, and jax finds its coordinator from the slice's own hosts
-  return {'MEGASCALE_NUM_SLICES': str(slices), 'MEGASCALE_SLICE_ID': slice_id,
-          'MEGASCALE_COORDINATOR_ADDRESS': f'{coordinator_host}:{port}', 'MEGASCALE_PORT': str(port)}
+    return {}  # one slice: no DCN runtime, and jax finds its coordinator from the slice's own hosts
+  return {
+    'MEGASCALE_NUM_SLICES': str(slices),
+    'MEGASCALE_SLICE_ID': slice_id,
+    'MEGASCALE_COORDINATOR_ADDRESS': f'{coordinator_host}:{port}',
+    'MEGASCALE_PORT': str(port),
+  }
 
 
 # ------------------------------------------------------------------------------------------------------ GKE
@@ -100,40 +108,64 @@ def jobset(args, tpu: Slice) -> dict:
   # JobSet gives pod <name>-slice-<s>-<w> a DNS name under a headless service named after the JobSet.
   coordinator = f'{name}-slice-0-0.{name}'
   # The slice id differs per slice Job: each pod reads it from its own JobSet annotation.
-  env = [{'name': k, 'valueFrom': {'fieldRef': {'fieldPath': SLICE_FIELD}}} if k == 'MEGASCALE_SLICE_ID'
-         else {'name': k, 'value': v}
-         for k, v in megascale_env(args.slices, '', coordinator, args.megascale_port).items()]
+  env = [
+    {'name': k, 'valueFrom': {'fieldRef': {'fieldPath': SLICE_FIELD}}}
+    if k == 'MEGASCALE_SLICE_ID'
+    else {'name': k, 'value': v}
+    for k, v in megascale_env(args.slices, '', coordinator, args.megascale_port).items()
+  ]
   env.append({'name': 'NEOBERT_HEARTBEAT_TIMEOUT', 'value': str(args.heartbeat)})
   ports = [TPU_RUNTIME_PORT, JAX_COORDINATOR_PORT] + ([args.megascale_port] if args.slices > 1 else [])
   container = {
-      'name': 'train', 'image': args.image, 'command': train_argv(args.python, args), 'env': env,
-      'ports': [{'containerPort': p} for p in ports],
-      'resources': {'limits': {'google.com/tpu': CHIPS_PER_HOST}},
+    'name': 'train',
+    'image': args.image,
+    'command': train_argv(args.python, args),
+    'env': env,
+    'ports': [{'containerPort': p} for p in ports],
+    'resources': {'limits': {'google.com/tpu': CHIPS_PER_HOST}},
   }
   pod = {
-      'restartPolicy': 'Never',
-      # Host networking: the DCN runtime and the coordinators talk over the hosts' own network (GKE's TPU examples).
-      'hostNetwork': True, 'dnsPolicy': 'ClusterFirstWithHostNet',
-      # Preemption or maintenance sends SIGTERM: time for the trainer to write its checkpoint.
-      'terminationGracePeriodSeconds': args.grace,
-      'nodeSelector': {'cloud.google.com/gke-tpu-accelerator': GKE_ACCELERATOR[tpu.generation],
-                       'cloud.google.com/gke-tpu-topology': tpu.topology},
-      'containers': [container],
+    'restartPolicy': 'Never',
+    # Host networking: the DCN runtime and the coordinators talk over the hosts' own network (GKE's TPU examples).
+    'hostNetwork': True,
+    'dnsPolicy': 'ClusterFirstWithHostNet',
+    # Preemption or maintenance sends SIGTERM: time for the trainer to write its checkpoint.
+    'terminationGracePeriodSeconds': args.grace,
+    'nodeSelector': {
+      'cloud.google.com/gke-tpu-accelerator': GKE_ACCELERATOR[tpu.generation],
+      'cloud.google.com/gke-tpu-topology': tpu.topology,
+    },
+    'containers': [container],
   }
   return {
-      'apiVersion': 'jobset.x-k8s.io/v1alpha2', 'kind': 'JobSet',
-      # exclusive-topology: each slice's Job gets a node pool (= one physical slice) of its own.
-      'metadata': {'name': name,
-                   'annotations': {'alpha.jobset.sigs.k8s.io/exclusive-topology': 'cloud.google.com/gke-nodepool'}},
-      'spec': {
-          # Any failed pod restarts every slice (synchronous training cannot continue short of a host); the
-          # trainer resumes from the last checkpoint under --workdir.
-          'failurePolicy': {'maxRestarts': args.max_restarts},
-          'network': {'enableDNSHostnames': True},
-          'replicatedJobs': [{'name': 'slice', 'replicas': args.slices, 'template': {'spec': {
-              'parallelism': tpu.hosts, 'completions': tpu.hosts, 'completionMode': 'Indexed',
-              'backoffLimit': 0, 'template': {'spec': pod}}}}],
-      },
+    'apiVersion': 'jobset.x-k8s.io/v1alpha2',
+    'kind': 'JobSet',
+    # exclusive-topology: each slice's Job gets a node pool (= one physical slice) of its own.
+    'metadata': {
+      'name': name,
+      'annotations': {'alpha.jobset.sigs.k8s.io/exclusive-topology': 'cloud.google.com/gke-nodepool'},
+    },
+    'spec': {
+      # Any failed pod restarts every slice (synchronous training cannot continue short of a host); the
+      # trainer resumes from the last checkpoint under --workdir.
+      'failurePolicy': {'maxRestarts': args.max_restarts},
+      'network': {'enableDNSHostnames': True},
+      'replicatedJobs': [
+        {
+          'name': 'slice',
+          'replicas': args.slices,
+          'template': {
+            'spec': {
+              'parallelism': tpu.hosts,
+              'completions': tpu.hosts,
+              'completionMode': 'Indexed',
+              'backoffLimit': 0,
+              'template': {'spec': pod},
+            }
+          },
+        }
+      ],
+    },
   }
 
 
@@ -146,11 +178,13 @@ def jobset_workers(manifest: dict) -> list[Worker]:
   container = job['template']['spec']['template']['spec']['containers'][0]
   workers = []
   for s in range(job['replicas']):
-    names = [f"{name}-{job['name']}-{s}-{w}.{name}" for w in range(hosts)]
+    names = [f'{name}-{job["name"]}-{s}-{w}.{name}' for w in range(hosts)]
     for w in range(hosts):
       fields = {SLICE_FIELD: str(s), WORKER_FIELD: str(w)}
-      env = {e['name']: e['value'] if 'value' in e else fields[e['valueFrom']['fieldRef']['fieldPath']]
-             for e in container['env']}
+      env = {
+        e['name']: e['value'] if 'value' in e else fields[e['valueFrom']['fieldRef']['fieldPath']]
+        for e in container['env']
+      }
       env.update(TPU_WORKER_ID=str(w), TPU_WORKER_HOSTNAMES=','.join(names))
       workers.append(Worker(s, w, names[w], env, list(container['command'])))
   return workers
@@ -168,9 +202,22 @@ def coordinator_ip(args) -> str:
     return args.coordinator_ip
   if args.dry_run:
     return '<internal IP of %s worker 0>' % slice_names(args)[0]
-  out = subprocess.run(['gcloud', 'compute', 'tpus', 'tpu-vm', 'describe', slice_names(args)[0],
-                        f'--zone={args.zone}', *project_flag(args), '--format=value(networkEndpoints[0].ipAddress)'],
-                       check=True, capture_output=True, text=True).stdout
+  out = subprocess.run(
+    [
+      'gcloud',
+      'compute',
+      'tpus',
+      'tpu-vm',
+      'describe',
+      slice_names(args)[0],
+      f'--zone={args.zone}',
+      *project_flag(args),
+      '--format=value(networkEndpoints[0].ipAddress)',
+    ],
+    check=True,
+    capture_output=True,
+    text=True,
+  ).stdout
   return out.split(';')[0].strip()
 
 
@@ -188,10 +235,24 @@ def gcloud_plan(args, tpu: Slice) -> tuple[list[list[str]], list[Worker]]:
     env['NEOBERT_HEARTBEAT_TIMEOUT'] = str(args.heartbeat)
     assigns = ' '.join(f'{k}={shlex.quote(v)}' for k, v in env.items())
     # setsid nohup: training outlives the ssh session; one log and pid file per worker, as pod.sh does.
-    remote = (f'cd ~/{REMOTE_DIR} && {assigns} setsid nohup {shlex.join(train)} > ~/{LOG_NAME} 2>&1 < /dev/null '
-              f'& echo $! > ~/{PID_NAME}; echo started on $(hostname)')
-    commands.append(['gcloud', 'compute', 'tpus', 'tpu-vm', 'ssh', vm, f'--zone={args.zone}', *project_flag(args),
-                     '--worker=all', f'--command={remote}'])
+    remote = (
+      f'cd ~/{REMOTE_DIR} && {assigns} setsid nohup {shlex.join(train)} > ~/{LOG_NAME} 2>&1 < /dev/null '
+      f'& echo $! > ~/{PID_NAME}; echo started on $(hostname)'
+    )
+    commands.append(
+      [
+        'gcloud',
+        'compute',
+        'tpus',
+        'tpu-vm',
+        'ssh',
+        vm,
+        f'--zone={args.zone}',
+        *project_flag(args),
+        '--worker=all',
+        f'--command={remote}',
+      ]
+    )
     # The worker's rank in its slice comes from the VM metadata (agent-worker-number), not from this command.
     workers += [Worker(s, w, f'{vm} worker {w}', dict(env), train) for w in range(tpu.hosts)]
   return commands, workers
@@ -207,7 +268,7 @@ def print_workers(workers: list[Worker], out=sys.stdout) -> None:
 
 
 def parse_args(argv: list[str]):
-  argv, trainer_args = (argv[:argv.index('--')], argv[argv.index('--') + 1:]) if '--' in argv else (argv, [])
+  argv, trainer_args = (argv[: argv.index('--')], argv[argv.index('--') + 1 :]) if '--' in argv else (argv, [])
   p = argparse.ArgumentParser(description=__doc__.split('\n')[0])
   sub = p.add_subparsers(dest='form', required=True)
   common = argparse.ArgumentParser(add_help=False)
@@ -216,8 +277,9 @@ def parse_args(argv: list[str]):
   common.add_argument('--workdir', required=True, help='run directory every host writes, e.g. gs://bucket/run')
   common.add_argument('--config', default='configs/neobert_250m.py')
   common.add_argument('--name', default='neobert', help='JobSet name / TPU VM name prefix')
-  common.add_argument('--dcn-axis', choices=('data', 'fsdp'), default='data',
-                      help='mesh axis that spans the slices (mesh.dcn_<axis>=S)')
+  common.add_argument(
+    '--dcn-axis', choices=('data', 'fsdp'), default='data', help='mesh axis that spans the slices (mesh.dcn_<axis>=S)'
+  )
   common.add_argument('--megascale-port', type=int, default=8080)
   common.add_argument('--heartbeat', type=int, default=120, help='NEOBERT_HEARTBEAT_TIMEOUT (seconds)')
   common.add_argument('--dry-run', action='store_true', help="print each worker's command and environment")

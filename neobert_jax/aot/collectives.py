@@ -39,11 +39,12 @@ _INSTR = re.compile(r'^\s*(?:ROOT )?%([\w.\-]+) = (.*)$')
 @dataclasses.dataclass
 class Transfer:
   """One collective that crosses the DCN."""
-  kind: str           # one of KINDS
-  name: str           # the HLO instruction
-  per_step: int       # executions per step (enclosing loops' trip counts multiplied)
-  granules: int       # slices / nodes one of its groups spans
-  dcn_bytes: float    # bytes each device sends over the DCN per execution
+
+  kind: str  # one of KINDS
+  name: str  # the HLO instruction
+  per_step: int  # executions per step (enclosing loops' trip counts multiplied)
+  granules: int  # slices / nodes one of its groups spans
+  dcn_bytes: float  # bytes each device sends over the DCN per execution
 
   @property
   def bytes_per_step(self) -> float:
@@ -61,13 +62,15 @@ def _ints(text: str) -> list[int]:
 
 def replica_groups(attrs: str, num_devices: int) -> list[list[int]] | None:
   """The groups of a collective's attributes, in any of XLA's spellings; None when it has none we can read."""
-  m = re.search(r"replica_groups=mesh\[([^\]]*)\](?:, device_ids=\(\[([\d,]+)\](?:T\(([\d,]+)\))?\))? \{([^}]*)\}",
-                attrs)
-  if m:   # mesh['axis_0'=4,'axis_1'=2], device_ids=([2,4]T(1,0)) {'axis_0'}: groups vary along the named axes
+  m = re.search(
+    r'replica_groups=mesh\[([^\]]*)\](?:, device_ids=\(\[([\d,]+)\](?:T\(([\d,]+)\))?\))? \{([^}]*)\}', attrs
+  )
+  if m:  # mesh['axis_0'=4,'axis_1'=2], device_ids=([2,4]T(1,0)) {'axis_0'}: groups vary along the named axes
     axes = re.findall(r"'(\w+)'=(\d+)", m.group(1))
     sizes = [int(s) for _, s in axes]
-    ids = (_iota(_ints(m.group(2)), _ints(m.group(3)) if m.group(3) else None) if m.group(2)
-           else np.arange(math.prod(sizes))).reshape(sizes)
+    ids = (
+      _iota(_ints(m.group(2)), _ints(m.group(3)) if m.group(3) else None) if m.group(2) else np.arange(math.prod(sizes))
+    ).reshape(sizes)
     names = [a for a, _ in axes]
     over = [names.index(a) for a in re.findall(r"'(\w+)'", m.group(4))]
     if not over:
@@ -75,11 +78,11 @@ def replica_groups(attrs: str, num_devices: int) -> list[list[int]] | None:
     rest = [i for i in range(len(sizes)) if i not in over]
     return ids.transpose(rest + over).reshape(-1, math.prod(sizes[i] for i in over)).tolist()
   m = re.search(r'replica_groups=\[(\d+),(\d+)\]<=\[([\d,]+)\](?:T\(([\d,]+)\))?', attrs)
-  if m:   # iota form: [2,4]<=[8] or [4,2]<=[2,4]T(1,0)
+  if m:  # iota form: [2,4]<=[8] or [4,2]<=[2,4]T(1,0)
     ids = _iota(_ints(m.group(3)), _ints(m.group(4)) if m.group(4) else None)
     return ids.reshape(int(m.group(1)), int(m.group(2))).tolist()
   m = re.search(r'replica_groups=\{((?:\{[\d,]*\},?)*)\}', attrs)
-  if m:   # explicit {{0,1},{2,3}}; {} = every device in one group
+  if m:  # explicit {{0,1},{2,3}}; {} = every device in one group
     groups = [_ints(g) for g in re.findall(r'\{([\d,]*)\}', m.group(1))]
     return groups or [list(range(num_devices))]
   m = re.search(r'source_target_pairs=\{((?:\{\d+,\d+\},?)*)\}', attrs)
@@ -99,8 +102,7 @@ def _hierarchical_bytes(kind: str, data: float, k: int) -> float:
   return data * (k - 1) / k
 
 
-def dcn_transfers(hlo: str, granule_of: Callable[[int], int], num_devices: int,
-                  num_granules: int) -> list[Transfer]:
+def dcn_transfers(hlo: str, granule_of: Callable[[int], int], num_devices: int, num_granules: int) -> list[Transfer]:
   """The DCN-crossing collectives of a compiled program (module docstring), in program order."""
   comps = hlo_lib.computations(hlo)
   runs = hlo_lib.executions(comps)
@@ -117,15 +119,14 @@ def dcn_transfers(hlo: str, granule_of: Callable[[int], int], num_devices: int,
       if mega and ' send(' in rhs:
         kind = mega.group(1).lower().replace('_', '-')
         payload = hlo_lib.total(hlo_lib.type_sizes(rhs.split(' send(', 1)[0])[0])
-        out.append(Transfer(kind, name, runs[comp], num_granules,
-                            _hierarchical_bytes(kind, payload, num_granules)))
+        out.append(Transfer(kind, name, runs[comp], num_granules, _hierarchical_bytes(kind, payload, num_granules)))
         continue
       c = None if multislice else _COLLECTIVE.match(rhs)
       if not c:
         continue
       kind, sizes = c.group('op'), hlo_lib.type_sizes(c.group('type'))
       if c.group('start') and kind != 'all-reduce':
-        sizes = sizes[1]   # async start: (operands, results[, context]); all-reduce-start gives the results alone
+        sizes = sizes[1]  # async start: (operands, results[, context]); all-reduce-start gives the results alone
       result = hlo_lib.total(sizes)
       groups = replica_groups(c.group('rest'), num_devices)
       if not groups:
@@ -138,8 +139,12 @@ def dcn_transfers(hlo: str, granule_of: Callable[[int], int], num_devices: int,
       if kind == 'collective-permute':
         data = result * sum(len(s) > 1 for s in spans) / len(spans)
       else:
-        data = {'all-gather': result / g, 'reduce-scatter': result * k, 'all-reduce': result * k / g,
-                'all-to-all': result}[kind]
+        data = {
+          'all-gather': result / g,
+          'reduce-scatter': result * k,
+          'all-reduce': result * k / g,
+          'all-to-all': result,
+        }[kind]
       out.append(Transfer(kind, name, runs[comp], k, _hierarchical_bytes(kind, data, k)))
   return out
 
@@ -158,6 +163,7 @@ def by_kind(transfers: Iterable[Transfer]) -> dict[str, dict[str, float]]:
 def for_mesh(hlo: str, mesh, layout=None) -> tuple[int, list[Transfer]]:
   """(slices / nodes the mesh spans, the program's DCN transfers) for a program compiled on `mesh`."""
   from neobert_jax import sharding as shd  # pylint: disable=g-import-not-at-top
+
   ids = shd.granule_ids(mesh, layout)
   n = len(set(ids))
   return n, (dcn_transfers(hlo, ids.__getitem__, len(ids), n) if n > 1 else [])

@@ -21,9 +21,13 @@ from neobert_jax import commandline
 # Versions that match jax/jaxlib 0.10.2 (jax[tpu]==0.10.2 pins libtpu 0.0.42.*; the CUDA plugin is versioned
 # with jax). cuDNN only has to be loadable by the plugin: any 9.x works for a compile-only target.
 PACKAGES = {
-    'tpu': ['libtpu==0.0.42.*'],
-    'cuda': ['jax-cuda12-plugin==0.10.2', 'jax-cuda12-pjrt==0.10.2',
-             'nvidia-cudnn-cu12>=9.8,<10', 'nvidia-cuda-runtime-cu12>=12.1,<13'],
+  'tpu': ['libtpu==0.0.42.*'],
+  'cuda': [
+    'jax-cuda12-plugin==0.10.2',
+    'jax-cuda12-pjrt==0.10.2',
+    'nvidia-cudnn-cu12>=9.8,<10',
+    'nvidia-cuda-runtime-cu12>=12.1,<13',
+  ],
 }
 # One module per kind that proves the install is usable.
 PROBE = {'tpu': 'libtpu', 'cuda': 'jax_plugins.xla_cuda12'}
@@ -64,8 +68,16 @@ def ensure(kind: str, *, quiet: bool = False) -> str:
       return final
     staging = f'{final}.partial'
     shutil.rmtree(staging, ignore_errors=True)
-    cmd = [sys.executable, '-m', 'pip', 'install', '--no-deps', '--disable-pip-version-check',
-           '--target', staging] + PACKAGES[kind]
+    cmd = [
+      sys.executable,
+      '-m',
+      'pip',
+      'install',
+      '--no-deps',
+      '--disable-pip-version-check',
+      '--target',
+      staging,
+    ] + PACKAGES[kind]
     if not quiet:
       print(f'[aot] installing {" ".join(PACKAGES[kind])} into {final} (one time)', file=sys.stderr, flush=True)
     t0 = time.time()
@@ -93,8 +105,8 @@ def child_env(kind: str, base: dict | None = None) -> dict:
   # Without JAX_PLATFORMS=cpu the CUDA plugin fails to initialise ("Unable to load CUDA") and is dropped.
   env['JAX_PLATFORMS'] = 'cpu'
   if kind == 'tpu':
-    env['TPU_SKIP_MDS_QUERY'] = '1'          # do not ask a GCE metadata server that is not there
-    env.setdefault('TPU_ACCELERATOR_TYPE', 'v4-8')   # only silences libtpu's "unknown accelerator" warnings
+    env['TPU_SKIP_MDS_QUERY'] = '1'  # do not ask a GCE metadata server that is not there
+    env.setdefault('TPU_ACCELERATOR_TYPE', 'v4-8')  # only silences libtpu's "unknown accelerator" warnings
     env.setdefault('TPU_WORKER_HOSTNAMES', 'localhost')
   return env
 

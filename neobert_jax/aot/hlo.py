@@ -12,9 +12,27 @@ import dataclasses
 import math
 import re
 
-DTYPE_BYTES = {'pred': 1, 's8': 1, 'u8': 1, 's16': 2, 'u16': 2, 'f16': 2, 'bf16': 2, 's32': 4, 'u32': 4,
-               'f32': 4, 's64': 8, 'u64': 8, 'f64': 8, 'c64': 8, 'c128': 16, 's4': 0.5, 'u4': 0.5,
-               'f8e4m3fn': 1, 'f8e5m2': 1}
+DTYPE_BYTES = {
+  'pred': 1,
+  's8': 1,
+  'u8': 1,
+  's16': 2,
+  'u16': 2,
+  'f16': 2,
+  'bf16': 2,
+  's32': 4,
+  'u32': 4,
+  'f32': 4,
+  's64': 8,
+  'u64': 8,
+  'f64': 8,
+  'c64': 8,
+  'c128': 16,
+  's4': 0.5,
+  'u4': 0.5,
+  'f8e4m3fn': 1,
+  'f8e5m2': 1,
+}
 _ARRAY = re.compile(r'([a-z]\w*)\[([\d,]*)\]')
 _HEAD = re.compile(r'^\s*(?:ROOT )?%([\w.\-]+) = ')
 _CALLS = re.compile(r'\b(body|condition|calls|to_apply|true_computation|false_computation)=%([\w.\-]+)')
@@ -25,17 +43,17 @@ _TRIP = re.compile(r'"known_trip_count":\{"n":"(\d+)"')
 @dataclasses.dataclass
 class Instr:
   name: str
-  type: str          # the result type as printed (an array or a tuple)
-  op: str            # 'fusion', 'custom-call', 'all-gather-start', ...
+  type: str  # the result type as printed (an array or a tuple)
+  op: str  # 'fusion', 'custom-call', 'all-gather-start', ...
   operands: list[str]
-  attrs: str         # everything after the operand list
+  attrs: str  # everything after the operand list
   root: bool = False
-  args: str = ''     # the operand list as printed (a parameter's number, a constant's value)
+  args: str = ''  # the operand list as printed (a parameter's number, a constant's value)
 
 
 def _strip(text: str) -> str:
   text = re.sub(r'/\*.*?\*/', '', text)
-  return re.sub(r'\]\{[^}]*\}', ']', text)          # drop layouts ({1,0:T(8,128)} holds parentheses)
+  return re.sub(r'\]\{[^}]*\}', ']', text)  # drop layouts ({1,0:T(8,128)} holds parentheses)
 
 
 def arrays(text: str) -> list[tuple[str, tuple[int, ...]]]:
@@ -89,7 +107,7 @@ def parse_instr(line: str) -> Instr | None:
   m = _HEAD.match(line)
   if not m:
     return None
-  rest = line[m.end():]
+  rest = line[m.end() :]
   if rest.startswith('('):
     end = _balanced(rest, 0)
   else:
@@ -100,8 +118,15 @@ def parse_instr(line: str) -> Instr | None:
     return None
   close = _balanced(rest, op_end)
   operands = re.findall(r'%([\w.\-]+)', rest[op_end:close])
-  return Instr(m.group(1), type_, rest[:op_end], operands, rest[close:], line.lstrip().startswith('ROOT '),
-               rest[op_end + 1:close - 1])
+  return Instr(
+    m.group(1),
+    type_,
+    rest[:op_end],
+    operands,
+    rest[close:],
+    line.lstrip().startswith('ROOT '),
+    rest[op_end + 1 : close - 1],
+  )
 
 
 def computations(hlo: str) -> dict[str, list[str]]:
@@ -154,7 +179,7 @@ def executions(comps: dict[str, list[str]]) -> dict[str, int]:
         callers.setdefault(child, []).append((parent, (trips or 1) if role in ('body', 'condition') else 1))
       for block in _BRANCHES.findall(line):
         for child in re.findall(r'%([\w.\-]+)', block):
-          callers.setdefault(child, []).append((parent, 1))   # at most once each: an upper bound
+          callers.setdefault(child, []).append((parent, 1))  # at most once each: an upper bound
   memo: dict[str, int] = {}
 
   def count(name: str) -> int:

@@ -50,7 +50,7 @@ class Module:
       for o in i.operands:
         users.setdefault(o, []).append(i)
 
-    def uses(name: str) -> list[tuple[str, hlo_lib.Instr]]:   # (the alias used, user), through bitcasts
+    def uses(name: str) -> list[tuple[str, hlo_lib.Instr]]:  # (the alias used, user), through bitcasts
       out = []
       for u in users.get(name, []):
         out += uses(u.name) if u.op == 'bitcast' else [(name, u)]
@@ -65,7 +65,7 @@ class Module:
       if us and all(u.op in SLICES and u.operands[0] == a for a, u in us):
         read += sum(hlo_lib.total(hlo_lib.type_sizes(u.type)) for _, u in us)
       elif us and all(u.op == 'dynamic-update-slice' and u.operands[0] == a for a, u in us):
-        continue                                         # the in-place buffer: only the update is written
+        continue  # the in-place buffer: only the update is written
       else:
         read += full
     root = next((i for i in body if i.root), None)
@@ -100,7 +100,7 @@ def dot_shape(ins: hlo_lib.Instr, types: dict[str, str]) -> tuple[float, int, in
     return 0.0, 1, 1, 1, 1
   out_elems = math.prod(out[0][1])
   ldims, rdims = lhs[0][1], rhs[0][1]
-  if ins.op == 'convolution':   # dim_labels=b0f_0io->b0f: the kernel's input-feature and spatial dims contract
+  if ins.op == 'convolution':  # dim_labels=b0f_0io->b0f: the kernel's input-feature and spatial dims contract
     labels = re.search(r'dim_labels=\w+_(\w+)->', ins.attrs)
     k = math.prod(d for d, c in zip(rdims, labels.group(1)) if c != 'o') if labels else 1
     return 2.0 * out_elems * k, 1, out_elems // max(rdims[-1], 1), rdims[-1], k
@@ -115,25 +115,31 @@ def dot_shape(ins: hlo_lib.Instr, types: dict[str, str]) -> tuple[float, int, in
 
 def attention_work(ins: hlo_lib.Instr, types: dict[str, str]) -> tuple[float, int, bool]:
   """(FLOPs, key length, backward?) of a fused attention call, from its q / k shapes (roofline.py's docstring)."""
-  constraint = ins.attrs.split('operand_layout_constraints=', 1)[1].split('}}', 1)[0] if (
-      'operand_layout_constraints=' in ins.attrs) else ''
-  shapes = hlo_lib.arrays(constraint) if constraint else [
-      a for o in ins.operands[:2] for a in hlo_lib.arrays(types.get(o, ''))[:1]]
+  constraint = (
+    ins.attrs.split('operand_layout_constraints=', 1)[1].split('}}', 1)[0]
+    if ('operand_layout_constraints=' in ins.attrs)
+    else ''
+  )
+  shapes = (
+    hlo_lib.arrays(constraint)
+    if constraint
+    else [a for o in ins.operands[:2] for a in hlo_lib.arrays(types.get(o, ''))[:1]]
+  )
   backward = bool(re.search(r'Backward|_dq|_dkv|bwd', ins.attrs))
   if len(shapes) < 2 or len(shapes[0][1]) < 3:
     return 0.0, 1, backward
   q, kv = shapes[0][1], shapes[1][1]
-  if 'cudnn' in ins.attrs:      # BTNH
+  if 'cudnn' in ins.attrs:  # BTNH
     b, t, heads, d = q
     s = kv[1]
     work = 4.0 * b * heads * t * s * d
-  else:                          # splash: [.., heads, T, D] per example
+  else:  # splash: [.., heads, T, D] per example
     d, t, s = q[-1], q[-2], kv[-2]
     work = 4.0 * math.prod(q[:-2]) * t * s * d
   if re.search(r'_dq\b|_dq_', ins.attrs):
-    work *= 1.5                 # dq alone: recompute QK^T, dO V^T, dS K
+    work *= 1.5  # dq alone: recompute QK^T, dO V^T, dS K
   elif re.search(r'_dkv', ins.attrs):
-    work *= 2.0                 # dk, dv: QK^T, dO V^T, P^T dO, dS^T Q
+    work *= 2.0  # dk, dv: QK^T, dO V^T, P^T dO, dS^T Q
   elif backward:
     work *= 2.5
   return work, s, backward

@@ -27,7 +27,7 @@ def lower_step(cfg, target: targets.Target, what: str = 'train'):
   train_config.validate(cfg, num_devices=len(devices), process_count=len({d.process_index for d in devices}))
   try:
     mesh = shd.make_mesh(cfg.mesh, devices)
-  except ValueError as e:   # dcn sizes that do not match the target's slices / hosts: the config's to fix
+  except ValueError as e:  # dcn sizes that do not match the target's slices / hosts: the config's to fix
     raise train_config.ConfigError(f'mesh: {e}') from None
   defs, abstract_state = state_lib.abstract_train_state(cfg, mesh)
   batch = step_lib.abstract_batch(cfg, mesh)
@@ -37,16 +37,22 @@ def lower_step(cfg, target: targets.Target, what: str = 'train'):
     raise ValueError(f'unknown program {what!r}')
   packed = cfg.data.packing == 'packed'
   limit = step_lib.max_segments(cfg.data)
-  micro = {k: jax.ShapeDtypeStruct(v.shape[1:], v.dtype, sharding=NamedSharding(mesh, P(*v.sharding.spec[1:])))
-           for k, v in batch.items()}
+  micro = {
+    k: jax.ShapeDtypeStruct(v.shape[1:], v.dtype, sharding=NamedSharding(mesh, P(*v.sharding.spec[1:])))
+    for k, v in batch.items()
+  }
 
   def loss_and_grads(params, micro):
     def loss(p):
       total, (count, _) = step_lib.mlm_sums(nnx.merge(defs.model_def, p), micro, packed, limit)
       return total / jax.numpy.maximum(count, 1.0)
+
     return jax.value_and_grad(loss)(params)
 
-  fn = jax.jit(loss_and_grads, in_shardings=(defs.shardings['params'], {k: v.sharding for k, v in micro.items()}),
-               out_shardings=(NamedSharding(mesh, P()), defs.shardings['params']))
+  fn = jax.jit(
+    loss_and_grads,
+    in_shardings=(defs.shardings['params'], {k: v.sharding for k, v in micro.items()}),
+    out_shardings=(NamedSharding(mesh, P()), defs.shardings['params']),
+  )
   with shd.activate(mesh):
     return fn.lower(abstract_state['params'], micro), mesh

@@ -56,16 +56,18 @@ class Row:
   seconds: float | None
   kernels: list[str]
   note: str = ''
-  dcn_bytes: float = 0.0       # per device per step across slices / nodes
+  dcn_bytes: float = 0.0  # per device per step across slices / nodes
   dcn_seconds: float | None = None
   fsdp_gathers_cross_dcn: bool = False
-  roofline_seconds: float | None = None   # the roofline of the compiled step (on TPU beside the cost model)
+  roofline_seconds: float | None = None  # the roofline of the compiled step (on TPU beside the cost model)
   roofline_mfu: float | None = None
-  other_share: float | None = None        # share of the roofline step outside matmuls and attention
+  other_share: float | None = None  # share of the roofline step outside matmuls and attention
 
   def overrides(self) -> list[str]:
-    return ([f'--config.mesh.{k}={v}' for k, v in self.mesh.items()] +
-            [f'--config.train.grad_accum_steps={self.grad_accum}', f'--config.model.remat_policy={self.remat}'])
+    return [f'--config.mesh.{k}={v}' for k, v in self.mesh.items()] + [
+      f'--config.train.grad_accum_steps={self.grad_accum}',
+      f'--config.model.remat_policy={self.remat}',
+    ]
 
 
 def batch_shards(mesh: dict[str, int]) -> int:
@@ -73,8 +75,13 @@ def batch_shards(mesh: dict[str, int]) -> int:
   return mesh['data'] * mesh.get('dcn_data', 1) * mesh['fsdp'] * mesh.get('dcn_fsdp', 1)
 
 
-def meshes(num_devices: int, num_heads: int, tensor_sizes: tuple[int, ...],
-           layouts: tuple[str, ...] = ('fsdp', 'data'), granules: int = 1) -> list[dict[str, int]]:
+def meshes(
+  num_devices: int,
+  num_heads: int,
+  tensor_sizes: tuple[int, ...],
+  layouts: tuple[str, ...] = ('fsdp', 'data'),
+  granules: int = 1,
+) -> list[dict[str, int]]:
   """Candidate mesh sections; with granules > 1 slices / nodes, sizes are per slice plus the dcn_* fields."""
   out = []
   per = num_devices // granules
@@ -88,7 +95,7 @@ def meshes(num_devices: int, num_heads: int, tensor_sizes: tuple[int, ...],
       if 'data' in layouts and (rest > 1 or 'fsdp' not in layouts):
         out.append({'data': rest, 'fsdp': 1, 'tensor': t})
       continue
-    if 'fsdp' in layouts:   # replicas across slices, FSDP inside (gradients cross once) / FSDP across everything
+    if 'fsdp' in layouts:  # replicas across slices, FSDP inside (gradients cross once) / FSDP across everything
       out.append({'data': 1, 'fsdp': rest, 'tensor': t, 'dcn_data': granules, 'dcn_fsdp': 1})
       out.append({'data': 1, 'fsdp': rest, 'tensor': t, 'dcn_data': 1, 'dcn_fsdp': granules})
     if 'data' in layouts and (rest > 1 or 'fsdp' not in layouts):
@@ -109,6 +116,7 @@ def compile_layout(cfg, target: targets.Target, headroom: float) -> dict:
   roofline's summary (a dict, so that it can be cached and sent between processes)."""
   from neobert_jax.aot import roofline
   from neobert_jax.engine import metrics
+
   lowered, mesh = lowering.lower_step(cfg, target, 'train')
   try:
     compiled = lowered.compile()
@@ -122,9 +130,13 @@ def compile_layout(cfg, target: targets.Target, headroom: float) -> dict:
   hlo = compiled.as_text()
   model_flops = metrics.flops_per_token(cfg) * int(cfg.train.global_batch_size) * int(cfg.model.max_length)
   rl = roofline.for_program(hlo, target, mesh, cfg.mesh, model_flops / target.num_devices)
-  return {'fits': total <= headroom * target.chip.memory_bytes, 'total': total,
-          'kernels': report.attention_kernels(hlo), 'dcn': report.dcn_fields(hlo, mesh, cfg.mesh, target)['dcn_collectives'],
-          'roofline': {'seconds': rl.step_seconds, 'mfu': rl.mfu, 'other_share': rl.other_share}}
+  return {
+    'fits': total <= headroom * target.chip.memory_bytes,
+    'total': total,
+    'kernels': report.attention_kernels(hlo),
+    'dcn': report.dcn_fields(hlo, mesh, cfg.mesh, target)['dcn_collectives'],
+    'roofline': {'seconds': rl.step_seconds, 'mfu': rl.mfu, 'other_share': rl.other_share},
+  }
 
 
 def tpu_seconds(cfg, target: targets.Target, mfu: float) -> float | None:
@@ -148,13 +160,21 @@ def tpu_seconds(cfg, target: targets.Target, mfu: float) -> float | None:
   return seconds
 
 
-def search(cfg, target: targets.Target, mesh: dict[str, int], remat: str, headroom: float, mfu: float,
-           log: Callable[[str], None] = print) -> Row:
+def search(
+  cfg,
+  target: targets.Target,
+  mesh: dict[str, int],
+  remat: str,
+  headroom: float,
+  mfu: float,
+  log: Callable[[str], None] = print,
+) -> Row:
   """The largest micro-batch that fits for one (mesh, remat), by binary search, and its estimated step."""
   global_batch = int(cfg.train.global_batch_size)
   shards = batch_shards(mesh)
-  micro_sizes = [m for m in (2 ** i for i in range(20)) if m * shards <= global_batch
-                 and global_batch % (m * shards) == 0]
+  micro_sizes = [
+    m for m in (2**i for i in range(20)) if m * shards <= global_batch and global_batch % (m * shards) == 0
+  ]
   lo, hi, best, tried = 0, len(micro_sizes) - 1, None, {}
   while lo <= hi:  # largest micro-batch that fits
     mid = (lo + hi) // 2
@@ -162,8 +182,10 @@ def search(cfg, target: targets.Target, mesh: dict[str, int], remat: str, headro
     c = _with(cfg, mesh, remat, global_batch // (m * shards))
     t0 = time.time()
     tried[m], cached = plan_cache.cached(c, target, ('train', headroom), lambda: compile_layout(c, target, headroom))
-    log(f'[plan] mesh {mesh} remat {remat:9s} micro {m:4d}/device: {tried[m]["total"] / 2**30:7.2f} GiB '
-        f'{"fits" if tried[m]["fits"] else "too big"} ({"cached" if cached else f"{time.time() - t0:.0f} s"})')
+    log(
+      f'[plan] mesh {mesh} remat {remat:9s} micro {m:4d}/device: {tried[m]["total"] / 2**30:7.2f} GiB '
+      f'{"fits" if tried[m]["fits"] else "too big"} ({"cached" if cached else f"{time.time() - t0:.0f} s"})'
+    )
     if tried[m]['fits']:
       best, lo = m, mid + 1
     else:
@@ -181,38 +203,66 @@ def search(cfg, target: targets.Target, mesh: dict[str, int], remat: str, headro
       seconds += dcn_seconds
   elif r['fits']:
     seconds, note = rl.get('seconds'), 'roofline'
-  return Row(mesh, remat, m, int(c.train.grad_accum_steps), r['fits'], r['total'], seconds, r['kernels'], note,
-             dcn_bytes, dcn_seconds, 'all-gather' in r['dcn'], rl.get('seconds'), rl.get('mfu'),
-             rl.get('other_share'))
+  return Row(
+    mesh,
+    remat,
+    m,
+    int(c.train.grad_accum_steps),
+    r['fits'],
+    r['total'],
+    seconds,
+    r['kernels'],
+    note,
+    dcn_bytes,
+    dcn_seconds,
+    'all-gather' in r['dcn'],
+    rl.get('seconds'),
+    rl.get('mfu'),
+    rl.get('other_share'),
+  )
 
 
-def plan(cfg, target: targets.Target, *, mfu: float = 0.5, headroom: float = 0.9,
-         remats: tuple[str, ...] = REMAT_POLICIES, tensor_sizes: tuple[int, ...] = (1, 2),
-         layouts: tuple[str, ...] = ('fsdp', 'data'), log: Callable[[str], None] = print,
-         workers: int = 1) -> list[Row]:
-  tasks = [(mesh, remat)
-           for mesh in meshes(target.num_devices, int(cfg.model.num_heads), tensor_sizes, layouts, target.num_granules)
-           for remat in remats]
+def plan(
+  cfg,
+  target: targets.Target,
+  *,
+  mfu: float = 0.5,
+  headroom: float = 0.9,
+  remats: tuple[str, ...] = REMAT_POLICIES,
+  tensor_sizes: tuple[int, ...] = (1, 2),
+  layouts: tuple[str, ...] = ('fsdp', 'data'),
+  log: Callable[[str], None] = print,
+  workers: int = 1,
+) -> list[Row]:
+  tasks = [
+    (mesh, remat)
+    for mesh in meshes(target.num_devices, int(cfg.model.num_heads), tensor_sizes, layouts, target.num_granules)
+    for remat in remats
+  ]
   if workers <= 1 or len(tasks) < 2:
     return [search(cfg, target, mesh, remat, headroom, mfu, log) for mesh, remat in tasks]
-  return plan_cache.pool_map(_search_task, [(cfg, target.spec, m, r, headroom, mfu) for m, r in tasks], workers,
-                             _init_worker, (target.spec,))
+  return plan_cache.pool_map(
+    _search_task, [(cfg, target.spec, m, r, headroom, mfu) for m, r in tasks], workers, _init_worker, (target.spec,)
+  )
 
 
 def _init_worker(spec: str) -> None:
   """A pool process starts its backends as the compile command's child does (the CUDA plugin preloads cuDNN)."""
   import jax
+
   jax.devices()
   target = targets.parse_target(spec)
   if target.platform == 'cuda':
     from neobert_jax import jax_compat
+
     jax_compat.cudnn_assume_compute_capability(target.compute_capability)
 
 
 def _search_task(args) -> Row:
   cfg, spec, mesh, remat, headroom, mfu = args
-  return search(cfg, targets.parse_target(spec), mesh, remat, headroom, mfu,
-                lambda line: print(line, file=sys.stderr, flush=True))
+  return search(
+    cfg, targets.parse_target(spec), mesh, remat, headroom, mfu, lambda line: print(line, file=sys.stderr, flush=True)
+  )
 
 
 def recommend(rows: list[Row]) -> Row | None:
@@ -230,30 +280,41 @@ def _roofline_cell(r: Row) -> str:
 
 
 def format_table(rows: list[Row], target: targets.Target, mfu: float) -> str:
-  basis = ('XLA TPU cost model (+ splash attention FLOPs at MFU)' if target.platform == 'tpu'
-           else 'roofline of the compiled step')
+  basis = (
+    'XLA TPU cost model (+ splash attention FLOPs at MFU)'
+    if target.platform == 'tpu'
+    else 'roofline of the compiled step'
+  )
   multi = target.num_granules > 1
   if multi:
     basis += ' + DCN bytes at the published bandwidth'
-  head = (f'| mesh (data x fsdp x tensor{", per slice; dcn data x fsdp" if multi else ""}) | remat | '
-          f'micro-batch / device | accum | memory / device | fits | attention kernel |'
-          f'{" DCN / device / step |" if multi else ""} est. step ({basis}) | roofline: step, MFU, outside '
-          'matmul / attention |')
+  head = (
+    f'| mesh (data x fsdp x tensor{", per slice; dcn data x fsdp" if multi else ""}) | remat | '
+    f'micro-batch / device | accum | memory / device | fits | attention kernel |'
+    f'{" DCN / device / step |" if multi else ""} est. step ({basis}) | roofline: step, MFU, outside '
+    'matmul / attention |'
+  )
   lines = [head, '|' + '---|' * (10 if multi else 9)]
   for r in rows:
     mesh = f'{r.mesh["data"]} x {r.mesh["fsdp"]} x {r.mesh["tensor"]}'
     if multi:
       mesh += f'; {r.mesh["dcn_data"]} x {r.mesh["dcn_fsdp"]}'
-    kern = ', '.join(sorted({k.replace('__cudnn$', '').replace('Backward', '').split('_segmented')[0]
-                             for k in r.kernels})) or 'XLA'
+    kern = (
+      ', '.join(sorted({k.replace('__cudnn$', '').replace('Backward', '').split('_segmented')[0] for k in r.kernels}))
+      or 'XLA'
+    )
     est = f'{r.seconds * 1e3:,.4g} ms' if r.seconds is not None else '-'
     dcn = ''
     if multi:
       dcn = f' {r.dcn_bytes / 2**20:,.3g} MiB' + (f' ({r.dcn_seconds * 1e3:,.3g} ms)' if r.dcn_seconds else '') + ' |'
-    lines.append(f'| {mesh} | {r.remat} | {r.micro_per_device} | {r.grad_accum} | {r.total_bytes / 2**30:.2f} GiB '
-                 f'| {"yes" if r.fits else "no"} | {kern} |{dcn} {est} | {_roofline_cell(r)} |')
+    lines.append(
+      f'| {mesh} | {r.remat} | {r.micro_per_device} | {r.grad_accum} | {r.total_bytes / 2**30:.2f} GiB '
+      f'| {"yes" if r.fits else "no"} | {kern} |{dcn} {est} | {_roofline_cell(r)} |'
+    )
   for r in rows:
     if r.fsdp_gathers_cross_dcn:
-      lines.append(f'warning: mesh {r.mesh} (remat {r.remat}): FSDP\'s all-gathers cross the DCN; with '
-                   'mesh.dcn_data carrying the slices / nodes they stay inside each')
+      lines.append(
+        f"warning: mesh {r.mesh} (remat {r.remat}): FSDP's all-gathers cross the DCN; with "
+        'mesh.dcn_data carrying the slices / nodes they stay inside each'
+      )
   return '\n'.join(lines)

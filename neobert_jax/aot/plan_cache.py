@@ -28,6 +28,7 @@ from neobert_jax import paths
 def source_fingerprint() -> str:
   """The package's Python source and jax's version: anything that changes the compiled program."""
   import jax  # pylint: disable=g-import-not-at-top
+
   h = hashlib.sha256(jax.__version__.encode())
   root = Path(__file__).resolve().parents[1]
   for f in sorted(root.rglob('*.py')):
@@ -48,11 +49,11 @@ def cached(cfg, target, what: tuple, compute: Callable[[], Any]) -> tuple[Any, b
     try:
       return json.loads(path.read_text())['result'], True
     except (ValueError, KeyError):
-      pass   # a damaged entry is computed again
+      pass  # a damaged entry is computed again
   result = compute()
   tmp = path.with_suffix(f'.tmp-{os.getpid()}')
   tmp.write_text(json.dumps({'target': target.spec, 'what': list(what), 'result': result}))
-  os.replace(tmp, path)   # all or nothing: parallel planners may write the same entry
+  os.replace(tmp, path)  # all or nothing: parallel planners may write the same entry
   return result, False
 
 
@@ -61,10 +62,12 @@ def default_workers() -> int:
   return max(1, (os.cpu_count() or 1) // 2)
 
 
-def pool_map(fn: Callable[[Any], Any], items: list, workers: int, initializer: Callable[..., None],
-             initargs: tuple) -> list:
+def pool_map(
+  fn: Callable[[Any], Any], items: list, workers: int, initializer: Callable[..., None], initargs: tuple
+) -> list:
   """fn over items in `workers` spawned processes (a forked jax runtime is not safe to use), in order."""
   ctx = multiprocessing.get_context('spawn')
-  with concurrent.futures.ProcessPoolExecutor(min(workers, len(items)), mp_context=ctx, initializer=initializer,
-                                              initargs=initargs) as pool:
+  with concurrent.futures.ProcessPoolExecutor(
+    min(workers, len(items)), mp_context=ctx, initializer=initializer, initargs=initargs
+  ) as pool:
     return list(pool.map(fn, items))

@@ -38,18 +38,18 @@ class FitReport:
   code_bytes: int
   device_memory_bytes: int
   headroom: float
-  model_flops_per_step: float            # 6N + attention convention, whole step, all devices
-  xla_flops_per_device: float | None     # XLA's own count (TPU/CPU; None on the GPU compile-only target)
+  model_flops_per_step: float  # 6N + attention convention, whole step, all devices
+  xla_flops_per_device: float | None  # XLA's own count (TPU/CPU; None on the GPU compile-only target)
   peak_flops_per_device: float
   attention_kernels: list[str]
   compile_seconds: float
   notes: list[str] = dataclasses.field(default_factory=list)
-  compiler_refused: bool = False         # the compiler stopped at the memory limit: only temporaries are known
+  compiler_refused: bool = False  # the compiler stopped at the memory limit: only temporaries are known
   # Multi-slice / multi-node (aot/collectives.py): what crosses the data-centre network, per device per step.
-  granules: int = 1                      # slices (TPU) or nodes (GPU) the mesh spans
-  dcn: dict[str, int] = dataclasses.field(default_factory=dict)   # the config's mesh.dcn_* sizes
+  granules: int = 1  # slices (TPU) or nodes (GPU) the mesh spans
+  dcn: dict[str, int] = dataclasses.field(default_factory=dict)  # the config's mesh.dcn_* sizes
   dcn_collectives: dict[str, dict[str, float]] = dataclasses.field(default_factory=dict)  # collectives.by_kind
-  dcn_bandwidth: float | None = None     # bytes/s per device (neobert_jax/hardware.py), None if not published
+  dcn_bandwidth: float | None = None  # bytes/s per device (neobert_jax/hardware.py), None if not published
   # The roofline of the compiled program (aot/roofline.py): its summary and the lines the report prints.
   roofline: dict[str, Any] | None = None
   roofline_lines: list[str] = dataclasses.field(default_factory=list)
@@ -86,10 +86,16 @@ class FitReport:
   def as_dict(self) -> dict[str, Any]:
     d = dataclasses.asdict(self)
     d.pop('roofline_lines')
-    d.update(total_bytes=self.total_bytes, fits=self.fits, uses_cudnn_attention=self.uses_cudnn_attention,
-             tokens_per_step=self.global_batch * self.seq_len, step_seconds_at_50pct_mfu=self.step_seconds_at(0.5),
-             dcn_bytes_per_step=self.dcn_bytes_per_step, dcn_seconds=self.dcn_seconds,
-             fsdp_gathers_cross_dcn=self.fsdp_gathers_cross_dcn)
+    d.update(
+      total_bytes=self.total_bytes,
+      fits=self.fits,
+      uses_cudnn_attention=self.uses_cudnn_attention,
+      tokens_per_step=self.global_batch * self.seq_len,
+      step_seconds_at_50pct_mfu=self.step_seconds_at(0.5),
+      dcn_bytes_per_step=self.dcn_bytes_per_step,
+      dcn_seconds=self.dcn_seconds,
+      fsdp_gathers_cross_dcn=self.fsdp_gathers_cross_dcn,
+    )
     return d
 
 
@@ -97,9 +103,13 @@ def memory_numbers(compiled: Any) -> dict[str, int]:
   stats = compiled.memory_analysis()
   if stats is None:
     raise RuntimeError('this backend gives no memory analysis for the compiled step')
-  return dict(argument_bytes=int(stats.argument_size_in_bytes), output_bytes=int(stats.output_size_in_bytes),
-              alias_bytes=int(stats.alias_size_in_bytes), temp_bytes=int(stats.temp_size_in_bytes),
-              code_bytes=int(stats.generated_code_size_in_bytes))
+  return dict(
+    argument_bytes=int(stats.argument_size_in_bytes),
+    output_bytes=int(stats.output_size_in_bytes),
+    alias_bytes=int(stats.alias_size_in_bytes),
+    temp_bytes=int(stats.temp_size_in_bytes),
+    code_bytes=int(stats.generated_code_size_in_bytes),
+  )
 
 
 def xla_flops(compiled: Any) -> float | None:
@@ -108,7 +118,7 @@ def xla_flops(compiled: Any) -> float | None:
     cost = compiled.cost_analysis()
   except Exception:  # the GPU compile-only client raises or returns None
     return None
-  if isinstance(cost, (list, tuple)):   # older jax returned one dict per program
+  if isinstance(cost, (list, tuple)):  # older jax returned one dict per program
     cost = cost[0] if cost else None
   if not cost or 'flops' not in cost:
     return None
@@ -121,11 +131,13 @@ def attention_kernels(hlo_text: str) -> list[str]:
   return sorted(set(_CUDNN_RE.findall(hlo_text)) | set(_SPLASH_RE.findall(hlo_text)))
 
 
-_UNITS = {'': 1, 'K': 1024, 'M': 1024 ** 2, 'G': 1024 ** 3, 'T': 1024 ** 4}
+_UNITS = {'': 1, 'K': 1024, 'M': 1024**2, 'G': 1024**3, 'T': 1024**4}
 # libtpu: "RESOURCE_EXHAUSTED: Ran out of memory on HBM, the total memory required for HLO temporaries
 # (27.44G) exceeds available HBM (15.75G)."  and the older "Used 27.44G of 15.75G hbm" wording.
-_OOM_RES = (re.compile(r'required for HLO temporaries \(([\d.]+)([KMGT]?)'),
-            re.compile(r'Used ([\d.]+)([KMGT]?) of [\d.]+[KMGT]? hbm'))
+_OOM_RES = (
+  re.compile(r'required for HLO temporaries \(([\d.]+)([KMGT]?)'),
+  re.compile(r'Used ([\d.]+)([KMGT]?) of [\d.]+[KMGT]? hbm'),
+)
 
 
 def parse_oom(message: str) -> int | None:
@@ -141,9 +153,9 @@ def parse_oom(message: str) -> int | None:
 
 def _gib(n: float) -> str:
   """Bytes in GiB, or MiB below 1 GiB (toy configs would otherwise print 0.00 everywhere)."""
-  if abs(n) < 1024 ** 3:
-    return f'{n / 1024 ** 2:8.1f} MiB'
-  return f'{n / 1024 ** 3:8.2f} GiB'
+  if abs(n) < 1024**3:
+    return f'{n / 1024**2:8.1f} MiB'
+  return f'{n / 1024**3:8.2f} GiB'
 
 
 def _flops(n: float) -> str:
@@ -153,27 +165,30 @@ def _flops(n: float) -> str:
 def format_report(r: FitReport) -> str:
   mesh = ' x '.join(f'{k}={v}' for k, v in r.mesh.items())
   lines = [
-      f'target        {r.target}: {r.num_devices} x {r.device_kind}',
-      f'mesh          {mesh}',
-      f'batch         {r.global_batch} sequences x {r.seq_len} tokens = {r.global_batch * r.seq_len:,} tokens/step'
-      + (f' ({r.grad_accum} micro-batches)' if r.grad_accum > 1 else ''),
-      'memory per device:' + (' (compile stopped at the memory limit; only the temporaries are known)'
-                              if r.compiler_refused else ''),
-      f'  arguments   {_gib(r.argument_bytes)}',
-      f'  outputs     {_gib(r.output_bytes)}  (aliased with donated arguments: {_gib(r.alias_bytes).strip()})',
-      f'  temporaries {_gib(r.temp_bytes)}',
-      f'  code        {_gib(r.code_bytes)}',
-      f'  total       {_gib(r.total_bytes)}  of {_gib(r.device_memory_bytes).strip()} '
-      f'({100 * r.total_bytes / r.device_memory_bytes:.1f}%)',
-      f'fits          {"YES" if r.fits else "NO"} (limit {int(100 * r.headroom)}% of device memory)',
-      f'model FLOPs   {_flops(r.model_flops_per_step)}/step '
-      f'({_flops(r.model_flops_per_step / r.num_devices)} per device; 6 x matmul params + attention, per token)',
+    f'target        {r.target}: {r.num_devices} x {r.device_kind}',
+    f'mesh          {mesh}',
+    f'batch         {r.global_batch} sequences x {r.seq_len} tokens = {r.global_batch * r.seq_len:,} tokens/step'
+    + (f' ({r.grad_accum} micro-batches)' if r.grad_accum > 1 else ''),
+    'memory per device:'
+    + (' (compile stopped at the memory limit; only the temporaries are known)' if r.compiler_refused else ''),
+    f'  arguments   {_gib(r.argument_bytes)}',
+    f'  outputs     {_gib(r.output_bytes)}  (aliased with donated arguments: {_gib(r.alias_bytes).strip()})',
+    f'  temporaries {_gib(r.temp_bytes)}',
+    f'  code        {_gib(r.code_bytes)}',
+    f'  total       {_gib(r.total_bytes)}  of {_gib(r.device_memory_bytes).strip()} '
+    f'({100 * r.total_bytes / r.device_memory_bytes:.1f}%)',
+    f'fits          {"YES" if r.fits else "NO"} (limit {int(100 * r.headroom)}% of device memory)',
+    f'model FLOPs   {_flops(r.model_flops_per_step)}/step '
+    f'({_flops(r.model_flops_per_step / r.num_devices)} per device; 6 x matmul params + attention, per token)',
   ]
   if r.xla_flops_per_device is not None:
-    lines.append(f'XLA FLOPs     {_flops(r.xla_flops_per_device)}/step per device (XLA cost analysis of the '
-                 'partitioned program)')
-  lines.append(f'step time     {r.step_seconds_at(0.5) * 1e3:.3g} ms at 50% MFU '
-               f'({r.peak_flops_per_device / 1e12:.0f} TFLOP/s peak per device)')
+    lines.append(
+      f'XLA FLOPs     {_flops(r.xla_flops_per_device)}/step per device (XLA cost analysis of the partitioned program)'
+    )
+  lines.append(
+    f'step time     {r.step_seconds_at(0.5) * 1e3:.3g} ms at 50% MFU '
+    f'({r.peak_flops_per_device / 1e12:.0f} TFLOP/s peak per device)'
+  )
   cudnn = [k for k in r.attention_kernels if k.startswith('__cudnn')]
   splash = [k for k in r.attention_kernels if k.startswith('splash')]
   if cudnn:
@@ -196,8 +211,10 @@ def fsdp_gather_warning(gather_bytes: float, dcn: dict[str, int]) -> str:
     where = 'the devices span slices / nodes but mesh.dcn_* are all 1, so the mesh ignores the boundary'
   else:
     where = 'an all-gather spans slices / nodes'
-  return (f'FSDP\'s parameter all-gathers cross the DCN ({_gib(gather_bytes).strip()} per device per step): '
-          f'{where}; set mesh.dcn_data to the number of slices / nodes and keep fsdp inside each')
+  return (
+    f"FSDP's parameter all-gathers cross the DCN ({_gib(gather_bytes).strip()} per device per step): "
+    f'{where}; set mesh.dcn_data to the number of slices / nodes and keep fsdp inside each'
+  )
 
 
 def dcn_lines(r: FitReport) -> list[str]:
@@ -213,8 +230,10 @@ def dcn_lines(r: FitReport) -> list[str]:
     lines.append(f'  {kind:20s}{runs:26s}{_gib(row["bytes"])}')
   total = f'  {"total":46s}{_gib(r.dcn_bytes_per_step)}'
   if r.dcn_seconds is not None:
-    total += (f'  -> {r.dcn_seconds * 1e3:.3g} ms/step at {r.dcn_bandwidth / 1e9:.3g} GB/s per device '
-              '(neobert_jax/hardware.py; nothing overlapped)')
+    total += (
+      f'  -> {r.dcn_seconds * 1e3:.3g} ms/step at {r.dcn_bandwidth / 1e9:.3g} GB/s per device '
+      '(neobert_jax/hardware.py; nothing overlapped)'
+    )
   else:
     total += '  (no published DCN bandwidth for this device: no time estimate)'
   lines.append(total)
@@ -227,7 +246,12 @@ def dcn_fields(hlo: str, mesh: Any, mesh_config: Any, target: Any) -> dict[str, 
   """The FitReport fields of the DCN section, for a program compiled on `mesh` for `target`."""
   from neobert_jax import sharding as shd  # pylint: disable=g-import-not-at-top
   from neobert_jax.aot import collectives  # pylint: disable=g-import-not-at-top
+
   layout = shd.resolve_layout(dict(mesh_config), mesh.size)
   granules, transfers = collectives.for_mesh(hlo, mesh, layout) if hlo else (target.num_granules, [])
-  return dict(granules=granules, dcn={f: int(mesh_config[f]) for f in shd.DCN_FIELDS.values() if f in mesh_config},
-              dcn_collectives=collectives.by_kind(transfers), dcn_bandwidth=target.dcn_bandwidth)
+  return dict(
+    granules=granules,
+    dcn={f: int(mesh_config[f]) for f in shd.DCN_FIELDS.values() if f in mesh_config},
+    dcn_collectives=collectives.by_kind(transfers),
+    dcn_bandwidth=target.dcn_bandwidth,
+  )

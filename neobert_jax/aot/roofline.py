@@ -32,26 +32,43 @@ from neobert_jax.aot import collectives
 from neobert_jax.aot import hlo as hlo_lib
 from neobert_jax.aot import kernel_cost
 
-_FREE = {'parameter', 'constant', 'get-tuple-element', 'tuple', 'bitcast', 'while', 'conditional', 'call',
-         'after-all', 'partition-id', 'replica-id', 'add-dependency', 'opt-barrier', 'domain', 'copy-done',
-         'send-done', 'recv-done', 'get-dimension-size'}
+_FREE = {
+  'parameter',
+  'constant',
+  'get-tuple-element',
+  'tuple',
+  'bitcast',
+  'while',
+  'conditional',
+  'call',
+  'after-all',
+  'partition-id',
+  'replica-id',
+  'add-dependency',
+  'opt-barrier',
+  'domain',
+  'copy-done',
+  'send-done',
+  'recv-done',
+  'get-dimension-size',
+}
 _COLLECTIVE = re.compile(r'^(' + '|'.join(collectives.KINDS) + r')(-start|-done)?$')
 _ATTENTION_CALL = re.compile(r'__cudnn\$fmha|splash_mha|flash_attention|mha_(?:fwd|bwd)')
-GPU_MIN_KERNEL_SECONDS = 2e-6   # launch and tail of one kernel on a GPU (assumption; CUDA graphs hide the launch)
+GPU_MIN_KERNEL_SECONDS = 2e-6  # launch and tail of one kernel on a GPU (assumption; CUDA graphs hide the launch)
 TPU_MIN_KERNEL_SECONDS = 0.5e-6
 
 
 @dataclasses.dataclass
 class Op:
   name: str
-  category: str        # matmul | attention | collective | other
-  label: str           # what it computes (jax's op_name, shortened)
-  runs: int            # executions per step
-  flops: float         # per execution
-  bytes: float         # HBM bytes per execution (link bytes for a collective)
-  seconds: float       # per execution
-  bound: str           # compute | memory | link | launch
-  overlapped: bool = False   # an asynchronous collective
+  category: str  # matmul | attention | collective | other
+  label: str  # what it computes (jax's op_name, shortened)
+  runs: int  # executions per step
+  flops: float  # per execution
+  bytes: float  # HBM bytes per execution (link bytes for a collective)
+  seconds: float  # per execution
+  bound: str  # compute | memory | link | launch
+  overlapped: bool = False  # an asynchronous collective
 
   @property
   def total_seconds(self) -> float:
@@ -95,12 +112,17 @@ class Roofline:
     return sorted(self.ops, key=lambda o: -o.total_seconds)[:n]
 
   def as_dict(self, top: int = 15) -> dict[str, Any]:
-    return {'device_kind': self.device_kind, 'step_seconds': self.step_seconds, 'mfu': self.mfu,
-            'other_share': self.other_share, 'model_flops_per_device': self.model_flops_per_device,
-            'seconds': {c: self.seconds(c) for c in ('matmul', 'attention', 'other', 'collective')},
-            'flops': {c: self.flops(c) for c in ('matmul', 'attention')},
-            'attention_forward_flops': self.attention_forward_flops,
-            'top': [dataclasses.asdict(o) | {'total_seconds': o.total_seconds} for o in self.top(top)]}
+    return {
+      'device_kind': self.device_kind,
+      'step_seconds': self.step_seconds,
+      'mfu': self.mfu,
+      'other_share': self.other_share,
+      'model_flops_per_device': self.model_flops_per_device,
+      'seconds': {c: self.seconds(c) for c in ('matmul', 'attention', 'other', 'collective')},
+      'flops': {c: self.flops(c) for c in ('matmul', 'attention')},
+      'attention_forward_flops': self.attention_forward_flops,
+      'top': [dataclasses.asdict(o) | {'total_seconds': o.total_seconds} for o in self.top(top)],
+    }
 
 
 def _label(ins: hlo_lib.Instr) -> str:
@@ -121,20 +143,32 @@ def matmul_seconds(acc: hardware.Accelerator, flops: float, batch: int, m: int, 
     def filled(splits: int) -> float:
       units = tiles * splits
       return units / (math.ceil(units / acc.cores) * acc.cores)
+
     # split-K (as cuBLAS's heuristics do) when the output tiles leave cores idle and K is long enough to share
     splits = max(range(1, max(1, min(16, k // 512)) + 1), key=lambda s: (round(filled(s), 3), -s))
     util, k_eff = filled(splits), k / splits
   return flops / (acc.matmul_rate(k_eff) * util)
 
 
-def analyze(hlo: str, acc: hardware.Accelerator, device_kind: str, *, num_devices: int,
-            granule_of: Callable[[int], int] | None = None, num_granules: int = 1,
-            model_flops_per_device: float | None = None, min_kernel_seconds: float = GPU_MIN_KERNEL_SECONDS
-            ) -> Roofline:
+def analyze(
+  hlo: str,
+  acc: hardware.Accelerator,
+  device_kind: str,
+  *,
+  num_devices: int,
+  granule_of: Callable[[int], int] | None = None,
+  num_granules: int = 1,
+  model_flops_per_device: float | None = None,
+  min_kernel_seconds: float = GPU_MIN_KERNEL_SECONDS,
+) -> Roofline:
   mod = kernel_cost.Module(hlo)
   runs = hlo_lib.executions(mod.comps)
-  dcn = {t.name: t for t in (collectives.dcn_transfers(hlo, granule_of, num_devices, num_granules)
-                             if granule_of and num_granules > 1 else [])}
+  dcn = {
+    t.name: t
+    for t in (
+      collectives.dcn_transfers(hlo, granule_of, num_devices, num_granules) if granule_of and num_granules > 1 else []
+    )
+  }
   hbm = acc.hbm_bytes_per_s * acc.hbm_efficiency
   link = (acc.link_bytes_per_s or acc.hbm_bytes_per_s) * acc.link_efficiency
   ops, step, exposed = [], 0.0, 0.0
@@ -166,24 +200,31 @@ def _one(ins, comp, types, mod, acc, hbm, link, dcn, num_devices, min_kernel, ru
   if kind:
     sizes = hlo_lib.type_sizes(ins.type)
     if kind.group(2) and kind.group(1) != 'all-reduce' and isinstance(sizes, list) and len(sizes) > 1:
-      sizes = sizes[1]      # async start: (operands, results)
+      sizes = sizes[1]  # async start: (operands, results)
     result = hlo_lib.total(sizes)
     groups = collectives.replica_groups(ins.attrs, num_devices) or [[0]]
     n = len(groups[0])
-    per = {'all-gather': result * (n - 1) / n, 'reduce-scatter': result * (n - 1),
-           'all-reduce': 2 * result * (n - 1) / n, 'all-to-all': result * (n - 1) / n,
-           'collective-permute': result}[kind.group(1)]
+    per = {
+      'all-gather': result * (n - 1) / n,
+      'reduce-scatter': result * (n - 1),
+      'all-reduce': 2 * result * (n - 1) / n,
+      'all-to-all': result * (n - 1) / n,
+      'collective-permute': result,
+    }[kind.group(1)]
     crossing = dcn.get(ins.name)
     seconds = per / link + (crossing.dcn_bytes / acc.dcn_bytes_per_s if crossing and acc.dcn_bytes_per_s else 0)
-    return Op(ins.name, 'collective', f'{kind.group(1)} x{n}', runs, 0.0, per, seconds, 'link',
-              overlapped=bool(kind.group(2)))
+    return Op(
+      ins.name, 'collective', f'{kind.group(1)} x{n}', runs, 0.0, per, seconds, 'link', overlapped=bool(kind.group(2))
+    )
   if ins.op == 'custom-call' and _ATTENTION_CALL.search(ins.attrs):
     flops, keys, backward = kernel_cost.attention_work(ins, types)
     compute, direction = (flops / acc.attention_rate(keys, backward) if flops else 0.0), 'bwd' if backward else 'fwd'
     moved = sum(size(o) for o in ins.operands) + hlo_lib.total(hlo_lib.type_sizes(ins.type))
     return _timed(ins.name, 'attention', f'attention ({direction})', runs, flops, moved, compute, hbm, min_kernel)
   fused = [c for c in hlo_lib.called(ins)] if ins.op == 'fusion' else []
-  dots = mod.dots(fused[0]) if fused else ([kernel_cost.dot_shape(ins, types)] if ins.op in ('dot', 'convolution') else [])
+  dots = (
+    mod.dots(fused[0]) if fused else ([kernel_cost.dot_shape(ins, types)] if ins.op in ('dot', 'convolution') else [])
+  )
   if ins.op == 'custom-call' and re.search(r'gemm|matmul', ins.attrs):
     dots = [kernel_cost.dot_shape(ins, types)]
   if fused:
@@ -208,26 +249,43 @@ def _timed(name, category, label, runs, flops, moved, compute, hbm, min_kernel) 
   return Op(name, category, label, runs, flops, moved, seconds, bound)
 
 
-def for_program(hlo: str, target: Any, mesh: Any, mesh_config: Any,
-                model_flops_per_device: float | None) -> Roofline:
+def for_program(hlo: str, target: Any, mesh: Any, mesh_config: Any, model_flops_per_device: float | None) -> Roofline:
   """The roofline of a program compiled on `mesh` for `target` (aot/targets.py), with the DCN part of each
   collective priced at the DCN bandwidth."""
   from neobert_jax import sharding as shd  # pylint: disable=g-import-not-at-top
+
   kind = mesh.devices.flat[0].device_kind
   acc = hardware.lookup(kind) or hardware.lookup(target.chip.name)
   ids = shd.granule_ids(mesh, shd.resolve_layout(dict(mesh_config), mesh.size))
-  return analyze(hlo, acc, kind, num_devices=mesh.size, granule_of=ids.__getitem__, num_granules=len(set(ids)),
-                 model_flops_per_device=model_flops_per_device,
-                 min_kernel_seconds=TPU_MIN_KERNEL_SECONDS if target.platform == 'tpu' else GPU_MIN_KERNEL_SECONDS)
+  return analyze(
+    hlo,
+    acc,
+    kind,
+    num_devices=mesh.size,
+    granule_of=ids.__getitem__,
+    num_granules=len(set(ids)),
+    model_flops_per_device=model_flops_per_device,
+    min_kernel_seconds=TPU_MIN_KERNEL_SECONDS if target.platform == 'tpu' else GPU_MIN_KERNEL_SECONDS,
+  )
 
 
 def grouped(r: Roofline, n: int = 8) -> list[dict[str, Any]]:
   """The costliest kernels, those computing the same thing (one per layer when unrolled) taken together."""
   groups: dict[tuple[str, str], dict[str, Any]] = {}
   for o in r.ops:
-    g = groups.setdefault((o.category, o.label), {'category': o.category, 'label': o.label, 'kernels': 0,
-                                                  'runs': 0, 'seconds': 0.0, 'flops': 0.0, 'bytes': 0.0,
-                                                  'bounds': set()})
+    g = groups.setdefault(
+      (o.category, o.label),
+      {
+        'category': o.category,
+        'label': o.label,
+        'kernels': 0,
+        'runs': 0,
+        'seconds': 0.0,
+        'flops': 0.0,
+        'bytes': 0.0,
+        'bounds': set(),
+      },
+    )
     g['kernels'] += 1
     g['runs'] += o.runs
     g['seconds'] += o.total_seconds
@@ -240,15 +298,22 @@ def grouped(r: Roofline, n: int = 8) -> list[dict[str, Any]]:
   return out
 
 
-def format_lines(r: Roofline, model_matmul_flops: float | None = None,
-                 model_attention_flops: float | None = None, top: int = 8) -> list[str]:
+def format_lines(
+  r: Roofline, model_matmul_flops: float | None = None, model_attention_flops: float | None = None, top: int = 8
+) -> list[str]:
   """The report's roofline section (per device per step)."""
   step = r.step_seconds or 1e-30
   mfu = f', est. MFU {r.mfu:.1%} of {r.peak_flops / 1e12:.0f} TFLOP/s' if r.mfu is not None else ''
-  lines = [f'roofline      {r.step_seconds * 1e3:,.1f} ms/step estimated{mfu} (a model, not a measurement: '
-           'aot/roofline.py, rates in hardware.py)']
-  what = {'matmul': 'matmuls', 'attention': 'fused attention', 'other': 'memory-bound kernels',
-          'collective': 'exposed communication'}
+  lines = [
+    f'roofline      {r.step_seconds * 1e3:,.1f} ms/step estimated{mfu} (a model, not a measurement: '
+    'aot/roofline.py, rates in hardware.py)'
+  ]
+  what = {
+    'matmul': 'matmuls',
+    'attention': 'fused attention',
+    'other': 'memory-bound kernels',
+    'collective': 'exposed communication',
+  }
   for c in ('matmul', 'attention', 'other', 'collective'):
     s = r.seconds(c)
     extra = ''
@@ -259,15 +324,21 @@ def format_lines(r: Roofline, model_matmul_flops: float | None = None,
     lines.append(f'  {what[c]:22s}{s * 1e3:10,.1f} ms {100 * s / step:5.1f}%{extra}')
   lines.append(f'  outside matmuls and attention: {r.other_share:.1%} of the step')
   if model_matmul_flops:
-    lines.append(f'  check: dot FLOPs {r.flops("matmul") / 1e12:,.2f} TFLOP vs the model formula\'s matmul term '
-                 f'{model_matmul_flops / 1e12:,.2f} (ratio {r.flops("matmul") / model_matmul_flops:.3f})')
+    lines.append(
+      f"  check: dot FLOPs {r.flops('matmul') / 1e12:,.2f} TFLOP vs the model formula's matmul term "
+      f'{model_matmul_flops / 1e12:,.2f} (ratio {r.flops("matmul") / model_matmul_flops:.3f})'
+    )
   if model_attention_flops and r.attention_forward_flops:
-    lines.append(f'  check: 3 x attention forward FLOPs {3 * r.attention_forward_flops / 1e12:,.2f} TFLOP vs the '
-                 f'formula\'s attention term {model_attention_flops / 1e12:,.2f} '
-                 f'(ratio {3 * r.attention_forward_flops / model_attention_flops:.3f})')
+    lines.append(
+      f'  check: 3 x attention forward FLOPs {3 * r.attention_forward_flops / 1e12:,.2f} TFLOP vs the '
+      f"formula's attention term {model_attention_flops / 1e12:,.2f} "
+      f'(ratio {3 * r.attention_forward_flops / model_attention_flops:.3f})'
+    )
   lines.append('  costliest kernels (same computation across layers taken together):')
   for g in grouped(r, top):
     rate = f', {g["flops"] / g["seconds"] / 1e12:,.0f} TFLOP/s' if g['flops'] and g['seconds'] else ''
-    lines.append(f'    {g["seconds"] * 1e3:9,.1f} ms  {g["category"]:10s} {g["runs"]:5d} runs  '
-                 f'{g["bytes"] / 1e9:8,.1f} GB{rate}  {g["bounds"]:8s} {g["label"]}')
+    lines.append(
+      f'    {g["seconds"] * 1e3:9,.1f} ms  {g["category"]:10s} {g["runs"]:5d} runs  '
+      f'{g["bytes"] / 1e9:8,.1f} GB{rate}  {g["bounds"]:8s} {g["label"]}'
+    )
   return lines

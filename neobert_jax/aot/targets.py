@@ -23,7 +23,7 @@ from neobert_jax import hardware
 
 from neobert_jax.errors import ConfigError  # a bad --target is the user's to fix: one line, status 2
 
-GIB = 1024 ** 3
+GIB = 1024**3
 
 # The H100 SXM 80GB as XLA's GpuTargetConfigProto wants it (the figures of XLA's h100_sxm spec): what the GPU
 # compiler needs to choose kernels and to check the cuDNN fused-attention requirements (compute capability 9.0,
@@ -64,34 +64,34 @@ device_description_str: "NVIDIA H100 80GB HBM3"
 @dataclasses.dataclass(frozen=True)
 class Chip:
   name: str
-  memory_bytes: int          # per device (a TPU chip in one-device-per-chip mode, or a GPU)
-  dims: int = 2              # TPU torus rank
+  memory_bytes: int  # per device (a TPU chip in one-device-per-chip mode, or a GPU)
+  dims: int = 2  # TPU torus rank
   chip_config: str = 'default'
   cores_per_chip_in_name: int = 1  # v4-8 / v5p-8 name TensorCores, not chips
   compute_capability: str | None = None  # NVIDIA GPUs: decides the cuDNN kernels available (packed layout: 9.0+)
 
 
 CHIPS = {
-    'h100': Chip('H100 SXM 80GB', 84942979072, compute_capability='9.0'),
-    # v4 and v5p have two TensorCores per chip that jax drives as one device ("megacore").
-    'v4': Chip('TPU v4', 32 * GIB, dims=3, chip_config='megacore', cores_per_chip_in_name=2),
-    'v5p': Chip('TPU v5p', 95 * GIB, dims=3, chip_config='megacore', cores_per_chip_in_name=2),
-    'v5e': Chip('TPU v5 lite', 16 * GIB),
-    'v6e': Chip('TPU v6 lite', 32 * GIB),
+  'h100': Chip('H100 SXM 80GB', 84942979072, compute_capability='9.0'),
+  # v4 and v5p have two TensorCores per chip that jax drives as one device ("megacore").
+  'v4': Chip('TPU v4', 32 * GIB, dims=3, chip_config='megacore', cores_per_chip_in_name=2),
+  'v5p': Chip('TPU v5p', 95 * GIB, dims=3, chip_config='megacore', cores_per_chip_in_name=2),
+  'v5e': Chip('TPU v5 lite', 16 * GIB),
+  'v6e': Chip('TPU v6 lite', 32 * GIB),
 }
 
 # Chips per host along each torus axis (4 chips per TPU VM host in multi-host slices).
-_TPU_HOST_BOUNDS = {2: (2, 2, 1), 3: (2, 2, 1)}   # 4 chips per host: v5e/v6e 2x2 hosts, v4/v5p 2x2x1 hosts
+_TPU_HOST_BOUNDS = {2: (2, 2, 1), 3: (2, 2, 1)}  # 4 chips per host: v5e/v6e 2x2 hosts, v4/v5p 2x2x1 hosts
 
 
 @dataclasses.dataclass(frozen=True)
 class Target:
-  spec: str                  # as given on the command line
-  platform: str              # 'tpu' | 'cuda'
+  spec: str  # as given on the command line
+  platform: str  # 'tpu' | 'cuda'
   chip: Chip
   num_devices: int
-  tpu_topology: str | None = None      # e.g. 'v5e:16x16', one slice's grid
-  num_slices: int = 1                  # TPU slices over the data-centre network (num_devices counts them all)
+  tpu_topology: str | None = None  # e.g. 'v5e:16x16', one slice's grid
+  num_slices: int = 1  # TPU slices over the data-centre network (num_devices counts them all)
   gpu_hosts: int | None = None
   gpus_per_host: int | None = None
 
@@ -131,7 +131,7 @@ def _grid_3d(chips: int) -> tuple[int, int, int]:
   if chips & (chips - 1) or chips < 4:
     raise ConfigError(f'{chips} chips: 3-D TPU slices have a power-of-two chip count of at least 4')
   dims = [2, 2, 1]
-  while math.prod(dims) < chips:   # grow the smallest axis first: 2x2x1, 2x2x2, 2x2x4, 2x4x4, 4x4x4, ...
+  while math.prod(dims) < chips:  # grow the smallest axis first: 2x2x1, 2x2x2, 2x2x4, 2x4x4, 4x4x4, ...
     i = min(range(3), key=lambda k: (dims[k], -k))
     dims[i] *= 2
   return tuple(dims)
@@ -152,8 +152,9 @@ def parse_target(spec: str) -> Target:
   if platform == 'tpu':
     m = re.fullmatch(r'(?:(\d+)x)?(v4|v5e|v5p|v6e)([-:])([\dx]+)', rest.lower())
     if not m:
-      raise ConfigError(f'TPU target {spec!r}: expected e.g. tpu:v5e-256, tpu:v4-32, tpu:v5e:16x16 or '
-                        'tpu:2xv5p-256 (2 slices)')
+      raise ConfigError(
+        f'TPU target {spec!r}: expected e.g. tpu:v5e-256, tpu:v4-32, tpu:v5e:16x16 or tpu:2xv5p-256 (2 slices)'
+      )
     slices, gen, sep, size = m.groups()
     slices = int(slices or 1)
     if slices < 1:
@@ -177,20 +178,25 @@ def parse_target(spec: str) -> Target:
 def devices(target: Target) -> list:
   """Compile-only devices of the target (needs the child environment from aot/deps.py)."""
   from jax.experimental import topologies
+
   if target.platform == 'tpu':
     bounds = _TPU_HOST_BOUNDS[target.chip.dims]
     grid = tuple(int(x) for x in target.tpu_topology.split(':')[1].split('x'))
     # A slice smaller than a host is a single host holding all of it.
     bounds = tuple(min(b, g) for b, g in zip(bounds, grid + (1,) * (3 - len(grid))))
-    topo = topologies.get_topology_desc(platform='tpu', topology_name=target.tpu_topology,
-                                        chip_config_name=target.chip.chip_config,
-                                        chips_per_host_bounds=bounds, num_slices=target.num_slices,
-                                        wrap=(False,) * 3)
+    topo = topologies.get_topology_desc(
+      platform='tpu',
+      topology_name=target.tpu_topology,
+      chip_config_name=target.chip.chip_config,
+      chips_per_host_bounds=bounds,
+      num_slices=target.num_slices,
+      wrap=(False,) * 3,
+    )
   else:
     # 'partitions x hosts x devices per host'
-    topo = topologies.get_topology_desc(platform='cuda',
-                                        topology=f'1x{target.gpu_hosts}x{target.gpus_per_host}',
-                                        target_config=H100_SXM_TARGET)
+    topo = topologies.get_topology_desc(
+      platform='cuda', topology=f'1x{target.gpu_hosts}x{target.gpus_per_host}', target_config=H100_SXM_TARGET
+    )
   devs = list(topo.devices)
   if len(devs) != target.num_devices:
     raise RuntimeError(f'{target.spec}: topology has {len(devs)} devices, expected {target.num_devices}')

@@ -71,8 +71,9 @@ def load(path: str | Path, overrides: dict[str, Any] | None = None) -> ml_collec
 def unknown_key(key: str) -> ConfigError:
   """The error for an override of a field the schema lacks; a renamed one (RENAMED) names its new home."""
   if key in RENAMED:
-    return ConfigError(f'{key} is now {RENAMED[key]}: set --config.{RENAMED[key]}=... (cfg.{RENAMED[key]} in a '
-                       'recipe) instead')
+    return ConfigError(
+      f'{key} is now {RENAMED[key]}: set --config.{RENAMED[key]}=... (cfg.{RENAMED[key]} in a recipe) instead'
+    )
   return ConfigError(f'unknown config key {key!r}')
 
 
@@ -92,8 +93,10 @@ def _fit(cfg: Any, out: ml_collections.ConfigDict, prefix: str, unknown: list[st
     try:
       out[key] = value
     except TypeError:
-      raise ConfigError(f'{name}={value!r} is a {type(value).__name__}; the field is a {type(default).__name__} '
-                        f'(its default is {default!r})') from None
+      raise ConfigError(
+        f'{name}={value!r} is a {type(value).__name__}; the field is a {type(default).__name__} '
+        f'(its default is {default!r})'
+      ) from None
 
 
 def typed(cfg: Any, schema: ml_collections.ConfigDict, where: str) -> ml_collections.ConfigDict:
@@ -106,12 +109,16 @@ def typed(cfg: Any, schema: ml_collections.ConfigDict, where: str) -> ml_collect
     if key in RENAMED:
       raise unknown_key(key)
   if unknown:
-    raise ConfigError(f'unknown config keys {unknown}; every field must exist in the schema, {where} (check the '
-                      'spelling, or add the field there with its documentation)')
+    raise ConfigError(
+      f'unknown config keys {unknown}; every field must exist in the schema, {where} (check the '
+      'spelling, or add the field there with its documentation)'
+    )
   return schema
 
 
-def from_record(recorded: Mapping[str, Any] | ml_collections.ConfigDict, schema: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+def from_record(
+  recorded: Mapping[str, Any] | ml_collections.ConfigDict, schema: ml_collections.ConfigDict
+) -> ml_collections.ConfigDict:
   """A config read back from a run's config.json, typed by the current `schema` (a fresh get_config()): fields the
   record lacks (it predates them) take the schema's defaults and fields the schema no longer has are dropped."""
   _fit(recorded, schema, '', [])

@@ -61,15 +61,13 @@ def validate_data_config(cfg: ml_collections.ConfigDict) -> None:
   if cfg.packing not in PACKING_MODES:
     raise ValueError(f'data.packing must be one of {PACKING_MODES}, got {cfg.packing!r}')
   if cfg.mask_strategy not in MASK_STRATEGIES:
-    raise ValueError(
-        f'data.mask_strategy must be one of {MASK_STRATEGIES}, got {cfg.mask_strategy!r}')
+    raise ValueError(f'data.mask_strategy must be one of {MASK_STRATEGIES}, got {cfg.mask_strategy!r}')
   if not 0.0 < cfg.mask_rate < 1.0:
     raise ValueError(f'data.mask_rate must be in (0, 1), got {cfg.mask_rate}')
   if cfg.max_predictions < 0:
     raise ValueError(f'data.max_predictions must be >= 0, got {cfg.max_predictions}')
   if cfg.max_documents_per_row < 0:
-    raise ValueError(
-        f'data.max_documents_per_row must be >= 0, got {cfg.max_documents_per_row}')
+    raise ValueError(f'data.max_documents_per_row must be >= 0, got {cfg.max_documents_per_row}')
   if cfg.block_docs < 1:
     raise ValueError(f'data.block_docs must be >= 1, got {cfg.block_docs}')
   if cfg.num_workers < 0:

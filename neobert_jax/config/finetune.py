@@ -26,60 +26,76 @@ FORMATS = ('auto', 'csv', 'tsv', 'jsonl', 'parquet')
 def base_config(task: str = 'classification') -> ml_collections.ConfigDict:
   """Every field the fine-tuning loop reads, with GLUE-style defaults (the paper's grid centre)."""
   cfg = ml_collections.ConfigDict()
-  cfg.task = task           # 'classification' (also regression) or 'contrastive'
-  cfg.seed = 0              # head init, dropout, shuffling, validation split
+  cfg.task = task  # 'classification' (also regression) or 'contrastive'
+  cfg.seed = 0  # head init, dropout, shuffling, validation split
   cfg.model = default_model_config()  # used only without init.*; e.g. a tiny random model for tests
   # The numerics apply whatever the source (finetune/loop._RUNTIME_FIELDS): dtype is the one compute-dtype
   # setting, 'auto' = bf16 on accelerators, fp32 on CPU.
   cfg.model.dtype = 'auto'
   cfg.mesh = ml_collections.ConfigDict(dict(data=1, fsdp=-1, tensor=1))  # same axes and rules as pretraining
-  cfg.init = ml_collections.ConfigDict(dict(
-      from_checkpoint='',   # a pretraining workdir (its latest or `step` checkpoint)
+  cfg.init = ml_collections.ConfigDict(
+    dict(
+      from_checkpoint='',  # a pretraining workdir (its latest or `step` checkpoint)
       step=-1,
-      from_hf='',           # a Hugging Face NeoBERT directory
-  ))
-  cfg.data = ml_collections.ConfigDict(dict(
-      train_file='',        # CSV / TSV / JSONL / Parquet (format from the suffix, or data.format)
-      validation_file='',   # '' = hold out validation_fraction of the train file (stratified for labels)
+      from_hf='',  # a Hugging Face NeoBERT directory
+    )
+  )
+  cfg.data = ml_collections.ConfigDict(
+    dict(
+      train_file='',  # CSV / TSV / JSONL / Parquet (format from the suffix, or data.format)
+      validation_file='',  # '' = hold out validation_fraction of the train file (stratified for labels)
       validation_fraction=0.1,
       format='auto',
-      tokenizer='',         # '' = the source's tokenizer (pretraining run's data.tokenizer, HF dir), else bert
-      max_length=128,       # tokens per example, [CLS]/[SEP] included; longer texts are truncated
-      min_bucket=16,        # rows are padded to the next power of two >= this (few static shapes, few compiles)
+      tokenizer='',  # '' = the source's tokenizer (pretraining run's data.tokenizer, HF dir), else bert
+      max_length=128,  # tokens per example, [CLS]/[SEP] included; longer texts are truncated
+      min_bucket=16,  # rows are padded to the next power of two >= this (few static shapes, few compiles)
       # classification / regression
       text_field='text',
-      text_pair_field='',   # second text of a pair task ([CLS] a [SEP] b [SEP])
+      text_pair_field='',  # second text of a pair task ([CLS] a [SEP] b [SEP])
       label_field='label',
-      task_type='auto',     # 'auto': non-integer numbers -> regression, anything else -> classification
+      task_type='auto',  # 'auto': non-integer numbers -> regression, anything else -> classification
       # contrastive
       query_field='query',
       positive_field='positive',
-      negative_field='',    # optional hard negative column
-      dataset_field='',     # optional column naming each row's dataset, for per-dataset instructions
-      instructions='',      # JSON file {dataset: instruction}, prepended to queries ("Instruct: ...\nQuery: ")
-      query_prefix='',      # a fixed prefix for every query (used when a row's dataset has no instruction)
-      document_prefix='',   # a fixed prefix for every positive / negative
-  ))
-  cfg.train = ml_collections.ConfigDict(dict(
+      negative_field='',  # optional hard negative column
+      dataset_field='',  # optional column naming each row's dataset, for per-dataset instructions
+      instructions='',  # JSON file {dataset: instruction}, prepended to queries ("Instruct: ...\nQuery: ")
+      query_prefix='',  # a fixed prefix for every query (used when a row's dataset has no instruction)
+      document_prefix='',  # a fixed prefix for every positive / negative
+    )
+  )
+  cfg.train = ml_collections.ConfigDict(
+    dict(
       epochs=3,
-      num_steps=0,          # > 0 overrides epochs
-      batch_size=32,        # global batch (rows) per optimizer step; must split over data x fsdp
-      eval_every=0,         # steps between evaluations; 0 = once per epoch (and always at the end)
+      num_steps=0,  # > 0 overrides epochs
+      batch_size=32,  # global batch (rows) per optimizer step; must split over data x fsdp
+      eval_every=0,  # steps between evaluations; 0 = once per epoch (and always at the end)
       eval_batch_size=64,
       log_every=10,
-  ))
-  cfg.optimizer = ml_collections.ConfigDict(dict(
-      lr=2e-5, schedule='linear', warmup_fraction=0.1, weight_decay=1e-2,
-      b1=0.9, b2=0.999, eps=1e-8, clip_norm=1.0,
-  ))
-  cfg.head = ml_collections.ConfigDict(dict(
-      dropout=0.1,          # NeoBERT's classifier dropout (before the dense layer and before the classifier)
-      init_range=0.02,      # std of the head's normal init (NeoBERT's classifier_init_range)
-      pooling='mean',       # contrastive / embeddings: masked mean (NeoBERT's MTEB pooling) or [CLS]
-      normalize=True,       # contrastive export: L2-normalise embeddings
-      temperature=0.07,     # InfoNCE temperature (NeoBERT's SupConLoss default)
+    )
+  )
+  cfg.optimizer = ml_collections.ConfigDict(
+    dict(
+      lr=2e-5,
+      schedule='linear',
+      warmup_fraction=0.1,
+      weight_decay=1e-2,
+      b1=0.9,
+      b2=0.999,
+      eps=1e-8,
+      clip_norm=1.0,
+    )
+  )
+  cfg.head = ml_collections.ConfigDict(
+    dict(
+      dropout=0.1,  # NeoBERT's classifier dropout (before the dense layer and before the classifier)
+      init_range=0.02,  # std of the head's normal init (NeoBERT's classifier_init_range)
+      pooling='mean',  # contrastive / embeddings: masked mean (NeoBERT's MTEB pooling) or [CLS]
+      normalize=True,  # contrastive export: L2-normalise embeddings
+      temperature=0.07,  # InfoNCE temperature (NeoBERT's SupConLoss default)
       loss_reduction='mean',  # InfoNCE over the global batch: 'mean' or 'sum' (the original code sums)
-  ))
+    )
+  )
   cfg.eval = ml_collections.ConfigDict(dict(metric=''))  # metric that picks the best step; '' = by task
   cfg.logging = ml_collections.ConfigDict(dict(tensorboard=True, progress_bar=True))
   # '' = no export; classification -> HF AutoModelForSequenceClassification dir, contrastive -> sentence-transformers
@@ -101,9 +117,13 @@ def validate(cfg: ml_collections.ConfigDict, num_devices: int | None = None) -> 
     raise ConfigError('data.train_file is empty; pass --config.data.train_file=PATH (CSV, TSV, JSONL or Parquet)')
   if cfg.init.from_checkpoint and cfg.init.from_hf:
     raise ConfigError('set at most one of init.from_checkpoint and init.from_hf')
-  choices = (('data.format', d.format, FORMATS), ('data.task_type', d.task_type, TASK_TYPES),
-             ('optimizer.schedule', o.schedule, SCHEDULES), ('head.pooling', h.pooling, POOLINGS),
-             ('head.loss_reduction', h.loss_reduction, REDUCTIONS))
+  choices = (
+    ('data.format', d.format, FORMATS),
+    ('data.task_type', d.task_type, TASK_TYPES),
+    ('optimizer.schedule', o.schedule, SCHEDULES),
+    ('head.pooling', h.pooling, POOLINGS),
+    ('head.loss_reduction', h.loss_reduction, REDUCTIONS),
+  )
   for name, value, allowed in choices:
     if value not in allowed:
       raise ConfigError(f'{name}={value!r}; expected one of {allowed}')
@@ -115,11 +135,17 @@ def validate(cfg: ml_collections.ConfigDict, num_devices: int | None = None) -> 
     raise ConfigError('set train.epochs >= 1 or train.num_steps >= 1')
   if not 0 <= h.dropout < 1 or h.temperature <= 0 or not 0 <= o.warmup_fraction < 1:
     raise ConfigError('head.dropout and optimizer.warmup_fraction must be in [0, 1), head.temperature > 0')
-  ranges = (('optimizer.lr', o.lr > 0, '> 0'), ('optimizer.weight_decay', o.weight_decay >= 0, '>= 0'),
-            ('optimizer.b1', 0 <= o.b1 < 1, 'in [0, 1)'), ('optimizer.b2', 0 <= o.b2 < 1, 'in [0, 1)'),
-            ('optimizer.eps', o.eps > 0, '> 0'), ('optimizer.clip_norm', o.clip_norm >= 0, '>= 0 (0: no clipping)'),
-            ('head.init_range', h.init_range > 0, '> 0'), ('train.log_every', t.log_every >= 1, '>= 1'),
-            ('train.eval_every', t.eval_every >= 0, '>= 0 (0: once per epoch)'))
+  ranges = (
+    ('optimizer.lr', o.lr > 0, '> 0'),
+    ('optimizer.weight_decay', o.weight_decay >= 0, '>= 0'),
+    ('optimizer.b1', 0 <= o.b1 < 1, 'in [0, 1)'),
+    ('optimizer.b2', 0 <= o.b2 < 1, 'in [0, 1)'),
+    ('optimizer.eps', o.eps > 0, '> 0'),
+    ('optimizer.clip_norm', o.clip_norm >= 0, '>= 0 (0: no clipping)'),
+    ('head.init_range', h.init_range > 0, '> 0'),
+    ('train.log_every', t.log_every >= 1, '>= 1'),
+    ('train.eval_every', t.eval_every >= 0, '>= 0 (0: once per epoch)'),
+  )
   for name, ok, needed in ranges:
     if not ok:
       section, field = name.split('.')
@@ -128,6 +154,8 @@ def validate(cfg: ml_collections.ConfigDict, num_devices: int | None = None) -> 
   shards = shape['data'] * shape['fsdp']
   for field in ('batch_size', 'eval_batch_size'):
     if t[field] < 1 or t[field] % shards:
-      raise ConfigError(f'train.{field}={t[field]} does not split over the batch axes data x fsdp = {shards}; '
-                        f'make it a positive multiple of {shards}')
+      raise ConfigError(
+        f'train.{field}={t[field]} does not split over the batch axes data x fsdp = {shards}; '
+        f'make it a positive multiple of {shards}'
+      )
   return cfg

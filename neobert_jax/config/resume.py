@@ -28,36 +28,36 @@ IDENTITY, SCHEDULE, FREE = 'identity', 'schedule', 'free'
 
 # Longest matching prefix wins ('model.dtype' over 'model').
 PRETRAIN_RULES: dict[str, str] = {
-    'seed': IDENTITY,
-    'model': IDENTITY,                  # shapes, vocabulary, sequence length, norms, RoPE, param dtype, layout
-    'model.dtype': FREE,                # compute dtype: fp32 master weights either way
-    'model.attention_impl': FREE,
-    'model.splash_block_size': FREE,
-    'model.blockwise_block_size': FREE,
-    'model.remat_policy': FREE,
-    'data': IDENTITY,                   # corpus, tokenizer, packing, masking, data seed, block size, workers
-    'data.worker_buffer_size': FREE,
-    'mesh': FREE,                       # restore works onto any mesh and any process count
-    'train': IDENTITY,                  # a new train field is refused on change until it is classified
-    'train.num_steps': SCHEDULE,
-    'train.global_batch_size': SCHEDULE,
-    'train.grad_accum_steps': SCHEDULE,
-    'train.nan_policy': FREE,
-    'optimizer': SCHEDULE,
-    'eval': FREE,
-    'checkpoint': FREE,
-    'init': FREE,                       # a checkpoint in the workdir wins over any init source
-    'logging': FREE,
-    'export': FREE,
+  'seed': IDENTITY,
+  'model': IDENTITY,  # shapes, vocabulary, sequence length, norms, RoPE, param dtype, layout
+  'model.dtype': FREE,  # compute dtype: fp32 master weights either way
+  'model.attention_impl': FREE,
+  'model.splash_block_size': FREE,
+  'model.blockwise_block_size': FREE,
+  'model.remat_policy': FREE,
+  'data': IDENTITY,  # corpus, tokenizer, packing, masking, data seed, block size, workers
+  'data.worker_buffer_size': FREE,
+  'mesh': FREE,  # restore works onto any mesh and any process count
+  'train': IDENTITY,  # a new train field is refused on change until it is classified
+  'train.num_steps': SCHEDULE,
+  'train.global_batch_size': SCHEDULE,
+  'train.grad_accum_steps': SCHEDULE,
+  'train.nan_policy': FREE,
+  'optimizer': SCHEDULE,
+  'eval': FREE,
+  'checkpoint': FREE,
+  'init': FREE,  # a checkpoint in the workdir wins over any init source
+  'logging': FREE,
+  'export': FREE,
 }
 
 
 @dataclasses.dataclass(frozen=True)
 class Change:
-  field: str      # dotted, e.g. 'model.hidden_size'
-  before: Any     # the recorded value (MISSING: the recorded config predates the field)
+  field: str  # dotted, e.g. 'model.hidden_size'
+  before: Any  # the recorded value (MISSING: the recorded config predates the field)
   after: Any
-  kind: str       # IDENTITY | SCHEDULE | FREE
+  kind: str  # IDENTITY | SCHEDULE | FREE
 
   def describe(self) -> str:
     return f'{self.field} {_show(self.before)} -> {_show(self.after)}'
@@ -90,23 +90,30 @@ def rule(field: str, rules: Mapping[str, str]) -> str:
 
 def flat(tree: Mapping[str, Any], prefix: str = '') -> dict[str, Any]:
   """Nested sections -> {'section.field': value} (the schema stays free of jax, so not weights.flat's)."""
-  return {name: value for key, sub in tree.items()
-          for name, value in (flat(sub, f'{prefix}{key}.') if isinstance(sub, Mapping)
-                              else {f'{prefix}{key}': sub}).items()}
+  return {
+    name: value
+    for key, sub in tree.items()
+    for name, value in (flat(sub, f'{prefix}{key}.') if isinstance(sub, Mapping) else {f'{prefix}{key}': sub}).items()
+  }
 
 
 def _same(a: Any, b: Any) -> bool:
   # JSON round trips turn tuples into lists and may turn 3.0 into 3; neither is a change.
   if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
     return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
-  if isinstance(a, (int, float)) and isinstance(b, (int, float)) and not isinstance(a, bool) \
-      and not isinstance(b, bool):
+  if (
+    isinstance(a, (int, float)) and isinstance(b, (int, float)) and not isinstance(a, bool) and not isinstance(b, bool)
+  ):
     return float(a) == float(b)
   return a == b
 
 
-def diff(recorded: Mapping[str, Any], current: Mapping[str, Any], rules: Mapping[str, str],
-         defaults: Mapping[str, Any] | None = None) -> list[Change]:
+def diff(
+  recorded: Mapping[str, Any],
+  current: Mapping[str, Any],
+  rules: Mapping[str, str],
+  defaults: Mapping[str, Any] | None = None,
+) -> list[Change]:
   """Every field whose value differs, classified. Nested dicts in, dotted fields out, sorted by field.
 
   A field the recorded config lacks (it predates the field) is compared with `defaults` (the schema's default,

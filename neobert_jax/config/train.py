@@ -57,63 +57,75 @@ def get_config() -> ml_collections.ConfigDict:
   # slices gathers every layer's weights over the slow network (the compile report counts those bytes).
   cfg.mesh = ml_collections.ConfigDict(dict(data=1, fsdp=-1, tensor=1, dcn_data=1, dcn_fsdp=1))
 
-  cfg.train = ml_collections.ConfigDict(dict(
-      num_steps=1_000_000,      # optimizer steps of the whole run (also sets the schedule length)
-      global_batch_size=2048,   # sequences per optimizer step, summed over all processes
-      grad_accum_steps=1,       # micro-batches per step; the global batch is split evenly across them
-      nan_policy='stop',        # non-finite loss/grad: 'stop' (exit, name the last good checkpoint) or 'skip'
-  ))
+  cfg.train = ml_collections.ConfigDict(
+    dict(
+      num_steps=1_000_000,  # optimizer steps of the whole run (also sets the schedule length)
+      global_batch_size=2048,  # sequences per optimizer step, summed over all processes
+      grad_accum_steps=1,  # micro-batches per step; the global batch is split evenly across them
+      nan_policy='stop',  # non-finite loss/grad: 'stop' (exit, name the last good checkpoint) or 'skip'
+    )
+  )
 
   # AdamW with linear warmup then cosine decay; decoupled weight decay on all weights except norms and biases.
-  cfg.optimizer = ml_collections.ConfigDict(dict(
+  cfg.optimizer = ml_collections.ConfigDict(
+    dict(
       peak_lr=6e-4,
       b1=0.9,
       b2=0.95,
       eps=1e-8,
       weight_decay=0.1,
-      decay_embeddings=True,    # the paper decays every weight matrix, the token embedding included
-      decay_all_params=False,   # True: norm scales and biases decay too (the original trainer's AdamW over
-                                # model.parameters()); False: pulling RMSNorm gains towards 0 only fights the model
-      clip_norm=1.0,            # global-norm clipping threshold; 0 disables
-      clip_eps=0.0,             # clip by clip_norm / (norm + clip_eps): 1e-6 is torch's clip_grad_norm_ (the original)
-      warmup_steps=2000,        # linear warmup_init_fraction * peak_lr -> peak_lr over this many steps
+      decay_embeddings=True,  # the paper decays every weight matrix, the token embedding included
+      decay_all_params=False,  # True: norm scales and biases decay too (the original trainer's AdamW over
+      # model.parameters()); False: pulling RMSNorm gains towards 0 only fights the model
+      clip_norm=1.0,  # global-norm clipping threshold; 0 disables
+      clip_eps=0.0,  # clip by clip_norm / (norm + clip_eps): 1e-6 is torch's clip_grad_norm_ (the original)
+      warmup_steps=2000,  # linear warmup_init_fraction * peak_lr -> peak_lr over this many steps
       warmup_init_fraction=0.0,  # the original trainer starts at 1e-4 * peak (torch LinearLR(start_factor=1e-4))
-      decay_fraction=0.9,       # cosine reaches its floor after this fraction of num_steps, then stays there
-      decay_steps=0,            # > 0: the original trainer's cosine instead: period decay_steps from the end of
-                                # warmup, cut at ABSOLUTE step decay_steps, then the floor (decay_fraction unused)
-      final_lr_fraction=0.1,    # floor = final_lr_fraction * peak_lr
-  ))
+      decay_fraction=0.9,  # cosine reaches its floor after this fraction of num_steps, then stays there
+      decay_steps=0,  # > 0: the original trainer's cosine instead: period decay_steps from the end of
+      # warmup, cut at ABSOLUTE step decay_steps, then the floor (decay_fraction unused)
+      final_lr_fraction=0.1,  # floor = final_lr_fraction * peak_lr
+    )
+  )
 
   # Held-out evaluation (MLM loss and accuracy on the data's eval split).
-  cfg.eval = ml_collections.ConfigDict(dict(
-      every_steps=1000,         # 0 disables periodic evaluation
-      num_batches=16,           # global batches per evaluation (fixed, deterministic subset)
-      at_start=False,           # also evaluate before the first step (a baseline for the loss curve)
-  ))
+  cfg.eval = ml_collections.ConfigDict(
+    dict(
+      every_steps=1000,  # 0 disables periodic evaluation
+      num_batches=16,  # global batches per evaluation (fixed, deterministic subset)
+      at_start=False,  # also evaluate before the first step (a baseline for the loss curve)
+    )
+  )
 
   # Orbax checkpoints in WORKDIR/checkpoints. Re-running the same command resumes from the latest complete one.
-  cfg.checkpoint = ml_collections.ConfigDict(dict(
-      every_steps=1000,         # also saved at the end and on SIGTERM
-      keep=3,                   # most recent checkpoints kept
-      async_save=True,          # write arrays in the background while training continues
-  ))
+  cfg.checkpoint = ml_collections.ConfigDict(
+    dict(
+      every_steps=1000,  # also saved at the end and on SIGTERM
+      keep=3,  # most recent checkpoints kept
+      async_save=True,  # write arrays in the background while training continues
+    )
+  )
 
   # Initialise parameters (only; fresh optimizer and schedule) for stage 2 / continued pretraining. Ignored when
   # the workdir already has a checkpoint (resume wins). At most one of the two may be set.
-  cfg.init = ml_collections.ConfigDict(dict(
-      from_checkpoint='',       # a workdir or its checkpoints/ dir written by this trainer
-      step=-1,                  # which step of from_checkpoint; -1 = latest
-      from_hf='',               # a Hugging Face NeoBERT directory (config.json + weights)
-  ))
+  cfg.init = ml_collections.ConfigDict(
+    dict(
+      from_checkpoint='',  # a workdir or its checkpoints/ dir written by this trainer
+      step=-1,  # which step of from_checkpoint; -1 = latest
+      from_hf='',  # a Hugging Face NeoBERT directory (config.json + weights)
+    )
+  )
 
-  cfg.logging = ml_collections.ConfigDict(dict(
-      log_every=10,             # steps between metric fetches (tensorboard, metrics.jsonl, progress bar)
+  cfg.logging = ml_collections.ConfigDict(
+    dict(
+      log_every=10,  # steps between metric fetches (tensorboard, metrics.jsonl, progress bar)
       tensorboard=True,
       progress_bar=True,
       peak_flops_per_device=0.0,  # for MFU; 0 = look the device up in the table (CPU: measure a matmul)
-      profile_start_step=-1,    # >= 0: write a jax.profiler trace of profile_num_steps steps from this one
+      profile_start_step=-1,  # >= 0: write a jax.profiler trace of profile_num_steps steps from this one
       profile_num_steps=3,
-  ))
+    )
+  )
 
   # After training, export the final parameters as a Hugging Face NeoBERT directory ('' = do not export).
   cfg.export = ml_collections.ConfigDict(dict(hf_dir=''))
@@ -135,8 +147,9 @@ def mesh_shape(cfg: ml_collections.ConfigDict, num_devices: int | None = None) -
   return {k: v for k, v in layout.as_config().items() if k in shd.MESH_AXES or k in cfg.mesh}
 
 
-def validate(cfg: ml_collections.ConfigDict, num_devices: int | None = None,
-             process_count: int | None = None) -> ml_collections.ConfigDict:
+def validate(
+  cfg: ml_collections.ConfigDict, num_devices: int | None = None, process_count: int | None = None
+) -> ml_collections.ConfigDict:
   """`cfg` typed by the schema (config_lib.typed); raises ConfigError for a config this trainer cannot run on the
   current devices."""
   cfg = config_lib.typed(cfg, get_config(), 'neobert_jax/config/train.py')
@@ -149,31 +162,39 @@ def validate(cfg: ml_collections.ConfigDict, num_devices: int | None = None,
   if t.nan_policy not in NAN_POLICIES:
     raise ConfigError(f'train.nan_policy={t.nan_policy!r}; expected one of {NAN_POLICIES}')
   if cfg.model.dtype not in TRAIN_DTYPES:
-    raise ConfigError(f'model.dtype={cfg.model.dtype!r}; the trainer runs {TRAIN_DTYPES} (float16 would need loss '
-                      'scaling: use bfloat16)')
+    raise ConfigError(
+      f'model.dtype={cfg.model.dtype!r}; the trainer runs {TRAIN_DTYPES} (float16 would need loss '
+      'scaling: use bfloat16)'
+    )
   for field in ('num_steps', 'global_batch_size', 'grad_accum_steps'):
     if t[field] < 1:
       raise ConfigError(f'train.{field}={t[field]} must be >= 1')
   _validate_optimizer(cfg.optimizer, t.num_steps)
   if cfg.data.max_predictions > cfg.model.max_length:
-    raise ConfigError(f'data.max_predictions={cfg.data.max_predictions} exceeds the sequence length '
-                      f'model.max_length={cfg.model.max_length}')
+    raise ConfigError(
+      f'data.max_predictions={cfg.data.max_predictions} exceeds the sequence length '
+      f'model.max_length={cfg.model.max_length}'
+    )
   if cfg.init.from_checkpoint and cfg.init.from_hf:
     raise ConfigError('set at most one of init.from_checkpoint and init.from_hf')
   if cfg.checkpoint.keep < 1 or cfg.checkpoint.every_steps < 1:
     raise ConfigError('checkpoint.keep and checkpoint.every_steps must be >= 1')
   if cfg.eval.every_steps < 0 or cfg.eval.num_batches < 1:
-    raise ConfigError(f'eval.every_steps={cfg.eval.every_steps} must be >= 0 (0 disables evaluation) and '
-                      f'eval.num_batches={cfg.eval.num_batches} >= 1')
+    raise ConfigError(
+      f'eval.every_steps={cfg.eval.every_steps} must be >= 0 (0 disables evaluation) and '
+      f'eval.num_batches={cfg.eval.num_batches} >= 1'
+    )
   if cfg.logging.log_every < 1 or cfg.logging.peak_flops_per_device < 0:
     raise ConfigError('logging.log_every must be >= 1 and logging.peak_flops_per_device >= 0 (0: look it up)')
 
   layout = _mesh_layout(cfg, num_devices)
-  shape = dict(zip(shd.MESH_AXES, layout.shape))   # totals: what the batch is split over
+  shape = dict(zip(shd.MESH_AXES, layout.shape))  # totals: what the batch is split over
   nproc = jax.process_count() if process_count is None else process_count
   if layout.num_granules > 1 and nproc > 1 and nproc % layout.num_granules:
-    raise ConfigError(f'mesh.dcn_data x mesh.dcn_fsdp = {layout.num_granules} slices / nodes, but the {nproc} '
-                      'processes do not split evenly over them (each slice or node runs whole processes)')
+    raise ConfigError(
+      f'mesh.dcn_data x mesh.dcn_fsdp = {layout.num_granules} slices / nodes, but the {nproc} '
+      'processes do not split evenly over them (each slice or node runs whole processes)'
+    )
   gb, accum = t.global_batch_size, t.grad_accum_steps
   if gb % accum:
     raise ConfigError(f'train.global_batch_size={gb} is not divisible by train.grad_accum_steps={accum}')
@@ -181,9 +202,10 @@ def validate(cfg: ml_collections.ConfigDict, num_devices: int | None = None,
   shards = shape['data'] * shape['fsdp']
   if micro % shards:
     raise ConfigError(
-        f'the micro-batch of {micro} rows (global_batch_size {gb} / grad_accum_steps {accum}) does not split '
-        f'over the mesh\'s batch axes data x fsdp = {shape["data"]} x {shape["fsdp"]} = {shards}; make it a '
-        f'multiple of {shards}')
+      f'the micro-batch of {micro} rows (global_batch_size {gb} / grad_accum_steps {accum}) does not split '
+      f"over the mesh's batch axes data x fsdp = {shape['data']} x {shape['fsdp']} = {shards}; make it a "
+      f'multiple of {shards}'
+    )
   if micro % nproc:
     raise ConfigError(f'the micro-batch of {micro} rows does not split over {nproc} processes')
   return cfg
@@ -191,23 +213,37 @@ def validate(cfg: ml_collections.ConfigDict, num_devices: int | None = None,
 
 def _validate_optimizer(o: ml_collections.ConfigDict, num_steps: int) -> None:
   """The optimizer values that cannot train: each refused with its field, its value and the range it needs."""
-  ranges = (('peak_lr', o.peak_lr > 0, '> 0'), ('b1', 0 <= o.b1 < 1, 'in [0, 1)'), ('b2', 0 <= o.b2 < 1, 'in [0, 1)'),
-            ('eps', o.eps > 0, '> 0'), ('weight_decay', o.weight_decay >= 0, '>= 0'),
-            ('clip_norm', o.clip_norm >= 0, '>= 0 (0 disables clipping)'), ('clip_eps', o.clip_eps >= 0, '>= 0'),
-            ('warmup_steps', o.warmup_steps >= 0, '>= 0'),
-            ('warmup_init_fraction', 0 <= o.warmup_init_fraction <= 1, 'in [0, 1]'),
-            ('decay_fraction', 0 < o.decay_fraction <= 1, 'in (0, 1]'), ('decay_steps', o.decay_steps >= 0, '>= 0'),
-            ('final_lr_fraction', 0 <= o.final_lr_fraction <= 1,
-             'in [0, 1] (the floor is final_lr_fraction x peak_lr and may not exceed the peak)'))
+  ranges = (
+    ('peak_lr', o.peak_lr > 0, '> 0'),
+    ('b1', 0 <= o.b1 < 1, 'in [0, 1)'),
+    ('b2', 0 <= o.b2 < 1, 'in [0, 1)'),
+    ('eps', o.eps > 0, '> 0'),
+    ('weight_decay', o.weight_decay >= 0, '>= 0'),
+    ('clip_norm', o.clip_norm >= 0, '>= 0 (0 disables clipping)'),
+    ('clip_eps', o.clip_eps >= 0, '>= 0'),
+    ('warmup_steps', o.warmup_steps >= 0, '>= 0'),
+    ('warmup_init_fraction', 0 <= o.warmup_init_fraction <= 1, 'in [0, 1]'),
+    ('decay_fraction', 0 < o.decay_fraction <= 1, 'in (0, 1]'),
+    ('decay_steps', o.decay_steps >= 0, '>= 0'),
+    (
+      'final_lr_fraction',
+      0 <= o.final_lr_fraction <= 1,
+      'in [0, 1] (the floor is final_lr_fraction x peak_lr and may not exceed the peak)',
+    ),
+  )
   for field, ok, needed in ranges:
     if not ok:
       raise ConfigError(f'optimizer.{field}={o[field]} must be {needed}')
   if o.warmup_steps > num_steps:
-    raise ConfigError(f'optimizer.warmup_steps={o.warmup_steps} is longer than the run (train.num_steps={num_steps}): '
-                      'the learning rate would never reach its peak. Lower the warmup or raise num_steps.')
+    raise ConfigError(
+      f'optimizer.warmup_steps={o.warmup_steps} is longer than the run (train.num_steps={num_steps}): '
+      'the learning rate would never reach its peak. Lower the warmup or raise num_steps.'
+    )
   if o.decay_steps > 0 and o.decay_steps <= o.warmup_steps:
-    raise ConfigError(f'optimizer.decay_steps={o.decay_steps} is an absolute step and must exceed '
-                      f'optimizer.warmup_steps={o.warmup_steps} (the original trainer asserts the same)')
+    raise ConfigError(
+      f'optimizer.decay_steps={o.decay_steps} is an absolute step and must exceed '
+      f'optimizer.warmup_steps={o.warmup_steps} (the original trainer asserts the same)'
+    )
 
 
 def write(cfg: ml_collections.ConfigDict, workdir: str | Path) -> Path:
@@ -226,7 +262,9 @@ def tokens_per_step(cfg: ml_collections.ConfigDict) -> int:
 def describe(cfg: ml_collections.ConfigDict) -> str:
   """One line for the log: the run's shape at a glance."""
   m = cfg.model
-  return (f'{m.num_layers}x{m.hidden_size} model, vocab {m.vocab_size}, seq {m.max_length}, '
-          f'global batch {cfg.train.global_batch_size} ({cfg.train.grad_accum_steps} micro), '
-          f'{tokens_per_step(cfg):,} tokens/step, {cfg.train.num_steps:,} steps, mesh {dict(cfg.mesh)}, '
-          f'compute {m.dtype}, attention {m.attention_impl}; {math.prod(dict(cfg.mesh).values())} devices')
+  return (
+    f'{m.num_layers}x{m.hidden_size} model, vocab {m.vocab_size}, seq {m.max_length}, '
+    f'global batch {cfg.train.global_batch_size} ({cfg.train.grad_accum_steps} micro), '
+    f'{tokens_per_step(cfg):,} tokens/step, {cfg.train.num_steps:,} steps, mesh {dict(cfg.mesh)}, '
+    f'compute {m.dtype}, attention {m.attention_impl}; {math.prod(dict(cfg.mesh).values())} devices'
+  )

@@ -23,53 +23,63 @@ from neobert_jax.weights import hf
 
 def to_pytorch(args: argparse.Namespace) -> str:
   export_hf.check_output_dir(args.output, args.overwrite)  # before reading a possibly large checkpoint
-  source = paths.resolve(args.checkpoint, "--checkpoint")
+  source = paths.resolve(args.checkpoint, '--checkpoint')
   if flat_lib.is_flat_file(source):
     if args.step is not None:
-      raise errors.ExportError(f"--step applies to training checkpoints, not to the params file {source}")
+      raise errors.ExportError(f'--step applies to training checkpoints, not to the params file {source}')
     cfg, flat = flat_lib.load_saved_flat(paths.local_copy(source))
-    out = export_hf.export_flat(flat, cfg, args.output, tokenizer=args.tokenizer, dtype=args.dtype,
-                                overwrite=args.overwrite)
+    out = export_hf.export_flat(
+      flat, cfg, args.output, tokenizer=args.tokenizer, dtype=args.dtype, overwrite=args.overwrite
+    )
   else:
-    out = export_hf.export_checkpoint(source, args.output, step=args.step, tokenizer=args.tokenizer,
-                                      dtype=args.dtype, overwrite=args.overwrite)
-  files = ", ".join(sorted(p.name for p in out.iterdir()))
-  return f"wrote Hugging Face NeoBERT to {out} ({files})"
+    out = export_hf.export_checkpoint(
+      source, args.output, step=args.step, tokenizer=args.tokenizer, dtype=args.dtype, overwrite=args.overwrite
+    )
+  files = ', '.join(sorted(p.name for p in out.iterdir()))
+  return f'wrote Hugging Face NeoBERT to {out} ({files})'
 
 
 def from_pytorch(args: argparse.Namespace) -> str:
-  source = args.input if not paths.is_url(args.input) else paths.local_copy(args.input, marker="config.json")
+  source = args.input if not paths.is_url(args.input) else paths.local_copy(args.input, marker='config.json')
   cfg, flat = hf.read_hf_dir(source, init_missing_decoder=args.init_missing_decoder)
   out = import_hf.save_flat(flat, cfg, args.output, overwrite=args.overwrite)
   count = sum(v.size for v in flat.values())
-  return (f"wrote {len(flat)} arrays ({count / 1e6:.1f}M parameters, {cfg.num_layers} layers x {cfg.hidden_size}) "
-          f"to {out}")
+  return (
+    f'wrote {len(flat)} arrays ({count / 1e6:.1f}M parameters, {cfg.num_layers} layers x {cfg.hidden_size}) to {out}'
+  )
 
 
 def build_parser() -> commandline.Parser:
-  parser = commandline.Parser("convert", "neobert_jax.convert", __doc__)
-  sub = parser.add_subparsers(dest="command", required=True)
+  parser = commandline.Parser('convert', 'neobert_jax.convert', __doc__)
+  sub = parser.add_subparsers(dest='command', required=True)
 
-  help_text = "training checkpoint -> Hugging Face directory (model.py + safetensors)"
-  exp = sub.add_parser("to-pytorch", help=help_text, doc=help_text)
-  exp.add_argument("--checkpoint", required=True,
-                   help="training workdir, its checkpoints/ dir, or flat params written by from-pytorch")
-  exp.add_argument("--step", type=int, default=None, help="checkpoint step (default: latest complete)")
-  exp.add_argument("--output", required=True, help="directory to create")
-  exp.add_argument("--tokenizer", default=None,
-                   help="'bert-base-uncased', a tokenizer dir, tokenizer.json or vocab.txt "
-                        "(default: the training config's data.tokenizer, if set)")
-  exp.add_argument("--dtype", default="float32", choices=sorted(export_hf.EXPORT_DTYPES))
-  exp.add_argument("--overwrite", action="store_true", help="replace a non-empty output directory")
+  help_text = 'training checkpoint -> Hugging Face directory (model.py + safetensors)'
+  exp = sub.add_parser('to-pytorch', help=help_text, doc=help_text)
+  exp.add_argument(
+    '--checkpoint', required=True, help='training workdir, its checkpoints/ dir, or flat params written by from-pytorch'
+  )
+  exp.add_argument('--step', type=int, default=None, help='checkpoint step (default: latest complete)')
+  exp.add_argument('--output', required=True, help='directory to create')
+  exp.add_argument(
+    '--tokenizer',
+    default=None,
+    help="'bert-base-uncased', a tokenizer dir, tokenizer.json or vocab.txt "
+    "(default: the training config's data.tokenizer, if set)",
+  )
+  exp.add_argument('--dtype', default='float32', choices=sorted(export_hf.EXPORT_DTYPES))
+  exp.add_argument('--overwrite', action='store_true', help='replace a non-empty output directory')
   exp.set_defaults(run=to_pytorch)
 
-  help_text = "Hugging Face NeoBERT -> flat params (+ model config) for JAX"
-  imp = sub.add_parser("from-pytorch", help=help_text, doc=help_text)
-  imp.add_argument("--input", required=True, help="HF directory (config.json + weights) or a .safetensors file")
-  imp.add_argument("--output", required=True, help="FILE.safetensors, or a directory (gets params.safetensors)")
-  imp.add_argument("--init-missing-decoder", action="store_true",
-                   help="the input is a base NeoBERT without MLM head: create a fresh decoder")
-  imp.add_argument("--overwrite", action="store_true", help="replace an existing output")
+  help_text = 'Hugging Face NeoBERT -> flat params (+ model config) for JAX'
+  imp = sub.add_parser('from-pytorch', help=help_text, doc=help_text)
+  imp.add_argument('--input', required=True, help='HF directory (config.json + weights) or a .safetensors file')
+  imp.add_argument('--output', required=True, help='FILE.safetensors, or a directory (gets params.safetensors)')
+  imp.add_argument(
+    '--init-missing-decoder',
+    action='store_true',
+    help='the input is a base NeoBERT without MLM head: create a fresh decoder',
+  )
+  imp.add_argument('--overwrite', action='store_true', help='replace an existing output')
   imp.set_defaults(run=from_pytorch)
   return parser
 
@@ -78,12 +88,12 @@ def main(argv: list[str] | None = None) -> int:
   args = build_parser().parse_args(argv)
   try:
     # A missing input is the user's to fix like any other conversion error: same line, same status.
-    with errors.reported("convert", args.debug, also={FileNotFoundError: errors.ExportError}):
+    with errors.reported('convert', args.debug, also={FileNotFoundError: errors.ExportError}):
       print(args.run(args))
   except SystemExit as e:
     return e.code
   return 0
 
 
-if __name__ == "__main__":
+if __name__ == '__main__':
   sys.exit(main())

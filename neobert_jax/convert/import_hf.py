@@ -33,24 +33,26 @@ def load_hf_as_jax(path: str | os.PathLike, **kwargs) -> tuple[NeoBERTForMLM, ml
   return place.model_from_flat(lambda: NeoBERTForMLM(cfg, rngs=nnx.Rngs(0)), flat), cfg
 
 
-def save_flat(flat: dict[str, np.ndarray], cfg: ml_collections.ConfigDict, output: str | os.PathLike, *,
-              overwrite: bool = False) -> Path:
+def save_flat(
+  flat: dict[str, np.ndarray], cfg: ml_collections.ConfigDict, output: str | os.PathLike, *, overwrite: bool = False
+) -> Path:
   """Writes flat params + model config: ``output`` ending in .safetensors is a file, anything else a directory."""
   flat_lib.check_flat(flat, cfg)
   remote = paths.is_url(output)
-  output = paths.resolve(output, "--output") if remote else Path(output).expanduser().absolute()
-  if not output.name.endswith(".safetensors"):
-    return write_atomically(output, lambda tmp: flat_lib.write_flat_dir(flat, cfg, tmp), overwrite,
-                            marker=flat_lib.MODEL_CONFIG_FILE)
+  output = paths.resolve(output, '--output') if remote else Path(output).expanduser().absolute()
+  if not output.name.endswith('.safetensors'):
+    return write_atomically(
+      output, lambda tmp: flat_lib.write_flat_dir(flat, cfg, tmp), overwrite, marker=flat_lib.MODEL_CONFIG_FILE
+    )
   if output.exists() and not overwrite:
-    raise errors.ExportError(f"output file {output} exists; pass --overwrite to replace it")
+    raise errors.ExportError(f'output file {output} exists; pass --overwrite to replace it')
   if remote:
-    with tempfile.TemporaryDirectory(dir=paths.cache_dir("exports")) as tmp:
+    with tempfile.TemporaryDirectory(dir=paths.cache_dir('exports')) as tmp:
       flat_lib.write_flat_file(flat, cfg, os.path.join(tmp, output.name))
       paths.copy(paths.Path(os.path.join(tmp, output.name)), output)
     return output
   output.parent.mkdir(parents=True, exist_ok=True)
-  tmp = output.with_name(f".{output.name}.tmp-{os.getpid()}")
+  tmp = output.with_name(f'.{output.name}.tmp-{os.getpid()}')
   try:
     flat_lib.write_flat_file(flat, cfg, tmp)
     os.replace(tmp, output)

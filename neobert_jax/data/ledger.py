@@ -70,11 +70,13 @@ class Ledger:
     """In a task: this node sees the area (a local --output must be a directory every node mounts)."""
     if not self._path('build.json').exists():
       raise errors.StorageError(
-          f'{self.root} cannot be seen from this node: on a cluster, --output must be a bucket (gs://...) or a '
-          'directory every node mounts at the same path')
+        f'{self.root} cannot be seen from this node: on a cluster, --output must be a bucket (gs://...) or a '
+        'directory every node mounts at the same path'
+      )
 
-  def write_unit(self, index: int, records: dict[str, dict[str, np.ndarray]], counts: dict,
-                 doc_tokens: dict[str, np.ndarray]) -> None:
+  def write_unit(
+    self, index: int, records: dict[str, dict[str, np.ndarray]], counts: dict, doc_tokens: dict[str, np.ndarray]
+  ) -> None:
     for split, arrays in records.items():
       self._put(f'units/{index:06d}.{split}.npz', _npz(arrays))
     meta = np.frombuffer(json.dumps(counts, sort_keys=True).encode(), np.uint8)
@@ -86,10 +88,12 @@ class Ledger:
 
   def finished_units(self) -> dict[int, tuple[dict, dict[str, np.ndarray]]]:
     """index -> (counts, per-document token counts per split) of every unit with an entry."""
+
     def read(path):
       with np.load(io.BytesIO(path.read_bytes())) as z:
         doc_tokens = {k: z[k] for k in z.files if k != 'meta'}
         return int(path.name.split('.')[0]), (json.loads(z['meta'].tobytes()), doc_tokens)
+
     done = self._entries('units', '.done.npz')
     with concurrent.futures.ThreadPoolExecutor(_PARALLEL) as pool:
       return dict(pool.map(read, done))
@@ -104,7 +108,7 @@ class Ledger:
   def finished_shards(self) -> dict[str, dict]:
     found = self._entries('shards', '.json')
     with concurrent.futures.ThreadPoolExecutor(_PARALLEL) as pool:
-      return dict(pool.map(lambda p: (p.name[:-len('.json')], json.loads(p.read_text())), found))
+      return dict(pool.map(lambda p: (p.name[: -len('.json')], json.loads(p.read_text())), found))
 
   def remove(self) -> None:
     root = self._path()
@@ -116,4 +120,3 @@ class Ledger:
     objects = list(sources.walk(root))
     with concurrent.futures.ThreadPoolExecutor(_PARALLEL) as pool:
       list(pool.map(lambda p: p.unlink(missing_ok=True), objects))
-

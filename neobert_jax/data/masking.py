@@ -50,9 +50,17 @@ def _slots(chosen: np.ndarray, ids: np.ndarray, cap: int) -> dict:
   return {'mlm_positions': positions, 'mlm_labels': labels, 'mlm_weights': weights}
 
 
-def mask_rows(input_ids: np.ndarray, segment_ids: np.ndarray, rng: np.random.Generator, *,
-              rate: float, strategy: str, mask_id: int, is_special: np.ndarray,
-              max_predictions: int = 0) -> dict:
+def mask_rows(
+  input_ids: np.ndarray,
+  segment_ids: np.ndarray,
+  rng: np.random.Generator,
+  *,
+  rate: float,
+  strategy: str,
+  mask_id: int,
+  is_special: np.ndarray,
+  max_predictions: int = 0,
+) -> dict:
   """Returns masked input_ids, dense labels and, if max_predictions, the slots."""
   draws = rng.random(input_ids.shape, dtype=np.float32)
   chosen = (draws < rate) & (segment_ids > 0) & ~is_special[input_ids]

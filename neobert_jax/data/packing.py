@@ -31,8 +31,9 @@ def split_long(lengths: np.ndarray, seq_len: int) -> np.ndarray:
   return out
 
 
-def first_fit_decreasing(lengths: np.ndarray, seq_len: int, max_docs: int = 0
-                         ) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+def first_fit_decreasing(
+  lengths: np.ndarray, seq_len: int, max_docs: int = 0
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
   """Assigns each document (all <= seq_len) a row, an offset and a 1-based slot.
 
   Longest first, each into the first row with room and, when max_docs > 0,
@@ -73,8 +74,16 @@ def first_fit_decreasing(lengths: np.ndarray, seq_len: int, max_docs: int = 0
   return row, offset, slot, n_full + n_open
 
 
-def assemble(tokens: np.ndarray, lengths: np.ndarray, row: np.ndarray, offset: np.ndarray,
-             slot: np.ndarray, n_rows: int, seq_len: int, pad_id: int) -> dict:
+def assemble(
+  tokens: np.ndarray,
+  lengths: np.ndarray,
+  row: np.ndarray,
+  offset: np.ndarray,
+  slot: np.ndarray,
+  n_rows: int,
+  seq_len: int,
+  pad_id: int,
+) -> dict:
   """Scatters every document's tokens to (row, offset) in one pass."""
   src_start = np.cumsum(lengths) - lengths  # where each document starts in `tokens`
   dest_start = row * seq_len + offset
@@ -89,13 +98,18 @@ def assemble(tokens: np.ndarray, lengths: np.ndarray, row: np.ndarray, offset: n
   seg[dest] = np.repeat(slot, lengths)
   pos[dest] = within
   shape = (n_rows, seq_len)
-  return {'input_ids': ids.reshape(shape), 'segment_ids': seg.reshape(shape),
-          'positions': pos.reshape(shape)}
+  return {'input_ids': ids.reshape(shape), 'segment_ids': seg.reshape(shape), 'positions': pos.reshape(shape)}
 
 
-def pack_block(tokens: np.ndarray, lengths: np.ndarray, seq_len: int, mode: str,
-               pad_id: int, rng: np.random.Generator | None = None,
-               max_docs: int = 0) -> dict:
+def pack_block(
+  tokens: np.ndarray,
+  lengths: np.ndarray,
+  seq_len: int,
+  mode: str,
+  pad_id: int,
+  rng: np.random.Generator | None = None,
+  max_docs: int = 0,
+) -> dict:
   """Rows for one block. mode 'packed' (first-fit decreasing, at most max_docs
   documents per row when > 0) or 'none'.
 

@@ -47,9 +47,19 @@ class BlockBuilder:
   whichever worker builds it and however often it is rebuilt after a restore.
   """
 
-  def __init__(self, *, seq_len: int, packing_mode: str, seed: int, rate: float,
-               strategy: str, max_predictions: int, special: dict, vocab_size: int,
-               max_docs: int = 0):
+  def __init__(
+    self,
+    *,
+    seq_len: int,
+    packing_mode: str,
+    seed: int,
+    rate: float,
+    strategy: str,
+    max_predictions: int,
+    special: dict,
+    vocab_size: int,
+    max_docs: int = 0,
+  ):
     self.seq_len, self.packing_mode, self.seed = seq_len, packing_mode, seed
     self.max_docs = max_docs
     self.rate, self.strategy, self.max_predictions = rate, strategy, max_predictions
@@ -59,12 +69,19 @@ class BlockBuilder:
   def __call__(self, index: int, block) -> dict:
     tokens, lengths = block
     rng = np.random.default_rng([self.seed, index])
-    rows = packing.pack_block(tokens, lengths, self.seq_len, self.packing_mode,
-                              self.pad_id, rng, max_docs=self.max_docs)
-    masked = masking.mask_rows(rows['input_ids'], rows['segment_ids'], rng, rate=self.rate,
-                               strategy=self.strategy, mask_id=self.mask_id,
-                               is_special=self.is_special,
-                               max_predictions=self.max_predictions)
+    rows = packing.pack_block(
+      tokens, lengths, self.seq_len, self.packing_mode, self.pad_id, rng, max_docs=self.max_docs
+    )
+    masked = masking.mask_rows(
+      rows['input_ids'],
+      rows['segment_ids'],
+      rng,
+      rate=self.rate,
+      strategy=self.strategy,
+      mask_id=self.mask_id,
+      is_special=self.is_special,
+      max_predictions=self.max_predictions,
+    )
     rows.update(masked)
     return rows
 
@@ -119,7 +136,7 @@ class _RowBatchIterator(grain.DatasetIterator):
           break
         continue
       take = min(need, len(self._block['input_ids']) - self._row)
-      parts.append({k: v[self._row:self._row + take] for k, v in self._block.items()})
+      parts.append({k: v[self._row : self._row + take] for k, v in self._block.items()})
       self._row += take
       need -= take
     if need:  # finite data ran out
@@ -128,8 +145,7 @@ class _RowBatchIterator(grain.DatasetIterator):
         raise StopIteration
       parts.append(_loss_free_rows(parts[0], need))
     # Copies, so a batch does not keep its whole block alive.
-    return {k: np.concatenate([p[k] for p in parts]) if len(parts) > 1 else parts[0][k].copy()
-            for k in parts[0]}
+    return {k: np.concatenate([p[k] for p in parts]) if len(parts) > 1 else parts[0][k].copy() for k in parts[0]}
 
   def get_state(self) -> dict[str, Any]:
     if self._block is None:
@@ -162,11 +178,13 @@ def prepare_builtin(data_cfg: ml_collections.ConfigDict, seq_len: int) -> None:
   per machine. Opening prepared data (below) never does; the train command calls this first."""
   if not data_cfg.dir:
     from neobert_jax.data import corpus  # pylint: disable=g-import-not-at-top
+
     corpus.default_prepared_dir(max_length=seq_len, tokenizer=data_cfg.tokenizer or tokenizer_lib.BUILTIN_BERT)
 
 
-def open_prepared(data_cfg: ml_collections.ConfigDict, seq_len: int,
-                  model_vocab_size: int | None = None) -> tuple[str, dict]:
+def open_prepared(
+  data_cfg: ml_collections.ConfigDict, seq_len: int, model_vocab_size: int | None = None
+) -> tuple[str, dict]:
   """Finds the prepared directory and checks it fits this run; returns (local dir, manifest). Reads only.
 
   Data on a bucket (data.dir=gs://...) is read from a verified local copy (staging.py): the returned directory is
@@ -177,8 +195,10 @@ def open_prepared(data_cfg: ml_collections.ConfigDict, seq_len: int,
   directory = shown = data_cfg.dir
   if not directory:
     from neobert_jax.data import corpus  # pylint: disable=g-import-not-at-top
+
     directory = shown = corpus.default_prepared_dir(
-        max_length=seq_len, tokenizer=data_cfg.tokenizer or tokenizer_lib.BUILTIN_BERT, build=False)
+      max_length=seq_len, tokenizer=data_cfg.tokenizer or tokenizer_lib.BUILTIN_BERT, build=False
+    )
   elif paths.is_url(directory):
     directory = staging.stage(paths.resolve(directory, 'data.dir'))
   manifest = shards.read_manifest(directory)
@@ -187,13 +207,15 @@ def open_prepared(data_cfg: ml_collections.ConfigDict, seq_len: int,
     want = tokenizer_lib.load_tokenizer(data_cfg.tokenizer).identity()
     if not tokenizer_lib.same_vocabulary(want, ident):
       raise errors.DataError(
-          f'{shown} was prepared with tokenizer {ident["spec"]!r} ({ident["kind"]}, '
-          f'{ident["vocab_size"]} ids), not data.tokenizer={data_cfg.tokenizer!r} '
-          f'({want["kind"]}, {want["vocab_size"]} ids); prepare it again with that tokenizer')
+        f'{shown} was prepared with tokenizer {ident["spec"]!r} ({ident["kind"]}, '
+        f'{ident["vocab_size"]} ids), not data.tokenizer={data_cfg.tokenizer!r} '
+        f'({want["kind"]}, {want["vocab_size"]} ids); prepare it again with that tokenizer'
+      )
   if model_vocab_size is not None and model_vocab_size != ident['vocab_size']:
     raise errors.DataError(
-        f'{shown} uses a {ident["vocab_size"]}-id vocabulary ({ident["spec"]!r}) but the '
-        f'model has vocab_size={model_vocab_size}; they must match')
+      f'{shown} uses a {ident["vocab_size"]}-id vocabulary ({ident["spec"]!r}) but the '
+      f'model has vocab_size={model_vocab_size}; they must match'
+    )
   return directory, manifest
 
 
@@ -203,19 +225,25 @@ def _seed(data_cfg, seed: int) -> int:
 
 def _builder(data_cfg, manifest, seq_len, seed) -> BlockBuilder:
   ident = manifest['tokenizer']
-  return BlockBuilder(seq_len=seq_len, packing_mode=data_cfg.packing, seed=seed,
-                      rate=data_cfg.mask_rate, strategy=data_cfg.mask_strategy,
-                      max_predictions=data_cfg.max_predictions,
-                      special=ident['special_ids'], vocab_size=ident['vocab_size'],
-                      max_docs=int(data_cfg.get('max_documents_per_row', 0)))
+  return BlockBuilder(
+    seq_len=seq_len,
+    packing_mode=data_cfg.packing,
+    seed=seed,
+    rate=data_cfg.mask_rate,
+    strategy=data_cfg.mask_strategy,
+    max_predictions=data_cfg.max_predictions,
+    special=ident['special_ids'],
+    vocab_size=ident['vocab_size'],
+    max_docs=int(data_cfg.get('max_documents_per_row', 0)),
+  )
 
 
 def _blocks(paths, data_cfg, seed, process_index, process_count, shuffle):
   source = grain.sources.ArrayRecordDataSource(paths)
   try:
-    return blocks_lib.DocumentBlocks(source, data_cfg.block_docs, seed=seed,
-                                     process_index=process_index,
-                                     process_count=process_count, shuffle=shuffle)
+    return blocks_lib.DocumentBlocks(
+      source, data_cfg.block_docs, seed=seed, process_index=process_index, process_count=process_count, shuffle=shuffle
+    )
   except ValueError as e:
     raise errors.DataError(str(e)) from e
 
@@ -228,13 +256,19 @@ class _OwnRows:
 
   def __call__(self, batch: dict) -> dict:
     # Copies, so the host batch does not keep the whole global batch alive.
-    return {k: v[self.start:self.start + self.size].copy() for k, v in batch.items()}
+    return {k: v[self.start : self.start + self.size].copy() for k, v in batch.items()}
 
 
-def make_train_iterator(data_cfg: ml_collections.ConfigDict, batch_size_per_host: int,
-                        seq_len: int, seed: int, process_index: int = 0,
-                        process_count: int = 1, *, model_vocab_size: int | None = None
-                        ) -> grain.DatasetIterator:
+def make_train_iterator(
+  data_cfg: ml_collections.ConfigDict,
+  batch_size_per_host: int,
+  seq_len: int,
+  seed: int,
+  process_index: int = 0,
+  process_count: int = 1,
+  *,
+  model_vocab_size: int | None = None,
+) -> grain.DatasetIterator:
   """Endless iterator of this host's training batches; has get_state/set_state.
 
   Process p of n gets rows [p*b, (p+1)*b) (b = batch_size_per_host) of each
@@ -261,8 +295,9 @@ def make_train_iterator(data_cfg: ml_collections.ConfigDict, batch_size_per_host
   ds = RowBatchDataset(ds, batch_size_per_host * process_count)
   if data_cfg.num_workers > 0:
     _mark_absl_flags_parsed()
-    ds = ds.mp_prefetch(grain.MultiprocessingOptions(
-        num_workers=data_cfg.num_workers, per_worker_buffer_size=data_cfg.worker_buffer_size))
+    ds = ds.mp_prefetch(
+      grain.MultiprocessingOptions(num_workers=data_cfg.num_workers, per_worker_buffer_size=data_cfg.worker_buffer_size)
+    )
   if process_count > 1:
     ds = ds.map(_OwnRows(process_index * batch_size_per_host, batch_size_per_host))
   return iter(ds)
@@ -282,10 +317,17 @@ def is_global_state(state: Any) -> bool:
   return STREAM in json.dumps(state)
 
 
-def make_eval_iterator(data_cfg: ml_collections.ConfigDict, batch_size_per_host: int,
-                       seq_len: int, seed: int = 0, process_index: int = 0,
-                       process_count: int = 1, *, num_batches: int | None = None,
-                       model_vocab_size: int | None = None):
+def make_eval_iterator(
+  data_cfg: ml_collections.ConfigDict,
+  batch_size_per_host: int,
+  seq_len: int,
+  seed: int = 0,
+  process_index: int = 0,
+  process_count: int = 1,
+  *,
+  num_batches: int | None = None,
+  model_vocab_size: int | None = None,
+):
   """Batches of the held-out split, same masking every call (fixed seed).
 
   num_batches=None: one pass over this process's share; the last batch is
@@ -300,9 +342,11 @@ def make_eval_iterator(data_cfg: ml_collections.ConfigDict, batch_size_per_host:
   if num_batches is not None:
     blocks = blocks.repeat()
   blocks = blocks.map_with_index(_builder(data_cfg, manifest, seq_len, _seed(data_cfg, seed)))
-  it_ds = RowBatchDataset(blocks.to_iter_dataset(
-      grain.ReadOptions(num_threads=1, prefetch_buffer_size=1)), batch_size_per_host,
-                          finite_pad=True)
+  it_ds = RowBatchDataset(
+    blocks.to_iter_dataset(grain.ReadOptions(num_threads=1, prefetch_buffer_size=1)),
+    batch_size_per_host,
+    finite_pad=True,
+  )
   return EvalBatches(it_ds, num_batches)
 
 
@@ -322,5 +366,6 @@ class EvalBatches:
 def _mark_absl_flags_parsed() -> None:
   """mp_prefetch reads absl flags; a trainer without absl.app has not parsed them."""
   from absl import flags  # pylint: disable=g-import-not-at-top
+
   if not flags.FLAGS.is_parsed():
     flags.FLAGS.mark_as_parsed()

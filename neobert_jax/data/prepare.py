@@ -93,7 +93,7 @@ def remove_stale_tmp(output_dir: str) -> list[str]:
   removed = []
   for name in sorted(os.listdir(output_dir)):
     path = os.path.join(output_dir, name)
-    pid = name[len(_TMP_PREFIX):]
+    pid = name[len(_TMP_PREFIX) :]
     if not (name.startswith(_TMP_PREFIX) and pid.isdigit() and os.path.isdir(path)):
       continue
     if int(pid) != os.getpid() and _alive(int(pid)):
@@ -105,12 +105,22 @@ def remove_stale_tmp(output_dir: str) -> list[str]:
   return removed
 
 
-def prepare(inputs: Sequence[str], output_dir: str, *, tokenizer: str = 'bert-base-uncased',
-            max_length: int = 1024, workers: int = 0, eval_fraction: float = 0.01,
-            text_field: str = 'text', text_mode: str = 'line',
-            on_decode_error: str = 'replace', shard_mb: float = 256.0,
-            overwrite: bool = False, progress: bool = False,
-            command: str | None = None) -> dict:
+def prepare(
+  inputs: Sequence[str],
+  output_dir: str,
+  *,
+  tokenizer: str = 'bert-base-uncased',
+  max_length: int = 1024,
+  workers: int = 0,
+  eval_fraction: float = 0.01,
+  text_field: str = 'text',
+  text_mode: str = 'line',
+  on_decode_error: str = 'replace',
+  shard_mb: float = 256.0,
+  overwrite: bool = False,
+  progress: bool = False,
+  command: str | None = None,
+) -> dict:
   """Tokenizes `inputs` into `output_dir` on this machine; returns the manifest it wrote."""
   documents.check_args(max_length, eval_fraction)
   files = sources.expand_inputs(inputs)
@@ -130,8 +140,9 @@ def prepare(inputs: Sequence[str], output_dir: str, *, tokenizer: str = 'bert-ba
     units = documents.text_units([(f, None) for f in files], counts, text_field, text_mode, on_decode_error)
     bar = _progress_bar(progress)
     try:
-      for results in _ordered_map(_tokenize_unit, ((u, max_length, eval_fraction) for u in units), workers,
-                                  (tok.path,)):
+      for results in _ordered_map(
+        _tokenize_unit, ((u, max_length, eval_fraction) for u in units), workers, (tok.path,)
+      ):
         for split, chunks in counts.take(results):
           writers[split].write_document(chunks)
         if bar is not None:
@@ -141,8 +152,15 @@ def prepare(inputs: Sequence[str], output_dir: str, *, tokenizer: str = 'bert-ba
       if bar is not None:
         bar.close()
     splits = {s: w.close() for s, w in writers.items()}
-    manifest = documents.manifest(tok, max_length, eval_fraction, splits, files, counts,
-                                  command or f'prepare({list(inputs)!r}, {output_dir!r}, ...)')
+    manifest = documents.manifest(
+      tok,
+      max_length,
+      eval_fraction,
+      splits,
+      files,
+      counts,
+      command or f'prepare({list(inputs)!r}, {output_dir!r}, ...)',
+    )
     manifest.update(workers=workers, seconds=round(time.time() - start, 3))
     if bucket is not None:
       publish.upload(tmp, bucket, manifest)
@@ -171,6 +189,7 @@ def _progress_bar(enabled: bool):
   if not enabled:
     return None
   import tqdm  # pylint: disable=g-import-not-at-top
+
   return tqdm.tqdm(unit='doc', desc='prepare', mininterval=1.0)
 
 
@@ -180,46 +199,81 @@ def main(argv: Sequence[str] | None = None) -> dict:
   argv = list(sys.argv[1:] if argv is None else argv)
   debug = errors.take_debug_flag(argv)
   p = commandline.Parser('prepare', 'neobert_jax.data.prepare', __doc__)
-  p.add_argument('--input', nargs='+', required=True, action='extend',
-                 help='files, globs or directories (.txt/.jsonl/.json/.parquet, .gz/.zst), local or gs://')
+  p.add_argument(
+    '--input',
+    nargs='+',
+    required=True,
+    action='extend',
+    help='files, globs or directories (.txt/.jsonl/.json/.parquet, .gz/.zst), local or gs://',
+  )
   p.add_argument('--output', required=True, help='directory for shards + manifest.json, local or gs://')
-  p.add_argument('--tokenizer', default='bert-base-uncased',
-                 help="'bert-base-uncased', vocab.txt, tokenizer.json or SentencePiece .model")
+  p.add_argument(
+    '--tokenizer',
+    default='bert-base-uncased',
+    help="'bert-base-uncased', vocab.txt, tokenizer.json or SentencePiece .model",
+  )
   p.add_argument('--max-length', type=int, default=1024, help='ids per record, specials included')
-  p.add_argument('--workers', type=int, default=os.cpu_count() or 1,
-                 help='tokenizer processes (0: tokenize in this process)')
-  p.add_argument('--eval-fraction', type=float, default=0.01,
-                 help='share of documents held out for evaluation')
+  p.add_argument(
+    '--workers', type=int, default=os.cpu_count() or 1, help='tokenizer processes (0: tokenize in this process)'
+  )
+  p.add_argument('--eval-fraction', type=float, default=0.01, help='share of documents held out for evaluation')
   p.add_argument('--text-field', default='text', help='JSONL field / Parquet column')
-  p.add_argument('--text-mode', default='line', choices=sources.TEXT_MODES,
-                 help='plain text: a document per line, per blank-line block, or per file')
+  p.add_argument(
+    '--text-mode',
+    default='line',
+    choices=sources.TEXT_MODES,
+    help='plain text: a document per line, per blank-line block, or per file',
+  )
   p.add_argument('--on-decode-error', default='replace', choices=('replace', 'fail'))
   p.add_argument('--shard-mb', type=float, default=256.0, help='target shard size')
   p.add_argument('--overwrite', action='store_true')
   p.add_argument('--no-progress', action='store_true')
-  p.add_argument('--engine', default='local', choices=ENGINES,
-                 help='local: --workers processes on this machine; ray: the tasks of a Ray cluster (same shards)')
-  p.add_argument('--ray-address', default='auto',
-                 help="--engine=ray: the cluster, 'auto' (the one this node belongs to) or HOST:PORT")
-  p.add_argument('--split-mb', type=float, default=64.0,
-                 help='--engine=ray: input per task; larger files are cut (byte ranges, row groups, .zst frames)')
+  p.add_argument(
+    '--engine',
+    default='local',
+    choices=ENGINES,
+    help='local: --workers processes on this machine; ray: the tasks of a Ray cluster (same shards)',
+  )
+  p.add_argument(
+    '--ray-address',
+    default='auto',
+    help="--engine=ray: the cluster, 'auto' (the one this node belongs to) or HOST:PORT",
+  )
+  p.add_argument(
+    '--split-mb',
+    type=float,
+    default=64.0,
+    help='--engine=ray: input per task; larger files are cut (byte ranges, row groups, .zst frames)',
+  )
   a = p.parse_args(argv)
   command = 'python -m neobert_jax.data.prepare ' + shlex.join(argv)
   # A missing tokenizer file or an existing output (without --overwrite) are the user's to fix like bad input.
   with errors.reported('prepare', debug, also={FileNotFoundError: errors.DataError, FileExistsError: errors.DataError}):
-    common = dict(tokenizer=a.tokenizer, max_length=a.max_length, eval_fraction=a.eval_fraction,
-                  text_field=a.text_field, text_mode=a.text_mode, on_decode_error=a.on_decode_error,
-                  shard_mb=a.shard_mb, overwrite=a.overwrite, progress=not a.no_progress, command=command)
+    common = dict(
+      tokenizer=a.tokenizer,
+      max_length=a.max_length,
+      eval_fraction=a.eval_fraction,
+      text_field=a.text_field,
+      text_mode=a.text_mode,
+      on_decode_error=a.on_decode_error,
+      shard_mb=a.shard_mb,
+      overwrite=a.overwrite,
+      progress=not a.no_progress,
+      command=command,
+    )
     if a.engine == 'ray':
       from neobert_jax.data import prepare_ray  # pylint: disable=g-import-not-at-top
+
       m = prepare_ray.prepare(a.input, a.output, ray_address=a.ray_address, split_mb=a.split_mb, **common)
     else:
       m = prepare(a.input, a.output, workers=a.workers, **common)
   tr, ev = m['splits']['train'], m['splits']['eval']
-  print(f"prepared {tr['documents']} train / {ev['documents']} eval documents, "
-        f"{tr['tokens'] + ev['tokens']} tokens in {len(tr['shards']) + len(ev['shards'])} "
-        f"shards ({m['skipped_empty_documents']} empty skipped, "
-        f"{m['decode_errors']['count']} decode errors) in {m['seconds']} s -> {a.output}")
+  print(
+    f'prepared {tr["documents"]} train / {ev["documents"]} eval documents, '
+    f'{tr["tokens"] + ev["tokens"]} tokens in {len(tr["shards"]) + len(ev["shards"])} '
+    f'shards ({m["skipped_empty_documents"]} empty skipped, '
+    f'{m["decode_errors"]["count"]} decode errors) in {m["seconds"]} s -> {a.output}'
+  )
   return m
 
 

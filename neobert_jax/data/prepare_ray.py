@@ -38,35 +38,68 @@ def connect(address: str):
     raise errors.ConfigError("--engine=ray needs Ray: pip install 'neobert-jax[ray]'") from None
   if ray.is_initialized():
     return ray, False
-  fix = ('start one (`ray start --head` on the head node, `ray start --address=HEAD:6379` on the others) and pass '
-         "the address `ray status` shows, or --ray-address=auto on a node of the cluster")
+  fix = (
+    'start one (`ray start --head` on the head node, `ray start --address=HEAD:6379` on the others) and pass '
+    'the address `ray status` shows, or --ray-address=auto on a node of the cluster'
+  )
   if address != 'auto':
     host, _, port = address.rpartition(':')
     try:  # Ray itself waits a minute or more on an address where nothing listens
       socket.create_connection((host.strip('[]'), int(port)), timeout=5).close()
     except (OSError, ValueError) as e:
       reason = getattr(e, 'strerror', None) or errors.one_line(e)
-      raise errors.DistributedError(f'--ray-address={address}: no Ray cluster answers there ({reason}); {fix}') from None
+      raise errors.DistributedError(
+        f'--ray-address={address}: no Ray cluster answers there ({reason}); {fix}'
+      ) from None
   try:
     ray.init(address=address, log_to_driver=False, logging_level=logging.WARNING)
   except Exception as e:  # noqa: BLE001 - ConnectionError, or Ray's own timeouts
-    raise errors.DistributedError(f'--ray-address={address}: cannot join the Ray cluster ({errors.one_line(e)}); '
-                                  f'{fix}') from None
+    raise errors.DistributedError(
+      f'--ray-address={address}: cannot join the Ray cluster ({errors.one_line(e)}); {fix}'
+    ) from None
   return ray, True
 
 
-def prepare(inputs, output_dir: str, *, ray_address: str = 'auto', tokenizer: str = 'bert-base-uncased',
-            max_length: int = 1024, eval_fraction: float = 0.01, text_field: str = 'text', text_mode: str = 'line',
-            on_decode_error: str = 'replace', shard_mb: float = 256.0, split_mb: float = 64.0,
-            overwrite: bool = False, progress: bool = False, command: str | None = None) -> dict:
+def prepare(
+  inputs,
+  output_dir: str,
+  *,
+  ray_address: str = 'auto',
+  tokenizer: str = 'bert-base-uncased',
+  max_length: int = 1024,
+  eval_fraction: float = 0.01,
+  text_field: str = 'text',
+  text_mode: str = 'line',
+  on_decode_error: str = 'replace',
+  shard_mb: float = 256.0,
+  split_mb: float = 64.0,
+  overwrite: bool = False,
+  progress: bool = False,
+  command: str | None = None,
+) -> dict:
   """Tokenizes `inputs` into `output_dir` on the Ray cluster at `ray_address`; returns the manifest it wrote."""
   documents.check_args(max_length, eval_fraction)
   ray, connected = connect(ray_address)
   try:
-    return _build(ray, inputs, output_dir, ray_address, tokenizer, overwrite, progress, command,
-                  shard_bytes=int(shard_mb * 2**20), split_bytes=max(1, int(split_mb * 2**20)),
-                  cfg=dict(max_length=max_length, eval_fraction=eval_fraction, text_field=text_field,
-                           text_mode=text_mode, on_decode_error=on_decode_error))
+    return _build(
+      ray,
+      inputs,
+      output_dir,
+      ray_address,
+      tokenizer,
+      overwrite,
+      progress,
+      command,
+      shard_bytes=int(shard_mb * 2**20),
+      split_bytes=max(1, int(split_mb * 2**20)),
+      cfg=dict(
+        max_length=max_length,
+        eval_fraction=eval_fraction,
+        text_field=text_field,
+        text_mode=text_mode,
+        on_decode_error=on_decode_error,
+      ),
+    )
   finally:
     if connected:
       ray.shutdown()
@@ -79,8 +112,13 @@ def _build(ray, inputs, output_dir, address, tokenizer, overwrite, progress, com
   out = publish.open_output(output_dir, overwrite)
   units, sizes = splits.plan(files, split_bytes, cfg['text_mode'])
   ledger = ledger_lib.Ledger(out)
-  identity = {'format': shards.FORMAT, 'tokenizer': tok.identity(), 'shard_bytes': shard_bytes, **cfg,
-              'units': [[p, sizes[p], s and [s.start, s.end, s.seek, s.row]] for p, s in units]}
+  identity = {
+    'format': shards.FORMAT,
+    'tokenizer': tok.identity(),
+    'shard_bytes': shard_bytes,
+    **cfg,
+    'units': [[p, sizes[p], s and [s.start, s.end, s.seek, s.row]] for p, s in units],
+  }
   done = ledger.finished_units() if ledger.start(identity) else {}
   with open(tok.path, 'rb') as f:  # once into the object store, not into every task's arguments
     shipped = ray.put((tokenizer, os.path.basename(tok.path), f.read()))
@@ -92,18 +130,35 @@ def _build(ray, inputs, output_dir, address, tokenizer, overwrite, progress, com
       print(f'warning: {issue}; replaced with U+FFFD', file=sys.stderr)
 
   t0 = time.perf_counter()
-  plans = {s: rollover.plan_shards([results[i]['doc_tokens'][s] for i in range(len(units))], shard_bytes)
-           for s in shards.SPLITS}
+  plans = {
+    s: rollover.plan_shards([results[i]['doc_tokens'][s] for i in range(len(units))], shard_bytes)
+    for s in shards.SPLITS
+  }
   plan_seconds = time.perf_counter() - t0
   (out / shards.MANIFEST).unlink(missing_ok=True)  # only with --overwrite (open_output): now it reads unfinished
   shard_results, resumed_shards = _pass2(ray, plans, shard_bytes, ledger, out, progress)
 
-  manifest = documents.manifest(tok, cfg['max_length'], cfg['eval_fraction'], _splits(plans, shard_results), files,
-                                counts, command or f'prepare_ray.prepare({list(inputs)!r}, {output_dir!r}, ...)')
-  manifest.update(seconds=round(time.time() - start, 3), engine={
-      'kind': 'ray', 'address': address, 'units': len(units), 'resumed_units': len(done),
-      'resumed_shards': resumed_shards, 'plan_seconds_per_shard': plan_seconds / max(1, len(shard_results)),
-      'nodes': _per_node(results, shard_results)})
+  manifest = documents.manifest(
+    tok,
+    cfg['max_length'],
+    cfg['eval_fraction'],
+    _splits(plans, shard_results),
+    files,
+    counts,
+    command or f'prepare_ray.prepare({list(inputs)!r}, {output_dir!r}, ...)',
+  )
+  manifest.update(
+    seconds=round(time.time() - start, 3),
+    engine={
+      'kind': 'ray',
+      'address': address,
+      'units': len(units),
+      'resumed_units': len(done),
+      'resumed_shards': resumed_shards,
+      'plan_seconds_per_shard': plan_seconds / max(1, len(shard_results)),
+      'nodes': _per_node(results, shard_results),
+    },
+  )
   publish.commit(out, manifest)
   ledger.remove()
   return manifest
@@ -118,8 +173,14 @@ def _pass1(ray, units, cfg, ledger, shipped, done, progress) -> dict:
   first error in input order, as the local engine meets it, and keeps nothing of the build."""
   results = {i: {**meta, 'doc_tokens': doc_tokens} for i, (meta, doc_tokens) in done.items()}
   todo = [(i, (i, p, s, cfg, ledger, shipped)) for i, (p, s) in enumerate(units) if i not in done]
-  _run(ray, _options(ray, ray_tasks.tokenize_unit), todo, results, _bar(progress, len(units), len(done), 'unit'),
-       stop_on_error=True)
+  _run(
+    ray,
+    _options(ray, ray_tasks.tokenize_unit),
+    todo,
+    results,
+    _bar(progress, len(units), len(done), 'unit'),
+    stop_on_error=True,
+  )
   failed = sorted(i for i, r in results.items() if 'error' in r)
   if failed:
     ledger.remove()
@@ -167,8 +228,9 @@ def _run(ray, task, todo: list, results: dict, bar, stop_on_error: bool = False)
         results[key] = result = ray.get(ready[0])
       except ray.exceptions.RayError as e:
         raise errors.DistributedError(
-            f'a task failed {RETRIES + 1} times ({errors.one_line(e)[:300]}); the finished work is kept: run the '
-            'same command again to resume') from None
+          f'a task failed {RETRIES + 1} times ({errors.one_line(e)[:300]}); the finished work is kept: run the '
+          'same command again to resume'
+        ) from None
       stopped = stopped or (stop_on_error and 'error' in result)
       tokens += result.get('tokens') or result.get('entry', {}).get('tokens', 0)
       if bar is not None:
@@ -183,6 +245,7 @@ def _bar(enabled: bool, total: int, initial: int, unit: str):
   if not enabled:
     return None
   import tqdm  # pylint: disable=g-import-not-at-top
+
   return tqdm.tqdm(total=total, initial=initial, unit=unit, desc=f'prepare (ray, {unit}s)', mininterval=1.0)
 
 
@@ -190,8 +253,12 @@ def _splits(plans: dict, shard_results: dict) -> dict:
   out = {}
   for split, plan in plans.items():
     entries = [shard_results[shards.shard_name(split, k)]['entry'] for k in range(len(plan))]
-    out[split] = {'shards': entries, 'documents': sum(end - first for p in plan for _, first, end in p),
-                  'records': sum(e['records'] for e in entries), 'tokens': sum(e['tokens'] for e in entries)}
+    out[split] = {
+      'shards': entries,
+      'documents': sum(end - first for p in plan for _, first, end in p),
+      'records': sum(e['records'] for e in entries),
+      'tokens': sum(e['tokens'] for e in entries),
+    }
   return out
 
 

@@ -64,8 +64,10 @@ def upload(local: str, out: paths.Path, manifest: dict) -> None:
   except errors.NeobertError:
     raise
   except Exception as e:  # noqa: BLE001 - gcsfs raises its own types for HTTP 403 / 5xx
-    raise errors.StorageError(f'--output={out}: upload failed ({errors.one_line(e)}); it holds no complete '
-                              'prepared data now: run prepare again with --overwrite') from None
+    raise errors.StorageError(
+      f'--output={out}: upload failed ({errors.one_line(e)}); it holds no complete '
+      'prepared data now: run prepare again with --overwrite'
+    ) from None
   remove_unlisted(out, names)
 
 
@@ -77,8 +79,10 @@ def remove_unlisted(out: paths.Path, names: list[str]) -> None:
       if obj.name.endswith('.arrayrecord') and obj.name not in names:
         obj.unlink()
   except Exception as e:  # noqa: BLE001 - the new data is complete; only leftovers remain
-    raise errors.StorageError(f'--output={out}: the prepared data is complete, but shards it does not list could '
-                              f'not be removed ({errors.one_line(e)}); delete them by hand') from None
+    raise errors.StorageError(
+      f'--output={out}: the prepared data is complete, but shards it does not list could '
+      f'not be removed ({errors.one_line(e)}); delete them by hand'
+    ) from None
 
 
 def commit(out: paths.Path, manifest: dict) -> None:
@@ -109,5 +113,7 @@ def _put(src: str, dst: paths.Path) -> None:
   paths.copy(paths.Path(src), dst)
   size = dst.stat().length
   if size != os.path.getsize(src):
-    raise errors.StorageError(f'{dst}: {size} bytes on the bucket after upload, {os.path.getsize(src)} written '
-                              'locally; run prepare again with --overwrite')
+    raise errors.StorageError(
+      f'{dst}: {size} bytes on the bucket after upload, {os.path.getsize(src)} written '
+      'locally; run prepare again with --overwrite'
+    )

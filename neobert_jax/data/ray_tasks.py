@@ -28,6 +28,7 @@ _TOKENIZERS: dict = {}  # per worker process: (spec, sha256) -> Tokenizer
 
 def node() -> dict:
   import ray  # pylint: disable=g-import-not-at-top
+
   return {'node': ray.get_runtime_context().get_node_id(), 'ip': ray.util.get_node_ip_address()}
 
 
@@ -64,27 +65,38 @@ def tokenize_unit(index: int, path: str, span, cfg: dict, ledger: ledger_lib.Led
     tok = _tokenizer(*tokenizer)
     counts = documents.Counts(echo=False)
     docs = {s: [] for s in shards.SPLITS}
-    for texts in documents.text_units([(path, span)], counts, cfg['text_field'], cfg['text_mode'],
-                                      cfg['on_decode_error']):
+    for texts in documents.text_units(
+      [(path, span)], counts, cfg['text_field'], cfg['text_mode'], cfg['on_decode_error']
+    ):
       results = documents.tokenize_texts(tok, texts, cfg['max_length'], cfg['eval_fraction'])
       for split, chunks in counts.take(results):
         docs[split].append(chunks)
   except (sources.InputError, errors.StorageError) as e:
     return {**out, 'error': {'storage': isinstance(e, errors.StorageError), 'message': str(e)}}
   except FileNotFoundError as e:  # seen by the driver, not by this node: not a shared filesystem
-    return {**out, 'error': {'storage': True, 'message': f'{path}: not found on node {out["ip"]} ({e.strerror}); '
-                             'on a cluster, inputs must be on a bucket or a filesystem every node mounts'}}
+    return {
+      **out,
+      'error': {
+        'storage': True,
+        'message': f'{path}: not found on node {out["ip"]} ({e.strerror}); '
+        'on a cluster, inputs must be on a bucket or a filesystem every node mounts',
+      },
+    }
   records, doc_tokens = {}, {}
   for split, chunks in docs.items():
     records[split], doc_tokens[split] = _records(chunks)
-  out.update(counts.as_dict(), tokens=int(sum(r['lengths'].sum() for r in records.values())),
-             cpu_seconds=round(time.process_time() - cpu, 3))  # the node's work, whatever else loads the machine
+  out.update(
+    counts.as_dict(),
+    tokens=int(sum(r['lengths'].sum() for r in records.values())),
+    cpu_seconds=round(time.process_time() - cpu, 3),
+  )  # the node's work, whatever else loads the machine
   ledger.write_unit(index, records, out, doc_tokens)
   return {**out, 'doc_tokens': doc_tokens}
 
 
-def assemble_shard(split: str, index: int, pieces: list[tuple[int, int, int]], shard_bytes: int,
-                   ledger: ledger_lib.Ledger, output: str) -> dict:
+def assemble_shard(
+  split: str, index: int, pieces: list[tuple[int, int, int]], shard_bytes: int, ledger: ledger_lib.Ledger, output: str
+) -> dict:
   """Pass 2 for one shard: the documents [first, end) of each (unit, first, end) of `pieces`, in order."""
   local_out = not paths.is_url(output)
   base = os.path.join(output, ledger_lib.WORK) if local_out else publish.scratch_root()
@@ -98,7 +110,7 @@ def assemble_shard(split: str, index: int, pieces: list[tuple[int, int, int]], s
       rec_at = np.concatenate([[0], np.cumsum(r['lengths'], dtype=np.int64)])
       doc_at = np.concatenate([[0], np.cumsum(r['per_doc'], dtype=np.int64)])
       for d in range(first, end):
-        writer.write_document([r['ids'][rec_at[k]:rec_at[k + 1]] for k in range(doc_at[d], doc_at[d + 1])])
+        writer.write_document([r['ids'][rec_at[k] : rec_at[k + 1]] for k in range(doc_at[d], doc_at[d + 1])])
     made = writer.close()['shards']
     if len(made) != 1:  # the plan and the writer apply one rule (rollover.py): anything else is a bug
       raise AssertionError(f'{split} shard {index}: the plan made {len(made)} shards')

@@ -75,8 +75,7 @@ class ShardWriter:
 
   def close(self) -> dict:
     self._close_current()
-    return {'shards': self.shards, 'documents': self.documents, 'records': self.records,
-            'tokens': self.tokens}
+    return {'shards': self.shards, 'documents': self.documents, 'records': self.records, 'tokens': self.tokens}
 
 
 def remedy(directory: str) -> str:
@@ -86,18 +85,22 @@ def remedy(directory: str) -> str:
     return f'delete {directory}: it is staged again from the bucket on first use'
   if not paths.is_url(directory) and os.path.abspath(directory).startswith(os.path.join(cache, '')):
     return f'delete {directory}: the built-in corpus is prepared again on first use'
-  return (f'prepare it again (python -m neobert_jax.data.prepare --output {directory} --overwrite '
-          'with the original inputs)')
+  return (
+    f'prepare it again (python -m neobert_jax.data.prepare --output {directory} --overwrite with the original inputs)'
+  )
 
 
 def read_manifest(directory: str) -> dict:
   path = os.path.join(directory, MANIFEST)
   if not os.path.isdir(directory):
-    raise errors.DataError(f'{directory}: prepared-data directory does not exist '
-                    '(make it with `python -m neobert_jax.data.prepare`)')
+    raise errors.DataError(
+      f'{directory}: prepared-data directory does not exist (make it with `python -m neobert_jax.data.prepare`)'
+    )
   if not os.path.isfile(path):
-    raise errors.DataError(f'{directory}: no {MANIFEST}; the directory is not prepared data, or '
-                    f'its prepare run did not finish: {remedy(directory)}')
+    raise errors.DataError(
+      f'{directory}: no {MANIFEST}; the directory is not prepared data, or '
+      f'its prepare run did not finish: {remedy(directory)}'
+    )
   with open(path, 'rb') as f:
     return parse_manifest(f.read(), directory)
 
@@ -154,8 +157,10 @@ def split_paths(directory: str, manifest: dict, split: str) -> list[str]:
 
 def check_size(shown: str, size: int, shard: dict, directory: str, where: str) -> None:
   if size != shard['bytes']:
-    raise errors.DataError(f'{shown}: {size} bytes {where}, manifest says {shard["bytes"]} '
-                    f'(truncated or replaced shard); {remedy(directory)}')
+    raise errors.DataError(
+      f'{shown}: {size} bytes {where}, manifest says {shard["bytes"]} '
+      f'(truncated or replaced shard); {remedy(directory)}'
+    )
 
 
 def check_records(path: str, shown: str, shard: dict, directory: str) -> None:

@@ -57,6 +57,7 @@ class Span:
   stream (the first part also owns byte 0), read from `seek` in the stored file (a .zst frame's offset, else
   `start`); in text_mode 'blank' a part ends after the first blank line starting past `end`, so no paragraph is
   cut. Parquet: row groups [start, end), whose first row is `row`."""
+
   start: int
   end: int
   seek: int = 0
@@ -68,7 +69,7 @@ def split_ext(path: str) -> tuple[str, str]:
   base, comp = path.lower(), ''
   for c in COMPRESSION_EXTS:
     if base.endswith(c):
-      base, comp = base[:-len(c)], c
+      base, comp = base[: -len(c)], c
       break
   for fmt, exts in (('text', TEXT_EXTS), ('jsonl', JSONL_EXTS), ('parquet', PARQUET_EXTS)):
     if base.endswith(exts):
@@ -83,11 +84,9 @@ def expand_inputs(inputs: Sequence[str]) -> list[str]:
     if paths.is_url(item):
       found = _expand_url(item)
     elif os.path.isdir(item):
-      found = sorted(os.path.join(d, f) for d, _, fs in os.walk(item) for f in fs
-                     if split_ext(f)[0])
+      found = sorted(os.path.join(d, f) for d, _, fs in os.walk(item) for f in fs if split_ext(f)[0])
       if not found:
-        raise InputError(f'{item}: directory holds no .txt/.jsonl/.json/.parquet files '
-                         '(optionally .gz/.zst)')
+        raise InputError(f'{item}: directory holds no .txt/.jsonl/.json/.parquet files (optionally .gz/.zst)')
     elif any(c in item for c in '*?['):
       found = sorted(f for f in glob.glob(item, recursive=True) if os.path.isfile(f))
       if not found:
@@ -107,12 +106,15 @@ def _expand_url(item: str) -> list[str]:
   url = paths.resolve(item, '--input')
   if any(c in item for c in '*?['):
     if '**' in item:
-      raise InputError(f'{item}: ** is not supported on a bucket; pass the directory (searched recursively) or '
-                       'a pattern with * in the file name')
+      raise InputError(
+        f'{item}: ** is not supported on a bucket; pass the directory (searched recursively) or '
+        'a pattern with * in the file name'
+      )
     parts = os.fspath(url).split('/')
     base = next(i for i, p in enumerate(parts) if any(c in p for c in '*?['))
-    found = sorted(os.fspath(p) for p in paths.Path('/'.join(parts[:base])).glob('/'.join(parts[base:]))
-                   if not p.is_dir())
+    found = sorted(
+      os.fspath(p) for p in paths.Path('/'.join(parts[:base])).glob('/'.join(parts[base:])) if not p.is_dir()
+    )
     if not found:
       raise InputError(f'{item}: pattern matches no objects')
     return found
@@ -148,8 +150,10 @@ def _open_binary(path: str, comp: str, seek: int = 0) -> Iterator[io.BufferedIOB
         yield f
     elif comp in ('.zst', '.zstd'):
       import zstandard  # pylint: disable=g-import-not-at-top
-      with io.BufferedReader(zstandard.ZstdDecompressor().stream_reader(
-          raw, closefd=False, read_across_frames=True)) as f:
+
+      with io.BufferedReader(
+        zstandard.ZstdDecompressor().stream_reader(raw, closefd=False, read_across_frames=True)
+      ) as f:
         yield f
     else:
       yield raw
@@ -191,8 +195,7 @@ def _lines(path: str, comp: str, span: Span | None = None, blank: bool = False) 
     raise
 
 
-def _decode(raw: bytes, path: str, offset: int, policy: str,
-            on_issue: Callable[[DecodeIssue], None]) -> str:
+def _decode(raw: bytes, path: str, offset: int, policy: str, on_issue: Callable[[DecodeIssue], None]) -> str:
   try:
     return raw.decode('utf-8')
   except UnicodeDecodeError as e:
@@ -262,6 +265,7 @@ def _jsonl_documents(path, comp, field, policy, on_issue, span):
 
 def _parquet_documents(path, column, span):
   import pyarrow.parquet as pq  # pylint: disable=g-import-not-at-top
+
   with contextlib.ExitStack() as stack:
     # Local files by name: pyarrow reads them natively, faster than through a Python file object.
     source = stack.enter_context(_open_file(path)) if paths.is_url(path) else path
@@ -271,8 +275,7 @@ def _parquet_documents(path, column, span):
       raise InputError(f'{path}: not a readable Parquet file ({e})') from e
     names = pf.schema_arrow.names
     if column not in names:
-      raise InputError(f'{path}: no column {column!r} (columns: {names}); '
-                       'choose one with --text-field')
+      raise InputError(f'{path}: no column {column!r} (columns: {names}); choose one with --text-field')
     groups = range(span.start, span.end) if span else None
     row = span.row if span else 0
     for batch in pf.iter_batches(row_groups=groups, columns=[column], batch_size=4096):
@@ -283,10 +286,15 @@ def _parquet_documents(path, column, span):
         row += 1
 
 
-def iter_documents(path: str, *, text_field: str = 'text', text_mode: str = 'line',
-                   on_decode_error: str = 'replace',
-                   on_issue: Callable[[DecodeIssue], None] = lambda _: None,
-                   span: Span | None = None) -> Iterator[Document]:
+def iter_documents(
+  path: str,
+  *,
+  text_field: str = 'text',
+  text_mode: str = 'line',
+  on_decode_error: str = 'replace',
+  on_issue: Callable[[DecodeIssue], None] = lambda _: None,
+  span: Span | None = None,
+) -> Iterator[Document]:
   """Documents of one file (or of its `span`), empty ones included (the caller counts and skips them)."""
   fmt, comp = split_ext(path)
   if text_mode not in TEXT_MODES:
@@ -304,5 +312,4 @@ def iter_documents(path: str, *, text_field: str = 'text', text_mode: str = 'lin
       raise InputError(f'{path}: compress Parquet internally, not as a {comp} file')
     yield from _parquet_documents(path, text_field, span)
   else:
-    raise InputError(f'{path}: unknown file type (want .txt/.jsonl/.json/.parquet, '
-                     'optionally .gz/.zst)')
+    raise InputError(f'{path}: unknown file type (want .txt/.jsonl/.json/.parquet, optionally .gz/.zst)')

@@ -47,14 +47,17 @@ def _seek_table(f, size: int) -> list[tuple[int, int]] | None:
   n, entry = int.from_bytes(foot[:4], 'little'), 12 if foot[4] & 0x80 else 8
   f.seek(size - 9 - n * entry)
   table = f.read(n * entry)
-  frames = [(int.from_bytes(table[i:i + 4], 'little'), int.from_bytes(table[i + 4:i + 8], 'little'))
-            for i in range(0, n * entry, entry)]
+  frames = [
+    (int.from_bytes(table[i : i + 4], 'little'), int.from_bytes(table[i + 4 : i + 8], 'little'))
+    for i in range(0, n * entry, entry)
+  ]
   return frames if sum(c for c, _ in frames) + 8 + n * entry + 9 == size else None
 
 
 def _walk_frames(f, size: int) -> list[tuple[int, int]] | None:
   """(compressed, decompressed) size of each frame from the headers; None when a frame does not state its size."""
   import zstandard  # pylint: disable=g-import-not-at-top
+
   out, pos = [], 0
   while pos < size:
     f.seek(pos)
@@ -82,7 +85,7 @@ def _walk_frames(f, size: int) -> list[tuple[int, int]] | None:
 
 def _zstd_spans(path: str, size: int, split_bytes: int) -> list[sources.Span] | None:
   try:
-    with (paths.Path(path).open('rb') if paths.is_url(path) else open(path, 'rb')) as f:
+    with paths.Path(path).open('rb') if paths.is_url(path) else open(path, 'rb') as f:
       frames = _seek_table(f, size)
       if frames is None and not paths.is_url(path):
         frames = _walk_frames(f, size)
@@ -102,8 +105,9 @@ def _zstd_spans(path: str, size: int, split_bytes: int) -> list[sources.Span] | 
 
 def _parquet_spans(path: str, split_bytes: int) -> list[sources.Span] | None:
   import pyarrow.parquet as pq  # pylint: disable=g-import-not-at-top
+
   try:
-    with (paths.Path(path).open('rb') if paths.is_url(path) else open(path, 'rb')) as f:
+    with paths.Path(path).open('rb') if paths.is_url(path) else open(path, 'rb') as f:
       meta = pq.ParquetFile(f).metadata
   except Exception:  # noqa: BLE001 - an unreadable file is one unit: its reader reports it as the local path does
     return []
@@ -119,8 +123,9 @@ def _parquet_spans(path: str, split_bytes: int) -> list[sources.Span] | None:
   return spans if len(spans) > 1 else None
 
 
-def plan(files: Sequence[str], split_bytes: int, text_mode: str = 'line'
-         ) -> tuple[list[tuple[str, sources.Span | None]], dict[str, int]]:
+def plan(
+  files: Sequence[str], split_bytes: int, text_mode: str = 'line'
+) -> tuple[list[tuple[str, sources.Span | None]], dict[str, int]]:
   """The units of `files` in reading order, and each file's size. A file that cannot be cut is one unit, with a
   warning when it is larger than `split_bytes`, except when it looks damaged (its reader says so, as locally)."""
   units, sizes = [], {}
@@ -136,20 +141,27 @@ def plan(files: Sequence[str], split_bytes: int, text_mode: str = 'line'
       elif comp in ('.zst', '.zstd'):
         spans = _zstd_spans(path, size, split_bytes)
       if spans is None and fmt:
-        print(f'prepare: warning: {path} ({size / 2**20:.0f} MiB) is read by one task: '
-              f'{_why_whole(path, fmt, comp, text_mode)}', file=sys.stderr)
+        print(
+          f'prepare: warning: {path} ({size / 2**20:.0f} MiB) is read by one task: '
+          f'{_why_whole(path, fmt, comp, text_mode)}',
+          file=sys.stderr,
+        )
     units += [(path, s) for s in spans] if spans else [(path, None)]
   return units, sizes
 
 
 def _why_whole(path: str, fmt: str, comp: str, text_mode: str) -> str:
   if fmt == 'text' and text_mode == 'file':
-    return "--text-mode=file makes the whole file one document"
+    return '--text-mode=file makes the whole file one document'
   if comp == '.gz':
-    return ('a gzip stream cannot be entered mid-file; split the file, or recompress it as zstd in frames '
-            '(e.g. pzstd, or a seekable .zst)')
+    return (
+      'a gzip stream cannot be entered mid-file; split the file, or recompress it as zstd in frames '
+      '(e.g. pzstd, or a seekable .zst)'
+    )
   if comp:
     where = 'a bucket object needs a seek table (seekable format) to be' if paths.is_url(path) else 'it cannot be'
-    return (f'{where} cut into frames (one frame, or frames that do not state their size); compress it in '
-            'frames (pzstd, or a seekable .zst)')
+    return (
+      f'{where} cut into frames (one frame, or frames that do not state their size); compress it in '
+      'frames (pzstd, or a seekable .zst)'
+    )
   return 'it has a single row group; write it with smaller row groups'

@@ -61,13 +61,18 @@ def _read_manifest(url: paths.Path) -> bytes:
     if not bucket.exists():
       raise errors.StorageError(f'{url}: bucket {bucket} does not exist, or these credentials cannot see it') from None
     if not url.exists():
-      raise errors.DataError(f'{url}: prepared-data directory does not exist (nothing under that URL; make it '
-                             f'with `python -m neobert_jax.data.prepare --output {url}`)') from None
-    raise errors.DataError(f'{url}: no {shards.MANIFEST}; the directory is not prepared data, or its prepare run '
-                           f'did not finish: {shards.remedy(str(url))}') from None
+      raise errors.DataError(
+        f'{url}: prepared-data directory does not exist (nothing under that URL; make it '
+        f'with `python -m neobert_jax.data.prepare --output {url}`)'
+      ) from None
+    raise errors.DataError(
+      f'{url}: no {shards.MANIFEST}; the directory is not prepared data, or its prepare run '
+      f'did not finish: {shards.remedy(str(url))}'
+    ) from None
   except Exception as e:  # noqa: BLE001 - gcsfs raises its own types for HTTP 401 / 403 / 5xx
-    raise errors.StorageError(f'{url}/{shards.MANIFEST} cannot be read ({errors.one_line(e)}); check that '
-                              'these credentials may read the bucket') from None
+    raise errors.StorageError(
+      f'{url}/{shards.MANIFEST} cannot be read ({errors.one_line(e)}); check that these credentials may read the bucket'
+    ) from None
 
 
 def _current(local: str, raw: bytes, manifest: dict) -> bool:
@@ -101,24 +106,36 @@ def _restage(url: paths.Path, local: str, raw: bytes, manifest: dict) -> None:
   need = sum(s['bytes'] for s in todo)
   free = shutil.disk_usage(local).free
   if need > free:
-    raise errors.StorageError(f'{url}: staging needs {need / 2**30:.1f} GiB in {local} but {free / 2**30:.1f} GiB '
-                              'are free; free space there or set NEOBERT_JAX_CACHE to a larger disk')
-  print(f'neobert_jax: staging {url} ({len(todo)} of {len(listed)} shards, {need / 2**20:.1f} MiB) into {local}',
-        file=sys.stderr, flush=True)
+    raise errors.StorageError(
+      f'{url}: staging needs {need / 2**30:.1f} GiB in {local} but {free / 2**30:.1f} GiB '
+      'are free; free space there or set NEOBERT_JAX_CACHE to a larger disk'
+    )
+  print(
+    f'neobert_jax: staging {url} ({len(todo)} of {len(listed)} shards, {need / 2**20:.1f} MiB) into {local}',
+    file=sys.stderr,
+    flush=True,
+  )
   start = time.perf_counter()
   with concurrent.futures.ThreadPoolExecutor(PARALLEL) as pool:
     list(pool.map(lambda s: _download(url, local, s), todo))  # the first failure is raised here
   paths.write_text(paths.Path(marker), raw.decode('utf-8'))  # the commit marker, last
   took = time.perf_counter() - start
-  print(f'neobert_jax: staged {need / 2**20:.1f} MiB in {took:.1f} s ({need / 2**20 / max(took, 1e-9):.0f} MiB/s)',
-        file=sys.stderr, flush=True)
+  print(
+    f'neobert_jax: staged {need / 2**20:.1f} MiB in {took:.1f} s ({need / 2**20 / max(took, 1e-9):.0f} MiB/s)',
+    file=sys.stderr,
+    flush=True,
+  )
 
 
 def _kept(local: str, shard: dict) -> bool:
   """A shard already staged whole (a copy cut short, or a shard the new manifest shares with the old)."""
   path = os.path.join(local, shard['file'])
-  return ('sha256' in shard and os.path.isfile(path) and os.path.getsize(path) == shard['bytes']
-          and paths.sha256(paths.Path(path)) == shard['sha256'])
+  return (
+    'sha256' in shard
+    and os.path.isfile(path)
+    and os.path.getsize(path) == shard['bytes']
+    and paths.sha256(paths.Path(path)) == shard['sha256']
+  )
 
 
 def _download(url: paths.Path, local: str, shard: dict) -> None:
@@ -135,11 +152,14 @@ def _download(url: paths.Path, local: str, shard: dict) -> None:
   except FileNotFoundError:
     raise errors.DataError(f'{src}: shard listed in the manifest is missing; {shards.remedy(str(url))}') from None
   except Exception as e:  # noqa: BLE001 - a network or permission failure mid-copy
-    raise errors.StorageError(f'{src}: download failed ({errors.one_line(e)}); nothing was lost, run again to '
-                              'resume staging') from None
+    raise errors.StorageError(
+      f'{src}: download failed ({errors.one_line(e)}); nothing was lost, run again to resume staging'
+    ) from None
   shards.check_size(str(src), size, shard, str(url), 'on the bucket')
   if 'sha256' in shard and h.hexdigest() != shard['sha256']:
-    raise errors.DataError(f'{src}: content differs from the manifest (sha256 {h.hexdigest()[:16]}..., manifest '
-                           f'says {shard["sha256"][:16]}...); {shards.remedy(str(url))}')
+    raise errors.DataError(
+      f'{src}: content differs from the manifest (sha256 {h.hexdigest()[:16]}..., manifest '
+      f'says {shard["sha256"][:16]}...); {shards.remedy(str(url))}'
+    )
   shards.check_records(part, str(src), shard, str(url))
   os.replace(part, dst)

@@ -25,8 +25,9 @@ def write_wordpiece_vocab(path: str, words=()) -> str:
   return path
 
 
-def synthetic_documents(n: int, seed: int = 0, min_len: int = 3, max_len: int = 300,
-                        vocab_size: int = 30522) -> list[np.ndarray]:
+def synthetic_documents(
+  n: int, seed: int = 0, min_len: int = 3, max_len: int = 300, vocab_size: int = 30522
+) -> list[np.ndarray]:
   """[CLS] doc-id body... [SEP]; body ids avoid the specials and the doc-id range."""
   rng = np.random.default_rng(seed)
   lo = FIRST_DOC_ID + n
@@ -39,9 +40,16 @@ def synthetic_documents(n: int, seed: int = 0, min_len: int = 3, max_len: int = 
   return docs
 
 
-def write_prepared(directory: str, train_docs, eval_docs=(), *, vocab_size: int = 30522,
-                   max_length: int = 1024, shard_bytes: int = 1 << 30,
-                   tokenizer_identity: dict | None = None) -> dict:
+def write_prepared(
+  directory: str,
+  train_docs,
+  eval_docs=(),
+  *,
+  vocab_size: int = 30522,
+  max_length: int = 1024,
+  shard_bytes: int = 1 << 30,
+  tokenizer_identity: dict | None = None,
+) -> dict:
   """Writes shards + manifest as `prepare` would, from id arrays (no tokenizing)."""
   os.makedirs(directory, exist_ok=True)
   splits = {}
@@ -51,10 +59,21 @@ def write_prepared(directory: str, train_docs, eval_docs=(), *, vocab_size: int 
       w.write_document([np.asarray(d, np.int32)])
     splits[split] = w.close()
   ident = tokenizer_identity or {
-      'kind': 'synthetic', 'spec': 'synthetic', 'vocab_size': vocab_size,
-      'special_ids': dict(SPECIAL), 'vocab_sha256': 'synthetic', 'file_sha256': 'synthetic'}
-  manifest = {'format': shards.FORMAT, 'tokenizer': ident, 'max_length': max_length,
-              'eval_fraction': 0.0, 'splits': splits, 'command': 'testing.write_prepared'}
+    'kind': 'synthetic',
+    'spec': 'synthetic',
+    'vocab_size': vocab_size,
+    'special_ids': dict(SPECIAL),
+    'vocab_sha256': 'synthetic',
+    'file_sha256': 'synthetic',
+  }
+  manifest = {
+    'format': shards.FORMAT,
+    'tokenizer': ident,
+    'max_length': max_length,
+    'eval_fraction': 0.0,
+    'splits': splits,
+    'command': 'testing.write_prepared',
+  }
   shards.write_manifest(directory, manifest)
   return manifest
 

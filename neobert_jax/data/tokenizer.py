@@ -21,8 +21,7 @@ import numpy as np
 from neobert_jax.data import assets
 
 SPECIAL_NAMES = ('pad', 'unk', 'cls', 'sep', 'mask')
-BERT_SPECIAL_TOKENS = {'pad': '[PAD]', 'unk': '[UNK]', 'cls': '[CLS]', 'sep': '[SEP]',
-                       'mask': '[MASK]'}
+BERT_SPECIAL_TOKENS = {'pad': '[PAD]', 'unk': '[UNK]', 'cls': '[CLS]', 'sep': '[SEP]', 'mask': '[MASK]'}
 BUILTIN_BERT = 'bert-base-uncased'
 _BUILTIN_WORDPIECE = re.compile(r'builtin-wordpiece-([0-9]+)')
 
@@ -77,16 +76,22 @@ class Tokenizer:
     of one vocabulary compare equal while file_sha256 still pins the exact file.
     """
     vocab_hash = hashlib.sha256('\n'.join(self._pieces).encode('utf-8')).hexdigest()
-    return {'kind': self.kind, 'spec': self.spec, 'vocab_size': self.vocab_size,
-            'special_ids': dict(self.special), 'vocab_sha256': vocab_hash,
-            'file_sha256': _file_sha256(self.path)}
+    return {
+      'kind': self.kind,
+      'spec': self.spec,
+      'vocab_size': self.vocab_size,
+      'special_ids': dict(self.special),
+      'vocab_sha256': vocab_hash,
+      'file_sha256': _file_sha256(self.path),
+    }
 
   def _check_specials(self):
     missing = [n for n in SPECIAL_NAMES if self.special.get(n) is None]
     if missing:
       raise ValueError(
-          f'tokenizer {self.path} lacks BERT special tokens {missing}; '
-          f'expected pieces {[BERT_SPECIAL_TOKENS[n] for n in missing]}')
+        f'tokenizer {self.path} lacks BERT special tokens {missing}; '
+        f'expected pieces {[BERT_SPECIAL_TOKENS[n] for n in missing]}'
+      )
 
 
 class WordPieceTokenizer(Tokenizer):
@@ -95,6 +100,7 @@ class WordPieceTokenizer(Tokenizer):
   def __init__(self, spec: str, path: str):
     super().__init__(spec, path)
     import tokenizers  # pylint: disable=g-import-not-at-top
+
     if path.endswith('.json'):
       tok = tokenizers.Tokenizer.from_file(path)
     else:
@@ -126,6 +132,7 @@ class SentencePieceTokenizer(Tokenizer):
   def __init__(self, spec: str, path: str):
     super().__init__(spec, path)
     import sentencepiece as spm  # pylint: disable=g-import-not-at-top
+
     self._sp = spm.SentencePieceProcessor(model_file=path)
     n = self._sp.get_piece_size()
     self._pieces = [self._sp.id_to_piece(i) for i in range(n)]
@@ -133,8 +140,7 @@ class SentencePieceTokenizer(Tokenizer):
     self.special = {k: lookup.get(t) for k, t in BERT_SPECIAL_TOKENS.items()}
     # Models trained elsewhere name these differently; fall back to the
     # model's own pad/unk ids, and bos/eos as [CLS]/[SEP].
-    own = {'pad': self._sp.pad_id(), 'unk': self._sp.unk_id(),
-           'cls': self._sp.bos_id(), 'sep': self._sp.eos_id()}
+    own = {'pad': self._sp.pad_id(), 'unk': self._sp.unk_id(), 'cls': self._sp.bos_id(), 'sep': self._sp.eos_id()}
     for k, v in own.items():
       if self.special[k] is None and v >= 0:
         self.special[k] = v
@@ -163,14 +169,17 @@ def resolve_tokenizer_path(spec: str) -> str:
   if builtin_wordpiece_size(spec, strict=False):
     path = assets.builtin_vocab_path(spec)
     if not os.path.isfile(path):
-      raise FileNotFoundError(f'tokenizer {spec!r} is not made yet: it is learned from the built-in corpus by '
-                              f'`python -m neobert_jax.data.corpus --tokenizer {spec}` (the trainer does this '
-                              'when data.dir is empty)')
+      raise FileNotFoundError(
+        f'tokenizer {spec!r} is not made yet: it is learned from the built-in corpus by '
+        f'`python -m neobert_jax.data.corpus --tokenizer {spec}` (the trainer does this '
+        'when data.dir is empty)'
+      )
     return path
   if not os.path.isfile(spec):
     raise FileNotFoundError(
-        f'tokenizer {spec!r}: no such file (expected {BUILTIN_BERT!r}, a vocab.txt, '
-        'a tokenizer.json or a SentencePiece .model)')
+      f'tokenizer {spec!r}: no such file (expected {BUILTIN_BERT!r}, a vocab.txt, '
+      'a tokenizer.json or a SentencePiece .model)'
+    )
   return spec
 
 

@@ -30,25 +30,45 @@ def _sentences(files, text_field, text_mode, limit_chars) -> Iterator[str]:
             return
 
 
-def train(inputs: Sequence[str], output_prefix: str, *, vocab_size: int = 32000,
-          model_type: str = 'unigram', text_field: str = 'text', text_mode: str = 'line',
-          character_coverage: float = 0.9995, max_chars: int = 2_000_000_000,
-          seed_sentences: int = 1_000_000) -> tokenizer_lib.Tokenizer:
+def train(
+  inputs: Sequence[str],
+  output_prefix: str,
+  *,
+  vocab_size: int = 32000,
+  model_type: str = 'unigram',
+  text_field: str = 'text',
+  text_mode: str = 'line',
+  character_coverage: float = 0.9995,
+  max_chars: int = 2_000_000_000,
+  seed_sentences: int = 1_000_000,
+) -> tokenizer_lib.Tokenizer:
   """Trains `output_prefix`.model and returns it loaded as a Tokenizer."""
   import sentencepiece as spm  # pylint: disable=g-import-not-at-top
+
   files = sources.expand_inputs(inputs)
   names = tokenizer_lib.BERT_SPECIAL_TOKENS
   spm.SentencePieceTrainer.train(
-      sentence_iterator=_sentences(files, text_field, text_mode, max_chars),
-      model_prefix=output_prefix, vocab_size=vocab_size, model_type=model_type,
-      character_coverage=character_coverage,
-      # BERT layout: [PAD] must be 0 because the model and masks treat id 0 as padding.
-      pad_id=0, unk_id=1, bos_id=2, eos_id=3,
-      pad_piece=names['pad'], unk_piece=names['unk'], bos_piece=names['cls'],
-      eos_piece=names['sep'], user_defined_symbols=[names['mask']],
-      input_sentence_size=seed_sentences, shuffle_input_sentence=True,
-      # Long lines are real documents here, not noise.
-      max_sentence_length=1 << 16, minloglevel=2)
+    sentence_iterator=_sentences(files, text_field, text_mode, max_chars),
+    model_prefix=output_prefix,
+    vocab_size=vocab_size,
+    model_type=model_type,
+    character_coverage=character_coverage,
+    # BERT layout: [PAD] must be 0 because the model and masks treat id 0 as padding.
+    pad_id=0,
+    unk_id=1,
+    bos_id=2,
+    eos_id=3,
+    pad_piece=names['pad'],
+    unk_piece=names['unk'],
+    bos_piece=names['cls'],
+    eos_piece=names['sep'],
+    user_defined_symbols=[names['mask']],
+    input_sentence_size=seed_sentences,
+    shuffle_input_sentence=True,
+    # Long lines are real documents here, not noise.
+    max_sentence_length=1 << 16,
+    minloglevel=2,
+  )
   tok = tokenizer_lib.load_tokenizer(output_prefix + '.model')
   want = {'pad': 0, 'unk': 1, 'cls': 2, 'sep': 3, 'mask': 4}
   if tok.special != want:
@@ -65,13 +85,21 @@ def main(argv=None):
   p.add_argument('--text-field', default='text')
   p.add_argument('--text-mode', default='line', choices=sources.TEXT_MODES)
   p.add_argument('--character-coverage', type=float, default=0.9995)
-  p.add_argument('--sentences', type=int, default=1_000_000,
-                 help='lines sampled for training (SentencePiece input_sentence_size)')
+  p.add_argument(
+    '--sentences', type=int, default=1_000_000, help='lines sampled for training (SentencePiece input_sentence_size)'
+  )
   a = p.parse_args(argv)
   with errors.reported('train_sentencepiece', a.debug):
-    tok = train(a.input, a.output, vocab_size=a.vocab_size, model_type=a.model_type,
-                text_field=a.text_field, text_mode=a.text_mode,
-                character_coverage=a.character_coverage, seed_sentences=a.sentences)
+    tok = train(
+      a.input,
+      a.output,
+      vocab_size=a.vocab_size,
+      model_type=a.model_type,
+      text_field=a.text_field,
+      text_mode=a.text_mode,
+      character_coverage=a.character_coverage,
+      seed_sentences=a.sentences,
+    )
   print(f'{a.output}.model: {tok.vocab_size} ids, specials {tok.special}')
   return tok
 

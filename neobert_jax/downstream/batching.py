@@ -23,7 +23,7 @@ def frame(tok: Any, texts: Sequence[str], pairs: Sequence[str] | None, max_lengt
   out = []
   for a, b in zip(a_ids, b_ids):
     if b is None:
-      a = a[:max_length - 2]
+      a = a[: max_length - 2]
       out.append(np.concatenate([[tok.cls_id], a, [tok.sep_id]]).astype(np.int32))
       continue
     budget = max_length - 3
@@ -66,8 +66,9 @@ def pad_rows(seqs: Sequence[np.ndarray], rows: int, length: int, pad_id: int) ->
   return ids, lengths
 
 
-def plan(lengths: Sequence[int], batch_size: int, bucket_list: Sequence[int], rng: np.random.Generator | None
-         ) -> list[tuple[int, np.ndarray]]:
+def plan(
+  lengths: Sequence[int], batch_size: int, bucket_list: Sequence[int], rng: np.random.Generator | None
+) -> list[tuple[int, np.ndarray]]:
   """[(bucket length, example indices)]: examples grouped by bucket, chunked into batches.
 
   With rng (training) examples are shuffled within a bucket and the batch order is shuffled; without it
@@ -80,7 +81,7 @@ def plan(lengths: Sequence[int], batch_size: int, bucket_list: Sequence[int], rn
   for b in sorted(by_bucket):
     idx = np.asarray(by_bucket[b])
     idx = rng.permutation(idx) if rng is not None else idx[np.argsort([lengths[i] for i in idx], kind='stable')]
-    batches += [(b, idx[s:s + batch_size]) for s in range(0, len(idx), batch_size)]
+    batches += [(b, idx[s : s + batch_size]) for s in range(0, len(idx), batch_size)]
   if rng is not None:
     batches = [batches[i] for i in rng.permutation(len(batches))]
   return batches
@@ -97,19 +98,24 @@ def to_global(batch: dict[str, np.ndarray], mesh: jax.sharding.Mesh) -> dict[str
   return {k: jax.make_array_from_callback(v.shape, s, lambda idx, v=v: v[idx]) for k, v in batch.items()}
 
 
-def epoch_batches(seqs: Sequence[np.ndarray], extras: dict[str, np.ndarray], batch_size: int,
-                  bucket_list: Sequence[int], pad_id: int, rng: np.random.Generator | None
-                  ) -> Iterator[dict[str, np.ndarray]]:
+def epoch_batches(
+  seqs: Sequence[np.ndarray],
+  extras: dict[str, np.ndarray],
+  batch_size: int,
+  bucket_list: Sequence[int],
+  pad_id: int,
+  rng: np.random.Generator | None,
+) -> Iterator[dict[str, np.ndarray]]:
   """One pass: {'input_ids', 'lengths', 'weights', 'index', **extras} per batch (host numpy)."""
   for length, idx in plan([len(s) for s in seqs], batch_size, bucket_list, rng):
     ids, lens = pad_rows([seqs[i] for i in idx], batch_size, length, pad_id)
     weights = np.zeros((batch_size,), np.float32)
-    weights[:len(idx)] = 1.0
+    weights[: len(idx)] = 1.0
     index = np.full((batch_size,), -1, np.int32)
-    index[:len(idx)] = idx
+    index[: len(idx)] = idx
     out = {'input_ids': ids, 'lengths': lens, 'weights': weights, 'index': index}
     for k, v in extras.items():
       col = np.zeros((batch_size,) + v.shape[1:], v.dtype)
-      col[:len(idx)] = v[idx]
+      col[: len(idx)] = v[idx]
       out[k] = col
     yield out

@@ -36,16 +36,29 @@ def pool(hidden: jax.Array, lengths: jax.Array, pooling: str) -> jax.Array:
 
 def _linear(d_in: int, d_out: int, init_range: float, dtype: str, rngs: nnx.Rngs) -> nnx.Linear:
   # Kernels shard their input ('embed') axis like every encoder weight; the output axis is small, keep it whole.
-  return nnx.Linear(d_in, d_out, use_bias=True, param_dtype=jnp.dtype(dtype),
-                    kernel_init=nnx.with_partitioning(nnx.initializers.normal(init_range), ('embed', None)),
-                    bias_init=nnx.with_partitioning(nnx.initializers.zeros_init(), (None,)), rngs=rngs)
+  return nnx.Linear(
+    d_in,
+    d_out,
+    use_bias=True,
+    param_dtype=jnp.dtype(dtype),
+    kernel_init=nnx.with_partitioning(nnx.initializers.normal(init_range), ('embed', None)),
+    bias_init=nnx.with_partitioning(nnx.initializers.zeros_init(), (None,)),
+    rngs=rngs,
+  )
 
 
 class SequenceClassifier(nnx.Module):
   """Encoder + NeoBERT's classification head; returns float32 logits [B, num_outputs]."""
 
-  def __init__(self, model_cfg: ml_collections.ConfigDict, num_outputs: int, dropout_rate: float,
-               init_range: float, *, rngs: nnx.Rngs):
+  def __init__(
+    self,
+    model_cfg: ml_collections.ConfigDict,
+    num_outputs: int,
+    dropout_rate: float,
+    init_range: float,
+    *,
+    rngs: nnx.Rngs,
+  ):
     self.encoder = NeoBERT(model_cfg, rngs=rngs)
     d = int(model_cfg.hidden_size)
     with creation_scope():

@@ -25,13 +25,21 @@ def jit_forward(model_def: Any, param_shardings: Any, mesh: jax.sharding.Mesh) -
   def forward(params, input_ids, lengths):
     return nnx.merge(model_def, params)(input_ids, lengths)
 
-  return MeshBound(mesh, jax.jit(forward, in_shardings=(param_shardings, data, data),
-                                 out_shardings=NamedSharding(mesh, P())))
+  return MeshBound(
+    mesh, jax.jit(forward, in_shardings=(param_shardings, data, data), out_shardings=NamedSharding(mesh, P()))
+  )
 
 
-def run_batched(forward: Callable, params: Any, seqs: Sequence[np.ndarray], batch_size: int,
-                bucket_list: Sequence[int], pad_id: int, mesh: jax.sharding.Mesh,
-                progress: Any = None) -> np.ndarray:
+def run_batched(
+  forward: Callable,
+  params: Any,
+  seqs: Sequence[np.ndarray],
+  batch_size: int,
+  bucket_list: Sequence[int],
+  pad_id: int,
+  mesh: jax.sharding.Mesh,
+  progress: Any = None,
+) -> np.ndarray:
   """forward over all sequences (batch_size rows each, static bucket shapes); [N, ...] float32 in input order."""
   out = None
   for batch in batching.epoch_batches(seqs, {}, batch_size, bucket_list, pad_id, rng=None):

@@ -24,11 +24,20 @@ def detect_format(path: str, fmt: str = 'auto') -> str:
   while suffixes and suffixes[-1] in _COMPRESSIONS:
     suffixes.pop()
   ext = suffixes[-1] if suffixes else ''
-  known = {'.csv': 'csv', '.tsv': 'tsv', '.jsonl': 'jsonl', '.json': 'jsonl', '.ndjson': 'jsonl',
-           '.parquet': 'parquet', '.pq': 'parquet'}
+  known = {
+    '.csv': 'csv',
+    '.tsv': 'tsv',
+    '.jsonl': 'jsonl',
+    '.json': 'jsonl',
+    '.ndjson': 'jsonl',
+    '.parquet': 'parquet',
+    '.pq': 'parquet',
+  }
   if ext not in known:
-    raise DataError(f'{path}: cannot tell the format from the suffix {ext!r}; name it .csv, .tsv, .jsonl or '
-                    '.parquet, or set --config.data.format')
+    raise DataError(
+      f'{path}: cannot tell the format from the suffix {ext!r}; name it .csv, .tsv, .jsonl or '
+      '.parquet, or set --config.data.format'
+    )
   return known[ext]
 
 
@@ -45,6 +54,7 @@ def _local(path: str) -> str:
 def read_table(path: str, fmt: str = 'auto') -> dict[str, list[Any]]:
   """{column: values} of a data file (local or gs://); DataError if it is missing, unreadable or has no rows."""
   import pyarrow  # pylint: disable=g-import-not-at-top
+
   path = _local(path)
   if not path or not Path(path).is_file():
     raise DataError(f'{path or "(no path)"}: no such file; check data.train_file / data.validation_file')
@@ -54,12 +64,15 @@ def read_table(path: str, fmt: str = 'auto') -> dict[str, list[Any]]:
   try:
     if fmt == 'parquet':
       import pyarrow.parquet as pq  # pylint: disable=g-import-not-at-top
+
       table = pq.read_table(path)
     elif fmt == 'jsonl':
       import pyarrow.json as pj  # pylint: disable=g-import-not-at-top
+
       table = pj.read_json(path)
     else:
       import pyarrow.csv as pc  # pylint: disable=g-import-not-at-top
+
       # GLUE TSVs contain unbalanced quotes inside sentences: tabs separate, quotes mean nothing.
       parse = pc.ParseOptions(delimiter='\t', quote_char=False) if fmt == 'tsv' else pc.ParseOptions()
       table = pc.read_csv(path, parse_options=parse)
@@ -75,8 +88,10 @@ def require_columns(table: dict[str, list[Any]], path: str, fields: Sequence[tup
   """fields: (config field, column name); DataError naming the missing column, what exists, and the override."""
   for field, column in fields:
     if column and column not in table:
-      raise DataError(f'{path}: no column {column!r} (set by {field}); the file has columns {sorted(table)}; '
-                      f'fix with ' + (f'{field}=NAME' if field.startswith('--') else f'--config.{field}=NAME'))
+      raise DataError(
+        f'{path}: no column {column!r} (set by {field}); the file has columns {sorted(table)}; '
+        f'fix with ' + (f'{field}=NAME' if field.startswith('--') else f'--config.{field}=NAME')
+      )
 
 
 def texts(table: dict[str, list[Any]], column: str, path: str) -> list[str]:
@@ -84,12 +99,16 @@ def texts(table: dict[str, list[Any]], column: str, path: str) -> list[str]:
   values = table[column]
   missing = [i for i, v in enumerate(values) if v is None]
   if missing:
-    raise DataError(f'{path}: column {column!r} has no value in {len(missing)} rows (first: row {missing[0] + 1}); '
-                    'fill or drop those rows')
+    raise DataError(
+      f'{path}: column {column!r} has no value in {len(missing)} rows (first: row {missing[0] + 1}); '
+      'fill or drop those rows'
+    )
   return [str(v) for v in values]
 
 
-def split_holdout(n: int, fraction: float, seed: int, strata: Sequence[Any] | None = None) -> tuple[np.ndarray, np.ndarray]:
+def split_holdout(
+  n: int, fraction: float, seed: int, strata: Sequence[Any] | None = None
+) -> tuple[np.ndarray, np.ndarray]:
   """(train rows, validation rows): a seeded split, stratified by `strata` (labels) so every class is in both."""
   rng = np.random.default_rng(seed)
   groups: dict[Any, list[int]] = {}
@@ -104,8 +123,9 @@ def split_holdout(n: int, fraction: float, seed: int, strata: Sequence[Any] | No
     val += rows[:k].tolist()
     train += rows[k:].tolist()
   if not val or not train:
-    raise DataError(f'cannot hold out {fraction:.0%} of {n} rows for validation; give data.validation_file '
-                    'or more rows')
+    raise DataError(
+      f'cannot hold out {fraction:.0%} of {n} rows for validation; give data.validation_file or more rows'
+    )
   return np.sort(np.array(train)), np.sort(np.array(val))
 
 

@@ -58,8 +58,11 @@ log = logging.getLogger(__name__)
 def make_manager(workdir: str | os.PathLike, keep: int = 3, async_save: bool = True) -> ocp.CheckpointManager:
   directory = paths.resolve(workdir, '--workdir') / runs.CHECKPOINT_SUBDIR
   options = ocp.CheckpointManagerOptions(
-      max_to_keep=keep, save_interval_steps=1,  # the loop decides when to save; Orbax just obeys
-      enable_async_checkpointing=async_save, create=True)
+    max_to_keep=keep,
+    save_interval_steps=1,  # the loop decides when to save; Orbax just obeys
+    enable_async_checkpointing=async_save,
+    create=True,
+  )
   return ocp.CheckpointManager(directory, options=options)
 
 
@@ -67,20 +70,24 @@ def _data_args(data_iter: Any, save: bool) -> dict[str, Any]:
   if data_iter is None or not hasattr(data_iter, 'get_state'):
     return {}
   import grain  # imported here so that readers of params-only (converters) need not load grain
+
   return {'data': grain.checkpoint.CheckpointSave(data_iter) if save else grain.checkpoint.CheckpointRestore(data_iter)}
 
 
-def save(mngr: ocp.CheckpointManager, step: int, state: TrainState, data_iter: Any,
-         cfg: ml_collections.ConfigDict) -> None:
+def save(
+  mngr: ocp.CheckpointManager, step: int, state: TrainState, data_iter: Any, cfg: ml_collections.ConfigDict
+) -> None:
   """Starts saving `state` as `step` (arrays are written in the background when async); returns at once.
 
   The Grain iterator's position is captured synchronously here, so it matches exactly the batches the saved
   parameters have seen even while the arrays are still being written.
   """
-  args = {'params': ocp.args.StandardSave(nnx.to_pure_dict(state['params'])),
-          'opt': ocp.args.StandardSave(state['opt']),
-          runs.CONFIG_ITEM: ocp.args.JsonSave(cfg.to_dict()),
-          **_data_args(data_iter, save=True)}
+  args = {
+    'params': ocp.args.StandardSave(nnx.to_pure_dict(state['params'])),
+    'opt': ocp.args.StandardSave(state['opt']),
+    runs.CONFIG_ITEM: ocp.args.JsonSave(cfg.to_dict()),
+    **_data_args(data_iter, save=True),
+  }
   try:
     # An earlier async save that failed in the background raises here, at the next save.
     mngr.save(step, args=ocp.args.Composite(**args), force=True)
@@ -106,18 +113,31 @@ def close(mngr: ocp.CheckpointManager) -> None:
 
 
 # What a write failure says, in the words users search for; Orbax and tensorstore wrap them in long specs.
-_WRITE_REASONS = ('No space left on device', 'Read-only file system', 'Permission denied', 'Disk quota exceeded',
-                  'PERMISSION_DENIED', 'RESOURCE_EXHAUSTED', 'UNAVAILABLE', 'DEADLINE_EXCEEDED')
+_WRITE_REASONS = (
+  'No space left on device',
+  'Read-only file system',
+  'Permission denied',
+  'Disk quota exceeded',
+  'PERMISSION_DENIED',
+  'RESOURCE_EXHAUSTED',
+  'UNAVAILABLE',
+  'DEADLINE_EXCEEDED',
+)
 
 
 def save_failed(mngr: ocp.CheckpointManager, e: BaseException) -> errors.StorageError:
   text = f'{type(e).__name__}: {e}'
   reason = next((r for r in _WRITE_REASONS if r in text), None) or _first_line(e).split(' [tensorstore_spec')[0]
   good = runs.latest_step(paths.Path(mngr.directory))
-  kept = (f'the last complete checkpoint, {mngr.directory}/{good}, is kept' if good is not None
-          else 'no checkpoint of this run was complete yet')
-  return errors.StorageError(f'writing a checkpoint under {mngr.directory} failed ({reason}); {kept}. Free space '
-                             'or fix the storage, then re-run the same command to resume from it.')
+  kept = (
+    f'the last complete checkpoint, {mngr.directory}/{good}, is kept'
+    if good is not None
+    else 'no checkpoint of this run was complete yet'
+  )
+  return errors.StorageError(
+    f'writing a checkpoint under {mngr.directory} failed ({reason}); {kept}. Free space '
+    'or fix the storage, then re-run the same command to resume from it.'
+  )
 
 
 def _set_aside(mngr: ocp.CheckpointManager, step: int, reason: str) -> None:
@@ -130,15 +150,31 @@ def _set_aside(mngr: ocp.CheckpointManager, step: int, reason: str) -> None:
     while dst.exists():
       dst, n = src.with_name(f'{step}.corrupt{n}'), n + 1
     src.rename(dst)
-    log.error('CHECKPOINT SET ASIDE: step %d at %s could not be read (%s). It was renamed to %s (nothing was '
-              'deleted); inspect it, or delete it once you no longer need it.', step, src, reason, dst)
+    log.error(
+      'CHECKPOINT SET ASIDE: step %d at %s could not be read (%s). It was renamed to %s (nothing was '
+      'deleted); inspect it, or delete it once you no longer need it.',
+      step,
+      src,
+      reason,
+      dst,
+    )
   mngr.reload()
 
 
 # Status words of tensorstore / gRPC / cloud storage errors that describe the storage, not the bytes stored.
-_TRANSIENT_WORDS = ('UNAVAILABLE', 'DEADLINE_EXCEEDED', 'RESOURCE_EXHAUSTED', 'ABORTED', 'CANCELLED',
-                    'PERMISSION_DENIED', 'UNAUTHENTICATED', 'Connection reset', 'Too many open files',
-                    'timed out', 'Timeout')
+_TRANSIENT_WORDS = (
+  'UNAVAILABLE',
+  'DEADLINE_EXCEEDED',
+  'RESOURCE_EXHAUSTED',
+  'ABORTED',
+  'CANCELLED',
+  'PERMISSION_DENIED',
+  'UNAUTHENTICATED',
+  'Connection reset',
+  'Too many open files',
+  'timed out',
+  'Timeout',
+)
 _READ_ATTEMPTS = 3
 _RETRY_DELAY_S = 2.0
 
@@ -167,19 +203,22 @@ def _with_retries(read: Callable[[], Any], step: int, directory: Any) -> Any:
         raise
       if attempt == _READ_ATTEMPTS:
         raise errors.CheckpointError(
-            f'checkpoint step {step} in {directory} could not be read after {attempt} attempts because of a '
-            f'storage error ({_first_line(e)}). It was left in place; re-run once the storage is reachable to '
-            f'resume from it.') from e
-      log.warning('reading checkpoint step %d failed (%s); retrying in %.0f s', step, _first_line(e),
-                  _RETRY_DELAY_S * attempt)
+          f'checkpoint step {step} in {directory} could not be read after {attempt} attempts because of a '
+          f'storage error ({_first_line(e)}). It was left in place; re-run once the storage is reachable to '
+          f'resume from it.'
+        ) from e
+      log.warning(
+        'reading checkpoint step %d failed (%s); retrying in %.0f s', step, _first_line(e), _RETRY_DELAY_S * attempt
+      )
       time.sleep(_RETRY_DELAY_S * attempt)
   raise AssertionError('unreachable')
 
 
 def _restore_arrays(mngr: ocp.CheckpointManager, step: int, abstract: TrainState) -> dict[str, Any]:
   """params + opt of `step` onto `abstract`'s shardings; transient storage errors are retried, then raised."""
-  args = ocp.args.Composite(params=ocp.args.StandardRestore(nnx.to_pure_dict(abstract['params'])),
-                            opt=ocp.args.StandardRestore(abstract['opt']))
+  args = ocp.args.Composite(
+    params=ocp.args.StandardRestore(nnx.to_pure_dict(abstract['params'])), opt=ocp.args.StandardRestore(abstract['opt'])
+  )
   return _with_retries(lambda: mngr.restore(step, args=args), step, mngr.directory)
 
 
@@ -205,10 +244,14 @@ def _check_fits(mngr: ocp.CheckpointManager, step: int, abstract: TrainState) ->
     target = nnx.to_pure_dict(abstract['params']) if item == 'params' else abstract['opt']
     tree = getattr(saved, 'tree', saved)
     check_keys_and_shapes(
-        _leaves(tree), {k: v.shape for k, v in _leaves(target).items()}, f'checkpoint step {step} in {mngr.directory} ({item})',
-        'this config builds a different state than the one saved (see the config differences above, if any); '
-        'nothing was changed. Resume with the run\'s own config, or start a new --workdir (with '
-        '--config.init.from_checkpoint to start from its weights).', error=errors.ConfigError)
+      _leaves(tree),
+      {k: v.shape for k, v in _leaves(target).items()},
+      f'checkpoint step {step} in {mngr.directory} ({item})',
+      'this config builds a different state than the one saved (see the config differences above, if any); '
+      "nothing was changed. Resume with the run's own config, or start a new --workdir (with "
+      '--config.init.from_checkpoint to start from its weights).',
+      error=errors.ConfigError,
+    )
 
 
 _DATA_FILE = re.compile(r'process_(\d+)-of-(\d+)\.json')
@@ -216,8 +259,9 @@ _DATA_FILE = re.compile(r'process_(\d+)-of-(\d+)\.json')
 
 def _data_writer_count(data_dir: paths.Path) -> int | None:
   """How many processes wrote the Grain states in `data_dir` (None if there are none)."""
-  counts = {int(m.group(2)) for f in (data_dir.iterdir() if data_dir.is_dir() else ())
-            if (m := _DATA_FILE.fullmatch(f.name))}
+  counts = {
+    int(m.group(2)) for f in (data_dir.iterdir() if data_dir.is_dir() else ()) if (m := _DATA_FILE.fullmatch(f.name))
+  }
   return max(counts) if counts else None
 
 
@@ -226,6 +270,7 @@ def _set_iterator_state(data_iter: Any, text: str) -> None:
   raw bytes for any other iterator with get_state/set_state. Done here, not through mngr.restore, so that this
   per-process step can never enter a cross-process barrier that another process skips."""
   import grain  # pylint: disable=g-import-not-at-top
+
   data_iter.set_state(json.loads(text) if isinstance(data_iter, grain.DatasetIterator) else text.encode())
 
 
@@ -247,16 +292,23 @@ def _saved_data_state(data_dir: paths.Path, pid: int, nproc: int) -> tuple[str |
   except OSError as e:
     return None, f'the data-iterator state {path.name} could not be read ({_first_line(e)})'
   if writers != nproc and _STREAM_MARK not in text:
-    return None, (f'the checkpoint was written by {writers} process(es) with a per-process data layout and this '
-                  f'job has {nproc}')
+    return None, (
+      f'the checkpoint was written by {writers} process(es) with a per-process data layout and this job has {nproc}'
+    )
   return text, f'written by {writers} process(es), restored on {nproc}'
 
 
 _STREAM_MARK = 'global-rows/'
 
 
-def _restore_data(mngr: ocp.CheckpointManager, step: int, data_iter: Any, *,
-                  process_index: int | None = None, process_count: int | None = None) -> bool:
+def _restore_data(
+  mngr: ocp.CheckpointManager,
+  step: int,
+  data_iter: Any,
+  *,
+  process_index: int | None = None,
+  process_count: int | None = None,
+) -> bool:
   """Moves `data_iter` (freshly made, at its start) to where it must be after `step` steps; True if exact.
 
   Exact (any process count): the saved global-stream position is set directly, which rebuilds one block, so
@@ -284,6 +336,7 @@ def _restore_data(mngr: ocp.CheckpointManager, step: int, data_iter: Any, *,
       what = f'the data-iterator state could not be used ({_first_line(e)})'
       data_iter.set_state(initial)
   from neobert_jax.data import pipeline  # pylint: disable=g-import-not-at-top
+
   moved = 'left at the start of the stream'
   if isinstance(initial, dict) and pipeline.is_global_state(initial) and 'next_index' in json.dumps(initial):
     try:
@@ -291,9 +344,13 @@ def _restore_data(mngr: ocp.CheckpointManager, step: int, data_iter: Any, *,
       moved = f'moved to the start of global block {step}'
     except Exception:  # noqa: BLE001 - an iterator of another shape (workers): stay at the start
       data_iter.set_state(initial)
-  log.warning('checkpoint step %d: params and optimizer state restored, but %s. The data iterator was %s: '
-              'training continues deterministically, but the data order is NOT the same as an uninterrupted run\'s.',
-              step, what, moved)
+  log.warning(
+    'checkpoint step %d: params and optimizer state restored, but %s. The data iterator was %s: '
+    "training continues deterministically, but the data order is NOT the same as an uninterrupted run's.",
+    step,
+    what,
+    moved,
+  )
   return False
 
 
@@ -302,10 +359,13 @@ def _agree_on_step(step: int | None, directory: Any) -> None:
   if jax.process_count() == 1:
     return
   from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+
   steps = np.asarray(multihost_utils.process_allgather(np.int64(-1 if step is None else step))).reshape(-1)
   if len(set(steps.tolist())) > 1:
-    raise RuntimeError(f'processes restored different checkpoint steps {steps.tolist()} (-1: none) from '
-                       f'{directory}; check that every process sees the same checkpoint directory')
+    raise RuntimeError(
+      f'processes restored different checkpoint steps {steps.tolist()} (-1: none) from '
+      f'{directory}; check that every process sees the same checkpoint directory'
+    )
 
 
 def restore_latest(mngr: ocp.CheckpointManager, abstract: TrainState, data_iter: Any) -> tuple[int, TrainState] | None:
@@ -323,8 +383,13 @@ def restore_latest(mngr: ocp.CheckpointManager, abstract: TrainState, data_iter:
       raise
     except Exception as e:  # noqa: BLE001 - the bytes are damaged or missing: try the previous checkpoint
       older = [s for s in mngr.all_steps() if s < step]
-      log.error('checkpoint step %d in %s could not be restored (%s); %s', step, mngr.directory,
-                _first_line(e), f'falling back to step {max(older)}' if older else 'no older checkpoint is left')
+      log.error(
+        'checkpoint step %d in %s could not be restored (%s); %s',
+        step,
+        mngr.directory,
+        _first_line(e),
+        f'falling back to step {max(older)}' if older else 'no older checkpoint is left',
+      )
       _set_aside(mngr, step, _first_line(e))
       continue
     _agree_on_step(step, mngr.directory)

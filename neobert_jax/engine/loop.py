@@ -34,16 +34,24 @@ _NOT_LOGGED = ('finite', 'rows_over_document_limit')
 class Logger:
   """Collects per-step device metrics and turns them into host scalars only every few steps (one device sync)."""
 
-  def __init__(self, writer: MetricsWriter, pbar: Any, *, nan_policy: str = 'stop', diverged_hint: str = '',
-               flops_per_token: float | None = None, peak_flops: float | None = None,
-               check: Callable[[int, dict], None] | None = None):
+  def __init__(
+    self,
+    writer: MetricsWriter,
+    pbar: Any,
+    *,
+    nan_policy: str = 'stop',
+    diverged_hint: str = '',
+    flops_per_token: float | None = None,
+    peak_flops: float | None = None,
+    check: Callable[[int, dict], None] | None = None,
+  ):
     self.writer, self.pbar = writer, pbar
     self.nan_policy, self.diverged_hint, self.check = nan_policy, diverged_hint, check
     self.flops_per_token, self.peak_flops = flops_per_token, peak_flops
     self.pending: list[tuple[int, dict[str, Any]]] = []
     self.skipped = 0
     self.last: dict[str, float] = {}
-    self.throughput: list[float] = []   # tokens/s of every logged window that held timed steps
+    self.throughput: list[float] = []  # tokens/s of every logged window that held timed steps
     self.restart_clock()
 
   def add(self, step: int, metrics: dict[str, Any], tokens: int) -> None:
@@ -62,8 +70,9 @@ class Logger:
       return
     if self.nan_policy == 'stop':
       raise TrainingDiverged(
-          f'non-finite loss/gradient at step {step} (loss={float(m["loss"])}, grad_norm={float(m["grad_norm"])}). '
-          f'Last good checkpoint: {last_good()}. {self.diverged_hint}')
+        f'non-finite loss/gradient at step {step} (loss={float(m["loss"])}, grad_norm={float(m["grad_norm"])}). '
+        f'Last good checkpoint: {last_good()}. {self.diverged_hint}'
+      )
     self.skipped += 1
     log.warning('step %d: non-finite loss/gradient, update skipped (%d so far)', step, self.skipped)
 
@@ -99,6 +108,7 @@ class Logger:
 @dataclasses.dataclass
 class Hook:
   """fn(step, state) after every `every` steps and after the last one; `checkpoint` hooks also run on preemption."""
+
   fn: Callable[[int, Any], None]
   every: int
   checkpoint: bool = False
@@ -107,6 +117,7 @@ class Hook:
 @dataclasses.dataclass
 class Profile:
   """A jax.profiler trace of `num_steps` steps from `start` (start < 0: none) into where()."""
+
   start: int = -1
   num_steps: int = 0
   where: Callable[[], Path] | None = None
@@ -119,10 +130,23 @@ class Trainer:
   for the divergence message. `on_step(done)` runs after every step (tests simulate crashes with it).
   """
 
-  def __init__(self, step: Callable, state: Any, batches: Iterator[tuple], *, num_steps: int, start: int,
-               logger: Logger, log_every: int, hooks: list[Hook] = (), last_good: Callable[[], str] = lambda: 'none',
-               preemption: Preemption | None = None, profile: Profile = Profile(), pbar: Any = None,
-               on_step: Callable[[int], None] | None = None):
+  def __init__(
+    self,
+    step: Callable,
+    state: Any,
+    batches: Iterator[tuple],
+    *,
+    num_steps: int,
+    start: int,
+    logger: Logger,
+    log_every: int,
+    hooks: list[Hook] = (),
+    last_good: Callable[[], str] = lambda: 'none',
+    preemption: Preemption | None = None,
+    profile: Profile = Profile(),
+    pbar: Any = None,
+    on_step: Callable[[int], None] | None = None,
+  ):
     self.step, self.state, self.batches = step, state, batches
     self.num_steps, self.start, self.log_every = num_steps, start, max(1, log_every)
     self.logger, self.hooks, self.last_good = logger, list(hooks), last_good

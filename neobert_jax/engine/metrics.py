@@ -21,6 +21,7 @@ import ml_collections
 from neobert_jax import hardware, paths
 from neobert_jax.model.config import train_flops_per_token
 
+
 def flops_per_token(cfg: ml_collections.ConfigDict) -> float:
   """Model FLOPs per trained token of a training config (the sparse head decodes max_predictions of T slots)."""
   seq, p = cfg.model.max_length, cfg.data.max_predictions
@@ -37,7 +38,7 @@ def measure_matmul_peak(n: int = 1024, dtype: Any = jnp.float32, seconds: float 
   while time.perf_counter() - start < seconds or reps < 3:
     f(a).block_until_ready()
     reps += 1
-  return 2 * n ** 3 * reps / (time.perf_counter() - start)
+  return 2 * n**3 * reps / (time.perf_counter() - start)
 
 
 def total_peak_flops(peak_flops_per_device: float, compute_dtype: str) -> tuple[float | None, str]:
@@ -78,6 +79,7 @@ class MetricsWriter:
     self._jsonl = open(local / 'metrics.jsonl', 'a', buffering=1)  # line-buffered: readable while training
     if tensorboard:
       from tensorboardX import SummaryWriter
+
       self._tb = SummaryWriter(str(local / 'tensorboard'))
 
   @property

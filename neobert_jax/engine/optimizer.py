@@ -33,6 +33,7 @@ import ml_collections
 import numpy as np
 import optax
 
+
 def floor_step(opt_cfg: ml_collections.ConfigDict, num_steps: int) -> int:
   """The first step at which the rate is the floor for good."""
   if opt_cfg.decay_steps > 0:
@@ -58,13 +59,17 @@ def lr_schedule(opt_cfg: ml_collections.ConfigDict, num_steps: int) -> optax.Sch
   """optax schedule: the float32-rounded lr_values, looked up by step (the floor from the floor step on)."""
   end = floor_step(opt_cfg, num_steps)
   if opt_cfg.decay_steps > 0 and end <= opt_cfg.warmup_steps:
-    raise ValueError(f'optimizer.decay_steps={end} is an absolute step and must exceed '
-                     f'warmup_steps={opt_cfg.warmup_steps} (the original trainer asserts the same)')
-  table = np.append(lr_values(opt_cfg, num_steps, np.arange(end)),
-                    opt_cfg.peak_lr * opt_cfg.final_lr_fraction).astype(np.float32)
+    raise ValueError(
+      f'optimizer.decay_steps={end} is an absolute step and must exceed '
+      f'warmup_steps={opt_cfg.warmup_steps} (the original trainer asserts the same)'
+    )
+  table = np.append(lr_values(opt_cfg, num_steps, np.arange(end)), opt_cfg.peak_lr * opt_cfg.final_lr_fraction).astype(
+    np.float32
+  )
 
   def schedule(count: jax.Array) -> jax.Array:
     return jnp.asarray(table)[jnp.clip(count, 0, end)]
+
   return schedule
 
 
@@ -93,32 +98,44 @@ def decays(names: list[str], decay_embeddings: bool = True) -> bool:
 
 def weight_decay_mask(decay_embeddings: bool) -> Callable[[Any], Any]:
   """A mask function for optax.adamw: True where a parameter decays, same tree structure as the parameters."""
+
   def mask(params: Any) -> Any:
-    return jax.tree_util.tree_map_with_path(
-        lambda path, _: decays(path_names(path), decay_embeddings), params)
+    return jax.tree_util.tree_map_with_path(lambda path, _: decays(path_names(path), decay_embeddings), params)
+
   return mask
 
 
 def clip_by_global_norm_eps(max_norm: float, eps: float) -> optax.GradientTransformation:
   """torch.nn.utils.clip_grad_norm_: scale by min(1, max_norm / (norm + eps)); eps=1e-6 there."""
+
   def update(updates, state, params=None):
     del params
     scale = jnp.minimum(1.0, max_norm / (optax.tree.norm(updates) + eps))
     return jax.tree.map(lambda g: (g * scale).astype(g.dtype), updates), state
+
   return optax.GradientTransformation(lambda params: optax.EmptyState(), update)
 
 
-def make_optimizer(opt: ml_collections.ConfigDict, num_steps: int
-                   ) -> tuple[optax.GradientTransformation, optax.Schedule]:
+def make_optimizer(
+  opt: ml_collections.ConfigDict, num_steps: int
+) -> tuple[optax.GradientTransformation, optax.Schedule]:
   """The full transformation (clip -> AdamW) and its schedule, from the `optimizer` section and train.num_steps."""
   schedule = lr_schedule(opt, num_steps)
   adamw = optax.adamw(
-      learning_rate=schedule, b1=opt.b1, b2=opt.b2, eps=opt.eps, weight_decay=opt.weight_decay,
-      mask=None if opt.decay_all_params else weight_decay_mask(opt.decay_embeddings))
+    learning_rate=schedule,
+    b1=opt.b1,
+    b2=opt.b2,
+    eps=opt.eps,
+    weight_decay=opt.weight_decay,
+    mask=None if opt.decay_all_params else weight_decay_mask(opt.decay_embeddings),
+  )
   clip = []
   if opt.clip_norm > 0:
-    clip = [clip_by_global_norm_eps(opt.clip_norm, opt.clip_eps) if opt.clip_eps > 0
-            else optax.clip_by_global_norm(opt.clip_norm)]
+    clip = [
+      clip_by_global_norm_eps(opt.clip_norm, opt.clip_eps)
+      if opt.clip_eps > 0
+      else optax.clip_by_global_norm(opt.clip_norm)
+    ]
   return optax.chain(*clip, adamw), schedule
 
 
@@ -127,16 +144,19 @@ def decay_to_zero_schedule(peak: float, warmup: int, num_steps: int, kind: str) 
   if kind == 'cosine':
     return optax.warmup_cosine_decay_schedule(0.0, peak, warmup, max(num_steps, warmup + 1), 0.0)
   return optax.join_schedules(
-      [optax.linear_schedule(0.0, peak, max(warmup, 1)), optax.linear_schedule(peak, 0.0, max(num_steps - warmup, 1))],
-      [max(warmup, 1)])
+    [optax.linear_schedule(0.0, peak, max(warmup, 1)), optax.linear_schedule(peak, 0.0, max(num_steps - warmup, 1))],
+    [max(warmup, 1)],
+  )
 
 
-def make_finetune_optimizer(opt: ml_collections.ConfigDict, num_steps: int
-                            ) -> tuple[optax.GradientTransformation, optax.Schedule]:
+def make_finetune_optimizer(
+  opt: ml_collections.ConfigDict, num_steps: int
+) -> tuple[optax.GradientTransformation, optax.Schedule]:
   """Clip -> AdamW under decay_to_zero_schedule, from a fine-tuning config's `optimizer` section. Norm scales and
   biases (the head's too) never decay, as in pretraining."""
   lr = decay_to_zero_schedule(opt.lr, round(opt.warmup_fraction * num_steps), num_steps, opt.schedule)
-  adamw = optax.adamw(lr, b1=opt.b1, b2=opt.b2, eps=opt.eps, weight_decay=opt.weight_decay,
-                      mask=weight_decay_mask(True))
+  adamw = optax.adamw(
+    lr, b1=opt.b1, b2=opt.b2, eps=opt.eps, weight_decay=opt.weight_decay, mask=weight_decay_mask(True)
+  )
   parts = [optax.clip_by_global_norm(opt.clip_norm)] if opt.clip_norm > 0 else []
   return optax.chain(*parts, adamw), lr

@@ -19,8 +19,7 @@ def _jax_preemption_service() -> bool:
   default): it installs its own SIGTERM notifier and agrees a common stop step across processes."""
   # Public equivalent of "jax's preemption sync manager exists": jax.distributed starts it exactly when this
   # option is on (see multihost_utils.reached_preemption_sync_point).
-  return (jax.process_count() > 1 and jax.distributed.is_initialized()
-          and bool(jax.config.jax_enable_preemption_service))
+  return jax.process_count() > 1 and jax.distributed.is_initialized() and bool(jax.config.jax_enable_preemption_service)
 
 
 class Preemption:
@@ -61,6 +60,7 @@ class Preemption:
     if done % self._agree_every:
       return False
     from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+
     return bool(np.asarray(multihost_utils.process_allgather(np.int32(self.requested))).any())
 
   def __exit__(self, *exc: Any) -> None:

@@ -27,9 +27,10 @@ ModelFactory = Callable[[], nnx.Module]
 @dataclasses.dataclass(frozen=True)
 class StateDefs:
   """Static pieces needed to rebuild the model and optimizer from a TrainState inside jit."""
-  model_def: Any          # nnx.GraphDef of the model
-  opt_def: Any            # nnx.GraphDef of nnx.Optimizer
-  shardings: Any          # pytree of NamedSharding, same structure as the TrainState
+
+  model_def: Any  # nnx.GraphDef of the model
+  opt_def: Any  # nnx.GraphDef of nnx.Optimizer
+  shardings: Any  # pytree of NamedSharding, same structure as the TrainState
   tx: optax.GradientTransformation
   schedule: optax.Schedule
 
@@ -48,8 +49,9 @@ def _split(model: nnx.Module, opt: nnx.Optimizer) -> tuple[Any, Any, TrainState]
   return model_def, opt_def, {'params': params, 'opt': opt_state}
 
 
-def abstract_state(make_model: ModelFactory, tx: optax.GradientTransformation, schedule: optax.Schedule,
-                   mesh: jax.sharding.Mesh) -> tuple[StateDefs, TrainState]:
+def abstract_state(
+  make_model: ModelFactory, tx: optax.GradientTransformation, schedule: optax.Schedule, mesh: jax.sharding.Mesh
+) -> tuple[StateDefs, TrainState]:
   """Definitions and a TrainState of ShapeDtypeStructs carrying their target shardings; allocates nothing.
 
   The Orbax restore target (restoring onto this mesh, whatever mesh wrote the checkpoint) and what
@@ -63,8 +65,9 @@ def abstract_state(make_model: ModelFactory, tx: optax.GradientTransformation, s
   return StateDefs(model_def, opt_def, shardings, tx, schedule), abstract
 
 
-def create_state(make_model: ModelFactory, tx: optax.GradientTransformation, schedule: optax.Schedule,
-                 mesh: jax.sharding.Mesh) -> tuple[StateDefs, TrainState]:
+def create_state(
+  make_model: ModelFactory, tx: optax.GradientTransformation, schedule: optax.Schedule, mesh: jax.sharding.Mesh
+) -> tuple[StateDefs, TrainState]:
   """Freshly initialised parameters and optimizer state (the factory seeds the init), each array sharded at birth."""
   defs, _ = abstract_state(make_model, tx, schedule, mesh)
   with shd.activate(mesh):
@@ -77,9 +80,11 @@ def create_state(make_model: ModelFactory, tx: optax.GradientTransformation, sch
 def with_params(defs: StateDefs, state: TrainState, params: Any) -> TrainState:
   """A TrainState whose parameters are replaced (loaded weights), with a fresh optimizer around them."""
   with shd.activate(jax.tree.leaves(defs.shardings)[0].mesh):
+
     def fresh_opt(p: Any) -> Any:
       model = nnx.merge(defs.model_def, p)
       return nnx.split(nnx.Optimizer(model, defs.tx, wrt=nnx.Param))[1]
+
     params = jax.device_put(params, defs.shardings['params'])
     opt = jax.jit(fresh_opt, out_shardings=defs.shardings['opt'])(params)
   del state  # donated conceptually: the old arrays are no longer referenced by the caller's new state

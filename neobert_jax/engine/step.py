@@ -34,8 +34,15 @@ def micro_batch_sharding(mesh: jax.sharding.Mesh) -> NamedSharding:
   return NamedSharding(mesh, P(None, shd.logical_to_spec(('batch',))[0]))
 
 
-def make_train_step(defs: StateDefs, loss_sums: LossSums, *, micro_batched: bool, skip_nonfinite: bool,
-                    weight_name: str | None = None, batch_metrics: Callable[[dict], dict] | None = None) -> Callable:
+def make_train_step(
+  defs: StateDefs,
+  loss_sums: LossSums,
+  *,
+  micro_batched: bool,
+  skip_nonfinite: bool,
+  weight_name: str | None = None,
+  batch_metrics: Callable[[dict], dict] | None = None,
+) -> Callable:
   """The un-jitted step (state, batch, key) -> (new_state, metrics); see build_train_step."""
   param_shardings = defs.shardings['params']
 
@@ -65,8 +72,9 @@ def make_train_step(defs: StateDefs, loss_sums: LossSums, *, micro_batched: bool
 
     zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), params)
     first = {k: v[0] for k, v in batch.items()}
-    sum_zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype),
-                             jax.eval_shape(lambda: loss_fn(params, first, key)[1][1]))
+    sum_zeros = jax.tree.map(
+      lambda s: jnp.zeros(s.shape, s.dtype), jax.eval_shape(lambda: loss_fn(params, first, key)[1][1])
+    )
     init = (jax.lax.with_sharding_constraint(zeros, param_shardings), 0.0, 0.0, sum_zeros)
     (grads, loss_sum, weight, sums), _ = jax.lax.scan(accumulate, init, (jnp.arange(accum), batch))
     return (loss_sum, (weight, sums)), grads
@@ -97,8 +105,14 @@ def make_train_step(defs: StateDefs, loss_sums: LossSums, *, micro_batched: bool
       new_leaves, treedef = jax.tree.flatten(new_state)
       new_state = jax.tree.unflatten(treedef, [jnp.where(finite, n, o) for n, o in zip(new_leaves, old_leaves)])
       param_norm = jnp.where(finite, param_norm, old_param_norm)
-    metrics = {'loss': loss, **{k: v / denom for k, v in sums.items()}, 'grad_norm': grad_norm,
-               'param_norm': param_norm, 'learning_rate': lr, 'finite': finite}
+    metrics = {
+      'loss': loss,
+      **{k: v / denom for k, v in sums.items()},
+      'grad_norm': grad_norm,
+      'param_norm': param_norm,
+      'learning_rate': lr,
+      'finite': finite,
+    }
     if weight_name:
       metrics[weight_name] = weight
     if batch_metrics is not None:
@@ -108,9 +122,17 @@ def make_train_step(defs: StateDefs, loss_sums: LossSums, *, micro_batched: bool
   return step
 
 
-def build_train_step(defs: StateDefs, mesh: jax.sharding.Mesh, loss_sums: LossSums,
-                     batch_shardings: dict[str, NamedSharding], *, micro_batched: bool, skip_nonfinite: bool,
-                     uses_key: bool = False, **options: Any) -> shd.MeshBound:
+def build_train_step(
+  defs: StateDefs,
+  mesh: jax.sharding.Mesh,
+  loss_sums: LossSums,
+  batch_shardings: dict[str, NamedSharding],
+  *,
+  micro_batched: bool,
+  skip_nonfinite: bool,
+  uses_key: bool = False,
+  **options: Any,
+) -> shd.MeshBound:
   """The jitted step with explicit in/out shardings and the state donated (updated in place).
 
   Called as step(state, batch) or, with uses_key, step(state, batch, key) (dropout); the key is replicated.
@@ -121,5 +143,6 @@ def build_train_step(defs: StateDefs, mesh: jax.sharding.Mesh, loss_sums: LossSu
   in_shardings = (defs.shardings, batch_shardings) + ((replicated,) if uses_key else ())
   if not uses_key:
     fn = (lambda f: lambda state, batch: f(state, batch))(fn)
-  return shd.MeshBound(mesh, jax.jit(fn, in_shardings=in_shardings, out_shardings=(defs.shardings, replicated),
-                                     donate_argnums=0))
+  return shd.MeshBound(
+    mesh, jax.jit(fn, in_shardings=in_shardings, out_shardings=(defs.shardings, replicated), donate_argnums=0)
+  )

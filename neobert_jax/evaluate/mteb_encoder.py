@@ -25,10 +25,18 @@ class MtebEncoder(AbsEncoder):
   def __init__(self, encoder: embed.Encoder, name: str, revision: str = 'none', progress: bool = False):
     self.model = encoder
     self.progress = progress
-    self.mteb_model_meta = ModelMeta.create_empty(overwrites={
-        'name': name, 'revision': revision, 'embed_dim': encoder.dim, 'max_tokens': encoder.max_length,
-        'similarity_fn_name': ScoringFunction.COSINE, 'framework': ['JAX'], 'use_instructions': False,
-        'modalities': ['text']})
+    self.mteb_model_meta = ModelMeta.create_empty(
+      overwrites={
+        'name': name,
+        'revision': revision,
+        'embed_dim': encoder.dim,
+        'max_tokens': encoder.max_length,
+        'similarity_fn_name': ScoringFunction.COSINE,
+        'framework': ['JAX'],
+        'use_instructions': False,
+        'modalities': ['text'],
+      }
+    )
 
   @classmethod
   def load(cls, path: str, step: int | None = None, progress: bool = False, **kwargs: Any) -> 'MtebEncoder':

@@ -24,8 +24,17 @@ from neobert_jax.evaluate import datasets as packaged
 
 
 def _metadata(**fields: Any) -> TaskMetadata:
-  return TaskMetadata(category='t2t', modalities=['text'], eval_langs=['eng-Latn'], domains=['News', 'Written'],
-                      license='not specified', dialect=[], sample_creation='found', bibtex_citation='', **fields)
+  return TaskMetadata(
+    category='t2t',
+    modalities=['text'],
+    eval_langs=['eng-Latn'],
+    domains=['News', 'Written'],
+    license='not specified',
+    dialect=[],
+    sample_creation='found',
+    bibtex_citation='',
+    **fields,
+  )
 
 
 class _Packaged:
@@ -39,24 +48,34 @@ class _Packaged:
     if self.data_loaded:
       return
     self.dataset = hf_datasets.DatasetDict(
-        {split: hf_datasets.Dataset.from_dict(columns) for split, columns in self._splits().items()})
+      {split: hf_datasets.Dataset.from_dict(columns) for split, columns in self._splits().items()}
+    )
     self.data_loaded = True
 
 
 class LeeSTS(_Packaged, AbsTaskSTS):
   min_score, max_score = 0, 1
   metadata = _metadata(
-      name='LeeSTS',
-      description='Document similarity: the 1225 pairs of 50 short news documents rated by human annotators '
-                  '(Lee, Pincombe and Welsh, 2005), as shipped in gensim 4.4.0 test data.',
-      dataset={'path': f'pypi:{packaged.GENSIM_PACKAGE}', 'revision': packaged.GENSIM_PACKAGE.split('==')[1]},
-      reference='https://github.com/piskvorky/gensim/tree/develop/gensim/test/test_data',
-      type='STS', eval_splits=['test'], main_score='cosine_spearman', annotations_creators='human-annotated')
+    name='LeeSTS',
+    description='Document similarity: the 1225 pairs of 50 short news documents rated by human annotators '
+    '(Lee, Pincombe and Welsh, 2005), as shipped in gensim 4.4.0 test data.',
+    dataset={'path': f'pypi:{packaged.GENSIM_PACKAGE}', 'revision': packaged.GENSIM_PACKAGE.split('==')[1]},
+    reference='https://github.com/piskvorky/gensim/tree/develop/gensim/test/test_data',
+    type='STS',
+    eval_splits=['test'],
+    main_score='cosine_spearman',
+    annotations_creators='human-annotated',
+  )
 
   def _splits(self):
     docs, pairs, human = packaged.lee()
-    return {'test': {'sentence1': [docs[i] for i in pairs[:, 0]], 'sentence2': [docs[j] for j in pairs[:, 1]],
-                     'score': [float(s) for s in human]}}
+    return {
+      'test': {
+        'sentence1': [docs[i] for i in pairs[:, 0]],
+        'sentence2': [docs[j] for j in pairs[:, 1]],
+        'score': [float(s) for s in human],
+      }
+    }
 
 
 class BBCNewsClassification(_Packaged, AbsTaskClassification):
@@ -65,12 +84,16 @@ class BBCNewsClassification(_Packaged, AbsTaskClassification):
   n_splits = 5
   samples_per_label = 1_000_000
   metadata = _metadata(
-      name='BBCNewsClassification',
-      description='Topic classification of 2225 BBC News articles (business, entertainment, politics, sport, '
-                  'tech; title and body, cut to 2000 characters), 5-fold cross-validated.',
-      dataset={'path': f'pypi:{packaged.BBC_PACKAGE}', 'revision': packaged.BBC_PACKAGE.split('==')[1]},
-      reference='http://mlg.ucd.ie/datasets/bbc.html',
-      type='Classification', eval_splits=['train'], main_score='accuracy', annotations_creators='derived')
+    name='BBCNewsClassification',
+    description='Topic classification of 2225 BBC News articles (business, entertainment, politics, sport, '
+    'tech; title and body, cut to 2000 characters), 5-fold cross-validated.',
+    dataset={'path': f'pypi:{packaged.BBC_PACKAGE}', 'revision': packaged.BBC_PACKAGE.split('==')[1]},
+    reference='http://mlg.ucd.ie/datasets/bbc.html',
+    type='Classification',
+    eval_splits=['train'],
+    main_score='accuracy',
+    annotations_creators='derived',
+  )
 
   def _splits(self):
     texts, labels = packaged.bbc_articles()

@@ -26,7 +26,7 @@ from neobert_jax.sharding import MeshBound
 @dataclasses.dataclass
 class PPPLResult:
   pppl: float
-  nll: float                 # mean negative log-likelihood per scored token (nats)
+  nll: float  # mean negative log-likelihood per scored token (nats)
   tokens: int
   per_document: list[dict[str, float]]
 
@@ -59,19 +59,28 @@ def jit_scorer(model_def: Any, param_shardings: Any, mesh: jax.sharding.Mesh) ->
     logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
     return -jnp.take_along_axis(logp, targets[:, None], axis=-1)[:, 0]
 
-  return MeshBound(mesh, jax.jit(score, in_shardings=(param_shardings, data, data, data, data),
-                                 out_shardings=NamedSharding(mesh, P())))
+  return MeshBound(
+    mesh, jax.jit(score, in_shardings=(param_shardings, data, data, data, data), out_shardings=NamedSharding(mesh, P()))
+  )
 
 
-def pseudo_perplexity(score: Callable, params: Any, seqs: Sequence[np.ndarray], mask_id: int, pad_id: int,
-                      batch_size: int, bucket_list: Sequence[int], mesh: jax.sharding.Mesh,
-                      progress: Any = None) -> PPPLResult:
+def pseudo_perplexity(
+  score: Callable,
+  params: Any,
+  seqs: Sequence[np.ndarray],
+  mask_id: int,
+  pad_id: int,
+  batch_size: int,
+  bucket_list: Sequence[int],
+  mesh: jax.sharding.Mesh,
+  progress: Any = None,
+) -> PPPLResult:
   """Scores every real token of every sequence (framed ids) with `score` (see jit_scorer)."""
   nll_sum = np.zeros(len(seqs), np.float64)
   count = np.zeros(len(seqs), np.int64)
   for length, rows in sorted(masked_rows(seqs, bucket_list).items()):
     for start in range(0, len(rows['doc']), batch_size):
-      doc, pos, n = (rows[k][start:start + batch_size] for k in ('doc', 'pos', 'length'))
+      doc, pos, n = (rows[k][start : start + batch_size] for k in ('doc', 'pos', 'length'))
       real = len(doc)
       ids, lengths = batching.pad_rows([seqs[d] for d in doc], batch_size, length, pad_id)
       positions = np.zeros(batch_size, np.int32)
@@ -85,7 +94,14 @@ def pseudo_perplexity(score: Callable, params: Any, seqs: Sequence[np.ndarray], 
       if progress is not None:
         progress.update(real)
   total, tokens = float(nll_sum.sum()), int(count.sum())
-  per_doc = [{'index': i, 'tokens': int(c), 'nll': float(s / c) if c else float('nan'),
-              'pppl': float(math.exp(s / c)) if c else float('nan')} for i, (s, c) in enumerate(zip(nll_sum, count))]
+  per_doc = [
+    {
+      'index': i,
+      'tokens': int(c),
+      'nll': float(s / c) if c else float('nan'),
+      'pppl': float(math.exp(s / c)) if c else float('nan'),
+    }
+    for i, (s, c) in enumerate(zip(nll_sum, count))
+  ]
   mean = total / max(tokens, 1)
   return PPPLResult(pppl=float(math.exp(mean)), nll=mean, tokens=tokens, per_document=per_doc)

@@ -19,16 +19,22 @@ from neobert_jax import commandline, errors
 
 _PROG = 'finetune'
 _FLAGS = flags.FlagValues()  # this command's own, as train's: several commands can be imported in one process
-_CONFIG = config_flags.DEFINE_config_file('config', None, 'Fine-tuning config (configs/finetune_*.py).',
-                                          flag_values=_FLAGS, lock_config=True)
-_WORKDIR = flags.DEFINE_string('workdir', None, 'Run directory: config.json, labels.json, best checkpoint, '
-                               'metrics.jsonl, tensorboard/, results.json.', flag_values=_FLAGS)
+_CONFIG = config_flags.DEFINE_config_file(
+  'config', None, 'Fine-tuning config (configs/finetune_*.py).', flag_values=_FLAGS, lock_config=True
+)
+_WORKDIR = flags.DEFINE_string(
+  'workdir',
+  None,
+  'Run directory: config.json, labels.json, best checkpoint, metrics.jsonl, tensorboard/, results.json.',
+  flag_values=_FLAGS,
+)
 
 
 def run_cli(cfg, workdir: str) -> int:
   """Runs a fine-tuning job and prints its outcome; the exit status: 0, 3 diverged, or an expected error's (reported
   in one line, `finetune: <kind>: ...`)."""
   from neobert_jax.finetune import loop  # pylint: disable=g-import-not-at-top
+
   try:
     with errors.reported(_PROG, errors.take_debug_flag([])):
       results = loop.run(cfg, workdir)
@@ -39,18 +45,22 @@ def run_cli(cfg, workdir: str) -> int:
     return 3
   best, final = results['best'], results['final']
   metric = results['metric']
-  print(f'finished {results["num_steps"]} steps; best {metric} {best["metrics"][metric]:.4f} at step '
-        f'{best["step"]}, final {final["metrics"][metric]:.4f}; results {workdir}/results.json'
-        + (f'; exported {results["export"]}' if 'export' in results else ''))
+  print(
+    f'finished {results["num_steps"]} steps; best {metric} {best["metrics"][metric]:.4f} at step '
+    f'{best["step"]}, final {final["metrics"][metric]:.4f}; results {workdir}/results.json'
+    + (f'; exported {results["export"]}' if 'export' in results else '')
+  )
   return 0
 
 
 def main(argv: list[str]) -> int:
   del argv  # run() refuses positional arguments
   from neobert_jax import distributed, jax_compat  # pylint: disable=g-import-not-at-top
+
   distributed.initialize()
-  logging.basicConfig(level=logging.INFO, format='%(asctime)s %(levelname)s %(message)s', datefmt='%H:%M:%S',
-                      force=True)
+  logging.basicConfig(
+    level=logging.INFO, format='%(asctime)s %(levelname)s %(message)s', datefmt='%H:%M:%S', force=True
+  )
   logging.getLogger('absl').setLevel(logging.WARNING)
   jax_compat.quiet_backend_probe()  # no "Unable to initialize backend 'tpu'" line at INFO on CPU / GPU machines
   return run_cli(_CONFIG.value, _WORKDIR.value)
@@ -58,8 +68,15 @@ def main(argv: list[str]) -> int:
 
 def run() -> None:
   """The command line (neobert_jax/commandline.py): parse flags, fine-tune, exit with the status."""
-  commandline.run_absl(_PROG, 'neobert_jax.finetune', __doc__, _FLAGS, main, required=('config', 'workdir'),
-                       fields_doc='neobert_jax/config/finetune.py')
+  commandline.run_absl(
+    _PROG,
+    'neobert_jax.finetune',
+    __doc__,
+    _FLAGS,
+    main,
+    required=('config', 'workdir'),
+    fields_doc='neobert_jax/config/finetune.py',
+  )
 
 
 if __name__ == '__main__':

@@ -20,6 +20,7 @@ from neobert_jax.finetune import labels as labels_lib, metrics
 
 def sequence_loss(kind: str):
   """(model, batch, key) -> (weighted mean loss, real rows): cross-entropy, or squared error for regression."""
+
   def loss(model: Any, batch: dict[str, jax.Array], key: jax.Array) -> tuple[jax.Array, jax.Array]:
     out = model(batch['input_ids'], batch['lengths'], key)
     w = batch['weights']
@@ -29,6 +30,7 @@ def sequence_loss(kind: str):
       per_row = optax.softmax_cross_entropy_with_integer_labels(out, batch['labels'])
     count = w.sum()
     return jnp.sum(per_row * w) / jnp.maximum(count, 1.0), count
+
   return loss
 
 
@@ -39,8 +41,11 @@ class ClassificationTask:
     d = cfg.data
     self.cfg = cfg
     self.pad_id = tok.pad_id
-    fields = [('data.text_field', d.text_field), ('data.text_pair_field', d.text_pair_field),
-              ('data.label_field', d.label_field)]
+    fields = [
+      ('data.text_field', d.text_field),
+      ('data.text_pair_field', d.text_pair_field),
+      ('data.label_field', d.label_field),
+    ]
     train = tables.read_table(d.train_file, d.format)
     tables.require_columns(train, d.train_file, fields)
     self.spec = labels_lib.infer(train[d.label_field], d.task_type, d.train_file)
@@ -81,8 +86,7 @@ class ClassificationTask:
     return len(batching.plan(lengths, self.cfg.train.batch_size, self.buckets, np.random.default_rng(0)))
 
   def describe(self) -> str:
-    what = f'{self.spec.num_outputs} classes {list(self.spec.names)}' if self.kind == 'classification' \
-        else 'regression'
+    what = f'{self.spec.num_outputs} classes {list(self.spec.names)}' if self.kind == 'classification' else 'regression'
     return f'{self.kind}: {what}; {len(self.train_seqs)} train / {len(self.val_seqs)} validation examples'
 
   def make_model(self, model_cfg: ml_collections.ConfigDict, rngs: Any) -> heads.SequenceClassifier:
@@ -90,8 +94,9 @@ class ClassificationTask:
     return heads.SequenceClassifier(model_cfg, self.spec.num_outputs, h.dropout, h.init_range, rngs=rngs)
 
   def train_epoch(self, rng: np.random.Generator) -> Iterator[dict[str, np.ndarray]]:
-    yield from batching.epoch_batches(self.train_seqs, {'labels': self.train_y}, self.cfg.train.batch_size,
-                                      self.buckets, self.pad_id, rng)
+    yield from batching.epoch_batches(
+      self.train_seqs, {'labels': self.train_y}, self.cfg.train.batch_size, self.buckets, self.pad_id, rng
+    )
 
   def evaluate(self, predict) -> dict[str, float]:
     """predict(seqs) -> [N, outputs]; metrics over the whole validation set."""

@@ -22,9 +22,15 @@ def normalize(x: jax.Array) -> jax.Array:
   return x * jax.lax.rsqrt(jnp.maximum(jnp.sum(x * x, -1, keepdims=True), 1e-24))
 
 
-def info_nce(queries: jax.Array, positives: jax.Array, weights: jax.Array, temperature: float,
-             negatives: jax.Array | None = None, negative_weights: jax.Array | None = None,
-             reduction: str = 'mean') -> tuple[jax.Array, jax.Array]:
+def info_nce(
+  queries: jax.Array,
+  positives: jax.Array,
+  weights: jax.Array,
+  temperature: float,
+  negatives: jax.Array | None = None,
+  negative_weights: jax.Array | None = None,
+  reduction: str = 'mean',
+) -> tuple[jax.Array, jax.Array]:
   """(loss, number of correctly retrieved queries) for [B, D] queries / positives and optional [N, D] negatives.
 
   weights [B]: 1 for real rows, 0 for padding. 'mean' averages over real queries, 'sum' adds them up (the
@@ -34,7 +40,7 @@ def info_nce(queries: jax.Array, positives: jax.Array, weights: jax.Array, tempe
   if negatives is not None:
     docs = jnp.concatenate([positives, negatives], axis=0)
     doc_w = jnp.concatenate([weights, negative_weights], axis=0)
-  docs = constrain(normalize(docs), (None, None))       # all-gather: every document is a candidate everywhere
+  docs = constrain(normalize(docs), (None, None))  # all-gather: every document is a candidate everywhere
   doc_w = constrain(doc_w, (None,))
   q = constrain(normalize(queries), ('batch', None))
   logits = jnp.einsum('bd,nd->bn', q, docs) / temperature

@@ -55,8 +55,16 @@ def _head(flat: Mapping[str, Any]) -> dict[str, np.ndarray]:
   return out
 
 
-def export_classifier(flat: Mapping[str, Any], model_cfg: Any, label_spec: Any, output: str | Path, *,
-                      tokenizer: str | None, dropout: float = 0.1, overwrite: bool = False) -> Path:
+def export_classifier(
+  flat: Mapping[str, Any],
+  model_cfg: Any,
+  label_spec: Any,
+  output: str | Path,
+  *,
+  tokenizer: str | None,
+  dropout: float = 0.1,
+  overwrite: bool = False,
+) -> Path:
   """The HF sequence-classification directory (labels from a neobert_jax.finetune.labels.LabelSpec)."""
   check_output_dir(output, overwrite)
   state = {**encoder_state_dict(flat, model_cfg), **_head(flat)}
@@ -67,9 +75,11 @@ def export_classifier(flat: Mapping[str, Any], model_cfg: Any, label_spec: Any, 
   if label_spec.kind == 'regression':
     config.update(num_labels=1, problem_type='regression', id2label={0: 'LABEL_0'}, label2id={'LABEL_0': 0})
   else:
-    config.update(problem_type='single_label_classification',
-                  id2label={i: n for i, n in enumerate(label_spec.names)},
-                  label2id={n: i for i, n in enumerate(label_spec.names)})
+    config.update(
+      problem_type='single_label_classification',
+      id2label={i: n for i, n in enumerate(label_spec.names)},
+      label2id={n: i for i, n in enumerate(label_spec.names)},
+    )
 
   def fill(tmp: Path) -> None:
     save_file(state, str(tmp / WEIGHTS_NAME), metadata={'format': 'pt'})
@@ -81,26 +91,48 @@ def export_classifier(flat: Mapping[str, Any], model_cfg: Any, label_spec: Any, 
   return write_atomically(output, fill, overwrite)
 
 
-def export_sentence_transformer(flat: Mapping[str, Any], model_cfg: Any, output: str | Path, *, tokenizer: str,
-                                pooling: str = 'mean', normalize: bool = True, max_seq_length: int = 512,
-                                query_prompt: str = '', overwrite: bool = False) -> Path:
+def export_sentence_transformer(
+  flat: Mapping[str, Any],
+  model_cfg: Any,
+  output: str | Path,
+  *,
+  tokenizer: str,
+  pooling: str = 'mean',
+  normalize: bool = True,
+  max_seq_length: int = 512,
+  query_prompt: str = '',
+  overwrite: bool = False,
+) -> Path:
   """The sentence-transformers directory: base NeoBERT weights, tokenizer, pooling and normalisation modules."""
   check_output_dir(output, overwrite)
   # A base NeoBERT (AutoModel) state_dict has no 'model.' prefix.
-  state = {k[len(hf.HF_PREFIX):]: np.ascontiguousarray(v.astype(np.float32))
-           for k, v in encoder_state_dict(flat, model_cfg).items()}
+  state = {
+    k[len(hf.HF_PREFIX) :]: np.ascontiguousarray(v.astype(np.float32))
+    for k, v in encoder_state_dict(flat, model_cfg).items()
+  }
   config = hf.hf_config_dict(model_cfg)
   config['architectures'] = ['NeoBERT']
-  modules = [{'idx': 0, 'name': '0', 'path': '', 'type': 'sentence_transformers.models.Transformer'},
-             {'idx': 1, 'name': '1', 'path': '1_Pooling', 'type': 'sentence_transformers.models.Pooling'}]
+  modules = [
+    {'idx': 0, 'name': '0', 'path': '', 'type': 'sentence_transformers.models.Transformer'},
+    {'idx': 1, 'name': '1', 'path': '1_Pooling', 'type': 'sentence_transformers.models.Pooling'},
+  ]
   if normalize:
     modules.append({'idx': 2, 'name': '2', 'path': '2_Normalize', 'type': 'sentence_transformers.models.Normalize'})
-  pooling_cfg = {'word_embedding_dimension': model_cfg.hidden_size,
-                 'pooling_mode_cls_token': pooling == 'cls', 'pooling_mode_mean_tokens': pooling == 'mean',
-                 'pooling_mode_max_tokens': False, 'pooling_mode_mean_sqrt_len_tokens': False,
-                 'pooling_mode_weightedmean_tokens': False, 'pooling_mode_lasttoken': False, 'include_prompt': True}
-  st_cfg = {'prompts': {'query': query_prompt} if query_prompt else {}, 'default_prompt_name': None,
-            'similarity_fn_name': 'cosine'}
+  pooling_cfg = {
+    'word_embedding_dimension': model_cfg.hidden_size,
+    'pooling_mode_cls_token': pooling == 'cls',
+    'pooling_mode_mean_tokens': pooling == 'mean',
+    'pooling_mode_max_tokens': False,
+    'pooling_mode_mean_sqrt_len_tokens': False,
+    'pooling_mode_weightedmean_tokens': False,
+    'pooling_mode_lasttoken': False,
+    'include_prompt': True,
+  }
+  st_cfg = {
+    'prompts': {'query': query_prompt} if query_prompt else {},
+    'default_prompt_name': None,
+    'similarity_fn_name': 'cosine',
+  }
 
   def fill(tmp: Path) -> None:
     save_file(state, str(tmp / WEIGHTS_NAME), metadata={'format': 'pt'})
@@ -108,8 +140,9 @@ def export_sentence_transformer(flat: Mapping[str, Any], model_cfg: Any, output:
     (tmp / 'config.json').write_text(json.dumps(config, indent=2) + '\n')
     write_tokenizer(tokenizer, tmp, max_length=max_seq_length, vocab_size=config['vocab_size'])
     (tmp / 'modules.json').write_text(json.dumps(modules, indent=2) + '\n')
-    (tmp / 'sentence_bert_config.json').write_text(json.dumps({'max_seq_length': int(max_seq_length),
-                                                               'do_lower_case': False}) + '\n')
+    (tmp / 'sentence_bert_config.json').write_text(
+      json.dumps({'max_seq_length': int(max_seq_length), 'do_lower_case': False}) + '\n'
+    )
     (tmp / 'config_sentence_transformers.json').write_text(json.dumps(st_cfg, indent=2) + '\n')
     (tmp / '1_Pooling').mkdir()
     (tmp / '1_Pooling' / 'config.json').write_text(json.dumps(pooling_cfg, indent=2) + '\n')
@@ -127,18 +160,35 @@ def export_run(workdir: str | Path, output: str | Path, *, overwrite: bool = Fal
     raise ExportError(f'--run {workdir}: no config.json; give a workdir written by python -m neobert_jax.finetune')
   cfg = json.loads((workdir / 'config.json').read_text())
   if 'task' not in cfg:
-    raise ExportError(f'--run {workdir}: not a fine-tuning run (use python -m neobert_jax.convert for pretraining runs)')
+    raise ExportError(
+      f'--run {workdir}: not a fine-tuning run (use python -m neobert_jax.convert for pretraining runs)'
+    )
   try:
     model_cfg, flat = runs.restore_params(workdir)
   except FileNotFoundError as e:
     raise ExportError(f'--run {workdir}: {e}') from None
   data, head = cfg['data'], cfg['head']
   if cfg['task'] == 'contrastive':
-    return export_sentence_transformer(flat, model_cfg, output, tokenizer=data['tokenizer'], pooling=head['pooling'],
-                                       normalize=bool(head['normalize']), max_seq_length=int(data['max_length']),
-                                       query_prompt=data.get('query_prefix', ''), overwrite=overwrite)
-  return export_classifier(flat, model_cfg, labels_lib.load(workdir), output, tokenizer=data['tokenizer'],
-                           dropout=float(head['dropout']), overwrite=overwrite)
+    return export_sentence_transformer(
+      flat,
+      model_cfg,
+      output,
+      tokenizer=data['tokenizer'],
+      pooling=head['pooling'],
+      normalize=bool(head['normalize']),
+      max_seq_length=int(data['max_length']),
+      query_prompt=data.get('query_prefix', ''),
+      overwrite=overwrite,
+    )
+  return export_classifier(
+    flat,
+    model_cfg,
+    labels_lib.load(workdir),
+    output,
+    tokenizer=data['tokenizer'],
+    dropout=float(head['dropout']),
+    overwrite=overwrite,
+  )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -22,9 +22,9 @@ LABELS_FILE = 'labels.json'
 
 @dataclasses.dataclass(frozen=True)
 class LabelSpec:
-  kind: str                  # 'classification' or 'regression'
-  names: tuple[str, ...]     # class id -> label as text (empty for regression)
-  values: tuple[Any, ...]    # class id -> the raw value (int or str) as it appeared in the data
+  kind: str  # 'classification' or 'regression'
+  names: tuple[str, ...]  # class id -> label as text (empty for regression)
+  values: tuple[Any, ...]  # class id -> the raw value (int or str) as it appeared in the data
 
   @property
   def num_outputs(self) -> int:
@@ -52,7 +52,9 @@ def infer(values: Sequence[Any], task_type: str, where: str) -> LabelSpec:
   kind = task_type if task_type != 'auto' else ('regression' if numeric and not integral else 'classification')
   if kind == 'regression':
     if not numeric:
-      raise DataError(f'{where}: regression needs numeric labels; found {next(v for v in values if not _is_number(v))!r}')
+      raise DataError(
+        f'{where}: regression needs numeric labels; found {next(v for v in values if not _is_number(v))!r}'
+      )
     return LabelSpec('regression', (), ())
   raw = sorted({int(v) for v in values}) if integral else sorted({str(v) for v in values})
   if len(raw) < 2:
@@ -79,9 +81,11 @@ def check_same_labels(spec: LabelSpec, val_values: Sequence[Any], where: str) ->
   val = {str(int(v)) if _is_number(v) and float(v).is_integer() else str(v) for v in val_values}
   train = set(spec.names)
   if val != train:
-    raise DataError(f'{where}: validation labels {sorted(val)} differ from training labels {sorted(train)} '
-                    f'(only in validation: {sorted(val - train)}, only in training: {sorted(train - val)}); '
-                    'use files of the same task, or drop data.validation_file to hold out part of the train file')
+    raise DataError(
+      f'{where}: validation labels {sorted(val)} differ from training labels {sorted(train)} '
+      f'(only in validation: {sorted(val - train)}, only in training: {sorted(train - val)}); '
+      'use files of the same task, or drop data.validation_file to hold out part of the train file'
+    )
 
 
 def save(spec: LabelSpec, workdir: str | Path) -> Path:

@@ -53,8 +53,10 @@ _LOWER_IS_BETTER = ('mse', 'loss')
 def make_task(cfg: ml_collections.ConfigDict, tok: Any):
   if cfg.task == 'contrastive':
     from neobert_jax.finetune.retrieval import ContrastiveTask  # pylint: disable=g-import-not-at-top
+
     return ContrastiveTask(cfg, tok)
   from neobert_jax.finetune.classification import ClassificationTask  # pylint: disable=g-import-not-at-top
+
   return ClassificationTask(cfg, tok)
 
 
@@ -82,8 +84,10 @@ def prepare(cfg: ml_collections.ConfigDict, workdir: Path):
   tok = source_lib.resolve_tokenizer(cfg.data.tokenizer, source)
   m = model_config(cfg, source)
   if source is None and tok.vocab_size > m.vocab_size:
-    raise DataError(f'tokenizer {tok.spec!r} has {tok.vocab_size} tokens but model.vocab_size={m.vocab_size}; '
-                    'set --config.model.vocab_size or start from a pretrained model (init.*)')
+    raise DataError(
+      f'tokenizer {tok.spec!r} has {tok.vocab_size} tokens but model.vocab_size={m.vocab_size}; '
+      'set --config.model.vocab_size or start from a pretrained model (init.*)'
+    )
   return source, m, tok, make_task(cfg, tok)
 
 
@@ -99,15 +103,25 @@ def _existing_run(cfg: ml_collections.ConfigDict, workdir: Path) -> str:
     past.get('data', {}).pop('tokenizer', None)
     current.get('data', {}).pop('tokenizer', None)
     changes = resume_rules.diff(past, current, {})
-    changed = (f' (this config differs from it in: {"; ".join(c.describe() for c in changes)})' if changes
-               else ' (with this same config; its results are in results.json)')
-  return (f'{workdir} already holds a fine-tuning run{changed}; nothing in it was changed. Choose a new --workdir, '
-          'or delete that one to redo it')
+    changed = (
+      f' (this config differs from it in: {"; ".join(c.describe() for c in changes)})'
+      if changes
+      else ' (with this same config; its results are in results.json)'
+    )
+  return (
+    f'{workdir} already holds a fine-tuning run{changed}; nothing in it was changed. Choose a new --workdir, '
+    'or delete that one to redo it'
+  )
 
 
 def _save_best(mngr: ocp.CheckpointManager, step: int, state: Any, cfg_dict: dict) -> None:
-  mngr.save(step, args=ocp.args.Composite(params=ocp.args.StandardSave(nnx.to_pure_dict(state['params'])),
-                                          config=ocp.args.JsonSave(cfg_dict)), force=True)
+  mngr.save(
+    step,
+    args=ocp.args.Composite(
+      params=ocp.args.StandardSave(nnx.to_pure_dict(state['params'])), config=ocp.args.JsonSave(cfg_dict)
+    ),
+    force=True,
+  )
 
 
 def _better(metric: str, new: float, old: float | None) -> bool:
@@ -116,9 +130,11 @@ def _better(metric: str, new: float, old: float | None) -> bool:
 
 def _loss_sums(loss: Any) -> Any:
   """A task's batch-mean loss as the engine's summed loss: one micro-batch, counted once."""
+
   def loss_sums(model: Any, batch: dict, key: Any):
     value, _ = loss(model, batch, key)
     return value, 1.0, {}
+
   return loss_sums
 
 
@@ -126,8 +142,9 @@ def build_step(defs: Any, mesh: Any, loss: Any, keys: list[str]) -> Any:
   """The jitted (state, batch, dropout key) -> (state, metrics) of a task: the engine's step on whole batches
   (rows split over data x fsdp), committing nothing non-finite unseen (the loop stops at its next flush)."""
   data = batching.batch_sharding(mesh)
-  return engine_step.build_train_step(defs, mesh, _loss_sums(loss), {k: data for k in keys}, micro_batched=False,
-                                      skip_nonfinite=False, uses_key=True)
+  return engine_step.build_train_step(
+    defs, mesh, _loss_sums(loss), {k: data for k in keys}, micro_batched=False, skip_nonfinite=False, uses_key=True
+  )
 
 
 def _batches(task: Any, keys: list[str], mesh: Any, seed: int):
@@ -162,9 +179,16 @@ def run(cfg: ml_collections.ConfigDict, workdir: str | Path) -> dict[str, Any]:
   if source is not None:
     state = with_params(defs, state, place.with_encoder(state['params'], source.flat))
   if is_main:
-    log.info('%s; %d layers x %d, %s parameters, %d steps (%d per epoch), mesh %s', task.describe(),
-             model_cfg.num_layers, model_cfg.hidden_size, f'{param_count(state):,}', num_steps, steps_per_epoch,
-             dict(mesh.shape))
+    log.info(
+      '%s; %d layers x %d, %s parameters, %d steps (%d per epoch), mesh %s',
+      task.describe(),
+      model_cfg.num_layers,
+      model_cfg.hidden_size,
+      f'{param_count(state):,}',
+      num_steps,
+      steps_per_epoch,
+      dict(mesh.shape),
+    )
 
   keys = task.batch_keys
   train_step = build_step(defs, mesh, task.loss, keys)
@@ -174,14 +198,18 @@ def run(cfg: ml_collections.ConfigDict, workdir: str | Path) -> dict[str, Any]:
   pbar = None
   if is_main and cfg.logging.progress_bar:
     from tqdm.auto import tqdm  # pylint: disable=g-import-not-at-top
+
     pbar = tqdm(total=num_steps, desc=f'finetune {task.kind}', unit='step', dynamic_ncols=True)
   logger = engine_loop.Logger(writer, pbar, nan_policy='stop', diverged_hint='Lower --config.optimizer.lr.')
   best, final, evals = None, None, []
 
   def evaluate(step: int, state: Any) -> None:
     nonlocal best, final
-    ev = task.evaluate(lambda seqs: inference.run_batched(forward, state['params'], seqs, t.eval_batch_size,
-                                                          task.buckets, tok.pad_id, mesh))
+    ev = task.evaluate(
+      lambda seqs: inference.run_batched(
+        forward, state['params'], seqs, t.eval_batch_size, task.buckets, tok.pad_id, mesh
+      )
+    )
     writer.write(step, ev, prefix='eval')
     evals.append({'step': step, **ev})
     final = {'step': step, 'metrics': ev}
@@ -192,9 +220,17 @@ def run(cfg: ml_collections.ConfigDict, workdir: str | Path) -> dict[str, Any]:
       trainer.say(f'eval step {step}: ' + ', '.join(f'{k} {v:.4f}' for k, v in ev.items()))
 
   trainer = engine_loop.Trainer(
-      train_step, state, _batches(task, keys, mesh, cfg.seed), num_steps=num_steps, start=0, logger=logger,
-      log_every=t.log_every, hooks=[engine_loop.Hook(evaluate, t.eval_every or steps_per_epoch)],
-      last_good=lambda: 'none (fine-tuning keeps only its best evaluation)', pbar=pbar)
+    train_step,
+    state,
+    _batches(task, keys, mesh, cfg.seed),
+    num_steps=num_steps,
+    start=0,
+    logger=logger,
+    log_every=t.log_every,
+    hooks=[engine_loop.Hook(evaluate, t.eval_every or steps_per_epoch)],
+    last_good=lambda: 'none (fine-tuning keeps only its best evaluation)',
+    pbar=pbar,
+  )
   del state  # donated to the first step: the trainer holds the live state
   try:
     trainer.run()
@@ -205,12 +241,21 @@ def run(cfg: ml_collections.ConfigDict, workdir: str | Path) -> dict[str, Any]:
     writer.close()
     mngr.close()
   tokens_per_sec = logger.throughput
-  results = {'task': cfg.task, 'kind': task.kind, 'metric': task.metric, 'final': final, 'best': best,
-             'num_steps': num_steps, 'train_examples': task.num_train,
-             'train_tokens_per_sec': float(np.median(tokens_per_sec)) if tokens_per_sec else None, 'evals': evals}
+  results = {
+    'task': cfg.task,
+    'kind': task.kind,
+    'metric': task.metric,
+    'final': final,
+    'best': best,
+    'num_steps': num_steps,
+    'train_examples': task.num_train,
+    'train_tokens_per_sec': float(np.median(tokens_per_sec)) if tokens_per_sec else None,
+    'evals': evals,
+  }
   if is_main:
     paths.write_text(workdir / RESULTS_FILE, json.dumps(results, indent=2) + '\n')
   if cfg.export.dir and is_main:
     from neobert_jax.finetune import export as export_lib  # pylint: disable=g-import-not-at-top
+
     results['export'] = str(export_lib.export_run(workdir, cfg.export.dir, overwrite=True))
   return results

@@ -52,8 +52,11 @@ def _corr(fn, a: np.ndarray, b: np.ndarray) -> float:
 
 def regression(y: np.ndarray, pred: np.ndarray) -> dict[str, float]:
   pred = pred.reshape(-1)
-  return {'pearson': _corr(stats.pearsonr, y, pred), 'spearman': _corr(stats.spearmanr, y, pred),
-          'mse': float(np.mean((pred - y) ** 2))}
+  return {
+    'pearson': _corr(stats.pearsonr, y, pred),
+    'spearman': _corr(stats.spearmanr, y, pred),
+    'mse': float(np.mean((pred - y) ** 2)),
+  }
 
 
 def majority_accuracy(y: np.ndarray) -> float:

@@ -28,8 +28,9 @@ def _instructions(path: str) -> dict[str, str]:
   try:
     table = json.loads(Path(path).read_text())
   except (OSError, ValueError) as e:
-    raise DataError(f'data.instructions={path}: not a readable JSON file ({e}); give {{"dataset": '
-                    '"instruction", ...}') from None
+    raise DataError(
+      f'data.instructions={path}: not a readable JSON file ({e}); give {{"dataset": "instruction", ...}}'
+    ) from None
   if not isinstance(table, dict):
     raise DataError(f'data.instructions={path}: expected a JSON object {{"dataset": "instruction"}}')
   return {str(k): str(v) for k, v in table.items()}
@@ -45,8 +46,12 @@ class ContrastiveTask:
     self.cfg, self.pad_id = cfg, tok.pad_id
     self.has_negatives = d.negative_field != ''
     self.instructions = _instructions(d.instructions)
-    fields = [('data.query_field', d.query_field), ('data.positive_field', d.positive_field),
-              ('data.negative_field', d.negative_field), ('data.dataset_field', d.dataset_field)]
+    fields = [
+      ('data.query_field', d.query_field),
+      ('data.positive_field', d.positive_field),
+      ('data.negative_field', d.negative_field),
+      ('data.dataset_field', d.dataset_field),
+    ]
     train = tables.read_table(d.train_file, d.format)
     tables.require_columns(train, d.train_file, fields)
     n = len(train[d.query_field])
@@ -69,10 +74,14 @@ class ContrastiveTask:
     d = self.cfg.data
     pick = lambda col: [tables.texts(table, col, path)[i] for i in rows]  # noqa: E731
     datasets = pick(d.dataset_field) if d.dataset_field else [''] * len(rows)
-    queries = [(f'{self.instructions[ds]} ' if ds in self.instructions else d.query_prefix) + q
-               for q, ds in zip(pick(d.query_field), datasets)]
-    out = {'q': batching.frame(tok, queries, None, d.max_length),
-           'p': batching.frame(tok, [d.document_prefix + t for t in pick(d.positive_field)], None, d.max_length)}
+    queries = [
+      (f'{self.instructions[ds]} ' if ds in self.instructions else d.query_prefix) + q
+      for q, ds in zip(pick(d.query_field), datasets)
+    ]
+    out = {
+      'q': batching.frame(tok, queries, None, d.max_length),
+      'p': batching.frame(tok, [d.document_prefix + t for t in pick(d.positive_field)], None, d.max_length),
+    }
     if self.has_negatives:
       negs = pick(d.negative_field)
       out['n'] = batching.frame(tok, [d.document_prefix + t for t in negs], None, d.max_length)
@@ -87,8 +96,10 @@ class ContrastiveTask:
     return math.ceil(self.num_train / self.cfg.train.batch_size)
 
   def describe(self) -> str:
-    return (f'contrastive: {self.num_train} train / {len(self.val["q"])} validation pairs'
-            f'{" with hard negatives" if self.has_negatives else ""}')
+    return (
+      f'contrastive: {self.num_train} train / {len(self.val["q"])} validation pairs'
+      f'{" with hard negatives" if self.has_negatives else ""}'
+    )
 
   def make_model(self, model_cfg: ml_collections.ConfigDict, rngs: Any) -> heads.Embedder:
     return heads.Embedder(model_cfg, self.cfg.head.pooling, rngs=rngs)
@@ -98,17 +109,18 @@ class ContrastiveTask:
     order = rng.permutation(self.num_train)
     groups = ('q', 'p', 'n') if self.has_negatives else ('q', 'p')
     for start in range(0, len(order), b):
-      idx = order[start:start + b]
+      idx = order[start : start + b]
       longest = max(len(self.train[g][i]) for g in groups for i in idx)
       length = batching.bucket_for(longest, self.buckets)
       batch = {'weights': np.zeros((b,), np.float32)}
-      batch['weights'][:len(idx)] = 1.0
+      batch['weights'][: len(idx)] = 1.0
       for g in groups:
-        batch[f'{g}_ids'], batch[f'{g}_lengths'] = batching.pad_rows([self.train[g][i] for i in idx], b, length,
-                                                                     self.pad_id)
+        batch[f'{g}_ids'], batch[f'{g}_lengths'] = batching.pad_rows(
+          [self.train[g][i] for i in idx], b, length, self.pad_id
+        )
       if self.has_negatives:
         batch['n_weights'] = np.zeros((b,), np.float32)
-        batch['n_weights'][:len(idx)] = [self.train['n_present'][i] for i in idx]
+        batch['n_weights'][: len(idx)] = [self.train['n_present'][i] for i in idx]
       yield batch
 
   def loss(self, model: Any, batch: dict[str, jax.Array], key: jax.Array) -> tuple[jax.Array, jax.Array]:
@@ -117,8 +129,7 @@ class ContrastiveTask:
     p = model(batch['p_ids'], batch['p_lengths'])
     n = model(batch['n_ids'], batch['n_lengths']) if self.has_negatives else None
     h = self.cfg.head
-    loss, _ = contrastive.info_nce(q, p, batch['weights'], h.temperature, n,
-                                   batch.get('n_weights'), h.loss_reduction)
+    loss, _ = contrastive.info_nce(q, p, batch['weights'], h.temperature, n, batch.get('n_weights'), h.loss_reduction)
     return loss, batch['weights'].sum()
 
   def evaluate(self, predict) -> dict[str, float]:
@@ -131,5 +142,8 @@ class ContrastiveTask:
     logits = sim / self.cfg.head.temperature
     logits = logits - logits.max(1, keepdims=True)
     nll = -(np.diag(logits) - np.log(np.exp(logits).sum(1)))
-    return {'retrieval_accuracy': float((rank == 0).mean()), 'mrr': float((1.0 / (rank + 1)).mean()),
-            'loss': float(nll.mean())}
+    return {
+      'retrieval_accuracy': float((rank == 0).mean()),
+      'mrr': float((1.0 / (rank + 1)).mean()),
+      'loss': float(nll.mean()),
+    }

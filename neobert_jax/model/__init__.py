@@ -9,4 +9,4 @@ from neobert_jax.config.model import default_model_config
 from neobert_jax.model.config import ffn_hidden_size, head_dim, train_flops_per_token
 from neobert_jax.model.encoder import NeoBERT, NeoBERTForMLM
 
-__all__ = ["NeoBERT", "NeoBERTForMLM", "default_model_config", "ffn_hidden_size", "head_dim", "train_flops_per_token"]
+__all__ = ['NeoBERT', 'NeoBERTForMLM', 'default_model_config', 'ffn_hidden_size', 'head_dim', 'train_flops_per_token']

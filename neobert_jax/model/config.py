@@ -29,9 +29,9 @@ def resolve_dtype(name: str, platform: str | None = None) -> str:
   The only place 'auto' is resolved: the trainer (train/runtime.resolve), fine-tuning and the AOT command (for its
   target's platform) all call this, so they agree. fp32 master weights stay in param_dtype either way.
   """
-  if name != "auto":
+  if name != 'auto':
     return name
-  return "float32" if (platform or jax.default_backend()) == "cpu" else "bfloat16"
+  return 'float32' if (platform or jax.default_backend()) == 'cpu' else 'bfloat16'
 
 
 def matmul_params(cfg: ml_collections.ConfigDict, decoder_fraction: float = 1.0) -> float:
@@ -57,10 +57,10 @@ def remat_recompute_flops_per_token(cfg: ml_collections.ConfigDict, seq_len: int
   fused attention kernels, so attention's forward is recomputed; 'full' recomputes each block's whole forward.
   """
   attention_fwd = 4 * cfg.num_layers * seq_len * cfg.hidden_size
-  if policy == "none":
+  if policy == 'none':
     return 0.0
-  if policy == "save_dots":
+  if policy == 'save_dots':
     return float(attention_fwd)
-  if policy == "full":
+  if policy == 'full':
     return 2 * matmul_params(cfg, decoder_fraction=0.0) + attention_fwd
-  raise ValueError(f"model.remat_policy={policy!r}; expected one of {REMAT_POLICIES}.")
+  raise ValueError(f'model.remat_policy={policy!r}; expected one of {REMAT_POLICIES}.')

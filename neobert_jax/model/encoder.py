@@ -22,16 +22,18 @@ from neobert_jax.model.rope import apply_rope
 from neobert_jax.sharding import constrain, creation_scope
 
 _REMAT_POLICIES: dict[str, Callable[..., Any] | None] = {
-    "full": jax.checkpoint_policies.nothing_saveable,
-    # Keep matmul outputs, recompute the cheap elementwise work (norms, RoPE, SiLU) in the backward pass.
-    "save_dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+  'full': jax.checkpoint_policies.nothing_saveable,
+  # Keep matmul outputs, recompute the cheap elementwise work (norms, RoPE, SiLU) in the backward pass.
+  'save_dots': jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
 }
 
 
 def _uniform(limit: float):
   """U(-limit, limit), NeoBERT's initialiser for every Linear and the embedding."""
+
   def init(key, shape, dtype=jnp.float32):
     return jax.random.uniform(key, shape, dtype, -limit, limit)
+
   return init
 
 
@@ -47,53 +49,67 @@ class EncoderLayers(nnx.Module):
     pdt = jnp.dtype(cfg.param_dtype)
     ones = lambda key, shape, dtype: jnp.ones(shape, dtype)
     init = _uniform(cfg.decoder_init_range)
-    self.attention_norm = _param(ones, None, (n, d), pdt, ("layers", "norm"))
+    self.attention_norm = _param(ones, None, (n, d), pdt, ('layers', 'norm'))
     # Last axis per head is [q | k | v], the row grouping of the published fused qkv weight.
-    self.qkv = _param(init, rngs.params(), (n, d, h, 3 * dh), pdt, ("layers", "embed", "heads", "head_dim"))
-    self.wo = _param(init, rngs.params(), (n, h, dh, d), pdt, ("layers", "heads", "head_dim", "embed"))
-    self.ffn_norm = _param(ones, None, (n, d), pdt, ("layers", "norm"))
+    self.qkv = _param(init, rngs.params(), (n, d, h, 3 * dh), pdt, ('layers', 'embed', 'heads', 'head_dim'))
+    self.wo = _param(init, rngs.params(), (n, h, dh, d), pdt, ('layers', 'heads', 'head_dim', 'embed'))
+    self.ffn_norm = _param(ones, None, (n, d), pdt, ('layers', 'norm'))
     # Gate and up projections kept on a separate axis so tensor parallelism splits both along 'mlp' alike.
-    self.w12 = _param(init, rngs.params(), (n, d, 2, f), pdt, ("layers", "embed", None, "mlp"))
-    self.w3 = _param(init, rngs.params(), (n, f, d), pdt, ("layers", "mlp", "embed"))
+    self.w12 = _param(init, rngs.params(), (n, d, 2, f), pdt, ('layers', 'embed', None, 'mlp'))
+    self.w3 = _param(init, rngs.params(), (n, f, d), pdt, ('layers', 'mlp', 'embed'))
     self.cfg = ml_collections.FrozenConfigDict(cfg)
 
   def _weights(self) -> dict[str, jax.Array]:
-    names = ("attention_norm", "qkv", "wo", "ffn_norm", "w12", "w3")
+    names = ('attention_norm', 'qkv', 'wo', 'ffn_norm', 'w12', 'w3')
     return {name: getattr(self, name)[...] for name in names}
 
   def kernel(self, packed: bool) -> str:
     """The configured kernel; 'auto' (a config the trainer did not resolve) is decided for this backend here."""
     cfg = self.cfg
-    if cfg.attention_impl != "auto":
+    if cfg.attention_impl != 'auto':
       return cfg.attention_impl
-    return choose("auto", platform=jax.default_backend(), dtype=cfg.dtype, packed=packed, seq_len=cfg.max_length,
-                  splash_block=cfg.splash_block_size, blockwise_block=cfg.blockwise_block_size).kernel
+    return choose(
+      'auto',
+      platform=jax.default_backend(),
+      dtype=cfg.dtype,
+      packed=packed,
+      seq_len=cfg.max_length,
+      splash_block=cfg.splash_block_size,
+      blockwise_block=cfg.blockwise_block_size,
+    ).kernel
 
-  def __call__(self, x: jax.Array, positions: jax.Array, segment_ids: jax.Array | None,
-               lengths: jax.Array | None, max_segments: int | None = None) -> jax.Array:
+  def __call__(
+    self,
+    x: jax.Array,
+    positions: jax.Array,
+    segment_ids: jax.Array | None,
+    lengths: jax.Array | None,
+    max_segments: int | None = None,
+  ) -> jax.Array:
     cfg = self.cfg
     dtype = jnp.dtype(cfg.dtype)
     kernel = self.kernel(segment_ids is not None)
-    tile = {"splash": cfg.splash_block_size, "blockwise": cfg.blockwise_block_size}.get(kernel)
+    tile = {'splash': cfg.splash_block_size, 'blockwise': cfg.blockwise_block_size}.get(kernel)
 
     def block(x, w):
       w = {k: v.astype(dtype) for k, v in w.items()}
-      hidden = rms_norm(x, w["attention_norm"], cfg.norm_eps)
-      qkv = jnp.einsum("btd,dhk->bthk", hidden, w["qkv"])
+      hidden = rms_norm(x, w['attention_norm'], cfg.norm_eps)
+      qkv = jnp.einsum('btd,dhk->bthk', hidden, w['qkv'])
       q, k, v = jnp.split(qkv, 3, axis=-1)
       q = apply_rope(q, positions, cfg.rope_theta)
       k = apply_rope(k, positions, cfg.rope_theta)
-      q, k, v = (constrain(a, ("batch", "length", "heads", "head_dim")) for a in (q, k, v))
-      attended = attention(q, k, v, segment_ids=segment_ids, lengths=lengths, kernel=kernel,
-                           max_segments=max_segments, block_size=tile)
-      x = x + jnp.einsum("bthk,hkd->btd", attended, w["wo"])
-      x = constrain(x, ("batch", "length", "act_embed"))
-      gate_up = jnp.einsum("btd,dgf->btgf", rms_norm(x, w["ffn_norm"], cfg.norm_eps), w["w12"])
+      q, k, v = (constrain(a, ('batch', 'length', 'heads', 'head_dim')) for a in (q, k, v))
+      attended = attention(
+        q, k, v, segment_ids=segment_ids, lengths=lengths, kernel=kernel, max_segments=max_segments, block_size=tile
+      )
+      x = x + jnp.einsum('bthk,hkd->btd', attended, w['wo'])
+      x = constrain(x, ('batch', 'length', 'act_embed'))
+      gate_up = jnp.einsum('btd,dgf->btgf', rms_norm(x, w['ffn_norm'], cfg.norm_eps), w['w12'])
       activated = swiglu(gate_up)
-      x = x + jnp.einsum("btf,fd->btd", activated, w["w3"])
-      return constrain(x, ("batch", "length", "act_embed"))
+      x = x + jnp.einsum('btf,fd->btd', activated, w['w3'])
+      return constrain(x, ('batch', 'length', 'act_embed'))
 
-    if cfg.remat_policy != "none":
+    if cfg.remat_policy != 'none':
       block = jax.checkpoint(block, policy=_REMAT_POLICIES[cfg.remat_policy])
     weights = self._weights()
     if cfg.scan_layers:
@@ -115,22 +131,32 @@ class NeoBERT(nnx.Module):
 
   def _create(self, cfg: ml_collections.ConfigDict, rngs: nnx.Rngs) -> None:
     self.token_embedding = nnx.Embed(
-        cfg.vocab_size, cfg.hidden_size, dtype=jnp.dtype(cfg.dtype), param_dtype=jnp.dtype(cfg.param_dtype),
-        embedding_init=nnx.with_partitioning(_uniform(cfg.embedding_init_range), ("vocab", "embed")), rngs=rngs)
+      cfg.vocab_size,
+      cfg.hidden_size,
+      dtype=jnp.dtype(cfg.dtype),
+      param_dtype=jnp.dtype(cfg.param_dtype),
+      embedding_init=nnx.with_partitioning(_uniform(cfg.embedding_init_range), ('vocab', 'embed')),
+      rngs=rngs,
+    )
     self.layers = EncoderLayers(cfg, rngs=rngs)
-    self.final_norm = nnx.Param(jnp.ones((cfg.hidden_size,), jnp.dtype(cfg.param_dtype)), out_sharding=("norm",))
+    self.final_norm = nnx.Param(jnp.ones((cfg.hidden_size,), jnp.dtype(cfg.param_dtype)), out_sharding=('norm',))
 
-  def __call__(self, input_ids: jax.Array, positions: jax.Array | None = None,
-               segment_ids: jax.Array | None = None, lengths: jax.Array | None = None,
-               max_segments: int | None = None) -> jax.Array:
+  def __call__(
+    self,
+    input_ids: jax.Array,
+    positions: jax.Array | None = None,
+    segment_ids: jax.Array | None = None,
+    lengths: jax.Array | None = None,
+    max_segments: int | None = None,
+  ) -> jax.Array:
     """max_segments: the static most documents per packed row (data.max_documents_per_row), which the cuDNN
     packed-layout kernel needs; other kernels ignore it."""
     if positions is None:
       positions = jnp.broadcast_to(jnp.arange(input_ids.shape[1], dtype=jnp.int32), input_ids.shape)
     # Gather from a table whose embed axis is whole: a gather cannot follow the fsdp split of the table, and
     # letting XLA pick would replicate the whole table onto every device ("involuntary full rematerialization").
-    table = constrain(self.token_embedding.embedding[...], ("vocab", None)).astype(self.cfg.dtype)
-    x = constrain(jnp.take(table, input_ids, axis=0), ("batch", "length", "act_embed"))
+    table = constrain(self.token_embedding.embedding[...], ('vocab', None)).astype(self.cfg.dtype)
+    x = constrain(jnp.take(table, input_ids, axis=0), ('batch', 'length', 'act_embed'))
     x = self.layers(x, positions, segment_ids, lengths, max_segments)
     return rms_norm(x, self.final_norm[...], self.cfg.norm_eps)
 
@@ -142,20 +168,32 @@ class NeoBERTForMLM(nnx.Module):
     self.encoder = NeoBERT(cfg, rngs=rngs)
     with creation_scope():
       self.decoder = nnx.Linear(
-          cfg.hidden_size, cfg.vocab_size, use_bias=True, param_dtype=jnp.dtype(cfg.param_dtype),
-          kernel_init=nnx.with_partitioning(_uniform(cfg.decoder_init_range), ("embed", "vocab")),
-          bias_init=nnx.with_partitioning(nnx.initializers.zeros_init(), ("vocab",)), rngs=rngs)
+        cfg.hidden_size,
+        cfg.vocab_size,
+        use_bias=True,
+        param_dtype=jnp.dtype(cfg.param_dtype),
+        kernel_init=nnx.with_partitioning(_uniform(cfg.decoder_init_range), ('embed', 'vocab')),
+        bias_init=nnx.with_partitioning(nnx.initializers.zeros_init(), ('vocab',)),
+        rngs=rngs,
+      )
     self.cfg = ml_collections.FrozenConfigDict(cfg)
 
-  def __call__(self, input_ids: jax.Array, positions: jax.Array | None = None,
-               segment_ids: jax.Array | None = None, lengths: jax.Array | None = None,
-               mlm_positions: jax.Array | None = None, max_segments: int | None = None) -> jax.Array:
+  def __call__(
+    self,
+    input_ids: jax.Array,
+    positions: jax.Array | None = None,
+    segment_ids: jax.Array | None = None,
+    lengths: jax.Array | None = None,
+    mlm_positions: jax.Array | None = None,
+    max_segments: int | None = None,
+  ) -> jax.Array:
     """Returns float32 logits [B, T, V], or [B, P, V] for the positions mlm_positions [B, P] (gathered first)."""
     hidden = self.encoder(input_ids, positions, segment_ids, lengths, max_segments)
     if mlm_positions is not None:
       hidden = jnp.take_along_axis(hidden, mlm_positions[:, :, None].astype(jnp.int32), axis=1)
     dtype = jnp.dtype(self.cfg.dtype)
-    logits = jnp.einsum("bpd,dv->bpv", hidden.astype(dtype), self.decoder.kernel[...].astype(dtype),
-                        preferred_element_type=jnp.float32)
+    logits = jnp.einsum(
+      'bpd,dv->bpv', hidden.astype(dtype), self.decoder.kernel[...].astype(dtype), preferred_element_type=jnp.float32
+    )
     logits = logits + self.decoder.bias[...].astype(jnp.float32)
-    return constrain(logits, ("batch", "length", "vocab"))
+    return constrain(logits, ('batch', 'length', 'vocab'))

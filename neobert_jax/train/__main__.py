@@ -21,16 +21,19 @@ from neobert_jax import commandline, errors
 _PROG = 'train'
 # This command's own flags (not absl's global FLAGS), so that importing several commands in one process is fine.
 _FLAGS = flags.FlagValues()
-_CONFIG = config_flags.DEFINE_config_file('config', None, 'Training config file (configs/*.py).',
-                                          flag_values=_FLAGS, lock_config=True)
-_WORKDIR = flags.DEFINE_string('workdir', None, 'Run directory: checkpoints, config.json, metrics, TensorBoard.',
-                               flag_values=_FLAGS)
+_CONFIG = config_flags.DEFINE_config_file(
+  'config', None, 'Training config file (configs/*.py).', flag_values=_FLAGS, lock_config=True
+)
+_WORKDIR = flags.DEFINE_string(
+  'workdir', None, 'Run directory: checkpoints, config.json, metrics, TensorBoard.', flag_values=_FLAGS
+)
 
 
 def main(argv: list[str]) -> int:
   del argv  # run() refuses positional arguments
   # Multi-host bring-up must precede the first device query; with no multi-process environment it does nothing.
   from neobert_jax import distributed  # pylint: disable=g-import-not-at-top
+
   distributed.initialize()
   import jax  # pylint: disable=g-import-not-at-top
   from neobert_jax import jax_compat  # pylint: disable=g-import-not-at-top
@@ -38,8 +41,12 @@ def main(argv: list[str]) -> int:
   from neobert_jax.config import train as config_lib  # pylint: disable=g-import-not-at-top
 
   jax_compat.quiet_backend_probe()  # no "Unable to initialize backend 'tpu'" line on CPU / GPU machines
-  logging.basicConfig(level=logging.INFO if jax.process_index() == 0 else logging.WARNING,
-                      format='%(asctime)s %(levelname)s %(message)s', datefmt='%H:%M:%S', force=True)
+  logging.basicConfig(
+    level=logging.INFO if jax.process_index() == 0 else logging.WARNING,
+    format='%(asctime)s %(levelname)s %(message)s',
+    datefmt='%H:%M:%S',
+    force=True,
+  )
   # Orbax and Grain narrate every file they write at INFO (through absl); keep their warnings and errors only.
   logging.getLogger('absl').setLevel(logging.WARNING)
   cfg = config_lib.validate(_CONFIG.value)  # typed by the schema: the boundary
@@ -49,28 +56,43 @@ def main(argv: list[str]) -> int:
     print(f'training stopped: {e}', file=sys.stderr)
     return 3
   if jax.process_index() == 0:
-    where = [f'workdir {result.workdir}', f'checkpoints {result.workdir / "checkpoints"}',
-             f'metrics {result.workdir / "metrics.jsonl"}', f'tensorboard {result.workdir / "tensorboard"}']
+    where = [
+      f'workdir {result.workdir}',
+      f'checkpoints {result.workdir / "checkpoints"}',
+      f'metrics {result.workdir / "metrics.jsonl"}',
+      f'tensorboard {result.workdir / "tensorboard"}',
+    ]
     if cfg.export.hf_dir and not result.preempted:
       where.append(f'Hugging Face model {cfg.export.hf_dir}')
     status = 'preempted (SIGTERM), resumable' if result.preempted else 'finished'
     print(f'{status} at step {result.final_step}; ' + '; '.join(where))
     if result.evals:
       first, last = result.evals[0], result.evals[-1]
-      print(f'held-out MLM loss {first["loss"]:.3f} (step {first["step"]}) -> {last["loss"]:.3f} '
-            f'(step {last["step"]}), accuracy {last["accuracy"]:.3f}')
+      print(
+        f'held-out MLM loss {first["loss"]:.3f} (step {first["step"]}) -> {last["loss"]:.3f} '
+        f'(step {last["step"]}), accuracy {last["accuracy"]:.3f}'
+      )
   return 0
 
 
 def _renamed(key: str) -> errors.ConfigError | None:
   from neobert_jax import config as schema  # pylint: disable=g-import-not-at-top
+
   return schema.unknown_key(key) if key in schema.RENAMED else None
 
 
 def run() -> None:
   """The command line (neobert_jax/commandline.py): parse flags, train, exit with the status."""
-  commandline.run_absl(_PROG, 'neobert_jax.train', __doc__, _FLAGS, main, required=('config', 'workdir'),
-                       fields_doc='neobert_jax/config/train.py', renamed=_renamed)
+  commandline.run_absl(
+    _PROG,
+    'neobert_jax.train',
+    __doc__,
+    _FLAGS,
+    main,
+    required=('config', 'workdir'),
+    fields_doc='neobert_jax/config/train.py',
+    renamed=_renamed,
+  )
 
 
 if __name__ == '__main__':

@@ -15,8 +15,9 @@ import numpy as np
 from neobert_jax.train.mlm import batch_keys, batch_sharding
 
 
-def to_global(batch: Mapping[str, np.ndarray], keys: tuple[str, ...], mesh: jax.sharding.Mesh,
-              accum: int) -> dict[str, jax.Array]:
+def to_global(
+  batch: Mapping[str, np.ndarray], keys: tuple[str, ...], mesh: jax.sharding.Mesh, accum: int
+) -> dict[str, jax.Array]:
   """[B_local, ...] host arrays -> {key: global [accum, B_global / accum, ...] array}."""
   sharding = batch_sharding(mesh)
   nproc = jax.process_count()
@@ -51,8 +52,9 @@ def local_eval_batch_size(global_batch_size: int, grad_accum_steps: int, process
 class GlobalBatches:
   """Wraps a host iterator; yields (global arrays for the step, real tokens across all processes)."""
 
-  def __init__(self, host_iter: Iterator[Mapping[str, np.ndarray]], max_predictions: int,
-               mesh: jax.sharding.Mesh, accum: int):
+  def __init__(
+    self, host_iter: Iterator[Mapping[str, np.ndarray]], max_predictions: int, mesh: jax.sharding.Mesh, accum: int
+  ):
     self.host_iter, self.mesh, self.accum = host_iter, mesh, accum
     self.keys = batch_keys(max_predictions)
 

@@ -38,33 +38,38 @@ class RunResult:
   workdir: Path
   final_step: int
   preempted: bool = False
-  evals: list[dict[str, float]] = dataclasses.field(default_factory=list)   # {'step', 'loss', 'accuracy'}
+  evals: list[dict[str, float]] = dataclasses.field(default_factory=list)  # {'step', 'loss', 'accuracy'}
   last_train: dict[str, float] = dataclasses.field(default_factory=dict)
   skipped_steps: int = 0
-  tokenizer: str = ''   # the tokenizer spec the prepared data was made with (data.tokenizer, else its manifest's)
+  tokenizer: str = ''  # the tokenizer spec the prepared data was made with (data.tokenizer, else its manifest's)
   # train/report.py's unigram baseline and fill-mask examples, filled in by neobert_jax/pretrain.py after the export
   report: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
-def _evaluate(keys: tuple[str, ...], mesh: jax.sharding.Mesh, eval_step: Any, eval_batches: Iterable[dict],
-              params: Any) -> dict[str, float]:
+def _evaluate(
+  keys: tuple[str, ...], mesh: jax.sharding.Mesh, eval_step: Any, eval_batches: Iterable[dict], params: Any
+) -> dict[str, float]:
   sums = []
   for b in eval_batches:
     sums.append(eval_step(params, batches_lib.to_global(b, keys, mesh, 1)))
   total = jax.device_get(sums)
   count = max(sum(float(s['count']) for s in total), 1.0)
-  return {'loss': sum(float(s['loss_sum']) for s in total) / count,
-          'accuracy': sum(float(s['correct']) for s in total) / count}
+  return {
+    'loss': sum(float(s['loss_sum']) for s in total) / count,
+    'accuracy': sum(float(s['correct']) for s in total) / count,
+  }
 
 
 def _check_rows(limit: int) -> Callable[[int, dict], None]:
   def check(step: int, m: dict) -> None:
     if int(m.get('rows_over_document_limit', 0)):
       raise DataError(
-          f'step {step}: {int(m["rows_over_document_limit"])} packed rows hold more documents than '
-          f'data.max_documents_per_row={limit}, which the packed attention layout cannot represent. Data from '
-          'this pipeline never does; raise --config.data.max_documents_per_row or pack your batches with that '
-          'limit.')
+        f'step {step}: {int(m["rows_over_document_limit"])} packed rows hold more documents than '
+        f'data.max_documents_per_row={limit}, which the packed attention layout cannot represent. Data from '
+        'this pipeline never does; raise --config.data.max_documents_per_row or pack your batches with that '
+        'limit.'
+      )
+
   return check
 
 
@@ -78,8 +83,7 @@ def _profile_dir(workdir: paths.Path, writer: metrics_lib.MetricsWriter) -> Path
   return where / 'profile'
 
 
-def run(cfg: ml_collections.ConfigDict, workdir: str | Path,
-        on_step: Callable[[int], None] | None = None) -> RunResult:
+def run(cfg: ml_collections.ConfigDict, workdir: str | Path, on_step: Callable[[int], None] | None = None) -> RunResult:
   """Trains `cfg` in `workdir`, resuming from its latest readable checkpoint if it has one.
 
   on_step(step) is called after every completed step (tests use it to simulate crashes). Training only: the
@@ -99,13 +103,29 @@ def run(cfg: ml_collections.ConfigDict, workdir: str | Path,
   tokenizer = pipeline.open_prepared(cfg.data, seq_len)[1]['tokenizer']['spec']
   # The data pipeline checks the prepared data's tokenizer against model.vocab_size here, before the model exists.
   train_host = pipeline.make_train_iterator(
-      cfg.data, batches_lib.local_batch_size(t.global_batch_size, nproc), seq_len, cfg.seed, jax.process_index(),
-      nproc, model_vocab_size=vocab)
+    cfg.data,
+    batches_lib.local_batch_size(t.global_batch_size, nproc),
+    seq_len,
+    cfg.seed,
+    jax.process_index(),
+    nproc,
+    model_vocab_size=vocab,
+  )
   eval_every = cfg.eval.every_steps
-  eval_batches = pipeline.make_eval_iterator(
-      cfg.data, batches_lib.local_eval_batch_size(t.global_batch_size, t.grad_accum_steps, nproc), seq_len,
-      seed=cfg.seed, process_index=jax.process_index(), process_count=nproc, num_batches=cfg.eval.num_batches,
-      model_vocab_size=vocab) if eval_every > 0 else ()
+  eval_batches = (
+    pipeline.make_eval_iterator(
+      cfg.data,
+      batches_lib.local_eval_batch_size(t.global_batch_size, t.grad_accum_steps, nproc),
+      seq_len,
+      seed=cfg.seed,
+      process_index=jax.process_index(),
+      process_count=nproc,
+      num_batches=cfg.eval.num_batches,
+      model_vocab_size=vocab,
+    )
+    if eval_every > 0
+    else ()
+  )
   if is_main:
     log.info('run: %s; data tokenized with %s', config_lib.describe(cfg), tokenizer)
 
@@ -130,15 +150,21 @@ def run(cfg: ml_collections.ConfigDict, workdir: str | Path,
   pbar = None
   if is_main and cfg.logging.progress_bar:
     from tqdm.auto import tqdm  # pylint: disable=g-import-not-at-top
+
     pbar = tqdm(total=cfg.train.num_steps, initial=start, desc='train', unit='step', dynamic_ncols=True)
   peak, peak_source = metrics_lib.total_peak_flops(cfg.logging.peak_flops_per_device, cfg.model.dtype)
   fpt = metrics_lib.flops_per_token(cfg)
   limit = mlm.max_segments(cfg.data)
   logger = engine_loop.Logger(
-      writer, pbar, nan_policy=cfg.train.nan_policy, flops_per_token=fpt, peak_flops=peak,
-      check=None if limit is None else _check_rows(limit),
-      diverged_hint='Re-running the same command resumes from it; consider a lower --config.optimizer.peak_lr, '
-                    'or --config.train.nan_policy=skip to drop such steps.')
+    writer,
+    pbar,
+    nan_policy=cfg.train.nan_policy,
+    flops_per_token=fpt,
+    peak_flops=peak,
+    check=None if limit is None else _check_rows(limit),
+    diverged_hint='Re-running the same command resumes from it; consider a lower --config.optimizer.peak_lr, '
+    'or --config.train.nan_policy=skip to drop such steps.',
+  )
   if is_main:
     log.info('MFU peak: %s FLOP/s (%s); %.3g model FLOPs per token', peak, peak_source, fpt)
   result = RunResult(workdir=workdir, final_step=start, tokenizer=cfg.data.tokenizer or tokenizer)
@@ -161,17 +187,29 @@ def run(cfg: ml_collections.ConfigDict, workdir: str | Path,
     writer.sync()  # a bucket workdir's metrics and TensorBoard go up with each checkpoint
     saved['step'] = step
 
-  profile = engine_loop.Profile(cfg.logging.profile_start_step, cfg.logging.profile_num_steps,
-                                lambda: _profile_dir(workdir, writer))
+  profile = engine_loop.Profile(
+    cfg.logging.profile_start_step, cfg.logging.profile_num_steps, lambda: _profile_dir(workdir, writer)
+  )
   try:
     with Preemption(mngr, cfg.logging.log_every) as preempt:
       trainer = engine_loop.Trainer(
-          mlm.build_train_step(cfg, mesh, defs), state,
-          batches_lib.GlobalBatches(train_host, cfg.data.max_predictions, mesh, t.grad_accum_steps),
-          num_steps=cfg.train.num_steps, start=start, logger=logger, log_every=cfg.logging.log_every,
-          hooks=[engine_loop.Hook(evaluate, eval_every),
-                 engine_loop.Hook(checkpoint, cfg.checkpoint.every_steps, checkpoint=True)],
-          last_good=last_good, preemption=preempt, profile=profile, pbar=pbar, on_step=on_step)
+        mlm.build_train_step(cfg, mesh, defs),
+        state,
+        batches_lib.GlobalBatches(train_host, cfg.data.max_predictions, mesh, t.grad_accum_steps),
+        num_steps=cfg.train.num_steps,
+        start=start,
+        logger=logger,
+        log_every=cfg.logging.log_every,
+        hooks=[
+          engine_loop.Hook(evaluate, eval_every),
+          engine_loop.Hook(checkpoint, cfg.checkpoint.every_steps, checkpoint=True),
+        ],
+        last_good=last_good,
+        preemption=preempt,
+        profile=profile,
+        pbar=pbar,
+        on_step=on_step,
+      )
       if start == 0 and cfg.eval.at_start and eval_every > 0:
         evaluate(0, state)
       del state  # donated to the first step: the trainer holds the live state

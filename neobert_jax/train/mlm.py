@@ -49,8 +49,9 @@ def batch_keys(max_predictions: int) -> tuple[str, ...]:
   return batch_contract.step_keys(max_predictions)
 
 
-def abstract_batch(cfg: ml_collections.ConfigDict, mesh: jax.sharding.Mesh,
-                   accum: int | None = None) -> dict[str, jax.ShapeDtypeStruct]:
+def abstract_batch(
+  cfg: ml_collections.ConfigDict, mesh: jax.sharding.Mesh, accum: int | None = None
+) -> dict[str, jax.ShapeDtypeStruct]:
   """ShapeDtypeStructs of one global train batch (eval: accum=1, M = global batch / grad_accum_steps)."""
   a = cfg.train.grad_accum_steps if accum is None else accum
   m = cfg.train.global_batch_size // cfg.train.grad_accum_steps
@@ -65,12 +66,14 @@ def max_segments(data_cfg: ml_collections.ConfigDict) -> int | None:
   return limit if data_cfg.packing == 'packed' and limit > 0 else None
 
 
-def mlm_sums(model: Any, micro: dict[str, jax.Array], packed: bool, max_segments: int | None = None
-             ) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
+def mlm_sums(
+  model: Any, micro: dict[str, jax.Array], packed: bool, max_segments: int | None = None
+) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
   """Summed cross-entropy over the loss-carrying tokens of one micro-batch, plus (token count, correct count)."""
   seg = micro['segment_ids']
-  masking = ({'segment_ids': seg, 'max_segments': max_segments} if packed
-             else {'lengths': (seg > 0).sum(-1).astype(jnp.int32)})
+  masking = (
+    {'segment_ids': seg, 'max_segments': max_segments} if packed else {'lengths': (seg > 0).sum(-1).astype(jnp.int32)}
+  )
   if 'mlm_positions' in micro:  # sparse head: decode only the (static number of) masked slots
     logits = model(micro['input_ids'], positions=micro['positions'], mlm_positions=micro['mlm_positions'], **masking)
     labels, weights = micro['mlm_labels'], micro['mlm_weights'].astype(jnp.float32)
@@ -90,6 +93,7 @@ def _loss_sums(cfg: ml_collections.ConfigDict) -> engine_step.LossSums:
     del key  # the pretrained model has no dropout
     loss_sum, (count, correct) = mlm_sums(model, micro, packed, limit)
     return loss_sum, count, {'accuracy': correct}
+
   return loss_sums
 
 
@@ -98,13 +102,18 @@ def _document_overflow(limit: int) -> Callable[[dict], dict]:
     # Rows the static packed layout could not represent: the loop stops the run naming the setting.
     seg = batch['segment_ids']
     return {'rows_over_document_limit': overflow(seg.reshape(-1, seg.shape[-1]), limit)}
+
   return rows_over
 
 
 def _step_options(cfg: ml_collections.ConfigDict) -> dict[str, Any]:
   limit = max_segments(cfg.data)
-  return dict(micro_batched=True, skip_nonfinite=cfg.train.nan_policy == 'skip', weight_name='masked_tokens',
-              batch_metrics=None if limit is None else _document_overflow(limit))
+  return dict(
+    micro_batched=True,
+    skip_nonfinite=cfg.train.nan_policy == 'skip',
+    weight_name='masked_tokens',
+    batch_metrics=None if limit is None else _document_overflow(limit),
+  )
 
 
 def make_train_step(cfg: ml_collections.ConfigDict, defs: StateDefs) -> Callable[[TrainState, dict], tuple]:
@@ -115,8 +124,9 @@ def make_train_step(cfg: ml_collections.ConfigDict, defs: StateDefs) -> Callable
 def build_train_step(cfg: ml_collections.ConfigDict, mesh: jax.sharding.Mesh, defs: StateDefs) -> shd.MeshBound:
   """The jitted (state, batch) -> (state, metrics) with the state donated; .lower() AOT-compiles it."""
   data = batch_sharding(mesh)
-  return engine_step.build_train_step(defs, mesh, _loss_sums(cfg),
-                                      {k: data for k in batch_keys(cfg.data.max_predictions)}, **_step_options(cfg))
+  return engine_step.build_train_step(
+    defs, mesh, _loss_sums(cfg), {k: data for k in batch_keys(cfg.data.max_predictions)}, **_step_options(cfg)
+  )
 
 
 def build_eval_step(cfg: ml_collections.ConfigDict, mesh: jax.sharding.Mesh, defs: StateDefs) -> shd.MeshBound:
@@ -131,5 +141,9 @@ def build_eval_step(cfg: ml_collections.ConfigDict, mesh: jax.sharding.Mesh, def
     return {'loss_sum': loss_sum, 'correct': correct, 'count': count}
 
   keys = batch_keys(cfg.data.max_predictions)
-  return shd.MeshBound(mesh, jax.jit(evaluate, in_shardings=(defs.shardings['params'], {k: data for k in keys}),
-                                     out_shardings=NamedSharding(mesh, P())))
+  return shd.MeshBound(
+    mesh,
+    jax.jit(
+      evaluate, in_shardings=(defs.shardings['params'], {k: data for k in keys}), out_shardings=NamedSharding(mesh, P())
+    ),
+  )

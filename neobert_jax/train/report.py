@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 from pathlib import Path
 from typing import Any
 
@@ -29,8 +28,9 @@ from neobert_jax.data import shards
 log = logging.getLogger('neobert_jax.train')
 
 
-def _split_ids(data_cfg: ml_collections.ConfigDict, seq_len: int, split: str,
-               max_tokens: int | None = None) -> tuple[list[np.ndarray], dict]:
+def _split_ids(
+  data_cfg: ml_collections.ConfigDict, seq_len: int, split: str, max_tokens: int | None = None
+) -> tuple[list[np.ndarray], dict]:
   """The split's records as int32 arrays, in order; at most ~max_tokens of them (a sample of a large train split)."""
   directory, manifest = pipeline.open_prepared(data_cfg, seq_len)
   records, tokens = [], 0
@@ -93,9 +93,13 @@ def loss_curve(workdir: Path) -> list[dict[str, Any]]:
 def write_curve_table(workdir: Path, unigram: dict[str, float], every: int) -> Path:
   """WORKDIR/loss_curve.md: held-out rows and every `every`-th train row, with the unigram baselines."""
   fmt = lambda v: f'{v:.3f}' if isinstance(v, float) else ''
-  lines = [f'Unigram cross-entropy of the held-out split (context-free baselines): {unigram["held_out"]:.3f} '
-           f'(its own token frequencies), {unigram["train"]:.3f} (the training split\'s)', '',
-           '| step | train loss | held-out loss | held-out accuracy |', '|---:|---:|---:|---:|']
+  lines = [
+    f'Unigram cross-entropy of the held-out split (context-free baselines): {unigram["held_out"]:.3f} '
+    f"(its own token frequencies), {unigram['train']:.3f} (the training split's)",
+    '',
+    '| step | train loss | held-out loss | held-out accuracy |',
+    '|---:|---:|---:|---:|',
+  ]
   for r in loss_curve(workdir):
     if 'eval' in r or r['step'] % every == 0:
       lines.append(f'| {r["step"]} | {fmt(r.get("train"))} | {fmt(r.get("eval"))} | {fmt(r.get("eval_accuracy"))} |')
@@ -104,11 +108,13 @@ def write_curve_table(workdir: Path, unigram: dict[str, float], every: int) -> P
   return out
 
 
-def fill_mask_examples(hf_dir: str, data_cfg: ml_collections.ConfigDict, seq_len: int, n: int = 6,
-                       width: int = 14, top: int = 3) -> list[str]:
+def fill_mask_examples(
+  hf_dir: str, data_cfg: ml_collections.ConfigDict, seq_len: int, n: int = 6, width: int = 14, top: int = 3
+) -> list[str]:
   """Held-out snippets with one whole word masked; the exported model's top predictions, via transformers."""
   import torch  # pylint: disable=g-import-not-at-top
   from transformers import AutoModelForMaskedLM, AutoTokenizer  # pylint: disable=g-import-not-at-top
+
   hf_dir = str(paths.local_copy(hf_dir, marker='config.json'))  # transformers reads local directories
   tok = AutoTokenizer.from_pretrained(hf_dir)
   model = AutoModelForMaskedLM.from_pretrained(hf_dir, trust_remote_code=True).eval()
@@ -121,16 +127,19 @@ def fill_mask_examples(hf_dir: str, data_cfg: ml_collections.ConfigDict, seq_len
     if len(body) < width + 2:
       continue
     start = int(rng.integers(0, len(body) - width))
-    ids = [int(i) for i in body[start:start + width]]
+    ids = [int(i) for i in body[start : start + width]]
     pieces = tok.convert_ids_to_tokens(ids)
     # a whole word in the middle: alphabetic, not split into pieces, so the blank is one token
-    spots = [i for i in range(3, width - 3) if pieces[i].isalpha() and not pieces[i + 1].startswith('##')
-             and ids[i] not in special]
+    spots = [
+      i
+      for i in range(3, width - 3)
+      if pieces[i].isalpha() and not pieces[i + 1].startswith('##') and ids[i] not in special
+    ]
     if not spots:
       continue
     i = spots[int(rng.integers(len(spots)))]
     answer = pieces[i]
-    masked = [tok.cls_token_id] + ids[:i] + [tok.mask_token_id] + ids[i + 1:] + [tok.sep_token_id]
+    masked = [tok.cls_token_id] + ids[:i] + [tok.mask_token_id] + ids[i + 1 :] + [tok.sep_token_id]
     with torch.no_grad():
       logits = model(input_ids=torch.tensor([masked])).logits[0, i + 1]
     guesses = tok.convert_ids_to_tokens(torch.topk(logits, top).indices.tolist())
@@ -152,17 +161,25 @@ def report(cfg: ml_collections.ConfigDict, workdir: Path, evals: list[dict[str, 
     last = evals[-1]
     out['eval_loss'] = last['loss']
     below = unigram['held_out'] - last['loss']
-    log.info('held-out MLM loss %.3f (accuracy %.3f) at step %d; unigram cross-entropy of the held-out split %.3f '
-             '(%.3f with the training split\'s frequencies): %s; loss curve %s', last['loss'], last['accuracy'],
-             last['step'], unigram['held_out'], unigram['train'],
-             f'{below:.3f} below, the model uses context' if below > 0 else f'{-below:.3f} above', table)
+    log.info(
+      'held-out MLM loss %.3f (accuracy %.3f) at step %d; unigram cross-entropy of the held-out split %.3f '
+      "(%.3f with the training split's frequencies): %s; loss curve %s",
+      last['loss'],
+      last['accuracy'],
+      last['step'],
+      unigram['held_out'],
+      unigram['train'],
+      f'{below:.3f} below, the model uses context' if below > 0 else f'{-below:.3f} above',
+      table,
+    )
   if cfg.export.hf_dir:
     try:
       examples = fill_mask_examples(cfg.export.hf_dir, cfg.data, seq_len)
     except ImportError as e:  # the torch extra is optional for training
       log.info('fill-mask examples need torch and transformers (pip install .[torch]): %s', e)
     else:
-      log.info('fill-mask on held-out text, through %s and transformers:\n  %s', cfg.export.hf_dir,
-               '\n  '.join(examples))
+      log.info(
+        'fill-mask on held-out text, through %s and transformers:\n  %s', cfg.export.hf_dir, '\n  '.join(examples)
+      )
       out['fill_mask'] = examples
   return out

@@ -41,9 +41,10 @@ HISTORY_FILE = 'config_history.jsonl'
 @dataclasses.dataclass
 class Plan:
   """What `check` found: the recorded config (None for a new run), the step it belongs to, accepted changes."""
+
   workdir: paths.Path
   recorded: dict[str, Any] | None = None
-  step: int | None = None                   # the latest checkpoint's step (None: the workdir has none)
+  step: int | None = None  # the latest checkpoint's step (None: the workdir has none)
   changes: list[rules.Change] = dataclasses.field(default_factory=list)
 
 
@@ -51,8 +52,9 @@ def check_workdir(workdir: paths.Path) -> None:
   """A workdir that is a file, or one that cannot be written (read-only, a missing bucket, refused
   credentials), is one line now, not a traceback later."""
   if paths.local(workdir) and workdir.exists() and not workdir.is_dir():
-    raise ConfigError(f'--workdir={workdir} is a file, not a directory; pass a directory for the run (it is '
-                      'created if missing)')
+    raise ConfigError(
+      f'--workdir={workdir} is a file, not a directory; pass a directory for the run (it is created if missing)'
+    )
   if jax.process_index() == 0:
     paths.check_writable(workdir, '--workdir')
 
@@ -65,22 +67,28 @@ def _recorded(workdir: paths.Path) -> tuple[dict[str, Any] | None, int | None]:
   try:
     return runs.read_config(workdir, step).to_dict(), step
   except FileNotFoundError:  # a run from before configs were recorded: only its arrays can be checked
-    log.warning('%s holds checkpoints but no recorded config: this config cannot be compared with the run\'s; '
-                'the checkpoint\'s array shapes will be checked against it instead', workdir)
+    log.warning(
+      "%s holds checkpoints but no recorded config: this config cannot be compared with the run's; "
+      "the checkpoint's array shapes will be checked against it instead",
+      workdir,
+    )
     return None, step
   except (OSError, ValueError) as e:  # an unreadable record: the run cannot be checked, so it is not touched
-    raise ConfigError(f'{workdir} holds a run whose recorded config cannot be read ({e}); resume refused and '
-                      'nothing changed. Fix it, or pass a new --workdir.') from None
+    raise ConfigError(
+      f'{workdir} holds a run whose recorded config cannot be read ({e}); resume refused and '
+      'nothing changed. Fix it, or pass a new --workdir.'
+    ) from None
 
 
 def _refusal(workdir: paths.Path, step: int, identity: list[rules.Change]) -> ConfigError:
   listed = '; '.join(c.describe() for c in identity)
   return ConfigError(
-      f'{workdir} holds a run (checkpoint step {step}) that this config does not continue: {listed}. These '
-      f'fields define what the checkpoint is, so resume is refused and nothing in the workdir was changed. '
-      f'Fix: run the command that started it (its config is {workdir / runs.CONFIG_FILE}), or train '
-      f'the new config in a new --workdir, adding --config.init.from_checkpoint={workdir} to start from '
-      f'this run\'s weights.')
+    f'{workdir} holds a run (checkpoint step {step}) that this config does not continue: {listed}. These '
+    f'fields define what the checkpoint is, so resume is refused and nothing in the workdir was changed. '
+    f'Fix: run the command that started it (its config is {workdir / runs.CONFIG_FILE}), or train '
+    f'the new config in a new --workdir, adding --config.init.from_checkpoint={workdir} to start from '
+    f"this run's weights."
+  )
 
 
 def check(cfg: ml_collections.ConfigDict, workdir: str | os.PathLike) -> Plan:
@@ -94,39 +102,57 @@ def check(cfg: ml_collections.ConfigDict, workdir: str | os.PathLike) -> Plan:
   identity = rules.of_kind(changes, rules.IDENTITY) + _restructuring(changes)
   if step is None:  # config.json but no checkpoint: nothing to lose; the new config replaces it, on the record
     if changes:
-      log.warning('%s has a config.json but no checkpoint: starting afresh with this config (%d field(s) '
-                  'differ: %s); the previous config is kept in %s', workdir, len(changes),
-                  '; '.join(c.describe() for c in changes), HISTORY_FILE)
+      log.warning(
+        '%s has a config.json but no checkpoint: starting afresh with this config (%d field(s) '
+        'differ: %s); the previous config is kept in %s',
+        workdir,
+        len(changes),
+        '; '.join(c.describe() for c in changes),
+        HISTORY_FILE,
+      )
     return Plan(workdir, recorded, None, changes)
   if identity:
     raise _refusal(workdir, step, identity)
   num_steps = cfg.train.num_steps
   if num_steps < step:
-    raise ConfigError(f'train.num_steps={num_steps} is below the checkpoint step {step} in {workdir}: the run '
-                      'cannot go back. Fix: keep train.num_steps at or above it (raise it to train further).')
+    raise ConfigError(
+      f'train.num_steps={num_steps} is below the checkpoint step {step} in {workdir}: the run '
+      'cannot go back. Fix: keep train.num_steps at or above it (raise it to train further).'
+    )
   for line in describe(changes, recorded, cfg, step):
     log.warning('resume with a changed config: %s', line)
   return Plan(workdir, recorded, step, changes)
 
 
 # Schedule fields that change the learning rate (the others change the update rule, not the rate).
-_LR_FIELDS = ('train.num_steps', 'optimizer.peak_lr', 'optimizer.warmup_steps', 'optimizer.warmup_init_fraction',
-              'optimizer.decay_fraction', 'optimizer.decay_steps', 'optimizer.final_lr_fraction')
+_LR_FIELDS = (
+  'train.num_steps',
+  'optimizer.peak_lr',
+  'optimizer.warmup_steps',
+  'optimizer.warmup_init_fraction',
+  'optimizer.decay_fraction',
+  'optimizer.decay_steps',
+  'optimizer.final_lr_fraction',
+)
 
 
 def _restructuring(changes: list[rules.Change]) -> list[rules.Change]:
   """Schedule changes that would change the optimizer state's tree (clipping switched on or off adds or removes
   a transformation in front of AdamW): refused like identity changes, since the saved state no longer fits."""
-  return [dataclasses.replace(c, kind=rules.IDENTITY) for c in changes
-          if c.field == 'optimizer.clip_norm' and isinstance(c.before, (int, float)) and (c.before > 0) != (c.after > 0)]
+  return [
+    dataclasses.replace(c, kind=rules.IDENTITY)
+    for c in changes
+    if c.field == 'optimizer.clip_norm' and isinstance(c.before, (int, float)) and (c.before > 0) != (c.after > 0)
+  ]
 
 
 def _lr(opt: ml_collections.ConfigDict, num_steps: int, step: int) -> float:
   return float(optimizer_lib.lr_values(opt, num_steps, np.asarray([step]))[0])
 
 
-def describe(changes: list[rules.Change], recorded: dict[str, Any], cfg: ml_collections.ConfigDict,
-             step: int) -> list[str]:
+def describe(
+  changes: list[rules.Change], recorded: dict[str, Any], cfg: ml_collections.ConfigDict, step: int
+) -> list[str]:
   """One line per accepted change, saying what it does from `step` on."""
   lines = [f'{c.describe()} ({c.kind})' for c in changes]
   fields = {c.field for c in changes}
@@ -136,17 +162,23 @@ def describe(changes: list[rules.Change], recorded: dict[str, Any], cfg: ml_coll
     old = _lr(past.optimizer, old_n, step)
     new = _lr(cfg.optimizer, new_n, step)
     floor_at = optimizer_lib.floor_step(cfg.optimizer, new_n)
-    lines.append(f'the learning-rate schedule is recomputed from the new config: the next update (step {step}) '
-                 f'uses {new:.4g} where the old schedule gave {old:.4g}; the cosine now reaches its floor at step '
-                 f'{floor_at} of {new_n}' + (' (a jump: consider warming up again in a new run)'
-                                            if old > 0 and new > 1.5 * old else ''))
+    lines.append(
+      f'the learning-rate schedule is recomputed from the new config: the next update (step {step}) '
+      f'uses {new:.4g} where the old schedule gave {old:.4g}; the cosine now reaches its floor at step '
+      f'{floor_at} of {new_n}'
+      + (' (a jump: consider warming up again in a new run)' if old > 0 and new > 1.5 * old else '')
+    )
   if 'train.global_batch_size' in fields:
-    lines.append(f'rows per step {recorded["train"]["global_batch_size"]} -> {cfg.train.global_batch_size}: the '
-                 'data continues at the next unseen row of the same stream; steps (and the schedule) count '
-                 'optimizer updates, so each remaining step now sees the new number of rows')
+    lines.append(
+      f'rows per step {recorded["train"]["global_batch_size"]} -> {cfg.train.global_batch_size}: the '
+      'data continues at the next unseen row of the same stream; steps (and the schedule) count '
+      'optimizer updates, so each remaining step now sees the new number of rows'
+    )
   if 'train.grad_accum_steps' in fields and 'train.global_batch_size' not in fields:
-    lines.append('the same global batch, split into another number of micro-batches (token-weighted: the '
-                 'update is the same up to float rounding)')
+    lines.append(
+      'the same global batch, split into another number of micro-batches (token-weighted: the '
+      'update is the same up to float rounding)'
+    )
   return lines
 
 
@@ -154,9 +186,12 @@ def record(plan: Plan, cfg: ml_collections.ConfigDict, step: int) -> None:
   """Process 0: WORKDIR/config.json := cfg, and one history line for this start or resume at `step`."""
   if jax.process_index() != 0:
     return
-  entry = {'time': datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds'), 'step': int(step),
-           'event': 'start' if plan.step is None else 'resume',
-           'changes': [c.to_json() for c in plan.changes]}
+  entry = {
+    'time': datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds'),
+    'step': int(step),
+    'event': 'start' if plan.step is None else 'resume',
+    'changes': [c.to_json() for c in plan.changes],
+  }
   if plan.step is None and plan.recorded is not None and plan.changes:
     entry['replaced_config'] = plan.recorded  # a config.json without checkpoints, kept before it is replaced
   paths.append_line(plan.workdir / HISTORY_FILE, json.dumps(entry, default=str, sort_keys=True))

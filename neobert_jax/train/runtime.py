@@ -35,8 +35,9 @@ def resolve(cfg: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   return out
 
 
-def attention_choice(cfg: ml_collections.ConfigDict, platform: str | None = None,
-                     compute_capability: str | None = None) -> Any:
+def attention_choice(
+  cfg: ml_collections.ConfigDict, platform: str | None = None, compute_capability: str | None = None
+) -> Any:
   """The attention kernel this run uses (model/attention/select.py's table) for `platform` (default: this
   process's backend); raises ConfigError when an explicit model.attention_impl cannot run there."""
   if platform is None:
@@ -45,8 +46,15 @@ def attention_choice(cfg: ml_collections.ConfigDict, platform: str | None = None
       compute_capability = getattr(jax.devices()[0], 'compute_capability', None)
   m = cfg.model
   try:
-    return choose(m.attention_impl, platform=platform, dtype=m.dtype, packed=cfg.data.packing == 'packed',
-                  seq_len=m.max_length, compute_capability=compute_capability, splash_block=m.splash_block_size,
-                  blockwise_block=m.blockwise_block_size)
+    return choose(
+      m.attention_impl,
+      platform=platform,
+      dtype=m.dtype,
+      packed=cfg.data.packing == 'packed',
+      seq_len=m.max_length,
+      compute_capability=compute_capability,
+      splash_block=m.splash_block_size,
+      blockwise_block=m.blockwise_block_size,
+    )
   except ValueError as e:
     raise ConfigError(str(e)) from None

@@ -15,8 +15,9 @@ from neobert_jax.train.mlm import abstract_batch
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
-def tiny_config(vocab_size: int = 30522, hidden: int = 32, layers: int = 1, seq_len: int = 128,
-                batch: int = 8, steps: int = 6) -> ml_collections.ConfigDict:
+def tiny_config(
+  vocab_size: int = 30522, hidden: int = 32, layers: int = 1, seq_len: int = 128, batch: int = 8, steps: int = 6
+) -> ml_collections.ConfigDict:
   """The tiny CPU recipe (configs/tiny_cpu.py) shrunk to seconds per run: same code paths, real tokenizer-sized
   vocab by default. Built from the package's schema, not the recipe file, so it needs no checkout."""
   cfg = config_lib.get_config()
@@ -36,8 +37,9 @@ def tiny_config(vocab_size: int = 30522, hidden: int = 32, layers: int = 1, seq_
   return cfg
 
 
-def synthetic_batch(cfg: ml_collections.ConfigDict, mesh: jax.sharding.Mesh, seed: int, accum: int | None = None,
-                    as_numpy: bool = False) -> dict:
+def synthetic_batch(
+  cfg: ml_collections.ConfigDict, mesh: jax.sharding.Mesh, seed: int, accum: int | None = None, as_numpy: bool = False
+) -> dict:
   """A random packed MLM batch [A, M, ...] matching abstract_batch, with a varying number of real slots per row."""
   rng = np.random.default_rng(seed)
   shapes = abstract_batch(cfg, mesh, accum)
@@ -76,15 +78,20 @@ def mlm_rows(cfg: ml_collections.ConfigDict, seed: int = 0, fraction: float = 0.
   weights = np.zeros((b, p), np.float32)
   for r in range(b):
     idx = np.flatnonzero(chosen[r])
-    pos[r, :len(idx)], weights[r, :len(idx)] = idx, 1.0
-  return {'input_ids': np.where(chosen, 103, ids).astype(np.int32),  # 103: [MASK] of the BERT vocabulary
-          'positions': np.broadcast_to(np.arange(t, dtype=np.int32), (b, t)).copy(),
-          'segment_ids': np.ones((b, t), np.int32), 'labels': np.where(chosen, ids, -100).astype(np.int32),
-          'mlm_positions': pos, 'mlm_labels': np.take_along_axis(ids, pos, 1), 'mlm_weights': weights}
+    pos[r, : len(idx)], weights[r, : len(idx)] = idx, 1.0
+  return {
+    'input_ids': np.where(chosen, 103, ids).astype(np.int32),  # 103: [MASK] of the BERT vocabulary
+    'positions': np.broadcast_to(np.arange(t, dtype=np.int32), (b, t)).copy(),
+    'segment_ids': np.ones((b, t), np.int32),
+    'labels': np.where(chosen, ids, -100).astype(np.int32),
+    'mlm_positions': pos,
+    'mlm_labels': np.take_along_axis(ids, pos, 1),
+    'mlm_weights': weights,
+  }
 
 
 def assert_identical_params(a: dict, b: dict) -> None:
   """Two {dotted key: array} parameter sets are bit-identical (the tests' exact-resume check)."""
-  assert sorted(a) == sorted(b), (sorted(set(a) ^ set(b)))
+  assert sorted(a) == sorted(b), sorted(set(a) ^ set(b))
   for k in a:
     np.testing.assert_array_equal(a[k], b[k], err_msg=k)

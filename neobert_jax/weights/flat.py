@@ -43,27 +43,31 @@ class Dims:
   @classmethod
   def from_config(cls, cfg: Any) -> 'Dims':
     if cfg['hidden_size'] % cfg['num_heads']:
-      raise errors.ExportError(
-          f"hidden_size={cfg['hidden_size']} is not divisible by num_heads={cfg['num_heads']}")
-    return cls(vocab=int(cfg['vocab_size']), dim=int(cfg['hidden_size']), layers=int(cfg['num_layers']),
-               heads=int(cfg['num_heads']), head_dim=int(cfg['hidden_size']) // int(cfg['num_heads']),
-               ffn=ffn_hidden_size(ml_collections.ConfigDict({'intermediate_size': int(cfg['intermediate_size'])})))
+      raise errors.ExportError(f'hidden_size={cfg["hidden_size"]} is not divisible by num_heads={cfg["num_heads"]}')
+    return cls(
+      vocab=int(cfg['vocab_size']),
+      dim=int(cfg['hidden_size']),
+      layers=int(cfg['num_layers']),
+      heads=int(cfg['num_heads']),
+      head_dim=int(cfg['hidden_size']) // int(cfg['num_heads']),
+      ffn=ffn_hidden_size(ml_collections.ConfigDict({'intermediate_size': int(cfg['intermediate_size'])})),
+    )
 
 
 def flat_shapes(cfg: Any) -> dict[str, tuple[int, ...]]:
   """The flat keys and shapes of NeoBERTForMLM for the model config ``cfg`` (or a mapping with its field names)."""
   d = Dims.from_config(cfg)
   return {
-      'encoder.token_embedding.embedding': (d.vocab, d.dim),
-      'encoder.layers.attention_norm': (d.layers, d.dim),
-      'encoder.layers.qkv': (d.layers, d.dim, d.heads, 3 * d.head_dim),
-      'encoder.layers.wo': (d.layers, d.heads, d.head_dim, d.dim),
-      'encoder.layers.ffn_norm': (d.layers, d.dim),
-      'encoder.layers.w12': (d.layers, d.dim, 2, d.ffn),
-      'encoder.layers.w3': (d.layers, d.ffn, d.dim),
-      'encoder.final_norm': (d.dim,),
-      'decoder.kernel': (d.dim, d.vocab),
-      'decoder.bias': (d.vocab,),
+    'encoder.token_embedding.embedding': (d.vocab, d.dim),
+    'encoder.layers.attention_norm': (d.layers, d.dim),
+    'encoder.layers.qkv': (d.layers, d.dim, d.heads, 3 * d.head_dim),
+    'encoder.layers.wo': (d.layers, d.heads, d.head_dim, d.dim),
+    'encoder.layers.ffn_norm': (d.layers, d.dim),
+    'encoder.layers.w12': (d.layers, d.dim, 2, d.ffn),
+    'encoder.layers.w3': (d.layers, d.ffn, d.dim),
+    'encoder.final_norm': (d.dim,),
+    'decoder.kernel': (d.dim, d.vocab),
+    'decoder.bias': (d.vocab,),
   }
 
 
@@ -72,8 +76,13 @@ def _preview(keys: list[str], limit: int = 6) -> str:
   return shown + (f', ... ({len(keys) - limit} more)' if len(keys) > limit else '')
 
 
-def check_keys_and_shapes(got: Mapping[str, Any], expected: Mapping[str, tuple[int, ...]], what: str, fix: str,
-                          error: Callable[[str], Exception] = errors.CheckpointError) -> None:
+def check_keys_and_shapes(
+  got: Mapping[str, Any],
+  expected: Mapping[str, tuple[int, ...]],
+  what: str,
+  fix: str,
+  error: Callable[[str], Exception] = errors.CheckpointError,
+) -> None:
   """Raises `error` naming every missing and unexpected key and every wrong shape at once, before any is used."""
   missing = [k for k in expected if k not in got]
   unexpected = [k for k in got if k not in expected]
@@ -92,9 +101,12 @@ def check_keys_and_shapes(got: Mapping[str, Any], expected: Mapping[str, tuple[i
 def check_flat(flat: Mapping[str, Any], cfg: Any) -> None:
   """Raises ExportError naming every missing/unexpected key and wrong shape of NeoBERTForMLM flat params."""
   check_keys_and_shapes(
-      flat, flat_shapes(cfg), 'the flat parameter dict',
-      'pass the model config the parameters were trained with (layers, width, heads, vocab, intermediate_size)',
-      errors.ExportError)
+    flat,
+    flat_shapes(cfg),
+    'the flat parameter dict',
+    'pass the model config the parameters were trained with (layers, width, heads, vocab, intermediate_size)',
+    errors.ExportError,
+  )
 
 
 def flatten(tree: Mapping[str, Any], prefix: str = '') -> dict[str, Any]:
@@ -137,8 +149,12 @@ def load_flat(model: nnx.Module, flat: Mapping[str, np.ndarray]) -> None:
   state = nnx.state(model, nnx.Param)
   variables = {path_key(path): var for path, var in nnx.to_flat_state(state)}
   check_keys_and_shapes(
-      flat, {k: tuple(v[...].shape) for k, v in variables.items()}, 'the parameters',
-      'check that the model config (layers, sizes, vocab) matches the checkpoint', error=ValueError)
+    flat,
+    {k: tuple(v[...].shape) for k, v in variables.items()},
+    'the parameters',
+    'check that the model config (layers, sizes, vocab) matches the checkpoint',
+    error=ValueError,
+  )
   for key, var in variables.items():
     current = var[...]
     value = np.asarray(flat[key]).astype(current.dtype)
@@ -152,6 +168,7 @@ def load_flat(model: nnx.Module, flat: Mapping[str, np.ndarray]) -> None:
 def read_safetensors(path: str | os.PathLike) -> tuple[dict[str, str], dict[str, np.ndarray]]:
   """(metadata, arrays) of a safetensors file; ExportError if it is not one."""
   from safetensors import safe_open  # pylint: disable=g-import-not-at-top
+
   try:
     with safe_open(str(path), framework='np') as fh:
       return fh.metadata() or {}, {key: fh.get_tensor(key) for key in fh.keys()}
@@ -166,12 +183,14 @@ def _metadata(cfg: ml_collections.ConfigDict) -> dict[str, str]:
 def write_flat_file(flat: Mapping[str, np.ndarray], cfg: ml_collections.ConfigDict, path: str | os.PathLike) -> None:
   """Writes flat params + model config as one local safetensors file at `path` (checked against `cfg` first)."""
   from safetensors.numpy import save_file  # pylint: disable=g-import-not-at-top
+
   check_flat(flat, cfg)
   save_file({k: np.ascontiguousarray(v) for k, v in flat.items()}, str(path), metadata=_metadata(cfg))
 
 
-def write_flat_dir(flat: Mapping[str, np.ndarray], cfg: ml_collections.ConfigDict,
-                   directory: str | os.PathLike) -> None:
+def write_flat_dir(
+  flat: Mapping[str, np.ndarray], cfg: ml_collections.ConfigDict, directory: str | os.PathLike
+) -> None:
   """Fills a local directory: FLAT_FILE_NAME, then MODEL_CONFIG_FILE (the same config, readable without numpy)."""
   write_flat_file(flat, cfg, os.path.join(directory, FLAT_FILE_NAME))
   with open(os.path.join(directory, MODEL_CONFIG_FILE), 'w') as fh:

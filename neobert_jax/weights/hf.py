@@ -40,46 +40,49 @@ from neobert_jax import errors
 from neobert_jax.config.model import default_model_config
 from neobert_jax.weights.flat import Dims, check_flat, check_keys_and_shapes, read_safetensors
 
-HF_PREFIX = "model."
+HF_PREFIX = 'model.'
 # The weight files an HF directory may hold, in the order they are looked for.
-WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
+WEIGHT_FILES = ('model.safetensors', 'model.safetensors.index.json', 'pytorch_model.bin')
 # Non-persistent buffers some NeoBERT modeling files have written into checkpoints; they carry no weights.
-IGNORED_HF_KEYS = ("freqs_cis", "freqs_cos", "freqs_sin")
+IGNORED_HF_KEYS = ('freqs_cis', 'freqs_cos', 'freqs_sin')
 # Fields written into config.json besides the architecture (defaults of the released model).
 CLASSIFIER_INIT_RANGE = 0.02
 AUTO_MAP = {
-    "AutoConfig": "model.NeoBERTConfig",
-    "AutoModel": "model.NeoBERT",
-    "AutoModelForMaskedLM": "model.NeoBERTLMHead",
-    "AutoModelForSequenceClassification": "model.NeoBERTForSequenceClassification",
+  'AutoConfig': 'model.NeoBERTConfig',
+  'AutoModel': 'model.NeoBERT',
+  'AutoModelForMaskedLM': 'model.NeoBERTLMHead',
+  'AutoModelForSequenceClassification': 'model.NeoBERTForSequenceClassification',
 }
 
 
 def hf_shapes(cfg: Any) -> dict[str, tuple[int, ...]]:
   """The ``NeoBERTLMHead`` state_dict keys and shapes for ``cfg`` (in the published checkpoint's order)."""
   d = Dims.from_config(cfg)
-  shapes = {"model.encoder.weight": (d.vocab, d.dim)}
+  shapes = {'model.encoder.weight': (d.vocab, d.dim)}
   for i in range(d.layers):
-    block = f"model.transformer_encoder.{i}."
-    shapes[block + "qkv.weight"] = (3 * d.dim, d.dim)
-    shapes[block + "wo.weight"] = (d.dim, d.dim)
-    shapes[block + "ffn.w12.weight"] = (2 * d.ffn, d.dim)
-    shapes[block + "ffn.w3.weight"] = (d.dim, d.ffn)
-    shapes[block + "attention_norm.weight"] = (d.dim,)
-    shapes[block + "ffn_norm.weight"] = (d.dim,)
-  shapes["model.layer_norm.weight"] = (d.dim,)
-  shapes["decoder.weight"] = (d.vocab, d.dim)
-  shapes["decoder.bias"] = (d.vocab,)
+    block = f'model.transformer_encoder.{i}.'
+    shapes[block + 'qkv.weight'] = (3 * d.dim, d.dim)
+    shapes[block + 'wo.weight'] = (d.dim, d.dim)
+    shapes[block + 'ffn.w12.weight'] = (2 * d.ffn, d.dim)
+    shapes[block + 'ffn.w3.weight'] = (d.dim, d.ffn)
+    shapes[block + 'attention_norm.weight'] = (d.dim,)
+    shapes[block + 'ffn_norm.weight'] = (d.dim,)
+  shapes['model.layer_norm.weight'] = (d.dim,)
+  shapes['decoder.weight'] = (d.vocab, d.dim)
+  shapes['decoder.bias'] = (d.vocab,)
   return shapes
 
 
 def check_hf_state_dict(sd: Mapping[str, Any], cfg: Any) -> None:
   """Raises ExportError naming every missing/unexpected key and wrong shape of an HF NeoBERT state_dict."""
   check_keys_and_shapes(
-      sd, hf_shapes(cfg), "the Hugging Face state_dict",
-      "make sure config.json matches model.safetensors (num_hidden_layers, hidden_size, num_attention_heads, "
-      "intermediate_size, vocab_size) and that the checkpoint is a NeoBERTLMHead (keys 'model.*' + 'decoder.*')",
-      errors.ExportError)
+    sd,
+    hf_shapes(cfg),
+    'the Hugging Face state_dict',
+    'make sure config.json matches model.safetensors (num_hidden_layers, hidden_size, num_attention_heads, '
+    "intermediate_size, vocab_size) and that the checkpoint is a NeoBERTLMHead (keys 'model.*' + 'decoder.*')",
+    errors.ExportError,
+  )
 
 
 def flat_to_hf_state_dict(flat: Mapping[str, Any], cfg: Any) -> dict[str, np.ndarray]:
@@ -87,18 +90,18 @@ def flat_to_hf_state_dict(flat: Mapping[str, Any], cfg: Any) -> dict[str, np.nda
   check_flat(flat, cfg)
   d = Dims.from_config(cfg)
   f = {k: np.asarray(v) for k, v in flat.items()}
-  sd = {"model.encoder.weight": f["encoder.token_embedding.embedding"]}
+  sd = {'model.encoder.weight': f['encoder.token_embedding.embedding']}
   for i in range(d.layers):
-    block = f"model.transformer_encoder.{i}."
-    sd[block + "qkv.weight"] = f["encoder.layers.qkv"][i].reshape(d.dim, 3 * d.dim).T
-    sd[block + "wo.weight"] = f["encoder.layers.wo"][i].reshape(d.dim, d.dim).T
-    sd[block + "ffn.w12.weight"] = f["encoder.layers.w12"][i].reshape(d.dim, 2 * d.ffn).T
-    sd[block + "ffn.w3.weight"] = f["encoder.layers.w3"][i].T
-    sd[block + "attention_norm.weight"] = f["encoder.layers.attention_norm"][i]
-    sd[block + "ffn_norm.weight"] = f["encoder.layers.ffn_norm"][i]
-  sd["model.layer_norm.weight"] = f["encoder.final_norm"]
-  sd["decoder.weight"] = f["decoder.kernel"].T
-  sd["decoder.bias"] = f["decoder.bias"]
+    block = f'model.transformer_encoder.{i}.'
+    sd[block + 'qkv.weight'] = f['encoder.layers.qkv'][i].reshape(d.dim, 3 * d.dim).T
+    sd[block + 'wo.weight'] = f['encoder.layers.wo'][i].reshape(d.dim, d.dim).T
+    sd[block + 'ffn.w12.weight'] = f['encoder.layers.w12'][i].reshape(d.dim, 2 * d.ffn).T
+    sd[block + 'ffn.w3.weight'] = f['encoder.layers.w3'][i].T
+    sd[block + 'attention_norm.weight'] = f['encoder.layers.attention_norm'][i]
+    sd[block + 'ffn_norm.weight'] = f['encoder.layers.ffn_norm'][i]
+  sd['model.layer_norm.weight'] = f['encoder.final_norm']
+  sd['decoder.weight'] = f['decoder.kernel'].T
+  sd['decoder.bias'] = f['decoder.bias']
   return {k: np.ascontiguousarray(v) for k, v in sd.items()}
 
 
@@ -106,9 +109,9 @@ def normalize_hf_state_dict(sd: Mapping[str, Any]) -> dict[str, Any]:
   """Accepts the keys of a base ``NeoBERT`` save (no 'model.' prefix) and drops known weightless buffers."""
   out = {}
   for key, value in sd.items():
-    if key.rsplit(".", 1)[-1] in IGNORED_HF_KEYS:
+    if key.rsplit('.', 1)[-1] in IGNORED_HF_KEYS:
       continue
-    if not key.startswith(HF_PREFIX) and not key.startswith("decoder."):
+    if not key.startswith(HF_PREFIX) and not key.startswith('decoder.'):
       key = HF_PREFIX + key
     out[key] = value
   return out
@@ -122,19 +125,19 @@ def hf_state_dict_to_flat(sd: Mapping[str, Any], cfg: Any) -> dict[str, np.ndarr
   s = {k: np.asarray(v) for k, v in sd.items()}
 
   def stack(suffix, convert):
-    return np.stack([convert(s[f"model.transformer_encoder.{i}.{suffix}"]) for i in range(d.layers)])
+    return np.stack([convert(s[f'model.transformer_encoder.{i}.{suffix}']) for i in range(d.layers)])
 
   flat = {
-      "encoder.token_embedding.embedding": s["model.encoder.weight"],
-      "encoder.layers.attention_norm": stack("attention_norm.weight", lambda w: w),
-      "encoder.layers.qkv": stack("qkv.weight", lambda w: w.T.reshape(d.dim, d.heads, 3 * d.head_dim)),
-      "encoder.layers.wo": stack("wo.weight", lambda w: w.T.reshape(d.heads, d.head_dim, d.dim)),
-      "encoder.layers.ffn_norm": stack("ffn_norm.weight", lambda w: w),
-      "encoder.layers.w12": stack("ffn.w12.weight", lambda w: w.T.reshape(d.dim, 2, d.ffn)),
-      "encoder.layers.w3": stack("ffn.w3.weight", lambda w: w.T),
-      "encoder.final_norm": s["model.layer_norm.weight"],
-      "decoder.kernel": s["decoder.weight"].T,
-      "decoder.bias": s["decoder.bias"],
+    'encoder.token_embedding.embedding': s['model.encoder.weight'],
+    'encoder.layers.attention_norm': stack('attention_norm.weight', lambda w: w),
+    'encoder.layers.qkv': stack('qkv.weight', lambda w: w.T.reshape(d.dim, d.heads, 3 * d.head_dim)),
+    'encoder.layers.wo': stack('wo.weight', lambda w: w.T.reshape(d.heads, d.head_dim, d.dim)),
+    'encoder.layers.ffn_norm': stack('ffn_norm.weight', lambda w: w),
+    'encoder.layers.w12': stack('ffn.w12.weight', lambda w: w.T.reshape(d.dim, 2, d.ffn)),
+    'encoder.layers.w3': stack('ffn.w3.weight', lambda w: w.T),
+    'encoder.final_norm': s['model.layer_norm.weight'],
+    'decoder.kernel': s['decoder.weight'].T,
+    'decoder.bias': s['decoder.bias'],
   }
   return {k: np.ascontiguousarray(v) for k, v in flat.items()}
 
@@ -144,42 +147,42 @@ def hf_state_dict_to_flat(sd: Mapping[str, Any], cfg: Any) -> dict[str, np.ndarr
 
 # JAX ConfigDict field -> config.json field
 _FIELD_MAP = {
-    "vocab_size": "vocab_size",
-    "hidden_size": "hidden_size",
-    "num_layers": "num_hidden_layers",
-    "num_heads": "num_attention_heads",
-    "intermediate_size": "intermediate_size",
-    "norm_eps": "norm_eps",
-    "rope_theta": "rope_theta",
-    "max_length": "max_length",
-    "pad_token_id": "pad_token_id",
-    "embedding_init_range": "embedding_init_range",
-    "decoder_init_range": "decoder_init_range",
+  'vocab_size': 'vocab_size',
+  'hidden_size': 'hidden_size',
+  'num_layers': 'num_hidden_layers',
+  'num_heads': 'num_attention_heads',
+  'intermediate_size': 'intermediate_size',
+  'norm_eps': 'norm_eps',
+  'rope_theta': 'rope_theta',
+  'max_length': 'max_length',
+  'pad_token_id': 'pad_token_id',
+  'embedding_init_range': 'embedding_init_range',
+  'decoder_init_range': 'decoder_init_range',
 }
 _ARCHITECTURE_FLAGS = {
-    "rope": lambda v: v is True,
-    "rms_norm": lambda v: v is True,
-    "hidden_act": lambda v: str(v).lower() == "swiglu",
-    "ngpt": lambda v: v is False,
+  'rope': lambda v: v is True,
+  'rms_norm': lambda v: v is True,
+  'hidden_act': lambda v: str(v).lower() == 'swiglu',
+  'ngpt': lambda v: v is False,
 }
-_REQUIRED_HF_FIELDS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size")
+_REQUIRED_HF_FIELDS = ('vocab_size', 'hidden_size', 'num_hidden_layers', 'num_attention_heads', 'intermediate_size')
 
 
-def hf_config_dict(cfg: Any, torch_dtype: str = "float32") -> dict[str, Any]:
+def hf_config_dict(cfg: Any, torch_dtype: str = 'float32') -> dict[str, Any]:
   """config.json content of an exported NeoBERTLMHead directory for the model config ``cfg``."""
   d = Dims.from_config(cfg)
   out = {
-      "architectures": ["NeoBERTLMHead"],
-      "auto_map": dict(AUTO_MAP),
-      "model_type": "neobert",
+    'architectures': ['NeoBERTLMHead'],
+    'auto_map': dict(AUTO_MAP),
+    'model_type': 'neobert',
   }
   for jax_name, hf_name in _FIELD_MAP.items():
     value = cfg[jax_name]
-    out[hf_name] = value.item() if hasattr(value, "item") else value
-  out["dim_head"] = d.head_dim
-  out["classifier_init_range"] = CLASSIFIER_INIT_RANGE
-  out["tie_word_embeddings"] = False
-  out["torch_dtype"] = torch_dtype
+    out[hf_name] = value.item() if hasattr(value, 'item') else value
+  out['dim_head'] = d.head_dim
+  out['classifier_init_range'] = CLASSIFIER_INIT_RANGE
+  out['tie_word_embeddings'] = False
+  out['torch_dtype'] = torch_dtype
   return dict(sorted(out.items()))
 
 
@@ -188,28 +191,33 @@ def model_config_from_hf(hf_config: Mapping[str, Any], base=None):
 
   Raises ExportError when the config is not NeoBERT or lacks an architecture field.
   """
-  model_type = hf_config.get("model_type")
-  if model_type != "neobert":
+  model_type = hf_config.get('model_type')
+  if model_type != 'neobert':
     raise errors.ExportError(
-        f"config.json has model_type={model_type!r}, expected 'neobert': this is not a NeoBERT checkpoint")
+      f"config.json has model_type={model_type!r}, expected 'neobert': this is not a NeoBERT checkpoint"
+    )
   missing = [k for k in _REQUIRED_HF_FIELDS if k not in hf_config]
   if missing:
-    raise errors.ExportError(f"config.json lacks {missing}; fix: add them (see the published chandar-lab/NeoBERT config)")
+    raise errors.ExportError(
+      f'config.json lacks {missing}; fix: add them (see the published chandar-lab/NeoBERT config)'
+    )
   # Variant flags some NeoBERT configs carry; this port implements only the released architecture.
   unsupported = {k: hf_config[k] for k, ok in _ARCHITECTURE_FLAGS.items() if k in hf_config and not ok(hf_config[k])}
   if unsupported:
     raise errors.ExportError(
-        f"config.json selects an architecture variant this port does not implement: {unsupported}; only the "
-        "released NeoBERT (RoPE, RMSNorm, SwiGLU, no nGPT) converts")
+      f'config.json selects an architecture variant this port does not implement: {unsupported}; only the '
+      'released NeoBERT (RoPE, RMSNorm, SwiGLU, no nGPT) converts'
+    )
   cfg = default_model_config() if base is None else base.copy_and_resolve_references()
   for jax_name, hf_name in _FIELD_MAP.items():
     if hf_config.get(hf_name) is not None:
       cfg[jax_name] = type(cfg[jax_name])(hf_config[hf_name])
-  dim_head = hf_config.get("dim_head")
+  dim_head = hf_config.get('dim_head')
   if dim_head is not None and dim_head * cfg.num_heads != cfg.hidden_size:
     raise errors.ExportError(
-        f"config.json dim_head={dim_head} x num_attention_heads={cfg.num_heads} != hidden_size={cfg.hidden_size}; "
-        "NeoBERT requires dim_head = hidden_size / num_attention_heads")
+      f'config.json dim_head={dim_head} x num_attention_heads={cfg.num_heads} != hidden_size={cfg.hidden_size}; '
+      'NeoBERT requires dim_head = hidden_size / num_attention_heads'
+    )
   return cfg
 
 
@@ -220,9 +228,11 @@ def model_config_from_hf(hf_config: Mapping[str, Any], base=None):
 def torch_to_numpy(tensor: Any) -> np.ndarray:
   """A torch tensor's values as numpy (bfloat16 through ml_dtypes, which numpy lacks)."""
   import torch  # pylint: disable=g-import-not-at-top  # only pytorch_model.bin and the PyTorch model need torch
+
   tensor = tensor.detach().cpu().contiguous()
   if tensor.dtype == torch.bfloat16:
     import ml_dtypes  # pylint: disable=g-import-not-at-top  # installed with jax
+
     return tensor.view(torch.uint16).numpy().view(ml_dtypes.bfloat16)
   return tensor.numpy()
 
@@ -231,34 +241,36 @@ def read_hf_state_dict(path: str | os.PathLike) -> tuple[dict[str, Any], dict[st
   """(config.json as a dict, state_dict as numpy arrays) of an HF directory or .safetensors file."""
   path = Path(path).expanduser()
   if not path.exists():
-    raise errors.ExportError(f"--input {path}: no such file or directory")
+    raise errors.ExportError(f'--input {path}: no such file or directory')
   folder = path if path.is_dir() else path.parent
-  config_path = folder / "config.json"
+  config_path = folder / 'config.json'
   if not config_path.is_file():
     raise errors.ExportError(f"{folder} has no config.json; fix: put the checkpoint's config.json next to its weights")
   hf_config = json.loads(config_path.read_text())
   if path.is_file():
-    if path.suffix != ".safetensors":
-      raise errors.ExportError(f"--input {path}: expected a directory or a .safetensors file")
+    if path.suffix != '.safetensors':
+      raise errors.ExportError(f'--input {path}: expected a directory or a .safetensors file')
     return hf_config, read_safetensors(path)[1]
-  if (folder / "model.safetensors").is_file():
-    return hf_config, read_safetensors(folder / "model.safetensors")[1]
-  index = folder / "model.safetensors.index.json"
+  if (folder / 'model.safetensors').is_file():
+    return hf_config, read_safetensors(folder / 'model.safetensors')[1]
+  index = folder / 'model.safetensors.index.json'
   if index.is_file():
-    shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+    shards = sorted(set(json.loads(index.read_text())['weight_map'].values()))
     state = {}
     for shard in shards:
       state.update(read_safetensors(folder / shard)[1])
     return hf_config, state
-  if (folder / "pytorch_model.bin").is_file():
+  if (folder / 'pytorch_model.bin').is_file():
     import torch  # pylint: disable=g-import-not-at-top  # only this legacy format needs torch
-    state = torch.load(folder / "pytorch_model.bin", map_location="cpu", weights_only=True)
+
+    state = torch.load(folder / 'pytorch_model.bin', map_location='cpu', weights_only=True)
     return hf_config, {k: torch_to_numpy(v) for k, v in state.items()}
-  raise errors.ExportError(f"{folder} has no model.safetensors, model.safetensors.index.json or pytorch_model.bin")
+  raise errors.ExportError(f'{folder} has no model.safetensors, model.safetensors.index.json or pytorch_model.bin')
 
 
-def read_hf_dir(path: str | os.PathLike, *, init_missing_decoder: bool = False,
-                seed: int = 0) -> tuple[ml_collections.ConfigDict, dict[str, np.ndarray]]:
+def read_hf_dir(
+  path: str | os.PathLike, *, init_missing_decoder: bool = False, seed: int = 0
+) -> tuple[ml_collections.ConfigDict, dict[str, np.ndarray]]:
   """(model ConfigDict, flat params) of an HF NeoBERT checkpoint; raises ExportError on any mismatch.
 
   ``init_missing_decoder``: a base-model save has no MLM decoder; create one (U(-r, r) kernel, zero bias).
@@ -266,17 +278,18 @@ def read_hf_dir(path: str | os.PathLike, *, init_missing_decoder: bool = False,
   hf_config, state = read_hf_state_dict(path)
   cfg = model_config_from_hf(hf_config)
   state = normalize_hf_state_dict(state)
-  if init_missing_decoder and "decoder.weight" not in state and "decoder.bias" not in state:
+  if init_missing_decoder and 'decoder.weight' not in state and 'decoder.bias' not in state:
     rng = np.random.default_rng(seed)
     limit = cfg.decoder_init_range
-    dtype = state["model.encoder.weight"].dtype if "model.encoder.weight" in state else np.float32
-    state["decoder.weight"] = rng.uniform(-limit, limit, (cfg.vocab_size, cfg.hidden_size)).astype(dtype)
-    state["decoder.bias"] = np.zeros((cfg.vocab_size,), dtype)
+    dtype = state['model.encoder.weight'].dtype if 'model.encoder.weight' in state else np.float32
+    state['decoder.weight'] = rng.uniform(-limit, limit, (cfg.vocab_size, cfg.hidden_size)).astype(dtype)
+    state['decoder.bias'] = np.zeros((cfg.vocab_size,), dtype)
   try:
     return cfg, hf_state_dict_to_flat(state, cfg)
   except errors.ExportError as e:
-    if "decoder.weight" in str(e) and "decoder.weight" not in state:
+    if 'decoder.weight' in str(e) and 'decoder.weight' not in state:
       raise errors.ExportError(
-          f"{e}\nThis looks like a base NeoBERT save without the MLM head: pass --init-missing-decoder "
-          "(init_missing_decoder=True) to create a fresh decoder") from e
+        f'{e}\nThis looks like a base NeoBERT save without the MLM head: pass --init-missing-decoder '
+        '(init_missing_decoder=True) to create a fresh decoder'
+      ) from e
     raise

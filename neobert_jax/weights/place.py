@@ -27,8 +27,11 @@ def params_from_flat(flat: Mapping[str, np.ndarray], like: Any) -> Any:
   """
   expected = flatten(nnx.to_pure_dict(like))
   check_keys_and_shapes(
-      flat, {k: tuple(v.shape) for k, v in expected.items()}, 'the parameters to initialise from',
-      'initialise from a checkpoint of the same architecture (layers, width, heads, vocab, intermediate_size)')
+    flat,
+    {k: tuple(v.shape) for k, v in expected.items()},
+    'the parameters to initialise from',
+    'initialise from a checkpoint of the same architecture (layers, width, heads, vocab, intermediate_size)',
+  )
 
   def put(key: str, ref: jax.Array) -> jax.Array:
     host = np.asarray(flat[key], dtype=ref.dtype)
@@ -43,14 +46,15 @@ def with_encoder(params: Any, flat: Mapping[str, np.ndarray]) -> Any:
   """`params` (a downstream model's: an encoder plus a head) with the encoder replaced by the 'encoder.*' entries
   of `flat`, on the encoder's shardings; the head keeps its own values. Other entries of `flat` (an MLM decoder, a
   fine-tuned head) are ignored."""
-  encoder = {k[len('encoder.'):]: v for k, v in flat.items() if k.startswith('encoder.')}
+  encoder = {k[len('encoder.') :]: v for k, v in flat.items() if k.startswith('encoder.')}
   out = jax.tree.map(lambda a: a, params)
   out['encoder'] = params_from_flat(encoder, params['encoder'])
   return out
 
 
-def sharded_params(make_model: Callable[[], nnx.Module], flat: Mapping[str, np.ndarray], mesh: jax.sharding.Mesh
-                   ) -> tuple[Any, Any, Any]:
+def sharded_params(
+  make_model: Callable[[], nnx.Module], flat: Mapping[str, np.ndarray], mesh: jax.sharding.Mesh
+) -> tuple[Any, Any, Any]:
   """(graphdef, params, shardings) for inference: `flat` placed onto the model's sharding under the mesh's rules,
   each device receiving only its shard (no optimizer, no random init)."""
   with shd.activate(mesh):

@@ -26,6 +26,7 @@ def _orbax():
   # Imported on first use: readers of the config alone, and the modules that import this one for its
   # constants, should not pay Orbax's import (~0.4 s) until a checkpoint is opened.
   import orbax.checkpoint  # pylint: disable=g-import-not-at-top
+
   return orbax.checkpoint
 
 
@@ -89,8 +90,9 @@ def restore_param_tree(path: str | os.PathLike, step: int | None, abstract: Any)
     return ckptr.restore(item, abstract), step
 
 
-def restore_params(path: str | os.PathLike,
-                   step: int | None = None) -> tuple[ml_collections.ConfigDict, dict[str, np.ndarray]]:
+def restore_params(
+  path: str | os.PathLike, step: int | None = None
+) -> tuple[ml_collections.ConfigDict, dict[str, np.ndarray]]:
   """(model config, {dotted key: numpy array}) of a checkpoint, read on one CPU device whatever mesh wrote it.
 
   `path` is a workdir or its checkpoints/ dir; `step` defaults to the latest complete step. FileNotFoundError

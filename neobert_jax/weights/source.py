@@ -28,22 +28,25 @@ from neobert_jax.weights import hf, place, runs
 DEFAULT_TOKENIZER = tokenizer_lib.BUILTIN_BERT
 # Fields that change parameter shapes; the rest (max_length, dtype, attention kernel, remat) may differ.
 SHAPE_FIELDS = ('vocab_size', 'hidden_size', 'num_layers', 'num_heads', 'intermediate_size')
-_FIX = ('give the workdir (or its checkpoints/) of a run that saved at least one step, or a Hugging Face NeoBERT '
-        'directory (config.json + model.safetensors or pytorch_model.bin)')
+_FIX = (
+  'give the workdir (or its checkpoints/) of a run that saved at least one step, or a Hugging Face NeoBERT '
+  'directory (config.json + model.safetensors or pytorch_model.bin)'
+)
 
 
 @dataclasses.dataclass
 class Source:
   """An opened source. `where` is the path as given, `path` where it is read (a bucket's HF directory: a local copy,
   made when its files are first needed)."""
-  what: str                              # the setting that named it, for messages ('init.from_hf', '--model')
+
+  what: str  # the setting that named it, for messages ('init.from_hf', '--model')
   where: str
   path: paths.Path
-  kind: str                              # 'run' or 'hf'
-  step: int | None                       # a run's step (resolved: never None for a run)
-  model_cfg: ml_collections.ConfigDict   # architecture of the weights
-  run_config: dict[str, Any]             # the run's resolved config ({} for an HF directory)
-  need_decoder: bool                     # an MLM decoder is required; else an HF save without one gets a fresh one
+  kind: str  # 'run' or 'hf'
+  step: int | None  # a run's step (resolved: never None for a run)
+  model_cfg: ml_collections.ConfigDict  # architecture of the weights
+  run_config: dict[str, Any]  # the run's resolved config ({} for an HF directory)
+  need_decoder: bool  # an MLM decoder is required; else an HF save without one gets a fresh one
 
   def _fail(self, problem: Any) -> errors.CheckpointError:
     return errors.CheckpointError(f'{self.what}={self.where!r}: {errors.one_line(problem)}')
@@ -76,8 +79,9 @@ class Source:
     except (FileNotFoundError, errors.ExportError) as e:
       raise self._fail(e) from None
     if self.need_decoder and 'decoder.kernel' not in flat:
-      raise self._fail('these weights have no MLM decoder (a fine-tuned model?); use a pretraining run or a '
-                       'NeoBERT MLM export')
+      raise self._fail(
+        'these weights have no MLM decoder (a fine-tuned model?); use a pretraining run or a NeoBERT MLM export'
+      )
     return flat
 
   def read(self) -> 'Source':
@@ -87,8 +91,11 @@ class Source:
 
   def check_fits(self, model_cfg: ml_collections.ConfigDict) -> None:
     """CheckpointError when the weights' shapes differ from `model_cfg`'s (numerics and lengths may differ)."""
-    diff = {f: (self.model_cfg[f], model_cfg[f]) for f in SHAPE_FIELDS
-            if f in self.model_cfg and self.model_cfg[f] != model_cfg[f]}
+    diff = {
+      f: (self.model_cfg[f], model_cfg[f])
+      for f in SHAPE_FIELDS
+      if f in self.model_cfg and self.model_cfg[f] != model_cfg[f]
+    }
     if diff:
       raise self._fail(f'cannot initialise from it: model fields differ (source, this run): {diff}')
 
@@ -97,8 +104,9 @@ class Source:
     restored straight onto the shardings; flat weights are placed shard by shard. Every process must call it."""
     if self.kind == 'hf' or 'flat' in self.__dict__:
       return place.params_from_flat(self.flat, like)
-    abstract = nnx.to_pure_dict(jax.tree.map(
-        lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=a.sharding), like))
+    abstract = nnx.to_pure_dict(
+      jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=a.sharding), like)
+    )
     try:
       tree, _ = runs.restore_param_tree(self.path, self.step, abstract)
     except FileNotFoundError as e:
@@ -120,8 +128,7 @@ def _hf_config(path: paths.Path) -> dict[str, Any] | None:
   return content if isinstance(content, dict) and 'model_type' in content else None
 
 
-def open_source(path: str, step: int | None = None, *, need_decoder: bool = False,
-                what: str = '--model') -> Source:
+def open_source(path: str, step: int | None = None, *, need_decoder: bool = False, what: str = '--model') -> Source:
   """Opens a run directory (its latest step, or `step`) or a Hugging Face NeoBERT directory; CheckpointError with
   one line naming `what` when it is neither, or holds no usable weights."""
   p = paths.resolve(path, what)
@@ -145,8 +152,16 @@ def open_source(path: str, step: int | None = None, *, need_decoder: bool = Fals
     run_config = runs.read_config(p, step)
   except (FileNotFoundError, ValueError) as e:
     raise fail(str(e)) from None
-  return Source(what, str(path), p, 'run', step, ml_collections.ConfigDict(run_config.model.to_dict()),
-                run_config.to_dict(), need_decoder)
+  return Source(
+    what,
+    str(path),
+    p,
+    'run',
+    step,
+    ml_collections.ConfigDict(run_config.model.to_dict()),
+    run_config.to_dict(),
+    need_decoder,
+  )
 
 
 def from_init(from_checkpoint: str, from_hf: str, step: int = -1, *, need_decoder: bool = False) -> Source | None:
@@ -166,6 +181,7 @@ def _run_tokenizer(run_config: dict[str, Any]) -> str:
     return str(data['tokenizer'])
   if data.get('dir'):
     from neobert_jax.data import shards  # pylint: disable=g-import-not-at-top
+
     manifest = paths.resolve(data['dir']) / shards.MANIFEST
     if manifest.exists():
       return str(json.loads(manifest.read_text()).get('tokenizer', {}).get('spec', ''))
@@ -185,13 +201,16 @@ def resolve_tokenizer(requested: str, source: Source | None) -> tokenizer_lib.To
   vocab = int(source.model_cfg.vocab_size)
   if tok.vocab_size != vocab:
     raise errors.DataError(
-        f'{source.where}: the weights have a {vocab}-token vocabulary but tokenizer {spec!r} has {tok.vocab_size} '
-        'tokens; these weights come from another vocabulary: use the tokenizer they were pretrained with '
-        '(--config.data.tokenizer=...) or a checkpoint of this vocabulary')
+      f'{source.where}: the weights have a {vocab}-token vocabulary but tokenizer {spec!r} has {tok.vocab_size} '
+      'tokens; these weights come from another vocabulary: use the tokenizer they were pretrained with '
+      '(--config.data.tokenizer=...) or a checkpoint of this vocabulary'
+    )
   if requested and source.tokenizer and source.tokenizer != requested:
     own = tokenizer_lib.load_tokenizer(source.tokenizer)
     if not tokenizer_lib.same_vocabulary(own.identity(), tok.identity()):
-      raise errors.DataError(f'{source.where}: pretrained with tokenizer {source.tokenizer!r}, whose vocabulary '
-                             f'differs from {requested!r}; drop --config.data.tokenizer to use the pretraining '
-                             'tokenizer')
+      raise errors.DataError(
+        f'{source.where}: pretrained with tokenizer {source.tokenizer!r}, whose vocabulary '
+        f'differs from {requested!r}; drop --config.data.tokenizer to use the pretraining '
+        'tokenizer'
+      )
   return tok

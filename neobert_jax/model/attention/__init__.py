@@ -24,37 +24,46 @@ from neobert_jax.model.attention.packed_layout import overflow, packed_layout
 from neobert_jax.model.attention.reference import allowed, segments_from_lengths, xla_attention
 from neobert_jax.model.attention.select import IMPLEMENTATIONS, KERNELS, Choice, choose
 
-__all__ = ["IMPLEMENTATIONS", "KERNELS", "Choice", "attention", "choose", "overflow", "packed_layout"]
+__all__ = ['IMPLEMENTATIONS', 'KERNELS', 'Choice', 'attention', 'choose', 'overflow', 'packed_layout']
 
 
 def _cudnn(q, k, v, segment_ids, lengths, kernel, max_segments):
   if segment_ids is not None:
-    if kernel == "cudnn":
+    if kernel == 'cudnn':
       if max_segments is None:
-        raise ValueError("cuDNN packed attention needs max_segments (data.max_documents_per_row).")
+        raise ValueError('cuDNN packed attention needs max_segments (data.max_documents_per_row).')
       seqlens, offsets = packed_layout(segment_ids, max_segments)
       return jax_compat.cudnn_packed_flash_attention(q, k, v, seqlens, offsets)
     if q.shape[1] % 2:
       raise ValueError(f"cuDNN's bias kernel needs an even sequence length, got {q.shape[1]}.")
-    return jax.nn.dot_product_attention(q, k, v, mask=allowed(segment_ids, segment_ids), implementation="cudnn")
+    return jax.nn.dot_product_attention(q, k, v, mask=allowed(segment_ids, segment_ids), implementation='cudnn')
   if lengths is not None:
     lengths = lengths.astype(jnp.int32)
-    return jax.nn.dot_product_attention(q, k, v, query_seq_lengths=lengths, key_value_seq_lengths=lengths,
-                                        implementation="cudnn")
-  return jax.nn.dot_product_attention(q, k, v, implementation="cudnn")
+    return jax.nn.dot_product_attention(
+      q, k, v, query_seq_lengths=lengths, key_value_seq_lengths=lengths, implementation='cudnn'
+    )
+  return jax.nn.dot_product_attention(q, k, v, implementation='cudnn')
 
 
-def attention(q: jax.Array, k: jax.Array, v: jax.Array, *, segment_ids: jax.Array | None = None,
-              lengths: jax.Array | None = None, kernel: str = "xla", max_segments: int | None = None,
-              block_size: int | None = None) -> jax.Array:
+def attention(
+  q: jax.Array,
+  k: jax.Array,
+  v: jax.Array,
+  *,
+  segment_ids: jax.Array | None = None,
+  lengths: jax.Array | None = None,
+  kernel: str = 'xla',
+  max_segments: int | None = None,
+  block_size: int | None = None,
+) -> jax.Array:
   """q, k, v [B, T, H, Dh] -> [B, T, H, Dh]. Give segment_ids (packed) or lengths (padded), or neither.
 
   kernel is a resolved name (not 'auto'); max_segments is the static documents-per-row limit the cuDNN packed
   layout needs; block_size is the blockwise / splash tile (None: the kernel's default).
   """
   if segment_ids is not None and lengths is not None:
-    raise ValueError("pass segment_ids (packed rows) or lengths (padded rows), not both.")
-  if kernel in ("cudnn", "cudnn_bias"):
+    raise ValueError('pass segment_ids (packed rows) or lengths (padded rows), not both.')
+  if kernel in ('cudnn', 'cudnn_bias'):
     return _cudnn(q, k, v, segment_ids, lengths, kernel, max_segments)
   if segment_ids is not None:
     q_seg = kv_seg = segment_ids.astype(jnp.int32)
@@ -62,12 +71,13 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, *, segment_ids: jax.Arra
     q_seg, kv_seg = segments_from_lengths(lengths, k.shape[1])
   else:
     q_seg = kv_seg = None
-  if kernel == "xla":
+  if kernel == 'xla':
     return xla_attention(q, k, v, q_seg, kv_seg)
-  tile = {} if block_size is None else {"block_size": int(block_size)}
-  if kernel == "blockwise":
+  tile = {} if block_size is None else {'block_size': int(block_size)}
+  if kernel == 'blockwise':
     return blockwise_attention(q, k, v, q_seg, kv_seg, **tile)
-  if kernel == "splash":
+  if kernel == 'splash':
     from neobert_jax.model.attention.splash import splash_attention  # Pallas import only when used
+
     return splash_attention(q, k, v, q_seg, kv_seg, **tile)
-  raise ValueError(f"unknown attention kernel {kernel!r}; expected one of {KERNELS}.")
+  raise ValueError(f'unknown attention kernel {kernel!r}; expected one of {KERNELS}.')

@@ -45,7 +45,7 @@ def _key_blocks(k, v, kv_seg, block):
 
 def _scores(qh, kj, q_seg, sj, scale):
   """One block's masked fp32 scores [B, H, T, block] and the boolean mask that produced them."""
-  s = jnp.einsum("bhtd,bhsd->bhts", qh, kj, preferred_element_type=jnp.float32) * scale
+  s = jnp.einsum('bhtd,bhsd->bhts', qh, kj, preferred_element_type=jnp.float32) * scale
   ok = (q_seg[:, None, :, None] == sj[:, :, None, :]) & (sj[:, :, None, :] > 0)
   return jnp.where(ok, s, MASKED_SCORE), ok
 
@@ -53,7 +53,7 @@ def _scores(qh, kj, q_seg, sj, scale):
 def _forward(qh, kh, vh, q_seg, kv_seg, block):
   """Heads-major inputs [B, H, T|S, D]; returns (out [B, H, T, D] in v's dtype, lse [B, H, T] fp32)."""
   b, h, t, d = qh.shape
-  scale = d ** -0.5
+  scale = d**-0.5
 
   def step(carry, xs):
     m, l, acc = carry
@@ -64,11 +64,14 @@ def _forward(qh, kh, vh, q_seg, kv_seg, block):
     p = jnp.where(ok, jnp.exp(s - m_new[..., None]), 0.0)
     correction = jnp.exp(m - m_new)
     l = l * correction + p.sum(-1)
-    pv = jnp.einsum("bhts,bhsd->bhtd", p.astype(vj.dtype), vj, preferred_element_type=jnp.float32)
+    pv = jnp.einsum('bhts,bhsd->bhtd', p.astype(vj.dtype), vj, preferred_element_type=jnp.float32)
     return (m_new, l, acc * correction[..., None] + pv), None
 
-  init = (jnp.full((b, h, t), MASKED_SCORE, jnp.float32), jnp.zeros((b, h, t), jnp.float32),
-          jnp.zeros((b, h, t, d), jnp.float32))
+  init = (
+    jnp.full((b, h, t), MASKED_SCORE, jnp.float32),
+    jnp.zeros((b, h, t), jnp.float32),
+    jnp.zeros((b, h, t, d), jnp.float32),
+  )
   (m, l, acc), _ = jax.lax.scan(step, init, _key_blocks(kh, vh, kv_seg, block))
   live = l > 0
   out = acc / jnp.where(live, l, 1.0)[..., None]
@@ -80,7 +83,7 @@ def _forward(qh, kh, vh, q_seg, kv_seg, block):
 def _backward(qh, kh, vh, q_seg, kv_seg, out, lse, dout, block):
   b, h, t, d = qh.shape
   s_len = kh.shape[2]
-  scale = d ** -0.5
+  scale = d**-0.5
   dout32 = dout.astype(jnp.float32)
   delta = jnp.sum(dout32 * out.astype(jnp.float32), axis=-1)  # rowsum(dO * O) [B, H, T]
 
@@ -88,11 +91,11 @@ def _backward(qh, kh, vh, q_seg, kv_seg, out, lse, dout, block):
     kj, vj, sj = xs
     s, _ = _scores(qh, kj, q_seg, sj, scale)
     p = jnp.exp(s - lse[..., None])
-    dv = jnp.einsum("bhts,bhtd->bhsd", p.astype(dout.dtype), dout, preferred_element_type=jnp.float32)
-    dp = jnp.einsum("bhtd,bhsd->bhts", dout, vj, preferred_element_type=jnp.float32)
+    dv = jnp.einsum('bhts,bhtd->bhsd', p.astype(dout.dtype), dout, preferred_element_type=jnp.float32)
+    dp = jnp.einsum('bhtd,bhsd->bhts', dout, vj, preferred_element_type=jnp.float32)
     ds = (p * (dp - delta[..., None])).astype(qh.dtype)
-    dq = dq + jnp.einsum("bhts,bhsd->bhtd", ds, kj, preferred_element_type=jnp.float32)
-    dk = jnp.einsum("bhts,bhtd->bhsd", ds, qh, preferred_element_type=jnp.float32)
+    dq = dq + jnp.einsum('bhts,bhsd->bhtd', ds, kj, preferred_element_type=jnp.float32)
+    dk = jnp.einsum('bhts,bhtd->bhsd', ds, qh, preferred_element_type=jnp.float32)
     return dq, (dk, dv)
 
   dq, (dk, dv) = jax.lax.scan(step, jnp.zeros((b, h, t, d), jnp.float32), _key_blocks(kh, vh, kv_seg, block))
@@ -119,8 +122,15 @@ def _vjp_bwd(block, residuals, dout):
 _attention_heads_major.defvjp(_vjp_fwd, _vjp_bwd)
 
 
-def blockwise_attention(q: jax.Array, k: jax.Array, v: jax.Array, q_segments: jax.Array | None = None,
-                        kv_segments: jax.Array | None = None, *, block_size: int = 128) -> jax.Array:
+def blockwise_attention(
+  q: jax.Array,
+  k: jax.Array,
+  v: jax.Array,
+  q_segments: jax.Array | None = None,
+  kv_segments: jax.Array | None = None,
+  *,
+  block_size: int = 128,
+) -> jax.Array:
   """q, k, v [B, T, H, Dh] -> [B, T, H, Dh], the same function as reference.xla_attention on live queries."""
   b, t = q.shape[:2]
   s = k.shape[1]
@@ -128,6 +138,7 @@ def blockwise_attention(q: jax.Array, k: jax.Array, v: jax.Array, q_segments: ja
     q_segments, kv_segments = jnp.ones((b, t), jnp.int32), jnp.ones((b, s), jnp.int32)
   block = max(1, min(int(block_size), s))
   heads_major = lambda x: jnp.swapaxes(x, 1, 2)
-  out = _attention_heads_major(heads_major(q), heads_major(k), heads_major(v), q_segments.astype(jnp.int32),
-                               kv_segments.astype(jnp.int32), block)
+  out = _attention_heads_major(
+    heads_major(q), heads_major(k), heads_major(v), q_segments.astype(jnp.int32), kv_segments.astype(jnp.int32), block
+  )
   return heads_major(out)

@@ -19,10 +19,10 @@ def packed_layout(segment_ids: jax.Array, max_segments: int) -> tuple[jax.Array,
   seg = segment_ids.astype(jnp.int32)
   t = seg.shape[1]
   slots = jnp.arange(1, max_segments + 1, dtype=jnp.int32)
-  member = seg[:, :, None] == slots[None, None, :]                      # [B, T, M]
+  member = seg[:, :, None] == slots[None, None, :]  # [B, T, M]
   lengths = member.sum(axis=1, dtype=jnp.int32)
   positions = jnp.arange(t, dtype=jnp.int32)[None, :, None]
-  starts = jnp.min(jnp.where(member, positions, t), axis=1)             # first token of each document
+  starts = jnp.min(jnp.where(member, positions, t), axis=1)  # first token of each document
   used = lengths > 0
   seqlens = jnp.where(used, lengths, -1)
   offsets = jnp.where(used, starts, -1)

@@ -30,16 +30,17 @@ def allowed(q_segments: jax.Array, kv_segments: jax.Array) -> jax.Array:
   return (q_segments[:, None, :, None] == kv) & (kv > 0)
 
 
-def xla_attention(q: jax.Array, k: jax.Array, v: jax.Array, q_segments: jax.Array | None = None,
-                  kv_segments: jax.Array | None = None) -> jax.Array:
+def xla_attention(
+  q: jax.Array, k: jax.Array, v: jax.Array, q_segments: jax.Array | None = None, kv_segments: jax.Array | None = None
+) -> jax.Array:
   """q, k, v [B, T, H, Dh] -> [B, T, H, Dh]; scores and softmax in fp32, the [B, H, T, S] scores materialised.
 
   Written as plain 4-D einsums rather than jax.nn.dot_product_attention's grouped-query 5-D formulation, which
   XLA:CPU runs markedly slower forward + backward (TPU and GPU compile both alike).
   """
   scale = q.shape[-1] ** -0.5
-  scores = jnp.einsum("bthd,bshd->bhts", q, k, preferred_element_type=jnp.float32) * scale
+  scores = jnp.einsum('bthd,bshd->bhts', q, k, preferred_element_type=jnp.float32) * scale
   if q_segments is not None:
     scores = jnp.where(allowed(q_segments, kv_segments), scores, MASKED_SCORE)
   probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
-  return jnp.einsum("bhts,bshd->bthd", probs, v)
+  return jnp.einsum('bhts,bshd->bthd', probs, v)

@@ -23,8 +23,16 @@ from neobert_jax import sharding as shd
 
 def _kernel(num_heads: int, seq_len: int, block: int, interpret: bool):
   block = min(block, seq_len)
-  sizes = splash.BlockSizes(block_q=block, block_kv=block, block_kv_compute=block, block_q_dkv=block,
-                            block_kv_dkv=block, block_kv_dkv_compute=block, block_q_dq=block, block_kv_dq=block)
+  sizes = splash.BlockSizes(
+    block_q=block,
+    block_kv=block,
+    block_kv_compute=block,
+    block_q_dkv=block,
+    block_kv_dkv=block,
+    block_kv_dkv_compute=block,
+    block_q_dq=block,
+    block_kv_dq=block,
+  )
   mask = splash_mask.MultiHeadMask([splash_mask.FullMask((seq_len, seq_len))] * num_heads)
   return splash.make_splash_mha(mask, block_sizes=sizes, head_shards=1, q_seq_shards=1, interpret=interpret)
 
@@ -34,22 +42,30 @@ def _local(q, k, v, q_seg, kv_seg, *, block: int, interpret: bool):
   b, t, h, d = q.shape
   kernel = _kernel(h, t, block, interpret)
   heads_major = lambda x: jnp.swapaxes(x, 1, 2)
-  q = heads_major(q * jnp.asarray(d ** -0.5, q.dtype))  # splash does not scale the scores itself
+  q = heads_major(q * jnp.asarray(d**-0.5, q.dtype))  # splash does not scale the scores itself
   k, v = heads_major(k), heads_major(v)
   if q_seg is None:
     out = jax.vmap(kernel)(q, k, v)
   else:
     out = jax.vmap(lambda q1, k1, v1, qs, ks: kernel(q1, k1, v1, segment_ids=splash.SegmentIds(q=qs, kv=ks)))(
-        q, k, v, q_seg, kv_seg)
+      q, k, v, q_seg, kv_seg
+    )
   return heads_major(out)
 
 
-def splash_attention(q: jax.Array, k: jax.Array, v: jax.Array, q_segments: jax.Array | None = None,
-                     kv_segments: jax.Array | None = None, *, block_size: int = 512,
-                     interpret: bool | None = None) -> jax.Array:
+def splash_attention(
+  q: jax.Array,
+  k: jax.Array,
+  v: jax.Array,
+  q_segments: jax.Array | None = None,
+  kv_segments: jax.Array | None = None,
+  *,
+  block_size: int = 512,
+  interpret: bool | None = None,
+) -> jax.Array:
   """q, k, v [B, T, H, Dh] -> [B, T, H, Dh]; segments per reference.py's convention (None: no mask)."""
   if interpret is None:
-    interpret = jax.default_backend() != "tpu"
+    interpret = jax.default_backend() != 'tpu'
   if q_segments is not None:
     # Splash attends iff the ids are equal (reference.py also requires kv > 0). Padding queries take the id of
     # their own key (0), so they attend other padding instead of nothing: a row with no live query (an all-padding
@@ -61,10 +77,11 @@ def splash_attention(q: jax.Array, k: jax.Array, v: jax.Array, q_segments: jax.A
   mesh = jax.sharding.get_abstract_mesh()
   if mesh.empty or not set(shd.MESH_AXES) <= set(mesh.axis_names):
     return fn(q, k, v, q_segments, kv_segments)
-  qkv_spec = shd.logical_to_spec(("batch", "length", "heads", "head_dim"))
-  seg_spec = shd.logical_to_spec(("batch", "length"))
+  qkv_spec = shd.logical_to_spec(('batch', 'length', 'heads', 'head_dim'))
+  seg_spec = shd.logical_to_spec(('batch', 'length'))
   if q_segments is None:
     body = lambda q, k, v: fn(q, k, v, None, None)
     return jax.shard_map(body, mesh=mesh, in_specs=(qkv_spec,) * 3, out_specs=qkv_spec, check_vma=False)(q, k, v)
-  return jax.shard_map(fn, mesh=mesh, in_specs=(qkv_spec,) * 3 + (seg_spec,) * 2, out_specs=qkv_spec,
-                       check_vma=False)(q, k, v, q_segments, kv_segments)
+  return jax.shard_map(fn, mesh=mesh, in_specs=(qkv_spec,) * 3 + (seg_spec,) * 2, out_specs=qkv_spec, check_vma=False)(
+    q, k, v, q_segments, kv_segments
+  )
