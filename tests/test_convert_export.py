@@ -45,11 +45,11 @@ def source():
 
 @pytest.fixture(scope='module')
 def bert_tokenizer():
-  from neobert_jax.data import corpus
+  from neobert_jax.data import assets, corpus
 
   try:
     return corpus.bert_tokenizer_file()
-  except corpus.CorpusUnavailable as e:
+  except assets.AssetUnavailable as e:
     pytest.skip(f'bert-base-uncased vocabulary not available from the package registry: {e}')
 
 
