@@ -29,7 +29,7 @@ import numpy as np
 from safetensors.numpy import save_file
 
 from neobert_jax import commandline, errors, paths
-from neobert_jax.convert.export_hf import ExportError, WEIGHTS_NAME, check_output_dir, write_atomically, write_tokenizer
+from neobert_jax.convert.export_hf import WEIGHTS_NAME, check_output_dir, write_atomically, write_tokenizer
 from neobert_jax.convert.hf_modeling import MODELING_FILE
 from neobert_jax.finetune import labels as labels_lib
 from neobert_jax.weights import hf, runs
@@ -157,16 +157,18 @@ def export_run(workdir: str | Path, output: str | Path, *, overwrite: bool = Fal
   check_output_dir(output, overwrite)
   workdir = paths.resolve(workdir, '--run')
   if not (workdir / 'config.json').is_file():
-    raise ExportError(f'--run {workdir}: no config.json; give a workdir written by python -m neobert_jax.finetune')
+    raise errors.ExportError(
+      f'--run {workdir}: no config.json; give a workdir written by python -m neobert_jax.finetune'
+    )
   cfg = json.loads((workdir / 'config.json').read_text())
   if 'task' not in cfg:
-    raise ExportError(
+    raise errors.ExportError(
       f'--run {workdir}: not a fine-tuning run (use python -m neobert_jax.convert for pretraining runs)'
     )
   try:
     model_cfg, flat = runs.restore_params(workdir)
   except FileNotFoundError as e:
-    raise ExportError(f'--run {workdir}: {e}') from None
+    raise errors.ExportError(f'--run {workdir}: {e}') from None
   data, head = cfg['data'], cfg['head']
   if cfg['task'] == 'contrastive':
     return export_sentence_transformer(
