@@ -27,8 +27,6 @@ from neobert_jax.errors import TrainingDiverged
 log = logging.getLogger('neobert_jax.engine')
 # Step metrics that are logged as the latest value rather than averaged over the logging window.
 _LATEST = ('param_norm', 'learning_rate')
-# Step metrics that are checks, not curves: `finite` is the policy's, the rest the caller's `check`.
-_NOT_LOGGED = ('finite', 'rows_over_document_limit')
 
 
 class Logger:
@@ -44,9 +42,12 @@ class Logger:
     flops_per_token: float | None = None,
     peak_flops: float | None = None,
     check: Callable[[int, dict], None] | None = None,
+    check_keys: tuple[str, ...] = (),
   ):
     self.writer, self.pbar = writer, pbar
     self.nan_policy, self.diverged_hint, self.check = nan_policy, diverged_hint, check
+    # Step metrics that are checks, not curves: `finite` is the policy's, check_keys the caller's `check`'s.
+    self.not_logged = ('finite',) + tuple(check_keys)
     self.flops_per_token, self.peak_flops = flops_per_token, peak_flops
     self.pending: list[tuple[int, dict[str, Any]]] = []
     self.skipped = 0
@@ -87,7 +88,7 @@ class Logger:
       self._check_finite(s, m, last_good)
     elapsed = max(time.perf_counter() - self.t0, 1e-9)
     tps = self.tokens / elapsed
-    out = {k: float(np.mean([float(m[k]) for m in host])) for k in host[0] if k not in _LATEST + _NOT_LOGGED}
+    out = {k: float(np.mean([float(m[k]) for m in host])) for k in host[0] if k not in _LATEST + self.not_logged}
     out.update({k: float(host[-1][k]) for k in _LATEST if k in host[-1]})
     out.update(tokens_per_sec=tps, step_time=elapsed / max(self.timed, 1))
     if self.timed:

@@ -142,7 +142,11 @@ def build_train_step(
   replicated = NamedSharding(mesh, P())
   in_shardings = (defs.shardings, batch_shardings) + ((replicated,) if uses_key else ())
   if not uses_key:
-    fn = (lambda f: lambda state, batch: f(state, batch))(fn)
+    keyed = fn
+
+    def fn(state: TrainState, batch: dict[str, jax.Array]) -> tuple[TrainState, dict]:
+      return keyed(state, batch)
+
   return shd.MeshBound(
     mesh, jax.jit(fn, in_shardings=in_shardings, out_shardings=(defs.shardings, replicated), donate_argnums=0)
   )

@@ -100,7 +100,8 @@ def run(cfg: ml_collections.ConfigDict, workdir: str | Path, on_step: Callable[[
   mesh = shd.make_mesh(dict(cfg.mesh))
   seq_len, vocab, t, nproc = cfg.model.max_length, cfg.model.vocab_size, cfg.train, jax.process_count()
   pipeline.prepare_builtin(cfg.data, seq_len)  # the one place a run may tokenize: the built-in corpus, once
-  tokenizer = pipeline.open_prepared(cfg.data, seq_len)[1]['tokenizer']['spec']
+  # The run records the tokenizer of its data; only an unset data.tokenizer needs the manifest to name it.
+  tokenizer = cfg.data.tokenizer or pipeline.open_prepared(cfg.data, seq_len)[1]['tokenizer']['spec']
   # The data pipeline checks the prepared data's tokenizer against model.vocab_size here, before the model exists.
   train_host = pipeline.make_train_iterator(
     cfg.data,
@@ -162,12 +163,13 @@ def run(cfg: ml_collections.ConfigDict, workdir: str | Path, on_step: Callable[[
     flops_per_token=fpt,
     peak_flops=peak,
     check=None if limit is None else _check_rows(limit),
+    check_keys=('rows_over_document_limit',),
     diverged_hint='Re-running the same command resumes from it; consider a lower --config.optimizer.peak_lr, '
     'or --config.train.nan_policy=skip to drop such steps.',
   )
   if is_main:
     log.info('MFU peak: %s FLOP/s (%s); %.3g model FLOPs per token', peak, peak_source, fpt)
-  result = RunResult(workdir=workdir, final_step=start, tokenizer=cfg.data.tokenizer or tokenizer)
+  result = RunResult(workdir=workdir, final_step=start, tokenizer=tokenizer)
   saved = {'step': start if restored is not None else -1}
 
   def last_good() -> str:
