@@ -37,9 +37,11 @@ class Encoder:
     batch_size: int = 64,
     prefix: str = '',
   ):
-    run_head = src.run_config.get('head', {}) if src.run_config.get('task') == 'contrastive' else {}
-    self.pooling = pooling or run_head.get('pooling', 'mean')
-    self.normalize = bool(run_head.get('normalize', False)) if normalize is None else normalize
+    # A contrastive fine-tuning run's head says how it embeds; any other model: mean pooling, not normalised.
+    run = src.run_config
+    head = run.head if run is not None and run.get('task') == 'contrastive' else None
+    self.pooling = pooling or (head.pooling if head is not None else 'mean')
+    self.normalize = (head is not None and head.normalize) if normalize is None else normalize
     self.tok = source_lib.resolve_tokenizer(tokenizer, src)
     self.max_length, self.prefix = int(max_length), prefix
     self.mesh = shd.inference_mesh()
@@ -50,7 +52,7 @@ class Encoder:
       lambda: heads.Embedder(model_cfg, self.pooling, rngs=nnx.Rngs(0)), flat, self.mesh
     )
     self.forward = inference.jit_forward(graphdef, shardings, self.mesh)
-    self.dim = int(model_cfg.hidden_size)
+    self.dim = model_cfg.hidden_size
 
   @classmethod
   def load(cls, path: str, step: int | None = None, **kwargs) -> 'Encoder':

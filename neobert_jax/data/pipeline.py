@@ -219,11 +219,12 @@ def open_prepared(
   return directory, manifest
 
 
-def _seed(data_cfg, seed: int) -> int:
-  return seed if data_cfg.shuffle_seed < 0 else int(data_cfg.shuffle_seed)
+def _seed(shuffle_seed: int, seed: int) -> int:
+  """The data's seed: data.shuffle_seed, or the run's seed when it is negative."""
+  return seed if shuffle_seed < 0 else shuffle_seed
 
 
-def _builder(data_cfg, manifest, seq_len, seed) -> BlockBuilder:
+def _builder(data_cfg: ml_collections.ConfigDict, manifest: dict, seq_len: int, seed: int) -> BlockBuilder:
   ident = manifest['tokenizer']
   return BlockBuilder(
     seq_len=seq_len,
@@ -234,7 +235,7 @@ def _builder(data_cfg, manifest, seq_len, seed) -> BlockBuilder:
     max_predictions=data_cfg.max_predictions,
     special=ident['special_ids'],
     vocab_size=ident['vocab_size'],
-    max_docs=int(data_cfg.get('max_documents_per_row', 0)),
+    max_docs=data_cfg.max_documents_per_row,
   )
 
 
@@ -286,7 +287,7 @@ def make_train_iterator(
   # possibly hours in, instead of before the first step.
   if manifest['splits'].get('eval', {}).get('shards'):
     shards.split_paths(directory, manifest, 'eval')
-  seed = _seed(data_cfg, seed)
+  seed = _seed(data_cfg.shuffle_seed, seed)
   # The whole corpus, not a per-process share: the stream is the same for every process count.
   blocks = _blocks(paths, data_cfg, seed, 0, 1, shuffle=True)
   blocks = blocks.map_with_index(_builder(data_cfg, manifest, seq_len, seed))
@@ -341,7 +342,7 @@ def make_eval_iterator(
   blocks = _blocks(paths, data_cfg, 0, process_index, process_count, shuffle=False)
   if num_batches is not None:
     blocks = blocks.repeat()
-  blocks = blocks.map_with_index(_builder(data_cfg, manifest, seq_len, _seed(data_cfg, seed)))
+  blocks = blocks.map_with_index(_builder(data_cfg, manifest, seq_len, _seed(data_cfg.shuffle_seed, seed)))
   it_ds = RowBatchDataset(
     blocks.to_iter_dataset(grain.ReadOptions(num_threads=1, prefetch_buffer_size=1)),
     batch_size_per_host,

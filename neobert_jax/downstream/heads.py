@@ -60,7 +60,7 @@ class SequenceClassifier(nnx.Module):
     rngs: nnx.Rngs,
   ):
     self.encoder = NeoBERT(model_cfg, rngs=rngs)
-    d = int(model_cfg.hidden_size)
+    d = model_cfg.hidden_size
     with creation_scope():
       self.dense = _linear(d, d, init_range, model_cfg.param_dtype, rngs)
       self.classifier = _linear(d, num_outputs, init_range, model_cfg.param_dtype, rngs)

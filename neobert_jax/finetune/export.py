@@ -156,11 +156,11 @@ def export_run(workdir: str | Path, output: str | Path, *, overwrite: bool = Fal
   """Exports a fine-tuning workdir's best checkpoint in the format its task calls for."""
   check_output_dir(output, overwrite)
   workdir = paths.resolve(workdir, '--run')
-  if not (workdir / 'config.json').is_file():
+  if not (workdir / runs.CONFIG_FILE).is_file():
     raise errors.ExportError(
       f'--run {workdir}: no config.json; give a workdir written by python -m neobert_jax.finetune'
     )
-  cfg = json.loads((workdir / 'config.json').read_text())
+  cfg = runs.read_config(workdir)  # typed by the schema of the run that wrote it
   if 'task' not in cfg:
     raise errors.ExportError(
       f'--run {workdir}: not a fine-tuning run (use python -m neobert_jax.convert for pretraining runs)'
@@ -169,17 +169,17 @@ def export_run(workdir: str | Path, output: str | Path, *, overwrite: bool = Fal
     model_cfg, flat = runs.restore_params(workdir)
   except FileNotFoundError as e:
     raise errors.ExportError(f'--run {workdir}: {e}') from None
-  data, head = cfg['data'], cfg['head']
-  if cfg['task'] == 'contrastive':
+  data, head = cfg.data, cfg.head
+  if cfg.task == 'contrastive':
     return export_sentence_transformer(
       flat,
       model_cfg,
       output,
-      tokenizer=data['tokenizer'],
-      pooling=head['pooling'],
-      normalize=bool(head['normalize']),
-      max_seq_length=int(data['max_length']),
-      query_prompt=data.get('query_prefix', ''),
+      tokenizer=data.tokenizer,
+      pooling=head.pooling,
+      normalize=head.normalize,
+      max_seq_length=data.max_length,
+      query_prompt=data.query_prefix,
       overwrite=overwrite,
     )
   return export_classifier(
@@ -187,8 +187,8 @@ def export_run(workdir: str | Path, output: str | Path, *, overwrite: bool = Fal
     model_cfg,
     labels_lib.load(workdir),
     output,
-    tokenizer=data['tokenizer'],
-    dropout=float(head['dropout']),
+    tokenizer=data.tokenizer,
+    dropout=head.dropout,
     overwrite=overwrite,
   )
 

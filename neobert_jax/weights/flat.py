@@ -7,8 +7,9 @@ Owns:
   * the key/shape check every loader runs before touching a model (`check_keys_and_shapes`);
   * a model's parameters as flat host arrays and back (`to_flat` / `load_flat`);
   * the flat-params file: a safetensors file of the flat keys whose metadata holds the model config as JSON
-    (`write_flat_file`, `write_flat_dir`, `is_flat_file`, `load_saved_flat`). Where such a file is published
-    (overwrite rules, buckets) is the converter's (convert/import_hf.save_flat).
+    (`write_flat_file`, `write_flat_dir`, `is_flat_file`, `load_saved_flat`: the config comes back typed through
+    config.from_record). Where such a file is published (overwrite rules, buckets) is the converter's
+    (convert/import_hf.save_flat).
 """
 
 from __future__ import annotations
@@ -23,7 +24,9 @@ import ml_collections
 import numpy as np
 from flax import nnx
 
+from neobert_jax import config as config_lib
 from neobert_jax import errors
+from neobert_jax.config.model import default_model_config
 from neobert_jax.model.config import ffn_hidden_size
 
 CONFIG_METADATA_KEY = 'neobert_jax.model_config'  # the flat-params file's metadata entry with the model config
@@ -41,21 +44,23 @@ class Dims:
   ffn: int
 
   @classmethod
-  def from_config(cls, cfg: Any) -> 'Dims':
-    if cfg['hidden_size'] % cfg['num_heads']:
-      raise errors.ExportError(f'hidden_size={cfg["hidden_size"]} is not divisible by num_heads={cfg["num_heads"]}')
+  def from_config(cls, cfg: ml_collections.ConfigDict) -> 'Dims':
+    """The sizes of a typed model config (config/model.py's section: a validated config, a recorded one read back
+    through config.from_record, or one made from a Hugging Face config.json)."""
+    if cfg.hidden_size % cfg.num_heads:
+      raise errors.ExportError(f'hidden_size={cfg.hidden_size} is not divisible by num_heads={cfg.num_heads}')
     return cls(
-      vocab=int(cfg['vocab_size']),
-      dim=int(cfg['hidden_size']),
-      layers=int(cfg['num_layers']),
-      heads=int(cfg['num_heads']),
-      head_dim=int(cfg['hidden_size']) // int(cfg['num_heads']),
-      ffn=ffn_hidden_size(ml_collections.ConfigDict({'intermediate_size': int(cfg['intermediate_size'])})),
+      vocab=cfg.vocab_size,
+      dim=cfg.hidden_size,
+      layers=cfg.num_layers,
+      heads=cfg.num_heads,
+      head_dim=cfg.hidden_size // cfg.num_heads,
+      ffn=ffn_hidden_size(cfg),
     )
 
 
-def flat_shapes(cfg: Any) -> dict[str, tuple[int, ...]]:
-  """The flat keys and shapes of NeoBERTForMLM for the model config ``cfg`` (or a mapping with its field names)."""
+def flat_shapes(cfg: ml_collections.ConfigDict) -> dict[str, tuple[int, ...]]:
+  """The flat keys and shapes of NeoBERTForMLM for the typed model config ``cfg``."""
   d = Dims.from_config(cfg)
   return {
     'encoder.token_embedding.embedding': (d.vocab, d.dim),
@@ -98,7 +103,7 @@ def check_keys_and_shapes(
     raise error(f'{what} does not match the model config:\n  ' + '\n  '.join(problems) + f'\nFix: {fix}')
 
 
-def check_flat(flat: Mapping[str, Any], cfg: Any) -> None:
+def check_flat(flat: Mapping[str, Any], cfg: ml_collections.ConfigDict) -> None:
   """Raises ExportError naming every missing/unexpected key and wrong shape of NeoBERTForMLM flat params."""
   check_keys_and_shapes(
     flat,
@@ -211,6 +216,6 @@ def load_saved_flat(path: str | os.PathLike) -> tuple[ml_collections.ConfigDict,
   metadata, flat = read_safetensors(file)
   if CONFIG_METADATA_KEY not in metadata:
     raise errors.ExportError(f"{file} lacks the '{CONFIG_METADATA_KEY}' metadata of a flat-params file")
-  cfg = ml_collections.ConfigDict(json.loads(metadata[CONFIG_METADATA_KEY]))
+  cfg = config_lib.from_record(json.loads(metadata[CONFIG_METADATA_KEY]), default_model_config())
   check_flat(flat, cfg)
   return cfg, flat

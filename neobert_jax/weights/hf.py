@@ -21,9 +21,9 @@ Hugging Face layout (``NeoBERTLMHead``; a torch Linear weight is [out, in]):
   model.transformer_encoder.{i}.attention_norm.weight [D], ...ffn_norm.weight [D]
   model.layer_norm.weight [D]                  decoder.weight [V, D], decoder.bias [V]
 
-Both directions are exact reshapes and transposes (bit-exact round trip). ``cfg`` is the model ConfigDict
-(``neobert_jax.model.config``) or any mapping with the same field names. Every error is an ExportError naming the
-problem and the fix.
+Both directions are exact reshapes and transposes (bit-exact round trip). ``cfg`` is a typed model ConfigDict
+(config/model.py's section; `model_config_from_hf` makes one from a config.json). Every error is an ExportError
+naming the problem and the fix.
 """
 
 from __future__ import annotations

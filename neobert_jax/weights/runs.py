@@ -18,7 +18,10 @@ import jax
 import ml_collections
 import numpy as np
 
+from neobert_jax import config as config_lib
 from neobert_jax import paths
+from neobert_jax.config import finetune as finetune_config
+from neobert_jax.config import train as train_config
 from neobert_jax.weights.flat import flatten
 
 
@@ -48,11 +51,25 @@ def latest_step(path: str | os.PathLike) -> int | None:
   return max(steps) if steps else None
 
 
+def _schema(recorded: Any) -> ml_collections.ConfigDict:
+  """A fresh schema of the run that recorded `recorded`: a fine-tuning config names its task, any other is a
+  pretraining config."""
+  task = recorded.get('task')
+  return finetune_config.base_config(task) if task in finetune_config.TASKS else train_config.get_config()
+
+
+def typed_record(recorded: Any) -> ml_collections.ConfigDict:
+  """A recorded run config (a dict or ConfigDict) typed by its run's schema (config.from_record)."""
+  return config_lib.from_record(recorded, _schema(recorded))
+
+
 def read_config(path: str | os.PathLike, step: int | None = None) -> ml_collections.ConfigDict:
-  """The resolved config saved with `step` (default: latest), else the workdir's config.json.
+  """The resolved config saved with `step` (default: latest), else the workdir's config.json, typed by its run's
+  schema (`typed_record`).
 
   The step's item is read through Orbax's JSON handler (the format `ocp.args.JsonSave` wrote), on this process
-  alone: a Checkpointer would wait at a barrier for processes that may not be reading.
+  alone: a Checkpointer would wait at a barrier for processes that may not be reading. A record of another type
+  than its schema's field is a ConfigError naming the field.
   """
   cdir = checkpoint_dir(path)
   step = latest_step(cdir) if step is None else step
@@ -61,12 +78,12 @@ def read_config(path: str | os.PathLike, step: int | None = None) -> ml_collecti
     item = cdir / str(step) / CONFIG_ITEM
     looked.append(str(item))
     if item.is_dir():
-      return ml_collections.ConfigDict(_orbax().JsonCheckpointHandler().restore(item))
+      return typed_record(_orbax().JsonCheckpointHandler().restore(item))
   # Runs whose steps hold no config item (fine-tuning runs) record it in the workdir only.
   for c in (cdir.parent / CONFIG_FILE, cdir / CONFIG_FILE):
     looked.append(str(c))
     if c.is_file():
-      return ml_collections.ConfigDict(json.loads(c.read_text()))
+      return typed_record(json.loads(c.read_text()))
   raise FileNotFoundError(f'no training config found for {path} (looked at {", ".join(looked)})')
 
 

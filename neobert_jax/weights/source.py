@@ -44,8 +44,8 @@ class Source:
   path: paths.Path
   kind: str  # 'run' or 'hf'
   step: int | None  # a run's step (resolved: never None for a run)
-  model_cfg: ml_collections.ConfigDict  # architecture of the weights
-  run_config: dict[str, Any]  # the run's resolved config ({} for an HF directory)
+  model_cfg: ml_collections.ConfigDict  # architecture of the weights, typed
+  run_config: ml_collections.ConfigDict | None  # the run's resolved config, typed (None for an HF directory)
   need_decoder: bool  # an MLM decoder is required; else an HF save without one gets a fresh one
 
   def _fail(self, problem: Any) -> errors.CheckpointError:
@@ -66,7 +66,7 @@ class Source:
     """The tokenizer spec the weights were trained with ('' if unknown: the default applies)."""
     if self.kind == 'hf':
       return next((str(self.local / n) for n in ('tokenizer.json', 'vocab.txt') if (self.local / n).is_file()), '')
-    return _run_tokenizer(self.run_config)
+    return run_tokenizer(self.run_config)
 
   @functools.cached_property
   def flat(self) -> dict[str, np.ndarray]:
@@ -146,22 +146,13 @@ def open_source(path: str, step: int | None = None, *, need_decoder: bool = Fals
       raise errors.CheckpointError(f'{what}={path!r}: {errors.one_line(e)}') from None
     if not any((p / name).is_file() for name in hf.WEIGHT_FILES):
       raise fail(f'a Hugging Face config.json without weights ({", ".join(hf.WEIGHT_FILES)})')
-    return Source(what, str(path), p, 'hf', None, model_cfg, {}, need_decoder)
+    return Source(what, str(path), p, 'hf', None, model_cfg, None, need_decoder)
   try:
     _, step = runs.params_item(p, None if step is None or step < 0 else step)
     run_config = runs.read_config(p, step)
   except (FileNotFoundError, ValueError) as e:
     raise fail(str(e)) from None
-  return Source(
-    what,
-    str(path),
-    p,
-    'run',
-    step,
-    ml_collections.ConfigDict(run_config.model.to_dict()),
-    run_config.to_dict(),
-    need_decoder,
-  )
+  return Source(what, str(path), p, 'run', step, run_config.model, run_config, need_decoder)
 
 
 def from_init(from_checkpoint: str, from_hf: str, step: int = -1, *, need_decoder: bool = False) -> Source | None:
@@ -174,18 +165,20 @@ def from_init(from_checkpoint: str, from_hf: str, step: int = -1, *, need_decode
   return None
 
 
-def _run_tokenizer(run_config: dict[str, Any]) -> str:
-  """A run's tokenizer: named in its config, else recorded in its prepared data's manifest ('' if unknown)."""
-  data = run_config.get('data', {})
-  if data.get('tokenizer'):
-    return str(data['tokenizer'])
-  if data.get('dir'):
-    from neobert_jax.data import shards  # pylint: disable=g-import-not-at-top
+def run_tokenizer(run_config: ml_collections.ConfigDict) -> str:
+  """A run's tokenizer (its typed config): the one its config.json records, else, for a pretraining run that
+  predates that record, the one its prepared data was made with ('' if unknown: the default applies)."""
+  data = run_config.data
+  if data.tokenizer or 'dir' not in data:  # fine-tuning runs always record theirs
+    return data.tokenizer
+  if not data.dir:
+    return DEFAULT_TOKENIZER  # the built-in corpus is prepared with bert-base-uncased unless data.tokenizer names one
+  from neobert_jax.data import shards  # pylint: disable=g-import-not-at-top
 
-    manifest = paths.resolve(data['dir']) / shards.MANIFEST
-    if manifest.exists():
-      return str(json.loads(manifest.read_text()).get('tokenizer', {}).get('spec', ''))
-  return ''  # the built-in corpus, or data no longer on this machine: the default (bert-base-uncased) applies
+  manifest = paths.resolve(data.dir) / shards.MANIFEST
+  if manifest.exists():
+    return json.loads(manifest.read_text()).get('tokenizer', {}).get('spec', '')
+  return ''  # data no longer on this machine: the default (bert-base-uncased) applies
 
 
 def resolve_tokenizer(requested: str, source: Source | None) -> tokenizer_lib.Tokenizer:
@@ -198,7 +191,7 @@ def resolve_tokenizer(requested: str, source: Source | None) -> tokenizer_lib.To
     raise errors.DataError(f'tokenizer {spec!r}: {e}') from None
   if source is None:
     return tok
-  vocab = int(source.model_cfg.vocab_size)
+  vocab = source.model_cfg.vocab_size
   if tok.vocab_size != vocab:
     raise errors.DataError(
       f'{source.where}: the weights have a {vocab}-token vocabulary but tokenizer {spec!r} has {tok.vocab_size} '
