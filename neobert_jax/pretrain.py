@@ -26,11 +26,11 @@ from neobert_jax.train import report as report_lib
 log = logging.getLogger('neobert_jax.train')
 
 
-def export(cfg: ml_collections.ConfigDict, workdir: str | Path, tokenizer: str) -> Path:
-  """Writes the run's latest checkpoint, with the tokenizer its data was prepared with (recorded by the run, so the
-  directory is usable on its own), as a Hugging Face NeoBERT directory. The directory belongs to this run, so a
-  re-run replaces it (the converter writes it atomically)."""
-  out = export_hf.export_checkpoint(workdir, cfg.export.hf_dir, overwrite=True, tokenizer=tokenizer)
+def export(cfg: ml_collections.ConfigDict, workdir: str | Path) -> Path:
+  """Writes the run's latest checkpoint, with the tokenizer its data was prepared with (recorded in the run's
+  config.json, so the directory is usable on its own), as a Hugging Face NeoBERT directory. The directory belongs
+  to this run, so a re-run replaces it (the converter writes it atomically)."""
+  out = export_hf.export_checkpoint(workdir, cfg.export.hf_dir, overwrite=True)
   log.info('exported Hugging Face model to %s', out)
   return out
 
@@ -43,7 +43,7 @@ def run(
   if result.preempted or jax.process_index() != 0:
     return result
   if cfg.export.hf_dir:
-    export(cfg, result.workdir, result.tokenizer)
+    export(cfg, result.workdir)
   if result.final_step > 0:
     result.report = report_lib.report(cfg, result.workdir, result.evals)
   return result

@@ -136,6 +136,36 @@ def test_free_changes_on_a_finished_run_are_logged_and_recorded(run, caplog):
   assert {c['field'] for c in resume.history(run)[-1]['changes']} == {'logging.log_every', 'model.attention_impl'}
 
 
+def _record_tokenizer(workdir, spec):
+  """Rewrites every copy of the run's recorded config (config.json, each step's config item) with data.tokenizer =
+  spec: '' is a run recorded before the trainer resolved its tokenizer."""
+  for path in [workdir / 'config.json', *(workdir / 'checkpoints').glob('*/config/metadata')]:
+    recorded = json.loads(path.read_text())
+    recorded['data']['tokenizer'] = spec
+    path.write_text(json.dumps(recorded))
+
+
+def test_the_run_records_its_tokenizer_and_a_resume_that_leaves_it_unset_continues(run):
+  """A fresh run with data.tokenizer unset records the one its data was prepared with in config.json. Resuming
+  with data.tokenizer unset continues with it, and so does a run recorded before the tokenizer was (unset in every
+  copy of its config): neither is a changed config. Another tokenizer is an identity change."""
+  tokenizer = lambda: json.loads((run / 'config.json').read_text())['data']['tokenizer']
+  assert tokenizer() == 'bert-base-uncased'  # tiny_config leaves it unset: the built-in corpus's
+  # The same command again (the run is finished: it only restores), then an older run extended by a step.
+  for steps, recorded, changed in ((6, 'bert-base-uncased', []), (7, '', ['train.num_steps'])):
+    _record_tokenizer(run, recorded)
+    cfg = tiny_config(steps=steps)
+    assert cfg.data.tokenizer == ''
+    assert loop.run(cfg, run).final_step == steps
+    assert [c['field'] for c in resume.history(run)[-1]['changes']] == changed
+    assert tokenizer() == 'bert-base-uncased'
+  assert rules.diff({'data': {'tokenizer': ''}}, {'data': {'tokenizer': 'x'}}, rules.PRETRAIN_RULES) == []
+  cfg = tiny_config(steps=7)
+  cfg.data.tokenizer = 'builtin-wordpiece-2048'
+  with pytest.raises(errors.ConfigError, match="data.tokenizer 'bert-base-uncased' -> 'builtin-wordpiece-2048'"):
+    loop.run(cfg, run)
+
+
 def test_switching_clipping_off_is_refused_before_the_restore(run):
   cfg = tiny_config(steps=6)
   cfg.optimizer.clip_norm = 0.0

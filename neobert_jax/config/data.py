@@ -20,7 +20,8 @@ def default_data_config() -> ml_collections.ConfigDict:
   cfg.dir = ''
   # Optional tokenizer the data must have been made with ('bert-base-uncased', a
   # vocab.txt / tokenizer.json / SentencePiece .model path). Empty: trust the
-  # manifest. When set, a manifest from a different tokenizer is refused.
+  # manifest. When set, a manifest from a different tokenizer is refused. The
+  # trainer records the tokenizer it resolves here, in the run's config.json.
   cfg.tokenizer = ''
   # 'packed': several documents per row, segment ids + per-document positions.
   # 'none': one document per row, right-padded (the train step uses lengths).

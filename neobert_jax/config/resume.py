@@ -12,6 +12,10 @@ recorded, before anything is read or written:
              attention kernel, rematerialisation, the compute dtype, init sources (ignored once a checkpoint
              exists), the export. Accepted, logged and recorded.
 
+A field in RESOLVED_AT_START is set when the run starts if the config leaves it unset, and recorded so
+(data.tokenizer: the prepared data's). Unset on either side is no change: a run recorded before the field was
+resolved, or a resume that leaves it unset, means the run's own value (the trainer takes the recorded one).
+
 The table is the one home of these decisions. A field the table does not name falls under its section's rule, and
 a section the table does not name is identity: a new field is safe (refused on change) until someone decides
 otherwise. tests/test_resume_config.py checks that every schema field resolves to a rule.
@@ -50,6 +54,10 @@ PRETRAIN_RULES: dict[str, str] = {
   'logging': FREE,
   'export': FREE,
 }
+
+
+# Fields whose unset value ('') is resolved at start and recorded resolved: unset on either side is no change.
+RESOLVED_AT_START = ('data.tokenizer',)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -118,13 +126,15 @@ def diff(
 
   A field the recorded config lacks (it predates the field) is compared with `defaults` (the schema's default,
   what the older run implicitly used) when given; a recorded field the current schema lacks is ignored (the
-  trainer no longer reads it).
+  trainer no longer reads it); a RESOLVED_AT_START field unset on either side is no change.
   """
   old, new = flat(recorded), flat(current)
   base = flat(defaults) if defaults is not None else {}
   changes = []
   for field in sorted(new):
     before = old.get(field, base.get(field, MISSING))
+    if field in RESOLVED_AT_START and '' in (before, new[field]):
+      continue
     if before is MISSING or not _same(before, new[field]):
       changes.append(Change(field, before, new[field], rule(field, rules)))
   return changes

@@ -32,6 +32,7 @@ from neobert_jax import errors, paths
 from neobert_jax.convert.hf_modeling import MODELING_FILE
 from neobert_jax.data import tokenizer as tokenizer_lib
 from neobert_jax.weights import hf, runs
+from neobert_jax.weights import source as source_lib
 
 WEIGHTS_NAME = 'model.safetensors'
 EXPORT_DTYPES = {'float32': np.float32, 'bfloat16': ml_dtypes.bfloat16}
@@ -246,7 +247,7 @@ def export_checkpoint(
 ) -> Path:
   """Writes the HF directory for a training checkpoint (a run's workdir or its checkpoints/ dir).
 
-  Without ``tokenizer``, the training config's data.tokenizer is used when it names one.
+  Without ``tokenizer``, the run's own is written: the one its config records (weights/source.run_tokenizer).
   """
   check_output_dir(output, overwrite)
   if not paths.resolve(checkpoint, '--checkpoint').is_dir():
@@ -263,8 +264,21 @@ def export_checkpoint(
 
 
 def _training_tokenizer(checkpoint, step) -> str | None:
+  """The tokenizer the run records, if its files are on this machine; else None (the export has none), saying so."""
   try:
-    spec = runs.read_config(checkpoint, step).get('data', {}).get('tokenizer')
+    spec = source_lib.run_tokenizer(runs.read_config(checkpoint, step))
   except FileNotFoundError:
     return None
-  return spec or None
+  if not spec:
+    return None
+  try:
+    _resolve_tokenizer(spec)
+  except errors.ExportError as e:
+    print(
+      f"export: the run's tokenizer is not on this machine ({errors.one_line(e)}); exported without one: pass "
+      '--tokenizer to add it',
+      file=sys.stderr,
+      flush=True,
+    )
+    return None
+  return spec

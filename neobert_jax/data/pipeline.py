@@ -203,7 +203,9 @@ def open_prepared(
     directory = staging.stage(paths.resolve(directory, 'data.dir'))
   manifest = shards.read_manifest(directory)
   ident = manifest['tokenizer']
-  if data_cfg.tokenizer:
+  # The manifest's own spec (what a run records as its tokenizer) names that vocabulary by definition, and need not
+  # be loadable here (a vocabulary learned on the machine that prepared the data).
+  if data_cfg.tokenizer and data_cfg.tokenizer != ident['spec']:
     want = tokenizer_lib.load_tokenizer(data_cfg.tokenizer).identity()
     if not tokenizer_lib.same_vocabulary(want, ident):
       raise errors.DataError(

@@ -41,7 +41,6 @@ class RunResult:
   evals: list[dict[str, float]] = dataclasses.field(default_factory=list)  # {'step', 'loss', 'accuracy'}
   last_train: dict[str, float] = dataclasses.field(default_factory=dict)
   skipped_steps: int = 0
-  tokenizer: str = ''  # the tokenizer spec the prepared data was made with (data.tokenizer, else its manifest's)
   # train/report.py's unigram baseline and fill-mask examples, filled in by neobert_jax/pretrain.py after the export
   report: dict[str, Any] = dataclasses.field(default_factory=dict)
 
@@ -99,9 +98,11 @@ def run(cfg: ml_collections.ConfigDict, workdir: str | Path, on_step: Callable[[
   is_main = jax.process_index() == 0
   mesh = shd.make_mesh(dict(cfg.mesh))
   seq_len, vocab, t, nproc = cfg.model.max_length, cfg.model.vocab_size, cfg.train, jax.process_count()
+  # The run's tokenizer is part of its config (config.json): an unset data.tokenizer continues with the recorded
+  # one on a resume, else it is the prepared data's (config/resume.py: unset is no change).
+  cfg.data.tokenizer = cfg.data.tokenizer or plan.recorded_tokenizer()
   pipeline.prepare_builtin(cfg.data, seq_len)  # the one place a run may tokenize: the built-in corpus, once
-  # The run records the tokenizer of its data; only an unset data.tokenizer needs the manifest to name it.
-  tokenizer = cfg.data.tokenizer or pipeline.open_prepared(cfg.data, seq_len)[1]['tokenizer']['spec']
+  cfg.data.tokenizer = cfg.data.tokenizer or pipeline.open_prepared(cfg.data, seq_len)[1]['tokenizer']['spec']
   # The data pipeline checks the prepared data's tokenizer against model.vocab_size here, before the model exists.
   train_host = pipeline.make_train_iterator(
     cfg.data,
@@ -128,7 +129,7 @@ def run(cfg: ml_collections.ConfigDict, workdir: str | Path, on_step: Callable[[
     else ()
   )
   if is_main:
-    log.info('run: %s; data tokenized with %s', config_lib.describe(cfg), tokenizer)
+    log.info('run: %s; data tokenized with %s', config_lib.describe(cfg), cfg.data.tokenizer)
 
   defs, abstract = mlm.abstract_train_state(cfg, mesh)
   mngr = ckpt.make_manager(workdir, cfg.checkpoint.keep, cfg.checkpoint.async_save)
@@ -169,7 +170,7 @@ def run(cfg: ml_collections.ConfigDict, workdir: str | Path, on_step: Callable[[
   )
   if is_main:
     log.info('MFU peak: %s FLOP/s (%s); %.3g model FLOPs per token', peak, peak_source, fpt)
-  result = RunResult(workdir=workdir, final_step=start, tokenizer=tokenizer)
+  result = RunResult(workdir=workdir, final_step=start)
   saved = {'step': start if restored is not None else -1}
 
   def last_good() -> str:

@@ -47,6 +47,10 @@ class Plan:
   step: int | None = None  # the latest checkpoint's step (None: the workdir has none)
   changes: list[rules.Change] = dataclasses.field(default_factory=list)
 
+  def recorded_tokenizer(self) -> str:
+    """The tokenizer a resumed run recorded ('' for a new run, or a run recorded before its tokenizer was)."""
+    return self.recorded['data']['tokenizer'] if self.step is not None and self.recorded is not None else ''
+
 
 def check_workdir(workdir: paths.Path) -> None:
   """A workdir that is a file, or one that cannot be written (read-only, a missing bucket, refused
