@@ -74,6 +74,12 @@ def test_tpu_v5e_slice_uses_splash(tmp_path):
   assert {k.split('_segmented')[0] for k in kernels} == {'splash_mha_fwd', 'splash_mha_dq', 'splash_mha_dkv'}, kernels
   assert all('segmented' in k for k in kernels)
   assert 'fits          YES' in out and 'Pallas splash' in out
+  # The roofline reads the TPU program (Mosaic calls, contractions the TPU compiler writes as convolutions) as the
+  # FLOP formula counts it; stated tolerance 1%.
+  rl, t, devices = rep['roofline'], rep['seq_len'], rep['num_devices']
+  attention = 12 * 2 * t * 64 * rep['global_batch'] * t / devices
+  assert abs(rl['flops']['matmul'] / (rep['model_flops_per_step'] / devices - attention) - 1) < 0.01
+  assert abs(3 * rl['attention_forward_flops'] / attention - 1) < 0.01
 
 
 def test_h100x8_pre_hopper_bias_kernel_on_a_tensor_parallel_mesh(tmp_path):

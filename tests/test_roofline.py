@@ -10,7 +10,7 @@ import pytest
 from flax import nnx
 
 from neobert_jax import hardware
-from neobert_jax.aot import hlo, kernel_cost, roofline
+from neobert_jax.aot import hlo, kernel_cost, report, roofline
 from neobert_jax.model import NeoBERTForMLM, default_model_config
 from neobert_jax.model.config import train_flops_per_token
 
@@ -100,3 +100,36 @@ def test_achievable_rates_are_below_peak_and_fall_with_short_contractions():
   flops = 2.0 * 768 * 2304 * 32768  # a weight gradient of the 250M step: 6 x 9 tiles of 128 x 256
   unsplit = flops / (acc.matmul_rate(32768) * 54 / 132)
   assert flops / acc.peak_bf16_flops < roofline.matmul_seconds(acc, flops, 1, 768, 2304, 32768) < 0.5 * unsplit
+
+
+def test_tpu_programs_mosaic_calls_and_convolution_contractions():
+  """Two shapes of a compiled TPU program: a Mosaic (splash) call whose string attribute holds a newline, so the
+  instruction continues on an unindented line starting with '}}' (the computation goes on after it), and a plain
+  contraction (btd,dhk->bthk) written as a convolution whose window of 12 taps covers a size-1 dimension and 22
+  padding positions: only the real tap is work."""
+  text = """
+%body (q: bf16[2,4,256,64], x: bf16[32,1024,768,1], w: bf16[768,12,192,1]) -> bf16[32,1024,12,192] {
+  %q = bf16[2,4,256,64]{3,2,1,0} parameter(0)
+  %m = s8[1,2,2]{2,1,0} constant({...})
+  %splash_mha_dq_segmented_no_residuals.2 = (f32[2,4,256,64]{3,2,1,0}) custom-call(%m, %q, %q), custom_call_target="tpu_custom_call", operand_layout_constraints={s8[1,2,2]{2,1,0}, bf16[2,4,256,64]{3,2,1,0}, bf16[2,4,256,64]{3,2,1,0}}, frontend_attributes={kernel_metadata={
+"xprof_metadata":"{}"
+}}, backend_config={}
+  %x = bf16[32,1024,768,1]{1,2,3,0} parameter(1)
+  %w = bf16[768,12,192,1]{0,2,1,3} parameter(2)
+  ROOT %c = bf16[32,1024,12,192]{1,3,2,0} convolution(%x, %w), window={size=1x12 pad=0_0x11_11 rhs_reversal=0x1}, dim_labels=0bf1_i1o0->0b1f
+}
+"""
+  mod = kernel_cost.Module(text)
+  assert [i.op for i in mod.instrs['body']] == [
+    'parameter',
+    'constant',
+    'custom-call',
+    'parameter',
+    'parameter',
+    'convolution',
+  ]
+  types = mod.types['body']
+  call, conv = mod.instrs['body'][2], mod.instrs['body'][5]
+  assert kernel_cost.attention_work(call, types) == (1.5 * 4 * 2 * 4 * 256 * 256 * 64, 256, True)
+  assert report.attention_kernels(text) == ['splash_mha_dq_segmented_no_residuals']
+  assert kernel_cost.dot_shape(conv, types)[0] == 2 * 32 * 1024 * 768 * 12 * 192

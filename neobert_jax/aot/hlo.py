@@ -137,8 +137,12 @@ def computations(hlo: str) -> dict[str, list[str]]:
       head = line.split('(', 1)[0].split()
       name = head[-1].lstrip('%')
       comps[name] = ['ENTRY'] if head[0] == 'ENTRY' else []
-    elif line.startswith('}'):
+    elif line.rstrip() == '}':
       name = None
+    elif name is not None and line and not line[0].isspace() and comps[name]:
+      # A string attribute holding a newline (a TPU Mosaic call's kernel_metadata) continues the instruction on
+      # an unindented line, which may start with '}}': it is not the end of the computation.
+      comps[name][-1] += '\n' + line
     elif name is not None:
       comps[name].append(line)
   return comps

@@ -92,6 +92,29 @@ def _dims(attrs: str, key: str) -> list[int]:
   return [int(x) for x in m.group(1).split(',') if x] if m else []
 
 
+def _window(attrs: str, key: str, i: int, default: str) -> str:
+  m = re.search(r'window=\{[^}]*\b' + key + r'=([\dx_-]+)', attrs)
+  parts = m.group(1).split('x') if m else []
+  return parts[i] if i < len(parts) else default
+
+
+def _taps(attrs: str, i: int, size_in: int, size_out: int) -> float:
+  """Average number of window taps of spatial dimension i that land on the input (not on padding or between
+  dilated inputs). The TPU compiler writes some plain contractions as convolutions whose window mostly covers
+  padding (btd,dhk->bthk: window 12, padding 11 on both sides of a size-1 dimension): only real taps are work."""
+  w = int(_window(attrs, 'size', i, '1'))
+  lo = int(_window(attrs, 'pad', i, '0_0').split('_')[0])
+  stride, rd, ld = (int(_window(attrs, key, i, '1')) for key in ('stride', 'rhs_dilate', 'lhs_dilate'))
+  span = (size_in - 1) * ld
+  hits = sum(
+    1
+    for o in range(size_out)
+    for j in range(w)
+    if 0 <= o * stride + j * rd - lo <= span and (o * stride + j * rd - lo) % ld == 0
+  )
+  return hits / max(size_out, 1)
+
+
 def dot_shape(ins: hlo_lib.Instr, types: dict[str, str]) -> tuple[float, int, int, int, int]:
   out = hlo_lib.arrays(ins.type)
   lhs = hlo_lib.arrays(types.get(ins.operands[0], ''))
@@ -100,10 +123,17 @@ def dot_shape(ins: hlo_lib.Instr, types: dict[str, str]) -> tuple[float, int, in
     return 0.0, 1, 1, 1, 1
   out_elems = math.prod(out[0][1])
   ldims, rdims = lhs[0][1], rhs[0][1]
-  if ins.op == 'convolution':  # dim_labels=b0f_0io->b0f: the kernel's input-feature and spatial dims contract
-    labels = re.search(r'dim_labels=\w+_(\w+)->', ins.attrs)
-    k = math.prod(d for d, c in zip(rdims, labels.group(1)) if c != 'o') if labels else 1
-    return 2.0 * out_elems * k, 1, out_elems // max(rdims[-1], 1), rdims[-1], k
+  if ins.op == 'convolution':  # dim_labels=b0f_0io->b0f: the input features and the window taps contract
+    labels = re.search(r'dim_labels=(\w+)_(\w+)->(\w+)', ins.attrs)
+    if not labels:
+      return 2.0 * out_elems, 1, out_elems, 1, 1
+    lhs_l, rhs_l, out_l = labels.groups()
+    k = math.prod(d for d, c in zip(rdims, rhs_l) if c == 'i')
+    odims = out[0][1]
+    for digit in sorted(c for c in rhs_l if c.isdigit()):
+      k *= _taps(ins.attrs, int(digit), ldims[lhs_l.index(digit)], odims[out_l.index(digit)])
+    n = rdims[rhs_l.index('o')]
+    return 2.0 * out_elems * k, 1, out_elems // max(n, 1), n, max(int(round(k)), 1)
   lc, rc = _dims(ins.attrs, 'lhs_contracting_dims'), _dims(ins.attrs, 'rhs_contracting_dims')
   lb, rb = _dims(ins.attrs, 'lhs_batch_dims'), _dims(ins.attrs, 'rhs_batch_dims')
   k = math.prod(ldims[i] for i in lc)
@@ -114,7 +144,12 @@ def dot_shape(ins: hlo_lib.Instr, types: dict[str, str]) -> tuple[float, int, in
 
 
 def attention_work(ins: hlo_lib.Instr, types: dict[str, str]) -> tuple[float, int, bool]:
-  """(FLOPs, key length, backward?) of a fused attention call, from its q / k shapes (roofline.py's docstring)."""
+  """(FLOPs, key length, backward?) of a fused attention call, from its q / k shapes (roofline.py's docstring).
+  A TPU Mosaic call is named after its kernel (%splash_mha_dq_...); its first operands are the mask's block
+  metadata and its segment ids integers, so q and k are its first two floating-point operands of rank >= 3. The
+  direction is read from the call's name and target only (a Mosaic call's attributes hold its encoded body)."""
+  target = re.search(r'custom_call_target="([^"]*)"', ins.attrs)
+  tag = f'{ins.name} {target.group(1) if target else ""}'
   constraint = (
     ins.attrs.split('operand_layout_constraints=', 1)[1].split('}}', 1)[0]
     if ('operand_layout_constraints=' in ins.attrs)
@@ -125,20 +160,22 @@ def attention_work(ins: hlo_lib.Instr, types: dict[str, str]) -> tuple[float, in
     if constraint
     else [a for o in ins.operands[:2] for a in hlo_lib.arrays(types.get(o, ''))[:1]]
   )
-  backward = bool(re.search(r'Backward|_dq|_dkv|bwd', ins.attrs))
+  backward = bool(re.search(r'Backward|_dq|_dkv|bwd', tag))
+  if 'cudnn' not in tag:
+    shapes = [a for a in shapes if a[0] in ('bf16', 'f16', 'f32') and len(a[1]) >= 3]
   if len(shapes) < 2 or len(shapes[0][1]) < 3:
     return 0.0, 1, backward
   q, kv = shapes[0][1], shapes[1][1]
-  if 'cudnn' in ins.attrs:  # BTNH
+  if 'cudnn' in tag:  # BTNH
     b, t, heads, d = q
     s = kv[1]
     work = 4.0 * b * heads * t * s * d
   else:  # splash: [.., heads, T, D] per example
     d, t, s = q[-1], q[-2], kv[-2]
     work = 4.0 * math.prod(q[:-2]) * t * s * d
-  if re.search(r'_dq\b|_dq_', ins.attrs):
+  if re.search(r'_dq\b|_dq_', tag):
     work *= 1.5  # dq alone: recompute QK^T, dO V^T, dS K
-  elif re.search(r'_dkv', ins.attrs):
+  elif re.search(r'_dkv', tag):
     work *= 2.0  # dk, dv: QK^T, dO V^T, P^T dO, dS^T Q
   elif backward:
     work *= 2.5

@@ -18,8 +18,10 @@ from typing import Any
 
 # cuDNN fused attention custom calls (forward + backward; Softmax = padding/no mask, ScaleBias = boolean mask).
 _CUDNN_RE = re.compile(r'__cudnn\$fmha\w+')
-# Pallas kernels keep their name in the compiled TPU program (splash_mha_fwd_segmented_no_residuals, ...).
-_SPLASH_RE = re.compile(r'splash_mha_(?:fwd|dq|dkv)[a-z_]*[a-z]')
+# Pallas kernels keep their name in the compiled TPU program: the Mosaic custom call is named after the kernel
+# (%splash_mha_fwd_segmented_residuals.1 = ... custom_call_target="tpu_custom_call"). Only such calls count: an
+# interpret-mode emulation carries the same names in its ops' metadata but is plain XLA loops.
+_SPLASH_RE = re.compile(r'^\s*(?:ROOT )?%?(splash_mha_(?:fwd|dq|dkv)[a-z_]*[a-z])[.\d]* = .*tpu_custom_call', re.M)
 
 
 @dataclasses.dataclass

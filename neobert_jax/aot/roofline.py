@@ -216,7 +216,7 @@ def _one(ins, comp, types, mod, acc, hbm, link, dcn, num_devices, min_kernel, ru
     return Op(
       ins.name, 'collective', f'{kind.group(1)} x{n}', runs, 0.0, per, seconds, 'link', overlapped=bool(kind.group(2))
     )
-  if ins.op == 'custom-call' and _ATTENTION_CALL.search(ins.attrs):
+  if ins.op == 'custom-call' and _ATTENTION_CALL.search(f'{ins.name} {ins.attrs}'):
     flops, keys, backward = kernel_cost.attention_work(ins, types)
     compute, direction = (flops / acc.attention_rate(keys, backward) if flops else 0.0), 'bwd' if backward else 'fwd'
     moved = sum(size(o) for o in ins.operands) + hlo_lib.total(hlo_lib.type_sizes(ins.type))

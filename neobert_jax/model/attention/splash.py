@@ -6,6 +6,10 @@ a padded row), so no query row is ever fully masked. The kernel is built per sha
 shard_map's specs come from the trainer's logical-axis rules (batch over data x fsdp, heads over tensor), so
 changing the mesh never touches this file. Off TPU the same kernel runs in Pallas interpret mode (tests).
 
+Which of the two is chosen where the program is lowered (lax.platform_dependent), not from the process's default
+backend: an ahead-of-time compile for a TPU target runs on a CPU process, and must get the Mosaic kernel, not an
+interpreted emulation of it.
+
 Owns: the splash call and its sharding. Block sizes are validated in config/model.py.
 """
 
@@ -63,9 +67,8 @@ def splash_attention(
   block_size: int = 512,
   interpret: bool | None = None,
 ) -> jax.Array:
-  """q, k, v [B, T, H, Dh] -> [B, T, H, Dh]; segments per reference.py's convention (None: no mask)."""
-  if interpret is None:
-    interpret = jax.default_backend() != 'tpu'
+  """q, k, v [B, T, H, Dh] -> [B, T, H, Dh]; segments per reference.py's convention (None: no mask). interpret:
+  None picks the Mosaic kernel where the program is lowered for TPU and interpret mode elsewhere."""
   if q_segments is not None:
     # Splash attends iff the ids are equal (reference.py also requires kv > 0). Padding queries take the id of
     # their own key (0), so they attend other padding instead of nothing: a row with no live query (an all-padding
@@ -73,7 +76,11 @@ def splash_attention(
     # nothing reads them.
     kv_segments = kv_segments.astype(jnp.int32)
     q_segments = jnp.where(kv_segments > 0, q_segments.astype(jnp.int32), 0)
-  fn = functools.partial(_local, block=int(block_size), interpret=bool(interpret))
+  if interpret is None:
+    kernel, emulated = (functools.partial(_local, block=int(block_size), interpret=i) for i in (False, True))
+    fn = lambda *args: jax.lax.platform_dependent(*args, tpu=kernel, default=emulated)
+  else:
+    fn = functools.partial(_local, block=int(block_size), interpret=bool(interpret))
   mesh = jax.sharding.get_abstract_mesh()
   if mesh.empty or not set(shd.MESH_AXES) <= set(mesh.axis_names):
     return fn(q, k, v, q_segments, kv_segments)
