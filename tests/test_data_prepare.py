@@ -12,6 +12,7 @@ import pytest
 import zstandard
 from array_record.python.array_record_module import ArrayRecordReader
 
+from neobert_jax import errors
 from neobert_jax.data import prepare as prepare_lib
 from neobert_jax.data import shards, sources, splits, testing
 from neobert_jax.data import tokenizer as tokenizer_lib
@@ -62,18 +63,18 @@ def test_formats_and_compression(tmp_path):
 
 
 def test_input_errors_are_clear(tmp_path):
-  with pytest.raises(sources.InputError, match='no such file'):
+  with pytest.raises(errors.DataError, match='no such file'):
     sources.expand_inputs([str(tmp_path / 'missing.txt')])
-  with pytest.raises(sources.InputError, match='matches no files'):
+  with pytest.raises(errors.DataError, match='matches no files'):
     sources.expand_inputs([str(tmp_path / '*.jsonl')])
   (tmp_path / 'x.jsonl').write_text('{"text": "a"}\n{"body": "b"}\n')
-  with pytest.raises(sources.InputError, match=r"x.jsonl:2: no field 'text' \(found \['body'\]\)"):
+  with pytest.raises(errors.DataError, match=r"x.jsonl:2: no field 'text' \(found \['body'\]\)"):
     list(sources.iter_documents(str(tmp_path / 'x.jsonl')))
   pq.write_table(pa.table({'body': ['a']}), tmp_path / 'y.parquet')
-  with pytest.raises(sources.InputError, match=r"no column 'text' \(columns: \['body'\]\)"):
+  with pytest.raises(errors.DataError, match=r"no column 'text' \(columns: \['body'\]\)"):
     list(sources.iter_documents(str(tmp_path / 'y.parquet')))
   (tmp_path / 'z.txt.gz').write_bytes(gzip.compress(b'hello\n' * 1000)[:40])
-  with pytest.raises(sources.InputError, match='cannot decompress'):
+  with pytest.raises(errors.DataError, match='cannot decompress'):
     list(sources.iter_documents(str(tmp_path / 'z.txt.gz')))
 
 
@@ -83,7 +84,7 @@ def test_undecodable_bytes_are_reported_with_offset(tmp_path):
   docs = list(sources.iter_documents(str(tmp_path / 'bad.txt'), on_issue=issues.append))
   assert [d.text for d in docs] == ['good line', 'bad \ufffd byte']
   assert len(issues) == 1 and issues[0].offset == 14 and issues[0].path.endswith('bad.txt')
-  with pytest.raises(sources.InputError, match='byte offset 14'):
+  with pytest.raises(errors.DataError, match='byte offset 14'):
     list(sources.iter_documents(str(tmp_path / 'bad.txt'), on_decode_error='fail'))
 
 
@@ -135,14 +136,14 @@ def test_prepare_is_identical_for_any_worker_count_and_holds_out(tmp_path, vocab
 def test_prepare_refuses_bad_runs_and_leaves_nothing_half_done(tmp_path, vocab):
   (tmp_path / 'empty.txt').write_text('\n  \n\n')
   out = tmp_path / 'out'
-  with pytest.raises(sources.InputError, match='corpus is empty'):
+  with pytest.raises(errors.DataError, match='corpus is empty'):
     prepare_lib.prepare([str(tmp_path / 'empty.txt')], str(out), tokenizer=vocab)
   assert os.listdir(out) == []
   # A failure half-way (bad JSON after many good lines) leaves no shards and no manifest.
   rng = np.random.default_rng(2)
   good = [json.dumps({'text': _text(rng, 50)}) for _ in range(3000)]
   (tmp_path / 'half.jsonl').write_text('\n'.join(good) + '\n{oops\n')
-  with pytest.raises(sources.InputError, match=r'half.jsonl:3001 .*not valid JSON'):
+  with pytest.raises(errors.DataError, match=r'half.jsonl:3001 .*not valid JSON'):
     prepare_lib.prepare([str(tmp_path / 'half.jsonl')], str(out), tokenizer=vocab, shard_mb=0.01)
   assert os.listdir(out) == []
   with pytest.raises(FileNotFoundError, match='no such file'):
@@ -240,9 +241,9 @@ def test_parts_of_a_file_read_as_the_whole_file(tmp_path, capsys):
   assert 'd.jsonl.gz' in capsys.readouterr().err
   lines[300] = '{oops'
   (tmp_path / 'bad.jsonl').write_text(''.join(json.dumps({'text': t}) + '\n' for t in lines[:300]) + '{oops\n')
-  with pytest.raises(sources.InputError) as whole_error:
+  with pytest.raises(errors.DataError) as whole_error:
     list(sources.iter_documents(str(tmp_path / 'bad.jsonl')))
   units, _ = splits.plan([str(tmp_path / 'bad.jsonl')], 700)
-  with pytest.raises(sources.InputError) as part_error:
+  with pytest.raises(errors.DataError) as part_error:
     [d for p, span in units for d in sources.iter_documents(p, span=span)]
   assert str(part_error.value) == str(whole_error.value) and 'bad.jsonl:301 ' in str(whole_error.value)

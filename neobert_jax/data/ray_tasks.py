@@ -20,7 +20,7 @@ import time
 import numpy as np
 
 from neobert_jax import errors, paths
-from neobert_jax.data import documents, ledger as ledger_lib, publish, shards, sources
+from neobert_jax.data import documents, ledger as ledger_lib, publish, shards
 from neobert_jax.data import tokenizer as tokenizer_lib
 
 _TOKENIZERS: dict = {}  # per worker process: (spec, sha256) -> Tokenizer
@@ -71,7 +71,7 @@ def tokenize_unit(index: int, path: str, span, cfg: dict, ledger: ledger_lib.Led
       results = documents.tokenize_texts(tok, texts, cfg['max_length'], cfg['eval_fraction'])
       for split, chunks in counts.take(results):
         docs[split].append(chunks)
-  except (sources.InputError, errors.StorageError) as e:
+  except (errors.DataError, errors.StorageError) as e:
     return {**out, 'error': {'storage': isinstance(e, errors.StorageError), 'message': str(e)}}
   except FileNotFoundError as e:  # seen by the driver, not by this node: not a shared filesystem
     return {

@@ -47,10 +47,6 @@ class DecodeIssue:
     return f'{self.path}: undecodable bytes at byte offset {self.offset} ({self.reason})'
 
 
-class InputError(errors.DataError):
-  """A problem with the user's input files, worded for the command line."""
-
-
 @dataclasses.dataclass(frozen=True)
 class Span:
   """A part of one file, read alone. Text and JSONL: the lines that start in (start, end] of the decompressed
@@ -86,15 +82,15 @@ def expand_inputs(inputs: Sequence[str]) -> list[str]:
     elif os.path.isdir(item):
       found = sorted(os.path.join(d, f) for d, _, fs in os.walk(item) for f in fs if split_ext(f)[0])
       if not found:
-        raise InputError(f'{item}: directory holds no .txt/.jsonl/.json/.parquet files (optionally .gz/.zst)')
+        raise errors.DataError(f'{item}: directory holds no .txt/.jsonl/.json/.parquet files (optionally .gz/.zst)')
     elif any(c in item for c in '*?['):
       found = sorted(f for f in glob.glob(item, recursive=True) if os.path.isfile(f))
       if not found:
-        raise InputError(f'{item}: pattern matches no files')
+        raise errors.DataError(f'{item}: pattern matches no files')
     elif os.path.isfile(item):
       found = [item]
     else:
-      raise InputError(f'{item}: no such file or directory')
+      raise errors.DataError(f'{item}: no such file or directory')
     files.extend(found)
   seen = set()
   return [f for f in files if not (f in seen or seen.add(f))]
@@ -106,7 +102,7 @@ def _expand_url(item: str) -> list[str]:
   url = paths.resolve(item, '--input')
   if any(c in item for c in '*?['):
     if '**' in item:
-      raise InputError(
+      raise errors.DataError(
         f'{item}: ** is not supported on a bucket; pass the directory (searched recursively) or '
         'a pattern with * in the file name'
       )
@@ -116,16 +112,16 @@ def _expand_url(item: str) -> list[str]:
       os.fspath(p) for p in paths.Path('/'.join(parts[:base])).glob('/'.join(parts[base:])) if not p.is_dir()
     )
     if not found:
-      raise InputError(f'{item}: pattern matches no objects')
+      raise errors.DataError(f'{item}: pattern matches no objects')
     return found
   if url.is_dir():
     found = sorted(os.fspath(p) for p in walk(url) if split_ext(p.name)[0])
     if not found:
-      raise InputError(f'{item}: holds no .txt/.jsonl/.json/.parquet objects (optionally .gz/.zst)')
+      raise errors.DataError(f'{item}: holds no .txt/.jsonl/.json/.parquet objects (optionally .gz/.zst)')
     return found
   if url.exists():
     return [os.fspath(url)]
-  raise InputError(f'{item}: no such object or directory (or the bucket does not exist)')
+  raise errors.DataError(f'{item}: no such object or directory (or the bucket does not exist)')
 
 
 def walk(directory: paths.Path) -> Iterator[paths.Path]:
@@ -165,7 +161,7 @@ def _blank(raw: bytes) -> bool:
 
 def _lines(path: str, comp: str, span: Span | None = None, blank: bool = False) -> Iterator[tuple[bytes, int]]:
   """(line bytes, offset) pairs of the file or of its `span` (blank: paragraph mode); turns decompression failures
-  into InputError."""
+  into DataError."""
   offset = span.start if span else 0
   lead = span is not None and span.start > 0  # lines starting at or before `start` belong to the part before
   try:
@@ -188,10 +184,10 @@ def _lines(path: str, comp: str, span: Span | None = None, blank: bool = False) 
   except (EOFError, gzip.BadGzipFile, OSError) as e:
     if not comp:
       raise
-    raise InputError(f'{path}: cannot decompress after byte {offset} ({e})') from e
+    raise errors.DataError(f'{path}: cannot decompress after byte {offset} ({e})') from e
   except Exception as e:  # zstandard.ZstdError has no importable base here
     if type(e).__name__ == 'ZstdError':
-      raise InputError(f'{path}: cannot decompress after byte {offset} ({e})') from e
+      raise errors.DataError(f'{path}: cannot decompress after byte {offset} ({e})') from e
     raise
 
 
@@ -201,7 +197,7 @@ def _decode(raw: bytes, path: str, offset: int, policy: str, on_issue: Callable[
   except UnicodeDecodeError as e:
     issue = DecodeIssue(path, offset + e.start, e.reason)
     if policy == 'fail':
-      raise InputError(str(issue)) from e
+      raise errors.DataError(str(issue)) from e
     on_issue(issue)
     return raw.decode('utf-8', errors='replace')
 
@@ -231,7 +227,7 @@ def _text_documents(path, comp, mode, policy, on_issue, span):
     yield Document(''.join(buf).rstrip('\r\n'), path, start)
 
 
-def _line_error(path: str, comp: str, span: Span | None, line: int, detail: str) -> InputError:
+def _line_error(path: str, comp: str, span: Span | None, line: int, detail: str) -> errors.DataError:
   """`path:LINE detail`, LINE counted from the file's first line also when only a part of it was read."""
   if span is not None and span.start > 0:
     # The parts before own the lines starting at or before `start`: the first, and one after each newline there.
@@ -240,7 +236,7 @@ def _line_error(path: str, comp: str, span: Span | None, line: int, detail: str)
       while left > 0 and (block := f.read(min(left, 1 << 22))):
         before, left = before + block.count(b'\n'), left - len(block)
     line += before
-  return InputError(f'{path}:{line}{detail}')
+  return errors.DataError(f'{path}:{line}{detail}')
 
 
 def _jsonl_documents(path, comp, field, policy, on_issue, span):
@@ -272,16 +268,16 @@ def _parquet_documents(path, column, span):
     try:
       pf = pq.ParquetFile(source)
     except Exception as e:
-      raise InputError(f'{path}: not a readable Parquet file ({e})') from e
+      raise errors.DataError(f'{path}: not a readable Parquet file ({e})') from e
     names = pf.schema_arrow.names
     if column not in names:
-      raise InputError(f'{path}: no column {column!r} (columns: {names}); choose one with --text-field')
+      raise errors.DataError(f'{path}: no column {column!r} (columns: {names}); choose one with --text-field')
     groups = range(span.start, span.end) if span else None
     row = span.row if span else 0
     for batch in pf.iter_batches(row_groups=groups, columns=[column], batch_size=4096):
       for text in batch.column(0).to_pylist():
         if text is not None and not isinstance(text, str):
-          raise InputError(f'{path}: row {row}: column {column!r} is not a string column')
+          raise errors.DataError(f'{path}: row {row}: column {column!r} is not a string column')
         yield Document(text or '', path, row)
         row += 1
 
@@ -309,7 +305,7 @@ def iter_documents(
     yield from _jsonl_documents(path, comp, text_field, on_decode_error, on_issue, span)
   elif fmt == 'parquet':
     if comp:
-      raise InputError(f'{path}: compress Parquet internally, not as a {comp} file')
+      raise errors.DataError(f'{path}: compress Parquet internally, not as a {comp} file')
     yield from _parquet_documents(path, text_field, span)
   else:
-    raise InputError(f'{path}: unknown file type (want .txt/.jsonl/.json/.parquet, optionally .gz/.zst)')
+    raise errors.DataError(f'{path}: unknown file type (want .txt/.jsonl/.json/.parquet, optionally .gz/.zst)')
