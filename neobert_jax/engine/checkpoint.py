@@ -47,10 +47,9 @@ import orbax.checkpoint as ocp
 from flax import nnx
 
 from neobert_jax import errors, paths
-from neobert_jax.engine.optimizer import path_names
 from neobert_jax.engine.state import TrainState
 from neobert_jax.weights import runs
-from neobert_jax.weights.flat import check_keys_and_shapes
+from neobert_jax.weights.flat import check_keys_and_shapes, path_key
 
 log = logging.getLogger(__name__)
 
@@ -225,7 +224,7 @@ def _restore_arrays(mngr: ocp.CheckpointManager, step: int, abstract: TrainState
 def _leaves(tree: Any) -> dict[str, Any]:
   # Orbax's metadata tree spells every node as a dict key ('1', 'value'); the abstract state uses sequence
   # indices and attributes. Their names agree.
-  return {'.'.join(path_names(p)): leaf for p, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]}
+  return {path_key(p): leaf for p, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]}
 
 
 def _check_fits(mngr: ocp.CheckpointManager, step: int, abstract: TrainState) -> None:

@@ -33,6 +33,8 @@ import ml_collections
 import numpy as np
 import optax
 
+from neobert_jax.weights.flat import path_names
+
 
 def floor_step(opt_cfg: ml_collections.ConfigDict, num_steps: int) -> int:
   """The first step at which the rate is the floor for good."""
@@ -71,19 +73,6 @@ def lr_schedule(opt_cfg: ml_collections.ConfigDict, num_steps: int) -> optax.Sch
     return jnp.asarray(table)[jnp.clip(count, 0, end)]
 
   return schedule
-
-
-def path_names(path: tuple[Any, ...]) -> list[str]:
-  """The names along a pytree path (dict keys, attribute names, sequence indices), as strings."""
-  names = []
-  for entry in path:
-    for attr in ('key', 'name', 'idx'):
-      if hasattr(entry, attr):
-        names.append(str(getattr(entry, attr)))
-        break
-    else:
-      names.append(str(entry))
-  return names
 
 
 def decays(names: list[str], decay_embeddings: bool = True) -> bool:

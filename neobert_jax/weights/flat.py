@@ -3,7 +3,8 @@
 Owns:
   * the keys and shapes the JAX model has for a model config (`flat_shapes`, `check_flat`; `Dims`, the sizes they
     derive from), e.g. 'encoder.layers.qkv' [L, D, H, 3*Dh] (layers stacked on a leading axis);
-  * flat <-> nested trees, as Orbax stores them (`flatten` / `unflatten`), and a pytree path's key (`path_key`);
+  * flat <-> nested trees, as Orbax stores them (`flatten` / `unflatten`), and a pytree path's names and key
+    (`path_names`, `path_key`: the optimizer's weight-decay rule and the checkpoint's shape check use them too);
   * the key/shape check every loader runs before touching a model (`check_keys_and_shapes`);
   * a model's parameters as flat host arrays and back (`to_flat` / `load_flat`);
   * the flat-params file: a safetensors file of the flat keys whose metadata holds the model config as JSON
@@ -135,9 +136,22 @@ def unflatten(flat: Mapping[str, Any]) -> dict[str, Any]:
   return out
 
 
+def path_names(path: tuple[Any, ...]) -> list[str]:
+  """The names along a pytree or nnx state path (dict keys, attribute names, sequence indices), as strings."""
+  names = []
+  for entry in path:
+    for attr in ('key', 'name', 'idx'):
+      if hasattr(entry, attr):
+        names.append(str(getattr(entry, attr)))
+        break
+    else:
+      names.append(str(entry))
+  return names
+
+
 def path_key(path: tuple[Any, ...]) -> str:
-  """An nnx state path ('encoder', 'layers', 'qkv') as its flat key 'encoder.layers.qkv'."""
-  return '.'.join(str(getattr(p, 'key', p)) for p in path)
+  """A path ('encoder', 'layers', 'qkv'), or a pytree path of the same names, as its flat key 'encoder.layers.qkv'."""
+  return '.'.join(path_names(path))
 
 
 def to_flat(model: nnx.Module) -> dict[str, np.ndarray]:
