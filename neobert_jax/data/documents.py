@@ -3,30 +3,68 @@ long documents into records, choosing the held-out split, the counts the manifes
 
 The local engine (prepare.py) runs these over every file in one process pool; the Ray engine (prepare_ray.py) runs
 them over each unit of a file (splits.py) in a task. Both then hand the records to the same shard rule
-(rollover.py) and writer (shards.ShardWriter), which is why their shards are the same bytes.
+(rollover.py) and writer (shards.ShardWriter), which is why their shards are the same bytes. The options of a
+build, the same for both engines and the command line, are one frozen `BuildOptions`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import sys
-from typing import Iterable, Iterator
+from typing import Any, Iterable, Iterator
 
 import numpy as np
 
 from neobert_jax import errors
 from neobert_jax.data import shards, sources
+from neobert_jax.data import tokenizer as tokenizer_lib
 
 UNIT_CHARS = 1 << 20  # ~1 MB of text per tokenizer call: big enough to hide IPC costs
 UNIT_DOCS = 1024
 MAX_REPORTED_ISSUES = 100
 
 
-def check_args(max_length: int, eval_fraction: float) -> None:
-  if max_length < 3:
-    raise ValueError(f'max_length must be >= 3 ([CLS] + a token + [SEP]), got {max_length}')
-  if not 0 <= eval_fraction < 1:
-    raise ValueError(f'eval_fraction must be in [0, 1), got {eval_fraction}')
+@dataclasses.dataclass(frozen=True)
+class BuildOptions:
+  """What a prepare makes and how, whichever engine runs it (the engine's own knobs, --workers or the Ray address
+  and split size, stay its arguments). Checked when made."""
+
+  tokenizer: str = tokenizer_lib.BUILTIN_BERT  # 'bert-base-uncased', vocab.txt, tokenizer.json or SentencePiece .model
+  max_length: int = 1024  # ids per record, [CLS] and [SEP] included
+  eval_fraction: float = 0.01  # share of documents held out for evaluation
+  text_field: str = 'text'  # JSONL field / Parquet column
+  text_mode: str = 'line'  # plain text: a document per line, per blank-line block or per file (sources.TEXT_MODES)
+  on_decode_error: str = 'replace'  # or 'fail'
+  shard_mb: float = 256.0  # target shard size
+  overwrite: bool = False  # replace an existing output
+  progress: bool = False  # a progress bar on stderr
+  command: str | None = None  # recorded in the manifest (default: the call)
+
+  def __post_init__(self):
+    if self.max_length < 3:
+      raise ValueError(f'max_length must be >= 3 ([CLS] + a token + [SEP]), got {self.max_length}')
+    if not 0 <= self.eval_fraction < 1:
+      raise ValueError(f'eval_fraction must be in [0, 1), got {self.eval_fraction}')
+
+  @classmethod
+  def of(cls, options: 'BuildOptions | None', fields: dict[str, Any]) -> 'BuildOptions':
+    """`options` (default: the defaults) with `fields` replaced: how an engine takes its keyword arguments."""
+    return dataclasses.replace(options or cls(), **fields)
+
+  @property
+  def shard_bytes(self) -> int:
+    return int(self.shard_mb * 2**20)
+
+  def record_fields(self) -> dict[str, Any]:
+    """The options that decide each document's records and split (what a Ray task needs, and its ledger keeps)."""
+    return {
+      'max_length': self.max_length,
+      'eval_fraction': self.eval_fraction,
+      'text_field': self.text_field,
+      'text_mode': self.text_mode,
+      'on_decode_error': self.on_decode_error,
+    }
 
 
 def chunk_document(ids: np.ndarray, max_length: int, cls_id: int, sep_id: int) -> list[np.ndarray]:

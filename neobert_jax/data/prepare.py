@@ -21,7 +21,7 @@ import shlex
 import shutil
 import sys
 import time
-from typing import Iterable, Iterator, Sequence
+from typing import Any, Iterable, Iterator, Sequence
 
 from neobert_jax import commandline, errors, paths
 from neobert_jax.data import documents, publish
@@ -108,24 +108,17 @@ def remove_stale_tmp(output_dir: str) -> list[str]:
 def prepare(
   inputs: Sequence[str],
   output_dir: str,
+  options: documents.BuildOptions | None = None,
   *,
-  tokenizer: str = 'bert-base-uncased',
-  max_length: int = 1024,
   workers: int = 0,
-  eval_fraction: float = 0.01,
-  text_field: str = 'text',
-  text_mode: str = 'line',
-  on_decode_error: str = 'replace',
-  shard_mb: float = 256.0,
-  overwrite: bool = False,
-  progress: bool = False,
-  command: str | None = None,
+  **fields: Any,
 ) -> dict:
-  """Tokenizes `inputs` into `output_dir` on this machine; returns the manifest it wrote."""
-  documents.check_args(max_length, eval_fraction)
+  """Tokenizes `inputs` into `output_dir` on this machine with `workers` processes; returns the manifest it wrote.
+  `options`, or its fields as keywords (documents.BuildOptions documents them), say what to build."""
+  o = documents.BuildOptions.of(options, fields)
   files = sources.expand_inputs(inputs)
-  tok = tokenizer_lib.load_tokenizer(tokenizer)
-  out = publish.open_output(output_dir, overwrite)
+  tok = tokenizer_lib.load_tokenizer(o.tokenizer)
+  out = publish.open_output(output_dir, o.overwrite)
   bucket = None if paths.local(out) else out
   # Shards bound for a bucket are written to local scratch, then uploaded (publish.py).
   work = publish.scratch_root() if bucket is not None else output_dir
@@ -135,13 +128,12 @@ def prepare(
   start = time.time()
   try:
     counts = documents.Counts()
-    limit = int(shard_mb * 2**20)
-    writers = {s: shards_lib.ShardWriter(tmp, s, limit) for s in shards_lib.SPLITS}
-    units = documents.text_units([(f, None) for f in files], counts, text_field, text_mode, on_decode_error)
-    bar = _progress_bar(progress)
+    writers = {s: shards_lib.ShardWriter(tmp, s, o.shard_bytes) for s in shards_lib.SPLITS}
+    units = documents.text_units([(f, None) for f in files], counts, o.text_field, o.text_mode, o.on_decode_error)
+    bar = _progress_bar(o.progress)
     try:
       for results in _ordered_map(
-        _tokenize_unit, ((u, max_length, eval_fraction) for u in units), workers, (tok.path,)
+        _tokenize_unit, ((u, o.max_length, o.eval_fraction) for u in units), workers, (tok.path,)
       ):
         for split, chunks in counts.take(results):
           writers[split].write_document(chunks)
@@ -154,12 +146,12 @@ def prepare(
     splits = {s: w.close() for s, w in writers.items()}
     manifest = documents.manifest(
       tok,
-      max_length,
-      eval_fraction,
+      o.max_length,
+      o.eval_fraction,
       splits,
       files,
       counts,
-      command or f'prepare({list(inputs)!r}, {output_dir!r}, ...)',
+      o.command or f'prepare({list(inputs)!r}, {output_dir!r}, ...)',
     )
     manifest.update(workers=workers, seconds=round(time.time() - start, 3))
     if bucket is not None:
@@ -199,6 +191,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
   argv = list(sys.argv[1:] if argv is None else argv)
   debug = errors.take_debug_flag(argv)
   p = commandline.Parser('prepare', 'neobert_jax.data.prepare', __doc__)
+  d = documents.BuildOptions()  # the flags' defaults
   p.add_argument(
     '--input',
     nargs='+',
@@ -209,23 +202,25 @@ def main(argv: Sequence[str] | None = None) -> dict:
   p.add_argument('--output', required=True, help='directory for shards + manifest.json, local or gs://')
   p.add_argument(
     '--tokenizer',
-    default='bert-base-uncased',
+    default=d.tokenizer,
     help="'bert-base-uncased', vocab.txt, tokenizer.json or SentencePiece .model",
   )
-  p.add_argument('--max-length', type=int, default=1024, help='ids per record, specials included')
+  p.add_argument('--max-length', type=int, default=d.max_length, help='ids per record, specials included')
   p.add_argument(
     '--workers', type=int, default=os.cpu_count() or 1, help='tokenizer processes (0: tokenize in this process)'
   )
-  p.add_argument('--eval-fraction', type=float, default=0.01, help='share of documents held out for evaluation')
-  p.add_argument('--text-field', default='text', help='JSONL field / Parquet column')
+  p.add_argument(
+    '--eval-fraction', type=float, default=d.eval_fraction, help='share of documents held out for evaluation'
+  )
+  p.add_argument('--text-field', default=d.text_field, help='JSONL field / Parquet column')
   p.add_argument(
     '--text-mode',
-    default='line',
+    default=d.text_mode,
     choices=sources.TEXT_MODES,
     help='plain text: a document per line, per blank-line block, or per file',
   )
-  p.add_argument('--on-decode-error', default='replace', choices=('replace', 'fail'))
-  p.add_argument('--shard-mb', type=float, default=256.0, help='target shard size')
+  p.add_argument('--on-decode-error', default=d.on_decode_error, choices=('replace', 'fail'))
+  p.add_argument('--shard-mb', type=float, default=d.shard_mb, help='target shard size')
   p.add_argument('--overwrite', action='store_true')
   p.add_argument('--no-progress', action='store_true')
   p.add_argument(
@@ -249,7 +244,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
   command = 'python -m neobert_jax.data.prepare ' + shlex.join(argv)
   # A missing tokenizer file or an existing output (without --overwrite) are the user's to fix like bad input.
   with errors.reported('prepare', debug, also={FileNotFoundError: errors.DataError, FileExistsError: errors.DataError}):
-    common = dict(
+    options = documents.BuildOptions(
       tokenizer=a.tokenizer,
       max_length=a.max_length,
       eval_fraction=a.eval_fraction,
@@ -264,9 +259,9 @@ def main(argv: Sequence[str] | None = None) -> dict:
     if a.engine == 'ray':
       from neobert_jax.data import prepare_ray  # pylint: disable=g-import-not-at-top
 
-      m = prepare_ray.prepare(a.input, a.output, ray_address=a.ray_address, split_mb=a.split_mb, **common)
+      m = prepare_ray.prepare(a.input, a.output, options, ray_address=a.ray_address, split_mb=a.split_mb)
     else:
-      m = prepare(a.input, a.output, workers=a.workers, **common)
+      m = prepare(a.input, a.output, options, workers=a.workers)
   tr, ev = m['splits']['train'], m['splits']['eval']
   print(
     f'prepared {tr["documents"]} train / {ev["documents"]} eval documents, '

@@ -22,6 +22,7 @@ import os
 import socket
 import sys
 import time
+from typing import Any
 
 from neobert_jax import errors, paths
 from neobert_jax.data import documents, ledger as ledger_lib, publish, ray_tasks, rollover, shards, sources, splits
@@ -63,54 +64,30 @@ def connect(address: str):
 def prepare(
   inputs,
   output_dir: str,
+  options: documents.BuildOptions | None = None,
   *,
   ray_address: str = 'auto',
-  tokenizer: str = 'bert-base-uncased',
-  max_length: int = 1024,
-  eval_fraction: float = 0.01,
-  text_field: str = 'text',
-  text_mode: str = 'line',
-  on_decode_error: str = 'replace',
-  shard_mb: float = 256.0,
   split_mb: float = 64.0,
-  overwrite: bool = False,
-  progress: bool = False,
-  command: str | None = None,
+  **fields: Any,
 ) -> dict:
-  """Tokenizes `inputs` into `output_dir` on the Ray cluster at `ray_address`; returns the manifest it wrote."""
-  documents.check_args(max_length, eval_fraction)
+  """Tokenizes `inputs` into `output_dir` on the Ray cluster at `ray_address`, about `split_mb` of input per task;
+  returns the manifest it wrote. `options`, or its fields as keywords (documents.BuildOptions), say what to build."""
+  o = documents.BuildOptions.of(options, fields)
   ray, connected = connect(ray_address)
   try:
-    return _build(
-      ray,
-      inputs,
-      output_dir,
-      ray_address,
-      tokenizer,
-      overwrite,
-      progress,
-      command,
-      shard_bytes=int(shard_mb * 2**20),
-      split_bytes=max(1, int(split_mb * 2**20)),
-      cfg=dict(
-        max_length=max_length,
-        eval_fraction=eval_fraction,
-        text_field=text_field,
-        text_mode=text_mode,
-        on_decode_error=on_decode_error,
-      ),
-    )
+    return _build(ray, inputs, output_dir, ray_address, o, split_bytes=max(1, int(split_mb * 2**20)))
   finally:
     if connected:
       ray.shutdown()
 
 
-def _build(ray, inputs, output_dir, address, tokenizer, overwrite, progress, command, shard_bytes, split_bytes, cfg):
+def _build(ray, inputs, output_dir, address, o: documents.BuildOptions, split_bytes: int) -> dict:
   start = time.time()
+  cfg, shard_bytes = o.record_fields(), o.shard_bytes
   files = sources.expand_inputs(inputs)
-  tok = tokenizer_lib.load_tokenizer(tokenizer)
-  out = publish.open_output(output_dir, overwrite)
-  units, sizes = splits.plan(files, split_bytes, cfg['text_mode'])
+  tok = tokenizer_lib.load_tokenizer(o.tokenizer)
+  out = publish.open_output(output_dir, o.overwrite)
+  units, sizes = splits.plan(files, split_bytes, o.text_mode)
   ledger = ledger_lib.Ledger(out)
   identity = {
     'format': shards.FORMAT,
@@ -121,8 +98,8 @@ def _build(ray, inputs, output_dir, address, tokenizer, overwrite, progress, com
   }
   done = ledger.finished_units() if ledger.start(identity) else {}
   with open(tok.path, 'rb') as f:  # once into the object store, not into every task's arguments
-    shipped = ray.put((tokenizer, os.path.basename(tok.path), f.read()))
-  results = _pass1(ray, units, cfg, ledger, shipped, done, progress)
+    shipped = ray.put((o.tokenizer, os.path.basename(tok.path), f.read()))
+  results = _pass1(ray, units, cfg, ledger, shipped, done, o.progress)
   counts = documents.Counts(echo=False)
   for i in range(len(units)):
     counts.add(results[i])
@@ -136,16 +113,16 @@ def _build(ray, inputs, output_dir, address, tokenizer, overwrite, progress, com
   }
   plan_seconds = time.perf_counter() - t0
   (out / shards.MANIFEST).unlink(missing_ok=True)  # only with --overwrite (open_output): now it reads unfinished
-  shard_results, resumed_shards = _pass2(ray, plans, shard_bytes, ledger, out, progress)
+  shard_results, resumed_shards = _pass2(ray, plans, shard_bytes, ledger, out, o.progress)
 
   manifest = documents.manifest(
     tok,
-    cfg['max_length'],
-    cfg['eval_fraction'],
+    o.max_length,
+    o.eval_fraction,
     _splits(plans, shard_results),
     files,
     counts,
-    command or f'prepare_ray.prepare({list(inputs)!r}, {output_dir!r}, ...)',
+    o.command or f'prepare_ray.prepare({list(inputs)!r}, {output_dir!r}, ...)',
   )
   manifest.update(
     seconds=round(time.time() - start, 3),
