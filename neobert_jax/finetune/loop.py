@@ -94,12 +94,11 @@ def prepare(cfg: ml_collections.ConfigDict, workdir: Path):
 def _existing_run(cfg: ml_collections.ConfigDict, workdir: Path) -> str:
   """The refusal for a workdir that already holds a fine-tuning run (it is never continued nor overwritten),
   naming the fields this config changes against the one recorded there."""
-  recorded = workdir / 'config.json'
   changed = ''
-  if recorded.is_file():
+  if (workdir / runs.CONFIG_FILE).is_file():
     # model and mesh are recorded resolved (the source's architecture, the device count's mesh): not comparable.
     current = {k: v for k, v in cfg.to_dict().items() if k not in ('model', 'mesh')}
-    past = {k: v for k, v in json.loads(recorded.read_text()).items() if k not in ('model', 'mesh')}
+    past = {k: v for k, v in runs.read_config(workdir).to_dict().items() if k not in ('model', 'mesh')}
     past.get('data', {}).pop('tokenizer', None)
     current.get('data', {}).pop('tokenizer', None)
     changes = resume_rules.diff(past, current, {})
