@@ -99,10 +99,12 @@ def prepare_config(cfg, target: targets.Target):
   CPU, so they are resolved for the target explicitly, through the trainer's own resolution (same table).
   Returns (config, attention Choice); raises ConfigError when an explicit kernel cannot run on the target.
   """
+  from neobert_jax import config as config_lib
+  from neobert_jax.config import train as schema
   from neobert_jax.model.config import resolve_dtype
   from neobert_jax.train import runtime as train_config
 
-  cfg = cfg.copy_and_resolve_references()
+  cfg = config_lib.typed(cfg, schema.get_config(), 'neobert_jax/config/train.py')  # a fresh, typed copy
   cfg.model.dtype = resolve_dtype(cfg.model.dtype, target.platform)
   choice = train_config.attention_choice(cfg, platform=target.platform, compute_capability=target.compute_capability)
   cfg.model.attention_impl = choice.kernel
@@ -148,9 +150,9 @@ def run_child(cfg_in) -> int:
     with open(_DUMP_HLO.value, 'w') as f:
       f.write(hlo)
 
-  seq = int(cfg.model.max_length)
-  preds = int(cfg.data.max_predictions)
-  tokens = int(cfg.train.global_batch_size) * seq
+  seq = cfg.model.max_length
+  preds = cfg.data.max_predictions
+  tokens = cfg.train.global_batch_size * seq
   if target.platform == 'cuda' and cfg.model.attention_impl not in ('cudnn', 'cudnn_bias'):
     notes.append(f'attention_impl={cfg.model.attention_impl}: the cuDNN fused kernels were not requested')
   if target.platform == 'cuda':
@@ -177,9 +179,9 @@ def run_child(cfg_in) -> int:
     device_kind=mesh.devices.flat[0].device_kind,
     num_devices=target.num_devices,
     mesh=dict(zip(mesh.axis_names, (int(s) for s in mesh.devices.shape))),
-    global_batch=int(cfg.train.global_batch_size),
+    global_batch=cfg.train.global_batch_size,
     seq_len=seq,
-    grad_accum=int(cfg.train.grad_accum_steps),
+    grad_accum=cfg.train.grad_accum_steps,
     device_memory_bytes=target.chip.memory_bytes,
     headroom=_HEADROOM.value,
     model_flops_per_step=model_flops,
@@ -219,7 +221,7 @@ def roofline_report(hlo: str, target: targets.Target, mesh, cfg, model_flops: fl
   from neobert_jax.model.config import matmul_params, train_flops_per_token
 
   rl = roofline.for_program(hlo, target, mesh, cfg.mesh, model_flops / target.num_devices)
-  seq, tokens = int(cfg.model.max_length), int(cfg.train.global_batch_size) * int(cfg.model.max_length)
+  seq, tokens = cfg.model.max_length, cfg.train.global_batch_size * cfg.model.max_length
   # The formula's attention term, which does not depend on the decoder: total minus matmuls, both without decoder.
   attention = (train_flops_per_token(cfg.model, seq, 0.0) - 6 * matmul_params(cfg.model, 0.0)) * tokens
   per_device = 1 / target.num_devices
@@ -243,7 +245,7 @@ def run_plan(cfg, target: targets.Target) -> int:
     workers=_PLAN_WORKERS.value or plan_cache.default_workers(),
     log=lambda line: print(line, file=sys.stderr, flush=True),
   )
-  tokens = int(cfg.train.global_batch_size) * int(cfg.model.max_length)
+  tokens = cfg.train.global_batch_size * cfg.model.max_length
   print(
     f'plan for {target.spec}: global batch {cfg.train.global_batch_size} x {cfg.model.max_length} = '
     f'{tokens:,} tokens/step, attention {cfg.model.attention_impl}, {len(rows)} layouts '

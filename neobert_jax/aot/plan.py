@@ -128,7 +128,7 @@ def compile_layout(cfg, target: targets.Target, headroom: float) -> dict:
   mem = report.memory_numbers(compiled)
   total = mem['argument_bytes'] + mem['output_bytes'] - mem['alias_bytes'] + mem['temp_bytes'] + mem['code_bytes']
   hlo = compiled.as_text()
-  model_flops = metrics.flops_per_token(cfg) * int(cfg.train.global_batch_size) * int(cfg.model.max_length)
+  model_flops = metrics.flops_per_token(cfg) * cfg.train.global_batch_size * cfg.model.max_length
   rl = roofline.for_program(hlo, target, mesh, cfg.mesh, model_flops / target.num_devices)
   return {
     'fits': total <= headroom * target.chip.memory_bytes,
@@ -151,11 +151,11 @@ def tpu_seconds(cfg, target: targets.Target, mfu: float) -> float | None:
     if not cost or 'optimal_seconds' not in cost:
       return None
     costs.append(float(cost['optimal_seconds']))
-  micro = costs[0] + (int(cfg.model.num_layers) - 1) * (costs[1] - costs[0])
-  seconds = micro * int(cfg.train.grad_accum_steps)
+  micro = costs[0] + (cfg.model.num_layers - 1) * (costs[1] - costs[0])
+  seconds = micro * cfg.train.grad_accum_steps
   if cfg.model.attention_impl == 'splash':  # a custom call: invisible to the cost model, so add its FLOPs
-    t = int(cfg.model.max_length)
-    attention = 12 * cfg.model.num_layers * t * cfg.model.hidden_size * int(cfg.train.global_batch_size) * t
+    t = cfg.model.max_length
+    attention = 12 * cfg.model.num_layers * t * cfg.model.hidden_size * cfg.train.global_batch_size * t
     seconds += attention / (target.num_devices * target.peak_bf16_flops * mfu)
   return seconds
 
@@ -170,7 +170,7 @@ def search(
   log: Callable[[str], None] = print,
 ) -> Row:
   """The largest micro-batch that fits for one (mesh, remat), by binary search, and its estimated step."""
-  global_batch = int(cfg.train.global_batch_size)
+  global_batch = cfg.train.global_batch_size
   shards = batch_shards(mesh)
   micro_sizes = [
     m for m in (2**i for i in range(20)) if m * shards <= global_batch and global_batch % (m * shards) == 0
@@ -207,7 +207,7 @@ def search(
     mesh,
     remat,
     m,
-    int(c.train.grad_accum_steps),
+    c.train.grad_accum_steps,
     r['fits'],
     r['total'],
     seconds,
@@ -236,7 +236,7 @@ def plan(
 ) -> list[Row]:
   tasks = [
     (mesh, remat)
-    for mesh in meshes(target.num_devices, int(cfg.model.num_heads), tensor_sizes, layouts, target.num_granules)
+    for mesh in meshes(target.num_devices, cfg.model.num_heads, tensor_sizes, layouts, target.num_granules)
     for remat in remats
   ]
   if workers <= 1 or len(tasks) < 2:
