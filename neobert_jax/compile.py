@@ -99,12 +99,11 @@ def prepare_config(cfg, target: targets.Target):
   CPU, so they are resolved for the target explicitly, through the trainer's own resolution (same table).
   Returns (config, attention Choice); raises ConfigError when an explicit kernel cannot run on the target.
   """
-  from neobert_jax import config as config_lib
   from neobert_jax.config import train as schema
   from neobert_jax.model.config import resolve_dtype
   from neobert_jax.train import runtime as train_config
 
-  cfg = config_lib.typed(cfg, schema.get_config(), 'neobert_jax/config/train.py')  # a fresh, typed copy
+  cfg = schema.typed(cfg)  # a fresh, typed copy
   cfg.model.dtype = resolve_dtype(cfg.model.dtype, target.platform)
   choice = train_config.attention_choice(cfg, platform=target.platform, compute_capability=target.compute_capability)
   cfg.model.attention_impl = choice.kernel

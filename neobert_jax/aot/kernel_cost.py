@@ -92,19 +92,21 @@ def _dims(attrs: str, key: str) -> list[int]:
   return [int(x) for x in m.group(1).split(',') if x] if m else []
 
 
-def _window(attrs: str, key: str, i: int, default: str) -> str:
-  m = re.search(r'window=\{[^}]*\b' + key + r'=([\dx_-]+)', attrs)
-  parts = m.group(1).split('x') if m else []
-  return parts[i] if i < len(parts) else default
+def _window(attrs: str) -> dict[str, list[str]]:
+  """A convolution's window attribute, per field: {'size': ['1', '12'], 'pad': ['0_0', '11_11'], ...}."""
+  m = re.search(r'window=\{([^}]*)\}', attrs)
+  fields = (f.split('=', 1) for f in (m.group(1).split() if m else []) if '=' in f)
+  return {key: value.split('x') for key, value in fields}
 
 
-def _taps(attrs: str, i: int, size_in: int, size_out: int) -> float:
+def _taps(window: dict[str, list[str]], i: int, size_in: int, size_out: int) -> float:
   """Average number of window taps of spatial dimension i that land on the input (not on padding or between
   dilated inputs). The TPU compiler writes some plain contractions as convolutions whose window mostly covers
   padding (btd,dhk->bthk: window 12, padding 11 on both sides of a size-1 dimension): only real taps are work."""
-  w = int(_window(attrs, 'size', i, '1'))
-  lo = int(_window(attrs, 'pad', i, '0_0').split('_')[0])
-  stride, rd, ld = (int(_window(attrs, key, i, '1')) for key in ('stride', 'rhs_dilate', 'lhs_dilate'))
+  field = lambda key, default: window[key][i] if i < len(window.get(key, ())) else default
+  w = int(field('size', '1'))
+  lo = int(field('pad', '0_0').split('_')[0])
+  stride, rd, ld = (int(field(key, '1')) for key in ('stride', 'rhs_dilate', 'lhs_dilate'))
   span = (size_in - 1) * ld
   hits = sum(
     1
@@ -129,9 +131,9 @@ def dot_shape(ins: hlo_lib.Instr, types: dict[str, str]) -> tuple[float, int, in
       return 2.0 * out_elems, 1, out_elems, 1, 1
     lhs_l, rhs_l, out_l = labels.groups()
     k = math.prod(d for d, c in zip(rdims, rhs_l) if c == 'i')
-    odims = out[0][1]
+    odims, window = out[0][1], _window(ins.attrs)
     for digit in sorted(c for c in rhs_l if c.isdigit()):
-      k *= _taps(ins.attrs, int(digit), ldims[lhs_l.index(digit)], odims[out_l.index(digit)])
+      k *= _taps(window, int(digit), ldims[lhs_l.index(digit)], odims[out_l.index(digit)])
     n = rdims[rhs_l.index('o')]
     return 2.0 * out_elems * k, 1, out_elems // max(n, 1), n, max(int(round(k)), 1)
   lc, rc = _dims(ins.attrs, 'lhs_contracting_dims'), _dims(ins.attrs, 'rhs_contracting_dims')

@@ -147,12 +147,17 @@ def mesh_shape(cfg: ml_collections.ConfigDict, num_devices: int | None = None) -
   return {k: v for k, v in layout.as_config().items() if k in shd.MESH_AXES or k in cfg.mesh}
 
 
+def typed(cfg: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  """A fresh copy of `cfg` fitted to this schema (config_lib.typed): every field of the schema's type."""
+  return config_lib.typed(cfg, get_config(), 'neobert_jax/config/train.py')
+
+
 def validate(
   cfg: ml_collections.ConfigDict, num_devices: int | None = None, process_count: int | None = None
 ) -> ml_collections.ConfigDict:
-  """`cfg` typed by the schema (config_lib.typed); raises ConfigError for a config this trainer cannot run on the
+  """`cfg` typed by the schema (typed above); raises ConfigError for a config this trainer cannot run on the
   current devices."""
-  cfg = config_lib.typed(cfg, get_config(), 'neobert_jax/config/train.py')
+  cfg = typed(cfg)
   for section, check in (('model', validate_model_config), ('data', validate_data_config)):
     try:
       check(cfg[section])
