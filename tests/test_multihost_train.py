@@ -186,6 +186,26 @@ def _run(cmd, env, timeout=400):
   return r
 
 
+def _launch(workdir: str, heartbeat: int, *flags: str) -> list[str]:
+  """The two-process job (2 CPU devices each) through launch/local.py, each process running this file's train."""
+  return [
+    sys.executable,
+    os.path.join(ROOT, 'launch', 'local.py'),
+    '-n',
+    '2',
+    '--devices-per-process',
+    '2',
+    '--heartbeat',
+    str(heartbeat),
+    *flags,
+    '--',
+    sys.executable,
+    __file__,
+    'train',
+    workdir,
+  ]
+
+
 def _losses(workdir):
   with open(os.path.join(workdir, 'metrics.jsonl')) as f:
     rows = [json.loads(line) for line in f if line.strip()]
@@ -200,24 +220,7 @@ def runs(tmp_path_factory):
   for k in ('NEOBERT_COORDINATOR', 'NEOBERT_NUM_PROCESSES', 'NEOBERT_PROCESS_ID'):
     env.pop(k, None)
   _run([sys.executable, __file__, 'train', one], env)
-  _run(
-    [
-      sys.executable,
-      os.path.join(ROOT, 'launch', 'local.py'),
-      '-n',
-      '2',
-      '--devices-per-process',
-      '2',
-      '--heartbeat',
-      '20',
-      '--',
-      sys.executable,
-      __file__,
-      'train',
-      two,
-    ],
-    env,
-  )
+  _run(_launch(two, 20), env)
   return base, one, two
 
 
@@ -280,22 +283,7 @@ def test_sigterm_on_one_process_stops_every_process_at_the_same_step(runs):
     TEST_SIGTERM_AT_STEP='2',
     TEST_EXTRA_OVERRIDES=json.dumps({'train.num_steps': steps, 'checkpoint.every_steps': 1000}),
   )
-  cmd = [
-    sys.executable,
-    os.path.join(ROOT, 'launch', 'local.py'),
-    '-n',
-    '2',
-    '--devices-per-process',
-    '2',
-    '--heartbeat',
-    '10',
-    '--',
-    sys.executable,
-    __file__,
-    'train',
-    str(workdir),
-  ]
-  r = _run(cmd, env, timeout=240)
+  r = _run(_launch(str(workdir), 10), env, timeout=240)
   out = r.stdout + r.stderr
   assert 'process 1 got SIGTERM after step 2' in out, out[-4000:]
   done = re.findall(r'process (\d) TRAIN_DONE final_step=(\d+) preempted=(\w+)', out)
@@ -318,23 +306,7 @@ def test_lost_process_stops_the_job_and_the_same_command_resumes(runs):
     PYTHONUNBUFFERED='1',
     TEST_EXTRA_OVERRIDES=json.dumps({'checkpoint.every_steps': 1}),
   )
-  cmd = [
-    sys.executable,
-    os.path.join(ROOT, 'launch', 'local.py'),
-    '-n',
-    '2',
-    '--devices-per-process',
-    '2',
-    '--heartbeat',
-    str(heartbeat),
-    '--grace',
-    '120',
-    '--',
-    sys.executable,
-    __file__,
-    'train',
-    workdir,
-  ]
+  cmd = _launch(workdir, heartbeat, '--grace', '120')
   crashed = subprocess.run(
     cmd, env=dict(env, TEST_DIE_AT_STEP='2'), cwd=ROOT, capture_output=True, text=True, timeout=400
   )

