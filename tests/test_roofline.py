@@ -91,6 +91,36 @@ ENTRY %main (a: f32[8,1024], v: f32[1024], i: s32[]) -> f32[8,1024] {
   assert mod.fusion_bytes(fusion, 'main', 'fused') == 4096 + 4 + 4096
 
 
+def test_scatter_add_updates_its_buffer_in_place():
+  """The gradient of a gather (cross-entropy's label logit): a scatter-add of one value per row into a
+  [rows, vocab] buffer, which XLA updates in place: only the updated windows move, not the 1 MiB buffer."""
+  text = """
+%add (x: f32[], y: f32[]) -> f32[] {
+  %x = f32[] parameter(0)
+  %y = f32[] parameter(1)
+  ROOT %s = f32[] add(%x, %y)
+}
+
+%fused (p0: f32[8,32768], p1: s32[8,2], p2: f32[8]) -> f32[8,32768] {
+  %p0 = f32[8,32768]{1,0} parameter(0)
+  %p1 = s32[8,2]{1,0} parameter(1)
+  %p2 = f32[8]{0} parameter(2)
+  %b = f32[8,1,1]{2,1,0} bitcast(%p2)
+  ROOT %s = f32[8,32768]{1,0} scatter(%p0, %p1, %b), update_window_dims={1,2}, inserted_window_dims={}, scatter_dims_to_operand_dims={0,1}, index_vector_dim=1, to_apply=%add
+}
+
+ENTRY %main (a: f32[8,32768], i: s32[8,2], u: f32[8]) -> f32[8,32768] {
+  %a = f32[8,32768]{1,0} parameter(0)
+  %i = s32[8,2]{1,0} parameter(1)
+  %u = f32[8]{0} parameter(2)
+  ROOT %f = f32[8,32768]{1,0} fusion(%a, %i, %u), kind=kInput, calls=%fused
+}
+"""
+  mod = kernel_cost.Module(text)
+  fusion = next(i for i in mod.instrs['main'] if i.op == 'fusion')
+  assert mod.fusion_bytes(fusion, 'main', 'fused') == 64 + 32 + 32  # indices and updates in, the 8 values out
+
+
 def test_achievable_rates_are_below_peak_and_fall_with_short_contractions():
   acc = hardware.lookup(H100)
   assert acc.peak_bf16_flops == 989e12 and hardware.peak_flops('TPU v5p') == 459e12

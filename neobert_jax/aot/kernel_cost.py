@@ -12,6 +12,17 @@ import re
 from neobert_jax.aot import hlo as hlo_lib
 
 SLICES = {'dynamic-slice', 'slice', 'gather'}
+IN_PLACE = {'dynamic-update-slice', 'scatter'}
+
+
+def updates(ins: hlo_lib.Instr) -> list[str]:
+  """The operands an in-place update writes: a dynamic-update-slice's update; a scatter's updates (the second
+  half of its operands after the indices: scatter(inputs..., indices, updates...)); a scatter-add reads and
+  writes only those windows of its buffer."""
+  if ins.op == 'scatter':
+    n = (len(ins.operands) - 1) // 2
+    return ins.operands[n + 1 :]
+  return ins.operands[1:2]
 
 
 class Module:
@@ -43,7 +54,7 @@ class Module:
 
   def fusion_bytes(self, ins: hlo_lib.Instr, comp: str, fused: str) -> float:
     """Bytes a fusion moves: each operand (or only the slices its body reads), and its output (or only the
-    update of an in-place dynamic-update-slice)."""
+    update of an in-place dynamic-update-slice or scatter: XLA updates their first operand's buffer in place)."""
     body = self.instrs.get(fused, [])
     users: dict[str, list[hlo_lib.Instr]] = {}
     for i in body:
@@ -64,7 +75,7 @@ class Module:
       us = uses(p.name) if p is not None else []
       if us and all(u.op in SLICES and u.operands[0] == a for a, u in us):
         read += sum(hlo_lib.total(hlo_lib.type_sizes(u.type)) for _, u in us)
-      elif us and all(u.op == 'dynamic-update-slice' and u.operands[0] == a for a, u in us):
+      elif us and all(u.op in IN_PLACE and u.operands[0] == a for a, u in us):
         continue  # the in-place buffer: only the update is written
       else:
         read += full
@@ -80,8 +91,8 @@ class Module:
     for p in parts:
       if p is None:
         continue
-      if p.op == 'dynamic-update-slice':
-        out += hlo_lib.total(hlo_lib.type_sizes(named[p.operands[1]].type)) if p.operands[1] in named else 0
+      if p.op in IN_PLACE:
+        out += sum(hlo_lib.total(hlo_lib.type_sizes(named[u].type)) for u in updates(p) if u in named)
       else:
         out += hlo_lib.total(hlo_lib.type_sizes(p.type))
     return out

@@ -14,7 +14,7 @@ it reaches, times the loops' trip counts; hlo.py):
                (collectives.py) at the DCN bandwidth.
   - other      everything else (elementwise chains, reductions, casts, copies, transposes, dynamic slices): bytes
                read + written at the achievable HBM bandwidth. A slice of an operand counts only its slice, an
-               in-place dynamic-update-slice only its update.
+               in-place dynamic-update-slice or scatter only its update.
 Time per kernel = max(FLOPs / rate, bytes / HBM bandwidth, min_kernel_seconds); a collective's = its bytes over
 its link. Overlap assumption: asynchronous collectives (`*-start`) run under the compute of the computation that
 issues them (its loop body) and only what exceeds that compute is exposed; synchronous ones add.
@@ -231,8 +231,8 @@ def _one(ins, comp, types, mod, acc, hbm, link, dcn, num_devices, min_kernel, ru
     moved = mod.fusion_bytes(ins, comp, fused[0])
   elif ins.op in kernel_cost.SLICES:
     moved = 2 * hlo_lib.total(hlo_lib.type_sizes(ins.type))
-  elif ins.op == 'dynamic-update-slice':
-    moved = 2 * size(ins.operands[1])
+  elif ins.op in kernel_cost.IN_PLACE:
+    moved = 2 * sum(size(u) for u in kernel_cost.updates(ins))
   else:
     moved = sum(size(o) for o in ins.operands) + hlo_lib.total(hlo_lib.type_sizes(ins.type))
   if dots:
