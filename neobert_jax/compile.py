@@ -67,7 +67,14 @@ _PLAN = flags.DEFINE_bool(
 _PLAN_MFU = flags.DEFINE_float(
   'plan_mfu',
   0.5,
-  "MFU at which the TPU plan prices splash attention (a custom call XLA's cost model does not see)",
+  "MFU at which the TPU plan and --cost_model price splash attention (a custom call XLA's cost model does not see)",
+  flag_values=_FLAGS,
+)
+_COST_MODEL = flags.DEFINE_bool(
+  'cost_model',
+  False,
+  "TPU targets: also report XLA's cost model for the step, the estimate the plan ranks TPU layouts by "
+  '(two more compiles, of 1- and 2-layer programs)',
   flag_values=_FLAGS,
 )
 _PLAN_WORKERS = flags.DEFINE_integer(
@@ -169,6 +176,15 @@ def run_child(cfg_in) -> int:
   roofline_fields = {}
   if compiled is not None:
     roofline_fields = roofline_report(hlo, target, mesh, cfg, model_flops)
+  cost_model = {}
+  if _COST_MODEL.value and target.platform == 'tpu':
+    from neobert_jax.aot import plan as plan_lib
+
+    cost_model = dict(
+      cost_model_seconds=plan_lib.tpu_seconds(cfg, target, _PLAN_MFU.value), cost_model_splash_mfu=_PLAN_MFU.value
+    )
+  elif _COST_MODEL.value:
+    notes.append('--cost_model: XLA gives a cost model for TPU targets only; the roofline above is the estimate')
   if compiled is not None:
     mem = report_lib.memory_numbers(compiled)
   else:
@@ -193,6 +209,7 @@ def run_child(cfg_in) -> int:
     **mem,
     **report_lib.dcn_fields(hlo, mesh, cfg.mesh, target),
     **roofline_fields,
+    **cost_model,
   )
   print(report_lib.format_report(r), flush=True)
   if _JSON.value:

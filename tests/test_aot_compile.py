@@ -65,7 +65,7 @@ def _check_fit_report(rep, devices, mesh):
 
 
 def test_tpu_v5e_slice_uses_splash(tmp_path):
-  rep, out = _compile(tmp_path, 'tpu:v5e-4', packing='packed', preds=32)
+  rep, out = _compile(tmp_path, 'tpu:v5e-4', packing='packed', preds=32, extra=['--cost_model'])
   _check_fit_report(rep, 4, {'data': 1, 'fsdp': 4, 'tensor': 1})
   assert rep['device_kind'].startswith('TPU v5') and rep['attention_impl'] == 'splash'
   assert rep['xla_flops_per_device']
@@ -80,6 +80,9 @@ def test_tpu_v5e_slice_uses_splash(tmp_path):
   attention = 12 * 2 * t * 64 * rep['global_batch'] * t / devices
   assert abs(rl['flops']['matmul'] / (rep['model_flops_per_step'] / devices - attention) - 1) < 0.01
   assert abs(3 * rl['attention_forward_flops'] / attention - 1) < 0.01
+  # --cost_model: XLA's cost model of the rest of the step plus splash priced at 50% MFU
+  assert rep['cost_model_splash_mfu'] == 0.5 and 'cost model    ' in out
+  assert rep['cost_model_seconds'] > attention / (0.5 * rep['peak_flops_per_device'])
 
 
 def test_h100x8_pre_hopper_bias_kernel_on_a_tensor_parallel_mesh(tmp_path):

@@ -18,7 +18,8 @@ Estimated step time (a model, not a measurement):
     communication all show, so meshes and policies no longer tie by construction.
   - TPU: XLA's own cost model (`cost_analysis()['optimal_seconds']`) of one micro-batch's forward + backward with
     the layers unrolled, compiled at 1 and 2 layers and extrapolated linearly to the model's depth (loop bodies
-    are costed once, so the scanned program cannot be used), times the accumulation steps. Pallas kernels are
+    are costed once, so the scanned program cannot be used; for a scanned config this prices the unrolled
+    layer, whose SwiGLU takes autodiff's gradient), times the accumulation steps. Pallas kernels are
     custom calls the cost model does not see: attention's FLOPs are added at the stated MFU. The optimizer
     update (elementwise, FSDP-sharded) is not included.
   - On a target of several slices / nodes, plus the DCN time: the bytes the compiled step sends across slices

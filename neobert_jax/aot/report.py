@@ -55,6 +55,9 @@ class FitReport:
   # The roofline of the compiled program (aot/roofline.py): its summary and the lines the report prints.
   roofline: dict[str, Any] | None = None
   roofline_lines: list[str] = dataclasses.field(default_factory=list)
+  # XLA's TPU cost model for the step (aot/plan.tpu_seconds; compile --cost_model), with the MFU it prices splash at.
+  cost_model_seconds: float | None = None
+  cost_model_splash_mfu: float | None = None
 
   @property
   def total_bytes(self) -> int:
@@ -191,6 +194,12 @@ def format_report(r: FitReport) -> str:
     f'step time     {r.step_seconds_at(0.5) * 1e3:.3g} ms at 50% MFU '
     f'({r.peak_flops_per_device / 1e12:.0f} TFLOP/s peak per device)'
   )
+  if r.cost_model_seconds:
+    mfu = r.model_flops_per_step / (r.num_devices * r.peak_flops_per_device * r.cost_model_seconds)
+    lines.append(
+      f'cost model    {r.cost_model_seconds * 1e3:,.1f} ms/step, est. MFU {mfu:.1%} (XLA TPU cost model of 1- and '
+      f'2-layer micro-batch programs, extrapolated; splash at {r.cost_model_splash_mfu:.0%} MFU)'
+    )
   cudnn = [k for k in r.attention_kernels if k.startswith('__cudnn')]
   splash = [k for k in r.attention_kernels if k.startswith('splash')]
   if cudnn:
