@@ -195,7 +195,7 @@ def format_report(r: FitReport) -> str:
     f'({r.peak_flops_per_device / 1e12:.0f} TFLOP/s peak per device)'
   )
   if r.cost_model_seconds:
-    mfu = r.model_flops_per_step / (r.num_devices * r.peak_flops_per_device * r.cost_model_seconds)
+    mfu = r.step_seconds_at(1.0) / r.cost_model_seconds  # the step at full MFU over the estimated step
     lines.append(
       f'cost model    {r.cost_model_seconds * 1e3:,.1f} ms/step, est. MFU {mfu:.1%} (XLA TPU cost model of 1- and '
       f'2-layer micro-batch programs, extrapolated; splash at {r.cost_model_splash_mfu:.0%} MFU)'
