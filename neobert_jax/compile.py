@@ -180,9 +180,13 @@ def run_child(cfg_in) -> int:
   if _COST_MODEL.value and target.platform == 'tpu':
     from neobert_jax.aot import plan as plan_lib
 
-    cost_model = dict(
-      cost_model_seconds=plan_lib.tpu_seconds(cfg, target, _PLAN_MFU.value), cost_model_splash_mfu=_PLAN_MFU.value
-    )
+    seconds = plan_lib.tpu_seconds(cfg, target, _PLAN_MFU.value)
+    cost_model = dict(cost_model_seconds=seconds, cost_model_splash_mfu=_PLAN_MFU.value)
+    if seconds is None:
+      notes.append(
+        '--cost_model: this XLA gave no cost analysis (optimal_seconds) for the TPU program; '
+        'the roofline above is the estimate'
+      )
   elif _COST_MODEL.value:
     notes.append('--cost_model: XLA gives a cost model for TPU targets only; the roofline above is the estimate')
   if compiled is not None:

@@ -101,17 +101,19 @@ def test_h100x8_pre_hopper_bias_kernel_on_a_tensor_parallel_mesh(tmp_path):
 
 
 # The 4096 recipe only: it has the larger document bound (32 slots) and the longer rows, the harder case of the two
-# (each compile pair takes ~30 s of the suite's budget; `python -m neobert_jax.compile --config=configs/neobert_250m.py
-# --target=cuda:h100x8` checks the 1024 recipe).
+# (`python -m neobert_jax.compile --config=configs/neobert_250m.py --target=cuda:h100x8` checks the 1024 recipe). At
+# LAYERS of its 28 layers: every layer is the same program, and the two full-depth compiles took ~55 s of the suite.
+LAYERS = 4
+
+
 @pytest.mark.parametrize('recipe', ['neobert_250m_4096.py'])
 def test_250m_packed_step_on_h100_is_flash_without_a_t_by_t_buffer(tmp_path, recipe):
-  """The real 250M recipes, packed: cuDNN's plain flash kernel, no [.., T, T] buffer in the program, and no more
-  temporaries than padding mode's except the softmax statistics jax's packed layout keeps per document slot
-  ([B x max_documents_per_row, heads, T] fp32 per layer instead of [B, heads, T])."""
+  """The real 250M recipes (widths, rows, batch, mesh; LAYERS deep), packed: cuDNN's plain flash kernel, no
+  [.., T, T] buffer in the program, and no more temporaries than padding mode's except the softmax statistics jax's
+  packed layout keeps per document slot ([B x max_documents_per_row, heads, T] fp32 per layer instead of [B, heads,
+  T])."""
 
-  def run(packing):
-    out = tmp_path / f'{packing}.json'
-    hlo = tmp_path / f'{packing}.hlo'
+  def start(packing):
     cmd = [
       sys.executable,
       '-m',
@@ -119,20 +121,31 @@ def test_250m_packed_step_on_h100_is_flash_without_a_t_by_t_buffer(tmp_path, rec
       f'--config=configs/{recipe}',
       '--target=cuda:h100x8',
       f'--config.data.packing={packing}',
-      f'--json={out}',
-      f'--dump_hlo={hlo}',
+      f'--config.model.num_layers={LAYERS}',
+      f'--json={tmp_path / f"{packing}.json"}',
+      f'--dump_hlo={tmp_path / f"{packing}.hlo"}',
     ]
-    r = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=900)
-    if r.returncode == 3:
-      pytest.skip(f'optional AOT dependency could not be installed: {r.stderr[-800:]}')
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-5000:]
-    return json.loads(out.read_text()), hlo.read_text()
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+
+  def finish(packing, proc):
+    stdout, stderr = proc.communicate(timeout=900)
+    if proc.returncode == 3:
+      pytest.skip(f'optional AOT dependency could not be installed: {stderr[-800:]}')
+    assert proc.returncode == 0, stdout[-3000:] + stderr[-5000:]
+    return json.loads((tmp_path / f'{packing}.json').read_text()), (tmp_path / f'{packing}.hlo').read_text()
 
   from neobert_jax import config
 
   cfg = config.load(os.path.join(ROOT, 'configs', recipe))
-  packed, hlo = run('packed')
-  padded, _ = run('none')
+  cfg.model.num_layers = LAYERS
+  procs = {packing: start(packing) for packing in ('packed', 'none')}  # the two compiles side by side
+  try:
+    packed, hlo = finish('packed', procs['packed'])
+    padded, _ = finish('none', procs['none'])
+  finally:
+    for proc in procs.values():
+      if proc.poll() is None:
+        proc.kill()
   t = packed['seq_len']
   # packed rows (packed layout) and padded rows (per-row lengths) both get the plain flash kernel
   assert (

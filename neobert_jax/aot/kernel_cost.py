@@ -156,6 +156,16 @@ def dot_shape(ins: hlo_lib.Instr, types: dict[str, str]) -> tuple[float, int, in
   return 2.0 * out_elems * k, batch, m, n, k
 
 
+# A fused attention kernel, by the call's name or attributes: cuDNN (custom_call_target="__cudnn$fmha..."), the TPU
+# splash Mosaic kernels (named %splash_mha_fwd..., _dq, _dkv) and Pallas GPU flash attention (mha_fwd / mha_bwd).
+_ATTENTION_CALL = re.compile(r'__cudnn\$fmha|splash_mha|flash_attention|mha_(?:fwd|bwd)')
+
+
+def is_attention_call(ins: hlo_lib.Instr) -> bool:
+  """Whether an instruction is a fused attention kernel whose work attention_work prices."""
+  return ins.op == 'custom-call' and bool(_ATTENTION_CALL.search(f'{ins.name} {ins.attrs}'))
+
+
 def attention_work(ins: hlo_lib.Instr, types: dict[str, str]) -> tuple[float, int, bool]:
   """(FLOPs, key length, backward?) of a fused attention call, from its q / k shapes (roofline.py's docstring).
   A TPU Mosaic call is named after its kernel (%splash_mha_dq_...); its first operands are the mask's block

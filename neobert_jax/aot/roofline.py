@@ -53,7 +53,6 @@ _FREE = {
   'get-dimension-size',
 }
 _COLLECTIVE = re.compile(r'^(' + '|'.join(collectives.KINDS) + r')(-start|-done)?$')
-_ATTENTION_CALL = re.compile(r'__cudnn\$fmha|splash_mha|flash_attention|mha_(?:fwd|bwd)')
 GPU_MIN_KERNEL_SECONDS = 2e-6  # launch and tail of one kernel on a GPU (assumption; CUDA graphs hide the launch)
 TPU_MIN_KERNEL_SECONDS = 0.5e-6
 
@@ -216,7 +215,7 @@ def _one(ins, comp, types, mod, acc, hbm, link, dcn, num_devices, min_kernel, ru
     return Op(
       ins.name, 'collective', f'{kind.group(1)} x{n}', runs, 0.0, per, seconds, 'link', overlapped=bool(kind.group(2))
     )
-  if ins.op == 'custom-call' and _ATTENTION_CALL.search(f'{ins.name} {ins.attrs}'):
+  if kernel_cost.is_attention_call(ins):
     flops, keys, backward = kernel_cost.attention_work(ins, types)
     compute, direction = (flops / acc.attention_rate(keys, backward) if flops else 0.0), 'bwd' if backward else 'fwd'
     moved = sum(size(o) for o in ins.operands) + hlo_lib.total(hlo_lib.type_sizes(ins.type))
