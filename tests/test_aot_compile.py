@@ -251,3 +251,18 @@ def test_plan_meshes():
     {'data': 1, 'fsdp': 4, 'tensor': 2},
     {'data': 4, 'fsdp': 1, 'tensor': 2},
   ]
+
+
+def test_plan_takes_the_fastest_micro_batch_that_fits_not_the_largest():
+  from neobert_jax.aot import plan
+
+  def compiled(fits, seconds):
+    return {'fits': fits, 'roofline': {'seconds': seconds} if seconds else None}
+
+  # The 4096 recipe's FSDP / no-remat search as the roofline priced it: 32 rows fit but XLA rematerialised.
+  tried = {8: compiled(True, 1.4575), 32: compiled(True, 1.538), 64: compiled(False, None)}
+  assert plan.fastest_fitting(tried, default=1) == 8
+  tried[16] = compiled(True, 1.4575)  # a tie goes to the larger micro-batch (fewer accumulation steps)
+  assert plan.fastest_fitting(tried, default=1) == 16
+  assert plan.fastest_fitting({8: compiled(True, None), 32: compiled(True, None)}, default=1) == 32
+  assert plan.fastest_fitting({4: compiled(False, None)}, default=4) == 4

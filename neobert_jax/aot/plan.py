@@ -9,7 +9,9 @@ Candidates keep the config's global batch and sequence length and vary
   - the remat policy: none, save_dots, full,
   - the micro-batch per device (powers of two), which sets grad_accum_steps = global batch / micro-batch rows.
 Memory is monotone in the micro-batch, so each (mesh, remat) pair binary-searches the largest micro-batch that
-fits (about three compiles) instead of compiling them all.
+fits (about three compiles) instead of compiling them all. The largest is not always the fastest: near the memory
+limit XLA rematerialises on its own (250M at 4096, FSDP 8, no remat: 1,538 ms by the roofline at 32 rows per H100,
+1,458 ms at 8), so of the sizes the search compiled and that fit, the roofline picks (ties: the larger).
 
 Estimated step time (a model, not a measurement):
   - GPU: the roofline of the compiled train step (aot/roofline.py): every kernel's FLOPs at the achievable rate
@@ -37,6 +39,7 @@ Owns: candidate generation, the estimates, the table and the recommendation. Run
 from __future__ import annotations
 
 import dataclasses
+import math
 import sys
 import time
 from typing import Callable
@@ -161,6 +164,13 @@ def tpu_seconds(cfg, target: targets.Target, mfu: float) -> float | None:
   return seconds
 
 
+def fastest_fitting(tried: dict[int, dict], default: int) -> int:
+  """Of the compiled micro-batch sizes ({size: compile_layout's dict}) that fit, the one with the shortest roofline
+  step; ties and missing rooflines go to the larger size; `default` where none fits."""
+  fitting = [k for k, v in tried.items() if v['fits']]
+  return min(fitting, key=lambda k: ((tried[k]['roofline'] or {}).get('seconds') or math.inf, -k), default=default)
+
+
 def search(
   cfg,
   target: targets.Target,
@@ -170,28 +180,31 @@ def search(
   mfu: float,
   log: Callable[[str], None] = print,
 ) -> Row:
-  """The largest micro-batch that fits for one (mesh, remat), by binary search, and its estimated step."""
+  """For one (mesh, remat): the largest micro-batch that fits, by binary search, and of the sizes compiled on the way
+  the one the roofline prices fastest, with its estimated step."""
   global_batch = cfg.train.global_batch_size
   shards = batch_shards(mesh)
   micro_sizes = [
     m for m in (2**i for i in range(20)) if m * shards <= global_batch and global_batch % (m * shards) == 0
   ]
-  lo, hi, best, tried = 0, len(micro_sizes) - 1, None, {}
-  while lo <= hi:  # largest micro-batch that fits
+  lo, hi, tried = 0, len(micro_sizes) - 1, {}
+  while lo <= hi:  # the largest micro-batch that fits
     mid = (lo + hi) // 2
     m = micro_sizes[mid]
     c = _with(cfg, mesh, remat, global_batch // (m * shards))
     t0 = time.time()
     tried[m], cached = plan_cache.cached(c, target, ('train', headroom), lambda: compile_layout(c, target, headroom))
+    seconds = (tried[m]['roofline'] or {}).get('seconds') if tried[m]['fits'] else None
     log(
       f'[plan] mesh {mesh} remat {remat:9s} micro {m:4d}/device: {tried[m]["total"] / 2**30:7.2f} GiB '
-      f'{"fits" if tried[m]["fits"] else "too big"} ({"cached" if cached else f"{time.time() - t0:.0f} s"})'
+      f'{"fits" if tried[m]["fits"] else "too big"}{f", roofline {seconds * 1e3:,.1f} ms" if seconds else ""} '
+      f'({"cached" if cached else f"{time.time() - t0:.0f} s"})'
     )
     if tried[m]['fits']:
-      best, lo = m, mid + 1
+      lo = mid + 1
     else:
       hi = mid - 1
-  m = best if best is not None else micro_sizes[0]
+  m = fastest_fitting(tried, default=micro_sizes[0])
   r = tried[m]
   c = _with(cfg, mesh, remat, global_batch // (m * shards))
   dcn_bytes = sum(row['bytes'] for row in r['dcn'].values())
