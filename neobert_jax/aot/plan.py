@@ -164,11 +164,16 @@ def tpu_seconds(cfg, target: targets.Target, mfu: float) -> float | None:
   return seconds
 
 
+def roofline_seconds(result: dict) -> float | None:
+  """The roofline step of one compile_layout result, None where it did not fit or has no roofline."""
+  return (result['roofline'] or {}).get('seconds') if result['fits'] else None
+
+
 def fastest_fitting(tried: dict[int, dict], default: int) -> int:
   """Of the compiled micro-batch sizes ({size: compile_layout's dict}) that fit, the one with the shortest roofline
   step; ties and missing rooflines go to the larger size; `default` where none fits."""
   fitting = [k for k, v in tried.items() if v['fits']]
-  return min(fitting, key=lambda k: ((tried[k]['roofline'] or {}).get('seconds') or math.inf, -k), default=default)
+  return min(fitting, key=lambda k: (roofline_seconds(tried[k]) or math.inf, -k), default=default)
 
 
 def search(
@@ -194,7 +199,7 @@ def search(
     c = _with(cfg, mesh, remat, global_batch // (m * shards))
     t0 = time.time()
     tried[m], cached = plan_cache.cached(c, target, ('train', headroom), lambda: compile_layout(c, target, headroom))
-    seconds = (tried[m]['roofline'] or {}).get('seconds') if tried[m]['fits'] else None
+    seconds = roofline_seconds(tried[m])
     log(
       f'[plan] mesh {mesh} remat {remat:9s} micro {m:4d}/device: {tried[m]["total"] / 2**30:7.2f} GiB '
       f'{"fits" if tried[m]["fits"] else "too big"}{f", roofline {seconds * 1e3:,.1f} ms" if seconds else ""} '
