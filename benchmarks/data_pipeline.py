@@ -12,7 +12,7 @@ pipeline; the bar is >= 2M per core), the padding fraction each packing mode
 leaves, and a per-stage split of one block (read / pack / mask).
 
 With --bucket or --emulator: the built-in corpus (prepared for --seq-len) is uploaded to the bucket, then
-staged back (data.dir=gs://..., data/staging.py) into a fresh cache folder: upload and staging MiB/s, the check
+staged back (data.dir=gs://..., data/pipeline/staging.py) into a fresh cache folder: upload and staging MiB/s, the check
 of an already staged copy, then the pipeline's tokens/s from the local directory and from the staged copy, and
 the read stage alone (a block of documents at random) from local, staged and straight from the bucket
 (array_record's own gs:// reader; the emulator's address goes to it through CLOUD_STORAGE_EMULATOR_ENDPOINT).
@@ -29,9 +29,12 @@ import time
 import numpy as np
 import psutil
 
-from neobert_jax.data import blocks as blocks_lib
+from neobert_jax.data.pipeline import blocks as blocks_lib
 from neobert_jax.config import data as config_lib
-from neobert_jax.data import masking, packing, pipeline, shards, testing
+from neobert_jax.data import shards, testing
+from neobert_jax.data.pipeline import masking
+from neobert_jax.data.pipeline import packing
+from neobert_jax.data.pipeline import iterators as pipeline
 
 
 def synthetic_dir(root: str, n_docs: int, mean_len: int, seq_len: int) -> str:
@@ -137,7 +140,9 @@ def _random_reads(urls: list[str], n: int) -> tuple[float, float]:
 def bucket_comparison(a) -> None:
   """Data on a bucket against the same data on local disk (see the module docstring)."""
   from neobert_jax import paths  # pylint: disable=g-import-not-at-top
-  from neobert_jax.data import corpus, publish, staging  # pylint: disable=g-import-not-at-top
+  from neobert_jax.data.prepare import corpus  # pylint: disable=g-import-not-at-top
+  from neobert_jax.data.prepare import publish  # pylint: disable=g-import-not-at-top
+  from neobert_jax.data.pipeline import staging  # pylint: disable=g-import-not-at-top
 
   emulator = None
   if a.emulator:

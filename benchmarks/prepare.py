@@ -25,8 +25,9 @@ import time
 
 import numpy as np
 
-from neobert_jax.data import corpus, rollover
-from neobert_jax.data import prepare as prepare_lib
+from neobert_jax.data import rollover
+from neobert_jax.data.prepare import corpus
+from neobert_jax.data.prepare import local as prepare_lib
 
 
 def _cpu(who) -> float:
@@ -59,7 +60,7 @@ def run_ray(inputs, out, nodes, flags, split_mb, warmup) -> list[dict]:
   os.environ.setdefault('RAY_USAGE_STATS_ENABLED', '0')  # and no usage report over the network
   import ray  # pylint: disable=g-import-not-at-top
   from ray.cluster_utils import Cluster  # pylint: disable=g-import-not-at-top
-  from neobert_jax.data import prepare_ray  # pylint: disable=g-import-not-at-top
+  from neobert_jax.data.prepare import ray_engine as prepare_ray  # pylint: disable=g-import-not-at-top
 
   cluster = Cluster(initialize_head=True, head_node_args=dict(num_cpus=0, include_dashboard=False))
   rows = []
@@ -171,7 +172,7 @@ def main(argv=None):
 
 
 def _repeat(inputs, times, tmp) -> str:
-  from neobert_jax.data import sources  # pylint: disable=g-import-not-at-top
+  from neobert_jax.data.prepare import sources  # pylint: disable=g-import-not-at-top
 
   folder = os.path.join(tmp, 'repeated')
   os.makedirs(folder)

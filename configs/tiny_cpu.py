@@ -10,7 +10,7 @@ WORKDIR/loss_curve.md and shows fill-mask predictions on held-out sentences thro
 
 What differs from the 250M recipe, and why (each measured on this corpus, README "Main job"):
   * vocabulary: `builtin-wordpiece-2048`, a WordPiece vocabulary learned from the corpus's training documents
-    (data/corpus.py), instead of bert-base-uncased's 30522 ids. At this width the 30522-wide decoder and embedding
+    (data/prepare/corpus.py), instead of bert-base-uncased's 30522 ids. At this width the 30522-wide decoder and embedding
     are ~3/4 of a step's work (a step took 3.8x as long) and each of their rows sees few of the ~2M training
     tokens, so a model with that vocabulary had barely left the unigram plateau when time ran out.
   * 32 rows per step and 40% of tokens masked (NeoBERT: 20%): a small model in a short run is starved of

@@ -19,7 +19,7 @@ def train() -> None:
 
 def prepare() -> None:
   """neobert-prepare: python -m neobert_jax.data.prepare (its main returns the manifest; the status is 0)."""
-  from neobert_jax.data import prepare as prepare_lib  # pylint: disable=g-import-not-at-top
+  from neobert_jax.data.prepare import local as prepare_lib  # pylint: disable=g-import-not-at-top
 
   prepare_lib.main()
 

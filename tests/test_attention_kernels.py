@@ -14,7 +14,7 @@ import pytest
 from flax import nnx
 
 from neobert_jax import sharding
-from neobert_jax.data import packing
+from neobert_jax.data.pipeline import packing
 from neobert_jax.model import NeoBERTForMLM, default_model_config
 from neobert_jax.model.attention import attention, choose, overflow, packed_layout
 

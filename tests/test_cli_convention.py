@@ -34,8 +34,8 @@ COMMANDS = {
   'neobert_jax.evaluate': ('evaluate', 'neobert-evaluate', False),
   'neobert_jax.embed': ('embed', 'neobert-embed', False),
   'neobert_jax.finetune.export': ('export', None, False),
-  'neobert_jax.data.corpus': ('corpus', None, False),
-  'neobert_jax.data.train_sentencepiece': ('train_sentencepiece', None, False),
+  'neobert_jax.data.prepare.corpus': ('corpus', None, False),
+  'neobert_jax.data.prepare.train_sentencepiece': ('train_sentencepiece', None, False),
   'neobert_jax.aot.deps': ('deps', None, False),
 }
 UNKNOWN = '--no-such-flag'

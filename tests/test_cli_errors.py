@@ -19,7 +19,7 @@ import pytest
 
 from neobert_jax import errors
 from neobert_jax.convert import __main__ as convert_main
-from neobert_jax.data import prepare as prepare_lib
+from neobert_jax.data.prepare import local as prepare_lib
 from neobert_jax.data import testing as data_testing
 
 REPO = Path(__file__).resolve().parents[1]

@@ -45,7 +45,7 @@ def source():
 
 @pytest.fixture(scope='module')
 def bert_tokenizer():
-  from neobert_jax.data import corpus
+  from neobert_jax.data.prepare import corpus
 
   try:
     return corpus.bert_tokenizer_file()

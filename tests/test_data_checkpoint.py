@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 
 from neobert_jax.config import data as config_lib
-from neobert_jax.data import pipeline, testing
+from neobert_jax.data import testing
+from neobert_jax.data.pipeline import iterators as pipeline
 
 
 @pytest.fixture(scope='module')

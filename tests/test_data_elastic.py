@@ -11,8 +11,9 @@ import numpy as np
 import pytest
 
 from neobert_jax.config import data as config_lib
-from neobert_jax.data import pipeline, testing
-from neobert_jax.data import prepare as prepare_lib
+from neobert_jax.data import testing
+from neobert_jax.data.pipeline import iterators as pipeline
+from neobert_jax.data.prepare import local as prepare_lib
 
 GLOBAL_BATCH = 8
 
@@ -136,7 +137,7 @@ def test_next_prepare_removes_a_killed_prepares_temp_dir(tmp_path):
       sys.executable,
       '-c',
       'import os, sys, time\n'
-      'from neobert_jax.data import prepare, shards\n'
+      'from neobert_jax.data import shards\nfrom neobert_jax.data.prepare import local as prepare\n'
       'real = shards.ShardWriter.write_document\n'
       'def write(self, chunks):\n'
       '  real(self, chunks); print("writing", flush=True); time.sleep(60)\n'

@@ -3,7 +3,9 @@
 import numpy as np
 import pytest
 
-from neobert_jax.data import blocks, masking, packing
+from neobert_jax.data.pipeline import blocks
+from neobert_jax.data.pipeline import masking
+from neobert_jax.data.pipeline import packing
 
 SPECIAL_IDS = (0, 1, 2, 3, 4)
 V = 5000

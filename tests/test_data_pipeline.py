@@ -8,9 +8,10 @@ import numpy as np
 import pytest
 
 from neobert_jax.config import data as config_lib
-from neobert_jax.data import batch as batch_contract
+from neobert_jax.data.pipeline import batch as batch_contract
 from neobert_jax import errors
-from neobert_jax.data import pipeline, testing
+from neobert_jax.data import testing
+from neobert_jax.data.pipeline import iterators as pipeline
 
 N_DOCS = 600
 
@@ -53,7 +54,7 @@ def test_batch_contract(data_dir, packing, max_predictions):
   assert set(b) == want
   for k in ('input_ids', 'positions', 'segment_ids', 'labels'):
     assert b[k].shape == (8, 128) and b[k].dtype == np.int32
-  # what the train step reads is exactly data/batch.py's contract
+  # what the train step reads is exactly data/pipeline/batch.py's contract
   for k, (shape, dtype) in batch_contract.row_shapes(128, max_predictions).items():
     assert b[k].shape == (8,) + shape and b[k].dtype == dtype, k
   if packing == 'none':

@@ -13,10 +13,12 @@ import zstandard
 from array_record.python.array_record_module import ArrayRecordReader
 
 from neobert_jax import errors
-from neobert_jax.data import prepare as prepare_lib
-from neobert_jax.data import shards, sources, splits, testing
+from neobert_jax.data.prepare import local as prepare_lib
+from neobert_jax.data import shards, testing
+from neobert_jax.data.prepare import sources
+from neobert_jax.data.prepare import splits
 from neobert_jax.data import tokenizer as tokenizer_lib
-from neobert_jax.data import train_sentencepiece
+from neobert_jax.data.prepare import train_sentencepiece
 
 WORDS = ('the', 'cat', 'sat', 'on', 'mat', 'dog', 'ran', 'far', 'away', 'home')
 

@@ -96,6 +96,17 @@ RULES = {
       or (_in(b, 'config') and not _in(b, 'config.model', 'config.data'))
     )
   ),
+  'the online pipeline (data.pipeline) imports nothing of the offline side (data.prepare) but the built-in corpus': (
+    lambda a, b: _in(a, 'data.pipeline') and _in(b, 'data.prepare') and not _in(b, 'data.prepare.corpus')
+  ),
+  'the offline side (data.prepare) does not import the online pipeline (data.pipeline)': lambda a, b: (
+    _in(a, 'data.prepare') and _in(b, 'data.pipeline')
+  ),
+  "data's shared base (shards, rollover, tokenizer, assets, testing) imports neither data.prepare nor data.pipeline": (
+    lambda a, b: (
+      _in(a, 'data') and not _in(a, 'data.prepare', 'data.pipeline') and _in(b, 'data.prepare', 'data.pipeline')
+    )
+  ),
   'model and data do not import each other': lambda a, b: (
     (_in(a, 'model') and _in(b, 'data')) or (_in(a, 'data') and _in(b, 'model'))
   ),

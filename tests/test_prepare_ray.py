@@ -22,8 +22,9 @@ import pytest
 import zstandard
 
 from neobert_jax import errors, paths
-from neobert_jax.data import ledger, testing
-from neobert_jax.data import prepare as prepare_lib
+from neobert_jax.data import testing
+from neobert_jax.data.prepare import ledger
+from neobert_jax.data.prepare import local as prepare_lib
 
 ray = pytest.importorskip('ray')
 from ray.cluster_utils import Cluster  # noqa: E402  pylint: disable=g-import-not-at-top
@@ -97,7 +98,7 @@ def local(vocab, tmp_path_factory):
 
 
 def _ray(inputs, out, vocab, cluster, **kw):  # joins the cluster unless this process is its driver already
-  from neobert_jax.data import prepare_ray  # pylint: disable=g-import-not-at-top
+  from neobert_jax.data.prepare import ray_engine as prepare_ray  # pylint: disable=g-import-not-at-top
 
   return prepare_ray.prepare(
     inputs, out, ray_address=cluster.address, tokenizer=vocab, split_mb=SPLIT_MB, **FLAGS, **kw
@@ -191,7 +192,7 @@ def test_a_driver_killed_mid_build_resumes_from_the_ledger(driver, vocab, local,
   raw, local_out, lm = local
   out = str(tmp_path / 'out')
   script = (
-    f'from neobert_jax.data import prepare_ray\n'
+    f'from neobert_jax.data.prepare import ray_engine as prepare_ray\n'
     f'prepare_ray.prepare([{str(raw)!r}], {out!r}, ray_address={driver.address!r}, tokenizer={vocab!r}, '
     f'split_mb={SPLIT_MB}, **{FLAGS!r})\n'
   )

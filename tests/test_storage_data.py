@@ -2,7 +2,7 @@
 
 `prepare` from raw files on gs:// into shards on gs:// gives the bytes a local prepare gives; --overwrite on a
 bucket removes the old shards only after the new manifest is up; a missing bucket is one line before tokenizing.
-Training with data.dir on gs:// (read through a verified local copy, data/staging.py) gives exactly the weights of
+Training with data.dir on gs:// (read through a verified local copy, data/pipeline/staging.py) gives exactly the weights of
 the same run on the local directory; a damaged shard on the bucket is one line naming its URL; a bucket whose
 data was prepared again is staged again; several stagers at once download once."""
 
@@ -21,8 +21,12 @@ import zstandard
 
 from neobert_jax import errors, paths
 from neobert_jax.config import data as data_config
-from neobert_jax.data import corpus, pipeline, publish, shards, staging, testing
-from neobert_jax.data import prepare as prepare_lib
+from neobert_jax.data import shards, testing
+from neobert_jax.data.prepare import corpus
+from neobert_jax.data.pipeline import iterators as pipeline
+from neobert_jax.data.prepare import publish
+from neobert_jax.data.pipeline import staging
+from neobert_jax.data.prepare import local as prepare_lib
 from neobert_jax.weights import runs
 from neobert_jax.train import loop
 from neobert_jax.train.testing import tiny_config

@@ -78,7 +78,7 @@ def _recover(output: Path) -> None:
   process's leftovers are left alone (a pid says nothing about other hosts: do not export into one directory from
   two)."""
   # prepare asks the same question of its temporary directories; one liveness test for both.
-  from neobert_jax.data.prepare import _alive  # pylint: disable=g-import-not-at-top
+  from neobert_jax.data.prepare.local import _alive  # pylint: disable=g-import-not-at-top
 
   pattern = re.compile(rf'\.{re.escape(output.name)}\.(tmp|old)-(\d+)-[0-9a-f]{{8}}')
   if not output.parent.is_dir():

@@ -1,10 +1,12 @@
-"""Data: tokenizers, `prepare` (text -> ArrayRecord shards), the Grain training pipeline.
+"""Data: from raw text to the batches a host feeds its devices, in two subpackages and a shared base.
 
-The trainer needs only:
-  from neobert_jax.data import default_data_config, make_train_iterator, make_eval_iterator
-Owns everything from text to batches, and the download cache (assets.py). Must not import the model, train/ or
-convert/; inside, assets <- tokenizer <- prepare <- corpus <- pipeline, never back.
+  prepare/   offline: raw text -> ArrayRecord shards + manifest.json (local and Ray engines), run once per corpus
+  pipeline/  online: prepared shards -> packed, masked batches, per host, while training runs
+  shards.py, rollover.py   the prepared-data format both sides share (manifest, shards, where a shard ends)
+  tokenizer.py, assets.py  tokenizers, and the download cache of files fetched from the package registry
+  testing.py               small synthetic vocabularies and prepared datasets for tests and benchmarks
+
+Must not import the model, train/ or convert/. The pipeline does not import prepare/ (only prepare/corpus.py, to
+find the built-in corpus); prepare/ does not import the pipeline. Nothing is imported here, so `prepare` does not
+pay for Grain and the trainer does not pay for the Ray engine.
 """
-
-from neobert_jax.config.data import default_data_config, validate_data_config
-from neobert_jax.data.pipeline import make_eval_iterator, make_train_iterator, open_prepared

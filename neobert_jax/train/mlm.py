@@ -17,7 +17,7 @@ from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from neobert_jax import sharding as shd
-from neobert_jax.data import batch as batch_contract
+from neobert_jax.data.pipeline import batch as batch_contract
 from neobert_jax.engine import optimizer as optimizer_lib
 from neobert_jax.engine import state as engine_state
 from neobert_jax.engine import step as engine_step
@@ -45,7 +45,7 @@ def create_train_state(cfg: ml_collections.ConfigDict, mesh: jax.sharding.Mesh) 
 
 
 def batch_keys(max_predictions: int) -> tuple[str, ...]:
-  """Keys the step reads (data/batch.py); anything else the data pipeline adds stays on the host."""
+  """Keys the step reads (data/pipeline/batch.py); anything else the data pipeline adds stays on the host."""
   return batch_contract.step_keys(max_predictions)
 
 

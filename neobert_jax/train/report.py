@@ -22,7 +22,7 @@ import numpy as np
 from array_record.python.array_record_module import ArrayRecordReader
 
 from neobert_jax import paths
-from neobert_jax.data import pipeline
+from neobert_jax.data.pipeline import iterators as pipeline
 from neobert_jax.data import shards
 
 log = logging.getLogger('neobert_jax.train')

@@ -67,7 +67,7 @@ def synthetic_batch(
 
 def mlm_rows(cfg: ml_collections.ConfigDict, seed: int = 0, fraction: float = 0.2) -> dict[str, np.ndarray]:
   """One global batch of full rows (one document each, no padding) with `fraction` of the tokens carrying the loss,
-  every key of data/batch.py filled consistently: the sparse slots and the dense labels name the same tokens, so
+  every key of data/pipeline/batch.py filled consistently: the sparse slots and the dense labels name the same tokens, so
   a sparse-head step, a dense-head step and the PyTorch model see the same work. Shapes [B, ...], no accum axis."""
   rng = np.random.default_rng(seed)
   b, t, p = cfg.train.global_batch_size, cfg.model.max_length, max(cfg.data.max_predictions, 1)

@@ -1,7 +1,7 @@
 """Train a SentencePiece vocabulary with BERT's special tokens, for pretraining
 with your own vocabulary.
 
-  python -m neobert_jax.data.train_sentencepiece --input 'corpus/*.jsonl' \
+  python -m neobert_jax.data.prepare.train_sentencepiece --input 'corpus/*.jsonl' \
       --output my_vocab --vocab-size 32000        # writes my_vocab.model/.vocab
 
 Ids: [PAD]=0 [UNK]=1 [CLS]=2 [SEP]=3 [MASK]=4, then the learned pieces. Then
@@ -12,7 +12,7 @@ printed size. Reads inputs exactly as `prepare` does (same formats and flags).
 from typing import Iterator, Sequence
 
 from neobert_jax import commandline, errors
-from neobert_jax.data import sources
+from neobert_jax.data.prepare import sources
 from neobert_jax.data import tokenizer as tokenizer_lib
 
 
@@ -77,7 +77,7 @@ def train(
 
 
 def main(argv=None):
-  p = commandline.Parser('train_sentencepiece', 'neobert_jax.data.train_sentencepiece', __doc__)
+  p = commandline.Parser('train_sentencepiece', 'neobert_jax.data.prepare.train_sentencepiece', __doc__)
   p.add_argument('--input', nargs='+', required=True, action='extend', help='files, globs or directories, as prepare')
   p.add_argument('--output', required=True, help='prefix: writes PREFIX.model, PREFIX.vocab')
   p.add_argument('--vocab-size', type=int, default=32000)

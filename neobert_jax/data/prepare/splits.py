@@ -20,7 +20,7 @@ import sys
 from typing import Sequence
 
 from neobert_jax import paths
-from neobert_jax.data import sources
+from neobert_jax.data.prepare import sources
 
 _ZSTD_MAGIC = 0xFD2FB528
 _SEEKABLE_MAGIC = 0x8F92EAB1  # the last 4 bytes of a seekable-format .zst (zstd/contrib/seekable_format)

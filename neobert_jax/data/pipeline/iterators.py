@@ -18,7 +18,7 @@ and only multi-host jobs pay it.
 
 Blocks are random-access (block b is a pure function of seed and b), so the
 iterator state is two integers plus Grain's own index. Batches are numpy dicts
-per host, as in the batch contract (data/batch.py): input_ids, positions,
+per host, as in the batch contract (data/pipeline/batch.py): input_ids, positions,
 segment_ids, labels [B, T] int32, and with max_predictions > 0 mlm_positions,
 mlm_labels [B, P] int32 and mlm_weights [B, P] float32.
 """
@@ -31,12 +31,12 @@ import ml_collections
 import numpy as np
 
 from neobert_jax import errors, paths
-from neobert_jax.data import blocks as blocks_lib
+from neobert_jax.data.pipeline import blocks as blocks_lib
 from neobert_jax.config import data as config_lib
-from neobert_jax.data import masking
-from neobert_jax.data import packing
+from neobert_jax.data.pipeline import masking
+from neobert_jax.data.pipeline import packing
 from neobert_jax.data import shards
-from neobert_jax.data import staging
+from neobert_jax.data.pipeline import staging
 from neobert_jax.data import tokenizer as tokenizer_lib
 
 
@@ -177,7 +177,7 @@ def prepare_builtin(data_cfg: ml_collections.ConfigDict, seq_len: int) -> None:
   """The explicit preparation step of a run on the built-in corpus (data.dir empty): fetches and tokenizes it once
   per machine. Opening prepared data (below) never does; the train command calls this first."""
   if not data_cfg.dir:
-    from neobert_jax.data import corpus  # pylint: disable=g-import-not-at-top
+    from neobert_jax.data.prepare import corpus  # pylint: disable=g-import-not-at-top
 
     corpus.default_prepared_dir(max_length=seq_len, tokenizer=data_cfg.tokenizer or tokenizer_lib.BUILTIN_BERT)
 
@@ -194,7 +194,7 @@ def open_prepared(
   config_lib.validate_data_config(data_cfg)
   directory = shown = data_cfg.dir
   if not directory:
-    from neobert_jax.data import corpus  # pylint: disable=g-import-not-at-top
+    from neobert_jax.data.prepare import corpus  # pylint: disable=g-import-not-at-top
 
     directory = shown = corpus.default_prepared_dir(
       max_length=seq_len, tokenizer=data_cfg.tokenizer or tokenizer_lib.BUILTIN_BERT, build=False

@@ -22,7 +22,7 @@ import shutil
 import numpy as np
 
 from neobert_jax import errors, paths
-from neobert_jax.data import sources
+from neobert_jax.data.prepare import sources
 
 WORK = '.prepare-work'
 _PARALLEL = 16  # object-store reads of a resumed build's entries at once (each is a small request)

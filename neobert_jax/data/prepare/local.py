@@ -24,9 +24,10 @@ import time
 from typing import Any, Iterable, Iterator, Sequence
 
 from neobert_jax import commandline, errors, paths
-from neobert_jax.data import documents, publish
+from neobert_jax.data.prepare import documents
+from neobert_jax.data.prepare import publish
 from neobert_jax.data import shards as shards_lib
-from neobert_jax.data import sources
+from neobert_jax.data.prepare import sources
 from neobert_jax.data import tokenizer as tokenizer_lib
 
 _TOKENIZER = None  # per-worker tokenizer, built once by _init_worker
@@ -257,7 +258,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
       command=command,
     )
     if a.engine == 'ray':
-      from neobert_jax.data import prepare_ray  # pylint: disable=g-import-not-at-top
+      from neobert_jax.data.prepare import ray_engine as prepare_ray  # pylint: disable=g-import-not-at-top
 
       m = prepare_ray.prepare(a.input, a.output, options, ray_address=a.ray_address, split_mb=a.split_mb)
     else:
@@ -271,6 +272,3 @@ def main(argv: Sequence[str] | None = None) -> dict:
   )
   return m
 
-
-if __name__ == '__main__':
-  main()

@@ -1,4 +1,4 @@
-"""The work of `prepare --engine=ray`'s tasks, as plain functions (prepare_ray.py makes them Ray tasks).
+"""The work of `prepare --engine=ray`'s tasks, as plain functions (ray_engine.py makes them Ray tasks).
 
   pass 1, `tokenize_unit`: one unit of input (splits.py) -> its records per split in the ledger, and its counts
           (documents read, skipped, cut; decode issues; each document's token count) back to the driver;
@@ -20,7 +20,10 @@ import time
 import numpy as np
 
 from neobert_jax import errors, paths
-from neobert_jax.data import documents, ledger as ledger_lib, publish, shards
+from neobert_jax.data import shards
+from neobert_jax.data.prepare import documents
+from neobert_jax.data.prepare import ledger as ledger_lib
+from neobert_jax.data.prepare import publish
 from neobert_jax.data import tokenizer as tokenizer_lib
 
 _TOKENIZERS: dict = {}  # per worker process: (spec, sha256) -> Tokenizer

@@ -10,7 +10,7 @@ them: the bytes on the bucket are those a local prepare writes. The manifest is 
 An upload cut short leaves no manifest: readers refuse the output as unfinished, and running prepare again
 (--overwrite) replaces it.
 
-The Ray engine (prepare_ray.py) writes each shard on the node that assembles it and puts it in place with
+The Ray engine (ray_engine.py) writes each shard on the node that assembles it and puts it in place with
 `put_file` (local: a shared directory, renamed in whole; bucket: uploaded and its size checked), then `commit`s:
 the manifest last, then the removal of shards it does not list. `open_output` is both engines' check before work.
 """

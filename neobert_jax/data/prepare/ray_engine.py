@@ -25,7 +25,13 @@ import time
 from typing import Any
 
 from neobert_jax import errors, paths
-from neobert_jax.data import documents, ledger as ledger_lib, publish, ray_tasks, rollover, shards, sources, splits
+from neobert_jax.data import rollover, shards
+from neobert_jax.data.prepare import documents
+from neobert_jax.data.prepare import ledger as ledger_lib
+from neobert_jax.data.prepare import publish
+from neobert_jax.data.prepare import ray_tasks
+from neobert_jax.data.prepare import sources
+from neobert_jax.data.prepare import splits
 from neobert_jax.data import tokenizer as tokenizer_lib
 
 RETRIES = 5  # per task, for a lost node, a killed worker or a storage hiccup
