@@ -1,5 +1,6 @@
-"""Elastic resume: the data position is global, so 1 -> 2 -> 4 processes continue the uninterrupted run's rows, and
-a seek to step 1,000,000 costs what a seek to step 10 does. Also: a killed `prepare` leaves no litter behind."""
+"""Elastic resume: the data position is a table of virtual-shard positions (data.virtual_shards, here 8: automatic for a
+global batch of 8), so 1 -> 2 -> 4 -> 2 processes continue the uninterrupted run's rows, a process count that does not
+divide it is refused in one line, and a seek to step 1,000,000 costs what a seek to step 10 does. Also: a killed `prepare` leaves no litter behind."""
 
 import json
 import os
@@ -58,17 +59,20 @@ def _same(a, b):
 
 def test_one_two_four_processes_continue_the_uninterrupted_rows(data_dir):
   cfg = _cfg(data_dir)
-  reference = _global_batches(_iters(cfg, 1), 12)  # > 1 epoch of 300 docs at 8 rows x 128
+  reference = _global_batches(_iters(cfg, 1), 14)  # > 1 epoch of 300 docs at 8 rows x 128
   run = _iters(cfg, 1)
   got = _global_batches(run, 4)
   state = run[0].get_state()
   two = _iters(cfg, 2, state)
   got += _global_batches(two, 4)
   states = [it.get_state() for it in two]
-  assert states[0] == states[1]  # every process stands at the same global position
-  four = _iters(cfg, 4, states[1])
+  # each process holds the positions of its own virtual shards only: 0-3 and 4-7
+  assert [sorted(s['shards'], key=int) for s in states] == [['0', '1', '2', '3'], ['4', '5', '6', '7']]
+  four = _iters(cfg, 4, pipeline.merge_states(states))
   got += _global_batches(four, 4)
-  assert _same(got, reference)
+  back = _iters(cfg, 2, pipeline.merge_states([it.get_state() for it in four]))
+  got += _global_batches(back, 2)
+  assert _same(got, reference[: len(got)])
   # the rows of a step are split, never shared, between processes
   docs = [set(testing.documents_in({k: v[p * 2 : (p + 1) * 2] for k, v in reference[-1].items()})) for p in range(4)]
   assert sum(map(len, docs)) == len(set.union(*docs))
@@ -77,7 +81,7 @@ def test_one_two_four_processes_continue_the_uninterrupted_rows(data_dir):
 def test_seek_to_step_one_million_takes_milliseconds_not_a_replay(data_dir):
   cfg = _cfg(data_dir)
   # The position a 1M-step run holds: a block deep in its ~27k-th epoch, mid-block.
-  far = pipeline.state_at(block=1_000_000, row=3)
+  far = pipeline.state_at(block=1_000_000, row=3, shards_=range(8))
   t0 = time.perf_counter()
   one = _global_batches(_iters(cfg, 1, far), 3)
   seconds = time.perf_counter() - t0
@@ -95,7 +99,7 @@ def test_checkpoint_written_by_one_process_restores_on_two_and_four(data_dir, tm
 
   cfg = _cfg(data_dir)
   step = 1_000_000
-  writer = _iters(cfg, 1, pipeline.state_at(block=987_654, row=5))[0]
+  writer = _iters(cfg, 1, pipeline.state_at(block=987_654, row=5, shards_=range(8)))[0]
   next(writer)
   mngr = ocp.CheckpointManager(str(tmp_path / 'ckpt'))
   mngr.save(step, args=ocp.args.Composite(data=grain.checkpoint.CheckpointSave(writer)))
@@ -122,9 +126,32 @@ def test_missing_state_moves_in_constant_time_with_a_warning(data_dir, tmp_path,
   mngr.wait_until_finished()
   it = _iters(_cfg(data_dir), 1)[0]
   assert not checkpoint._restore_data(mngr, 2_000_000, it)  # pylint: disable=protected-access
-  assert it.get_state() == pipeline.state_at(2_000_000)
-  assert 'no data-iterator state' in caplog.text and 'global block 2000000' in caplog.text
+  assert it.get_state() == pipeline.state_at(2_000_000, shards_=range(8))
+  assert 'no data-iterator state' in caplog.text and 'block 2000000 of every virtual shard' in caplog.text
   mngr.close()
+
+
+def test_a_process_count_that_does_not_divide_the_virtual_shards_is_one_line(data_dir):
+  from neobert_jax import errors  # pylint: disable=g-import-not-at-top
+
+  cfg = _cfg(data_dir)
+  cfg.virtual_shards = 4
+  with pytest.raises(errors.ConfigError, match=r'virtual_shards=4 is not a multiple of the process count 3.*divides'):
+    pipeline.make_train_iterator(cfg, 4, 128, seed=0, process_index=0, process_count=3)
+  with pytest.raises(errors.ConfigError, match=r'global batch \(6 rows\) is not a multiple of data.virtual_shards=4'):
+    pipeline.make_train_iterator(cfg, 6, 128, seed=0)
+
+
+def test_a_global_batch_mixes_every_virtual_shard(data_dir):
+  # What a global batch mixes: B/V rows from each of the V virtual shards, each a contiguous 1/V of the corpus.
+  cfg = _cfg(data_dir)
+  cfg.packing = 'none'  # one document per row, so a row names its document
+  batch = next(_iters(cfg, 1)[0])
+  per_row = [testing.documents_in({k: v[r : r + 1] for k, v in batch.items()}) for r in range(GLOBAL_BATCH)]
+  # Synthetic documents are numbered in corpus order (a continuation record of a long document names none): row r
+  # comes from virtual shard r, the r-th eighth of the corpus, so the numbers rise row by row and span the corpus.
+  named = [d[0] for d in per_row if d and d[0] < 300]
+  assert len(named) >= 5 and named == sorted(named) and named[-1] - named[0] > 150, named
 
 
 def test_next_prepare_removes_a_killed_prepares_temp_dir(tmp_path):

@@ -81,7 +81,7 @@ def test_deterministic_and_epochs_reshuffle(data_dir):
   while len(seen) < N_DOCS:  # every document appears within about one epoch
     seen.update(testing.documents_in(next(it)))
     batches += 1
-  assert batches < 60
+  assert batches < 80  # each virtual shard ends its epoch at its own pace: the slowest sets the bound
   order1 = [d for x in _take(it, 4) for d in testing.documents_in(x)]
   assert order0 != order1
 
@@ -107,7 +107,7 @@ def test_processes_split_one_global_stream(data_dir):
   whole = pipeline.make_train_iterator(cfg, 30, 128, seed=0)
   parts = [pipeline.make_train_iterator(cfg, 10, 128, seed=0, process_index=p, process_count=3) for p in range(3)]
   seen = []
-  for _ in range(40):  # two epochs of 600 docs (blocks straddle the epoch end)
+  for _ in range(80):  # two epochs of 600 docs (blocks straddle the epoch end)
     batch, mine = next(whole), [next(it) for it in parts]
     for k in batch:
       assert np.array_equal(batch[k], np.concatenate([m[k] for m in mine]))

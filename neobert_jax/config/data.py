@@ -54,6 +54,18 @@ def default_data_config() -> ml_collections.ConfigDict:
   cfg.num_workers = 0
   # Batches each worker process keeps ready.
   cfg.worker_buffer_size = 2
+  # The train split is dealt out as this many virtual shards (contiguous record ranges), each its own shuffled
+  # stream giving global_batch / virtual_shards rows to every step; of n processes each owns virtual_shards / n of
+  # them and reads only their files. A run may use, and resume exactly under, any process count that divides it.
+  # 0: resolved when the run starts (the largest divisor of the global batch that is a multiple of the process
+  # count and at most 32, or the process count if larger) and recorded in the run's config.json.
+  cfg.virtual_shards = 0
+  # Shard files per shuffle window: a virtual shard visits its windows in a shuffled order and shuffles the
+  # documents within each window, so a window is what a host must hold on disk (with the next one) per shard.
+  cfg.shuffle_window = 4
+  # Data on a bucket: the most GiB of shard files this process keeps in its cache (cache/stream/...); files are
+  # fetched a window ahead of the reader and evicted least recently used. Must hold two windows per virtual shard.
+  cfg.cache_gb = 64.0
   return cfg
 
 
@@ -73,3 +85,9 @@ def validate_data_config(cfg: ml_collections.ConfigDict) -> None:
     raise ValueError(f'data.block_docs must be >= 1, got {cfg.block_docs}')
   if cfg.num_workers < 0:
     raise ValueError(f'data.num_workers must be >= 0, got {cfg.num_workers}')
+  if cfg.virtual_shards < 0:
+    raise ValueError(f'data.virtual_shards must be >= 0 (0: automatic), got {cfg.virtual_shards}')
+  if cfg.shuffle_window < 1:
+    raise ValueError(f'data.shuffle_window must be >= 1, got {cfg.shuffle_window}')
+  if not cfg.cache_gb > 0:
+    raise ValueError(f'data.cache_gb must be > 0, got {cfg.cache_gb}')

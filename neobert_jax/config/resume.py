@@ -41,6 +41,7 @@ PRETRAIN_RULES: dict[str, str] = {
   'model.remat_policy': FREE,
   'data': IDENTITY,  # corpus, tokenizer, packing, masking, data seed, block size, workers
   'data.worker_buffer_size': FREE,
+  'data.cache_gb': FREE,  # how much of the corpus a host keeps on disk, not which rows it reads
   'mesh': FREE,  # restore works onto any mesh and any process count
   'train': IDENTITY,  # a new train field is refused on change until it is classified
   'train.num_steps': SCHEDULE,
@@ -56,8 +57,8 @@ PRETRAIN_RULES: dict[str, str] = {
 }
 
 
-# Fields whose unset value ('') is resolved at start and recorded resolved: unset on either side is no change.
-RESOLVED_AT_START = ('data.tokenizer',)
+# Fields whose unset value ('' or 0) is resolved at start and recorded resolved: unset on either side is no change.
+RESOLVED_AT_START = ('data.tokenizer', 'data.virtual_shards')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -133,11 +134,15 @@ def diff(
   changes = []
   for field in sorted(new):
     before = old.get(field, base.get(field, MISSING))
-    if field in RESOLVED_AT_START and '' in (before, new[field]):
+    if field in RESOLVED_AT_START and (_unset(before) or _unset(new[field])):
       continue
     if before is MISSING or not _same(before, new[field]):
       changes.append(Change(field, before, new[field], rule(field, rules)))
   return changes
+
+
+def _unset(value: Any) -> bool:
+  return not isinstance(value, bool) and value in ('', 0)
 
 
 def of_kind(changes: list[Change], kind: str) -> list[Change]:

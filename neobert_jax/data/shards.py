@@ -175,6 +175,11 @@ def check_records(path: str, shown: str, shard: dict, directory: str) -> None:
     raise errors.DataError(f'{shown}: {n} records, manifest says {shard["records"]}; {remedy(directory)}')
 
 
+def id_dtype(manifest: dict) -> np.dtype:
+  """The width of the token ids in the shards' records."""
+  return np.dtype(manifest.get('id_dtype', '<i4'))
+
+
 def manifest_text(manifest: dict) -> str:
   """The manifest as written, locally and to a bucket alike (so the two are byte-identical)."""
   return json.dumps(manifest, indent=1, sort_keys=True) + '\n'

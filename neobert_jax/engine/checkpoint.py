@@ -276,28 +276,38 @@ def _set_iterator_state(data_iter: Any, text: str) -> None:
 def _saved_data_state(data_dir: paths.Path, pid: int, nproc: int) -> tuple[str | None, str]:
   """(state text to restore on process `pid` of `nproc`, or None; what was found, for the log).
 
-  The train iterator's state is a position in the global row stream, the same on every process (see
-  neobert_jax/data/pipeline/iterators.py), so a checkpoint written by any number of processes gives every process of
-  this job its position: process `pid` reads its own file when the counts match, else the first writer's.
-  A state from before the global layout is per-process and only usable under the same process count.
+  The train iterator's state holds the positions of the process's own virtual shards (see
+  neobert_jax/data/pipeline/iterators.py). Under the same process count each process reads its own file; under
+  another, the files of every writer are merged into one table of all virtual shards, from which each process of
+  this job takes its own (the pipeline refuses a count that does not divide data.virtual_shards). A state of an
+  older layout is only usable under the same process count.
   """
   writers = _data_writer_count(data_dir)
   if writers is None:
     return None, 'the checkpoint holds no data-iterator state'
   own = data_dir / f'process_{pid}-of-{nproc}.json'
-  path = own if writers == nproc and own.is_file() else data_dir / f'process_0-of-{writers}.json'
-  try:
-    text = path.read_text()
-  except OSError as e:
-    return None, f'the data-iterator state {path.name} could not be read ({_first_line(e)})'
-  if writers != nproc and _STREAM_MARK not in text:
+  names = (
+    [own.name] if writers == nproc and own.is_file() else [f'process_{i}-of-{writers}.json' for i in range(writers)]
+  )
+  texts = []
+  for name in names:
+    try:
+      texts.append((data_dir / name).read_text())
+    except OSError as e:
+      return None, f'the data-iterator state {name} could not be read ({_first_line(e)})'
+  if len(texts) == 1:
+    return texts[0], f'written by {writers} process(es), restored on {nproc}'
+  if not all(_STREAM_MARK in t for t in texts):
     return None, (
       f'the checkpoint was written by {writers} process(es) with a per-process data layout and this job has {nproc}'
     )
-  return text, f'written by {writers} process(es), restored on {nproc}'
+  from neobert_jax.data.pipeline import iterators as pipeline  # pylint: disable=g-import-not-at-top
+
+  merged = pipeline.merge_states([json.loads(t) for t in texts])
+  return json.dumps(merged), f'written by {writers} process(es), merged and restored on {nproc}'
 
 
-_STREAM_MARK = 'global-rows/'
+_STREAM_MARK = 'virtual-shards/'
 
 
 def _restore_data(
@@ -337,10 +347,10 @@ def _restore_data(
   from neobert_jax.data.pipeline import iterators as pipeline  # pylint: disable=g-import-not-at-top
 
   moved = 'left at the start of the stream'
-  if isinstance(initial, dict) and pipeline.is_global_state(initial) and 'next_index' in json.dumps(initial):
+  if isinstance(initial, dict) and initial.get('stream') == pipeline.STREAM:
     try:
-      data_iter.set_state(pipeline.state_at(step))
-      moved = f'moved to the start of global block {step}'
+      data_iter.set_state(pipeline.state_at(step, shards_=[int(v) for v in initial['shards']]))
+      moved = f'moved to the start of block {step} of every virtual shard'
     except Exception:  # noqa: BLE001 - an iterator of another shape (workers): stay at the start
       data_iter.set_state(initial)
   log.warning(

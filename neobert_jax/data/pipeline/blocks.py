@@ -52,10 +52,11 @@ def permute(indices: np.ndarray, n: int, seed: int, epoch: int) -> np.ndarray:
   return x.astype(np.int64)
 
 
-def join_records(records) -> tuple[np.ndarray, np.ndarray]:
-  """Records (int32 bytes each) -> (all ids concatenated, per-record lengths)."""
-  lengths = np.fromiter((len(r) for r in records), np.int64, len(records)) // 4
-  return np.frombuffer(b''.join(records), np.int32), lengths
+def join_records(records, dtype=np.int32) -> tuple[np.ndarray, np.ndarray]:
+  """Records (ids of width `dtype` each) -> (all ids concatenated, as int32; per-record lengths)."""
+  dtype = np.dtype(dtype)
+  lengths = np.fromiter((len(r) for r in records), np.int64, len(records)) // dtype.itemsize
+  return np.frombuffer(b''.join(records), dtype).astype(np.int32, copy=False), lengths
 
 
 class DocumentBlocks(grain.MapDataset):

@@ -1,26 +1,20 @@
-"""The Grain pipeline training consumes: prepared shards -> packed, masked batches.
+"""The Grain pipeline training consumes: this host's share of the prepared shards -> packed, masked batches.
 
-  ArrayRecord source -> all documents, shuffled (reseeded every epoch) -> repeat
-  -> blocks of `block_docs` documents -> pack + mask each block (numpy, whole
-  arrays) -> cut rows into GLOBAL batches -> optional mp_prefetch workers
-  -> this process's contiguous slice of each global batch
+  this host's virtual shards (virtual.py), each an endless shuffled stream of documents read through a shard store
+  (store.py: in place, or fetched from a bucket into a bounded cache, a window ahead of the reader)
+  -> blocks of `block_docs` documents per virtual shard -> pack + mask each block (numpy, whole arrays)
+  -> every step, B/V rows from each of this host's virtual shards, in shard order -> optional mp_prefetch workers
+  -> a background thread keeps the next batches ready
 
-The global row stream does not depend on the process count: global batch k is
-rows [k*B, (k+1)*B) of the stream, and process p of n owns rows
-[k*B + p*B/n, k*B + (p+1)*B/n). Every process therefore walks the same stream
-and its iterator state (block index + row, see _RowBatchIterator) is the same
-on every process: a position in the global stream. Restoring it under another
-process count is a seek, not a replay: rebuild the one block holding the row,
-and each process keeps its own slice from there on. The price is that each
-process packs and masks whole global batches (1/n of which it keeps); at
-~12M tokens per CPU-second that is far below what a host's accelerators eat,
-and only multi-host jobs pay it.
+Of n processes, process p owns virtual shards [p*V/n, (p+1)*V/n) and builds only its own rows: B/n per step. The
+rows of global step k (process 0's, then 1's, ...) are the same for every n that divides V, because each virtual
+shard gives B/V rows to every step whoever owns it. The iterator state is, per owned virtual shard, the next block
+and row (two integers): restoring is a seek (one block rebuilt per shard), not a replay, and the states of the
+processes of any earlier run merge into one table from which every process of the new run takes its own shards.
 
-Blocks are random-access (block b is a pure function of seed and b), so the
-iterator state is two integers plus Grain's own index. Batches are numpy dicts
-per host, as in the batch contract (data/pipeline/batch.py): input_ids, positions,
-segment_ids, labels [B, T] int32, and with max_predictions > 0 mlm_positions,
-mlm_labels [B, P] int32 and mlm_weights [B, P] float32.
+Batches are numpy dicts per host, as in the batch contract (data/pipeline/batch.py): input_ids, positions,
+segment_ids, labels [B, T] int32, and with max_predictions > 0 mlm_positions, mlm_labels [B, P] int32 and
+mlm_weights [B, P] float32.
 """
 
 import json
@@ -31,20 +25,22 @@ import ml_collections
 import numpy as np
 
 from neobert_jax import errors, paths
-from neobert_jax.data.pipeline import blocks as blocks_lib
 from neobert_jax.config import data as config_lib
+from neobert_jax.data import shards
+from neobert_jax.data import tokenizer as tokenizer_lib
 from neobert_jax.data.pipeline import masking
 from neobert_jax.data.pipeline import packing
-from neobert_jax.data import shards
-from neobert_jax.data.pipeline import staging
-from neobert_jax.data import tokenizer as tokenizer_lib
+from neobert_jax.data.pipeline import store as store_lib
+from neobert_jax.data.pipeline import virtual
+
+STREAM = virtual.STREAM
 
 
 class BlockBuilder:
   """grain map_with_index: block index + (tokens, lengths) -> packed, masked rows.
 
-  Randomness comes from (seed, block index) alone, so a block is the same
-  whichever worker builds it and however often it is rebuilt after a restore.
+  Randomness comes from (seed, virtual shard, block index) alone, so a block is the same whichever process or
+  worker builds it and however often it is rebuilt after a restore.
   """
 
   def __init__(
@@ -59,8 +55,9 @@ class BlockBuilder:
     special: dict,
     vocab_size: int,
     max_docs: int = 0,
+    shard: int = 0,
   ):
-    self.seq_len, self.packing_mode, self.seed = seq_len, packing_mode, seed
+    self.seq_len, self.packing_mode, self.seed, self.shard = seq_len, packing_mode, seed, shard
     self.max_docs = max_docs
     self.rate, self.strategy, self.max_predictions = rate, strategy, max_predictions
     self.pad_id, self.mask_id = special['pad'], special['mask']
@@ -68,7 +65,7 @@ class BlockBuilder:
 
   def __call__(self, index: int, block) -> dict:
     tokens, lengths = block
-    rng = np.random.default_rng([self.seed, index])
+    rng = np.random.default_rng([self.seed, self.shard, index])
     rows = packing.pack_block(
       tokens, lengths, self.seq_len, self.packing_mode, self.pad_id, rng, max_docs=self.max_docs
     )
@@ -86,80 +83,97 @@ class BlockBuilder:
     return rows
 
 
-class RowBatchDataset(grain.IterDataset):
-  """Cuts the parent's blocks of rows into batches of exactly `batch_size` rows."""
+class HostBatches(grain.IterDataset):
+  """Every step, `rows_per_shard` rows from each of the given virtual shards' row streams, concatenated in order.
 
-  def __init__(self, parent: grain.IterDataset, batch_size: int, finite_pad: bool = False):
-    super().__init__(parent)
-    self._batch_size = batch_size
-    self._finite_pad = finite_pad
+  `blocks` maps a virtual shard's number to its MapDataset of built blocks (dicts of [rows, T] arrays). A slice
+  (set by mp_prefetch: worker w of W) makes each stream use blocks w, w + W, ... of its shard.
+  """
+
+  def __init__(self, blocks: dict[int, grain.MapDataset], rows_per_shard: int, finite_pad: bool = False):
+    super().__init__(list(blocks.values()))
+    self.blocks, self.rows_per_shard, self.finite_pad = blocks, rows_per_shard, finite_pad
+    self.block_slice = (0, 1)
+
+  def set_slice(self, sl: slice, sequential_slice: bool = False) -> None:
+    del sequential_slice
+    self.block_slice = (sl.start or 0, sl.step or 1)
 
   def __iter__(self):
-    return _RowBatchIterator(self._parent.__iter__(), self._batch_size, self._finite_pad)
+    return _HostBatchIterator(self)
 
 
-# Marks an iterator state as a position in the process-count-independent global row stream (states written
-# before that layout hold a per-process position and cannot be moved to another process count).
-STREAM = 'global-rows/1'
+class _HostBatchIterator(grain.DatasetIterator):
+  """State: {'stream', 'shards': {virtual shard: [next block, next row in it]}} (block numbers before slicing)."""
 
-
-class _RowBatchIterator(grain.DatasetIterator):
-  """State: the parent's state *before* the block holding the next row, and that row."""
-
-  def __init__(self, parent: grain.DatasetIterator, batch_size: int, finite_pad: bool):
-    super().__init__(parent)
-    self._batch_size = batch_size
-    self._finite_pad = finite_pad
-    self._block = None  # dict of [rows, T] arrays, or None before the first block
-    self._block_state = parent.get_state()
-    self._row = 0  # next row of self._block
-    self._skip = 0  # rows to skip in the next block loaded (set by set_state)
+  def __init__(self, ds: HostBatches):
+    super().__init__()
+    self._ds = ds
+    self._pos = {v: [0, 0] for v in ds.blocks}  # per shard: sliced block counter, row in it
+    self._cache: dict[int, tuple[int, dict | None]] = {}
     self._exhausted = False
 
-  def _next_block(self) -> bool:
-    self._block_state = self._parent.get_state()
-    try:
-      self._block = next(self._parent)
-    except StopIteration:
-      self._block = None
-      return False
-    self._row, self._skip = self._skip, 0
-    return True
+  def _block(self, v: int, k: int) -> dict | None:
+    cached = self._cache.get(v)
+    if cached is not None and cached[0] == k:
+      return cached[1]
+    start, step = self._ds.block_slice
+    index = start + k * step
+    blocks = self._ds.blocks[v]
+    block = blocks[index] if index < len(blocks) else None
+    self._cache[v] = (k, block)  # one block per shard alive, plus the one being cut
+    return block
+
+  def _rows(self, v: int, need: int) -> list[dict]:
+    parts, pos = [], self._pos[v]
+    while need:
+      block = self._block(v, pos[0])
+      if block is None:
+        break
+      n = len(block['input_ids'])
+      if pos[1] >= n:
+        pos[0], pos[1] = pos[0] + 1, 0
+        continue
+      take = min(need, n - pos[1])
+      parts.append({k: a[pos[1] : pos[1] + take] for k, a in block.items()})
+      pos[1] += take
+      need -= take
+    return parts
 
   def __next__(self) -> dict:
     if self._exhausted:
       raise StopIteration
-    parts, need = [], self._batch_size
-    while need:
-      if self._block is None or self._row >= len(self._block['input_ids']):
-        if not self._next_block():
-          break
-        continue
-      take = min(need, len(self._block['input_ids']) - self._row)
-      parts.append({k: v[self._row : self._row + take] for k, v in self._block.items()})
-      self._row += take
-      need -= take
-    if need:  # finite data ran out
-      self._exhausted = True
-      if not parts or not self._finite_pad:
-        raise StopIteration
-      parts.append(_loss_free_rows(parts[0], need))
-    # Copies, so a batch does not keep its whole block alive.
-    return {k: np.concatenate([p[k] for p in parts]) if len(parts) > 1 else parts[0][k].copy() for k in parts[0]}
+    parts = []
+    for v in self._ds.blocks:
+      got = self._rows(v, self._ds.rows_per_shard)
+      short = self._ds.rows_per_shard - sum(len(p['input_ids']) for p in got)
+      if short:  # finite data (the held-out split) ran out in this shard
+        self._exhausted = True
+        if not self._ds.finite_pad or not (got or parts):
+          raise StopIteration
+        got.append(_loss_free_rows((got or parts)[0], short))
+      parts += got
+    # Copies, so a batch does not keep its blocks alive.
+    return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
 
   def get_state(self) -> dict[str, Any]:
-    if self._block is None:
-      return {'parent': self._block_state, 'row': self._skip, 'stream': STREAM}
-    if self._row >= len(self._block['input_ids']):
-      return {'parent': self._parent.get_state(), 'row': 0, 'stream': STREAM}
-    return {'parent': self._block_state, 'row': self._row, 'stream': STREAM}
+    start, step = self._ds.block_slice
+    return {'stream': STREAM, 'shards': {str(v): [start + p[0] * step, p[1]] for v, p in self._pos.items()}}
 
   def set_state(self, state: dict[str, Any]) -> None:
-    self._parent.set_state(state['parent'])
-    self._block_state = state['parent']
-    self._block = None
-    self._row = 0
-    self._skip = int(state['row'])
+    if state.get('stream') != STREAM:
+      raise ValueError(f'not a {STREAM} state: {json.dumps(state)[:80]}')
+    saved = state['shards']
+    missing = [v for v in self._pos if str(v) not in saved]
+    if missing:
+      raise ValueError(f'the state holds no position for virtual shard(s) {missing[:4]}')
+    start, step = self._ds.block_slice
+    for v in self._pos:
+      block, row = saved[str(v)]
+      if (block - start) % step:
+        raise ValueError(f"block {block} of virtual shard {v} is not one of this worker's ({start} + k * {step})")
+      self._pos[v] = [(block - start) // step, int(row)]
+    self._cache.clear()
     self._exhausted = False
 
 
@@ -185,23 +199,24 @@ def prepare_builtin(data_cfg: ml_collections.ConfigDict, seq_len: int) -> None:
 def open_prepared(
   data_cfg: ml_collections.ConfigDict, seq_len: int, model_vocab_size: int | None = None
 ) -> tuple[str, dict]:
-  """Finds the prepared directory and checks it fits this run; returns (local dir, manifest). Reads only.
+  """Finds the prepared data and checks it fits this run; returns (its directory or bucket URL, manifest).
 
-  Data on a bucket (data.dir=gs://...) is read from a verified local copy (staging.py): the returned directory is
-  that copy, and the messages here name the URL. The built-in corpus (data.dir empty) must have been prepared
-  (prepare_builtin); otherwise the error names the command that prepares it.
+  Reads only the manifest: no shard is opened or downloaded here. The built-in corpus (data.dir empty) must have
+  been prepared (prepare_builtin); otherwise the error names the command that prepares it.
   """
   config_lib.validate_data_config(data_cfg)
-  directory = shown = data_cfg.dir
+  directory = data_cfg.dir
   if not directory:
     from neobert_jax.data.prepare import corpus  # pylint: disable=g-import-not-at-top
 
-    directory = shown = corpus.default_prepared_dir(
+    directory = corpus.default_prepared_dir(
       max_length=seq_len, tokenizer=data_cfg.tokenizer or tokenizer_lib.BUILTIN_BERT, build=False
     )
-  elif paths.is_url(directory):
-    directory = staging.stage(paths.resolve(directory, 'data.dir'))
-  manifest = shards.read_manifest(directory)
+  if paths.is_url(directory):
+    url = paths.resolve(directory, 'data.dir')
+    manifest = shards.parse_manifest(store_lib.read_bucket_manifest(url), str(url))
+  else:
+    manifest = shards.read_manifest(directory)
   ident = manifest['tokenizer']
   # The manifest's own spec (what a run records as its tokenizer) names that vocabulary by definition, and need not
   # be loadable here (a vocabulary learned on the machine that prepared the data).
@@ -209,16 +224,40 @@ def open_prepared(
     want = tokenizer_lib.load_tokenizer(data_cfg.tokenizer).identity()
     if not tokenizer_lib.same_vocabulary(want, ident):
       raise errors.DataError(
-        f'{shown} was prepared with tokenizer {ident["spec"]!r} ({ident["kind"]}, '
+        f'{directory} was prepared with tokenizer {ident["spec"]!r} ({ident["kind"]}, '
         f'{ident["vocab_size"]} ids), not data.tokenizer={data_cfg.tokenizer!r} '
         f'({want["kind"]}, {want["vocab_size"]} ids); prepare it again with that tokenizer'
       )
   if model_vocab_size is not None and model_vocab_size != ident['vocab_size']:
     raise errors.DataError(
-      f'{shown} uses a {ident["vocab_size"]}-id vocabulary ({ident["spec"]!r}) but the '
+      f'{directory} uses a {ident["vocab_size"]}-id vocabulary ({ident["spec"]!r}) but the '
       f'model has vocab_size={model_vocab_size}; they must match'
     )
   return directory, manifest
+
+
+def _split(directory: str, manifest: dict, split: str) -> list[dict]:
+  info = manifest['splits'].get(split)
+  if not info or not info['shards']:
+    raise errors.DataError(f'{directory}: split {split!r} holds no documents')
+  return info['shards']
+
+
+def open_store(directory: str, listed: list[dict], cache_gb: float, process_index: int):
+  """The store this process reads `listed` shards through (store.py): in place, or a bucket's cache."""
+  if paths.is_url(directory):
+    return store_lib.BucketStore(paths.resolve(directory, 'data.dir'), listed, int(cache_gb * 2**30), process_index)
+  return store_lib.LocalStore(directory, listed)
+
+
+def split_files(data_cfg: ml_collections.ConfigDict, seq_len: int, split: str, max_files: int | None = None):
+  """Local paths of the first `max_files` shards of a split (all by default), fetched if the data is on a bucket;
+  for reports that read a split whole on one process."""
+  directory, manifest = open_prepared(data_cfg, seq_len)
+  listed = _split(directory, manifest, split)[:max_files]
+  store = open_store(directory, listed, float('inf'), 0)
+  store.acquire([s['file'] for s in listed])
+  return [store.local_path(s['file']) for s in listed], manifest
 
 
 def _seed(shuffle_seed: int, seed: int) -> int:
@@ -226,7 +265,7 @@ def _seed(shuffle_seed: int, seed: int) -> int:
   return seed if shuffle_seed < 0 else shuffle_seed
 
 
-def _builder(data_cfg: ml_collections.ConfigDict, manifest: dict, seq_len: int, seed: int) -> BlockBuilder:
+def _builder(data_cfg: ml_collections.ConfigDict, manifest: dict, seq_len: int, seed: int, shard: int) -> BlockBuilder:
   ident = manifest['tokenizer']
   return BlockBuilder(
     seq_len=seq_len,
@@ -238,28 +277,26 @@ def _builder(data_cfg: ml_collections.ConfigDict, manifest: dict, seq_len: int, 
     special=ident['special_ids'],
     vocab_size=ident['vocab_size'],
     max_docs=data_cfg.max_documents_per_row,
+    shard=shard,
   )
 
 
-def _blocks(paths, data_cfg, seed, process_index, process_count, shuffle):
-  source = grain.sources.ArrayRecordDataSource(paths)
-  try:
-    return blocks_lib.DocumentBlocks(
-      source, data_cfg.block_docs, seed=seed, process_index=process_index, process_count=process_count, shuffle=shuffle
+def virtual_shards(data_cfg: ml_collections.ConfigDict, global_batch: int, process_count: int) -> int:
+  """data.virtual_shards, or its automatic value when it is 0 (the trainer resolves it once and records it)."""
+  return data_cfg.virtual_shards or virtual.auto_virtual_shards(global_batch, process_count)
+
+
+def _check_cache(store, streams: list, listed: list[dict], data_cfg) -> None:
+  """The budget must hold two windows of every virtual shard this process reads (the one read, the next)."""
+  if not store.remote:
+    return
+  need = sum(2 * max(sum(listed[p.file]['bytes'] for p in w) for w in st.windows) for st in streams)
+  if need > store.budget:
+    raise errors.ConfigError(
+      f"data.cache_gb={data_cfg.cache_gb} is too small for this process's {len(streams)} virtual shard(s): two "
+      f'windows of data.shuffle_window={data_cfg.shuffle_window} shard files each need {need / 2**30:.2f} GiB; '
+      'raise data.cache_gb or lower data.shuffle_window'
     )
-  except ValueError as e:
-    raise errors.DataError(str(e)) from e
-
-
-class _OwnRows:
-  """Keeps this process's contiguous slice [start, start + size) of a global batch."""
-
-  def __init__(self, start: int, size: int):
-    self.start, self.size = start, size
-
-  def __call__(self, batch: dict) -> dict:
-    # Copies, so the host batch does not keep the whole global batch alive.
-    return {k: v[self.start : self.start + self.size].copy() for k, v in batch.items()}
 
 
 def make_train_iterator(
@@ -274,50 +311,86 @@ def make_train_iterator(
 ) -> grain.DatasetIterator:
   """Endless iterator of this host's training batches; has get_state/set_state.
 
-  Process p of n gets rows [p*b, (p+1)*b) (b = batch_size_per_host) of each
-  global batch of n*b rows, so the rows of a step do not depend on n, and the
-  state (a global position, equal on every process) restores under any n.
-  Save it with grain.checkpoint.CheckpointSave(it) next to the train state;
-  restore with CheckpointRestore, or set_state, into an iterator made with the
-  same data config and global batch size.
+  Process p of n owns virtual shards [p*V/n, (p+1)*V/n) and gets B/V rows of each per step (B = n *
+  batch_size_per_host), so the rows of a step do not depend on n. Save the state with
+  grain.checkpoint.CheckpointSave(it) next to the train state; restore it with CheckpointRestore, or set_state,
+  into an iterator made with the same data config and global batch size (states of several processes merge with
+  merge_states first).
   """
   if not 0 <= process_index < process_count:
     raise ValueError(f'process_index {process_index} outside [0, {process_count})')
   directory, manifest = open_prepared(data_cfg, seq_len, model_vocab_size)
-  paths = shards.split_paths(directory, manifest, 'train')
-  # The held-out shards are checked now too: a damaged one would otherwise stop the run at its first evaluation,
-  # possibly hours in, instead of before the first step.
-  if manifest['splits'].get('eval', {}).get('shards'):
-    shards.split_paths(directory, manifest, 'eval')
+  listed = _split(directory, manifest, 'train')
+  global_batch = batch_size_per_host * process_count
+  count = virtual_shards(data_cfg, global_batch, process_count)
+  problem = virtual.check_layout(count, process_count, global_batch, sum(s['records'] for s in listed))
+  if problem:
+    raise errors.ConfigError(problem)
+  if data_cfg.num_workers > 0 and paths.is_url(directory):
+    raise errors.ConfigError(
+      'data.num_workers > 0 reads local data only (each worker would keep its own bucket cache); '
+      'set data.num_workers=0 for data.dir on a bucket'
+    )
   seed = _seed(data_cfg.shuffle_seed, seed)
-  # The whole corpus, not a per-process share: the stream is the same for every process count.
-  blocks = _blocks(paths, data_cfg, seed, 0, 1, shuffle=True)
-  blocks = blocks.map_with_index(_builder(data_cfg, manifest, seq_len, seed))
-  # One thread builds the next block while the current one is cut into batches.
-  ds = blocks.to_iter_dataset(grain.ReadOptions(num_threads=1, prefetch_buffer_size=1))
-  ds = RowBatchDataset(ds, batch_size_per_host * process_count)
+  counts = [s['records'] for s in listed]
+  bounds = virtual.ranges(counts, count)
+  mine = virtual.owned(count, process_index, process_count)
+  streams = {
+    v: virtual.ShardStream(
+      virtual.pieces(counts, *bounds[v]), seed=seed, shard=v, window=data_cfg.shuffle_window, shuffle=True
+    )
+    for v in mine
+  }
+  used = sorted({p.file for st in streams.values() for p in st.parts})
+  # Only this process's files are checked and (from a bucket) fetched.
+  store = open_store(directory, [listed[f] for f in used], data_cfg.cache_gb, process_index)
+  _check_cache(store, list(streams.values()), listed, data_cfg)
+  names = [s['file'] for s in listed]
+  dtype = shards.id_dtype(manifest)
+  blocks = {
+    v: virtual.ShardBlocks(st, store, names, data_cfg.block_docs, dtype).map_with_index(
+      _builder(data_cfg, manifest, seq_len, seed, v)
+    )
+    for v, st in streams.items()
+  }
+  ds = HostBatches(blocks, global_batch // count)
   if data_cfg.num_workers > 0:
     _mark_absl_flags_parsed()
     ds = ds.mp_prefetch(
       grain.MultiprocessingOptions(num_workers=data_cfg.num_workers, per_worker_buffer_size=data_cfg.worker_buffer_size)
     )
-  if process_count > 1:
-    ds = ds.map(_OwnRows(process_index * batch_size_per_host, batch_size_per_host))
-  return iter(ds)
+  else:  # the next batches are built while the step runs
+    ds = grain.experimental.ThreadPrefetchIterDataset(ds, prefetch_buffer_size=2)
+  it = iter(ds)
+  it.store = store  # the fetch counters (bytes downloaded, peak disk) for the log and the benchmark
+  return it
 
 
-def state_at(block: int, row: int = 0) -> dict[str, Any]:
-  """The train iterator state (data.num_workers = 0) standing at `row` of global block `block`.
-
-  A seek costs building that one block, whatever its number: set_state(state_at(10**9)) is as fast as
-  set_state(state_at(0)).
-  """
-  return {'parent': {'next_index': int(block)}, 'row': int(row), 'stream': STREAM}
+def state_at(block: int, row: int = 0, shards_: range | list[int] = range(1)) -> dict[str, Any]:
+  """The train iterator state (data.num_workers = 0) with every virtual shard in `shards_` at `row` of its block
+  `block`. A seek costs building one block per shard, whatever the number."""
+  return {'stream': STREAM, 'shards': {str(v): [int(block), int(row)] for v in shards_}}
 
 
 def is_global_state(state: Any) -> bool:
-  """Whether a (JSON-decoded) iterator state is a global-stream position, valid under any process count."""
+  """Whether a (JSON-decoded) iterator state holds virtual-shard positions (mergeable across process counts)."""
   return STREAM in json.dumps(state)
+
+
+def merge_states(states: list[Any]) -> Any:
+  """One state holding every virtual shard's position, from the states of all processes of a run (same layout:
+  the first one's, with the 'shards' tables of all of them joined)."""
+  first = states[0]
+  if isinstance(first, dict):
+    if first.get('stream') == STREAM:
+      joined = {}
+      for s in states:
+        joined.update(s['shards'])
+      return {**first, 'shards': joined}
+    return {k: merge_states([s[k] for s in states]) if all(k in s for s in states) else v for k, v in first.items()}
+  if isinstance(first, list) and all(isinstance(s, list) and len(s) == len(first) for s in states):
+    return [merge_states([s[i] for s in states]) for i in range(len(first))]
+  return first
 
 
 def make_eval_iterator(
@@ -333,24 +406,28 @@ def make_eval_iterator(
 ):
   """Batches of the held-out split, same masking every call (fixed seed).
 
-  num_batches=None: one pass over this process's share; the last batch is
-  topped up with loss-free rows. Every host must run the same number of eval
-  steps, so multi-host runs pass num_batches (the split is then cycled).
+  Each process reads only its contiguous 1/n of the split (a sharded evaluation: nobody reads it whole).
+  num_batches=None: one pass over this process's share; the last batch is topped up with loss-free rows. Every
+  host must run the same number of eval steps, so multi-host runs pass num_batches (the share is then cycled).
   """
   if num_batches is None and process_count > 1:
     raise ValueError('multi-host eval needs num_batches so every host runs the same steps')
   directory, manifest = open_prepared(data_cfg, seq_len, model_vocab_size)
-  paths = shards.split_paths(directory, manifest, 'eval')
-  blocks = _blocks(paths, data_cfg, 0, process_index, process_count, shuffle=False)
+  listed = _split(directory, manifest, 'eval')
+  counts = [s['records'] for s in listed]
+  lo, hi = virtual.ranges(counts, process_count)[process_index]
+  if hi <= lo:
+    raise errors.DataError(f'{directory}: the eval split ({sum(counts)} records) cannot feed {process_count} processes')
+  stream = virtual.ShardStream(virtual.pieces(counts, lo, hi), seed=0, shard=0, window=1, shuffle=False)
+  used = sorted({p.file for p in stream.parts})
+  store = open_store(directory, [listed[f] for f in used], data_cfg.cache_gb, process_index)
+  blocks = virtual.ShardBlocks(
+    stream, store, [s['file'] for s in listed], data_cfg.block_docs, shards.id_dtype(manifest), finite=True
+  )
   if num_batches is not None:
     blocks = blocks.repeat()
-  blocks = blocks.map_with_index(_builder(data_cfg, manifest, seq_len, _seed(data_cfg.shuffle_seed, seed)))
-  it_ds = RowBatchDataset(
-    blocks.to_iter_dataset(grain.ReadOptions(num_threads=1, prefetch_buffer_size=1)),
-    batch_size_per_host,
-    finite_pad=True,
-  )
-  return EvalBatches(it_ds, num_batches)
+  blocks = blocks.map_with_index(_builder(data_cfg, manifest, seq_len, _seed(data_cfg.shuffle_seed, seed), 0))
+  return EvalBatches(HostBatches({0: blocks}, batch_size_per_host, finite_pad=True), num_batches)
 
 
 class EvalBatches:

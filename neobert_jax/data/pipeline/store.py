@@ -1,0 +1,309 @@
+"""Where a host reads prepared shards: in place (a local directory), or from a bucket through a bounded cache.
+
+A host reads only the shard files of its own virtual shards (virtual.py), a window at a time. On a bucket
+(data.dir=gs://...) each file is downloaded whole, in one sequential stream (large reads: random record reads over
+HTTP run ~50x slower than from disk), into this process's cache folder, cache/stream/<url key>/process-<p>/:
+
+  * before any download, the sizes of this host's files on the bucket are checked against the manifest (a damaged
+    bucket is one line before a byte moves); after it, size, sha256 (when the manifest has it) and record count.
+    A file takes its name only once whole and checked, so a kill leaves a `.part` that the next start discards;
+  * reading pins the files of the current window; the next window is fetched in the background while the current
+    one is read (`prefetch`); unpinned files are evicted, least recently used first, to stay within the budget
+    (data.cache_gb). The budget must hold two windows per virtual shard: that is checked when the store opens;
+  * counters (bytes downloaded, peak bytes on disk, seconds to the first file) for the log and the benchmark.
+
+Nothing here grows with the corpus: the files a host touches, and its disk, are bounded by its share and budget.
+"""
+
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+import hashlib
+import logging
+import os
+import shutil
+import threading
+import time
+
+from neobert_jax import errors, paths
+from neobert_jax.data import shards
+
+log = logging.getLogger('neobert_jax.data')
+
+# Downloads in flight: one GCS stream is limited well below a VM's network (tens to ~200 MB/s), so a few at once.
+PARALLEL = 4
+
+
+class _Readers:
+  """One open ArrayRecord reader per local file, closed when the file is dropped."""
+
+  def __init__(self):
+    self._open: dict[str, object] = {}
+    self._lock = threading.Lock()
+
+  def __getstate__(self):  # mp_prefetch workers get their own readers (and lock)
+    return {}
+
+  def __setstate__(self, state):
+    self.__init__()
+
+  def read(self, path: str, records: list[int]) -> list[bytes]:
+    import grain  # pylint: disable=g-import-not-at-top
+
+    with self._lock:
+      src = self._open.get(path)
+      if src is None:
+        src = self._open[path] = grain.sources.ArrayRecordDataSource([path])
+    return src.__getitems__(records)
+
+  def drop(self, path: str) -> None:
+    with self._lock:
+      src = self._open.pop(path, None)
+    if src is not None and hasattr(src, 'close'):
+      src.close()
+
+
+class LocalStore:
+  """Shards read where they are. Each file this host uses is checked (size, records) when the store opens."""
+
+  remote = False
+
+  def __init__(self, directory: str, listed: list[dict]):
+    self.directory, self.listed = directory, listed
+    self._readers = _Readers()
+    for shard in listed:
+      path = os.path.join(directory, shard['file'])
+      if not os.path.isfile(path):
+        raise errors.DataError(f'{path}: shard listed in the manifest is missing; {shards.remedy(directory)}')
+      shards.check_size(path, os.path.getsize(path), shard, directory, 'on disk')
+      shards.check_records(path, path, shard, directory)
+    self.stats = Stats()
+
+  def local_path(self, name: str) -> str:
+    return os.path.join(self.directory, name)
+
+  def acquire(self, names) -> None:
+    pass
+
+  def release(self, names) -> None:
+    pass
+
+  def prefetch(self, names) -> None:
+    pass
+
+  def read(self, name: str, records: list[int]) -> list[bytes]:
+    return self._readers.read(self.local_path(name), records)
+
+
+class Stats:
+  def __init__(self):
+    self.bytes_downloaded = 0
+    self.files_downloaded = 0
+    self.disk_bytes = 0
+    self.peak_disk_bytes = 0
+    self.opened = time.perf_counter()
+    self.first_file_seconds: float | None = None
+
+  def as_dict(self) -> dict:
+    return {
+      'bytes_downloaded': self.bytes_downloaded,
+      'files_downloaded': self.files_downloaded,
+      'peak_disk_bytes': self.peak_disk_bytes,
+      'first_file_seconds': self.first_file_seconds,
+    }
+
+
+class BucketStore:
+  """Shards of a bucket, fetched into a bounded local cache ahead of the reader (see the module docstring)."""
+
+  remote = True
+
+  def __init__(self, url: paths.Path, listed: list[dict], budget_bytes: int, process_index: int):
+    self.url, self.budget = url, budget_bytes
+    self.by_name = {s['file']: s for s in listed}
+    self.dir = str(paths.cache_dir('stream', paths.url_key(url), f'process-{process_index}'))
+    self.stats = Stats()
+    self._readers = _Readers()
+    self._lock = threading.Condition()
+    self._pins: collections.Counter = collections.Counter()
+    self._lru: collections.OrderedDict[str, int] = collections.OrderedDict()  # local files -> bytes
+    self._pending: dict[str, concurrent.futures.Future] = {}
+    self._pool = concurrent.futures.ThreadPoolExecutor(PARALLEL, thread_name_prefix='neobert-fetch')
+    self._check_bucket_sizes()
+    self._adopt_local()
+
+  def _check_bucket_sizes(self) -> None:
+    for shard in self.by_name.values():
+      src = self.url / shard['file']
+      try:
+        size = src.stat().length
+      except FileNotFoundError:
+        raise errors.DataError(
+          f'{src}: shard listed in the manifest is missing; {shards.remedy(str(self.url))}'
+        ) from None
+      shards.check_size(str(src), size, shard, str(self.url), 'on the bucket')
+
+  def _adopt_local(self) -> None:
+    """Keeps whole files of this share from an earlier start (they were checked before taking their name)."""
+    for name in sorted(os.listdir(self.dir)):
+      path = os.path.join(self.dir, name)
+      shard = self.by_name.get(name)
+      if shard is None or os.path.getsize(path) != shard['bytes']:
+        os.remove(path)  # a .part of a killed download, or a file of other data
+      else:
+        self._lru[name] = shard['bytes']
+    self.stats.disk_bytes = sum(self._lru.values())
+    self.stats.peak_disk_bytes = self.stats.disk_bytes
+
+  def local_path(self, name: str) -> str:
+    return os.path.join(self.dir, name)
+
+  def acquire(self, names) -> None:
+    """Pins `names` and returns once all are local (downloading those that are not)."""
+    with self._lock:
+      for n in names:
+        self._pins[n] += 1
+      futures = [self._start(n, required=True) for n in names]
+    for f in futures:
+      if f is not None:
+        f.result()  # a failed download raises its DataError / StorageError here, in the reader
+    with self._lock:
+      for n in names:
+        if n in self._lru:
+          self._lru.move_to_end(n)
+
+  def release(self, names) -> None:
+    with self._lock:
+      for n in names:
+        if self._pins[n] > 0:
+          self._pins[n] -= 1
+      self._lock.notify_all()
+
+  def prefetch(self, names) -> None:
+    """Starts downloading `names` in the background if the budget has room for them now."""
+    with self._lock:
+      for n in names:
+        self._start(n, required=False)
+
+  def read(self, name: str, records: list[int]) -> list[bytes]:
+    return self._readers.read(self.local_path(name), records)
+
+  def close(self) -> None:
+    self._pool.shutdown(wait=False, cancel_futures=True)
+
+  # -- under self._lock --
+  def _start(self, name: str, required: bool):
+    if name in self._lru:
+      return None
+    if name in self._pending:
+      return self._pending[name]
+    size = self.by_name[name]['bytes']
+    if not self._make_room(size) and not required:
+      return None
+    self.stats.disk_bytes += size  # reserved now, so concurrent starts cannot overshoot the budget
+    self.stats.peak_disk_bytes = max(self.stats.peak_disk_bytes, self.stats.disk_bytes)
+    fut = self._pending[name] = self._pool.submit(self._download, name)
+    return fut
+
+  def _make_room(self, size: int) -> bool:
+    """Evicts unpinned files, oldest use first, until `size` more bytes fit the budget; False if they cannot."""
+    for name in list(self._lru):
+      if self.stats.disk_bytes + size <= self.budget:
+        break
+      if self._pins[name] == 0:
+        self._evict(name)
+    return self.stats.disk_bytes + size <= self.budget
+
+  def _evict(self, name: str) -> None:
+    self._readers.drop(self.local_path(name))
+    os.remove(self.local_path(name))
+    self.stats.disk_bytes -= self._lru.pop(name)
+
+  # -- download threads --
+  def _download(self, name: str) -> None:
+    shard = self.by_name[name]
+    try:
+      fetch_shard(self.url, self.dir, shard)
+    except BaseException:
+      with self._lock:
+        self.stats.disk_bytes -= shard['bytes']
+        self._pending.pop(name, None)
+      raise
+    with self._lock:
+      self._pending.pop(name, None)
+      self._lru[name] = shard['bytes']
+      self.stats.bytes_downloaded += shard['bytes']
+      self.stats.files_downloaded += 1
+      if self.stats.first_file_seconds is None:
+        self.stats.first_file_seconds = time.perf_counter() - self.stats.opened
+
+
+def fetch_shard(url: paths.Path, local: str, shard: dict) -> None:
+  """One shard, streamed through a .part file and hashed on the way; checked before it takes its name."""
+  src, dst = url / shard['file'], os.path.join(local, shard['file'])
+  part = os.path.join(local, f'.{shard["file"]}.part')
+  h, size = hashlib.sha256(), 0
+  try:
+    with src.open('rb') as fin, open(part, 'wb') as fout:
+      while block := fin.read(1 << 22):
+        h.update(block)
+        fout.write(block)
+        size += len(block)
+  except FileNotFoundError:
+    raise errors.DataError(f'{src}: shard listed in the manifest is missing; {shards.remedy(str(url))}') from None
+  except OSError as e:
+    if _disk_full(e):
+      raise errors.StorageError(
+        f'{local}: no space left while fetching {src}; free space there, lower data.cache_gb, or set '
+        'NEOBERT_JAX_CACHE to a larger disk'
+      ) from None
+    raise _download_failed(src, e) from None
+  except Exception as e:  # noqa: BLE001 - a network or permission failure mid-copy (gcsfs raises its own types)
+    raise _download_failed(src, e) from None
+  shards.check_size(str(src), size, shard, str(url), 'on the bucket')
+  if 'sha256' in shard and h.hexdigest() != shard['sha256']:
+    raise errors.DataError(
+      f'{src}: content differs from the manifest (sha256 {h.hexdigest()[:16]}..., manifest '
+      f'says {shard["sha256"][:16]}...); {shards.remedy(str(url))}'
+    )
+  shards.check_records(part, str(src), shard, str(url))
+  os.replace(part, dst)
+
+
+def _disk_full(e: OSError) -> bool:
+  return getattr(e, 'errno', None) == 28
+
+
+def _download_failed(src, e: Exception) -> errors.StorageError:
+  return errors.StorageError(
+    f'{src}: download failed ({errors.one_line(e)}); nothing was lost, run again to resume from the last checkpoint'
+  )
+
+
+def read_bucket_manifest(url: paths.Path) -> bytes:
+  """The manifest's bytes on the bucket; a missing bucket, directory or manifest is one line naming the fix."""
+  try:
+    return (url / shards.MANIFEST).read_bytes()
+  except FileNotFoundError:
+    bucket = paths.Path('/'.join(os.fspath(url).split('/')[:3]))
+    if not bucket.exists():
+      raise errors.StorageError(f'{url}: bucket {bucket} does not exist, or these credentials cannot see it') from None
+    if not url.exists():
+      raise errors.DataError(
+        f'{url}: prepared-data directory does not exist (nothing under that URL; make it '
+        f'with `python -m neobert_jax.data.prepare --output {url}`)'
+      ) from None
+    raise errors.DataError(
+      f'{url}: no {shards.MANIFEST}; the directory is not prepared data, or its prepare run '
+      f'did not finish: {shards.remedy(str(url))}'
+    ) from None
+  except Exception as e:  # noqa: BLE001 - gcsfs raises its own types for HTTP 401 / 403 / 5xx
+    raise errors.StorageError(
+      f'{url}/{shards.MANIFEST} cannot be read ({errors.one_line(e)}); check that these credentials may read the bucket'
+    ) from None
+
+
+def clear_cache(url: paths.Path) -> None:
+  """Removes every process's cached files of `url` from this machine (tests, benchmarks)."""
+  shutil.rmtree(paths.cache_dir('stream', paths.url_key(url)), ignore_errors=True)

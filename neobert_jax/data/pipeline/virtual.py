@@ -1,0 +1,210 @@
+"""Virtual shards: how a split's records are dealt to hosts, and which records form block b of each share.
+
+The train split's records, concatenated in manifest order, are cut into V contiguous ranges of (nearly) equal size,
+the virtual shards (data.virtual_shards). V is fixed for a run; of n processes, process p owns shards
+[p*V/n, (p+1)*V/n), so it reads only the shard files those ranges touch (about 1/n of the corpus, plus at most a
+file at each end) and packs and masks only its own rows. Each virtual shard is an endless stream of documents on
+its own; every step takes B/V rows from each (B = global batch), so the global batch, row for row, does not depend
+on n, and a resume under another process count that divides V is exact.
+
+A virtual shard's stream, epoch e: its records are cut into windows of `window` consecutive pieces (a piece is the
+part of one shard file inside the range); the windows are visited in an order shuffled per (seed, shard, epoch),
+and the records inside each window are shuffled per (seed, shard, window, epoch). A host therefore needs at most
+two windows of files per virtual shard at once (the current one and the next), whatever the corpus size, and every
+block is computed directly from its number: a seek costs one block, never a replay.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+
+import grain
+import numpy as np
+
+from neobert_jax.data.pipeline import blocks as blocks_lib
+
+STREAM = 'virtual-shards/1'  # marks an iterator state as positions in the virtual shards' streams
+
+
+@dataclasses.dataclass(frozen=True)
+class Piece:
+  """Records [lo, hi) of shard file number `file` (its index in the split's manifest list)."""
+
+  file: int
+  lo: int
+  hi: int
+
+  @property
+  def size(self) -> int:
+    return self.hi - self.lo
+
+
+def ranges(counts: list[int], parts: int) -> list[tuple[int, int]]:
+  """[lo, hi) of each of `parts` near-equal contiguous ranges of sum(counts) records."""
+  total = sum(counts)
+  return [(total * k // parts, total * (k + 1) // parts) for k in range(parts)]
+
+
+def pieces(counts: list[int], lo: int, hi: int) -> list[Piece]:
+  """The parts of the shard files (record counts `counts`, in order) that records [lo, hi) cover."""
+  out, start = [], 0
+  for f, n in enumerate(counts):
+    a, b = max(lo, start), min(hi, start + n)
+    if a < b:
+      out.append(Piece(f, a - start, b - start))
+    start += n
+  return out
+
+
+def owned(virtual_shards: int, process_index: int, process_count: int) -> range:
+  per = virtual_shards // process_count
+  return range(process_index * per, (process_index + 1) * per)
+
+
+def check_layout(virtual_shards: int, process_count: int, global_batch: int, records: int) -> str | None:
+  """Why this layout cannot run (one line), or None."""
+  if virtual_shards < 1:
+    return f'data.virtual_shards must be >= 1, got {virtual_shards}'
+  if virtual_shards % process_count:
+    return (
+      f'data.virtual_shards={virtual_shards} is not a multiple of the process count {process_count}: every process '
+      f'owns the same number of virtual shards, so a run may use (and resume under) only a process count that '
+      f'divides data.virtual_shards; run with such a count, or start a new run with another data.virtual_shards'
+    )
+  if global_batch % virtual_shards:
+    return (
+      f'the global batch ({global_batch} rows) is not a multiple of data.virtual_shards={virtual_shards}: every '
+      'virtual shard gives the same number of rows to each step; pick a data.virtual_shards that divides it'
+    )
+  if records < virtual_shards:
+    return f'the split holds {records} records, fewer than data.virtual_shards={virtual_shards}; lower it'
+  return None
+
+
+def auto_virtual_shards(global_batch: int, process_count: int, cap: int = 32) -> int:
+  """data.virtual_shards=0: the largest divisor of the global batch that is a multiple of the process count and at
+  most max(cap, process count). Resolved once when a run starts and recorded in its config."""
+  best = 0
+  for v in range(process_count, max(cap, process_count) + 1, process_count):
+    if global_batch % v == 0:
+      best = v
+  return best or process_count
+
+
+class ShardStream:
+  """Record numbers of one virtual shard's endless shuffled stream (shuffle=True) or of one pass in order."""
+
+  def __init__(self, parts: list[Piece], *, seed: int, shard: int, window: int, shuffle: bool):
+    self.parts, self.shuffle = parts, shuffle
+    self.n = sum(p.size for p in parts)
+    self._key = (seed, shard)
+    # Windows: consecutive groups of `window` pieces, with their sizes and first piece.
+    self.windows = [parts[i : i + window] for i in range(0, len(parts), window)]
+    self._sizes = np.array([sum(p.size for p in w) for w in self.windows], np.int64)
+
+  def _order(self, epoch: int) -> np.ndarray:
+    """The windows in the order epoch `epoch` visits them."""
+    w = len(self.windows)
+    if not self.shuffle:
+      return np.arange(w)
+    return blocks_lib.permute(np.arange(w), w, _seed(self._key), epoch)
+
+  def locate(self, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(window index, record offset within the window) of stream positions, after the shuffles."""
+    epoch, within = np.divmod(positions, self.n)
+    win, off = np.empty_like(positions), np.empty_like(positions)
+    for e in np.unique(epoch).tolist():  # a block spans at most a few epochs
+      sel = epoch == e
+      order = self._order(e)
+      ends = np.cumsum(self._sizes[order])
+      k = np.searchsorted(ends, within[sel], side='right')
+      w = order[k]
+      o = within[sel] - (ends[k] - self._sizes[w])
+      if self.shuffle:
+        for wi in np.unique(w).tolist():
+          s = w == wi
+          o[s] = blocks_lib.permute(o[s], int(self._sizes[wi]), _seed(self._key + (wi,)), e)
+      win[sel], off[sel] = w, o
+    return win, off
+
+  def records(self, positions: np.ndarray) -> list[tuple[int, int]]:
+    """(file, record) of each stream position."""
+    win, off = self.locate(np.asarray(positions, np.int64))
+    out = []
+    for w, o in zip(win.tolist(), off.tolist()):
+      for p in self.windows[w]:
+        if o < p.size:
+          out.append((p.file, p.lo + o))
+          break
+        o -= p.size
+    return out
+
+  def next_window(self, position: int) -> int:
+    """The window the stream enters after the one holding `position` (the next epoch's first, after the last)."""
+    epoch, within = divmod(int(position), self.n)
+    order = self._order(epoch)
+    k = int(np.searchsorted(np.cumsum(self._sizes[order]), within, side='right'))
+    return int(order[k + 1]) if k + 1 < len(order) else int(self._order(epoch + 1)[0])
+
+  def files_of_window(self, w: int) -> list[int]:
+    return [p.file for p in self.windows[w]]
+
+  def windows_of(self, positions: np.ndarray) -> list[int]:
+    """The distinct windows (in stream order) that the stream positions fall in."""
+    win, _ = self.locate(np.asarray(positions, np.int64))
+    return list(dict.fromkeys(win.tolist()))
+
+
+def _seed(key: tuple) -> int:
+  return int(np.random.SeedSequence(list(key)).generate_state(1, np.uint64)[0] >> np.uint64(1))
+
+
+class ShardBlocks(grain.MapDataset):
+  """Element b = (ids, lengths) of block b of one virtual shard's stream, read through a shard store.
+
+  Reading block b pins the files of its windows in the store and asks it to fetch the windows that come next, so
+  downloads run ahead of the reader; the files of earlier windows are released (the store may evict them).
+  """
+
+  def __init__(self, stream: ShardStream, store, names: list[str], block_docs: int, id_dtype, finite: bool = False):
+    super().__init__()
+    self._stream, self._store, self._names, self._block = stream, store, names, block_docs
+    self._dtype, self._finite = id_dtype, finite
+    self._held: list[int] = []
+
+  def __len__(self) -> int:
+    return -(-self._stream.n // self._block) if self._finite else sys.maxsize
+
+  def __str__(self) -> str:
+    return f'ShardBlocks(records={self._stream.n}, block={self._block})'
+
+  def positions(self, index: int) -> np.ndarray:
+    if self._finite:
+      index %= len(self)
+      return np.arange(index * self._block, min((index + 1) * self._block, self._stream.n), dtype=np.int64)
+    return np.arange(index * self._block, (index + 1) * self._block, dtype=np.int64)
+
+  def __getitem__(self, index):
+    if isinstance(index, slice):
+      return self.slice(index)
+    pos = self.positions(index)
+    if not len(pos):
+      return blocks_lib.join_records([], self._dtype)
+    names = self._names
+    files = [names[f] for w in self._stream.windows_of(pos) for f in self._stream.files_of_window(w)]
+    self._store.acquire(files)  # blocks until the block's files are local
+    self._store.release([f for f in self._held if f not in files])
+    self._held = files
+    if not self._finite or int(pos[-1]) + 1 < self._stream.n:  # downloads run a window ahead of the reader
+      ahead = self._stream.files_of_window(self._stream.next_window(int(pos[-1])))
+      self._store.prefetch([names[f] for f in ahead if names[f] not in files])
+    recs = self._stream.records(pos)
+    by_file: dict[int, list[int]] = {}
+    for i, (f, _) in enumerate(recs):
+      by_file.setdefault(f, []).append(i)
+    out: list[bytes] = [b''] * len(recs)
+    for f, idx in by_file.items():
+      for i, rec in zip(idx, self._store.read(names[f], [recs[i][1] for i in idx])):
+        out[i] = rec
+    return blocks_lib.join_records(out, self._dtype)
