@@ -52,10 +52,11 @@ def permute(indices: np.ndarray, n: int, seed: int, epoch: int) -> np.ndarray:
   return x.astype(np.int64)
 
 
-def join_records(records) -> tuple[np.ndarray, np.ndarray]:
-  """Records (int32 bytes each) -> (all ids concatenated, per-record lengths)."""
-  lengths = np.fromiter((len(r) for r in records), np.int64, len(records)) // 4
-  return np.frombuffer(b''.join(records), np.int32), lengths
+def join_records(records, dtype=np.int32) -> tuple[np.ndarray, np.ndarray]:
+  """Records (ids of width `dtype` each) -> (all ids concatenated, as int32; per-record lengths)."""
+  dtype = np.dtype(dtype)
+  lengths = np.fromiter((len(r) for r in records), np.int64, len(records)) // dtype.itemsize
+  return np.frombuffer(b''.join(records), dtype).astype(np.int32, copy=False), lengths
 
 
 class DocumentBlocks(grain.MapDataset):
@@ -67,9 +68,11 @@ class DocumentBlocks(grain.MapDataset):
   Eval (shuffle=False): the share once, in order.
   """
 
-  def __init__(self, source, block_docs: int, *, seed: int, process_index: int, process_count: int, shuffle: bool):
+  def __init__(
+    self, source, block_docs: int, *, seed: int, process_index: int, process_count: int, shuffle: bool, id_dtype
+  ):
     super().__init__()
-    self._source = source
+    self._source, self._dtype = source, id_dtype
     self._block = block_docs
     self._seed, self._shuffle = seed, shuffle
     self._pi, self._pc = process_index, process_count
@@ -102,4 +105,4 @@ class DocumentBlocks(grain.MapDataset):
     if isinstance(index, slice):
       return self.slice(index)
     records = self._pi + self.local_indices(index) * self._pc
-    return join_records(self._source.__getitems__(records.tolist()))
+    return join_records(self._source.__getitems__(records.tolist()), self._dtype)

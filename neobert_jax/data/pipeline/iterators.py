@@ -241,11 +241,17 @@ def _builder(data_cfg: ml_collections.ConfigDict, manifest: dict, seq_len: int, 
   )
 
 
-def _blocks(paths, data_cfg, seed, process_index, process_count, shuffle):
+def _blocks(paths, data_cfg, seed, process_index, process_count, shuffle, id_dtype):
   source = grain.sources.ArrayRecordDataSource(paths)
   try:
     return blocks_lib.DocumentBlocks(
-      source, data_cfg.block_docs, seed=seed, process_index=process_index, process_count=process_count, shuffle=shuffle
+      source,
+      data_cfg.block_docs,
+      seed=seed,
+      process_index=process_index,
+      process_count=process_count,
+      shuffle=shuffle,
+      id_dtype=id_dtype,
     )
   except ValueError as e:
     raise errors.DataError(str(e)) from e
@@ -291,7 +297,7 @@ def make_train_iterator(
     shards.split_paths(directory, manifest, 'eval')
   seed = _seed(data_cfg.shuffle_seed, seed)
   # The whole corpus, not a per-process share: the stream is the same for every process count.
-  blocks = _blocks(paths, data_cfg, seed, 0, 1, shuffle=True)
+  blocks = _blocks(paths, data_cfg, seed, 0, 1, shuffle=True, id_dtype=shards.id_dtype(manifest))
   blocks = blocks.map_with_index(_builder(data_cfg, manifest, seq_len, seed))
   # One thread builds the next block while the current one is cut into batches.
   ds = blocks.to_iter_dataset(grain.ReadOptions(num_threads=1, prefetch_buffer_size=1))
@@ -341,7 +347,7 @@ def make_eval_iterator(
     raise ValueError('multi-host eval needs num_batches so every host runs the same steps')
   directory, manifest = open_prepared(data_cfg, seq_len, model_vocab_size)
   paths = shards.split_paths(directory, manifest, 'eval')
-  blocks = _blocks(paths, data_cfg, 0, process_index, process_count, shuffle=False)
+  blocks = _blocks(paths, data_cfg, 0, process_index, process_count, shuffle=False, id_dtype=shards.id_dtype(manifest))
   if num_batches is not None:
     blocks = blocks.repeat()
   blocks = blocks.map_with_index(_builder(data_cfg, manifest, seq_len, _seed(data_cfg.shuffle_seed, seed)))
