@@ -94,7 +94,13 @@ def stage_split(directory: str, cfg, seq_len: int) -> dict:
   m = shards.read_manifest(directory)
   paths = shards.split_paths(directory, m, 'train')
   blocks = blocks_lib.DocumentBlocks(
-    grain.sources.ArrayRecordDataSource(paths), cfg.block_docs, seed=0, process_index=0, process_count=1, shuffle=True
+    grain.sources.ArrayRecordDataSource(paths),
+    cfg.block_docs,
+    seed=0,
+    process_index=0,
+    process_count=1,
+    shuffle=True,
+    id_dtype=shards.id_dtype(m),
   )
   special = m['tokenizer']['special_ids']
   table = masking.special_table(m['tokenizer']['vocab_size'], special.values())
@@ -124,15 +130,16 @@ def stage_split(directory: str, cfg, seq_len: int) -> dict:
   return {k: v / n_tok * 1e6 for k, v in out.items()}
 
 
-def _random_reads(urls: list[str], n: int) -> tuple[float, float]:
-  """(records/s, Mtok/s) of reading n records at random, one by one, as the pipeline's read stage does."""
+def _random_reads(urls: list[str], n: int, id_bytes: int) -> tuple[float, float]:
+  """(records/s, Mtok/s) of reading n records at random (ids `id_bytes` wide), one by one, as the pipeline's read
+  stage does."""
   import grain  # pylint: disable=g-import-not-at-top
 
   source = grain.sources.ArrayRecordDataSource(urls)
   order = np.random.default_rng(0).permutation(len(source))[:n]
   t0, tokens = time.perf_counter(), 0
   for i in order:
-    tokens += len(source[int(i)]) // 4
+    tokens += len(source[int(i)]) // id_bytes
   took = time.perf_counter() - t0
   return n / took, tokens / took / 1e6
 
@@ -186,7 +193,7 @@ def bucket_comparison(a) -> None:
         tok = (
           f'{measure(cfg, a.batch, a.seq_len, a.seconds)["tokens_per_s"] / 1e6:15.2f}' if data_dir else (f'{"-":>15}')
         )
-        per_s, mtok = _random_reads(urls, a.random_reads)
+        per_s, mtok = _random_reads(urls, a.random_reads, shards.id_dtype(m).itemsize)
         print(f'{name:8} {tok} {per_s:14.0f} {mtok:11.3f}', flush=True)
   finally:
     if emulator is not None:

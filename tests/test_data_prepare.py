@@ -32,16 +32,17 @@ def vocab(tmp_path_factory):
   return testing.write_wordpiece_vocab(str(tmp_path_factory.mktemp('vocab') / 'vocab.txt'), WORDS)
 
 
-def _records(path):
+def _records(path, dtype):
   r = ArrayRecordReader(path)
-  out = [np.frombuffer(x, np.int32) for x in r.read_all()]
+  out = [shards.decode(x, dtype) for x in r.read_all()]
   r.close()
   return out
 
 
 def _all_records(directory, split='train'):
   m = shards.read_manifest(directory)
-  return [rec for s in m['splits'][split]['shards'] for rec in _records(os.path.join(directory, s['file']))]
+  dtype = shards.id_dtype(m)
+  return [rec for s in m['splits'][split]['shards'] for rec in _records(os.path.join(directory, s['file']), dtype)]
 
 
 def test_formats_and_compression(tmp_path):

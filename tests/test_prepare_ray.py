@@ -22,7 +22,7 @@ import pytest
 import zstandard
 
 from neobert_jax import errors, paths
-from neobert_jax.data import testing
+from neobert_jax.data import shards, testing
 from neobert_jax.data.prepare import ledger
 from neobert_jax.data.prepare import local as prepare_lib
 
@@ -148,6 +148,7 @@ def test_ray_engine_writes_the_local_engines_shards(driver, vocab, local, tmp_pa
   assert len(lm['splits']['train']['shards']) > 3 and lm['decode_errors']['count'] == 1
   m = _ray([str(raw)], str(tmp_path / 'out'), vocab, driver)
   _same(local_out, lm, str(tmp_path / 'out'), m)
+  assert m['format'] == shards.FORMAT and m['id_dtype'] == 'uint16'  # two bytes per token, on both engines
   engine = m['engine']
   assert engine['units'] > 20 and engine['resumed_units'] == 0 and len(engine['nodes']) == 2
   assert sum(n['units'] for n in engine['nodes'].values()) == engine['units']
@@ -155,6 +156,18 @@ def test_ray_engine_writes_the_local_engines_shards(driver, vocab, local, tmp_pa
     sum(n['tokens'] for n in engine['nodes'].values())
     == lm['splits']['train']['tokens'] + lm['splits']['eval']['tokens']
   )
+
+
+def test_a_vocabulary_of_65536_ids_or_more_gives_int32_shards_as_on_the_local_engine(driver, tmp_path):
+  words = WORDS + tuple(f'w{i}' for i in range(66_000))
+  big = testing.write_wordpiece_vocab(str(tmp_path / 'vocab.txt'), words)
+  rng = np.random.default_rng(1)
+  raw = tmp_path / 'raw.jsonl'
+  raw.write_text(''.join(json.dumps({'text': ' '.join(rng.choice(words[-50:], 20))}) + '\n' for _ in range(300)))
+  lm = prepare_lib.prepare([str(raw)], str(tmp_path / 'local'), tokenizer=big, workers=0, **FLAGS)
+  m = _ray([str(raw)], str(tmp_path / 'ray'), big, driver)
+  _same(str(tmp_path / 'local'), lm, str(tmp_path / 'ray'), m)
+  assert m['id_dtype'] == 'int32' and m['engine']['units'] > 1 and len(m['splits']['train']['shards']) > 1
 
 
 def test_bad_input_and_an_existing_output_as_on_the_local_engine(driver, vocab, local, tmp_path):

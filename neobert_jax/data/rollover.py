@@ -2,7 +2,8 @@
 
 The local engine's ShardWriter asks it after every document it writes; the Ray driver asks it about the
 documents' token counts alone (pass 1 returns them) and so plans the same shards before any is written. A shard
-closes after the document that brings its int32 ids to the target size, so a document is never cut.
+closes after the document that brings its ids (`id_bytes` each, shards.py) to the target size, so a document is
+never cut.
 """
 
 from __future__ import annotations
@@ -13,8 +14,8 @@ import numpy as np
 class Rollover:
   """The running token count of the open shard of one split."""
 
-  def __init__(self, shard_bytes: int):
-    self.target = max(1, -(-int(shard_bytes) // 4))  # ids are int32: tokens * 4 >= shard_bytes
+  def __init__(self, shard_bytes: int, id_bytes: int):
+    self.target = max(1, -(-int(shard_bytes) // id_bytes))  # tokens * id_bytes >= shard_bytes
     self.tokens = 0
 
   def cuts(self, doc_tokens) -> list[int]:
@@ -31,10 +32,10 @@ class Rollover:
     return out
 
 
-def plan_shards(doc_tokens: list[np.ndarray], shard_bytes: int) -> list[list[tuple[int, int, int]]]:
+def plan_shards(doc_tokens: list[np.ndarray], shard_bytes: int, id_bytes: int) -> list[list[tuple[int, int, int]]]:
   """The shards of one split, from its documents' token counts per unit (in input order): each shard as the
   pieces (unit, first document, end) it holds, in order; the shards ShardWriter makes writing them one by one."""
-  rule, plan, current = Rollover(shard_bytes), [], []
+  rule, plan, current = Rollover(shard_bytes, id_bytes), [], []
   for unit, tokens in enumerate(doc_tokens):
     first = 0
     for cut in rule.cuts(tokens):

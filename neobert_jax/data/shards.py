@@ -1,4 +1,9 @@
-"""Prepared-data layout on disk: ArrayRecord shards of int32 ids and manifest.json.
+"""Prepared-data layout on disk: ArrayRecord shards of token ids and manifest.json.
+
+Format v2 (what `prepare` writes) stores each id as a little-endian uint16 when the vocabulary has fewer than
+65,536 ids, else as int32, and the manifest names the width (`id_dtype`): two bytes per token halve disk, download
+and reading for every BERT-sized vocabulary. Format v1 (always int32, no `id_dtype`) is still read. Readers take
+the width from `id_dtype(manifest)` and widen ids to int32, what the pipeline and the model work in.
 
 A prepared directory is complete only when manifest.json exists: `prepare`
 writes shards under a hidden temporary directory, moves them in, and writes the
@@ -19,7 +24,11 @@ from neobert_jax import errors, paths
 from neobert_jax.data import assets, rollover
 
 MANIFEST = 'manifest.json'
-FORMAT = 'neobert_jax.prepared/v1'
+FORMAT = 'neobert_jax.prepared/v2'  # what prepare writes
+FORMAT_V1 = 'neobert_jax.prepared/v1'  # int32 ids, no id_dtype field: still read
+FORMATS = (FORMAT_V1, FORMAT)
+# The id widths a v2 manifest may name, little-endian whatever the machine.
+ID_DTYPES = {'uint16': np.dtype('<u2'), 'int32': np.dtype('<i4')}
 SPLITS = ('train', 'eval')
 # group_size:1 makes every record its own chunk, so random access reads one
 # document without decoding its neighbours; ids are left uncompressed because
@@ -31,12 +40,52 @@ def shard_name(split: str, index: int) -> str:
   return f'{split}-{index:05d}.arrayrecord'
 
 
-class ShardWriter:
-  """Writes one split as numbered shards (from `first_index`), rolling over at `shard_bytes` (rollover.py)."""
+def fits(dtype: np.dtype, vocab_size: int) -> bool:
+  """Whether ids of a `vocab_size`-id vocabulary fit `dtype`: uint16 holds vocabularies under 65,536 ids."""
+  return vocab_size <= np.iinfo(dtype).max
 
-  def __init__(self, directory: str, split: str, shard_bytes: int, first_index: int = 0):
+
+def id_dtype_name(vocab_size: int) -> str:
+  """The id width a v2 directory of this vocabulary stores: the narrowest that fits."""
+  return 'uint16' if fits(ID_DTYPES['uint16'], vocab_size) else 'int32'
+
+
+def id_dtype(manifest: dict) -> np.dtype:
+  """The width of the ids in a prepared directory's records: '<u2' or '<i4' (always '<i4' for v1)."""
+  if manifest.get('format') == FORMAT_V1:
+    return ID_DTYPES['int32']
+  name = manifest.get('id_dtype')
+  if not isinstance(name, str) or name not in ID_DTYPES:
+    raise errors.DataError(f'id_dtype {name!r}: not one of {sorted(ID_DTYPES)}')
+  return ID_DTYPES[name]
+
+
+def decode(record: bytes, dtype: np.dtype) -> np.ndarray:
+  """One record's ids, widened to int32."""
+  return np.frombuffer(record, dtype).astype(np.int32)
+
+
+def narrow(ids: np.ndarray, dtype: np.dtype) -> np.ndarray:
+  """`ids` as a contiguous array of `dtype`, checked: a cast alone would wrap an id that does not fit."""
+  if ids.dtype != dtype and ids.size:
+    lo, hi = int(ids.min()), int(ids.max())
+    info = np.iinfo(dtype)
+    if lo < info.min or hi > info.max:
+      raise errors.DataError(
+        f'token id {hi if hi > info.max else lo} does not fit {dtype.name}: the tokenizer made an id outside '
+        'its vocabulary (vocab_size); check the tokenizer file'
+      )
+  return np.ascontiguousarray(ids, dtype=dtype)
+
+
+class ShardWriter:
+  """Writes one split as numbered shards (from `first_index`) of ids `id_dtype` wide (a name of ID_DTYPES), rolling
+  over at `shard_bytes` (rollover.py)."""
+
+  def __init__(self, directory: str, split: str, shard_bytes: int, *, id_dtype: str, first_index: int = 0):
     self._dir, self._split, self._first = directory, split, first_index
-    self._rollover = rollover.Rollover(shard_bytes)
+    self._dtype = ID_DTYPES[id_dtype]
+    self._rollover = rollover.Rollover(shard_bytes, self._dtype.itemsize)
     self._writer = None
     self._current = None
     self.shards: list[dict] = []
@@ -54,7 +103,7 @@ class ShardWriter:
     if self._writer is None:
       self._open()
     for c in chunks:
-      self._writer.write(np.ascontiguousarray(c, dtype=np.int32).tobytes())
+      self._writer.write(narrow(c, self._dtype).tobytes())
       self._current['records'] += 1
       self._current['tokens'] += int(c.size)
     tokens = sum(int(c.size) for c in chunks)
@@ -112,11 +161,26 @@ def parse_manifest(raw: bytes, directory: str) -> dict:
     manifest = json.loads(raw.decode('utf-8'))
   except (json.JSONDecodeError, UnicodeDecodeError) as e:
     raise errors.DataError(f'{path}: unreadable manifest ({e}); {remedy(directory)}') from e
-  if not isinstance(manifest, dict) or manifest.get('format') != FORMAT:
+  if not isinstance(manifest, dict) or manifest.get('format') not in FORMATS:
     found = manifest.get('format') if isinstance(manifest, dict) else type(manifest).__name__
-    raise errors.DataError(f'{path}: format {found!r}, expected {FORMAT!r}; {remedy(directory)}')
+    raise errors.DataError(f'{path}: format {found!r}, expected {FORMAT!r} (or {FORMAT_V1!r}); {remedy(directory)}')
   _check_fields(path, manifest, directory)
+  _check_width(path, manifest, directory)
   return manifest
+
+
+def _check_width(path: str, manifest: dict, directory: str) -> None:
+  """A v2 manifest names a width its vocabulary fits: a wrong one would decode every record into other ids."""
+  try:
+    dtype = id_dtype(manifest)
+  except errors.DataError as e:
+    raise errors.DataError(f'{path}: damaged manifest ({e}); {remedy(directory)}') from None
+  vocab = manifest['tokenizer']['vocab_size']
+  if not fits(dtype, vocab):
+    raise errors.DataError(
+      f'{path}: damaged manifest (id_dtype {manifest["id_dtype"]!r} cannot hold the ids of a {vocab}-id '
+      f'vocabulary); {remedy(directory)}'
+    )
 
 
 def _check_fields(path: str, manifest: dict, directory: str) -> None:
@@ -173,11 +237,6 @@ def check_records(path: str, shown: str, shard: dict, directory: str) -> None:
     raise errors.DataError(f'{shown}: corrupt shard ({e}); {remedy(directory)}') from e
   if n != shard['records']:
     raise errors.DataError(f'{shown}: {n} records, manifest says {shard["records"]}; {remedy(directory)}')
-
-
-def id_dtype(manifest: dict) -> np.dtype:
-  """The width of the token ids in the shards' records."""
-  return np.dtype(manifest.get('id_dtype', '<i4'))
 
 
 def manifest_text(manifest: dict) -> str:

@@ -49,15 +49,12 @@ def write_prepared(
   max_length: int = 1024,
   shard_bytes: int = 1 << 30,
   tokenizer_identity: dict | None = None,
+  version: int = 2,
 ) -> dict:
-  """Writes shards + manifest as `prepare` would, from id arrays (no tokenizing)."""
-  os.makedirs(directory, exist_ok=True)
-  splits = {}
-  for split, docs in (('train', train_docs), ('eval', eval_docs)):
-    w = shards.ShardWriter(directory, split, shard_bytes)
-    for d in docs:
-      w.write_document([np.asarray(d, np.int32)])
-    splits[split] = w.close()
+  """Writes shards + manifest as `prepare` would, from id arrays (no tokenizing): format v2 (ids as narrow as the
+  vocabulary allows), or v1 (int32 ids, what `prepare` wrote before v2) with version=1."""
+  if version not in (1, 2):
+    raise ValueError(f'version {version}: 1 or 2')
   ident = tokenizer_identity or {
     'kind': 'synthetic',
     'spec': 'synthetic',
@@ -66,8 +63,17 @@ def write_prepared(
     'vocab_sha256': 'synthetic',
     'file_sha256': 'synthetic',
   }
+  width = shards.id_dtype_name(ident['vocab_size']) if version == 2 else 'int32'
+  os.makedirs(directory, exist_ok=True)
+  splits = {}
+  for split, docs in (('train', train_docs), ('eval', eval_docs)):
+    w = shards.ShardWriter(directory, split, shard_bytes, id_dtype=width)
+    for d in docs:
+      w.write_document([np.asarray(d, np.int32)])
+    splits[split] = w.close()
   manifest = {
-    'format': shards.FORMAT,
+    'format': shards.FORMAT if version == 2 else shards.FORMAT_V1,
+    **({'id_dtype': width} if version == 2 else {}),
     'tokenizer': ident,
     'max_length': max_length,
     'eval_fraction': 0.0,

@@ -33,17 +33,17 @@ def _split_ids(
 ) -> tuple[list[np.ndarray], dict]:
   """The split's records as int32 arrays, in order; at most ~max_tokens of them (a sample of a large train split)."""
   directory, manifest = pipeline.open_prepared(data_cfg, seq_len)
-  records, tokens = [], 0
+  records, tokens, dtype = [], 0, shards.id_dtype(manifest)
   for path in shards.split_paths(directory, manifest, split):
     reader = ArrayRecordReader(path)
     n = reader.num_records()
     if max_tokens is None:
-      records += [np.frombuffer(r, np.int32) for r in reader.read_all()]
+      records += [shards.decode(r, dtype) for r in reader.read_all()]
     else:
       for start in range(0, n, 1024):
         if tokens >= max_tokens:
           break
-        chunk = [np.frombuffer(r, np.int32) for r in reader.read(range(start, min(start + 1024, n)))]
+        chunk = [shards.decode(r, dtype) for r in reader.read(range(start, min(start + 1024, n)))]
         records += chunk
         tokens += sum(c.size for c in chunk)
     reader.close()

@@ -68,9 +68,11 @@ class DocumentBlocks(grain.MapDataset):
   Eval (shuffle=False): the share once, in order.
   """
 
-  def __init__(self, source, block_docs: int, *, seed: int, process_index: int, process_count: int, shuffle: bool):
+  def __init__(
+    self, source, block_docs: int, *, seed: int, process_index: int, process_count: int, shuffle: bool, id_dtype
+  ):
     super().__init__()
-    self._source = source
+    self._source, self._dtype = source, id_dtype
     self._block = block_docs
     self._seed, self._shuffle = seed, shuffle
     self._pi, self._pc = process_index, process_count
@@ -103,4 +105,4 @@ class DocumentBlocks(grain.MapDataset):
     if isinstance(index, slice):
       return self.slice(index)
     records = self._pi + self.local_indices(index) * self._pc
-    return join_records(self._source.__getitems__(records.tolist()))
+    return join_records(self._source.__getitems__(records.tolist()), self._dtype)

@@ -177,6 +177,7 @@ def manifest(
     )
   return {
     'format': shards.FORMAT,
+    'id_dtype': shards.id_dtype_name(tok.vocab_size),
     'tokenizer': tok.identity(),
     'max_length': max_length,
     'eval_fraction': eval_fraction,

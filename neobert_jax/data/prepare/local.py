@@ -129,7 +129,8 @@ def prepare(
   start = time.time()
   try:
     counts = documents.Counts()
-    writers = {s: shards_lib.ShardWriter(tmp, s, o.shard_bytes) for s in shards_lib.SPLITS}
+    width = shards_lib.id_dtype_name(tok.vocab_size)
+    writers = {s: shards_lib.ShardWriter(tmp, s, o.shard_bytes, id_dtype=width) for s in shards_lib.SPLITS}
     units = documents.text_units([(f, None) for f in files], counts, o.text_field, o.text_mode, o.on_decode_error)
     bar = _progress_bar(o.progress)
     try:

@@ -95,8 +95,10 @@ def _build(ray, inputs, output_dir, address, o: documents.BuildOptions, split_by
   out = publish.open_output(output_dir, o.overwrite)
   units, sizes = splits.plan(files, split_bytes, o.text_mode)
   ledger = ledger_lib.Ledger(out)
+  width = shards.id_dtype_name(tok.vocab_size)
   identity = {
     'format': shards.FORMAT,
+    'id_dtype': width,
     'tokenizer': tok.identity(),
     'shard_bytes': shard_bytes,
     **cfg,
@@ -114,12 +116,14 @@ def _build(ray, inputs, output_dir, address, o: documents.BuildOptions, split_by
 
   t0 = time.perf_counter()
   plans = {
-    s: rollover.plan_shards([results[i]['doc_tokens'][s] for i in range(len(units))], shard_bytes)
+    s: rollover.plan_shards(
+      [results[i]['doc_tokens'][s] for i in range(len(units))], shard_bytes, shards.ID_DTYPES[width].itemsize
+    )
     for s in shards.SPLITS
   }
   plan_seconds = time.perf_counter() - t0
   (out / shards.MANIFEST).unlink(missing_ok=True)  # only with --overwrite (open_output): now it reads unfinished
-  shard_results, resumed_shards = _pass2(ray, plans, shard_bytes, ledger, out, o.progress)
+  shard_results, resumed_shards = _pass2(ray, plans, shard_bytes, width, ledger, out, o.progress)
 
   manifest = documents.manifest(
     tok,
@@ -172,7 +176,7 @@ def _pass1(ray, units, cfg, ledger, shipped, done, progress) -> dict:
   return results
 
 
-def _pass2(ray, plans: dict, shard_bytes: int, ledger, out: paths.Path, progress) -> tuple[dict, int]:
+def _pass2(ray, plans: dict, shard_bytes: int, width: str, ledger, out: paths.Path, progress) -> tuple[dict, int]:
   """Every shard of the plan in place, by file name (a finished one of a resumed build is kept), and how many were
   kept."""
   finished, results, todo = ledger.finished_shards(), {}, []
@@ -183,7 +187,7 @@ def _pass2(ray, plans: dict, shard_bytes: int, ledger, out: paths.Path, progress
       if old and old['pieces'] == [list(p) for p in pieces] and _in_place(out / name, old['entry']):
         results[name] = old
       else:
-        todo.append((name, (split, k, pieces, shard_bytes, ledger, os.fspath(out))))
+        todo.append((name, (split, k, pieces, shard_bytes, width, ledger, os.fspath(out))))
   kept = len(results)
   _run(ray, _options(ray, ray_tasks.assemble_shard), todo, results, _bar(progress, kept + len(todo), kept, 'shard'))
   return results, kept

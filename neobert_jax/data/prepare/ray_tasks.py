@@ -1,6 +1,7 @@
 """The work of `prepare --engine=ray`'s tasks, as plain functions (ray_engine.py makes them Ray tasks).
 
-  pass 1, `tokenize_unit`: one unit of input (splits.py) -> its records per split in the ledger, and its counts
+  pass 1, `tokenize_unit`: one unit of input (splits.py) -> its records per split in the ledger (ids as wide as
+          the shards' will be), and its counts
           (documents read, skipped, cut; decode issues; each document's token count) back to the driver;
   pass 2, `assemble_shard`: one shard of the driver's plan -> the records of the documents the plan names, read
           back from the ledger and written by shards.ShardWriter as the local engine writes them, put in place at
@@ -50,12 +51,13 @@ def _tokenizer(spec: str, name: str, blob: bytes):
   return _TOKENIZERS[key]
 
 
-def _records(chunks: list[list[np.ndarray]]) -> tuple[dict[str, np.ndarray], np.ndarray]:
-  """Documents' records as flat arrays (ids, record lengths, records per document), and each one's tokens."""
+def _records(chunks: list[list[np.ndarray]], dtype: np.dtype) -> tuple[dict[str, np.ndarray], np.ndarray]:
+  """Documents' records as flat arrays (ids `dtype` wide as in the shards, record lengths, records per document),
+  and each one's tokens."""
   flat = [c for doc in chunks for c in doc]
   lengths = np.array([c.size for c in flat], np.int32)
   per_doc = np.array([len(doc) for doc in chunks], np.int32)
-  ids = np.concatenate(flat) if flat else np.zeros(0, np.int32)
+  ids = shards.narrow(np.concatenate(flat), dtype) if flat else np.zeros(0, dtype)
   doc_tokens = np.add.reduceat(lengths, np.cumsum(per_doc) - per_doc) if flat else np.zeros(0, np.int32)
   return {'ids': ids, 'lengths': lengths, 'per_doc': per_doc}, doc_tokens.astype(np.int32)
 
@@ -86,8 +88,9 @@ def tokenize_unit(index: int, path: str, span, cfg: dict, ledger: ledger_lib.Led
       },
     }
   records, doc_tokens = {}, {}
+  width = shards.ID_DTYPES[shards.id_dtype_name(tok.vocab_size)]
   for split, chunks in docs.items():
-    records[split], doc_tokens[split] = _records(chunks)
+    records[split], doc_tokens[split] = _records(chunks, width)
   out.update(
     counts.as_dict(),
     tokens=int(sum(r['lengths'].sum() for r in records.values())),
@@ -98,16 +101,23 @@ def tokenize_unit(index: int, path: str, span, cfg: dict, ledger: ledger_lib.Led
 
 
 def assemble_shard(
-  split: str, index: int, pieces: list[tuple[int, int, int]], shard_bytes: int, ledger: ledger_lib.Ledger, output: str
+  split: str,
+  index: int,
+  pieces: list[tuple[int, int, int]],
+  shard_bytes: int,
+  id_dtype: str,
+  ledger: ledger_lib.Ledger,
+  output: str,
 ) -> dict:
-  """Pass 2 for one shard: the documents [first, end) of each (unit, first, end) of `pieces`, in order."""
+  """Pass 2 for one shard: the documents [first, end) of each (unit, first, end) of `pieces`, in order, their ids
+  `id_dtype` wide."""
   local_out = not paths.is_url(output)
   base = os.path.join(output, ledger_lib.WORK) if local_out else publish.scratch_root()
   tmp = os.path.join(base, f'tmp-{os.getpid()}-{split}-{index}')
   shutil.rmtree(tmp, ignore_errors=True)
   os.makedirs(tmp)
   try:
-    writer = shards.ShardWriter(tmp, split, shard_bytes, first_index=index)
+    writer = shards.ShardWriter(tmp, split, shard_bytes, id_dtype=id_dtype, first_index=index)
     for unit, first, end in pieces:
       r = ledger.read_records(unit, split)
       rec_at = np.concatenate([[0], np.cumsum(r['lengths'], dtype=np.int64)])
