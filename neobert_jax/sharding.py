@@ -256,6 +256,20 @@ def constrain(x: jax.Array, names: Sequence[str | None]) -> jax.Array:
   return jax.lax.with_sharding_constraint(x, logical_to_spec(names))
 
 
+def per_shard(fn: Any, args: Sequence[Any], in_names: Sequence[Sequence[str | None]], out_names: Sequence[str | None]):
+  """fn on each device's block of args: a shard_map over the mesh axes the logical names map to, so a kernel that
+  knows no sharding (Pallas splash, cuDNN attention) runs on local shapes. It leaves nothing for the compiler to
+  partition, which also holds inside the gradient accumulation's shard_map (engine/step.py), where jax cannot
+  partition a cuDNN call (its custom_partitioning rule gets no mesh there). With no mesh (one device, tests,
+  conversion tools) it is fn(*args)."""
+  mesh = jax.sharding.get_abstract_mesh()
+  if mesh.empty or not set(MESH_AXES) <= set(mesh.axis_names):
+    return fn(*args)
+  in_specs = tuple(logical_to_spec(names) for names in in_names)
+  mapped = jax.shard_map(fn, mesh=mesh, in_specs=in_specs, out_specs=logical_to_spec(out_names), check_vma=False)
+  return mapped(*args)
+
+
 def inference_mesh() -> Mesh:
   """Every device on the batch (fsdp) axis: what inference commands use unless told otherwise."""
   return make_mesh({'data': 1, 'fsdp': -1, 'tensor': 1})
