@@ -8,6 +8,11 @@ over A, adds losses, counts and gradients, and divides by the total count at the
 by A) makes 4 micro-batches of 8 rows give exactly the gradient of one batch of 32, however the masked tokens
 happen to fall, which a mean of per-micro-batch means would not.
 
+The gradient crosses the data-parallel replicas once per step: on a mesh whose batch axes include some that do not
+split the weights ('data', e.g. across TPU slices or GPU nodes), each replica scans its own rows under a shard_map
+manual over those axes and one psum follows the scan (sharding.replica_axes). Over 'fsdp' each micro-batch's
+gradient is still reduce-scattered, so no device ever holds more than its shard of the accumulator.
+
 A state that is not finite is never committed: under `skip_nonfinite` the whole update (params, moments, step
 counter) is dropped in the step itself; otherwise the loop stops at its next metrics flush (engine/loop.py).
 """
@@ -81,9 +86,9 @@ def make_train_step(
   def accumulate_per_replica(params: Any, batch: dict[str, jax.Array], key: Any):
     """Each replica (a position on the replica axes) accumulates the gradients of its own rows, unreduced over
     those axes; one psum then adds the replicas' sums, so the gradient crosses them (the DCN between slices or
-    nodes above all) once per step instead of once per micro-batch. Inside, the model's sharding constraints and
-    the accumulator's name only the automatic axes (sharding.logical_to_spec): FSDP still reduce-scatters each
-    micro-batch's gradient within the replica, which keeps the accumulator a 1/fsdp shard."""
+    nodes above all) once per step instead of once per micro-batch. Inside, sharding constraints name only the
+    automatic axes (sharding.logical_to_spec): FSDP still reduce-scatters each micro-batch's gradient within the
+    replica, which keeps the accumulator a 1/fsdp shard, as large as before."""
     if key is not None:  # each replica draws its own dropout for its own rows
       key = jax.random.fold_in(key, jax.lax.axis_index(replicas))
     return jax.lax.psum(accumulate(params, batch, key), replicas)
