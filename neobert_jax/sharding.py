@@ -208,9 +208,44 @@ def creation_scope():
   return contextlib.nullcontext()
 
 
+def _mesh_axes(entry: str | tuple[str, ...] | None) -> tuple[str, ...]:
+  """A PartitionSpec entry as the tuple of mesh axes it names."""
+  if entry is None:
+    return ()
+  return (entry,) if isinstance(entry, str) else tuple(entry)
+
+
 def logical_to_spec(names: Sequence[str | None], rules=LOGICAL_AXIS_RULES) -> PartitionSpec:
+  """The PartitionSpec of logical names. Inside a shard_map that splits some mesh axes by hand (the gradient
+  accumulation's replica axes, engine/step.py) those axes are left out: each shard there is already one slice of
+  them, and only the automatic axes are still the compiler's to lay out."""
   table = dict(rules)
-  return PartitionSpec(*(table.get(n) if n is not None else None for n in names))
+  mesh = jax.sharding.get_abstract_mesh()
+  manual = set() if mesh.empty else set(mesh.manual_axes)
+
+  def entry(name: str | None) -> str | tuple[str, ...] | None:
+    target = table.get(name) if name is not None else None
+    if not manual:
+      return target
+    kept = tuple(a for a in _mesh_axes(target) if a not in manual)
+    return kept[0] if len(kept) == 1 else (kept or None)
+
+  return PartitionSpec(*(entry(n) for n in names))
+
+
+def replica_axes(param_shardings: Any) -> tuple[str, ...]:
+  """The batch axes that hold whole copies of the parameters: mesh axes of the 'batch' rule, of size > 1, over
+  which no parameter is sharded ('data'; not 'fsdp', which splits the weights). Devices along such an axis see
+  different rows with the same weights, so each can add up its own gradients over the micro-batches and the sum
+  crosses that axis once per step (engine/step.py); along 'fsdp' a gradient is reduce-scattered per micro-batch,
+  which keeps every device's accumulator a 1/fsdp shard."""
+  shardings = jax.tree.leaves(param_shardings)
+  if not shardings:
+    return ()
+  mesh = shardings[0].mesh
+  used = {a for s in shardings for entry in s.spec for a in _mesh_axes(entry)}
+  batch = _mesh_axes(dict(LOGICAL_AXIS_RULES)['batch'])
+  return tuple(a for a in batch if a not in used and mesh.shape[a] > 1)
 
 
 def constrain(x: jax.Array, names: Sequence[str | None]) -> jax.Array:
@@ -219,6 +254,20 @@ def constrain(x: jax.Array, names: Sequence[str | None]) -> jax.Array:
   if mesh.empty or mesh.size == 1 or not set(MESH_AXES) <= set(mesh.axis_names):
     return x
   return jax.lax.with_sharding_constraint(x, logical_to_spec(names))
+
+
+def per_shard(fn: Any, args: Sequence[Any], in_names: Sequence[Sequence[str | None]], out_names: Sequence[str | None]):
+  """fn on each device's block of args: a shard_map over the mesh axes the logical names map to, so a kernel that
+  knows no sharding (Pallas splash, cuDNN attention) runs on local shapes. It leaves nothing for the compiler to
+  partition, which also holds inside the gradient accumulation's shard_map (engine/step.py), where jax cannot
+  partition a cuDNN call (its custom_partitioning rule gets no mesh there). With no mesh (one device, tests,
+  conversion tools) it is fn(*args)."""
+  mesh = jax.sharding.get_abstract_mesh()
+  if mesh.empty or not set(MESH_AXES) <= set(mesh.axis_names):
+    return fn(*args)
+  in_specs = tuple(logical_to_spec(names) for names in in_names)
+  mapped = jax.shard_map(fn, mesh=mesh, in_specs=in_specs, out_specs=logical_to_spec(out_names), check_vma=False)
+  return mapped(*args)
 
 
 def inference_mesh() -> Mesh:

@@ -8,6 +8,11 @@ over A, adds losses, counts and gradients, and divides by the total count at the
 by A) makes 4 micro-batches of 8 rows give exactly the gradient of one batch of 32, however the masked tokens
 happen to fall, which a mean of per-micro-batch means would not.
 
+The gradient crosses the data-parallel replicas once per step: on a mesh whose batch axes include some that do not
+split the weights ('data', e.g. across TPU slices or GPU nodes), each replica scans its own rows under a shard_map
+manual over those axes and one psum follows the scan (sharding.replica_axes). Over 'fsdp' each micro-batch's
+gradient is still reduce-scattered, so no device ever holds more than its shard of the accumulator.
+
 A state that is not finite is never committed: under `skip_nonfinite` the whole update (params, moments, step
 counter) is dropped in the step itself; otherwise the loop stops at its next metrics flush (engine/loop.py).
 """
@@ -45,6 +50,9 @@ def make_train_step(
 ) -> Callable:
   """The un-jitted step (state, batch, key) -> (new_state, metrics); see build_train_step."""
   param_shardings = defs.shardings['params']
+  # Batch axes holding whole copies of the weights ('data'): gradients are summed over them once per step.
+  replicas = shd.replica_axes(param_shardings)
+  mesh = jax.tree.leaves(param_shardings)[0].mesh if replicas else None
 
   def loss_fn(params: Any, micro: dict[str, jax.Array], key: Any):
     loss_sum, weight, sums = loss_sums(nnx.merge(defs.model_def, params), micro, key)
@@ -52,15 +60,10 @@ def make_train_step(
 
   grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
 
-  def gradients(params: Any, batch: dict[str, jax.Array], key: Any):
-    if not micro_batched:
-      return grad_fn(params, batch, key)
-    accum = jax.tree.leaves(batch)[0].shape[0]
-    if accum == 1:
-      # One micro-batch: no accumulator (saves a zero-fill and an add over every parameter per step).
-      return grad_fn(params, {k: v[0] for k, v in batch.items()}, key)
+  def accumulate(params: Any, batch: dict[str, jax.Array], key: Any):
+    """Scans the A micro-batches, adding losses, counts and gradients; the sums of the rows this program sees."""
 
-    def accumulate(carry, xs):
+    def add_micro_batch(carry, xs):
       grads, loss_sum, weight, sums = carry
       index, micro = xs
       micro_key = None if key is None else jax.random.fold_in(key, index)
@@ -76,8 +79,38 @@ def make_train_step(
       lambda s: jnp.zeros(s.shape, s.dtype), jax.eval_shape(lambda: loss_fn(params, first, key)[1][1])
     )
     init = (jax.lax.with_sharding_constraint(zeros, param_shardings), 0.0, 0.0, sum_zeros)
-    (grads, loss_sum, weight, sums), _ = jax.lax.scan(accumulate, init, (jnp.arange(accum), batch))
+    accum = jax.tree.leaves(batch)[0].shape[0]
+    (grads, loss_sum, weight, sums), _ = jax.lax.scan(add_micro_batch, init, (jnp.arange(accum), batch))
     return (loss_sum, (weight, sums)), grads
+
+  def accumulate_per_replica(params: Any, batch: dict[str, jax.Array], key: Any):
+    """Each replica (a position on the replica axes) accumulates the gradients of its own rows, unreduced over
+    those axes; one psum then adds the replicas' sums, so the gradient crosses them (the DCN between slices or
+    nodes above all) once per step instead of once per micro-batch. Inside, sharding constraints name only the
+    automatic axes (sharding.logical_to_spec): FSDP still reduce-scatters each micro-batch's gradient within the
+    replica, which keeps the accumulator a 1/fsdp shard, as large as before."""
+    if key is not None:  # each replica draws its own dropout for its own rows
+      key = jax.random.fold_in(key, jax.lax.axis_index(replicas))
+    return jax.lax.psum(accumulate(params, batch, key), replicas)
+
+  def gradients(params: Any, batch: dict[str, jax.Array], key: Any):
+    if not micro_batched:
+      return grad_fn(params, batch, key)
+    if jax.tree.leaves(batch)[0].shape[0] == 1:
+      # One micro-batch: no accumulator (saves a zero-fill and an add over every parameter per step).
+      return grad_fn(params, {k: v[0] for k, v in batch.items()}, key)
+    if not replicas:
+      return accumulate(params, batch, key)
+    # check_vma=False: the gradients taken inside stay each replica's own (no implicit psum per micro-batch).
+    per_replica = jax.shard_map(
+      accumulate_per_replica,
+      mesh=mesh,
+      in_specs=(P(), P(None, replicas), P()),
+      out_specs=P(),
+      axis_names=set(replicas),
+      check_vma=False,
+    )
+    return per_replica(params, batch, key)
 
   def step(state: TrainState, batch: dict[str, jax.Array], key: Any = None) -> tuple[TrainState, dict]:
     # nnx.merge wraps the incoming arrays in Variables that opt.update then mutates in place, so the pre-update

@@ -12,7 +12,6 @@ from typing import Any, Callable
 import jax
 import jax.numpy as jnp
 import ml_collections
-import optax
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec as P
 
@@ -66,6 +65,16 @@ def max_segments(data_cfg: ml_collections.ConfigDict) -> int | None:
   return limit if data_cfg.packing == 'packed' and limit > 0 else None
 
 
+def cross_entropy(logits: jax.Array, labels: jax.Array) -> jax.Array:
+  """optax.softmax_cross_entropy_with_integer_labels, the same numbers, with the label's logit picked by a compare
+  and a sum over the vocabulary instead of a gather. Under tensor parallelism the vocabulary is split, and inside the
+  per-replica gradient accumulation (engine/step.py, a shard_map manual over 'data') XLA's SPMD partitioner aborts
+  on a gather along a split axis; the elementwise pick partitions like the logsumexp beside it."""
+  vocab = jnp.arange(logits.shape[-1], dtype=labels.dtype)
+  label_logits = jnp.where(vocab == labels[..., None], logits, 0.0).sum(-1)
+  return jax.nn.logsumexp(logits, axis=-1) - label_logits
+
+
 def mlm_sums(
   model: Any, micro: dict[str, jax.Array], packed: bool, max_segments: int | None = None
 ) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
@@ -81,7 +90,7 @@ def mlm_sums(
     logits = model(micro['input_ids'], positions=micro['positions'], **masking)
     weights = (micro['labels'] >= 0).astype(jnp.float32)
     labels = jnp.maximum(micro['labels'], 0)  # -100 slots carry weight 0; any valid id keeps the gather in range
-  ce = optax.softmax_cross_entropy_with_integer_labels(logits.astype(jnp.float32), labels)
+  ce = cross_entropy(logits.astype(jnp.float32), labels)
   correct = (jnp.argmax(logits, -1) == labels).astype(jnp.float32)
   return (ce * weights).sum(), (weights.sum(), (correct * weights).sum())
 

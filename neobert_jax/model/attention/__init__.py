@@ -19,6 +19,7 @@ import jax
 import jax.numpy as jnp
 
 from neobert_jax import jax_compat
+from neobert_jax import sharding as shd
 from neobert_jax.model.attention.blockwise import blockwise_attention
 from neobert_jax.model.attention.packed_layout import overflow, packed_layout
 from neobert_jax.model.attention.reference import allowed, segments_from_lengths, xla_attention
@@ -27,22 +28,34 @@ from neobert_jax.model.attention.select import IMPLEMENTATIONS, KERNELS, Choice,
 __all__ = ['IMPLEMENTATIONS', 'KERNELS', 'Choice', 'attention', 'choose', 'overflow', 'packed_layout']
 
 
-def _cudnn(q, k, v, segment_ids, lengths, kernel, max_segments):
+def _cudnn_local(q, k, v, segment_ids, lengths, kernel, max_segments):
   if segment_ids is not None:
     if kernel == 'cudnn':
-      if max_segments is None:
-        raise ValueError('cuDNN packed attention needs max_segments (data.max_documents_per_row).')
       seqlens, offsets = packed_layout(segment_ids, max_segments)
       return jax_compat.cudnn_packed_flash_attention(q, k, v, seqlens, offsets)
-    if q.shape[1] % 2:
-      raise ValueError(f"cuDNN's bias kernel needs an even sequence length, got {q.shape[1]}.")
     return jax.nn.dot_product_attention(q, k, v, mask=allowed(segment_ids, segment_ids), implementation='cudnn')
   if lengths is not None:
-    lengths = lengths.astype(jnp.int32)
     return jax.nn.dot_product_attention(
       q, k, v, query_seq_lengths=lengths, key_value_seq_lengths=lengths, implementation='cudnn'
     )
   return jax.nn.dot_product_attention(q, k, v, implementation='cudnn')
+
+
+def _cudnn(q, k, v, segment_ids, lengths, kernel, max_segments):
+  """cuDNN fused attention on each device's rows and heads (sharding.per_shard, as splash): every row and head is
+  independent, and jax's own partitioning of the cuDNN call fails inside the gradient accumulation's shard_map."""
+  if segment_ids is not None and kernel == 'cudnn' and max_segments is None:
+    raise ValueError('cuDNN packed attention needs max_segments (data.max_documents_per_row).')
+  if segment_ids is not None and kernel != 'cudnn' and q.shape[1] % 2:
+    raise ValueError(f"cuDNN's bias kernel needs an even sequence length, got {q.shape[1]}.")
+  qkv = ('batch', 'length', 'heads', 'head_dim')
+  local = lambda q, k, v, seg=None, lens=None: _cudnn_local(q, k, v, seg, lens, kernel, max_segments)
+  if segment_ids is not None:
+    return shd.per_shard(local, (q, k, v, segment_ids), (qkv,) * 3 + (('batch', 'length'),), qkv)
+  if lengths is not None:
+    rows = lambda q, k, v, lens: local(q, k, v, lens=lens)
+    return shd.per_shard(rows, (q, k, v, lengths.astype(jnp.int32)), (qkv,) * 3 + (('batch',),), qkv)
+  return shd.per_shard(local, (q, k, v), (qkv,) * 3, qkv)
 
 
 def attention(

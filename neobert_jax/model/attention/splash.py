@@ -81,14 +81,8 @@ def splash_attention(
     fn = lambda *args: jax.lax.platform_dependent(*args, tpu=kernel, default=emulated)
   else:
     fn = functools.partial(_local, block=int(block_size), interpret=bool(interpret))
-  mesh = jax.sharding.get_abstract_mesh()
-  if mesh.empty or not set(shd.MESH_AXES) <= set(mesh.axis_names):
-    return fn(q, k, v, q_segments, kv_segments)
-  qkv_spec = shd.logical_to_spec(('batch', 'length', 'heads', 'head_dim'))
-  seg_spec = shd.logical_to_spec(('batch', 'length'))
+  qkv = ('batch', 'length', 'heads', 'head_dim')
   if q_segments is None:
-    body = lambda q, k, v: fn(q, k, v, None, None)
-    return jax.shard_map(body, mesh=mesh, in_specs=(qkv_spec,) * 3, out_specs=qkv_spec, check_vma=False)(q, k, v)
-  return jax.shard_map(fn, mesh=mesh, in_specs=(qkv_spec,) * 3 + (seg_spec,) * 2, out_specs=qkv_spec, check_vma=False)(
-    q, k, v, q_segments, kv_segments
-  )
+    return shd.per_shard(lambda q, k, v: fn(q, k, v, None, None), (q, k, v), (qkv,) * 3, qkv)
+  rows = ('batch', 'length')
+  return shd.per_shard(fn, (q, k, v, q_segments, kv_segments), (qkv,) * 3 + (rows,) * 2, qkv)
