@@ -98,6 +98,7 @@ def bbc_pairs_run(tmp_path_factory):
   return root, loop.run(cfg, root / 'run')
 
 
+@pytest.mark.slow
 def test_contrastive_learns_title_to_article_retrieval(bbc_pairs_run):
   _, results = bbc_pairs_run
   evals = results['evals']

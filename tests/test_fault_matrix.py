@@ -147,6 +147,7 @@ def _remount(path: Path, options: str) -> None:
 # ------------------------------------------------------------------------------------- kill -9 during an async save
 
 
+@pytest.mark.slow
 def test_kill_9_during_an_async_save_resumes_bit_identical(data_dir, reference, tmp_path):
   """SIGKILL while Orbax writes a step in the background (its temporary directory exists): the half-written step is
   never used, the same command resumes from the last complete one and ends with the uninterrupted run's params."""
@@ -270,6 +271,7 @@ def disk_full(data_dir, reference, tmp_path_factory):
     yield outcome, stderr, workdir, before
 
 
+@pytest.mark.slow
 def test_disk_full_keeps_the_last_good_checkpoint(data_dir, reference, disk_full):
   outcome, stderr, workdir, before = disk_full
   assert outcome is not None, 'the run did not notice the full disk'

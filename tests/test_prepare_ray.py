@@ -31,6 +31,8 @@ from ray.cluster_utils import Cluster  # noqa: E402  pylint: disable=g-import-no
 
 from test_data_prepare import _seekable_zst  # noqa: E402  the .zst writer of the parts test
 
+pytestmark = pytest.mark.server
+
 WORDS = ('the', 'cat', 'sat', 'on', 'mat', 'dog', 'ran', 'far', 'away', 'home')
 FLAGS = dict(max_length=16, eval_fraction=0.1, shard_mb=0.02)
 SPLIT_MB = 0.01  # the large JSONL becomes ~20 parts, the zstd files several runs of frames, the Parquet several

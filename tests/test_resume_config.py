@@ -78,6 +78,7 @@ def test_every_schema_field_has_a_rule_and_the_issue_s_identity_fields_are_ident
     assert kinds[field] == rules.FREE, field
 
 
+@pytest.mark.slow
 def test_identity_change_is_refused_with_both_values_and_nothing_touched(run, capsys):
   before = _snapshot(run)
   cfg = tiny_config(steps=6)

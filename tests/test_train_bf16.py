@@ -76,6 +76,7 @@ def _gap(a, b) -> float:
   return float(np.max(np.abs(a - b) / np.abs(b)))
 
 
+@pytest.mark.slow
 def test_bf16_follows_the_fp32_curve(fp32_curve):
   cfg = _cfg('bfloat16')
   hlo = []
@@ -86,6 +87,7 @@ def test_bf16_follows_the_fp32_curve(fp32_curve):
   assert _gap(bf16, fp32_curve) < CURVE_RTOL, (_gap(bf16, fp32_curve), bf16, fp32_curve)
 
 
+@pytest.mark.slow
 def test_the_tolerance_fails_when_the_loss_is_summed_in_bf16(fp32_curve, monkeypatch):
   real = mlm.mlm_sums
 
