@@ -238,7 +238,7 @@ def test_plan_recommends_a_layout_that_fits_with_the_tpu_cost_model(tmp_path):
   assert best['remat'] == 'none' and '--config.model.remat_policy=none' in rep['overrides']
   assert 'recommended: --config.mesh.data=1 --config.mesh.fsdp=4' in out
   # The roofline is computed beside the cost model (at this toy size it is dominated by its per-kernel floor, so the
-  # two are not compared here: README "Roofline").
+  # two are not compared here: docs/performance.md, "Roofline").
   assert all(r['roofline_seconds'] > 0 for r in rows)
   # Every compile is cached: the same plan again compiles nothing.
   again, _ = _compile(tmp_path, 'tpu:v5e-4', packing='packed', preds=32, extra=extra)

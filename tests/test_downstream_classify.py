@@ -61,6 +61,7 @@ def test_learns_bbc_topics_clearly_above_majority(bbc_run):
   assert runs.latest_step(workdir) == results['best']['step']
 
 
+@pytest.mark.slow
 def test_hf_export_loads_offline_with_same_logits(bbc_run):
   import torch
   from transformers import AutoModelForSequenceClassification, AutoTokenizer

@@ -76,6 +76,7 @@ def test_restore_or_init_takes_the_checkpoint_then_the_source_then_fresh_paramet
     assert run.restore_or_init(abstract, create, resume=False).origin == 'fresh parameters'
 
 
+@pytest.mark.slow
 def test_the_checkpoint_hook_and_the_final_save_write_what_resume_reads(setup, tmp_path):
   cfg, mesh = setup
   abstract, create = _makers(cfg, mesh)

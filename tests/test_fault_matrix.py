@@ -1,9 +1,9 @@
-"""The fault matrix (README, "Fault matrix"): the faults no other test injects, each with its expected outcome.
+"""The fault matrix (docs/fault-matrix.md): the faults no other test injects, each with its expected outcome.
 
 Outcomes: resumed bit-identical; stopped with one line and the last good checkpoint kept; refused with one line.
 Nothing good may be overwritten or renamed without a loud message. Rows proven elsewhere (crash / SIGTERM and
 resume, a corrupt latest checkpoint, SIGTERM on one of two processes, another process count, a killed prepare) are
-listed in the README with their tests and not repeated here.
+listed in docs/fault-matrix.md with their tests and not repeated here.
 
 One small run (synthetic data, a 1000-id vocabulary: a checkpoint is about 1 MB) is trained once per module; each
 row works on a copy of it. Subprocesses only where a kill -9 needs a process to kill. This file is also that
@@ -224,6 +224,7 @@ def _visible(parent: Path) -> list[str]:
   return sorted(p.name for p in parent.iterdir() if not p.name.startswith('.'))
 
 
+@pytest.mark.slow
 def test_kill_9_while_writing_an_export_keeps_the_previous_one(reference, good_export, capfd):
   out, digest = good_export
   pid = _kill_export_at('export-write', reference, out)
@@ -239,6 +240,7 @@ def test_kill_9_while_writing_an_export_keeps_the_previous_one(reference, good_e
   assert sorted(p.name for p in out.parent.iterdir()) == ['hf'] and _tree_digest(out) == digest
 
 
+@pytest.mark.slow
 def test_kill_9_while_swapping_an_export_in_restores_the_previous_one(reference, good_export, capfd):
   """The one moment of a replacement when neither export sits at `out`: the previous one has been moved aside,
   the new one not yet moved in. The next export moves the previous one back, loudly, before anything else."""

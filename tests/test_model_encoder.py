@@ -90,8 +90,8 @@ def test_scan_unrolled_and_remat_agree_in_value_and_gradient():
   for overrides in ({'scan_layers': False}, {'remat_policy': 'full'}, {'remat_policy': 'save_dots'}):
     loss, grad = loss_and_grad(**overrides)
     np.testing.assert_allclose(loss, base_loss, rtol=1e-6)
-    for a, b in zip(jax.tree.leaves(grad), jax.tree.leaves(base_grad)):
-      np.testing.assert_allclose(a, b, atol=1e-6)
+    for a, b in zip(jax.tree.leaves(grad), jax.tree.leaves(base_grad)):  # other fusions: relative rounding
+      np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
 
 
 def test_sparse_head_equals_dense_logits_at_the_masked_positions():

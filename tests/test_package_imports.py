@@ -70,7 +70,7 @@ def _in(name: str, *areas: str) -> bool:
 
 
 def _entry(name: str) -> bool:
-  """The entry-point layer (README's table): cli.py and each package's __main__, which may import anything."""
+  """The entry-point layer (LAYERS): cli.py and each package's __main__, which may import anything."""
   return name == 'neobert_jax.cli' or name.endswith('.__main__')
 
 

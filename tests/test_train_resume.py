@@ -130,6 +130,7 @@ def test_init_from_checkpoint_params_only(uninterrupted, tmp_path):
   _assert_identical(_params(tmp_path), _params(uninterrupted))
 
 
+@pytest.mark.slow
 def test_init_from_hf_params_only(uninterrupted, tmp_path):
   # init.from_hf reads the Hugging Face layout through the weights layer (not convert/); here the directory is
   # the converter's export of the uninterrupted run, so the loaded parameters are exactly that run's.

@@ -71,6 +71,7 @@ def test_same_losses_on_every_mesh(reference, name):
   assert ref_losses[-1] < ref_losses[0]  # it actually trains
 
 
+@pytest.mark.slow
 def test_params_and_moments_are_sharded_at_creation():
   created = _cached_run('d2f2t2')[2]  # the state create_train_state made on the 2x2x2 mesh, before any step
   assert created['qkv_spec'] == jax.sharding.PartitionSpec(None, 'fsdp', 'tensor', None)
