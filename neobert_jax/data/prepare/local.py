@@ -271,4 +271,3 @@ def main(argv: Sequence[str] | None = None) -> dict:
     f'{m["decode_errors"]["count"]} decode errors) in {m["seconds"]} s -> {a.output}'
   )
   return m
-
