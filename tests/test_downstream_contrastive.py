@@ -120,6 +120,7 @@ def test_sentence_transformers_export_matches_jax_embeddings(bbc_pairs_run):
   np.testing.assert_allclose(got, expected, atol=1e-4)
 
 
+@pytest.mark.slow
 def test_embed_cli_keeps_the_input_order(bbc_pairs_run):
   from neobert_jax import embed
 

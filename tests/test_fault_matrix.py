@@ -285,6 +285,7 @@ def test_disk_full_keeps_the_last_good_checkpoint(data_dir, reference, disk_full
   _assert_same_params(workdir, reference)
 
 
+@pytest.mark.slow
 def test_disk_full_stops_with_one_line_naming_the_last_good_checkpoint(disk_full):
   outcome, stderr, workdir, _ = disk_full
   _assert_one_line(outcome, stderr, 'No space left on device', f'{workdir / "checkpoints"}/4')

@@ -107,6 +107,7 @@ def test_num_steps_below_the_checkpoint_is_refused(run):
   assert _snapshot(run) == before
 
 
+@pytest.mark.slow
 def test_extending_the_run_follows_the_new_schedule_and_is_recorded(run, caplog):
   cfg = tiny_config(steps=9)
   cfg.checkpoint.every_steps = 2  # a free change alongside the schedule one

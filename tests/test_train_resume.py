@@ -122,6 +122,7 @@ def test_restore_onto_a_different_mesh(uninterrupted, tmp_path):
     np.testing.assert_allclose(a[k], b[k], rtol=1e-4, atol=2e-5, err_msg=k)
 
 
+@pytest.mark.slow
 def test_init_from_checkpoint_params_only(uninterrupted, tmp_path):
   cfg = tiny_config(steps=1)
   cfg.init.from_checkpoint = str(uninterrupted)
