@@ -1,4 +1,4 @@
-"""The config schema, re-exported: it lives in the package (neobert_jax/config/base.py), every field documented.
+"""The config schema, re-exported: it lives in the package (neobert_jax/config/train.py), every field documented.
 
 Kept so that `from configs import base` and `--config=configs/base.py` still work from a checkout.
 """

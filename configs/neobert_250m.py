@@ -23,15 +23,15 @@ def get_config(variant: str = ''):
   cfg = base.get_config()  # the base defaults are this recipe; the stage-1 specifics are spelled out here
   cfg.model.max_length = 1024
   # FSDP over 8, no remat, 32 rows x 1024 per device per micro-batch, 8 micro-batches: 24.2 GiB of 80 on H100 (layers
-  # unrolled, with model/fused.py's gradients). `python -m neobert_jax.compile --plan --target=cuda:h100x8` (README)
-  # ranks 64 x 4 1.5% faster by the roofline (894 vs 908 ms) at 48 GiB; the recipe keeps 32 x 8, which also fits a
-  # v5p-8 (64 rows per chip, 45 GiB; 128 would not). 'save_dots' recomputes attention: 14% slower by the roofline.
-  # Smaller devices: 'save_dots' or 'full'.
+  # unrolled, with model/fused.py's gradients). `python -m neobert_jax.compile --plan --target=cuda:h100x8`
+  # (docs/performance.md) ranks 64 x 4 1.5% faster by the roofline (894 vs 908 ms) at 48 GiB; the recipe keeps
+  # 32 x 8, which also fits a v5p-8 (64 rows per chip, 45 GiB; 128 would not). 'save_dots' recomputes attention:
+  # 14% slower by the roofline. Smaller devices: 'save_dots' or 'full'.
   cfg.model.remat_policy = 'none'
   cfg.model.dtype = 'auto'  # bf16 compute on GPU/TPU, fp32 on CPU; master weights fp32 (param_dtype)
   # Layers unrolled: under the layer scan every saved activation goes through a zero-filled, copied, re-sliced
-  # [28, ...] stack each micro-batch. The roofline of the 8 x H100 step (README, "Roofline"): 1,209 -> 911 ms at
-  # 1024, 1,768 -> 1,459 ms at 4096. The cost: about 20-60 s more compile time per program.
+  # [28, ...] stack each micro-batch. The roofline of the 8 x H100 step (docs/performance.md, "Roofline"):
+  # 1,209 -> 911 ms at 1024, 1,768 -> 1,459 ms at 4096. The cost: about 20-60 s more compile time per program.
   cfg.model.scan_layers = False
 
   cfg.data.packing = 'packed'

@@ -16,8 +16,8 @@ from neobert_jax import config
 def get_config():
   cfg = config.load(Path(__file__).with_name('neobert_250m.py'))  # by path: no sys.path needed
   cfg.model.max_length = 4096
-  # `python -m neobert_jax.compile --plan --target=cuda:h100x8` (README): with cuDNN flash attention no T x T
-  # tensor exists, so 8 rows x 4096 per device train without remat in 24.6 GiB of 80, ~25% faster by the FLOP
+  # `python -m neobert_jax.compile --plan --target=cuda:h100x8` (docs/performance.md): with cuDNN flash attention
+  # no T x T tensor exists, so 8 rows x 4096 per device train without remat in 24.6 GiB of 80, ~25% faster by the FLOP
   # model than full remat (which the bias kernel's memory used to force). Smaller GPUs: 'save_dots' or 'full'.
   cfg.model.remat_policy = 'none'
   cfg.data.max_documents_per_row = 32  # rows 4x longer hold more documents (the packed layout's static bound)

@@ -8,7 +8,7 @@ the job prints the held-out loss against the unigram cross-entropy of the held-o
 WORKDIR/loss_curve.md and shows fill-mask predictions on held-out sentences through the export
 (neobert_jax/train/report.py).
 
-What differs from the 250M recipe, and why (each measured on this corpus, README "Main job"):
+What differs from the 250M recipe, and why (each measured on this corpus, docs/performance.md, "Main job"):
   * vocabulary: `builtin-wordpiece-2048`, a WordPiece vocabulary learned from the corpus's training documents
     (data/prepare/corpus.py), instead of bert-base-uncased's 30522 ids. At this width the 30522-wide decoder and embedding
     are ~3/4 of a step's work (a step took 3.8x as long) and each of their rows sees few of the ~2M training

@@ -1,4 +1,4 @@
-"""The command-line convention every command follows (README "Command-line conventions").
+"""The command-line convention every command follows (docs/architecture.md, "Command-line conventions").
 
   --help         `usage: <command> <required flags> [flags]`, one paragraph saying what the command does, then its
                  flags; status 0.

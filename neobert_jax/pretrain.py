@@ -38,12 +38,13 @@ def export(cfg: ml_collections.ConfigDict, workdir: str | Path) -> Path:
 def run(
   cfg: ml_collections.ConfigDict, workdir: str | Path, on_step: Callable[[int], None] | None = None
 ) -> loop.RunResult:
-  """Trains `cfg` in `workdir` (loop.run), then exports and reports as described above."""
+  """Trains `cfg` in `workdir` (loop.run), then exports and reports as described above, with the config as the
+  run resolved it."""
   result = loop.run(cfg, workdir, on_step=on_step)
   if result.preempted or jax.process_index() != 0:
     return result
-  if cfg.export.hf_dir:
-    export(cfg, result.workdir)
+  if result.config.export.hf_dir:
+    export(result.config, result.workdir)
   if result.final_step > 0:
-    result.report = report_lib.report(cfg, result.workdir, result.evals)
+    result.report = report_lib.report(result.config, result.workdir, result.evals)
   return result

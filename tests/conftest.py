@@ -13,9 +13,7 @@ os.environ.setdefault('HF_HUB_OFFLINE', '1')
 os.environ.setdefault('TRANSFORMERS_OFFLINE', '1')
 os.environ.setdefault('HF_DATASETS_OFFLINE', '1')  # evaluate mteb: MTEB tasks read only the datasets cache
 
-
-def pytest_configure(config):
-  config.addinivalue_line('markers', 'gpu: needs a real NVIDIA GPU (run with JAX_PLATFORMS=cuda); skipped on CPU')
+# The marks (slow, multiprocess, server, gpu) are declared in pyproject.toml's [tool.pytest.ini_options].
 
 
 # --- A real GCS server on 127.0.0.1 (gcp-storage-emulator), for the tests of runs and data on a bucket -----------

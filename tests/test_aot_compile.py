@@ -64,6 +64,7 @@ def _check_fit_report(rep, devices, mesh):
   assert rep['model_flops_per_step'] > 0 and rep['dtype'] == 'bfloat16'
 
 
+@pytest.mark.slow
 def test_tpu_v5e_slice_uses_splash(tmp_path):
   rep, out = _compile(tmp_path, 'tpu:v5e-4', packing='packed', preds=32, extra=['--cost_model'])
   _check_fit_report(rep, 4, {'data': 1, 'fsdp': 4, 'tensor': 1})
@@ -85,6 +86,7 @@ def test_tpu_v5e_slice_uses_splash(tmp_path):
   assert rep['cost_model_seconds'] > attention / (0.5 * rep['peak_flops_per_device'])
 
 
+@pytest.mark.slow
 def test_h100x8_pre_hopper_bias_kernel_on_a_tensor_parallel_mesh(tmp_path):
   """`cudnn_bias` (what pre-Hopper GPUs get for packed rows) keeps cuDNN's bias kernel, heads split over tensor."""
   rep, out = _compile(
@@ -106,6 +108,7 @@ def test_h100x8_pre_hopper_bias_kernel_on_a_tensor_parallel_mesh(tmp_path):
 LAYERS = 4
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('recipe', ['neobert_250m_4096.py'])
 def test_250m_packed_step_on_h100_is_flash_without_a_t_by_t_buffer(tmp_path, recipe):
   """The real 250M recipes (widths, rows, batch, mesh; LAYERS deep), packed: cuDNN's plain flash kernel, no
@@ -235,7 +238,7 @@ def test_plan_recommends_a_layout_that_fits_with_the_tpu_cost_model(tmp_path):
   assert best['remat'] == 'none' and '--config.model.remat_policy=none' in rep['overrides']
   assert 'recommended: --config.mesh.data=1 --config.mesh.fsdp=4' in out
   # The roofline is computed beside the cost model (at this toy size it is dominated by its per-kernel floor, so the
-  # two are not compared here: README "Roofline").
+  # two are not compared here: docs/performance.md, "Roofline").
   assert all(r['roofline_seconds'] > 0 for r in rows)
   # Every compile is cached: the same plan again compiles nothing.
   again, _ = _compile(tmp_path, 'tpu:v5e-4', packing='packed', preds=32, extra=extra)

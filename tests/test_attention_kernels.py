@@ -68,6 +68,7 @@ def _compare(kernel, mode, atol, block_size=None, **kw):
     np.testing.assert_allclose(g, r, atol=atol)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('mode', MODES)
 @pytest.mark.parametrize('block', [64, 100])
 def test_blockwise_matches_reference(mode, block):
@@ -162,6 +163,7 @@ def _model_logits_and_grads(kernel, mesh_sizes=None):
     return jax.jit(run)()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
   'kernel,mesh', [('blockwise', None), ('splash', None), ('splash', (('data', 1), ('fsdp', 2), ('tensor', 2)))]
 )

@@ -6,9 +6,12 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+@pytest.mark.slow
 def test_accelerator_benchmark_smoke(tmp_path):
   r = subprocess.run(
     [sys.executable, '-m', 'benchmarks.accelerator', '--out', str(tmp_path), '--smoke'],

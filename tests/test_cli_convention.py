@@ -1,4 +1,5 @@
-"""Every command follows one command-line convention (neobert_jax/commandline.py, README "Command-line conventions").
+"""Every command follows one command-line convention (neobert_jax/commandline.py; docs/architecture.md,
+"Command-line conventions").
 
 `--help` exits 0 and prints `usage: <command> ... [flags]`, one paragraph, then the flags (--help and --debug on
 every command; --config and its overrides where there is a config); an unknown flag is one line

@@ -114,6 +114,7 @@ def _problems(code: int, status: int, stderr: str, text: str) -> list[str]:
   return problems
 
 
+@pytest.mark.slow
 def test_expected_errors_are_one_line_with_their_status(files):
   with concurrent.futures.ThreadPoolExecutor(4) as pool:
     results = list(pool.map(_run, _subprocess_cases(*files)))

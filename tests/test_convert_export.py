@@ -138,6 +138,7 @@ LOAD_SCRIPT = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_transformers_loads_export_in_fresh_offline_process(exported, source, tmp_path):
   cfg, flat = source
   rng = np.random.default_rng(1)

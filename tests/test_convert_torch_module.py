@@ -129,7 +129,9 @@ def test_packed_rows_equal_documents_one_by_one(tiny_lm):
       alone = tiny_lm(ids[:, start:stop]).logits
       torch.testing.assert_close(packed[:, start:stop], alone, atol=1e-5, rtol=1e-5)
   assert torch.isfinite(packed).all()  # padding (segment 0) stays finite
-  torch.testing.assert_close(by_cu, packed[:, :10], atol=1e-6, rtol=1e-6)
+  # Another mask layout of the same rows (per-document attention vs segment masking): float32 rounding of a
+  # different summation, so the tolerance of the documents-alone comparison above.
+  torch.testing.assert_close(by_cu, packed[:, :10], atol=1e-5, rtol=1e-5)
 
 
 def test_positions_restart_per_segment():

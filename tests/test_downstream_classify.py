@@ -45,6 +45,7 @@ def bbc_run(tmp_path_factory):
   return root / 'run', loop.run(cfg, root / 'run'), root / 'hf'
 
 
+@pytest.mark.slow
 def test_learns_bbc_topics_clearly_above_majority(bbc_run):
   workdir, results, _ = bbc_run
   best = results['best']['metrics']
@@ -60,6 +61,7 @@ def test_learns_bbc_topics_clearly_above_majority(bbc_run):
   assert runs.latest_step(workdir) == results['best']['step']
 
 
+@pytest.mark.slow
 def test_hf_export_loads_offline_with_same_logits(bbc_run):
   import torch
   from transformers import AutoModelForSequenceClassification, AutoTokenizer

@@ -63,8 +63,8 @@ def test_info_nce_on_a_2x2_mesh_uses_the_whole_global_batch():
   assert float(loss) == pytest.approx(brute_force(q, p, w, 0.05, n, nw), rel=1e-5)
   single_loss, single_grad = jax.value_and_grad(loss_fn, argnums=(0, 1, 3))(q, p, w, n, nw)
   assert float(loss) == pytest.approx(float(single_loss), rel=1e-6)
-  for a, b in zip(grad, single_grad):
-    np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-6)
+  for a, b in zip(grad, single_grad):  # all-reduced over 4 devices vs summed on one: relative to the values
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
 
 
 @pytest.fixture(scope='module')
@@ -98,6 +98,7 @@ def bbc_pairs_run(tmp_path_factory):
   return root, loop.run(cfg, root / 'run')
 
 
+@pytest.mark.slow
 def test_contrastive_learns_title_to_article_retrieval(bbc_pairs_run):
   _, results = bbc_pairs_run
   evals = results['evals']
@@ -105,6 +106,7 @@ def test_contrastive_learns_title_to_article_retrieval(bbc_pairs_run):
   assert results['best']['metrics']['retrieval_accuracy'] > 10 * chance, evals
 
 
+@pytest.mark.slow
 def test_sentence_transformers_export_matches_jax_embeddings(bbc_pairs_run):
   from sentence_transformers import SentenceTransformer
   from neobert_jax import embed
@@ -118,6 +120,7 @@ def test_sentence_transformers_export_matches_jax_embeddings(bbc_pairs_run):
   np.testing.assert_allclose(got, expected, atol=1e-4)
 
 
+@pytest.mark.slow
 def test_embed_cli_keeps_the_input_order(bbc_pairs_run):
   from neobert_jax import embed
 

@@ -70,6 +70,7 @@ def test_sources_give_the_encoder_weights(tmp_path):
     np.testing.assert_array_equal(src.flat[k], v)
 
 
+@pytest.mark.slow
 def test_finetune_starts_from_a_pretraining_checkpoint(tmp_path):
   m, flat = _tiny_mlm()
   run = tmp_path / 'pretrain'

@@ -42,6 +42,7 @@ def _reference(model, seqs):
   return out
 
 
+@pytest.mark.slow
 def test_batched_pppl_equals_slow_reference():
   cfg = _model_cfg()
   model = NeoBERTForMLM(cfg, rngs=nnx.Rngs(1))

@@ -40,6 +40,7 @@ def test_label_mapping_integers_strings_floats():
   assert spec.kind == 'classification' and list(labels.encode(spec, [3, 1.0], 'x')) == [1, 0]
 
 
+@pytest.mark.slow
 def test_regression_learns_a_synthetic_target(tmp_path):
   # Target: the share of "good" words in a sentence of random filler, which a [CLS] head can read off.
   rng = np.random.default_rng(0)

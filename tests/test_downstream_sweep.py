@@ -2,10 +2,13 @@
 
 import json
 
+import pytest
+
 from neobert_jax.finetune import sweep
 from neobert_jax.config.finetune import base_config
 
 
+@pytest.mark.slow
 def test_sweep_runs_restricted_grid_and_resumes(tmp_path):
   rows = [{'text': f'{w} item {i}', 'label': int(w == 'good')} for i in range(40) for w in ('good', 'bad')]
   (tmp_path / 'train.jsonl').write_text(''.join(json.dumps(r) + '\n' for r in rows))

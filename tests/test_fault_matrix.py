@@ -1,9 +1,9 @@
-"""The fault matrix (README, "Fault matrix"): the faults no other test injects, each with its expected outcome.
+"""The fault matrix (docs/fault-matrix.md): the faults no other test injects, each with its expected outcome.
 
 Outcomes: resumed bit-identical; stopped with one line and the last good checkpoint kept; refused with one line.
 Nothing good may be overwritten or renamed without a loud message. Rows proven elsewhere (crash / SIGTERM and
 resume, a corrupt latest checkpoint, SIGTERM on one of two processes, another process count, a killed prepare) are
-listed in the README with their tests and not repeated here.
+listed in docs/fault-matrix.md with their tests and not repeated here.
 
 One small run (synthetic data, a 1000-id vocabulary: a checkpoint is about 1 MB) is trained once per module; each
 row works on a copy of it. Subprocesses only where a kill -9 needs a process to kill. This file is also that
@@ -147,6 +147,7 @@ def _remount(path: Path, options: str) -> None:
 # ------------------------------------------------------------------------------------- kill -9 during an async save
 
 
+@pytest.mark.slow
 def test_kill_9_during_an_async_save_resumes_bit_identical(data_dir, reference, tmp_path):
   """SIGKILL while Orbax writes a step in the background (its temporary directory exists): the half-written step is
   never used, the same command resumes from the last complete one and ends with the uninterrupted run's params."""
@@ -223,6 +224,7 @@ def _visible(parent: Path) -> list[str]:
   return sorted(p.name for p in parent.iterdir() if not p.name.startswith('.'))
 
 
+@pytest.mark.slow
 def test_kill_9_while_writing_an_export_keeps_the_previous_one(reference, good_export, capfd):
   out, digest = good_export
   pid = _kill_export_at('export-write', reference, out)
@@ -238,6 +240,7 @@ def test_kill_9_while_writing_an_export_keeps_the_previous_one(reference, good_e
   assert sorted(p.name for p in out.parent.iterdir()) == ['hf'] and _tree_digest(out) == digest
 
 
+@pytest.mark.slow
 def test_kill_9_while_swapping_an_export_in_restores_the_previous_one(reference, good_export, capfd):
   """The one moment of a replacement when neither export sits at `out`: the previous one has been moved aside,
   the new one not yet moved in. The next export moves the previous one back, loudly, before anything else."""
@@ -270,6 +273,7 @@ def disk_full(data_dir, reference, tmp_path_factory):
     yield outcome, stderr, workdir, before
 
 
+@pytest.mark.slow
 def test_disk_full_keeps_the_last_good_checkpoint(data_dir, reference, disk_full):
   outcome, stderr, workdir, before = disk_full
   assert outcome is not None, 'the run did not notice the full disk'
@@ -281,6 +285,7 @@ def test_disk_full_keeps_the_last_good_checkpoint(data_dir, reference, disk_full
   _assert_same_params(workdir, reference)
 
 
+@pytest.mark.slow
 def test_disk_full_stops_with_one_line_naming_the_last_good_checkpoint(disk_full):
   outcome, stderr, workdir, _ = disk_full
   _assert_one_line(outcome, stderr, 'No space left on device', f'{workdir / "checkpoints"}/4')

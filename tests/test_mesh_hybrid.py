@@ -63,6 +63,7 @@ def test_config_sizes_are_per_slice_and_refused_when_they_cannot_be():
     shd.resolve_layout({**HYBRID, 'dcn_tensor': 2}, 8)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
   'sizes', [HYBRID, {'data': 2, 'fsdp': 2, 'tensor': 1, 'dcn_fsdp': 2}], ids=['data_across', 'fsdp_across']
 )
@@ -124,6 +125,7 @@ def test_targets_count_their_slices_and_hosts():
   assert t.dcn_bandwidth == 50e9 / 8  # 50 Gbps per v5p chip
 
 
+@pytest.mark.slow
 def test_two_slice_tpu_compile_reports_what_crosses_the_dcn(tmp_path):
   """The real train step for 2 TPU v5e 2x2 slices with FSDP over both: its gathers cross, and are flagged."""
   cfg = tmp_path / 'tiny.py'

@@ -77,6 +77,7 @@ def test_padding_lengths_ignore_padded_keys():
   np.testing.assert_allclose(out[0], model(ids[:1])[0], atol=1e-5)
 
 
+@pytest.mark.slow
 def test_scan_unrolled_and_remat_agree_in_value_and_gradient():
   ids = random_ids(2, 12)
 
@@ -89,8 +90,8 @@ def test_scan_unrolled_and_remat_agree_in_value_and_gradient():
   for overrides in ({'scan_layers': False}, {'remat_policy': 'full'}, {'remat_policy': 'save_dots'}):
     loss, grad = loss_and_grad(**overrides)
     np.testing.assert_allclose(loss, base_loss, rtol=1e-6)
-    for a, b in zip(jax.tree.leaves(grad), jax.tree.leaves(base_grad)):
-      np.testing.assert_allclose(a, b, atol=1e-6)
+    for a, b in zip(jax.tree.leaves(grad), jax.tree.leaves(base_grad)):  # other fusions: relative rounding
+      np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
 
 
 def test_sparse_head_equals_dense_logits_at_the_masked_positions():
@@ -104,6 +105,7 @@ def test_sparse_head_equals_dense_logits_at_the_masked_positions():
 
 
 # One mesh with every axis above 1: the train step's test (tests/test_train_sharding.py) covers data x 8 and fsdp x 8.
+@pytest.mark.slow
 @pytest.mark.parametrize('mesh_sizes', [{'data': 2, 'fsdp': 2, 'tensor': 2}])
 def test_sharded_forward_and_gradient_equal_single_device(mesh_sizes):
   cfg = small_config()

@@ -21,6 +21,7 @@ def _launch(args, timeout=120):
   return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
 
 
+@pytest.mark.multiprocess
 def test_two_processes_agree_on_psum():
   r = _launch(['-n', '2', '--devices-per-process', '2', '--', sys.executable, PSUM, '--steps', '2'])
   assert r.returncode == 0, r.stdout + r.stderr
@@ -30,6 +31,7 @@ def test_two_processes_agree_on_psum():
   assert sum('PRIMARY done' in l for l in r.stdout.splitlines()) == 1  # only process 0 reports
 
 
+@pytest.mark.multiprocess
 @pytest.mark.parametrize('how', ['exit', 'raise'])
 def test_peer_failure_stops_job_in_bounded_time(how):
   t0 = time.monotonic()
@@ -67,6 +69,7 @@ def test_peer_failure_stops_job_in_bounded_time(how):
   assert elapsed < HEARTBEAT_S + 30, elapsed
 
 
+@pytest.mark.multiprocess
 def test_sigkill_of_one_process_stops_the_other():
   """Kill -9 from outside (a lost node), with children started directly rather than by the launcher."""
   port = launcher.free_port()
@@ -148,6 +151,7 @@ def test_no_slurm_step_means_no_distributed(monkeypatch):
   assert distributed._slurm_settings() is None
 
 
+@pytest.mark.multiprocess
 def test_fake_slurm_step_on_this_machine():
   """Two processes that only see SLURM_* variables (as srun sets them) find each other and agree on a psum."""
   port = launcher.free_port()

@@ -21,6 +21,8 @@ import sys
 
 import pytest
 
+pytestmark = pytest.mark.multiprocess
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STEPS = 3
 OVERRIDES = {
@@ -333,6 +335,7 @@ def test_lost_process_stops_the_job_and_the_same_command_resumes(runs):
   assert 'SAME_PARAMS' in r.stdout
 
 
+@pytest.mark.server
 def test_two_hosts_without_a_shared_path_train_and_resume_through_a_bucket(runs, gcs, tmp_path):
   """2 processes x 2 devices whose working directories and caches differ (no local path in common): the workdir and
   the prepared data live on the bucket (a real GCS server). Process 1 dies after step 2; the same command resumes

@@ -1,15 +1,11 @@
 """The package's import direction, read from the source (ast, function-level imports included; nothing is run).
 
-Layers, lowest first: errors / jax_compat (import nothing of ours) -> paths (local paths and bucket URLs; imports
-only errors), sharding -> config (every section's fields, defaults, types and validation) -> model, data,
-distributed -> weights (flat parameters, run directories, the Hugging Face layout, init sources, placement) ->
-train, convert (side by side: neither imports the
-other) -> downstream (batching, inference, heads, tables: what the commands below share) -> pretrain (train, then
-the export), finetune, evaluate, embed, aot, compile -> entry points (cli and each package's __main__, README
-"Architecture").
-Nothing imports cli (console scripts); the benchmark scripts live outside the package (benchmarks/), so nothing in
-it can import them. An import cycle between modules fails, even
-when it is hidden in a function body.
+LAYERS below lists the layers, lowest first, each with its rule in one sentence; docs/architecture.md names the
+same layers in the same order (tests/test_docs.py checks it). A module imports only its own layer and the layers
+below it; RULES add what one sentence per layer leaves open (model and data do not import each other, nor do train
+and convert). Nothing imports cli (console scripts); the benchmark scripts live outside the package (benchmarks/),
+so nothing in it can import them. An import cycle between modules fails, even when it is hidden in a function body.
+Only engine/ and weights/ import Orbax: one checkpoint writer (engine/checkpoint.py), one reader (weights/runs.py).
 
 Known debt is listed in KNOWN with the reason; a rule that only finds known debt is an expected failure (xfail),
 and it passes by itself once the debt is paid. A new violation fails.
@@ -74,11 +70,35 @@ def _in(name: str, *areas: str) -> bool:
 
 
 def _entry(name: str) -> bool:
-  """The entry-point layer (README's table): cli.py and each package's __main__, which may import anything."""
+  """The entry-point layer (LAYERS): cli.py and each package's __main__, which may import anything."""
   return name == 'neobert_jax.cli' or name.endswith('.__main__')
 
 
 COMMANDS = ('finetune', 'evaluate', 'embed', 'aot', 'compile', 'pretrain', 'cli')
+
+# (layer, its areas (a module or subpackage of neobert_jax), its rule), lowest first.
+LAYERS = (
+  ('base', ('errors', 'jax_compat', 'paths', 'commandline', 'hardware'), 'imports nothing of ours but errors'),
+  ('mesh', ('sharding', 'distributed'), 'the device mesh and multi-host start-up: imports only base'),
+  ('config', ('config',), 'every config section, its defaults, types and validation: imports base and mesh'),
+  ('model and data', ('model', 'data'), 'the encoder and the data pipeline: each imports its own config section'),
+  ('weights', ('weights',), 'every way parameters reach a model or leave it: imports the layers below'),
+  ('engine', ('engine',), 'the one trainer and checkpoint writer: imports no task'),
+  ('train and convert', ('train', 'convert'), 'pretraining and Hugging Face conversion, side by side'),
+  ('downstream', ('downstream',), 'what fine-tuning, embed and evaluate share: imports none of them'),
+  ('commands', ('pretrain', 'finetune', 'evaluate', 'embed', 'aot', 'compile'), 'the jobs the commands run'),
+  ('entry points', ('cli', '__main__'), 'flags and one-line errors: import anything; nothing imports them'),
+)
+
+
+def layer_of(name: str) -> int:
+  """The index in LAYERS of module `name` (an entry point wherever it lives)."""
+  if _entry(name):
+    return len(LAYERS) - 1
+  for i, (_, areas, _) in enumerate(LAYERS):
+    if _in(name, *areas):
+      return i
+  raise AssertionError(f'{name} belongs to no layer: add it to LAYERS (and to docs/architecture.md)')
 
 
 RULES = {
@@ -133,6 +153,23 @@ RULES = {
   ),
   'nothing imports cli (console scripts)': lambda a, b: _in(b, 'cli'),
 }
+
+
+def _orbax_importers() -> list[str]:
+  return sorted(name for name, path in _modules().items() if 'orbax' in _top_level_imports(path))
+
+
+def test_every_module_imports_only_its_layer_and_the_ones_below():
+  graph = _graph()
+  _check({(a, b) for a, deps in graph.items() for b in deps if layer_of(b) > layer_of(a)})
+
+
+def test_only_engine_and_weights_import_orbax():
+  # One checkpoint writer (engine/checkpoint.py; fine-tuning's best step goes through it) and one reader of run
+  # directories (weights/runs.py).
+  found = {(name, 'orbax') for name in _orbax_importers() if not _in(name, 'engine', 'weights')}
+  _check(found)
+  assert 'neobert_jax.engine.checkpoint' in _orbax_importers()
 
 
 def _check(found: set[tuple[str, str]]) -> None:
@@ -227,7 +264,7 @@ def test_train_and_convert_share_the_parameter_layer():
   )
   assert not between, f'train and convert import each other: {between}'
   assert {'neobert_jax.weights.runs', 'neobert_jax.weights.hf'} <= graph['neobert_jax.convert.export_hf']
-  assert 'neobert_jax.weights.source' in graph['neobert_jax.train.init']
+  assert 'neobert_jax.weights.source' in graph['neobert_jax.train.mlm']
   assert {'neobert_jax.train.loop', 'neobert_jax.convert.export_hf'} <= graph['neobert_jax.pretrain']
 
 

@@ -113,6 +113,7 @@ def check_packed(cfg, jax_model, torch_model, seed, docs, length):
   return got, ids, seg
 
 
+@pytest.mark.slow
 def test_padded_batch_4x768(pair4):
   cfg, _, jax_model, torch_model = pair4
   got, _, _ = check_padded(cfg, jax_model, torch_model, seed=1, lengths=[37, 20, 1], length=37)
@@ -177,6 +178,7 @@ def test_round_trip_jax_torch_jax_is_bit_exact(pair4):
     np.testing.assert_array_equal(back[key], exported[key], err_msg=key)
 
 
+@pytest.mark.slow
 def test_full_depth_28x768():
   cfg, _, jax_model, torch_model = build_pair(28, seed=6)
   check_padded(cfg, jax_model, torch_model, seed=7, lengths=[12, 7], length=12)

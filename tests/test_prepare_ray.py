@@ -31,6 +31,8 @@ from ray.cluster_utils import Cluster  # noqa: E402  pylint: disable=g-import-no
 
 from test_data_prepare import _seekable_zst  # noqa: E402  the .zst writer of the parts test
 
+# A real cluster on 127.0.0.1 (server), except the unreachable address, which needs none.
+
 WORDS = ('the', 'cat', 'sat', 'on', 'mat', 'dog', 'ran', 'far', 'away', 'home')
 FLAGS = dict(max_length=16, eval_fraction=0.1, shard_mb=0.02)
 SPLIT_MB = 0.01  # the large JSONL becomes ~20 parts, the zstd files several runs of frames, the Parquet several
@@ -143,6 +145,7 @@ def test_an_unreachable_cluster_is_one_line_before_any_work(vocab, tmp_path, cap
   assert 'ray start --head' in err[0] and not (tmp_path / 'out').exists()
 
 
+@pytest.mark.server
 def test_ray_engine_writes_the_local_engines_shards(driver, vocab, local, tmp_path):
   raw, local_out, lm = local
   assert len(lm['splits']['train']['shards']) > 3 and lm['decode_errors']['count'] == 1
@@ -158,6 +161,7 @@ def test_ray_engine_writes_the_local_engines_shards(driver, vocab, local, tmp_pa
   )
 
 
+@pytest.mark.server
 def test_a_vocabulary_of_65536_ids_or_more_gives_int32_shards_as_on_the_local_engine(driver, tmp_path):
   words = WORDS + tuple(f'w{i}' for i in range(66_000))
   big = testing.write_wordpiece_vocab(str(tmp_path / 'vocab.txt'), words)
@@ -170,6 +174,7 @@ def test_a_vocabulary_of_65536_ids_or_more_gives_int32_shards_as_on_the_local_en
   assert m['id_dtype'] == 'int32' and m['engine']['units'] > 1 and len(m['splits']['train']['shards']) > 1
 
 
+@pytest.mark.server
 def test_bad_input_and_an_existing_output_as_on_the_local_engine(driver, vocab, local, tmp_path):
   raw = _corpus(tmp_path / 'raw', bad_line=1100)  # in a late part of a.jsonl
   with pytest.raises(errors.DataError) as on_local:
@@ -189,6 +194,7 @@ def test_bad_input_and_an_existing_output_as_on_the_local_engine(driver, vocab, 
   _same(local_out, lm, str(out), _ray([str(raw)], str(out), vocab, driver, overwrite=True))
 
 
+@pytest.mark.server
 def test_from_and_to_a_bucket(driver, gcs, vocab, local, tmp_path):
   raw, local_out, lm = local
   root = f'{gcs}/ray-{os.getpid()}'
@@ -201,6 +207,7 @@ def test_from_and_to_a_bucket(driver, gcs, vocab, local, tmp_path):
   assert m['engine']['units'] > 20  # the seekable .zst is cut on the bucket too (its seek table)
 
 
+@pytest.mark.server
 def test_a_driver_killed_mid_build_resumes_from_the_ledger(driver, vocab, local, tmp_path):
   raw, local_out, lm = local
   out = str(tmp_path / 'out')
@@ -227,6 +234,7 @@ def test_a_driver_killed_mid_build_resumes_from_the_ledger(driver, vocab, local,
   _same(local_out, lm, out, m)
 
 
+@pytest.mark.server
 def test_a_node_removed_mid_build_still_gives_the_same_shards(driver, vocab, local, tmp_path):
   raw, local_out, lm = local
   out = str(tmp_path / 'out')

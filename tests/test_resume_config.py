@@ -78,6 +78,7 @@ def test_every_schema_field_has_a_rule_and_the_issue_s_identity_fields_are_ident
     assert kinds[field] == rules.FREE, field
 
 
+@pytest.mark.slow
 def test_identity_change_is_refused_with_both_values_and_nothing_touched(run, capsys):
   before = _snapshot(run)
   cfg = tiny_config(steps=6)
@@ -106,6 +107,7 @@ def test_num_steps_below_the_checkpoint_is_refused(run):
   assert _snapshot(run) == before
 
 
+@pytest.mark.slow
 def test_extending_the_run_follows_the_new_schedule_and_is_recorded(run, caplog):
   cfg = tiny_config(steps=9)
   cfg.checkpoint.every_steps = 2  # a free change alongside the schedule one

@@ -1,7 +1,7 @@
 """The roofline (neobert_jax/aot/roofline.py) reads a compiled program the way the model FLOP formula counts it.
 
-CPU only and small: the accelerator figures (the 250M step on H100 x 8 and v5p) come from commands in the README
-("Roofline"); the deviceless GPU / TPU checks are in tests/test_aot_compile.py.
+CPU only and small: the accelerator figures (the 250M step on H100 x 8 and v5p) come from commands in
+docs/performance.md ("Roofline"); the deviceless GPU / TPU checks are in tests/test_aot_compile.py.
 """
 
 import jax

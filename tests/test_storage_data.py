@@ -31,6 +31,8 @@ from neobert_jax.weights import runs
 from neobert_jax.train import loop
 from neobert_jax.train.testing import tiny_config
 
+pytestmark = pytest.mark.server
+
 WORDS = ('the', 'cat', 'sat', 'on', 'mat', 'dog', 'ran', 'far', 'away', 'home')
 # Fields that record where and when a prepare ran, not what it made.
 RUN_FIELDS = ('input_files', 'command', 'seconds')

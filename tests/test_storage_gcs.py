@@ -21,6 +21,8 @@ from neobert_jax.weights import runs
 from neobert_jax.train import loop, resume
 from neobert_jax.train.testing import assert_identical_params, tiny_config
 
+pytestmark = pytest.mark.server
+
 REPO = Path(__file__).resolve().parents[1]
 
 

@@ -11,7 +11,7 @@ bf16 RMSNorm rounds where its bf16 output is rounded anyway; on this 2-layer mod
 over 60 steps) is not separable from bf16 matmul noise (0.002) by a tolerance that is not fragile.
 
 The long curve (the tiny config on the built-in corpus, a few hundred steps, fp32 vs bf16) costs minutes, so it is
-measured by running this file as a script, once, for the README:
+measured by running this file as a script, once, for docs/performance.md:
 
     .venv/bin/python tests/test_train_bf16.py --steps 300
 """
@@ -76,6 +76,7 @@ def _gap(a, b) -> float:
   return float(np.max(np.abs(a - b) / np.abs(b)))
 
 
+@pytest.mark.slow
 def test_bf16_follows_the_fp32_curve(fp32_curve):
   cfg = _cfg('bfloat16')
   hlo = []
@@ -86,6 +87,7 @@ def test_bf16_follows_the_fp32_curve(fp32_curve):
   assert _gap(bf16, fp32_curve) < CURVE_RTOL, (_gap(bf16, fp32_curve), bf16, fp32_curve)
 
 
+@pytest.mark.slow
 def test_the_tolerance_fails_when_the_loss_is_summed_in_bf16(fp32_curve, monkeypatch):
   real = mlm.mlm_sums
 
@@ -99,8 +101,8 @@ def test_the_tolerance_fails_when_the_loss_is_summed_in_bf16(fp32_curve, monkeyp
 
 
 def main() -> None:
-  """The long curve for the README: the tiny config on the built-in corpus, fp32 and bf16 stepped in turn on the
-  same batches, a table row every --every steps (printed as it goes)."""
+  """The long curve for docs/performance.md: the tiny config on the built-in corpus, fp32 and bf16 stepped in turn
+  on the same batches, a table row every --every steps (printed as it goes)."""
   from neobert_jax import config as config_lib
   from neobert_jax.train.testing import REPO_ROOT
   from neobert_jax.data.pipeline import iterators as pipeline

@@ -135,6 +135,7 @@ def test_original_switch_holds_the_original_trainers_choices():
   assert (original.peak_lr, original.warmup_steps, original.final_lr_fraction) == (6e-4, 2000, 0.1)
 
 
+@pytest.mark.slow
 def test_learning_rate_is_exactly_the_original_schedule(runs):
   _, _, rows = runs
   for i, r in enumerate(rows):
@@ -146,6 +147,7 @@ def test_learning_rate_is_exactly_the_original_schedule(runs):
   )
 
 
+@pytest.mark.slow
 def test_loss_and_parameters_agree_at_every_step(runs):
   _, _, rows = runs
   assert any(r['clipped'] for r in rows) and not all(r['clipped'] for r in rows)

@@ -49,6 +49,7 @@ def uninterrupted(tmp_path_factory):
   return workdir
 
 
+@pytest.mark.slow
 def test_crash_and_resume_is_bit_identical(uninterrupted, tmp_path):
   cfg = tiny_config(steps=6)
   with pytest.raises(Crash):
@@ -108,6 +109,7 @@ def test_storage_error_is_retried_and_never_sets_the_checkpoint_aside(uninterrup
   assert runs.latest_step(tmp_path) == 6 and not list((tmp_path / 'checkpoints').glob('*.corrupt*'))
 
 
+@pytest.mark.slow
 def test_restore_onto_a_different_mesh(uninterrupted, tmp_path):
   cfg = tiny_config(steps=6)
   with pytest.raises(Crash):
@@ -120,6 +122,7 @@ def test_restore_onto_a_different_mesh(uninterrupted, tmp_path):
     np.testing.assert_allclose(a[k], b[k], rtol=1e-4, atol=2e-5, err_msg=k)
 
 
+@pytest.mark.slow
 def test_init_from_checkpoint_params_only(uninterrupted, tmp_path):
   cfg = tiny_config(steps=1)
   cfg.init.from_checkpoint = str(uninterrupted)
@@ -128,6 +131,7 @@ def test_init_from_checkpoint_params_only(uninterrupted, tmp_path):
   _assert_identical(_params(tmp_path), _params(uninterrupted))
 
 
+@pytest.mark.slow
 def test_init_from_hf_params_only(uninterrupted, tmp_path):
   # init.from_hf reads the Hugging Face layout through the weights layer (not convert/); here the directory is
   # the converter's export of the uninterrupted run, so the loaded parameters are exactly that run's.
@@ -142,6 +146,7 @@ def test_init_from_hf_params_only(uninterrupted, tmp_path):
   _assert_identical(_params(tmp_path / 'run'), flat)
 
 
+@pytest.mark.slow
 def test_nan_stops_with_last_good_checkpoint(tmp_path):
   cfg = tiny_config(steps=4)
   # Step 1 runs at lr 0 (warmup start) and is checkpointed; step 2's update (lr 5e29) overflows the parameters.
@@ -156,6 +161,7 @@ def test_nan_stops_with_last_good_checkpoint(tmp_path):
   assert all(np.isfinite(v).all() for v in _params(tmp_path).values())
 
 
+@pytest.mark.slow
 def test_sigterm_saves_and_exits_cleanly(tmp_path):
   """The real CLI in a subprocess: SIGTERM mid-training -> checkpoint + exit 0; the same command resumes."""
   workdir = tmp_path / 'run'

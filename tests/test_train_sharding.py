@@ -58,6 +58,7 @@ def reference():
   return _cached_run('one_device')
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('name', ['data8', 'fsdp8', 'd2f2t2'])
 def test_same_losses_on_every_mesh(reference, name):
   ref_losses, ref_params, _ = reference
@@ -70,6 +71,7 @@ def test_same_losses_on_every_mesh(reference, name):
   assert ref_losses[-1] < ref_losses[0]  # it actually trains
 
 
+@pytest.mark.slow
 def test_params_and_moments_are_sharded_at_creation():
   created = _cached_run('d2f2t2')[2]  # the state create_train_state made on the 2x2x2 mesh, before any step
   assert created['qkv_spec'] == jax.sharding.PartitionSpec(None, 'fsdp', 'tensor', None)
@@ -78,6 +80,7 @@ def test_params_and_moments_are_sharded_at_creation():
   assert created['opt_specs'] and all(spec == created['qkv_spec'] for spec in created['opt_specs'])
 
 
+@pytest.mark.slow
 def test_grad_accumulation_matches_one_big_batch():
   """4 micro-batches of 8 rows == one batch of 32, with a different number of masked tokens in each micro-batch."""
   big = _cfg()

@@ -2,11 +2,14 @@
 
 import json
 
+import pytest
+
 from neobert_jax import pretrain
 from neobert_jax import config as config_lib
 from neobert_jax.train.testing import REPO_ROOT
 
 
+@pytest.mark.slow
 def test_tiny_config_learns_on_real_text_and_exports(tmp_path):
   cfg = config_lib.load(
     REPO_ROOT / 'configs' / 'tiny_cpu.py',

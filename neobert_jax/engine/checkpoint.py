@@ -74,16 +74,23 @@ def _data_args(data_iter: Any, save: bool) -> dict[str, Any]:
 
 
 def save(
-  mngr: ocp.CheckpointManager, step: int, state: TrainState, data_iter: Any, cfg: ml_collections.ConfigDict
+  mngr: ocp.CheckpointManager,
+  step: int,
+  state: TrainState,
+  data_iter: Any,
+  cfg: ml_collections.ConfigDict,
+  *,
+  with_optimizer: bool = True,
 ) -> None:
   """Starts saving `state` as `step` (arrays are written in the background when async); returns at once.
 
   The Grain iterator's position is captured synchronously here, so it matches exactly the batches the saved
-  parameters have seen even while the arrays are still being written.
+  parameters have seen even while the arrays are still being written. Without the optimizer (fine-tuning's best
+  evaluation) a step holds params and config only: what weights/runs.py reads, and not a resumable state.
   """
   args = {
     'params': ocp.args.StandardSave(nnx.to_pure_dict(state['params'])),
-    'opt': ocp.args.StandardSave(state['opt']),
+    **({'opt': ocp.args.StandardSave(state['opt'])} if with_optimizer else {}),
     runs.CONFIG_ITEM: ocp.args.JsonSave(cfg.to_dict()),
     **_data_args(data_iter, save=True),
   }

@@ -21,26 +21,21 @@ from typing import Any
 import jax
 import ml_collections
 import numpy as np
-import orbax.checkpoint as ocp
 from flax import nnx
 
 from neobert_jax import paths
 from neobert_jax import sharding as shd
+from neobert_jax.config import finetune as config_lib
+from neobert_jax.config import resume as resume_rules
+from neobert_jax.config import train as train_config
 from neobert_jax.downstream import batching, inference
 from neobert_jax.engine import loop as engine_loop
 from neobert_jax.engine import optimizer as optimizer_lib
+from neobert_jax.engine import run as engine_run
 from neobert_jax.engine import step as engine_step
-from neobert_jax.engine.state import create_state, param_count
-from neobert_jax.config import finetune as config_lib
-from neobert_jax.config import resume as resume_rules
-from neobert_jax.errors import ConfigError
-from neobert_jax.errors import DataError
+from neobert_jax.engine.state import abstract_state, create_state, param_count
+from neobert_jax.errors import ConfigError, DataError
 from neobert_jax.model.config import resolve_dtype
-from neobert_jax.engine import checkpoint as ckpt
-from neobert_jax.config import train as train_config
-from neobert_jax.train import resume as resume_lib
-from neobert_jax.engine.metrics import MetricsWriter
-from neobert_jax.engine.state import with_params
 from neobert_jax.weights import place, runs
 from neobert_jax.weights import source as source_lib
 
@@ -71,10 +66,12 @@ def model_config(cfg: ml_collections.ConfigDict, source: source_lib.Source | Non
   return m
 
 
-def prepare(cfg: ml_collections.ConfigDict, workdir: Path):
-  """(source, model config, tokenizer, task) of a validated `cfg`: every check that needs no device work, nothing
-  written."""
-  resume_lib.check_workdir(workdir)
+def resolve(cfg: ml_collections.ConfigDict, workdir: Path):
+  """(the run's config, validated and resolved once and frozen; the weights' source; tokenizer; task): every check
+  that needs no device work, nothing written. Resolved: model = the architecture actually used (the source's, with
+  this run's numerics), data.tokenizer = the tokenizer's spec, mesh = the device count's sizes."""
+  cfg = config_lib.validate(cfg)  # typed by the schema: nothing past here casts a config value
+  engine_run.check_workdir(workdir)
   if (workdir / RESULTS_FILE).exists() or (workdir / runs.CHECKPOINT_SUBDIR).exists():
     raise ConfigError(_existing_run(cfg, workdir))
   init = cfg.init
@@ -88,7 +85,12 @@ def prepare(cfg: ml_collections.ConfigDict, workdir: Path):
       f'tokenizer {tok.spec!r} has {tok.vocab_size} tokens but model.vocab_size={m.vocab_size}; '
       'set --config.model.vocab_size or start from a pretrained model (init.*)'
     )
-  return source, m, tok, make_task(cfg, tok)
+  resolved = ml_collections.ConfigDict(cfg.to_dict())
+  resolved.model = m
+  resolved.data.tokenizer = tok.spec
+  resolved.mesh = ml_collections.ConfigDict(train_config.mesh_shape(cfg))
+  resolved = ml_collections.FrozenConfigDict(resolved)
+  return resolved, source, tok, make_task(resolved, tok)
 
 
 def _existing_run(cfg: ml_collections.ConfigDict, workdir: Path) -> str:
@@ -110,16 +112,6 @@ def _existing_run(cfg: ml_collections.ConfigDict, workdir: Path) -> str:
   return (
     f'{workdir} already holds a fine-tuning run{changed}; nothing in it was changed. Choose a new --workdir, '
     'or delete that one to redo it'
-  )
-
-
-def _save_best(mngr: ocp.CheckpointManager, step: int, state: Any, cfg_dict: dict) -> None:
-  mngr.save(
-    step,
-    args=ocp.args.Composite(
-      params=ocp.args.StandardSave(nnx.to_pure_dict(state['params'])), config=ocp.args.JsonSave(cfg_dict)
-    ),
-    force=True,
   )
 
 
@@ -156,104 +148,100 @@ def _batches(task: Any, keys: list[str], mesh: Any, seed: int):
       step += 1
 
 
+class _Evaluations:
+  """The evaluation hook: scores the validation split, keeps every result and saves the best step's parameters
+  (a fine-tuning workdir keeps only its best evaluation, which its export reads)."""
+
+  def __init__(self, run_: engine_run.Run, task: Any, forward: Any, batch_size: int, pad_id: int, mesh: Any):
+    self.run, self.task, self.mesh = run_, task, mesh
+    self.forward, self.batch_size, self.pad_id = forward, batch_size, pad_id
+    self.best, self.final, self.evals = None, None, []
+    self.say = log.info  # the trainer's, once it exists (a line that does not break the progress bar)
+
+  def __call__(self, step: int, state: Any) -> None:
+    task = self.task
+    ev = task.evaluate(
+      lambda seqs: inference.run_batched(
+        self.forward, state['params'], seqs, self.batch_size, task.buckets, self.pad_id, self.mesh
+      )
+    )
+    self.run.writer.write(step, ev, prefix='eval')
+    self.evals.append({'step': step, **ev})
+    self.final = {'step': step, 'metrics': ev}
+    if _better(task.metric, ev[task.metric], None if self.best is None else self.best['metrics'][task.metric]):
+      self.best = self.final
+      self.run.save_params(step, state)
+    if self.run.is_main:
+      self.say(f'eval step {step}: ' + ', '.join(f'{k} {v:.4f}' for k, v in ev.items()))
+
+
 def run(cfg: ml_collections.ConfigDict, workdir: str | Path) -> dict[str, Any]:
   """Fine-tunes per cfg in workdir; returns the results dict also written to WORKDIR/results.json."""
   workdir = paths.resolve(workdir, '--workdir')
-  cfg = config_lib.validate(cfg)  # typed by the schema: nothing past here casts a config value
-  source, model_cfg, tok, task = prepare(cfg, workdir)
+  cfg, source, tok, task = resolve(cfg, workdir)
   is_main = jax.process_index() == 0
-  resolved = ml_collections.ConfigDict(cfg.to_dict())
-  resolved.model = model_cfg
-  resolved.data.tokenizer = tok.spec
-  resolved.mesh = ml_collections.ConfigDict(train_config.mesh_shape(cfg))
-  train_config.write(resolved, workdir)
+  train_config.write(cfg, workdir)
   if is_main and hasattr(task, 'save'):
     task.save(workdir)
   mesh = shd.make_mesh(dict(cfg.mesh))
-  t = cfg.train
+  t, m, lg = cfg.train, cfg.model, cfg.logging
   steps_per_epoch = task.steps_per_epoch()
   num_steps = t.num_steps if t.num_steps > 0 else t.epochs * steps_per_epoch
   tx, lr = optimizer_lib.make_finetune_optimizer(cfg.optimizer, num_steps)
-  defs, state = create_state(lambda: task.make_model(model_cfg, nnx.Rngs(cfg.seed)), tx, lr, mesh)
-  if source is not None:
-    state = with_params(defs, state, place.with_encoder(state['params'], source.flat))
-  if is_main:
-    log.info(
-      '%s; %d layers x %d, %s parameters, %d steps (%d per epoch), mesh %s',
-      task.describe(),
-      model_cfg.num_layers,
-      model_cfg.hidden_size,
-      f'{param_count(state):,}',
-      num_steps,
-      steps_per_epoch,
-      dict(mesh.shape),
+  factory = lambda: task.make_model(m, nnx.Rngs(cfg.seed))  # noqa: E731
+  options = dict(keep=1, async_save=False, tensorboard=lg.tensorboard, progress_bar=lg.progress_bar)
+  with engine_run.Run(workdir, cfg, **options) as run_:
+    start = run_.restore_or_init(
+      lambda: abstract_state(factory, tx, lr, mesh),
+      lambda: create_state(factory, tx, lr, mesh),
+      resume=False,  # a fine-tuning workdir is never continued (resolve refused one that holds a run)
+      source=lambda: source,
+      place=lambda src, params: place.with_encoder(params, src.flat),
     )
-
-  keys = task.batch_keys
-  train_step = build_step(defs, mesh, task.loss, keys)
-  forward = inference.jit_forward(defs.model_def, defs.shardings['params'], mesh)
-  writer = MetricsWriter(workdir, cfg.logging.tensorboard)
-  mngr = ckpt.make_manager(workdir, keep=1, async_save=False)
-  pbar = None
-  if is_main and cfg.logging.progress_bar:
-    from tqdm.auto import tqdm  # pylint: disable=g-import-not-at-top
-
-    pbar = tqdm(total=num_steps, desc=f'finetune {task.kind}', unit='step', dynamic_ncols=True)
-  logger = engine_loop.Logger(writer, pbar, nan_policy='stop', diverged_hint='Lower --config.optimizer.lr.')
-  best, final, evals = None, None, []
-
-  def evaluate(step: int, state: Any) -> None:
-    nonlocal best, final
-    ev = task.evaluate(
-      lambda seqs: inference.run_batched(
-        forward, state['params'], seqs, t.eval_batch_size, task.buckets, tok.pad_id, mesh
-      )
-    )
-    writer.write(step, ev, prefix='eval')
-    evals.append({'step': step, **ev})
-    final = {'step': step, 'metrics': ev}
-    if _better(task.metric, ev[task.metric], None if best is None else best['metrics'][task.metric]):
-      best = final
-      _save_best(mngr, step, state, resolved.to_dict())
     if is_main:
-      trainer.say(f'eval step {step}: ' + ', '.join(f'{k} {v:.4f}' for k, v in ev.items()))
-
-  trainer = engine_loop.Trainer(
-    train_step,
-    state,
-    _batches(task, keys, mesh, cfg.seed),
-    num_steps=num_steps,
-    start=0,
-    logger=logger,
-    log_every=t.log_every,
-    hooks=[engine_loop.Hook(evaluate, t.eval_every or steps_per_epoch)],
-    last_good=lambda: 'none (fine-tuning keeps only its best evaluation)',
-    pbar=pbar,
-  )
-  del state  # donated to the first step: the trainer holds the live state
-  try:
+      log.info(
+        '%s; %d layers x %d, %s parameters, %d steps (%d per epoch), mesh %s',
+        *(task.describe(), m.num_layers, m.hidden_size, f'{param_count(start.state):,}', num_steps, steps_per_epoch),
+        dict(mesh.shape),
+      )
+    forward = inference.jit_forward(start.defs.model_def, start.defs.shardings['params'], mesh)
+    evaluations = _Evaluations(run_, task, forward, t.eval_batch_size, tok.pad_id, mesh)
+    trainer = run_.trainer(
+      build_step(start.defs, mesh, task.loss, task.batch_keys),
+      start,
+      _batches(task, task.batch_keys, mesh, cfg.seed),
+      num_steps=num_steps,
+      log_every=t.log_every,
+      hooks=[engine_loop.Hook(evaluations, t.eval_every or steps_per_epoch)],
+      last_good=lambda: 'none (fine-tuning keeps only its best evaluation)',
+      desc=f'finetune {task.kind}',
+      nan_policy='stop',
+      diverged_hint='Lower --config.optimizer.lr.',
+    )
+    evaluations.say = trainer.say
     trainer.run()
-    mngr.wait_until_finished()
-  finally:
-    if pbar is not None:
-      pbar.close()
-    writer.close()
-    mngr.close()
-  tokens_per_sec = logger.throughput
+  return _finish(cfg, workdir, task, num_steps, evaluations, trainer.logger.throughput)
+
+
+def _finish(
+  cfg: ml_collections.ConfigDict, workdir: Path, task: Any, num_steps: int, ev: _Evaluations, throughput: list
+) -> dict[str, Any]:
+  """WORKDIR/results.json, and the export of the best step when export.dir is set."""
   results = {
     'task': cfg.task,
     'kind': task.kind,
     'metric': task.metric,
-    'final': final,
-    'best': best,
+    'final': ev.final,
+    'best': ev.best,
     'num_steps': num_steps,
     'train_examples': task.num_train,
-    'train_tokens_per_sec': float(np.median(tokens_per_sec)) if tokens_per_sec else None,
-    'evals': evals,
+    'train_tokens_per_sec': float(np.median(throughput)) if throughput else None,
+    'evals': ev.evals,
   }
-  if is_main:
-    paths.write_text(workdir / RESULTS_FILE, json.dumps(results, indent=2) + '\n')
-  if cfg.export.dir and is_main:
+  if jax.process_index() != 0:
+    return results
+  paths.write_text(workdir / RESULTS_FILE, json.dumps(results, indent=2) + '\n')
+  if cfg.export.dir:
     from neobert_jax.finetune import export as export_lib  # pylint: disable=g-import-not-at-top
 
     results['export'] = str(export_lib.export_run(workdir, cfg.export.dir, overwrite=True))

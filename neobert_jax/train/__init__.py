@@ -1,9 +1,10 @@
 """MLM pretraining: `python -m neobert_jax.train --config=configs/<name>.py --workdir=runs/<name>`.
 
-Modules: config (load, validate, resolve), optimizer, state (sharded creation), step (jitted train/eval steps),
-batches (host data -> global arrays), checkpoint (Orbax), metrics (MFU, TensorBoard, JSONL), loop, __main__.
-Nothing is imported here so that `from neobert_jax.engine import checkpoint` stays cheap for converters.
-Owns pretraining. Imports model, data, config, sharding, distributed and weights/ (run directories and init
-sources, the layer it shares with convert/ and fine-tuning). Never convert/:
-the end-of-run export runs in neobert_jax/pretrain.py, above both.
+Modules: mlm (the MLM model factory, init source, loss and jitted steps), batches (host data -> global arrays),
+runtime (the run-time choices: compute dtype, mesh sizes, attention kernel), resume (comparing a resumed run's
+config with the recorded one, config history), loop (pretraining's wiring on engine/run.py: resolve the config
+once, open the data, evaluate), report (the end-of-run report), __main__ (the command). The trainer itself, its
+state, step, optimizer, checkpoints and metrics are the engine's (neobert_jax/engine/).
+Imports engine, model, data, config, sharding, distributed and weights (run directories and init sources). Never
+convert/: the end-of-run export runs in neobert_jax/pretrain.py, above both. Nothing is imported here.
 """

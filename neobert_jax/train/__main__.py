@@ -38,7 +38,6 @@ def main(argv: list[str]) -> int:
   import jax  # pylint: disable=g-import-not-at-top
   from neobert_jax import jax_compat  # pylint: disable=g-import-not-at-top
   from neobert_jax import pretrain  # pylint: disable=g-import-not-at-top
-  from neobert_jax.config import train as config_lib  # pylint: disable=g-import-not-at-top
 
   jax_compat.quiet_backend_probe()  # no "Unable to initialize backend 'tpu'" line on CPU / GPU machines
   logging.basicConfig(
@@ -49,9 +48,9 @@ def main(argv: list[str]) -> int:
   )
   # Orbax and Grain narrate every file they write at INFO (through absl); keep their warnings and errors only.
   logging.getLogger('absl').setLevel(logging.WARNING)
-  cfg = config_lib.validate(_CONFIG.value)  # typed by the schema: the boundary
   try:
-    result = pretrain.run(cfg, _WORKDIR.value)  # train, then the Hugging Face export and the report
+    # train (validating and resolving the config once: train/loop.resolve), then the export and the report
+    result = pretrain.run(_CONFIG.value, _WORKDIR.value)
   except errors.TrainingDiverged as e:
     print(f'training stopped: {e}', file=sys.stderr)
     return 3
@@ -62,8 +61,8 @@ def main(argv: list[str]) -> int:
       f'metrics {result.workdir / "metrics.jsonl"}',
       f'tensorboard {result.workdir / "tensorboard"}',
     ]
-    if cfg.export.hf_dir and not result.preempted:
-      where.append(f'Hugging Face model {cfg.export.hf_dir}')
+    if result.config.export.hf_dir and not result.preempted:
+      where.append(f'Hugging Face model {result.config.export.hf_dir}')
     status = 'preempted (SIGTERM), resumable' if result.preempted else 'finished'
     print(f'{status} at step {result.final_step}; ' + '; '.join(where))
     if result.evals:

@@ -16,16 +16,14 @@ import ml_collections
 
 from neobert_jax import paths
 from neobert_jax import sharding as shd
+from neobert_jax.config import train as config_lib
 from neobert_jax.data.pipeline import iterators as pipeline
-from neobert_jax.engine import checkpoint as ckpt
 from neobert_jax.engine import loop as engine_loop
 from neobert_jax.engine import metrics as metrics_lib
-from neobert_jax.engine.preemption import Preemption
+from neobert_jax.engine import run as engine_run
 from neobert_jax.engine.state import param_count
 from neobert_jax.errors import DataError
 from neobert_jax.train import batches as batches_lib
-from neobert_jax.config import train as config_lib
-from neobert_jax.train import init as init_lib
 from neobert_jax.train import mlm
 from neobert_jax.train import resume as resume_lib
 from neobert_jax.train import runtime
@@ -36,6 +34,7 @@ log = logging.getLogger('neobert_jax.train')
 @dataclasses.dataclass
 class RunResult:
   workdir: Path
+  config: ml_collections.FrozenConfigDict  # the resolved config the run trained with (its config.json)
   final_step: int
   preempted: bool = False
   evals: list[dict[str, float]] = dataclasses.field(default_factory=list)  # {'step', 'loss', 'accuracy'}
@@ -72,14 +71,54 @@ def _check_rows(limit: int) -> Callable[[int, dict], None]:
   return check
 
 
-def _profile_dir(workdir: paths.Path, writer: metrics_lib.MetricsWriter) -> Path:
-  """WORKDIR/profile; for a bucket workdir, process 0 traces into the metrics mirror (uploaded with it) and the
-  others into this machine's cache (the profiler writes local files)."""
-  if paths.local(workdir):
-    return Path(workdir) / 'profile'
-  where = writer.local_dir or paths.cache_dir('profile', paths.url_key(workdir))
-  log.info('profile trace of process %d: %s', jax.process_index(), where / 'profile')
-  return where / 'profile'
+def resolve(cfg: ml_collections.ConfigDict, workdir: paths.Path) -> tuple[ml_collections.FrozenConfigDict, Any]:
+  """The run's config, validated and resolved once, frozen (nothing past here changes it), and its resume plan.
+
+  Resolved: the run-time choices (train/runtime.py), and the tokenizer: data.tokenizer, else the one a resumed
+  run recorded (config/resume.py: unset is no change), else the prepared data's. The workdir's run is compared
+  with this config before the data is opened or a file written: a workdir holding another run is refused here,
+  untouched; so is an init source that is missing or of another architecture (a resumed run ignores cfg.init).
+  """
+  cfg = runtime.resolve(config_lib.validate(cfg))
+  plan = resume_lib.check(cfg, workdir)
+  if plan.step is None:
+    mlm.init_source(cfg)  # opened here for its one-line errors; restore_or_init opens it again to use it
+  data = ml_collections.ConfigDict(cfg.data.to_dict())
+  data.tokenizer = cfg.data.tokenizer or plan.recorded_tokenizer()
+  pipeline.prepare_builtin(data, cfg.model.max_length)  # the one place a run may tokenize: the built-in corpus
+  cfg.data.tokenizer = data.tokenizer or pipeline.open_prepared(data, cfg.model.max_length)[1]['tokenizer']['spec']
+  return ml_collections.FrozenConfigDict(cfg), plan
+
+
+def _data(cfg: ml_collections.ConfigDict) -> tuple[Any, Iterable[dict]]:
+  """(this process's train iterator, the held-out batches of one evaluation); the pipeline checks the prepared
+  data's tokenizer against model.vocab_size here, before the model exists."""
+  t, seq_len, nproc, pid = cfg.train, cfg.model.max_length, jax.process_count(), jax.process_index()
+  common = dict(seed=cfg.seed, process_index=pid, process_count=nproc, model_vocab_size=cfg.model.vocab_size)
+  train_host = pipeline.make_train_iterator(
+    cfg.data, batches_lib.local_batch_size(t.global_batch_size, nproc), seq_len, **common
+  )
+  if cfg.eval.every_steps <= 0:
+    return train_host, ()
+  local = batches_lib.local_eval_batch_size(t.global_batch_size, t.grad_accum_steps, nproc)
+  return train_host, pipeline.make_eval_iterator(cfg.data, local, seq_len, num_batches=cfg.eval.num_batches, **common)
+
+
+def _logger_options(cfg: ml_collections.ConfigDict) -> dict[str, Any]:
+  peak, peak_source = metrics_lib.total_peak_flops(cfg.logging.peak_flops_per_device, cfg.model.dtype)
+  fpt = metrics_lib.flops_per_token(cfg)
+  if jax.process_index() == 0:
+    log.info('MFU peak: %s FLOP/s (%s); %.3g model FLOPs per token', peak, peak_source, fpt)
+  limit = mlm.max_segments(cfg.data)
+  return dict(
+    nan_policy=cfg.train.nan_policy,
+    flops_per_token=fpt,
+    peak_flops=peak,
+    check=None if limit is None else _check_rows(limit),
+    check_keys=('rows_over_document_limit',),
+    diverged_hint='Re-running the same command resumes from it; consider a lower --config.optimizer.peak_lr, '
+    'or --config.train.nan_policy=skip to drop such steps.',
+  )
 
 
 def run(cfg: ml_collections.ConfigDict, workdir: str | Path, on_step: Callable[[int], None] | None = None) -> RunResult:
@@ -89,147 +128,53 @@ def run(cfg: ml_collections.ConfigDict, workdir: str | Path, on_step: Callable[[
   end-of-run Hugging Face export (export.hf_dir, through convert/) and the report that reads it are the job's,
   neobert_jax/pretrain.py, which the train command runs.
   """
-  cfg = runtime.resolve(config_lib.validate(cfg))
   workdir = paths.resolve(workdir, '--workdir')
-  # Before the data is opened or a file written: a workdir holding another run is refused here, untouched.
-  plan = resume_lib.check(cfg, workdir)
-  if plan.step is None:
-    init_lib.check_source(cfg)
+  cfg, plan = resolve(cfg, workdir)
   is_main = jax.process_index() == 0
   mesh = shd.make_mesh(dict(cfg.mesh))
-  seq_len, vocab, t, nproc = cfg.model.max_length, cfg.model.vocab_size, cfg.train, jax.process_count()
-  # The run's tokenizer is part of its config (config.json): an unset data.tokenizer continues with the recorded
-  # one on a resume, else it is the prepared data's (config/resume.py: unset is no change).
-  cfg.data.tokenizer = cfg.data.tokenizer or plan.recorded_tokenizer()
-  pipeline.prepare_builtin(cfg.data, seq_len)  # the one place a run may tokenize: the built-in corpus, once
-  cfg.data.tokenizer = cfg.data.tokenizer or pipeline.open_prepared(cfg.data, seq_len)[1]['tokenizer']['spec']
-  # The data pipeline checks the prepared data's tokenizer against model.vocab_size here, before the model exists.
-  train_host = pipeline.make_train_iterator(
-    cfg.data,
-    batches_lib.local_batch_size(t.global_batch_size, nproc),
-    seq_len,
-    cfg.seed,
-    jax.process_index(),
-    nproc,
-    model_vocab_size=vocab,
-  )
-  eval_every = cfg.eval.every_steps
-  eval_batches = (
-    pipeline.make_eval_iterator(
-      cfg.data,
-      batches_lib.local_eval_batch_size(t.global_batch_size, t.grad_accum_steps, nproc),
-      seq_len,
-      seed=cfg.seed,
-      process_index=jax.process_index(),
-      process_count=nproc,
-      num_batches=cfg.eval.num_batches,
-      model_vocab_size=vocab,
-    )
-    if eval_every > 0
-    else ()
-  )
+  train_host, eval_batches = _data(cfg)
   if is_main:
     log.info('run: %s; data tokenized with %s', config_lib.describe(cfg), cfg.data.tokenizer)
-
-  defs, abstract = mlm.abstract_train_state(cfg, mesh)
-  mngr = ckpt.make_manager(workdir, cfg.checkpoint.keep, cfg.checkpoint.async_save)
-  restored = ckpt.restore_latest(mngr, abstract, train_host)
-  if restored is not None:
-    start, state = restored
-    if is_main:
-      log.info('resumed from %s/%d', mngr.directory, start)
-  else:
-    start = 0
-    defs, state = mlm.create_train_state(cfg, mesh)
-    state = init_lib.maybe_initialise(cfg, defs, state)
-  resume_lib.record(plan, cfg, start)  # config.json and the history line, once the state is in hand
-  if is_main:
-    log.info('%s parameters, sharded over %s', f'{param_count(state):,}', dict(mesh.shape))
-
-  keys = mlm.batch_keys(cfg.data.max_predictions)
-  eval_step = mlm.build_eval_step(cfg, mesh, defs)
-  writer = metrics_lib.MetricsWriter(workdir, cfg.logging.tensorboard)
-  pbar = None
-  if is_main and cfg.logging.progress_bar:
-    from tqdm.auto import tqdm  # pylint: disable=g-import-not-at-top
-
-    pbar = tqdm(total=cfg.train.num_steps, initial=start, desc='train', unit='step', dynamic_ncols=True)
-  peak, peak_source = metrics_lib.total_peak_flops(cfg.logging.peak_flops_per_device, cfg.model.dtype)
-  fpt = metrics_lib.flops_per_token(cfg)
-  limit = mlm.max_segments(cfg.data)
-  logger = engine_loop.Logger(
-    writer,
-    pbar,
-    nan_policy=cfg.train.nan_policy,
-    flops_per_token=fpt,
-    peak_flops=peak,
-    check=None if limit is None else _check_rows(limit),
-    check_keys=('rows_over_document_limit',),
-    diverged_hint='Re-running the same command resumes from it; consider a lower --config.optimizer.peak_lr, '
-    'or --config.train.nan_policy=skip to drop such steps.',
-  )
-  if is_main:
-    log.info('MFU peak: %s FLOP/s (%s); %.3g model FLOPs per token', peak, peak_source, fpt)
-  result = RunResult(workdir=workdir, final_step=start)
-  saved = {'step': start if restored is not None else -1}
-
-  def last_good() -> str:
-    ckpt.finish(mngr)
-    s = mngr.latest_step()
-    return f'{mngr.directory}/{s}' if s is not None else 'none (no checkpoint was written yet)'
-
-  def evaluate(step: int, state: Any) -> None:
-    ev = _evaluate(keys, mesh, eval_step, eval_batches, state['params'])
-    writer.write(step, ev, prefix='eval')
-    result.evals.append({'step': step, **ev})
-    if is_main:
-      trainer.say(f'eval step {step}: loss {ev["loss"]:.4f}, accuracy {ev["accuracy"]:.4f}')
-
-  def checkpoint(step: int, state: Any) -> None:
-    ckpt.save(mngr, step, state, train_host, cfg)
-    writer.sync()  # a bucket workdir's metrics and TensorBoard go up with each checkpoint
-    saved['step'] = step
-
-  profile = engine_loop.Profile(
-    cfg.logging.profile_start_step, cfg.logging.profile_num_steps, lambda: _profile_dir(workdir, writer)
-  )
-  try:
-    with Preemption(mngr, cfg.logging.log_every) as preempt:
-      trainer = engine_loop.Trainer(
-        mlm.build_train_step(cfg, mesh, defs),
-        state,
-        batches_lib.GlobalBatches(train_host, cfg.data.max_predictions, mesh, t.grad_accum_steps),
-        num_steps=cfg.train.num_steps,
-        start=start,
-        logger=logger,
-        log_every=cfg.logging.log_every,
-        hooks=[
-          engine_loop.Hook(evaluate, eval_every),
-          engine_loop.Hook(checkpoint, cfg.checkpoint.every_steps, checkpoint=True),
-        ],
-        last_good=last_good,
-        preemption=preempt,
-        profile=profile,
-        pbar=pbar,
-        on_step=on_step,
-      )
-      if start == 0 and cfg.eval.at_start and eval_every > 0:
-        evaluate(0, state)
-      del state  # donated to the first step: the trainer holds the live state
-      state = trainer.run()
-    result.final_step, result.preempted = trainer.final_step, trainer.preempted
-    if result.preempted and is_main:
-      log.warning('SIGTERM: saved checkpoint %s/%d, exiting', mngr.directory, result.final_step)
-    if result.final_step != saved['step'] and result.final_step > 0:
-      ckpt.save(mngr, result.final_step, state, train_host, cfg)
-    ckpt.finish(mngr)
-  finally:
-    if pbar is not None:
-      pbar.close()
-    writer.close()
-    ckpt.close(mngr)
+  lg, t = cfg.logging, cfg.train
+  options = dict(keep=cfg.checkpoint.keep, async_save=cfg.checkpoint.async_save)
+  options.update(tensorboard=lg.tensorboard, progress_bar=lg.progress_bar)
+  with engine_run.Run(workdir, cfg, data_iter=train_host, **options) as run_:
     if hasattr(train_host, 'close'):
-      train_host.close()
-  result.last_train = logger.last
-  result.skipped_steps = logger.skipped
+      run_.on_close(train_host.close)
+    start = run_.restore_or_init(
+      lambda: mlm.abstract_train_state(cfg, mesh),
+      lambda: mlm.create_train_state(cfg, mesh),
+      source=lambda: mlm.init_source(cfg),
+    )
+    resume_lib.record(plan, cfg, start.step)  # config.json and the history line, once the state is in hand
+    if is_main:
+      log.info('%s parameters, sharded over %s', f'{param_count(start.state):,}', dict(mesh.shape))
+    result = RunResult(workdir=workdir, config=cfg, final_step=start.step)
+    keys, eval_step = mlm.batch_keys(cfg.data.max_predictions), mlm.build_eval_step(cfg, mesh, start.defs)
+
+    def evaluate(step: int, state: Any) -> None:
+      ev = _evaluate(keys, mesh, eval_step, eval_batches, state['params'])
+      run_.writer.write(step, ev, prefix='eval')
+      result.evals.append({'step': step, **ev})
+      if is_main:
+        trainer.say(f'eval step {step}: loss {ev["loss"]:.4f}, accuracy {ev["accuracy"]:.4f}')
+
+    trainer = run_.trainer(
+      mlm.build_train_step(cfg, mesh, start.defs),
+      start,
+      batches_lib.GlobalBatches(train_host, cfg.data.max_predictions, mesh, t.grad_accum_steps),
+      num_steps=t.num_steps,
+      log_every=lg.log_every,
+      hooks=[engine_loop.Hook(evaluate, cfg.eval.every_steps)],
+      checkpoint_every=cfg.checkpoint.every_steps,
+      preemption=True,
+      profile=(lg.profile_start_step, lg.profile_num_steps),
+      on_step=on_step,
+      **_logger_options(cfg),
+    )
+    if start.step == 0 and cfg.eval.at_start and cfg.eval.every_steps > 0:
+      evaluate(0, trainer.state)
+    run_.save_final(trainer, trainer.run())
+  result.final_step, result.preempted = trainer.final_step, trainer.preempted
+  result.last_train, result.skipped_steps = trainer.logger.last, trainer.logger.skipped
   return result

@@ -1,8 +1,15 @@
-"""Pretraining as the engine sees it: the MLM model factory, its summed loss, its batch shapes and its steps.
+"""Pretraining as the engine sees it: the MLM model factory, where its parameters may start, its summed loss, its
+batch shapes and its steps.
 
 A train batch arrives as a dict of global arrays shaped [A, M, ...]: A micro-batches of M rows each (A =
 train.grad_accum_steps), with M sharded over the mesh's batch axes; engine/step.py accumulates over A, weighting by
 masked tokens. The eval step sums the same loss over one micro-batch without an update.
+
+Starting points other than random init (stage 2 of NeoBERT, a new 4096-token schedule; continued pretraining from
+a run or a Hugging Face NeoBERT) load parameters only: the optimizer moments, step counter and schedule start
+afresh. The source is opened by the weights layer (weights/source.py, which fine-tuning shares) and placed by the
+engine (engine/run.restore_or_init): a run's step straight onto the shardings, a Hugging Face directory (a
+base-model save gets a fresh MLM decoder) shard by shard from the host.
 """
 
 from __future__ import annotations
@@ -23,12 +30,23 @@ from neobert_jax.engine import step as engine_step
 from neobert_jax.engine.state import StateDefs, TrainState
 from neobert_jax.model import NeoBERTForMLM
 from neobert_jax.model.attention import overflow
+from neobert_jax.weights import source as source_lib
 
 batch_sharding = engine_step.micro_batch_sharding
 
 
 def model_factory(cfg: ml_collections.ConfigDict) -> Callable[[], NeoBERTForMLM]:
   return lambda: NeoBERTForMLM(cfg.model, rngs=nnx.Rngs(cfg.seed))
+
+
+def init_source(cfg: ml_collections.ConfigDict) -> source_lib.Source | None:
+  """The source of cfg.init (None: random init), checked against cfg.model before any model is built: a source
+  that is missing or of another architecture is one line."""
+  init = cfg.init
+  src = source_lib.from_init(init.from_checkpoint, init.from_hf, init.step)
+  if src is not None:
+    src.check_fits(cfg.model)
+  return src
 
 
 def abstract_train_state(cfg: ml_collections.ConfigDict, mesh: jax.sharding.Mesh) -> tuple[StateDefs, TrainState]:

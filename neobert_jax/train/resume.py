@@ -32,6 +32,7 @@ from neobert_jax.config import resume as rules
 from neobert_jax.errors import ConfigError
 from neobert_jax.config import train as config_lib
 from neobert_jax.engine import optimizer as optimizer_lib
+from neobert_jax.engine.run import check_workdir
 from neobert_jax.weights import runs
 
 log = logging.getLogger('neobert_jax.train')
@@ -50,17 +51,6 @@ class Plan:
   def recorded_tokenizer(self) -> str:
     """The tokenizer a resumed run recorded ('' for a new run, or a run recorded before its tokenizer was)."""
     return self.recorded['data']['tokenizer'] if self.step is not None and self.recorded is not None else ''
-
-
-def check_workdir(workdir: paths.Path) -> None:
-  """A workdir that is a file, or one that cannot be written (read-only, a missing bucket, refused
-  credentials), is one line now, not a traceback later."""
-  if paths.local(workdir) and workdir.exists() and not workdir.is_dir():
-    raise ConfigError(
-      f'--workdir={workdir} is a file, not a directory; pass a directory for the run (it is created if missing)'
-    )
-  if jax.process_index() == 0:
-    paths.check_writable(workdir, '--workdir')
 
 
 def _recorded(workdir: paths.Path) -> tuple[dict[str, Any] | None, int | None]:

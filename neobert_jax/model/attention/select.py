@@ -123,8 +123,8 @@ def _auto(
   if platform == 'tpu':
     why = _splash_fits(seq_len, splash_block)
     return Choice('xla', why + ': no splash tiling') if why else Choice('splash', 'Pallas flash with segment ids')
-  # Measured side by side on the bench-768 train step (README): blockwise ~1.15x the einsums' tokens/s at T=512;
-  # at T=128 in one block the two are level, so the simpler program is kept.
+  # Measured side by side on the bench-768 train step (docs/performance.md): blockwise ~1.15x the einsums'
+  # tokens/s at T=512; at T=128 in one block the two are level, so the simpler program is kept.
   if seq_len > blockwise_block:
     return Choice('blockwise', f'online softmax over {blockwise_block}-token key blocks, no T x T scores')
   return Choice('xla', f'rows of {seq_len} fit one key block')

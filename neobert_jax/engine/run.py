@@ -1,0 +1,265 @@
+"""One run of the engine, assembled in one place: its outputs, where its state starts, its hooks and its closing.
+
+Shaped after levanter's Trainer (`initial_state`: a checkpoint, else an initialisation source, else fresh
+parameters; default hooks for progress, logging and checkpoints), for this package's two tasks. Pretraining
+(train/loop.py) and fine-tuning (finetune/loop.py) resolve and check their config first, then:
+
+  with Run(workdir, cfg, ...) as run:              # the checkpoint manager; metrics writer and bar on first use
+    start = run.restore_or_init(...)               # a checkpoint of this workdir, an init source, or fresh
+    trainer = run.trainer(step, start, batches, ...)  # Logger, preemption, profiling, the checkpoint hook
+    state = trainer.run()
+    run.save_final(trainer, state)                 # the last step, unless the checkpoint hook just saved it
+
+The run owns everything it opened and closes it in reverse order through one ExitStack, whatever happened; a clean
+exit first waits for the saves still in flight (a failed one is one StorageError line). Whatever else must live
+exactly as long as the run (the data iterator, a lease on the workdir) is handed to `hold` or `on_close`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import sys
+from pathlib import Path
+from typing import Any, Callable, ContextManager, Iterator, TypeVar
+
+import jax
+import ml_collections
+
+from neobert_jax import errors, paths
+from neobert_jax.engine import checkpoint as ckpt
+from neobert_jax.engine import loop as engine_loop
+from neobert_jax.engine import state as state_lib
+from neobert_jax.engine.metrics import MetricsWriter
+from neobert_jax.engine.preemption import Preemption
+from neobert_jax.weights import source as source_lib
+
+log = logging.getLogger('neobert_jax.engine')
+T = TypeVar('T')
+StateMaker = Callable[[], tuple[state_lib.StateDefs, state_lib.TrainState]]
+
+
+def check_workdir(workdir: paths.Path) -> None:
+  """A workdir that is a file, or one that cannot be written (read-only, a missing bucket, refused
+  credentials), is one line now, not a traceback later."""
+  if paths.local(workdir) and workdir.exists() and not workdir.is_dir():
+    raise errors.ConfigError(
+      f'--workdir={workdir} is a file, not a directory; pass a directory for the run (it is created if missing)'
+    )
+  if jax.process_index() == 0:
+    paths.check_writable(workdir, '--workdir')
+
+
+@dataclasses.dataclass
+class Start:
+  """Where a run's state comes from: `step` optimizer steps already taken (0 unless `resumed`)."""
+
+  step: int
+  defs: state_lib.StateDefs
+  state: state_lib.TrainState
+  resumed: bool
+  origin: str  # for the log: 'checkpoint DIR/STEP', the init source, or 'fresh parameters'
+
+
+def place_sharded(source: source_lib.Source, params: Any) -> Any:
+  """Every parameter from the source, straight onto the fresh parameters' shardings (pretraining's init)."""
+  return source.sharded(params)
+
+
+class Run:
+  """A training run in `workdir`: see the module docstring.
+
+  cfg: the resolved config, frozen; a copy goes into every checkpoint. data_iter: the iterator whose position is
+  checkpointed with the state (None: the run's data has no position to keep).
+  """
+
+  def __init__(
+    self,
+    workdir: str | Path,
+    cfg: ml_collections.ConfigDict,
+    *,
+    data_iter: Any = None,
+    keep: int = 3,
+    async_save: bool = True,
+    tensorboard: bool = True,
+    progress_bar: bool = True,
+  ):
+    self.workdir = paths.resolve(workdir, '--workdir')
+    self.cfg, self.data_iter = cfg, data_iter
+    self.keep, self.async_save = keep, async_save
+    self.tensorboard, self.progress_bar = tensorboard, progress_bar
+    self.is_main = jax.process_index() == 0
+    self.saved_step = -1  # the newest step this run saved (or resumed from)
+    self.mngr = None
+    self._writer: MetricsWriter | None = None
+    self._stack = contextlib.ExitStack()
+
+  # --- lifetime -------------------------------------------------------------------------------------------------
+
+  def __enter__(self) -> 'Run':
+    self._stack.__enter__()
+    self.mngr = ckpt.make_manager(self.workdir, self.keep, self.async_save)
+    self.on_close(ckpt.close, self.mngr)
+    return self
+
+  def __exit__(self, *exc: Any) -> bool:
+    if exc[0] is None:
+      try:
+        ckpt.finish(self.mngr)  # a save that failed in the background is the run's error, not a log line
+      except BaseException:
+        if not self._stack.__exit__(*sys.exc_info()):
+          raise
+        return False
+    return bool(self._stack.__exit__(*exc))
+
+  def hold(self, context: ContextManager[T]) -> T:
+    """Enters `context` now and exits it when the run closes (a lease, a profiler session, ...)."""
+    return self._stack.enter_context(context)
+
+  def on_close(self, fn: Callable[..., Any], *args: Any) -> None:
+    """Calls fn(*args) when the run closes, before whatever was opened earlier is closed."""
+    self._stack.callback(fn, *args)
+
+  # --- outputs --------------------------------------------------------------------------------------------------
+
+  @property
+  def writer(self) -> MetricsWriter:
+    """metrics.jsonl and TensorBoard, opened on first use (after the state is in hand: a refused resume writes
+    nothing) and closed, then uploaded for a bucket workdir, when the run closes."""
+    if self._writer is None:
+      self._writer = MetricsWriter(self.workdir, self.tensorboard)
+      self.on_close(self._writer.close)
+    return self._writer
+
+  def _progress_bar(self, total: int, initial: int, desc: str) -> Any:
+    if not (self.is_main and self.progress_bar):
+      return None
+    from tqdm.auto import tqdm  # pylint: disable=g-import-not-at-top
+
+    pbar = tqdm(total=total, initial=initial, desc=desc, unit='step', dynamic_ncols=True)
+    self.on_close(pbar.close)
+    return pbar
+
+  def profile_dir(self) -> Path:
+    """WORKDIR/profile; for a bucket workdir, process 0 traces into the metrics mirror (uploaded with it) and the
+    others into this machine's cache (the profiler writes local files)."""
+    if paths.local(self.workdir):
+      return Path(self.workdir) / 'profile'
+    where = self.writer.local_dir or paths.cache_dir('profile', paths.url_key(self.workdir))
+    log.info('profile trace of process %d: %s', jax.process_index(), where / 'profile')
+    return where / 'profile'
+
+  # --- the state ------------------------------------------------------------------------------------------------
+
+  def restore_or_init(
+    self,
+    abstract: StateMaker,
+    create: StateMaker,
+    *,
+    resume: bool = True,
+    source: Callable[[], source_lib.Source | None] = lambda: None,
+    place: Callable[[source_lib.Source, Any], Any] = place_sharded,
+  ) -> Start:
+    """The run's starting state, in this order:
+      1. with `resume`, the newest readable checkpoint of this workdir restored onto `abstract()`'s shardings, the
+         data iterator moved to its saved position (engine/checkpoint.restore_latest);
+      2. a fresh state from `create()` whose parameters come from `source()` (placed by `place(source, params)`)
+         with a fresh optimizer around them: stage 2, continued pretraining, fine-tuning a pretrained model;
+      3. `create()` as it is: fresh parameters seeded by the model factory.
+    The source is opened only when the run starts afresh: once the run has a checkpoint, that is where it is.
+    """
+    if resume:
+      defs, target = abstract()
+      restored = ckpt.restore_latest(self.mngr, target, self.data_iter)
+      if restored is not None:
+        step, state = restored
+        self.saved_step = step
+        origin = f'checkpoint {self.mngr.directory}/{step}'
+        if self.is_main:
+          log.info('resumed from %s/%d', self.mngr.directory, step)
+        return Start(step, defs, state, True, origin)
+    src = source()
+    defs, state = create()
+    if src is None:
+      return Start(0, defs, state, False, 'fresh parameters')
+    state = state_lib.with_params(defs, state, place(src, state['params']))
+    origin = src.where + (f' step {src.step}' if src.step is not None else '')
+    log.info('initialised parameters from %s', origin)
+    return Start(0, defs, state, False, origin)
+
+  # --- checkpoints ----------------------------------------------------------------------------------------------
+
+  def save(self, step: int, state: state_lib.TrainState) -> None:
+    """The full state (parameters, optimizer, data position, config) as `step`; metrics go up with it."""
+    ckpt.save(self.mngr, step, state, self.data_iter, self.cfg)
+    self.writer.sync()  # a bucket workdir's metrics and TensorBoard go up with each checkpoint
+    self.saved_step = step
+
+  def save_params(self, step: int, state: state_lib.TrainState) -> None:
+    """Parameters and config only, as `step` (fine-tuning's best evaluation: what its export reads)."""
+    ckpt.save(self.mngr, step, state, None, self.cfg, with_optimizer=False)
+    self.saved_step = step
+
+  def checkpoint_hook(self, every: int) -> engine_loop.Hook:
+    """The default checkpoint hook: `save` every `every` steps, after the last one and on preemption."""
+    return engine_loop.Hook(self.save, every, checkpoint=True)
+
+  def last_good(self) -> str:
+    """The newest complete checkpoint, for the divergence message (waits for the saves in flight)."""
+    ckpt.finish(self.mngr)
+    s = self.mngr.latest_step()
+    return f'{self.mngr.directory}/{s}' if s is not None else 'none (no checkpoint was written yet)'
+
+  def save_final(self, trainer: engine_loop.Trainer, state: state_lib.TrainState) -> None:
+    """Saves where the trainer stopped unless that step is saved already (or nothing was trained)."""
+    if trainer.preempted and self.is_main:
+      log.warning('SIGTERM: saved checkpoint %s/%d, exiting', self.mngr.directory, trainer.final_step)
+    if trainer.final_step != self.saved_step and trainer.final_step > 0:
+      self.save(trainer.final_step, state)
+
+  # --- the loop -------------------------------------------------------------------------------------------------
+
+  def trainer(
+    self,
+    step: Callable,
+    start: Start,
+    batches: Iterator[tuple],
+    *,
+    num_steps: int,
+    log_every: int,
+    hooks: list[engine_loop.Hook] = (),
+    checkpoint_every: int | None = None,
+    preemption: bool = False,
+    last_good: Callable[[], str] | None = None,
+    profile: tuple[int, int] = (-1, 0),
+    desc: str = 'train',
+    on_step: Callable[[int], None] | None = None,
+    **logger_options: Any,
+  ) -> engine_loop.Trainer:
+    """engine.loop.Trainer over the run's outputs: a progress bar from `start.step`, a Logger
+    (`logger_options`: nan_policy, diverged_hint, flops_per_token, peak_flops, check, check_keys), the task's
+    `hooks` followed by the checkpoint hook when `checkpoint_every` is given, SIGTERM handling when `preemption`
+    (every process stops and saves after the same step), and a jax.profiler trace of `profile` = (first step,
+    number of steps) into `profile_dir()`. The trainer takes over `start.state` (it is donated to the first step).
+    """
+    pbar = self._progress_bar(num_steps, start.step, desc)
+    logger = engine_loop.Logger(self.writer, pbar, **logger_options)
+    hooks = list(hooks) + ([self.checkpoint_hook(checkpoint_every)] if checkpoint_every is not None else [])
+    stop = self.hold(Preemption(self.mngr, log_every)) if preemption else None
+    state, start.state = start.state, None  # the trainer holds the live state from here on
+    return engine_loop.Trainer(
+      step,
+      state,
+      batches,
+      num_steps=num_steps,
+      start=start.step,
+      logger=logger,
+      log_every=log_every,
+      hooks=hooks,
+      last_good=last_good or self.last_good,
+      preemption=stop,
+      profile=engine_loop.Profile(profile[0], profile[1], self.profile_dir),
+      pbar=pbar,
+      on_step=on_step,
+    )
