@@ -2,15 +2,15 @@
 
 `prepare` from raw files on gs:// into shards on gs:// gives the bytes a local prepare gives; --overwrite on a
 bucket removes the old shards only after the new manifest is up; a missing bucket is one line before tokenizing.
-Training with data.dir on gs:// (read through a verified local copy, data/pipeline/staging.py) gives exactly the weights of
-the same run on the local directory; a damaged shard on the bucket is one line naming its URL; a bucket whose
-data was prepared again is staged again; several stagers at once download once."""
+Training with data.dir on gs:// (each host fetches its own shards into a bounded cache, data/pipeline/store.py)
+gives exactly the weights of the same run on the local directory; a damaged shard on the bucket is one line naming
+its URL; two hosts with caches of their own each download about half and together give the single host's rows; a
+corpus larger than the cache budget trains, evicting and fetching again, within the budget."""
 
 import gzip
 import json
 import os
 import shutil
-import threading
 import uuid
 
 import numpy as np
@@ -24,8 +24,8 @@ from neobert_jax.config import data as data_config
 from neobert_jax.data import shards, testing
 from neobert_jax.data.prepare import corpus
 from neobert_jax.data.pipeline import iterators as pipeline
+from neobert_jax.data.pipeline import virtual
 from neobert_jax.data.prepare import publish
-from neobert_jax.data.pipeline import staging
 from neobert_jax.data.prepare import local as prepare_lib
 from neobert_jax.weights import runs
 from neobert_jax.train import loop
@@ -43,8 +43,8 @@ def root(gcs):
   """A fresh prefix on the bucket; the staged copies made of it are removed from this machine's cache after."""
   url = f'{gcs}/{uuid.uuid4().hex[:8]}'
   yield url
-  for key in (paths.url_key(f'{url}/{name}') for name in ('data', 'train', 'bad', 'moving')):
-    shutil.rmtree(paths.cache_dir('staged', key), ignore_errors=True)
+  for key in (paths.url_key(f'{url}/{name}') for name in ('data', 'train', 'bad', 'share', 'big')):
+    shutil.rmtree(paths.cache_dir('stream', key), ignore_errors=True)
 
 
 @pytest.fixture(scope='module')
@@ -175,38 +175,84 @@ def test_damaged_shard_on_the_bucket_is_one_line_naming_it(root, vocab, tmp_path
   shard = made['splits']['train']['shards'][1]
   obj = paths.Path(f'{root}/bad/{shard["file"]}')
   good = obj.read_bytes()
-  obj.write_bytes(good[:-10])  # truncated
+  obj.write_bytes(good[:-10])  # truncated: its size on the bucket is checked before any download
   with pytest.raises(errors.DataError) as e:
     pipeline.make_train_iterator(_data_cfg(f'{root}/bad'), 4, 16, seed=0)
   assert f'{obj}: {len(good) - 10} bytes on the bucket' in str(e.value) and '\n' not in str(e.value)
   assert f'--output {root}/bad --overwrite' in str(e.value)
-  obj.write_bytes(good[:100] + bytes([good[100] ^ 1]) + good[101:])  # same size, one bit flipped
+  obj.write_bytes(good[:100] + bytes([good[100] ^ 1]) + good[101:])  # same size, one bit flipped: when fetched
   with pytest.raises(errors.DataError, match=f'{obj}: content differs from the manifest'):
-    pipeline.make_train_iterator(_data_cfg(f'{root}/bad'), 4, 16, seed=0)
-  obj.write_bytes(good)  # repaired: staged (the shards already verified are kept) and read
+    it = pipeline.make_train_iterator(_data_cfg(f'{root}/bad'), 4, 16, seed=0)
+    for _ in range(200):
+      next(it)
+  obj.write_bytes(good)  # repaired: fetched again and read
   assert next(pipeline.make_train_iterator(_data_cfg(f'{root}/bad'), 4, 16, seed=0))['input_ids'].shape == (4, 16)
 
 
-def test_bucket_data_prepared_again_is_staged_again_once(root, vocab, tmp_path, capsys):
-  url = paths.Path(f'{root}/moving')
-  first = _prepare([str(_raw(tmp_path / 'raw1', seed=1))], str(url), vocab)
-  results = []
-  stagers = [threading.Thread(target=lambda: results.append(staging.stage(url))) for _ in range(3)]
-  for t in stagers:
-    t.start()
-  for t in stagers:
-    t.join()
-  assert len(set(results)) == 1 and len(results) == 3
-  assert capsys.readouterr().err.count('neobert_jax: staging') == 1  # the lock: one download for three
-  local = results[0]
-  assert shards.read_manifest(local) == first
-  staging.stage(url)
-  assert 'staging' not in capsys.readouterr().err  # unchanged on the bucket: the copy is used as it is
+def _take(it, n):
+  return [next(it) for _ in range(n)]
 
-  second = _prepare([str(_raw(tmp_path / 'raw2', seed=2))], str(url), vocab, overwrite=True)
-  assert staging.stage(url) == local and shards.read_manifest(local) == second
-  assert 'neobert_jax: staging' in capsys.readouterr().err
-  files = sorted(s['file'] for split in second['splits'].values() for s in split['shards'])
-  assert sorted(os.listdir(local)) == sorted(files + [shards.MANIFEST])
-  for name in files:
-    assert open(os.path.join(local, name), 'rb').read() == (url / name).read_bytes()
+
+def test_each_host_fetches_only_its_share_and_the_rows_are_the_single_hosts(root, vocab, tmp_path, monkeypatch):
+  """Two hosts with caches of their own: each downloads about half the train shards, and their rows, side by
+  side, are the rows of one host reading the local copy."""
+  local = str(tmp_path / 'local')
+  made = _prepare([str(_raw(tmp_path / 'raw'))], local, vocab, shard_mb=0.002)
+  publish.upload(local, paths.Path(f'{root}/share'), made)
+  listed = made['splits']['train']['shards']
+  total = sum(s['bytes'] for s in listed)
+  assert len(listed) >= 8
+  cfg = _data_cfg(f'{root}/share')
+  cfg.virtual_shards = 4
+  its = []
+  for p in range(2):
+    monkeypatch.setenv('NEOBERT_JAX_CACHE', str(tmp_path / f'host{p}'))  # hosts share no disk
+    its.append(pipeline.make_train_iterator(cfg, 4, 16, seed=0, process_index=p, process_count=2))
+  hosts = [_take(it, 30) for it in its]
+  ref_cfg = _data_cfg(local)
+  ref_cfg.virtual_shards = 4
+  ref = _take(pipeline.make_train_iterator(ref_cfg, 8, 16, seed=0), 30)
+  for step, want in enumerate(ref):
+    for k in want:
+      np.testing.assert_array_equal(np.concatenate([hosts[0][step][k], hosts[1][step][k]]), want[k])
+  got = [it.store.stats.bytes_downloaded for it in its]
+  biggest = max(s['bytes'] for s in listed)
+  for g in got:  # half of the corpus, plus at most the file each share's edge cuts
+    assert 0 < g <= total / 2 + biggest, (got, total)
+  files = [set(os.listdir(tmp_path / f'host{p}')) for p in range(2)]
+  assert files[0] and files[1]
+
+
+def test_a_corpus_larger_than_the_cache_budget_trains(root, vocab, tmp_path, monkeypatch):
+  local = str(tmp_path / 'local')
+  made = _prepare([str(_raw(tmp_path / 'raw'))], local, vocab, shard_mb=0.002)
+  publish.upload(local, paths.Path(f'{root}/big'), made)
+  listed = made['splits']['train']['shards']
+  total = sum(s['bytes'] for s in listed)
+  monkeypatch.setenv('NEOBERT_JAX_CACHE', str(tmp_path / 'cache'))
+  cfg = _data_cfg(f'{root}/big')
+  cfg.virtual_shards, cfg.shuffle_window = 2, 1
+  cfg.block_docs = 16
+  counts = [x['records'] for x in listed]
+  streams = [
+    virtual.ShardStream(virtual.pieces(counts, *r), seed=0, shard=v, window=1, shuffle=True)
+    for v, r in enumerate(virtual.ranges(counts, 2))
+  ]
+  need = pipeline.cache_need(streams, listed, cfg.block_docs)
+  cfg.cache_gb = need / 2**30  # exactly what the check asks for
+  assert cfg.cache_gb * 2**30 < total  # the corpus does not fit
+  it = pipeline.make_train_iterator(cfg, 4, 16, seed=0)
+  ref_cfg = _data_cfg(local)
+  ref_cfg.virtual_shards, ref_cfg.shuffle_window, ref_cfg.block_docs = 2, 1, 16
+  ref = pipeline.make_train_iterator(ref_cfg, 4, 16, seed=0)
+  for _ in range(300):  # epochs: every file is fetched, evicted and fetched again
+    want, got = next(ref), next(it)
+    for k in want:
+      np.testing.assert_array_equal(got[k], want[k])
+  stats = it.store.stats
+  assert stats.peak_disk_bytes <= cfg.cache_gb * 2**30 and stats.bytes_downloaded > total
+  too_small = _data_cfg(f'{root}/big')
+  too_small.virtual_shards, too_small.shuffle_window, too_small.block_docs = 2, 1, 16
+  too_small.cache_gb = (need - 1) / 2**30
+  with pytest.raises(errors.ConfigError, match='data.cache_gb=.* is too small .*raise data.cache_gb'):
+    pipeline.make_train_iterator(too_small, 4, 16, seed=0)

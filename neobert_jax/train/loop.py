@@ -74,8 +74,9 @@ def _check_rows(limit: int) -> Callable[[int, dict], None]:
 def resolve(cfg: ml_collections.ConfigDict, workdir: paths.Path) -> tuple[ml_collections.FrozenConfigDict, Any]:
   """The run's config, validated and resolved once, frozen (nothing past here changes it), and its resume plan.
 
-  Resolved: the run-time choices (train/runtime.py), and the tokenizer: data.tokenizer, else the one a resumed
-  run recorded (config/resume.py: unset is no change), else the prepared data's. The workdir's run is compared
+  Resolved: the run-time choices (train/runtime.py), the tokenizer (data.tokenizer, else the one a resumed run
+  recorded (config/resume.py: unset is no change), else the prepared data's) and data.virtual_shards (set, else
+  recorded, else automatic for this start's global batch and process count). The workdir's run is compared
   with this config before the data is opened or a file written: a workdir holding another run is refused here,
   untouched; so is an init source that is missing or of another architecture (a resumed run ignores cfg.init).
   """
@@ -87,6 +88,9 @@ def resolve(cfg: ml_collections.ConfigDict, workdir: paths.Path) -> tuple[ml_col
   data.tokenizer = cfg.data.tokenizer or plan.recorded_tokenizer()
   pipeline.prepare_builtin(data, cfg.model.max_length)  # the one place a run may tokenize: the built-in corpus
   cfg.data.tokenizer = data.tokenizer or pipeline.open_prepared(data, cfg.model.max_length)[1]['tokenizer']['spec']
+  # The layout of the data stream is fixed when the run starts: later starts under another process count keep it.
+  cfg.data.virtual_shards = cfg.data.virtual_shards or plan.recorded_virtual_shards()
+  cfg.data.virtual_shards = pipeline.virtual_shards(cfg.data, cfg.train.global_batch_size, jax.process_count())
   return ml_collections.FrozenConfigDict(cfg), plan
 
 

@@ -48,6 +48,12 @@ class Plan:
   step: int | None = None  # the latest checkpoint's step (None: the workdir has none)
   changes: list[rules.Change] = dataclasses.field(default_factory=list)
 
+  def recorded_virtual_shards(self) -> int:
+    """The data.virtual_shards a resumed run recorded (0 for a new run, or a run recorded before the field)."""
+    if self.step is None or self.recorded is None:
+      return 0
+    return int(self.recorded['data'].get('virtual_shards', 0))
+
   def recorded_tokenizer(self) -> str:
     """The tokenizer a resumed run recorded ('' for a new run, or a run recorded before its tokenizer was)."""
     return self.recorded['data']['tokenizer'] if self.step is not None and self.recorded is not None else ''

@@ -17,6 +17,7 @@ segment_ids, labels [B, T] int32, and with max_predictions > 0 mlm_positions, ml
 mlm_weights [B, P] float32.
 """
 
+import hashlib
 import json
 from typing import Any
 
@@ -243,10 +244,12 @@ def _split(directory: str, manifest: dict, split: str) -> list[dict]:
   return info['shards']
 
 
-def open_store(directory: str, listed: list[dict], cache_gb: float, process_index: int):
+def open_store(directory: str, manifest: dict, listed: list[dict], cache_gb: float, process_index: int):
   """The store this process reads `listed` shards through (store.py): in place, or a bucket's cache."""
   if paths.is_url(directory):
-    return store_lib.BucketStore(paths.resolve(directory, 'data.dir'), listed, int(cache_gb * 2**30), process_index)
+    version = hashlib.sha256(shards.manifest_text(manifest).encode()).hexdigest()[:12]
+    budget = int(min(cache_gb, 2**40) * 2**30)
+    return store_lib.BucketStore(paths.resolve(directory, 'data.dir'), listed, budget, process_index, version)
   return store_lib.LocalStore(directory, listed)
 
 
@@ -255,7 +258,7 @@ def split_files(data_cfg: ml_collections.ConfigDict, seq_len: int, split: str, m
   for reports that read a split whole on one process."""
   directory, manifest = open_prepared(data_cfg, seq_len)
   listed = _split(directory, manifest, split)[:max_files]
-  store = open_store(directory, listed, float('inf'), 0)
+  store = open_store(directory, manifest, listed, float('inf'), 0)
   store.acquire([s['file'] for s in listed])
   return [store.local_path(s['file']) for s in listed], manifest
 
@@ -286,16 +289,26 @@ def virtual_shards(data_cfg: ml_collections.ConfigDict, global_batch: int, proce
   return data_cfg.virtual_shards or virtual.auto_virtual_shards(global_batch, process_count)
 
 
+def cache_need(streams: list, listed: list[dict], block_docs: int) -> int:
+  """Bytes a process must be able to hold: per virtual shard, the windows one block can touch plus the next one."""
+  need = 0
+  for st in streams:
+    sizes = [sum(listed[p.file]['bytes'] for p in w) for w in st.windows]
+    records = min(sum(p.size for p in w) for w in st.windows)
+    span = min(len(sizes), -(-block_docs // max(records, 1)) + 1) + 1
+    need += sum(sorted(sizes, reverse=True)[:span])
+  return need
+
+
 def _check_cache(store, streams: list, listed: list[dict], data_cfg) -> None:
-  """The budget must hold two windows of every virtual shard this process reads (the one read, the next)."""
   if not store.remote:
     return
-  need = sum(2 * max(sum(listed[p.file]['bytes'] for p in w) for w in st.windows) for st in streams)
+  need = cache_need(streams, listed, data_cfg.block_docs)
   if need > store.budget:
     raise errors.ConfigError(
-      f"data.cache_gb={data_cfg.cache_gb} is too small for this process's {len(streams)} virtual shard(s): two "
-      f'windows of data.shuffle_window={data_cfg.shuffle_window} shard files each need {need / 2**30:.2f} GiB; '
-      'raise data.cache_gb or lower data.shuffle_window'
+      f"data.cache_gb={data_cfg.cache_gb:.6g} is too small for this process's {len(streams)} virtual shard(s): "
+      f'the windows one block of data.block_docs={data_cfg.block_docs} documents touches, and the next, need '
+      f'{need / 2**30:.6g} GiB; raise data.cache_gb, or lower data.shuffle_window or data.block_docs'
     )
 
 
@@ -343,7 +356,7 @@ def make_train_iterator(
   }
   used = sorted({p.file for st in streams.values() for p in st.parts})
   # Only this process's files are checked and (from a bucket) fetched.
-  store = open_store(directory, [listed[f] for f in used], data_cfg.cache_gb, process_index)
+  store = open_store(directory, manifest, [listed[f] for f in used], data_cfg.cache_gb, process_index)
   _check_cache(store, list(streams.values()), listed, data_cfg)
   names = [s['file'] for s in listed]
   dtype = shards.id_dtype(manifest)
@@ -420,7 +433,7 @@ def make_eval_iterator(
     raise errors.DataError(f'{directory}: the eval split ({sum(counts)} records) cannot feed {process_count} processes')
   stream = virtual.ShardStream(virtual.pieces(counts, lo, hi), seed=0, shard=0, window=1, shuffle=False)
   used = sorted({p.file for p in stream.parts})
-  store = open_store(directory, [listed[f] for f in used], data_cfg.cache_gb, process_index)
+  store = open_store(directory, manifest, [listed[f] for f in used], data_cfg.cache_gb, process_index)
   blocks = virtual.ShardBlocks(
     stream, store, [s['file'] for s in listed], data_cfg.block_docs, shards.id_dtype(manifest), finite=True
   )

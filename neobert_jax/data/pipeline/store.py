@@ -119,10 +119,11 @@ class BucketStore:
 
   remote = True
 
-  def __init__(self, url: paths.Path, listed: list[dict], budget_bytes: int, process_index: int):
+  def __init__(self, url: paths.Path, listed: list[dict], budget_bytes: int, process_index: int, version: str):
     self.url, self.budget = url, budget_bytes
     self.by_name = {s['file']: s for s in listed}
-    self.dir = str(paths.cache_dir('stream', paths.url_key(url), f'process-{process_index}'))
+    # Keyed by the manifest too: data prepared again under the same URL never reuses the old files.
+    self.dir = str(paths.cache_dir('stream', paths.url_key(url), version, f'process-{process_index}'))
     self.stats = Stats()
     self._readers = _Readers()
     self._lock = threading.Condition()

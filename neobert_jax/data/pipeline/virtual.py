@@ -194,7 +194,7 @@ class ShardBlocks(grain.MapDataset):
     names = self._names
     files = [names[f] for w in self._stream.windows_of(pos) for f in self._stream.files_of_window(w)]
     self._store.acquire(files)  # blocks until the block's files are local
-    self._store.release([f for f in self._held if f not in files])
+    self._store.release(self._held)  # every acquire is matched by one release
     self._held = files
     if not self._finite or int(pos[-1]) + 1 < self._stream.n:  # downloads run a window ahead of the reader
       ahead = self._stream.files_of_window(self._stream.next_window(int(pos[-1])))
