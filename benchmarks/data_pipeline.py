@@ -12,9 +12,9 @@ pipeline; the bar is >= 2M per core), the padding fraction each packing mode
 leaves, and a per-stage split of one block (read / pack / mask).
 
 With --bucket or --emulator: the built-in corpus (prepared for --seq-len) is uploaded to the bucket, then
-staged back (data.dir=gs://..., data/pipeline/staging.py) into a fresh cache folder: upload and staging MiB/s, the check
-of an already staged copy, then the pipeline's tokens/s from the local directory and from the staged copy, and
-the read stage alone (a block of documents at random) from local, staged and straight from the bucket
+fetched back (data.dir=gs://..., data/pipeline/store.py) into a fresh cache folder: upload MiB/s and the fetch time,
+then the pipeline's tokens/s from the local directory and from the bucket through the cache, and the read stage
+alone (a block of documents at random) from local, fetched and straight from the bucket
 (array_record's own gs:// reader; the emulator's address goes to it through CLOUD_STORAGE_EMULATOR_ENDPOINT).
 
 A script, not part of the library (nothing imports it): run it from the repository root as above, or as
@@ -149,7 +149,7 @@ def bucket_comparison(a) -> None:
   from neobert_jax import paths  # pylint: disable=g-import-not-at-top
   from neobert_jax.data.prepare import corpus  # pylint: disable=g-import-not-at-top
   from neobert_jax.data.prepare import publish  # pylint: disable=g-import-not-at-top
-  from neobert_jax.data.pipeline import staging  # pylint: disable=g-import-not-at-top
+  from neobert_jax.data.pipeline import iterators as pipeline  # pylint: disable=g-import-not-at-top
 
   emulator = None
   if a.emulator:
@@ -166,16 +166,16 @@ def bucket_comparison(a) -> None:
     publish.upload(local, url, m)
     up = time.perf_counter() - t0
     with tempfile.TemporaryDirectory() as cache:
-      os.environ['NEOBERT_JAX_CACHE'] = cache  # a cold staging, whatever this machine staged before
+      os.environ['NEOBERT_JAX_CACHE'] = cache  # a cold fetch, whatever this machine fetched before
+      bucket_cfg = config_lib.default_data_config()
+      bucket_cfg.dir = str(url)
       t0 = time.perf_counter()
-      staged = staging.stage(url)
+      fetched, _ = pipeline.split_files(bucket_cfg, a.seq_len, 'train')
       down = time.perf_counter() - t0
-      t0 = time.perf_counter()
-      staging.stage(url)
-      check = time.perf_counter() - t0
+      staged = os.path.dirname(fetched[0])
       print(
-        f'data: {url} ({mib:.1f} MiB, {len(os.listdir(staged)) - 1} shards); upload {mib / up:.0f} MiB/s, '
-        f'staging {down:.2f} s = {mib / down:.0f} MiB/s, check of the staged copy {check * 1e3:.0f} ms'
+        f'data: {url} ({mib:.1f} MiB, {len(fetched)} train shards); upload {mib / up:.0f} MiB/s, '
+        f'fetching the train split {down:.2f} s'
       )
       print(
         f'{"source":8} {"pipeline Mtok/s":>15} {"random reads/s":>14} {"read Mtok/s":>11}   (packed, '
@@ -185,7 +185,7 @@ def bucket_comparison(a) -> None:
       files = [s['file'] for s in m['splits']['train']['shards']]
       for name, data_dir, urls in (
         ('local', local, [os.path.join(local, f) for f in files]),
-        ('staged', str(url), [os.path.join(staged, f) for f in files]),
+        ('fetched', str(url), [os.path.join(staged, f) for f in files]),
         ('bucket', None, [f'{url}/{f}' for f in files]),
       ):
         cfg = config_lib.default_data_config()

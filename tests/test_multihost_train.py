@@ -265,7 +265,9 @@ def test_checkpoint_of_two_processes_resumes_in_one_process(runs, tmp_path):
   r = _run([sys.executable, __file__, 'resume', str(workdir)], env)
   out = r.stdout + r.stderr
   assert f'RESUME_OK step={STEPS} final_step={STEPS + 1}' in out, out[-4000:]
-  assert 'data position written by 2 process(es), merged and restored on 1' in out and 'NOT the same' not in out, out[-4000:]
+  assert 'data position written by 2 process(es), merged and restored on 1' in out and 'NOT the same' not in out, out[
+    -4000:
+  ]
   assert not [p for p in os.listdir(workdir / 'checkpoints') if 'corrupt' in p]
   assert sorted(os.listdir(workdir / 'checkpoints' / str(STEPS + 1) / 'data')) == [
     'commit_success.txt',

@@ -359,6 +359,9 @@ def make_train_iterator(
   store = open_store(directory, manifest, [listed[f] for f in used], data_cfg.cache_gb, process_index)
   _check_cache(store, list(streams.values()), listed, data_cfg)
   names = [s['file'] for s in listed]
+  # Every owned shard's first window starts downloading now, side by side, not one after the other as each shard
+  # reads its first block (a restored iterator reads other windows first; these are then evicted as needed).
+  store.prefetch([names[f] for st in streams.values() for f in st.files_of_window(st.first_window())])
   dtype = shards.id_dtype(manifest)
   blocks = {
     v: virtual.ShardBlocks(st, store, names, data_cfg.block_docs, dtype).map_with_index(

@@ -140,6 +140,9 @@ class ShardStream:
         o -= p.size
     return out
 
+  def first_window(self) -> int:
+    return int(self._order(0)[0])
+
   def next_window(self, position: int) -> int:
     """The window the stream enters after the one holding `position` (the next epoch's first, after the last)."""
     epoch, within = divmod(int(position), self.n)
