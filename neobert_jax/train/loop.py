@@ -102,10 +102,14 @@ def _data(cfg: ml_collections.ConfigDict) -> tuple[Any, Iterable[dict]]:
   train_host = pipeline.make_train_iterator(
     cfg.data, batches_lib.local_batch_size(t.global_batch_size, nproc), seq_len, **common
   )
-  if cfg.eval.every_steps <= 0:
+  evaluating = cfg.eval.every_steps > 0
+  if not evaluating and not pipeline.open_prepared(cfg.data, seq_len)[1]['splits'].get('eval'):
     return train_host, ()
+  # Opened even when evaluation is off: opening checks this host's held-out shards, which the report reads at the
+  # end, so a damaged one is refused before the first file of the run is written, not after the whole run.
   local = batches_lib.local_eval_batch_size(t.global_batch_size, t.grad_accum_steps, nproc)
-  return train_host, pipeline.make_eval_iterator(cfg.data, local, seq_len, num_batches=cfg.eval.num_batches, **common)
+  held_out = pipeline.make_eval_iterator(cfg.data, local, seq_len, num_batches=cfg.eval.num_batches, **common)
+  return train_host, held_out if evaluating else ()
 
 
 def _logger_options(cfg: ml_collections.ConfigDict) -> dict[str, Any]:

@@ -244,12 +244,12 @@ def _split(directory: str, manifest: dict, split: str) -> list[dict]:
   return info['shards']
 
 
-def open_store(directory: str, manifest: dict, listed: list[dict], cache_gb: float, process_index: int):
-  """The store this process reads `listed` shards through (store.py): in place, or a bucket's cache."""
+def open_store(directory: str, manifest: dict, split: str, listed: list[dict], cache_gb: float, process_index: int):
+  """The store this process reads `listed` shards of `split` through (store.py): in place, or a bucket's cache."""
   if paths.is_url(directory):
     version = hashlib.sha256(shards.manifest_text(manifest).encode()).hexdigest()[:12]
     budget = int(min(cache_gb, 2**40) * 2**30)
-    return store_lib.BucketStore(paths.resolve(directory, 'data.dir'), listed, budget, process_index, version)
+    return store_lib.BucketStore(paths.resolve(directory, 'data.dir'), listed, budget, process_index, version, split)
   return store_lib.LocalStore(directory, listed)
 
 
@@ -258,7 +258,7 @@ def split_files(data_cfg: ml_collections.ConfigDict, seq_len: int, split: str, m
   for reports that read a split whole on one process."""
   directory, manifest = open_prepared(data_cfg, seq_len)
   listed = _split(directory, manifest, split)[:max_files]
-  store = open_store(directory, manifest, listed, float('inf'), 0)
+  store = open_store(directory, manifest, split, listed, float('inf'), 0)
   store.acquire([s['file'] for s in listed])
   return [store.local_path(s['file']) for s in listed], manifest
 
@@ -356,7 +356,7 @@ def make_train_iterator(
   }
   used = sorted({p.file for st in streams.values() for p in st.parts})
   # Only this process's files are checked and (from a bucket) fetched.
-  store = open_store(directory, manifest, [listed[f] for f in used], data_cfg.cache_gb, process_index)
+  store = open_store(directory, manifest, 'train', [listed[f] for f in used], data_cfg.cache_gb, process_index)
   _check_cache(store, list(streams.values()), listed, data_cfg)
   names = [s['file'] for s in listed]
   # Every owned shard's first window starts downloading now, side by side, not one after the other as each shard
@@ -436,7 +436,7 @@ def make_eval_iterator(
     raise errors.DataError(f'{directory}: the eval split ({sum(counts)} records) cannot feed {process_count} processes')
   stream = virtual.ShardStream(virtual.pieces(counts, lo, hi), seed=0, shard=0, window=1, shuffle=False)
   used = sorted({p.file for p in stream.parts})
-  store = open_store(directory, manifest, [listed[f] for f in used], data_cfg.cache_gb, process_index)
+  store = open_store(directory, manifest, 'eval', [listed[f] for f in used], data_cfg.cache_gb, process_index)
   blocks = virtual.ShardBlocks(
     stream, store, [s['file'] for s in listed], data_cfg.block_docs, shards.id_dtype(manifest), finite=True
   )

@@ -2,7 +2,8 @@
 
 A host reads only the shard files of its own virtual shards (virtual.py), a window at a time. On a bucket
 (data.dir=gs://...) each file is downloaded whole, in one sequential stream (large reads: random record reads over
-HTTP run ~50x slower than from disk), into this process's cache folder, cache/stream/<url key>/process-<p>/:
+HTTP run ~50x slower than from disk), into this process's cache folder for that split,
+cache/stream/<url key>/<manifest>/process-<p>/<split>/ (one folder per store: a store owns every file in its folder):
 
   * before any download, the sizes of this host's files on the bucket are checked against the manifest (a damaged
     bucket is one line before a byte moves); after it, size, sha256 (when the manifest has it) and record count.
@@ -119,11 +120,14 @@ class BucketStore:
 
   remote = True
 
-  def __init__(self, url: paths.Path, listed: list[dict], budget_bytes: int, process_index: int, version: str):
+  def __init__(
+    self, url: paths.Path, listed: list[dict], budget_bytes: int, process_index: int, version: str, split: str
+  ):
     self.url, self.budget = url, budget_bytes
     self.by_name = {s['file']: s for s in listed}
-    # Keyed by the manifest too: data prepared again under the same URL never reuses the old files.
-    self.dir = str(paths.cache_dir('stream', paths.url_key(url), version, f'process-{process_index}'))
+    # Keyed by the manifest too: data prepared again under the same URL never reuses the old files. One folder per
+    # split: a store adopts or removes every file in its folder, so the held-out reader must not share the train's.
+    self.dir = str(paths.cache_dir('stream', paths.url_key(url), version, f'process-{process_index}', split))
     self.stats = Stats()
     self._readers = _Readers()
     self._lock = threading.Condition()
