@@ -347,6 +347,7 @@ def test_two_hosts_without_a_shared_path_train_and_resume_through_a_bucket(runs,
 
   import gcsfs
   from etils import epath
+  from etils.epath import backend as epath_backend
   from neobert_jax import paths
   from neobert_jax.data.pipeline import iterators as pipeline
   from neobert_jax.weights import runs as run_dirs  # `runs` is this test's fixture
@@ -393,7 +394,9 @@ def test_two_hosts_without_a_shared_path_train_and_resume_through_a_bucket(runs,
         )
       )
     outs = [p.communicate(timeout=400)[0] for p in procs]
-    for fs in gcsfs.GCSFileSystem._cache.values():  # this process's listings predate what the job wrote
+    # This process's listings predate what the job wrote: forget them in every gcsfs instance, epath's own included
+    # (epath keeps its instance after other tests clear gcsfs's instance cache).
+    for fs in [*gcsfs.GCSFileSystem._cache.values(), epath_backend.fsspec_backend.fs(workdir)]:
       fs.invalidate_cache()
     return [p.returncode for p in procs], ''.join(outs)
 

@@ -154,7 +154,9 @@ class BucketStore:
     for name in sorted(os.listdir(self.dir)):
       path = os.path.join(self.dir, name)
       shard = self.by_name.get(name)
-      if shard is None or os.path.getsize(path) != shard['bytes']:
+      if os.path.isdir(path):
+        shutil.rmtree(path)  # another layout's folder: this store owns its folder
+      elif shard is None or os.path.getsize(path) != shard['bytes']:
         os.remove(path)  # a .part of a killed download, or a file of other data
       else:
         self._lru[name] = shard['bytes']
