@@ -46,7 +46,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 from flax import nnx
 
-from neobert_jax import errors, paths
+from neobert_jax import bucket, errors, paths
 from neobert_jax.engine.state import TrainState
 from neobert_jax.weights import runs
 from neobert_jax.weights.flat import check_keys_and_shapes, path_key
@@ -54,13 +54,27 @@ from neobert_jax.weights.flat import check_keys_and_shapes, path_key
 log = logging.getLogger(__name__)
 
 
-def make_manager(workdir: str | os.PathLike, keep: int = 3, async_save: bool = True) -> ocp.CheckpointManager:
+def make_manager(
+  workdir: str | os.PathLike, keep: int = 3, async_save: bool = True, on_saved: Callable[[], None] | None = None
+) -> ocp.CheckpointManager:
+  """The run's manager. `on_saved()` runs (in Orbax's thread) when a background save has committed.
+
+  The bucket's budget (neobert_jax/bucket.py) bounds every wait: the step directories are created in the calling
+  thread, so a bucket that stays down fails the save there, as one line (`save_failed`), instead of in a
+  background thread that prints a traceback while the trainer waits for its signal; and the background commit
+  may take the retry window twice over (its arrays, then its metadata) before Orbax gives up on it."""
   directory = paths.resolve(workdir, '--workdir') / runs.CHECKPOINT_SUBDIR
+  runs.use_bucket_budget()
   options = ocp.CheckpointManagerOptions(
     max_to_keep=keep,
     save_interval_steps=1,  # the loop decides when to save; Orbax just obeys
     enable_async_checkpointing=async_save,
     create=True,
+    async_options=ocp.AsyncOptions(
+      timeout_secs=int(2 * bucket.window_s() + 60),
+      post_finalization_callback=on_saved,
+      create_directories_asynchronously=False,
+    ),
   )
   return ocp.CheckpointManager(directory, options=options)
 
@@ -147,9 +161,15 @@ def save_failed(mngr: ocp.CheckpointManager, e: BaseException) -> errors.Storage
 
 
 def _set_aside(mngr: ocp.CheckpointManager, step: int, reason: str) -> None:
-  """Renames a step whose bytes cannot be read, so it is neither retried nor overwritten by a later save of the
-  same number; said loudly, with both paths, because it is the one thing resume ever moves."""
-  src = paths.Path(mngr.directory) / str(step)
+  set_aside(paths.Path(mngr.directory), step, reason)
+  mngr.reload()
+
+
+def set_aside(directory: paths.Path, step: int, reason: str) -> None:
+  """Renames step `step` of the checkpoints `directory`, whose bytes cannot be read (its arrays, or its copy of the
+  config: train/resume.py), so it is neither retried nor overwritten by a later save of the same number; said
+  loudly, with both paths, because it is the one thing resume ever moves."""
+  src = directory / str(step)
   if jax.process_index() == 0 and src.exists():
     dst = src.with_name(f'{step}.corrupt')
     n = 1
@@ -164,7 +184,6 @@ def _set_aside(mngr: ocp.CheckpointManager, step: int, reason: str) -> None:
       reason,
       dst,
     )
-  mngr.reload()
 
 
 # Status words of tensorstore / gRPC / cloud storage errors that describe the storage, not the bytes stored.
