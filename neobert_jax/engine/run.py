@@ -243,6 +243,8 @@ class Run:
     """Starts the save, timed from here to its commit (`_committed`), unless this job lost the workdir's lease."""
     if self.lease is not None:
       self.lease.check()
+    if self._in_flight is not None:
+      ckpt.finish(self.mngr)  # what Orbax's save does first anyway: the previous save commits, and is timed
     self._write_timings()  # the saves committed since the last one, under their own steps
     self._in_flight = (step, bucket.Timer(f'checkpoint {step} save', say=not paths.local(self.workdir)))
     ckpt.save(self.mngr, step, state, data_iter, self.cfg, with_optimizer=with_optimizer)
