@@ -30,7 +30,7 @@ def where(request, tmp_path):
   if request.param == 'local':
     return str(tmp_path / 'run')
   gcs = request.getfixturevalue('gcs')
-  return f'{gcs}/lease/{request.node.name}-{time.time_ns()}'
+  return f'{gcs}/lease/{request.node.originalname}-{time.time_ns()}'
 
 
 def _content(directory: str) -> dict:
@@ -56,7 +56,9 @@ def test_second_holder_refused_stale_taken_over_lost_detected_and_released(where
   time.sleep(1.3)
   caplog.set_level(logging.WARNING)
   second = lease.acquire(where, '--workdir', timeout=30.0)
-  assert 'took over the lease' in caplog.text and f'pid {os.getpid()}' in caplog.text and 'stopped renewing' in caplog.text
+  assert (
+    'took over the lease' in caplog.text and f'pid {os.getpid()}' in caplog.text and 'stopped renewing' in caplog.text
+  )
   first._stop.clear()
   first.renew()  # it wakes up: its next heartbeat finds the lease taken over
   assert first.lost and 'taken over' in first.lost
@@ -186,7 +188,8 @@ from neobert_jax.train.testing import tiny_config
 def hold(step):
   if step == 4:  # checkpoint 3 is written; the parent works beside this live run, then stops it
     print('READY', flush=True)
-    time.sleep(600)
+    while not os.path.exists(sys.argv[3]):  # until the parent has sent its signal
+      time.sleep(0.1)
 cfg = tiny_config(steps=6)
 cfg.run_id = 'job-a'
 cfg.data.dir = sys.argv[2] or cfg.data.dir
@@ -197,7 +200,11 @@ pretrain.run(cfg, sys.argv[1], on_step=hold)
 def _live_trainer(workdir: str, data_dir: str, tmp_path: Path) -> subprocess.Popen:
   env = {**os.environ, 'XLA_FLAGS': '--xla_force_host_platform_device_count=8', 'JAX_PLATFORMS': 'cpu'}
   child = subprocess.Popen(
-    [sys.executable, '-c', _TRAIN, workdir, data_dir], cwd=REPO, env=env, stdout=subprocess.PIPE, text=True
+    [sys.executable, '-c', _TRAIN, workdir, data_dir, str(tmp_path / 'go')],
+    cwd=REPO,
+    env=env,
+    stdout=subprocess.PIPE,
+    text=True,
   )
   deadline, line = time.time() + 300, ''
   while 'READY' not in line and time.time() < deadline and child.poll() is None:
@@ -230,6 +237,7 @@ def test_second_trainer_on_a_live_workdir_is_refused_and_readers_work_beside_it(
   from neobert_jax import paths, pretrain
   from neobert_jax.convert import export_hf
   from neobert_jax.data.pipeline import iterators as pipeline
+  from neobert_jax.train import loop
   from neobert_jax.train.testing import tiny_config
 
   cfg = tiny_config(steps=6)
@@ -256,6 +264,7 @@ def test_second_trainer_on_a_live_workdir_is_refused_and_readers_work_beside_it(
     assert params and model_cfg.hidden_size == 32
     if not where.startswith('gs://'):
       child.send_signal(signal.SIGTERM)
+      (tmp_path / 'go').touch()
       assert child.wait(timeout=120) == 0
       assert not (epath.Path(where) / lease.LEASE_FILE).exists()  # a clean exit released it
       return
@@ -264,7 +273,7 @@ def test_second_trainer_on_a_live_workdir_is_refused_and_readers_work_beside_it(
     assert _content(where)['pid'] == child.pid  # left to expire
     caplog.set_level(logging.WARNING)
     cfg.run_id = 'job-a'  # the same job restarted: no wait for the timeout
-    assert pretrain.run(cfg, where).final_step == 6
+    assert loop.run(cfg, where).final_step == 6  # (the report of pretrain.run reads held-out data locally only)
     assert 'the same job (run_id job-a) restarted' in caplog.text
     assert not (epath.Path(where) / lease.LEASE_FILE).exists()
   finally:
