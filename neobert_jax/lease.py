@@ -13,9 +13,10 @@ Taking it is atomic on both kinds of storage:
     over the lease after checking that it is still the one this job wrote or read (a read-check-rename: the window
     is a millisecond against a timeout of minutes).
 
-A lease is taken over without waiting when its holder stopped renewing it for longer than its timeout (with a
-warning naming the old holder), or when this job proves it is the holder restarted: the same SLURM job id, JobSet
-name or explicit run_id, at the same or a later restart count. A holder that finds at its next heartbeat that its
+A lease is taken over, with a warning naming the old holder, when its holder stopped renewing it for longer than its
+timeout, when the holder ran on this host and its process is gone (kill -9, then the same command again), or at
+once when this job proves it is the holder restarted: the same SLURM job id, JobSet name or explicit run_id, at the
+same or a later restart count. A holder that finds at its next heartbeat that its
 lease was taken over marks itself `lost`: the engine refuses to save from then on (errors.InUseError).
 
 Imports only errors and paths: the data layer (prepare) and the engine both take leases.
@@ -65,6 +66,18 @@ def job_identity(run_id: str = '') -> tuple[str, int]:
     job = ''
   restart = env.get('SLURM_RESTART_COUNT') or env.get('JOBSET_RESTART_ATTEMPT') or '0'
   return job, int(restart) if restart.isdigit() else 0
+
+
+def _alive(pid: int) -> bool:
+  """Whether process `pid` of this host exists (a pid taken again by another process reads as alive: the lease
+  then waits out its timeout, the safe side)."""
+  try:
+    os.kill(pid, 0)
+  except ProcessLookupError:
+    return False
+  except PermissionError:
+    return True
+  return True
 
 
 def _stamp(t: float) -> str:
@@ -276,6 +289,8 @@ class Lease:
       return f'the same job ({old.job}) restarted'
     if old.stale():
       return f'it stopped renewing it {time.time() - old.heartbeat:.0f} s ago (timeout {old.timeout_s:.0f} s)'
+    if old.host == self.holder.host and old.pid != self.holder.pid and not _alive(old.pid):
+      return f'its process {old.pid} on this host is gone (killed without a clean exit)'
     return None
 
   def _refusal(self, old: Holder) -> errors.InUseError:

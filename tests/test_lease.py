@@ -96,32 +96,44 @@ def test_a_restarted_job_takes_its_own_lease_back_and_a_straggler_is_refused(whe
 _HOLD = """
 import sys, time
 from neobert_jax import lease
+if len(sys.argv) > 3:  # a job on another machine: its pid cannot be checked from here
+  lease.socket.gethostname = lambda: sys.argv[3]
 lease.acquire(sys.argv[1], '--output', timeout=float(sys.argv[2]))
 print('READY', flush=True)
 time.sleep(600)
 """
 
 
-def _holder(directory: str, timeout: float) -> subprocess.Popen:
+def _holder(directory: str, timeout: float, host: str = '') -> subprocess.Popen:
   child = subprocess.Popen(
-    [sys.executable, '-c', _HOLD, directory, str(timeout)], cwd=REPO, stdout=subprocess.PIPE, text=True
+    [sys.executable, '-c', _HOLD, directory, str(timeout), *([host] if host else [])],
+    cwd=REPO,
+    stdout=subprocess.PIPE,
+    text=True,
   )
   assert child.stdout.readline().strip() == 'READY'
   return child
 
 
 def test_kill_9_leaves_the_lease_to_expire(tmp_path, caplog):
+  """A holder on another host: its lease outlives it until the timeout. On this host: its pid is gone, so the same
+  command again takes the lease at once."""
+  caplog.set_level(logging.WARNING)
   out = str(tmp_path / 'out')
-  child = _holder(out, 1.5)
+  child = _holder(out, 1.5, host='elsewhere')
   child.send_signal(signal.SIGKILL)
   child.wait(timeout=30)
   assert _content(out)['pid'] == child.pid  # nothing released it
-  with pytest.raises(errors.InUseError, match=f'pid {child.pid}'):
+  with pytest.raises(errors.InUseError, match=f'host elsewhere, pid {child.pid}'):
     lease.acquire(out, '--output')
   time.sleep(1.6)
-  caplog.set_level(logging.WARNING)
   lease.acquire(out, '--output').release()
   assert f'pid {child.pid}' in caplog.text and 'stopped renewing' in caplog.text
+  child = _holder(out, 600)
+  child.send_signal(signal.SIGKILL)
+  child.wait(timeout=30)
+  lease.acquire(out, '--output').release()
+  assert f'its process {child.pid} on this host is gone' in caplog.text
 
 
 @pytest.mark.parametrize('engine', ['local', 'ray'])

@@ -72,7 +72,7 @@ def make_manager(
     create=True,
     async_options=ocp.AsyncOptions(
       timeout_secs=int(2 * bucket.window_s() + 60),
-      post_finalization_callback=on_saved,
+      post_finalization_callback=on_saved if async_save else None,  # Orbax refuses one on a blocking save
       create_directories_asynchronously=False,
     ),
   )
