@@ -173,10 +173,12 @@ class _Bucket:
   """The GCS JSON API through gcsfs's own session (its credentials, endpoint and retry budget: bucket.py)."""
 
   def __init__(self, path: paths.Path):
-    import gcsfs  # pylint: disable=g-import-not-at-top
     from urllib.parse import quote  # pylint: disable=g-import-not-at-top
 
-    self.fs = gcsfs.GCSFileSystem()
+    from etils.epath import backend  # pylint: disable=g-import-not-at-top
+
+    # epath's own gcsfs instance: its session, and the listing cache that must forget an old lease.
+    self.fs = backend.fsspec_backend.fs(os.fspath(path))
     bucket, _, key = os.fspath(path).removeprefix('gs://').partition('/')
     self.bucket, self.key = bucket, key
     self.media = f'{self.fs._location}/download/storage/v1/b/{quote(bucket)}/o/{quote(key, safe="")}'
@@ -213,6 +215,8 @@ class _Bucket:
       if isinstance(e, FileExistsError) or self._code(e) in (412, 409):  # gcsfs raises FileExistsError for 412
         raise Conflict() from None
       raise
+    finally:
+      self.fs.invalidate_cache(f'{self.bucket}/{self.key}')  # gcsfs's listings must not keep an old lease
     return int(out['generation'])
 
   def create(self, text: str) -> Any:
@@ -228,6 +232,8 @@ class _Bucket:
       if isinstance(e, (FileExistsError, FileNotFoundError)) or self._code(e) in (412, 404):
         raise Conflict() from None
       raise
+    finally:
+      self.fs.invalidate_cache(f'{self.bucket}/{self.key}')
 
 
 # --- the lease ----------------------------------------------------------------------------------------------------

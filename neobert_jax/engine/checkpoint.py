@@ -95,6 +95,7 @@ def save(
   cfg: ml_collections.ConfigDict,
   *,
   with_optimizer: bool = True,
+  last_good: int | None = None,
 ) -> None:
   """Starts saving `state` as `step` (arrays are written in the background when async); returns at once.
 
@@ -112,15 +113,15 @@ def save(
     # An earlier async save that failed in the background raises here, at the next save.
     mngr.save(step, args=ocp.args.Composite(**args), force=True)
   except Exception as e:  # noqa: BLE001 - every failure of a save is the storage's; --debug shows the cause
-    raise save_failed(mngr, e) from e
+    raise save_failed(mngr, e, last_good) from e
 
 
-def finish(mngr: ocp.CheckpointManager) -> None:
+def finish(mngr: ocp.CheckpointManager, last_good: int | None = None) -> None:
   """Waits for the saves in flight; a failed one is errors.StorageError (one line), like in `save`."""
   try:
     mngr.wait_until_finished()
   except Exception as e:  # noqa: BLE001
-    raise save_failed(mngr, e) from e
+    raise save_failed(mngr, e, last_good) from e
 
 
 def close(mngr: ocp.CheckpointManager) -> None:
@@ -145,10 +146,17 @@ _WRITE_REASONS = (
 )
 
 
-def save_failed(mngr: ocp.CheckpointManager, e: BaseException) -> errors.StorageError:
+def save_failed(mngr: ocp.CheckpointManager, e: BaseException, last_good: int | None = None) -> errors.StorageError:
+  """The one line for a failed save, naming the last complete checkpoint: `last_good` when the caller knows it
+  (the run saw it commit: no request to a storage that just failed), else the newest step listed there."""
   text = f'{type(e).__name__}: {e}'
   reason = next((r for r in _WRITE_REASONS if r in text), None) or _first_line(e).split(' [tensorstore_spec')[0]
-  good = runs.latest_step(paths.Path(mngr.directory))
+  good = last_good
+  if good is None:
+    try:
+      good = runs.latest_step(paths.Path(mngr.directory))
+    except Exception:  # noqa: BLE001 - the storage is down: say what is known
+      good = None
   kept = (
     f'the last complete checkpoint, {mngr.directory}/{good}, is kept'
     if good is not None

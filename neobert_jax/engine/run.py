@@ -126,6 +126,7 @@ class Run:
     self.tensorboard, self.progress_bar = tensorboard, progress_bar
     self.is_main = jax.process_index() == 0
     self.saved_step = -1  # the newest step this run saved (or resumed from)
+    self.committed_step: int | None = None  # the newest step known complete: resumed from, or seen to commit
     self.mngr = None
     self._writer: MetricsWriter | None = None
     self._in_flight: tuple[int, bucket.Timer] | None = None  # the save Orbax is committing, with its timer
@@ -143,7 +144,7 @@ class Run:
   def __exit__(self, *exc: Any) -> bool:
     if exc[0] is None:
       try:
-        ckpt.finish(self.mngr)  # a save that failed in the background is the run's error, not a log line
+        ckpt.finish(self.mngr, self.committed_step)  # a failed background save is the run's error, not a log line
         self._write_timings()
       except BaseException:
         if not self._stack.__exit__(*sys.exc_info()):
@@ -167,8 +168,23 @@ class Run:
     nothing) and closed, then uploaded for a bucket workdir, when the run closes."""
     if self._writer is None:
       self._writer = MetricsWriter(self.workdir, self.tensorboard)
-      self.on_close(self._writer.close)
+      self.on_close(self._close_writer)
     return self._writer
+
+  def _close_writer(self) -> None:
+    """Closes the metrics (their last upload, for a bucket workdir). An upload that fails is one StorageError line;
+    while another error is on its way out (a failed save: the bucket is down) it is a warning, never the error."""
+    failing = sys.exc_info()[1]
+    try:
+      self._writer.close()
+    except Exception as e:  # noqa: BLE001 - gcsfs raises its own types once the retry window is spent
+      if failing is not None:
+        log.warning('the last upload of the metrics to %s failed too (%s)', self.workdir, errors.one_line(e))
+        return
+      raise errors.StorageError(
+        f'uploading the metrics to {self.workdir} failed ({errors.one_line(e)}); the checkpoints are not '
+        'affected, and re-running the same command uploads them again'
+      ) from e
 
   def _progress_bar(self, total: int, initial: int, desc: str) -> Any:
     if not (self.is_main and self.progress_bar):
@@ -212,7 +228,7 @@ class Run:
       restored = ckpt.restore_latest(self.mngr, target, self.data_iter)
       if restored is not None:
         step, state = restored
-        self.saved_step = step
+        self.saved_step = self.committed_step = step
         origin = f'checkpoint {self.mngr.directory}/{step}'
         if self.is_main:
           log.info('resumed from %s/%d', self.mngr.directory, step)
@@ -244,10 +260,10 @@ class Run:
     if self.lease is not None:
       self.lease.check()
     if self._in_flight is not None:
-      ckpt.finish(self.mngr)  # what Orbax's save does first anyway: the previous save commits, and is timed
+      ckpt.finish(self.mngr, self.committed_step)  # what Orbax's save does first anyway: the previous one commits
     self._write_timings()  # the saves committed since the last one, under their own steps
     self._in_flight = (step, bucket.Timer(f'checkpoint {step} save', say=not paths.local(self.workdir)))
-    ckpt.save(self.mngr, step, state, data_iter, self.cfg, with_optimizer=with_optimizer)
+    ckpt.save(self.mngr, step, state, data_iter, self.cfg, with_optimizer=with_optimizer, last_good=self.committed_step)
     if not self.async_save:
       self._committed()
     self.saved_step = step
@@ -257,6 +273,7 @@ class Run:
     done, self._in_flight = self._in_flight, None
     if done is not None:
       timer = done[1].stop()
+      self.committed_step = done[0]
       self._timings.append((done[0], {'save_seconds': timer.seconds, 'save_retries': timer.retries}))
 
   def _write_timings(self) -> None:
