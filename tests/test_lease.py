@@ -239,7 +239,6 @@ def _files(root: epath.Path) -> dict[str, bytes]:
 
 
 @pytest.mark.slow
-@pytest.mark.multiprocess
 def test_second_trainer_on_a_live_workdir_is_refused_and_readers_work_beside_it(where, tmp_path, capsys, caplog):
   """A live trainer (a child, paused after checkpoint 3) and a second `train` on its workdir: one line naming the
   holder, exit 15, every file of the workdir as it was. Beside it, read-only commands take no lease: the HF export
