@@ -187,6 +187,7 @@ def jobset_workers(manifest: dict) -> list[Worker]:
     names = [f'{name}-{job["name"]}-{s}-{w}.{name}' for w in range(hosts)]
     for w in range(hosts):
       fields = {SLICE_FIELD: str(s), WORKER_FIELD: str(w)}
+      fields.update({JOBSET_FIELDS['JOBSET_NAME']: name, JOBSET_FIELDS['JOBSET_RESTART_ATTEMPT']: '0'})
       env = {
         e['name']: e['value'] if 'value' in e else fields[e['valueFrom']['fieldRef']['fieldPath']]
         for e in container['env']
