@@ -161,6 +161,22 @@ def test_two_prepare_builds_into_one_output_are_refused(tmp_path, engine, capsys
     child.wait()
 
 
+def test_finetune_on_a_live_workdir_is_refused_before_its_config_is_read(tmp_path):
+  from neobert_jax.config.finetune import base_config
+  from neobert_jax.finetune import loop as finetune_loop
+
+  workdir = tmp_path / 'cls'
+  child = _holder(str(workdir), 60)
+  try:
+    cfg = base_config('classification')  # no train file: any check of it would fail with another error
+    with pytest.raises(errors.InUseError, match=f'--workdir={workdir} is in use by another job: .*pid {child.pid}'):
+      finetune_loop.run(cfg, workdir)
+    assert sorted(p.name for p in workdir.iterdir()) == [lease.LEASE_FILE]
+  finally:
+    child.kill()
+    child.wait()
+
+
 _BAD_FLAGS = [
   (['--eval-fraction', '2'], '--eval-fraction=2.0'),
   (['--eval-fraction', '-0.1'], '--eval-fraction=-0.1'),
