@@ -79,6 +79,19 @@ def tensorstore_retries() -> dict[str, Any]:
 _lock = threading.Lock()
 _gcsfs_retries = 0
 _last_said = 0.0  # when the last "retrying" line was logged (one per episode: at most one a minute)
+_down_since: float | None = None  # when a request last spent the whole window (or a save failed), until a success
+
+
+def gave_up() -> None:
+  """The bucket failed for a whole window (a request, or a checkpoint save): for the next window, requests are
+  tried once, not retried, so that what a stopping job still sends (its last metrics, its lease's release) fails at
+  once instead of waiting out the window again each. A request that succeeds ends this."""
+  global _down_since
+  _down_since = time.monotonic()
+
+
+def _known_down() -> bool:
+  return _down_since is not None and time.monotonic() - _down_since < window_s()
 
 
 def retries() -> int:
@@ -149,15 +162,20 @@ def _budgeted(raw: Callable[..., Any]) -> Callable[..., Any]:
   from gcsfs import retry as gcsfs_retry  # pylint: disable=g-import-not-at-top
 
   async def call(*args: Any, **kwargs: Any) -> Any:
+    global _down_since
     start, tries = time.monotonic(), 0
-    pauses = delays()
+    pauses = [] if _known_down() else delays()
     while True:
       try:
-        return await raw(*args, **kwargs)
+        out = await raw(*args, **kwargs)
+        _down_since = None
+        return out
       except (asyncio.TimeoutError, *gcsfs_retry.RETRIABLE_EXCEPTIONS, gcsfs_retry.HttpError) as e:
         status = getattr(e, 'code', None) or getattr(e, 'status', None)
         retriable = isinstance(e, asyncio.TimeoutError) or gcsfs_retry.is_retriable(e)
         if status == 404 or not retriable or tries >= len(pauses):
+          if retriable and pauses:
+            gave_up()
           raise
         _retried(e, time.monotonic() - start)
         await asyncio.sleep(pauses[tries])

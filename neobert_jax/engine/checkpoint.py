@@ -151,6 +151,8 @@ def save_failed(mngr: ocp.CheckpointManager, e: BaseException, last_good: int | 
   (the run saw it commit: no request to a storage that just failed), else the newest step listed there."""
   text = f'{type(e).__name__}: {e}'
   reason = next((r for r in _WRITE_REASONS if r in text), None) or _first_line(e).split(' [tensorstore_spec')[0]
+  if not paths.local(paths.Path(mngr.directory)):
+    bucket.gave_up()  # the run stops now: what it still sends to the bucket is tried once, not for a window
   good = last_good
   if good is None:
     try:
