@@ -185,6 +185,7 @@ _BAD_FLAGS = [
   (['--shard-mb', '0'], '--shard-mb=0.0'),
   (['--shard-mb', 'inf'], '--shard-mb=inf'),
   (['--workers', '-1'], '--workers=-1'),
+  (['--workers', '100000'], '--workers=100000'),
   (['--split-mb', '-5'], '--split-mb=-5.0'),
   (['--text-field', ''], '--text-field is empty'),
   (['--max-length', 'ten'], '--max-length'),

@@ -252,8 +252,11 @@ def main(argv: Sequence[str] | None = None) -> dict:
   command = 'python -m neobert_jax.data.prepare ' + shlex.join(argv)
   # A missing tokenizer file or an existing output (without --overwrite) are the user's to fix like bad input.
   with errors.reported('prepare', debug, also={FileNotFoundError: errors.DataError, FileExistsError: errors.DataError}):
-    if a.workers < 0:
-      raise errors.ConfigError(f'--workers={a.workers}: must be 0 (tokenize in this process) or more')
+    cores = os.cpu_count() or 1
+    if not 0 <= a.workers <= 4 * cores:  # each worker is a process: thousands would exhaust the machine
+      raise errors.ConfigError(
+        f'--workers={a.workers}: must be 0 (tokenize in this process) to {4 * cores} (4 per core of this machine)'
+      )
     if not 0 < a.split_mb < float('inf'):
       raise errors.ConfigError(f'--split-mb={a.split_mb}: must be a positive number of megabytes, e.g. 64')
     options = documents.BuildOptions(
