@@ -137,8 +137,23 @@ class Timer:
     self.what, self.say = what, say  # say: False for local storage (measured, never called a bucket)
     self.start, self.retries0 = time.monotonic(), retries()
     self.seconds, self.retries = 0.0, 0
+    # A stall is said while it lasts, too: a slow bucket must not look like a hung job.
+    self._watch = threading.Timer(slow_s(), self._still_running) if say else None
+    if self._watch is not None:
+      self._watch.daemon = True
+      self._watch.start()
+
+  def _still_running(self) -> None:
+    log.warning(
+      'bucket slow: %s still running after %.0f s, %d retries so far',
+      self.what,
+      time.monotonic() - self.start,
+      retries() - self.retries0,
+    )
 
   def stop(self, say: bool = True) -> 'Timer':
+    if self._watch is not None:
+      self._watch.cancel()
     self.seconds, self.retries = time.monotonic() - self.start, retries() - self.retries0
     if say and self.say and (self.retries or self.seconds > slow_s()):
       log.warning('bucket slow: %s took %.0f s, %d retries', self.what, self.seconds, self.retries)

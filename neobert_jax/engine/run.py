@@ -147,10 +147,18 @@ class Run:
         ckpt.finish(self.mngr, self.committed_step)  # a failed background save is the run's error, not a log line
         self._write_timings()
       except BaseException:
+        self._forget_in_flight()
         if not self._stack.__exit__(*sys.exc_info()):
           raise
         return False
+    self._forget_in_flight()
     return bool(self._stack.__exit__(*exc))
+
+  def _forget_in_flight(self) -> None:
+    """A save that will not commit (the run stops on an error) is neither timed nor said to be running."""
+    done, self._in_flight = self._in_flight, None
+    if done is not None:
+      done[1].stop(say=False)
 
   def hold(self, context: ContextManager[T]) -> T:
     """Enters `context` now and exits it when the run closes (a lease, a profiler session, ...)."""
@@ -247,9 +255,9 @@ class Run:
   def save(self, step: int, state: state_lib.TrainState) -> None:
     """The full state (parameters, optimizer, data position, config) as `step`; metrics go up with it."""
     self._save(step, state, self.data_iter, with_optimizer=True)
-    upload = bucket.Timer(f'checkpoint {step} metrics upload', say=not paths.local(self.workdir))
-    self.writer.sync()  # a bucket workdir's metrics and TensorBoard go up with each checkpoint
-    self._timings.append((step, {'upload_seconds': upload.stop().seconds, 'upload_retries': upload.retries}))
+    with bucket.Timer(f'checkpoint {step} metrics upload', say=not paths.local(self.workdir)) as upload:
+      self.writer.sync()  # a bucket workdir's metrics and TensorBoard go up with each checkpoint
+    self._timings.append((step, {'upload_seconds': upload.seconds, 'upload_retries': upload.retries}))
 
   def save_params(self, step: int, state: state_lib.TrainState) -> None:
     """Parameters and config only, as `step` (fine-tuning's best evaluation: what its export reads)."""
@@ -263,7 +271,13 @@ class Run:
       ckpt.finish(self.mngr, self.committed_step)  # what Orbax's save does first anyway: the previous one commits
     self._write_timings()  # the saves committed since the last one, under their own steps
     self._in_flight = (step, bucket.Timer(f'checkpoint {step} save', say=not paths.local(self.workdir)))
-    ckpt.save(self.mngr, step, state, data_iter, self.cfg, with_optimizer=with_optimizer, last_good=self.committed_step)
+    try:
+      ckpt.save(
+        self.mngr, step, state, data_iter, self.cfg, with_optimizer=with_optimizer, last_good=self.committed_step
+      )
+    except BaseException:
+      self._forget_in_flight()
+      raise
     if not self.async_save:
       self._committed()
     self.saved_step = step

@@ -245,9 +245,9 @@ def fetch_shard(url: paths.Path, local: str, shard: dict) -> None:
   src, dst = url / shard['file'], os.path.join(local, shard['file'])
   part = os.path.join(local, f'.{shard["file"]}.part')
   h, size = hashlib.sha256(), 0
-  timer = bucket.Timer(f'fetching data shard {src}')  # said when it took retries or longer than "slow"
   try:
-    with src.open('rb') as fin, open(part, 'wb') as fout:
+    # Said when it took retries or longer than "slow" (bucket.py).
+    with bucket.Timer(f'fetching data shard {src}'), src.open('rb') as fin, open(part, 'wb') as fout:
       while block := fin.read(1 << 22):
         h.update(block)
         fout.write(block)
@@ -263,7 +263,6 @@ def fetch_shard(url: paths.Path, local: str, shard: dict) -> None:
     raise _download_failed(src, e) from None
   except Exception as e:  # noqa: BLE001 - a network or permission failure mid-copy (gcsfs raises its own types)
     raise _download_failed(src, e) from None
-  timer.stop()
   shards.check_size(str(src), size, shard, str(url), 'on the bucket')
   if 'sha256' in shard and h.hexdigest() != shard['sha256']:
     raise errors.DataError(
