@@ -9,9 +9,10 @@ Taking it is atomic on both kinds of storage:
   * on a bucket, through the GCS JSON API and the session gcsfs already authenticated: created with
     ifGenerationMatch=0 (fails if any lease exists), renewed, taken over and removed with ifGenerationMatch=<the
     generation this job wrote or read>, so of two jobs racing for it exactly one wins;
-  * locally, created with O_CREAT | O_EXCL and renewed or taken over by writing a temporary file and renaming it
-    over the lease after checking that it is still the one this job wrote or read (a read-check-rename: the window
-    is a millisecond against a timeout of minutes).
+  * locally, created whole by linking a written file in under the lease's name (it fails if the name exists, as
+    O_CREAT | O_EXCL does), and renewed or taken over by writing a temporary file and renaming it over the lease
+    after checking that it is still the one this job wrote or read (a read-check-rename: the window is a
+    millisecond against a timeout of minutes).
 
 A lease is taken over, with a warning naming the old holder, when its holder stopped renewing it for longer than its
 timeout, when the holder ran on this host and its process is gone (kill -9, then the same command again), or at
@@ -143,23 +144,36 @@ class _Local:
       return None
     return text, text  # the version to compare against is the content itself
 
+  def _written(self, text: str) -> str:
+    tmp = f'{self.path}.tmp-{os.getpid()}-{threading.get_ident()}'
+    with open(tmp, 'w', encoding='utf-8') as f:
+      f.write(text)
+    return tmp
+
   def create(self, text: str) -> Any:
+    """Whole or not at all: the content is written aside and linked in under the lease's name, which fails if
+    the name exists (O_EXCL's guarantee, without a moment where another job could read a lease still empty)."""
+    tmp = self._written(text)
     try:
-      fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+      os.link(tmp, self.path)
     except FileExistsError:
       raise Conflict() from None
-    with os.fdopen(fd, 'w', encoding='utf-8') as f:
-      f.write(text)
+    except OSError:  # a filesystem without hard links: O_EXCL, then the content
+      try:
+        fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+      except FileExistsError:
+        raise Conflict() from None
+      with os.fdopen(fd, 'w', encoding='utf-8') as f:
+        f.write(text)
+    finally:
+      os.remove(tmp)
     return text
 
   def replace(self, text: str, version: Any) -> Any:
     current = self.read()
     if current is None or current[1] != version:
       raise Conflict()
-    tmp = f'{self.path}.tmp-{os.getpid()}-{threading.get_ident()}'
-    with open(tmp, 'w', encoding='utf-8') as f:
-      f.write(text)
-    os.replace(tmp, self.path)
+    os.replace(self._written(text), self.path)
     return text
 
   def delete(self, version: Any) -> None:
