@@ -189,10 +189,18 @@ class Run:
       if failing is not None:
         log.warning('the last upload of the metrics to %s failed too (%s)', self.workdir, errors.one_line(e))
         return
-      raise errors.StorageError(
-        f'uploading the metrics to {self.workdir} failed ({errors.one_line(e)}); the checkpoints are not '
-        'affected, and re-running the same command uploads them again'
-      ) from e
+      raise self._upload_failed(e) from e
+
+  def _upload_failed(self, e: BaseException) -> errors.StorageError:
+    kept = (
+      f'the last complete checkpoint, {self.mngr.directory}/{self.committed_step}, is kept'
+      if self.committed_step is not None
+      else 'no checkpoint of this run was complete yet'
+    )
+    return errors.StorageError(
+      f'uploading the metrics to {self.workdir} failed ({errors.one_line(e)}); {kept}. Fix the storage, then '
+      're-run the same command to resume from it.'
+    )
 
   def _progress_bar(self, total: int, initial: int, desc: str) -> Any:
     if not (self.is_main and self.progress_bar):
@@ -256,7 +264,10 @@ class Run:
     """The full state (parameters, optimizer, data position, config) as `step`; metrics go up with it."""
     self._save(step, state, self.data_iter, with_optimizer=True)
     with bucket.Timer(f'checkpoint {step} metrics upload', say=not paths.local(self.workdir)) as upload:
-      self.writer.sync()  # a bucket workdir's metrics and TensorBoard go up with each checkpoint
+      try:
+        self.writer.sync()  # a bucket workdir's metrics and TensorBoard go up with each checkpoint
+      except Exception as e:  # noqa: BLE001 - gcsfs raises its own types once the retry window is spent
+        raise self._upload_failed(e) from e
     self._timings.append((step, {'upload_seconds': upload.seconds, 'upload_retries': upload.retries}))
 
   def save_params(self, step: int, state: state_lib.TrainState) -> None:
