@@ -59,19 +59,20 @@ def main() -> None:
   try:
     cfg = tiny_config(steps=6)
     data, _ = pipeline.open_prepared(cfg.data, int(cfg.model.max_length), int(cfg.model.vocab_size))
-    paths.publish_dir(data, epath.Path('gs://neobert/data'), 'manifest.json')
+    root = f'gs://neobert/outage-{time.time_ns()}'  # this machine's data cache is keyed by URL: a fresh one
+    paths.publish_dir(data, epath.Path(f'{root}/data'), 'manifest.json')
     reference = os.path.join(tempfile.mkdtemp(), 'run')
     loop.run(tiny_config(steps=6), reference)
     proxy = FaultProxy(endpoint, seed=a.seed)
     proxy.set_rates(p503=0.05, p429=0.02, pcut=0.02)
-    proxy.outage_when(f'run/checkpoints/{a.at}/', a.outage)
+    proxy.outage_when(f'{root.removeprefix("gs://neobert/")}/run/checkpoints/{a.at}/', a.outage)
     env = {**os.environ, **gcs_env(proxy.url), 'JAX_PLATFORMS': 'cpu'}
     env['XLA_FLAGS'] = '--xla_force_host_platform_device_count=8'
     if a.window:
       env['NEOBERT_BUCKET_RETRY_SECONDS'] = str(a.window)
     start = time.monotonic()
     child = subprocess.run(
-      [sys.executable, '-c', _CHILD, 'gs://neobert/run', 'gs://neobert/data'],
+      [sys.executable, '-c', _CHILD, f'{root}/run', f'{root}/data'],
       cwd=repo,
       env=env,
       capture_output=True,
@@ -84,7 +85,7 @@ def main() -> None:
       if 'bucket slow' in line or line.startswith('train:') or 'Traceback' in line:
         print('  ' + line)
     if child.returncode == 0:
-      assert_identical_params(runs.restore_params('gs://neobert/run')[1], runs.restore_params(reference)[1])
+      assert_identical_params(runs.restore_params(f'{root}/run')[1], runs.restore_params(reference)[1])
       print('parameters bit-identical to the run on local disk without faults')
   finally:
     if proxy is not None:

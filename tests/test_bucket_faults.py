@@ -70,13 +70,14 @@ def test_faults_and_a_short_outage_are_ridden_out_a_long_one_stops_with_one_line
 
   cfg = tiny_config(steps=6)
   local_data, _ = pipeline.open_prepared(cfg.data, int(cfg.model.max_length), int(cfg.model.vocab_size))
-  data_url, workdir = f'{gcs}/faults/data', f'{gcs}/faults/run'
+  root = f'{gcs}/faults-{time.time_ns()}'  # this machine's data cache is keyed by URL: never an earlier run's
+  data_url, workdir = f'{root}/data', f'{root}/run'
   paths.publish_dir(local_data, epath.Path(data_url), 'manifest.json')
   proxy = FaultProxy(os.environ['STORAGE_EMULATOR_HOST'], seed=1)
   try:
     proxy.set_rates(p503=0.05, p429=0.02, pcut=0.02)
-    proxy.outage_when('faults/run/checkpoints/3', 3)
-    proxy.outage_when('faults/run/checkpoints/6', 60)
+    proxy.outage_when(f'{workdir.removeprefix("gs://neobert/")}/checkpoints/3', 3)
+    proxy.outage_when(f'{workdir.removeprefix("gs://neobert/")}/checkpoints/6', 60)
     start = time.monotonic()
     child = subprocess.run(
       [sys.executable, '-c', _TRAIN, workdir, data_url],
