@@ -14,6 +14,7 @@ Each class also derives from the builtin its raise sites used before (ValueError
   12      DistributedError   multi-process settings incomplete or contradictory
   13      StorageError       a bucket that does not exist or refuses writes, a read-only workdir
   14      DownloadError      the package registry unreachable, or a package not as pinned (data/assets.py)
+  15      InUseError         a workdir or prepare output whose lease a live job holds (lease.py)
 
 Status 1 for export errors is what the convert command has always returned; 3 is the trainer's "training
 diverged" and 3-5 are the AOT command's fit verdicts, so the other kinds stay clear of them.
@@ -83,12 +84,29 @@ class DownloadError(NeobertError, RuntimeError):
   kind = 'download error'
 
 
+class InUseError(NeobertError, RuntimeError):
+  """A workdir or `prepare` output that another live job writes (its lease, neobert_jax/lease.py, names it), or
+  one whose lease this job lost to another."""
+
+  exit_status = 15
+  kind = 'in use'
+
+
 class TrainingDiverged(FloatingPointError):
   """The loss or gradient norm became NaN/inf under nan_policy 'stop'; the message names the last good checkpoint.
   Not a user error of the kinds above: the commands exit with status 3 for it."""
 
 
-ALL = (ConfigError, DataError, CheckpointError, ExportError, DistributedError, StorageError, DownloadError)
+ALL = (
+  ConfigError,
+  DataError,
+  CheckpointError,
+  ExportError,
+  DistributedError,
+  StorageError,
+  DownloadError,
+  InUseError,
+)
 
 
 # --- How a command reports them ----------------------------------------------------------------------------------

@@ -14,7 +14,8 @@ for here, once:
 normalises only gs:// URLs, "Checkpoint path should be absolute"), and a run whose checkpoints cannot go where its
 workdir is would be a trap. Mount the bucket (mountpoint-s3, s3fs-fuse) and pass the local mount point instead.
 
-Imports only errors from the package: every layer above may use it.
+Imports only errors and bucket (the retry budget, installed when a gs:// path is first resolved) from the package:
+every layer above may use it.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from typing import Union
 
 from etils import epath
 
-from neobert_jax import errors
+from neobert_jax import bucket, errors
 
 Path = epath.Path
 PathLike = Union[str, os.PathLike]
@@ -65,6 +66,7 @@ def resolve(path: PathLike, what: str = 'path') -> epath.Path:
         raise errors.ConfigError(f'{what}={text}: {why}')
     if not text.startswith(URL_SCHEMES):
       raise errors.ConfigError(f'{what}={text}: unsupported URL scheme; use a local path or gs://bucket/...')
+    bucket.install()  # the one retry budget, before anything reaches the bucket through gcsfs
     return epath.Path(text.rstrip('/'))
   return epath.Path(LocalPath(text).expanduser().resolve())
 

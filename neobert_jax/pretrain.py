@@ -20,6 +20,7 @@ import jax
 import ml_collections
 
 from neobert_jax.convert import export_hf
+from neobert_jax.engine import run as engine_run
 from neobert_jax.train import loop
 from neobert_jax.train import report as report_lib
 
@@ -40,11 +41,12 @@ def run(
 ) -> loop.RunResult:
   """Trains `cfg` in `workdir` (loop.run), then exports and reports as described above, with the config as the
   run resolved it."""
-  result = loop.run(cfg, workdir, on_step=on_step)
-  if result.preempted or jax.process_index() != 0:
+  with engine_run.claim(workdir, cfg.run_id) as held:  # one lease over training, export and report
+    result = loop.run(cfg, workdir, on_step=on_step, lease=held)
+    if result.preempted or jax.process_index() != 0:
+      return result
+    if result.config.export.hf_dir:
+      export(result.config, result.workdir)
+    if result.final_step > 0:
+      result.report = report_lib.report(result.config, result.workdir, result.evals)
     return result
-  if result.config.export.hf_dir:
-    export(result.config, result.workdir)
-  if result.final_step > 0:
-    result.report = report_lib.report(result.config, result.workdir, result.evals)
-  return result

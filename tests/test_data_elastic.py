@@ -179,8 +179,9 @@ def test_next_prepare_removes_a_killed_prepares_temp_dir(tmp_path):
   assert child.stdout.readline().strip() == 'writing'
   child.kill()
   child.wait()
-  left = [p.name for p in out.iterdir()]
-  assert left == [f'.prepare-tmp-{child.pid}'], left
+  left = sorted(p.name for p in out.iterdir())
+  # and its lease, which the next prepare takes at once: its holder's process on this host is gone
+  assert left == [f'.prepare-tmp-{child.pid}', 'lease.json'], left
   # a live process's temp dir (another prepare at work) is left alone
   (out / f'.prepare-tmp-{os.getppid()}').mkdir()
   result = subprocess.run(

@@ -141,14 +141,14 @@ def test_prepare_refuses_bad_runs_and_leaves_nothing_half_done(tmp_path, vocab):
   out = tmp_path / 'out'
   with pytest.raises(errors.DataError, match='corpus is empty'):
     prepare_lib.prepare([str(tmp_path / 'empty.txt')], str(out), tokenizer=vocab)
-  assert os.listdir(out) == []
+  assert not out.exists()  # a refused build leaves no output directory behind (nor a lease)
   # A failure half-way (bad JSON after many good lines) leaves no shards and no manifest.
   rng = np.random.default_rng(2)
   good = [json.dumps({'text': _text(rng, 50)}) for _ in range(3000)]
   (tmp_path / 'half.jsonl').write_text('\n'.join(good) + '\n{oops\n')
   with pytest.raises(errors.DataError, match=r'half.jsonl:3001 .*not valid JSON'):
     prepare_lib.prepare([str(tmp_path / 'half.jsonl')], str(out), tokenizer=vocab, shard_mb=0.01)
-  assert os.listdir(out) == []
+  assert not out.exists()  # a refused build leaves no output directory behind (nor a lease)
   with pytest.raises(FileNotFoundError, match='no such file'):
     prepare_lib.prepare([str(tmp_path / 'empty.txt')], str(out), tokenizer='nope.txt')
   ok = tmp_path / 'ok.txt'

@@ -376,6 +376,21 @@ def test_checkpoint_missing_one_array_file_falls_back_loudly_and_resumes_bit_ide
   _assert_same_params(workdir, reference)  # steps 7 and 8 replayed exactly
 
 
+def test_latest_step_with_a_damaged_config_copy_is_set_aside_like_damaged_arrays(data_dir, reference, tmp_path, caplog):
+  """The config saved with a step is part of it: a latest step whose copy cannot be read (truncated JSON) is set
+  aside as `<step>.corrupt`, loudly, and the previous step is used; the run ends bit-identical (it used to be
+  refused with "Fix it", about a file of Orbax's that a user cannot fix)."""
+  workdir = _copy_run(reference, tmp_path / 'run')
+  metadata = workdir / 'checkpoints' / '8' / 'config' / 'metadata'
+  metadata.write_text(metadata.read_text()[:20])
+  caplog.set_level(logging.WARNING)
+  assert loop.run(_cfg(data_dir), workdir).final_step == STEPS
+  assert 'its copy of the config could not be read' in caplog.text and 'falling back to step 6' in caplog.text
+  assert f'{workdir / "checkpoints"}/8.corrupt' in caplog.text
+  assert (workdir / 'checkpoints' / '8.corrupt' / 'config' / 'metadata').read_text() == metadata.read_text()[:20]
+  _assert_same_params(workdir, reference)  # steps 7 and 8 replayed exactly
+
+
 # ------------------------------------------------------------------------------------------------- child processes
 
 

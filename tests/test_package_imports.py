@@ -78,7 +78,11 @@ COMMANDS = ('finetune', 'evaluate', 'embed', 'aot', 'compile', 'pretrain', 'cli'
 
 # (layer, its areas (a module or subpackage of neobert_jax), its rule), lowest first.
 LAYERS = (
-  ('base', ('errors', 'jax_compat', 'paths', 'commandline', 'hardware'), 'imports nothing of ours but errors'),
+  (
+    'base',
+    ('errors', 'jax_compat', 'paths', 'bucket', 'lease', 'commandline', 'hardware'),
+    'imports nothing of ours but errors (lease: errors and paths)',
+  ),
   ('mesh', ('sharding', 'distributed'), 'the device mesh and multi-host start-up: imports only base'),
   ('config', ('config',), 'every config section, its defaults, types and validation: imports base and mesh'),
   ('model and data', ('model', 'data'), 'the encoder and the data pipeline: each imports its own config section'),
@@ -103,11 +107,15 @@ def layer_of(name: str) -> int:
 
 RULES = {
   'errors and jax_compat import nothing of ours': lambda a, b: _in(a, 'errors', 'jax_compat'),
-  'paths (local paths and bucket URLs) and commandline (the CLI convention) import only errors': lambda a, b: (
-    _in(a, 'paths', 'commandline') and not _in(b, 'errors')
+  'paths (local paths and bucket URLs) and commandline (the CLI convention) import only errors and bucket': lambda a, b: (
+    _in(a, 'paths', 'commandline', 'bucket') and not _in(b, 'errors', 'bucket')
   ),
-  'weights (the parameter layer) imports only errors, paths, jax_compat, sharding, config, model and data': lambda a, b: (
-    _in(a, 'weights') and not _in(b, 'weights', 'errors', 'paths', 'jax_compat', 'sharding', 'config', 'model', 'data')
+  'lease (one writer per run) imports only errors and paths': lambda a, b: (
+    _in(a, 'lease') and not _in(b, 'errors', 'paths', 'bucket')
+  ),
+  'weights (the parameter layer) imports only base, sharding, config, model and data': lambda a, b: (
+    _in(a, 'weights')
+    and not _in(b, 'weights', 'errors', 'paths', 'bucket', 'jax_compat', 'sharding', 'config', 'model', 'data')
   ),
   'model and data do not import weights, train, convert or anything above (of config, only their sections)': lambda a, b: (
     _in(a, 'model', 'data')

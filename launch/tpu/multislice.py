@@ -49,6 +49,11 @@ JAX_COORDINATOR_PORT = 8482  # jax's fixed port for its coordination service on 
 # The JobSet annotations that carry a pod's slice (child Job) index and its index within the slice.
 SLICE_FIELD = "metadata.annotations['jobset.sigs.k8s.io/job-index']"
 WORKER_FIELD = "metadata.annotations['batch.kubernetes.io/job-completion-index']"
+# The JobSet's name and restart attempt: how a restarted JobSet proves the workdir's lease is its own (lease.py).
+JOBSET_FIELDS = {
+  'JOBSET_NAME': "metadata.labels['jobset.sigs.k8s.io/jobset-name']",
+  'JOBSET_RESTART_ATTEMPT': "metadata.annotations['jobset.sigs.k8s.io/restart-attempt']",
+}
 # Shared with launch/tpu/pod.sh, so its copy / setup / tail / logs / stop work on each slice (TPU_NAME=<name>-<s>).
 REMOTE_DIR, LOG_NAME, PID_NAME = 'neobert-jax', 'neobert-train.log', 'neobert-train.pid'
 
@@ -115,6 +120,7 @@ def jobset(args, tpu: Slice) -> dict:
     for k, v in megascale_env(args.slices, '', coordinator, args.megascale_port).items()
   ]
   env.append({'name': 'NEOBERT_HEARTBEAT_TIMEOUT', 'value': str(args.heartbeat)})
+  env += [{'name': k, 'valueFrom': {'fieldRef': {'fieldPath': f}}} for k, f in JOBSET_FIELDS.items()]
   ports = [TPU_RUNTIME_PORT, JAX_COORDINATOR_PORT] + ([args.megascale_port] if args.slices > 1 else [])
   container = {
     'name': 'train',
@@ -181,6 +187,7 @@ def jobset_workers(manifest: dict) -> list[Worker]:
     names = [f'{name}-{job["name"]}-{s}-{w}.{name}' for w in range(hosts)]
     for w in range(hosts):
       fields = {SLICE_FIELD: str(s), WORKER_FIELD: str(w)}
+      fields.update({JOBSET_FIELDS['JOBSET_NAME']: name, JOBSET_FIELDS['JOBSET_RESTART_ATTEMPT']: '0'})
       env = {
         e['name']: e['value'] if 'value' in e else fields[e['valueFrom']['fieldRef']['fieldPath']]
         for e in container['env']

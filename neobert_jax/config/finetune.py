@@ -28,6 +28,7 @@ def base_config(task: str = 'classification') -> ml_collections.ConfigDict:
   cfg = ml_collections.ConfigDict()
   cfg.task = task  # 'classification' (also regression) or 'contrastive'
   cfg.seed = 0  # head init, dropout, shuffling, validation split
+  cfg.run_id = ''  # the job's identity for the workdir's lease (neobert_jax/lease.py), as in pretraining
   cfg.model = default_model_config()  # used only without init.*; e.g. a tiny random model for tests
   # The numerics apply whatever the source (finetune/loop._RUNTIME_FIELDS): dtype is the one compute-dtype
   # setting, 'auto' = bf16 on accelerators, fp32 on CPU.

@@ -54,6 +54,7 @@ PRETRAIN_RULES: dict[str, str] = {
   'init': FREE,  # a checkpoint in the workdir wins over any init source
   'logging': FREE,
   'export': FREE,
+  'run_id': FREE,  # who may take the workdir's lease back at once (lease.py), not what the run computes
 }
 
 

@@ -36,6 +36,9 @@ def get_config() -> ml_collections.ConfigDict:
   """The schema, at its defaults: every field the trainer reads, each with the type of its default."""
   cfg = ml_collections.ConfigDict()
   cfg.seed = 0  # parameter init and anything else random on the trainer side (the data has its own seed)
+  # The job's identity for the workdir's lease (neobert_jax/lease.py): a restart that gives the same run_id takes
+  # the lease back at once instead of waiting out its timeout. '' = the scheduler's (SLURM job id, JobSet name).
+  cfg.run_id = ''
 
   # Model architecture and numerics (config/model.py documents each field). `dtype` is the run's one
   # compute-dtype setting: 'auto' = bfloat16 on GPU/TPU, float32 on CPU (resolved once, at start-up, and written

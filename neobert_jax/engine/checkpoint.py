@@ -46,7 +46,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 from flax import nnx
 
-from neobert_jax import errors, paths
+from neobert_jax import bucket, errors, paths
 from neobert_jax.engine.state import TrainState
 from neobert_jax.weights import runs
 from neobert_jax.weights.flat import check_keys_and_shapes, path_key
@@ -54,13 +54,27 @@ from neobert_jax.weights.flat import check_keys_and_shapes, path_key
 log = logging.getLogger(__name__)
 
 
-def make_manager(workdir: str | os.PathLike, keep: int = 3, async_save: bool = True) -> ocp.CheckpointManager:
+def make_manager(
+  workdir: str | os.PathLike, keep: int = 3, async_save: bool = True, on_saved: Callable[[], None] | None = None
+) -> ocp.CheckpointManager:
+  """The run's manager. `on_saved()` runs (in Orbax's thread) when a background save has committed.
+
+  The bucket's budget (neobert_jax/bucket.py) bounds every wait: the step directories are created in the calling
+  thread, so a bucket that stays down fails the save there, as one line (`save_failed`), instead of in a
+  background thread that prints a traceback while the trainer waits for its signal; and the background commit
+  may take the retry window twice over (its arrays, then its metadata) before Orbax gives up on it."""
   directory = paths.resolve(workdir, '--workdir') / runs.CHECKPOINT_SUBDIR
+  runs.use_bucket_budget()
   options = ocp.CheckpointManagerOptions(
     max_to_keep=keep,
     save_interval_steps=1,  # the loop decides when to save; Orbax just obeys
     enable_async_checkpointing=async_save,
     create=True,
+    async_options=ocp.AsyncOptions(
+      timeout_secs=int(2 * bucket.window_s() + 60),
+      post_finalization_callback=on_saved if async_save else None,  # Orbax refuses one on a blocking save
+      create_directories_asynchronously=False,
+    ),
   )
   return ocp.CheckpointManager(directory, options=options)
 
@@ -81,6 +95,7 @@ def save(
   cfg: ml_collections.ConfigDict,
   *,
   with_optimizer: bool = True,
+  last_good: int | None = None,
 ) -> None:
   """Starts saving `state` as `step` (arrays are written in the background when async); returns at once.
 
@@ -98,15 +113,15 @@ def save(
     # An earlier async save that failed in the background raises here, at the next save.
     mngr.save(step, args=ocp.args.Composite(**args), force=True)
   except Exception as e:  # noqa: BLE001 - every failure of a save is the storage's; --debug shows the cause
-    raise save_failed(mngr, e) from e
+    raise save_failed(mngr, e, last_good) from e
 
 
-def finish(mngr: ocp.CheckpointManager) -> None:
+def finish(mngr: ocp.CheckpointManager, last_good: int | None = None) -> None:
   """Waits for the saves in flight; a failed one is errors.StorageError (one line), like in `save`."""
   try:
     mngr.wait_until_finished()
   except Exception as e:  # noqa: BLE001
-    raise save_failed(mngr, e) from e
+    raise save_failed(mngr, e, last_good) from e
 
 
 def close(mngr: ocp.CheckpointManager) -> None:
@@ -131,10 +146,19 @@ _WRITE_REASONS = (
 )
 
 
-def save_failed(mngr: ocp.CheckpointManager, e: BaseException) -> errors.StorageError:
+def save_failed(mngr: ocp.CheckpointManager, e: BaseException, last_good: int | None = None) -> errors.StorageError:
+  """The one line for a failed save, naming the last complete checkpoint: `last_good` when the caller knows it
+  (the run saw it commit: no request to a storage that just failed), else the newest step listed there."""
   text = f'{type(e).__name__}: {e}'
   reason = next((r for r in _WRITE_REASONS if r in text), None) or _first_line(e).split(' [tensorstore_spec')[0]
-  good = runs.latest_step(paths.Path(mngr.directory))
+  if not paths.local(paths.Path(mngr.directory)):
+    bucket.gave_up()  # the run stops now: what it still sends to the bucket is tried once, not for a window
+  good = last_good
+  if good is None:
+    try:
+      good = runs.latest_step(paths.Path(mngr.directory))
+    except Exception:  # noqa: BLE001 - the storage is down: say what is known
+      good = None
   kept = (
     f'the last complete checkpoint, {mngr.directory}/{good}, is kept'
     if good is not None
@@ -147,9 +171,15 @@ def save_failed(mngr: ocp.CheckpointManager, e: BaseException) -> errors.Storage
 
 
 def _set_aside(mngr: ocp.CheckpointManager, step: int, reason: str) -> None:
-  """Renames a step whose bytes cannot be read, so it is neither retried nor overwritten by a later save of the
-  same number; said loudly, with both paths, because it is the one thing resume ever moves."""
-  src = paths.Path(mngr.directory) / str(step)
+  set_aside(paths.Path(mngr.directory), step, reason)
+  mngr.reload()
+
+
+def set_aside(directory: paths.Path, step: int, reason: str) -> None:
+  """Renames step `step` of the checkpoints `directory`, whose bytes cannot be read (its arrays, or its copy of the
+  config: train/resume.py), so it is neither retried nor overwritten by a later save of the same number; said
+  loudly, with both paths, because it is the one thing resume ever moves."""
+  src = directory / str(step)
   if jax.process_index() == 0 and src.exists():
     dst = src.with_name(f'{step}.corrupt')
     n = 1
@@ -164,7 +194,6 @@ def _set_aside(mngr: ocp.CheckpointManager, step: int, reason: str) -> None:
       reason,
       dst,
     )
-  mngr.reload()
 
 
 # Status words of tensorstore / gRPC / cloud storage errors that describe the storage, not the bytes stored.

@@ -58,25 +58,33 @@ def total_peak_flops(peak_flops_per_device: float, compute_dtype: str) -> tuple[
   return None, f'unknown device {kind}'
 
 
-class MetricsWriter:
-  """Writes scalars to WORKDIR/metrics.jsonl and TensorBoard event files (process 0 only; others no-op).
+# Records of another prefix than train/eval go to a file of their own, so metrics.jsonl stays one line per logged
+# step: checkpoint/* (save and upload seconds and retries of each checkpoint, engine/run.py).
+FILES = {'checkpoint': 'checkpoint_metrics.jsonl'}
+METRICS_FILE = 'metrics.jsonl'
 
-  On a bucket workdir both live in a local mirror (objects cannot be appended to) that `sync` uploads: the loop
-  syncs with every checkpoint and at the end, and a resumed run first pulls its metrics.jsonl back.
+
+class MetricsWriter:
+  """Writes scalars to WORKDIR/metrics.jsonl (checkpoint/* to WORKDIR/checkpoint_metrics.jsonl) and TensorBoard
+  event files (process 0 only; others no-op).
+
+  On a bucket workdir they live in a local mirror (objects cannot be appended to) that `sync` uploads: the loop
+  syncs with every checkpoint and at the end, and a resumed run first pulls its jsonl files back.
   """
 
   def __init__(self, workdir: str | os.PathLike, tensorboard: bool = True):
     self.active = jax.process_index() == 0
     self._jsonl = None
+    self._files: dict[str, Any] = {}
     self._tb = None
     if not self.active:
       return
     remote = paths.resolve(workdir, '--workdir')
     self.mirror = paths.Mirror(remote, paths.cache_dir('mirror', paths.url_key(remote)))
-    self.mirror.pull(('metrics.jsonl',))
+    self.mirror.pull((METRICS_FILE, *FILES.values()))
     local = self.mirror.path
     local.mkdir(parents=True, exist_ok=True)
-    self._jsonl = open(local / 'metrics.jsonl', 'a', buffering=1)  # line-buffered: readable while training
+    self._jsonl = open(local / METRICS_FILE, 'a', buffering=1)  # line-buffered: readable while training
     if tensorboard:
       from tensorboardX import SummaryWriter
 
@@ -99,7 +107,9 @@ class MetricsWriter:
     if not self.active:
       return
     record = {'step': int(step), **{f'{prefix}/{k}': float(v) for k, v in scalars.items()}}
-    self._jsonl.write(json.dumps(record) + '\n')
+    if prefix in FILES and prefix not in self._files:
+      self._files[prefix] = open(self.mirror.path / FILES[prefix], 'a', buffering=1)
+    self._files.get(prefix, self._jsonl).write(json.dumps(record) + '\n')
     if self._tb is not None:
       for k, v in scalars.items():
         self._tb.add_scalar(f'{prefix}/{k}', float(v), int(step))
@@ -108,6 +118,9 @@ class MetricsWriter:
     if self._jsonl is not None:
       self._jsonl.close()
       self._jsonl = None
+    for f in self._files.values():
+      f.close()
+    self._files = {}
     if self._tb is not None:
       self._tb.close()
       self._tb = None

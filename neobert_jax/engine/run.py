@@ -17,6 +17,7 @@ exactly as long as the run (the data iterator, a lease on the workdir) is handed
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 import logging
@@ -26,8 +27,10 @@ from typing import Any, Callable, ContextManager, Iterator, TypeVar
 
 import jax
 import ml_collections
+import numpy as np
 
-from neobert_jax import errors, paths
+from neobert_jax import bucket, errors, paths
+from neobert_jax import lease as lease_lib
 from neobert_jax.engine import checkpoint as ckpt
 from neobert_jax.engine import loop as engine_loop
 from neobert_jax.engine import state as state_lib
@@ -51,6 +54,36 @@ def check_workdir(workdir: paths.Path) -> None:
     paths.check_writable(workdir, '--workdir')
 
 
+@contextlib.contextmanager
+def claim(workdir: str | Path, run_id: str = '') -> Iterator[lease_lib.Lease | None]:
+  """The workdir's lease for the whole job (neobert_jax/lease.py), taken before the run reads or writes anything
+  there and released when the block ends. Process 0 holds it; every process learns whether it got it, so a
+  refused job stops everywhere with the one line (errors.InUseError) instead of hanging at the first collective.
+  Yields the lease on process 0, None on the others."""
+  workdir = paths.resolve(workdir, '--workdir')
+  if paths.local(workdir) and workdir.exists() and not workdir.is_dir():
+    check_workdir(workdir)  # the one line for a workdir that is a file
+  held, refused = None, None
+  if jax.process_index() == 0:
+    try:
+      held = lease_lib.acquire(workdir, '--workdir', run_id)
+    except errors.NeobertError as e:
+      refused = e
+  if jax.process_count() > 1:
+    from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+
+    ok = multihost_utils.process_allgather(np.int32(refused is None))
+    if refused is None and not bool(np.asarray(ok).reshape(-1)[0]):
+      refused = errors.InUseError(f'--workdir={workdir}: process 0 could not take its lease (see its error line)')
+  if refused is not None:
+    raise refused
+  try:
+    yield held
+  finally:
+    if held is not None:
+      held.release()
+
+
 @dataclasses.dataclass
 class Start:
   """Where a run's state comes from: `step` optimizer steps already taken (0 unless `resumed`)."""
@@ -71,7 +104,7 @@ class Run:
   """A training run in `workdir`: see the module docstring.
 
   cfg: the resolved config, frozen; a copy goes into every checkpoint. data_iter: the iterator whose position is
-  checkpointed with the state (None: the run's data has no position to keep).
+  checkpointed with the state (None: the run's data has no position to keep). lease: the workdir's (`claim`).
   """
 
   def __init__(
@@ -84,34 +117,48 @@ class Run:
     async_save: bool = True,
     tensorboard: bool = True,
     progress_bar: bool = True,
+    lease: lease_lib.Lease | None = None,
   ):
     self.workdir = paths.resolve(workdir, '--workdir')
+    self.lease = lease  # checked before every save: a job whose lease was taken over writes nothing more
     self.cfg, self.data_iter = cfg, data_iter
     self.keep, self.async_save = keep, async_save
     self.tensorboard, self.progress_bar = tensorboard, progress_bar
     self.is_main = jax.process_index() == 0
     self.saved_step = -1  # the newest step this run saved (or resumed from)
+    self.committed_step: int | None = None  # the newest step known complete: resumed from, or seen to commit
     self.mngr = None
     self._writer: MetricsWriter | None = None
+    self._in_flight: tuple[int, bucket.Timer] | None = None  # the save Orbax is committing, with its timer
+    self._timings: collections.deque = collections.deque()  # (step, times) per checkpoint; Orbax's thread appends
     self._stack = contextlib.ExitStack()
 
   # --- lifetime -------------------------------------------------------------------------------------------------
 
   def __enter__(self) -> 'Run':
     self._stack.__enter__()
-    self.mngr = ckpt.make_manager(self.workdir, self.keep, self.async_save)
+    self.mngr = ckpt.make_manager(self.workdir, self.keep, self.async_save, on_saved=self._committed)
     self.on_close(ckpt.close, self.mngr)
     return self
 
   def __exit__(self, *exc: Any) -> bool:
     if exc[0] is None:
       try:
-        ckpt.finish(self.mngr)  # a save that failed in the background is the run's error, not a log line
+        ckpt.finish(self.mngr, self.committed_step)  # a failed background save is the run's error, not a log line
+        self._write_timings()
       except BaseException:
+        self._forget_in_flight()
         if not self._stack.__exit__(*sys.exc_info()):
           raise
         return False
+    self._forget_in_flight()
     return bool(self._stack.__exit__(*exc))
+
+  def _forget_in_flight(self) -> None:
+    """A save that will not commit (the run stops on an error) is neither timed nor said to be running."""
+    done, self._in_flight = self._in_flight, None
+    if done is not None:
+      done[1].stop(say=False)
 
   def hold(self, context: ContextManager[T]) -> T:
     """Enters `context` now and exits it when the run closes (a lease, a profiler session, ...)."""
@@ -129,8 +176,31 @@ class Run:
     nothing) and closed, then uploaded for a bucket workdir, when the run closes."""
     if self._writer is None:
       self._writer = MetricsWriter(self.workdir, self.tensorboard)
-      self.on_close(self._writer.close)
+      self.on_close(self._close_writer)
     return self._writer
+
+  def _close_writer(self) -> None:
+    """Closes the metrics (their last upload, for a bucket workdir). An upload that fails is one StorageError line;
+    while another error is on its way out (a failed save: the bucket is down) it is a warning, never the error."""
+    failing = sys.exc_info()[1]
+    try:
+      self._writer.close()
+    except Exception as e:  # noqa: BLE001 - gcsfs raises its own types once the retry window is spent
+      if failing is not None:
+        log.warning('the last upload of the metrics to %s failed too (%s)', self.workdir, errors.one_line(e))
+        return
+      raise self._upload_failed(e) from e
+
+  def _upload_failed(self, e: BaseException) -> errors.StorageError:
+    kept = (
+      f'the last complete checkpoint, {self.mngr.directory}/{self.committed_step}, is kept'
+      if self.committed_step is not None
+      else 'no checkpoint of this run was complete yet'
+    )
+    return errors.StorageError(
+      f'uploading the metrics to {self.workdir} failed ({errors.one_line(e)}); {kept}. Fix the storage, then '
+      're-run the same command to resume from it.'
+    )
 
   def _progress_bar(self, total: int, initial: int, desc: str) -> Any:
     if not (self.is_main and self.progress_bar):
@@ -174,7 +244,7 @@ class Run:
       restored = ckpt.restore_latest(self.mngr, target, self.data_iter)
       if restored is not None:
         step, state = restored
-        self.saved_step = step
+        self.saved_step = self.committed_step = step
         origin = f'checkpoint {self.mngr.directory}/{step}'
         if self.is_main:
           log.info('resumed from %s/%d', self.mngr.directory, step)
@@ -192,14 +262,50 @@ class Run:
 
   def save(self, step: int, state: state_lib.TrainState) -> None:
     """The full state (parameters, optimizer, data position, config) as `step`; metrics go up with it."""
-    ckpt.save(self.mngr, step, state, self.data_iter, self.cfg)
-    self.writer.sync()  # a bucket workdir's metrics and TensorBoard go up with each checkpoint
-    self.saved_step = step
+    self._save(step, state, self.data_iter, with_optimizer=True)
+    with bucket.Timer(f'checkpoint {step} metrics upload', say=not paths.local(self.workdir)) as upload:
+      try:
+        self.writer.sync()  # a bucket workdir's metrics and TensorBoard go up with each checkpoint
+      except Exception as e:  # noqa: BLE001 - gcsfs raises its own types once the retry window is spent
+        raise self._upload_failed(e) from e
+    self._timings.append((step, {'upload_seconds': upload.seconds, 'upload_retries': upload.retries}))
 
   def save_params(self, step: int, state: state_lib.TrainState) -> None:
     """Parameters and config only, as `step` (fine-tuning's best evaluation: what its export reads)."""
-    ckpt.save(self.mngr, step, state, None, self.cfg, with_optimizer=False)
+    self._save(step, state, None, with_optimizer=False)
+
+  def _save(self, step: int, state: state_lib.TrainState, data_iter: Any, with_optimizer: bool) -> None:
+    """Starts the save, timed from here to its commit (`_committed`), unless this job lost the workdir's lease."""
+    if self.lease is not None:
+      self.lease.check()
+    if self._in_flight is not None:
+      ckpt.finish(self.mngr, self.committed_step)  # what Orbax's save does first anyway: the previous one commits
+    self._write_timings()  # the saves committed since the last one, under their own steps
+    self._in_flight = (step, bucket.Timer(f'checkpoint {step} save', say=not paths.local(self.workdir)))
+    try:
+      ckpt.save(
+        self.mngr, step, state, data_iter, self.cfg, with_optimizer=with_optimizer, last_good=self.committed_step
+      )
+    except BaseException:
+      self._forget_in_flight()
+      raise
+    if not self.async_save:
+      self._committed()
     self.saved_step = step
+
+  def _committed(self) -> None:
+    """A save has committed (Orbax's thread, for an async one): its duration and retries, said when slow."""
+    done, self._in_flight = self._in_flight, None
+    if done is not None:
+      timer = done[1].stop()
+      self.committed_step = done[0]
+      self._timings.append((done[0], {'save_seconds': timer.seconds, 'save_retries': timer.retries}))
+
+  def _write_timings(self) -> None:
+    """checkpoint/save_seconds, save_retries, upload_seconds, upload_retries into the metrics, per checkpoint."""
+    while self._timings:
+      step, values = self._timings.popleft()
+      self.writer.write(step, values, prefix='checkpoint')
 
   def checkpoint_hook(self, every: int) -> engine_loop.Hook:
     """The default checkpoint hook: `save` every `every` steps, after the last one and on preemption."""

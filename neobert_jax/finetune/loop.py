@@ -178,6 +178,11 @@ class _Evaluations:
 def run(cfg: ml_collections.ConfigDict, workdir: str | Path) -> dict[str, Any]:
   """Fine-tunes per cfg in workdir; returns the results dict also written to WORKDIR/results.json."""
   workdir = paths.resolve(workdir, '--workdir')
+  with engine_run.claim(workdir, cfg.run_id) as held:  # before anything in the workdir is read or written
+    return _finetune(cfg, workdir, held)
+
+
+def _finetune(cfg: ml_collections.ConfigDict, workdir: Path, held: Any) -> dict[str, Any]:
   cfg, source, tok, task = resolve(cfg, workdir)
   is_main = jax.process_index() == 0
   train_config.write(cfg, workdir)
@@ -189,7 +194,7 @@ def run(cfg: ml_collections.ConfigDict, workdir: str | Path) -> dict[str, Any]:
   num_steps = t.num_steps if t.num_steps > 0 else t.epochs * steps_per_epoch
   tx, lr = optimizer_lib.make_finetune_optimizer(cfg.optimizer, num_steps)
   factory = lambda: task.make_model(m, nnx.Rngs(cfg.seed))  # noqa: E731
-  options = dict(keep=1, async_save=False, tensorboard=lg.tensorboard, progress_bar=lg.progress_bar)
+  options = dict(keep=1, async_save=False, tensorboard=lg.tensorboard, progress_bar=lg.progress_bar, lease=held)
   with engine_run.Run(workdir, cfg, **options) as run_:
     start = run_.restore_or_init(
       lambda: abstract_state(factory, tx, lr, mesh),

@@ -129,14 +129,30 @@ def _logger_options(cfg: ml_collections.ConfigDict) -> dict[str, Any]:
   )
 
 
-def run(cfg: ml_collections.ConfigDict, workdir: str | Path, on_step: Callable[[int], None] | None = None) -> RunResult:
+_CLAIM = object()
+
+
+def run(
+  cfg: ml_collections.ConfigDict,
+  workdir: str | Path,
+  on_step: Callable[[int], None] | None = None,
+  lease: Any = _CLAIM,
+) -> RunResult:
   """Trains `cfg` in `workdir`, resuming from its latest readable checkpoint if it has one.
 
   on_step(step) is called after every completed step (tests use it to simulate crashes). Training only: the
   end-of-run Hugging Face export (export.hf_dir, through convert/) and the report that reads it are the job's,
-  neobert_jax/pretrain.py, which the train command runs.
+  neobert_jax/pretrain.py, which the train command runs. `lease`: the workdir's lease when the caller took it
+  (engine/run.claim; None on processes other than 0); by default the run takes it itself.
   """
   workdir = paths.resolve(workdir, '--workdir')
+  if lease is not _CLAIM:
+    return _train(cfg, workdir, lease, on_step)
+  with engine_run.claim(workdir, cfg.run_id) as held:  # before anything in the workdir is read or written
+    return _train(cfg, workdir, held, on_step)
+
+
+def _train(cfg: ml_collections.ConfigDict, workdir: paths.Path, held: Any, on_step: Any) -> RunResult:
   cfg, plan = resolve(cfg, workdir)
   is_main = jax.process_index() == 0
   mesh = shd.make_mesh(dict(cfg.mesh))
@@ -145,7 +161,7 @@ def run(cfg: ml_collections.ConfigDict, workdir: str | Path, on_step: Callable[[
     log.info('run: %s; data tokenized with %s', config_lib.describe(cfg), cfg.data.tokenizer)
   lg, t = cfg.logging, cfg.train
   options = dict(keep=cfg.checkpoint.keep, async_save=cfg.checkpoint.async_save)
-  options.update(tensorboard=lg.tensorboard, progress_bar=lg.progress_bar)
+  options.update(tensorboard=lg.tensorboard, progress_bar=lg.progress_bar, lease=held)
   with engine_run.Run(workdir, cfg, data_iter=train_host, **options) as run_:
     if hasattr(train_host, 'close'):
       run_.on_close(train_host.close)

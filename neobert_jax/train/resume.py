@@ -26,11 +26,12 @@ import jax
 import ml_collections
 import numpy as np
 
-from neobert_jax import paths
+from neobert_jax import errors, paths
 from neobert_jax import config as config_io
 from neobert_jax.config import resume as rules
 from neobert_jax.errors import ConfigError
 from neobert_jax.config import train as config_lib
+from neobert_jax.engine import checkpoint
 from neobert_jax.engine import optimizer as optimizer_lib
 from neobert_jax.engine.run import check_workdir
 from neobert_jax.weights import runs
@@ -60,10 +61,31 @@ class Plan:
 
 
 def _recorded(workdir: paths.Path) -> tuple[dict[str, Any] | None, int | None]:
-  """(the run's recorded config, its latest checkpoint step); (None, None) for an empty workdir."""
+  """(the run's recorded config, its latest checkpoint step); (None, None) for an empty workdir.
+
+  The config copy is part of its step: a step whose copy cannot be read (damaged bytes) is set aside like a step
+  whose arrays cannot be (engine/checkpoint.set_aside, loudly, nothing deleted) and the previous step is used."""
   step = runs.latest_step(workdir) if (workdir / runs.CHECKPOINT_SUBDIR).is_dir() else None
   if step is None and not (workdir / runs.CONFIG_FILE).is_file():
     return None, None
+  while step is not None:
+    try:
+      return runs.read_config(workdir, step).to_dict(), step
+    except FileNotFoundError:
+      break
+    except ConfigError:
+      raise
+    except (OSError, ValueError) as e:
+      older = [s for s in (runs.checkpoint_steps(workdir)) if s < step]
+      log.error(
+        'checkpoint step %d in %s: its copy of the config could not be read (%s); %s',
+        step,
+        workdir / runs.CHECKPOINT_SUBDIR,
+        errors.one_line(e),
+        f'falling back to step {max(older)}' if older else 'no older checkpoint is left',
+      )
+      checkpoint.set_aside(workdir / runs.CHECKPOINT_SUBDIR, step, f'config unreadable: {errors.one_line(e)}')
+      step = max(older) if older else None
   try:
     return runs.read_config(workdir, step).to_dict(), step
   except FileNotFoundError:  # a run from before configs were recorded: only its arrays can be checked

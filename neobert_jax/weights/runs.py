@@ -19,7 +19,7 @@ import ml_collections
 import numpy as np
 
 from neobert_jax import config as config_lib
-from neobert_jax import paths
+from neobert_jax import bucket, paths
 from neobert_jax.config import finetune as finetune_config
 from neobert_jax.config import train as train_config
 from neobert_jax.weights.flat import flatten
@@ -30,7 +30,20 @@ def _orbax():
   # constants, should not pay Orbax's import (~0.4 s) until a checkpoint is opened.
   import orbax.checkpoint  # pylint: disable=g-import-not-at-top
 
+  use_bucket_budget()
   return orbax.checkpoint
+
+
+def use_bucket_budget() -> None:
+  """Puts the bucket's retry budget (neobert_jax/bucket.py) into every tensorstore context Orbax builds for its
+  arrays (it copies these templates for each one; there is no other knob for them in Orbax 0.12.8)."""
+  from orbax.checkpoint._src.serialization import tensorstore_utils  # pylint: disable=g-import-not-at-top
+
+  retries = bucket.tensorstore_retries()
+  for name in ('_BASE_TS_CONTEXT', '_DEFAULT_OCDBT_TS_CONTEXT'):
+    template = getattr(tensorstore_utils, name, None)
+    if isinstance(template, dict):
+      template['gcs_request_retries'] = dict(retries)
 
 
 CHECKPOINT_SUBDIR = 'checkpoints'
@@ -45,9 +58,14 @@ def checkpoint_dir(path: str | os.PathLike) -> paths.Path:
   return p / CHECKPOINT_SUBDIR if (p / CHECKPOINT_SUBDIR).is_dir() else p
 
 
+def checkpoint_steps(path: str | os.PathLike) -> list[int]:
+  """The complete steps (Orbax lists only finalised steps: a half-written one is never returned)."""
+  return list(_orbax().utils.checkpoint_steps(checkpoint_dir(path)))
+
+
 def latest_step(path: str | os.PathLike) -> int | None:
-  """The newest complete step (Orbax lists only finalised steps: a half-written one is never returned)."""
-  steps = _orbax().utils.checkpoint_steps(checkpoint_dir(path))
+  """The newest complete step."""
+  steps = checkpoint_steps(path)
   return max(steps) if steps else None
 
 

@@ -27,7 +27,7 @@ import shutil
 import threading
 import time
 
-from neobert_jax import errors, paths
+from neobert_jax import bucket, errors, paths
 from neobert_jax.data import shards
 
 log = logging.getLogger('neobert_jax.data')
@@ -252,7 +252,8 @@ def fetch_shard(url: paths.Path, local: str, shard: dict) -> None:
   part = os.path.join(local, f'.{shard["file"]}.part')
   h, size = hashlib.sha256(), 0
   try:
-    with src.open('rb') as fin, open(part, 'wb') as fout:
+    # Said when it took retries or longer than "slow" (bucket.py).
+    with bucket.Timer(f'fetching data shard {src}'), src.open('rb') as fin, open(part, 'wb') as fout:
       while block := fin.read(1 << 22):
         h.update(block)
         fout.write(block)

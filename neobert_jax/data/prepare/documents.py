@@ -43,10 +43,17 @@ class BuildOptions:
   command: str | None = None  # recorded in the manifest (default: the call)
 
   def __post_init__(self):
+    # errors.ConfigError (a ValueError): one line naming the flag, its range and the value given.
     if self.max_length < 3:
-      raise ValueError(f'max_length must be >= 3 ([CLS] + a token + [SEP]), got {self.max_length}')
-    if not 0 <= self.eval_fraction < 1:
-      raise ValueError(f'eval_fraction must be in [0, 1), got {self.eval_fraction}')
+      raise errors.ConfigError(f'--max-length={self.max_length}: must be at least 3 ([CLS], a token, [SEP])')
+    if not 0 <= self.eval_fraction < 1:  # NaN fails too
+      raise errors.ConfigError(
+        f'--eval-fraction={self.eval_fraction}: must be a share of the documents in [0, 1), e.g. 0.01'
+      )
+    if not 0 < self.shard_mb < float('inf'):
+      raise errors.ConfigError(f'--shard-mb={self.shard_mb}: must be a positive number of megabytes, e.g. 256')
+    if not self.text_field:
+      raise errors.ConfigError('--text-field is empty: name the JSONL field or Parquet column, e.g. text')
 
   @classmethod
   def of(cls, options: 'BuildOptions | None', fields: dict[str, Any]) -> 'BuildOptions':

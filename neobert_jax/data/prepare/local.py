@@ -24,6 +24,7 @@ import time
 from typing import Any, Iterable, Iterator, Sequence
 
 from neobert_jax import commandline, errors, paths
+from neobert_jax import lease as lease_lib
 from neobert_jax.data.prepare import documents
 from neobert_jax.data.prepare import publish
 from neobert_jax.data import shards as shards_lib
@@ -88,8 +89,8 @@ def remove_stale_tmp(output_dir: str) -> list[str]:
   """Removes `.prepare-tmp-<pid>` directories left in `output_dir` by a prepare that was killed; returns them.
 
   A killed run (SIGKILL, OOM, a lost node) never reaches its cleanup, and its half-written shards can be as
-  large as the corpus. A directory whose process still runs on this machine is another prepare at work and is
-  left alone (the pid test cannot see other hosts: do not run two prepares into one directory from two hosts).
+  large as the corpus. A directory whose process still runs on this machine is left alone (the output's lease
+  keeps a second prepare out of a live one's output: this only sees scratch shared by prepares of other outputs).
   """
   removed = []
   for name in sorted(os.listdir(output_dir)):
@@ -117,6 +118,11 @@ def prepare(
   """Tokenizes `inputs` into `output_dir` on this machine with `workers` processes; returns the manifest it wrote.
   `options`, or its fields as keywords (documents.BuildOptions documents them), say what to build."""
   o = documents.BuildOptions.of(options, fields)
+  with lease_lib.acquire(output_dir, '--output'):  # one build per output, before anything there is read
+    return _prepare(inputs, output_dir, o, workers)
+
+
+def _prepare(inputs: Sequence[str], output_dir: str, o: documents.BuildOptions, workers: int) -> dict:
   files = sources.expand_inputs(inputs)
   tok = tokenizer_lib.load_tokenizer(o.tokenizer)
   out = publish.open_output(output_dir, o.overwrite)
@@ -246,6 +252,13 @@ def main(argv: Sequence[str] | None = None) -> dict:
   command = 'python -m neobert_jax.data.prepare ' + shlex.join(argv)
   # A missing tokenizer file or an existing output (without --overwrite) are the user's to fix like bad input.
   with errors.reported('prepare', debug, also={FileNotFoundError: errors.DataError, FileExistsError: errors.DataError}):
+    cores = os.cpu_count() or 1
+    if not 0 <= a.workers <= 4 * cores:  # each worker is a process: thousands would exhaust the machine
+      raise errors.ConfigError(
+        f'--workers={a.workers}: must be 0 (tokenize in this process) to {4 * cores} (4 per core of this machine)'
+      )
+    if not 0 < a.split_mb < float('inf'):
+      raise errors.ConfigError(f'--split-mb={a.split_mb}: must be a positive number of megabytes, e.g. 64')
     options = documents.BuildOptions(
       tokenizer=a.tokenizer,
       max_length=a.max_length,

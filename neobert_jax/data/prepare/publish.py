@@ -21,7 +21,7 @@ import concurrent.futures
 import os
 import shutil
 
-from neobert_jax import errors, paths
+from neobert_jax import bucket, errors, paths
 from neobert_jax.data import shards
 
 # Uploads in flight: one GCS stream is limited well below a VM's network, so a few at once.
@@ -57,10 +57,11 @@ def upload(local: str, out: paths.Path, manifest: dict) -> None:
   """Puts the shards `manifest` lists from the local directory `local` at `out`, then the manifest."""
   names = [s['file'] for split in manifest['splits'].values() for s in split['shards']]
   try:
-    (out / shards.MANIFEST).unlink(missing_ok=True)  # from here on the output reads as unfinished
-    with concurrent.futures.ThreadPoolExecutor(PARALLEL) as pool:
-      list(pool.map(lambda name: _put(os.path.join(local, name), out / name), names))
-    paths.write_text(out / shards.MANIFEST, shards.manifest_text(manifest))  # the commit marker, last
+    with bucket.Timer(f'upload of {len(names)} shards to {out}'):
+      (out / shards.MANIFEST).unlink(missing_ok=True)  # from here on the output reads as unfinished
+      with concurrent.futures.ThreadPoolExecutor(PARALLEL) as pool:
+        list(pool.map(lambda name: _put(os.path.join(local, name), out / name), names))
+      paths.write_text(out / shards.MANIFEST, shards.manifest_text(manifest))  # the commit marker, last
   except errors.NeobertError:
     raise
   except Exception as e:  # noqa: BLE001 - gcsfs raises its own types for HTTP 403 / 5xx

@@ -25,6 +25,7 @@ import time
 from typing import Any
 
 from neobert_jax import errors, paths
+from neobert_jax import lease as lease_lib
 from neobert_jax.data import rollover, shards
 from neobert_jax.data.prepare import documents
 from neobert_jax.data.prepare import ledger as ledger_lib
@@ -79,12 +80,13 @@ def prepare(
   """Tokenizes `inputs` into `output_dir` on the Ray cluster at `ray_address`, about `split_mb` of input per task;
   returns the manifest it wrote. `options`, or its fields as keywords (documents.BuildOptions), say what to build."""
   o = documents.BuildOptions.of(options, fields)
-  ray, connected = connect(ray_address)
-  try:
-    return _build(ray, inputs, output_dir, ray_address, o, split_bytes=max(1, int(split_mb * 2**20)))
-  finally:
-    if connected:
-      ray.shutdown()
+  with lease_lib.acquire(output_dir, '--output'):  # one build per output, before anything there is read
+    ray, connected = connect(ray_address)
+    try:
+      return _build(ray, inputs, output_dir, ray_address, o, split_bytes=max(1, int(split_mb * 2**20)))
+    finally:
+      if connected:
+        ray.shutdown()
 
 
 def _build(ray, inputs, output_dir, address, o: documents.BuildOptions, split_bytes: int) -> dict:

@@ -20,7 +20,7 @@ import time
 
 import numpy as np
 
-from neobert_jax import errors, paths
+from neobert_jax import bucket, errors, paths
 from neobert_jax.data import shards
 from neobert_jax.data.prepare import documents
 from neobert_jax.data.prepare import ledger as ledger_lib
@@ -64,6 +64,7 @@ def _records(chunks: list[list[np.ndarray]], dtype: np.dtype) -> tuple[dict[str,
 
 def tokenize_unit(index: int, path: str, span, cfg: dict, ledger: ledger_lib.Ledger, tokenizer: tuple) -> dict:
   """Pass 1 for one unit: {'index', 'node', 'ip', counts..., 'doc_tokens': {split: array}} or {'error': ...}."""
+  bucket.install()  # a worker process reaches the bucket with the driver's retry budget (it resolves no path)
   out, cpu = {'index': index, **node()}, time.process_time()
   try:
     ledger.check_visible()
@@ -111,6 +112,7 @@ def assemble_shard(
 ) -> dict:
   """Pass 2 for one shard: the documents [first, end) of each (unit, first, end) of `pieces`, in order, their ids
   `id_dtype` wide."""
+  bucket.install()
   local_out = not paths.is_url(output)
   base = os.path.join(output, ledger_lib.WORK) if local_out else publish.scratch_root()
   tmp = os.path.join(base, f'tmp-{os.getpid()}-{split}-{index}')

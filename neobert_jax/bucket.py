@@ -1,0 +1,216 @@
+"""What the bucket may cost a run: one retry budget for every client that touches gs://, and the lines that say so
+when the bucket struggles.
+
+The budget, set here and nowhere else, the same for every path (checkpoints, metrics, config, leases, data, prepare):
+  retry window     a failing request is retried for this long before its error reaches the job
+                   (`window_s()`: NEOBERT_BUCKET_RETRY_SECONDS, default 300 s)
+  backoff          1 s, doubling to at most 32 s between tries (INITIAL_DELAY_S, MAX_DELAY_S)
+  slow             an operation (a checkpoint save, an upload, a data fetch) that takes longer than
+                   NEOBERT_BUCKET_SLOW_SECONDS (default 30 s), or needed retries, is said once, with its duration
+                   and retry count: "bucket slow: checkpoint 40 save took 63 s, 41 retries"
+It reaches each client this way:
+  * gcsfs (etils.epath's gs:// backend, and the leases' JSON calls): its requests retry a fixed 6 times, about
+    30 s, whatever is configured; `install` (run by paths.resolve for the first gs:// path) puts the window in
+    place of that loop in GCSFileSystem's three retried methods, and counts every retry;
+  * tensorstore (Orbax's arrays): `tensorstore_retries()` is the `gcs_request_retries` context resource spanning
+    the same window (tensorstore's own default, 32 retries of up to 32 s, is about 15 minutes); weights/runs.py
+    puts it into every context Orbax builds, and tensorstore counts its retries in a metric read here;
+  * Orbax's background save: engine/checkpoint.py creates step directories in the calling thread and bounds the
+    wait for the background commit by the window, so an outage longer than the window stops the run with one line
+    instead of a thread's traceback and a hang.
+An outage shorter than the window is ridden out whichever client it hits; a longer one is an error, each caller
+turning it into its one line (engine/checkpoint.save_failed names the last complete checkpoint).
+
+Imports nothing of ours: paths.py imports it, so every layer that reaches a bucket gets the budget.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import threading
+import time
+from typing import Any, Callable
+
+log = logging.getLogger('neobert_jax.bucket')
+
+ENV_WINDOW = 'NEOBERT_BUCKET_RETRY_SECONDS'
+ENV_SLOW = 'NEOBERT_BUCKET_SLOW_SECONDS'
+DEFAULT_WINDOW_S = 300.0
+DEFAULT_SLOW_S = 30.0
+INITIAL_DELAY_S = 1.0
+MAX_DELAY_S = 32.0
+TENSORSTORE_RETRIES_METRIC = '/tensorstore/kvstore/gcs/retries'
+
+
+def window_s() -> float:
+  """How long a failing bucket request is retried before its error reaches the job."""
+  return float(os.environ.get(ENV_WINDOW) or DEFAULT_WINDOW_S)
+
+
+def slow_s() -> float:
+  return float(os.environ.get(ENV_SLOW) or DEFAULT_SLOW_S)
+
+
+def delays(window: float | None = None) -> list[float]:
+  """The backoff between tries: 1, 2, 4, ... up to 32 s, as many as the window holds (the last one cut to fit)."""
+  window = window_s() if window is None else window
+  out, delay = [], INITIAL_DELAY_S
+  while sum(out) < window:
+    out.append(min(delay, MAX_DELAY_S, window - sum(out)))
+    delay *= 2
+  return out
+
+
+def tensorstore_retries() -> dict[str, Any]:
+  """tensorstore's `gcs_request_retries` context resource for the same window and backoff."""
+  window = window_s()
+  initial, longest = min(INITIAL_DELAY_S, window), min(MAX_DELAY_S, max(window, 0.001))
+  return {
+    'max_retries': max(1, len(delays(window))),
+    'initial_delay': f'{initial:g}s',
+    'max_delay': f'{longest:g}s',
+  }
+
+
+# --- counting retries ---------------------------------------------------------------------------------------------
+
+_lock = threading.Lock()
+_gcsfs_retries = 0
+_last_said = 0.0  # when the last "retrying" line was logged (one per episode: at most one a minute)
+_down_since: float | None = None  # when a request last spent the whole window (or a save failed), until a success
+
+
+def gave_up() -> None:
+  """The bucket failed for a whole window (a request, or a checkpoint save): for the next window, requests are
+  tried once, not retried, so that what a stopping job still sends (its last metrics, its lease's release) fails at
+  once instead of waiting out the window again each. A request that succeeds ends this."""
+  global _down_since
+  _down_since = time.monotonic()
+
+
+def _known_down() -> bool:
+  return _down_since is not None and time.monotonic() - _down_since < window_s()
+
+
+def retries() -> int:
+  """Every retry of a bucket request so far in this process: gcsfs's (counted here) and tensorstore's (its metric)."""
+  return _gcsfs_retries + _tensorstore_retries()
+
+
+def _tensorstore_retries() -> int:
+  try:
+    import tensorstore  # pylint: disable=g-import-not-at-top
+
+    found = tensorstore.experimental_collect_matching_metrics(TENSORSTORE_RETRIES_METRIC)
+  except Exception:  # noqa: BLE001 - no tensorstore (prepare on a machine without it): nothing counted there
+    return 0
+  return sum(int(v.get('value', 0)) for m in found for v in m.get('values', ()))
+
+
+def _retried(error: BaseException, waited: float) -> None:
+  global _gcsfs_retries, _last_said
+  with _lock:
+    _gcsfs_retries += 1
+    now = time.monotonic()
+    say, _last_said = now - _last_said > 60, now if now - _last_said > 60 else _last_said
+  if say:
+    log.warning(
+      'bucket slow: a request failed (%s); retrying for up to %.0f s in all (%.0f s so far)',
+      _short(error),
+      window_s(),
+      waited,
+    )
+
+
+def _short(error: BaseException) -> str:
+  text = str(error).splitlines()[0] if str(error) else ''
+  return f'{type(error).__name__}: {text}'[:200]
+
+
+class Timer:
+  """Measures one bucket operation: `seconds` and `retries` (of every client, this process) once it ends, and the
+  one "bucket slow" line when it was slow or retried."""
+
+  def __init__(self, what: str, say: bool = True):
+    self.what, self.say = what, say  # say: False for local storage (measured, never called a bucket)
+    self.start, self.retries0 = time.monotonic(), retries()
+    self.seconds, self.retries = 0.0, 0
+    # A stall is said while it lasts, too: a slow bucket must not look like a hung job.
+    self._watch = threading.Timer(slow_s(), self._still_running) if say else None
+    if self._watch is not None:
+      self._watch.daemon = True
+      self._watch.start()
+
+  def _still_running(self) -> None:
+    log.warning(
+      'bucket slow: %s still running after %.0f s, %d retries so far',
+      self.what,
+      time.monotonic() - self.start,
+      retries() - self.retries0,
+    )
+
+  def stop(self, say: bool = True) -> 'Timer':
+    if self._watch is not None:
+      self._watch.cancel()
+    self.seconds, self.retries = time.monotonic() - self.start, retries() - self.retries0
+    if say and self.say and (self.retries or self.seconds > slow_s()):
+      log.warning('bucket slow: %s took %.0f s, %d retries', self.what, self.seconds, self.retries)
+    return self
+
+  def __enter__(self) -> 'Timer':
+    return self
+
+  def __exit__(self, *exc: Any) -> None:
+    self.stop(say=exc[0] is None)
+
+
+# --- gcsfs --------------------------------------------------------------------------------------------------------
+
+_RETRIED_METHODS = ('_request', '_get_file_request', '_get_file_concurrent')
+
+
+def _budgeted(raw: Callable[..., Any]) -> Callable[..., Any]:
+  """gcsfs's retried coroutine `raw` with the window in place of its 6 tries; what gcsfs retries is retried here
+  (5xx, 429, 408, dropped connections, timeouts), a 404 or another 4xx is raised at once."""
+  from gcsfs import retry as gcsfs_retry  # pylint: disable=g-import-not-at-top
+
+  async def call(*args: Any, **kwargs: Any) -> Any:
+    global _down_since
+    start, tries = time.monotonic(), 0
+    pauses = [] if _known_down() else delays()
+    while True:
+      try:
+        out = await raw(*args, **kwargs)
+        _down_since = None
+        return out
+      except (asyncio.TimeoutError, *gcsfs_retry.RETRIABLE_EXCEPTIONS, gcsfs_retry.HttpError) as e:
+        status = getattr(e, 'code', None) or getattr(e, 'status', None)
+        retriable = isinstance(e, asyncio.TimeoutError) or gcsfs_retry.is_retriable(e)
+        if status == 404 or not retriable or tries >= len(pauses):
+          if retriable and pauses:
+            gave_up()
+          raise
+        _retried(e, time.monotonic() - start)
+        await asyncio.sleep(pauses[tries])
+        tries += 1
+
+  call.__name__ = getattr(raw, '__name__', 'call')
+  call.__wrapped__ = raw
+  return call
+
+
+def install() -> None:
+  """Puts the window into gcsfs (once; a no-op without gcsfs)."""
+  try:
+    from gcsfs import core  # pylint: disable=g-import-not-at-top
+  except ImportError:
+    return
+  for name in _RETRIED_METHODS:
+    method = getattr(core.GCSFileSystem, name, None)
+    if method is None or getattr(method, '_neobert_budget', False):
+      continue
+    budgeted = _budgeted(getattr(method, '__wrapped__', method))
+    budgeted._neobert_budget = True
+    setattr(core.GCSFileSystem, name, budgeted)

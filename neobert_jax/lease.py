@@ -1,0 +1,404 @@
+"""One writer per run: a lease on a workdir or a `prepare` output, held by one job and renewed by a heartbeat.
+
+The lease is one small JSON object, DIR/lease.json: who holds it (host, pid, the scheduler's job id and restart
+count where there is one, run_id, start time, last heartbeat, timeout). A job that writes a run takes it before it
+reads or writes anything else there, renews it every timeout/4 from a daemon thread, and removes it when it exits
+(kill -9 leaves it to expire). Process 0 holds it for the whole multi-process job.
+
+Taking it is atomic on both kinds of storage:
+  * on a bucket, through the GCS JSON API and the session gcsfs already authenticated: created with
+    ifGenerationMatch=0 (fails if any lease exists), renewed, taken over and removed with ifGenerationMatch=<the
+    generation this job wrote or read>, so of two jobs racing for it exactly one wins;
+  * locally, created whole by linking a written file in under the lease's name (it fails if the name exists, as
+    O_CREAT | O_EXCL does), and renewed or taken over by writing a temporary file and renaming it over the lease
+    after checking that it is still the one this job wrote or read (a read-check-rename: the window is a
+    millisecond against a timeout of minutes).
+
+A lease is taken over, with a warning naming the old holder, when its holder stopped renewing it for longer than its
+timeout, when the holder ran on this host and its process is gone (kill -9, then the same command again), or at
+once when this job proves it is the holder restarted: the same SLURM job id, JobSet name or explicit run_id, at the
+same or a later restart count. A holder that finds at its next heartbeat that its
+lease was taken over marks itself `lost`: the engine refuses to save from then on (errors.InUseError).
+
+Imports only errors and paths: the data layer (prepare) and the engine both take leases.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import json
+import logging
+import os
+import socket
+import threading
+import time
+import uuid
+from typing import Any
+
+from neobert_jax import errors, paths
+
+log = logging.getLogger(__name__)
+
+LEASE_FILE = 'lease.json'
+DEFAULT_TIMEOUT_S = 120.0
+ENV_TIMEOUT = 'NEOBERT_LEASE_TIMEOUT'  # seconds; the tests use a few
+
+
+def timeout_s() -> float:
+  return float(os.environ.get(ENV_TIMEOUT) or DEFAULT_TIMEOUT_S)
+
+
+def job_identity(run_id: str = '') -> tuple[str, int]:
+  """(the job's identity, its restart count): what a restarted job shows to take its own lease back at once.
+
+  An explicit run_id wins; then SLURM's job id (a requeued job keeps it, SLURM_RESTART_COUNT grows); then a
+  JobSet's name (JOBSET_NAME and JOBSET_RESTART_ATTEMPT, set from the pod's JobSet label and annotation by
+  launch/tpu/multislice.py). '' when the job cannot prove who it is: it waits out a stale lease like anyone.
+  """
+  env = os.environ
+  if run_id:
+    job = f'run_id {run_id}'
+  elif env.get('SLURM_JOB_ID'):
+    job = f'slurm job {env["SLURM_JOB_ID"]}'
+  elif env.get('JOBSET_NAME'):
+    job = f'jobset {env["JOBSET_NAME"]}'
+  else:
+    job = ''
+  restart = env.get('SLURM_RESTART_COUNT') or env.get('JOBSET_RESTART_ATTEMPT') or '0'
+  return job, int(restart) if restart.isdigit() else 0
+
+
+def _alive(pid: int) -> bool:
+  """Whether process `pid` of this host exists (a pid taken again by another process reads as alive: the lease
+  then waits out its timeout, the safe side)."""
+  try:
+    os.kill(pid, 0)
+  except ProcessLookupError:
+    return False
+  except PermissionError:
+    return True
+  return True
+
+
+def _stamp(t: float) -> str:
+  return datetime.datetime.fromtimestamp(t, datetime.timezone.utc).strftime('%Y-%m-%d %H:%M:%S UTC')
+
+
+@dataclasses.dataclass
+class Holder:
+  """The lease's content."""
+
+  host: str
+  pid: int
+  job: str
+  restart: int
+  run_id: str
+  started: float
+  heartbeat: float
+  timeout_s: float
+  token: str
+
+  @classmethod
+  def mine(cls, run_id: str, timeout: float) -> 'Holder':
+    job, restart = job_identity(run_id)
+    now = time.time()
+    return cls(socket.gethostname(), os.getpid(), job, restart, run_id, now, now, timeout, uuid.uuid4().hex)
+
+  @classmethod
+  def parse(cls, text: str) -> 'Holder':
+    d = json.loads(text)
+    return cls(**{f.name: d[f.name] for f in dataclasses.fields(cls)})
+
+  def text(self) -> str:
+    return json.dumps(dataclasses.asdict(self), indent=1) + '\n'
+
+  def stale(self, now: float | None = None) -> bool:
+    return (now or time.time()) - self.heartbeat > self.timeout_s
+
+  def describe(self) -> str:
+    ago = time.time() - self.heartbeat
+    job = f', {self.job} (restart {self.restart})' if self.job else ''
+    return (
+      f'host {self.host}, pid {self.pid}{job}, started {_stamp(self.started)}, last heartbeat '
+      f'{_stamp(self.heartbeat)} ({ago:.0f} s ago, timeout {self.timeout_s:.0f} s)'
+    )
+
+
+class Conflict(Exception):
+  """The stored lease is not the one expected (someone else wrote it, or it is gone)."""
+
+
+# --- storage: the same four operations on a local directory and on a bucket ------------------------------------
+
+
+class _Local:
+  def __init__(self, path: paths.Path):
+    self.path = os.fspath(path)
+
+  def read(self) -> tuple[str, Any] | None:
+    try:
+      with open(self.path, encoding='utf-8') as f:
+        text = f.read()
+    except FileNotFoundError:
+      return None
+    return text, text  # the version to compare against is the content itself
+
+  def _written(self, text: str) -> str:
+    tmp = f'{self.path}.tmp-{os.getpid()}-{threading.get_ident()}'
+    with open(tmp, 'w', encoding='utf-8') as f:
+      f.write(text)
+    return tmp
+
+  def create(self, text: str) -> Any:
+    """Whole or not at all: the content is written aside and linked in under the lease's name, which fails if
+    the name exists (O_EXCL's guarantee, without a moment where another job could read a lease still empty)."""
+    tmp = self._written(text)
+    try:
+      os.link(tmp, self.path)
+    except FileExistsError:
+      raise Conflict() from None
+    except OSError:  # a filesystem without hard links: O_EXCL, then the content
+      try:
+        fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+      except FileExistsError:
+        raise Conflict() from None
+      with os.fdopen(fd, 'w', encoding='utf-8') as f:
+        f.write(text)
+    finally:
+      os.remove(tmp)
+    return text
+
+  def replace(self, text: str, version: Any) -> Any:
+    current = self.read()
+    if current is None or current[1] != version:
+      raise Conflict()
+    os.replace(self._written(text), self.path)
+    return text
+
+  def delete(self, version: Any) -> None:
+    current = self.read()
+    if current is None or current[1] != version:
+      raise Conflict()
+    os.remove(self.path)
+
+
+class _Bucket:
+  """The GCS JSON API through gcsfs's own session (its credentials, endpoint and retry budget: bucket.py)."""
+
+  def __init__(self, path: paths.Path):
+    from urllib.parse import quote  # pylint: disable=g-import-not-at-top
+
+    from etils.epath import backend  # pylint: disable=g-import-not-at-top
+
+    # epath's own gcsfs instance: its session, and the listing cache that must forget an old lease.
+    self.fs = backend.fsspec_backend.fs(os.fspath(path))
+    bucket, _, key = os.fspath(path).removeprefix('gs://').partition('/')
+    self.bucket, self.key = bucket, key
+    self.media = f'{self.fs._location}/download/storage/v1/b/{quote(bucket)}/o/{quote(key, safe="")}'
+    self.upload = f'{self.fs._location}/upload/storage/v1/b/{quote(bucket)}/o'
+
+  @staticmethod
+  def _code(e: BaseException) -> int | None:
+    return getattr(e, 'code', None) or getattr(e, 'status', None)
+
+  def read(self) -> tuple[str, Any] | None:
+    try:
+      headers, body = self.fs.call('GET', self.media, alt='media')
+    except FileNotFoundError:
+      return None
+    except Exception as e:  # noqa: BLE001 - gcsfs raises HttpError for 404 on some paths
+      if self._code(e) == 404:
+        return None
+      raise
+    return body.decode(), int(headers['x-goog-generation'])
+
+  def _put(self, text: str, generation: int) -> int:
+    try:
+      out = self.fs.call(
+        'POST',
+        self.upload,
+        uploadType='media',
+        name=self.key,
+        ifGenerationMatch=str(generation),
+        headers={'Content-Type': 'application/octet-stream'},
+        data=text.encode(),
+        json_out=True,
+      )
+    except Exception as e:  # noqa: BLE001
+      if isinstance(e, FileExistsError) or self._code(e) in (412, 409):  # gcsfs raises FileExistsError for 412
+        raise Conflict() from None
+      raise
+    finally:
+      self.fs.invalidate_cache(f'{self.bucket}/{self.key}')  # gcsfs's listings must not keep an old lease
+    return int(out['generation'])
+
+  def create(self, text: str) -> Any:
+    return self._put(text, 0)
+
+  def replace(self, text: str, version: Any) -> Any:
+    return self._put(text, version)
+
+  def delete(self, version: Any) -> None:
+    try:
+      self.fs.call('DELETE', 'b/{}/o/{}', self.bucket, self.key, ifGenerationMatch=str(version))
+    except Exception as e:  # noqa: BLE001
+      if isinstance(e, (FileExistsError, FileNotFoundError)) or self._code(e) in (412, 404):
+        raise Conflict() from None
+      raise
+    finally:
+      self.fs.invalidate_cache(f'{self.bucket}/{self.key}')
+
+
+# --- the lease ----------------------------------------------------------------------------------------------------
+
+
+class Lease:
+  """A held lease on `directory` (see the module docstring); a context manager that releases it on exit."""
+
+  def __init__(self, directory: paths.Path, what: str, holder: Holder):
+    self.directory, self.what, self.holder = directory, what, holder
+    self.path = directory / LEASE_FILE
+    self.store = _Local(self.path) if paths.local(self.path) else _Bucket(self.path)
+    self.version: Any = None
+    self.lost: str | None = None  # why, once another job took the lease over
+    self.created = False  # the local directory was made for this lease: removed again if it stays empty
+    self._stop = threading.Event()
+    self._lock = threading.Lock()
+    self._thread: threading.Thread | None = None
+
+  # --- taking it ------------------------------------------------------------------------------------------------
+
+  def acquire(self) -> 'Lease':
+    """Takes the lease or raises errors.InUseError naming the live holder and the fix."""
+    for _ in range(5):  # another job may win a race in between; each turn reads what is there now
+      try:
+        self.version = self.store.create(self.holder.text())
+        break
+      except Conflict:
+        pass
+      found = self.store.read()
+      if found is None:
+        continue  # released in between: try creating again
+      text, version = found
+      try:
+        old = Holder.parse(text)
+      except (ValueError, KeyError, TypeError):
+        old = None  # unreadable: a lease written half by hand; nobody renews it, so it counts as stale
+      why = self._takeover_reason(old)
+      if why is None:
+        raise self._refusal(old)
+      try:
+        self.version = self.store.replace(self.holder.text(), version)
+      except Conflict:
+        continue
+      log.warning('took over the lease on %s=%s from %s: %s', self.what, self.directory, old and old.describe(), why)
+      break
+    else:
+      raise errors.InUseError(f'{self.what}={self.directory}: the lease keeps changing hands; retry in a minute')
+    self._thread = threading.Thread(target=self._heartbeat, name=f'lease {self.directory}', daemon=True)
+    self._thread.start()
+    return self
+
+  def _takeover_reason(self, old: Holder | None) -> str | None:
+    if old is None:
+      return 'its lease file could not be read'
+    if old.job and old.job == self.holder.job:
+      if self.holder.restart < old.restart:
+        return None  # a later attempt of this job holds it: this one is the straggler
+      return f'the same job ({old.job}) restarted'
+    if old.stale():
+      return f'it stopped renewing it {time.time() - old.heartbeat:.0f} s ago (timeout {old.timeout_s:.0f} s)'
+    if old.host == self.holder.host and old.pid != self.holder.pid and not _alive(old.pid):
+      return f'its process {old.pid} on this host is gone (killed without a clean exit)'
+    return None
+
+  def _refusal(self, old: Holder) -> errors.InUseError:
+    later = old.job and old.job == self.holder.job and self.holder.restart < old.restart
+    why = 'a later restart of this job' if later else 'another job'
+    return errors.InUseError(
+      f'{self.what}={self.directory} is in use by {why}: {old.describe()}. Nothing was read or written. Wait '
+      f'for it to finish, stop it, or use another {self.what}; a job killed without a clean exit gives the '
+      f'lease up {old.timeout_s:.0f} s after its last heartbeat, and a restart of the same job (same SLURM '
+      f'job id, JobSet, or --config.run_id) takes it back at once'
+    )
+
+  # --- keeping it -----------------------------------------------------------------------------------------------
+
+  def _heartbeat(self) -> None:
+    period = max(self.holder.timeout_s / 4, 0.05)
+    while not self._stop.wait(period):
+      self.renew()
+
+  def renew(self) -> None:
+    """Writes a fresh heartbeat; a lease taken over meanwhile marks this one lost (said once, as an error)."""
+    with self._lock:
+      if self.lost or self._stop.is_set():
+        return
+      self.holder.heartbeat = time.time()
+      try:
+        self.version = self.store.replace(self.holder.text(), self.version)
+      except Conflict:
+        found = self.store.read()
+        who = Holder.parse(found[0]).describe() if found else 'nobody (the lease file was removed)'
+        self.lost = f'the lease on {self.what}={self.directory} was taken over by {who}'
+        log.error('%s; this job writes nothing more there', self.lost)
+      except Exception as e:  # noqa: BLE001 - the storage is unreachable: keep trying, the bucket budget logs it
+        log.warning('renewing the lease on %s failed (%s); trying again', self.directory, errors.one_line(e))
+
+  def check(self) -> None:
+    """errors.InUseError once the lease was taken over by another job: it must not write the run any more."""
+    if self.lost:
+      raise errors.InUseError(f'{self.lost}; this job stopped without writing. Nothing it saved before was lost.')
+
+  # --- giving it up ---------------------------------------------------------------------------------------------
+
+  def release(self) -> None:
+    self._stop.set()
+    if self._thread is not None:
+      self._thread.join(timeout=10)
+    with self._lock:
+      if self.lost or self.version is None:
+        return
+      try:
+        self.store.delete(self.version)
+      except Conflict:
+        pass
+      except Exception as e:  # noqa: BLE001 - it expires by itself; the run's own outcome matters more
+        log.warning('could not release the lease %s (%s); it expires by itself', self.path, errors.one_line(e))
+      self.version = None
+    if self.created:
+      try:
+        os.rmdir(os.fspath(self.directory))  # a refused run leaves no empty directory behind
+      except OSError:
+        pass
+
+  def __enter__(self) -> 'Lease':
+    return self
+
+  def __exit__(self, *exc: Any) -> None:
+    self.release()
+
+
+def acquire(directory: paths.PathLike, what: str, run_id: str = '', timeout: float | None = None) -> Lease:
+  """The lease on `directory` (created if missing), held from now until `release` (or the `with` block's end).
+
+  `what` names the directory the way the user gave it ('--workdir', '--output'). Raises errors.InUseError when a
+  live job holds it, errors.StorageError when it cannot be written there."""
+  directory = paths.resolve(directory, what)
+  created = paths.local(directory) and not directory.exists()
+  try:
+    if created:
+      directory.mkdir(parents=True, exist_ok=True)
+    lease = Lease(directory, what, Holder.mine(run_id, timeout or timeout_s()))
+    lease.created = created
+    return lease.acquire()
+  except errors.NeobertError:
+    if created:
+      directory.rmdir()
+    raise
+  except Exception as e:  # noqa: BLE001 - a read-only disk, a missing bucket, refused credentials
+    if created and directory.exists():
+      directory.rmdir()
+    paths.check_writable(directory, what)  # the one line for those, when that is what it is
+    raise errors.StorageError(f'{what}={directory}: the lease could not be taken ({errors.one_line(e)})') from e
