@@ -32,9 +32,11 @@ def _split_ids(
   data_cfg: ml_collections.ConfigDict, seq_len: int, split: str, max_tokens: int | None = None
 ) -> tuple[list[np.ndarray], dict]:
   """The split's records as int32 arrays, in order; at most ~max_tokens of them (a sample of a large train split)."""
-  directory, manifest = pipeline.open_prepared(data_cfg, seq_len)
+  manifest, files = pipeline.iter_split_files(data_cfg, seq_len, split)  # local, or fetched from a bucket one by one
   records, tokens, dtype = [], 0, shards.id_dtype(manifest)
-  for path in shards.split_paths(directory, manifest, split):
+  for path in files:
+    if max_tokens is not None and tokens >= max_tokens:
+      break  # before the next file is fetched
     reader = ArrayRecordReader(path)
     n = reader.num_records()
     if max_tokens is None:

@@ -263,6 +263,25 @@ def split_files(data_cfg: ml_collections.ConfigDict, seq_len: int, split: str, m
   return [store.local_path(s['file']) for s in listed], manifest
 
 
+def iter_split_files(data_cfg: ml_collections.ConfigDict, seq_len: int, split: str):
+  """(manifest, the local paths of a split's shards in order), each fetched only when the reader reaches it if the
+  data is on a bucket, and released after, so the cache budget holds; for a report that reads a split from its start
+  on one process and may stop early."""
+  directory, manifest = open_prepared(data_cfg, seq_len)
+  listed = _split(directory, manifest, split)
+  store = open_store(directory, manifest, split, listed, data_cfg.cache_gb, 0)  # reports run on process 0
+
+  def files():
+    for shard in listed:
+      store.acquire([shard['file']])
+      try:
+        yield store.local_path(shard['file'])
+      finally:
+        store.release([shard['file']])
+
+  return manifest, files()
+
+
 def _seed(shuffle_seed: int, seed: int) -> int:
   """The data's seed: data.shuffle_seed, or the run's seed when it is negative."""
   return seed if shuffle_seed < 0 else shuffle_seed
