@@ -211,7 +211,7 @@ def write_tokenizer(tokenizer: str | os.PathLike, out: Path, max_length: int, vo
 
 def write_hf_dir(
   output: str | os.PathLike,
-  state_dict: Mapping[str, np.ndarray],
+  state_dict: Mapping[str, np.ndarray] | None,
   config: Mapping[str, Any],
   *,
   tokenizer: str | os.PathLike | None = None,
@@ -220,16 +220,18 @@ def write_hf_dir(
   overwrite: bool = False,
 ) -> Path:
   """The one Hugging Face directory writer: every export (pretraining, classifier, sentence-transformers) goes
-  through it. Writes, atomically (`write_atomically`), model.safetensors (``state_dict``, numpy arrays), model.py
-  (hf_modeling/model.py), config.json (``config``), the tokenizer's files when ``tokenizer`` is given (its
-  model_max_length is ``tokenizer_max_length``, default the config's max_length), then whatever ``extra(tmp)``
-  adds (a sentence-transformers directory's modules)."""
-  state = {k: np.ascontiguousarray(v) for k, v in state_dict.items()}
+  through it, and so does the ONNX export. Writes, atomically (`write_atomically`), model.safetensors
+  (``state_dict``, numpy arrays) and model.py (hf_modeling/model.py) unless ``state_dict`` is None (weights in
+  another format, written by ``extra``), config.json (``config``), the tokenizer's files when ``tokenizer`` is given
+  (its model_max_length is ``tokenizer_max_length``, default the config's max_length), then whatever
+  ``extra(tmp)`` adds (a sentence-transformers directory's modules, an ONNX graph)."""
+  state = None if state_dict is None else {k: np.ascontiguousarray(v) for k, v in state_dict.items()}
   max_length = int(config['max_length'] if tokenizer_max_length is None else tokenizer_max_length)
 
   def fill(tmp: Path) -> None:
-    save_file(state, str(tmp / WEIGHTS_NAME), metadata={'format': 'pt'})
-    shutil.copyfile(MODELING_FILE, tmp / 'model.py')
+    if state is not None:
+      save_file(state, str(tmp / WEIGHTS_NAME), metadata={'format': 'pt'})
+      shutil.copyfile(MODELING_FILE, tmp / 'model.py')
     (tmp / 'config.json').write_text(json.dumps(dict(config), indent=2) + '\n')
     if tokenizer:
       write_tokenizer(tokenizer, tmp, max_length=max_length, vocab_size=config['vocab_size'])

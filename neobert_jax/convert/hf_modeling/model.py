@@ -223,7 +223,7 @@ class UnpaddedRows:
     rows of similar length for attention.
 
     Rows are sorted by length (longest first) and cut into groups wherever the length falls to half the group's
-    longest or less; each group is padded to its longest row. ``groups`` lists (start, stop, length, key mask or
+    longest or less (rows without tokens join the last group); each group is padded to its longest row. ``groups`` lists (start, stop, length, key mask or
     None) over the slots of that layout; ``slots`` [tokens] is each token's slot, ``index`` [tokens] its position in
     the flattened [B * T] batch. Built once per forward: the blocks do no per-row Python work.
     """
@@ -239,7 +239,7 @@ class UnpaddedRows:
         while i < batch:
             longest = max(sorted_lengths[i], 1)  # a row without tokens still gets one (unused) slot
             j = i
-            while j < batch and (j == i or 2 * sorted_lengths[j] > longest):
+            while j < batch and (j == i or 2 * sorted_lengths[j] > longest or sorted_lengths[j] == 0):
                 j += 1
             group_lengths = torch.tensor(sorted_lengths[i:j], device=valid.device)
             group_mask = None
@@ -375,8 +375,8 @@ class NeoBERT(NeoBERTPreTrainedModel):
                     f"attention_mask must have shape {(batch, length)} (1 = token, 0 = padding), "
                     f"got {tuple(attention_mask.shape)}"
                 )
-            if bool((attention_mask != 0).all()):
-                return None, None
+            if not _tracing() and bool((attention_mask != 0).all()):
+                return None, None  # (a traced graph keeps the mask: its inputs may have padding)
             keys = attention_mask.to(device) != 0
             keys = keys | ~keys.any(dim=1, keepdim=True)  # a row without tokens attends to all: never all-masked
             return keys[:, None, None, :], None
