@@ -125,7 +125,7 @@ def export_sentence_transformer(
     'similarity_fn_name': 'cosine',
   }
 
-  def modules(tmp: Path) -> None:
+  def st_files(tmp: Path) -> None:
     (tmp / 'modules.json').write_text(json.dumps(modules, indent=2) + '\n')
     (tmp / 'sentence_bert_config.json').write_text(
       json.dumps({'max_seq_length': int(max_seq_length), 'do_lower_case': False}) + '\n'
@@ -137,7 +137,7 @@ def export_sentence_transformer(
       (tmp / '2_Normalize').mkdir()
 
   return write_hf_dir(
-    output, state, config, tokenizer=tokenizer, tokenizer_max_length=max_seq_length, extra=modules, overwrite=overwrite
+    output, state, config, tokenizer=tokenizer, tokenizer_max_length=max_seq_length, extra=st_files, overwrite=overwrite
   )
 
 
