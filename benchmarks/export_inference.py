@@ -110,7 +110,7 @@ def build(name: str, path: Path, dtype: torch.dtype):
     torch.manual_seed(0)
     model = ModernBertModel(ModernBertConfig(attn_implementation='sdpa')).to(dtype).eval()
     return lambda ids, mask: model(input_ids=ids, attention_mask=mask).last_hidden_state
-  model = AutoModel.from_pretrained(path, trust_remote_code=True, torch_dtype=dtype).eval()
+  model = AutoModel.from_pretrained(path, trust_remote_code=True, dtype=dtype).eval()
   if name == 'export':
     return lambda ids, mask: model(input_ids=ids, attention_mask=mask).last_hidden_state
   from neobert_jax.convert import torch_ref
@@ -123,7 +123,7 @@ def build_onnx(path: Path, root: Path, threads: int):
 
   from neobert_jax.convert import onnx_export
 
-  onnx_path = onnx_export.export_onnx(path, root / 'onnx', task='base')
+  onnx_path = onnx_export.export_onnx(path, root / 'onnx', task='hidden')
   options = ort.SessionOptions()
   options.intra_op_num_threads = threads
   options.inter_op_num_threads = 1
