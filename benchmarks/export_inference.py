@@ -2,7 +2,7 @@
 
 python -m benchmarks.export_inference [--threads 2] [--batch 8] [--max-length 512] [--batches 2]
     [--models export,modernbert,reference] [--dtypes float32,bfloat16] [--workloads mixed,full] [--layers 28]
-    [--onnx]
+    [--onnx] [--device cpu|cuda]
 
 Three encoders, random weights at their real sizes (speed does not depend on the values), no MLM head:
 
@@ -19,7 +19,9 @@ longest; `full` batches are --max-length tokens in every row. Each (dtype, workl
 --batches timed batches under torch.inference_mode, with torch.set_num_threads(--threads); the models take turns
 batch by batch (a neighbour's load on a shared machine falls on all of them alike). It prints seq/s,
 real tokens/s and the ratio to ModernBERT for each line, then the same as JSON. --onnx adds the export's ONNX graph
-(`convert to-onnx`) in onnxruntime on the CPU, float32, with the same thread count.
+(`convert to-onnx`) in onnxruntime on the CPU, float32, with the same thread count. `--device cuda` runs the
+PyTorch models on a GPU (SDPA's flash or memory-efficient kernels; ModernBERT without flash-attn, so padded), for
+example with `--dtypes float16,bfloat16 --batch 32 --max-length 1024 --batches 10`.
 
 A script, not part of the library (nothing imports it): run it from the repository root as above.
 """
@@ -100,17 +102,30 @@ def export_dir(root: Path, layers: int) -> Path:
   return export_hf.export_flat(hf.hf_state_dict_to_flat(state, cfg), cfg, root / 'export')
 
 
-def build(name: str, path: Path, dtype: torch.dtype):
-  """(the module, a call(ids, mask) running it)."""
+def build(name: str, path: Path, dtype: torch.dtype, device: str = 'cpu'):
+  """A call(ids, mask) running the model on ``device`` (the batch is moved there, and the call waits for it)."""
+  call = _build(name, path, dtype, device)
+  if device == 'cpu':
+    return call
+
+  def on_device(ids, mask):
+    out = call(ids.to(device), mask.to(device))
+    torch.cuda.synchronize()
+    return out
+
+  return on_device
+
+
+def _build(name: str, path: Path, dtype: torch.dtype, device: str):
   from transformers import AutoModel
 
   if name == 'modernbert':
     from transformers import ModernBertConfig, ModernBertModel
 
     torch.manual_seed(0)
-    model = ModernBertModel(ModernBertConfig(attn_implementation='sdpa')).to(dtype).eval()
+    model = ModernBertModel(ModernBertConfig(attn_implementation='sdpa')).to(device, dtype).eval()
     return lambda ids, mask: model(input_ids=ids, attention_mask=mask).last_hidden_state
-  model = AutoModel.from_pretrained(path, trust_remote_code=True, dtype=dtype).eval()
+  model = AutoModel.from_pretrained(path, trust_remote_code=True, dtype=dtype).to(device).eval()
   if name == 'export':
     return lambda ids, mask: model(input_ids=ids, attention_mask=mask).last_hidden_state
   from neobert_jax.convert import torch_ref
@@ -153,6 +168,7 @@ def main(argv=None) -> None:
     formatter_class=argparse.RawDescriptionHelpFormatter,
   )
   p.add_argument('--threads', type=int, default=2)
+  p.add_argument('--device', default='cpu', help="'cuda' on a GPU machine (then try --dtypes float16,bfloat16)")
   p.add_argument('--batch', type=int, default=8)
   p.add_argument('--max-length', type=int, default=512)
   p.add_argument('--batches', type=int, default=2, help='timed batches per line (after one warm-up batch)')
@@ -179,7 +195,8 @@ def main(argv=None) -> None:
     for dtype in a.dtypes.split(','):
       names = models + (['onnx'] if a.onnx and dtype == 'float32' else [])
       calls = {
-        n: build_onnx(path, Path(tmp), a.threads) if n == 'onnx' else build(n, path, DTYPES[dtype]) for n in names
+        n: build_onnx(path, Path(tmp), a.threads) if n == 'onnx' else build(n, path, DTYPES[dtype], a.device)
+        for n in names
       }
       for workload in a.workloads.split(','):
         batches = make_batches(docs, workload, a.batch, a.batches + 1, a.max_length, a.seed)
