@@ -1,6 +1,6 @@
 """Inference speed of the exported PyTorch NeoBERT against transformers' ModernBERT-base, on this machine, in one run.
 
-python -m benchmarks.export_inference [--threads 2] [--batch 8] [--max-length 512] [--batches 2]
+python -m benchmarks.export_inference [--threads 2] [--batch 8] [--max-length 1024] [--batches 2]
     [--models export,modernbert,reference] [--dtypes float32,bfloat16] [--workloads mixed,full] [--layers 28]
     [--onnx] [--device cpu|cuda]
 
@@ -170,7 +170,9 @@ def main(argv=None) -> None:
   p.add_argument('--threads', type=int, default=2)
   p.add_argument('--device', default='cpu', help="'cuda' on a GPU machine (then try --dtypes float16,bfloat16)")
   p.add_argument('--batch', type=int, default=8)
-  p.add_argument('--max-length', type=int, default=512)
+  p.add_argument(
+    '--max-length', type=int, default=1024, help='NeoBERT stage 1 and the HF speed report (chandar-lab/NeoBERT #5)'
+  )
   p.add_argument('--batches', type=int, default=2, help='timed batches per line (after one warm-up batch)')
   p.add_argument('--models', default=','.join(MODELS))
   p.add_argument('--dtypes', default='float32,bfloat16')
