@@ -4,6 +4,8 @@
       [--tokenizer bert-base-uncased|DIR|tokenizer.json|vocab.txt] [--dtype float32|bfloat16] [--overwrite]
   python -m neobert_jax.convert from-pytorch --input HF_DIR_OR_SAFETENSORS --output FILE.safetensors|DIR \
       [--init-missing-decoder] [--overwrite]
+  python -m neobert_jax.convert to-onnx --input HF_OR_SENTENCE_TRANSFORMERS_DIR --output DIR \
+      [--task mlm|embedding|hidden] [--opset 18] [--overwrite]
 
 --checkpoint also accepts what from-pytorch wrote (a .safetensors file or its directory). Errors (missing key, wrong
 shape, config mismatch, existing output) exit with status 1 and one line naming the problem and the fix;
@@ -13,6 +15,7 @@ shape, config mismatch, existing output) exit with status 1 and one line naming 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 
 from neobert_jax import commandline, errors, paths
@@ -49,6 +52,17 @@ def from_pytorch(args: argparse.Namespace) -> str:
   )
 
 
+def to_onnx(args: argparse.Namespace) -> str:
+  from neobert_jax.convert import onnx_export  # torch and onnxscript: only this subcommand needs them
+
+  source = paths.resolve(args.input, '--input')
+  if not source.is_dir():
+    raise errors.ExportError(f'--input {args.input}: no such directory (give a Hugging Face NeoBERT directory)')
+  out = onnx_export.export_onnx(source, args.output, task=args.task, opset=args.opset, overwrite=args.overwrite)
+  task = json.loads((out / 'config.json').read_text())['onnx_task']
+  return f'wrote the ONNX graph ({task}) to {out / onnx_export.ONNX_NAME}'
+
+
 def build_parser() -> commandline.Parser:
   parser = commandline.Parser('convert', 'neobert_jax.convert', __doc__)
   sub = parser.add_subparsers(dest='command', required=True)
@@ -81,6 +95,21 @@ def build_parser() -> commandline.Parser:
   )
   imp.add_argument('--overwrite', action='store_true', help='replace an existing output')
   imp.set_defaults(run=from_pytorch)
+
+  help_text = 'Hugging Face or sentence-transformers NeoBERT directory -> ONNX graph for onnxruntime'
+  onx = sub.add_parser('to-onnx', help=help_text, doc=help_text)
+  onx.add_argument('--input', required=True, help='directory written by to-pytorch or by the fine-tuning export')
+  onx.add_argument('--output', required=True, help='directory to create (model.onnx, config.json, tokenizer)')
+  onx.add_argument(
+    '--task',
+    default=None,
+    choices=['mlm', 'embedding', 'hidden'],
+    help='logits, pooled embeddings or last_hidden_state (default: embedding for a sentence-transformers '
+    'directory, else mlm)',
+  )
+  onx.add_argument('--opset', type=int, default=18, help='ONNX opset version')
+  onx.add_argument('--overwrite', action='store_true', help='replace a non-empty output directory')
+  onx.set_defaults(run=to_onnx)
   return parser
 
 

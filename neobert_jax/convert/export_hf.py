@@ -22,7 +22,7 @@ import sys
 import tempfile
 import uuid
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import ml_dtypes
 import numpy as np
@@ -209,6 +209,38 @@ def write_tokenizer(tokenizer: str | os.PathLike, out: Path, max_length: int, vo
   return sorted(p.name for p in out.iterdir() if p.name in TOKENIZER_FILES)
 
 
+def write_hf_dir(
+  output: str | os.PathLike,
+  state_dict: Mapping[str, np.ndarray] | None,
+  config: Mapping[str, Any],
+  *,
+  tokenizer: str | os.PathLike | None = None,
+  tokenizer_max_length: int | None = None,
+  extra: Callable[[Path], None] | None = None,
+  overwrite: bool = False,
+) -> Path:
+  """The one Hugging Face directory writer: every export (pretraining, classifier, sentence-transformers) goes
+  through it, and so does the ONNX export. Writes, atomically (`write_atomically`), model.safetensors
+  (``state_dict``, numpy arrays) and model.py (hf_modeling/model.py) unless ``state_dict`` is None (weights in
+  another format, written by ``extra``), config.json (``config``), the tokenizer's files when ``tokenizer`` is given
+  (its model_max_length is ``tokenizer_max_length``, default the config's max_length), then whatever
+  ``extra(tmp)`` adds (a sentence-transformers directory's modules, an ONNX graph)."""
+  state = None if state_dict is None else {k: np.ascontiguousarray(v) for k, v in state_dict.items()}
+  max_length = int(config['max_length'] if tokenizer_max_length is None else tokenizer_max_length)
+
+  def fill(tmp: Path) -> None:
+    if state is not None:
+      save_file(state, str(tmp / WEIGHTS_NAME), metadata={'format': 'pt'})
+      shutil.copyfile(MODELING_FILE, tmp / 'model.py')
+    (tmp / 'config.json').write_text(json.dumps(dict(config), indent=2) + '\n')
+    if tokenizer:
+      write_tokenizer(tokenizer, tmp, max_length=max_length, vocab_size=config['vocab_size'])
+    if extra is not None:
+      extra(tmp)
+
+  return write_atomically(output, fill, overwrite)
+
+
 def export_flat(
   flat: Mapping[str, Any],
   model_cfg: Any,
@@ -223,17 +255,9 @@ def export_flat(
     raise errors.ExportError(f'dtype {dtype!r} is not supported; choose one of {sorted(EXPORT_DTYPES)}')
   check_output_dir(output, overwrite)  # fail before the (slow) conversion
   state_dict = hf.flat_to_hf_state_dict(flat, model_cfg)
-  state_dict = {k: np.ascontiguousarray(v.astype(EXPORT_DTYPES[dtype])) for k, v in state_dict.items()}
+  state_dict = {k: v.astype(EXPORT_DTYPES[dtype]) for k, v in state_dict.items()}
   config = hf.hf_config_dict(model_cfg, torch_dtype=dtype)
-
-  def fill(tmp: Path) -> None:
-    save_file(state_dict, str(tmp / WEIGHTS_NAME), metadata={'format': 'pt'})
-    shutil.copyfile(MODELING_FILE, tmp / 'model.py')
-    (tmp / 'config.json').write_text(json.dumps(config, indent=2) + '\n')
-    if tokenizer is not None:
-      write_tokenizer(tokenizer, tmp, max_length=config['max_length'], vocab_size=config['vocab_size'])
-
-  return write_atomically(output, fill, overwrite)
+  return write_hf_dir(output, state_dict, config, tokenizer=tokenizer, overwrite=overwrite)
 
 
 def export_checkpoint(

@@ -7,7 +7,8 @@
   `SentenceTransformer(dir, trust_remote_code=True)`, whose Transformer is model.py's base NeoBERT.
 
 The encoder's weights go through the same mapping as the MLM export (weights/hf.py); the head adds four
-tensors. Directories are written atomically like every other export (convert/export_hf.write_atomically).
+tensors. Directories are written by the one Hugging Face directory writer (convert/export_hf.write_hf_dir),
+atomically like every other export.
 The fine-tuning loop calls export_run at the end of a run with export.dir set; by hand:
 
   python -m neobert_jax.finetune.export --run WORKDIR --output DIR [--overwrite] [--debug]
@@ -20,17 +21,14 @@ finetune/.
 from __future__ import annotations
 
 import json
-import shutil
 import sys
 from pathlib import Path
 from typing import Any, Mapping
 
 import numpy as np
-from safetensors.numpy import save_file
 
 from neobert_jax import commandline, errors, paths
-from neobert_jax.convert.export_hf import WEIGHTS_NAME, check_output_dir, write_atomically, write_tokenizer
-from neobert_jax.convert.hf_modeling import MODELING_FILE
+from neobert_jax.convert.export_hf import check_output_dir, write_hf_dir
 from neobert_jax.finetune import labels as labels_lib
 from neobert_jax.weights import hf, runs
 
@@ -81,14 +79,7 @@ def export_classifier(
       label2id={n: i for i, n in enumerate(label_spec.names)},
     )
 
-  def fill(tmp: Path) -> None:
-    save_file(state, str(tmp / WEIGHTS_NAME), metadata={'format': 'pt'})
-    shutil.copyfile(MODELING_FILE, tmp / 'model.py')
-    (tmp / 'config.json').write_text(json.dumps(config, indent=2) + '\n')
-    if tokenizer:
-      write_tokenizer(tokenizer, tmp, max_length=config['max_length'], vocab_size=config['vocab_size'])
-
-  return write_atomically(output, fill, overwrite)
+  return write_hf_dir(output, state, config, tokenizer=tokenizer, overwrite=overwrite)
 
 
 def export_sentence_transformer(
@@ -134,11 +125,7 @@ def export_sentence_transformer(
     'similarity_fn_name': 'cosine',
   }
 
-  def fill(tmp: Path) -> None:
-    save_file(state, str(tmp / WEIGHTS_NAME), metadata={'format': 'pt'})
-    shutil.copyfile(MODELING_FILE, tmp / 'model.py')
-    (tmp / 'config.json').write_text(json.dumps(config, indent=2) + '\n')
-    write_tokenizer(tokenizer, tmp, max_length=max_seq_length, vocab_size=config['vocab_size'])
+  def st_files(tmp: Path) -> None:
     (tmp / 'modules.json').write_text(json.dumps(modules, indent=2) + '\n')
     (tmp / 'sentence_bert_config.json').write_text(
       json.dumps({'max_seq_length': int(max_seq_length), 'do_lower_case': False}) + '\n'
@@ -149,7 +136,9 @@ def export_sentence_transformer(
     if normalize:
       (tmp / '2_Normalize').mkdir()
 
-  return write_atomically(output, fill, overwrite)
+  return write_hf_dir(
+    output, state, config, tokenizer=tokenizer, tokenizer_max_length=max_seq_length, extra=st_files, overwrite=overwrite
+  )
 
 
 def export_run(workdir: str | Path, output: str | Path, *, overwrite: bool = False) -> Path:

@@ -20,6 +20,19 @@ Attention masking, pick one (all optional):
   of its own document. Positions restart at 0 for each document unless ``position_ids`` is given;
 * ``cu_seqlens`` [n_docs + 1] (with ``input_ids`` of shape [1, total]): the flash-attention style description of
   the same packing (cumulative document boundaries); ``max_seqlen`` is accepted and unused.
+
+Unpadding: a padded batch (an ``attention_mask`` with zeros) is computed on its real tokens only. The tokens are
+gathered into one [tokens, hidden] matrix for every projection, norm and feed-forward; attention runs per group of
+rows of similar length (rows sorted by length, a new group wherever the length halves), each group padded only to
+its own longest row, with no mask where its rows are equally long. The results are scattered back, so padded
+positions of ``last_hidden_state`` and ``logits`` are zeros. Outputs equal the padded computation within float32
+rounding. ``config.unpad_inputs = False`` switches this off; ``output_attentions`` and ``torch.onnx`` / ``torch.export``
+tracing use the padded computation (fixed shapes, a boolean key mask).
+
+Half precision: masks are boolean, and a row with no real token attends to every position, so no softmax row is
+ever fully masked: padded and fully padded rows stay finite in float16 and bfloat16, forward and backward.
+
+Gradient checkpointing (``model.gradient_checkpointing_enable()``) recomputes each block in the backward pass.
 """
 
 import math
@@ -27,6 +40,7 @@ from typing import Optional, Tuple, Union
 
 import torch
 import torch.nn.functional as F
+import torch.utils.checkpoint
 from torch import nn
 from transformers import PretrainedConfig, PreTrainedModel
 from transformers.modeling_outputs import BaseModelOutput, MaskedLMOutput, SequenceClassifierOutput
@@ -58,6 +72,7 @@ class NeoBERTConfig(PretrainedConfig):
         classifier_init_range: float = 0.02,
         classifier_dropout: float = 0.1,
         tie_word_embeddings: bool = False,
+        unpad_inputs: bool = True,
         **kwargs,
     ):
         super().__init__(pad_token_id=pad_token_id, tie_word_embeddings=tie_word_embeddings, **kwargs)
@@ -84,6 +99,7 @@ class NeoBERTConfig(PretrainedConfig):
         self.decoder_init_range = decoder_init_range
         self.classifier_init_range = classifier_init_range
         self.classifier_dropout = classifier_dropout
+        self.unpad_inputs = unpad_inputs
 
 
 class RMSNorm(nn.Module):
@@ -154,26 +170,113 @@ class EncoderBlock(nn.Module):
         sin: torch.Tensor,
         mask: Optional[torch.Tensor],
         output_attentions: bool = False,
+        rows: Optional["UnpaddedRows"] = None,
     ) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
-        batch, length, _ = x.shape
-        qkv = self.qkv(self.attention_norm(x)).view(batch, length, self.num_heads, 3 * self.head_dim)
-        q, k, v = qkv.chunk(3, dim=-1)
-        q = apply_rotary(q, cos, sin).transpose(1, 2)  # [B, H, T, Dh]
-        k = apply_rotary(k, cos, sin).transpose(1, 2)
-        v = v.transpose(1, 2)
+        """x: [B, T, D] padded rows (``mask`` as from NeoBERT._attention_mask), or [tokens, D] with ``rows``."""
+        qkv = self.qkv(self.attention_norm(x))
+        if rows is not None:
+            qkv = rows.pad(qkv)  # [slots, 3D]: the groups' rows one after another
         weights = None
-        if output_attentions:
-            scores = (q @ k.transpose(-1, -2)) / math.sqrt(self.head_dim)
-            if mask is not None:
-                scores = scores.masked_fill(~mask, float("-inf"))
-            weights = scores.float().softmax(dim=-1).to(q.dtype)
-            attn = weights @ v
+        if rows is None:
+            batch, length = x.shape[:2]
+            q, k, v = qkv.view(batch, length, self.num_heads, 3 * self.head_dim).chunk(3, dim=-1)
+            q = apply_rotary(q, cos, sin).transpose(1, 2)  # [B, H, T, Dh]
+            k = apply_rotary(k, cos, sin).transpose(1, 2)
+            v = v.transpose(1, 2)
+            if output_attentions:
+                scores = (q @ k.transpose(-1, -2)) / math.sqrt(self.head_dim)
+                if mask is not None:
+                    scores = scores.masked_fill(~mask, float("-inf"))
+                weights = scores.float().softmax(dim=-1).to(q.dtype)
+                attn = weights @ v
+            else:
+                attn = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=0.0)
+            attn = attn.transpose(1, 2).reshape(batch, length, self.num_heads * self.head_dim)
         else:
-            attn = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=0.0)
-        attn = attn.transpose(1, 2).reshape(batch, length, self.num_heads * self.head_dim)
+            q, k, v = qkv.view(-1, self.num_heads, 3 * self.head_dim).chunk(3, dim=-1)
+            q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+            attn = rows.unpad(torch.cat([
+                F.scaled_dot_product_attention(
+                    q[start:stop].unflatten(0, (-1, length)).transpose(1, 2),
+                    k[start:stop].unflatten(0, (-1, length)).transpose(1, 2),
+                    v[start:stop].unflatten(0, (-1, length)).transpose(1, 2),
+                    attn_mask=group_mask,
+                    dropout_p=0.0,
+                ).transpose(1, 2).flatten(0, 1)
+                for start, stop, length, group_mask in rows.groups
+            ]).flatten(1))
         x = x + self.wo(attn)
         x = x + self.ffn(self.ffn_norm(x))
         return x, weights
+
+
+def _tracing() -> bool:
+    """True under torch.export / torch.onnx / torch.jit tracing, which need the fixed-shape padded computation."""
+    compiler = getattr(torch, "compiler", None)
+    if compiler is not None and hasattr(compiler, "is_exporting") and compiler.is_exporting():
+        return True
+    return torch.jit.is_tracing()
+
+
+class UnpaddedRows:
+    """Where the real tokens of a padded batch go: gathered into [tokens, D] for the dense layers, and into groups of
+    rows of similar length for attention.
+
+    Rows are sorted by length (longest first) and cut into groups wherever the length falls to half the group's
+    longest or less (rows without tokens join the last group); each group is padded to its longest row. ``groups`` lists (start, stop, length, key mask or
+    None) over the slots of that layout; ``slots`` [tokens] is each token's slot, ``index`` [tokens] its position in
+    the flattened [B * T] batch. Built once per forward: the blocks do no per-row Python work.
+    """
+
+    def __init__(self, valid: torch.Tensor):
+        batch, length = valid.shape
+        lengths = valid.sum(dim=1)
+        order = torch.argsort(lengths, descending=True, stable=True)
+        sorted_lengths = lengths[order].tolist()
+        row_base = [0] * batch
+        groups = []
+        slot, i = 0, 0
+        while i < batch:
+            longest = max(sorted_lengths[i], 1)  # a row without tokens still gets one (unused) slot
+            j = i
+            while j < batch and (j == i or 2 * sorted_lengths[j] > longest or sorted_lengths[j] == 0):
+                j += 1
+            group_lengths = torch.tensor(sorted_lengths[i:j], device=valid.device)
+            group_mask = None
+            if sorted_lengths[j - 1] != longest:
+                # Keys past a row's end are masked; an empty row sees its (zero) slots, never an all-masked row.
+                keys = torch.arange(longest, device=valid.device)[None] < group_lengths[:, None]
+                keys |= (group_lengths == 0)[:, None]
+                group_mask = keys[:, None, None, :]
+            for rank, row in enumerate(order[i:j].tolist()):
+                row_base[row] = slot + rank * longest
+            groups.append((slot, slot + (j - i) * longest, longest, group_mask))
+            slot += (j - i) * longest
+            i = j
+        self.groups = groups
+        self.num_slots = slot
+        self.batch, self.length = batch, length
+        self.index = valid.flatten().nonzero().squeeze(1)  # [tokens] in the flattened batch
+        token_rows = torch.div(self.index, length, rounding_mode="floor")
+        token_cols = valid.to(torch.long).cumsum(dim=1).flatten()[self.index] - 1  # rank among the row's tokens
+        self.slots = torch.tensor(row_base, device=valid.device)[token_rows] + token_cols
+
+    def gather(self, x: torch.Tensor) -> torch.Tensor:
+        """[B, T, ...] -> [tokens, ...]"""
+        return x.flatten(0, 1).index_select(0, self.index)
+
+    def scatter(self, x: torch.Tensor) -> torch.Tensor:
+        """[tokens, ...] -> [B, T, ...], zeros at padded positions."""
+        out = x.new_zeros((self.batch * self.length,) + tuple(x.shape[1:]))
+        return out.index_copy(0, self.index, x).unflatten(0, (self.batch, self.length))
+
+    def pad(self, x: torch.Tensor) -> torch.Tensor:
+        """[tokens, C] -> [slots, C], zeros in the groups' padding."""
+        return x.new_zeros((self.num_slots,) + tuple(x.shape[1:])).index_copy(0, self.slots, x)
+
+    def unpad(self, x: torch.Tensor) -> torch.Tensor:
+        """[slots, C] -> [tokens, C]"""
+        return x.index_select(0, self.slots)
 
 
 def segment_ids_from_cu_seqlens(cu_seqlens: torch.Tensor, total: int) -> torch.Tensor:
@@ -204,6 +307,7 @@ class NeoBERTPreTrainedModel(PreTrainedModel):
     base_model_prefix = "model"
     _no_split_modules = ["EncoderBlock"]
     _supports_sdpa = True
+    supports_gradient_checkpointing = True
 
     def _init_weights(self, module: nn.Module) -> None:
         config = self.config
@@ -228,6 +332,7 @@ class NeoBERT(NeoBERTPreTrainedModel):
         self.encoder = nn.Embedding(config.vocab_size, config.hidden_size, padding_idx=config.pad_token_id)
         self.transformer_encoder = nn.ModuleList(EncoderBlock(config) for _ in range(config.num_hidden_layers))
         self.layer_norm = RMSNorm(config.hidden_size, config.norm_eps)
+        self.gradient_checkpointing = False  # set by gradient_checkpointing_enable()
         self.post_init()
 
     def get_input_embeddings(self) -> nn.Embedding:
@@ -270,10 +375,85 @@ class NeoBERT(NeoBERTPreTrainedModel):
                     f"attention_mask must have shape {(batch, length)} (1 = token, 0 = padding), "
                     f"got {tuple(attention_mask.shape)}"
                 )
-            if bool((attention_mask != 0).all()):
-                return None, None
-            return (attention_mask.to(device) != 0)[:, None, None, :], None
+            if not _tracing() and bool((attention_mask != 0).all()):
+                return None, None  # (a traced graph keeps the mask: its inputs may have padding)
+            keys = attention_mask.to(device) != 0
+            keys = keys | ~keys.any(dim=1, keepdim=True)  # a row without tokens attends to all: never all-masked
+            return keys[:, None, None, :], None
         return None, None
+
+    def _unpadded_rows(
+        self, attention_mask: Optional[torch.Tensor], segment_ids, cu_seqlens, output_attentions: bool, shape
+    ) -> Optional[UnpaddedRows]:
+        """The unpadded layout when it pays (a padded batch), else None (the padded computation)."""
+        if attention_mask is None or segment_ids is not None or cu_seqlens is not None or output_attentions:
+            return None
+        if not getattr(self.config, "unpad_inputs", True) or _tracing():
+            return None
+        if attention_mask.dim() != 2 or tuple(attention_mask.shape) != tuple(shape):
+            return None  # _attention_mask names the error
+        valid = attention_mask != 0
+        if bool(valid.all()):
+            return None
+        return UnpaddedRows(valid)
+
+    def _encode(
+        self,
+        input_ids: Optional[torch.Tensor] = None,
+        attention_mask: Optional[torch.Tensor] = None,
+        position_ids: Optional[torch.Tensor] = None,
+        segment_ids: Optional[torch.Tensor] = None,
+        cu_seqlens: Optional[torch.Tensor] = None,
+        inputs_embeds: Optional[torch.Tensor] = None,
+        output_hidden_states: bool = False,
+        output_attentions: bool = False,
+    ):
+        """(final hidden states: [B, T, D], or [tokens, D] when unpadded; the UnpaddedRows or None; hidden states
+        per layer [B, T, D] or None; attention weights or None)."""
+        if (input_ids is None) == (inputs_embeds is None):
+            raise ValueError("pass exactly one of input_ids or inputs_embeds")
+        x = self.encoder(input_ids) if input_ids is not None else inputs_embeds
+        batch, length = x.shape[:2]
+        if attention_mask is not None:
+            attention_mask = attention_mask.to(x.device)
+        rows = self._unpadded_rows(attention_mask, segment_ids, cu_seqlens, output_attentions, (batch, length))
+        mask, packed_segments = None, None
+        if rows is None:
+            mask, packed_segments = self._attention_mask(
+                batch, length, x.device, attention_mask, segment_ids, cu_seqlens
+            )
+        if position_ids is None:
+            if packed_segments is not None:
+                position_ids = positions_from_segment_ids(packed_segments)
+            else:
+                position_ids = torch.arange(length, device=x.device)[None].expand(batch, length)
+        elif position_ids.dim() == 1:
+            position_ids = position_ids[None].expand(batch, length)
+        position_ids = position_ids.to(x.device)
+        if rows is not None:
+            # Gather the real tokens; positions follow them into the attention groups' slots.
+            x = rows.gather(x)
+            position_ids = rows.pad(rows.gather(position_ids))
+        cos, sin = rotary_cos_sin(position_ids, self.config.dim_head, self.config.rope_theta)
+
+        hidden_states = [x] if output_hidden_states else None
+        attentions = [] if output_attentions else None
+        checkpointing = getattr(self, "gradient_checkpointing", False) and self.training and torch.is_grad_enabled()
+        for block in self.transformer_encoder:
+            if checkpointing:
+                x, weights = torch.utils.checkpoint.checkpoint(
+                    block, x, cos, sin, mask, output_attentions, rows, use_reentrant=False
+                )
+            else:
+                x, weights = block(x, cos, sin, mask, output_attentions, rows)
+            if output_hidden_states:
+                hidden_states.append(x)
+            if output_attentions:
+                attentions.append(weights)
+        x = self.layer_norm(x)
+        if output_hidden_states and rows is not None:
+            hidden_states = [rows.scatter(h) for h in hidden_states]
+        return x, rows, hidden_states, attentions
 
     def forward(
         self,
@@ -291,37 +471,14 @@ class NeoBERT(NeoBERTPreTrainedModel):
         **kwargs,
     ) -> Union[BaseModelOutput, Tuple]:
         # token_type_ids (produced by BERT tokenizers) and max_seqlen are accepted and ignored.
-        if (input_ids is None) == (inputs_embeds is None):
-            raise ValueError("pass exactly one of input_ids or inputs_embeds")
-        x = self.encoder(input_ids) if input_ids is not None else inputs_embeds
-        batch, length = x.shape[:2]
-        mask, packed_segments = self._attention_mask(
-            batch, length, x.device, attention_mask, segment_ids, cu_seqlens
+        x, rows, hidden_states, attentions = self._encode(
+            input_ids, attention_mask, position_ids, segment_ids, cu_seqlens, inputs_embeds,
+            bool(output_hidden_states), bool(output_attentions),
         )
-        if position_ids is None:
-            if packed_segments is not None:
-                position_ids = positions_from_segment_ids(packed_segments)
-            else:
-                position_ids = torch.arange(length, device=x.device)[None].expand(batch, length)
-        elif position_ids.dim() == 1:
-            position_ids = position_ids[None].expand(batch, length)
-        cos, sin = rotary_cos_sin(position_ids.to(x.device), self.config.dim_head, self.config.rope_theta)
-
-        output_hidden_states = bool(output_hidden_states)
-        output_attentions = bool(output_attentions)
-        hidden_states = [x] if output_hidden_states else None
-        attentions = [] if output_attentions else None
-        for block in self.transformer_encoder:
-            x, weights = block(x, cos, sin, mask, output_attentions)
-            if output_hidden_states:
-                hidden_states.append(x)
-            if output_attentions:
-                attentions.append(weights)
-        x = self.layer_norm(x)
         output = BaseModelOutput(
-            last_hidden_state=x,
-            hidden_states=tuple(hidden_states) if output_hidden_states else None,
-            attentions=tuple(attentions) if output_attentions else None,
+            last_hidden_state=x if rows is None else rows.scatter(x),
+            hidden_states=tuple(hidden_states) if hidden_states is not None else None,
+            attentions=tuple(attentions) if attentions is not None else None,
         )
         return output if return_dict is not False else output.to_tuple()
 
@@ -363,26 +520,23 @@ class NeoBERTLMHead(NeoBERTPreTrainedModel):
         **kwargs,
     ) -> Union[MaskedLMOutput, Tuple]:
         """labels [B, T]: target token id where the loss is taken, -100 elsewhere."""
-        encoded = self.model(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            position_ids=position_ids,
-            segment_ids=segment_ids,
-            cu_seqlens=cu_seqlens,
-            max_seqlen=max_seqlen,
-            inputs_embeds=inputs_embeds,
-            output_hidden_states=output_hidden_states,
-            output_attentions=output_attentions,
-            return_dict=True,
+        x, rows, hidden_states, attentions = self.model._encode(
+            input_ids, attention_mask, position_ids, segment_ids, cu_seqlens, inputs_embeds,
+            bool(output_hidden_states), bool(output_attentions),
         )
-        logits = self.decoder(encoded.last_hidden_state)
+        logits = self.decoder(x)  # only the real tokens' when the batch was unpadded
+        if rows is not None:
+            logits = rows.scatter(logits)
         loss = None
         if labels is not None:
             loss = F.cross_entropy(
                 logits.view(-1, logits.shape[-1]).float(), labels.to(logits.device).view(-1), ignore_index=-100
             )
         output = MaskedLMOutput(
-            loss=loss, logits=logits, hidden_states=encoded.hidden_states, attentions=encoded.attentions
+            loss=loss,
+            logits=logits,
+            hidden_states=tuple(hidden_states) if hidden_states is not None else None,
+            attentions=tuple(attentions) if attentions is not None else None,
         )
         return output if return_dict is not False else output.to_tuple()
 

@@ -1,0 +1,235 @@
+"""Inference speed of the exported PyTorch NeoBERT against transformers' ModernBERT-base, on this machine, in one run.
+
+python -m benchmarks.export_inference [--threads 2] [--batch 8] [--max-length 1024] [--batches 2]
+    [--models export,modernbert,reference] [--dtypes float32,bfloat16] [--workloads mixed,full] [--layers 28]
+    [--onnx] [--device cpu|cuda]
+
+Three encoders, random weights at their real sizes (speed does not depend on the values), no MLM head:
+
+* export: the directory `convert to-pytorch` writes (NeoBERT 28 x 768), loaded with
+  `AutoModel.from_pretrained(dir, trust_remote_code=True)`: model.py's unpadded computation;
+* modernbert: `transformers.ModernBertModel(ModernBertConfig())` (ModernBERT-base's shape, 22 x 768), SDPA
+  attention, the native class (it unpads only under flash-attention-2, which CPUs do not have);
+* reference: the export's weights computed the way the published chandar-lab/NeoBERT model.py does it
+  (convert/torch_ref.padded_reference_forward: every padded position, a dense additive [B, H, T, T] mask).
+
+Workloads: `mixed` batches draw documents at random from the built-in real-text corpus (Shakespeare scenes and BBC
+articles, tokenized with the bert-base-uncased vocabulary, truncated at --max-length) and pad each batch to its
+longest; `full` batches are --max-length tokens in every row. Each (dtype, workload) runs one warm-up batch, then
+--batches timed batches under torch.inference_mode, with torch.set_num_threads(--threads); the models take turns
+batch by batch (a neighbour's load on a shared machine falls on all of them alike). It prints seq/s,
+real tokens/s and the ratio to ModernBERT for each line, then the same as JSON. --onnx adds the export's ONNX graph
+(`convert to-onnx`) in onnxruntime on the CPU, float32, with the same thread count. `--device cuda` runs the
+PyTorch models on a GPU (SDPA's flash or memory-efficient kernels; ModernBERT without flash-attn, so padded), for
+example with `--dtypes float16,bfloat16 --batch 32 --max-length 1024 --batches 10`.
+
+A script, not part of the library (nothing imports it): run it from the repository root as above.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+MODELS = ('export', 'modernbert', 'reference')
+DTYPES = {'float32': torch.float32, 'bfloat16': torch.bfloat16, 'float16': torch.float16}
+
+
+def cpu_name() -> str:
+  try:
+    for line in Path('/proc/cpuinfo').read_text().splitlines():
+      if line.startswith('model name'):
+        return line.split(':', 1)[1].strip()
+  except OSError:
+    pass
+  return platform.processor() or 'unknown CPU'
+
+
+def corpus_token_ids(max_length: int) -> list[np.ndarray]:
+  """The built-in corpus's documents as bert-base-uncased ids, [CLS] ... [SEP], truncated at max_length."""
+  import tokenizers
+
+  from neobert_jax.data import assets
+  from neobert_jax.data.prepare import corpus
+
+  with open(corpus.default_corpus_jsonl(), encoding='utf-8') as f:
+    texts = [json.loads(line)['text'] for line in f]
+  tok = tokenizers.Tokenizer.from_file(assets.bert_tokenizer_file())
+  tok.no_padding()
+  tok.enable_truncation(max_length)
+  return [np.asarray(e.ids, np.int64) for e in tok.encode_batch(texts)]
+
+
+def make_batches(docs, workload: str, batch: int, count: int, max_length: int, seed: int):
+  rng = np.random.default_rng(seed)
+  out = []
+  for _ in range(count):
+    if workload == 'full':
+      ids = torch.from_numpy(rng.integers(1000, 30000, (batch, max_length)))
+      out.append((ids, torch.ones_like(ids)))
+      continue
+    rows = [docs[i] for i in rng.integers(0, len(docs), batch)]
+    length = max(len(r) for r in rows)
+    ids = torch.zeros(batch, length, dtype=torch.long)
+    mask = torch.zeros(batch, length, dtype=torch.long)
+    for i, r in enumerate(rows):
+      ids[i, : len(r)] = torch.from_numpy(r)
+      mask[i, : len(r)] = 1
+    out.append((ids, mask))
+  return out
+
+
+def export_dir(root: Path, layers: int) -> Path:
+  """A real `convert to-pytorch` directory holding random NeoBERT weights (28 x 768 unless --layers)."""
+  from neobert_jax.config.model import default_model_config
+  from neobert_jax.convert import export_hf
+  from neobert_jax.weights import hf
+
+  cfg = default_model_config()
+  cfg.num_layers = layers
+  rng = np.random.default_rng(0)
+  state = {k: rng.uniform(-0.02, 0.02, shape).astype(np.float32) for k, shape in hf.hf_shapes(cfg).items()}
+  for k in state:
+    if k.endswith('norm.weight'):
+      state[k] = np.ones_like(state[k])
+  return export_hf.export_flat(hf.hf_state_dict_to_flat(state, cfg), cfg, root / 'export')
+
+
+def build(name: str, path: Path, dtype: torch.dtype, device: str = 'cpu'):
+  """A call(ids, mask) running the model on ``device`` (the batch is moved there, and the call waits for it)."""
+  call = _build(name, path, dtype, device)
+  if device == 'cpu':
+    return call
+
+  def on_device(ids, mask):
+    out = call(ids.to(device), mask.to(device))
+    torch.cuda.synchronize()
+    return out
+
+  return on_device
+
+
+def _build(name: str, path: Path, dtype: torch.dtype, device: str):
+  from transformers import AutoModel
+
+  if name == 'modernbert':
+    from transformers import ModernBertConfig, ModernBertModel
+
+    torch.manual_seed(0)
+    model = ModernBertModel(ModernBertConfig(attn_implementation='sdpa')).to(device, dtype).eval()
+    return lambda ids, mask: model(input_ids=ids, attention_mask=mask).last_hidden_state
+  model = AutoModel.from_pretrained(path, trust_remote_code=True, dtype=dtype).to(device).eval()
+  if name == 'export':
+    return lambda ids, mask: model(input_ids=ids, attention_mask=mask).last_hidden_state
+  from neobert_jax.convert import torch_ref
+
+  return lambda ids, mask: torch_ref.padded_reference_forward(model, ids, mask)
+
+
+def build_onnx(path: Path, root: Path, threads: int):
+  import onnxruntime as ort
+
+  from neobert_jax.convert import onnx_export
+
+  onnx_path = onnx_export.export_onnx(path, root / 'onnx', task='hidden')
+  options = ort.SessionOptions()
+  options.intra_op_num_threads = threads
+  options.inter_op_num_threads = 1
+  session = ort.InferenceSession(str(onnx_path / onnx_export.ONNX_NAME), options, providers=['CPUExecutionProvider'])
+  return lambda ids, mask: session.run(None, {'input_ids': ids.numpy(), 'attention_mask': mask.numpy()})[0]
+
+
+def time_interleaved(calls: dict, batches) -> dict[str, float]:
+  """Seconds each call takes over batches[1:], after a warm-up on batches[0] (also the ONNX session's first run).
+  The calls take turns batch by batch, so a neighbour's load on a shared machine falls on all of them alike."""
+  seconds = dict.fromkeys(calls, 0.0)
+  with torch.inference_mode():
+    for call in calls.values():
+      call(*batches[0])
+    for ids, mask in batches[1:]:
+      for name, call in calls.items():
+        start = time.perf_counter()
+        call(ids, mask)
+        seconds[name] += time.perf_counter() - start
+  return seconds
+
+
+def main(argv=None) -> None:
+  p = argparse.ArgumentParser(
+    prog='python -m benchmarks.export_inference',
+    description=__doc__,
+    formatter_class=argparse.RawDescriptionHelpFormatter,
+  )
+  p.add_argument('--threads', type=int, default=2)
+  p.add_argument('--device', default='cpu', help="'cuda' on a GPU machine (then try --dtypes float16,bfloat16)")
+  p.add_argument('--batch', type=int, default=8)
+  p.add_argument(
+    '--max-length', type=int, default=1024, help='NeoBERT stage 1 and the HF speed report (chandar-lab/NeoBERT #5)'
+  )
+  p.add_argument('--batches', type=int, default=2, help='timed batches per line (after one warm-up batch)')
+  p.add_argument('--models', default=','.join(MODELS))
+  p.add_argument('--dtypes', default='float32,bfloat16')
+  p.add_argument('--workloads', default='mixed,full')
+  p.add_argument('--layers', type=int, default=28, help="NeoBERT's layers (28 is the released model)")
+  p.add_argument('--onnx', action='store_true', help="also the export's ONNX graph in onnxruntime (CPU, float32)")
+  p.add_argument('--seed', type=int, default=0)
+  a = p.parse_args(argv)
+  torch.set_num_threads(a.threads)
+  models = [m for m in a.models.split(',') if m]
+  docs = corpus_token_ids(a.max_length)
+  lengths = np.array([len(d) for d in docs])
+  print(
+    f'{cpu_name()}, torch {torch.__version__}, {torch.get_num_threads()} threads; corpus: {len(docs)} documents, '
+    f'mean length {lengths.mean():.0f} of at most {a.max_length} (median {np.median(lengths):.0f}); '
+    f'batch {a.batch}, {a.batches} timed batches per line',
+    flush=True,
+  )
+  results = []
+  with tempfile.TemporaryDirectory() as tmp:
+    path = export_dir(Path(tmp), a.layers)
+    for dtype in a.dtypes.split(','):
+      names = models + (['onnx'] if a.onnx and dtype == 'float32' else [])
+      calls = {
+        n: build_onnx(path, Path(tmp), a.threads) if n == 'onnx' else build(n, path, DTYPES[dtype], a.device)
+        for n in names
+      }
+      for workload in a.workloads.split(','):
+        batches = make_batches(docs, workload, a.batch, a.batches + 1, a.max_length, a.seed)
+        timed = batches[1:]
+        seqs = sum(ids.shape[0] for ids, _ in timed)
+        tokens = sum(int(mask.sum()) for _, mask in timed)
+        padded = sum(ids.numel() for ids, _ in timed)
+        for name, seconds in time_interleaved(calls, batches).items():
+          results.append(
+            {
+              'model': name,
+              'dtype': dtype,
+              'workload': workload,
+              'seq_per_s': seqs / seconds,
+              'tokens_per_s': tokens / seconds,
+              'real_token_fraction': tokens / padded,
+            }
+          )
+          print(f'  {name} {dtype} {workload}: {seqs / seconds:.2f} seq/s, {tokens / seconds:.0f} tokens/s', flush=True)
+      del calls
+  base = {(r['dtype'], r['workload']): r['seq_per_s'] for r in results if r['model'] == 'modernbert'}
+  print('\n| model | dtype | workload | seq/s | tokens/s | vs ModernBERT |\n|---|---|---|---|---|---|')
+  for r in results:
+    ref = base.get((r['dtype'], r['workload']))
+    r['vs_modernbert'] = r['seq_per_s'] / ref if ref else None
+    ratio = f'{r["vs_modernbert"]:.2f}x' if ref else '-'
+    print(
+      f'| {r["model"]} | {r["dtype"]} | {r["workload"]} | {r["seq_per_s"]:.2f} | {r["tokens_per_s"]:.0f} | {ratio} |'
+    )
+  print(json.dumps({'cpu': cpu_name(), 'threads': a.threads, 'args': vars(a), 'results': results}, indent=2))
+
+
+if __name__ == '__main__':
+  main()

@@ -1,0 +1,150 @@
+"""A Hugging Face NeoBERT directory (ours, or a sentence-transformers one) -> an ONNX graph for onnxruntime.
+
+  python -m neobert_jax.convert to-onnx --input DIR --output DIR [--task mlm|embedding|hidden] [--opset 18]
+
+The graph is traced from model.py's NeoBERT by ``torch.onnx.export(..., dynamo=True)``, with dynamic batch and
+length axes. Inputs ``input_ids`` and ``attention_mask`` (int64 [batch, length], 1 = token, 0 = padding); one
+output, by task:
+
+* ``mlm``: ``logits`` [batch, length, vocab] (the directory must hold the MLM decoder);
+* ``embedding``: ``embeddings`` [batch, hidden], pooled and normalised as a sentence-transformers directory says
+  (1_Pooling/config.json, a 2_Normalize module), else mean pooling over the real tokens, L2-normalised;
+* ``hidden``: ``last_hidden_state`` [batch, length, hidden].
+
+The default task is ``embedding`` for a sentence-transformers directory, ``mlm`` otherwise. The traced graph is
+model.py's padded computation (a boolean key mask; fixed-shape, so exportable): it equals the unpadded PyTorch
+outputs within float32 rounding. The output directory is written by the one Hugging Face directory writer
+(export_hf.write_hf_dir): model.onnx, config.json and the input's tokenizer files. Imports torch and onnxscript.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from neobert_jax import errors
+from neobert_jax.convert import export_hf, torch_ref
+from neobert_jax.convert.hf_modeling import model as hf_model
+from neobert_jax.weights import hf
+
+ONNX_NAME = 'model.onnx'
+TASKS = ('mlm', 'embedding', 'hidden')
+OUTPUT_NAMES = {'mlm': 'logits', 'embedding': 'embeddings', 'hidden': 'last_hidden_state'}
+DEFAULT_OPSET = 18
+
+
+def is_sentence_transformers_dir(path: Path) -> bool:
+  return (path / 'modules.json').is_file()
+
+
+def pooling_of(path: Path) -> tuple[str, bool]:
+  """(pooling 'mean' | 'cls', normalise) of a sentence-transformers directory; ('mean', True) for any other."""
+  if not is_sentence_transformers_dir(path):
+    return 'mean', True
+  modules = json.loads((path / 'modules.json').read_text())
+  normalize = any(m.get('type', '').endswith('.Normalize') for m in modules)
+  pooling = 'mean'
+  for m in modules:
+    if m.get('type', '').endswith('.Pooling'):
+      cfg = json.loads((path / m['path'] / 'config.json').read_text())
+      if cfg.get('pooling_mode_cls_token'):
+        pooling = 'cls'
+      elif not cfg.get('pooling_mode_mean_tokens'):
+        raise errors.ExportError(f'--input {path}: only mean and cls pooling can be exported to ONNX')
+  return pooling, normalize
+
+
+class Exported(torch.nn.Module):
+  """What the ONNX graph computes: input_ids, attention_mask -> the task's one output."""
+
+  def __init__(self, model: torch.nn.Module, task: str, pooling: str = 'mean', normalize: bool = True):
+    super().__init__()
+    self.model, self.task, self.pooling, self.normalize = model, task, pooling, normalize
+
+  def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    if self.task == 'mlm':
+      return self.model(input_ids=input_ids, attention_mask=attention_mask).logits
+    hidden = self.model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+    if self.task == 'hidden':
+      return hidden
+    if self.pooling == 'cls':
+      pooled = hidden[:, 0]
+    else:
+      weights = attention_mask.to(hidden.dtype).unsqueeze(-1)
+      pooled = (hidden * weights).sum(dim=1) / weights.sum(dim=1).clamp(min=1.0)
+    if self.normalize:
+      pooled = torch.nn.functional.normalize(pooled, dim=-1)
+    return pooled
+
+
+def load_exported(source: str | os.PathLike, task: str | None = None) -> tuple[Exported, dict]:
+  """(the module to trace, float32 in eval mode, the directory's config.json) for an HF / sentence-transformers
+  directory; ExportError (one line) for a bad input."""
+  path = Path(source).expanduser()
+  if not (path / 'config.json').is_file():
+    raise errors.ExportError(f'--input {path}: not a Hugging Face directory (no config.json)')
+  task = task or ('embedding' if is_sentence_transformers_dir(path) else 'mlm')
+  if task not in TASKS:
+    raise errors.ExportError(f'--task {task!r}: choose one of {", ".join(TASKS)}')
+  config, state = hf.read_hf_state_dict(path)
+  state = hf.normalize_hf_state_dict(state)
+  cfg = hf.model_config_from_hf(config)
+  if 'decoder.weight' not in state:
+    if task == 'mlm':
+      raise errors.ExportError(
+        f'--input {path} has no MLM decoder (a base or sentence-transformers save): use --task embedding or hidden'
+      )
+    state['decoder.weight'] = np.zeros((cfg.vocab_size, cfg.hidden_size), np.float32)
+    state['decoder.bias'] = np.zeros((cfg.vocab_size,), np.float32)
+  flat = hf.hf_state_dict_to_flat(state, cfg)
+  cls = hf_model.NeoBERTLMHead if task == 'mlm' else hf_model.NeoBERT
+  model = torch_ref.torch_model_from_flat(flat, cfg, 'float32', cls=cls)
+  pooling, normalize = pooling_of(path)
+  return Exported(model, task, pooling, normalize).eval(), config
+
+
+def trace(module: Exported, opset: int = DEFAULT_OPSET):
+  """The torch.onnx program (dynamo export) with dynamic batch and length axes."""
+  ids = torch.tensor([[101, 2000, 2001, 102], [101, 2002, 102, 0]], dtype=torch.long)
+  mask = (ids != 0).to(torch.long)
+  batch, length = torch.export.Dim('batch'), torch.export.Dim('length')
+  axes = {0: batch, 1: length}
+  with torch.no_grad():
+    return torch.onnx.export(
+      module,
+      (ids, mask),
+      dynamo=True,
+      opset_version=opset,
+      input_names=['input_ids', 'attention_mask'],
+      output_names=[OUTPUT_NAMES[module.task]],
+      dynamic_shapes={'input_ids': axes, 'attention_mask': axes},
+      verbose=False,
+    )
+
+
+def export_onnx(
+  source: str | os.PathLike,
+  output: str | os.PathLike,
+  *,
+  task: str | None = None,
+  opset: int = DEFAULT_OPSET,
+  overwrite: bool = False,
+) -> Path:
+  """Writes ``output``/model.onnx with the input directory's config.json and tokenizer files."""
+  export_hf.check_output_dir(output, overwrite)
+  module, config = load_exported(source, task)
+  program = trace(module, opset)
+  src = Path(source).expanduser()
+  has_tokenizer = any((src / name).is_file() for name in ('tokenizer.json', 'vocab.txt'))
+  return export_hf.write_hf_dir(
+    output,
+    None,
+    {**config, 'onnx_task': module.task, 'onnx_output': OUTPUT_NAMES[module.task]},
+    tokenizer=src if has_tokenizer else None,
+    extra=lambda tmp: program.save(str(tmp / ONNX_NAME)),
+    overwrite=overwrite,
+  )

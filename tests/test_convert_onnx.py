@@ -1,0 +1,118 @@
+"""`convert to-onnx`: the MLM and the embedding model as ONNX graphs with dynamic batch and length axes, run by
+onnxruntime against PyTorch (other shapes than the traced ones, padded and fully padded rows), the
+sentence-transformers directory's encode against our JAX `embed`, and the one-line errors.
+
+Tolerance: onnxruntime and PyTorch compute the same float32 math with other kernels and summation orders; at these
+sizes that is ~1e-6 relative, and the bound is 1e-4 of the output's largest magnitude (a wrong mask or position
+gives O(1) differences).
+"""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from neobert_jax import errors
+from neobert_jax.convert import export_hf
+from neobert_jax.convert.hf_modeling import model as hf_model
+from neobert_jax.model import default_model_config
+from neobert_jax.weights import hf
+import test_convert_export
+from test_convert_export import run_cli
+
+ort = pytest.importorskip('onnxruntime')
+bert_tokenizer = test_convert_export.bert_tokenizer  # the module fixture
+
+
+def small_config():
+  cfg = default_model_config()
+  cfg.hidden_size, cfg.num_layers, cfg.num_heads, cfg.intermediate_size, cfg.max_length = 32, 2, 2, 64, 64
+  return cfg
+
+
+@pytest.fixture(scope='module')
+def flat():
+  cfg = small_config()
+  rng = np.random.default_rng(0)
+  state = {k: rng.normal(0, 0.2, shape).astype(np.float32) for k, shape in hf.hf_shapes(cfg).items()}
+  return cfg, hf.hf_state_dict_to_flat(state, cfg)
+
+
+def batch(lengths, width, seed=0):
+  rng = np.random.default_rng(seed)
+  mask = (np.arange(width)[None] < np.asarray(lengths)[:, None]).astype(np.int64)
+  return rng.integers(1000, 30000, (len(lengths), width)).astype(np.int64) * mask, mask
+
+
+def close(got, want, mask=None):
+  if mask is not None:
+    got, want = got[mask.astype(bool)], want[mask.astype(bool)]
+  assert np.isfinite(got).all()
+  assert np.abs(got - want).max() <= 1e-4 * np.abs(want).max()
+
+
+@pytest.mark.slow
+def test_mlm_graph_matches_pytorch_at_other_shapes(flat, tmp_path, capsys):
+  cfg, params = flat
+  src = export_hf.export_flat(params, cfg, tmp_path / 'hf')
+  code, out = run_cli(capsys, 'to-onnx', '--input', src, '--output', tmp_path / 'onnx')
+  assert code == 0, out
+  assert 'model.onnx' in out and '(mlm)' in out
+  assert json.loads((tmp_path / 'onnx' / 'config.json').read_text())['onnx_output'] == 'logits'
+  session = ort.InferenceSession(str(tmp_path / 'onnx' / 'model.onnx'), providers=['CPUExecutionProvider'])
+  model = hf_model.NeoBERTLMHead.from_pretrained(src).eval()
+  for lengths, width in (([13, 5, 0, 9], 13), ([3], 3), ([20, 20], 20)):
+    ids, mask = batch(lengths, width)
+    (got,) = session.run(None, {'input_ids': ids, 'attention_mask': mask})
+    with torch.no_grad():
+      want = model(torch.from_numpy(ids), attention_mask=torch.from_numpy(mask)).logits.numpy()  # unpadded
+    assert got.shape == (len(lengths), width, cfg.vocab_size)
+    close(got, want, mask)
+
+
+@pytest.mark.slow
+def test_sentence_transformers_export_encode_embed_and_onnx_agree(flat, bert_tokenizer, tmp_path, capsys):
+  from sentence_transformers import SentenceTransformer
+
+  from neobert_jax import embed
+  from neobert_jax.finetune import export as finetune_export
+
+  cfg, params = flat
+  st_dir = finetune_export.export_sentence_transformer(params, cfg, tmp_path / 'st', tokenizer=bert_tokenizer)
+  texts = ['Markets rally as rates fall', 'A longer sentence about the football club that won the league.', 'x']
+  st = SentenceTransformer(str(st_dir), trust_remote_code=True, device='cpu')
+  st_emb = st.encode(texts, convert_to_numpy=True, batch_size=8)  # one padded batch: the unpadded path
+  assert st_emb.shape == (3, cfg.hidden_size)
+  np.testing.assert_allclose(np.linalg.norm(st_emb, axis=-1), 1.0, atol=1e-5)
+  # Our embed command's encoder on the same directory (JAX, mean pooling, normalised).
+  encoder = embed.Encoder.load(str(st_dir), tokenizer=bert_tokenizer, normalize=True, max_length=32, batch_size=8)
+  np.testing.assert_allclose(encoder.encode(texts), st_emb, atol=1e-4)
+
+  code, out = run_cli(capsys, 'to-onnx', '--input', st_dir, '--output', tmp_path / 'onnx')
+  assert code == 0, out
+  assert '(embedding)' in out and (tmp_path / 'onnx' / 'tokenizer.json').is_file()
+  session = ort.InferenceSession(str(tmp_path / 'onnx' / 'model.onnx'), providers=['CPUExecutionProvider'])
+  features = st.tokenize(texts)
+  (got,) = session.run(
+    None, {'input_ids': features['input_ids'].numpy(), 'attention_mask': features['attention_mask'].numpy()}
+  )
+  close(got, st_emb)
+
+
+def test_to_onnx_errors_are_one_line(flat, tmp_path, capsys):
+  cfg, params = flat
+  code, out = run_cli(capsys, 'to-onnx', '--input', tmp_path / 'missing', '--output', tmp_path / 'o')
+  assert code == errors.ExportError.exit_status and out.count('\n') == 1 and 'no such directory' in out
+  from neobert_jax.finetune import export as finetune_export
+
+  base = tmp_path / 'base'
+  state = finetune_export.encoder_state_dict(params, cfg)
+  export_hf.write_hf_dir(base, {k[len(hf.HF_PREFIX) :]: v for k, v in state.items()}, hf.hf_config_dict(cfg))
+  code, out = run_cli(capsys, 'to-onnx', '--input', base, '--output', tmp_path / 'o', '--task', 'mlm')
+  assert code == errors.ExportError.exit_status and out.count('\n') == 1 and 'no MLM decoder' in out
+  assert not (tmp_path / 'o').exists()
+  (tmp_path / 'o').mkdir()
+  (tmp_path / 'o' / 'x').write_text('keep')
+  code, out = run_cli(capsys, 'to-onnx', '--input', base, '--output', tmp_path / 'o', '--task', 'hidden')
+  assert code == errors.ExportError.exit_status and 'not empty' in out
