@@ -10,6 +10,7 @@ SentenceTransformer.encode. Both processes must agree within float32 rounding (s
 the output's scale).
 """
 
+import hashlib
 import json
 import os
 import subprocess
@@ -66,14 +67,17 @@ SCRIPT = textwrap.dedent(
 def newest_env() -> Path:
   """A venv holding only the newest transformers and sentence-transformers (and what they need that this
   environment lacks); this environment's site-packages come after its own."""
-  root = Path(assets.cache_dir()) / 'transformers5' / '-'.join(NEWEST)
+  base = [p for p in sys.path if p.endswith('site-packages') and Path(p).is_dir()]
+  # Keyed by the environment it extends too: a cached one made beside another venv would see that venv's packages
+  # (or, once it is deleted, no torch at all).
+  key = hashlib.sha256('\n'.join(base).encode()).hexdigest()[:10]
+  root = Path(assets.cache_dir()) / 'transformers5' / f'{"-".join(NEWEST)}-{key}'
   python = root / 'bin' / 'python'
   done = root / 'installed'
   if done.is_file():
     return python
   venv.EnvBuilder(with_pip=False, clear=True).create(root)
   site = next((root / 'lib').glob('python*/site-packages'))
-  base = [p for p in sys.path if p.endswith('site-packages') and Path(p).is_dir()]
   (site / 'base_env.pth').write_text('\n'.join(base) + '\n')
   run = subprocess.run(
     [str(python), '-m', 'pip', 'install', '-q', *NEWEST], capture_output=True, text=True, timeout=600
