@@ -44,14 +44,27 @@ def padded_batch(lengths, width=None, seed=0):
   return ids, mask
 
 
-# Mixed lengths that fall into several attention groups (9, 8 | 4, 3 | 1), an empty row, a row of one token.
+# Mixed lengths, an empty row, a row of one token; two rows of equal length.
 LENGTHS = [9, 3, 0, 8, 1, 9, 4]
 
 
-def test_unpadded_equals_the_original_padded_computation(lm):
+# The attention groups under three prices of a call: every length alone (9, 9 | 8 | 4 | 3 | 1), padding worth 10
+# query x key positions (9, 9 | 8 | 4, 3 | 1), and the CPU's price (one padded group).
+@pytest.mark.parametrize(
+  'call_cost, groups',
+  [
+    (0, [(18, 9, False), (8, 8, False), (4, 4, False), (3, 3, False), (1, 1, False)]),
+    (10, [(18, 9, False), (8, 8, False), (7, 4, True), (1, 1, False)]),
+    (None, [(34, 9, True)]),
+  ],
+)
+def test_unpadded_equals_the_original_padded_computation(lm, monkeypatch, call_cost, groups):
+  if call_cost is not None:
+    monkeypatch.setitem(hf.ATTENTION_CALL_COST, 'cpu', call_cost)
   ids, mask = padded_batch(LENGTHS, width=11)
   rows = lm.model._unpadded_rows(mask, None, None, False, tuple(ids.shape))
-  assert rows is not None and len(rows.groups) == 3  # the unpadded path runs, attention in three length groups
+  assert rows is not None  # the unpadded path runs
+  assert [(stop - start, length, slots is not None) for start, stop, length, slots, _ in rows.groups] == groups
   with torch.no_grad():
     got = lm.model(ids, attention_mask=mask).last_hidden_state
     want = torch_ref.padded_reference_forward(lm.model, ids, mask)

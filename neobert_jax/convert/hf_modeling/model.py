@@ -22,12 +22,12 @@ Attention masking, pick one (all optional):
   the same packing (cumulative document boundaries); ``max_seqlen`` is accepted and unused.
 
 Unpadding: a padded batch (an ``attention_mask`` with zeros) is computed on its real tokens only. The tokens are
-gathered into one [tokens, hidden] matrix for every projection, norm and feed-forward; attention runs per group of
-rows of similar length (rows sorted by length, a new group wherever the length halves), each group padded only to
-its own longest row, with no mask where its rows are equally long. The results are scattered back, so padded
-positions of ``last_hidden_state`` and ``logits`` are zeros. Outputs equal the padded computation within float32
-rounding. ``config.unpad_inputs = False`` switches this off; ``output_attentions`` and ``torch.onnx`` / ``torch.export``
-tracing use the padded computation (fixed shapes, a boolean key mask).
+gathered into one [tokens, hidden] matrix for every projection, norm and feed-forward, row after row; attention runs
+per group of rows (rows sorted by length; rows of equal length share a call, and rows of unequal length share one
+only where padding them costs less than a call of their own, which on a CPU means short rows). The results are
+scattered back, so padded positions of ``last_hidden_state`` and ``logits`` are zeros. Outputs equal the padded
+computation within float32 rounding. ``config.unpad_inputs = False`` switches this off; ``output_attentions`` and
+``torch.onnx`` / ``torch.export`` tracing use the padded computation (fixed shapes, a boolean key mask).
 
 Half precision: masks are boolean, and a row with no real token attends to every position, so no softmax row is
 ever fully masked: padded and fully padded rows stay finite in float16 and bfloat16, forward and backward.
@@ -111,6 +111,8 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if hasattr(F, "rms_norm"):  # torch >= 2.4: one kernel instead of five
+            return F.rms_norm(x.float(), self.weight.shape, self.weight.float(), self.eps).to(x.dtype)
         x32 = x.float()
         inv_rms = torch.rsqrt(x32.pow(2).mean(dim=-1, keepdim=True) + self.eps)
         return (x32 * inv_rms * self.weight.float()).to(x.dtype)
@@ -159,7 +161,11 @@ class SwiGLU(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.w12(x).chunk(2, dim=-1)
-        return self.w3(F.silu(gate) * up)
+        if torch.is_grad_enabled():
+            return self.w3(F.silu(gate) * up)
+        # Inference: the activation overwrites the gate's half of w12's output (autograd would need both kept), so
+        # no new [tokens, hidden] buffer is allocated and filled.
+        return self.w3(F.silu(gate, inplace=True).mul_(up))
 
 
 class EncoderBlock(nn.Module):
@@ -185,8 +191,6 @@ class EncoderBlock(nn.Module):
     ) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
         """x: [B, T, D] padded rows (``mask`` as from NeoBERT._attention_mask), or [tokens, D] with ``rows``."""
         qkv = self.qkv(self.attention_norm(x))
-        if rows is not None:
-            qkv = rows.pad(qkv)  # [slots, 3D]: the groups' rows one after another
         weights = None
         if rows is None:
             batch, length = x.shape[:2]
@@ -206,17 +210,7 @@ class EncoderBlock(nn.Module):
         else:
             qkv = qkv.view(-1, self.num_heads, 3, self.head_dim)
             qk = apply_rotary_qk(qkv[:, :, :2], cos, sin)
-            q, k, v = qk[:, :, 0], qk[:, :, 1], qkv[:, :, 2]
-            attn = rows.unpad(torch.cat([
-                F.scaled_dot_product_attention(
-                    q[start:stop].unflatten(0, (-1, length)).transpose(1, 2),
-                    k[start:stop].unflatten(0, (-1, length)).transpose(1, 2),
-                    v[start:stop].unflatten(0, (-1, length)).transpose(1, 2),
-                    attn_mask=group_mask,
-                    dropout_p=0.0,
-                ).transpose(1, 2).flatten(0, 1)
-                for start, stop, length, group_mask in rows.groups
-            ]).flatten(1))
+            attn = rows.attend(qk[:, :, 0], qk[:, :, 1], qkv[:, :, 2])
         x = x + self.wo(attn)
         x = x + self.ffn(self.ffn_norm(x))
         return x, weights
@@ -230,48 +224,53 @@ def _tracing() -> bool:
     return torch.jit.is_tracing()
 
 
-class UnpaddedRows:
-    """Where the real tokens of a padded batch go: gathered into [tokens, D] for the dense layers, and into groups of
-    rows of similar length for attention.
+# What one more attention call costs, in query x key positions of padding it would be worth computing instead:
+# a CPU call costs about as much as a 40 x 40 block of attention, a GPU launch as much as a long row's worth.
+ATTENTION_CALL_COST = {"cpu": 40 * 40}
+ATTENTION_CALL_COST_DEFAULT = 512 * 512
 
-    Rows are sorted by length (longest first) and cut into groups wherever the length falls to half the group's
-    longest or less (rows without tokens join the last group); each group is padded to its longest row. ``groups`` lists (start, stop, length, key mask or
-    None) over the slots of that layout; ``slots`` [tokens] is each token's slot, ``index`` [tokens] its position in
-    the flattened [B * T] batch. Built once per forward: the blocks do no per-row Python work.
+
+class UnpaddedRows:
+    """Where the real tokens of a padded batch go: gathered into [tokens, D] for the dense layers, with the rows'
+    tokens one row after another (rows sorted by length, longest first), and cut into attention groups of rows.
+
+    Consecutive rows share an attention call when padding the shorter ones to the group's longest costs less than a
+    call of their own (``call_cost``, in query x key positions): on a CPU, rows of equal length share a call and rows
+    of different lengths each get their own, unmasked, so no padding is computed. A group of equal lengths is a view
+    of the token matrix; a group of unequal lengths is copied into its padded layout with a key mask. ``groups`` lists
+    (start, stop, length, slots or None, key mask or None): the group's tokens [start, stop), its longest row, and
+    for an unequal group each token's position in the padded [rows * length] layout. Rows without tokens are left
+    out (their outputs are scattered back as zeros). Built once per forward: the blocks do no per-row Python work.
     """
 
-    def __init__(self, valid: torch.Tensor):
+    def __init__(self, valid: torch.Tensor, call_cost: Optional[int] = None):
         batch, length = valid.shape
+        if call_cost is None:
+            call_cost = ATTENTION_CALL_COST.get(valid.device.type, ATTENTION_CALL_COST_DEFAULT)
         lengths = valid.sum(dim=1)
         order = torch.argsort(lengths, descending=True, stable=True)
-        sorted_lengths = lengths[order].tolist()
-        row_base = [0] * batch
-        groups = []
-        slot, i = 0, 0
-        while i < batch:
-            longest = max(sorted_lengths[i], 1)  # a row without tokens still gets one (unused) slot
-            j = i
-            while j < batch and (j == i or 2 * sorted_lengths[j] > longest or sorted_lengths[j] == 0):
+        sorted_rows, cols = valid[order].nonzero(as_tuple=True)
+        self.index = order[sorted_rows] * length + cols  # [tokens]: each token's place in the flattened batch
+        sorted_lengths = [n for n in lengths[order].tolist() if n > 0]
+        self.groups = []
+        start, i = 0, 0
+        while i < len(sorted_lengths):
+            longest = sorted_lengths[i]
+            j = i + 1
+            while j < len(sorted_lengths) and longest**2 - sorted_lengths[j] ** 2 <= call_cost:
                 j += 1
-            group_lengths = torch.tensor(sorted_lengths[i:j], device=valid.device)
-            group_mask = None
-            if sorted_lengths[j - 1] != longest:
-                # Keys past a row's end are masked; an empty row sees its (zero) slots, never an all-masked row.
-                keys = torch.arange(longest, device=valid.device)[None] < group_lengths[:, None]
-                keys |= (group_lengths == 0)[:, None]
-                group_mask = keys[:, None, None, :]
-            for rank, row in enumerate(order[i:j].tolist()):
-                row_base[row] = slot + rank * longest
-            groups.append((slot, slot + (j - i) * longest, longest, group_mask))
-            slot += (j - i) * longest
-            i = j
-        self.groups = groups
-        self.num_slots = slot
+            group = sorted_lengths[i:j]
+            stop = start + sum(group)
+            slots, group_mask = None, None
+            if group[-1] != longest:
+                group_lengths = torch.tensor(group, device=valid.device)
+                row_of_token = torch.repeat_interleave(torch.arange(len(group), device=valid.device), group_lengths)
+                row_start = torch.cumsum(group_lengths, 0) - group_lengths
+                slots = row_of_token * longest + torch.arange(stop - start, device=valid.device) - row_start[row_of_token]
+                group_mask = (torch.arange(longest, device=valid.device)[None] < group_lengths[:, None])[:, None, None]
+            self.groups.append((start, stop, longest, slots, group_mask))
+            start, i = stop, j
         self.batch, self.length = batch, length
-        self.index = valid.flatten().nonzero().squeeze(1)  # [tokens] in the flattened batch
-        token_rows = torch.div(self.index, length, rounding_mode="floor")
-        token_cols = valid.to(torch.long).cumsum(dim=1).flatten()[self.index] - 1  # rank among the row's tokens
-        self.slots = torch.tensor(row_base, device=valid.device)[token_rows] + token_cols
 
     def gather(self, x: torch.Tensor) -> torch.Tensor:
         """[B, T, ...] -> [tokens, ...]"""
@@ -282,13 +281,26 @@ class UnpaddedRows:
         out = x.new_zeros((self.batch * self.length,) + tuple(x.shape[1:]))
         return out.index_copy(0, self.index, x).unflatten(0, (self.batch, self.length))
 
-    def pad(self, x: torch.Tensor) -> torch.Tensor:
-        """[tokens, C] -> [slots, C], zeros in the groups' padding."""
-        return x.new_zeros((self.num_slots,) + tuple(x.shape[1:])).index_copy(0, self.slots, x)
-
-    def unpad(self, x: torch.Tensor) -> torch.Tensor:
-        """[slots, C] -> [tokens, C]"""
-        return x.index_select(0, self.slots)
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """Bidirectional attention within each row: q, k, v [tokens, H, Dh] (any strides) -> [tokens, H * Dh]."""
+        outputs = []
+        for start, stop, length, slots, group_mask in self.groups:
+            if slots is None:  # equal lengths: [rows * length] tokens are [rows, length] as they lie
+                q_g, k_g, v_g = (t[start:stop].unflatten(0, (-1, length)).transpose(1, 2) for t in (q, k, v))
+            else:
+                rows = group_mask.shape[0]
+                q_g, k_g, v_g = (
+                    t.new_zeros((rows * length,) + tuple(t.shape[1:])).index_copy(0, slots, t[start:stop])
+                    .unflatten(0, (rows, length)).transpose(1, 2)
+                    for t in (q, k, v)
+                )
+            out = F.scaled_dot_product_attention(q_g, k_g, v_g, attn_mask=group_mask, dropout_p=0.0)
+            out = out.transpose(1, 2).flatten(0, 1)  # [rows * length, H, Dh]
+            outputs.append(out if slots is None else out.index_select(0, slots))
+        if not outputs:  # every row is empty
+            return q.new_zeros((0, q.shape[1] * q.shape[2]))
+        attn = outputs[0] if len(outputs) == 1 else torch.cat(outputs)
+        return attn.flatten(1)
 
 
 def segment_ids_from_cu_seqlens(cu_seqlens: torch.Tensor, total: int) -> torch.Tensor:
@@ -443,9 +455,9 @@ class NeoBERT(NeoBERTPreTrainedModel):
             position_ids = position_ids[None].expand(batch, length)
         position_ids = position_ids.to(x.device)
         if rows is not None:
-            # Gather the real tokens; positions follow them into the attention groups' slots.
+            # Gather the real tokens; their positions follow them.
             x = rows.gather(x)
-            position_ids = rows.pad(rows.gather(position_ids))
+            position_ids = rows.gather(position_ids)
         cos, sin = rotary_cos_sin(position_ids, self.config.dim_head, self.config.rope_theta)
 
         hidden_states = [x] if output_hidden_states else None
