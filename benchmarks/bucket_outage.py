@@ -20,18 +20,6 @@ import sys
 import tempfile
 import time
 
-_CHILD = """
-import logging, sys
-from neobert_jax import errors
-from neobert_jax.train import loop
-from neobert_jax.train.testing import tiny_config
-logging.basicConfig(level=logging.WARNING, format='%(name)s: %(message)s')
-cfg = tiny_config(steps=6)
-cfg.data.dir = sys.argv[2]
-with errors.reported('train'):
-  loop.run(cfg, sys.argv[1])
-"""
-
 
 def main() -> None:
   p = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
@@ -52,6 +40,7 @@ def main() -> None:
   from neobert_jax import paths  # pylint: disable=g-import-not-at-top
   from neobert_jax.data.pipeline import iterators as pipeline  # pylint: disable=g-import-not-at-top
   from neobert_jax.train import loop  # pylint: disable=g-import-not-at-top
+  from neobert_jax.train import testing  # pylint: disable=g-import-not-at-top
   from neobert_jax.train.testing import assert_identical_params, tiny_config  # pylint: disable=g-import-not-at-top
   from neobert_jax.weights import runs  # pylint: disable=g-import-not-at-top
 
@@ -72,7 +61,7 @@ def main() -> None:
       env['NEOBERT_BUCKET_RETRY_SECONDS'] = str(a.window)
     start = time.monotonic()
     child = subprocess.run(
-      [sys.executable, '-c', _CHILD, f'{root}/run', f'{root}/data'],
+      testing.tiny_run_command(f'{root}/run', f'{root}/data'),
       cwd=repo,
       env=env,
       capture_output=True,

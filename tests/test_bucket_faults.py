@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -20,24 +19,12 @@ from fault_proxy import FaultProxy
 from neobert_jax import paths
 from neobert_jax.weights import runs
 from neobert_jax.train import loop
-from neobert_jax.train.testing import assert_identical_params, tiny_config
+from neobert_jax.train.testing import assert_identical_params, tiny_config, tiny_run_command
 
 pytestmark = [pytest.mark.server, pytest.mark.slow]
 
 REPO = Path(__file__).resolve().parents[1]
 WINDOW_S = 8  # the retry window for these runs: outages of 3 s are ridden out, 60 s are not
-
-_TRAIN = """
-import logging, sys
-from neobert_jax import errors
-from neobert_jax.train import loop
-from neobert_jax.train.testing import tiny_config
-logging.basicConfig(level=logging.WARNING, format='%(name)s: %(message)s')
-cfg = tiny_config(steps=6)
-cfg.data.dir = sys.argv[2]
-with errors.reported('train'):
-  loop.run(cfg, sys.argv[1])
-"""
 
 
 def _proxy_env(proxy: FaultProxy, tmp_path: Path) -> dict[str, str]:
@@ -80,7 +67,7 @@ def test_faults_and_a_short_outage_are_ridden_out_a_long_one_stops_with_one_line
     proxy.outage_when(f'{workdir.removeprefix("gs://neobert/")}/checkpoints/6', 60)
     start = time.monotonic()
     child = subprocess.run(
-      [sys.executable, '-c', _TRAIN, workdir, data_url],
+      tiny_run_command(workdir, data_url),
       cwd=REPO,
       env=_proxy_env(proxy, tmp_path),
       capture_output=True,

@@ -62,7 +62,7 @@ def test_unpadded_equals_the_original_padded_computation(lm, monkeypatch, call_c
   if call_cost is not None:
     monkeypatch.setitem(hf.ATTENTION_CALL_COST, 'cpu', call_cost)
   ids, mask = padded_batch(LENGTHS, width=11)
-  rows = lm.model._unpadded_rows(mask, None, None, False, tuple(ids.shape))
+  rows = lm.model._unpadded_rows(mask, None, False)
   assert rows is not None  # the unpadded path runs
   assert [(stop - start, length, slots is not None) for start, stop, length, slots, _ in rows.groups] == groups
   with torch.no_grad():
@@ -79,6 +79,29 @@ def test_unpadded_equals_the_original_padded_computation(lm, monkeypatch, call_c
       with torch.no_grad():
         alone = lm.model(ids[row : row + 1, :length]).last_hidden_state[0]
       torch.testing.assert_close(got[row, :length], alone, atol=1e-5, rtol=1e-5)
+
+
+# Packed rows: documents of 3, 4, 1 and 5, 5 tokens, padding in both rows; segment ids of another row repeat.
+SEGMENTS = [[1, 1, 1, 2, 2, 2, 2, 3, 0, 0, 0], [1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 0]]
+
+
+@pytest.mark.parametrize(
+  'call_cost, groups', [(0, [(10, 5, False), (4, 4, False), (3, 3, False), (1, 1, False)]), (None, [(18, 5, True)])]
+)
+def test_packed_rows_are_unpadded_per_document(lm, monkeypatch, call_cost, groups):
+  if call_cost is not None:
+    monkeypatch.setitem(hf.ATTENTION_CALL_COST, 'cpu', call_cost)
+  segments = torch.tensor(SEGMENTS)
+  real = segments > 0
+  ids = torch.randint(1, 97, segments.shape, generator=torch.Generator().manual_seed(1)) * real
+  rows = lm.model._unpadded_rows(None, segments, False)
+  assert [(stop - start, length, slots is not None) for start, stop, length, slots, _ in rows.groups] == groups
+  with torch.no_grad():
+    got = lm(ids, segment_ids=segments).logits
+    monkeypatch.setattr(lm.config, 'unpad_inputs', False)  # the padded computation: a [B, 1, T, T] document mask
+    want = lm(ids, segment_ids=segments).logits
+  torch.testing.assert_close(got[real], want[real], atol=1e-5, rtol=1e-5)
+  assert (got[~real] == 0).all()
 
 
 def test_attention_mask_none_and_all_ones_are_the_full_rows(lm):

@@ -95,3 +95,30 @@ def assert_identical_params(a: dict, b: dict) -> None:
   assert sorted(a) == sorted(b), sorted(set(a) ^ set(b))
   for k in a:
     np.testing.assert_array_equal(a[k], b[k], err_msg=k)
+
+
+def tiny_run_command(workdir: str, data_dir: str, steps: int = 6) -> list[str]:
+  """The command line that trains the tiny run (tiny_config) on data_dir into workdir in a process of its own, as
+  the bucket-fault tests and the outage benchmark start it: warnings and the one-line error on stderr."""
+  import sys
+
+  return [sys.executable, '-m', 'neobert_jax.train.testing', workdir, data_dir, str(steps)]
+
+
+def _run_tiny(workdir: str, data_dir: str, steps: str) -> None:
+  import logging
+
+  from neobert_jax import errors
+  from neobert_jax.train import loop
+
+  logging.basicConfig(level=logging.WARNING, format='%(name)s: %(message)s')
+  cfg = tiny_config(steps=int(steps))
+  cfg.data.dir = data_dir
+  with errors.reported('train'):
+    loop.run(cfg, workdir)
+
+
+if __name__ == '__main__':
+  import sys
+
+  _run_tiny(*sys.argv[1:])

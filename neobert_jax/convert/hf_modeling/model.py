@@ -21,13 +21,15 @@ Attention masking, pick one (all optional):
 * ``cu_seqlens`` [n_docs + 1] (with ``input_ids`` of shape [1, total]): the flash-attention style description of
   the same packing (cumulative document boundaries); ``max_seqlen`` is accepted and unused.
 
-Unpadding: a padded batch (an ``attention_mask`` with zeros) is computed on its real tokens only. The tokens are
-gathered into one [tokens, hidden] matrix for every projection, norm and feed-forward, row after row; attention runs
-per group of rows (rows sorted by length; rows of equal length share a call, and rows of unequal length share one
-only where padding them costs less than a call of their own, which on a CPU means short rows). The results are
-scattered back, so padded positions of ``last_hidden_state`` and ``logits`` are zeros. Outputs equal the padded
-computation within float32 rounding. ``config.unpad_inputs = False`` switches this off; ``output_attentions`` and
-``torch.onnx`` / ``torch.export`` tracing use the padded computation (fixed shapes, a boolean key mask).
+Unpadding: a padded batch (an ``attention_mask`` with zeros) and packed rows (``segment_ids`` or ``cu_seqlens``) are
+computed on their real tokens only. The tokens are gathered into one [tokens, hidden] matrix for every projection,
+norm and feed-forward, document after document (a row, or a packed document); attention runs per group of documents
+(sorted by length; documents of equal length share a call, and documents of unequal length share one only where
+padding them costs less than a call of their own, which on a CPU means short ones), so no [T, T] mask is built.
+The results are scattered back, so padded positions of ``last_hidden_state`` and ``logits`` are zeros. Outputs equal
+the padded computation within float32 rounding. ``config.unpad_inputs = False`` switches this off;
+``output_attentions`` and ``torch.onnx`` / ``torch.export`` tracing use the padded computation (fixed shapes, a
+boolean key mask).
 
 Half precision: masks are boolean, and a row with no real token attends to every position, so no softmax row is
 ever fully masked: padded and fully padded rows stay finite in float16 and bfloat16, forward and backward.
@@ -189,7 +191,7 @@ class EncoderBlock(nn.Module):
         output_attentions: bool = False,
         rows: Optional["UnpaddedRows"] = None,
     ) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
-        """x: [B, T, D] padded rows (``mask`` as from NeoBERT._attention_mask), or [tokens, D] with ``rows``."""
+        """x: [B, T, D] padded rows (``mask`` as from NeoBERT._padded_mask), or [tokens, D] with ``rows``."""
         qkv = self.qkv(self.attention_norm(x))
         weights = None
         if rows is None:
@@ -224,34 +226,48 @@ def _tracing() -> bool:
     return torch.jit.is_tracing()
 
 
-# What one more attention call costs, in query x key positions of padding it would be worth computing instead:
-# a CPU call costs about as much as a 40 x 40 block of attention, a GPU launch as much as a long row's worth.
+# What one more attention call costs, in query x key positions of padding it would be worth computing instead. On
+# a 2-core CPU a call's fixed cost (~40 us) is about a 40 x 40 block of attention. On a GPU a launch and its Python
+# are worth a whole row of 1024 at flash-attention speed, so rows up to that length share one masked call there (an
+# estimate: not yet measured on a GPU).
 ATTENTION_CALL_COST = {"cpu": 40 * 40}
-ATTENTION_CALL_COST_DEFAULT = 512 * 512
+ATTENTION_CALL_COST_DEFAULT = 1024 * 1024
 
 
 class UnpaddedRows:
-    """Where the real tokens of a padded batch go: gathered into [tokens, D] for the dense layers, with the rows'
-    tokens one row after another (rows sorted by length, longest first), and cut into attention groups of rows.
+    """Where the real tokens of a padded or packed batch go: gathered into [tokens, D] for the dense layers, one
+    document after another (longest first; a document is a row, or in packed rows the tokens of a row that share a
+    segment id), and cut into attention groups of documents.
 
-    Consecutive rows share an attention call when padding the shorter ones to the group's longest costs less than a
-    call of their own (``call_cost``, in query x key positions): on a CPU, rows of equal length share a call and rows
-    of different lengths each get their own, unmasked, so no padding is computed. A group of equal lengths is a view
-    of the token matrix; a group of unequal lengths is copied into its padded layout with a key mask. ``groups`` lists
-    (start, stop, length, slots or None, key mask or None): the group's tokens [start, stop), its longest row, and
-    for an unequal group each token's position in the padded [rows * length] layout. Rows without tokens are left
-    out (their outputs are scattered back as zeros). Built once per forward: the blocks do no per-row Python work.
+    Consecutive documents share an attention call when padding the shorter ones to the group's longest costs less
+    than a call of their own (``call_cost``, in query x key positions): on a CPU, documents of equal length share a
+    call and documents of different lengths each get their own, unmasked, so no padding is computed. A group of equal
+    lengths is a view of the token matrix; a group of unequal lengths is copied into its padded layout with a key
+    mask. ``groups`` lists (start, stop, length, slots or None, key mask or None): the group's tokens [start, stop),
+    its longest document, and for an unequal group each token's position in the padded [documents * length] layout.
+    Rows without tokens are left out (their outputs are scattered back as zeros). Built once per forward: the blocks
+    do no per-document Python work.
     """
 
-    def __init__(self, valid: torch.Tensor, call_cost: Optional[int] = None):
+    def __init__(
+        self, valid: torch.Tensor, documents: Optional[torch.Tensor] = None, call_cost: Optional[int] = None
+    ):
         batch, length = valid.shape
         if call_cost is None:
             call_cost = ATTENTION_CALL_COST.get(valid.device.type, ATTENTION_CALL_COST_DEFAULT)
-        lengths = valid.sum(dim=1)
-        order = torch.argsort(lengths, descending=True, stable=True)
-        sorted_rows, cols = valid[order].nonzero(as_tuple=True)
-        self.index = order[sorted_rows] * length + cols  # [tokens]: each token's place in the flattened batch
-        sorted_lengths = [n for n in lengths[order].tolist() if n > 0]
+        flat = valid.flatten().nonzero().squeeze(1)  # the real tokens' places in the flattened batch, in order
+        key = torch.div(flat, length, rounding_mode="floor")  # each token's row
+        if documents is not None and flat.numel():  # packed rows: a document is a (row, id) pair
+            ids = documents.flatten()[flat]
+            ids = ids - ids.min()
+            key = key * (int(ids.max()) + 1) + ids
+        _, document, counts = torch.unique(key, return_inverse=True, return_counts=True)
+        by_length = torch.argsort(counts, descending=True, stable=True)
+        rank = torch.empty_like(by_length)
+        rank[by_length] = torch.arange(by_length.numel(), device=valid.device)
+        # Tokens by their document's rank (longest first), then by place: each document's tokens lie together.
+        self.index = flat[torch.argsort(rank[document] * (batch * length) + flat)]  # [tokens]
+        sorted_lengths = counts[by_length].tolist()
         self.groups = []
         start, i = 0, 0
         while i < len(sorted_lengths):
@@ -266,7 +282,8 @@ class UnpaddedRows:
                 group_lengths = torch.tensor(group, device=valid.device)
                 row_of_token = torch.repeat_interleave(torch.arange(len(group), device=valid.device), group_lengths)
                 row_start = torch.cumsum(group_lengths, 0) - group_lengths
-                slots = row_of_token * longest + torch.arange(stop - start, device=valid.device) - row_start[row_of_token]
+                place = torch.arange(stop - start, device=valid.device) - row_start[row_of_token]
+                slots = row_of_token * longest + place
                 group_mask = (torch.arange(longest, device=valid.device)[None] < group_lengths[:, None])[:, None, None]
             self.groups.append((start, stop, longest, slots, group_mask))
             start, i = stop, j
@@ -282,7 +299,7 @@ class UnpaddedRows:
         return out.index_copy(0, self.index, x).unflatten(0, (self.batch, self.length))
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        """Bidirectional attention within each row: q, k, v [tokens, H, Dh] (any strides) -> [tokens, H * Dh]."""
+        """Bidirectional attention within each document: q, k, v [tokens, H, Dh] (any strides) -> [tokens, H * Dh]."""
         outputs = []
         for start, stop, length, slots, group_mask in self.groups:
             if slots is None:  # equal lengths: [rows * length] tokens are [rows, length] as they lie
@@ -365,7 +382,7 @@ class NeoBERT(NeoBERTPreTrainedModel):
     def set_input_embeddings(self, value: nn.Embedding) -> None:
         self.encoder = value
 
-    def _attention_mask(
+    def _masking_inputs(
         self,
         batch: int,
         length: int,
@@ -374,9 +391,17 @@ class NeoBERT(NeoBERTPreTrainedModel):
         segment_ids: Optional[torch.Tensor],
         cu_seqlens: Optional[torch.Tensor],
     ) -> Tuple[Optional[torch.Tensor], Optional[torch.Tensor]]:
-        """Returns (boolean mask broadcastable to [B, H, T, T] with True = attend, segment ids or None)."""
+        """Checks the masking inputs. Returns (attention_mask on ``device`` or None, packed segment ids [B, T] with 0
+        at padding, or None when the rows are not packed)."""
         if segment_ids is not None and cu_seqlens is not None:
             raise ValueError("pass either segment_ids or cu_seqlens to describe packed rows, not both")
+        if attention_mask is not None:
+            if attention_mask.dim() != 2 or tuple(attention_mask.shape) != (batch, length):
+                raise ValueError(
+                    f"attention_mask must have shape {(batch, length)} (1 = token, 0 = padding), "
+                    f"got {tuple(attention_mask.shape)}"
+                )
+            attention_mask = attention_mask.to(device)
         if cu_seqlens is not None:
             if batch != 1:
                 raise ValueError(
@@ -388,38 +413,38 @@ class NeoBERT(NeoBERTPreTrainedModel):
                 raise ValueError(f"segment_ids must have shape {(batch, length)}, got {tuple(segment_ids.shape)}")
             segment_ids = segment_ids.to(device=device, dtype=torch.long)
             if attention_mask is not None:
-                segment_ids = segment_ids * (attention_mask.to(device) != 0).to(torch.long)
-            # A token sees only tokens of its own document. Padding (id 0) sees only padding, which keeps its
-            # (ignored) outputs finite instead of NaN from an all-masked softmax row.
-            mask = segment_ids[:, None, :, None] == segment_ids[:, None, None, :]
-            return mask, segment_ids
-        if attention_mask is not None:
-            if attention_mask.dim() != 2 or tuple(attention_mask.shape) != (batch, length):
-                raise ValueError(
-                    f"attention_mask must have shape {(batch, length)} (1 = token, 0 = padding), "
-                    f"got {tuple(attention_mask.shape)}"
-                )
-            if not _tracing() and bool((attention_mask != 0).all()):
-                return None, None  # (a traced graph keeps the mask: its inputs may have padding)
-            keys = attention_mask.to(device) != 0
-            keys = keys | ~keys.any(dim=1, keepdim=True)  # a row without tokens attends to all: never all-masked
-            return keys[:, None, None, :], None
-        return None, None
+                segment_ids = segment_ids * (attention_mask != 0).to(torch.long)
+        return attention_mask, segment_ids
 
     def _unpadded_rows(
-        self, attention_mask: Optional[torch.Tensor], segment_ids, cu_seqlens, output_attentions: bool, shape
+        self, attention_mask: Optional[torch.Tensor], segment_ids: Optional[torch.Tensor], output_attentions: bool
     ) -> Optional[UnpaddedRows]:
-        """The unpadded layout when it pays (a padded batch), else None (the padded computation)."""
-        if attention_mask is None or segment_ids is not None or cu_seqlens is not None or output_attentions:
+        """The unpadded layout (inputs as from _masking_inputs) when it pays: packed rows, or a batch with padding.
+        None means the padded computation."""
+        if output_attentions or not getattr(self.config, "unpad_inputs", True) or _tracing():
             return None
-        if not getattr(self.config, "unpad_inputs", True) or _tracing():
+        if segment_ids is not None:
+            return UnpaddedRows(segment_ids != 0, documents=segment_ids)
+        if attention_mask is None:
             return None
-        if attention_mask.dim() != 2 or tuple(attention_mask.shape) != tuple(shape):
-            return None  # _attention_mask names the error
         valid = attention_mask != 0
-        if bool(valid.all()):
+        return None if bool(valid.all()) else UnpaddedRows(valid)
+
+    def _padded_mask(
+        self, attention_mask: Optional[torch.Tensor], segment_ids: Optional[torch.Tensor]
+    ) -> Optional[torch.Tensor]:
+        """The padded computation's boolean mask, broadcastable to [B, H, T, T] (True = attend), or None."""
+        if segment_ids is not None:
+            # A token sees only tokens of its own document. Padding (id 0) sees only padding, which keeps its
+            # (ignored) outputs finite instead of NaN from an all-masked softmax row.
+            return segment_ids[:, None, :, None] == segment_ids[:, None, None, :]
+        if attention_mask is None:
             return None
-        return UnpaddedRows(valid)
+        if not _tracing() and bool((attention_mask != 0).all()):
+            return None  # (a traced graph keeps the mask: its inputs may have padding)
+        keys = attention_mask != 0
+        keys = keys | ~keys.any(dim=1, keepdim=True)  # a row without tokens attends to all: never all-masked
+        return keys[:, None, None, :]
 
     def _encode(
         self,
@@ -438,17 +463,14 @@ class NeoBERT(NeoBERTPreTrainedModel):
             raise ValueError("pass exactly one of input_ids or inputs_embeds")
         x = self.encoder(input_ids) if input_ids is not None else inputs_embeds
         batch, length = x.shape[:2]
-        if attention_mask is not None:
-            attention_mask = attention_mask.to(x.device)
-        rows = self._unpadded_rows(attention_mask, segment_ids, cu_seqlens, output_attentions, (batch, length))
-        mask, packed_segments = None, None
-        if rows is None:
-            mask, packed_segments = self._attention_mask(
-                batch, length, x.device, attention_mask, segment_ids, cu_seqlens
-            )
+        attention_mask, segment_ids = self._masking_inputs(
+            batch, length, x.device, attention_mask, segment_ids, cu_seqlens
+        )
+        rows = self._unpadded_rows(attention_mask, segment_ids, output_attentions)
+        mask = self._padded_mask(attention_mask, segment_ids) if rows is None else None
         if position_ids is None:
-            if packed_segments is not None:
-                position_ids = positions_from_segment_ids(packed_segments)
+            if segment_ids is not None:
+                position_ids = positions_from_segment_ids(segment_ids)
             else:
                 position_ids = torch.arange(length, device=x.device)[None].expand(batch, length)
         elif position_ids.dim() == 1:
