@@ -5,7 +5,7 @@
   python -m neobert_jax.convert from-pytorch --input HF_DIR_OR_SAFETENSORS --output FILE.safetensors|DIR \
       [--init-missing-decoder] [--overwrite]
   python -m neobert_jax.convert to-onnx --input HF_OR_SENTENCE_TRANSFORMERS_DIR --output DIR \
-      [--task mlm|embedding|hidden] [--opset 18] [--overwrite]
+      [--task mlm|embedding|hidden] [--opset 23] [--overwrite]
 
 --checkpoint also accepts what from-pytorch wrote (a .safetensors file or its directory). Errors (missing key, wrong
 shape, config mismatch, existing output) exit with status 1 and one line naming the problem and the fix;
@@ -58,7 +58,8 @@ def to_onnx(args: argparse.Namespace) -> str:
   source = paths.resolve(args.input, '--input')
   if not source.is_dir():
     raise errors.ExportError(f'--input {args.input}: no such directory (give a Hugging Face NeoBERT directory)')
-  out = onnx_export.export_onnx(source, args.output, task=args.task, opset=args.opset, overwrite=args.overwrite)
+  opset = args.opset or onnx_export.DEFAULT_OPSET
+  out = onnx_export.export_onnx(source, args.output, task=args.task, opset=opset, overwrite=args.overwrite)
   task = json.loads((out / 'config.json').read_text())['onnx_task']
   return f'wrote the ONNX graph ({task}) to {out / onnx_export.ONNX_NAME}'
 
@@ -107,7 +108,12 @@ def build_parser() -> commandline.Parser:
     help='logits, pooled embeddings or last_hidden_state (default: embedding for a sentence-transformers '
     'directory, else mlm)',
   )
-  onx.add_argument('--opset', type=int, default=18, help='ONNX opset version')
+  onx.add_argument(
+    '--opset',
+    type=int,
+    default=None,
+    help="ONNX opset: 23 (the default) uses ONNX's Attention op; 18 only basic ops, for runtimes without it",
+  )
   onx.add_argument('--overwrite', action='store_true', help='replace a non-empty output directory')
   onx.set_defaults(run=to_onnx)
   return parser

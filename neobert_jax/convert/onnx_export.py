@@ -1,6 +1,6 @@
 """A Hugging Face NeoBERT directory (ours, or a sentence-transformers one) -> an ONNX graph for onnxruntime.
 
-  python -m neobert_jax.convert to-onnx --input DIR --output DIR [--task mlm|embedding|hidden] [--opset 18]
+  python -m neobert_jax.convert to-onnx --input DIR --output DIR [--task mlm|embedding|hidden] [--opset 23]
 
 The graph is traced from model.py's NeoBERT by ``torch.onnx.export(..., dynamo=True)``, with dynamic batch and
 length axes. Inputs ``input_ids`` and ``attention_mask`` (int64 [batch, length], 1 = token, 0 = padding); one
@@ -11,6 +11,8 @@ output, by task:
   (1_Pooling/config.json, a 2_Normalize module), else mean pooling over the real tokens, L2-normalised;
 * ``hidden``: ``last_hidden_state`` [batch, length, hidden].
 
+The default opset, 23, has ONNX's own ``Attention`` and ``RMSNormalization`` ops, which onnxruntime (the pinned 1.29.0)
+runs as fused kernels; ``--opset 18`` writes the same computation from basic ops, for runtimes without them.
 The default task is ``embedding`` for a sentence-transformers directory, ``mlm`` otherwise. The traced graph is
 model.py's padded computation (a boolean key mask; fixed-shape, so exportable): it equals the unpadded PyTorch
 outputs within float32 rounding. The output directory is written by the one Hugging Face directory writer
@@ -34,7 +36,7 @@ from neobert_jax.weights import hf
 ONNX_NAME = 'model.onnx'
 TASKS = ('mlm', 'embedding', 'hidden')
 OUTPUT_NAMES = {'mlm': 'logits', 'embedding': 'embeddings', 'hidden': 'last_hidden_state'}
-DEFAULT_OPSET = 18
+DEFAULT_OPSET = 23  # ONNX's Attention op; 18 for runtimes that lack it
 
 
 def is_sentence_transformers_dir(path: Path) -> bool:

@@ -163,10 +163,11 @@ class SwiGLU(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.w12(x).chunk(2, dim=-1)
-        if torch.is_grad_enabled():
+        if torch.is_grad_enabled() or _tracing():
             return self.w3(F.silu(gate) * up)
-        # Inference: the activation overwrites the gate's half of w12's output (autograd would need both kept), so
-        # no new [tokens, hidden] buffer is allocated and filled.
+        # Eager inference: the activation overwrites the gate's half of w12's output, so no new [tokens, hidden]
+        # buffer is allocated and filled. (Autograd needs both halves kept; a traced graph would turn the in-place
+        # write into a scatter into the whole output.)
         return self.w3(F.silu(gate, inplace=True).mul_(up))
 
 
@@ -444,6 +445,8 @@ class NeoBERT(NeoBERTPreTrainedModel):
             return None  # (a traced graph keeps the mask: its inputs may have padding)
         keys = attention_mask != 0
         keys = keys | ~keys.any(dim=1, keepdim=True)  # a row without tokens attends to all: never all-masked
+        if _tracing():  # ONNX's Attention op (opset 23) in onnxruntime wants the query axis spelled out
+            return keys[:, None, None, :].expand(-1, -1, keys.shape[1], -1)
         return keys[:, None, None, :]
 
     def _encode(
