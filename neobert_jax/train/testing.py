@@ -99,13 +99,16 @@ def assert_identical_params(a: dict, b: dict) -> None:
 
 def tiny_run_command(workdir: str, data_dir: str, steps: int = 6) -> list[str]:
   """The command line that trains the tiny run (tiny_config) on data_dir into workdir in a process of its own, as
-  the bucket-fault tests and the outage benchmark start it: warnings and the one-line error on stderr."""
+  the bucket-fault tests and the outage benchmark start it: warnings and the one-line error on stderr. (A -c line,
+  not a module run as __main__: it is not a user's command.)"""
   import sys
 
-  return [sys.executable, '-m', 'neobert_jax.train.testing', workdir, data_dir, str(steps)]
+  code = 'import sys; from neobert_jax.train import testing; testing.run_tiny(*sys.argv[1:])'
+  return [sys.executable, '-c', code, workdir, data_dir, str(steps)]
 
 
-def _run_tiny(workdir: str, data_dir: str, steps: str) -> None:
+def run_tiny(workdir: str, data_dir: str, steps: str) -> None:
+  """tiny_run_command's body: the tiny run on data_dir, its errors reported as one line (errors.reported)."""
   import logging
 
   from neobert_jax import errors
@@ -116,9 +119,3 @@ def _run_tiny(workdir: str, data_dir: str, steps: str) -> None:
   cfg.data.dir = data_dir
   with errors.reported('train'):
     loop.run(cfg, workdir)
-
-
-if __name__ == '__main__':
-  import sys
-
-  _run_tiny(*sys.argv[1:])
