@@ -177,3 +177,29 @@ def test_half_precision_forward_and_backward_with_padding_is_finite_and_close(dt
   for name, g in grads.items():
     gscale = want_grads[name].abs().max()
     assert (g - want_grads[name]).abs().max() <= 2 * rtol * gscale, name
+
+
+@pytest.mark.parametrize('call_cost', [0, 10, 1600])
+def test_random_masks_with_holes_and_segments_equal_the_padded_computation(lm, monkeypatch, call_cost):
+  """Masks with holes anywhere (not only trailing padding), segment ids that repeat within a row, and both at once:
+  the unpadded layout equals the dense-mask computation on every real token, and is zero elsewhere."""
+  monkeypatch.setitem(hf.ATTENTION_CALL_COST, 'cpu', call_cost)
+  for trial in range(12):
+    g = torch.Generator().manual_seed(trial)
+    batch, width = int(torch.randint(1, 6, (1,), generator=g)), int(torch.randint(1, 40, (1,), generator=g))
+    ids = torch.randint(1, 97, (batch, width), generator=g)
+    inputs = {}
+    if trial % 3 != 1:
+      inputs['attention_mask'] = (torch.rand(batch, width, generator=g) > 0.3).long()
+    if trial % 3 != 0:
+      inputs['segment_ids'] = torch.randint(0, 4, (batch, width), generator=g)
+    real = torch.ones(batch, width, dtype=torch.bool)
+    for name in inputs:
+      real &= inputs[name] != 0
+    with torch.no_grad():
+      got = lm(ids, **inputs).logits
+      monkeypatch.setattr(lm.config, 'unpad_inputs', False)
+      want = lm(ids, **inputs).logits
+      monkeypatch.setattr(lm.config, 'unpad_inputs', True)
+    torch.testing.assert_close(got[real], want[real], atol=1e-5, rtol=1e-5)
+    assert (got[~real] == 0).all()
