@@ -218,6 +218,7 @@ def test_fit_arithmetic_and_format():
   ]
 
 
+@pytest.mark.slow
 def test_plan_recommends_a_layout_that_fits_with_the_tpu_cost_model(tmp_path):
   # 4 rows over fsdp=4: one candidate micro-batch (1 row per device), one memory compile per remat policy
   extra = [

@@ -76,7 +76,8 @@ def test_blockwise_matches_reference(mode, block):
   _compare('blockwise', mode, atol=1e-5, block_size=block)
 
 
-@pytest.mark.parametrize('mode', MODES)
+# Packed rows in Pallas interpret mode take 6.5 s on 2 cores: in the full suite, not the fast subset.
+@pytest.mark.parametrize('mode', [pytest.param(m, marks=pytest.mark.slow) if m == 'packed' else m for m in MODES])
 def test_splash_interpret_matches_reference(mode):
   _compare('splash', mode, atol=1e-5, block_size=128)
 

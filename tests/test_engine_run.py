@@ -47,6 +47,7 @@ def _run(workdir, cfg, **kwargs):
   return engine_run.Run(workdir, cfg, keep=5, async_save=False, tensorboard=False, progress_bar=False, **kwargs)
 
 
+@pytest.mark.slow
 def test_restore_or_init_takes_the_checkpoint_then_the_source_then_fresh_parameters(setup, tmp_path):
   cfg, mesh = setup
   abstract, create = _makers(cfg, mesh)

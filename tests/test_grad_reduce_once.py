@@ -60,6 +60,7 @@ def one_device_one_batch():
   return _train(single.MESHES['one_device'], 1, jax.devices()[:1])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('name', list(MESHES))
 def test_accumulating_replicas_match_one_device_on_one_batch(one_device_one_batch, name):
   ref_losses, ref_params, rows = one_device_one_batch
@@ -113,6 +114,7 @@ def get_config():
 """
 
 
+@pytest.mark.slow
 def test_two_tpu_slices_send_one_gradient_reduction_per_step(tmp_path):
   """The compile report (JSON) of the real step for 2 TPU v5e 2x2 slices, data across them, 4 micro-batches."""
   (tmp_path / 'tiny.py').write_text(TPU_CONFIG)

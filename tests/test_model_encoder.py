@@ -50,6 +50,7 @@ def test_rope_rotates_adjacent_pairs_as_complex_numbers():
   np.testing.assert_allclose(apply_rope(jnp.asarray(x), jnp.asarray(pos), 10000.0), expected, atol=1e-4)
 
 
+@pytest.mark.slow
 def test_packed_rows_equal_documents_run_alone():
   cfg = small_config()
   model = nnx.jit(lambda: NeoBERTForMLM(cfg, rngs=nnx.Rngs(0)))()
@@ -67,6 +68,7 @@ def test_packed_rows_equal_documents_run_alone():
   assert float(jnp.abs(leaky[:, :5] - alone_a).max()) > 1e-3
 
 
+@pytest.mark.slow
 def test_padding_lengths_ignore_padded_keys():
   cfg = small_config()
   model = NeoBERTForMLM(cfg, rngs=nnx.Rngs(0))
