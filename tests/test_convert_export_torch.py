@@ -62,7 +62,7 @@ def test_unpadded_equals_the_original_padded_computation(lm, monkeypatch, call_c
   if call_cost is not None:
     monkeypatch.setitem(hf.ATTENTION_CALL_COST, 'cpu', call_cost)
   ids, mask = padded_batch(LENGTHS, width=11)
-  rows = lm.model._unpadded_rows(mask, None, False)
+  rows = lm.model._unpadded_rows(mask != 0, None, False)
   assert rows is not None  # the unpadded path runs
   assert [(stop - start, length, slots is not None) for start, stop, length, slots, _ in rows.groups] == groups
   with torch.no_grad():

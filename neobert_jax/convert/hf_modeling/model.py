@@ -392,8 +392,9 @@ class NeoBERT(NeoBERTPreTrainedModel):
         segment_ids: Optional[torch.Tensor],
         cu_seqlens: Optional[torch.Tensor],
     ) -> Tuple[Optional[torch.Tensor], Optional[torch.Tensor]]:
-        """Checks the masking inputs. Returns (attention_mask on ``device`` or None, packed segment ids [B, T] with 0
-        at padding, or None when the rows are not packed)."""
+        """Checks the masking inputs. Returns (real tokens: boolean [B, T] on ``device``, or None when every token is
+        real; packed segment ids [B, T] with 0 at padding, or None when the rows are not packed). A traced graph keeps
+        an all-true mask: its inputs may have padding."""
         if segment_ids is not None and cu_seqlens is not None:
             raise ValueError("pass either segment_ids or cu_seqlens to describe packed rows, not both")
         if attention_mask is not None:
@@ -402,7 +403,8 @@ class NeoBERT(NeoBERTPreTrainedModel):
                     f"attention_mask must have shape {(batch, length)} (1 = token, 0 = padding), "
                     f"got {tuple(attention_mask.shape)}"
                 )
-            attention_mask = attention_mask.to(device)
+            real = attention_mask.to(device) != 0
+            attention_mask = None if not _tracing() and bool(real.all()) else real
         if cu_seqlens is not None:
             if batch != 1:
                 raise ValueError(
@@ -414,11 +416,11 @@ class NeoBERT(NeoBERTPreTrainedModel):
                 raise ValueError(f"segment_ids must have shape {(batch, length)}, got {tuple(segment_ids.shape)}")
             segment_ids = segment_ids.to(device=device, dtype=torch.long)
             if attention_mask is not None:
-                segment_ids = segment_ids * (attention_mask != 0).to(torch.long)
+                segment_ids = segment_ids * attention_mask.to(torch.long)
         return attention_mask, segment_ids
 
     def _unpadded_rows(
-        self, attention_mask: Optional[torch.Tensor], segment_ids: Optional[torch.Tensor], output_attentions: bool
+        self, real: Optional[torch.Tensor], segment_ids: Optional[torch.Tensor], output_attentions: bool
     ) -> Optional[UnpaddedRows]:
         """The unpadded layout (inputs as from _masking_inputs) when it pays: packed rows, or a batch with padding.
         None means the padded computation."""
@@ -426,25 +428,17 @@ class NeoBERT(NeoBERTPreTrainedModel):
             return None
         if segment_ids is not None:
             return UnpaddedRows(segment_ids != 0, documents=segment_ids)
-        if attention_mask is None:
-            return None
-        valid = attention_mask != 0
-        return None if bool(valid.all()) else UnpaddedRows(valid)
+        return None if real is None else UnpaddedRows(real)
 
-    def _padded_mask(
-        self, attention_mask: Optional[torch.Tensor], segment_ids: Optional[torch.Tensor]
-    ) -> Optional[torch.Tensor]:
+    def _padded_mask(self, real: Optional[torch.Tensor], segment_ids: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
         """The padded computation's boolean mask, broadcastable to [B, H, T, T] (True = attend), or None."""
         if segment_ids is not None:
             # A token sees only tokens of its own document. Padding (id 0) sees only padding, which keeps its
             # (ignored) outputs finite instead of NaN from an all-masked softmax row.
             return segment_ids[:, None, :, None] == segment_ids[:, None, None, :]
-        if attention_mask is None:
+        if real is None:
             return None
-        if not _tracing() and bool((attention_mask != 0).all()):
-            return None  # (a traced graph keeps the mask: its inputs may have padding)
-        keys = attention_mask != 0
-        keys = keys | ~keys.any(dim=1, keepdim=True)  # a row without tokens attends to all: never all-masked
+        keys = real | ~real.any(dim=1, keepdim=True)  # a row without tokens attends to all: never all-masked
         if _tracing():  # ONNX's Attention op (opset 23) in onnxruntime wants the query axis spelled out
             return keys[:, None, None, :].expand(-1, -1, keys.shape[1], -1)
         return keys[:, None, None, :]
@@ -466,11 +460,9 @@ class NeoBERT(NeoBERTPreTrainedModel):
             raise ValueError("pass exactly one of input_ids or inputs_embeds")
         x = self.encoder(input_ids) if input_ids is not None else inputs_embeds
         batch, length = x.shape[:2]
-        attention_mask, segment_ids = self._masking_inputs(
-            batch, length, x.device, attention_mask, segment_ids, cu_seqlens
-        )
-        rows = self._unpadded_rows(attention_mask, segment_ids, output_attentions)
-        mask = self._padded_mask(attention_mask, segment_ids) if rows is None else None
+        real, segment_ids = self._masking_inputs(batch, length, x.device, attention_mask, segment_ids, cu_seqlens)
+        rows = self._unpadded_rows(real, segment_ids, output_attentions)
+        mask = self._padded_mask(real, segment_ids) if rows is None else None
         if position_ids is None:
             if segment_ids is not None:
                 position_ids = positions_from_segment_ids(segment_ids)
