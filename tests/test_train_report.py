@@ -1,4 +1,5 @@
-"""The end-of-run report: the unigram baseline of the held-out split and the loss-curve table (no training needed)."""
+"""The end-of-run report: the baselines of the held-out split (unigram, neighbour counts), the loss-curve table and
+plot (no training needed)."""
 
 import json
 import math
@@ -8,7 +9,7 @@ import pytest
 
 from neobert_jax.config import data as config_lib
 from neobert_jax.data import testing
-from neobert_jax.train import report
+from neobert_jax.train import baselines, report
 
 
 def test_unigram_cross_entropy_is_the_entropy_of_the_held_out_non_special_tokens(tmp_path):
@@ -22,7 +23,7 @@ def test_unigram_cross_entropy_is_the_entropy_of_the_held_out_non_special_tokens
   cfg.dir = str(tmp_path)
   counts = np.array([1, 1, 1, 1, 8, 4])  # four doc ids once each, 500 eight times, 501 four times
   p = counts / 16
-  got = report.unigram_cross_entropy(cfg, 16)
+  got = report.context_baselines(cfg, 16, mask_rate=0.4)
   assert got['held_out'] == pytest.approx(float(-(p * np.log(p)).sum()))
   q = (counts + 1) / (16 + 30522)  # the training split holds the same documents; add-one over the vocabulary
   assert got['train'] == pytest.approx(float(-(counts * np.log(q)).sum() / 16))
@@ -32,7 +33,64 @@ def test_loss_curve_table_keeps_held_out_rows_and_the_unigram_line(tmp_path):
   rows = [{'step': s, 'train/loss': 10.0 - s / 10} for s in range(10, 101, 10)]
   rows += [{'step': 50, 'eval/loss': 6.5, 'eval/accuracy': 0.1}, {'step': 100, 'eval/loss': 6.0, 'eval/accuracy': 0.2}]
   (tmp_path / 'metrics.jsonl').write_text('\n'.join(json.dumps(r) for r in rows) + '\n')
-  text = report.write_curve_table(tmp_path, {'held_out': math.log(800), 'train': 7.0}, every=40).read_text()
-  assert 'context-free baselines): 6.685 (its own token frequencies), 7.000' in text
+  bars = {'held_out': math.log(800), 'train': 7.0, 'neighbours': {'loss': 5.25, 'accuracy': 0.125, 'k': 0.1}}
+  text = report.write_curve_table(tmp_path, bars, every=40).read_text()
+  assert '(context-free): 6.685 (its own token frequencies), 7.000' in text
+  assert "evaluation's rate, k=0.1): 5.250, accuracy 0.125" in text
   assert '| 50 | 5.000 | 6.500 | 0.100 |' in text and '| 100 | 0.000 | 6.000 | 0.200 |' in text
   assert '| 40 | 6.000 |  |  |' in text and '| 30 |' not in text
+  png = report.write_curve_plot(tmp_path, bars)
+  assert png.read_bytes()[:8] == b'\x89PNG\r\n\x1a\n'
+
+
+def _by_hand(train, held_out, vocab, special, rate, k):
+  """The neighbour predictor written out position by position, case by case (loops, no matrices)."""
+  pairs, uni = {}, {}
+  for d in train:
+    for a, b in zip(d[:-1], d[1:]):
+      pairs[(a, b)] = pairs.get((a, b), 0) + 1
+    for t in d:
+      if t not in special:
+        uni[t] = uni.get(t, 0) + 1
+  follows = {a: sum(c for (x, _), c in pairs.items() if x == a) for a in range(vocab)}
+  cands = [x for x in range(vocab) if x not in special]
+  p_next = lambda a, b: (pairs.get((a, b), 0) + k) / (follows[a] + k * vocab)
+  prior = lambda x: uni.get(x, 0) + k
+  loss = acc = n = 0.0
+  for d in held_out:
+    for i in range(1, len(d) - 1):
+      if d[i] in special:
+        continue
+      l, x, r = d[i - 1], d[i], d[i + 1]
+      seen_l = 1.0 if l in special else 1 - rate
+      seen_r = 1.0 if r in special else 1 - rate
+      for w, use_l, use_r in ((seen_l * seen_r, 1, 1), (seen_l * (1 - seen_r), 1, 0), ((1 - seen_l) * seen_r, 0, 1),
+                              ((1 - seen_l) * (1 - seen_r), 0, 0)):
+        score = {c: (p_next(l, c) if use_l else prior(c)) * (p_next(c, r) if use_r else 1.0) for c in cands}
+        loss += w * -math.log(score[x] / sum(score.values()))
+        acc += w * (max(cands, key=lambda c: score[c]) == x)
+      n += 1
+  return loss / n, acc / n
+
+
+@pytest.mark.parametrize('rate', [0.0, 0.4])
+def test_neighbour_baseline_equals_the_counts_worked_by_hand(rate):
+  special = {0, 1, 2, 3, 4}
+  train = [[2, 5, 6, 7, 3], [2, 5, 6, 3], [2, 7, 5, 5, 6, 3], [2, 6, 7, 3]]
+  held_out = [[2, 5, 6, 7, 3], [2, 7, 7, 5, 3]]
+  arrays = lambda docs: [np.asarray(d, np.int32) for d in docs]
+  got = baselines.neighbours(arrays(train), arrays(held_out), special, 8, rate, smoothing=(0.5,))
+  loss, acc = _by_hand(train, held_out, 8, special, rate, 0.5)
+  assert got['loss'] == pytest.approx(loss, rel=1e-9) and got['accuracy'] == pytest.approx(acc, rel=1e-9)
+  assert got['k'] == 0.5
+
+
+def test_neighbour_baseline_is_exact_on_a_deterministic_language_and_picks_the_best_k():
+  # 5 -> 6 -> 7 -> 5 ... always: with both neighbours visible the middle token is certain; at a mask rate of 0.4
+  # the predictor still gets every token right (one visible neighbour suffices) but is less sure.
+  cycle = [5, 6, 7] * 20
+  docs = [np.asarray([2] + cycle[s : s + 30] + [3], np.int32) for s in range(3)]
+  sure = baselines.neighbours(docs, docs, {0, 1, 2, 3, 4}, 8, 0.0)
+  assert sure['accuracy'] == 1.0 and sure['loss'] < 0.01 and sure['k'] == min(baselines.SMOOTHING_GRID)
+  masked = baselines.neighbours(docs, docs, {0, 1, 2, 3, 4}, 8, 0.4)
+  assert masked['accuracy'] > 0.8 and masked['loss'] > sure['loss']

@@ -1,11 +1,12 @@
-"""The end-of-run report of a training job: what the model learned, against the baseline that needs no context.
+"""The end-of-run report of a training job: what the model learned, against the bars that need no network.
 
 Owns three things the loop writes after training (process 0 only):
-  * the unigram cross-entropy of the held-out split: the loss of the best context-free predictor, which predicts
-    every masked token with the split's own token frequencies (its entropy, in nats), and the (higher) loss of one
-    that uses the training split's frequencies. Masking picks loss positions uniformly among non-special tokens, so
-    these are the held-out MLM losses such predictors score; a model below the first uses context.
-  * the loss curve: WORKDIR/loss_curve.md, a table of train and held-out loss from metrics.jsonl.
+  * the baselines of the held-out MLM loss (train/baselines.py): the unigram cross-entropies (a model below the
+    held-out split's own entropy uses context) and the neighbour-count predictor at the evaluation's mask rate (a
+    model below it has learned more than bigram statistics). Masking picks loss positions uniformly among
+    non-special tokens, so these are the held-out MLM losses such predictors score.
+  * the loss curve: WORKDIR/loss_curve.md, a table of train and held-out loss from metrics.jsonl, and
+    WORKDIR/loss_curve.png, the held-out curve against wall-clock time and steps with the baselines drawn in.
   * fill-mask examples: sentences of the held-out split with one word masked, predicted by the exported Hugging Face
     directory through `transformers` (the export is what users load, so that is what is shown).
 """
@@ -24,6 +25,7 @@ from array_record.python.array_record_module import ArrayRecordReader
 from neobert_jax import paths
 from neobert_jax.data.pipeline import iterators as pipeline
 from neobert_jax.data import shards
+from neobert_jax.train import baselines
 
 log = logging.getLogger('neobert_jax.train')
 
@@ -52,31 +54,21 @@ def _split_ids(
   return records, manifest
 
 
-def _non_special(records: list[np.ndarray], manifest: dict) -> np.ndarray:
-  ids = np.concatenate(records)
-  return ids[~np.isin(ids, list(manifest['tokenizer']['special_ids'].values()))]
-
-
-def unigram_cross_entropy(data_cfg: ml_collections.ConfigDict, seq_len: int) -> dict[str, float]:
-  """Context-free baselines of the held-out MLM loss, in nats.
-
-  'held_out': the entropy of the held-out split's own token frequencies, the best any context-free predictor
-  can score on it (it knows the answer's distribution). 'train': the cross-entropy of the held-out tokens under
-  the training split's frequencies (add-one smoothed; at most 20M training tokens read), which is what a model
-  that learned only unigram statistics scores.
-  """
-  records, manifest = _split_ids(data_cfg, seq_len, 'eval')
-  held_out = _non_special(records, manifest)
+def context_baselines(data_cfg: ml_collections.ConfigDict, seq_len: int, mask_rate: float) -> dict[str, Any]:
+  """The bars to clear (train/baselines.py), from the held-out split and at most 20M tokens of the training split:
+  {'held_out', 'train'} unigram cross-entropies and 'neighbours' {'loss', 'accuracy', 'k'} at `mask_rate`."""
+  held_out, manifest = _split_ids(data_cfg, seq_len, 'eval')
+  train = _split_ids(data_cfg, seq_len, 'train', max_tokens=20_000_000)[0]
+  special = list(manifest['tokenizer']['special_ids'].values())
   vocab = int(manifest['tokenizer']['vocab_size'])
-  p = np.bincount(held_out, minlength=vocab).astype(np.float64) / held_out.size
-  entropy = float(-(p[p > 0] * np.log(p[p > 0])).sum())
-  train = _non_special(_split_ids(data_cfg, seq_len, 'train', max_tokens=20_000_000)[0], manifest)
-  q = (np.bincount(train, minlength=vocab).astype(np.float64) + 1.0) / (train.size + vocab)
-  return {'held_out': entropy, 'train': float(-np.log(q[held_out]).mean())}
+  out: dict[str, Any] = baselines.unigram(train, held_out, special, vocab)
+  out['neighbours'] = baselines.neighbours(train, held_out, special, vocab, mask_rate)
+  return out
 
 
 def loss_curve(workdir: Path) -> list[dict[str, Any]]:
-  """Rows {step, train, eval} from metrics.jsonl (a resumed run's later lines win)."""
+  """Rows {step, time, train, eval, eval_accuracy} from metrics.jsonl (a resumed run's later lines win; `time`
+  is unix seconds, absent in files written before the field existed)."""
   rows: dict[int, dict[str, Any]] = {}
   path = workdir / 'metrics.jsonl'
   if not path.is_file():
@@ -86,22 +78,32 @@ def loss_curve(workdir: Path) -> list[dict[str, Any]]:
       continue
     rec = json.loads(line)
     row = rows.setdefault(int(rec['step']), {'step': int(rec['step'])})
-    for key, name in (('train/loss', 'train'), ('eval/loss', 'eval'), ('eval/accuracy', 'eval_accuracy')):
+    for key, name in (('time', 'time'), ('train/loss', 'train'), ('eval/loss', 'eval'), ('eval/accuracy', 'eval_accuracy')):
       if key in rec:
         row[name] = rec[key]
   return [rows[s] for s in sorted(rows)]
 
 
-def write_curve_table(workdir: Path, unigram: dict[str, float], every: int) -> Path:
-  """WORKDIR/loss_curve.md: held-out rows and every `every`-th train row, with the unigram baselines."""
-  fmt = lambda v: f'{v:.3f}' if isinstance(v, float) else ''
+def baseline_lines(bars: dict[str, Any]) -> list[str]:
+  """The bars, one line each (the log, loss_curve.md)."""
   lines = [
-    f'Unigram cross-entropy of the held-out split (context-free baselines): {unigram["held_out"]:.3f} '
-    f"(its own token frequencies), {unigram['train']:.3f} (the training split's)",
-    '',
-    '| step | train loss | held-out loss | held-out accuracy |',
-    '|---:|---:|---:|---:|',
+    f'unigram cross-entropy of the held-out split (context-free): {bars["held_out"]:.3f} (its own token '
+    f"frequencies), {bars['train']:.3f} (the training split's)"
   ]
+  if 'neighbours' in bars:
+    n = bars['neighbours']
+    lines.append(
+      f'neighbour counts (bigram p(x | left) p(right | x) from the training split, neighbours masked at the '
+      f"evaluation's rate, k={n['k']}): {n['loss']:.3f}, accuracy {n['accuracy']:.3f}"
+    )
+  return lines
+
+
+def write_curve_table(workdir: Path, bars: dict[str, Any], every: int) -> Path:
+  """WORKDIR/loss_curve.md: held-out rows and every `every`-th train row, under the baselines."""
+  fmt = lambda v: f'{v:.3f}' if isinstance(v, float) else ''
+  lines = ['Baselines of the held-out MLM loss (nats):', ''] + [f'- {line}' for line in baseline_lines(bars)]
+  lines += ['', '| step | train loss | held-out loss | held-out accuracy |', '|---:|---:|---:|---:|']
   for r in loss_curve(workdir):
     if 'eval' in r or r['step'] % every == 0:
       lines.append(f'| {r["step"]} | {fmt(r.get("train"))} | {fmt(r.get("eval"))} | {fmt(r.get("eval_accuracy"))} |')
@@ -110,8 +112,47 @@ def write_curve_table(workdir: Path, unigram: dict[str, float], every: int) -> P
   return out
 
 
+def write_curve_plot(workdir: Path, bars: dict[str, Any]) -> Path | None:
+  """WORKDIR/loss_curve.png: held-out (and train) loss against wall-clock minutes and against steps, with the
+  baselines as horizontal lines. None when no held-out row was logged."""
+  import matplotlib  # pylint: disable=g-import-not-at-top
+
+  matplotlib.use('Agg')  # files only, never a display
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+
+  rows = loss_curve(workdir)
+  held = [r for r in rows if 'eval' in r]
+  if not held:
+    return None
+  t0 = min((r['time'] for r in rows if 'time' in r), default=None)
+  fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
+  for ax, axis in zip(axes, ('time', 'step')):
+    if axis == 'time' and t0 is None:
+      continue
+    x = (lambda r: (r['time'] - t0) / 60) if axis == 'time' else (lambda r: r['step'])
+    train = [r for r in rows if 'train' in r and (axis == 'step' or 'time' in r)]
+    ax.plot([x(r) for r in train], [r['train'] for r in train], color='0.7', lw=1, label='train (batch)')
+    timed = [r for r in held if axis == 'step' or 'time' in r]
+    ax.plot([x(r) for r in timed], [r['eval'] for r in timed], 'o-', color='C0', label='held-out')
+    ax.axhline(bars['held_out'], color='C3', ls=':', label=f'unigram {bars["held_out"]:.2f}')
+    if 'neighbours' in bars:
+      n = bars['neighbours']['loss']
+      ax.axhline(n, color='C2', ls='--', label=f'neighbour counts {n:.2f}')
+    ax.set_xlabel('wall-clock minutes (from the first logged step)' if axis == 'time' else 'step')
+    ax.grid(alpha=0.3)
+  axes[0].set_ylabel('MLM loss (nats)')
+  lows = [r['eval'] for r in held] + [bars['held_out'], bars.get('neighbours', {}).get('loss', bars['held_out'])]
+  axes[0].set_ylim(min(lows) - 0.3, max(bars['held_out'], min(r['eval'] for r in held)) + 1.5)
+  axes[1].legend(loc='upper right', fontsize=8)
+  fig.tight_layout()
+  out = workdir / 'loss_curve.png'
+  fig.savefig(out, dpi=110)
+  plt.close(fig)
+  return out
+
+
 def fill_mask_examples(
-  hf_dir: str, data_cfg: ml_collections.ConfigDict, seq_len: int, n: int = 6, width: int = 14, top: int = 3
+  hf_dir: str, data_cfg: ml_collections.ConfigDict, seq_len: int, n: int = 6, width: int = 32, top: int = 5
 ) -> list[str]:
   """Held-out snippets with one whole word masked; the exported model's top predictions, via transformers."""
   import torch  # pylint: disable=g-import-not-at-top
@@ -146,7 +187,7 @@ def fill_mask_examples(
       logits = model(input_ids=torch.tensor([masked])).logits[0, i + 1]
     guesses = tok.convert_ids_to_tokens(torch.topk(logits, top).indices.tolist())
     text = tok.decode(masked[1:-1]).replace(tok.mask_token, '____')
-    mark = 'right' if guesses[0] == answer else ('in top %d' % top if answer in guesses else 'wrong')
+    mark = 'right' if guesses[0] == answer else (f'in top {top}' if answer in guesses else 'wrong')
     out.append(f'{text!r}: {", ".join(guesses)} (answer {answer}: {mark})')
     if len(out) == n:
       break
@@ -154,25 +195,31 @@ def fill_mask_examples(
 
 
 def report(cfg: ml_collections.ConfigDict, workdir: Path, evals: list[dict[str, float]]) -> dict[str, Any]:
-  """Logs held-out loss against unigram, writes the curve table, shows fill-mask examples if the run exported."""
+  """Logs the held-out loss against the baselines, writes the curve (table and plot), shows fill-mask examples if
+  the run exported."""
   seq_len = cfg.model.max_length
-  unigram = unigram_cross_entropy(cfg.data, seq_len)
-  table = write_curve_table(workdir, unigram, max(cfg.logging.log_every, 1) * 5)
-  out: dict[str, Any] = {'unigram': unigram, 'curve': str(table)}
+  bars = context_baselines(cfg.data, seq_len, cfg.data.mask_rate)
+  table = write_curve_table(workdir, bars, max(cfg.logging.log_every, 1) * 5)
+  plot = write_curve_plot(workdir, bars)
+  out: dict[str, Any] = {'unigram': {k: bars[k] for k in ('held_out', 'train')}, 'neighbours': bars['neighbours']}
+  out['curve'] = str(table)
+  if plot is not None:
+    out['plot'] = str(plot)
+  log.info('baselines of the held-out loss:\n  %s', '\n  '.join(baseline_lines(bars)))
   if evals:
     last = evals[-1]
     out['eval_loss'] = last['loss']
-    below = unigram['held_out'] - last['loss']
+    gap = bars['neighbours']['loss'] - last['loss']
     log.info(
-      'held-out MLM loss %.3f (accuracy %.3f) at step %d; unigram cross-entropy of the held-out split %.3f '
-      "(%.3f with the training split's frequencies): %s; loss curve %s",
+      'held-out MLM loss %.3f (accuracy %.3f) at step %d: %.3f below the unigram entropy, %s the neighbour-count '
+      'baseline; loss curve %s%s',
       last['loss'],
       last['accuracy'],
       last['step'],
-      unigram['held_out'],
-      unigram['train'],
-      f'{below:.3f} below, the model uses context' if below > 0 else f'{-below:.3f} above',
+      bars['held_out'] - last['loss'],
+      f'{gap:.3f} below' if gap > 0 else f'{-gap:.3f} above',
       table,
+      f' and {plot}' if plot is not None else '',
     )
   if cfg.export.hf_dir:
     try:

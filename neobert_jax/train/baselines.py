@@ -1,0 +1,115 @@
+"""Baselines of the held-out MLM loss that need no neural network: the bars a pretraining run has to clear.
+
+  * unigram: the entropy of the held-out split's own token frequencies (the best any context-free predictor can
+    score on it), and the cross-entropy under the training split's frequencies (what a model that learned only
+    token frequencies scores).
+  * neighbours: a masked token predicted from its left and right neighbours with add-k smoothed bigram counts of
+    the training split, p(x | left) * p(right | x), normalised over the non-special ids. A neighbour that is itself
+    masked (each non-special one is, at the evaluation's mask rate, as the job's all-[MASK] masking hides it) drops
+    out of the product; with both hidden it is the unigram prediction. The loss and accuracy are the exact
+    expectation over those four cases, for every non-special held-out token, so the figure has no sampling noise.
+    k is the best of a small grid on the held-out split, which makes the bar as high as bigram counting can set it.
+
+Counts are sparse (scipy), so a 30522-id vocabulary fits in memory; scoring goes in chunks of positions, each a
+dense [chunk, vocab] block. Pure numpy over lists of int arrays (one per document, [CLS] ... [SEP] as prepared):
+the report reads the splits and calls these.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import scipy.sparse
+
+SMOOTHING_GRID = (0.003, 0.01, 0.03, 0.1, 0.3)
+_CHUNK = 256
+
+
+def unigram(train: list[np.ndarray], held_out: list[np.ndarray], special_ids, vocab: int) -> dict[str, float]:
+  """{'held_out': entropy of the held-out split's frequencies, 'train': cross-entropy under the training split's
+  frequencies (add-one smoothed)}, in nats, over the non-special tokens (the only ones masking picks)."""
+  special = np.asarray(sorted(special_ids))
+  ev = np.concatenate(held_out)
+  ev = ev[~np.isin(ev, special)]
+  tr = np.concatenate(train)
+  tr = tr[~np.isin(tr, special)]
+  p = np.bincount(ev, minlength=vocab).astype(np.float64) / ev.size
+  entropy = float(-(p[p > 0] * np.log(p[p > 0])).sum())
+  q = (np.bincount(tr, minlength=vocab).astype(np.float64) + 1.0) / (tr.size + vocab)
+  return {'held_out': entropy, 'train': float(-np.log(q[ev]).mean())}
+
+
+def bigram_counts(docs: list[np.ndarray], vocab: int) -> scipy.sparse.csr_matrix:
+  """C[a, b] = how often token b follows token a inside a document (specials included: [CLS] starts each)."""
+  left = np.concatenate([d[:-1] for d in docs if d.size > 1]).astype(np.int64)
+  right = np.concatenate([d[1:] for d in docs if d.size > 1]).astype(np.int64)
+  ones = np.ones(left.size, np.float64)
+  return scipy.sparse.csr_matrix((ones, (left, right)), shape=(vocab, vocab))  # duplicates are summed
+
+
+def _held_out_triples(docs: list[np.ndarray], is_special: np.ndarray) -> tuple[np.ndarray, ...]:
+  """(left, token, right) for every non-special held-out token; every one has both neighbours ([CLS]/[SEP])."""
+  lefts, mids, rights = [], [], []
+  for d in docs:
+    if d.size < 3:
+      continue
+    mid = d[1:-1]
+    keep = ~is_special[mid]
+    lefts.append(d[:-2][keep])
+    mids.append(mid[keep])
+    rights.append(d[2:][keep])
+  return tuple(np.concatenate(x).astype(np.int64) for x in (lefts, mids, rights))
+
+
+def neighbours(
+  train: list[np.ndarray],
+  held_out: list[np.ndarray],
+  special_ids,
+  vocab: int,
+  mask_rate: float,
+  smoothing: tuple[float, ...] = SMOOTHING_GRID,
+) -> dict[str, float]:
+  """The neighbour-count predictor's expected held-out MLM loss and accuracy at `mask_rate`, at its best k:
+  {'loss', 'accuracy', 'k'}."""
+  is_special = np.zeros(vocab, bool)
+  is_special[list(special_ids)] = True
+  counts = bigram_counts(train, vocab)
+  by_right = counts.T.tocsr()  # row r: how often r follows each x
+  follows = np.asarray(counts.sum(axis=1)).ravel()  # how often each token has a right neighbour
+  tr = np.concatenate(train)
+  uni = np.bincount(tr[~is_special[tr]], minlength=vocab).astype(np.float64)
+  left, token, right = _held_out_triples(held_out, is_special)
+  # A neighbour is hidden only if masking could pick it: specials are never masked.
+  p_left = np.where(is_special[left], 1.0, 1.0 - mask_rate)
+  p_right = np.where(is_special[right], 1.0, 1.0 - mask_rate)
+  best = None
+  for k in smoothing:
+    loss, acc = _expected_scores(counts, by_right, follows, uni, is_special, left, token, right, p_left, p_right, k)
+    if best is None or loss < best['loss']:
+      best = {'loss': loss, 'accuracy': acc, 'k': k}
+  return best
+
+
+def _expected_scores(counts, by_right, follows, uni, is_special, left, token, right, p_left, p_right, k):
+  vocab = uni.size
+  candidate = ~is_special
+  prior = np.where(candidate, (uni + k) / (uni.sum() + k * vocab), 0.0)
+  loss_sum, acc_sum = 0.0, 0.0
+  for start in range(0, token.size, _CHUNK):
+    sl = slice(start, start + _CHUNK)
+    l, x, r = left[sl], token[sl], right[sl]
+    given_left = (counts[l].toarray() + k) / (follows[l, None] + k * vocab)  # p(x | left)
+    right_given = (by_right[r].toarray() + k) / (follows[None, :] + k * vocab)  # p(right | x)
+    rows = np.arange(x.size)
+    pl, pr = p_left[sl], p_right[sl]
+    cases = (
+      (pl * pr, given_left * right_given),
+      (pl * (1 - pr), given_left),
+      ((1 - pl) * pr, prior * right_given),
+      ((1 - pl) * (1 - pr), np.broadcast_to(prior, given_left.shape)),
+    )
+    for weight, score in cases:
+      score = np.where(candidate, score, 0.0)
+      total = score.sum(axis=1)
+      loss_sum += float((weight * -np.log(score[rows, x] / total)).sum())
+      acc_sum += float((weight * (score.argmax(axis=1) == x)).sum())
+  return loss_sum / token.size, acc_sum / token.size
