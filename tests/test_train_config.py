@@ -4,6 +4,7 @@ weight-decay rules follow the paper."""
 import glob
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from neobert_jax.errors import DataError
@@ -54,6 +55,34 @@ def test_schedule_warmup_cosine_floor():
   assert 6e-5 < lr(500) < 6e-4
 
 
+def _schedule(kind, **fields):
+  cfg = tiny_config()
+  cfg.optimizer.update(dict(schedule=kind, peak_lr=1e-3, warmup_steps=10, warmup_init_fraction=0.0), **fields)
+  cfg.train.num_steps = 100
+  cfg = config_lib.validate(cfg, num_devices=8)
+  _, sched = opt_lib.make_optimizer(cfg.optimizer, cfg.train.num_steps)
+  return lambda step: float(sched(step))
+
+
+def test_wsd_linear_and_constant_schedules_follow_their_formulas():
+  f32 = lambda x: float(np.float32(x))
+  # wsd: warmup over 10, the peak until the last 20 updates (80..99) decay; progress (t - 80 + 1) / 20
+  for shape, left in (('1-sqrt', lambda p: 1 - p**0.5), ('linear', lambda p: 1 - p), ('cosine', None)):
+    lr = _schedule('wsd', wsd_decay_fraction=0.2, decay_shape=shape, final_lr_fraction=0.1)
+    assert lr(5) == f32(5e-4) and lr(10) == lr(50) == lr(79) == f32(1e-3)
+    left = left or (lambda p: 0.5 * (1 + np.cos(np.pi * p)))
+    for t in (80, 89, 95):
+      assert lr(t) == f32(1e-4 + 9e-4 * left((t - 79) / 20)), (shape, t)
+    assert lr(99) == lr(100) == lr(10**6) == f32(1e-4)  # the last update is at the floor, and stays there
+  zero = _schedule('wsd', wsd_decay_fraction=0.2, final_lr_fraction=0.0)
+  assert zero(99) == 0.0 and zero(98) > 0.0
+  # linear: decays from the end of warmup to the floor at the last update (Cramming's one-cycle: warmup = N/2)
+  lr = _schedule('linear', final_lr_fraction=0.0)
+  assert lr(9) == f32(9e-4) and lr(10) == f32(1e-3 * (1 - 1 / 90)) and lr(54) == f32(5e-4) and lr(99) == 0.0
+  lr = _schedule('constant')
+  assert lr(0) == 0.0 and lr(10) == lr(99) == lr(500) == f32(1e-3)
+
+
 def test_weight_decay_skips_norms_and_biases():
   names = {
     'encoder.token_embedding.embedding': True,
@@ -82,6 +111,15 @@ def test_weight_decay_skips_norms_and_biases():
     ({'data.max_predictions': 1000}, 'max_predictions'),
     ({'model.dtype': 'float16'}, 'loss scaling'),
     ({'train.compute_dtype': 'bfloat16'}, 'train.compute_dtype is now model.dtype'),
+    ({'optimizer.schedule': 'step'}, r"optimizer.schedule='step' is unknown; set one of cosine, wsd"),
+    ({'optimizer.decay_shape': 'sqrt'}, r"optimizer.decay_shape='sqrt' is unknown; set one of linear, cosine, 1-sqrt"),
+    ({'optimizer.wsd_decay_fraction': 0.0}, r'optimizer.wsd_decay_fraction=0.0 must be in \(0, 1\]'),
+    ({'optimizer.wsd_decay_fraction': 1.5}, r'optimizer.wsd_decay_fraction=1.5 must be in \(0, 1\]'),
+    ({'optimizer.final_lr_fraction': -0.1}, r'optimizer.final_lr_fraction=-0.1 must be in \[0, 1\]'),
+    (
+      {'optimizer.schedule': 'wsd', 'optimizer.wsd_decay_fraction': 0.9, 'optimizer.warmup_steps': 50},
+      'warmup_steps=50 overlaps the decay of the last',
+    ),
   ],
 )
 def test_bad_configs_fail_clearly(override, message):

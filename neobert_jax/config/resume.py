@@ -49,6 +49,9 @@ PRETRAIN_RULES: dict[str, str] = {
   'train.grad_accum_steps': SCHEDULE,
   'train.nan_policy': FREE,
   'optimizer': SCHEDULE,
+  # Another kind of schedule is another run's rest (its decay replaces the one the run was on): a new stage, started
+  # with init.from_checkpoint. Its shape and lengths (num_steps, wsd_decay_fraction, decay_shape) stay schedule.
+  'optimizer.schedule': IDENTITY,
   'eval': FREE,
   'checkpoint': FREE,
   'init': FREE,  # a checkpoint in the workdir wins over any init source

@@ -30,6 +30,19 @@ from neobert_jax.errors import ConfigError
 NAN_POLICIES = ('stop', 'skip')
 # model.dtype values the trainer runs: float16 would need loss scaling, which it does not do.
 TRAIN_DTYPES = ('auto', 'float32', 'bfloat16')
+# optimizer.schedule and optimizer.decay_shape values (engine/optimizer.py computes them).
+SCHEDULES = ('cosine', 'wsd', 'linear', 'constant')
+DECAY_SHAPES = ('linear', 'cosine', '1-sqrt')
+
+
+def decay_window(o: ml_collections.ConfigDict, num_steps: int) -> tuple[int, int]:
+  """(first, length) of the decay of optimizer.schedule 'wsd' or 'linear': the `length` updates from step `first`
+  on decay, the last of them (step num_steps - 1, the run's last update) reaching the floor. 'wsd' decays over the
+  last round(wsd_decay_fraction x num_steps) updates (at least 1), 'linear' over every update after the warmup."""
+  if o.schedule == 'linear':
+    return o.warmup_steps, num_steps - o.warmup_steps
+  length = max(round(o.wsd_decay_fraction * num_steps), 1)
+  return num_steps - length, length
 
 
 def get_config() -> ml_collections.ConfigDict:
@@ -69,9 +82,16 @@ def get_config() -> ml_collections.ConfigDict:
     )
   )
 
-  # AdamW with linear warmup then cosine decay; decoupled weight decay on all weights except norms and biases.
+  # AdamW with linear warmup then a decay (engine/optimizer.py draws each schedule; docs/recipes.md compares them);
+  # decoupled weight decay on all weights except norms and biases.
   cfg.optimizer = ml_collections.ConfigDict(
     dict(
+      # 'cosine' (decay_fraction / decay_steps below), 'wsd' (warmup, the peak, then a decay over the last
+      # wsd_decay_fraction of num_steps shaped by decay_shape), 'linear' (warmup, then linear decay over the rest of
+      # the run) or 'constant' (warmup, then the peak). Every decay ends at final_lr_fraction x peak_lr.
+      schedule='cosine',
+      wsd_decay_fraction=0.1,  # 'wsd': the share of num_steps (its last updates) that decays; in (0, 1]
+      decay_shape='1-sqrt',  # 'wsd': 'linear', 'cosine' or '1-sqrt' (1 - sqrt(progress), ModernBERT's)
       peak_lr=6e-4,
       b1=0.9,
       b2=0.95,
@@ -84,7 +104,7 @@ def get_config() -> ml_collections.ConfigDict:
       clip_eps=0.0,  # clip by clip_norm / (norm + clip_eps): 1e-6 is torch's clip_grad_norm_ (the original)
       warmup_steps=2000,  # linear warmup_init_fraction * peak_lr -> peak_lr over this many steps
       warmup_init_fraction=0.0,  # the original trainer starts at 1e-4 * peak (torch LinearLR(start_factor=1e-4))
-      decay_fraction=0.9,  # cosine reaches its floor after this fraction of num_steps, then stays there
+      decay_fraction=0.9,  # 'cosine' reaches its floor after this fraction of num_steps, then stays there
       decay_steps=0,  # > 0: the original trainer's cosine instead: period decay_steps from the end of
       # warmup, cut at ABSOLUTE step decay_steps, then the floor (decay_fraction unused)
       final_lr_fraction=0.1,  # floor = final_lr_fraction * peak_lr
@@ -233,6 +253,7 @@ def _validate_optimizer(o: ml_collections.ConfigDict, num_steps: int) -> None:
     ('warmup_init_fraction', 0 <= o.warmup_init_fraction <= 1, 'in [0, 1]'),
     ('decay_fraction', 0 < o.decay_fraction <= 1, 'in (0, 1]'),
     ('decay_steps', o.decay_steps >= 0, '>= 0'),
+    ('wsd_decay_fraction', 0 < o.wsd_decay_fraction <= 1, 'in (0, 1] (the share of train.num_steps that decays)'),
     (
       'final_lr_fraction',
       0 <= o.final_lr_fraction <= 1,
@@ -242,12 +263,22 @@ def _validate_optimizer(o: ml_collections.ConfigDict, num_steps: int) -> None:
   for field, ok, needed in ranges:
     if not ok:
       raise ConfigError(f'optimizer.{field}={o[field]} must be {needed}')
+  for field, allowed in (('schedule', SCHEDULES), ('decay_shape', DECAY_SHAPES)):
+    if o[field] not in allowed:
+      raise ConfigError(f'optimizer.{field}={o[field]!r} is unknown; set one of {", ".join(allowed)}')
+  if o.schedule == 'wsd':
+    first, length = decay_window(o, num_steps)
+    if first < o.warmup_steps:
+      raise ConfigError(
+        f'optimizer.schedule=wsd: warmup_steps={o.warmup_steps} overlaps the decay of the last {length} steps '
+        f'(wsd_decay_fraction={o.wsd_decay_fraction} of train.num_steps={num_steps}); lower one of the two'
+      )
   if o.warmup_steps > num_steps:
     raise ConfigError(
       f'optimizer.warmup_steps={o.warmup_steps} is longer than the run (train.num_steps={num_steps}): '
       'the learning rate would never reach its peak. Lower the warmup or raise num_steps.'
     )
-  if o.decay_steps > 0 and o.decay_steps <= o.warmup_steps:
+  if o.schedule == 'cosine' and o.decay_steps > 0 and o.decay_steps <= o.warmup_steps:
     raise ConfigError(
       f'optimizer.decay_steps={o.decay_steps} is an absolute step and must exceed '
       f'optimizer.warmup_steps={o.warmup_steps} (the original trainer asserts the same)'

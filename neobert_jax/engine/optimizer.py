@@ -1,4 +1,4 @@
-"""NeoBERT's optimizer: global-norm clipping, then AdamW under a warmup-cosine schedule.
+"""NeoBERT's optimizer: global-norm clipping, then AdamW under a warmup-cosine (or WSD, linear, constant) schedule.
 
 Owns the learning-rate schedule, the weight-decay mask and the clip -> AdamW chain, configured by the `optimizer`
 section (neobert_jax/config/train.py documents each field). Two recipes are expressible, field by field:
@@ -33,41 +33,77 @@ import ml_collections
 import numpy as np
 import optax
 
+from neobert_jax.config.train import DECAY_SHAPES, SCHEDULES, decay_window
 from neobert_jax.weights.flat import path_names
 
 
 def floor_step(opt_cfg: ml_collections.ConfigDict, num_steps: int) -> int:
-  """The first step at which the rate is the floor for good."""
+  """The first step at which the rate is the floor for good ('cosine'); 'wsd' and 'linear': decay_window."""
   if opt_cfg.decay_steps > 0:
     return opt_cfg.decay_steps
   # Never below warmup + 1, or the cosine would have no length on short runs.
   return max(round(opt_cfg.decay_fraction * num_steps), opt_cfg.warmup_steps + 1)
 
 
+def decay_factor(shape: str, progress: np.ndarray) -> np.ndarray:
+  """How much of (peak - floor) is left at `progress` in [0, 1] of a decay: 1 at its start, 0 at its end."""
+  p = np.clip(progress, 0.0, 1.0)
+  if shape == 'linear':
+    return 1.0 - p
+  if shape == 'cosine':
+    return 0.5 * (1.0 + np.cos(math.pi * p))
+  if shape == '1-sqrt':
+    return 1.0 - np.sqrt(p)
+  raise ValueError(f'optimizer.decay_shape={shape!r}; expected one of {DECAY_SHAPES}')
+
+
 def lr_values(opt_cfg: ml_collections.ConfigDict, num_steps: int, steps: np.ndarray) -> np.ndarray:
-  """The learning rate of the update made at each of `steps` (0 = the first update), float64."""
+  """The learning rate of the update made at each of `steps` (0 = the first update), float64.
+
+  Every schedule warms up alike: warmup_init_fraction x peak at step 0, linearly towards the peak over
+  warmup_steps updates. Then 'cosine' is the cosine below; 'constant' stays at the peak; 'wsd' stays at the peak
+  until decay_window's first step and 'linear' decays from the end of warmup, both with progress
+  (step - first + 1) / length, so the run's last update (step num_steps - 1; metrics.jsonl logs it as step
+  num_steps) is at the floor final_lr_fraction x peak_lr. Past num_steps the rate stays at the floor."""
   peak, floor = opt_cfg.peak_lr, opt_cfg.peak_lr * opt_cfg.final_lr_fraction
   warmup, start = opt_cfg.warmup_steps, opt_cfg.warmup_init_fraction
-  end = floor_step(opt_cfg, num_steps)
   t = np.asarray(steps, np.float64)
   warm = peak * (start + (1.0 - start) * t / max(warmup, 1))
+  kind = opt_cfg.schedule
+  if kind == 'constant':
+    return np.where(t < warmup, warm, peak)
+  if kind in ('wsd', 'linear'):
+    first, length = decay_window(opt_cfg, num_steps)
+    shape = 'linear' if kind == 'linear' else opt_cfg.decay_shape
+    decayed = floor + (peak - floor) * decay_factor(shape, (t - first + 1) / max(length, 1))
+    return np.where(t < warmup, warm, np.where(t < first, peak, decayed))
+  if kind != 'cosine':
+    raise ValueError(f'optimizer.schedule={kind!r}; expected one of {SCHEDULES}')
+  end = floor_step(opt_cfg, num_steps)
   # The original's cosine has period decay_steps from the end of warmup; ours spans warmup -> floor step exactly.
   period = opt_cfg.decay_steps if opt_cfg.decay_steps > 0 else end - warmup
   cos = floor + (peak - floor) * 0.5 * (1.0 + np.cos(math.pi * (t - warmup) / period))
   return np.where(t < warmup, warm, np.where(t < end, cos, floor))
 
 
+def last_change(opt_cfg: ml_collections.ConfigDict, num_steps: int) -> int:
+  """The step from which the rate never changes again: the table's length minus one."""
+  if opt_cfg.schedule == 'cosine':
+    return floor_step(opt_cfg, num_steps)
+  if opt_cfg.schedule == 'constant':
+    return opt_cfg.warmup_steps
+  return max(num_steps - 1, opt_cfg.warmup_steps)
+
+
 def lr_schedule(opt_cfg: ml_collections.ConfigDict, num_steps: int) -> optax.Schedule:
-  """optax schedule: the float32-rounded lr_values, looked up by step (the floor from the floor step on)."""
-  end = floor_step(opt_cfg, num_steps)
-  if opt_cfg.decay_steps > 0 and end <= opt_cfg.warmup_steps:
+  """optax schedule: the float32-rounded lr_values, looked up by step (the last entry from last_change on)."""
+  end = last_change(opt_cfg, num_steps)
+  if opt_cfg.schedule == 'cosine' and opt_cfg.decay_steps > 0 and end <= opt_cfg.warmup_steps:
     raise ValueError(
       f'optimizer.decay_steps={end} is an absolute step and must exceed '
       f'warmup_steps={opt_cfg.warmup_steps} (the original trainer asserts the same)'
     )
-  table = np.append(lr_values(opt_cfg, num_steps, np.arange(end)), opt_cfg.peak_lr * opt_cfg.final_lr_fraction).astype(
-    np.float32
-  )
+  table = lr_values(opt_cfg, num_steps, np.arange(end + 1)).astype(np.float32)
 
   def schedule(count: jax.Array) -> jax.Array:
     return jnp.asarray(table)[jnp.clip(count, 0, end)]

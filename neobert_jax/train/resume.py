@@ -155,6 +155,8 @@ _LR_FIELDS = (
   'optimizer.decay_fraction',
   'optimizer.decay_steps',
   'optimizer.final_lr_fraction',
+  'optimizer.wsd_decay_fraction',
+  'optimizer.decay_shape',
 )
 
 
@@ -172,6 +174,16 @@ def _lr(opt: ml_collections.ConfigDict, num_steps: int, step: int) -> float:
   return float(optimizer_lib.lr_values(opt, num_steps, np.asarray([step]))[0])
 
 
+def _decay_note(opt: ml_collections.ConfigDict, num_steps: int) -> str:
+  """Where the new schedule decays, in words."""
+  if opt.schedule == 'cosine':
+    return f'the cosine now reaches its floor at step {optimizer_lib.floor_step(opt, num_steps)} of {num_steps}'
+  if opt.schedule == 'constant':
+    return 'the rate stays at the peak'
+  first, _ = config_lib.decay_window(opt, num_steps)
+  return f'the {opt.schedule} decay now runs from step {first} to the floor at the last update, step {num_steps - 1}'
+
+
 def describe(
   changes: list[rules.Change], recorded: dict[str, Any], cfg: ml_collections.ConfigDict, step: int
 ) -> list[str]:
@@ -183,11 +195,9 @@ def describe(
     old_n, new_n = past.train.num_steps, cfg.train.num_steps
     old = _lr(past.optimizer, old_n, step)
     new = _lr(cfg.optimizer, new_n, step)
-    floor_at = optimizer_lib.floor_step(cfg.optimizer, new_n)
     lines.append(
       f'the learning-rate schedule is recomputed from the new config: the next update (step {step}) '
-      f'uses {new:.4g} where the old schedule gave {old:.4g}; the cosine now reaches its floor at step '
-      f'{floor_at} of {new_n}'
+      f'uses {new:.4g} where the old schedule gave {old:.4g}; {_decay_note(cfg.optimizer, new_n)}'
       + (' (a jump: consider warming up again in a new run)' if old > 0 and new > 1.5 * old else '')
     )
   if 'train.global_batch_size' in fields:
