@@ -9,6 +9,8 @@ import ml_collections
 
 PACKING_MODES = ('packed', 'none')
 MASK_STRATEGIES = ('all_mask', 'bert_80_10_10')
+# Labelled tasks that install by package name (data/labelled.py reads them; eval.probe_task picks one).
+LABELLED_TASKS = ('fine_food',)
 
 
 def default_data_config() -> ml_collections.ConfigDict:

@@ -23,7 +23,7 @@ import ml_collections
 from neobert_jax import config as config_lib
 from neobert_jax import paths
 from neobert_jax import sharding as shd
-from neobert_jax.config.data import default_data_config, validate_data_config
+from neobert_jax.config.data import LABELLED_TASKS, default_data_config, validate_data_config
 from neobert_jax.config.model import default_model_config, validate_model_config
 from neobert_jax.errors import ConfigError
 
@@ -117,6 +117,12 @@ def get_config() -> ml_collections.ConfigDict:
       every_steps=1000,  # 0 disables periodic evaluation
       num_batches=16,  # global batches per evaluation (fixed, deterministic subset)
       at_start=False,  # also evaluate before the first step (a baseline for the loss curve)
+      # A linear probe of frozen pooled embeddings at every evaluation (train/probe.py), logged as
+      # eval/probe/<task>/accuracy; '' = off. Tasks: data/labelled.py (fine_food: Amazon reviews, great vs other).
+      probe_task='',
+      probe_train_size=1000,  # examples of the task's train split the probe is fitted on (a fixed sample)
+      probe_test_size=1000,  # examples of its test split it is scored on
+      probe_max_length=128,  # tokens per example ([CLS] and [SEP] included), at most model.max_length
     )
   )
 
@@ -212,6 +218,7 @@ def validate(
       f'eval.every_steps={cfg.eval.every_steps} must be >= 0 (0 disables evaluation) and '
       f'eval.num_batches={cfg.eval.num_batches} >= 1'
     )
+  _validate_probe(cfg.eval)
   if cfg.logging.log_every < 1 or cfg.logging.peak_flops_per_device < 0:
     raise ConfigError('logging.log_every must be >= 1 and logging.peak_flops_per_device >= 0 (0: look it up)')
 
@@ -237,6 +244,18 @@ def validate(
   if micro % nproc:
     raise ConfigError(f'the micro-batch of {micro} rows does not split over {nproc} processes')
   return cfg
+
+
+def _validate_probe(ev: ml_collections.ConfigDict) -> None:
+  if ev.probe_task and ev.probe_task not in LABELLED_TASKS:
+    raise ConfigError(f'eval.probe_task={ev.probe_task!r} is unknown; expected one of {LABELLED_TASKS} or \'\' (off)')
+  if ev.probe_task and (ev.probe_train_size < 2 or ev.probe_test_size < 1 or ev.probe_max_length < 3):
+    raise ConfigError(
+      'eval.probe_train_size must be >= 2, eval.probe_test_size >= 1 and eval.probe_max_length >= 3 '
+      f'(got {ev.probe_train_size}, {ev.probe_test_size}, {ev.probe_max_length})'
+    )
+  if ev.probe_task and ev.every_steps == 0:
+    raise ConfigError('eval.probe_task runs at every evaluation, but eval.every_steps=0 turns evaluation off')
 
 
 def _validate_optimizer(o: ml_collections.ConfigDict, num_steps: int) -> None:

@@ -20,7 +20,7 @@ from __future__ import annotations
 import numpy as np
 import scipy.sparse
 
-SMOOTHING_GRID = (0.003, 0.01, 0.03, 0.1, 0.3)
+SMOOTHING_GRID = (0.01, 0.03, 0.1, 0.3)
 _CHUNK = 256
 
 
@@ -89,27 +89,38 @@ def neighbours(
   return best
 
 
+def _log_normalised(score: np.ndarray, candidate: np.ndarray) -> np.ndarray:
+  """log of each row of `score` normalised over the candidate ids (-inf elsewhere)."""
+  score = np.where(candidate, score, 0.0)
+  with np.errstate(divide='ignore'):
+    return np.log(score) - np.log(score.sum(axis=-1, keepdims=True))
+
+
+def _case_sums(logp: np.ndarray, rows: np.ndarray, token: np.ndarray, weight: np.ndarray) -> tuple[float, float]:
+  """(sum of weight x -log p(token), sum of weight x [argmax = token]) with logp's row `rows[i]` for position i."""
+  return float((weight * -logp[rows, token]).sum()), float((weight * (logp.argmax(axis=-1)[rows] == token)).sum())
+
+
 def _expected_scores(counts, by_right, follows, uni, is_special, left, token, right, p_left, p_right, k):
+  """Sums over the four visibility cases. The cases with a hidden neighbour depend on one neighbour (or none), so
+  they are scored once per distinct neighbour; only 'both visible' is scored per position, in chunks."""
   vocab = uni.size
   candidate = ~is_special
   prior = np.where(candidate, (uni + k) / (uni.sum() + k * vocab), 0.0)
-  loss_sum, acc_sum = 0.0, 0.0
+  p_next = lambda rows: (counts[rows].toarray() + k) / (follows[rows, None] + k * vocab)  # p(x | left)
+  p_prev = lambda rows: (by_right[rows].toarray() + k) / (follows[None, :] + k * vocab)  # p(right | x)
+  loss, acc = _case_sums(_log_normalised(prior, candidate)[None], np.zeros_like(token), token, (1 - p_left) * (1 - p_right))
+  lefts, left_row = np.unique(left, return_inverse=True)
+  rights, right_row = np.unique(right, return_inverse=True)
+  for rows, weight, make in (
+    (left_row, p_left * (1 - p_right), lambda: p_next(lefts)),
+    (right_row, (1 - p_left) * p_right, lambda: prior * p_prev(rights)),
+  ):
+    l_, a_ = _case_sums(_log_normalised(make(), candidate), rows, token, weight)
+    loss, acc = loss + l_, acc + a_
   for start in range(0, token.size, _CHUNK):
     sl = slice(start, start + _CHUNK)
-    l, x, r = left[sl], token[sl], right[sl]
-    given_left = (counts[l].toarray() + k) / (follows[l, None] + k * vocab)  # p(x | left)
-    right_given = (by_right[r].toarray() + k) / (follows[None, :] + k * vocab)  # p(right | x)
-    rows = np.arange(x.size)
-    pl, pr = p_left[sl], p_right[sl]
-    cases = (
-      (pl * pr, given_left * right_given),
-      (pl * (1 - pr), given_left),
-      ((1 - pl) * pr, prior * right_given),
-      ((1 - pl) * (1 - pr), np.broadcast_to(prior, given_left.shape)),
-    )
-    for weight, score in cases:
-      score = np.where(candidate, score, 0.0)
-      total = score.sum(axis=1)
-      loss_sum += float((weight * -np.log(score[rows, x] / total)).sum())
-      acc_sum += float((weight * (score.argmax(axis=1) == x)).sum())
-  return loss_sum / token.size, acc_sum / token.size
+    logp = _log_normalised(p_next(left[sl]) * p_prev(right[sl]), candidate)
+    l_, a_ = _case_sums(logp, np.arange(logp.shape[0]), token[sl], p_left[sl] * p_right[sl])
+    loss, acc = loss + l_, acc + a_
+  return loss / token.size, acc / token.size

@@ -25,6 +25,7 @@ from neobert_jax.engine.state import param_count
 from neobert_jax.errors import DataError
 from neobert_jax.train import batches as batches_lib
 from neobert_jax.train import mlm
+from neobert_jax.train import probe as probe_lib
 from neobert_jax.train import resume as resume_lib
 from neobert_jax.train import runtime
 
@@ -112,6 +113,19 @@ def _data(cfg: ml_collections.ConfigDict) -> tuple[Any, Iterable[dict]]:
   return train_host, held_out if evaluating else ()
 
 
+def _probe(cfg: ml_collections.ConfigDict, mesh: Any, start: Any, writer: Any) -> probe_lib.Probe:
+  """The downstream probe of eval.probe_task; a run's first start also logs the probe of a random init of the
+  same shape (its reference line: the start's own parameters unless they came from init.*)."""
+  probe = probe_lib.Probe(cfg, mesh, start.defs.model_def, start.defs.shardings['params'])
+  if start.step == 0:
+    fresh = start.state['params'] if mlm.init_source(cfg) is None else mlm.create_train_state(cfg, mesh)[1]['params']
+    reference = probe(fresh)['accuracy']
+    writer.write(0, {f'probe/{probe.task}/random_init_accuracy': reference}, prefix='eval')
+    if jax.process_index() == 0:
+      log.info('probe %s: a random init of this shape scores %.4f (the reference line)', probe.task, reference)
+  return probe
+
+
 def _logger_options(cfg: ml_collections.ConfigDict) -> dict[str, Any]:
   peak, peak_source = metrics_lib.total_peak_flops(cfg.logging.peak_flops_per_device, cfg.model.dtype)
   fpt = metrics_lib.flops_per_token(cfg)
@@ -176,12 +190,18 @@ def _train(cfg: ml_collections.ConfigDict, workdir: paths.Path, held: Any, on_st
     result = RunResult(workdir=workdir, config=cfg, final_step=start.step)
     keys, eval_step = mlm.batch_keys(cfg.data.max_predictions), mlm.build_eval_step(cfg, mesh, start.defs)
 
+    probe = _probe(cfg, mesh, start, run_.writer) if cfg.eval.probe_task else None
+
     def evaluate(step: int, state: Any) -> None:
       ev = _evaluate(keys, mesh, eval_step, eval_batches, state['params'])
+      line = f'eval step {step}: loss {ev["loss"]:.4f}, accuracy {ev["accuracy"]:.4f}'
+      if probe is not None:
+        ev[f'probe/{probe.task}/accuracy'] = probe(state['params'])['accuracy']
+        line += f', probe {probe.task} {ev[f"probe/{probe.task}/accuracy"]:.4f}'
       run_.writer.write(step, ev, prefix='eval')
       result.evals.append({'step': step, **ev})
       if is_main:
-        trainer.say(f'eval step {step}: loss {ev["loss"]:.4f}, accuracy {ev["accuracy"]:.4f}')
+        trainer.say(line)
 
     trainer = run_.trainer(
       mlm.build_train_step(cfg, mesh, start.defs),

