@@ -25,7 +25,11 @@ from pathlib import Path
 
 from neobert_jax.data import labelled
 
-ARCHITECTURE = ('vocab_size', 'hidden_size', 'num_layers', 'num_heads', 'intermediate_size', 'max_length', 'rope_theta')
+# The run's architecture and its init distribution: the random arm is the pretraining run's own starting point.
+ARCHITECTURE = (
+  'vocab_size', 'hidden_size', 'num_layers', 'num_heads', 'intermediate_size', 'max_length', 'rope_theta',
+  'embedding_init_range', 'decoder_init_range',
+)
 
 
 def finetune(run: Path, arm: str, seed: int, args: argparse.Namespace, out: Path) -> float:

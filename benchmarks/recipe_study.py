@@ -41,6 +41,11 @@ _recipe('x_lin0', *LIN0, *_E)
 _recipe('x_w256', 'model.hidden_size=256', 'model.intermediate_size=1024', *LIN0, *_E)
 _recipe('x_h2', 'model.num_heads=2', *LIN0, *_E)
 _recipe('x_l2', 'model.num_layers=2', 'model.scan_layers=True', *LIN0, *_E)
+_recipe('x_init15', 'model.decoder_init_range=0.15', *LIN0, *_E)
+_recipe('x_init08', 'model.decoder_init_range=0.08', *LIN0, *_E)
+_recipe('x_init15_h2', 'model.decoder_init_range=0.15', 'model.num_heads=2', *LIN0, *_E)
+_recipe('x_init15_e', 'model.decoder_init_range=0.15', 'model.embedding_init_range=0.15', *LIN0, *_E)
+_recipe('long_init15', 'train.num_steps=2800', 'model.decoder_init_range=0.15', *LIN0, 'eval.every_steps=400', 'checkpoint.every_steps=100000')
 _recipe('x_lr6', 'optimizer.peak_lr=6e-3', *LIN0, *_E)
 
 

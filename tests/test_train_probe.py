@@ -1,0 +1,67 @@
+"""The pretraining probe (train/probe.py): the logistic regression, the framing of examples, and pooled embeddings
+that ignore padding, on the real labelled task it ships with (data/labelled.py)."""
+
+import numpy as np
+import pytest
+from flax import nnx
+
+from neobert_jax import config as config_lib
+from neobert_jax import sharding as shd
+from neobert_jax.config import train as train_config
+from neobert_jax.data import labelled
+from neobert_jax.errors import ConfigError
+from neobert_jax.train import mlm
+from neobert_jax.train import probe as probe_lib
+from neobert_jax.train.testing import REPO_ROOT
+
+
+def test_logistic_regression_separates_what_is_separable_and_not_what_is_noise():
+  rng = np.random.default_rng(0)
+  x = rng.normal(size=(400, 8))
+  y = (x[:, 0] + 0.5 * x[:, 3] > 0).astype(int)
+  assert probe_lib.fit_and_score(x[:300], y[:300], x[300:], y[300:]) >= 0.95
+  noise = rng.integers(0, 3, 400)
+  assert probe_lib.fit_and_score(x[:300], noise[:300], x[300:], noise[300:]) < 0.5  # 3 classes: chance is 1/3
+
+
+def test_fine_food_is_the_amazon_reviews_split_as_published():
+  texts, labels = labelled.read_split('fine_food', 'test')
+  assert len(texts) == 1000 and labels.count('great') == 658 and set(labels) == {'great', 'other'}
+  assert len(labelled.read_split('fine_food', 'train')[0]) == 4000
+
+
+def _tiny_cfg(**probe):
+  overrides = {'model.hidden_size': 32, 'model.num_heads': 2, 'model.intermediate_size': 64, 'model.max_length': 32}
+  overrides.update({'data.max_predictions': 16, 'eval.probe_task': 'fine_food', **probe})
+  cfg = config_lib.load(REPO_ROOT / 'configs' / 'tiny_cpu.py', overrides)
+  cfg.data.tokenizer = 'builtin-wordpiece-2048'
+  return train_config.validate(cfg)
+
+
+def test_pooled_embeddings_ignore_padding_and_the_probe_scores_a_random_init():
+  cfg = _tiny_cfg(**{'eval.probe_train_size': 64, 'eval.probe_test_size': 40})
+  mesh = shd.make_mesh(dict(cfg.mesh))
+  defs, state = mlm.create_train_state(cfg, mesh)
+  probe = probe_lib.Probe(cfg, mesh, defs.model_def, defs.shardings['params'])
+  ids, lengths = probe.inputs['test']
+  assert ids.shape == (40, 32) and (ids[:, 0] == 2).all() and (ids[np.arange(40), lengths - 1] == 3).all()
+  pooled = probe._embed(state['params'], 'test')  # pylint: disable=protected-access
+  model = nnx.merge(defs.model_def, state['params'])
+  for i in (0, int(np.argmin(lengths))):  # each row alone, unpadded, through the plain encoder
+    alone = np.asarray(model.encoder(ids[i : i + 1, : lengths[i]]))[0].mean(0)
+    np.testing.assert_allclose(pooled[i], alone, rtol=1e-4, atol=1e-5)
+  assert 0.0 <= probe(state['params'])['accuracy'] <= 1.0
+
+
+@pytest.mark.parametrize(
+  'overrides, message',
+  [
+    ({'eval.probe_task': 'imdb'}, "eval.probe_task='imdb' is unknown"),
+    ({'eval.probe_task': 'fine_food', 'eval.probe_train_size': 1}, 'eval.probe_train_size must be >= 2'),
+    ({'eval.probe_task': 'fine_food', 'eval.every_steps': 0}, 'eval.every_steps=0 turns evaluation off'),
+  ],
+)
+def test_a_probe_that_cannot_run_is_one_line(overrides, message):
+  cfg = config_lib.load(REPO_ROOT / 'configs' / 'tiny_cpu.py', overrides)
+  with pytest.raises(ConfigError, match=message):
+    train_config.validate(cfg)
