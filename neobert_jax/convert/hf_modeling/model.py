@@ -354,6 +354,17 @@ class NeoBERT(NeoBERTPreTrainedModel):
             )
         return [m.view(1, heads, 1, 1) for m in head_mask]
 
+    def _unpadded_rows(
+        self, real: Optional[torch.Tensor], segment_ids: Optional[torch.Tensor], eager: bool
+    ) -> Optional[UnpaddedRows]:
+        """The unpadded layout (inputs as from _masking_inputs) when it pays and may run: packed rows, or a batch with
+        padding, unless the attention must be the eager softmax. None means the padded computation."""
+        if eager or not getattr(self.config, "unpad_inputs", True) or _tracing():
+            return None
+        if segment_ids is not None:
+            return UnpaddedRows(segment_ids != 0, documents=segment_ids)
+        return None if real is None else UnpaddedRows(real)
+
     def _padded_mask(self, real: Optional[torch.Tensor], segment_ids: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
         """The padded computation's boolean mask, broadcastable to [B, H, T, T] (True = attend), or None."""
         if segment_ids is not None:
@@ -394,14 +405,10 @@ class NeoBERT(NeoBERTPreTrainedModel):
         real, segment_ids = self._masking_inputs(batch, length, x.device, attention_mask, segment_ids, cu_seqlens)
         head_masks = self._head_masks(head_mask)
         eager = output_attentions or head_mask is not None or getattr(self.config, "_attn_implementation", None) == "eager"
-        rows, mask, valid = None, None, None
-        if eager or not getattr(self.config, "unpad_inputs", True) or _tracing():
+        rows, mask, valid = self._unpadded_rows(real, segment_ids, eager), None, None
+        if rows is None:
             mask = self._padded_mask(real, segment_ids)
             valid = real if segment_ids is None else segment_ids != 0
-        elif segment_ids is not None:
-            rows = UnpaddedRows(segment_ids != 0, documents=segment_ids)
-        elif real is not None:
-            rows = UnpaddedRows(real)
 
         def place(t: torch.Tensor) -> torch.Tensor:
             if rows is not None:
