@@ -65,6 +65,7 @@ def test_export_directory_contents(exported, source):
   cfg, flat = source
   assert sorted(p.name for p in exported.iterdir()) == [
     'config.json',
+    'layers.py',
     'model.py',
     'model.safetensors',
     'special_tokens_map.json',

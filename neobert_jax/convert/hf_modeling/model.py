@@ -1,49 +1,36 @@
 """NeoBERT in PyTorch for Hugging Face ``transformers`` (written for neobert-jax).
 
-This file has two jobs:
-
-* it is the independent PyTorch reference that neobert-jax's parity tests compare the JAX model against, and
-* it is copied verbatim as ``model.py`` into every exported Hugging Face directory, where
-  ``AutoModel*.from_pretrained(dir, trust_remote_code=True)`` loads it through ``auto_map``.
-
-It therefore imports nothing but ``torch`` and ``transformers`` (and the standard library).
+Two jobs: the independent PyTorch reference that neobert-jax's parity tests compare the JAX model against, and the
+``model.py`` (with its siblings) of every exported directory, which ``AutoModel*.from_pretrained(dir,
+trust_remote_code=True)`` loads through ``auto_map``. So it imports nothing but ``torch`` and ``transformers``.
 
 Architecture (the released NeoBERT, ``chandar-lab/NeoBERT``): token embedding, N pre-RMSNorm encoder blocks
 (fused per-head ``qkv`` projection, rotary position embedding on adjacent pairs, bidirectional scaled dot-product
 attention, ``wo``; SwiGLU feed-forward with a fused ``w12`` whose first half is the gate, ``w3``), a final RMSNorm,
 and for masked language modelling an untied ``decoder`` Linear with bias. No biases inside the encoder, no dropout.
 
-Attention masking, pick one (all optional):
+Inputs: ``attention_mask`` [B, T] (1 = token, 0 = padding); or packed rows, ``segment_ids`` [B, T] (1-based document
+id per token, 0 = padding; positions restart per document unless ``position_ids`` is given) or ``cu_seqlens``
+[n_docs + 1] with ``input_ids`` [1, total] (``max_seqlen`` is accepted and unused).
 
-* ``attention_mask`` [B, T]: 1 = token, 0 = padding (padding keys are ignored);
-* ``segment_ids`` [B, T]: packed rows, 1-based document id per token, 0 = padding; a token attends only to tokens
-  of its own document. Positions restart at 0 for each document unless ``position_ids`` is given;
-* ``cu_seqlens`` [n_docs + 1] (with ``input_ids`` of shape [1, total]): the flash-attention style description of
-  the same packing (cumulative document boundaries); ``max_seqlen`` is accepted and unused.
+Unpadding (``unpadding.py``, shipped beside this file with ``layers.py``): padded batches and packed rows are
+computed on their real tokens only, with attention per document. The padded computation (a boolean mask, fixed
+shapes) runs instead for eager attention (``attn_implementation="eager"``, ``output_attentions``, ``head_mask``),
+under ``torch.onnx`` / ``torch.export`` / ``torch.jit`` tracing, and with ``config.unpad_inputs = False``. Every path
+returns zeros at padded positions of ``last_hidden_state``, ``hidden_states`` and ``logits``.
 
-Unpadding (``unpadding.py``, shipped beside this file): a padded batch (an ``attention_mask`` with zeros) and packed
-rows (``segment_ids`` or ``cu_seqlens``) are computed on their real tokens only, with attention per document, and
-scattered back. The padded computation (a boolean key mask, fixed shapes) runs instead when the attention must be an
-explicit softmax (``attn_implementation="eager"``, ``output_attentions``, ``head_mask``), under ``torch.onnx`` /
-``torch.export`` / ``torch.jit`` tracing, and with ``config.unpad_inputs = False``. Every path returns zeros at
-padded positions of ``last_hidden_state``, ``hidden_states`` and ``logits``, and they agree within float32 rounding.
-
-The transformers conventions: ``output_hidden_states``, ``output_attentions`` and ``return_dict`` left None take the
-config's value, and ``return_dict=False`` (or 4.x's ``torchscript=True``) returns tuples. ``attn_implementation`` is
+transformers conventions: ``output_hidden_states``, ``output_attentions`` and ``return_dict`` left None take the
+config's value; ``return_dict=False`` (or 4.x's ``torchscript=True``) returns tuples. ``attn_implementation`` is
 "sdpa" (the default) or "eager"; transformers refuses the others. ``head_mask`` ([heads] or [layers, heads])
 multiplies the eager attention weights. ``max_position_embeddings`` is the longest sequence trained on (read from
-``max_length`` in older exports).
+``max_length`` in older exports). Every block is a ``GradientCheckpointingLayer``.
 
 Half precision: masks are boolean, and a row with no real token attends to every position, so no softmax row is
 ever fully masked: padded and fully padded rows stay finite in float16 and bfloat16, forward and backward.
-
-Gradient checkpointing: every block is a ``GradientCheckpointingLayer``, switched on by
-``gradient_checkpointing_enable()`` (4.x), ``activation_checkpointing_enable()`` (5.x) or ``gradient_checkpointing``
-in the config.
 """
 
 import math
-from typing import List, Optional, Tuple, Union
+from typing import Optional, Tuple, Union
 
 import torch
 import torch.nn.functional as F
@@ -52,19 +39,12 @@ from transformers import PretrainedConfig, PreTrainedModel
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import BaseModelOutput, MaskedLMOutput, SequenceClassifierOutput
 
-from .unpadding import (  # noqa: F401  (ATTENTION_CALL_COST: tests and benchmarks set it through this module)
-    ATTENTION_CALL_COST,
-    UnpaddedRows,
-    positions_from_segment_ids,
-    segment_ids_from_cu_seqlens,
-)
+# The parity tests, torch_ref and benchmarks use these names through this module (ATTENTION_CALL_COST too).
+from .layers import RMSNorm, SwiGLU, apply_rotary, apply_rotary_qk, classification_loss, layer_head_masks  # noqa: F401
+from .layers import rotary_cos_sin, swiglu_hidden_size  # noqa: F401
+from .unpadding import ATTENTION_CALL_COST, UnpaddedRows, masking_inputs, padded_mask  # noqa: F401
+from .unpadding import positions_from_segment_ids, segment_ids_from_cu_seqlens  # noqa: F401
 from .unpadding import tracing as _tracing
-
-
-def swiglu_hidden_size(intermediate_size: int, multiple_of: int = 8) -> int:
-    """Width of the SwiGLU hidden layer: two thirds of ``intermediate_size``, rounded up to ``multiple_of``."""
-    two_thirds = int(2 * intermediate_size / 3)
-    return multiple_of * ((two_thirds + multiple_of - 1) // multiple_of)
 
 
 class NeoBERTConfig(PretrainedConfig):
@@ -123,73 +103,6 @@ class NeoBERTConfig(PretrainedConfig):
         self.unpad_inputs = unpad_inputs
 
 
-class RMSNorm(nn.Module):
-    """RMS normalisation with a learned scale; the statistics and the scaling are computed in float32."""
-
-    def __init__(self, dim: int, eps: float):
-        super().__init__()
-        self.eps = eps
-        self.weight = nn.Parameter(torch.ones(dim))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if hasattr(F, "rms_norm"):  # torch >= 2.4: one kernel instead of five
-            return F.rms_norm(x.float(), self.weight.shape, self.weight.float(), self.eps).to(x.dtype)
-        x32 = x.float()
-        inv_rms = torch.rsqrt(x32.pow(2).mean(dim=-1, keepdim=True) + self.eps)
-        return (x32 * inv_rms * self.weight.float()).to(x.dtype)
-
-    def extra_repr(self) -> str:
-        return f"{self.weight.shape[0]}, eps={self.eps}"
-
-
-def rotary_cos_sin(positions: torch.Tensor, head_dim: int, theta: float) -> Tuple[torch.Tensor, torch.Tensor]:
-    """cos and sin of the rotary angles, float32, shape positions.shape + (head_dim // 2,)."""
-    exponent = torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float32) / head_dim
-    inv_freq = 1.0 / (theta**exponent)
-    angles = positions.to(torch.float32)[..., None] * inv_freq
-    return angles.cos(), angles.sin()
-
-
-def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate adjacent pairs (x[2i], x[2i+1]) of the last axis as complex numbers by the angle of pair i.
-
-    x: [B, T, H, Dh]; cos, sin: [B, T, Dh/2] (or broadcastable to it). Computed in float32.
-    """
-    pairs = x.float().unflatten(-1, (-1, 2))
-    real, imag = pairs[..., 0], pairs[..., 1]
-    cos = cos.unsqueeze(-2)  # broadcast over heads
-    sin = sin.unsqueeze(-2)
-    rotated = torch.stack((real * cos - imag * sin, real * sin + imag * cos), dim=-1)
-    return rotated.flatten(-2).to(x.dtype)
-
-
-def apply_rotary_qk(qk: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """apply_rotary on q and k at once, as one complex multiplication: qk [tokens, H, 2, Dh], cos, sin [tokens, Dh/2].
-
-    The same rotation of the same pairs as apply_rotary, in float32; one kernel instead of several elementwise ones
-    (complex numbers cannot be traced to ONNX, so the padded, traceable path keeps apply_rotary).
-    """
-    pairs = torch.view_as_complex(qk.float().unflatten(-1, (-1, 2)))
-    turns = torch.complex(cos, sin)[:, None, None, :]  # broadcast over heads and over q / k
-    return torch.view_as_real(pairs * turns).flatten(-2).to(qk.dtype)
-
-
-class SwiGLU(nn.Module):
-    def __init__(self, dim: int, hidden: int):
-        super().__init__()
-        self.w12 = nn.Linear(dim, 2 * hidden, bias=False)  # rows [0, hidden) are the gate
-        self.w3 = nn.Linear(hidden, dim, bias=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.w12(x).chunk(2, dim=-1)
-        if torch.is_grad_enabled() or _tracing():
-            return self.w3(F.silu(gate) * up)
-        # Eager inference: the activation overwrites the gate's half of w12's output, so no new [tokens, hidden]
-        # buffer is allocated and filled. (Autograd needs both halves kept; a traced graph would turn the in-place
-        # write into a scatter into the whole output.)
-        return self.w3(F.silu(gate, inplace=True).mul_(up))
-
-
 class EncoderBlock(GradientCheckpointingLayer):
     """One pre-norm block. A GradientCheckpointingLayer: ``gradient_checkpointing_enable()`` (4.x) and
     ``activation_checkpointing_enable()`` (5.x) make it recompute itself in the backward pass."""
@@ -215,7 +128,7 @@ class EncoderBlock(GradientCheckpointingLayer):
         eager: bool = False,
         head_mask: Optional[torch.Tensor] = None,
     ) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
-        """x: [B, T, D] padded rows (``mask`` as from NeoBERT._padded_mask), or [tokens, D] with ``rows``.
+        """x: [B, T, D] padded rows (``mask`` as from unpadding.padded_mask), or [tokens, D] with ``rows``.
 
         ``eager``: the padded rows' attention as an explicit softmax, whose weights (times ``head_mask`` [1, H, 1, 1],
         when given) are returned; else scaled_dot_product_attention, and None for the weights."""
@@ -262,16 +175,13 @@ class NeoBERTPreTrainedModel(PreTrainedModel):
     def _output_options(
         self, output_hidden_states: Optional[bool], output_attentions: Optional[bool], return_dict: Optional[bool]
     ) -> Tuple[bool, bool, bool]:
-        """The call's output flags, each falling back to the config's when None (the transformers convention; 4.x's
-        use_return_dict is False under torchscript=True, so a traced model returns tuples)."""
+        """The call's output flags, the config's where None (4.x's use_return_dict is False under torchscript)."""
         config = self.config
-        if output_hidden_states is None:
-            output_hidden_states = getattr(config, "output_hidden_states", False)
-        if output_attentions is None:
-            output_attentions = getattr(config, "output_attentions", False)
+        hidden = getattr(config, "output_hidden_states", False) if output_hidden_states is None else output_hidden_states
+        attentions = getattr(config, "output_attentions", False) if output_attentions is None else output_attentions
         if return_dict is None:
             return_dict = getattr(config, "use_return_dict", getattr(config, "return_dict", True))
-        return bool(output_hidden_states), bool(output_attentions), bool(return_dict)
+        return bool(hidden), bool(attentions), bool(return_dict)
 
     def _init_weights(self, module: nn.Module) -> None:
         config = self.config
@@ -304,79 +214,16 @@ class NeoBERT(NeoBERTPreTrainedModel):
     def set_input_embeddings(self, value: nn.Embedding) -> None:
         self.encoder = value
 
-    def _masking_inputs(
-        self,
-        batch: int,
-        length: int,
-        device: torch.device,
-        attention_mask: Optional[torch.Tensor],
-        segment_ids: Optional[torch.Tensor],
-        cu_seqlens: Optional[torch.Tensor],
-    ) -> Tuple[Optional[torch.Tensor], Optional[torch.Tensor]]:
-        """Checks the masking inputs. Returns (real tokens: boolean [B, T] on ``device``, or None when every token is
-        real; packed segment ids [B, T] with 0 at padding, or None when the rows are not packed). A traced graph keeps
-        an all-true mask: its inputs may have padding."""
-        if segment_ids is not None and cu_seqlens is not None:
-            raise ValueError("pass either segment_ids or cu_seqlens to describe packed rows, not both")
-        if attention_mask is not None:
-            if attention_mask.dim() != 2 or tuple(attention_mask.shape) != (batch, length):
-                raise ValueError(
-                    f"attention_mask must have shape {(batch, length)} (1 = token, 0 = padding), "
-                    f"got {tuple(attention_mask.shape)}"
-                )
-            real = attention_mask.to(device) != 0
-            attention_mask = None if not _tracing() and bool(real.all()) else real
-        if cu_seqlens is not None:
-            if batch != 1:
-                raise ValueError(
-                    f"cu_seqlens describes one packed row: input_ids must have shape [1, total], got batch {batch}"
-                )
-            segment_ids = segment_ids_from_cu_seqlens(cu_seqlens.to(device), length)[None]
-        if segment_ids is not None:
-            if tuple(segment_ids.shape) != (batch, length):
-                raise ValueError(f"segment_ids must have shape {(batch, length)}, got {tuple(segment_ids.shape)}")
-            segment_ids = segment_ids.to(device=device, dtype=torch.long)
-            if attention_mask is not None:
-                segment_ids = segment_ids * attention_mask.to(torch.long)
-        return attention_mask, segment_ids
-
-    def _head_masks(self, head_mask: Optional[torch.Tensor]) -> List[Optional[torch.Tensor]]:
-        """Per layer, ``head_mask`` ([heads] for every layer, or [layers, heads]; 1 keeps a head, 0 silences it) as
-        [1, heads, 1, 1], or Nones."""
-        layers, heads = self.config.num_hidden_layers, self.config.num_attention_heads
-        if head_mask is None:
-            return [None] * layers
-        if head_mask.dim() == 1:
-            head_mask = head_mask[None].expand(layers, -1)
-        if tuple(head_mask.shape) != (layers, heads):
-            raise ValueError(
-                f"head_mask must have shape ({heads},) or ({layers}, {heads}) (layers, heads), got {tuple(head_mask.shape)}"
-            )
-        return [m.view(1, heads, 1, 1) for m in head_mask]
-
     def _unpadded_rows(
         self, real: Optional[torch.Tensor], segment_ids: Optional[torch.Tensor], eager: bool
     ) -> Optional[UnpaddedRows]:
-        """The unpadded layout (inputs as from _masking_inputs) when it pays and may run: packed rows, or a batch with
+        """The unpadded layout (inputs as from unpadding.masking_inputs) when it pays and may run: packed rows, or a batch with
         padding, unless the attention must be the eager softmax. None means the padded computation."""
         if eager or not getattr(self.config, "unpad_inputs", True) or _tracing():
             return None
         if segment_ids is not None:
             return UnpaddedRows(segment_ids != 0, documents=segment_ids)
         return None if real is None else UnpaddedRows(real)
-
-    def _padded_mask(self, real: Optional[torch.Tensor], segment_ids: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
-        """The padded computation's boolean mask, broadcastable to [B, H, T, T] (True = attend), or None."""
-        if segment_ids is not None:
-            # A token sees only tokens of its own document. Padding (id 0) sees only padding, which keeps its
-            # (ignored) outputs finite instead of NaN from an all-masked softmax row.
-            return segment_ids[:, None, :, None] == segment_ids[:, None, None, :]
-        if real is None:
-            return None
-        keys = real | ~real.any(dim=1, keepdim=True)  # a row without tokens attends to all: never all-masked
-        if _tracing():  # ONNX's Attention op (opset 23) in onnxruntime wants the query axis spelled out
-            return keys[:, None, None, :].expand(-1, -1, keys.shape[1], -1)
-        return keys[:, None, None, :]
 
     def _encode(
         self,
@@ -402,12 +249,12 @@ class NeoBERT(NeoBERTPreTrainedModel):
             raise ValueError("pass exactly one of input_ids or inputs_embeds")
         x = self.encoder(input_ids) if input_ids is not None else inputs_embeds
         batch, length = x.shape[:2]
-        real, segment_ids = self._masking_inputs(batch, length, x.device, attention_mask, segment_ids, cu_seqlens)
-        head_masks = self._head_masks(head_mask)
+        real, segment_ids = masking_inputs(batch, length, x.device, attention_mask, segment_ids, cu_seqlens)
+        head_masks = layer_head_masks(head_mask, self.config.num_hidden_layers, self.config.num_attention_heads)
         eager = output_attentions or head_mask is not None or getattr(self.config, "_attn_implementation", None) == "eager"
         rows, mask, valid = self._unpadded_rows(real, segment_ids, eager), None, None
         if rows is None:
-            mask = self._padded_mask(real, segment_ids)
+            mask = padded_mask(real, segment_ids)
             valid = real if segment_ids is None else segment_ids != 0
 
         def place(t: torch.Tensor) -> torch.Tensor:
@@ -586,22 +433,7 @@ class NeoBERTForSequenceClassification(NeoBERTPreTrainedModel):
 
         loss = None
         if labels is not None:
-            labels = labels.to(logits.device)
-            problem_type = self.config.problem_type
-            if problem_type is None:
-                if self.num_labels == 1:
-                    problem_type = "regression"
-                elif labels.dtype in (torch.long, torch.int):
-                    problem_type = "single_label_classification"
-                else:
-                    problem_type = "multi_label_classification"
-                self.config.problem_type = problem_type
-            if problem_type == "regression":
-                loss = F.mse_loss(logits.squeeze(-1).float(), labels.squeeze(-1).float())
-            elif problem_type == "single_label_classification":
-                loss = F.cross_entropy(logits.view(-1, self.num_labels).float(), labels.view(-1))
-            else:
-                loss = F.binary_cross_entropy_with_logits(logits.float(), labels.float())
+            loss, self.config.problem_type = classification_loss(logits, labels, self.config.problem_type)
         output = SequenceClassifierOutput(
             loss=loss, logits=logits, hidden_states=encoded.hidden_states, attentions=encoded.attentions
         )

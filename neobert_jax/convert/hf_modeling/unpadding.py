@@ -3,7 +3,7 @@ document on them. Shipped beside ``model.py`` in every exported directory (``mod
 ``transformers``' remote-code loader copies it along). Imports nothing but ``torch``.
 """
 
-from typing import Optional
+from typing import Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -131,3 +131,53 @@ def positions_from_segment_ids(segment_ids: torch.Tensor) -> torch.Tensor:
     starts[..., 1:] = segment_ids[..., 1:] != segment_ids[..., :-1]
     run_start = torch.where(starts, index, torch.zeros_like(index)).cummax(dim=-1).values
     return index - run_start
+
+
+def masking_inputs(
+    batch: int,
+    length: int,
+    device: torch.device,
+    attention_mask: Optional[torch.Tensor],
+    segment_ids: Optional[torch.Tensor],
+    cu_seqlens: Optional[torch.Tensor],
+) -> Tuple[Optional[torch.Tensor], Optional[torch.Tensor]]:
+    """Checks the masking inputs. Returns (real tokens: boolean [B, T] on ``device``, or None when every token is
+    real; packed segment ids [B, T] with 0 at padding, or None when the rows are not packed). A traced graph keeps
+    an all-true mask: its inputs may have padding."""
+    if segment_ids is not None and cu_seqlens is not None:
+        raise ValueError("pass either segment_ids or cu_seqlens to describe packed rows, not both")
+    if attention_mask is not None:
+        if attention_mask.dim() != 2 or tuple(attention_mask.shape) != (batch, length):
+            raise ValueError(
+                f"attention_mask must have shape {(batch, length)} (1 = token, 0 = padding), "
+                f"got {tuple(attention_mask.shape)}"
+            )
+        real = attention_mask.to(device) != 0
+        attention_mask = None if not tracing() and bool(real.all()) else real
+    if cu_seqlens is not None:
+        if batch != 1:
+            raise ValueError(
+                f"cu_seqlens describes one packed row: input_ids must have shape [1, total], got batch {batch}"
+            )
+        segment_ids = segment_ids_from_cu_seqlens(cu_seqlens.to(device), length)[None]
+    if segment_ids is not None:
+        if tuple(segment_ids.shape) != (batch, length):
+            raise ValueError(f"segment_ids must have shape {(batch, length)}, got {tuple(segment_ids.shape)}")
+        segment_ids = segment_ids.to(device=device, dtype=torch.long)
+        if attention_mask is not None:
+            segment_ids = segment_ids * attention_mask.to(torch.long)
+    return attention_mask, segment_ids
+
+
+def padded_mask(real: Optional[torch.Tensor], segment_ids: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+    """The padded computation's boolean mask, broadcastable to [B, H, T, T] (True = attend), or None."""
+    if segment_ids is not None:
+        # A token sees only tokens of its own document. Padding (id 0) sees only padding, which keeps its
+        # (ignored) outputs finite instead of NaN from an all-masked softmax row.
+        return segment_ids[:, None, :, None] == segment_ids[:, None, None, :]
+    if real is None:
+        return None
+    keys = real | ~real.any(dim=1, keepdim=True)  # a row without tokens attends to all: never all-masked
+    if tracing():  # ONNX's Attention op (opset 23) in onnxruntime wants the query axis spelled out
+        return keys[:, None, None, :].expand(-1, -1, keys.shape[1], -1)
+    return keys[:, None, None, :]
