@@ -115,6 +115,7 @@ class NeoBERTModelTest(ModelTesterMixin, unittest.TestCase):
     test_pruning = False  # prune_heads is not implemented
     test_head_masking = True  # 4.x: head_mask multiplies the eager attention weights
     test_torchscript = True  # 4.x: torchscript=True returns tuples (4.57.6 skips its torchscript tests)
+    test_torch_exportable = True  # 4.x: torch.export equals eager on every output, padded positions included
     is_encoder_decoder = False
 
     def setUp(self):
@@ -159,7 +160,7 @@ def sdist_tests(version: str, cache: Path) -> Path:
   return root
 
 
-def test_tree(version: str, tmp_path: Path) -> Path:
+def suite_tree(version: str, tmp_path: Path) -> Path:
   """A fresh directory whose tests/ package holds the release's common test modules (cached), the stand-ins and
   our test module."""
   cached = sdist_tests(version, Path(assets.cache_dir()) / 'transformers-tests')
@@ -188,7 +189,7 @@ def export(tmp_path_factory):
 
 def run_suite(python: Path, version: str, export_dir: Path, tmp_path: Path) -> dict:
   """Runs the release's common tests on the export; {outcome: [test names]}."""
-  root = test_tree(version, tmp_path)
+  root = suite_tree(version, tmp_path)
   report = tmp_path / f'{version}.xml'
   env = {k: v for k, v in os.environ.items() if k != 'PYTHONPATH'}
   env.update(
