@@ -16,7 +16,7 @@ from safetensors.numpy import load_file, save_file
 from neobert_jax import errors
 from neobert_jax.convert import __main__ as cli
 from neobert_jax.convert import export_hf, import_hf
-from neobert_jax.convert.hf_modeling import MODELING_FILE
+from neobert_jax.convert.hf_modeling import MODELING_FILES
 from neobert_jax.model import NeoBERTForMLM, default_model_config
 from neobert_jax.weights import hf, place
 from neobert_jax.weights.flat import load_saved_flat, to_flat
@@ -65,14 +65,18 @@ def test_export_directory_contents(exported, source):
   cfg, flat = source
   assert sorted(p.name for p in exported.iterdir()) == [
     'config.json',
+    'layers.py',
     'model.py',
     'model.safetensors',
     'special_tokens_map.json',
     'tokenizer.json',
     'tokenizer_config.json',
+    'unpadding.py',
     'vocab.txt',
   ]
-  assert (exported / 'model.py').read_bytes() == MODELING_FILE.read_bytes()
+  for modeling_file in MODELING_FILES:
+    assert (exported / modeling_file.name).read_bytes() == modeling_file.read_bytes()
+  assert 'max_length' not in json.loads((exported / 'config.json').read_text())  # a generation parameter to 5.x
   config = json.loads((exported / 'config.json').read_text())
   assert config['model_type'] == 'neobert'
   assert config['architectures'] == ['NeoBERTLMHead']
@@ -91,7 +95,7 @@ def test_export_directory_contents(exported, source):
     'norm_eps': 1e-5,
     'vocab_size': 30522,
     'pad_token_id': 0,
-    'max_length': 512,
+    'max_position_embeddings': 512,
     'embedding_init_range': 0.02,
     'decoder_init_range': 0.02,
     'classifier_init_range': 0.02,

@@ -117,3 +117,14 @@ def test_config_errors():
   hf['dim_head'] = 16
   with pytest.raises(errors.ExportError, match='dim_head=16'):
     hf_lib.model_config_from_hf(hf)
+
+
+def test_sequence_length_is_written_as_max_position_embeddings_and_read_from_max_length_too():
+  """transformers 5 takes max_length for a generation parameter: written under max_position_embeddings, and read
+  from max_length in exports written before (and in the published chandar-lab/NeoBERT config)."""
+
+  written = hf_lib.hf_config_dict(default_model_config())
+  assert 'max_length' not in written and written['max_position_embeddings'] == default_model_config().max_length
+  legacy = {k: v for k, v in written.items() if k != 'max_position_embeddings'}
+  assert hf_lib.model_config_from_hf({**legacy, 'max_length': 4096}).max_length == 4096
+  assert hf_lib.max_positions({**legacy, 'max_length': 4096}) == 4096

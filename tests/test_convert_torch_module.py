@@ -169,3 +169,68 @@ def test_sequence_classification_head(tiny_lm):
   keys = set(clf.state_dict())
   assert {'dense.weight', 'dense.bias', 'classifier.weight', 'classifier.bias'} <= keys
   assert not any(k.startswith('decoder') for k in keys)
+
+
+def padded_batch():
+  ids = torch.randint(1, 97, (3, 9), generator=torch.Generator().manual_seed(3))
+  mask = torch.ones(3, 9, dtype=torch.long)
+  mask[0, 6:] = 0
+  mask[2, :] = 0  # a row without tokens
+  return ids, mask
+
+
+def test_output_flags_fall_back_to_the_config_and_tuples_without_return_dict():
+  torch.manual_seed(0)
+  model = hf.NeoBERTLMHead(tiny_config(output_hidden_states=True, output_attentions=True)).eval()
+  ids, mask = padded_batch()
+  with torch.no_grad():
+    out = model(ids, attention_mask=mask)
+    assert len(out.hidden_states) == 3 and len(out.attentions) == 2
+    assert model(ids, attention_mask=mask, output_attentions=False).attentions is None  # the call wins
+    model.config.return_dict = False
+    as_tuple = model(ids, attention_mask=mask)
+  assert isinstance(as_tuple, tuple) and len(as_tuple) == 3
+  torch.testing.assert_close(as_tuple[0], out.logits)
+
+
+@pytest.mark.slow
+def test_every_path_returns_the_same_whole_tensors_zero_at_padding():
+  """Unpadded (sdpa), eager, the padded computation, torch.jit.trace and torch.export: equal on every position,
+  padded ones (zeros) included."""
+  torch.manual_seed(0)
+  model = hf.NeoBERTLMHead(tiny_config()).eval()
+  ids, mask = padded_batch()
+  with torch.no_grad():
+    want = model(ids, attention_mask=mask).logits
+    model.config._attn_implementation = 'eager'
+    eager = model(ids, attention_mask=mask).logits
+    model.config._attn_implementation = 'sdpa'
+    model.config.unpad_inputs = False
+    padded = model(ids, attention_mask=mask).logits
+    model.config.unpad_inputs = True
+    model.config.return_dict = False
+    traced = torch.jit.trace(model, (ids, mask))(ids, mask)[0]
+    exported = torch.export.export(model, (ids, mask)).module()(ids, mask)[0]
+  assert want[~mask.bool()].abs().max() == 0
+  for got in (eager, padded, traced, exported):
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
+def test_head_mask_attn_implementation_and_legacy_max_length(tmp_path):
+  torch.manual_seed(0)
+  model = hf.NeoBERT(tiny_config(max_length=128)).eval()
+  assert model.config.max_position_embeddings == 128
+  ids, mask = padded_batch()
+  head_mask = torch.ones(2, 4)
+  head_mask[0, 1] = 0
+  with torch.no_grad():
+    out = model(ids, attention_mask=mask, head_mask=head_mask, output_attentions=True)
+  assert out.attentions[0][:, 1].abs().max() == 0 and out.attentions[0][:, 0].abs().max() > 0
+  with pytest.raises(ValueError, match=r'head_mask must have shape \(4,\) or \(2, 4\)'):
+    model(ids, head_mask=torch.ones(3))
+  model.save_pretrained(tmp_path)
+  saved = (tmp_path / 'config.json').read_text()
+  assert '"max_position_embeddings": 128' in saved and '"max_length"' not in saved  # 5.x refuses to save it
+  assert hf.NeoBERT.from_pretrained(tmp_path, attn_implementation='eager').config._attn_implementation == 'eager'
+  with pytest.raises(ValueError, match='Flash Attention'):
+    hf.NeoBERT.from_pretrained(tmp_path, attn_implementation='flash_attention_2')

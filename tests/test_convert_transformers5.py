@@ -29,7 +29,8 @@ from neobert_jax.model import default_model_config
 from neobert_jax.weights import hf
 import test_convert_export
 
-NEWEST = ('transformers==5.24.0', 'sentence-transformers==6.2.0')
+# parameterized: transformers' own common tests need it (tests/test_convert_transformers_suite.py, one environment).
+NEWEST = ('transformers==5.24.0', 'sentence-transformers==6.2.0', 'parameterized==0.9.0')
 bert_tokenizer = test_convert_export.bert_tokenizer  # the module fixture
 
 SCRIPT = textwrap.dedent(
@@ -64,28 +65,34 @@ SCRIPT = textwrap.dedent(
 )
 
 
-def newest_env() -> Path:
-  """A venv holding only the newest transformers and sentence-transformers (and what they need that this
-  environment lacks); this environment's site-packages come after its own."""
+def layered_env(packages: tuple[str, ...]) -> Path:
+  """The python of a venv holding ``packages`` (and what they need that this environment lacks), with this
+  environment's site-packages after its own; skips the test when the package index cannot be reached."""
   base = [p for p in sys.path if p.endswith('site-packages') and Path(p).is_dir()]
   # Keyed by the environment it extends too: a cached one made beside another venv would see that venv's packages
   # (or, once it is deleted, no torch at all).
   key = hashlib.sha256('\n'.join(base).encode()).hexdigest()[:10]
-  root = Path(assets.cache_dir()) / 'transformers5' / f'{"-".join(NEWEST)}-{key}'
+  root = Path(assets.cache_dir()) / 'transformers5' / f'{"-".join(packages)}-{key}'
   python = root / 'bin' / 'python'
   done = root / 'installed'
-  if done.is_file():
-    return python
-  venv.EnvBuilder(with_pip=False, clear=True).create(root)
-  site = next((root / 'lib').glob('python*/site-packages'))
-  (site / 'base_env.pth').write_text('\n'.join(base) + '\n')
-  run = subprocess.run(
-    [str(python), '-m', 'pip', 'install', '-q', *NEWEST], capture_output=True, text=True, timeout=600
-  )
-  if run.returncode != 0:
-    pytest.skip(f'could not install {" ".join(NEWEST)} from the package index: {run.stderr[-500:]}')
-  done.write_text('\n'.join(NEWEST) + '\n')
+  with assets.locked('layered-env'):  # two test processes must not build one environment at once
+    if done.is_file():
+      return python
+    venv.EnvBuilder(with_pip=False, clear=True).create(root)
+    site = next((root / 'lib').glob('python*/site-packages'))
+    (site / 'base_env.pth').write_text('\n'.join(base) + '\n')
+    run = subprocess.run(
+      [str(python), '-m', 'pip', 'install', '-q', *packages], capture_output=True, text=True, timeout=600
+    )
+    if run.returncode != 0:
+      pytest.skip(f'could not install {" ".join(packages)} from the package index: {run.stderr[-500:]}')
+    done.write_text('\n'.join(packages) + '\n')
   return python
+
+
+def newest_env() -> Path:
+  """The newest transformers and sentence-transformers (with parameterized, for transformers' own tests)."""
+  return layered_env(NEWEST)
 
 
 def tiny_exports(root: Path, tokenizer) -> tuple[Path, Path]:

@@ -61,7 +61,10 @@ def to_onnx(args: argparse.Namespace) -> str:
   opset = args.opset or onnx_export.DEFAULT_OPSET
   out = onnx_export.export_onnx(source, args.output, task=args.task, opset=opset, overwrite=args.overwrite)
   task = json.loads((out / 'config.json').read_text())['onnx_task']
-  return f'wrote the ONNX graph ({task}) to {out / onnx_export.ONNX_NAME}'
+  return (
+    f'wrote the ONNX graphs ({task}) to {out}: {onnx_export.ONNX_NAME} (float32) and {onnx_export.QUANTIZED_NAME} '
+    f'(int8 weights), with config.json and the tokenizer. Load with\n' + onnx_export.usage(out, task)
+  )
 
 
 def build_parser() -> commandline.Parser:
@@ -97,16 +100,20 @@ def build_parser() -> commandline.Parser:
   imp.add_argument('--overwrite', action='store_true', help='replace an existing output')
   imp.set_defaults(run=from_pytorch)
 
-  help_text = 'Hugging Face or sentence-transformers NeoBERT directory -> ONNX graph for onnxruntime'
+  help_text = 'Hugging Face or sentence-transformers NeoBERT directory -> ONNX directory (onnxruntime, transformers.js)'
   onx = sub.add_parser('to-onnx', help=help_text, doc=help_text)
   onx.add_argument('--input', required=True, help='directory written by to-pytorch or by the fine-tuning export')
-  onx.add_argument('--output', required=True, help='directory to create (model.onnx, config.json, tokenizer)')
+  onx.add_argument(
+    '--output',
+    required=True,
+    help='directory to create (onnx/model.onnx, onnx/model_quantized.onnx, config.json, tokenizer)',
+  )
   onx.add_argument(
     '--task',
     default=None,
     choices=['mlm', 'embedding', 'hidden'],
-    help='logits, pooled embeddings or last_hidden_state (default: embedding for a sentence-transformers '
-    'directory, else mlm)',
+    help='logits (fill-mask), last_hidden_state and sentence_embedding, or last_hidden_state (feature-extraction) '
+    '(default: embedding for a sentence-transformers directory, else mlm)',
   )
   onx.add_argument(
     '--opset',

@@ -1,8 +1,8 @@
 """neobert-jax parameters -> a Hugging Face NeoBERT directory that ``transformers`` loads with remote code.
 
 The directory holds config.json (model_type 'neobert', auto_map to model.py's classes), model.safetensors (the
-``NeoBERTLMHead`` state_dict, keys and shapes of the published chandar-lab/NeoBERT checkpoint), model.py (our
-PyTorch NeoBERT, hf_modeling/model.py) and, when a tokenizer is given, its files. Then:
+``NeoBERTLMHead`` state_dict, keys and shapes of the published chandar-lab/NeoBERT checkpoint), model.py,
+layers.py and unpadding.py (our PyTorch NeoBERT, hf_modeling/) and, when a tokenizer is given, its files. Then:
 
   AutoModelForMaskedLM.from_pretrained(dir, trust_remote_code=True)   # also AutoModel, ...ForSequenceClassification
 
@@ -29,7 +29,7 @@ import numpy as np
 from safetensors.numpy import save_file
 
 from neobert_jax import errors, paths
-from neobert_jax.convert.hf_modeling import MODELING_FILE
+from neobert_jax.convert.hf_modeling import MODELING_FILES
 from neobert_jax.data import tokenizer as tokenizer_lib
 from neobert_jax.weights import hf, runs
 from neobert_jax.weights import source as source_lib
@@ -221,17 +221,19 @@ def write_hf_dir(
 ) -> Path:
   """The one Hugging Face directory writer: every export (pretraining, classifier, sentence-transformers) goes
   through it, and so does the ONNX export. Writes, atomically (`write_atomically`), model.safetensors
-  (``state_dict``, numpy arrays) and model.py (hf_modeling/model.py) unless ``state_dict`` is None (weights in
-  another format, written by ``extra``), config.json (``config``), the tokenizer's files when ``tokenizer`` is given
-  (its model_max_length is ``tokenizer_max_length``, default the config's max_length), then whatever
-  ``extra(tmp)`` adds (a sentence-transformers directory's modules, an ONNX graph)."""
+  (``state_dict``, numpy arrays) and the modeling files (hf_modeling/: model.py, layers.py, unpadding.py) unless
+  ``state_dict`` is None (weights in another format, written by ``extra``), config.json (``config``), the
+  tokenizer's files when ``tokenizer`` is given (its model_max_length is ``tokenizer_max_length``, default the
+  config's max_position_embeddings), then whatever ``extra(tmp)`` adds (a sentence-transformers directory's
+  modules, an ONNX graph)."""
   state = None if state_dict is None else {k: np.ascontiguousarray(v) for k, v in state_dict.items()}
-  max_length = int(config['max_length'] if tokenizer_max_length is None else tokenizer_max_length)
+  max_length = int(hf.max_positions(config) if tokenizer_max_length is None else tokenizer_max_length)
 
   def fill(tmp: Path) -> None:
     if state is not None:
       save_file(state, str(tmp / WEIGHTS_NAME), metadata={'format': 'pt'})
-      shutil.copyfile(MODELING_FILE, tmp / 'model.py')
+      for modeling_file in MODELING_FILES:
+        shutil.copyfile(modeling_file, tmp / modeling_file.name)
     (tmp / 'config.json').write_text(json.dumps(dict(config), indent=2) + '\n')
     if tokenizer:
       write_tokenizer(tokenizer, tmp, max_length=max_length, vocab_size=config['vocab_size'])

@@ -1,28 +1,39 @@
-"""A Hugging Face NeoBERT directory (ours, or a sentence-transformers one) -> an ONNX graph for onnxruntime.
+"""A Hugging Face NeoBERT directory (ours, or a sentence-transformers one) -> an ONNX directory laid out as
+transformers.js, optimum and the Hub expect it.
 
   python -m neobert_jax.convert to-onnx --input DIR --output DIR [--task mlm|embedding|hidden] [--opset 23]
 
-The graph is traced from model.py's NeoBERT by ``torch.onnx.export(..., dynamo=True)``, with dynamic batch and
-length axes. Inputs ``input_ids`` and ``attention_mask`` (int64 [batch, length], 1 = token, 0 = padding); one
-output, by task:
+Written (by the one Hugging Face directory writer, export_hf.write_hf_dir): config.json and the input's tokenizer
+files at the root, a sentence-transformers input's module files (modules.json, 1_Pooling/, ...), and
 
-* ``mlm``: ``logits`` [batch, length, vocab] (the directory must hold the MLM decoder);
-* ``embedding``: ``embeddings`` [batch, hidden], pooled and normalised as a sentence-transformers directory says
-  (1_Pooling/config.json, a 2_Normalize module), else mean pooling over the real tokens, L2-normalised;
-* ``hidden``: ``last_hidden_state`` [batch, length, hidden].
+* ``onnx/model.onnx``: float32, traced from model.py by ``torch.onnx.export(..., dynamo=True)`` with dynamic batch
+  and length axes;
+* ``onnx/model_quantized.onnx``: int8 weights for every MatMul (onnxruntime's dynamic quantization), what
+  transformers.js loads for ``dtype: 'q8'``, its default on the WASM backend (browsers). Only MatMul is quantized:
+  onnxruntime's default op list turns opset 23's ``Attention`` into a ``QAttention`` that is not a valid graph.
 
-The default opset, 23, has ONNX's own ``Attention`` and ``RMSNormalization`` ops, which onnxruntime (the pinned 1.29.0)
-runs as fused kernels; ``--opset 18`` writes the same computation from basic ops, for runtimes without them.
-The default task is ``embedding`` for a sentence-transformers directory, ``mlm`` otherwise. The traced graph is
-model.py's padded computation (a boolean key mask; fixed-shape, so exportable): it equals the unpadded PyTorch
-outputs within float32 rounding. The output directory is written by the one Hugging Face directory writer
-(export_hf.write_hf_dir): model.onnx, config.json and the input's tokenizer files. Imports torch and onnxscript.
+Inputs ``input_ids`` and ``attention_mask`` (int64 [batch, length], 1 = token, 0 = padding); outputs, by task:
+
+* ``mlm``: ``logits`` [batch, length, vocab] (fill-mask; the directory must hold the MLM decoder);
+* ``hidden``: ``last_hidden_state`` [batch, length, hidden] (feature-extraction: transformers.js pools it as asked,
+  sentence-transformers' ONNX backend with its own Pooling module);
+* ``embedding``: ``last_hidden_state`` as for ``hidden``, and ``sentence_embedding`` [batch, hidden], pooled and
+  normalised as the sentence-transformers directory says (1_Pooling/config.json, a 2_Normalize module), else mean
+  pooling over the real tokens, L2-normalised.
+
+Padded positions of every token-level output are zeros. The default opset, 23, has ONNX's own ``Attention`` and
+``RMSNormalization`` ops, which onnxruntime (the pinned 1.29.0) runs as fused kernels; ``--opset 18`` writes the
+same computation from basic ops, for runtimes without them. The default task is ``embedding`` for a
+sentence-transformers directory, ``mlm`` otherwise. The traced graph is model.py's padded computation (a boolean key
+mask; fixed-shape, so exportable): it equals the unpadded PyTorch outputs within float32 rounding. Imports torch,
+onnxscript and onnxruntime.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -33,9 +44,18 @@ from neobert_jax.convert import export_hf, torch_ref
 from neobert_jax.convert.hf_modeling import model as hf_model
 from neobert_jax.weights import hf
 
-ONNX_NAME = 'model.onnx'
+ONNX_NAME = 'onnx/model.onnx'
+QUANTIZED_NAME = 'onnx/model_quantized.onnx'
 TASKS = ('mlm', 'embedding', 'hidden')
-OUTPUT_NAMES = {'mlm': 'logits', 'embedding': 'embeddings', 'hidden': 'last_hidden_state'}
+OUTPUT_NAMES = {
+  'mlm': ('logits',),
+  'embedding': ('last_hidden_state', 'sentence_embedding'),
+  'hidden': ('last_hidden_state',),
+}
+# A sentence-transformers directory's module files, copied so that SentenceTransformer(out, backend='onnx') pools
+# and normalises as the original does.
+ST_FILES = ('modules.json', 'sentence_bert_config.json', 'config_sentence_transformers.json')
+ST_DIRS = ('1_Pooling', '2_Normalize')
 DEFAULT_OPSET = 23  # ONNX's Attention op; 18 for runtimes that lack it
 
 
@@ -61,13 +81,13 @@ def pooling_of(path: Path) -> tuple[str, bool]:
 
 
 class Exported(torch.nn.Module):
-  """What the ONNX graph computes: input_ids, attention_mask -> the task's one output."""
+  """What the ONNX graph computes: input_ids, attention_mask -> the task's outputs (OUTPUT_NAMES)."""
 
   def __init__(self, model: torch.nn.Module, task: str, pooling: str = 'mean', normalize: bool = True):
     super().__init__()
     self.model, self.task, self.pooling, self.normalize = model, task, pooling, normalize
 
-  def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+  def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor):
     if self.task == 'mlm':
       return self.model(input_ids=input_ids, attention_mask=attention_mask).logits
     hidden = self.model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
@@ -80,7 +100,7 @@ class Exported(torch.nn.Module):
       pooled = (hidden * weights).sum(dim=1) / weights.sum(dim=1).clamp(min=1.0)
     if self.normalize:
       pooled = torch.nn.functional.normalize(pooled, dim=-1)
-    return pooled
+    return hidden, pooled
 
 
 def load_exported(source: str | os.PathLike, task: str | None = None) -> tuple[Exported, dict]:
@@ -122,10 +142,22 @@ def trace(module: Exported, opset: int = DEFAULT_OPSET):
       dynamo=True,
       opset_version=opset,
       input_names=['input_ids', 'attention_mask'],
-      output_names=[OUTPUT_NAMES[module.task]],
+      output_names=list(OUTPUT_NAMES[module.task]),
       dynamic_shapes={'input_ids': axes, 'attention_mask': axes},
       verbose=False,
     )
+
+
+def quantize(source: Path, target: Path) -> None:
+  """int8 weights for every MatMul of ``source`` (dynamic quantization: activations are quantized at run time);
+  checked to be a valid graph that onnxruntime loads."""
+  import onnx
+  import onnxruntime
+  from onnxruntime.quantization import QuantType, quantize_dynamic
+
+  quantize_dynamic(str(source), str(target), op_types_to_quantize=['MatMul'], weight_type=QuantType.QInt8)
+  onnx.checker.check_model(str(target))
+  onnxruntime.InferenceSession(str(target), providers=['CPUExecutionProvider'])
 
 
 def export_onnx(
@@ -136,17 +168,43 @@ def export_onnx(
   opset: int = DEFAULT_OPSET,
   overwrite: bool = False,
 ) -> Path:
-  """Writes ``output``/model.onnx with the input directory's config.json and tokenizer files."""
+  """Writes ``output``: onnx/model.onnx, onnx/model_quantized.onnx, the input's config.json (with onnx_task and
+  onnx_outputs added), tokenizer files and sentence-transformers module files."""
   export_hf.check_output_dir(output, overwrite)
   module, config = load_exported(source, task)
   program = trace(module, opset)
   src = Path(source).expanduser()
   has_tokenizer = any((src / name).is_file() for name in ('tokenizer.json', 'vocab.txt'))
+
+  def fill(tmp: Path) -> None:
+    (tmp / ONNX_NAME).parent.mkdir()
+    program.save(str(tmp / ONNX_NAME))
+    quantize(tmp / ONNX_NAME, tmp / QUANTIZED_NAME)
+    for name in ST_FILES:
+      if (src / name).is_file():
+        shutil.copyfile(src / name, tmp / name)
+    for name in ST_DIRS:
+      if (src / name).is_dir():
+        shutil.copytree(src / name, tmp / name)
+
+  config = {k: v for k, v in config.items() if k not in ('onnx_output',)}
   return export_hf.write_hf_dir(
     output,
     None,
-    {**config, 'onnx_task': module.task, 'onnx_output': OUTPUT_NAMES[module.task]},
+    {**config, 'onnx_task': module.task, 'onnx_outputs': list(OUTPUT_NAMES[module.task])},
     tokenizer=src if has_tokenizer else None,
-    extra=lambda tmp: program.save(str(tmp / ONNX_NAME)),
+    extra=fill,
     overwrite=overwrite,
   )
+
+
+def usage(out: Path, task: str) -> str:
+  """How to load what export_onnx wrote, from Python and from JavaScript."""
+  pipeline = 'fill-mask' if task == 'mlm' else 'feature-extraction'
+  lines = [
+    f"  onnxruntime:      onnxruntime.InferenceSession('{out / ONNX_NAME}')  # outputs {', '.join(OUTPUT_NAMES[task])}",
+    f"  transformers.js:  await pipeline('{pipeline}', '{out}')  # node: fp32; browsers (wasm): q8, {QUANTIZED_NAME}",
+  ]
+  if task == 'embedding' and (out / 'modules.json').is_file():
+    lines.append(f"  sentence-transformers: SentenceTransformer('{out}', backend='onnx')  # needs optimum")
+  return '\n'.join(lines)

@@ -154,7 +154,7 @@ _FIELD_MAP = {
   'intermediate_size': 'intermediate_size',
   'norm_eps': 'norm_eps',
   'rope_theta': 'rope_theta',
-  'max_length': 'max_length',
+  'max_length': 'max_position_embeddings',
   'pad_token_id': 'pad_token_id',
   'embedding_init_range': 'embedding_init_range',
   'decoder_init_range': 'decoder_init_range',
@@ -165,6 +165,9 @@ _ARCHITECTURE_FLAGS = {
   'hidden_act': lambda v: str(v).lower() == 'swiglu',
   'ngpt': lambda v: v is False,
 }
+# Exports written before issue 37, and the published chandar-lab/NeoBERT, name the sequence length max_length: a
+# generation parameter to transformers 5, which then refuses to save the config. It is read, never written.
+LEGACY_MAX_LENGTH = 'max_length'
 _REQUIRED_HF_FIELDS = ('vocab_size', 'hidden_size', 'num_hidden_layers', 'num_attention_heads', 'intermediate_size')
 
 
@@ -184,6 +187,14 @@ def hf_config_dict(cfg: Any, torch_dtype: str = 'float32') -> dict[str, Any]:
   out['tie_word_embeddings'] = False
   out['torch_dtype'] = torch_dtype
   return dict(sorted(out.items()))
+
+
+def max_positions(hf_config: Mapping[str, Any]) -> int:
+  """The longest sequence a config.json gives: max_position_embeddings, or an older export's max_length."""
+  value = hf_config.get('max_position_embeddings', hf_config.get(LEGACY_MAX_LENGTH))
+  if value is None:
+    raise errors.ExportError('config.json gives no sequence length (max_position_embeddings or max_length)')
+  return int(value)
 
 
 def model_config_from_hf(hf_config: Mapping[str, Any], base=None):
@@ -212,6 +223,8 @@ def model_config_from_hf(hf_config: Mapping[str, Any], base=None):
   for jax_name, hf_name in _FIELD_MAP.items():
     if hf_config.get(hf_name) is not None:
       cfg[jax_name] = type(cfg[jax_name])(hf_config[hf_name])
+  if hf_config.get('max_position_embeddings') is None and hf_config.get(LEGACY_MAX_LENGTH) is not None:
+    cfg.max_length = int(hf_config[LEGACY_MAX_LENGTH])
   dim_head = hf_config.get('dim_head')
   if dim_head is not None and dim_head * cfg.num_heads != cfg.hidden_size:
     raise errors.ExportError(

@@ -1,0 +1,120 @@
+"""The layers of NeoBERT's ``model.py``: RMSNorm, the rotary position embedding and the SwiGLU feed-forward. Shipped
+beside ``model.py`` in every exported directory (imported relatively; transformers' remote-code loader copies it
+along). Imports nothing but ``torch``.
+"""
+
+from typing import List, Optional, Tuple
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .unpadding import tracing
+
+
+def swiglu_hidden_size(intermediate_size: int, multiple_of: int = 8) -> int:
+    """Width of the SwiGLU hidden layer: two thirds of ``intermediate_size``, rounded up to ``multiple_of``."""
+    two_thirds = int(2 * intermediate_size / 3)
+    return multiple_of * ((two_thirds + multiple_of - 1) // multiple_of)
+
+
+class RMSNorm(nn.Module):
+    """RMS normalisation with a learned scale; the statistics and the scaling are computed in float32."""
+
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if hasattr(F, "rms_norm"):  # torch >= 2.4: one kernel instead of five
+            return F.rms_norm(x.float(), self.weight.shape, self.weight.float(), self.eps).to(x.dtype)
+        x32 = x.float()
+        inv_rms = torch.rsqrt(x32.pow(2).mean(dim=-1, keepdim=True) + self.eps)
+        return (x32 * inv_rms * self.weight.float()).to(x.dtype)
+
+    def extra_repr(self) -> str:
+        return f"{self.weight.shape[0]}, eps={self.eps}"
+
+
+def rotary_cos_sin(positions: torch.Tensor, head_dim: int, theta: float) -> Tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin of the rotary angles, float32, shape positions.shape + (head_dim // 2,)."""
+    exponent = torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float32) / head_dim
+    inv_freq = 1.0 / (theta**exponent)
+    angles = positions.to(torch.float32)[..., None] * inv_freq
+    return angles.cos(), angles.sin()
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate adjacent pairs (x[2i], x[2i+1]) of the last axis as complex numbers by the angle of pair i.
+
+    x: [B, T, H, Dh]; cos, sin: [B, T, Dh/2] (or broadcastable to it). Computed in float32.
+    """
+    pairs = x.float().unflatten(-1, (-1, 2))
+    real, imag = pairs[..., 0], pairs[..., 1]
+    cos = cos.unsqueeze(-2)  # broadcast over heads
+    sin = sin.unsqueeze(-2)
+    rotated = torch.stack((real * cos - imag * sin, real * sin + imag * cos), dim=-1)
+    return rotated.flatten(-2).to(x.dtype)
+
+
+def apply_rotary_qk(qk: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """apply_rotary on q and k at once, as one complex multiplication: qk [tokens, H, 2, Dh], cos, sin [tokens, Dh/2].
+
+    The same rotation of the same pairs as apply_rotary, in float32; one kernel instead of several elementwise ones
+    (complex numbers cannot be traced to ONNX, so the padded, traceable path keeps apply_rotary).
+    """
+    pairs = torch.view_as_complex(qk.float().unflatten(-1, (-1, 2)))
+    turns = torch.complex(cos, sin)[:, None, None, :]  # broadcast over heads and over q / k
+    return torch.view_as_real(pairs * turns).flatten(-2).to(qk.dtype)
+
+
+class SwiGLU(nn.Module):
+    def __init__(self, dim: int, hidden: int):
+        super().__init__()
+        self.w12 = nn.Linear(dim, 2 * hidden, bias=False)  # rows [0, hidden) are the gate
+        self.w3 = nn.Linear(hidden, dim, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.w12(x).chunk(2, dim=-1)
+        if torch.is_grad_enabled() or tracing():
+            return self.w3(F.silu(gate) * up)
+        # Eager inference: the activation overwrites the gate's half of w12's output, so no new [tokens, hidden]
+        # buffer is allocated and filled. (Autograd needs both halves kept; a traced graph would turn the in-place
+        # write into a scatter into the whole output.)
+        return self.w3(F.silu(gate, inplace=True).mul_(up))
+
+
+def layer_head_masks(head_mask: Optional[torch.Tensor], layers: int, heads: int) -> List[Optional[torch.Tensor]]:
+    """Per layer, ``head_mask`` ([heads] for every layer, or [layers, heads]; 1 keeps a head, 0 silences it) as
+    [1, heads, 1, 1], or Nones."""
+    if head_mask is None:
+        return [None] * layers
+    if head_mask.dim() == 1:
+        head_mask = head_mask[None].expand(layers, -1)
+    if tuple(head_mask.shape) != (layers, heads):
+        raise ValueError(
+            f"head_mask must have shape ({heads},) or ({layers}, {heads}) (layers, heads), got {tuple(head_mask.shape)}"
+        )
+    return [m.view(1, heads, 1, 1) for m in head_mask]
+
+
+def classification_loss(
+    logits: torch.Tensor, labels: torch.Tensor, problem_type: Optional[str]
+) -> Tuple[torch.Tensor, str]:
+    """(the sequence classification loss, the problem type), the type inferred as transformers does when None:
+    regression for one label, single-label for integer labels, multi-label otherwise."""
+    labels = labels.to(logits.device)
+    num_labels = logits.shape[-1]
+    if problem_type is None:
+        if num_labels == 1:
+            problem_type = "regression"
+        elif labels.dtype in (torch.long, torch.int):
+            problem_type = "single_label_classification"
+        else:
+            problem_type = "multi_label_classification"
+    if problem_type == "regression":
+        return F.mse_loss(logits.squeeze(-1).float(), labels.squeeze(-1).float()), problem_type
+    if problem_type == "single_label_classification":
+        return F.cross_entropy(logits.view(-1, num_labels).float(), labels.view(-1)), problem_type
+    return F.binary_cross_entropy_with_logits(logits.float(), labels.float()), problem_type
