@@ -27,8 +27,15 @@ from neobert_jax.data import labelled
 
 # The run's architecture and its init distribution: the random arm is the pretraining run's own starting point.
 ARCHITECTURE = (
-  'vocab_size', 'hidden_size', 'num_layers', 'num_heads', 'intermediate_size', 'max_length', 'rope_theta',
-  'embedding_init_range', 'decoder_init_range',
+  'vocab_size',
+  'hidden_size',
+  'num_layers',
+  'num_heads',
+  'intermediate_size',
+  'max_length',
+  'rope_theta',
+  'embedding_init_range',
+  'decoder_init_range',
 )
 
 

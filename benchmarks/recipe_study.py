@@ -45,7 +45,14 @@ _recipe('x_init15', 'model.decoder_init_range=0.15', *LIN0, *_E)
 _recipe('x_init08', 'model.decoder_init_range=0.08', *LIN0, *_E)
 _recipe('x_init15_h2', 'model.decoder_init_range=0.15', 'model.num_heads=2', *LIN0, *_E)
 _recipe('x_init15_e', 'model.decoder_init_range=0.15', 'model.embedding_init_range=0.15', *LIN0, *_E)
-_recipe('long_init15', 'train.num_steps=2800', 'model.decoder_init_range=0.15', *LIN0, 'eval.every_steps=400', 'checkpoint.every_steps=100000')
+_recipe(
+  'long_init15',
+  'train.num_steps=2800',
+  'model.decoder_init_range=0.15',
+  *LIN0,
+  'eval.every_steps=400',
+  'checkpoint.every_steps=100000',
+)
 _recipe('x_lr6', 'optimizer.peak_lr=6e-3', *LIN0, *_E)
 
 
@@ -54,7 +61,9 @@ def run_recipe(name: str, overrides: list[str], out: Path, config: str) -> dict:
   if (workdir / 'metrics.jsonl').exists():
     subprocess.run(['rm', '-rf', str(workdir)], check=True)
   cmd = [sys.executable, '-m', 'neobert_jax.train', f'--config={config}', f'--workdir={workdir}']
-  cmd += ['--config.logging.progress_bar=False', '--config.logging.tensorboard=False'] + [f'--config.{o}' for o in overrides]
+  cmd += ['--config.logging.progress_bar=False', '--config.logging.tensorboard=False'] + [
+    f'--config.{o}' for o in overrides
+  ]
   start = time.perf_counter()
   proc = subprocess.run(cmd, capture_output=True, text=True)
   wall = time.perf_counter() - start
@@ -96,8 +105,8 @@ def main() -> None:
     r = run_recipe(name, RECIPES[name], out, args.config)
     results.append(r)
     print(
-      f"{name:28s} held-out {r['final_loss']:.3f} acc {r['final_accuracy']:.3f}  train {r['train_s']:.0f}s "
-      f"wall {r['wall_s']:.0f}s  | {' '.join(r['overrides'])}",
+      f'{name:28s} held-out {r["final_loss"]:.3f} acc {r["final_accuracy"]:.3f}  train {r["train_s"]:.0f}s '
+      f'wall {r["wall_s"]:.0f}s  | {" ".join(r["overrides"])}',
       flush=True,
     )
     with open(out / 'results.jsonl', 'a') as f:

@@ -64,8 +64,12 @@ def _by_hand(train, held_out, vocab, special, rate, k):
       l, x, r = d[i - 1], d[i], d[i + 1]
       seen_l = 1.0 if l in special else 1 - rate
       seen_r = 1.0 if r in special else 1 - rate
-      for w, use_l, use_r in ((seen_l * seen_r, 1, 1), (seen_l * (1 - seen_r), 1, 0), ((1 - seen_l) * seen_r, 0, 1),
-                              ((1 - seen_l) * (1 - seen_r), 0, 0)):
+      for w, use_l, use_r in (
+        (seen_l * seen_r, 1, 1),
+        (seen_l * (1 - seen_r), 1, 0),
+        ((1 - seen_l) * seen_r, 0, 1),
+        ((1 - seen_l) * (1 - seen_r), 0, 0),
+      ):
         score = {c: (p_next(l, c) if use_l else prior(c)) * (p_next(c, r) if use_r else 1.0) for c in cands}
         loss += w * -math.log(score[x] / sum(score.values()))
         acc += w * (max(cands, key=lambda c: score[c]) == x)

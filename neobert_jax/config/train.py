@@ -248,7 +248,7 @@ def validate(
 
 def _validate_probe(ev: ml_collections.ConfigDict) -> None:
   if ev.probe_task and ev.probe_task not in LABELLED_TASKS:
-    raise ConfigError(f'eval.probe_task={ev.probe_task!r} is unknown; expected one of {LABELLED_TASKS} or \'\' (off)')
+    raise ConfigError(f"eval.probe_task={ev.probe_task!r} is unknown; expected one of {LABELLED_TASKS} or '' (off)")
   if ev.probe_task and (ev.probe_train_size < 2 or ev.probe_test_size < 1 or ev.probe_max_length < 3):
     raise ConfigError(
       'eval.probe_train_size must be >= 2, eval.probe_test_size >= 1 and eval.probe_max_length >= 3 '

@@ -107,7 +107,11 @@ class MetricsWriter:
     if not self.active:
       return
     # 'time' (unix seconds) puts the curves on a wall-clock axis (train/report.py's loss_curve.png)
-    record = {'step': int(step), 'time': round(time.time(), 3), **{f'{prefix}/{k}': float(v) for k, v in scalars.items()}}
+    record = {
+      'step': int(step),
+      'time': round(time.time(), 3),
+      **{f'{prefix}/{k}': float(v) for k, v in scalars.items()},
+    }
     if prefix in FILES and prefix not in self._files:
       self._files[prefix] = open(self.mirror.path / FILES[prefix], 'a', buffering=1)
     self._files.get(prefix, self._jsonl).write(json.dumps(record) + '\n')

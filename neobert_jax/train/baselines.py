@@ -109,7 +109,9 @@ def _expected_scores(counts, by_right, follows, uni, is_special, left, token, ri
   prior = np.where(candidate, (uni + k) / (uni.sum() + k * vocab), 0.0)
   p_next = lambda rows: (counts[rows].toarray() + k) / (follows[rows, None] + k * vocab)  # p(x | left)
   p_prev = lambda rows: (by_right[rows].toarray() + k) / (follows[None, :] + k * vocab)  # p(right | x)
-  loss, acc = _case_sums(_log_normalised(prior, candidate)[None], np.zeros_like(token), token, (1 - p_left) * (1 - p_right))
+  loss, acc = _case_sums(
+    _log_normalised(prior, candidate)[None], np.zeros_like(token), token, (1 - p_left) * (1 - p_right)
+  )
   lefts, left_row = np.unique(left, return_inverse=True)
   rights, right_row = np.unique(right, return_inverse=True)
   for rows, weight, make in (

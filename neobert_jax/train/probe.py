@@ -102,10 +102,11 @@ class Probe:
     pad = -n % _BATCH
     ids = np.concatenate([ids, np.repeat(ids[:1], pad, 0)])
     lengths = np.concatenate([lengths, np.repeat(lengths[:1], pad, 0)])
-    out = [np.asarray(self._pooled(params, ids[i : i + _BATCH], lengths[i : i + _BATCH])) for i in range(0, len(ids), _BATCH)]
+    out = [
+      np.asarray(self._pooled(params, ids[i : i + _BATCH], lengths[i : i + _BATCH])) for i in range(0, len(ids), _BATCH)
+    ]
     return np.concatenate(out)[:n]
 
   def __call__(self, params: Any) -> dict[str, float]:
     train, test = self._embed(params, 'train'), self._embed(params, 'test')
     return {'accuracy': fit_and_score(train, self.labels['train'], test, self.labels['test'])}
-

@@ -78,7 +78,12 @@ def loss_curve(workdir: Path) -> list[dict[str, Any]]:
       continue
     rec = json.loads(line)
     row = rows.setdefault(int(rec['step']), {'step': int(rec['step'])})
-    for key, name in (('time', 'time'), ('train/loss', 'train'), ('eval/loss', 'eval'), ('eval/accuracy', 'eval_accuracy')):
+    for key, name in (
+      ('time', 'time'),
+      ('train/loss', 'train'),
+      ('eval/loss', 'eval'),
+      ('eval/accuracy', 'eval_accuracy'),
+    ):
       if key in rec:
         row[name] = rec[key]
   return [rows[s] for s in sorted(rows)]
