@@ -11,15 +11,21 @@ Point data.dir at a directory made by `python -m neobert_jax.data.prepare` (Refi
 
 The original trainer's optimizer mechanics, exactly: `--config=configs/neobert_250m.py:original` (see the
 optimizer lines below for what changes, and why the defaults differ).
+
+`--config=configs/neobert_250m.py:d2z` keeps everything but the schedule, which decays linearly to zero at the
+last step after the same warmup: what the budget-BERT recipe (Izsak et al. 2021) and recent encoder and LLM
+recipes end on, and what the CPU recipe study found best among the shapes it compared (docs/performance.md,
+"Recipe study"). The paper's cosine to 10% stays the default.
 """
 
 from neobert_jax.config import train as base
 
 
 def get_config(variant: str = ''):
-  """variant 'original': the original NeoBERT trainer's schedule, weight decay and clipping (see below)."""
-  if variant not in ('', 'original'):
-    raise ValueError(f"unknown variant {variant!r} of neobert_250m.py ('original' or none)")
+  """variant 'original': the original NeoBERT trainer's schedule, weight decay and clipping (see below);
+  'd2z': this recipe with a linear decay to zero."""
+  if variant not in ('', 'original', 'd2z'):
+    raise ValueError(f"unknown variant {variant!r} of neobert_250m.py ('original', 'd2z' or none)")
   cfg = base.get_config()  # the base defaults are this recipe; the stage-1 specifics are spelled out here
   cfg.model.max_length = 1024
   # FSDP over 8, no remat, 32 rows x 1024 per device per micro-batch, 8 micro-batches: 24.2 GiB of 80 on H100 (layers
@@ -53,6 +59,8 @@ def get_config(variant: str = ''):
     # cut at the absolute step 900k, AdamW(model.parameters()) (norms decay too), torch clip_grad_norm_.
     # (Its conf/optimizer/adamw.yaml says lr 1e-4, weight_decay 0.01; the paper says 6e-4, 0.1: we follow the paper.)
     o.warmup_init_fraction, o.decay_steps, o.decay_all_params, o.clip_eps = 1e-4, 900_000, True, 1e-6
+  if variant == 'd2z':
+    o.schedule, o.final_lr_fraction = 'linear', 0.0  # warmup, then a straight line to 0 at the last update
   # Otherwise our choices: warmup from 0 as the paper describes it (1e-4 x peak changes nothing measurable);
   # a cosine that lands on its floor at 90% of the steps instead of stopping 1.2e-5 of the range short and jumping;
   # no decay on RMSNorm gains (decay pulls them towards 0, which the model must then undo: no regulariser there);

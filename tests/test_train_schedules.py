@@ -38,3 +38,20 @@ def test_logged_learning_rate_of_a_wsd_1_sqrt_run_is_the_formula(tmp_path):
   assert plateau == np.float32(PEAK)
   assert mid == np.float32(PEAK * (1 - np.sqrt(0.5))) and 0 < mid < PEAK
   assert end == 0.0
+
+
+def test_the_250m_recipe_offers_a_linear_decay_to_zero_and_keeps_the_papers_cosine():
+  import importlib.util  # pylint: disable=g-import-not-at-top
+
+  from neobert_jax.engine import optimizer  # pylint: disable=g-import-not-at-top
+  from neobert_jax.train.testing import REPO_ROOT  # pylint: disable=g-import-not-at-top
+
+  spec = importlib.util.spec_from_file_location('_neobert_250m_d2z', REPO_ROOT / 'configs' / 'neobert_250m.py')
+  recipe = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(recipe)
+  paper, d2z = recipe.get_config(), recipe.get_config('d2z')
+  assert paper.optimizer.schedule == 'cosine' and paper.optimizer.final_lr_fraction == 0.1
+  n, warmup, peak = d2z.train.num_steps, d2z.optimizer.warmup_steps, d2z.optimizer.peak_lr
+  lr = optimizer.lr_values(d2z.optimizer, n, np.array([warmup, (warmup + n - 1) / 2, n - 1]))
+  np.testing.assert_allclose(lr, [peak, peak / 2, 0.0], rtol=1e-5, atol=1e-12)  # the line starts one update in
+  assert d2z.to_dict() == {**paper.to_dict(), 'optimizer': d2z.optimizer.to_dict()}
