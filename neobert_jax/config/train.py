@@ -117,6 +117,9 @@ def get_config() -> ml_collections.ConfigDict:
       every_steps=1000,  # 0 disables periodic evaluation
       num_batches=16,  # global batches per evaluation (fixed, deterministic subset)
       at_start=False,  # also evaluate before the first step (a baseline for the loss curve)
+      # The share of held-out tokens masked for the held-out loss (and for the report's baselines); 0 = the
+      # training rate, data.mask_rate. Lets a run train at one rate and be measured at another.
+      mask_rate=0.0,
       # A linear probe of frozen pooled embeddings at every evaluation (train/probe.py), logged as
       # eval/probe/<task>/accuracy; '' = off. Tasks: data/labelled.py (fine_food: Amazon reviews, great vs other).
       probe_task='',
@@ -219,6 +222,8 @@ def validate(
       f'eval.num_batches={cfg.eval.num_batches} >= 1'
     )
   _validate_probe(cfg.eval)
+  if not 0.0 <= cfg.eval.mask_rate < 1.0:
+    raise ConfigError(f'eval.mask_rate={cfg.eval.mask_rate} must be in [0, 1) (0: the training rate, data.mask_rate)')
   if cfg.logging.log_every < 1 or cfg.logging.peak_flops_per_device < 0:
     raise ConfigError('logging.log_every must be >= 1 and logging.peak_flops_per_device >= 0 (0: look it up)')
 
@@ -311,6 +316,18 @@ def write(cfg: ml_collections.ConfigDict, workdir: str | Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     paths.write_text(path, json.dumps(cfg.to_dict(), indent=2, sort_keys=True) + '\n')
   return path
+
+
+def eval_mask_rate(cfg: ml_collections.ConfigDict) -> float:
+  """The share of held-out tokens masked by evaluation and assumed by the report's baselines."""
+  return cfg.eval.mask_rate or cfg.data.mask_rate
+
+
+def eval_data_config(cfg: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  """The data section the held-out batches are built with: the run's, masked at eval_mask_rate."""
+  data = ml_collections.ConfigDict(cfg.data.to_dict())
+  data.mask_rate = eval_mask_rate(cfg)
+  return data
 
 
 def tokens_per_step(cfg: ml_collections.ConfigDict) -> int:

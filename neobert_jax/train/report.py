@@ -23,6 +23,7 @@ import numpy as np
 from array_record.python.array_record_module import ArrayRecordReader
 
 from neobert_jax import paths
+from neobert_jax.config import train as train_config
 from neobert_jax.data.pipeline import iterators as pipeline
 from neobert_jax.data import shards
 from neobert_jax.train import baselines
@@ -203,7 +204,7 @@ def report(cfg: ml_collections.ConfigDict, workdir: Path, evals: list[dict[str, 
   """Logs the held-out loss against the baselines, writes the curve (table and plot), shows fill-mask examples if
   the run exported."""
   seq_len = cfg.model.max_length
-  bars = context_baselines(cfg.data, seq_len, cfg.data.mask_rate)
+  bars = context_baselines(cfg.data, seq_len, train_config.eval_mask_rate(cfg))
   table = write_curve_table(workdir, bars, max(cfg.logging.log_every, 1) * 5)
   plot = write_curve_plot(workdir, bars)
   out: dict[str, Any] = {'unigram': {k: bars[k] for k in ('held_out', 'train')}, 'neighbours': bars['neighbours']}
