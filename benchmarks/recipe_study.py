@@ -35,25 +35,70 @@ def _recipe(name: str, *overrides: str) -> None:
   RECIPES[name] = list(overrides)
 
 
+# Every recipe trains 1.84M tokens (450 steps of 32 x 128 unless it changes the batch), evaluated every 150 steps.
 _E = ('eval.every_steps=150', 'checkpoint.every_steps=100000')
-LIN0 = ('optimizer.schedule=linear', 'optimizer.final_lr_fraction=0.0')
-_recipe('x_lin0', *LIN0, *_E)
-_recipe('x_w256', 'model.hidden_size=256', 'model.intermediate_size=1024', *LIN0, *_E)
-_recipe('x_h2', 'model.num_heads=2', *LIN0, *_E)
-_recipe('x_l2', 'model.num_layers=2', 'model.scan_layers=True', *LIN0, *_E)
-_recipe('x_init15', 'model.decoder_init_range=0.15', *LIN0, *_E)
-_recipe('x_init08', 'model.decoder_init_range=0.08', *LIN0, *_E)
-_recipe('x_init15_h2', 'model.decoder_init_range=0.15', 'model.num_heads=2', *LIN0, *_E)
-_recipe('x_init15_e', 'model.decoder_init_range=0.15', 'model.embedding_init_range=0.15', *LIN0, *_E)
+LINEAR0 = ('optimizer.schedule=linear', 'optimizer.final_lr_fraction=0.0')
+INIT = ('model.decoder_init_range=0.15',)  # every Linear U(-0.15, 0.15): about LeCun's scale at width 128
+NEW = INIT + LINEAR0  # the study's base from the init rows on
+_recipe('before', *_E)  # the main job as it was: cosine to 10%, NeoBERT's U(-0.02, 0.02) init, fp32
+# schedule shape and peak rate
+_recipe('linear_to_zero', *LINEAR0, *_E)
+_recipe('cosine_to_zero', 'optimizer.final_lr_fraction=0.0', 'optimizer.decay_fraction=1.0', *INIT, *_E)
+_recipe('one_cycle', 'optimizer.warmup_steps=225', *NEW, *_E)
 _recipe(
-  'long_init15',
-  'train.num_steps=2800',
-  'model.decoder_init_range=0.15',
-  *LIN0,
-  'eval.every_steps=400',
+  'wsd_1sqrt', 'optimizer.schedule=wsd', 'optimizer.decay_shape=1-sqrt', 'optimizer.final_lr_fraction=0.0', *INIT, *_E
+)
+_recipe('init_0.08', 'model.decoder_init_range=0.08', *LINEAR0, *_E)
+_recipe('init_0.15', *NEW, *_E)
+_recipe('init_0.15_embeddings_too', 'model.embedding_init_range=0.15', *NEW, *_E)
+_recipe('lr_1e-3', 'optimizer.peak_lr=1e-3', *NEW, *_E)
+_recipe('lr_6e-3', 'optimizer.peak_lr=6e-3', *NEW, *_E)
+# depth x width
+_recipe(
+  'width_256', 'model.hidden_size=256', 'model.intermediate_size=1024', 'model.decoder_init_range=0.1', *LINEAR0, *_E
+)
+_recipe('layers_2', 'model.num_layers=2', 'model.scan_layers=True', *NEW, *_E)
+_recipe('heads_2', 'model.num_heads=2', *NEW, *_E)
+# vocabulary (each run's baselines are its own split's)
+_recipe('vocab_1024', 'data.tokenizer=builtin-wordpiece-1024', 'model.vocab_size=1024', *NEW, *_E)
+_recipe('vocab_8192', 'data.tokenizer=builtin-wordpiece-8192', 'model.vocab_size=8192', *NEW, *_E)
+# batch size (same tokens)
+_recipe(
+  'batch_16',
+  'train.global_batch_size=16',
+  'train.num_steps=900',
+  'optimizer.warmup_steps=60',
+  *NEW,
+  'eval.every_steps=300',
   'checkpoint.every_steps=100000',
 )
-_recipe('x_lr6', 'optimizer.peak_lr=6e-3', *LIN0, *_E)
+_recipe(
+  'batch_64',
+  'train.global_batch_size=64',
+  'train.num_steps=225',
+  'optimizer.warmup_steps=15',
+  *NEW,
+  'eval.every_steps=75',
+  'checkpoint.every_steps=100000',
+)
+# masking: train at another rate, always measured at 40%
+_recipe('train_mask_0.2', 'data.mask_rate=0.2', 'eval.mask_rate=0.4', *NEW, *_E)
+_recipe('train_mask_0.6', 'data.mask_rate=0.6', 'data.max_predictions=96', 'eval.mask_rate=0.4', *NEW, *_E)
+# sequence length (same tokens per step)
+_recipe('seq_64', 'model.max_length=64', 'train.global_batch_size=64', 'data.max_predictions=32', *NEW, *_E)
+# clipping and numerics
+_recipe('no_clipping', 'optimizer.clip_norm=0.0', *NEW, *_E)
+_recipe('clip_0.5', 'optimizer.clip_norm=0.5', *NEW, *_E)
+_recipe('bfloat16', 'model.dtype=bfloat16', *NEW, *_E)
+# the main job's length: the candidates for configs/tiny_cpu.py
+_recipe(
+  'long_bf16',
+  'train.num_steps=3000',
+  'model.dtype=bfloat16',
+  *NEW,
+  'eval.every_steps=500',
+  'checkpoint.every_steps=100000',
+)
 
 
 def run_recipe(name: str, overrides: list[str], out: Path, config: str) -> dict:
