@@ -23,6 +23,7 @@ import ml_collections
 from neobert_jax import config as config_lib
 from neobert_jax import paths
 from neobert_jax import sharding as shd
+from neobert_jax.config import ramp
 from neobert_jax.config.data import default_data_config, validate_data_config
 from neobert_jax.config.model import default_model_config, validate_model_config
 from neobert_jax.errors import ConfigError
@@ -78,6 +79,10 @@ def get_config() -> ml_collections.ConfigDict:
       num_steps=1_000_000,  # optimizer steps of the whole run (also sets the schedule length)
       global_batch_size=2048,  # sequences per optimizer step, summed over all processes
       grad_accum_steps=1,  # micro-batches per step; the global batch is split evenly across them
+      # Batch-size warmup (config/ramp.py): over the first batch_warmup_tokens tokens (sequences x max_length) the
+      # global batch doubles from batch_warmup_start sequences up to global_batch_size. 0 = off.
+      batch_warmup_tokens=0,
+      batch_warmup_start=0,  # sequences per step at step 0: divides global_batch_size, splits like a micro-batch
       nan_policy='stop',  # non-finite loss/grad: 'stop' (exit, name the last good checkpoint) or 'skip'
     )
   )
@@ -236,6 +241,9 @@ def validate(
     )
   if micro % nproc:
     raise ConfigError(f'the micro-batch of {micro} rows does not split over {nproc} processes')
+  problem = ramp.validate(cfg, shards, nproc)
+  if problem:
+    raise ConfigError(problem)
   return cfg
 
 
@@ -301,9 +309,12 @@ def tokens_per_step(cfg: ml_collections.ConfigDict) -> int:
 def describe(cfg: ml_collections.ConfigDict) -> str:
   """One line for the log: the run's shape at a glance."""
   m = cfg.model
+  grows = ''
+  if ramp.enabled(cfg):
+    grows = ' after a ramp ' + ' -> '.join(f'{p.size}@step{p.first_step}' for p in ramp.phases(cfg))
   return (
     f'{m.num_layers}x{m.hidden_size} model, vocab {m.vocab_size}, seq {m.max_length}, '
-    f'global batch {cfg.train.global_batch_size} ({cfg.train.grad_accum_steps} micro), '
+    f'global batch {cfg.train.global_batch_size}{grows} ({cfg.train.grad_accum_steps} micro), '
     f'{tokens_per_step(cfg):,} tokens/step, {cfg.train.num_steps:,} steps, mesh {dict(cfg.mesh)}, '
     f'compute {m.dtype}, attention {m.attention_impl}; {math.prod(dict(cfg.mesh).values())} devices'
   )

@@ -344,7 +344,7 @@ class Run:
     **logger_options: Any,
   ) -> engine_loop.Trainer:
     """engine.loop.Trainer over the run's outputs: a progress bar from `start.step`, a Logger
-    (`logger_options`: nan_policy, diverged_hint, flops_per_token, peak_flops, check, check_keys), the task's
+    (`logger_options`: nan_policy, diverged_hint, flops_per_token, peak_flops, check, check_keys, counts), the task's
     `hooks` followed by the checkpoint hook when `checkpoint_every` is given, SIGTERM handling when `preemption`
     (every process stops and saves after the same step), and a jax.profiler trace of `profile` = (first step,
     number of steps) into `profile_dir()`. The trainer takes over `start.state` (it is donated to the first step).

@@ -16,6 +16,7 @@ import ml_collections
 
 from neobert_jax import paths
 from neobert_jax import sharding as shd
+from neobert_jax.config import ramp
 from neobert_jax.config import train as config_lib
 from neobert_jax.data.pipeline import iterators as pipeline
 from neobert_jax.engine import loop as engine_loop
@@ -90,7 +91,7 @@ def resolve(cfg: ml_collections.ConfigDict, workdir: paths.Path) -> tuple[ml_col
   cfg.data.tokenizer = data.tokenizer or pipeline.open_prepared(data, cfg.model.max_length)[1]['tokenizer']['spec']
   # The layout of the data stream is fixed when the run starts: later starts under another process count keep it.
   cfg.data.virtual_shards = cfg.data.virtual_shards or plan.recorded_virtual_shards()
-  cfg.data.virtual_shards = pipeline.virtual_shards(cfg.data, cfg.train.global_batch_size, jax.process_count())
+  cfg.data.virtual_shards = pipeline.virtual_shards(cfg.data, ramp.read_rows(cfg), jax.process_count())
   return ml_collections.FrozenConfigDict(cfg), plan
 
 
@@ -99,8 +100,13 @@ def _data(cfg: ml_collections.ConfigDict) -> tuple[Any, Iterable[dict]]:
   data's tokenizer against model.vocab_size here, before the model exists."""
   t, seq_len, nproc, pid = cfg.train, cfg.model.max_length, jax.process_count(), jax.process_index()
   common = dict(seed=cfg.seed, process_index=pid, process_count=nproc, model_vocab_size=cfg.model.vocab_size)
+  reads = ramp.read_rows(cfg)
   train_host = pipeline.make_train_iterator(
-    cfg.data, batches_lib.local_batch_size(t.global_batch_size, nproc), seq_len, **common
+    cfg.data,
+    batches_lib.local_batch_size(reads, nproc),
+    seq_len,
+    prefetch=2 * (t.global_batch_size // reads),  # two full steps ahead, as without a ramp
+    **common,
   )
   evaluating = cfg.eval.every_steps > 0
   if not evaluating and not pipeline.open_prepared(cfg.data, seq_len)[1]['splits'].get('eval'):
@@ -110,6 +116,22 @@ def _data(cfg: ml_collections.ConfigDict) -> tuple[Any, Iterable[dict]]:
   local = batches_lib.local_eval_batch_size(t.global_batch_size, t.grad_accum_steps, nproc)
   held_out = pipeline.make_eval_iterator(cfg.data, local, seq_len, num_batches=cfg.eval.num_batches, **common)
   return train_host, held_out if evaluating else ()
+
+
+def _reads(cfg: ml_collections.ConfigDict) -> Callable[[int], int]:
+  """Host batches per step under the batch-size warmup (config/ramp.py): a step of s rows reads s / start."""
+  table, unit = ramp.phases(cfg), ramp.read_rows(cfg)
+  return lambda step: ramp.phase_at(table, step).size // unit
+
+
+def _counts(cfg: ml_collections.ConfigDict) -> Callable[[int], dict[str, float]]:
+  """train/batch_size (sequences of the logged step) and train/tokens_seen (sequences x max_length of every step
+  so far), exact host figures from the ramp's table, logged with each step's metrics."""
+  table, seq = ramp.phases(cfg), cfg.model.max_length
+  return lambda done: {
+    'batch_size': float(ramp.phase_at(table, done - 1).size),
+    'tokens_seen': float(ramp.tokens_through(table, seq, done)),
+  }
 
 
 def _logger_options(cfg: ml_collections.ConfigDict) -> dict[str, Any]:
@@ -124,6 +146,7 @@ def _logger_options(cfg: ml_collections.ConfigDict) -> dict[str, Any]:
     peak_flops=peak,
     check=None if limit is None else _check_rows(limit),
     check_keys=('rows_over_document_limit',),
+    counts=_counts(cfg),
     diverged_hint='Re-running the same command resumes from it; consider a lower --config.optimizer.peak_lr, '
     'or --config.train.nan_policy=skip to drop such steps.',
   )
@@ -186,7 +209,9 @@ def _train(cfg: ml_collections.ConfigDict, workdir: paths.Path, held: Any, on_st
     trainer = run_.trainer(
       mlm.build_train_step(cfg, mesh, start.defs),
       start,
-      batches_lib.GlobalBatches(train_host, cfg.data.max_predictions, mesh, t.grad_accum_steps),
+      batches_lib.GlobalBatches(
+        train_host, cfg.data.max_predictions, mesh, t.grad_accum_steps, _reads(cfg), start.step
+      ),
       num_steps=t.num_steps,
       log_every=lg.log_every,
       hooks=[engine_loop.Hook(evaluate, cfg.eval.every_steps)],
