@@ -134,13 +134,21 @@ def get_config() -> ml_collections.ConfigDict:
     )
   )
 
-  # Initialise parameters (only; fresh optimizer and schedule) for stage 2 / continued pretraining. Ignored when
-  # the workdir already has a checkpoint (resume wins). At most one of the two may be set.
+  # Start a new stage or continued pretraining from other weights (docs/recipes.md). Ignored when the workdir
+  # already has a checkpoint (resume wins). At most one of from_checkpoint and from_hf may be set. The new stage
+  # may change the sequence length, RoPE theta, mask rate, schedule, batch size and data; by default it takes the
+  # parameters only (fresh optimizer, schedule from step 0, data from its start).
   cfg.init = ml_collections.ConfigDict(
     dict(
       from_checkpoint='',  # a workdir or its checkpoints/ dir written by this trainer
       step=-1,  # which step of from_checkpoint; -1 = latest
       from_hf='',  # a Hugging Face NeoBERT directory (config.json + weights)
+      # from_checkpoint only: carry AdamW's moments over (the schedule still starts at this run's step 0, so it
+      # may warm up again), instead of starting them at zero
+      keep_optimizer=False,
+      # from_checkpoint only: continue that run's data stream at its next unseen row, instead of at the start of
+      # this run's data; needs the same stream (data.dir, seeds, packing, blocks, model.max_length)
+      continue_data=False,
     )
   )
 
@@ -210,6 +218,12 @@ def validate(
     )
   if cfg.init.from_checkpoint and cfg.init.from_hf:
     raise ConfigError('set at most one of init.from_checkpoint and init.from_hf')
+  carried = [f for f in ('keep_optimizer', 'continue_data') if cfg.init[f]]
+  if carried and not cfg.init.from_checkpoint:
+    raise ConfigError(
+      f'init.{carried[0]}=True carries state over from another run of this trainer: set init.from_checkpoint to '
+      f'its workdir, or set init.{carried[0]}=False'
+    )
   if cfg.checkpoint.keep < 1 or cfg.checkpoint.every_steps < 1:
     raise ConfigError('checkpoint.keep and checkpoint.every_steps must be >= 1')
   if cfg.eval.every_steps < 0 or cfg.eval.num_batches < 1:

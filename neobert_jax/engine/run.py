@@ -36,6 +36,7 @@ from neobert_jax.engine import loop as engine_loop
 from neobert_jax.engine import state as state_lib
 from neobert_jax.engine.metrics import MetricsWriter
 from neobert_jax.engine.preemption import Preemption
+from neobert_jax.weights import runs
 from neobert_jax.weights import source as source_lib
 
 log = logging.getLogger('neobert_jax.engine')
@@ -230,12 +231,16 @@ class Run:
     resume: bool = True,
     source: Callable[[], source_lib.Source | None] = lambda: None,
     place: Callable[[source_lib.Source, Any], Any] = place_sharded,
+    keep_optimizer: bool = False,
+    continue_data: bool = False,
   ) -> Start:
     """The run's starting state, in this order:
       1. with `resume`, the newest readable checkpoint of this workdir restored onto `abstract()`'s shardings, the
          data iterator moved to its saved position (engine/checkpoint.restore_latest);
       2. a fresh state from `create()` whose parameters come from `source()` (placed by `place(source, params)`)
          with a fresh optimizer around them: stage 2, continued pretraining, fine-tuning a pretrained model;
+         A new stage may carry over more from a run's step: its optimizer state (`keep_optimizer`: AdamW's moments,
+         the schedule restarted at step 0) and its data position (`continue_data`: the data iterator moved there);
       3. `create()` as it is: fresh parameters seeded by the model factory.
     The source is opened only when the run starts afresh: once the run has a checkpoint, that is where it is.
     """
@@ -256,6 +261,19 @@ class Run:
     state = state_lib.with_params(defs, state, place(src, state['params']))
     origin = src.where + (f' step {src.step}' if src.step is not None else '')
     log.info('initialised parameters from %s', origin)
+    if src.kind == 'run' and (keep_optimizer or continue_data):
+      opt = ckpt.restore_stage(
+        runs.checkpoint_dir(src.path), src.step, state, self.data_iter, optimizer=keep_optimizer, data=continue_data
+      )
+      if opt is not None:
+        state = {'params': state['params'], 'opt': state_lib.restart_schedule(opt)}
+      log.info(
+        'carried over from %s: %s',
+        origin,
+        ' and '.join(
+          w for w, on in (('the optimizer state', keep_optimizer), ('the data position', continue_data)) if on
+        ),
+      )
     return Start(0, defs, state, False, origin)
 
   # --- checkpoints ----------------------------------------------------------------------------------------------

@@ -15,10 +15,12 @@ import dataclasses
 from typing import Any, Callable
 
 import jax
+import jax.numpy as jnp
 import optax
 from flax import nnx
 
 from neobert_jax import sharding as shd
+from neobert_jax.weights.flat import path_key
 
 TrainState = dict[str, Any]  # {'params': nnx.State, 'opt': nnx.State}
 ModelFactory = Callable[[], nnx.Module]
@@ -89,6 +91,24 @@ def with_params(defs: StateDefs, state: TrainState, params: Any) -> TrainState:
     opt = jax.jit(fresh_opt, out_shardings=defs.shardings['opt'])(params)
   del state  # donated conceptually: the old arrays are no longer referenced by the caller's new state
   return {'params': params, 'opt': opt}
+
+
+def restart_schedule(opt: Any) -> Any:
+  """An optimizer state (nnx.State of nnx.Optimizer) whose schedule starts again at step 0: the optimizer's step
+  and every optax counter that feeds a schedule (a 'count' beside no moments) are zeroed; AdamW's moments and
+  their own count (its bias correction) are kept. A new stage carries these over (init.keep_optimizer)."""
+  leaves = jax.tree_util.tree_flatten_with_path(opt)[0]
+  keys = [path_key(p) for p, _ in leaves]
+  moments = {k.rsplit('.mu.', 1)[0] for k in keys if '.mu.' in k}
+
+  def restarted(path: Any, leaf: Any) -> Any:
+    key = path_key(path)
+    owner = key.rsplit('.count', 1)[0] if '.count' in key else None
+    if key.split('.')[0] == 'step' or (owner is not None and owner not in moments):
+      return jnp.zeros_like(leaf)
+    return leaf
+
+  return jax.tree_util.tree_map_with_path(restarted, opt)
 
 
 def param_count(state: TrainState) -> int:

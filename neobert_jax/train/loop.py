@@ -28,6 +28,7 @@ from neobert_jax.train import batches as batches_lib
 from neobert_jax.train import mlm
 from neobert_jax.train import resume as resume_lib
 from neobert_jax.train import runtime
+from neobert_jax.train import stage
 
 log = logging.getLogger('neobert_jax.train')
 
@@ -83,8 +84,8 @@ def resolve(cfg: ml_collections.ConfigDict, workdir: paths.Path) -> tuple[ml_col
   """
   cfg = runtime.resolve(config_lib.validate(cfg))
   plan = resume_lib.check(cfg, workdir)
-  if plan.step is None:
-    mlm.init_source(cfg)  # opened here for its one-line errors; restore_or_init opens it again to use it
+  if plan.step is None:  # a new run: its source is opened here for its one-line errors (restore_or_init uses it)
+    plan.origin = stage.check(cfg, mlm.init_source(cfg))
   data = ml_collections.ConfigDict(cfg.data.to_dict())
   data.tokenizer = cfg.data.tokenizer or plan.recorded_tokenizer()
   pipeline.prepare_builtin(data, cfg.model.max_length)  # the one place a run may tokenize: the built-in corpus
@@ -192,6 +193,8 @@ def _train(cfg: ml_collections.ConfigDict, workdir: paths.Path, held: Any, on_st
       lambda: mlm.abstract_train_state(cfg, mesh),
       lambda: mlm.create_train_state(cfg, mesh),
       source=lambda: mlm.init_source(cfg),
+      keep_optimizer=cfg.init.keep_optimizer,
+      continue_data=cfg.init.continue_data,
     )
     resume_lib.record(plan, cfg, start.step)  # config.json and the history line, once the state is in hand
     if is_main:

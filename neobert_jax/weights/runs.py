@@ -117,6 +117,13 @@ def params_item(path: str | os.PathLike, step: int | None) -> tuple[paths.Path, 
   return item, step
 
 
+def restore_opt_tree(path: str | os.PathLike, step: int, abstract: Any) -> Any:
+  """The optimizer state of a run's `step`, read straight onto `abstract`'s shardings (a new stage that keeps
+  another run's optimizer, init.keep_optimizer). Every process must call it: Orbax reads collectively."""
+  with _orbax().StandardCheckpointer() as ckptr:
+    return ckptr.restore(checkpoint_dir(path) / str(step) / 'opt', abstract)
+
+
 def restore_param_tree(path: str | os.PathLike, step: int | None, abstract: Any) -> tuple[Any, int]:
   """(nested params, step) of a run, read straight onto `abstract`'s shardings (ShapeDtypeStructs; no host
   gather). Every process must call it: Orbax reads collectively."""
