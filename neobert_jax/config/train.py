@@ -84,6 +84,9 @@ def get_config() -> ml_collections.ConfigDict:
       batch_warmup_tokens=0,
       batch_warmup_start=0,  # sequences per step at step 0: divides global_batch_size, splits like a micro-batch
       nan_policy='stop',  # non-finite loss/grad: 'stop' (exit, name the last good checkpoint) or 'skip'
+      # > 0: keep an exponential moving average of the parameters, ema <- d x ema + (1 - d) x params after every
+      # update (sharded like them, checkpointed, evaluated as eval/ema/*, exported with export.use_ema); 0 = off
+      ema_decay=0.0,
     )
   )
 
@@ -164,7 +167,8 @@ def get_config() -> ml_collections.ConfigDict:
   )
 
   # After training, export the final parameters as a Hugging Face NeoBERT directory ('' = do not export).
-  cfg.export = ml_collections.ConfigDict(dict(hf_dir=''))
+  # use_ema: export the moving average of the parameters (train.ema_decay > 0) instead of the parameters.
+  cfg.export = ml_collections.ConfigDict(dict(hf_dir='', use_ema=False))
   return cfg
 
 
@@ -211,6 +215,10 @@ def validate(
     if t[field] < 1:
       raise ConfigError(f'train.{field}={t[field]} must be >= 1')
   _validate_optimizer(cfg.optimizer, t.num_steps)
+  if not 0 <= t.ema_decay < 1:
+    raise ConfigError(f'train.ema_decay={t.ema_decay} must be in [0, 1) (0: no moving average; 0.999 is typical)')
+  if cfg.export.use_ema and t.ema_decay == 0:
+    raise ConfigError('export.use_ema=True exports the moving average of the weights: set train.ema_decay > 0')
   if cfg.data.max_predictions > cfg.model.max_length:
     raise ConfigError(
       f'data.max_predictions={cfg.data.max_predictions} exceeds the sequence length '

@@ -7,6 +7,7 @@ On-disk layout (one Orbax CheckpointManager rooted at WORKDIR/checkpoints):
                                          params['encoder']['layers']['qkv'] [L, D, H, 3*Dh]; joining the keys with
                                          '.' gives exactly neobert_jax.weights.flat.to_flat's keys
   WORKDIR/checkpoints/<step>/opt         the nnx.Optimizer state (step counter, optax AdamW moments mu/nu)
+  WORKDIR/checkpoints/<step>/ema         the moving average of the parameters, same layout (train.ema_decay > 0)
   WORKDIR/checkpoints/<step>/data        the Grain iterator position (one JSON per process), if the run had one
   WORKDIR/checkpoints/<step>/config      a copy of the resolved config, so a step directory stands alone
 
@@ -105,6 +106,11 @@ def save(
   args = {
     'params': ocp.args.StandardSave(nnx.to_pure_dict(state['params'])),
     **({'opt': ocp.args.StandardSave(state['opt'])} if with_optimizer else {}),
+    **(
+      {runs.EMA_ITEM: ocp.args.StandardSave(nnx.to_pure_dict(state['ema']))}
+      if with_optimizer and 'ema' in state
+      else {}
+    ),
     runs.CONFIG_ITEM: ocp.args.JsonSave(cfg.to_dict()),
     **_data_args(data_iter, save=True),
   }
@@ -248,11 +254,18 @@ def _with_retries(read: Callable[[], Any], step: int, directory: Any) -> Any:
   raise AssertionError('unreachable')
 
 
+def _items(abstract: TrainState) -> tuple[str, ...]:
+  """The items of a step that hold `abstract`'s arrays."""
+  return ('params', 'opt') + ((runs.EMA_ITEM,) if 'ema' in abstract else ())
+
+
+def _pure(abstract: TrainState, item: str) -> Any:
+  return abstract['opt'] if item == 'opt' else nnx.to_pure_dict(abstract[item])
+
+
 def _restore_arrays(mngr: ocp.CheckpointManager, step: int, abstract: TrainState) -> dict[str, Any]:
-  """params + opt of `step` onto `abstract`'s shardings; transient storage errors are retried, then raised."""
-  args = ocp.args.Composite(
-    params=ocp.args.StandardRestore(nnx.to_pure_dict(abstract['params'])), opt=ocp.args.StandardRestore(abstract['opt'])
-  )
+  """params + opt (+ ema) of `step` onto `abstract`'s shardings; transient storage errors are retried, then raised."""
+  args = ocp.args.Composite(**{item: ocp.args.StandardRestore(_pure(abstract, item)) for item in _items(abstract)})
   return _with_retries(lambda: mngr.restore(step, args=args), step, mngr.directory)
 
 
@@ -285,7 +298,7 @@ def _check_fits_at(directory: paths.Path, step: int, abstract: TrainState, items
       saved = _with_retries(lambda: handler.metadata(root / item), step, directory)
     finally:
       absl_log.setLevel(level)
-    target = nnx.to_pure_dict(abstract['params']) if item == 'params' else abstract['opt']
+    target = _pure(abstract, item)
     tree = getattr(saved, 'tree', saved)
     check_keys_and_shapes(
       _leaves(tree),
@@ -339,9 +352,11 @@ def restore_latest(mngr: ocp.CheckpointManager, abstract: TrainState, data_iter:
       continue
     _agree_on_step(step, mngr.directory)
     data_position.restore(mngr.directory, step, data_iter)
-    params = jax.tree.map(lambda a: a, abstract['params'])
-    nnx.replace_by_pure_dict(params, restored['params'])
-    return step, {'params': params, 'opt': restored['opt']}
+    state = {'opt': restored['opt']}
+    for item in set(_items(abstract)) - {'opt'}:
+      state[item] = jax.tree.map(lambda a: a, abstract[item])
+      nnx.replace_by_pure_dict(state[item], restored[item])
+    return step, state
   _agree_on_step(None, mngr.directory)
   return None
 

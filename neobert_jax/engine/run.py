@@ -266,7 +266,7 @@ class Run:
         runs.checkpoint_dir(src.path), src.step, state, self.data_iter, optimizer=keep_optimizer, data=continue_data
       )
       if opt is not None:
-        state = {'params': state['params'], 'opt': state_lib.restart_schedule(opt)}
+        state = {**state, 'opt': state_lib.restart_schedule(opt)}
       log.info(
         'carried over from %s: %s',
         origin,

@@ -206,8 +206,14 @@ def _train(cfg: ml_collections.ConfigDict, workdir: paths.Path, held: Any, on_st
       ev = _evaluate(keys, mesh, eval_step, eval_batches, state['params'])
       run_.writer.write(step, ev, prefix='eval')
       result.evals.append({'step': step, **ev})
+      said = f'eval step {step}: loss {ev["loss"]:.4f}, accuracy {ev["accuracy"]:.4f}'
+      if 'ema' in state:  # the moving average, on the same held-out batches
+        ema = _evaluate(keys, mesh, eval_step, eval_batches, state['ema'])
+        run_.writer.write(step, ema, prefix='eval/ema')
+        result.evals[-1].update({f'ema_{k}': v for k, v in ema.items()})
+        said += f'; EMA loss {ema["loss"]:.4f}, accuracy {ema["accuracy"]:.4f}'
       if is_main:
-        trainer.say(f'eval step {step}: loss {ev["loss"]:.4f}, accuracy {ev["accuracy"]:.4f}')
+        trainer.say(said)
 
     trainer = run_.trainer(
       mlm.build_train_step(cfg, mesh, start.defs),
