@@ -163,6 +163,12 @@ def get_config() -> ml_collections.ConfigDict:
       peak_flops_per_device=0.0,  # for MFU; 0 = look the device up in the table (CPU: measure a matmul)
       profile_start_step=-1,  # >= 0: write a jax.profiler trace of profile_num_steps steps from this one
       profile_num_steps=3,
+      # Also log every metric to Weights & Biases (the wandb extra: pip install -e .[wandb]); WANDB_MODE=offline
+      # keeps the run in WORKDIR/wandb. A resumed run logs on into the same wandb run.
+      wandb=False,
+      wandb_project='neobert-jax',
+      wandb_run_name='',  # '' = wandb's own name
+      wandb_tags='',  # comma-separated, e.g. 'stage1,250m'
     )
   )
 
@@ -239,6 +245,8 @@ def validate(
       f'eval.every_steps={cfg.eval.every_steps} must be >= 0 (0 disables evaluation) and '
       f'eval.num_batches={cfg.eval.num_batches} >= 1'
     )
+  if cfg.logging.wandb and not cfg.logging.wandb_project:
+    raise ConfigError('logging.wandb=True needs logging.wandb_project (the W&B project to log into)')
   if cfg.logging.log_every < 1 or cfg.logging.peak_flops_per_device < 0:
     raise ConfigError('logging.log_every must be >= 1 and logging.peak_flops_per_device >= 0 (0: look it up)')
 

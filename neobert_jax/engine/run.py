@@ -106,6 +106,7 @@ class Run:
 
   cfg: the resolved config, frozen; a copy goes into every checkpoint. data_iter: the iterator whose position is
   checkpointed with the state (None: the run's data has no position to keep). lease: the workdir's (`claim`).
+  wandb: engine.metrics.Wandb to also log to a Weights & Biases run (None: not).
   """
 
   def __init__(
@@ -119,12 +120,13 @@ class Run:
     tensorboard: bool = True,
     progress_bar: bool = True,
     lease: lease_lib.Lease | None = None,
+    wandb: Any = None,
   ):
     self.workdir = paths.resolve(workdir, '--workdir')
     self.lease = lease  # checked before every save: a job whose lease was taken over writes nothing more
     self.cfg, self.data_iter = cfg, data_iter
     self.keep, self.async_save = keep, async_save
-    self.tensorboard, self.progress_bar = tensorboard, progress_bar
+    self.tensorboard, self.progress_bar, self.wandb = tensorboard, progress_bar, wandb
     self.is_main = jax.process_index() == 0
     self.saved_step = -1  # the newest step this run saved (or resumed from)
     self.committed_step: int | None = None  # the newest step known complete: resumed from, or seen to commit
@@ -176,7 +178,7 @@ class Run:
     """metrics.jsonl and TensorBoard, opened on first use (after the state is in hand: a refused resume writes
     nothing) and closed, then uploaded for a bucket workdir, when the run closes."""
     if self._writer is None:
-      self._writer = MetricsWriter(self.workdir, self.tensorboard)
+      self._writer = MetricsWriter(self.workdir, self.tensorboard, self.wandb)
       self.on_close(self._close_writer)
     return self._writer
 

@@ -119,6 +119,15 @@ def _data(cfg: ml_collections.ConfigDict) -> tuple[Any, Iterable[dict]]:
   return train_host, held_out if evaluating else ()
 
 
+def _wandb(cfg: ml_collections.ConfigDict) -> metrics_lib.Wandb | None:
+  lg = cfg.logging
+  if not lg.wandb:
+    return None
+  metrics_lib.check_wandb()
+  tags = tuple(t.strip() for t in lg.wandb_tags.split(',') if t.strip())
+  return metrics_lib.Wandb(lg.wandb_project, lg.wandb_run_name, tags, cfg.to_dict())
+
+
 def _reads(cfg: ml_collections.ConfigDict) -> Callable[[int], int]:
   """Host batches per step under the batch-size warmup (config/ramp.py): a step of s rows reads s / start."""
   table, unit = ramp.phases(cfg), ramp.read_rows(cfg)
@@ -185,7 +194,7 @@ def _train(cfg: ml_collections.ConfigDict, workdir: paths.Path, held: Any, on_st
     log.info('run: %s; data tokenized with %s', config_lib.describe(cfg), cfg.data.tokenizer)
   lg, t = cfg.logging, cfg.train
   options = dict(keep=cfg.checkpoint.keep, async_save=cfg.checkpoint.async_save)
-  options.update(tensorboard=lg.tensorboard, progress_bar=lg.progress_bar, lease=held)
+  options.update(tensorboard=lg.tensorboard, progress_bar=lg.progress_bar, lease=held, wandb=_wandb(cfg))
   with engine_run.Run(workdir, cfg, data_iter=train_host, **options) as run_:
     if hasattr(train_host, 'close'):
       run_.on_close(train_host.close)
