@@ -368,6 +368,11 @@ def restore_stage(
   `optimizer`, its optimizer state restored onto `abstract['opt']`'s shardings (returned; None without); with
   `data`, `data_iter` moved to its data position (exactly, or with the warning of data_position.restore)."""
   opt = None
+  if optimizer and not (directory / str(step) / 'opt').is_dir():
+    raise errors.ConfigError(
+      f'init.keep_optimizer=True: step {step} in {directory} holds no optimizer state (a fine-tuning run keeps '
+      'none); set init.keep_optimizer=False to start the optimizer afresh'
+    )
   if optimizer:
     _check_fits_at(
       directory,
