@@ -31,7 +31,7 @@ def export(cfg: ml_collections.ConfigDict, workdir: str | Path) -> Path:
   """Writes the run's latest checkpoint, with the tokenizer its data was prepared with (recorded in the run's
   config.json, so the directory is usable on its own), as a Hugging Face NeoBERT directory. The directory belongs
   to this run, so a re-run replaces it (the converter writes it atomically)."""
-  out = export_hf.export_checkpoint(workdir, cfg.export.hf_dir, overwrite=True)
+  out = export_hf.export_checkpoint(workdir, cfg.export.hf_dir, overwrite=True, use_ema=cfg.export.use_ema)
   log.info('exported Hugging Face model to %s', out)
   return out
 

@@ -95,7 +95,7 @@ def test_seek_to_step_one_million_takes_milliseconds_not_a_replay(data_dir):
 def test_checkpoint_written_by_one_process_restores_on_two_and_four(data_dir, tmp_path):
   ocp = pytest.importorskip('orbax.checkpoint')
   import grain  # pylint: disable=g-import-not-at-top
-  from neobert_jax.engine import checkpoint
+  from neobert_jax.engine import data_position
 
   cfg = _cfg(data_dir)
   step = 1_000_000
@@ -109,8 +109,7 @@ def test_checkpoint_written_by_one_process_restores_on_two_and_four(data_dir, tm
     its = _iters(cfg, n)
     t0 = time.perf_counter()
     exact = [
-      checkpoint._restore_data(mngr, step, it, process_index=p, process_count=n)  # pylint: disable=protected-access
-      for p, it in enumerate(its)
+      data_position.restore(mngr.directory, step, it, process_index=p, process_count=n) for p, it in enumerate(its)
     ]
     assert all(exact) and time.perf_counter() - t0 < 10
     assert _same(_global_batches(its, 3), want), n
@@ -119,13 +118,13 @@ def test_checkpoint_written_by_one_process_restores_on_two_and_four(data_dir, tm
 
 def test_missing_state_moves_in_constant_time_with_a_warning(data_dir, tmp_path, caplog):
   ocp = pytest.importorskip('orbax.checkpoint')
-  from neobert_jax.engine import checkpoint
+  from neobert_jax.engine import data_position
 
   mngr = ocp.CheckpointManager(str(tmp_path / 'ckpt'))
   mngr.save(2_000_000, args=ocp.args.Composite(meta=ocp.args.JsonSave({'x': 1})))
   mngr.wait_until_finished()
   it = _iters(_cfg(data_dir), 1)[0]
-  assert not checkpoint._restore_data(mngr, 2_000_000, it)  # pylint: disable=protected-access
+  assert not data_position.restore(mngr.directory, 2_000_000, it)
   assert it.get_state() == pipeline.state_at(2_000_000, shards_=range(8))
   assert 'no data-iterator state' in caplog.text and 'block 2000000 of every virtual shard' in caplog.text
   mngr.close()

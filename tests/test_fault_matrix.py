@@ -33,7 +33,7 @@ from neobert_jax.convert import export_hf
 from neobert_jax.data import testing as data_testing
 from neobert_jax.weights import runs
 from neobert_jax.train import loop
-from neobert_jax.train.testing import tiny_config
+from neobert_jax.train.testing import kill_when_paused, tiny_config
 
 REPO = Path(__file__).resolve().parents[1]
 VOCAB, STEPS = 1000, 8
@@ -198,26 +198,9 @@ def good_export(reference, tmp_path):
 def _kill_export_at(mode: str, reference: Path, out: Path) -> int:
   """Re-exports `reference` over `out` in a child that pauses at `mode`'s point (after the real call) to be
   SIGKILLed there; returns the child's pid."""
-  child = subprocess.Popen(
-    [sys.executable, __file__, mode, str(reference), str(out)],
-    cwd=REPO,
-    stdout=subprocess.PIPE,
-    stderr=subprocess.STDOUT,
-    text=True,
-    env=dict(os.environ, PYTHONUNBUFFERED='1'),
+  return kill_when_paused(
+    [sys.executable, __file__, mode, str(reference), str(out)], env=dict(os.environ, PYTHONUNBUFFERED='1'), cwd=REPO
   )
-  try:
-    lines = []
-    for line in child.stdout:
-      lines.append(line)
-      if line.strip() == 'PAUSED':
-        break
-    assert lines and lines[-1].strip() == 'PAUSED', ''.join(lines)[-3000:]
-  finally:
-    child.send_signal(signal.SIGKILL)
-    child.wait()
-    child.stdout.close()
-  return child.pid
 
 
 def _visible(parent: Path) -> list[str]:

@@ -55,6 +55,11 @@ def test_every_schema_field_has_a_rule_and_the_issue_s_identity_fields_are_ident
     'data.mask_strategy',
     'data.max_predictions',
     'data.shuffle_seed',
+    'model.rope_theta',
+    'optimizer.schedule',
+    'train.batch_warmup_tokens',
+    'train.batch_warmup_start',
+    'train.ema_decay',
   ):
     assert kinds[field] == rules.IDENTITY, field
   for field in (
@@ -63,6 +68,8 @@ def test_every_schema_field_has_a_rule_and_the_issue_s_identity_fields_are_ident
     'train.grad_accum_steps',
     'optimizer.peak_lr',
     'optimizer.warmup_steps',
+    'optimizer.wsd_decay_fraction',
+    'optimizer.decay_shape',
   ):
     assert kinds[field] == rules.SCHEDULE, field
   for field in (
@@ -74,6 +81,10 @@ def test_every_schema_field_has_a_rule_and_the_issue_s_identity_fields_are_ident
     'model.remat_policy',
     'mesh.fsdp',
     'export.hf_dir',
+    'export.use_ema',
+    'init.keep_optimizer',
+    'init.continue_data',
+    'logging.wandb',
   ):
     assert kinds[field] == rules.FREE, field
 

@@ -116,6 +116,10 @@ def test_weight_decay_skips_norms_and_biases():
     ({'optimizer.wsd_decay_fraction': 0.0}, r'optimizer.wsd_decay_fraction=0.0 must be in \(0, 1\]'),
     ({'optimizer.wsd_decay_fraction': 1.5}, r'optimizer.wsd_decay_fraction=1.5 must be in \(0, 1\]'),
     ({'optimizer.final_lr_fraction': -0.1}, r'optimizer.final_lr_fraction=-0.1 must be in \[0, 1\]'),
+    ({'train.batch_warmup_tokens': 1000}, 'train.batch_warmup_start=0 must divide train.global_batch_size=32'),
+    ({'train.batch_warmup_tokens': 1000, 'train.batch_warmup_start': 3}, 'batch_warmup_start=3 must divide'),
+    ({'train.batch_warmup_tokens': 1000, 'train.batch_warmup_start': 4, 'train.grad_accum_steps': 2}, 'multiple of 16'),
+    ({'train.batch_warmup_tokens': -1}, 'train.batch_warmup_tokens and train.batch_warmup_start must be >= 0'),
     (
       {'optimizer.schedule': 'wsd', 'optimizer.wsd_decay_fraction': 0.9, 'optimizer.warmup_steps': 50},
       'warmup_steps=50 overlaps the decay of the last',

@@ -44,8 +44,13 @@ RENAMED = {'train.compute_dtype': 'model.dtype'}
 def load(path: str | Path, overrides: dict[str, Any] | None = None) -> ml_collections.ConfigDict:
   """A recipe file's get_config(), with overrides {'optimizer.peak_lr': 3e-4, ...} applied.
 
+  `path` may name an argument of get_config after a colon, as --config does: 'configs/neobert_250m_stages.py:2'.
   A missing file or an override key that does not exist is a ConfigError.
   """
+  args: tuple[str, ...] = ()
+  if not Path(path).is_file() and ':' in Path(path).name:
+    path, arg = str(path).rsplit(':', 1)
+    args = (arg,)
   path = Path(path)
   if not path.is_file():
     raise ConfigError(f'no config file {path}; pass a recipe such as configs/tiny_cpu.py')
@@ -54,7 +59,7 @@ def load(path: str | Path, overrides: dict[str, Any] | None = None) -> ml_collec
     raise ConfigError(f'cannot load config file {path}')
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
-  cfg = module.get_config()
+  cfg = module.get_config(*args)
   for key, value in (overrides or {}).items():
     node = cfg
     *parents, leaf = key.split('.')

@@ -23,6 +23,7 @@ import ml_collections
 from neobert_jax import config as config_lib
 from neobert_jax import paths
 from neobert_jax import sharding as shd
+from neobert_jax.config import ramp
 from neobert_jax.config.data import LABELLED_TASKS, default_data_config, validate_data_config
 from neobert_jax.config.model import default_model_config, validate_model_config
 from neobert_jax.errors import ConfigError
@@ -78,7 +79,14 @@ def get_config() -> ml_collections.ConfigDict:
       num_steps=1_000_000,  # optimizer steps of the whole run (also sets the schedule length)
       global_batch_size=2048,  # sequences per optimizer step, summed over all processes
       grad_accum_steps=1,  # micro-batches per step; the global batch is split evenly across them
+      # Batch-size warmup (config/ramp.py): over the first batch_warmup_tokens tokens (sequences x max_length) the
+      # global batch doubles from batch_warmup_start sequences up to global_batch_size. 0 = off.
+      batch_warmup_tokens=0,
+      batch_warmup_start=0,  # sequences per step at step 0: divides global_batch_size, splits like a micro-batch
       nan_policy='stop',  # non-finite loss/grad: 'stop' (exit, name the last good checkpoint) or 'skip'
+      # > 0: keep an exponential moving average of the parameters, ema <- d x ema + (1 - d) x params after every
+      # update (sharded like them, checkpointed, evaluated as eval/ema/*, exported with export.use_ema); 0 = off
+      ema_decay=0.0,
     )
   )
 
@@ -138,13 +146,21 @@ def get_config() -> ml_collections.ConfigDict:
     )
   )
 
-  # Initialise parameters (only; fresh optimizer and schedule) for stage 2 / continued pretraining. Ignored when
-  # the workdir already has a checkpoint (resume wins). At most one of the two may be set.
+  # Start a new stage or continued pretraining from other weights (docs/recipes.md). Ignored when the workdir
+  # already has a checkpoint (resume wins). At most one of from_checkpoint and from_hf may be set. The new stage
+  # may change the sequence length, RoPE theta, mask rate, schedule, batch size and data; by default it takes the
+  # parameters only (fresh optimizer, schedule from step 0, data from its start).
   cfg.init = ml_collections.ConfigDict(
     dict(
       from_checkpoint='',  # a workdir or its checkpoints/ dir written by this trainer
       step=-1,  # which step of from_checkpoint; -1 = latest
       from_hf='',  # a Hugging Face NeoBERT directory (config.json + weights)
+      # from_checkpoint only: carry AdamW's moments over (the schedule still starts at this run's step 0, so it
+      # may warm up again), instead of starting them at zero
+      keep_optimizer=False,
+      # from_checkpoint only: continue that run's data stream at its next unseen row, instead of at the start of
+      # this run's data; needs the same stream (data.dir, seeds, packing, blocks, model.max_length)
+      continue_data=False,
     )
   )
 
@@ -156,11 +172,18 @@ def get_config() -> ml_collections.ConfigDict:
       peak_flops_per_device=0.0,  # for MFU; 0 = look the device up in the table (CPU: measure a matmul)
       profile_start_step=-1,  # >= 0: write a jax.profiler trace of profile_num_steps steps from this one
       profile_num_steps=3,
+      # Also log every metric to Weights & Biases (the wandb extra: pip install -e .[wandb]); WANDB_MODE=offline
+      # keeps the run in WORKDIR/wandb. A resumed run logs on into the same wandb run.
+      wandb=False,
+      wandb_project='neobert-jax',
+      wandb_run_name='',  # '' = wandb's own name
+      wandb_tags='',  # comma-separated, e.g. 'stage1,250m'
     )
   )
 
   # After training, export the final parameters as a Hugging Face NeoBERT directory ('' = do not export).
-  cfg.export = ml_collections.ConfigDict(dict(hf_dir=''))
+  # use_ema: export the moving average of the parameters (train.ema_decay > 0) instead of the parameters.
+  cfg.export = ml_collections.ConfigDict(dict(hf_dir='', use_ema=False))
   return cfg
 
 
@@ -207,6 +230,10 @@ def validate(
     if t[field] < 1:
       raise ConfigError(f'train.{field}={t[field]} must be >= 1')
   _validate_optimizer(cfg.optimizer, t.num_steps)
+  if not 0 <= t.ema_decay < 1:
+    raise ConfigError(f'train.ema_decay={t.ema_decay} must be in [0, 1) (0: no moving average; 0.999 is typical)')
+  if cfg.export.use_ema and t.ema_decay == 0:
+    raise ConfigError('export.use_ema=True exports the moving average of the weights: set train.ema_decay > 0')
   if cfg.data.max_predictions > cfg.model.max_length:
     raise ConfigError(
       f'data.max_predictions={cfg.data.max_predictions} exceeds the sequence length '
@@ -214,6 +241,12 @@ def validate(
     )
   if cfg.init.from_checkpoint and cfg.init.from_hf:
     raise ConfigError('set at most one of init.from_checkpoint and init.from_hf')
+  carried = [f for f in ('keep_optimizer', 'continue_data') if cfg.init[f]]
+  if carried and not cfg.init.from_checkpoint:
+    raise ConfigError(
+      f'init.{carried[0]}=True carries state over from another run of this trainer: set init.from_checkpoint to '
+      f'its workdir, or set init.{carried[0]}=False'
+    )
   if cfg.checkpoint.keep < 1 or cfg.checkpoint.every_steps < 1:
     raise ConfigError('checkpoint.keep and checkpoint.every_steps must be >= 1')
   if cfg.eval.every_steps < 0 or cfg.eval.num_batches < 1:
@@ -224,6 +257,8 @@ def validate(
   _validate_probe(cfg.eval)
   if not 0.0 <= cfg.eval.mask_rate < 1.0:
     raise ConfigError(f'eval.mask_rate={cfg.eval.mask_rate} must be in [0, 1) (0: the training rate, data.mask_rate)')
+  if cfg.logging.wandb and not cfg.logging.wandb_project:
+    raise ConfigError('logging.wandb=True needs logging.wandb_project (the W&B project to log into)')
   if cfg.logging.log_every < 1 or cfg.logging.peak_flops_per_device < 0:
     raise ConfigError('logging.log_every must be >= 1 and logging.peak_flops_per_device >= 0 (0: look it up)')
 
@@ -248,6 +283,9 @@ def validate(
     )
   if micro % nproc:
     raise ConfigError(f'the micro-batch of {micro} rows does not split over {nproc} processes')
+  problem = ramp.validate(cfg, shards, nproc)
+  if problem:
+    raise ConfigError(problem)
   return cfg
 
 
@@ -337,9 +375,12 @@ def tokens_per_step(cfg: ml_collections.ConfigDict) -> int:
 def describe(cfg: ml_collections.ConfigDict) -> str:
   """One line for the log: the run's shape at a glance."""
   m = cfg.model
+  grows = ''
+  if ramp.enabled(cfg):
+    grows = ' after a ramp ' + ' -> '.join(f'{p.size}@step{p.first_step}' for p in ramp.phases(cfg))
   return (
     f'{m.num_layers}x{m.hidden_size} model, vocab {m.vocab_size}, seq {m.max_length}, '
-    f'global batch {cfg.train.global_batch_size} ({cfg.train.grad_accum_steps} micro), '
+    f'global batch {cfg.train.global_batch_size}{grows} ({cfg.train.grad_accum_steps} micro), '
     f'{tokens_per_step(cfg):,} tokens/step, {cfg.train.num_steps:,} steps, mesh {dict(cfg.mesh)}, '
     f'compute {m.dtype}, attention {m.attention_impl}; {math.prod(dict(cfg.mesh).values())} devices'
   )

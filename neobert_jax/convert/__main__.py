@@ -28,15 +28,21 @@ def to_pytorch(args: argparse.Namespace) -> str:
   export_hf.check_output_dir(args.output, args.overwrite)  # before reading a possibly large checkpoint
   source = paths.resolve(args.checkpoint, '--checkpoint')
   if flat_lib.is_flat_file(source):
-    if args.step is not None:
-      raise errors.ExportError(f'--step applies to training checkpoints, not to the params file {source}')
+    if args.step is not None or args.use_ema:
+      raise errors.ExportError(f'--step and --use-ema apply to training checkpoints, not to the params file {source}')
     cfg, flat = flat_lib.load_saved_flat(paths.local_copy(source))
     out = export_hf.export_flat(
       flat, cfg, args.output, tokenizer=args.tokenizer, dtype=args.dtype, overwrite=args.overwrite
     )
   else:
     out = export_hf.export_checkpoint(
-      source, args.output, step=args.step, tokenizer=args.tokenizer, dtype=args.dtype, overwrite=args.overwrite
+      source,
+      args.output,
+      step=args.step,
+      tokenizer=args.tokenizer,
+      dtype=args.dtype,
+      overwrite=args.overwrite,
+      use_ema=args.use_ema,
     )
   files = ', '.join(sorted(p.name for p in out.iterdir()))
   return f'wrote Hugging Face NeoBERT to {out} ({files})'
@@ -85,6 +91,11 @@ def build_parser() -> commandline.Parser:
     "(default: the training config's data.tokenizer, if set)",
   )
   exp.add_argument('--dtype', default='float32', choices=sorted(export_hf.EXPORT_DTYPES))
+  exp.add_argument(
+    '--use-ema',
+    action='store_true',
+    help='export the moving average of the weights the run kept (train.ema_decay > 0) instead of the weights',
+  )
   exp.add_argument('--overwrite', action='store_true', help='replace a non-empty output directory')
   exp.set_defaults(run=to_pytorch)
 

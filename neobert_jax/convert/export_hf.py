@@ -270,8 +270,10 @@ def export_checkpoint(
   tokenizer: str | os.PathLike | None = None,
   dtype: str = 'float32',
   overwrite: bool = False,
+  use_ema: bool = False,
 ) -> Path:
-  """Writes the HF directory for a training checkpoint (a run's workdir or its checkpoints/ dir).
+  """Writes the HF directory for a training checkpoint (a run's workdir or its checkpoints/ dir); with
+  ``use_ema``, of its moving average of the parameters (train.ema_decay > 0) instead of the parameters.
 
   Without ``tokenizer``, the run's own is written: the one its config records (weights/source.run_tokenizer).
   """
@@ -281,7 +283,7 @@ def export_checkpoint(
       f'--checkpoint {checkpoint}: no such directory (give a training workdir or its checkpoints/)'
     )
   try:
-    model_cfg, flat = runs.restore_params(checkpoint, step)
+    model_cfg, flat = runs.restore_params(checkpoint, step, runs.EMA_ITEM if use_ema else runs.PARAMS_ITEM)
   except FileNotFoundError as e:
     raise errors.ExportError(f'--checkpoint {checkpoint}: {e}') from e
   if tokenizer is None:

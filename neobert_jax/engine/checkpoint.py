@@ -7,6 +7,7 @@ On-disk layout (one Orbax CheckpointManager rooted at WORKDIR/checkpoints):
                                          params['encoder']['layers']['qkv'] [L, D, H, 3*Dh]; joining the keys with
                                          '.' gives exactly neobert_jax.weights.flat.to_flat's keys
   WORKDIR/checkpoints/<step>/opt         the nnx.Optimizer state (step counter, optax AdamW moments mu/nu)
+  WORKDIR/checkpoints/<step>/ema         the moving average of the parameters, same layout (train.ema_decay > 0)
   WORKDIR/checkpoints/<step>/data        the Grain iterator position (one JSON per process), if the run had one
   WORKDIR/checkpoints/<step>/config      a copy of the resolved config, so a step directory stands alone
 
@@ -23,7 +24,7 @@ is used. A step is never set aside for anything else:
   * the data-iterator state is a position in the global row stream, valid under any process count (1 -> 2 -> 4
     processes continue with the rows an uninterrupted run would have used), restored in O(1); one that cannot be
     used (missing, unreadable, an older per-process layout) only costs the exact data order: params and optimizer
-    state are restored and the iterator is moved in O(1) to a position derived from the step (see `_restore_data`),
+    state are restored and the iterator is moved in O(1) to a position derived from the step (see engine/data_position.py),
     with a warning.
 
 Owns writing the layout above and resuming from it (params, optimizer state, data position). Reading parameters
@@ -33,10 +34,8 @@ weights/source.py). Imports weights, errors, paths and the engine's state; never
 
 from __future__ import annotations
 
-import json
 import logging
 import os
-import re
 import time
 from typing import Any, Callable
 
@@ -47,6 +46,7 @@ import orbax.checkpoint as ocp
 from flax import nnx
 
 from neobert_jax import bucket, errors, paths
+from neobert_jax.engine import data_position
 from neobert_jax.engine.state import TrainState
 from neobert_jax.weights import runs
 from neobert_jax.weights.flat import check_keys_and_shapes, path_key
@@ -106,6 +106,11 @@ def save(
   args = {
     'params': ocp.args.StandardSave(nnx.to_pure_dict(state['params'])),
     **({'opt': ocp.args.StandardSave(state['opt'])} if with_optimizer else {}),
+    **(
+      {runs.EMA_ITEM: ocp.args.StandardSave(nnx.to_pure_dict(state['ema']))}
+      if with_optimizer and 'ema' in state
+      else {}
+    ),
     runs.CONFIG_ITEM: ocp.args.JsonSave(cfg.to_dict()),
     **_data_args(data_iter, save=True),
   }
@@ -249,11 +254,18 @@ def _with_retries(read: Callable[[], Any], step: int, directory: Any) -> Any:
   raise AssertionError('unreachable')
 
 
+def _items(abstract: TrainState) -> tuple[str, ...]:
+  """The items of a step that hold `abstract`'s arrays."""
+  return ('params', 'opt') + ((runs.EMA_ITEM,) if 'ema' in abstract else ())
+
+
+def _pure(abstract: TrainState, item: str) -> Any:
+  return abstract['opt'] if item == 'opt' else nnx.to_pure_dict(abstract[item])
+
+
 def _restore_arrays(mngr: ocp.CheckpointManager, step: int, abstract: TrainState) -> dict[str, Any]:
-  """params + opt of `step` onto `abstract`'s shardings; transient storage errors are retried, then raised."""
-  args = ocp.args.Composite(
-    params=ocp.args.StandardRestore(nnx.to_pure_dict(abstract['params'])), opt=ocp.args.StandardRestore(abstract['opt'])
-  )
+  """params + opt (+ ema) of `step` onto `abstract`'s shardings; transient storage errors are retried, then raised."""
+  args = ocp.args.Composite(**{item: ocp.args.StandardRestore(_pure(abstract, item)) for item in _items(abstract)})
   return _with_retries(lambda: mngr.restore(step, args=args), step, mngr.directory)
 
 
@@ -263,140 +275,41 @@ def _leaves(tree: Any) -> dict[str, Any]:
   return {path_key(p): leaf for p, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]}
 
 
-def _check_fits(mngr: ocp.CheckpointManager, step: int, abstract: TrainState) -> None:
+def _check_fits(
+  mngr: ocp.CheckpointManager,
+  step: int,
+  abstract: TrainState,
+  items: tuple[str, ...] = ('params', 'opt'),
+  fix: str = '',
+) -> None:
   """errors.ConfigError when the saved tree structure or shapes differ from `abstract`'s. Reads only the small
   metadata files, on this process alone (a handler, not a Checkpointer: no cross-process barrier)."""
-  root = paths.Path(mngr.directory) / str(step)
-  for item in ('params', 'opt'):
+  _check_fits_at(paths.Path(mngr.directory), step, abstract, items, fix)
+
+
+def _check_fits_at(directory: paths.Path, step: int, abstract: TrainState, items: tuple[str, ...], fix: str) -> None:
+  root = directory / str(step)
+  for item in items:
     handler = ocp.StandardCheckpointHandler()
     absl_log = logging.getLogger('absl')
     level = absl_log.level
     absl_log.setLevel(logging.ERROR)  # "no step metadata in the item": expected in the manager's layout
     try:
-      saved = _with_retries(lambda: handler.metadata(root / item), step, mngr.directory)
+      saved = _with_retries(lambda: handler.metadata(root / item), step, directory)
     finally:
       absl_log.setLevel(level)
-    target = nnx.to_pure_dict(abstract['params']) if item == 'params' else abstract['opt']
+    target = _pure(abstract, item)
     tree = getattr(saved, 'tree', saved)
     check_keys_and_shapes(
       _leaves(tree),
       {k: v.shape for k, v in _leaves(target).items()},
-      f'checkpoint step {step} in {mngr.directory} ({item})',
-      'this config builds a different state than the one saved (see the config differences above, if any); '
+      f'checkpoint step {step} in {directory} ({item})',
+      fix
+      or 'this config builds a different state than the one saved (see the config differences above, if any); '
       "nothing was changed. Resume with the run's own config, or start a new --workdir (with "
       '--config.init.from_checkpoint to start from its weights).',
       error=errors.ConfigError,
     )
-
-
-_DATA_FILE = re.compile(r'process_(\d+)-of-(\d+)\.json')
-
-
-def _data_writer_count(data_dir: paths.Path) -> int | None:
-  """How many processes wrote the Grain states in `data_dir` (None if there are none)."""
-  counts = {
-    int(m.group(2)) for f in (data_dir.iterdir() if data_dir.is_dir() else ()) if (m := _DATA_FILE.fullmatch(f.name))
-  }
-  return max(counts) if counts else None
-
-
-def _set_iterator_state(data_iter: Any, text: str) -> None:
-  """What Grain's Orbax handler does on restore (same file format as its save): JSON for a DatasetIterator,
-  raw bytes for any other iterator with get_state/set_state. Done here, not through mngr.restore, so that this
-  per-process step can never enter a cross-process barrier that another process skips."""
-  import grain  # pylint: disable=g-import-not-at-top
-
-  data_iter.set_state(json.loads(text) if isinstance(data_iter, grain.DatasetIterator) else text.encode())
-
-
-def _saved_data_state(data_dir: paths.Path, pid: int, nproc: int) -> tuple[str | None, str]:
-  """(state text to restore on process `pid` of `nproc`, or None; what was found, for the log).
-
-  The train iterator's state holds the positions of the process's own virtual shards (see
-  neobert_jax/data/pipeline/iterators.py). Under the same process count each process reads its own file; under
-  another, the files of every writer are merged into one table of all virtual shards, from which each process of
-  this job takes its own (the pipeline refuses a count that does not divide data.virtual_shards). A state of an
-  older layout is only usable under the same process count.
-  """
-  writers = _data_writer_count(data_dir)
-  if writers is None:
-    return None, 'the checkpoint holds no data-iterator state'
-  own = data_dir / f'process_{pid}-of-{nproc}.json'
-  names = (
-    [own.name] if writers == nproc and own.is_file() else [f'process_{i}-of-{writers}.json' for i in range(writers)]
-  )
-  texts = []
-  for name in names:
-    try:
-      texts.append((data_dir / name).read_text())
-    except OSError as e:
-      return None, f'the data-iterator state {name} could not be read ({_first_line(e)})'
-  if len(texts) == 1:
-    return texts[0], f'written by {writers} process(es), restored on {nproc}'
-  if not all(_STREAM_MARK in t for t in texts):
-    return None, (
-      f'the checkpoint was written by {writers} process(es) with a per-process data layout and this job has {nproc}'
-    )
-  from neobert_jax.data.pipeline import iterators as pipeline  # pylint: disable=g-import-not-at-top
-
-  merged = pipeline.merge_states([json.loads(t) for t in texts])
-  return json.dumps(merged), f'written by {writers} process(es), merged and restored on {nproc}'
-
-
-_STREAM_MARK = 'virtual-shards/'
-
-
-def _restore_data(
-  mngr: ocp.CheckpointManager,
-  step: int,
-  data_iter: Any,
-  *,
-  process_index: int | None = None,
-  process_count: int | None = None,
-) -> bool:
-  """Moves `data_iter` (freshly made, at its start) to where it must be after `step` steps; True if exact.
-
-  Exact (any process count): the saved global-stream position is set directly, which rebuilds one block, so
-  resuming at step 1,000,000 costs what resuming at step 10 does. Otherwise (no state, an unreadable one, a
-  per-process state from an older layout under another process count) the iterator is moved, also in O(1), to
-  the start of global block `step` (past the data the run has seen when blocks hold at least one global batch):
-  deterministic, but not the uninterrupted run's order. That is a warning, never a reason to discard a
-  checkpoint whose parameters are fine.
-  """
-  if data_iter is None or not hasattr(data_iter, 'get_state'):
-    return True
-  pid = jax.process_index() if process_index is None else process_index
-  nproc = jax.process_count() if process_count is None else process_count
-  t0 = time.perf_counter()
-  text, what = _saved_data_state(paths.Path(mngr.directory) / str(step) / 'data', pid, nproc)
-  initial = data_iter.get_state()
-  if text is not None:
-    try:
-      _set_iterator_state(data_iter, text)
-      if hasattr(data_iter, 'start_prefetch'):
-        data_iter.start_prefetch()
-      log.info('checkpoint step %d: data position %s (%.2f s)', step, what, time.perf_counter() - t0)
-      return True
-    except Exception as e:  # noqa: BLE001 - the data position is recoverable; the checkpoint is not at fault
-      what = f'the data-iterator state could not be used ({_first_line(e)})'
-      data_iter.set_state(initial)
-  from neobert_jax.data.pipeline import iterators as pipeline  # pylint: disable=g-import-not-at-top
-
-  moved = 'left at the start of the stream'
-  if isinstance(initial, dict) and initial.get('stream') == pipeline.STREAM:
-    try:
-      data_iter.set_state(pipeline.state_at(step, shards_=[int(v) for v in initial['shards']]))
-      moved = f'moved to the start of block {step} of every virtual shard'
-    except Exception:  # noqa: BLE001 - an iterator of another shape (workers): stay at the start
-      data_iter.set_state(initial)
-  log.warning(
-    'checkpoint step %d: params and optimizer state restored, but %s. The data iterator was %s: '
-    "training continues deterministically, but the data order is NOT the same as an uninterrupted run's.",
-    step,
-    what,
-    moved,
-  )
-  return False
 
 
 def _agree_on_step(step: int | None, directory: Any) -> None:
@@ -416,7 +329,7 @@ def _agree_on_step(step: int | None, directory: Any) -> None:
 def restore_latest(mngr: ocp.CheckpointManager, abstract: TrainState, data_iter: Any) -> tuple[int, TrainState] | None:
   """Restores the newest readable step onto the shardings in `abstract` (any mesh); None if there is none.
 
-  `data_iter` (if any) is moved in place to the saved position (see `_restore_data` for a checkpoint written by
+  `data_iter` (if any) is moved in place to the saved position (see engine/data_position.py for a checkpoint written by
   another number of processes). Steps whose params/optimizer state are unreadable are reported and set aside;
   storage errors raise errors.CheckpointError and leave the checkpoint alone.
   """
@@ -438,9 +351,38 @@ def restore_latest(mngr: ocp.CheckpointManager, abstract: TrainState, data_iter:
       _set_aside(mngr, step, _first_line(e))
       continue
     _agree_on_step(step, mngr.directory)
-    _restore_data(mngr, step, data_iter)
-    params = jax.tree.map(lambda a: a, abstract['params'])
-    nnx.replace_by_pure_dict(params, restored['params'])
-    return step, {'params': params, 'opt': restored['opt']}
+    data_position.restore(mngr.directory, step, data_iter)
+    state = {'opt': restored['opt']}
+    for item in set(_items(abstract)) - {'opt'}:
+      state[item] = jax.tree.map(lambda a: a, abstract[item])
+      nnx.replace_by_pure_dict(state[item], restored[item])
+    return step, state
   _agree_on_step(None, mngr.directory)
   return None
+
+
+def restore_stage(
+  directory: paths.Path, step: int, abstract: TrainState, data_iter: Any, *, optimizer: bool, data: bool
+) -> Any:
+  """What a new stage carries over from step `step` of another run's checkpoints in `directory` (init.*): with
+  `optimizer`, its optimizer state restored onto `abstract['opt']`'s shardings (returned; None without); with
+  `data`, `data_iter` moved to its data position (exactly, or with the warning of data_position.restore)."""
+  opt = None
+  if optimizer and not (directory / str(step) / 'opt').is_dir():
+    raise errors.ConfigError(
+      f'init.keep_optimizer=True: step {step} in {directory} holds no optimizer state (a fine-tuning run keeps '
+      'none); set init.keep_optimizer=False to start the optimizer afresh'
+    )
+  if optimizer:
+    _check_fits_at(
+      directory,
+      step,
+      abstract,
+      ('opt',),
+      'its optimizer state does not fit the one this config builds (clipping switched on or off?); set '
+      'init.keep_optimizer=False to start the optimizer afresh',
+    )
+    opt = _with_retries(lambda: runs.restore_opt_tree(directory, step, abstract['opt']), step, directory)
+  if data:
+    data_position.restore(directory, step, data_iter)
+  return opt

@@ -43,8 +43,9 @@ class Logger:
     peak_flops: float | None = None,
     check: Callable[[int, dict], None] | None = None,
     check_keys: tuple[str, ...] = (),
+    counts: Callable[[int], dict[str, float]] | None = None,
   ):
-    self.writer, self.pbar = writer, pbar
+    self.writer, self.pbar, self.counts = writer, pbar, counts
     self.nan_policy, self.diverged_hint, self.check = nan_policy, diverged_hint, check
     # Step metrics that are checks, not curves: `finite` is the policy's, check_keys the caller's `check`'s.
     self.not_logged = ('finite',) + tuple(check_keys)
@@ -65,6 +66,18 @@ class Logger:
     self.t0 = time.perf_counter()
     self.tokens = 0
     self.timed = 0
+    self.banked = (0.0, 0, 0)  # (seconds, tokens, steps) timed before a pause in this window
+
+  def pause_clock(self) -> None:
+    """Banks the window's timed steps so far (the caller has waited for them); the steps added until
+    resume_clock (a recompile for a new batch shape) are left out of throughput."""
+    seconds, tokens, timed = self.banked
+    self.banked = (seconds + time.perf_counter() - self.t0, tokens + self.tokens, timed + self.timed)
+    self.tokens = self.timed = 0
+
+  def resume_clock(self) -> None:
+    """Times again from now (the caller has waited for the paused steps), keeping what pause_clock banked."""
+    self.t0, self.tokens, self.timed = time.perf_counter(), 0, 0
 
   def _check_finite(self, step: int, m: dict[str, Any], last_good: Callable[[], str]) -> None:
     if bool(m['finite']):
@@ -86,15 +99,18 @@ class Logger:
       if self.check is not None:
         self.check(s, m)
       self._check_finite(s, m, last_good)
-    elapsed = max(time.perf_counter() - self.t0, 1e-9)
-    tps = self.tokens / elapsed
+    elapsed = max(time.perf_counter() - self.t0 + self.banked[0], 1e-9)
+    tokens, timed = self.tokens + self.banked[1], self.timed + self.banked[2]
+    tps = tokens / elapsed
     out = {k: float(np.mean([float(m[k]) for m in host])) for k in host[0] if k not in _LATEST + self.not_logged}
     out.update({k: float(host[-1][k]) for k in _LATEST if k in host[-1]})
-    out.update(tokens_per_sec=tps, step_time=elapsed / max(self.timed, 1))
-    if self.timed:
+    if self.counts is not None:
+      out.update(self.counts(steps[-1]))
+    if timed:  # a window of only compiling steps (the first, a new batch shape) has no throughput to report
+      out.update(tokens_per_sec=tps, step_time=elapsed / timed)
       self.throughput.append(tps)
-    if self.peak_flops and self.flops_per_token:
-      out['mfu'] = tps * self.flops_per_token / self.peak_flops
+      if self.peak_flops and self.flops_per_token:
+        out['mfu'] = tps * self.flops_per_token / self.peak_flops
     self.writer.write(steps[-1], out)
     if self.pbar is not None:
       post = {'loss': f'{out["loss"]:.3f}', 'lr': f'{out["learning_rate"]:.2e}', 'tok/s': f'{tps:,.0f}'}
@@ -162,21 +178,31 @@ class Trainer:
     return (hook.every > 0 and (done % hook.every == 0 or done == self.num_steps)) or (stop and hook.checkpoint)
 
   def run(self) -> Any:
-    """Trains to num_steps (or a preemption stop); returns the final state."""
+    """Trains to num_steps (or a preemption stop); returns the final state.
+
+    A batch of a new shape (the batch-size warmup) compiles the step again: that step is left out of throughput,
+    like the first one."""
     prof = self.profile
+    shape = None
     for step in range(self.start, self.num_steps):
       if step == prof.start:
         jax.profiler.start_trace(str(prof.where()))
       batch, tokens, *key = next(self.batches)
+      new_shape = jax.tree.leaves(batch)[0].shape
+      recompiles = shape is not None and new_shape != shape
+      if recompiles:
+        jax.block_until_ready(self.state)
+        self.logger.pause_clock()
+      shape = new_shape
       self.state, metrics = self.step(self.state, batch, *key)
       done = step + 1
       self.logger.add(done, metrics, tokens)
       if prof.start >= 0 and step == prof.start + prof.num_steps - 1:
         jax.block_until_ready(self.state)
         jax.profiler.stop_trace()
-      if step == self.start:  # the first step compiled: start the throughput clock from here
+      if step == self.start or recompiles:  # the step compiled: time the steps from here
         jax.block_until_ready(metrics)
-        self.logger.restart_clock()
+        (self.logger.restart_clock if step == self.start else self.logger.resume_clock)()
       if self.pbar is not None:
         self.pbar.update(1)
       if done % self.log_every == 0 or done == self.num_steps:

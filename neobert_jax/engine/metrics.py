@@ -8,8 +8,11 @@ tokens are not counted as work done.
 
 from __future__ import annotations
 
+import dataclasses
+import importlib.util
 import json
 import os
+import secrets
 import time
 from pathlib import Path
 from typing import Any, Mapping
@@ -18,7 +21,7 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
-from neobert_jax import hardware, paths
+from neobert_jax import errors, hardware, paths
 from neobert_jax.model.config import train_flops_per_token
 
 
@@ -64,19 +67,67 @@ FILES = {'checkpoint': 'checkpoint_metrics.jsonl'}
 METRICS_FILE = 'metrics.jsonl'
 
 
+@dataclasses.dataclass(frozen=True)
+class Wandb:
+  """Where a run's metrics also go when logging.wandb is on: a Weights & Biases run of `project`, named `name`
+  ('' = wandb's choice), with `tags`, holding `config`. WANDB_MODE=offline keeps it on disk (WORKDIR/wandb)."""
+
+  project: str
+  name: str = ''
+  tags: tuple[str, ...] = ()
+  config: dict[str, Any] | None = None
+
+
+def check_wandb() -> None:
+  """errors.ConfigError (one line) when logging.wandb is on and the wandb package is missing."""
+  if importlib.util.find_spec('wandb') is None:
+    raise errors.ConfigError(
+      'logging.wandb=True needs the wandb package: pip install -e .[wandb] (or set logging.wandb=False)'
+    )
+
+
+def _start_wandb(options: Wandb, local: Path) -> Any:
+  """The wandb run of this workdir: its id is kept in WORKDIR/wandb/run_id, so a resumed run logs on into it."""
+  import wandb  # pylint: disable=g-import-not-at-top
+
+  where = local / 'wandb'
+  where.mkdir(parents=True, exist_ok=True)
+  id_file = where / 'run_id'
+  run_id = id_file.read_text().strip() if id_file.is_file() else secrets.token_hex(6)
+  id_file.write_text(run_id + '\n')
+  try:
+    run = wandb.init(
+      project=options.project,
+      name=options.name or None,
+      tags=list(options.tags) or None,
+      config=options.config,
+      id=run_id,
+      resume='allow',
+      dir=str(local),
+    )
+  except Exception as e:  # noqa: BLE001 - wandb raises its own types for a missing login, a network down, ...
+    raise errors.ConfigError(
+      f'logging.wandb=True: wandb could not start a run ({errors.one_line(e)}); run `wandb login`, or set '
+      'WANDB_MODE=offline to keep the run on disk, or set logging.wandb=False'
+    ) from None
+  run.define_metric('*', step_metric='step')  # checkpoint/* arrive after later train steps: no global step order
+  return run
+
+
 class MetricsWriter:
-  """Writes scalars to WORKDIR/metrics.jsonl (checkpoint/* to WORKDIR/checkpoint_metrics.jsonl) and TensorBoard
-  event files (process 0 only; others no-op).
+  """Writes scalars to WORKDIR/metrics.jsonl (checkpoint/* to WORKDIR/checkpoint_metrics.jsonl), TensorBoard
+  event files and, with `wandb`, a Weights & Biases run (process 0 only; others no-op).
 
   On a bucket workdir they live in a local mirror (objects cannot be appended to) that `sync` uploads: the loop
   syncs with every checkpoint and at the end, and a resumed run first pulls its jsonl files back.
   """
 
-  def __init__(self, workdir: str | os.PathLike, tensorboard: bool = True):
+  def __init__(self, workdir: str | os.PathLike, tensorboard: bool = True, wandb: Wandb | None = None):
     self.active = jax.process_index() == 0
     self._jsonl = None
     self._files: dict[str, Any] = {}
     self._tb = None
+    self._wandb = None
     if not self.active:
       return
     remote = paths.resolve(workdir, '--workdir')
@@ -89,6 +140,8 @@ class MetricsWriter:
       from tensorboardX import SummaryWriter
 
       self._tb = SummaryWriter(str(local / 'tensorboard'))
+    if wandb is not None:
+      self._wandb = _start_wandb(wandb, local)
 
   @property
   def local_dir(self) -> Path | None:
@@ -118,6 +171,8 @@ class MetricsWriter:
     if self._tb is not None:
       for k, v in scalars.items():
         self._tb.add_scalar(f'{prefix}/{k}', float(v), int(step))
+    if self._wandb is not None:
+      self._wandb.log(record)
 
   def close(self) -> None:
     if self._jsonl is not None:
@@ -129,4 +184,7 @@ class MetricsWriter:
     if self._tb is not None:
       self._tb.close()
       self._tb = None
+    if self._wandb is not None:
+      self._wandb.finish()
+      self._wandb = None
     self.sync()

@@ -36,6 +36,7 @@ from neobert_jax.engine import loop as engine_loop
 from neobert_jax.engine import state as state_lib
 from neobert_jax.engine.metrics import MetricsWriter
 from neobert_jax.engine.preemption import Preemption
+from neobert_jax.weights import runs
 from neobert_jax.weights import source as source_lib
 
 log = logging.getLogger('neobert_jax.engine')
@@ -105,6 +106,7 @@ class Run:
 
   cfg: the resolved config, frozen; a copy goes into every checkpoint. data_iter: the iterator whose position is
   checkpointed with the state (None: the run's data has no position to keep). lease: the workdir's (`claim`).
+  wandb: engine.metrics.Wandb to also log to a Weights & Biases run (None: not).
   """
 
   def __init__(
@@ -118,12 +120,13 @@ class Run:
     tensorboard: bool = True,
     progress_bar: bool = True,
     lease: lease_lib.Lease | None = None,
+    wandb: Any = None,
   ):
     self.workdir = paths.resolve(workdir, '--workdir')
     self.lease = lease  # checked before every save: a job whose lease was taken over writes nothing more
     self.cfg, self.data_iter = cfg, data_iter
     self.keep, self.async_save = keep, async_save
-    self.tensorboard, self.progress_bar = tensorboard, progress_bar
+    self.tensorboard, self.progress_bar, self.wandb = tensorboard, progress_bar, wandb
     self.is_main = jax.process_index() == 0
     self.saved_step = -1  # the newest step this run saved (or resumed from)
     self.committed_step: int | None = None  # the newest step known complete: resumed from, or seen to commit
@@ -175,7 +178,7 @@ class Run:
     """metrics.jsonl and TensorBoard, opened on first use (after the state is in hand: a refused resume writes
     nothing) and closed, then uploaded for a bucket workdir, when the run closes."""
     if self._writer is None:
-      self._writer = MetricsWriter(self.workdir, self.tensorboard)
+      self._writer = MetricsWriter(self.workdir, self.tensorboard, self.wandb)
       self.on_close(self._close_writer)
     return self._writer
 
@@ -230,12 +233,16 @@ class Run:
     resume: bool = True,
     source: Callable[[], source_lib.Source | None] = lambda: None,
     place: Callable[[source_lib.Source, Any], Any] = place_sharded,
+    keep_optimizer: bool = False,
+    continue_data: bool = False,
   ) -> Start:
     """The run's starting state, in this order:
       1. with `resume`, the newest readable checkpoint of this workdir restored onto `abstract()`'s shardings, the
          data iterator moved to its saved position (engine/checkpoint.restore_latest);
       2. a fresh state from `create()` whose parameters come from `source()` (placed by `place(source, params)`)
          with a fresh optimizer around them: stage 2, continued pretraining, fine-tuning a pretrained model;
+         A new stage may carry over more from a run's step: its optimizer state (`keep_optimizer`: AdamW's moments,
+         the schedule restarted at step 0) and its data position (`continue_data`: the data iterator moved there);
       3. `create()` as it is: fresh parameters seeded by the model factory.
     The source is opened only when the run starts afresh: once the run has a checkpoint, that is where it is.
     """
@@ -256,6 +263,19 @@ class Run:
     state = state_lib.with_params(defs, state, place(src, state['params']))
     origin = src.where + (f' step {src.step}' if src.step is not None else '')
     log.info('initialised parameters from %s', origin)
+    if src.kind == 'run' and (keep_optimizer or continue_data):
+      opt = ckpt.restore_stage(
+        runs.checkpoint_dir(src.path), src.step, state, self.data_iter, optimizer=keep_optimizer, data=continue_data
+      )
+      if opt is not None:
+        state = {**state, 'opt': state_lib.restart_schedule(opt)}
+      log.info(
+        'carried over from %s: %s',
+        origin,
+        ' and '.join(
+          w for w, on in (('the optimizer state', keep_optimizer), ('the data position', continue_data)) if on
+        ),
+      )
     return Start(0, defs, state, False, origin)
 
   # --- checkpoints ----------------------------------------------------------------------------------------------
@@ -344,7 +364,7 @@ class Run:
     **logger_options: Any,
   ) -> engine_loop.Trainer:
     """engine.loop.Trainer over the run's outputs: a progress bar from `start.step`, a Logger
-    (`logger_options`: nan_policy, diverged_hint, flops_per_token, peak_flops, check, check_keys), the task's
+    (`logger_options`: nan_policy, diverged_hint, flops_per_token, peak_flops, check, check_keys, counts), the task's
     `hooks` followed by the checkpoint hook when `checkpoint_every` is given, SIGTERM handling when `preemption`
     (every process stops and saves after the same step), and a jax.profiler trace of `profile` = (first step,
     number of steps) into `profile_dir()`. The trainer takes over `start.state` (it is donated to the first step).

@@ -2,7 +2,9 @@
 
 The state is a plain dict pytree so that jit, Orbax and donation see ordinary arrays:
   {'params': nnx.State of the model's nnx.Param variables,
-   'opt':    nnx.State of an nnx.Optimizer (step counter + optax state whose mu/nu mirror the params)}
+   'opt':    nnx.State of an nnx.Optimizer (step counter + optax state whose mu/nu mirror the params),
+   'ema':    (with an EMA of the weights, train.ema_decay > 0) the exponential moving average of 'params', same
+             tree and shardings, started at the initial parameters}
 The graph definitions (static structure) travel separately in `StateDefs`. Nothing here ever gathers a full
 parameter on one device: creation runs inside jit under the mesh and the logical-axis rules, so every variable is
 born with its final NamedSharding, and the abstract variant (for restore / AOT compile) allocates nothing.
@@ -15,12 +17,14 @@ import dataclasses
 from typing import Any, Callable
 
 import jax
+import jax.numpy as jnp
 import optax
 from flax import nnx
 
 from neobert_jax import sharding as shd
+from neobert_jax.weights.flat import path_key
 
-TrainState = dict[str, Any]  # {'params': nnx.State, 'opt': nnx.State}
+TrainState = dict[str, Any]  # {'params': nnx.State, 'opt': nnx.State[, 'ema': nnx.State like params]}
 ModelFactory = Callable[[], nnx.Module]
 
 
@@ -50,7 +54,11 @@ def _split(model: nnx.Module, opt: nnx.Optimizer) -> tuple[Any, Any, TrainState]
 
 
 def abstract_state(
-  make_model: ModelFactory, tx: optax.GradientTransformation, schedule: optax.Schedule, mesh: jax.sharding.Mesh
+  make_model: ModelFactory,
+  tx: optax.GradientTransformation,
+  schedule: optax.Schedule,
+  mesh: jax.sharding.Mesh,
+  ema: bool = False,
 ) -> tuple[StateDefs, TrainState]:
   """Definitions and a TrainState of ShapeDtypeStructs carrying their target shardings; allocates nothing.
 
@@ -61,24 +69,42 @@ def abstract_state(
     model_def, opt_def, abstract = _split(*nnx.eval_shape(lambda: _build(make_model, tx)))
     # Only translates logical names while the rules are active; unannotated leaves (the step counter) replicate.
     shardings = nnx.get_named_sharding(abstract, mesh)
+  if ema:
+    abstract, shardings = {**abstract, 'ema': abstract['params']}, {**shardings, 'ema': shardings['params']}
   abstract = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract, shardings)
   return StateDefs(model_def, opt_def, shardings, tx, schedule), abstract
 
 
 def create_state(
-  make_model: ModelFactory, tx: optax.GradientTransformation, schedule: optax.Schedule, mesh: jax.sharding.Mesh
+  make_model: ModelFactory,
+  tx: optax.GradientTransformation,
+  schedule: optax.Schedule,
+  mesh: jax.sharding.Mesh,
+  ema: bool = False,
 ) -> tuple[StateDefs, TrainState]:
-  """Freshly initialised parameters and optimizer state (the factory seeds the init), each array sharded at birth."""
-  defs, _ = abstract_state(make_model, tx, schedule, mesh)
+  """Freshly initialised parameters and optimizer state (the factory seeds the init), each array sharded at birth;
+  with `ema`, the average starts as a copy of the parameters."""
+  defs, _ = abstract_state(make_model, tx, schedule, mesh, ema)
   with shd.activate(mesh):
     # The out_shardings make the placement explicit even where the eager-sharding annotations would leave XLA a
     # choice (e.g. scalars), so the state matches what the train step's in_shardings expect exactly.
-    state = jax.jit(lambda: _split(*_build(make_model, tx))[2], out_shardings=defs.shardings)()
-  return defs, state
+    shardings = {k: defs.shardings[k] for k in ('params', 'opt')}
+    state = jax.jit(lambda: _split(*_build(make_model, tx))[2], out_shardings=shardings)()
+  return defs, with_ema(defs, state)
+
+
+def with_ema(defs: StateDefs, state: TrainState) -> TrainState:
+  """`state` with its EMA restarted at its parameters (a copy: the two are donated side by side), when the defs
+  have one; else `state` as it is."""
+  if 'ema' not in defs.shardings:
+    return state
+  copy = jax.jit(lambda p: jax.tree.map(jnp.copy, p), out_shardings=defs.shardings['ema'])(state['params'])
+  return {**state, 'ema': copy}
 
 
 def with_params(defs: StateDefs, state: TrainState, params: Any) -> TrainState:
-  """A TrainState whose parameters are replaced (loaded weights), with a fresh optimizer around them."""
+  """A TrainState whose parameters are replaced (loaded weights), with a fresh optimizer around them (and the EMA,
+  if any, restarted at them)."""
   with shd.activate(jax.tree.leaves(defs.shardings)[0].mesh):
 
     def fresh_opt(p: Any) -> Any:
@@ -88,7 +114,25 @@ def with_params(defs: StateDefs, state: TrainState, params: Any) -> TrainState:
     params = jax.device_put(params, defs.shardings['params'])
     opt = jax.jit(fresh_opt, out_shardings=defs.shardings['opt'])(params)
   del state  # donated conceptually: the old arrays are no longer referenced by the caller's new state
-  return {'params': params, 'opt': opt}
+  return with_ema(defs, {'params': params, 'opt': opt})
+
+
+def restart_schedule(opt: Any) -> Any:
+  """An optimizer state (nnx.State of nnx.Optimizer) whose schedule starts again at step 0: the optimizer's step
+  and every optax counter that feeds a schedule (a 'count' beside no moments) are zeroed; AdamW's moments and
+  their own count (its bias correction) are kept. A new stage carries these over (init.keep_optimizer)."""
+  leaves = jax.tree_util.tree_flatten_with_path(opt)[0]
+  keys = [path_key(p) for p, _ in leaves]
+  moments = {k.rsplit('.mu.', 1)[0] for k in keys if '.mu.' in k}
+
+  def restarted(path: Any, leaf: Any) -> Any:
+    key = path_key(path)
+    owner = key.rsplit('.count', 1)[0] if '.count' in key else None
+    if key.split('.')[0] == 'step' or (owner is not None and owner not in moments):
+      return jnp.zeros_like(leaf)
+    return leaf
+
+  return jax.tree_util.tree_map_with_path(restarted, opt)
 
 
 def param_count(state: TrainState) -> int:

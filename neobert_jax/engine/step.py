@@ -47,8 +47,10 @@ def make_train_step(
   skip_nonfinite: bool,
   weight_name: str | None = None,
   batch_metrics: Callable[[dict], dict] | None = None,
+  ema_decay: float = 0.0,
 ) -> Callable:
-  """The un-jitted step (state, batch, key) -> (new_state, metrics); see build_train_step."""
+  """The un-jitted step (state, batch, key) -> (new_state, metrics); see build_train_step. A state with an 'ema'
+  moves it towards the updated parameters: ema <- ema_decay x ema + (1 - ema_decay) x params, in float32."""
   param_shardings = defs.shardings['params']
   # Batch axes holding whole copies of the weights ('data'): gradients are summed over them once per step.
   replicas = shd.replica_axes(param_shardings)
@@ -129,6 +131,12 @@ def make_train_step(
     lr = defs.schedule(opt.step[...])  # the rate this update uses (optax counts from the same step)
     opt.update(model, grads)
     new_state = {'params': nnx.state(model, nnx.Param), 'opt': nnx.state(opt)}
+    if 'ema' in state:
+      new_state['ema'] = jax.tree.map(
+        lambda e, p: (ema_decay * e.astype(jnp.float32) + (1.0 - ema_decay) * p.astype(jnp.float32)).astype(e.dtype),
+        state['ema'],
+        new_state['params'],
+      )
 
     param_norm = optax.tree.norm(new_state['params'])
     # The update itself can overflow even when loss and gradients were finite (a huge learning rate), so the

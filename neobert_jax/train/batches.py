@@ -7,7 +7,7 @@ the host ([B_local, ...] -> [A, B_local / A, ...]), which keeps every device's s
 
 from __future__ import annotations
 
-from typing import Iterator, Mapping
+from typing import Callable, Iterator, Mapping
 
 import jax
 import numpy as np
@@ -50,19 +50,37 @@ def local_eval_batch_size(global_batch_size: int, grad_accum_steps: int, process
 
 
 class GlobalBatches:
-  """Wraps a host iterator; yields (global arrays for the step, real tokens across all processes)."""
+  """Wraps a host iterator; yields (global arrays for the step, real tokens across all processes).
+
+  `reads(step)`: how many host batches step `step` (0 = the first update) concatenates, in order (the batch-size
+  warmup of config/ramp.py; one by default). `step` is the first step this iterator serves (a resumed run's)."""
 
   def __init__(
-    self, host_iter: Iterator[Mapping[str, np.ndarray]], max_predictions: int, mesh: jax.sharding.Mesh, accum: int
+    self,
+    host_iter: Iterator[Mapping[str, np.ndarray]],
+    max_predictions: int,
+    mesh: jax.sharding.Mesh,
+    accum: int,
+    reads: Callable[[int], int] = lambda step: 1,
+    step: int = 0,
   ):
     self.host_iter, self.mesh, self.accum = host_iter, mesh, accum
     self.keys = batch_keys(max_predictions)
+    self.reads, self.step = reads, step
 
   def __iter__(self) -> 'GlobalBatches':
     return self
 
+  def _host_batch(self) -> Mapping[str, np.ndarray]:
+    n = self.reads(self.step)
+    self.step += 1
+    if n == 1:
+      return next(self.host_iter)
+    parts = [next(self.host_iter) for _ in range(n)]
+    return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+
   def __next__(self) -> tuple[dict[str, jax.Array], int]:
-    batch = next(self.host_iter)
+    batch = self._host_batch()
     # Processes read equal-sized shards of similar documents, so local * count estimates the global figure
     # without a cross-host reduction on the hot path.
     return to_global(batch, self.keys, self.mesh, self.accum), real_tokens(batch) * jax.process_count()

@@ -16,6 +16,7 @@ import ml_collections
 
 from neobert_jax import paths
 from neobert_jax import sharding as shd
+from neobert_jax.config import ramp
 from neobert_jax.config import train as config_lib
 from neobert_jax.data.pipeline import iterators as pipeline
 from neobert_jax.engine import loop as engine_loop
@@ -28,6 +29,7 @@ from neobert_jax.train import mlm
 from neobert_jax.train import probe as probe_lib
 from neobert_jax.train import resume as resume_lib
 from neobert_jax.train import runtime
+from neobert_jax.train import stage
 
 log = logging.getLogger('neobert_jax.train')
 
@@ -83,15 +85,15 @@ def resolve(cfg: ml_collections.ConfigDict, workdir: paths.Path) -> tuple[ml_col
   """
   cfg = runtime.resolve(config_lib.validate(cfg))
   plan = resume_lib.check(cfg, workdir)
-  if plan.step is None:
-    mlm.init_source(cfg)  # opened here for its one-line errors; restore_or_init opens it again to use it
+  if plan.step is None:  # a new run: its source is opened here for its one-line errors (restore_or_init uses it)
+    plan.origin = stage.check(cfg, mlm.init_source(cfg))
   data = ml_collections.ConfigDict(cfg.data.to_dict())
   data.tokenizer = cfg.data.tokenizer or plan.recorded_tokenizer()
   pipeline.prepare_builtin(data, cfg.model.max_length)  # the one place a run may tokenize: the built-in corpus
   cfg.data.tokenizer = data.tokenizer or pipeline.open_prepared(data, cfg.model.max_length)[1]['tokenizer']['spec']
   # The layout of the data stream is fixed when the run starts: later starts under another process count keep it.
   cfg.data.virtual_shards = cfg.data.virtual_shards or plan.recorded_virtual_shards()
-  cfg.data.virtual_shards = pipeline.virtual_shards(cfg.data, cfg.train.global_batch_size, jax.process_count())
+  cfg.data.virtual_shards = pipeline.virtual_shards(cfg.data, ramp.read_rows(cfg), jax.process_count())
   return ml_collections.FrozenConfigDict(cfg), plan
 
 
@@ -100,8 +102,13 @@ def _data(cfg: ml_collections.ConfigDict) -> tuple[Any, Iterable[dict]]:
   data's tokenizer against model.vocab_size here, before the model exists."""
   t, seq_len, nproc, pid = cfg.train, cfg.model.max_length, jax.process_count(), jax.process_index()
   common = dict(seed=cfg.seed, process_index=pid, process_count=nproc, model_vocab_size=cfg.model.vocab_size)
+  reads = ramp.read_rows(cfg)
   train_host = pipeline.make_train_iterator(
-    cfg.data, batches_lib.local_batch_size(t.global_batch_size, nproc), seq_len, **common
+    cfg.data,
+    batches_lib.local_batch_size(reads, nproc),
+    seq_len,
+    prefetch=2 * (t.global_batch_size // reads),  # two full steps ahead, as without a ramp
+    **common,
   )
   evaluating = cfg.eval.every_steps > 0
   if not evaluating and not pipeline.open_prepared(cfg.data, seq_len)[1]['splits'].get('eval'):
@@ -126,6 +133,31 @@ def _probe(cfg: ml_collections.ConfigDict, mesh: Any, start: Any, writer: Any) -
   return probe
 
 
+def _wandb(cfg: ml_collections.ConfigDict) -> metrics_lib.Wandb | None:
+  lg = cfg.logging
+  if not lg.wandb:
+    return None
+  metrics_lib.check_wandb()
+  tags = tuple(t.strip() for t in lg.wandb_tags.split(',') if t.strip())
+  return metrics_lib.Wandb(lg.wandb_project, lg.wandb_run_name, tags, cfg.to_dict())
+
+
+def _reads(cfg: ml_collections.ConfigDict) -> Callable[[int], int]:
+  """Host batches per step under the batch-size warmup (config/ramp.py): a step of s rows reads s / start."""
+  table, unit = ramp.phases(cfg), ramp.read_rows(cfg)
+  return lambda step: ramp.phase_at(table, step).size // unit
+
+
+def _counts(cfg: ml_collections.ConfigDict) -> Callable[[int], dict[str, float]]:
+  """train/batch_size (sequences of the logged step) and train/tokens_seen (sequences x max_length of every step
+  so far), exact host figures from the ramp's table, logged with each step's metrics."""
+  table, seq = ramp.phases(cfg), cfg.model.max_length
+  return lambda done: {
+    'batch_size': float(ramp.phase_at(table, done - 1).size),
+    'tokens_seen': float(ramp.tokens_through(table, seq, done)),
+  }
+
+
 def _logger_options(cfg: ml_collections.ConfigDict) -> dict[str, Any]:
   peak, peak_source = metrics_lib.total_peak_flops(cfg.logging.peak_flops_per_device, cfg.model.dtype)
   fpt = metrics_lib.flops_per_token(cfg)
@@ -138,6 +170,7 @@ def _logger_options(cfg: ml_collections.ConfigDict) -> dict[str, Any]:
     peak_flops=peak,
     check=None if limit is None else _check_rows(limit),
     check_keys=('rows_over_document_limit',),
+    counts=_counts(cfg),
     diverged_hint='Re-running the same command resumes from it; consider a lower --config.optimizer.peak_lr, '
     'or --config.train.nan_policy=skip to drop such steps.',
   )
@@ -175,7 +208,7 @@ def _train(cfg: ml_collections.ConfigDict, workdir: paths.Path, held: Any, on_st
     log.info('run: %s; data tokenized with %s', config_lib.describe(cfg), cfg.data.tokenizer)
   lg, t = cfg.logging, cfg.train
   options = dict(keep=cfg.checkpoint.keep, async_save=cfg.checkpoint.async_save)
-  options.update(tensorboard=lg.tensorboard, progress_bar=lg.progress_bar, lease=held)
+  options.update(tensorboard=lg.tensorboard, progress_bar=lg.progress_bar, lease=held, wandb=_wandb(cfg))
   with engine_run.Run(workdir, cfg, data_iter=train_host, **options) as run_:
     if hasattr(train_host, 'close'):
       run_.on_close(train_host.close)
@@ -183,6 +216,8 @@ def _train(cfg: ml_collections.ConfigDict, workdir: paths.Path, held: Any, on_st
       lambda: mlm.abstract_train_state(cfg, mesh),
       lambda: mlm.create_train_state(cfg, mesh),
       source=lambda: mlm.init_source(cfg),
+      keep_optimizer=cfg.init.keep_optimizer,
+      continue_data=cfg.init.continue_data,
     )
     resume_lib.record(plan, cfg, start.step)  # config.json and the history line, once the state is in hand
     if is_main:
@@ -194,19 +229,26 @@ def _train(cfg: ml_collections.ConfigDict, workdir: paths.Path, held: Any, on_st
 
     def evaluate(step: int, state: Any) -> None:
       ev = _evaluate(keys, mesh, eval_step, eval_batches, state['params'])
-      line = f'eval step {step}: loss {ev["loss"]:.4f}, accuracy {ev["accuracy"]:.4f}'
+      said = f'eval step {step}: loss {ev["loss"]:.4f}, accuracy {ev["accuracy"]:.4f}'
       if probe is not None:
         ev[f'probe/{probe.task}/accuracy'] = probe(state['params'])['accuracy']
-        line += f', probe {probe.task} {ev[f"probe/{probe.task}/accuracy"]:.4f}'
+        said += f', probe {probe.task} {ev[f"probe/{probe.task}/accuracy"]:.4f}'
       run_.writer.write(step, ev, prefix='eval')
       result.evals.append({'step': step, **ev})
+      if 'ema' in state:  # the moving average, on the same held-out batches
+        ema = _evaluate(keys, mesh, eval_step, eval_batches, state['ema'])
+        run_.writer.write(step, ema, prefix='eval/ema')
+        result.evals[-1].update({f'ema_{k}': v for k, v in ema.items()})
+        said += f'; EMA loss {ema["loss"]:.4f}, accuracy {ema["accuracy"]:.4f}'
       if is_main:
-        trainer.say(line)
+        trainer.say(said)
 
     trainer = run_.trainer(
       mlm.build_train_step(cfg, mesh, start.defs),
       start,
-      batches_lib.GlobalBatches(train_host, cfg.data.max_predictions, mesh, t.grad_accum_steps),
+      batches_lib.GlobalBatches(
+        train_host, cfg.data.max_predictions, mesh, t.grad_accum_steps, _reads(cfg), start.step
+      ),
       num_steps=t.num_steps,
       log_every=lg.log_every,
       hooks=[engine_loop.Hook(evaluate, cfg.eval.every_steps)],

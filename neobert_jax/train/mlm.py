@@ -52,13 +52,13 @@ def init_source(cfg: ml_collections.ConfigDict) -> source_lib.Source | None:
 def abstract_train_state(cfg: ml_collections.ConfigDict, mesh: jax.sharding.Mesh) -> tuple[StateDefs, TrainState]:
   """Definitions and a TrainState of ShapeDtypeStructs with their shardings (restore target, AOT compile)."""
   tx, schedule = optimizer_lib.make_optimizer(cfg.optimizer, cfg.train.num_steps)
-  return engine_state.abstract_state(model_factory(cfg), tx, schedule, mesh)
+  return engine_state.abstract_state(model_factory(cfg), tx, schedule, mesh, ema=cfg.train.ema_decay > 0)
 
 
 def create_train_state(cfg: ml_collections.ConfigDict, mesh: jax.sharding.Mesh) -> tuple[StateDefs, TrainState]:
   """Freshly initialised parameters (seeded by cfg.seed) and optimizer state, each array sharded at birth."""
   tx, schedule = optimizer_lib.make_optimizer(cfg.optimizer, cfg.train.num_steps)
-  return engine_state.create_state(model_factory(cfg), tx, schedule, mesh)
+  return engine_state.create_state(model_factory(cfg), tx, schedule, mesh, ema=cfg.train.ema_decay > 0)
 
 
 def batch_keys(max_predictions: int) -> tuple[str, ...]:
@@ -140,6 +140,7 @@ def _step_options(cfg: ml_collections.ConfigDict) -> dict[str, Any]:
     skip_nonfinite=cfg.train.nan_policy == 'skip',
     weight_name='masked_tokens',
     batch_metrics=None if limit is None else _document_overflow(limit),
+    ema_decay=cfg.train.ema_decay,
   )
 
 

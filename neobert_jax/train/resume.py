@@ -48,6 +48,7 @@ class Plan:
   recorded: dict[str, Any] | None = None
   step: int | None = None  # the latest checkpoint's step (None: the workdir has none)
   changes: list[rules.Change] = dataclasses.field(default_factory=list)
+  origin: dict[str, Any] | None = None  # a new run's source and what it changed from it (train/stage.py)
 
   def recorded_virtual_shards(self) -> int:
     """The data.virtual_shards a resumed run recorded (0 for a new run, or a run recorded before the field)."""
@@ -224,6 +225,8 @@ def record(plan: Plan, cfg: ml_collections.ConfigDict, step: int) -> None:
     'event': 'start' if plan.step is None else 'resume',
     'changes': [c.to_json() for c in plan.changes],
   }
+  if plan.step is None and plan.origin is not None:
+    entry['origin'] = plan.origin  # a new stage: where it started and what it changed
   if plan.step is None and plan.recorded is not None and plan.changes:
     entry['replaced_config'] = plan.recorded  # a config.json without checkpoints, kept before it is replaced
   paths.append_line(plan.workdir / HISTORY_FILE, json.dumps(entry, default=str, sort_keys=True))

@@ -119,3 +119,25 @@ def run_tiny(workdir: str, data_dir: str, steps: str) -> None:
   cfg.data.dir = data_dir
   with errors.reported('train'):
     loop.run(cfg, workdir)
+
+
+def kill_when_paused(argv: list[str], env: dict[str, str] | None = None, cwd: Path | None = None) -> int:
+  """Starts `argv` (a test's child: it prints the line PAUSED where it must die, then waits), sends it SIGKILL once
+  it has printed PAUSED and reaps it; returns its pid. Fails with its output when it ends without pausing."""
+  import signal
+  import subprocess
+
+  child = subprocess.Popen(argv, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+  try:
+    lines = []
+    for line in child.stdout:
+      lines.append(line)
+      if line.strip() == 'PAUSED':
+        break
+    assert lines and lines[-1].strip() == 'PAUSED', ''.join(lines)[-3000:]
+  finally:
+    child.send_signal(signal.SIGKILL)
+    child.wait()
+    child.stdout.close()
+  assert child.returncode == -signal.SIGKILL
+  return child.pid

@@ -48,6 +48,7 @@ def use_bucket_budget() -> None:
 
 CHECKPOINT_SUBDIR = 'checkpoints'
 PARAMS_ITEM = 'params'
+EMA_ITEM = 'ema'  # the moving average of the parameters (train.ema_decay > 0), laid out like them
 CONFIG_ITEM = 'config'  # the resolved config, saved with each step as an Orbax JSON item
 CONFIG_FILE = 'config.json'  # the same config, written into the workdir when the run starts
 
@@ -105,16 +106,26 @@ def read_config(path: str | os.PathLike, step: int | None = None) -> ml_collecti
   raise FileNotFoundError(f'no training config found for {path} (looked at {", ".join(looked)})')
 
 
-def params_item(path: str | os.PathLike, step: int | None) -> tuple[paths.Path, int]:
-  """(the params item's directory, its step) of `step` (None or < 0: the latest); FileNotFoundError if absent."""
+def params_item(path: str | os.PathLike, step: int | None, name: str = PARAMS_ITEM) -> tuple[paths.Path, int]:
+  """(the params item's directory, its step) of `step` (None or < 0: the latest); FileNotFoundError if absent.
+  `name`: EMA_ITEM for the moving average of the parameters."""
   cdir = checkpoint_dir(path)
   step = latest_step(cdir) if step is None or step < 0 else step
   if step is None:
     raise FileNotFoundError(f'no complete checkpoint under {cdir}')
-  item = cdir / str(step) / PARAMS_ITEM
+  item = cdir / str(step) / name
   if not item.is_dir():
+    if name == EMA_ITEM:
+      raise FileNotFoundError(f'checkpoint step {step} holds no EMA of the weights (the run had train.ema_decay=0)')
     raise FileNotFoundError(f'checkpoint step {step} has no params at {item}')
   return item, step
+
+
+def restore_opt_tree(path: str | os.PathLike, step: int, abstract: Any) -> Any:
+  """The optimizer state of a run's `step`, read straight onto `abstract`'s shardings (a new stage that keeps
+  another run's optimizer, init.keep_optimizer). Every process must call it: Orbax reads collectively."""
+  with _orbax().StandardCheckpointer() as ckptr:
+    return ckptr.restore(checkpoint_dir(path) / str(step) / 'opt', abstract)
 
 
 def restore_param_tree(path: str | os.PathLike, step: int | None, abstract: Any) -> tuple[Any, int]:
@@ -126,14 +137,14 @@ def restore_param_tree(path: str | os.PathLike, step: int | None, abstract: Any)
 
 
 def restore_params(
-  path: str | os.PathLike, step: int | None = None
+  path: str | os.PathLike, step: int | None = None, name: str = PARAMS_ITEM
 ) -> tuple[ml_collections.ConfigDict, dict[str, np.ndarray]]:
   """(model config, {dotted key: numpy array}) of a checkpoint, read on one CPU device whatever mesh wrote it.
 
   `path` is a workdir or its checkpoints/ dir; `step` defaults to the latest complete step. FileNotFoundError
-  when there is none.
+  when there is none. `name`=EMA_ITEM reads the moving average of the parameters instead.
   """
-  item, step = params_item(path, step)
+  item, step = params_item(path, step, name)
   cpu = jax.sharding.SingleDeviceSharding(jax.local_devices(backend='cpu')[0])
   absl_log = logging.getLogger('absl')
   level = absl_log.level

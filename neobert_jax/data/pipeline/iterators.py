@@ -340,8 +340,10 @@ def make_train_iterator(
   process_count: int = 1,
   *,
   model_vocab_size: int | None = None,
+  prefetch: int = 2,
 ) -> grain.DatasetIterator:
-  """Endless iterator of this host's training batches; has get_state/set_state.
+  """Endless iterator of this host's training batches; has get_state/set_state. `prefetch`: batches built ahead
+  while the step runs (data.num_workers = 0).
 
   Process p of n owns virtual shards [p*V/n, (p+1)*V/n) and gets B/V rows of each per step (B = n *
   batch_size_per_host), so the rows of a step do not depend on n. Save the state with
@@ -395,7 +397,7 @@ def make_train_iterator(
       grain.MultiprocessingOptions(num_workers=data_cfg.num_workers, per_worker_buffer_size=data_cfg.worker_buffer_size)
     )
   else:  # the next batches are built while the step runs
-    ds = grain.experimental.ThreadPrefetchIterDataset(ds, prefetch_buffer_size=2)
+    ds = grain.experimental.ThreadPrefetchIterDataset(ds, prefetch_buffer_size=prefetch)
   it = iter(ds)
   it.store = store  # the fetch counters (bytes downloaded, peak disk) for the log and the benchmark
   return it

@@ -1,0 +1,69 @@
+"""A new stage: a new run (its own --workdir) that starts from a step of another run (init.from_checkpoint).
+
+Unlike a resume (train/resume.py), a stage may change what the checkpoint is: the sequence length and RoPE theta
+(context extension), the mask rate, the schedule, the batch size and its ramp, the data. The parameters always come
+over; the optimizer's moments with init.keep_optimizer (the schedule restarts at the new run's step 0, so a stage
+may warm up again), and the data position with init.continue_data, which needs the same row stream: the fields in
+STREAM_FIELDS equal to the source run's, and its data.virtual_shards (taken from it when left at 0).
+
+`check` runs in the trainer's resolve step, before the data is opened; what it returns goes into the new run's
+config_history.jsonl (its first line's 'origin'): where the stage came from and every field it changed.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import ml_collections
+
+from neobert_jax.config import resume as rules
+from neobert_jax.config import train as config_lib
+from neobert_jax.errors import ConfigError
+from neobert_jax.weights.source import Source
+
+# The fields that lay out the training row stream: the data position of one run means the same rows in another only
+# when these agree (the mask rate and the batch size may differ: masks are drawn per row, steps take whole rows).
+STREAM_FIELDS = (
+  'seed',
+  'model.max_length',
+  'data.dir',
+  'data.tokenizer',
+  'data.packing',
+  'data.max_documents_per_row',
+  'data.shuffle_seed',
+  'data.block_docs',
+  'data.shuffle_window',
+  'data.virtual_shards',
+)
+
+
+def check(cfg: ml_collections.ConfigDict, src: Source | None) -> dict[str, Any] | None:
+  """The origin of a run that starts from `src` (None: random init), for its history; with init.continue_data,
+  fills data.virtual_shards from the source run and refuses (one line) a row stream that is not the source's."""
+  if src is None:
+    return None
+  if src.kind != 'run':
+    return {'from_hf': src.where}
+  recorded = src.run_config.to_dict()
+  init = cfg.init
+  if init.continue_data:
+    cfg.data.virtual_shards = cfg.data.virtual_shards or int(recorded['data'].get('virtual_shards', 0))
+    moved = [c for c in _changes(recorded, cfg) if c.field in STREAM_FIELDS]
+    if moved:
+      raise ConfigError(
+        f'init.continue_data=True continues the row stream of {src.where} (step {src.step}), but this run lays '
+        f'out another: {"; ".join(c.describe() for c in moved)}. Fix: keep those fields as the source has them, '
+        "or set init.continue_data=False to read this run's data from its start"
+      )
+  return {
+    'from_checkpoint': src.where,
+    'step': src.step,
+    'keep_optimizer': bool(init.keep_optimizer),
+    'continue_data': bool(init.continue_data),
+    'changes': [c.to_json() for c in _changes(recorded, cfg) if c.kind != rules.FREE],
+  }
+
+
+def _changes(recorded: dict[str, Any], cfg: ml_collections.ConfigDict) -> list[rules.Change]:
+  """The differences from the source run's config, classified as a resume would classify them."""
+  return rules.diff(recorded, cfg.to_dict(), rules.PRETRAIN_RULES, config_lib.get_config().to_dict())
