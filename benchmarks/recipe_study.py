@@ -131,13 +131,53 @@ def run_recipe(name: str, overrides: list[str], out: Path, config: str) -> dict:
   }
 
 
+def table_and_plot(out: Path) -> str:
+  """The markdown table of OUT/results.jsonl (the last result of each recipe, in run order) and OUT/recipe_study.png:
+  each recipe's held-out curve against training seconds, with the neighbour-count line of the main vocabulary."""
+  import matplotlib  # pylint: disable=g-import-not-at-top
+
+  matplotlib.use('Agg')
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+
+  results = {}
+  for line in (out / 'results.jsonl').read_text().splitlines():
+    r = json.loads(line)
+    results[r['name']] = r
+  rows = [
+    '| recipe | held-out loss | accuracy | gap to neighbour counts | training s | changes |',
+    '|---|---:|---:|---:|---:|---|',
+  ]
+  fig, ax = plt.subplots(figsize=(9, 5.5))
+  for name, r in results.items():
+    neighbours = float(r['neighbours'].split(',')[0]) if r['neighbours'] else float('nan')
+    changes = ' '.join(o for o in r['overrides'] if not o.startswith(('eval.every', 'checkpoint.every')))
+    rows.append(
+      f'| {name} | {r["final_loss"]:.3f} | {r["final_accuracy"]:.3f} | {r["final_loss"] - neighbours:+.3f} | '
+      f'{r["train_s"]:.0f} | `{changes}` |'
+    )
+    t, _, loss, _ = zip(*r['curve'])
+    ax.plot(t, loss, marker='.', label=name)
+  ax.set_xlabel('training seconds (2-core CPU, shared)')
+  ax.set_ylabel('held-out MLM loss (nats)')
+  ax.set_ylim(top=7.0)
+  ax.grid(alpha=0.3)
+  ax.legend(fontsize=7, ncol=2)
+  fig.tight_layout()
+  fig.savefig(out / 'recipe_study.png', dpi=110)
+  return '\n'.join(rows)
+
+
 def main() -> None:
   ap = argparse.ArgumentParser(description=__doc__.split('\n')[0])
   ap.add_argument('--only', default='', help='comma-separated recipe names (default: all)')
   ap.add_argument('--out', default='runs/recipe_study')
   ap.add_argument('--config', default='configs/tiny_cpu.py')
   ap.add_argument('--list', action='store_true')
+  ap.add_argument('--table', action='store_true', help='only print the table of OUT/results.jsonl and draw the plot')
   args = ap.parse_args()
+  if args.table:
+    print(table_and_plot(Path(args.out)))
+    return
   if args.list:
     for k, v in RECIPES.items():
       print(k, ' '.join(v))
@@ -156,6 +196,7 @@ def main() -> None:
     )
     with open(out / 'results.jsonl', 'a') as f:
       f.write(json.dumps(r) + '\n')
+  print(table_and_plot(out))
 
 
 if __name__ == '__main__':
