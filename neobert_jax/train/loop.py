@@ -116,7 +116,9 @@ def _data(cfg: ml_collections.ConfigDict) -> tuple[Any, Iterable[dict]]:
   # Opened even when evaluation is off: opening checks this host's held-out shards, which the report reads at the
   # end, so a damaged one is refused before the first file of the run is written, not after the whole run.
   local = batches_lib.local_eval_batch_size(t.global_batch_size, t.grad_accum_steps, nproc)
-  held_out = pipeline.make_eval_iterator(config_lib.eval_data_config(cfg), local, seq_len, num_batches=cfg.eval.num_batches, **common)
+  held_out = pipeline.make_eval_iterator(
+    config_lib.eval_data_config(cfg), local, seq_len, num_batches=cfg.eval.num_batches, **common
+  )
   return train_host, held_out if evaluating else ()
 
 
