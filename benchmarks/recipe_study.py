@@ -32,10 +32,27 @@ RECIPES: dict[str, list[str]] = {}
 
 
 def _recipe(name: str, *overrides: str) -> None:
-  RECIPES[name] = list(overrides)
+  """A recipe: BEFORE with `overrides` on top (a field given twice keeps its last value)."""
+  fields = {}
+  for o in (*BEFORE, *overrides):
+    key, _, value = o.partition('=')
+    fields[key] = value
+  RECIPES[name] = [f'{k}={v}' for k, v in fields.items()]
 
 
-# Every recipe trains 1.84M tokens (450 steps of 32 x 128 unless it changes the batch), evaluated every 150 steps.
+# Every recipe starts from the main job as it was before this study (pinned here, so that configs/tiny_cpu.py may
+# move on): 1.84M tokens (450 steps of 32 x 128 unless a recipe changes the batch), evaluated every 150 steps.
+BEFORE = (
+  'train.num_steps=450',
+  'model.dtype=float32',
+  'model.decoder_init_range=0.02',
+  'optimizer.schedule=cosine',
+  'optimizer.final_lr_fraction=0.1',
+  'optimizer.peak_lr=3e-3',
+  'optimizer.warmup_steps=30',
+  'eval.probe_task=',
+  'logging.log_every=10',
+)
 _E = ('eval.every_steps=150', 'checkpoint.every_steps=100000')
 LINEAR0 = ('optimizer.schedule=linear', 'optimizer.final_lr_fraction=0.0')
 INIT = ('model.decoder_init_range=0.15',)  # every Linear U(-0.15, 0.15): about LeCun's scale at width 128
@@ -80,6 +97,9 @@ _recipe(
   *NEW,
   'eval.every_steps=75',
   'checkpoint.every_steps=100000',
+)
+_recipe(
+  'batch_ramp', 'train.batch_warmup_tokens=460000', 'train.batch_warmup_start=8', 'train.num_steps=540', *NEW, *_E
 )
 # masking: train at another rate, always measured at 40%
 _recipe('train_mask_0.2', 'data.mask_rate=0.2', 'eval.mask_rate=0.4', *NEW, *_E)
@@ -150,7 +170,7 @@ def table_and_plot(out: Path) -> str:
   fig, ax = plt.subplots(figsize=(9, 5.5))
   for name, r in results.items():
     neighbours = float(r['neighbours'].split(',')[0]) if r['neighbours'] else float('nan')
-    changes = ' '.join(o for o in r['overrides'] if not o.startswith(('eval.every', 'checkpoint.every')))
+    changes = ' '.join(o for o in r['overrides'] if o not in BEFORE + _E)
     rows.append(
       f'| {name} | {r["final_loss"]:.3f} | {r["final_accuracy"]:.3f} | {r["final_loss"] - neighbours:+.3f} | '
       f'{r["train_s"]:.0f} | `{changes}` |'
