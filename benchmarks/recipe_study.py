@@ -99,7 +99,7 @@ _recipe(
   'checkpoint.every_steps=100000',
 )
 _recipe(
-  'batch_ramp', 'train.batch_warmup_tokens=460000', 'train.batch_warmup_start=8', 'train.num_steps=540', *NEW, *_E
+  'batch_ramp', 'train.batch_warmup_tokens=460000', 'train.batch_warmup_start=8', 'train.num_steps=637', *NEW, *_E
 )
 # masking: train at another rate, always measured at 40%
 _recipe('train_mask_0.2', 'data.mask_rate=0.2', 'eval.mask_rate=0.4', *NEW, *_E)
