@@ -129,7 +129,7 @@ def get_config() -> ml_collections.ConfigDict:
       # training rate, data.mask_rate. Lets a run train at one rate and be measured at another.
       mask_rate=0.0,
       # A linear probe of frozen pooled embeddings at every evaluation (train/probe.py), logged as
-      # eval/probe/<task>/accuracy; '' = off. Tasks: data/labelled.py (fine_food: Amazon reviews, great vs other).
+      # eval/probe/<task>/accuracy; '' = off (so is the probe when evaluation is, eval.every_steps=0). Tasks: data/labelled.py (fine_food: Amazon reviews, great vs other).
       probe_task='',
       probe_train_size=1000,  # examples of the task's train split the probe is fitted on (a fixed sample)
       probe_test_size=1000,  # examples of its test split it is scored on
@@ -297,8 +297,6 @@ def _validate_probe(ev: ml_collections.ConfigDict) -> None:
       'eval.probe_train_size must be >= 2, eval.probe_test_size >= 1 and eval.probe_max_length >= 3 '
       f'(got {ev.probe_train_size}, {ev.probe_test_size}, {ev.probe_max_length})'
     )
-  if ev.probe_task and ev.every_steps == 0:
-    raise ConfigError('eval.probe_task runs at every evaluation, but eval.every_steps=0 turns evaluation off')
 
 
 def _validate_optimizer(o: ml_collections.ConfigDict, num_steps: int) -> None:

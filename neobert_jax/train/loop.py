@@ -227,7 +227,7 @@ def _train(cfg: ml_collections.ConfigDict, workdir: paths.Path, held: Any, on_st
     result = RunResult(workdir=workdir, config=cfg, final_step=start.step)
     keys, eval_step = mlm.batch_keys(cfg.data.max_predictions), mlm.build_eval_step(cfg, mesh, start.defs)
 
-    probe = _probe(cfg, mesh, start, run_.writer) if cfg.eval.probe_task else None
+    probe = _probe(cfg, mesh, start, run_.writer) if cfg.eval.probe_task and cfg.eval.every_steps else None
 
     def evaluate(step: int, state: Any) -> None:
       ev = _evaluate(keys, mesh, eval_step, eval_batches, state['params'])

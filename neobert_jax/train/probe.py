@@ -92,6 +92,7 @@ class Probe:
       real = (jnp.arange(ids.shape[1])[None, :] < lengths[:, None]).astype(jnp.float32)
       return (hidden * real[..., None]).sum(1) / jnp.maximum(real.sum(1, keepdims=True), 1.0)
 
+    self._replicated = replicated
     self._pooled = shd.MeshBound(
       mesh, jax.jit(pooled, in_shardings=(param_shardings, replicated, replicated), out_shardings=replicated)
     )
@@ -102,9 +103,12 @@ class Probe:
     pad = -n % _BATCH
     ids = np.concatenate([ids, np.repeat(ids[:1], pad, 0)])
     lengths = np.concatenate([lengths, np.repeat(lengths[:1], pad, 0)])
-    out = [
-      np.asarray(self._pooled(params, ids[i : i + _BATCH], lengths[i : i + _BATCH])) for i in range(0, len(ids), _BATCH)
-    ]
+    out = []
+    for i in range(0, len(ids), _BATCH):
+      # Global replicated arrays built from this host's (identical) copy: valid on one process or many.
+      rows = (ids[i : i + _BATCH], lengths[i : i + _BATCH])
+      args = [jax.make_array_from_callback(a.shape, self._replicated, lambda idx, a=a: a[idx]) for a in rows]
+      out.append(np.asarray(self._pooled(params, *args)))
     return np.concatenate(out)[:n]
 
   def __call__(self, params: Any) -> dict[str, float]:
