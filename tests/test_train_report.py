@@ -32,13 +32,18 @@ def test_unigram_cross_entropy_is_the_entropy_of_the_held_out_non_special_tokens
 def test_loss_curve_table_keeps_held_out_rows_and_the_unigram_line(tmp_path):
   rows = [{'step': s, 'train/loss': 10.0 - s / 10} for s in range(10, 101, 10)]
   rows += [{'step': 50, 'eval/loss': 6.5, 'eval/accuracy': 0.1}, {'step': 100, 'eval/loss': 6.0, 'eval/accuracy': 0.2}]
+  rows += [
+    {'step': 0, 'eval/probe/fine_food/random_init_accuracy': 0.66},
+    {'step': 100, 'eval/probe/fine_food/accuracy': 0.7},
+  ]
   (tmp_path / 'metrics.jsonl').write_text('\n'.join(json.dumps(r) for r in rows) + '\n')
   bars = {'held_out': math.log(800), 'train': 7.0, 'neighbours': {'loss': 5.25, 'accuracy': 0.125, 'k': 0.1}}
   text = report.write_curve_table(tmp_path, bars, every=40).read_text()
   assert '(context-free): 6.685 (its own token frequencies), 7.000' in text
   assert "evaluation's rate, k=0.1): 5.250, accuracy 0.125" in text
-  assert '| 50 | 5.000 | 6.500 | 0.100 |' in text and '| 100 | 0.000 | 6.000 | 0.200 |' in text
-  assert '| 40 | 6.000 |  |  |' in text and '| 30 |' not in text
+  assert '- probe/fine_food: a random init of this shape scores 0.660' in text
+  assert '| 50 | 5.000 | 6.500 | 0.100 |  |' in text and '| 100 | 0.000 | 6.000 | 0.200 | 0.700 |' in text
+  assert '| 40 | 6.000 |  |  |  |' in text and '| 30 |' not in text
   png = report.write_curve_plot(tmp_path, bars)
   assert png.read_bytes()[:8] == b'\x89PNG\r\n\x1a\n'
 

@@ -87,6 +87,9 @@ def loss_curve(workdir: Path) -> list[dict[str, Any]]:
     ):
       if key in rec:
         row[name] = rec[key]
+    for key, value in rec.items():  # eval/probe/<task>/accuracy and, once, .../random_init_accuracy
+      if key.startswith('eval/probe/'):
+        row[key.removeprefix('eval/')] = value
   return [rows[s] for s in sorted(rows)]
 
 
@@ -108,11 +111,18 @@ def baseline_lines(bars: dict[str, Any]) -> list[str]:
 def write_curve_table(workdir: Path, bars: dict[str, Any], every: int) -> Path:
   """WORKDIR/loss_curve.md: held-out rows and every `every`-th train row, under the baselines."""
   fmt = lambda v: f'{v:.3f}' if isinstance(v, float) else ''
+  rows = loss_curve(workdir)
+  probes = sorted({k for r in rows for k in r if k.startswith('probe/') and k.endswith('/accuracy')})
   lines = ['Baselines of the held-out MLM loss (nats):', ''] + [f'- {line}' for line in baseline_lines(bars)]
-  lines += ['', '| step | train loss | held-out loss | held-out accuracy |', '|---:|---:|---:|---:|']
-  for r in loss_curve(workdir):
+  for r in rows:
+    for k in sorted(k for k in r if k.endswith('/random_init_accuracy')):
+      lines.append(f'- {k.removesuffix("/random_init_accuracy")}: a random init of this shape scores {r[k]:.3f}')
+  head = ['step', 'train loss', 'held-out loss', 'held-out accuracy'] + [p.removesuffix('/accuracy') for p in probes]
+  lines += ['', '| ' + ' | '.join(head) + ' |', '|' + '---:|' * len(head)]
+  for r in rows:
     if 'eval' in r or r['step'] % every == 0:
-      lines.append(f'| {r["step"]} | {fmt(r.get("train"))} | {fmt(r.get("eval"))} | {fmt(r.get("eval_accuracy"))} |')
+      cells = [str(r['step'])] + [fmt(r.get(k)) for k in ('train', 'eval', 'eval_accuracy', *probes)]
+      lines.append('| ' + ' | '.join(cells) + ' |')
   out = workdir / 'loss_curve.md'
   out.write_text('\n'.join(lines) + '\n')
   return out
