@@ -21,6 +21,8 @@ def test_tiny_config_learns_on_real_text_and_exports(tmp_path):
       'logging.progress_bar': False,
       'logging.peak_flops_per_device': 1e11,
       'export.hf_dir': str(tmp_path / 'hf'),
+      'eval.probe_train_size': 256,  # the recipe's probe, on a smaller sample
+      'eval.probe_test_size': 256,
     },
   )
   result = pretrain.run(cfg, tmp_path / 'run')  # what the train command runs: train, export, report
@@ -37,6 +39,8 @@ def test_tiny_config_learns_on_real_text_and_exports(tmp_path):
   ids = AutoTokenizer.from_pretrained(hf)('The king is dead.')['input_ids']
   assert ids[0] == 2 and ids[-1] == 3 and len(ids) > 4  # [CLS] ... [SEP] of builtin-wordpiece-2048
   assert result.report['unigram']['held_out'] > 5.0 and result.report['fill_mask']
+  assert 3.0 < result.report['neighbours']['loss'] < result.report['unigram']['held_out']
+  assert (tmp_path / 'run' / 'loss_curve.png').is_file() and 0 < last['probe/fine_food/accuracy'] <= 1
   assert (tmp_path / 'run' / 'tensorboard').is_dir() and (tmp_path / 'run' / 'metrics.jsonl').is_file()
   # The same command on the finished run trains nothing and only exports again.
   (hf / 'config.json').unlink()
