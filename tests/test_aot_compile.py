@@ -273,11 +273,12 @@ def test_plan_takes_the_fastest_micro_batch_that_fits_not_the_largest():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize('target, devices', [('tpu:v5p-8', 4), ('cuda:h100x8', 8)])
-def test_context_extension_stage_compiles_on_v5p_and_h100(tmp_path, target, devices):
+@pytest.mark.parametrize('target, devices', [('cuda:h100x8', 8)])
+def test_context_extension_stage_compiles(tmp_path, target, devices):
   """configs/neobert_250m_stages.py:2 (8192 tokens, theta 160k, the moments kept) at 2 of its 28 layers and a small
-  width: its rows, batch, micro-batches and mesh on each target. Stage 3 has its shapes with fewer masked slots;
-  all three stages at full size: docs/recipes.md."""
+  width: its rows, batch, micro-batches and mesh. Stage 3 has its shapes with fewer masked slots. tpu:v5p-8 passes
+  too, but a TPU compile costs 80-90 s here even at this size (22 s for the H100); all three stages at full size on
+  both targets: docs/recipes.md."""
   out = tmp_path / 'report.json'
   small = dict(num_layers=2, hidden_size=64, num_heads=4, intermediate_size=128, vocab_size=512)
   cmd = [sys.executable, '-m', 'neobert_jax.compile', '--config=configs/neobert_250m_stages.py:2', f'--target={target}']

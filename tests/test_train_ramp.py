@@ -5,7 +5,9 @@ This file is also the killed process: `python tests/test_train_ramp.py child WOR
 
 from __future__ import annotations
 
+import collections
 import json
+import logging
 import os
 import sys
 from pathlib import Path
@@ -40,12 +42,34 @@ def test_sizes_double_from_the_start_and_follow_the_token_line_from_below():
   assert ramp.read_rows(cfg) == 768 and ramp.read_rows(tiny_config(batch=32)) == 32
 
 
+class _Compiles(logging.Handler):
+  """jax's 'Compiling jit(NAME) with ...' lines (jax.log_compiles), counted by NAME."""
+
+  def __init__(self):
+    super().__init__()
+    self.names = collections.Counter()
+
+  def emit(self, record):
+    message = record.getMessage()
+    if message.startswith('Compiling '):
+      self.names[message.split(' with ')[0].removeprefix('Compiling ')] += 1
+
+
 @pytest.fixture(scope='module')
 def uninterrupted(tmp_path_factory):
+  import jax
+
   from neobert_jax.train import loop
 
   workdir = tmp_path_factory.mktemp('ramp')
-  assert loop.run(_cfg(), workdir).final_step == STEPS
+  compiles, jax_log = _Compiles(), logging.getLogger('jax')
+  jax_log.addHandler(compiles)
+  try:
+    with jax.log_compiles(True):
+      assert loop.run(_cfg(), workdir).final_step == STEPS
+  finally:
+    jax_log.removeHandler(compiles)
+  (workdir / 'compiles.json').write_text(json.dumps(compiles.names))
   return workdir
 
 
@@ -55,6 +79,8 @@ def test_logged_sizes_tokens_and_throughput(uninterrupted):
   train = {r['step']: r for r in rows if 'train/loss' in r}
   assert [train[s]['train/batch_size'] for s in range(1, 6)] == [16, 16, 16, 32, 32]
   assert [train[s]['train/tokens_seen'] for s in range(1, 6)] == [SEQ * n for n in (16, 32, 48, 80, 112)]
+  # The train step (engine/step.py's jit(fn)) compiled once per size: one recompile for 16 -> 32.
+  assert json.loads((uninterrupted / 'compiles.json').read_text())['jit(fn)'] == len(ramp.sizes(_cfg())) == 2
   # The steps that compiled (the first, the new size) report no throughput; the others do.
   timed = [s for s in train if 'train/tokens_per_sec' in train[s]]
   assert timed == [2, 3, 5] and all(train[s]['train/tokens_per_sec'] > 0 and 'train/mfu' in train[s] for s in timed)

@@ -1,7 +1,12 @@
-"""The learning rate a run logs is the schedule's formula: a WSD run with a 1-sqrt decay to zero, read back from
-metrics.jsonl at its plateau, mid-decay and at its end."""
+"""What a run logs: the learning rate of a WSD run with a 1-sqrt decay to zero, read back from metrics.jsonl at its
+plateau, mid-decay and end, equals the formula; with logging.wandb, an offline Weights & Biases run
+(WANDB_MODE=offline: no network) holds every metric metrics.jsonl holds (what TensorBoard gets), under the
+project, name and tags of the config. The offline run file is read back record by record (a LevelDB-style log of
+wandb's protobuf Records)."""
 
+import importlib.util
 import json
+import struct
 
 import numpy as np
 import pytest
@@ -10,6 +15,23 @@ from neobert_jax.train import loop
 from neobert_jax.train.testing import tiny_config
 
 STEPS, WARMUP, DECAYING, PEAK = 10, 2, 4, 2e-3  # updates 6..9 decay; metrics.jsonl logs update t as step t + 1
+WANDB = importlib.util.find_spec('wandb') is not None  # the [wandb] extra, part of [test]
+
+
+@pytest.fixture(scope='module')
+def run(tmp_path_factory):
+  workdir = tmp_path_factory.mktemp('wsd')
+  cfg = tiny_config(steps=STEPS)
+  o = cfg.optimizer
+  o.schedule, o.decay_shape, o.wsd_decay_fraction, o.final_lr_fraction = 'wsd', '1-sqrt', DECAYING / STEPS, 0.0
+  o.peak_lr, o.warmup_steps = PEAK, WARMUP
+  cfg.eval.every_steps, cfg.eval.num_batches = 5, 1
+  cfg.logging.update(wandb=WANDB, wandb_project='stages', wandb_run_name='tiny', wandb_tags='stage1, test')
+  with pytest.MonkeyPatch.context() as env:
+    env.setenv('WANDB_MODE', 'offline')
+    env.setenv('WANDB_SILENT', 'true')
+    assert loop.run(cfg, workdir).final_step == STEPS
+  return workdir
 
 
 def _formula(logged_step: int) -> float:
@@ -22,15 +44,13 @@ def _formula(logged_step: int) -> float:
   return PEAK * (1.0 - np.sqrt(progress))
 
 
+def _written(workdir):
+  return [json.loads(line) for line in (workdir / 'metrics.jsonl').read_text().splitlines()]
+
+
 @pytest.mark.slow
-def test_logged_learning_rate_of_a_wsd_1_sqrt_run_is_the_formula(tmp_path):
-  cfg = tiny_config(steps=STEPS)
-  o = cfg.optimizer
-  o.schedule, o.decay_shape, o.wsd_decay_fraction, o.final_lr_fraction = 'wsd', '1-sqrt', DECAYING / STEPS, 0.0
-  o.peak_lr, o.warmup_steps = PEAK, WARMUP
-  assert loop.run(cfg, tmp_path).final_step == STEPS
-  rows = [json.loads(line) for line in (tmp_path / 'metrics.jsonl').read_text().splitlines()]
-  lr = {row['step']: row['train/learning_rate'] for row in rows if 'train/learning_rate' in row}
+def test_logged_learning_rate_of_a_wsd_1_sqrt_run_is_the_formula(run):
+  lr = {row['step']: row['train/learning_rate'] for row in _written(run) if 'train/learning_rate' in row}
   assert sorted(lr) == list(range(1, STEPS + 1))
   for step in lr:
     assert lr[step] == np.float32(_formula(step)), step
@@ -38,6 +58,47 @@ def test_logged_learning_rate_of_a_wsd_1_sqrt_run_is_the_formula(tmp_path):
   assert plateau == np.float32(PEAK)
   assert mid == np.float32(PEAK * (1 - np.sqrt(0.5))) and 0 < mid < PEAK
   assert end == 0.0
+
+
+def _records(path):
+  """The protobuf Records of a .wandb file: 7-byte file header, then 32 KiB blocks of (crc32, length, type) +
+  payload chunks (type 1 whole, 2/3/4 first/middle/last)."""
+  from wandb.proto import wandb_internal_pb2 as pb  # pylint: disable=g-import-not-at-top
+
+  data, pos, block, part, out = path.read_bytes(), 7, 32768, b'', []
+  while pos + 7 <= len(data):
+    left = block - pos % block
+    _, length, kind = struct.unpack('<IHB', data[pos : pos + 7]) if left >= 7 else (0, 0, 0)
+    if length == 0 and kind == 0:  # the block's zero-filled tail
+      pos += left
+      continue
+    part, pos = part + data[pos + 7 : pos + 7 + length], pos + 7 + length
+    if kind in (1, 4):
+      record = pb.Record()
+      record.ParseFromString(part)
+      out.append(record)
+      part = b''
+  return out
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not WANDB, reason='wandb is not installed (pip install -e .[wandb])')
+def test_an_offline_wandb_run_holds_the_same_metrics(run):
+  (run_file,) = (run / 'wandb').glob('offline-run-*/run-*.wandb')
+  records = _records(run_file)
+  (info,) = [r.run for r in records if r.WhichOneof('record_type') == 'run']
+  assert (info.project, info.display_name, list(info.tags)) == ('stages', 'tiny', ['stage1', 'test'])
+  assert info.run_id == (run / 'wandb' / 'run_id').read_text().strip()  # a resume logs on into this run
+  name = lambda item: item.key or '/'.join(item.nested_key)  # keys with a '/' come as nested keys
+  logged = [
+    {name(i): json.loads(i.value_json) for i in r.history.item if not name(i).startswith('_')}
+    for r in records
+    if r.WhichOneof('record_type') == 'history'
+  ]
+  written = _written(run)
+  assert {'train/loss', 'train/learning_rate', 'eval/loss', 'eval/accuracy'} <= {k for row in written for k in row}
+  for row in written:
+    assert row in logged, row
 
 
 def test_the_250m_recipe_offers_a_linear_decay_to_zero_and_keeps_the_papers_cosine():

@@ -85,16 +85,22 @@ def validate(cfg: ml_collections.ConfigDict, shards: int, nproc: int) -> str | N
   if not enabled(cfg):
     return None
   start, gb, accum = t.batch_warmup_start, t.global_batch_size, t.grad_accum_steps
+  unit = accum * math.lcm(shards, nproc)  # what every size must be a multiple of
+  fits = [d for d in range(unit, gb, unit) if gb % d == 0]
+  example = (
+    f'e.g. {gb // 8 if gb // 8 in fits else fits[0]}'
+    if fits
+    else f'none does for global_batch_size={gb}: raise it, or set train.batch_warmup_tokens=0'
+  )
   if not 0 < start < gb or gb % start:
     return (
       f'train.batch_warmup_start={start} must divide train.global_batch_size={gb} and be smaller (the batch grows '
-      f'from it by doublings to the global batch); e.g. {gb // 8 if gb % 8 == 0 else gb // 2}'
+      f'from it by doublings to the global batch); {example}'
     )
-  unit = accum * math.lcm(shards, nproc)
   if start % unit:
     return (
       f'train.batch_warmup_start={start} does not split over train.grad_accum_steps={accum} micro-batches of '
       f'rows divisible by the batch shards (data x fsdp = {shards}) and the {nproc} processes; make it a multiple '
-      f'of {unit}'
+      f'of {unit} ({example})'
     )
   return None

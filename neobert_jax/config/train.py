@@ -90,7 +90,7 @@ def get_config() -> ml_collections.ConfigDict:
     )
   )
 
-  # AdamW with linear warmup then a decay (engine/optimizer.py draws each schedule; docs/recipes.md compares them);
+  # AdamW with linear warmup then a decay (engine/optimizer.py computes each schedule; docs/recipes.md draws them);
   # decoupled weight decay on all weights except norms and biases.
   cfg.optimizer = ml_collections.ConfigDict(
     dict(

@@ -11,11 +11,16 @@ section (neobert_jax/config/train.py documents each field). Two recipes are expr
   no weight decay on norm scales and biases    weight decay on every parameter (AdamW(model.parameters()))
   clip by the exact global norm                clip by max_norm / (norm + 1e-6) (torch.nn.utils.clip_grad_norm_)
 
+The table above is optimizer.schedule='cosine', the default. 'wsd' (warmup, the peak, then a linear, cosine or
+1-sqrt decay over the last wsd_decay_fraction of the run), 'linear' (warmup, then linear decay over the rest) and
+'constant' (warmup, then the peak) serve multi-stage recipes (docs/recipes.md); their decays reach the floor at the
+run's last update.
+
 The schedule is tabulated on the host in float64 and rounded once to float32: the step applies the correctly
 rounded rate, equal to the original's torch scheduler value rounded to float32 (tests/test_train_dynamics.py),
 where evaluating the cosine in float32 on the device would be a few ulps off at most steps. The table covers only
-the steps where the rate changes (4 bytes each: 3.6 MB for the 250M recipe's 900k-step cosine); past it the rate
-is the floor.
+the steps where the rate changes (4 bytes each: 3.6 MB for the 250M recipe's 900k-step cosine, the whole run for
+'wsd' and 'linear'); past it the rate is its last entry (the floor; the peak for 'constant').
 
 Weight decay (unless `decay_all_params`): every weight matrix decays (the token embedding too unless
 `decay_embeddings=False`), norm scales and biases never do. The decision is made from the parameter's path, not
