@@ -112,6 +112,15 @@ _recipe('clip_0.5', 'optimizer.clip_norm=0.5', *NEW, *_E)
 _recipe('bfloat16', 'model.dtype=bfloat16', *NEW, *_E)
 # the main job's length: the candidates for configs/tiny_cpu.py
 _recipe(
+  'long_one_cycle',
+  'train.num_steps=3000',
+  'optimizer.warmup_steps=1500',
+  'model.dtype=bfloat16',
+  *NEW,
+  'eval.every_steps=500',
+  'checkpoint.every_steps=100000',
+)
+_recipe(
   'long_bf16',
   'train.num_steps=3000',
   'model.dtype=bfloat16',
