@@ -13,6 +13,19 @@ os.environ.setdefault('HF_HUB_OFFLINE', '1')
 os.environ.setdefault('TRANSFORMERS_OFFLINE', '1')
 os.environ.setdefault('HF_DATASETS_OFFLINE', '1')  # evaluate mteb: MTEB tasks read only the datasets cache
 
+# A persistent compilation cache made fresh for this test run and removed at its end. The tests compile the same
+# tiny programs many times, in this process and in the commands they start (which inherit the variables); the
+# later compiles read the executable back instead of compiling it again. Every program qualifies (minimum compile
+# time 0): the tiny model's compile in well under a second each.
+import atexit  # noqa: E402
+import shutil  # noqa: E402
+import tempfile  # noqa: E402
+
+COMPILE_CACHE = tempfile.mkdtemp(prefix='neobert-jax-tests-xla-')
+os.environ['JAX_COMPILATION_CACHE_DIR'] = COMPILE_CACHE
+os.environ['JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS'] = '0'
+atexit.register(shutil.rmtree, COMPILE_CACHE, ignore_errors=True)
+
 # The marks (slow, multiprocess, server, gpu) are declared in pyproject.toml's [tool.pytest.ini_options].
 
 

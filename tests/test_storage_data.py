@@ -22,7 +22,6 @@ import zstandard
 from neobert_jax import errors, paths, pretrain
 from neobert_jax.config import data as data_config
 from neobert_jax.data import shards, testing
-from neobert_jax.data.prepare import corpus
 from neobert_jax.data.pipeline import iterators as pipeline
 from neobert_jax.data.pipeline import virtual
 from neobert_jax.data.prepare import publish
@@ -150,11 +149,15 @@ def test_missing_bucket_is_one_line_before_tokenizing(vocab, tmp_path, monkeypat
 
 
 def test_training_on_bucket_data_matches_local_data(root, tmp_path):
-  local = corpus.default_prepared_dir(max_length=128)  # what tiny_config trains on
+  # Synthetic documents over a 1000-id vocabulary: the report's baselines cost grows with the vocabulary.
+  local = str(tmp_path / 'local-data')
+  docs = testing.synthetic_documents(200, seed=0, max_len=120, vocab_size=1000)
+  held_out = testing.synthetic_documents(20, seed=1, max_len=120, vocab_size=1000)
+  testing.write_prepared(local, docs, held_out, vocab_size=1000, max_length=128)
   publish.upload(local, paths.Path(f'{root}/train'), shards.read_manifest(local))
   results = {}
   for name, data_dir in (('local', local), ('bucket', f'{root}/train')):
-    cfg = tiny_config(steps=3)
+    cfg = tiny_config(vocab_size=1000, steps=3)
     cfg.data.dir = data_dir
     # the whole job on the bucket's data: training, then the report, which reads both splits through the cache
     result = (pretrain.run if name == 'bucket' else loop.run)(cfg, tmp_path / name)
