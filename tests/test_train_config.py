@@ -121,7 +121,12 @@ def test_weight_decay_skips_norms_and_biases():
     ({'train.batch_warmup_tokens': 1000, 'train.batch_warmup_start': 4, 'train.grad_accum_steps': 2}, 'multiple of 16'),
     ({'train.batch_warmup_tokens': -1}, 'train.batch_warmup_tokens and train.batch_warmup_start must be >= 0'),
     (
-      {'optimizer.schedule': 'wsd', 'optimizer.wsd_decay_fraction': 0.9, 'optimizer.warmup_steps': 50},
+      {
+        'train.num_steps': 450,  # the decay takes the last 405 steps, from step 45 on
+        'optimizer.schedule': 'wsd',
+        'optimizer.wsd_decay_fraction': 0.9,
+        'optimizer.warmup_steps': 50,
+      },
       'warmup_steps=50 overlaps the decay of the last',
     ),
   ],
