@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import ml_collections
 from flax import nnx
 
-from neobert_jax.model.encoder import NeoBERT
+from neobert_jax.model.encoder import NeoBERT, pool
 from neobert_jax.sharding import creation_scope
 
 
@@ -23,15 +23,6 @@ def dropout(x: jax.Array, rate: float, key: jax.Array | None) -> jax.Array:
     return x
   keep = jax.random.bernoulli(key, 1.0 - rate, x.shape)
   return jnp.where(keep, x / (1.0 - rate), 0.0).astype(x.dtype)
-
-
-def pool(hidden: jax.Array, lengths: jax.Array, pooling: str) -> jax.Array:
-  """[B, T, D] -> [B, D] float32: masked mean over the first `lengths` tokens, or the first token."""
-  if pooling == 'cls':
-    return hidden[:, 0].astype(jnp.float32)
-  mask = (jnp.arange(hidden.shape[1])[None, :] < lengths[:, None]).astype(jnp.float32)
-  total = jnp.einsum('btd,bt->bd', hidden.astype(jnp.float32), mask)
-  return total / jnp.maximum(mask.sum(-1, keepdims=True), 1.0)
 
 
 def _linear(d_in: int, d_out: int, init_range: float, dtype: str, rngs: nnx.Rngs) -> nnx.Linear:

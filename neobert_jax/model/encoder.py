@@ -167,6 +167,16 @@ class NeoBERT(nnx.Module):
     return rms_norm(x, self.final_norm[...], self.cfg.norm_eps)
 
 
+def pool(hidden: jax.Array, lengths: jax.Array, pooling: str) -> jax.Array:
+  """[B, T, D] -> [B, D] float32: masked mean over the first `lengths` tokens, or the first token. One home for
+  the sentence embedding of fine-tuning heads (downstream/heads.py) and the pretraining probe (train/probe.py)."""
+  if pooling == 'cls':
+    return hidden[:, 0].astype(jnp.float32)
+  mask = (jnp.arange(hidden.shape[1])[None, :] < lengths[:, None]).astype(jnp.float32)
+  total = jnp.einsum('btd,bt->bd', hidden.astype(jnp.float32), mask)
+  return total / jnp.maximum(mask.sum(-1, keepdims=True), 1.0)
+
+
 class NeoBERTForMLM(nnx.Module):
   """Encoder + untied MLM decoder (Linear with bias), optionally decoding only a static set of positions."""
 

@@ -18,7 +18,6 @@ from __future__ import annotations
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import scipy.optimize
@@ -28,6 +27,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from neobert_jax import sharding as shd
 from neobert_jax.data import labelled
 from neobert_jax.data import tokenizer as tokenizer_lib
+from neobert_jax.model.encoder import pool
 
 _BATCH = 64
 L2 = 1.0  # inverse regularisation strength C of the logistic regression (scikit-learn's default)
@@ -88,9 +88,7 @@ class Probe:
     replicated = NamedSharding(mesh, P())
 
     def pooled(params, ids, lengths):
-      hidden = nnx.merge(model_def, params).encoder(ids, lengths=lengths).astype(jnp.float32)
-      real = (jnp.arange(ids.shape[1])[None, :] < lengths[:, None]).astype(jnp.float32)
-      return (hidden * real[..., None]).sum(1) / jnp.maximum(real.sum(1, keepdims=True), 1.0)
+      return pool(nnx.merge(model_def, params).encoder(ids, lengths=lengths), lengths, 'mean')
 
     self._replicated = replicated
     self._pooled = shd.MeshBound(
