@@ -255,7 +255,7 @@ def restore_latest(
   alone.
   """
   directory = paths.Path(mngr.directory)
-  for step in sorted(mngr.all_steps(), reverse=True):
+  for step in sorted(runs.checkpoint_steps(directory), reverse=True):
     try:
       _check_fits(directory, step, abstract)
       restored = _restore_arrays(mngr, step, abstract)

@@ -47,11 +47,11 @@ class Position:
     discard a checkpoint whose parameters are fine.
     """
     t0 = time.perf_counter()
-    text, what = _saved_state(paths.Path(item), self.process_index, self.process_count)
+    saved, what = _saved_state(paths.Path(item), self.process_index, self.process_count)
     initial = self.iterator.get_state()
-    if text is not None:
+    if saved is not None:
       try:
-        self.iterator.set_state(json.loads(text))
+        self.iterator.set_state(saved)
         if hasattr(self.iterator, 'start_prefetch'):
           self.iterator.start_prefetch()
         log.info('checkpoint step %d: data position %s (%.2f s)', step, what, time.perf_counter() - t0)
@@ -82,8 +82,8 @@ def _writer_count(item: paths.Path) -> int | None:
   return max(counts) if counts else None
 
 
-def _saved_state(item: paths.Path, pid: int, nproc: int) -> tuple[str | None, str]:
-  """(state text to restore on process `pid` of `nproc`, or None; what was found, for the log)."""
+def _saved_state(item: paths.Path, pid: int, nproc: int) -> tuple[Any, str]:
+  """(the state to restore on process `pid` of `nproc`, or None; what was found, for the log)."""
   writers = _writer_count(item)
   if writers is None:
     return None, 'the checkpoint holds no data-iterator state'
@@ -98,10 +98,9 @@ def _saved_state(item: paths.Path, pid: int, nproc: int) -> tuple[str | None, st
     except (OSError, ValueError) as e:
       return None, f'the data-iterator state {name} could not be read ({errors.one_line(e)})'
   if len(states) == 1:
-    return json.dumps(states[0]), f'written by {writers} process(es), restored on {nproc}'
+    return states[0], f'written by {writers} process(es), restored on {nproc}'
   if not all(state_lib.holds_streams(s) for s in states):
     return None, (
       f'the checkpoint was written by {writers} process(es) with a per-process data layout and this job has {nproc}'
     )
-  merged = state_lib.merge_states(states)
-  return json.dumps(merged), f'written by {writers} process(es), merged and restored on {nproc}'
+  return state_lib.merge_states(states), f'written by {writers} process(es), merged and restored on {nproc}'
