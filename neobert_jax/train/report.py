@@ -24,7 +24,7 @@ from array_record.python.array_record_module import ArrayRecordReader
 
 from neobert_jax import paths
 from neobert_jax.config import train as train_config
-from neobert_jax.data.pipeline import iterators as pipeline
+from neobert_jax.data import pipeline
 from neobert_jax.data import shards
 from neobert_jax.train import baselines
 
