@@ -250,12 +250,13 @@ def is_transient(error: BaseException) -> bool:
   return any(w in text for w in _TRANSIENT_WORDS)
 
 
-def retry(call: Callable[[], T], what: str) -> T:
-  """call(), its transient errors (`is_transient`) retried on the budget's backoff for the retry window, each
-  retry counted and said (at most one line a minute). Any other error, and the last transient one once the window
-  is spent, is raised as it is: the caller turns it into its one line."""
+def retry(call: Callable[[], T], what: str, window: float | None = None) -> T:
+  """call(), its transient errors (`is_transient`) retried on the budget's backoff for the retry window (`window`
+  seconds where given: a local disk gets a short one, since a bucket's outage window would only delay a
+  permission error there), each retry counted and said (at most one line a minute). Any other error, and the last
+  transient one once the window is spent, is raised as it is: the caller turns it into its one line."""
   start = time.monotonic()
-  pauses = [] if _known_down() else delays()
+  pauses = [] if _known_down() else delays(window)
   for tries in range(len(pauses) + 1):
     try:
       out = call()

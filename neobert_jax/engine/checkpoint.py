@@ -162,6 +162,11 @@ def save_failed(mngr: ocp.CheckpointManager, e: BaseException, last_good: int | 
   )
 
 
+# A local disk's read error that lasts this long is not going away (permissions, a dead mount): fail in seconds,
+# not the bucket's retry window.
+LOCAL_READ_WINDOW_S = 6.0
+
+
 def _first_line(e: BaseException) -> str:
   return f'{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ""}'
 
@@ -170,7 +175,8 @@ def _read(read: Callable[[], Any], step: int, directory: Any) -> Any:
   """read(), on the bucket's retry budget; a storage error that outlasts it is errors.CheckpointError (the
   checkpoint left alone)."""
   try:
-    return bucket.retry(read, f'reading checkpoint step {step}')
+    window = None if paths.is_url(str(directory)) else min(LOCAL_READ_WINDOW_S, bucket.window_s())
+    return bucket.retry(read, f'reading checkpoint step {step}', window)
   except Exception as e:  # noqa: BLE001 - sorted by is_transient
     if not bucket.is_transient(e):
       raise
