@@ -80,7 +80,7 @@ COMMANDS = ('finetune', 'evaluate', 'embed', 'aot', 'compile', 'pretrain', 'cli'
 LAYERS = (
   (
     'base',
-    ('errors', 'jax_compat', 'paths', 'bucket', 'lease', 'commandline', 'hardware'),
+    ('errors', 'jax_compat', 'paths', 'bucket', 'lease', 'commandline', 'hardware', 'host_memory'),
     'imports nothing of ours but errors (lease: errors and paths)',
   ),
   ('mesh', ('sharding', 'distributed'), 'the device mesh and multi-host start-up: imports only base'),
@@ -106,7 +106,9 @@ def layer_of(name: str) -> int:
 
 
 RULES = {
-  'errors and jax_compat import nothing of ours': lambda a, b: _in(a, 'errors', 'jax_compat'),
+  'errors, jax_compat and host_memory import nothing of ours': lambda a, b: _in(
+    a, 'errors', 'jax_compat', 'host_memory'
+  ),
   'paths (local paths and bucket URLs) and commandline (the CLI convention) import only errors and bucket': lambda a, b: (
     _in(a, 'paths', 'commandline', 'bucket') and not _in(b, 'errors', 'bucket')
   ),

@@ -16,7 +16,7 @@ import sys
 from absl import flags
 from ml_collections import config_flags
 
-from neobert_jax import commandline, errors
+from neobert_jax import commandline, errors, host_memory
 
 _PROG = 'train'
 # This command's own flags (not absl's global FLAGS), so that importing several commands in one process is fine.
@@ -82,6 +82,7 @@ def _renamed(key: str) -> errors.ConfigError | None:
 
 def run() -> None:
   """The command line (neobert_jax/commandline.py): parse flags, train, exit with the status."""
+  host_memory.reexec_with_huge_pages()  # first: the process starts over with huge-page malloc where that helps
   commandline.run_absl(
     _PROG,
     'neobert_jax.train',
