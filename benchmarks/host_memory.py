@@ -29,7 +29,7 @@ ARMS = {'as started': '0', 'huge pages': '1'}
 def _one(steps: int, workdir: Path, switch: str) -> dict[str, float]:
   shutil.rmtree(workdir, ignore_errors=True)
   cmd = [sys.executable, '-m', 'neobert_jax.train', '--config=configs/tiny_cpu.py', f'--workdir={workdir}']
-  cmd += [f'--config.train.num_steps={steps}', '--config.eval.every_steps=0', "--config.eval.probe_task=''"]
+  cmd += [f'--config.train.num_steps={steps}', '--config.eval.every_steps=0', '--config.eval.probe_task=']
   cmd += ['--config.checkpoint.every_steps=100000', '--config.optimizer.warmup_steps=10']
   env = {k: v for k, v in os.environ.items() if k != 'GLIBC_TUNABLES'}
   env['NEOBERT_JAX_HUGE_PAGES'] = switch
