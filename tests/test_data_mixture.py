@@ -4,14 +4,15 @@ track the weights, rows do not depend on the process count, and a resume (with n
 exactly."""
 
 import json
+import uuid
 
 import numpy as np
 import pytest
 
-from neobert_jax import errors
+from neobert_jax import errors, paths
 from neobert_jax.config import data as data_config
 from neobert_jax.config import train as train_config
-from neobert_jax.data import mixture, testing
+from neobert_jax.data import mixture, shards, testing
 from neobert_jax.data.pipeline import iterators as pipeline
 
 EXAMPLE = {
@@ -42,7 +43,7 @@ def test_the_issue_format_reads_and_normalises_per_step(tmp_path):
 def test_a_relative_dir_is_relative_to_the_mixture_file(tmp_path):
   (tmp_path / 'recipes').mkdir()
   mix = mixture.read(_write(tmp_path / 'recipes', {'a': {'dir': '../data/a', 'weight': 1}}))
-  assert mix.sources[0].dir == f'{tmp_path}/recipes/../data/a'
+  assert mix.sources[0].dir == f'{tmp_path}/data/a'
 
 
 def test_a_source_joins_at_its_first_start_step(tmp_path):
@@ -278,3 +279,19 @@ def test_interleave_spreads_each_source_over_the_slot():
   # Each half of the slot (a micro-batch) holds about half of each source's rows.
   assert mixture.interleave([6, 3, 0, 3]).tolist() == [0, 1, 3, 0, 0, 1, 3, 0, 0, 1, 3, 0]
   assert mixture.interleave([0, 0]).size == 0
+
+
+@pytest.mark.server
+def test_a_mixture_on_a_bucket_names_its_sources_relative_to_itself(tmp_path, gcs):
+  root = f'{gcs}/{uuid.uuid4().hex[:8]}'
+  paths.publish_dir(_prepared(tmp_path / 'web'), paths.resolve(f'{root}/data/web'), shards.MANIFEST)
+  body = {'web': {'dir': 'data/web', 'weight': 1}, 'gone': {'dir': f'{root}/data/gone', 'weight': 1}}
+  paths.resolve(f'{root}/mix.json').write_text(json.dumps(body))
+  mix = mixture.read(f'{root}/mix.json')
+  assert dict(zip(mix.names, (s.dir for s in mix.sources))) == {'gone': f'{root}/data/gone', 'web': f'{root}/data/web'}
+  with pytest.raises(errors.ConfigError, match=f"{root}/mix.json: source 'gone': .*{root}/data/gone"):
+    mixture.open_sources(mix, _opener(), SEQ)
+  body.pop('gone')
+  paths.resolve(f'{root}/mix.json').write_text(json.dumps(body))
+  opened = mixture.open_sources(mixture.read(f'{root}/mix.json'), _opener(), SEQ)
+  assert opened['web'][1]['splits']['train']['documents'] == 40

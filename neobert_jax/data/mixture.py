@@ -26,6 +26,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
 import re
 from typing import Any, Callable, Collection, Iterable
 
@@ -141,8 +142,10 @@ def _source(name: str, spec: Any, where: str, base: str) -> Source:
   directory = fields['dir']
   if not isinstance(directory, str) or not directory:
     raise errors.ConfigError(f'{where}: source {name!r}: "dir" must be a prepared directory (local or gs://)')
-  if base and not paths.is_url(directory) and not directory.startswith(('/', '~')):
-    directory = f'{base}/{directory}'
+  if not paths.is_url(directory):
+    directory = os.path.expanduser(directory)
+    if base and not os.path.isabs(directory):
+      directory = f'{base}/{directory}' if paths.is_url(base) else os.path.normpath(os.path.join(base, directory))
   return Source(name, directory, _schedule(name, fields['weight'], where))
 
 
