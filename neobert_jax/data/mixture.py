@@ -279,7 +279,7 @@ class Sampler:
     self.step = 0
     self.credits = {v: starting_credits(seed, v, mix.names) for v in self.slots}
     self.taken = {v: dict.fromkeys(mix.names, 0) for v in self.slots}  # rows each source gave, per slot
-    self._units: tuple[int, list[int]] | None = None
+    self._units: tuple[tuple[float, ...], list[int]] | None = None  # (weights, their units)
 
   def _units_at(self, step: int) -> list[int]:
     # Weights change only at a schedule's start steps; recomputed when the step's weights differ from the cache's.
