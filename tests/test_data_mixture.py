@@ -272,7 +272,13 @@ def test_a_changed_source_set_is_refused_unless_started_fresh(tmp_path):
   assert grown.step == 5 and grown.taken[0]['d'] == 0 and grown.taken[0]['a'] == s.taken[0]['a']
   shrunk = mixture.Sampler(_three(tmp_path, a=1, b=1), seed=0, rows_per_slot=4, slots=range(2))
   with pytest.raises(errors.ConfigError, match="source 'c' is gone since the checkpoint"):
-    shrunk.set_state(state)
+    shrunk.set_state(state, fresh=['c'])
+  moved = {n: {'dir': f'{n}2' if n == 'b' else n, 'weight': 1} for n in 'abc'}
+  elsewhere = mixture.Sampler(mixture.read(_write(tmp_path, moved, 'moved.json')), 0, 4, range(2))
+  with pytest.raises(errors.ConfigError, match=f"source 'b' points to {tmp_path}/b2, not {tmp_path}/b since"):
+    elsewhere.set_state(state)
+  elsewhere.set_state(state, fresh=['b'])
+  assert elsewhere.taken[1]['b'] == 0 and elsewhere.taken[1]['c'] == s.taken[1]['c']
 
 
 def test_interleave_spreads_each_source_over_the_slot():

@@ -304,33 +304,42 @@ class Sampler:
     return {
       'stream': STREAM,
       'step': self.step,
+      'dirs': {s.name: s.dir for s in self.mix.sources},
       'slots': {str(v): {'credits': dict(self.credits[v]), 'taken': dict(self.taken[v])} for v in self.slots},
     }
 
   def set_state(self, state: dict[str, Any], fresh: Collection[str] = ()) -> None:
-    """Resumes from `state` (this run's or any earlier process count's, merged). A source of the mixture that the
-    state lacks is refused unless named in `fresh` (it then starts as at step 0); a source the state has and the
-    mixture lacks is refused too, naming it."""
+    """Resumes from `state` (this run's or any earlier process count's, merged). A source added, or pointing
+    to another directory, since the state was saved is refused unless named in `fresh` (it then starts as at step
+    0); a source removed is refused, naming it: the restored credits would no longer add up."""
     if not isinstance(state, dict) or state.get('stream') != STREAM:
       raise ValueError(f'not a {STREAM} state: {json.dumps(state)[:80]}')
     saved = state['slots']
     missing = [v for v in self.slots if str(v) not in saved]
     if missing:
       raise ValueError(f'the mixture state holds no slot {missing[:4]}')
-    before = set(next(iter(saved.values()))['credits']) if saved else set()
-    added, removed = sorted(set(self.mix.names) - before - set(fresh)), sorted(before - set(self.mix.names))
-    if added or removed:
-      which, how = (added[0], 'is new') if added else (removed[0], 'is gone')
-      raise errors.ConfigError(
-        f'{self.mix.path}: source {which!r} {how} since the checkpoint; a resumed mixture may change only its '
-        'weights: restore the source, or start the changed sources fresh (docs/data.md)'
-      )
+    self._check_sources(state['dirs'], set(fresh))
     self.step = int(state['step'])
     for v in self.slots:
       start = starting_credits(self.seed, v, self.mix.names)
       slot = saved[str(v)]
-      self.credits[v] = {n: int(slot['credits'].get(n, start[n])) for n in self.mix.names}
-      self.taken[v] = {n: int(slot['taken'].get(n, 0)) for n in self.mix.names}
+      kept = [n for n in self.mix.names if n not in fresh]
+      self.credits[v] = {**start, **{n: int(slot['credits'][n]) for n in kept}}
+      self.taken[v] = {**dict.fromkeys(self.mix.names, 0), **{n: int(slot['taken'][n]) for n in kept}}
+
+  def _check_sources(self, before: dict[str, str], fresh: set[str]) -> None:
+    now = {s.name: s.dir for s in self.mix.sources}
+    changes = [(n, 'is gone') for n in sorted(set(before) - set(now))]
+    changes += [(n, 'is new') for n in sorted(set(now) - set(before) - fresh)]
+    changes += [
+      (n, f'points to {now[n]}, not {before[n]}') for n in sorted(set(now) & set(before) - fresh) if now[n] != before[n]
+    ]
+    if changes:
+      name, how = changes[0]
+      raise errors.ConfigError(
+        f'{self.mix.path}: source {name!r} {how} since the checkpoint; a resumed mixture may change only its '
+        'weights: restore the source as it was, or start the new or moved sources fresh (docs/data.md)'
+      )
 
 
 def merge_states(states: list[dict[str, Any]]) -> dict[str, Any]:
