@@ -38,7 +38,7 @@ def main() -> None:
   from etils import epath  # pylint: disable=g-import-not-at-top
 
   from neobert_jax import paths  # pylint: disable=g-import-not-at-top
-  from neobert_jax.data.pipeline import iterators as pipeline  # pylint: disable=g-import-not-at-top
+  from neobert_jax.data import pipeline  # pylint: disable=g-import-not-at-top
   from neobert_jax.train import loop  # pylint: disable=g-import-not-at-top
   from neobert_jax.train import testing  # pylint: disable=g-import-not-at-top
   from neobert_jax.train.testing import assert_identical_params, tiny_config  # pylint: disable=g-import-not-at-top

@@ -34,7 +34,7 @@ from neobert_jax.config import data as config_lib
 from neobert_jax.data import shards, testing
 from neobert_jax.data.pipeline import masking
 from neobert_jax.data.pipeline import packing
-from neobert_jax.data.pipeline import iterators as pipeline
+from neobert_jax.data import pipeline
 
 
 def synthetic_dir(root: str, n_docs: int, mean_len: int, seq_len: int) -> str:
@@ -149,7 +149,7 @@ def bucket_comparison(a) -> None:
   from neobert_jax import paths  # pylint: disable=g-import-not-at-top
   from neobert_jax.data.prepare import corpus  # pylint: disable=g-import-not-at-top
   from neobert_jax.data.prepare import publish  # pylint: disable=g-import-not-at-top
-  from neobert_jax.data.pipeline import iterators as pipeline  # pylint: disable=g-import-not-at-top
+  from neobert_jax.data import pipeline  # pylint: disable=g-import-not-at-top
 
   emulator = None
   if a.emulator:

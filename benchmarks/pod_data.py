@@ -25,7 +25,7 @@ import time
 HOST = r"""
 import json, os, sys, time
 from neobert_jax.config import data as config_lib
-from neobert_jax.data.pipeline import iterators as pipeline
+from neobert_jax.data import pipeline
 url, p, n, batch, steps, seq = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]), int(sys.argv[6])
 cfg = config_lib.default_data_config()
 cfg.dir, cfg.virtual_shards, cfg.block_docs, cfg.shuffle_window = url, 8, 256, 2

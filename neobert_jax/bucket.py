@@ -17,7 +17,9 @@ It reaches each client this way:
     puts it into every context Orbax builds, and tensorstore counts its retries in a metric read here;
   * Orbax's background save: engine/checkpoint.py creates step directories in the calling thread and bounds the
     wait for the background commit by the window, so an outage longer than the window stops the run with one line
-    instead of a thread's traceback and a hang.
+    instead of a thread's traceback and a hang;
+  * a read of ours around them (a checkpoint's arrays and metadata on resume): `retry` retries what `is_transient`
+    calls an error of the storage, on the same backoff for the same window.
 An outage shorter than the window is ridden out whichever client it hits; a longer one is an error, each caller
 turning it into its one line (engine/checkpoint.save_failed names the last complete checkpoint).
 
@@ -31,9 +33,10 @@ import logging
 import os
 import threading
 import time
-from typing import Any, Callable
+from typing import Any, Callable, TypeVar
 
 log = logging.getLogger('neobert_jax.bucket')
+T = TypeVar('T')
 
 ENV_WINDOW = 'NEOBERT_BUCKET_RETRY_SECONDS'
 ENV_SLOW = 'NEOBERT_BUCKET_SLOW_SECONDS'
@@ -77,7 +80,7 @@ def tensorstore_retries() -> dict[str, Any]:
 # --- counting retries ---------------------------------------------------------------------------------------------
 
 _lock = threading.Lock()
-_gcsfs_retries = 0
+_counted_retries = 0  # gcsfs's requests and `retry`'s calls (tensorstore counts its own)
 _last_said = 0.0  # when the last "retrying" line was logged (one per episode: at most one a minute)
 _down_since: float | None = None  # when a request last spent the whole window (or a save failed), until a success
 
@@ -95,8 +98,9 @@ def _known_down() -> bool:
 
 
 def retries() -> int:
-  """Every retry of a bucket request so far in this process: gcsfs's (counted here) and tensorstore's (its metric)."""
-  return _gcsfs_retries + _tensorstore_retries()
+  """Every retry of a storage request so far in this process: gcsfs's and `retry`'s (counted here) and
+  tensorstore's (its metric)."""
+  return _counted_retries + _tensorstore_retries()
 
 
 def _tensorstore_retries() -> int:
@@ -109,15 +113,16 @@ def _tensorstore_retries() -> int:
   return sum(int(v.get('value', 0)) for m in found for v in m.get('values', ()))
 
 
-def _retried(error: BaseException, waited: float) -> None:
-  global _gcsfs_retries, _last_said
+def _retried(error: BaseException, waited: float, what: str = 'a request') -> None:
+  global _counted_retries, _last_said
   with _lock:
-    _gcsfs_retries += 1
+    _counted_retries += 1
     now = time.monotonic()
     say, _last_said = now - _last_said > 60, now if now - _last_said > 60 else _last_said
   if say:
     log.warning(
-      'bucket slow: a request failed (%s); retrying for up to %.0f s in all (%.0f s so far)',
+      'bucket slow: %s failed (%s); retrying for up to %.0f s in all (%.0f s so far)',
+      what,
       _short(error),
       window_s(),
       waited,
@@ -214,3 +219,53 @@ def install() -> None:
     budgeted = _budgeted(getattr(method, '__wrapped__', method))
     budgeted._neobert_budget = True
     setattr(core.GCSFileSystem, name, budgeted)
+
+
+# --- reads of ours ------------------------------------------------------------------------------------------------
+
+# Status words of tensorstore / gRPC / cloud storage errors that describe the storage, not the bytes stored.
+_TRANSIENT_WORDS = (
+  'UNAVAILABLE',
+  'DEADLINE_EXCEEDED',
+  'RESOURCE_EXHAUSTED',
+  'ABORTED',
+  'CANCELLED',
+  'PERMISSION_DENIED',
+  'UNAUTHENTICATED',
+  'Connection reset',
+  'Too many open files',
+  'timed out',
+  'Timeout',
+)
+
+
+def is_transient(error: BaseException) -> bool:
+  """True for errors of the storage (retry them, never treat the data as damaged); False for missing or malformed
+  data."""
+  if isinstance(error, (FileNotFoundError, IsADirectoryError, NotADirectoryError)):
+    return False
+  if isinstance(error, (OSError, TimeoutError, ConnectionError, MemoryError)):  # PermissionError is an OSError
+    return True
+  text = f'{type(error).__name__}: {error}'
+  return any(w in text for w in _TRANSIENT_WORDS)
+
+
+def retry(call: Callable[[], T], what: str) -> T:
+  """call(), its transient errors (`is_transient`) retried on the budget's backoff for the retry window, each
+  retry counted and said (at most one line a minute). Any other error, and the last transient one once the window
+  is spent, is raised as it is: the caller turns it into its one line."""
+  start = time.monotonic()
+  pauses = [] if _known_down() else delays()
+  for tries in range(len(pauses) + 1):
+    try:
+      out = call()
+    except Exception as e:  # noqa: BLE001 - sorted by is_transient
+      if not is_transient(e) or tries == len(pauses):
+        if is_transient(e) and pauses:
+          gave_up()
+        raise
+      _retried(e, time.monotonic() - start, what)
+      time.sleep(pauses[tries])
+    else:
+      return out
+  raise AssertionError('unreachable')

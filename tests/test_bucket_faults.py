@@ -53,7 +53,7 @@ def test_faults_and_a_short_outage_are_ridden_out_a_long_one_stops_with_one_line
   written (ridden out, said once with its duration and retries); a 60 s outage when checkpoint 6 is written (the
   window is 8 s: the run stops with one line naming checkpoint 3, exit 13, no traceback). The same command then
   resumes, and ends with the parameters of an uninterrupted run without faults."""
-  from neobert_jax.data.pipeline import iterators as pipeline
+  from neobert_jax.data import pipeline
 
   cfg = tiny_config(steps=6)
   local_data, _ = pipeline.open_prepared(cfg.data, int(cfg.model.max_length), int(cfg.model.vocab_size))

@@ -11,7 +11,7 @@ import pytest
 from neobert_jax import errors
 from neobert_jax.config import data as config_lib
 from neobert_jax.data.prepare import corpus
-from neobert_jax.data.pipeline import iterators as pipeline
+from neobert_jax.data import pipeline
 from neobert_jax.data.prepare import local as prepare_lib
 from neobert_jax.data import tokenizer as tokenizer_lib
 

@@ -1,6 +1,8 @@
 """Elastic resume: the data position is a table of virtual-shard positions (data.virtual_shards, here 8: automatic for a
 global batch of 8), so 1 -> 2 -> 4 -> 2 processes continue the uninterrupted run's rows, a process count that does not
-divide it is refused in one line, and a seek to step 1,000,000 costs what a seek to step 10 does. Also: a killed `prepare` leaves no litter behind."""
+divide it is refused in one line, and a seek to step 1,000,000 costs what a seek to step 10 does (a checkpoint's
+position, restored under another process count: tests/test_data_pipeline_position.py). Also: a killed `prepare`
+leaves no litter behind."""
 
 import json
 import os
@@ -8,12 +10,12 @@ import subprocess
 import sys
 import time
 
-import numpy as np
 import pytest
+import pipeline_support as support
 
 from neobert_jax.config import data as config_lib
 from neobert_jax.data import testing
-from neobert_jax.data.pipeline import iterators as pipeline
+from neobert_jax.data import pipeline
 from neobert_jax.data.prepare import local as prepare_lib
 
 GLOBAL_BATCH = 8
@@ -44,35 +46,22 @@ def _iters(cfg, n, state=None):
   return its
 
 
-def _global_batches(its, steps):
-  """What the job's global batches hold: process p's rows at [p*b, (p+1)*b)."""
-  out = []
-  for _ in range(steps):
-    parts = [next(it) for it in its]
-    out.append({k: np.concatenate([p[k] for p in parts]) for k in parts[0]})
-  return out
-
-
-def _same(a, b):
-  return len(a) == len(b) and all(np.array_equal(x[k], y[k]) for x, y in zip(a, b) for k in x)
-
-
 def test_one_two_four_processes_continue_the_uninterrupted_rows(data_dir):
   cfg = _cfg(data_dir)
-  reference = _global_batches(_iters(cfg, 1), 14)  # > 1 epoch of 300 docs at 8 rows x 128
+  reference = support.global_batches(_iters(cfg, 1), 14)  # > 1 epoch of 300 docs at 8 rows x 128
   run = _iters(cfg, 1)
-  got = _global_batches(run, 4)
+  got = support.global_batches(run, 4)
   state = run[0].get_state()
   two = _iters(cfg, 2, state)
-  got += _global_batches(two, 4)
+  got += support.global_batches(two, 4)
   states = [it.get_state() for it in two]
   # each process holds the positions of its own virtual shards only: 0-3 and 4-7
   assert [sorted(s['shards'], key=int) for s in states] == [['0', '1', '2', '3'], ['4', '5', '6', '7']]
   four = _iters(cfg, 4, pipeline.merge_states(states))
-  got += _global_batches(four, 4)
+  got += support.global_batches(four, 4)
   back = _iters(cfg, 2, pipeline.merge_states([it.get_state() for it in four]))
-  got += _global_batches(back, 2)
-  assert _same(got, reference[: len(got)])
+  got += support.global_batches(back, 2)
+  assert support.same(got, reference[: len(got)])
   # the rows of a step are split, never shared, between processes
   docs = [set(testing.documents_in({k: v[p * 2 : (p + 1) * 2] for k, v in reference[-1].items()})) for p in range(4)]
   assert sum(map(len, docs)) == len(set.union(*docs))
@@ -83,51 +72,13 @@ def test_seek_to_step_one_million_takes_milliseconds_not_a_replay(data_dir):
   # The position a 1M-step run holds: a block deep in its ~27k-th epoch, mid-block.
   far = pipeline.state_at(block=1_000_000, row=3, shards_=range(8))
   t0 = time.perf_counter()
-  one = _global_batches(_iters(cfg, 1, far), 3)
+  one = support.global_batches(_iters(cfg, 1, far), 3)
   seconds = time.perf_counter() - t0
   assert seconds < 10, seconds  # one block built per iterator; a replay would build 1M
-  assert _same(_global_batches(_iters(cfg, 2, far), 3), one)
-  assert _same(_global_batches(_iters(cfg, 4, far), 3), one)
+  assert support.same(support.global_batches(_iters(cfg, 2, far), 3), one)
+  assert support.same(support.global_batches(_iters(cfg, 4, far), 3), one)
   # and it is a different place in the stream than the start
-  assert not _same(one, _global_batches(_iters(cfg, 1), 3))
-
-
-def test_checkpoint_written_by_one_process_restores_on_two_and_four(data_dir, tmp_path):
-  ocp = pytest.importorskip('orbax.checkpoint')
-  import grain  # pylint: disable=g-import-not-at-top
-  from neobert_jax.engine import data_position
-
-  cfg = _cfg(data_dir)
-  step = 1_000_000
-  writer = _iters(cfg, 1, pipeline.state_at(block=987_654, row=5, shards_=range(8)))[0]
-  next(writer)
-  mngr = ocp.CheckpointManager(str(tmp_path / 'ckpt'))
-  mngr.save(step, args=ocp.args.Composite(data=grain.checkpoint.CheckpointSave(writer)))
-  mngr.wait_until_finished()
-  want = _global_batches([writer], 3)
-  for n in (2, 4):
-    its = _iters(cfg, n)
-    t0 = time.perf_counter()
-    exact = [
-      data_position.restore(mngr.directory, step, it, process_index=p, process_count=n) for p, it in enumerate(its)
-    ]
-    assert all(exact) and time.perf_counter() - t0 < 10
-    assert _same(_global_batches(its, 3), want), n
-  mngr.close()
-
-
-def test_missing_state_moves_in_constant_time_with_a_warning(data_dir, tmp_path, caplog):
-  ocp = pytest.importorskip('orbax.checkpoint')
-  from neobert_jax.engine import data_position
-
-  mngr = ocp.CheckpointManager(str(tmp_path / 'ckpt'))
-  mngr.save(2_000_000, args=ocp.args.Composite(meta=ocp.args.JsonSave({'x': 1})))
-  mngr.wait_until_finished()
-  it = _iters(_cfg(data_dir), 1)[0]
-  assert not data_position.restore(mngr.directory, 2_000_000, it)
-  assert it.get_state() == pipeline.state_at(2_000_000, shards_=range(8))
-  assert 'no data-iterator state' in caplog.text and 'block 2000000 of every virtual shard' in caplog.text
-  mngr.close()
+  assert not support.same(one, support.global_batches(_iters(cfg, 1), 3))
 
 
 def test_a_process_count_that_does_not_divide_the_virtual_shards_is_one_line(data_dir):

@@ -13,7 +13,7 @@ from neobert_jax import errors, paths
 from neobert_jax.config import data as data_config
 from neobert_jax.config import train as train_config
 from neobert_jax.data import mixture, shards, testing
-from neobert_jax.data.pipeline import iterators as pipeline
+from neobert_jax.data import pipeline
 
 EXAMPLE = {
   'web': {'dir': 'gs://bucket/web', 'weight': 0.7},

@@ -264,7 +264,7 @@ def test_second_trainer_on_a_live_workdir_is_refused_and_readers_work_beside_it(
   the lease back at once and finishes the run."""
   from neobert_jax import paths, pretrain
   from neobert_jax.convert import export_hf
-  from neobert_jax.data.pipeline import iterators as pipeline
+  from neobert_jax.data import pipeline
   from neobert_jax.train import loop
   from neobert_jax.train.testing import tiny_config
 

@@ -350,7 +350,7 @@ def test_two_hosts_without_a_shared_path_train_and_resume_through_a_bucket(runs,
   from etils import epath
   from etils.epath import backend as epath_backend
   from neobert_jax import paths
-  from neobert_jax.data.pipeline import iterators as pipeline
+  from neobert_jax.data import pipeline
   from neobert_jax.weights import runs as run_dirs  # `runs` is this test's fixture
 
   _, _, two = runs

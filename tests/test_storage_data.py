@@ -22,7 +22,7 @@ import zstandard
 from neobert_jax import errors, paths, pretrain
 from neobert_jax.config import data as data_config
 from neobert_jax.data import shards, testing
-from neobert_jax.data.pipeline import iterators as pipeline
+from neobert_jax.data import pipeline
 from neobert_jax.data.pipeline import virtual
 from neobert_jax.data.prepare import publish
 from neobert_jax.data.prepare import local as prepare_lib

@@ -53,7 +53,7 @@ loop.run(cfg, sys.argv[1], on_step=hold)
 def test_run_on_a_bucket_killed_and_resumed_is_bit_identical(gcs, uninterrupted, tmp_path):
   """The workdir and the prepared data on the bucket: kill -9 mid-run, resume, bit-identical to a local run."""
   from neobert_jax import paths
-  from neobert_jax.data.pipeline import iterators as pipeline
+  from neobert_jax.data import pipeline
 
   cfg = tiny_config(steps=6)
   local_data, _ = pipeline.open_prepared(cfg.data, int(cfg.model.max_length), int(cfg.model.vocab_size))

@@ -105,7 +105,7 @@ def main() -> None:
   on the same batches, a table row every --every steps (printed as it goes)."""
   from neobert_jax import config as config_lib
   from neobert_jax.train.testing import REPO_ROOT
-  from neobert_jax.data.pipeline import iterators as pipeline
+  from neobert_jax.data import pipeline
 
   p = argparse.ArgumentParser()
   p.add_argument('--steps', type=int, default=300)

@@ -73,14 +73,14 @@ def test_a_probe_that_cannot_run_is_one_line(overrides, message):
 
 
 def test_evaluation_masks_at_its_own_rate_when_given_one():
-  from neobert_jax.data.pipeline import iterators  # pylint: disable=g-import-not-at-top
+  from neobert_jax.data import pipeline  # pylint: disable=g-import-not-at-top
 
   cfg = _tiny_cfg(**{'data.mask_rate': 0.15, 'eval.mask_rate': 0.5, 'eval.probe_task': '', 'data.max_predictions': 32})
   assert train_config.eval_mask_rate(cfg) == 0.5 and train_config.eval_data_config(cfg).mask_rate == 0.5
   held = train_config.eval_data_config(cfg)
-  iterators.prepare_builtin(held, 128)  # the main job's rows: tokenized once per machine, shared with its tests
+  pipeline.prepare_builtin(held, 128)  # the main job's rows: tokenized once per machine, shared with its tests
   held.max_predictions = 128  # no cap: every chosen token is a slot
-  batch = next(iter(iterators.make_eval_iterator(held, 8, 128, num_batches=1)))
+  batch = next(iter(pipeline.make_eval_iterator(held, 8, 128, num_batches=1)))
   real = batch['segment_ids'] > 0
   assert abs(batch['mlm_weights'].sum() / real.sum() - 0.5) < 0.1  # [CLS]/[SEP] are never masked
   assert train_config.eval_mask_rate(_tiny_cfg(**{'data.mask_rate': 0.15, 'eval.probe_task': ''})) == 0.15

@@ -1,4 +1,6 @@
-"""Checkpoints: exact resume (iterator included), corrupt or half-written checkpoints, other meshes, SIGTERM."""
+"""Resuming a training run: exact resume (data position included), a corrupt or half-written latest step, a lost
+data position, other meshes, init sources, NaN, SIGTERM. The checkpoint protocol on its own is
+tests/test_engine_checkpoint.py's."""
 
 import json
 import os
@@ -10,10 +12,8 @@ import time
 from pathlib import Path
 
 import numpy as np
-import orbax.checkpoint as ocp
 import pytest
 
-from neobert_jax.engine import checkpoint as ckpt
 from neobert_jax.weights import runs
 from neobert_jax import errors
 from neobert_jax.train import loop
@@ -91,22 +91,6 @@ def test_unusable_data_state_keeps_the_checkpoint(uninterrupted, tmp_path, caplo
   assert f'resumed from {tmp_path / "checkpoints"}/6' in caplog.text
   assert 'data order is NOT the same' in caplog.text
   assert not list((tmp_path / 'checkpoints').glob('*.corrupt*'))
-
-
-def test_storage_error_is_retried_and_never_sets_the_checkpoint_aside(uninterrupted, tmp_path, monkeypatch):
-  shutil.copytree(uninterrupted, tmp_path, dirs_exist_ok=True)
-  monkeypatch.setattr(ckpt, '_RETRY_DELAY_S', 0.0)
-  attempts = []
-
-  def unreachable_storage(self, step, *args, **kwargs):
-    attempts.append(step)
-    raise ValueError('UNAVAILABLE: Error reading "params/manifest.ocdbt": HTTP 503')
-
-  monkeypatch.setattr(ocp.CheckpointManager, 'restore', unreachable_storage)
-  with pytest.raises(errors.CheckpointError, match='left in place'):
-    loop.run(tiny_config(steps=6), tmp_path)
-  assert attempts == [6] * ckpt._READ_ATTEMPTS  # retried, and no fall back to an older step
-  assert runs.latest_step(tmp_path) == 6 and not list((tmp_path / 'checkpoints').glob('*.corrupt*'))
 
 
 @pytest.mark.slow

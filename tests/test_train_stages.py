@@ -9,7 +9,7 @@ import orbax.checkpoint as ocp
 import pytest
 
 from neobert_jax import config, errors
-from neobert_jax.data.pipeline import iterators as pipeline
+from neobert_jax.data import pipeline
 from neobert_jax.train import loop, resume
 from neobert_jax.train.testing import REPO_ROOT
 

@@ -1,43 +1,27 @@
-"""Orbax checkpoints of a training run, and how to read them back (for resume, stage 2, and HF export).
+"""Orbax checkpoints of a training run: writing a step's arrays, and the step protocol that reads them back (resume,
+a new stage). The layout (which items a step holds, where steps live, how an unreadable one is set aside) is
+weights/runs.py's; the data position is the pipeline's, held here as an opaque `DataPosition`.
 
-On-disk layout (one Orbax CheckpointManager rooted at WORKDIR/checkpoints):
+The step protocol on resume, newest step first:
+  * a step whose arrays do not fit the state this config builds (other shapes, another tree structure) is a config
+    mismatch (errors.ConfigError, one line), checked from the small metadata files before any array is read;
+    train/resume.py has refused the config differences that cause it even earlier;
+  * an I/O error that looks transient (timeouts, UNAVAILABLE, permission denied, ...) is retried on the bucket's
+    budget (bucket.retry) and then raised as errors.CheckpointError, leaving the checkpoint where it is, so
+    re-running once the storage is back resumes from it;
+  * a step whose params or optimizer state cannot be read (disk damage, files removed by hand) is reported loudly
+    and set aside (runs.set_aside), and the next older step is tried;
+  * every process must agree on the step, then the data position restores itself from the step (exactly, or with
+    a warning: a lost data position never costs a checkpoint whose arrays are fine).
 
-  WORKDIR/config.json                    the resolved training config (model/data/train/... sections)
-  WORKDIR/checkpoints/<step>/params      nested dict of the model's parameters, e.g.
-                                         params['encoder']['layers']['qkv'] [L, D, H, 3*Dh]; joining the keys with
-                                         '.' gives exactly neobert_jax.weights.flat.to_flat's keys
-  WORKDIR/checkpoints/<step>/opt         the nnx.Optimizer state (step counter, optax AdamW moments mu/nu)
-  WORKDIR/checkpoints/<step>/ema         the moving average of the parameters, same layout (train.ema_decay > 0)
-  WORKDIR/checkpoints/<step>/data        the Grain iterator position (one JSON per process), if the run had one
-  WORKDIR/checkpoints/<step>/config      a copy of the resolved config, so a step directory stands alone
-
-<step> is the number of optimizer steps already taken. Orbax writes each step into a temporary directory and
-renames it only after every item (and every process) has committed, so a crash mid-save leaves the previous
-steps intact and the half-written one is never listed. A step whose params or optimizer state cannot be read
-(disk damage, files removed by hand) is reported loudly, moved aside as '<step>.corrupt', and the next older step
-is used. A step is never set aside for anything else:
-  * a readable step whose arrays do not fit the state this config builds (other shapes, another tree structure)
-    is a config mismatch (errors.ConfigError, one line), checked from the small metadata files before any array is
-    read; train/resume.py has refused the config differences that cause it even earlier;
-  * an I/O error that looks transient (timeouts, UNAVAILABLE, permission denied, ...) is retried and then raised,
-    leaving the checkpoint where it is, so re-running once the storage is back resumes from it;
-  * the data-iterator state is a position in the global row stream, valid under any process count (1 -> 2 -> 4
-    processes continue with the rows an uninterrupted run would have used), restored in O(1); one that cannot be
-    used (missing, unreadable, an older per-process layout) only costs the exact data order: params and optimizer
-    state are restored and the iterator is moved in O(1) to a position derived from the step (see engine/data_position.py),
-    with a warning.
-
-Owns writing the layout above and resuming from it (params, optimizer state, data position). Reading parameters
-and a run's config without the trainer (converters, fine-tuning, init) is the weights layer's (weights/runs.py,
-weights/source.py). Imports weights, errors, paths and the engine's state; never convert/.
+Imports weights, errors, paths and the engine's state; never convert/ nor the data pipeline.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import time
-from typing import Any, Callable
+from typing import Any, Callable, Protocol
 
 import jax
 import ml_collections
@@ -46,12 +30,23 @@ import orbax.checkpoint as ocp
 from flax import nnx
 
 from neobert_jax import bucket, errors, paths
-from neobert_jax.engine import data_position
 from neobert_jax.engine.state import TrainState
 from neobert_jax.weights import runs
 from neobert_jax.weights.flat import check_keys_and_shapes, path_key
 
 log = logging.getLogger(__name__)
+
+
+class DataPosition(Protocol):
+  """Where a run's data stands, as the engine holds it: saved with every resumable step, restored from one. The
+  engine never reads what is inside (data/pipeline/position.py is the pipeline's)."""
+
+  def save_arg(self) -> Any:
+    """The Orbax argument that writes the position, captured now, into the step's data item."""
+
+  def restore(self, item: paths.Path, step: int) -> bool:
+    """Moves the data to the position saved in `item` (the step's data item, which may be missing or damaged)
+    after `step` steps; True if exact, False (said as a warning) when only approximated."""
 
 
 def make_manager(
@@ -79,19 +74,11 @@ def make_manager(
   return ocp.CheckpointManager(directory, options=options)
 
 
-def _data_args(data_iter: Any, save: bool) -> dict[str, Any]:
-  if data_iter is None or not hasattr(data_iter, 'get_state'):
-    return {}
-  import grain  # imported here so that readers of params-only (converters) need not load grain
-
-  return {'data': grain.checkpoint.CheckpointSave(data_iter) if save else grain.checkpoint.CheckpointRestore(data_iter)}
-
-
 def save(
   mngr: ocp.CheckpointManager,
   step: int,
   state: TrainState,
-  data_iter: Any,
+  position: DataPosition | None,
   cfg: ml_collections.ConfigDict,
   *,
   with_optimizer: bool = True,
@@ -99,20 +86,20 @@ def save(
 ) -> None:
   """Starts saving `state` as `step` (arrays are written in the background when async); returns at once.
 
-  The Grain iterator's position is captured synchronously here, so it matches exactly the batches the saved
-  parameters have seen even while the arrays are still being written. Without the optimizer (fine-tuning's best
+  The data position is captured synchronously here, so it matches exactly the batches the saved parameters have
+  seen even while the arrays are still being written. Without the optimizer (fine-tuning's best
   evaluation) a step holds params and config only: what weights/runs.py reads, and not a resumable state.
   """
   args = {
-    'params': ocp.args.StandardSave(nnx.to_pure_dict(state['params'])),
-    **({'opt': ocp.args.StandardSave(state['opt'])} if with_optimizer else {}),
+    runs.PARAMS_ITEM: ocp.args.StandardSave(nnx.to_pure_dict(state['params'])),
+    **({runs.OPT_ITEM: ocp.args.StandardSave(state['opt'])} if with_optimizer else {}),
     **(
       {runs.EMA_ITEM: ocp.args.StandardSave(nnx.to_pure_dict(state['ema']))}
       if with_optimizer and 'ema' in state
       else {}
     ),
     runs.CONFIG_ITEM: ocp.args.JsonSave(cfg.to_dict()),
-    **_data_args(data_iter, save=True),
+    **({runs.DATA_ITEM: position.save_arg()} if position is not None else {}),
   }
   try:
     # An earlier async save that failed in the background raises here, at the next save.
@@ -175,98 +162,37 @@ def save_failed(mngr: ocp.CheckpointManager, e: BaseException, last_good: int | 
   )
 
 
-def _set_aside(mngr: ocp.CheckpointManager, step: int, reason: str) -> None:
-  set_aside(paths.Path(mngr.directory), step, reason)
-  mngr.reload()
-
-
-def set_aside(directory: paths.Path, step: int, reason: str) -> None:
-  """Renames step `step` of the checkpoints `directory`, whose bytes cannot be read (its arrays, or its copy of the
-  config: train/resume.py), so it is neither retried nor overwritten by a later save of the same number; said
-  loudly, with both paths, because it is the one thing resume ever moves."""
-  src = directory / str(step)
-  if jax.process_index() == 0 and src.exists():
-    dst = src.with_name(f'{step}.corrupt')
-    n = 1
-    while dst.exists():
-      dst, n = src.with_name(f'{step}.corrupt{n}'), n + 1
-    src.rename(dst)
-    log.error(
-      'CHECKPOINT SET ASIDE: step %d at %s could not be read (%s). It was renamed to %s (nothing was '
-      'deleted); inspect it, or delete it once you no longer need it.',
-      step,
-      src,
-      reason,
-      dst,
-    )
-
-
-# Status words of tensorstore / gRPC / cloud storage errors that describe the storage, not the bytes stored.
-_TRANSIENT_WORDS = (
-  'UNAVAILABLE',
-  'DEADLINE_EXCEEDED',
-  'RESOURCE_EXHAUSTED',
-  'ABORTED',
-  'CANCELLED',
-  'PERMISSION_DENIED',
-  'UNAUTHENTICATED',
-  'Connection reset',
-  'Too many open files',
-  'timed out',
-  'Timeout',
-)
-_READ_ATTEMPTS = 3
-_RETRY_DELAY_S = 2.0
-
-
-def _is_transient(e: BaseException) -> bool:
-  """True for errors of the storage (retry, never discard); False for missing or malformed checkpoint data."""
-  if isinstance(e, (FileNotFoundError, IsADirectoryError, NotADirectoryError)):
-    return False
-  if isinstance(e, (OSError, TimeoutError, ConnectionError, MemoryError)):  # PermissionError is an OSError
-    return True
-  text = f'{type(e).__name__}: {e}'
-  return any(w in text for w in _TRANSIENT_WORDS)
-
-
 def _first_line(e: BaseException) -> str:
   return f'{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ""}'
 
 
-def _with_retries(read: Callable[[], Any], step: int, directory: Any) -> Any:
-  """read(); transient storage errors are retried, then raised as errors.CheckpointError (checkpoint left alone)."""
-  for attempt in range(1, _READ_ATTEMPTS + 1):
-    try:
-      return read()
-    except Exception as e:  # noqa: BLE001
-      if not _is_transient(e):
-        raise
-      if attempt == _READ_ATTEMPTS:
-        raise errors.CheckpointError(
-          f'checkpoint step {step} in {directory} could not be read after {attempt} attempts because of a '
-          f'storage error ({_first_line(e)}). It was left in place; re-run once the storage is reachable to '
-          f'resume from it.'
-        ) from e
-      log.warning(
-        'reading checkpoint step %d failed (%s); retrying in %.0f s', step, _first_line(e), _RETRY_DELAY_S * attempt
-      )
-      time.sleep(_RETRY_DELAY_S * attempt)
-  raise AssertionError('unreachable')
+def _read(read: Callable[[], Any], step: int, directory: Any) -> Any:
+  """read(), on the bucket's retry budget; a storage error that outlasts it is errors.CheckpointError (the
+  checkpoint left alone)."""
+  try:
+    return bucket.retry(read, f'reading checkpoint step {step}')
+  except Exception as e:  # noqa: BLE001 - sorted by is_transient
+    if not bucket.is_transient(e):
+      raise
+    raise errors.CheckpointError(
+      f'checkpoint step {step} in {directory} could not be read within the retry window because of a storage '
+      f'error ({_first_line(e)}). It was left in place; re-run once the storage is reachable to resume from it.'
+    ) from e
 
 
 def _items(abstract: TrainState) -> tuple[str, ...]:
   """The items of a step that hold `abstract`'s arrays."""
-  return ('params', 'opt') + ((runs.EMA_ITEM,) if 'ema' in abstract else ())
+  return (runs.PARAMS_ITEM, runs.OPT_ITEM) + ((runs.EMA_ITEM,) if 'ema' in abstract else ())
 
 
 def _pure(abstract: TrainState, item: str) -> Any:
-  return abstract['opt'] if item == 'opt' else nnx.to_pure_dict(abstract[item])
+  return abstract['opt'] if item == runs.OPT_ITEM else nnx.to_pure_dict(abstract[item])
 
 
 def _restore_arrays(mngr: ocp.CheckpointManager, step: int, abstract: TrainState) -> dict[str, Any]:
   """params + opt (+ ema) of `step` onto `abstract`'s shardings; transient storage errors are retried, then raised."""
   args = ocp.args.Composite(**{item: ocp.args.StandardRestore(_pure(abstract, item)) for item in _items(abstract)})
-  return _with_retries(lambda: mngr.restore(step, args=args), step, mngr.directory)
+  return _read(lambda: mngr.restore(step, args=args), step, mngr.directory)
 
 
 def _leaves(tree: Any) -> dict[str, Any]:
@@ -276,26 +202,19 @@ def _leaves(tree: Any) -> dict[str, Any]:
 
 
 def _check_fits(
-  mngr: ocp.CheckpointManager,
-  step: int,
-  abstract: TrainState,
-  items: tuple[str, ...] = ('params', 'opt'),
-  fix: str = '',
+  directory: paths.Path, step: int, abstract: TrainState, items: tuple[str, ...] = (), fix: str = ''
 ) -> None:
-  """errors.ConfigError when the saved tree structure or shapes differ from `abstract`'s. Reads only the small
-  metadata files, on this process alone (a handler, not a Checkpointer: no cross-process barrier)."""
-  _check_fits_at(paths.Path(mngr.directory), step, abstract, items, fix)
-
-
-def _check_fits_at(directory: paths.Path, step: int, abstract: TrainState, items: tuple[str, ...], fix: str) -> None:
-  root = directory / str(step)
-  for item in items:
+  """errors.ConfigError when the saved tree structure or shapes of `items` (default: params and opt) differ from
+  `abstract`'s. Reads only the small metadata files, on this process alone (a handler, not a Checkpointer: no
+  cross-process barrier)."""
+  root = runs.step_dir(directory, step)
+  for item in items or (runs.PARAMS_ITEM, runs.OPT_ITEM):
     handler = ocp.StandardCheckpointHandler()
     absl_log = logging.getLogger('absl')
     level = absl_log.level
     absl_log.setLevel(logging.ERROR)  # "no step metadata in the item": expected in the manager's layout
     try:
-      saved = _with_retries(lambda: handler.metadata(root / item), step, directory)
+      saved = _read(lambda: handler.metadata(root / item), step, directory)
     finally:
       absl_log.setLevel(level)
     target = _pure(abstract, item)
@@ -326,34 +245,31 @@ def _agree_on_step(step: int | None, directory: Any) -> None:
     )
 
 
-def restore_latest(mngr: ocp.CheckpointManager, abstract: TrainState, data_iter: Any) -> tuple[int, TrainState] | None:
+def restore_latest(
+  mngr: ocp.CheckpointManager, abstract: TrainState, position: DataPosition | None
+) -> tuple[int, TrainState] | None:
   """Restores the newest readable step onto the shardings in `abstract` (any mesh); None if there is none.
 
-  `data_iter` (if any) is moved in place to the saved position (see engine/data_position.py for a checkpoint written by
-  another number of processes). Steps whose params/optimizer state are unreadable are reported and set aside;
-  storage errors raise errors.CheckpointError and leave the checkpoint alone.
+  `position` (if any) restores itself from the step (see the step protocol above). Steps whose params/optimizer state
+  are unreadable are reported and set aside; storage errors raise errors.CheckpointError and leave the checkpoint
+  alone.
   """
-  for step in sorted(mngr.all_steps(), reverse=True):
+  directory = paths.Path(mngr.directory)
+  for step in sorted(runs.checkpoint_steps(directory), reverse=True):
     try:
-      _check_fits(mngr, step, abstract)
+      _check_fits(directory, step, abstract)
       restored = _restore_arrays(mngr, step, abstract)
     except (errors.CheckpointError, errors.ConfigError):
       raise
     except Exception as e:  # noqa: BLE001 - the bytes are damaged or missing: try the previous checkpoint
-      older = [s for s in mngr.all_steps() if s < step]
-      log.error(
-        'checkpoint step %d in %s could not be restored (%s); %s',
-        step,
-        mngr.directory,
-        _first_line(e),
-        f'falling back to step {max(older)}' if older else 'no older checkpoint is left',
-      )
-      _set_aside(mngr, step, _first_line(e))
+      runs.set_aside(directory, step, f'could not be restored ({_first_line(e)})')
+      mngr.reload()
       continue
     _agree_on_step(step, mngr.directory)
-    data_position.restore(mngr.directory, step, data_iter)
-    state = {'opt': restored['opt']}
-    for item in set(_items(abstract)) - {'opt'}:
+    if position is not None:
+      position.restore(runs.step_dir(directory, step) / runs.DATA_ITEM, step)
+    state = {'opt': restored[runs.OPT_ITEM]}
+    for item in set(_items(abstract)) - {runs.OPT_ITEM}:
       state[item] = jax.tree.map(lambda a: a, abstract[item])
       nnx.replace_by_pure_dict(state[item], restored[item])
     return step, state
@@ -362,27 +278,33 @@ def restore_latest(mngr: ocp.CheckpointManager, abstract: TrainState, data_iter:
 
 
 def restore_stage(
-  directory: paths.Path, step: int, abstract: TrainState, data_iter: Any, *, optimizer: bool, data: bool
+  directory: paths.Path,
+  step: int,
+  abstract: TrainState,
+  position: DataPosition | None,
+  *,
+  optimizer: bool,
+  data: bool,
 ) -> Any:
   """What a new stage carries over from step `step` of another run's checkpoints in `directory` (init.*): with
   `optimizer`, its optimizer state restored onto `abstract['opt']`'s shardings (returned; None without); with
-  `data`, `data_iter` moved to its data position (exactly, or with the warning of data_position.restore)."""
+  `data`, `position` restored from that step (exactly, or with a warning)."""
   opt = None
-  if optimizer and not (directory / str(step) / 'opt').is_dir():
+  if optimizer and not (runs.step_dir(directory, step) / runs.OPT_ITEM).is_dir():
     raise errors.ConfigError(
       f'init.keep_optimizer=True: step {step} in {directory} holds no optimizer state (a fine-tuning run keeps '
       'none); set init.keep_optimizer=False to start the optimizer afresh'
     )
   if optimizer:
-    _check_fits_at(
+    _check_fits(
       directory,
       step,
       abstract,
-      ('opt',),
+      (runs.OPT_ITEM,),
       'its optimizer state does not fit the one this config builds (clipping switched on or off?); set '
       'init.keep_optimizer=False to start the optimizer afresh',
     )
-    opt = _with_retries(lambda: runs.restore_opt_tree(directory, step, abstract['opt']), step, directory)
-  if data:
-    data_position.restore(directory, step, data_iter)
+    opt = _read(lambda: runs.restore_opt_tree(directory, step, abstract['opt']), step, directory)
+  if data and position is not None:
+    position.restore(runs.step_dir(directory, step) / runs.DATA_ITEM, step)
   return opt

@@ -104,8 +104,8 @@ def place_sharded(source: source_lib.Source, params: Any) -> Any:
 class Run:
   """A training run in `workdir`: see the module docstring.
 
-  cfg: the resolved config, frozen; a copy goes into every checkpoint. data_iter: the iterator whose position is
-  checkpointed with the state (None: the run's data has no position to keep). lease: the workdir's (`claim`).
+  cfg: the resolved config, frozen; a copy goes into every checkpoint. data_position: where the run's data stands,
+  checkpointed with the state (checkpoint.DataPosition; None: the run's data has no position to keep). lease: the workdir's (`claim`).
   wandb: engine.metrics.Wandb to also log to a Weights & Biases run (None: not).
   """
 
@@ -114,7 +114,7 @@ class Run:
     workdir: str | Path,
     cfg: ml_collections.ConfigDict,
     *,
-    data_iter: Any = None,
+    data_position: ckpt.DataPosition | None = None,
     keep: int = 3,
     async_save: bool = True,
     tensorboard: bool = True,
@@ -124,7 +124,7 @@ class Run:
   ):
     self.workdir = paths.resolve(workdir, '--workdir')
     self.lease = lease  # checked before every save: a job whose lease was taken over writes nothing more
-    self.cfg, self.data_iter = cfg, data_iter
+    self.cfg, self.data_position = cfg, data_position
     self.keep, self.async_save = keep, async_save
     self.tensorboard, self.progress_bar, self.wandb = tensorboard, progress_bar, wandb
     self.is_main = jax.process_index() == 0
@@ -248,7 +248,7 @@ class Run:
     """
     if resume:
       defs, target = abstract()
-      restored = ckpt.restore_latest(self.mngr, target, self.data_iter)
+      restored = ckpt.restore_latest(self.mngr, target, self.data_position)
       if restored is not None:
         step, state = restored
         self.saved_step = self.committed_step = step
@@ -265,7 +265,7 @@ class Run:
     log.info('initialised parameters from %s', origin)
     if src.kind == 'run' and (keep_optimizer or continue_data):
       opt = ckpt.restore_stage(
-        runs.checkpoint_dir(src.path), src.step, state, self.data_iter, optimizer=keep_optimizer, data=continue_data
+        runs.checkpoint_dir(src.path), src.step, state, self.data_position, optimizer=keep_optimizer, data=continue_data
       )
       if opt is not None:
         state = {**state, 'opt': state_lib.restart_schedule(opt)}
@@ -282,7 +282,7 @@ class Run:
 
   def save(self, step: int, state: state_lib.TrainState) -> None:
     """The full state (parameters, optimizer, data position, config) as `step`; metrics go up with it."""
-    self._save(step, state, self.data_iter, with_optimizer=True)
+    self._save(step, state, self.data_position, with_optimizer=True)
     with bucket.Timer(f'checkpoint {step} metrics upload', say=not paths.local(self.workdir)) as upload:
       try:
         self.writer.sync()  # a bucket workdir's metrics and TensorBoard go up with each checkpoint
@@ -294,7 +294,9 @@ class Run:
     """Parameters and config only, as `step` (fine-tuning's best evaluation: what its export reads)."""
     self._save(step, state, None, with_optimizer=False)
 
-  def _save(self, step: int, state: state_lib.TrainState, data_iter: Any, with_optimizer: bool) -> None:
+  def _save(
+    self, step: int, state: state_lib.TrainState, position: ckpt.DataPosition | None, with_optimizer: bool
+  ) -> None:
     """Starts the save, timed from here to its commit (`_committed`), unless this job lost the workdir's lease."""
     if self.lease is not None:
       self.lease.check()
@@ -304,7 +306,7 @@ class Run:
     self._in_flight = (step, bucket.Timer(f'checkpoint {step} save', say=not paths.local(self.workdir)))
     try:
       ckpt.save(
-        self.mngr, step, state, data_iter, self.cfg, with_optimizer=with_optimizer, last_good=self.committed_step
+        self.mngr, step, state, position, self.cfg, with_optimizer=with_optimizer, last_good=self.committed_step
       )
     except BaseException:
       self._forget_in_flight()

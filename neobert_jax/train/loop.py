@@ -18,7 +18,7 @@ from neobert_jax import paths
 from neobert_jax import sharding as shd
 from neobert_jax.config import ramp
 from neobert_jax.config import train as config_lib
-from neobert_jax.data.pipeline import iterators as pipeline
+from neobert_jax.data import pipeline
 from neobert_jax.engine import loop as engine_loop
 from neobert_jax.engine import metrics as metrics_lib
 from neobert_jax.engine import run as engine_run
@@ -211,7 +211,9 @@ def _train(cfg: ml_collections.ConfigDict, workdir: paths.Path, held: Any, on_st
   lg, t = cfg.logging, cfg.train
   options = dict(keep=cfg.checkpoint.keep, async_save=cfg.checkpoint.async_save)
   options.update(tensorboard=lg.tensorboard, progress_bar=lg.progress_bar, lease=held, wandb=_wandb(cfg))
-  with engine_run.Run(workdir, cfg, data_iter=train_host, **options) as run_:
+  with engine_run.Run(
+    workdir, cfg, data_position=pipeline.Position(train_host, jax.process_index(), jax.process_count()), **options
+  ) as run_:
     if hasattr(train_host, 'close'):
       run_.on_close(train_host.close)
     start = run_.restore_or_init(

@@ -31,7 +31,6 @@ from neobert_jax import config as config_io
 from neobert_jax.config import resume as rules
 from neobert_jax.errors import ConfigError
 from neobert_jax.config import train as config_lib
-from neobert_jax.engine import checkpoint
 from neobert_jax.engine import optimizer as optimizer_lib
 from neobert_jax.engine.run import check_workdir
 from neobert_jax.weights import runs
@@ -65,7 +64,7 @@ def _recorded(workdir: paths.Path) -> tuple[dict[str, Any] | None, int | None]:
   """(the run's recorded config, its latest checkpoint step); (None, None) for an empty workdir.
 
   The config copy is part of its step: a step whose copy cannot be read (damaged bytes) is set aside like a step
-  whose arrays cannot be (engine/checkpoint.set_aside, loudly, nothing deleted) and the previous step is used."""
+  whose arrays cannot be (runs.set_aside, loudly, nothing deleted) and the previous step is used."""
   step = runs.latest_step(workdir) if (workdir / runs.CHECKPOINT_SUBDIR).is_dir() else None
   if step is None and not (workdir / runs.CONFIG_FILE).is_file():
     return None, None
@@ -77,16 +76,7 @@ def _recorded(workdir: paths.Path) -> tuple[dict[str, Any] | None, int | None]:
     except ConfigError:
       raise
     except (OSError, ValueError) as e:
-      older = [s for s in (runs.checkpoint_steps(workdir)) if s < step]
-      log.error(
-        'checkpoint step %d in %s: its copy of the config could not be read (%s); %s',
-        step,
-        workdir / runs.CHECKPOINT_SUBDIR,
-        errors.one_line(e),
-        f'falling back to step {max(older)}' if older else 'no older checkpoint is left',
-      )
-      checkpoint.set_aside(workdir / runs.CHECKPOINT_SUBDIR, step, f'config unreadable: {errors.one_line(e)}')
-      step = max(older) if older else None
+      step = runs.set_aside(workdir, step, f'its copy of the config could not be read ({errors.one_line(e)})')
   try:
     return runs.read_config(workdir, step).to_dict(), step
   except FileNotFoundError:  # a run from before configs were recorded: only its arrays can be checked

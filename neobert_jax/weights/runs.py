@@ -1,10 +1,23 @@
-"""Run directories on disk or on a bucket, as train/ and fine-tuning write them, read without the trainer.
+"""The run layout, on disk or on a bucket: its one owner. Where every part of a run lives, how a step is listed and
+how an unreadable one is set aside; the engine's checkpoint module writes through these names, resume and every
+reader (converters, fine-tuning, init) read through them.
 
-Owns the run layout, WORKDIR/config.json and WORKDIR/checkpoints/<step>/{params,opt,data,config} (the engine's
-checkpoint module writes it): `checkpoint_dir`, `latest_step`, `read_config`; and restoring a step's parameters,
-onto given shardings (`restore_param_tree`: no host gather) or on one CPU device whatever mesh wrote them
-(`restore_params`: what converters and host-side tools read). A missing run or step is FileNotFoundError; opening a
-source for a user (one error class, one message) is weights/source.py's.
+  WORKDIR/config.json                    the resolved training config (model/data/train/... sections)
+  WORKDIR/checkpoints/<step>/params      nested dict of the model's parameters, e.g.
+                                         params['encoder']['layers']['qkv'] [L, D, H, 3*Dh]; joining the keys with
+                                         '.' gives exactly neobert_jax.weights.flat.to_flat's keys
+  WORKDIR/checkpoints/<step>/opt         the nnx.Optimizer state (step counter, optax AdamW moments mu/nu)
+  WORKDIR/checkpoints/<step>/ema         the moving average of the parameters, same layout (train.ema_decay > 0)
+  WORKDIR/checkpoints/<step>/data        the data pipeline's position (its own format: data/pipeline/position.py)
+  WORKDIR/checkpoints/<step>/config      a copy of the resolved config, so a step directory stands alone
+  WORKDIR/checkpoints/<step>.corrupt     a step set aside (`set_aside`): never listed, never deleted
+
+<step> is the number of optimizer steps already taken. Orbax writes each step into a temporary directory and
+renames it only after every item (and every process) has committed, so a half-written step is never listed
+(`checkpoint_steps`). Also here: reading a run's config (`read_config`) and restoring a step's parameters, onto
+given shardings (`restore_param_tree`: no host gather) or on one CPU device whatever mesh wrote them
+(`restore_params`: what converters and host-side tools read). A missing run or step is FileNotFoundError; opening
+a source for a user (one error class, one message) is weights/source.py's.
 """
 
 from __future__ import annotations
@@ -23,6 +36,8 @@ from neobert_jax import bucket, paths
 from neobert_jax.config import finetune as finetune_config
 from neobert_jax.config import train as train_config
 from neobert_jax.weights.flat import flatten
+
+log = logging.getLogger(__name__)
 
 
 def _orbax():
@@ -48,6 +63,8 @@ def use_bucket_budget() -> None:
 
 CHECKPOINT_SUBDIR = 'checkpoints'
 PARAMS_ITEM = 'params'
+OPT_ITEM = 'opt'  # the optimizer state: a step without it (fine-tuning's best step) is not resumable
+DATA_ITEM = 'data'  # the data pipeline's position, in its own format
 EMA_ITEM = 'ema'  # the moving average of the parameters (train.ema_decay > 0), laid out like them
 CONFIG_ITEM = 'config'  # the resolved config, saved with each step as an Orbax JSON item
 CONFIG_FILE = 'config.json'  # the same config, written into the workdir when the run starts
@@ -68,6 +85,43 @@ def latest_step(path: str | os.PathLike) -> int | None:
   """The newest complete step."""
   steps = checkpoint_steps(path)
   return max(steps) if steps else None
+
+
+def step_dir(path: str | os.PathLike, step: int) -> paths.Path:
+  """Where step `step` of a run lives (`path`: its workdir or checkpoints dir)."""
+  return checkpoint_dir(path) / str(step)
+
+
+def set_aside(path: str | os.PathLike, step: int, what: str) -> int | None:
+  """The one policy for a step whose bytes cannot be read (`what`: which part, and the error): said loudly with
+  both paths, renamed `<step>.corrupt` by process 0 (nothing deleted; neither retried nor overwritten by a later
+  save of the same number), and the next older complete step returned (None when none is left). The one thing
+  resume ever moves: a step that does not fit the config, or that the storage cannot reach, is left alone."""
+  cdir = checkpoint_dir(path)
+  older = [s for s in checkpoint_steps(cdir) if s < step]
+  fallback = max(older) if older else None
+  log.error(
+    'checkpoint step %d in %s: %s; %s',
+    step,
+    cdir,
+    what,
+    f'falling back to step {fallback}' if fallback is not None else 'no older checkpoint is left',
+  )
+  src = cdir / str(step)
+  if jax.process_index() == 0 and src.exists():
+    dst = src.with_name(f'{step}.corrupt')
+    n = 1
+    while dst.exists():
+      dst, n = src.with_name(f'{step}.corrupt{n}'), n + 1
+    src.rename(dst)
+    log.error(
+      'CHECKPOINT SET ASIDE: step %d at %s could not be read. It was renamed to %s (nothing was deleted); '
+      'inspect it, or delete it once you no longer need it.',
+      step,
+      src,
+      dst,
+    )
+  return fallback
 
 
 def _schema(recorded: Any) -> ml_collections.ConfigDict:
@@ -94,7 +148,7 @@ def read_config(path: str | os.PathLike, step: int | None = None) -> ml_collecti
   step = latest_step(cdir) if step is None else step
   looked = []
   if step is not None:
-    item = cdir / str(step) / CONFIG_ITEM
+    item = step_dir(cdir, step) / CONFIG_ITEM
     looked.append(str(item))
     if item.is_dir():
       return typed_record(_orbax().JsonCheckpointHandler().restore(item))
@@ -113,7 +167,7 @@ def params_item(path: str | os.PathLike, step: int | None, name: str = PARAMS_IT
   step = latest_step(cdir) if step is None or step < 0 else step
   if step is None:
     raise FileNotFoundError(f'no complete checkpoint under {cdir}')
-  item = cdir / str(step) / name
+  item = step_dir(cdir, step) / name
   if not item.is_dir():
     if name == EMA_ITEM:
       raise FileNotFoundError(f'checkpoint step {step} holds no EMA of the weights (the run had train.ema_decay=0)')
@@ -125,7 +179,7 @@ def restore_opt_tree(path: str | os.PathLike, step: int, abstract: Any) -> Any:
   """The optimizer state of a run's `step`, read straight onto `abstract`'s shardings (a new stage that keeps
   another run's optimizer, init.keep_optimizer). Every process must call it: Orbax reads collectively."""
   with _orbax().StandardCheckpointer() as ckptr:
-    return ckptr.restore(checkpoint_dir(path) / str(step) / 'opt', abstract)
+    return ckptr.restore(step_dir(path, step) / OPT_ITEM, abstract)
 
 
 def restore_param_tree(path: str | os.PathLike, step: int | None, abstract: Any) -> tuple[Any, int]:

@@ -1,8 +1,40 @@
 """Online input pipeline: prepared shards -> this host's packed, masked batches, while training runs.
 
-iterators.py builds the Grain datasets (train and held-out) and their resumable state; blocks.py says which
-documents form a block, packing.py and masking.py turn a block into rows, batch.py is the batch contract with the
-train step, virtual.py deals the corpus to hosts as virtual shards, store.py reads a host's shards in place or fetches
-them from a bucket into a bounded cache. Reads prepared data only: the offline side
-(data/prepare/) writes it.
+Reads prepared data only: the offline side (data/prepare/) writes it. One job per module:
+
+  factories.py     the train iterator (one prepared source, prefetched) and the held-out batches
+  prepared.py      finding prepared data, checking it fits the run, listing a split, opening its store
+  store.py         reading a host's shards in place, or from a bucket into a bounded cache
+  cache.py         what that cache must hold, checked when it opens
+  virtual.py       dealing the corpus to hosts as virtual shards; blocks.py: which documents form a block
+  builder.py       a block -> packed (packing.py), masked (masking.py) rows
+  host_batches.py  every step, B/V rows from each of this host's virtual shards, and their position
+  state.py         positions as data: merging the processes' states, seeking to a block
+  position.py      the position in a checkpoint: saved with a step, restored from one
+  report_files.py  a split's files as local paths, for reports
+  batch.py         the batch contract with the train step
+
+Callers use the names below (`from neobert_jax.data import pipeline`).
 """
+
+from neobert_jax.data.pipeline.cache import cache_need
+from neobert_jax.data.pipeline.factories import make_eval_iterator, make_train_iterator, train_source, virtual_shards
+from neobert_jax.data.pipeline.position import Position
+from neobert_jax.data.pipeline.prepared import open_prepared, prepare_builtin
+from neobert_jax.data.pipeline.report_files import iter_split_files, split_files
+from neobert_jax.data.pipeline.state import merge_states, state_at
+
+__all__ = [
+  'Position',
+  'cache_need',
+  'iter_split_files',
+  'make_eval_iterator',
+  'make_train_iterator',
+  'merge_states',
+  'open_prepared',
+  'prepare_builtin',
+  'split_files',
+  'state_at',
+  'train_source',
+  'virtual_shards',
+]

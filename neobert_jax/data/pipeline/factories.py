@@ -1,0 +1,180 @@
+"""The two ways training reads prepared data: this host's endless training batches, and the held-out batches.
+
+  this host's virtual shards (virtual.py), each an endless shuffled stream of documents read through a shard store
+  (store.py: in place, or fetched from a bucket into a bounded cache, a window ahead of the reader; prepared.py
+  opens and checks the data, cache.py sizes the cache)
+  -> blocks of `block_docs` documents per virtual shard -> pack + mask each block (builder.py)
+  -> every step, B/V rows from each of this host's virtual shards, in shard order (host_batches.py)
+  -> optional mp_prefetch workers -> a background thread keeps the next batches ready
+
+The train iterator's state is its position (state.py); position.py saves it into a checkpoint and restores it.
+Batches are numpy dicts per host, as in the batch contract (batch.py): input_ids, positions, segment_ids, labels
+[B, T] int32, and with max_predictions > 0 mlm_positions, mlm_labels [B, P] int32 and mlm_weights [B, P] float32.
+"""
+
+import grain
+import ml_collections
+
+from neobert_jax import errors, paths
+from neobert_jax.data import shards
+from neobert_jax.data.pipeline import builder
+from neobert_jax.data.pipeline import cache
+from neobert_jax.data.pipeline import host_batches
+from neobert_jax.data.pipeline import prepared
+from neobert_jax.data.pipeline import store as store_lib
+from neobert_jax.data.pipeline import virtual
+
+
+def _seed(shuffle_seed: int, seed: int) -> int:
+  """The data's seed: data.shuffle_seed, or the run's seed when it is negative."""
+  return seed if shuffle_seed < 0 else shuffle_seed
+
+
+def virtual_shards(data_cfg: ml_collections.ConfigDict, global_batch: int, process_count: int) -> int:
+  """data.virtual_shards, or its automatic value when it is 0 (the trainer resolves it once and records it)."""
+  return data_cfg.virtual_shards or virtual.auto_virtual_shards(global_batch, process_count)
+
+
+def make_train_iterator(
+  data_cfg: ml_collections.ConfigDict,
+  batch_size_per_host: int,
+  seq_len: int,
+  seed: int,
+  process_index: int = 0,
+  process_count: int = 1,
+  *,
+  model_vocab_size: int | None = None,
+  prefetch: int = 2,
+) -> grain.DatasetIterator:
+  """Endless iterator of this host's training batches; has get_state/set_state. `prefetch`: batches built ahead
+  while the step runs (data.num_workers = 0).
+
+  Process p of n owns virtual shards [p*V/n, (p+1)*V/n) and gets B/V rows of each per step (B = n *
+  batch_size_per_host), so the rows of a step do not depend on n. A checkpoint keeps its place through
+  position.Position; its state restores with set_state into an iterator made with the same data config and global
+  batch size (the states of several processes merge with state.merge_states first).
+  """
+  if not 0 <= process_index < process_count:
+    raise ValueError(f'process_index {process_index} outside [0, {process_count})')
+  ds, store = train_source(
+    data_cfg, batch_size_per_host * process_count, seq_len, seed, process_index, process_count, model_vocab_size
+  )
+  if data_cfg.num_workers > 0:
+    _mark_absl_flags_parsed()
+    ds = ds.mp_prefetch(
+      grain.MultiprocessingOptions(num_workers=data_cfg.num_workers, per_worker_buffer_size=data_cfg.worker_buffer_size)
+    )
+  else:  # the next batches are built while the step runs
+    ds = grain.experimental.ThreadPrefetchIterDataset(ds, prefetch_buffer_size=prefetch)
+  it = iter(ds)
+  it.store = store  # the fetch counters (bytes downloaded, peak disk) for the log and the benchmark
+  return it
+
+
+def train_source(
+  data_cfg: ml_collections.ConfigDict,
+  global_batch: int,
+  seq_len: int,
+  seed: int,
+  process_index: int,
+  process_count: int,
+  model_vocab_size: int | None = None,
+) -> tuple[host_batches.HostBatches, store_lib.LocalStore | store_lib.BucketStore]:
+  """(this process's batches of the prepared source data_cfg.dir, the store it reads through): its own virtual
+  shards, packing, masking and position, checked against the run (tokenizer, layout, cache budget) before a
+  shard is read."""
+  directory, manifest = prepared.open_prepared(data_cfg, seq_len, model_vocab_size)
+  listed = prepared.split_shards(directory, manifest, 'train')
+  count = virtual_shards(data_cfg, global_batch, process_count)
+  problem = virtual.check_layout(count, process_count, global_batch, sum(s['records'] for s in listed))
+  if problem:
+    raise errors.ConfigError(problem)
+  if data_cfg.num_workers > 0 and paths.is_url(directory):
+    raise errors.ConfigError(
+      'data.num_workers > 0 reads local data only (each worker would keep its own bucket cache); '
+      'set data.num_workers=0 for data.dir on a bucket'
+    )
+  seed = _seed(data_cfg.shuffle_seed, seed)
+  counts = [s['records'] for s in listed]
+  bounds = virtual.ranges(counts, count)
+  streams = {
+    v: virtual.ShardStream(
+      virtual.pieces(counts, *bounds[v]), seed=seed, shard=v, window=data_cfg.shuffle_window, shuffle=True
+    )
+    for v in virtual.owned(count, process_index, process_count)
+  }
+  used = sorted({p.file for st in streams.values() for p in st.parts})
+  # Only this process's files are checked and (from a bucket) fetched.
+  store = prepared.open_store(directory, manifest, 'train', [listed[f] for f in used], data_cfg.cache_gb, process_index)
+  cache.check_cache(store, list(streams.values()), listed, data_cfg)
+  names = [s['file'] for s in listed]
+  # Every owned shard's first window starts downloading now, side by side, not one after the other as each shard
+  # reads its first block (a restored iterator reads other windows first; these are then evicted as needed).
+  store.prefetch([names[f] for st in streams.values() for f in st.files_of_window(st.first_window())])
+  dtype = shards.id_dtype(manifest)
+  blocks = {
+    v: virtual.ShardBlocks(st, store, names, data_cfg.block_docs, dtype).map_with_index(
+      builder.BlockBuilder.for_source(data_cfg, manifest, seq_len, seed, v)
+    )
+    for v, st in streams.items()
+  }
+  return host_batches.HostBatches(blocks, global_batch // count), store
+
+
+def make_eval_iterator(
+  data_cfg: ml_collections.ConfigDict,
+  batch_size_per_host: int,
+  seq_len: int,
+  seed: int = 0,
+  process_index: int = 0,
+  process_count: int = 1,
+  *,
+  num_batches: int | None = None,
+  model_vocab_size: int | None = None,
+):
+  """Batches of the held-out split, same masking every call (fixed seed).
+
+  Each process reads only its contiguous 1/n of the split (a sharded evaluation: nobody reads it whole).
+  num_batches=None: one pass over this process's share; the last batch is topped up with loss-free rows. Every
+  host must run the same number of eval steps, so multi-host runs pass num_batches (the share is then cycled).
+  """
+  if num_batches is None and process_count > 1:
+    raise ValueError('multi-host eval needs num_batches so every host runs the same steps')
+  directory, manifest = prepared.open_prepared(data_cfg, seq_len, model_vocab_size)
+  listed = prepared.split_shards(directory, manifest, 'eval')
+  counts = [s['records'] for s in listed]
+  lo, hi = virtual.ranges(counts, process_count)[process_index]
+  if hi <= lo:
+    raise errors.DataError(f'{directory}: the eval split ({sum(counts)} records) cannot feed {process_count} processes')
+  stream = virtual.ShardStream(virtual.pieces(counts, lo, hi), seed=0, shard=0, window=1, shuffle=False)
+  used = sorted({p.file for p in stream.parts})
+  store = prepared.open_store(directory, manifest, 'eval', [listed[f] for f in used], data_cfg.cache_gb, process_index)
+  blocks = virtual.ShardBlocks(
+    stream, store, [s['file'] for s in listed], data_cfg.block_docs, shards.id_dtype(manifest), finite=True
+  )
+  if num_batches is not None:
+    blocks = blocks.repeat()
+  seed = _seed(data_cfg.shuffle_seed, seed)
+  blocks = blocks.map_with_index(builder.BlockBuilder.for_source(data_cfg, manifest, seq_len, seed, 0))
+  return EvalBatches(host_batches.HostBatches({0: blocks}, batch_size_per_host, finite_pad=True), num_batches)
+
+
+class EvalBatches:
+  """The held-out batches, built and checked once; every iteration is a fresh pass with the same masking."""
+
+  def __init__(self, dataset: grain.IterDataset, num_batches: int | None):
+    self.dataset, self.num_batches = dataset, num_batches
+
+  def __iter__(self):
+    it = iter(self.dataset)
+    if self.num_batches is None:
+      return it
+    return (next(it) for _ in range(self.num_batches))
+
+
+def _mark_absl_flags_parsed() -> None:
+  """mp_prefetch reads absl flags; a trainer without absl.app has not parsed them."""
+  from absl import flags  # pylint: disable=g-import-not-at-top
+
+  if not flags.FLAGS.is_parsed():
+    flags.FLAGS.mark_as_parsed()

@@ -1,0 +1,83 @@
+"""Opening prepared data: finding it (a local directory, a bucket, or the built-in corpus), checking that it fits
+the run (tokenizer, vocabulary), listing a split's shards, and the store a process reads them through.
+
+Only the manifest is read here; shards are opened (and, from a bucket, fetched) by the store (store.py) as the
+pipeline reaches them. The built-in corpus is prepared by `prepare_builtin`, the explicit step the train command
+takes first: opening never tokenizes.
+"""
+
+import hashlib
+
+import ml_collections
+
+from neobert_jax import errors, paths
+from neobert_jax.config import data as config_lib
+from neobert_jax.data import shards
+from neobert_jax.data import tokenizer as tokenizer_lib
+from neobert_jax.data.pipeline import store as store_lib
+
+
+def prepare_builtin(data_cfg: ml_collections.ConfigDict, seq_len: int) -> None:
+  """The explicit preparation step of a run on the built-in corpus (data.dir empty): fetches and tokenizes it once
+  per machine. Opening prepared data (below) never does; the train command calls this first."""
+  if not data_cfg.dir:
+    from neobert_jax.data.prepare import corpus  # pylint: disable=g-import-not-at-top
+
+    corpus.default_prepared_dir(max_length=seq_len, tokenizer=data_cfg.tokenizer or tokenizer_lib.BUILTIN_BERT)
+
+
+def open_prepared(
+  data_cfg: ml_collections.ConfigDict, seq_len: int, model_vocab_size: int | None = None
+) -> tuple[str, dict]:
+  """Finds the prepared data and checks it fits this run; returns (its directory or bucket URL, manifest).
+
+  Reads only the manifest: no shard is opened or downloaded here. The built-in corpus (data.dir empty) must have
+  been prepared (prepare_builtin); otherwise the error names the command that prepares it.
+  """
+  config_lib.validate_data_config(data_cfg)
+  directory = data_cfg.dir
+  if not directory:
+    from neobert_jax.data.prepare import corpus  # pylint: disable=g-import-not-at-top
+
+    directory = corpus.default_prepared_dir(
+      max_length=seq_len, tokenizer=data_cfg.tokenizer or tokenizer_lib.BUILTIN_BERT, build=False
+    )
+  if paths.is_url(directory):
+    url = paths.resolve(directory, 'data.dir')
+    manifest = shards.parse_manifest(store_lib.read_bucket_manifest(url), str(url))
+  else:
+    manifest = shards.read_manifest(directory)
+  ident = manifest['tokenizer']
+  # The manifest's own spec (what a run records as its tokenizer) names that vocabulary by definition, and need not
+  # be loadable here (a vocabulary learned on the machine that prepared the data).
+  if data_cfg.tokenizer and data_cfg.tokenizer != ident['spec']:
+    want = tokenizer_lib.load_tokenizer(data_cfg.tokenizer).identity()
+    if not tokenizer_lib.same_vocabulary(want, ident):
+      raise errors.DataError(
+        f'{directory} was prepared with tokenizer {ident["spec"]!r} ({ident["kind"]}, '
+        f'{ident["vocab_size"]} ids), not data.tokenizer={data_cfg.tokenizer!r} '
+        f'({want["kind"]}, {want["vocab_size"]} ids); prepare it again with that tokenizer'
+      )
+  if model_vocab_size is not None and model_vocab_size != ident['vocab_size']:
+    raise errors.DataError(
+      f'{directory} uses a {ident["vocab_size"]}-id vocabulary ({ident["spec"]!r}) but the '
+      f'model has vocab_size={model_vocab_size}; they must match'
+    )
+  return directory, manifest
+
+
+def split_shards(directory: str, manifest: dict, split: str) -> list[dict]:
+  """The manifest's shard list of `split`; DataError when the split holds no documents."""
+  info = manifest['splits'].get(split)
+  if not info or not info['shards']:
+    raise errors.DataError(f'{directory}: split {split!r} holds no documents')
+  return info['shards']
+
+
+def open_store(directory: str, manifest: dict, split: str, listed: list[dict], cache_gb: float, process_index: int):
+  """The store this process reads `listed` shards of `split` through (store.py): in place, or a bucket's cache."""
+  if paths.is_url(directory):
+    version = hashlib.sha256(shards.manifest_text(manifest).encode()).hexdigest()[:12]
+    budget = int(min(cache_gb, 2**40) * 2**30)
+    return store_lib.BucketStore(paths.resolve(directory, 'data.dir'), listed, budget, process_index, version, split)
+  return store_lib.LocalStore(directory, listed)

@@ -1,0 +1,22 @@
+"""A split's files for reports (neobert_jax/data/pipeline/report_files.py): local paths in manifest order, all at
+once or one by one. From a bucket: tests/test_storage_data.py and the held-out report's tests."""
+
+import os
+
+from neobert_jax.config import data as config_lib
+from neobert_jax.data import pipeline, testing
+
+
+def test_a_splits_files_in_manifest_order_all_at_once_or_one_by_one(tmp_path):
+  docs = testing.synthetic_documents(200, seed=0, max_len=120)
+  manifest = testing.write_prepared(str(tmp_path), docs, docs[:80], shard_bytes=10_000, max_length=128)
+  names = [s['file'] for s in manifest['splits']['eval']['shards']]
+  assert len(names) > 1
+  cfg = config_lib.default_data_config()
+  cfg.dir = str(tmp_path)
+  files, _ = pipeline.split_files(cfg, 128, 'eval')
+  assert [os.path.basename(f) for f in files] == names and all(os.path.isfile(f) for f in files)
+  first, _ = pipeline.split_files(cfg, 128, 'eval', max_files=1)
+  assert [os.path.basename(f) for f in first] == names[:1]
+  _, one_by_one = pipeline.iter_split_files(cfg, 128, 'eval')
+  assert [os.path.basename(str(f)) for f in one_by_one] == names

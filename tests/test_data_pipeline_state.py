@@ -1,0 +1,35 @@
+"""Positions as data (neobert_jax/data/pipeline/state.py): the processes' states merge into one table of every
+virtual shard, nested states (prefetch workers, several sources) merge and seek source by source, and a state
+without virtual-shard positions is told apart. Pure dicts: the iterators that write them are
+tests/test_data_pipeline_host_batches.py's and tests/test_data_elastic.py's."""
+
+from neobert_jax.data import pipeline
+from neobert_jax.data.pipeline import state as state_lib
+
+
+def _process_states(block):
+  """The states of a two-process job over 4 virtual shards: process 0 owns 0-1, process 1 owns 2-3."""
+  return [pipeline.state_at(block, 1, [0, 1]), pipeline.state_at(block, 2, [2, 3])]
+
+
+def test_the_processes_states_merge_into_one_table_of_every_virtual_shard():
+  merged = pipeline.merge_states(_process_states(5))
+  assert merged['shards'] == {'0': [5, 1], '1': [5, 1], '2': [5, 2], '3': [5, 2]}
+  assert merged['stream'] == pipeline.state_at(0)['stream']
+
+
+def test_nested_states_merge_and_seek_source_by_source():
+  # A pipeline that wraps sources nests their states: each source's table merges on its own.
+  web, books = _process_states(5), _process_states(9)
+  states = [{'sources': {'web': w, 'books': b}, 'step': 3} for w, b in zip(web, books)]
+  merged = pipeline.merge_states(states)
+  assert merged['sources']['web']['shards']['3'] == [5, 2] and merged['sources']['books']['shards']['0'] == [9, 1]
+  assert merged['step'] == 3
+  sought = state_lib.seek(merged, 100)
+  assert sought['sources']['web'] == pipeline.state_at(100, shards_=range(4)) and sought['step'] == 3
+  assert state_lib.holds_streams(merged) and state_lib.holds_streams([merged])
+
+
+def test_a_state_without_virtual_shard_positions_is_told_apart():
+  assert not state_lib.holds_streams({'workers': [1, 2], 'bytes': 'abc'})
+  assert state_lib.seek({'x': 1}, 7) == {'x': 1}
