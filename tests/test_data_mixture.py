@@ -103,9 +103,6 @@ def test_the_config_field_and_its_checks():
   d.mixture = 'mix.yaml'
   with pytest.raises(ValueError, match=r'data.mixture=mix.yaml: expected a .json file'):
     data_config.validate_data_config(d)
-  d.mixture = 'mix.json'  # until the pipeline reads several sources, never the built-in corpus in their place
-  with pytest.raises(ValueError, match='the trainer does not read several sources yet'):
-    data_config.validate_data_config(d)
 
 
 # --- The sources' prepared data ----------------------------------------------------------------------------------

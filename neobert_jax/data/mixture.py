@@ -65,6 +65,10 @@ class Mixture:
   def names(self) -> tuple[str, ...]:
     return tuple(s.name for s in self.sources)
 
+  def record(self) -> str:
+    """The sources, their directories and weight schedules as one JSON line (what a run records)."""
+    return json.dumps({s.name: {'dir': s.dir, 'weight': [list(p) for p in s.schedule]} for s in self.sources})
+
   def weights_at(self, step: int) -> dict[str, float]:
     """Each source's share of the rows of `step`, normalised to sum to 1."""
     raw = {s.name: s.weight_at(step) for s in self.sources}

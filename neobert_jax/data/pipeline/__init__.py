@@ -20,7 +20,7 @@ Callers use the names below (`from neobert_jax.data import pipeline`).
 from neobert_jax.data.pipeline.cache import cache_need
 from neobert_jax.data.pipeline.factories import make_eval_iterator, make_train_iterator, train_source, virtual_shards
 from neobert_jax.data.pipeline.position import Position
-from neobert_jax.data.pipeline.prepared import open_prepared, prepare_builtin
+from neobert_jax.data.pipeline.prepared import open_prepared, open_sources, prepare_builtin, source_config
 from neobert_jax.data.pipeline.report_files import iter_split_files, split_files
 from neobert_jax.data.pipeline.state import merge_states, state_at
 
@@ -32,7 +32,9 @@ __all__ = [
   'make_train_iterator',
   'merge_states',
   'open_prepared',
+  'open_sources',
   'prepare_builtin',
+  'source_config',
   'split_files',
   'state_at',
   'train_source',
