@@ -43,6 +43,7 @@ def test_two_hosts_read_their_shares_of_a_mixture_from_a_bucket_and_resume_exact
     'checkpoint.every_steps': 1,
     'eval.every_steps': 3,
     'eval.num_batches': 1,
+    'eval.probe_task': '',  # the probe needs a real tokenizer; these sources are synthetic ids
   }
   whole = f'{gcs}/runs/mixture-whole'
   codes, out = bucket_job(whole, extra, tmp_path, {})
