@@ -15,7 +15,7 @@ from neobert_jax import errors
 from neobert_jax.config import data as data_config
 from neobert_jax.data import pipeline, testing
 from neobert_jax.data.pipeline import factories
-from neobert_jax.train import loop
+from neobert_jax.train import loop, report
 from neobert_jax.train.testing import assert_identical_params, tiny_config
 from neobert_jax.weights import runs
 
@@ -108,6 +108,8 @@ def test_a_run_on_a_mixture_evaluates_each_source_and_resumes_bit_for_bit(root, 
   assert last['loss'] == pytest.approx(sum(w * last[f'{n}/loss'] for n, w in weights.items()))
   lines = [json.loads(x) for x in (tmp_path / 'full' / 'metrics.jsonl').read_text().splitlines()]
   assert {'eval/a/loss', 'eval/a/accuracy', 'eval/b/loss', 'eval/b/accuracy', 'eval/loss'} <= set(lines[-1])
+  curve = report.loss_curve(tmp_path / 'full')[-1]  # loss_curve.md's rows: a column per source
+  assert curve['a/loss'] == last['a/loss'] and curve['b/loss'] == last['b/loss'] and 'loss' not in curve
   with pytest.raises(Crash):
     loop.run(_train_config(mixture), tmp_path / 'part', on_step=_crash_after(4))
   assert runs.latest_step(tmp_path / 'part') == 3
