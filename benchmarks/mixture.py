@@ -50,7 +50,7 @@ def _time(cfg, batch: int, seq_len: int, steps: int, warmup: int) -> tuple[float
 
 def main():
   p = argparse.ArgumentParser(description=__doc__.split('\n')[0])
-  p.add_argument('--steps', type=int, default=100)
+  p.add_argument('--steps', type=int, default=200)
   p.add_argument('--batch', type=int, default=64)
   p.add_argument('--seq-len', type=int, default=512)
   p.add_argument('--block-docs', type=int, default=256, help='data.block_docs')
