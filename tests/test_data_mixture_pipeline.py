@@ -88,9 +88,11 @@ def test_rows_do_not_depend_on_the_process_count_and_any_position_restores(root)
     assert np.array_equal(next(resumed)['input_ids'], whole[k]['input_ids'])
 
 
-def test_a_mixture_with_prefetch_workers_is_one_line(root):
+def test_prefetch_workers_or_an_unknown_fresh_source_are_one_line(root):
   with pytest.raises(errors.ConfigError, match='set data.num_workers=0 with data.mixture'):
     _iterator(_config(_mixture(root, {'a': 1}), num_workers=2))
+  with pytest.raises(errors.ConfigError, match=r"data.mixture_fresh names 'z', not a source of .*\(\['a'\]\)"):
+    _iterator(_config(_mixture(root, {'a': 1}), mixture_fresh='a, z'))
 
 
 def _train_config(mixture, steps=6):

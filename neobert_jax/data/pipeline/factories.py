@@ -141,6 +141,10 @@ def mixture_source(
       'each source every step; set data.num_workers=0 with data.mixture'
     )
   mix = mixture_lib.read(data_cfg.mixture)
+  fresh = [n.strip() for n in data_cfg.mixture_fresh.split(',') if n.strip()]
+  unknown = sorted(set(fresh) - set(mix.names))
+  if unknown:
+    raise errors.ConfigError(f'data.mixture_fresh names {unknown[0]!r}, not a source of {mix.path} ({list(mix.names)})')
   sources, stores, records = {}, {}, {}
   count = virtual_shards(data_cfg, global_batch, process_count)
   for name, (directory, manifest) in prepared.open_sources(data_cfg, seq_len, model_vocab_size).items():
@@ -149,10 +153,6 @@ def mixture_source(
     sources[name], stores[name] = train_source(
       one, global_batch, seq_len, seed, process_index, process_count, model_vocab_size
     )
-  fresh = [n.strip() for n in data_cfg.mixture_fresh.split(',') if n.strip()]
-  unknown = sorted(set(fresh) - set(mix.names))
-  if unknown:
-    raise errors.ConfigError(f'data.mixture_fresh names {unknown[0]!r}, not a source of {mix.path} ({list(mix.names)})')
   seed = _seed(data_cfg.shuffle_seed, seed)
   rows = global_batch // count
   return mixture_batches.MixtureBatches(sources, mix, seed, rows, records, data_cfg.block_docs, fresh), stores

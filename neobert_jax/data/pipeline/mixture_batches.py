@@ -1,6 +1,6 @@
 """A weighted mixture of prepared sources (data/mixture.py) as one host's training batches.
 
-Every source is read as today's single source is (factories.train_source: its own virtual shards, store, packing
+Every source is read as a single source (data.dir) is (factories.train_source: its own virtual shards, store, packing
 and masking, so a packed row holds one source); each step the mixture's sampler says, per virtual shard (slot) this
 process owns, how many of the slot's B/V rows each source gives and where they go. A source's virtual shard v gives
 its rows only to slot v, so a process reads only its own share of every source, and the rows of a step do not
