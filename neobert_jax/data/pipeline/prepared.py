@@ -12,6 +12,7 @@ import ml_collections
 
 from neobert_jax import errors, paths
 from neobert_jax.config import data as config_lib
+from neobert_jax.data import mixture as mixture_lib
 from neobert_jax.data import shards
 from neobert_jax.data import tokenizer as tokenizer_lib
 from neobert_jax.data.pipeline import store as store_lib
@@ -20,7 +21,7 @@ from neobert_jax.data.pipeline import store as store_lib
 def prepare_builtin(data_cfg: ml_collections.ConfigDict, seq_len: int) -> None:
   """The explicit preparation step of a run on the built-in corpus (data.dir empty): fetches and tokenizes it once
   per machine. Opening prepared data (below) never does; the train command calls this first."""
-  if not data_cfg.dir:
+  if not data_cfg.dir and not data_cfg.mixture:
     from neobert_jax.data.prepare import corpus  # pylint: disable=g-import-not-at-top
 
     corpus.default_prepared_dir(max_length=seq_len, tokenizer=data_cfg.tokenizer or tokenizer_lib.BUILTIN_BERT)
@@ -35,6 +36,8 @@ def open_prepared(
   been prepared (prepare_builtin); otherwise the error names the command that prepares it.
   """
   config_lib.validate_data_config(data_cfg)
+  if data_cfg.mixture:  # its sources, checked against each other: the first stands for all
+    return next(iter(open_sources(data_cfg, seq_len, model_vocab_size).values()))
   directory = data_cfg.dir
   if not directory:
     from neobert_jax.data.prepare import corpus  # pylint: disable=g-import-not-at-top
@@ -64,6 +67,26 @@ def open_prepared(
       f'model has vocab_size={model_vocab_size}; they must match'
     )
   return directory, manifest
+
+
+def open_sources(
+  data_cfg: ml_collections.ConfigDict, seq_len: int, model_vocab_size: int | None = None
+) -> dict[str, tuple[str, dict]]:
+  """{source name: (directory, manifest)} of the mixture data.mixture, each opened as data.dir would be and checked
+  against the others (data/mixture.py); with no mixture, the one source data.dir under the name ''."""
+  if not data_cfg.mixture:
+    return {'': open_prepared(data_cfg, seq_len, model_vocab_size)}
+  mix = mixture_lib.read(data_cfg.mixture)
+  return mixture_lib.open_sources(
+    mix, lambda d: open_prepared(source_config(data_cfg, d, len(mix.sources)), seq_len, model_vocab_size), seq_len
+  )
+
+
+def source_config(data_cfg: ml_collections.ConfigDict, directory: str, sources: int = 1) -> ml_collections.ConfigDict:
+  """The data config that reads one source of a mixture: its directory, and its share of the cache budget."""
+  cfg = ml_collections.ConfigDict(data_cfg.to_dict())
+  cfg.dir, cfg.mixture, cfg.cache_gb = directory, '', data_cfg.cache_gb / sources
+  return cfg
 
 
 def split_shards(directory: str, manifest: dict, split: str) -> list[dict]:

@@ -9,6 +9,7 @@ own, and a lost position can be replaced by one derived from the step.
 
 from typing import Any
 
+from neobert_jax.data import mixture as mixture_lib
 from neobert_jax.data.pipeline import virtual
 
 
@@ -36,6 +37,8 @@ def merge_states(states: list[Any]) -> Any:
   the first one's, with the 'shards' tables of all of them joined)."""
   first = states[0]
   if isinstance(first, dict):
+    if first.get('stream') == mixture_lib.STREAM:  # a mixture's sampler: each process holds its own slots
+      return mixture_lib.merge_states(states)
     if _is_stream(first):
       joined = {}
       for s in states:
@@ -53,6 +56,8 @@ def seek(state: Any, block: int) -> Any:
   global batch)."""
   if _is_stream(state):
     return state_at(block, shards_=[int(v) for v in state['shards']])
+  if isinstance(state, dict) and state.get('stream') == mixture_lib.STREAM:
+    return {**state, 'step': block}  # the weights of the step the run is at; the credits of the start
   if isinstance(state, dict):
     return {k: seek(v, block) for k, v in state.items()}
   if isinstance(state, list):

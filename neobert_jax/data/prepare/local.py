@@ -205,7 +205,8 @@ def main(argv: Sequence[str] | None = None) -> dict:
     nargs='+',
     required=True,
     action='extend',
-    help='files, globs or directories (.txt/.jsonl/.json/.parquet, .gz/.zst), local or gs://',
+    help='files, globs or directories (.txt/.jsonl/.json/.parquet, .gz/.zst), local or gs://; or a Hugging Face '
+    'dataset: hf:ID[:CONFIG[:SPLIT]] (streamed) or a save_to_disk folder',
   )
   p.add_argument('--output', required=True, help='directory for shards + manifest.json, local or gs://')
   p.add_argument(

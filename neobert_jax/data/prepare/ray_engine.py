@@ -28,6 +28,7 @@ from neobert_jax import errors, paths
 from neobert_jax import lease as lease_lib
 from neobert_jax.data import rollover, shards
 from neobert_jax.data.prepare import documents
+from neobert_jax.data.prepare import hf
 from neobert_jax.data.prepare import ledger as ledger_lib
 from neobert_jax.data.prepare import publish
 from neobert_jax.data.prepare import ray_tasks
@@ -80,6 +81,11 @@ def prepare(
   """Tokenizes `inputs` into `output_dir` on the Ray cluster at `ray_address`, about `split_mb` of input per task;
   returns the manifest it wrote. `options`, or its fields as keywords (documents.BuildOptions), say what to build."""
   o = documents.BuildOptions.of(options, fields)
+  named = [item for item in inputs if hf.is_input(item)]
+  if named:  # the plan cuts files by size; a dataset has none to cut
+    raise errors.ConfigError(
+      f'--input {named[0]}: --engine=ray reads files; prepare a Hugging Face dataset with --engine=local'
+    )
   with lease_lib.acquire(output_dir, '--output'):  # one build per output, before anything there is read
     ray, connected = connect(ray_address)
     try:

@@ -22,6 +22,7 @@ import os
 from typing import Callable, Iterator, Sequence
 
 from neobert_jax import errors, paths
+from neobert_jax.data.prepare import hf
 
 TEXT_EXTS = ('.txt', '.text')
 JSONL_EXTS = ('.jsonl', '.ndjson', '.json')
@@ -74,10 +75,13 @@ def split_ext(path: str) -> tuple[str, str]:
 
 
 def expand_inputs(inputs: Sequence[str]) -> list[str]:
-  """Files named by paths, globs and directories (searched recursively), sorted."""
+  """Files named by paths, globs and directories (searched recursively), sorted; a Hugging Face dataset (hf.py)
+  stays one input."""
   files: list[str] = []
   for item in inputs:
-    if paths.is_url(item):
+    if hf.is_input(item):
+      found = [item]
+    elif paths.is_url(item):
       found = _expand_url(item)
     elif os.path.isdir(item):
       found = sorted(os.path.join(d, f) for d, _, fs in os.walk(item) for f in fs if split_ext(f)[0])
@@ -291,7 +295,14 @@ def iter_documents(
   on_issue: Callable[[DecodeIssue], None] = lambda _: None,
   span: Span | None = None,
 ) -> Iterator[Document]:
-  """Documents of one file (or of its `span`), empty ones included (the caller counts and skips them)."""
+  """Documents of one file (or of its `span`), or of a Hugging Face dataset (hf.py), empty ones included (the
+  caller counts and skips them)."""
+  if hf.is_input(path):
+    if span is not None:
+      raise ValueError(f'{path}: a Hugging Face dataset is read whole, not in spans')
+    for row, text in hf.iter_texts(path, text_field):
+      yield Document(text, path, row)
+    return
   fmt, comp = split_ext(path)
   if text_mode not in TEXT_MODES:
     raise ValueError(f'text_mode must be one of {TEXT_MODES}, got {text_mode!r}')

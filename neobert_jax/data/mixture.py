@@ -1,0 +1,354 @@
+"""Weighted data mixtures: the mixture file, its checks, and which source each row of a step comes from.
+
+The file (`--config.data.mixture=PATH.json`, local or gs://; docs/data.md has a worked example):
+
+    {"web":   {"dir": "gs://bucket/web", "weight": 0.7},
+     "books": {"dir": "/data/books",     "weight": [[0, 0.3], [50000, 0.1]]}}
+
+A weight is a number or a schedule of [start_step, weight] pairs, piecewise constant from each start on (0 before
+the first); weights are normalised per step. A relative `dir` is relative to the mixture file's folder.
+
+Sampling. The global batch is V slots of B/V rows (the pipeline's virtual shards: slot v is owned by the process
+that owns virtual shard v, so every process count that divides V sees the same rows). Each slot apportions its
+rows among the sources every step by largest remainder with carried credit: a source's credit is the rows it is
+owed, in 1/UNITS of a row, so after any number of steps each source has had its exact share of the slot's rows to
+within about one row. The state is that credit, one integer per slot and source; the seed only sets the starting
+credits, so that slots round in different steps and the whole batch tracks the weights step by step. Weights are
+read from the mixture every step, so a schedule changed on resume applies from the resume step on, with the
+credits (and each source's own position, kept by the pipeline) carried over.
+
+Imports the data layer's shared base only: opening a source's prepared data is the pipeline's, so `open_sources`
+takes the pipeline's opener as an argument.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import re
+from typing import Any, Callable, Collection, Iterable
+
+import numpy as np
+
+from neobert_jax import errors, paths
+from neobert_jax.data import tokenizer as tokenizer_lib
+
+KEYS = ('dir', 'weight')
+STREAM = 'neobert_jax.mixture/v1'  # marks a sampler state
+UNITS = 1 << 32  # a step's weights are whole numbers summing to this; credits count rows in these units
+_NAME = re.compile(r'[A-Za-z0-9][A-Za-z0-9_.-]*')  # a source name is also a metric path: eval/<name>/loss
+
+
+@dataclasses.dataclass(frozen=True)
+class Source:
+  name: str
+  dir: str
+  schedule: tuple[tuple[int, float], ...]  # (start step, weight), steps strictly increasing
+
+  def weight_at(self, step: int) -> float:
+    weight = 0.0
+    for start, w in self.schedule:
+      if start > step:
+        break
+      weight = w
+    return weight
+
+
+@dataclasses.dataclass(frozen=True)
+class Mixture:
+  path: str  # the file, for messages
+  sources: tuple[Source, ...]  # sorted by name: the order rows are apportioned in, whatever the file's order
+
+  @property
+  def names(self) -> tuple[str, ...]:
+    return tuple(s.name for s in self.sources)
+
+  def record(self) -> str:
+    """The sources, their directories and weight schedules as one JSON line (what a run records)."""
+    return json.dumps({s.name: {'dir': s.dir, 'weight': [list(p) for p in s.schedule]} for s in self.sources})
+
+  def weights_at(self, step: int) -> dict[str, float]:
+    """Each source's share of the rows of `step`, normalised to sum to 1."""
+    raw = {s.name: s.weight_at(step) for s in self.sources}
+    total = sum(raw.values())
+    return {n: w / total for n, w in raw.items()}
+
+  def units_at(self, step: int) -> list[int]:
+    """The normalised weights of `step` as whole numbers summing to UNITS (largest remainder, ties by name)."""
+    exact = [w * UNITS for w in self.weights_at(step).values()]
+    units = [math.floor(x) for x in exact]
+    order = sorted(range(len(exact)), key=lambda i: (units[i] - exact[i], i))
+    for i in order[: UNITS - sum(units)]:
+      units[i] += 1
+    return units
+
+
+# --- Reading and checking the file -------------------------------------------------------------------------------
+
+
+class _Object(list):
+  """A JSON object as its (key, value) pairs, so that a key given twice is seen (json.load would keep the last)."""
+
+
+def read(path: str) -> Mixture:
+  """The mixture file at `path` (local or gs://), checked; a ConfigError naming the source and the fix if not."""
+  url = paths.resolve(path, 'data.mixture')
+  if not url.exists():
+    raise errors.ConfigError(f'data.mixture={path}: no such file; write the mixture JSON there (docs/data.md)')
+  try:
+    raw = json.loads(url.read_text(), object_pairs_hook=_Object)
+  except (json.JSONDecodeError, UnicodeDecodeError) as e:
+    raise errors.ConfigError(f'data.mixture={path}: not valid JSON ({e})') from None
+  return parse(raw, str(url), base=str(url.parent))
+
+
+def parse(raw: Any, where: str, base: str = '') -> Mixture:
+  """A decoded mixture (objects as _Object pairs, or plain dicts) checked; `where` names it in messages."""
+  if not isinstance(raw, (_Object, dict)) or not raw:
+    raise errors.ConfigError(
+      f'{where}: a mixture is a JSON object of sources, {{"name": {{"dir": ..., "weight": ...}}}}; got '
+      f'{json.dumps(raw)[:60]}'
+    )
+  sources, seen = [], set()
+  for name, spec in _pairs(raw):
+    if name in seen:
+      raise errors.ConfigError(f'{where}: source name {name!r} is used twice; give each source its own name')
+    seen.add(name)
+    sources.append(_source(name, spec, where, base))
+  mix = Mixture(where, tuple(sorted(sources, key=lambda s: s.name)))
+  _check_some_weight(mix)
+  return mix
+
+
+def _pairs(obj) -> list[tuple[str, Any]]:
+  return list(obj) if isinstance(obj, _Object) else list(obj.items())
+
+
+def _source(name: str, spec: Any, where: str, base: str) -> Source:
+  if not _NAME.fullmatch(name):
+    raise errors.ConfigError(
+      f'{where}: source name {name!r}: use letters, digits, _ . - (it names the eval/<name>/loss metrics)'
+    )
+  if not isinstance(spec, (_Object, dict)):
+    raise errors.ConfigError(f'{where}: source {name!r} must be an object {{"dir": ..., "weight": ...}}')
+  fields: dict[str, Any] = {}
+  for key, value in _pairs(spec):
+    if key not in KEYS:
+      raise errors.ConfigError(f'{where}: source {name!r}: unknown key {key!r}; a source has only {list(KEYS)}')
+    if key in fields:
+      raise errors.ConfigError(f'{where}: source {name!r}: key {key!r} is given twice; keep one')
+    fields[key] = value
+  missing = [k for k in KEYS if k not in fields]
+  if missing:
+    raise errors.ConfigError(f'{where}: source {name!r} has no {missing[0]!r}; a source has {list(KEYS)}')
+  directory = fields['dir']
+  if not isinstance(directory, str) or not directory:
+    raise errors.ConfigError(f'{where}: source {name!r}: "dir" must be a prepared directory (local or gs://)')
+  if not paths.is_url(directory):
+    directory = os.path.expanduser(directory)
+    if base and not os.path.isabs(directory):
+      directory = f'{base}/{directory}' if paths.is_url(base) else os.path.normpath(os.path.join(base, directory))
+  return Source(name, directory, _schedule(name, fields['weight'], where))
+
+
+def _number(value: Any) -> bool:
+  return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _schedule(name: str, weight: Any, where: str) -> tuple[tuple[int, float], ...]:
+  form = 'a number or a schedule [[start_step, weight], ...]'
+  if _number(weight):
+    pairs = [[0, weight]]
+  elif isinstance(weight, list) and weight:
+    pairs = weight
+  else:
+    raise errors.ConfigError(f'{where}: source {name!r}: weight {json.dumps(weight)} must be {form}')
+  out: list[tuple[int, float]] = []
+  for pair in pairs:
+    ok = isinstance(pair, list) and len(pair) == 2 and isinstance(pair[0], int) and _number(pair[1])
+    if not ok or pair[0] < 0 or isinstance(pair[0], bool):
+      raise errors.ConfigError(
+        f'{where}: source {name!r}: schedule entry {json.dumps(pair)} must be [start_step >= 0, weight]'
+      )
+    step, w = pair
+    if w < 0:
+      raise errors.ConfigError(f'{where}: source {name!r}: weight {w} at step {step} is negative; use 0 or more')
+    if out and step <= out[-1][0]:
+      raise errors.ConfigError(
+        f'{where}: source {name!r}: the schedule is not sorted by step ({out[-1][0]} then {step}); list each '
+        'start step once, in increasing order'
+      )
+    out.append((step, float(w)))
+  return tuple(out)
+
+
+def _check_some_weight(mix: Mixture) -> None:
+  starts = sorted({0} | {step for s in mix.sources for step, _ in s.schedule})
+  for i, step in enumerate(starts):
+    if not any(s.weight_at(step) > 0 for s in mix.sources):
+      until = f' to step {starts[i + 1] - 1}' if i + 1 < len(starts) else ' on'
+      raise errors.ConfigError(
+        f'{mix.path}: every weight is 0 from step {step}{until}; give at least one source a positive weight there'
+      )
+
+
+# --- The sources' prepared data ----------------------------------------------------------------------------------
+
+Opener = Callable[[str], tuple[str, dict]]  # a source's dir -> (dir, manifest), checked against the model
+
+
+def open_sources(mix: Mixture, open_one: Opener, seq_len: int) -> dict[str, tuple[str, dict]]:
+  """Each source's (dir, manifest) through `open_one` (the pipeline's open_prepared for one dir), after checking
+  that they share a tokenizer and a record length that fits the model; one ConfigError naming the source if not."""
+  opened = {}
+  for s in mix.sources:
+    try:
+      opened[s.name] = open_one(s.dir)
+    except (errors.DataError, errors.StorageError, FileNotFoundError) as e:
+      raise errors.ConfigError(f'{mix.path}: source {s.name!r}: {errors.one_line(e)}') from None
+  first, (_, ref) = next(iter(opened.items()))
+  for name, (_, manifest) in opened.items():
+    ident, want = manifest['tokenizer'], ref['tokenizer']
+    if not tokenizer_lib.same_vocabulary(ident, want):
+      raise errors.ConfigError(
+        f'{mix.path}: source {name!r} was prepared with tokenizer {ident["spec"]!r} ({ident["kind"]}, '
+        f'{ident["vocab_size"]} ids), source {first!r} with {want["spec"]!r} ({want["kind"]}, '
+        f'{want["vocab_size"]} ids); prepare every source with one tokenizer'
+      )
+    length, ref_length = manifest.get('max_length'), ref.get('max_length')
+    if length != ref_length:
+      raise errors.ConfigError(
+        f'{mix.path}: source {name!r} was prepared with --max-length {length}, source {first!r} with '
+        f'{ref_length}; prepare every source with one --max-length'
+      )
+    if length is not None and length > seq_len:
+      raise errors.ConfigError(
+        f"{mix.path}: source {name!r} was prepared with --max-length {length}, longer than the model's "
+        f'max_length {seq_len}; prepare it again with --max-length {seq_len}'
+      )
+  return opened
+
+
+# --- Which source each row comes from ----------------------------------------------------------------------------
+
+
+def starting_credits(seed: int, slot: int, names: Iterable[str]) -> dict[str, int]:
+  """A slot's credits at step 0: a seeded fraction of a row per source, so that slots round in different steps."""
+  names = list(names)
+  draws = np.random.default_rng([seed, slot, 0x6D6978]).integers(0, UNITS, len(names), dtype=np.int64)
+  return {n: int(d) for n, d in zip(names, draws)}
+
+
+def apportion(rows: int, credits: list[int], units: list[int]) -> tuple[list[int], list[int]]:
+  """(rows per source, credits after) for one slot's step: each source is owed its credit plus rows * units;
+  the `rows` go to the largest debts (whole rows first, then remainders, ties by source order). A source with
+  weight 0 gets none and keeps its credit."""
+  owed = [c + rows * u for c, u in zip(credits, units)]
+  active = [i for i, u in enumerate(units) if u > 0]
+  counts = [0] * len(units)
+  for i in active:
+    counts[i] = max(0, owed[i] // UNITS)
+  while sum(counts) < rows:
+    i = max(active, key=lambda j: (owed[j] - counts[j] * UNITS, -j))
+    counts[i] += 1
+  while sum(counts) > rows:
+    i = min((j for j in active if counts[j]), key=lambda j: (owed[j] - counts[j] * UNITS, j))
+    counts[i] -= 1
+  return counts, [o - n * UNITS for o, n in zip(owed, counts)]
+
+
+def interleave(counts: list[int]) -> np.ndarray:
+  """Source index per row of a slot: each source's rows spread evenly over the slot (a source with n rows takes
+  the places nearest (k + 1/2) / n), so any contiguous part of the slot (a micro-batch) holds every source."""
+  keys = np.concatenate([(np.arange(n) + 0.5) / n for n in counts if n] or [np.zeros(0)])
+  owner = np.concatenate([np.full(n, i, np.int32) for i, n in enumerate(counts) if n] or [np.zeros(0, np.int32)])
+  return owner[np.lexsort((owner, keys))]
+
+
+class Sampler:
+  """The source of every row of this process's slots, step after step.
+
+  `slots`: the slot (virtual shard) numbers this process owns; `rows_per_slot`: B/V. `next()` gives, for the
+  current step, {slot: source index per row} (indices into mix.names) and moves to the next step. The state is
+  the step and each slot's credits; states of the processes of an earlier run merge (their 'slots' tables join).
+  """
+
+  def __init__(self, mix: Mixture, seed: int, rows_per_slot: int, slots: Iterable[int]):
+    if rows_per_slot < 1:
+      raise ValueError(f'rows_per_slot must be >= 1, got {rows_per_slot}')
+    self.mix, self.seed, self.rows = mix, seed, rows_per_slot
+    self.slots = list(slots)
+    self.step = 0
+    self.credits = {v: starting_credits(seed, v, mix.names) for v in self.slots}
+    self.taken = {v: dict.fromkeys(mix.names, 0) for v in self.slots}  # rows each source gave, per slot
+    self._units: tuple[tuple[float, ...], list[int]] | None = None  # (weights, their units)
+
+  def _units_at(self, step: int) -> list[int]:
+    # Weights change only at a schedule's start steps; recomputed when the step's weights differ from the cache's.
+    key = tuple(s.weight_at(step) for s in self.mix.sources)
+    if self._units is None or self._units[0] != key:
+      self._units = (key, self.mix.units_at(step))
+    return self._units[1]
+
+  def next(self) -> dict[int, np.ndarray]:
+    units, names = self._units_at(self.step), self.mix.names
+    out = {}
+    for v in self.slots:
+      counts, credits = apportion(self.rows, [self.credits[v][n] for n in names], units)
+      self.credits[v] = dict(zip(names, credits))
+      for n, c in zip(names, counts):
+        self.taken[v][n] += c
+      out[v] = interleave(counts)
+    self.step += 1
+    return out
+
+  def get_state(self) -> dict[str, Any]:
+    return {
+      'stream': STREAM,
+      'step': self.step,
+      'dirs': {s.name: s.dir for s in self.mix.sources},
+      'slots': {str(v): {'credits': dict(self.credits[v]), 'taken': dict(self.taken[v])} for v in self.slots},
+    }
+
+  def set_state(self, state: dict[str, Any], fresh: Collection[str] = ()) -> None:
+    """Resumes from `state` (this run's or any earlier process count's, merged). A source added, or pointing
+    to another directory, since the state was saved is refused unless named in `fresh` (it then starts as at step
+    0); a source removed is refused, naming it: the restored credits would no longer add up."""
+    if not isinstance(state, dict) or state.get('stream') != STREAM:
+      raise ValueError(f'not a {STREAM} state: {json.dumps(state)[:80]}')
+    saved = state['slots']
+    missing = [v for v in self.slots if str(v) not in saved]
+    if missing:
+      raise ValueError(f'the mixture state holds no slot {missing[:4]}')
+    self._check_sources(state['dirs'], set(fresh))
+    self.step = int(state['step'])
+    for v in self.slots:
+      start = starting_credits(self.seed, v, self.mix.names)
+      slot = saved[str(v)]
+      kept = [n for n in self.mix.names if n not in fresh]
+      self.credits[v] = {**start, **{n: int(slot['credits'][n]) for n in kept}}
+      self.taken[v] = {**dict.fromkeys(self.mix.names, 0), **{n: int(slot['taken'][n]) for n in kept}}
+
+  def _check_sources(self, before: dict[str, str], fresh: set[str]) -> None:
+    now = {s.name: s.dir for s in self.mix.sources}
+    changes = [(n, 'is gone') for n in sorted(set(before) - set(now))]
+    changes += [(n, 'is new') for n in sorted(set(now) - set(before) - fresh)]
+    changes += [
+      (n, f'points to {now[n]}, not {before[n]}') for n in sorted(set(now) & set(before) - fresh) if now[n] != before[n]
+    ]
+    if changes:
+      name, how = changes[0]
+      raise errors.ConfigError(
+        f'{self.mix.path}: source {name!r} {how} since the checkpoint; a resumed mixture may change only its '
+        'weights: restore the source as it was, or start the new or moved sources fresh (docs/data.md)'
+      )
+
+
+def merge_states(states: list[dict[str, Any]]) -> dict[str, Any]:
+  """One sampler state holding every slot, from the states of all processes of a run."""
+  joined = {}
+  for s in states:
+    joined.update(s['slots'])
+  return {**states[0], 'slots': joined}

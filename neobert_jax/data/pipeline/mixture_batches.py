@@ -1,0 +1,93 @@
+"""A weighted mixture of prepared sources (data/mixture.py) as one host's training batches.
+
+Every source is read as a single source (data.dir) is (factories.train_source: its own virtual shards, store, packing
+and masking, so a packed row holds one source); each step the mixture's sampler says, per virtual shard (slot) this
+process owns, how many of the slot's B/V rows each source gives and where they go. A source's virtual shard v gives
+its rows only to slot v, so a process reads only its own share of every source, and the rows of a step do not
+depend on the process count. The state is each source's position plus the sampler's credits (state.py merges both
+across process counts).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Collection
+
+import grain
+import numpy as np
+
+from neobert_jax.data import mixture as mixture_lib
+from neobert_jax.data.pipeline import host_batches
+
+
+log = logging.getLogger('neobert_jax.data')
+
+
+class MixtureBatches(grain.IterDataset):
+  """`sources`: each source's HostBatches (one row stream per virtual shard this process owns); `records`: the
+  records of each source's virtual shards (an epoch); `block_docs`: documents per block; `fresh`: sources a
+  restore leaves at their start (data.mixture_fresh)."""
+
+  def __init__(
+    self,
+    sources: dict[str, host_batches.HostBatches],
+    mix: mixture_lib.Mixture,
+    seed: int,
+    rows_per_slot: int,
+    records: dict[str, int],
+    block_docs: int,
+    fresh: Collection[str] = (),
+  ):
+    super().__init__(list(sources.values()))
+    self.sources, self.mix, self.seed, self.rows = sources, mix, seed, rows_per_slot
+    self.records, self.block_docs, self.fresh = records, block_docs, fresh
+
+  def __iter__(self):
+    return _MixtureIterator(self)
+
+
+class _MixtureIterator(grain.DatasetIterator):
+  """State: {'mixture': the sampler's state, 'sources': {name: that source's position}}."""
+
+  def __init__(self, ds: MixtureBatches):
+    super().__init__()
+    self._ds = ds
+    self._its = {n: iter(hb) for n, hb in ds.sources.items()}
+    self._slots = list(next(iter(ds.sources.values())).blocks)
+    self._sampler = mixture_lib.Sampler(ds.mix, ds.seed, ds.rows, self._slots)
+    self._epochs: dict[str, int] = {}
+
+  def __next__(self) -> dict:
+    order = self._sampler.next()
+    parts, places, offset = [], [], 0
+    for v in self._slots:
+      where = order[v]
+      for i, name in enumerate(self._ds.mix.names):  # the slot's rows grouped by source, in source order
+        need = int(np.count_nonzero(where == i))
+        if need:
+          parts += self._its[name].take(v, need)
+      # Row j of the slot is row places[j] of its grouped rows: the rank of j among the slot's rows by source.
+      places.append(offset + np.argsort(np.argsort(where, kind='stable'), kind='stable'))
+      offset += len(where)
+    self._note_epochs()
+    place = np.concatenate(places)
+    # One copy per key, so a batch does not keep its blocks alive.
+    return {k: np.concatenate([p[k] for p in parts])[place] for k in parts[0]}
+
+  def _note_epochs(self) -> None:
+    """Logs a source's next epoch: the first of this process's virtual shards of it to pass its last document."""
+    for name, it in self._its.items():
+      block = max(b for b, _ in it.get_state()['shards'].values())
+      epoch = block * self._ds.block_docs // max(self._ds.records[name], 1)
+      if epoch > self._epochs.get(name, 0):
+        log.info('mixture source %r starts epoch %d (its documents again, reshuffled)', name, epoch + 1)
+      self._epochs[name] = epoch
+
+  def get_state(self) -> dict[str, Any]:
+    return {'mixture': self._sampler.get_state(), 'sources': {n: it.get_state() for n, it in self._its.items()}}
+
+  def set_state(self, state: dict[str, Any]) -> None:
+    self._sampler.set_state(state['mixture'], self._ds.fresh)
+    for n, it in self._its.items():
+      if n in state['sources'] and n not in self._ds.fresh:
+        it.set_state(state['sources'][n])

@@ -1,0 +1,99 @@
+"""Hugging Face datasets as `prepare` inputs: a dataset on the hub, read streaming, or one saved on this machine.
+
+  --input hf:ID[:CONFIG[:SPLIT]]   load_dataset(ID, CONFIG, split=SPLIT or 'train', streaming=True): rows arrive
+                                   as they download, nothing is cached whole (a local dataset folder works too)
+  --input DIR                      a folder written by Dataset.save_to_disk (its state.json), or by
+                                   DatasetDict.save_to_disk (dataset_dict.json: its 'train' split; DIR/SPLIT for
+                                   another); read in place, memory-mapped
+
+Rows are read in the dataset's order, the text from the --text-field column, so a prepare of the same dataset gives
+the same shards. The `datasets` library is imported only when such an input is read.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Iterator
+
+from neobert_jax import errors
+
+PREFIX = 'hf:'
+DEFAULT_SPLIT = 'train'
+_BATCH = 1024
+
+
+def is_hub(item: str) -> bool:
+  return item.startswith(PREFIX)
+
+
+def is_saved(item: str) -> bool:
+  """Whether `item` is a local folder written by save_to_disk (a Dataset or a DatasetDict)."""
+  return os.path.isdir(item) and any(os.path.isfile(os.path.join(item, f)) for f in ('state.json', 'dataset_dict.json'))
+
+
+def is_input(item: str) -> bool:
+  return is_hub(item) or is_saved(item)
+
+
+def _datasets():
+  try:
+    import datasets  # pylint: disable=g-import-not-at-top
+  except ImportError:
+    raise errors.DataError(
+      'reading a Hugging Face dataset needs the datasets library: pip install "datasets==5.0.1"'
+    ) from None
+  return datasets
+
+
+def hub_spec(item: str) -> tuple[str, str | None, str]:
+  """(id, config or None, split) of 'hf:ID[:CONFIG[:SPLIT]]'."""
+  parts = item[len(PREFIX) :].split(':')
+  if not parts[0] or len(parts) > 3:
+    raise errors.DataError(f'{item}: expected hf:ID, hf:ID:CONFIG or hf:ID:CONFIG:SPLIT (e.g. hf:allenai/c4:en)')
+  name, config, split = (parts + ['', ''])[:3]
+  return name, config or None, split or DEFAULT_SPLIT
+
+
+def _hub_rows(item: str):
+  name, config, split = hub_spec(item)
+  try:
+    return _datasets().load_dataset(name, config, split=split, streaming=True)
+  except errors.DataError:
+    raise
+  except Exception as e:  # noqa: BLE001 - the hub client raises many types (offline, not found, gated, bad split)
+    raise errors.DataError(
+      f'{item}: cannot stream {name!r} (config {config!r}, split {split!r}): {errors.one_line(e)}'
+    ) from None
+
+
+def _saved_rows(item: str):
+  if os.path.isfile(os.path.join(item, 'dataset_dict.json')):
+    with open(os.path.join(item, 'dataset_dict.json')) as f:
+      splits = json.load(f).get('splits', [])
+    if DEFAULT_SPLIT not in splits:
+      raise errors.DataError(
+        f'{item}: a saved DatasetDict without a {DEFAULT_SPLIT!r} split; pass {item}/SPLIT, SPLIT one of {splits}'
+      )
+    item = os.path.join(item, DEFAULT_SPLIT)
+  try:
+    return _datasets().load_from_disk(item)
+  except errors.DataError:
+    raise
+  except Exception as e:  # noqa: BLE001 - damaged or foreign folders fail in many ways
+    raise errors.DataError(f'{item}: not a readable save_to_disk folder ({errors.one_line(e)})') from None
+
+
+def iter_texts(item: str, text_field: str) -> Iterator[tuple[int, str]]:
+  """(row number, text) of each row of the dataset named by `item` (is_input), in order; None text is ''."""
+  rows = _hub_rows(item) if is_hub(item) else _saved_rows(item)
+  columns = rows.column_names  # None for a stream whose features are known only once rows arrive
+  if columns is not None and text_field not in columns:
+    raise errors.DataError(f'{item}: no column {text_field!r} (columns: {columns}); choose one with --text-field')
+  row = 0
+  for batch in rows.select_columns([text_field]).iter(batch_size=_BATCH):
+    for text in batch[text_field]:
+      if text is not None and not isinstance(text, str):
+        raise errors.DataError(f'{item}: row {row}: column {text_field!r} is not a string column')
+      yield row, text or ''
+      row += 1
