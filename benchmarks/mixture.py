@@ -5,8 +5,8 @@
 
 Builds three prepared sources of synthetic documents (data/testing.py) and reads, in this process (no prefetch
 thread, so the time is the pipeline's own), `--steps` global batches of one source (data.dir) and of the mixture
-of the three (data.mixture). Prints each one's row tokens/s, the mixture's overhead, and the rows each source gave
-against its weight. The goal the issue sets: under 5% overhead.
+of the three (data.mixture). Prints each one's row tokens/s, the mixture's overhead, and the rows and record bytes
+each source gave against its weight. The goal the issue sets: under 5% overhead.
 
 A script, not part of the library (nothing imports it): run it from the repository root as above.
 """
@@ -36,16 +36,18 @@ def _sources(root: str, docs: int, seq_len: int) -> None:
     testing.write_prepared(os.path.join(root, name), body, max_length=seq_len, shard_bytes=64 << 20)
 
 
-def _time(cfg, batch: int, seq_len: int, steps: int, warmup: int) -> tuple[float, list[dict]]:
+def _time(cfg, batch: int, seq_len: int, steps: int, warmup: int) -> tuple[float, list[dict], dict]:
+  """(row tokens/s, the timed batches, the stores: the mixture's by source)."""
   it = factories.make_train_iterator(cfg, batch, seq_len, 0, prefetch=0) if not cfg.mixture else None
+  stores = {}
   if it is None:
-    ds, _ = factories.mixture_source(cfg, batch, seq_len, 0, 0, 1)
+    ds, stores = factories.mixture_source(cfg, batch, seq_len, 0, 0, 1)
     it = iter(ds)
   for _ in range(warmup):  # every source's first block of every virtual shard is start-up, not throughput
     next(it)
   t0 = time.perf_counter()
   out = [next(it) for _ in range(steps)]
-  return steps * batch * seq_len / (time.perf_counter() - t0), out
+  return steps * batch * seq_len / (time.perf_counter() - t0), out, stores
 
 
 def main():
@@ -71,7 +73,7 @@ def main():
     single_rate = mixture_rate = 0.0
     for _ in range(a.repeat):  # alternated, best of each: a shared machine's load comes and goes
       single_rate = max(single_rate, _time(one, a.batch, a.seq_len, a.steps, a.warmup)[0])
-      rate, batches = _time(several, a.batch, a.seq_len, a.steps, a.warmup)
+      rate, batches, stores = _time(several, a.batch, a.seq_len, a.steps, a.warmup)
       mixture_rate = max(mixture_rate, rate)
   print(f'one source: {single_rate / 1e6:.2f}M row tokens/s')
   print(
@@ -79,8 +81,12 @@ def main():
   )
   rows = np.concatenate([testing.original_ids(b)[:, 2] - MARK for b in batches])
   counts = np.bincount(rows[(rows >= 0) & (rows < len(WEIGHTS))], minlength=len(WEIGHTS))
+  # Record bytes each source's reader took (warmup included); from a bucket, tests/test_data_mixture_bytes.py
+  # counts the bytes each source's files sent.
+  read = {n: stores[n].stats.bytes_read for n in WEIGHTS}
   for (name, w), c in zip(WEIGHTS.items(), counts):
-    print(f'{name}: weight {w:.3f}, rows {c} ({c / counts.sum():.4f})')
+    share = read[name] / max(sum(read.values()), 1)
+    print(f'{name}: weight {w:.3f}, rows {c} ({c / counts.sum():.4f}), bytes read {read[name]} ({share:.4f})')
 
 
 if __name__ == '__main__':

@@ -7,11 +7,13 @@ Every request goes through to the server, except those the proxy answers with a 
   * an outage: from the first request whose path holds a given text (say, 'checkpoints/6/') every request is
     answered 503 for a given number of seconds.
 It is test infrastructure over a real server, not a stand-in for one: what is not a fault is the server's own
-answer. Counts of requests and faults by kind are kept for the test to report.
+answer. Counts of requests and faults by kind are kept for the test to report, and the body bytes the server sent
+for each object (`sent`, by object name: what a test of the bytes a reader fetches counts).
 """
 
 from __future__ import annotations
 
+import collections
 import http.client
 import random
 import threading
@@ -27,6 +29,7 @@ class FaultProxy:
     self.upstream = urllib.parse.urlparse(upstream)
     self.rates = {'503': 0.0, '429': 0.0, 'cut': 0.0}
     self.counts = {'requests': 0, '503': 0, '429': 0, 'cut': 0, 'outage': 0}
+    self.sent: collections.Counter[str] = collections.Counter()  # object name -> body bytes sent
     self._outages: list[tuple[str, float]] = []  # (path text, seconds), each fired once, in order
     self._outage_until = 0.0
     self.outages_started: list[float] = []
@@ -74,6 +77,7 @@ class FaultProxy:
         resp = conn.getresponse()
         data = resp.read()
         conn.close()
+        proxy._count(self.command, self.path, len(data))
         kept = [(k, v) for k, v in resp.getheaders() if k.lower() not in _HOP and k.lower() != 'content-length']
         if fault == 'cut' and self.command == 'GET' and len(data) > 1 and resp.status == 200:
           self.send_response(resp.status)
@@ -131,6 +135,20 @@ class FaultProxy:
           self.counts[kind] += 1
           return kind
       return None
+
+  def _count(self, method: str, path: str, size: int) -> None:
+    """Counts a GET's body bytes under its object's name (the JSON API's .../o/<name> path, or the XML one's)."""
+    if method != 'GET':
+      return
+    path = urllib.parse.urlparse(path).path
+    name = path.split('/o/', 1)[1] if '/o/' in path else path.lstrip('/').split('/', 1)[-1]
+    with self._lock:
+      self.sent[urllib.parse.unquote(name)] += size
+
+  def bytes_under(self, prefix: str) -> int:
+    """Body bytes sent for the objects whose names start with `prefix`."""
+    with self._lock:
+      return sum(n for name, n in self.sent.items() if name.startswith(prefix))
 
   def close(self) -> None:
     self._server.shutdown()

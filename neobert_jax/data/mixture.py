@@ -75,6 +75,11 @@ class Mixture:
     total = sum(raw.values())
     return {n: w / total for n, w in raw.items()}
 
+  def peak_shares(self) -> dict[str, float]:
+    """Each source's largest share of the rows over its schedule: how far ahead its reads may run (factories.py)."""
+    starts = sorted({start for s in self.sources for start, _ in s.schedule})
+    return {n: max(self.weights_at(t)[n] for t in starts) for n in self.names}
+
   def units_at(self, step: int) -> list[int]:
     """The normalised weights of `step` as whole numbers summing to UNITS (largest remainder, ties by name)."""
     exact = [w * UNITS for w in self.weights_at(step).values()]

@@ -81,10 +81,12 @@ def train_source(
   process_index: int,
   process_count: int,
   model_vocab_size: int | None = None,
+  share: float = 1.0,
 ) -> tuple[host_batches.HostBatches, store_lib.LocalStore | store_lib.BucketStore]:
   """(this process's batches of the prepared source data_cfg.dir, the store it reads through): its own virtual
   shards, packing, masking and position, checked against the run (tokenizer, layout, cache budget) before a
-  shard is read."""
+  shard is read. `share`: the source's largest share of the rows (a mixture's source): its downloads run that share
+  of a window ahead of its reader, and below 1 none starts before its reader needs its first block."""
   directory, manifest = prepared.open_prepared(data_cfg, seq_len, model_vocab_size)
   listed = prepared.split_shards(directory, manifest, 'train')
   count = virtual_shards(data_cfg, global_batch, process_count)
@@ -112,10 +114,11 @@ def train_source(
   names = [s['file'] for s in listed]
   # Every owned shard's first window starts downloading now, side by side, not one after the other as each shard
   # reads its first block (a restored iterator reads other windows first; these are then evicted as needed).
-  store.prefetch([names[f] for st in streams.values() for f in st.files_of_window(st.first_window())])
+  if share >= 1:
+    store.prefetch([names[f] for st in streams.values() for f in st.files_of_window(st.first_window())])
   dtype = shards.id_dtype(manifest)
   blocks = {
-    v: virtual.ShardBlocks(st, store, names, data_cfg.block_docs, dtype).map_with_index(
+    v: virtual.ShardBlocks(st, store, names, data_cfg.block_docs, dtype, ahead=share).map_with_index(
       builder.BlockBuilder.for_source(data_cfg, manifest, seq_len, seed, v)
     )
     for v, st in streams.items()
@@ -147,11 +150,13 @@ def mixture_source(
     raise errors.ConfigError(f'data.mixture_fresh names {unknown[0]!r}, not a source of {mix.path} ({list(mix.names)})')
   sources, stores, records = {}, {}, {}
   count = virtual_shards(data_cfg, global_batch, process_count)
+  # Each source reads ahead by its share of the rows, so its bytes follow its weight (docs/data.md, "Several sources").
+  shares = mix.peak_shares()
   for name, (directory, manifest) in prepared.open_sources(data_cfg, seq_len, model_vocab_size).items():
     records[name] = sum(s['records'] for s in manifest['splits']['train']['shards']) // count
     one = prepared.source_config(data_cfg, directory, len(mix.sources))
     sources[name], stores[name] = train_source(
-      one, global_batch, seq_len, seed, process_index, process_count, model_vocab_size
+      one, global_batch, seq_len, seed, process_index, process_count, model_vocab_size, min(shares[name], 0.999)
     )
   seed = _seed(data_cfg.shuffle_seed, seed)
   rows = global_batch // count

@@ -94,12 +94,15 @@ class LocalStore:
     pass
 
   def read(self, name: str, records: list[int]) -> list[bytes]:
-    return self._readers.read(self.local_path(name), records)
+    out = self._readers.read(self.local_path(name), records)
+    self.stats.bytes_read += sum(map(len, out))
+    return out
 
 
 class Stats:
   def __init__(self):
     self.bytes_downloaded = 0
+    self.bytes_read = 0  # record bytes the reader took (a source's consumption, whatever the files fetched)
     self.files_downloaded = 0
     self.disk_bytes = 0
     self.peak_disk_bytes = 0
@@ -194,7 +197,9 @@ class BucketStore:
         self._start(n, required=False)
 
   def read(self, name: str, records: list[int]) -> list[bytes]:
-    return self._readers.read(self.local_path(name), records)
+    out = self._readers.read(self.local_path(name), records)
+    self.stats.bytes_read += sum(map(len, out))
+    return out
 
   def close(self) -> None:
     self._pool.shutdown(wait=False, cancel_futures=True)

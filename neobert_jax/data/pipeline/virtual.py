@@ -17,6 +17,7 @@ block is computed directly from its number: a seek costs one block, never a repl
 from __future__ import annotations
 
 import dataclasses
+import math
 import sys
 
 import grain
@@ -103,6 +104,11 @@ class ShardStream:
     self.windows = [parts[i : i + window] for i in range(0, len(parts), window)]
     self._sizes = np.array([sum(p.size for p in w) for w in self.windows], np.int64)
 
+  @property
+  def window_sizes(self) -> np.ndarray:
+    """Records in each window."""
+    return self._sizes
+
   def _order(self, epoch: int) -> np.ndarray:
     """The windows in the order epoch `epoch` visits them."""
     w = len(self.windows)
@@ -166,14 +172,27 @@ def _seed(key: tuple) -> int:
 class ShardBlocks(grain.MapDataset):
   """Element b = (ids, lengths) of block b of one virtual shard's stream, read through a shard store.
 
-  Reading block b pins the files of its windows in the store and asks it to fetch the windows that come next, so
+  Reading block b pins the files of its windows in the store and asks it to fetch the window that comes next, so
   downloads run ahead of the reader; the files of earlier windows are released (the store may evict them).
+  `ahead` (0 < ahead <= 1) is how far ahead: 1 fetches the next window as soon as the reader enters a window (one
+  source); below 1, only once the next block, or the reader's position plus `ahead` of the window, reaches it. A
+  source of a mixture looks ahead by its share of the rows, so the bytes it fetches beyond what it reads are in
+  proportion to its weight, and a run's bytes per source follow the weights (docs/data.md).
   """
 
-  def __init__(self, stream: ShardStream, store, names: list[str], block_docs: int, id_dtype, finite: bool = False):
+  def __init__(
+    self,
+    stream: ShardStream,
+    store,
+    names: list[str],
+    block_docs: int,
+    id_dtype,
+    finite: bool = False,
+    ahead: float = 1.0,
+  ):
     super().__init__()
     self._stream, self._store, self._names, self._block = stream, store, names, block_docs
-    self._dtype, self._finite = id_dtype, finite
+    self._dtype, self._finite, self._ahead = id_dtype, finite, ahead
     self._held: list[int] = []
 
   def __len__(self) -> int:
@@ -181,6 +200,14 @@ class ShardBlocks(grain.MapDataset):
 
   def __str__(self) -> str:
     return f'ShardBlocks(records={self._stream.n}, block={self._block})'
+
+  def _window_ahead(self, last: int) -> int:
+    """The window to fetch ahead of a reader whose block ended at stream position `last` (see the class)."""
+    if self._ahead >= 1:
+      return self._stream.next_window(last)
+    win = self._stream.locate(np.array([last], np.int64))[0][0]
+    span = max(self._block, math.ceil(self._ahead * int(self._stream.window_sizes[win])))
+    return int(self._stream.locate(np.array([last + span], np.int64))[0][0])
 
   def positions(self, index: int) -> np.ndarray:
     if self._finite:
@@ -199,8 +226,8 @@ class ShardBlocks(grain.MapDataset):
     self._store.acquire(files)  # blocks until the block's files are local
     self._store.release(self._held)  # every acquire is matched by one release
     self._held = files
-    if not self._finite or int(pos[-1]) + 1 < self._stream.n:  # downloads run a window ahead of the reader
-      ahead = self._stream.files_of_window(self._stream.next_window(int(pos[-1])))
+    if not self._finite or int(pos[-1]) + 1 < self._stream.n:  # downloads run ahead of the reader
+      ahead = self._stream.files_of_window(self._window_ahead(int(pos[-1])))
       self._store.prefetch([names[f] for f in ahead if names[f] not in files])
     recs = self._stream.records(pos)
     by_file: dict[int, list[int]] = {}
