@@ -6,7 +6,9 @@
 
 Prints per-device memory (arguments, temporaries, total against the device's memory), whether the step fits,
 its FLOPs, and for GPU targets whether attention compiled to the cuDNN fused kernels. Every `--config.*`
-override the trainer accepts works here, so a recipe can be checked before any hardware is booked.
+override the trainer accepts works here, so a recipe can be checked before any hardware is booked. A mixture
+(--config.data.mixture=mix.json) is checked as training checks it, from its file and its sources' manifests (no
+shard is read), before any download: a source the trainer would refuse is refused here (exit status 2).
 
 The compile needs libtpu (TPU) or the jax CUDA plugin + cuDNN (GPU). They are installed on first use into a
 cache (neobert_jax/aot/deps.py) and the work runs in a child interpreter that sees them, with JAX_PLATFORMS=cpu:
@@ -296,8 +298,32 @@ def run_plan(cfg, target: targets.Target) -> int:
   return 0
 
 
+def check_mixture(cfg) -> str | None:
+  """A mixture (data.mixture) refused as training refuses it, before any compile or download: the file's own
+  checks (docs/data.md), and its sources' manifests against each other and the model (tokenizer, vocabulary,
+  sequence length, a missing or unprepared dir); no shard is read. Returns a note when the sources cannot be
+  reached from here (a bucket without credentials): the compile needs no data, so it goes on."""
+  from neobert_jax.config import data as data_config  # pylint: disable=g-import-not-at-top
+  from neobert_jax.data.pipeline import prepared  # pylint: disable=g-import-not-at-top
+
+  if not cfg.data.mixture:
+    return None
+  try:
+    data_config.validate_data_config(cfg.data)
+  except ValueError as e:
+    raise errors.ConfigError(str(e)) from None
+  try:
+    prepared.open_sources(cfg.data, cfg.model.max_length, cfg.model.vocab_size)
+  except errors.StorageError as e:
+    return f'data.mixture: the sources were not checked ({errors.one_line(e)})'
+  return None
+
+
 def run_parent(argv: list[str]) -> int:
   target = targets.parse_target(_TARGET.value)  # fail on a bad target before any download
+  note = check_mixture(_CONFIG.value)  # a mixture the trainer would refuse is refused here, before any download
+  if note:
+    print(f'[aot] {note}', file=sys.stderr)
   try:
     deps.ensure(target.deps_kind)
   except deps.DependencyError as e:

@@ -289,3 +289,34 @@ def test_context_extension_stage_compiles(tmp_path, target, devices):
   assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-5000:]
   rep = json.loads(out.read_text())
   assert rep['num_devices'] == devices and rep['seq_len'] == 8192 and rep['fits'] is True
+
+
+def test_a_mixture_is_checked_as_training_checks_it_before_any_download(tmp_path):
+  """data.mixture: the file's refusals and its sources' manifests (here a source of another sequence length), one
+  line and exit status 2 before libtpu or the CUDA plugin is fetched; a consistent mixture passes the check."""
+  from neobert_jax import compile as compile_lib
+  from neobert_jax import errors
+  from neobert_jax.config import train as train_config
+  from neobert_jax.data import testing
+
+  docs = testing.synthetic_documents(20, max_len=40, vocab_size=512)
+  for name, length in (('a', 128), ('b', 128), ('short', 64)):
+    testing.write_prepared(str(tmp_path / name), docs, docs[:4], vocab_size=512, max_length=length)
+  (tmp_path / 'good.json').write_text(json.dumps({'a': {'dir': 'a', 'weight': 3}, 'b': {'dir': 'b', 'weight': 1}}))
+  (tmp_path / 'bad.json').write_text(
+    json.dumps({'a': {'dir': 'a', 'weight': 1}, 'short': {'dir': 'short', 'weight': 1}})
+  )
+  cfg = train_config.get_config()
+  cfg.model.update(vocab_size=512, max_length=128)
+  cfg.data.tokenizer, cfg.data.mixture = '', str(tmp_path / 'good.json')
+  assert compile_lib.check_mixture(cfg) is None
+  cfg.data.mixture = str(tmp_path / 'bad.json')
+  with pytest.raises(errors.ConfigError, match='short'):
+    compile_lib.check_mixture(cfg)
+  cfg_file = tmp_path / 'tiny.py'
+  cfg_file.write_text(textwrap.dedent(TINY.format(packing='none', preds=0)))
+  cmd = [sys.executable, '-m', 'neobert_jax.compile', f'--config={cfg_file}', '--target=cuda:h100x8']
+  cmd += [f'--config.data.mixture={tmp_path / "bad.json"}', '--config.data.tokenizer=']
+  r = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=300)
+  assert r.returncode == 2 and "'short'" in r.stderr, r.stderr[-2000:]
+  assert 'Traceback' not in r.stderr and 'install' not in r.stdout

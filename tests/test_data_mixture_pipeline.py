@@ -140,3 +140,23 @@ def test_a_source_that_runs_out_starts_its_next_epoch_and_the_log_says_so(root, 
       next(it)
   said = [r.getMessage() for r in caplog.records if 'starts epoch' in r.getMessage()]
   assert said and said[0] == "mixture source 'a' starts epoch 2 (its documents again, reshuffled)"
+
+
+def test_the_report_gives_each_source_its_own_baselines_next_to_its_loss(root, tmp_path, caplog):
+  from neobert_jax.config import train as train_config
+  from neobert_jax.data.pipeline import prepared
+
+  cfg = _train_config(_mixture(root, {'a': 0.7, 'b': 0.3}))
+  rate = train_config.eval_mask_rate(cfg)
+  per = report.source_baselines(cfg.data, SEQ, rate)
+  assert sorted(per) == ['a', 'b']
+  for n in 'ab':  # each source's bars are those of that source read alone, from its own held-out split
+    assert per[n] == report.context_baselines(prepared.source_config(cfg.data, str(root / n)), SEQ, rate)
+  assert per['a']['held_out'] != per['b']['held_out']
+  evals = [{'step': 6, 'loss': 5.0, 'accuracy': 0.1, 'a/loss': 4.0, 'b/loss': 6.0}]
+  with caplog.at_level('INFO', logger='neobert_jax.train'):
+    out = report.report(cfg, tmp_path, evals)
+  assert out['baselines_per_source']['b']['unigram']['held_out'] == per['b']['held_out']
+  assert out['baselines_per_source']['a']['neighbours'] == per['a']['neighbours']
+  said = f"source 'b': held-out MLM loss 6.000 against its own baselines: unigram {per['b']['held_out']:.3f}"
+  assert said in caplog.text, caplog.text

@@ -26,6 +26,7 @@ from neobert_jax import paths
 from neobert_jax.config import train as train_config
 from neobert_jax.data import pipeline
 from neobert_jax.data import shards
+from neobert_jax.data.pipeline import prepared
 from neobert_jax.train import baselines
 
 log = logging.getLogger('neobert_jax.train')
@@ -64,6 +65,20 @@ def context_baselines(data_cfg: ml_collections.ConfigDict, seq_len: int, mask_ra
   vocab = int(manifest['tokenizer']['vocab_size'])
   out: dict[str, Any] = baselines.unigram(train, held_out, special, vocab)
   out['neighbours'] = baselines.neighbours(train, held_out, special, vocab, mask_rate)
+  return out
+
+
+def source_baselines(data_cfg: ml_collections.ConfigDict, seq_len: int, mask_rate: float) -> dict[str, dict]:
+  """A mixture's bars per source ({} without a mixture): each source's own held-out split and training sample, as
+  context_baselines computes them for one data.dir. A source without a held-out split has none."""
+  if not data_cfg.mixture:
+    return {}
+  sources = prepared.open_sources(data_cfg, seq_len)
+  out = {}
+  for name, (directory, manifest) in sources.items():
+    if not manifest['splits'].get('eval', {}).get('shards'):
+      continue
+    out[name] = context_baselines(prepared.source_config(data_cfg, directory, len(sources)), seq_len, mask_rate)
   return out
 
 
@@ -227,7 +242,13 @@ def report(cfg: ml_collections.ConfigDict, workdir: Path, evals: list[dict[str, 
   """Logs the held-out loss against the baselines, writes the curve (table and plot), shows fill-mask examples if
   the run exported."""
   seq_len = cfg.model.max_length
-  bars = context_baselines(cfg.data, seq_len, train_config.eval_mask_rate(cfg))
+  per_bars = source_baselines(cfg.data, seq_len, train_config.eval_mask_rate(cfg))
+  # The curve's bars: one source's (a mixture's first by name, computed once), each source's below.
+  bars = (
+    next(iter(per_bars.values()))
+    if per_bars
+    else context_baselines(cfg.data, seq_len, train_config.eval_mask_rate(cfg))
+  )
   table = write_curve_table(workdir, bars, max(cfg.logging.log_every, 1) * 5)
   plot = write_curve_plot(workdir, bars)
   out: dict[str, Any] = {'unigram': {k: bars[k] for k in ('held_out', 'train')}, 'neighbours': bars['neighbours']}
@@ -254,6 +275,21 @@ def report(cfg: ml_collections.ConfigDict, workdir: Path, evals: list[dict[str, 
     if per_source:
       out['eval_loss_per_source'] = per_source
       log.info('held-out MLM loss per source: %s', ', '.join(f'{n} {v:.3f}' for n, v in sorted(per_source.items())))
+  if per_bars:
+    out['baselines_per_source'] = {
+      n: {'unigram': {k: b[k] for k in ('held_out', 'train')}, 'neighbours': b['neighbours']}
+      for n, b in per_bars.items()
+    }
+    losses = out.get('eval_loss_per_source', {})
+    for name, b in per_bars.items():
+      loss = f'held-out MLM loss {losses[name]:.3f} against ' if name in losses else ''
+      log.info(
+        'source %r: %sits own baselines: unigram %.3f, neighbour counts %.3f',
+        name,
+        loss,
+        b['held_out'],
+        b['neighbours']['loss'],
+      )
   if cfg.export.hf_dir:
     try:
       filled = fill_mask(cfg.export.hf_dir, cfg.data, seq_len)
