@@ -33,6 +33,8 @@ import threading
 import time
 from typing import Any, Callable
 
+from neobert_jax import errors
+
 log = logging.getLogger('neobert_jax.bucket')
 
 ENV_WINDOW = 'NEOBERT_BUCKET_RETRY_SECONDS'
@@ -118,15 +120,10 @@ def _retried(error: BaseException, waited: float) -> None:
   if say:
     log.warning(
       'bucket slow: a request failed (%s); retrying for up to %.0f s in all (%.0f s so far)',
-      _short(error),
+      errors.first_line(error)[:200],
       window_s(),
       waited,
     )
-
-
-def _short(error: BaseException) -> str:
-  text = str(error).splitlines()[0] if str(error) else ''
-  return f'{type(error).__name__}: {text}'[:200]
 
 
 class Timer:

@@ -10,9 +10,8 @@ import pytest
 from neobert_jax.errors import DataError
 from neobert_jax import config
 from neobert_jax.config import train as config_lib
-from neobert_jax.train import loop
+from neobert_jax.train.testing import train_only
 from neobert_jax.engine import optimizer as opt_lib
-from neobert_jax.train import runtime
 from neobert_jax.train.testing import tiny_config
 
 REPO = Path(__file__).resolve().parents[1]
@@ -145,7 +144,7 @@ def test_typo_in_a_config_file_is_caught():
 
 
 def test_one_compute_dtype_setting():
-  from neobert_jax.model.config import resolve_dtype
+  from neobert_jax.config.model import resolve_dtype
 
   assert config_lib.get_config().model.dtype == 'auto' and 'compute_dtype' not in config_lib.get_config().train
   assert (resolve_dtype('auto', 'cpu'), resolve_dtype('auto', 'tpu'), resolve_dtype('auto', 'cuda')) == (
@@ -155,7 +154,7 @@ def test_one_compute_dtype_setting():
   )
   cfg = tiny_config()
   cfg.model.dtype = 'auto'
-  assert runtime.resolve(cfg).model.dtype == 'float32'  # this CPU
+  assert config_lib.resolve(cfg)[0].model.dtype == 'float32'  # this CPU
   cfg.train.compute_dtype = 'bfloat16'  # a recipe written before the rename is told where the setting went
   with pytest.raises(config_lib.ConfigError, match='train.compute_dtype is now model.dtype'):
     config_lib.validate(cfg, num_devices=8)
@@ -164,7 +163,7 @@ def test_one_compute_dtype_setting():
 def test_vocab_mismatch_fails_before_the_model_is_built(tmp_path):
   cfg = tiny_config(vocab_size=1000)
   with pytest.raises(DataError, match='vocab_size=1000'):
-    loop.run(cfg, tmp_path)
+    train_only(cfg, tmp_path)
   assert not (tmp_path / 'checkpoints').exists()
 
 

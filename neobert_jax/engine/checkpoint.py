@@ -135,7 +135,7 @@ def close(mngr: ocp.CheckpointManager) -> None:
   try:
     mngr.close()
   except Exception as e:  # noqa: BLE001
-    log.debug('closing the checkpoint manager after a failure: %s', _first_line(e))
+    log.debug('closing the checkpoint manager after a failure: %s', errors.first_line(e))
 
 
 # What a write failure says, in the words users search for; Orbax and tensorstore wrap them in long specs.
@@ -155,7 +155,7 @@ def save_failed(mngr: ocp.CheckpointManager, e: BaseException, last_good: int | 
   """The one line for a failed save, naming the last complete checkpoint: `last_good` when the caller knows it
   (the run saw it commit: no request to a storage that just failed), else the newest step listed there."""
   text = f'{type(e).__name__}: {e}'
-  reason = next((r for r in _WRITE_REASONS if r in text), None) or _first_line(e).split(' [tensorstore_spec')[0]
+  reason = next((r for r in _WRITE_REASONS if r in text), None) or errors.first_line(e).split(' [tensorstore_spec')[0]
   if not paths.local(paths.Path(mngr.directory)):
     bucket.gave_up()  # the run stops now: what it still sends to the bucket is tried once, not for a window
   good = last_good
@@ -229,10 +229,6 @@ def _is_transient(e: BaseException) -> bool:
   return any(w in text for w in _TRANSIENT_WORDS)
 
 
-def _first_line(e: BaseException) -> str:
-  return f'{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ""}'
-
-
 def _with_retries(read: Callable[[], Any], step: int, directory: Any) -> Any:
   """read(); transient storage errors are retried, then raised as errors.CheckpointError (checkpoint left alone)."""
   for attempt in range(1, _READ_ATTEMPTS + 1):
@@ -244,11 +240,14 @@ def _with_retries(read: Callable[[], Any], step: int, directory: Any) -> Any:
       if attempt == _READ_ATTEMPTS:
         raise errors.CheckpointError(
           f'checkpoint step {step} in {directory} could not be read after {attempt} attempts because of a '
-          f'storage error ({_first_line(e)}). It was left in place; re-run once the storage is reachable to '
+          f'storage error ({errors.first_line(e)}). It was left in place; re-run once the storage is reachable to '
           f'resume from it.'
         ) from e
       log.warning(
-        'reading checkpoint step %d failed (%s); retrying in %.0f s', step, _first_line(e), _RETRY_DELAY_S * attempt
+        'reading checkpoint step %d failed (%s); retrying in %.0f s',
+        step,
+        errors.first_line(e),
+        _RETRY_DELAY_S * attempt,
       )
       time.sleep(_RETRY_DELAY_S * attempt)
   raise AssertionError('unreachable')
@@ -345,10 +344,10 @@ def restore_latest(mngr: ocp.CheckpointManager, abstract: TrainState, data_iter:
         'checkpoint step %d in %s could not be restored (%s); %s',
         step,
         mngr.directory,
-        _first_line(e),
+        errors.first_line(e),
         f'falling back to step {max(older)}' if older else 'no older checkpoint is left',
       )
-      _set_aside(mngr, step, _first_line(e))
+      _set_aside(mngr, step, errors.first_line(e))
       continue
     _agree_on_step(step, mngr.directory)
     data_position.restore(mngr.directory, step, data_iter)

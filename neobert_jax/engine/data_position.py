@@ -16,13 +16,9 @@ from typing import Any
 
 import jax
 
-from neobert_jax import paths
+from neobert_jax import errors, paths
 
 log = logging.getLogger('neobert_jax.engine.checkpoint')
-
-
-def _first_line(e: BaseException) -> str:
-  return f'{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ""}'
 
 
 _DATA_FILE = re.compile(r'process_(\d+)-of-(\d+)\.json')
@@ -66,7 +62,7 @@ def _saved_data_state(data_dir: paths.Path, pid: int, nproc: int) -> tuple[str |
     try:
       texts.append((data_dir / name).read_text())
     except OSError as e:
-      return None, f'the data-iterator state {name} could not be read ({_first_line(e)})'
+      return None, f'the data-iterator state {name} could not be read ({errors.first_line(e)})'
   if len(texts) == 1:
     return texts[0], f'written by {writers} process(es), restored on {nproc}'
   if not all(_STREAM_MARK in t for t in texts):
@@ -114,7 +110,7 @@ def restore(
       log.info('checkpoint step %d: data position %s (%.2f s)', step, what, time.perf_counter() - t0)
       return True
     except Exception as e:  # noqa: BLE001 - the data position is recoverable; the checkpoint is not at fault
-      what = f'the data-iterator state could not be used ({_first_line(e)})'
+      what = f'the data-iterator state could not be used ({errors.first_line(e)})'
       data_iter.set_state(initial)
   from neobert_jax.data.pipeline import iterators as pipeline  # pylint: disable=g-import-not-at-top
 

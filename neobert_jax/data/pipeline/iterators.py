@@ -26,7 +26,7 @@ import ml_collections
 import numpy as np
 
 from neobert_jax import errors, paths
-from neobert_jax.config import data as config_lib
+from neobert_jax.config import data as data_config
 from neobert_jax.data import shards
 from neobert_jax.data import tokenizer as tokenizer_lib
 from neobert_jax.data.pipeline import masking
@@ -205,7 +205,7 @@ def open_prepared(
   Reads only the manifest: no shard is opened or downloaded here. The built-in corpus (data.dir empty) must have
   been prepared (prepare_builtin); otherwise the error names the command that prepares it.
   """
-  config_lib.validate_data_config(data_cfg)
+  data_config.validate_data_config(data_cfg)
   directory = data_cfg.dir
   if not directory:
     from neobert_jax.data.prepare import corpus  # pylint: disable=g-import-not-at-top
