@@ -99,27 +99,10 @@ _REQUIRE_CUDNN = flags.DEFINE_bool(
 )
 
 
-def prepare_config(cfg, target: targets.Target):
-  """The config as it would run on the target: accelerator compute dtype and the target's attention kernel.
-
-  On the real hardware 'auto' settings resolve from jax.default_backend(); here the default backend is the
-  CPU, so they are resolved for the target explicitly, through the trainer's own resolution (config/train.resolve,
-  the same table) for the target's platform and device count. Returns (config, attention Choice); raises
-  ConfigError when an explicit kernel cannot run on the target.
-  """
-  from neobert_jax.config import train as train_config
-
-  return train_config.resolve(
-    train_config.typed(cfg),
-    platform=target.platform,
-    compute_capability=target.compute_capability,
-    num_devices=target.num_devices,
-  )
-
-
 def run_child(cfg_in) -> int:
   import jax
   from neobert_jax.aot import report as report_lib
+  from neobert_jax.config import train as train_config
   from neobert_jax.train import mlm
 
   # Initialise the backends first: plugin discovery is what preloads the pip cuDNN library, and the cuDNN
@@ -132,7 +115,14 @@ def run_child(cfg_in) -> int:
 
     jax_compat.cudnn_assume_compute_capability(target.compute_capability)
   try:
-    cfg, choice = prepare_config(cfg_in, target)
+    # On the real hardware 'auto' settings resolve from jax.default_backend(); here that is the CPU, so the
+    # trainer's own resolution (config/train.resolve, the same table) runs for the target's platform and devices.
+    cfg, choice = train_config.resolve(
+      train_config.typed(cfg_in),
+      platform=target.platform,
+      compute_capability=target.compute_capability,
+      num_devices=target.num_devices,
+    )
     if _PLAN.value:
       return run_plan(cfg, target)
     lowered, mesh = lowering.lower_step(cfg, target, _WHAT.value)

@@ -1,7 +1,7 @@
 """The fine-tuning config schema (classification, regression, contrastive) and its validation.
 
 configs/finetune_classification.py and configs/finetune_contrastive.py start from `base_config(task)`; the CLI
-overrides fields (`--config.optimizer.lr=3e-5`) and `validate` rejects unknown keys and values the loop cannot run,
+overrides fields (`--config.optimizer.lr=3e-5`) and `validate` rejects unknown keys and values the job cannot run,
 with the field and the fix named, before any file is read or written. The `model` section only matters for a
 random initialisation: with `init.from_checkpoint` / `init.from_hf` the architecture is the source's. `resolve`, beside
 `validate`, fixes the run-time choices (the architecture used, compute dtype, attention kernel, tokenizer, mesh)
@@ -28,7 +28,7 @@ FORMATS = ('auto', 'csv', 'tsv', 'jsonl', 'parquet')
 
 
 def base_config(task: str = 'classification') -> ml_collections.ConfigDict:
-  """Every field the fine-tuning loop reads, with GLUE-style defaults (the paper's grid centre)."""
+  """Every field the fine-tuning job reads, with GLUE-style defaults (the paper's grid centre)."""
   cfg = ml_collections.ConfigDict()
   cfg.task = task  # 'classification' (also regression) or 'contrastive'
   cfg.seed = 0  # head init, dropout, shuffling, validation split

@@ -1,4 +1,4 @@
-"""The fine-tuning job shared by every task: take the workdir's lease, resolve (all checks first), train, evaluate,
+"""The fine-tuning job shared by every task: take the workdir's lease, prepare (all checks first), train, evaluate,
 keep the best, report.
 
 Order matters for bad input: the config, the weights' source, the tokenizer and the data files are all checked
@@ -54,7 +54,7 @@ def make_task(cfg: ml_collections.ConfigDict, tok: Any):
   return ClassificationTask(cfg, tok)
 
 
-def resolve(cfg: ml_collections.ConfigDict, workdir: Path):
+def prepare(cfg: ml_collections.ConfigDict, workdir: Path):
   """(the run's config, validated and resolved once and frozen (config/finetune.resolve: the architecture used,
   compute dtype, attention kernel, tokenizer, mesh); the weights' source; tokenizer; task): every check that needs
   no device work, nothing written."""
@@ -176,7 +176,7 @@ def finetune(cfg: ml_collections.ConfigDict, workdir: str | Path) -> dict[str, A
 
 
 def _finetune(cfg: ml_collections.ConfigDict, workdir: Path, lease: Any) -> dict[str, Any]:
-  cfg, source, tok, task = resolve(cfg, workdir)
+  cfg, source, tok, task = prepare(cfg, workdir)
   is_main = jax.process_index() == 0
   train_config.write(cfg, workdir)
   if is_main and hasattr(task, 'save'):
@@ -193,7 +193,7 @@ def _finetune(cfg: ml_collections.ConfigDict, workdir: Path, lease: Any) -> dict
     start = session.restore_or_init(
       lambda: abstract_state(factory, tx, lr, mesh),
       lambda: create_state(factory, tx, lr, mesh),
-      resume=False,  # a fine-tuning workdir is never continued (resolve refused one that holds a run)
+      resume=False,  # a fine-tuning workdir is never continued (prepare refused one that holds a run)
       source=lambda: source,
       place=lambda src, params: place.with_encoder(params, src.flat),
     )

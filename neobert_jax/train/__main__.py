@@ -16,13 +16,16 @@ from __future__ import annotations
 import logging
 import sys
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Callable
 
-from absl import flags
 import ml_collections
+from absl import flags
 from ml_collections import config_flags
 
 from neobert_jax import commandline, errors
+
+if TYPE_CHECKING:  # the job imports it when it runs: --help and a bad flag do not pay for jax
+  from neobert_jax.train.pretraining import RunResult
 
 _PROG = 'train'
 # This command's own flags (not absl's global FLAGS), so that importing several commands in one process is fine.
@@ -46,13 +49,15 @@ def export(cfg: ml_collections.ConfigDict, workdir: str | Path) -> Path:
   return out
 
 
-def pretrain(cfg: ml_collections.ConfigDict, workdir: str | Path, on_step: Callable[[int], None] | None = None) -> Any:
+def pretrain(
+  cfg: ml_collections.ConfigDict, workdir: str | Path, on_step: Callable[[int], None] | None = None
+) -> RunResult:
   """The job this command runs, end to end, under one lease on the workdir (engine/session.claim, taken before
   anything there is read or written): train (train/pretraining.train: resume or initialise, step, checkpoint),
   then, on process 0 and unless SIGTERM stopped the run, the Hugging Face export of the final checkpoint
   (export.hf_dir, through convert/), then the report (train/report.py: held-out loss against the unigram
   baselines, the loss curve, fill-mask examples through that export). Re-running a finished run trains nothing and
-  only exports (and reports) again. Returns pretraining's RunResult, with the config as the run resolved it.
+  only exports (and reports) again. Returns the RunResult, with the config as the run resolved it.
 
   The job lives here, in the command's entry point, because it joins train/ and convert/, which do not import
   each other (tests/test_package_imports.py).

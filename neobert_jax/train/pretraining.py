@@ -76,7 +76,7 @@ def _check_rows(limit: int) -> Callable[[int, dict], None]:
   return check
 
 
-def resolve(cfg: ml_collections.ConfigDict, workdir: paths.Path) -> tuple[ml_collections.FrozenConfigDict, Any]:
+def plan_run(cfg: ml_collections.ConfigDict, workdir: paths.Path) -> tuple[ml_collections.FrozenConfigDict, Any]:
   """The run's config, validated and resolved once, frozen (nothing past here changes it), and its resume plan.
 
   Resolved: the run-time choices (config/train.resolve: compute dtype, mesh sizes, attention kernel), the tokenizer
@@ -199,7 +199,7 @@ def train(
   after every completed step (tests use it to simulate crashes).
   """
   workdir = paths.resolve(workdir, '--workdir')
-  cfg, plan = resolve(cfg, workdir)
+  cfg, plan = plan_run(cfg, workdir)
   is_main = jax.process_index() == 0
   mesh = shd.make_mesh(dict(cfg.mesh))
   train_host, eval_batches = _data(cfg)
