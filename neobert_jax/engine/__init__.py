@@ -18,6 +18,6 @@ Owns, one module each:
 
 Imports only the layers below it (errors, paths, bucket, lease, hardware, sharding, config, model, data,
 weights). Must not import a task or anything above it: not train/, finetune/, downstream/, convert/, evaluate/,
-embed, aot/, compile or cli (tests/test_package_imports.py). Only engine/ and weights/ import Orbax. Nothing is imported here, so
-`from neobert_jax.engine import checkpoint` does not pull in the rest.
+embed, aot/, compile or cli (tests/test_package_imports.py). Only engine/ and weights/ import Orbax. Nothing is
+imported here, so `from neobert_jax.engine import checkpoint` does not pull in the rest.
 """

@@ -8,8 +8,8 @@ masked tokens. The eval step sums the same loss over one micro-batch without an 
 Starting points other than random init (stage 2 of NeoBERT, a new 4096-token schedule; continued pretraining from
 a run or a Hugging Face NeoBERT) load parameters only: the optimizer moments, step counter and schedule start
 afresh. The source is opened by the weights layer (weights/source.py, which fine-tuning shares) and placed by the
-engine (engine/session.TrainingSession.restore_or_init): a run's step straight onto the shardings, a Hugging Face directory (a
-base-model save gets a fresh MLM decoder) shard by shard from the host.
+engine (engine/session.TrainingSession.restore_or_init): a run's step straight onto the shardings, a Hugging Face
+directory (a base-model save gets a fresh MLM decoder) shard by shard from the host.
 """
 
 from __future__ import annotations
