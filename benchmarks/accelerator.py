@@ -28,7 +28,7 @@ import numpy as np
 
 from benchmarks import train_step as bench
 from neobert_jax import hardware
-from neobert_jax.model.config import train_flops_per_token
+from neobert_jax.model.sizes import train_flops_per_token
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -124,12 +124,12 @@ def _roofline_child(flags: list[str]) -> dict:
     section, field = key.split('.', 1)
     cfg[section][field] = type(cfg[section][field])(value)
   # the trainer's own resolution, state and step, through the modules benchmarks/train_step.py uses
-  cfg = bench.config_lib.resolve(cfg)
+  cfg, _ = bench.train_config.resolve(cfg)
   mesh = shd.make_mesh(dict(data=1, fsdp=1, tensor=1), jax.devices()[:1])
-  defs, state = bench.state_lib.abstract_train_state(cfg, mesh)
-  step = bench.step_lib.build_train_step(cfg, mesh, defs)
-  text = step.lower(state, bench.step_lib.abstract_batch(cfg, mesh)).compile().as_text()
-  flops = bench.metrics_lib.flops_per_token(cfg) * cfg.train.global_batch_size * cfg.model.max_length
+  defs, state = bench.mlm.abstract_train_state(cfg, mesh)
+  step = bench.mlm.jit_train_step(cfg, mesh, defs)
+  text = step.lower(state, bench.mlm.abstract_batch(cfg, mesh)).compile().as_text()
+  flops = bench.mlm.flops_per_token(cfg) * cfg.train.global_batch_size * cfg.model.max_length
   kind = jax.devices()[0].device_kind
   acc = hardware.lookup(kind) or hardware.lookup('H100')
   rl = roofline.analyze(text, acc, kind, num_devices=1, model_flops_per_device=flops)

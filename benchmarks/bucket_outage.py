@@ -39,7 +39,6 @@ def main() -> None:
 
   from neobert_jax import paths  # pylint: disable=g-import-not-at-top
   from neobert_jax.data import pipeline  # pylint: disable=g-import-not-at-top
-  from neobert_jax.train import loop  # pylint: disable=g-import-not-at-top
   from neobert_jax.train import testing  # pylint: disable=g-import-not-at-top
   from neobert_jax.train.testing import assert_identical_params, tiny_config  # pylint: disable=g-import-not-at-top
   from neobert_jax.weights import runs  # pylint: disable=g-import-not-at-top
@@ -51,7 +50,7 @@ def main() -> None:
     root = f'gs://neobert/outage-{time.time_ns()}'  # this machine's data cache is keyed by URL: a fresh one
     paths.publish_dir(data, epath.Path(f'{root}/data'), 'manifest.json')
     reference = os.path.join(tempfile.mkdtemp(), 'run')
-    loop.run(tiny_config(steps=6), reference)
+    testing.train_only(tiny_config(steps=6), reference)
     proxy = FaultProxy(endpoint, seed=a.seed)
     proxy.set_rates(p503=0.05, p429=0.02, pcut=0.02)
     proxy.outage_when(f'{root.removeprefix("gs://neobert/")}/run/checkpoints/{a.at}/', a.outage)

@@ -30,7 +30,7 @@ from neobert_jax.engine.optimizer import make_finetune_optimizer
 from neobert_jax.engine.state import create_state
 from neobert_jax.finetune.classification import sequence_loss
 from neobert_jax.config.finetune import base_config
-from neobert_jax.finetune.loop import build_step
+from neobert_jax.finetune.job import jit_step
 from neobert_jax.weights import place
 from neobert_jax.weights.flat import to_flat
 
@@ -49,7 +49,7 @@ def finetune_tokens_per_sec(a: argparse.Namespace, mesh) -> dict[str, float]:
   tx, lr = make_finetune_optimizer(cfg.optimizer, 1000)
   defs, state = create_state(lambda: heads.SequenceClassifier(model_cfg, 2, 0.1, 0.02, rngs=nnx.Rngs(0)), tx, lr, mesh)
   keys = ['input_ids', 'lengths', 'weights', 'labels']
-  step = build_step(defs, mesh, sequence_loss('classification'), keys)
+  step = jit_step(defs, mesh, sequence_loss('classification'), keys)
   rng = np.random.default_rng(0)
   b, t = a.batch, a.seq
   host = {
@@ -58,7 +58,7 @@ def finetune_tokens_per_sec(a: argparse.Namespace, mesh) -> dict[str, float]:
     'weights': np.ones((b,), np.float32),
     'labels': rng.integers(0, 2, (b,)).astype(np.int32),
   }
-  batch = batching.to_global(host, mesh)
+  batch = batching.shard_rows(host, mesh)
   key = jax.random.key(0)
   state, m = step(state, batch, key)  # compile
   jax.block_until_ready(m)

@@ -36,12 +36,12 @@ import numpy as np
 from flax import nnx
 
 from neobert_jax import sharding as shd
-from neobert_jax.model.config import train_flops_per_token
-from neobert_jax.train import runtime as config_lib
+from neobert_jax.model.sizes import train_flops_per_token
+from neobert_jax.config import train as train_config
 from neobert_jax.engine import metrics as metrics_lib
 from neobert_jax.engine import optimizer as optimizer_lib
-from neobert_jax.train import mlm as state_lib
-from neobert_jax.train import mlm as step_lib
+from neobert_jax.engine import step as engine_step
+from neobert_jax.train import mlm
 from neobert_jax.train.testing import mlm_rows, tiny_config
 from neobert_jax.weights.flat import to_flat
 
@@ -62,13 +62,13 @@ def make_config(a: argparse.Namespace, head: str, kernel: str = 'auto'):
 def jax_side(cfg, mode: str, batches: list[dict[str, np.ndarray]]) -> tuple[Run, dict[str, np.ndarray]]:
   """The trainer's step (or its loss's gradients) on one device; returns (run, the initial flat parameters)."""
   mesh = shd.make_mesh(dict(data=1, fsdp=1, tensor=1), jax.devices()[:1])
-  cfg = config_lib.resolve(cfg)  # 'auto' attention and compute dtype, as the trainer resolves them
-  defs, state = state_lib.create_train_state(cfg, mesh)
+  cfg, _ = train_config.resolve(cfg)  # 'auto' attention and compute dtype, as the trainer resolves them
+  defs, state = mlm.create_train_state(cfg, mesh)
   flat = to_flat(nnx.merge(defs.model_def, state['params']))  # the same seed gives every side the same weights
-  keys, sharding = step_lib.batch_keys(cfg.data.max_predictions), step_lib.batch_sharding(mesh)
+  keys, sharding = mlm.batch_keys(cfg.data.max_predictions), engine_step.micro_batch_sharding(mesh)
   dev = [{k: jax.device_put(b[k][None], sharding) for k in keys} for b in batches]
   if mode == 'step':
-    train = step_lib.build_train_step(cfg, mesh, defs)
+    train = mlm.jit_train_step(cfg, mesh, defs)
     box = {'state': state}
 
     def run(i: int) -> float:
@@ -77,10 +77,10 @@ def jax_side(cfg, mode: str, batches: list[dict[str, np.ndarray]]) -> tuple[Run,
 
     return run, flat
 
-  packed, limit = cfg.data.packing == 'packed', step_lib.max_segments(cfg.data)
+  packed, limit = cfg.data.packing == 'packed', mlm.max_segments(cfg.data)
 
   def loss(params, batch):
-    total, (count, _) = step_lib.mlm_sums(
+    total, (count, _) = mlm.mlm_sums(
       nnx.merge(defs.model_def, params), {k: v[0] for k, v in batch.items()}, packed, limit
     )
     return total / count

@@ -35,6 +35,8 @@ import threading
 import time
 from typing import Any, Callable, TypeVar
 
+from neobert_jax import errors
+
 log = logging.getLogger('neobert_jax.bucket')
 T = TypeVar('T')
 
@@ -123,15 +125,10 @@ def _retried(error: BaseException, waited: float, what: str = 'a request') -> No
     log.warning(
       'bucket slow: %s failed (%s); retrying for up to %.0f s in all (%.0f s so far)',
       what,
-      _short(error),
+      errors.first_line(error)[:200],
       window_s(),
       waited,
     )
-
-
-def _short(error: BaseException) -> str:
-  text = str(error).splitlines()[0] if str(error) else ''
-  return f'{type(error).__name__}: {text}'[:200]
 
 
 class Timer:

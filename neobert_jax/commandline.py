@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import faulthandler
 import functools
+import logging
 import os
 import re
 import sys
@@ -108,6 +109,13 @@ class Parser(argparse.ArgumentParser):
 
 
 # --- Commands with a config: absl flags -------------------------------------------------------------------------
+
+
+def configure_logging(level: int = logging.INFO) -> None:
+  """The log format of every training command, at `level` (a multi-host run passes WARNING to processes other
+  than 0). Orbax and Grain narrate every file they write at INFO through absl: its warnings and errors are kept."""
+  logging.basicConfig(level=level, format='%(asctime)s %(levelname)s %(message)s', datefmt='%H:%M:%S', force=True)
+  logging.getLogger('absl').setLevel(logging.WARNING)
 
 
 def run_absl(

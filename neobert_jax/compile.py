@@ -101,46 +101,34 @@ _REQUIRE_CUDNN = flags.DEFINE_bool(
 )
 
 
-def prepare_config(cfg, target: targets.Target):
-  """The config as it would run on the target: accelerator compute dtype and the target's attention kernel.
-
-  On the real hardware 'auto' settings resolve from jax.default_backend(); here the default backend is the
-  CPU, so they are resolved for the target explicitly, through the trainer's own resolution (same table).
-  Returns (config, attention Choice); raises ConfigError when an explicit kernel cannot run on the target.
-  """
-  from neobert_jax.config import train as schema
-  from neobert_jax.model.config import resolve_dtype
-  from neobert_jax.train import runtime as train_config
-
-  cfg = schema.typed(cfg)  # a fresh, typed copy
-  cfg.model.dtype = resolve_dtype(cfg.model.dtype, target.platform)
-  choice = train_config.attention_choice(cfg, platform=target.platform, compute_capability=target.compute_capability)
-  cfg.model.attention_impl = choice.kernel
-  return cfg, choice
-
-
 def run_child(cfg_in) -> int:
   import jax
   from neobert_jax.aot import report as report_lib
-  from neobert_jax.engine import metrics
+  from neobert_jax.config import train as train_config
+  from neobert_jax.train import mlm
 
   # Initialise the backends first: plugin discovery is what preloads the pip cuDNN library, and the cuDNN
   # attention checks at trace time fail with "cuDNN not found" without it.
   jax.devices()
   target = targets.parse_target(_TARGET.value)
   t0 = time.time()
-  from neobert_jax.config import train as train_config
-
   if target.platform == 'cuda':
     from neobert_jax import jax_compat
 
     jax_compat.cudnn_assume_compute_capability(target.compute_capability)
   try:
-    cfg, choice = prepare_config(cfg_in, target)
+    # On the real hardware 'auto' settings resolve from jax.default_backend(); here that is the CPU, so the
+    # trainer's own resolution (config/train.resolve, the same table) runs for the target's platform and devices.
+    cfg, choice = train_config.resolve(
+      train_config.typed(cfg_in),
+      platform=target.platform,
+      compute_capability=target.compute_capability,
+      num_devices=target.num_devices,
+    )
     if _PLAN.value:
       return run_plan(cfg, target)
     lowered, mesh = lowering.lower_step(cfg, target, _WHAT.value)
-  except train_config.ConfigError as e:
+  except errors.ConfigError as e:
     raise errors.ConfigError(f'for {target.spec}: {errors.one_line(e)}') from e
   notes = [f'attention kernel {choice.describe()}'] + ([choice.warning] if choice.warning else [])
   try:
@@ -168,7 +156,7 @@ def run_child(cfg_in) -> int:
       'GPU compile-only target: no autotuning, so kernel choices and temporaries may differ a little '
       'on a live GPU; XLA gives no FLOP count here'
     )
-  model_flops = metrics.flops_per_token(cfg) * tokens  # the trainer's own MFU accounting
+  model_flops = mlm.flops_per_token(cfg) * tokens  # the trainer's own MFU accounting
   xla_flops = report_lib.xla_flops(compiled) if compiled is not None else None
   if xla_flops is not None and xla_flops < 0.5 * model_flops / target.num_devices:
     notes.append(
@@ -240,7 +228,7 @@ def roofline_report(hlo: str, target: targets.Target, mesh, cfg, model_flops: fl
   """The FitReport fields of the roofline section, with the model FLOP formula's two terms beside what the
   program's kernels count (the dot FLOPs must match the matmul term: the check that the model reads the program)."""
   from neobert_jax.aot import roofline
-  from neobert_jax.model.config import matmul_params, train_flops_per_token
+  from neobert_jax.model.sizes import matmul_params, train_flops_per_token
 
   rl = roofline.for_program(hlo, target, mesh, cfg.mesh, model_flops / target.num_devices)
   seq, tokens = cfg.model.max_length, cfg.train.global_batch_size * cfg.model.max_length
@@ -343,9 +331,9 @@ def main(argv: list[str]) -> int:
 
 
 def _renamed(key: str) -> errors.ConfigError | None:
-  from neobert_jax import config as schema  # pylint: disable=g-import-not-at-top
+  from neobert_jax import config as config_lib  # pylint: disable=g-import-not-at-top
 
-  return schema.unknown_key(key) if key in schema.RENAMED else None
+  return config_lib.unknown_key(key) if key in config_lib.RENAMED else None
 
 
 def run() -> None:

@@ -223,14 +223,6 @@ def is_primary() -> bool:
   return jax.process_index() == 0
 
 
-def barrier(name: str) -> None:
-  """Wait until every process reaches this point (no-op with one process)."""
-  if jax.process_count() > 1:
-    from jax.experimental import multihost_utils
-
-    multihost_utils.sync_global_devices(name)
-
-
 def shutdown() -> None:
   """Graceful end of a multi-process job (also run automatically at exit by jax)."""
   global _INFO

@@ -131,6 +131,13 @@ def one_line(error: BaseException) -> str:
   return ' | '.join(lines) or type(error).__name__
 
 
+def first_line(error: BaseException) -> str:
+  """`Type: first line of the message`, for a log line or a reason in parentheses where the rest would be noise
+  (a storage client's request dump, a tensorstore spec)."""
+  text = str(error).splitlines()[0] if str(error) else ''
+  return f'{type(error).__name__}: {text}'
+
+
 @contextlib.contextmanager
 def reported(prog: str, debug: bool = False, also: dict[type[BaseException], type[NeobertError]] | None = None):
   """Runs the body; an expected error becomes one line on stderr and SystemExit with the class's status.

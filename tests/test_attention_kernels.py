@@ -16,7 +16,8 @@ from flax import nnx
 from neobert_jax import sharding
 from neobert_jax.data.pipeline import packing
 from neobert_jax.model import NeoBERTForMLM, default_model_config
-from neobert_jax.model.attention import attention, choose, overflow, packed_layout
+from neobert_jax.config.model import choose_attention
+from neobert_jax.model.attention import attention, overflow, packed_layout
 
 B, T, H, D = 4, 256, 2, 32
 
@@ -180,7 +181,7 @@ def test_kernels_inside_the_model(kernel, mesh):
 
 
 def test_auto_resolution_table():
-  c = lambda **kw: choose('auto', **{'dtype': 'bfloat16', 'packed': True, 'seq_len': 1024, **kw}).kernel
+  c = lambda **kw: choose_attention('auto', **{'dtype': 'bfloat16', 'packed': True, 'seq_len': 1024, **kw}).kernel
   assert c(platform='gpu', compute_capability='9.0') == 'cudnn'
   assert c(platform='cuda', compute_capability='9.0', packed=False) == 'cudnn'
   assert c(platform='gpu', compute_capability='8.0') == 'cudnn_bias'
@@ -192,18 +193,20 @@ def test_auto_resolution_table():
   assert c(platform='cpu', dtype='float32', seq_len=128) == 'xla'  # one key block: nothing to tile
   assert (
     'bias'
-    in choose('auto', platform='gpu', dtype='bfloat16', packed=True, seq_len=1024, compute_capability='8.6').warning
+    in choose_attention(
+      'auto', platform='gpu', dtype='bfloat16', packed=True, seq_len=1024, compute_capability='8.6'
+    ).warning
   )
   # explicit choices that cannot run say which setting to change
   with pytest.raises(ValueError, match='bfloat16'):
-    choose('cudnn', platform='gpu', dtype='float32', packed=False, seq_len=1024)
+    choose_attention('cudnn', platform='gpu', dtype='float32', packed=False, seq_len=1024)
   with pytest.raises(ValueError, match='NVIDIA GPU'):
-    choose('cudnn', platform='tpu', dtype='bfloat16', packed=False, seq_len=1024)
+    choose_attention('cudnn', platform='tpu', dtype='bfloat16', packed=False, seq_len=1024)
   with pytest.raises(ValueError, match='Hopper'):
-    choose('cudnn', platform='gpu', dtype='bfloat16', packed=True, seq_len=1024, compute_capability='8.0')
+    choose_attention('cudnn', platform='gpu', dtype='bfloat16', packed=True, seq_len=1024, compute_capability='8.0')
   with pytest.raises(ValueError, match='splash_block_size'):
-    choose('splash', platform='tpu', dtype='bfloat16', packed=True, seq_len=640, splash_block=512)
-  assert choose('splash', platform='cpu', dtype='float32', packed=True, seq_len=256).warning  # interpret mode
+    choose_attention('splash', platform='tpu', dtype='bfloat16', packed=True, seq_len=640, splash_block=512)
+  assert choose_attention('splash', platform='cpu', dtype='float32', packed=True, seq_len=256).warning  # interpret mode
 
 
 def test_train_step_reports_rows_over_the_document_limit():
@@ -215,7 +218,7 @@ def test_train_step_reports_rows_over_the_document_limit():
   cfg.data.max_documents_per_row = 2
   mesh = sharding.make_mesh({'data': 1, 'fsdp': 1, 'tensor': 1}, jax.devices()[:1])
   defs, state = mlm.create_train_state(cfg, mesh)
-  train = mlm.build_train_step(cfg, mesh, defs)
+  train = mlm.jit_train_step(cfg, mesh, defs)
   batch = synthetic_batch(cfg, mesh, seed=0, as_numpy=True)  # two documents per row: within the limit
   state, metrics = train(state, batch)
   assert int(metrics['rows_over_document_limit']) == 0

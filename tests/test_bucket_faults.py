@@ -18,8 +18,7 @@ from etils import epath
 from fault_proxy import FaultProxy
 from neobert_jax import paths
 from neobert_jax.weights import runs
-from neobert_jax.train import loop
-from neobert_jax.train.testing import assert_identical_params, tiny_config, tiny_run_command
+from neobert_jax.train.testing import assert_identical_params, tiny_config, tiny_run_command, train_only
 
 pytestmark = [pytest.mark.server, pytest.mark.slow]
 
@@ -42,7 +41,7 @@ def _proxy_env(proxy: FaultProxy, tmp_path: Path) -> dict[str, str]:
 @pytest.fixture(scope='module')
 def uninterrupted(tmp_path_factory):
   workdir = tmp_path_factory.mktemp('local')
-  loop.run(tiny_config(steps=6), workdir)
+  train_only(tiny_config(steps=6), workdir)
   return runs.restore_params(workdir)[1]
 
 
@@ -97,7 +96,7 @@ def test_faults_and_a_short_outage_are_ridden_out_a_long_one_stops_with_one_line
   assert runs.latest_step(workdir) == 3
 
   cfg.data.dir = data_url
-  assert loop.run(cfg, workdir).final_step == 6  # the same command, the bucket back
+  assert train_only(cfg, workdir).final_step == 6  # the same command, the bucket back
   assert_identical_params(runs.restore_params(workdir)[1], uninterrupted)
 
 

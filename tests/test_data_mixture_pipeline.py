@@ -15,8 +15,8 @@ from neobert_jax import errors
 from neobert_jax.config import data as data_config
 from neobert_jax.data import pipeline, testing
 from neobert_jax.data.pipeline import factories
-from neobert_jax.train import loop, report
-from neobert_jax.train.testing import assert_identical_params, tiny_config
+from neobert_jax.train import report
+from neobert_jax.train.testing import assert_identical_params, tiny_config, train_only
 from neobert_jax.weights import runs
 
 SEQ, VOCAB, BATCH = 64, 1000, 16
@@ -104,7 +104,7 @@ def _train_config(mixture, steps=6):
 @pytest.mark.slow
 def test_a_run_on_a_mixture_evaluates_each_source_and_resumes_bit_for_bit(root, tmp_path):
   mixture = _mixture(root, {'a': 0.7, 'b': [[0, 0.3], [4, 0.6]]})
-  full = loop.run(_train_config(mixture), tmp_path / 'full')
+  full = train_only(_train_config(mixture), tmp_path / 'full')
   last = full.evals[-1]
   weights = {'a': 0.7 / 1.3, 'b': 0.6 / 1.3}  # at step 6
   assert last['loss'] == pytest.approx(sum(w * last[f'{n}/loss'] for n, w in weights.items()))
@@ -113,24 +113,24 @@ def test_a_run_on_a_mixture_evaluates_each_source_and_resumes_bit_for_bit(root, 
   curve = report.loss_curve(tmp_path / 'full')[-1]  # loss_curve.md's rows: a column per source
   assert curve['a/loss'] == last['a/loss'] and curve['b/loss'] == last['b/loss'] and 'loss' not in curve
   with pytest.raises(Crash):
-    loop.run(_train_config(mixture), tmp_path / 'part', on_step=_crash_after(4))
+    train_only(_train_config(mixture), tmp_path / 'part', on_step=_crash_after(4))
   assert runs.latest_step(tmp_path / 'part') == 3
-  loop.run(_train_config(mixture), tmp_path / 'part')
+  train_only(_train_config(mixture), tmp_path / 'part')
   assert_identical_params(runs.restore_params(tmp_path / 'part')[1], runs.restore_params(tmp_path / 'full')[1])
 
 
 @pytest.mark.slow
 def test_new_weights_on_resume_are_recorded_and_a_new_source_needs_mixture_fresh(root, tmp_path):
-  loop.run(_train_config(_mixture(root, {'a': 0.7, 'b': 0.3}), steps=3), tmp_path)
-  loop.run(_train_config(_mixture(root, {'a': 0.2, 'b': 0.8}), steps=5), tmp_path)
+  train_only(_train_config(_mixture(root, {'a': 0.7, 'b': 0.3}), steps=3), tmp_path)
+  train_only(_train_config(_mixture(root, {'a': 0.2, 'b': 0.8}), steps=5), tmp_path)
   resume = json.loads((tmp_path / 'config_history.jsonl').read_text().splitlines()[-1])
   change = next(c for c in resume['changes'] if c['field'] == 'data.mixture_sources')
   assert change['kind'] == 'schedule' and '0.8' in change['after'] and '0.3' in change['before']
   grown = _train_config(_mixture(root, {'a': 0.2, 'b': 0.8, 'c': 1}), steps=6)
   with pytest.raises(errors.ConfigError, match="source 'c' is new since the checkpoint"):
-    loop.run(grown, tmp_path)
+    train_only(grown, tmp_path)
   grown.data.mixture_fresh = 'c'
-  assert loop.run(grown, tmp_path).final_step == 6
+  assert train_only(grown, tmp_path).final_step == 6
 
 
 def test_a_source_that_runs_out_starts_its_next_epoch_and_the_log_says_so(root, caplog):

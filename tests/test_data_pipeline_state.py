@@ -4,7 +4,7 @@ without virtual-shard positions is told apart. Pure dicts: the iterators that wr
 tests/test_data_pipeline_host_batches.py's and tests/test_data_elastic.py's."""
 
 from neobert_jax.data import pipeline
-from neobert_jax.data.pipeline import state as state_lib
+from neobert_jax.data.pipeline import state as data_state
 
 
 def _process_states(block):
@@ -25,11 +25,11 @@ def test_nested_states_merge_and_seek_source_by_source():
   merged = pipeline.merge_states(states)
   assert merged['sources']['web']['shards']['3'] == [5, 2] and merged['sources']['books']['shards']['0'] == [9, 1]
   assert merged['step'] == 3
-  sought = state_lib.seek(merged, 100)
+  sought = data_state.seek(merged, 100)
   assert sought['sources']['web'] == pipeline.state_at(100, shards_=range(4)) and sought['step'] == 3
-  assert state_lib.holds_streams(merged) and state_lib.holds_streams([merged])
+  assert data_state.holds_streams(merged) and data_state.holds_streams([merged])
 
 
 def test_a_state_without_virtual_shard_positions_is_told_apart():
-  assert not state_lib.holds_streams({'workers': [1, 2], 'bytes': 'abc'})
-  assert state_lib.seek({'x': 1}, 7) == {'x': 1}
+  assert not data_state.holds_streams({'workers': [1, 2], 'bytes': 'abc'})
+  assert data_state.seek({'x': 1}, 7) == {'x': 1}

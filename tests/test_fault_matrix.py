@@ -28,12 +28,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from neobert_jax import errors, pretrain
+from neobert_jax import errors
 from neobert_jax.convert import export_hf
 from neobert_jax.data import testing as data_testing
 from neobert_jax.weights import runs
-from neobert_jax.train import loop
-from neobert_jax.train.testing import kill_when_paused, tiny_config
+from neobert_jax.train import __main__ as train_command
+from neobert_jax.train.testing import kill_when_paused, tiny_config, train_only
 
 REPO = Path(__file__).resolve().parents[1]
 VOCAB, STEPS = 1000, 8
@@ -64,7 +64,7 @@ def data_dir(tmp_path_factory):
 def reference(data_dir, tmp_path_factory):
   """The uninterrupted run: checkpoints at steps 2, 4, 6 and 8."""
   workdir = tmp_path_factory.mktemp('reference')
-  assert loop.run(_cfg(data_dir), workdir).final_step == STEPS
+  assert train_only(_cfg(data_dir), workdir).final_step == STEPS
   return workdir
 
 
@@ -180,7 +180,7 @@ def test_kill_9_during_an_async_save_resumes_bit_identical(data_dir, reference, 
   complete = runs.latest_step(workdir)
   assert complete is not None and complete < STEPS, left
 
-  result = loop.run(_cfg(data_dir, every=1), workdir)  # the same command again
+  result = train_only(_cfg(data_dir, every=1), workdir)  # the same command again
   assert result.final_step == STEPS
   _assert_same_params(workdir, reference)
   assert not [n for n in os.listdir(checkpoints) if 'orbax-checkpoint-tmp' in n or 'corrupt' in n]
@@ -252,7 +252,7 @@ def disk_full(data_dir, reference, tmp_path_factory):
   with _tmpfs(workdir, size):
     shutil.copytree(staged, workdir, dirs_exist_ok=True)
     before = _tree_digest(workdir / 'checkpoints' / '4')
-    outcome, stderr = _run_reported(lambda: pretrain.run(_cfg(data_dir), workdir))
+    outcome, stderr = _run_reported(lambda: train_command.pretrain(_cfg(data_dir), workdir))
     yield outcome, stderr, workdir, before
 
 
@@ -264,7 +264,7 @@ def test_disk_full_keeps_the_last_good_checkpoint(data_dir, reference, disk_full
   assert _tree_digest(workdir / 'checkpoints' / '4') == before
   # Once there is room again, the same command resumes from it and ends where the uninterrupted run did.
   _remount(workdir, 'size=64m')
-  assert loop.run(_cfg(data_dir), workdir).final_step == STEPS
+  assert train_only(_cfg(data_dir), workdir).final_step == STEPS
   _assert_same_params(workdir, reference)
 
 
@@ -285,7 +285,7 @@ def read_only(data_dir, reference, tmp_path_factory):
     _copy_run(reference, workdir, upto=4)
     before = _tree_digest(workdir)
     _remount(workdir, 'ro')
-    outcome, stderr = _run_reported(lambda: pretrain.run(_cfg(data_dir), workdir))
+    outcome, stderr = _run_reported(lambda: train_command.pretrain(_cfg(data_dir), workdir))
     yield outcome, stderr, workdir, before
 
 
@@ -331,7 +331,7 @@ def test_damaged_data_is_refused_with_one_line_before_training(damage, target, t
   _make_data(data)
   damage(data / target)
   workdir = tmp_path / 'run'
-  outcome, stderr = _run_reported(lambda: pretrain.run(_cfg(data), workdir))
+  outcome, stderr = _run_reported(lambda: train_command.pretrain(_cfg(data), workdir))
   line = _assert_one_line(outcome, stderr, str(data / target), 'prepare it again')
   assert outcome == errors.DataError.exit_status, line
   assert not workdir.exists()  # refused before anything was written, let alone trained
@@ -347,7 +347,7 @@ def test_checkpoint_missing_one_array_file_falls_back_loudly_and_resumes_bit_ide
   files = sorted((workdir / 'checkpoints' / '8' / 'params').rglob('d/*'), key=lambda p: p.stat().st_size)
   files[-1].unlink()  # the largest array data file of the latest step
   caplog.set_level(logging.WARNING)
-  assert loop.run(_cfg(data_dir), workdir).final_step == STEPS
+  assert train_only(_cfg(data_dir), workdir).final_step == STEPS
   assert 'checkpoint step 8' in caplog.text and 'falling back to step 6' in caplog.text
   # Set aside under a new name with a loud message naming it, never deleted.
   assert [
@@ -367,7 +367,7 @@ def test_latest_step_with_a_damaged_config_copy_is_set_aside_like_damaged_arrays
   metadata = workdir / 'checkpoints' / '8' / 'config' / 'metadata'
   metadata.write_text(metadata.read_text()[:20])
   caplog.set_level(logging.WARNING)
-  assert loop.run(_cfg(data_dir), workdir).final_step == STEPS
+  assert train_only(_cfg(data_dir), workdir).final_step == STEPS
   assert 'its copy of the config could not be read' in caplog.text and 'falling back to step 6' in caplog.text
   assert f'{workdir / "checkpoints"}/8.corrupt' in caplog.text
   assert (workdir / 'checkpoints' / '8.corrupt' / 'config' / 'metadata').read_text() == metadata.read_text()[:20]
@@ -378,7 +378,7 @@ def test_latest_step_with_a_damaged_config_copy_is_set_aside_like_damaged_arrays
 
 
 def _child_train(data_dir: str, workdir: str) -> None:
-  loop.run(_cfg(data_dir, every=1), workdir)  # a checkpoint every step: a save is nearly always under way
+  train_only(_cfg(data_dir, every=1), workdir)  # a checkpoint every step: a save is nearly always under way
 
 
 def _child_export(mode: str, checkpoint: str, out: str) -> None:

@@ -19,6 +19,7 @@ import test_train_sharding as single  # the sharding tests' config; their tolera
 from neobert_jax import config as config_lib
 from neobert_jax import sharding as shd
 from neobert_jax.aot import collectives
+from neobert_jax.engine import step as engine_step
 from neobert_jax.train import mlm
 from neobert_jax.train.testing import REPO_ROOT, synthetic_batch
 
@@ -43,11 +44,11 @@ def _train(sizes, accum, devices, steps=3):
   mesh = shd.make_mesh(sizes, devices)
   rows = synthetic_batch(_cfg(1), mesh, seed=7, as_numpy=True)  # [1, ROWS, ...]: the same rows for every split
   batch = {
-    k: jax.device_put(v.reshape((accum, ROWS // accum) + v.shape[2:]), mlm.batch_sharding(mesh))
+    k: jax.device_put(v.reshape((accum, ROWS // accum) + v.shape[2:]), engine_step.micro_batch_sharding(mesh))
     for k, v in rows.items()
   }
   defs, state = mlm.create_train_state(cfg, mesh)
-  train = mlm.build_train_step(cfg, mesh, defs)
+  train = mlm.jit_train_step(cfg, mesh, defs)
   losses = []
   for _ in range(steps):
     state, metrics = train(state, batch)
@@ -95,7 +96,7 @@ def test_compiled_step_reduces_across_slices_once():
   cfg = _cfg(ACCUM)
   mesh = shd.make_mesh(HYBRID)
   defs, abstract = mlm.abstract_train_state(cfg, mesh)
-  hlo = mlm.build_train_step(cfg, mesh, defs).lower(abstract, mlm.abstract_batch(cfg, mesh)).compile().as_text()
+  hlo = mlm.jit_train_step(cfg, mesh, defs).lower(abstract, mlm.abstract_batch(cfg, mesh)).compile().as_text()
   granules, transfers = collectives.for_mesh(hlo, mesh, shd.resolve_layout(HYBRID, 8))
   assert granules == 2 and transfers
   # Nothing inside the micro-batch loop crosses: every DCN collective runs once per step.

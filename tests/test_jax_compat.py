@@ -39,7 +39,7 @@ def test_slurm_coordinator_parses_compressed_node_list():
 
 
 def test_public_preemption_apis_present():
-  # train/loop.py decides whether jax's preemption service runs from these two public names.
+  # train/pretraining.py decides whether jax's preemption service runs from these two public names.
   assert jax.distributed.is_initialized() is False
   assert isinstance(bool(jax.config.jax_enable_preemption_service), bool)
 

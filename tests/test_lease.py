@@ -163,14 +163,14 @@ def test_two_prepare_builds_into_one_output_are_refused(tmp_path, engine, capsys
 
 def test_finetune_on_a_live_workdir_is_refused_before_its_config_is_read(tmp_path):
   from neobert_jax.config.finetune import base_config
-  from neobert_jax.finetune import loop as finetune_loop
+  from neobert_jax.finetune import job as finetune_job
 
   workdir = tmp_path / 'cls'
   child = _holder(str(workdir), 60)
   try:
     cfg = base_config('classification')  # no train file: any check of it would fail with another error
     with pytest.raises(errors.InUseError, match=f'--workdir={workdir} is in use by another job: .*pid {child.pid}'):
-      finetune_loop.run(cfg, workdir)
+      finetune_job.finetune(cfg, workdir)
     assert sorted(p.name for p in workdir.iterdir()) == [lease.LEASE_FILE]
   finally:
     child.kill()
@@ -212,7 +212,7 @@ def test_every_out_of_range_prepare_flag_is_one_line(tmp_path, capsys):
 
 _TRAIN = """
 import os, sys, time
-from neobert_jax import pretrain
+from neobert_jax.train import __main__ as train_command
 from neobert_jax.train.testing import tiny_config
 def hold(step):
   if step == 4:  # checkpoint 3 is written; the parent works beside this live run, then stops it
@@ -222,7 +222,7 @@ def hold(step):
 cfg = tiny_config(steps=6)
 cfg.run_id = 'job-a'
 cfg.data.dir = sys.argv[2] or cfg.data.dir
-pretrain.run(cfg, sys.argv[1], on_step=hold)
+train_command.pretrain(cfg, sys.argv[1], on_step=hold)
 """
 
 
@@ -262,11 +262,11 @@ def test_second_trainer_on_a_live_workdir_is_refused_and_readers_work_beside_it(
   (convert) and the parameter reader of embed / evaluate. Locally the live run is then stopped with SIGTERM (a clean
   exit: the lease is released); on the bucket it is killed with kill -9 and a restart with the same run_id takes
   the lease back at once and finishes the run."""
-  from neobert_jax import paths, pretrain
+  from neobert_jax import paths
+  from neobert_jax.train import __main__ as train_command
   from neobert_jax.convert import export_hf
   from neobert_jax.data import pipeline
-  from neobert_jax.train import loop
-  from neobert_jax.train.testing import tiny_config
+  from neobert_jax.train.testing import tiny_config, train_only
 
   cfg = tiny_config(steps=6)
   data_dir = ''
@@ -279,7 +279,7 @@ def test_second_trainer_on_a_live_workdir_is_refused_and_readers_work_beside_it(
   try:
     before = _files(epath.Path(where))
     with pytest.raises(SystemExit) as stop, errors.reported('train'):
-      pretrain.run(tiny_config(steps=6), where)
+      train_command.pretrain(tiny_config(steps=6), where)
     assert stop.value.code == errors.InUseError.exit_status
     err = [x for x in capsys.readouterr().err.splitlines() if x.strip()]
     assert len(err) == 1 and f'pid {child.pid}' in err[0] and 'run_id job-a' in err[0], err
@@ -301,7 +301,9 @@ def test_second_trainer_on_a_live_workdir_is_refused_and_readers_work_beside_it(
     assert _content(where)['pid'] == child.pid  # left to expire
     caplog.set_level(logging.WARNING)
     cfg.run_id = 'job-a'  # the same job restarted: no wait for the timeout
-    assert loop.run(cfg, where).final_step == 6  # (the report of pretrain.run reads held-out data locally only)
+    assert (
+      train_only(cfg, where).final_step == 6
+    )  # (the report of train_command.pretrain reads held-out data locally only)
     assert 'the same job (run_id job-a) restarted' in caplog.text
     assert not (epath.Path(where) / lease.LEASE_FILE).exists()
   finally:

@@ -9,7 +9,7 @@ from flax import nnx
 from neobert_jax import sharding
 from neobert_jax.model import NeoBERTForMLM, default_model_config, train_flops_per_token
 from neobert_jax.config.model import validate_model_config
-from neobert_jax.model.config import ffn_hidden_size
+from neobert_jax.model.sizes import ffn_hidden_size
 from neobert_jax.model.rope import apply_rope
 
 

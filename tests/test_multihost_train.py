@@ -1,6 +1,6 @@
 """Multi-host training on one machine: 2 processes x 2 fake CPU devices against 1 process x 4 devices.
 
-Both runs use the real trainer (neobert_jax.train.loop.run: state creation, sharded train step, Orbax
+Both runs use the real trainer (neobert_jax.train.pretraining.train: state creation, sharded train step, Orbax
 checkpointing with per-process shards and per-process data-iterator state) on the same 4-device mesh.
 They must log the same losses, and the checkpoint the 2-process job writes must restore in a single
 process on a different mesh (tensor parallel) and export to a PyTorch / Hugging Face model.
@@ -66,7 +66,7 @@ def _train_worker(workdir: str) -> None:
 
   info = distributed.initialize()
   logging.basicConfig(level=logging.INFO if info.is_primary else logging.WARNING, format='%(message)s')
-  from neobert_jax.train import loop
+  from neobert_jax.train.testing import train_only
 
   cfg = _config()
   die_at = int(os.environ.get('TEST_DIE_AT_STEP', '-1'))
@@ -82,7 +82,7 @@ def _train_worker(workdir: str) -> None:
       print(f'process 1 got SIGTERM after step {done}', flush=True)
       os.kill(os.getpid(), signal.SIGTERM)
 
-  result = loop.run(cfg, workdir, on_step=on_step)
+  result = train_only(cfg, workdir, on_step=on_step)
   print(f'process {info.process_id} TRAIN_DONE final_step={result.final_step} preempted={result.preempted}', flush=True)
 
 
@@ -98,7 +98,7 @@ def _resume_worker(workdir: str) -> None:
   import numpy as np
   from flax import nnx
   from neobert_jax.engine import checkpoint as ckpt
-  from neobert_jax.train import loop
+  from neobert_jax.train.testing import train_only
   from neobert_jax.weights import flat as flat_lib
   from neobert_jax.weights import runs
 
@@ -118,7 +118,7 @@ def _resume_worker(workdir: str) -> None:
     return out
 
   ckpt.restore_latest = spy
-  result = loop.run(cfg, workdir)
+  result = train_only(cfg, workdir)
   assert seen.get('step') == STEPS, seen.get('step')
   assert seen['opt_step'] == STEPS and seen['mesh']['fsdp'] == 2, (seen['opt_step'], seen['mesh'])
   assert sorted(seen['params']) == sorted(saved)

@@ -74,7 +74,7 @@ def _entry(name: str) -> bool:
   return name == 'neobert_jax.cli' or name.endswith('.__main__')
 
 
-COMMANDS = ('finetune', 'evaluate', 'embed', 'aot', 'compile', 'pretrain', 'cli')
+COMMANDS = ('finetune', 'evaluate', 'embed', 'aot', 'compile', 'cli')
 
 # (layer, its areas (a module or subpackage of neobert_jax), its rule), lowest first.
 LAYERS = (
@@ -90,7 +90,7 @@ LAYERS = (
   ('engine', ('engine',), 'the one trainer and checkpoint writer: imports no task'),
   ('train and convert', ('train', 'convert'), 'pretraining and Hugging Face conversion, side by side'),
   ('downstream', ('downstream',), 'what fine-tuning, embed and evaluate share: imports none of them'),
-  ('commands', ('pretrain', 'finetune', 'evaluate', 'embed', 'aot', 'compile'), 'the jobs the commands run'),
+  ('commands', ('finetune', 'evaluate', 'embed', 'aot', 'compile'), 'the jobs the commands run'),
   ('entry points', ('cli', '__main__'), 'flags and one-line errors: import anything; nothing imports them'),
 )
 
@@ -238,12 +238,12 @@ def test_no_import_cycles():
 
 
 def _area(name: str) -> str:
-  return '.'.join(name.split('.')[:2])  # neobert_jax.train.loop -> neobert_jax.train
+  return '.'.join(name.split('.')[:2])  # neobert_jax.train.pretraining -> neobert_jax.train
 
 
 def test_no_cycles_between_subpackages():
-  # Entry points (a package's __main__) sit above every layer, whichever folder holds them: train/__main__ runs
-  # pretrain.py, which builds on train/, and that is no cycle between the layers.
+  # Entry points (a package's __main__) sit above every layer, whichever folder holds them: train/__main__'s job
+  # joins train/ and convert/, and that is no cycle between the layers.
   graph = {a: deps for a, deps in _graph().items() if not _entry(a)}
   areas = lambda keep: {  # noqa: E731
     _area(a): {
@@ -264,7 +264,7 @@ def test_no_cycles_between_subpackages():
 
 def test_train_and_convert_share_the_parameter_layer():
   # Both read run directories and the Hugging Face layout through weights/; neither imports the other (the
-  # end-of-run export joins them in pretrain.py, above both).
+  # end-of-run export joins them in the train command's job, train/__main__.py, an entry point above both).
   graph = _graph()
   between = sorted(
     (a, b)
@@ -275,7 +275,7 @@ def test_train_and_convert_share_the_parameter_layer():
   assert not between, f'train and convert import each other: {between}'
   assert {'neobert_jax.weights.runs', 'neobert_jax.weights.hf'} <= graph['neobert_jax.convert.export_hf']
   assert 'neobert_jax.weights.source' in graph['neobert_jax.train.mlm']
-  assert {'neobert_jax.train.loop', 'neobert_jax.convert.export_hf'} <= graph['neobert_jax.pretrain']
+  assert {'neobert_jax.train.pretraining', 'neobert_jax.convert.export_hf'} <= graph['neobert_jax.train.__main__']
 
 
 # What reads weights off disk: the low-level readers of each format. Only weights/ may call them; everything else
@@ -326,4 +326,14 @@ def test_the_walker_sees_function_level_imports():
   # see imports there, and resolve `from pkg import module` to the module.
   graph = _graph()
   assert 'neobert_jax.data.assets' in graph['neobert_jax.data.tokenizer']
-  assert 'neobert_jax.pretrain' in graph['neobert_jax.train.__main__']  # imported inside a function
+  assert 'neobert_jax.train.pretraining' in graph['neobert_jax.train.__main__']  # imported inside a function
+
+
+def test_the_train_command_is_served_by_train_and_names_say_one_role():
+  # `python -m neobert_jax.train` runs train/__main__.py's job (lease -> train -> export -> report); no module above
+  # train/ holds it. One loop.py at most, so a module's name says which loop it is.
+  assert not (PKG / 'pretrain.py').exists()
+  loops = sorted(str(p.relative_to(PKG)) for p in PKG.rglob('loop.py'))
+  assert len(loops) <= 1, loops
+  graph = _graph()
+  assert 'neobert_jax.train.pretraining' in graph['neobert_jax.train.__main__']

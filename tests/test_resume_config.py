@@ -10,7 +10,7 @@ import pytest
 from neobert_jax.config import train as schema
 from neobert_jax import errors
 from neobert_jax.config import resume as rules
-from neobert_jax.train import loop
+from neobert_jax.train.testing import train_only
 from neobert_jax.engine import optimizer as optimizer_lib
 from neobert_jax.train import resume
 from neobert_jax.train.testing import tiny_config
@@ -20,7 +20,7 @@ from neobert_jax.train.testing import tiny_config
 def finished(tmp_path_factory):
   """A finished 6-step run (checkpoints at 3 and 6), copied by each test."""
   workdir = tmp_path_factory.mktemp('run')
-  assert loop.run(tiny_config(steps=6), workdir).final_step == 6
+  assert train_only(tiny_config(steps=6), workdir).final_step == 6
   return workdir
 
 
@@ -95,7 +95,7 @@ def test_identity_change_is_refused_with_both_values_and_nothing_touched(run, ca
   cfg = tiny_config(steps=6)
   cfg.model.hidden_size, cfg.data.mask_rate = 64, 0.3
   with pytest.raises(SystemExit) as stop, errors.reported('train'):
-    loop.run(cfg, run)
+    train_only(cfg, run)
   assert stop.value.code == errors.ConfigError.exit_status
   err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
   assert len(err) == 1, err
@@ -114,7 +114,7 @@ def test_identity_change_is_refused_with_both_values_and_nothing_touched(run, ca
 def test_num_steps_below_the_checkpoint_is_refused(run):
   before = _snapshot(run)
   with pytest.raises(errors.ConfigError, match='below the checkpoint step 6'):
-    loop.run(tiny_config(steps=4), run)
+    train_only(tiny_config(steps=4), run)
   assert _snapshot(run) == before
 
 
@@ -123,7 +123,7 @@ def test_extending_the_run_follows_the_new_schedule_and_is_recorded(run, caplog)
   cfg = tiny_config(steps=9)
   cfg.checkpoint.every_steps = 2  # a free change alongside the schedule one
   caplog.set_level('WARNING')
-  assert loop.run(cfg, run).final_step == 9
+  assert train_only(cfg, run).final_step == 9
   assert 'train.num_steps 6 -> 9 (schedule)' in caplog.text
   assert 'the next update (step 6) uses' in caplog.text
   # The updates after the resume use the new 9-step schedule, rounded as the optimizer rounds it.
@@ -144,7 +144,7 @@ def test_free_changes_on_a_finished_run_are_logged_and_recorded(run, caplog):
   cfg = tiny_config(steps=6)
   cfg.logging.log_every, cfg.model.attention_impl = 3, 'blockwise'
   caplog.set_level('WARNING')
-  assert loop.run(cfg, run).final_step == 6
+  assert train_only(cfg, run).final_step == 6
   assert 'logging.log_every 1 -> 3 (free)' in caplog.text
   assert {c['field'] for c in resume.history(run)[-1]['changes']} == {'logging.log_every', 'model.attention_impl'}
 
@@ -169,21 +169,21 @@ def test_the_run_records_its_tokenizer_and_a_resume_that_leaves_it_unset_continu
     _record_tokenizer(run, recorded)
     cfg = tiny_config(steps=steps)
     assert cfg.data.tokenizer == ''
-    assert loop.run(cfg, run).final_step == steps
+    assert train_only(cfg, run).final_step == steps
     assert [c['field'] for c in resume.history(run)[-1]['changes']] == changed
     assert tokenizer() == 'bert-base-uncased'
   assert rules.diff({'data': {'tokenizer': ''}}, {'data': {'tokenizer': 'x'}}, rules.PRETRAIN_RULES) == []
   cfg = tiny_config(steps=7)
   cfg.data.tokenizer = 'builtin-wordpiece-2048'
   with pytest.raises(errors.ConfigError, match="data.tokenizer 'bert-base-uncased' -> 'builtin-wordpiece-2048'"):
-    loop.run(cfg, run)
+    train_only(cfg, run)
 
 
 def test_switching_clipping_off_is_refused_before_the_restore(run):
   cfg = tiny_config(steps=6)
   cfg.optimizer.clip_norm = 0.0
   with pytest.raises(errors.ConfigError, match=r'optimizer.clip_norm 1.0 -> 0.0'):
-    loop.run(cfg, run)
+    train_only(cfg, run)
 
 
 def test_a_checkpoint_that_does_not_fit_is_a_mismatch_never_corrupt(run):
@@ -196,7 +196,7 @@ def test_a_checkpoint_that_does_not_fit_is_a_mismatch_never_corrupt(run):
   cfg = tiny_config(steps=6)
   cfg.model.hidden_size = 64
   with pytest.raises(errors.ConfigError, match=r'expected shape \(64,\), got \(32,\)'):
-    loop.run(cfg, run)
+    train_only(cfg, run)
   assert _snapshot(run) == before
   assert not list((run / 'checkpoints').glob('*.corrupt*'))
 
@@ -204,12 +204,12 @@ def test_a_checkpoint_that_does_not_fit_is_a_mismatch_never_corrupt(run):
 def test_workdir_that_is_a_file_and_missing_init_sources_are_one_line(tmp_path):
   (tmp_path / 'afile').write_text('x')
   with pytest.raises(errors.ConfigError, match='is a file, not a directory'):
-    loop.run(tiny_config(steps=2), tmp_path / 'afile')
+    train_only(tiny_config(steps=2), tmp_path / 'afile')
   for field in ('from_checkpoint', 'from_hf'):
     cfg = tiny_config(steps=2)
     cfg.init[field] = str(tmp_path / 'no' / 'such')
     with pytest.raises(errors.CheckpointError, match=f'init.{field}='):
-      loop.run(cfg, tmp_path / f'w_{field}')
+      train_only(cfg, tmp_path / f'w_{field}')
     assert not (tmp_path / f'w_{field}').exists()
 
 
@@ -229,6 +229,6 @@ def test_values_that_cannot_train_are_refused_before_anything_runs(tmp_path, fie
   section, name = field.split('.')
   cfg[section][name] = value
   with pytest.raises(errors.ConfigError) as e:
-    loop.run(cfg, tmp_path / 'w')
+    train_only(cfg, tmp_path / 'w')
   assert needle in str(e.value)
   assert not (tmp_path / 'w').exists()

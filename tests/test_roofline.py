@@ -12,7 +12,7 @@ from flax import nnx
 from neobert_jax import hardware
 from neobert_jax.aot import hlo, kernel_cost, report, roofline
 from neobert_jax.model import NeoBERTForMLM, default_model_config
-from neobert_jax.model.config import train_flops_per_token
+from neobert_jax.model.sizes import train_flops_per_token
 
 H100 = 'NVIDIA H100 80GB HBM3'
 

@@ -19,7 +19,7 @@ import pyarrow.parquet as pq
 import pytest
 import zstandard
 
-from neobert_jax import errors, paths, pretrain
+from neobert_jax import errors, paths
 from neobert_jax.config import data as data_config
 from neobert_jax.data import shards, testing
 from neobert_jax.data import pipeline
@@ -27,8 +27,8 @@ from neobert_jax.data.pipeline import virtual
 from neobert_jax.data.prepare import publish
 from neobert_jax.data.prepare import local as prepare_lib
 from neobert_jax.weights import runs
-from neobert_jax.train import loop
-from neobert_jax.train.testing import tiny_config
+from neobert_jax.train import __main__ as train_command
+from neobert_jax.train.testing import tiny_config, train_only
 
 pytestmark = pytest.mark.server
 
@@ -160,7 +160,7 @@ def test_training_on_bucket_data_matches_local_data(root, tmp_path):
     cfg = tiny_config(vocab_size=1000, steps=3)
     cfg.data.dir = data_dir
     # the whole job on the bucket's data: training, then the report, which reads both splits through the cache
-    result = (pretrain.run if name == 'bucket' else loop.run)(cfg, tmp_path / name)
+    result = (train_command.pretrain if name == 'bucket' else train_only)(cfg, tmp_path / name)
     if name == 'bucket':
       assert result.report['unigram']['held_out'] > 0, result.report
     losses = [json.loads(x)['train/loss'] for x in (tmp_path / name / 'metrics.jsonl').read_text().splitlines()]

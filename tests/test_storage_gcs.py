@@ -18,8 +18,8 @@ from etils import epath
 
 from neobert_jax import errors
 from neobert_jax.weights import runs
-from neobert_jax.train import loop, resume
-from neobert_jax.train.testing import assert_identical_params, tiny_config
+from neobert_jax.train import resume
+from neobert_jax.train.testing import assert_identical_params, tiny_config, train_only
 
 pytestmark = pytest.mark.server
 
@@ -32,21 +32,20 @@ _assert_identical = assert_identical_params
 @pytest.fixture(scope='module')
 def uninterrupted(tmp_path_factory):
   workdir = tmp_path_factory.mktemp('local')
-  loop.run(tiny_config(steps=6), workdir)
+  train_only(tiny_config(steps=6), workdir)
   return runs.restore_params(workdir)[1]
 
 
 _CHILD = """
 import os, sys, time
-from neobert_jax.train import loop
-from neobert_jax.train.testing import assert_identical_params, tiny_config
+from neobert_jax.train.testing import assert_identical_params, tiny_config, train_only
 def hold(step):
   if step == 4:  # checkpoint 3 is on the bucket; step 4 is lost when the parent kills us here
     print('READY', flush=True)
     time.sleep(600)
 cfg = tiny_config(steps=6)
 cfg.data.dir = sys.argv[2]
-loop.run(cfg, sys.argv[1], on_step=hold)
+train_only(cfg, sys.argv[1], on_step=hold)
 """
 
 
@@ -92,7 +91,7 @@ def test_run_on_a_bucket_killed_and_resumed_is_bit_identical(gcs, uninterrupted,
       child.kill()
   assert runs.latest_step(workdir) == 3
   cfg.logging.tensorboard = True  # a free change on resume: the events go up through the metrics mirror
-  result = loop.run(cfg, workdir)  # the same command again, in another process
+  result = train_only(cfg, workdir)  # the same command again, in another process
   assert result.final_step == 6
   _assert_identical(runs.restore_params(workdir)[1], uninterrupted)
   root = epath.Path(workdir)
@@ -105,7 +104,7 @@ def test_run_on_a_bucket_killed_and_resumed_is_bit_identical(gcs, uninterrupted,
 
 def test_missing_bucket_is_one_line_before_any_work(gcs, capsys):
   with pytest.raises(SystemExit) as stop, errors.reported('train'):
-    loop.run(tiny_config(steps=2), 'gs://no-such-bucket/run')
+    train_only(tiny_config(steps=2), 'gs://no-such-bucket/run')
   assert stop.value.code == errors.StorageError.exit_status
   err = [x for x in capsys.readouterr().err.splitlines() if x.strip()]
   assert len(err) == 1 and 'gs://no-such-bucket/run' in err[0] and 'bucket exists' in err[0], err
@@ -114,7 +113,7 @@ def test_missing_bucket_is_one_line_before_any_work(gcs, capsys):
 def test_s3_is_refused_with_one_line_and_no_local_folder(tmp_path, monkeypatch):
   monkeypatch.chdir(tmp_path)
   with pytest.raises(errors.ConfigError, match='s3://'):
-    loop.run(tiny_config(steps=2), 's3://bucket/run')
+    train_only(tiny_config(steps=2), 's3://bucket/run')
   assert not list(tmp_path.iterdir())  # never a local folder named 's3:'
 
 
@@ -125,7 +124,7 @@ def test_export_to_a_bucket_loads_in_transformers_and_starts_a_run(gcs, uninterr
   from neobert_jax.convert import export_hf
 
   source = tmp_path / 'run'
-  loop.run(tiny_config(steps=3), source)
+  train_only(tiny_config(steps=3), source)
   url = f'{gcs}/exports/tiny'
   export_hf.export_checkpoint(source, url)
   local = export_hf.export_checkpoint(source, tmp_path / 'local-export')
@@ -150,7 +149,7 @@ def test_export_to_a_bucket_loads_in_transformers_and_starts_a_run(gcs, uninterr
   assert (back / 'model.safetensors').read_bytes() == (copy / 'model.safetensors').read_bytes()
   cfg = tiny_config(steps=1)
   cfg.init.from_hf, cfg.optimizer.warmup_steps = url, 1  # lr 0 at step 0: the parameters stay as loaded
-  loop.run(cfg, tmp_path / 'from-hf')
+  train_only(cfg, tmp_path / 'from-hf')
   _assert_identical(runs.restore_params(tmp_path / 'from-hf')[1], runs.restore_params(source)[1])
 
 
@@ -158,11 +157,11 @@ def test_fine_tuning_and_embedding_from_and_to_a_bucket(gcs, tmp_path):
   """Fine-tuning reads its train file and starts from a pretraining run on the bucket, writes its workdir and
   export there; embed reads the run and the texts from the bucket and writes the embeddings there."""
   from neobert_jax import embed
-  from neobert_jax.finetune import loop as finetune_loop
+  from neobert_jax.finetune import job as finetune_job
   from neobert_jax.config.finetune import base_config
 
   pretrained = f'{gcs}/runs/for-finetune'
-  loop.run(tiny_config(steps=2), pretrained)
+  train_only(tiny_config(steps=2), pretrained)
   rows = ['text,label'] + [f'{w} {w} news,{w}' for w in ('sport', 'music', 'money', 'sport', 'music', 'money')] * 4
   epath.Path(f'{gcs}/tables/train.csv').write_text('\n'.join(rows) + '\n')
   epath.Path(f'{gcs}/tables/texts.txt').write_text('sport news\nmoney news\n')
@@ -174,7 +173,7 @@ def test_fine_tuning_and_embedding_from_and_to_a_bucket(gcs, tmp_path):
   cfg.logging.progress_bar, cfg.logging.tensorboard = False, False
   cfg.export.dir = f'{gcs}/exports/classifier'
   run = f'{gcs}/runs/classifier'
-  results = finetune_loop.run(cfg, run)
+  results = finetune_job.finetune(cfg, run)
   assert results['num_steps'] == 2
   root = epath.Path(run)
   assert json.loads((root / 'results.json').read_text())['num_steps'] == 2
@@ -210,7 +209,7 @@ def test_bucket_that_refuses_writes_is_one_line_and_loses_nothing(tmp_path, caps
     epath.Path('gs://locked/keep.txt').write_text('precious')
     subprocess.run(['mount', '-o', 'remount,ro', str(disk)], check=True)
     with pytest.raises(SystemExit) as stop, errors.reported('train'):
-      loop.run(tiny_config(steps=2), 'gs://locked/run')
+      train_only(tiny_config(steps=2), 'gs://locked/run')
     assert stop.value.code == errors.StorageError.exit_status
     err = [x for x in capsys.readouterr().err.splitlines() if x.strip()]
     assert len(err) == 1 and 'gs://locked/run cannot be written' in err[0], err

@@ -28,6 +28,7 @@ import numpy as np
 import pytest
 
 from neobert_jax import sharding as shd
+from neobert_jax.engine import step as engine_step
 from neobert_jax.train import mlm
 from neobert_jax.train.testing import synthetic_batch, tiny_config
 
@@ -48,12 +49,12 @@ def run_curve(cfg, batches, hlo: list | None = None) -> list[float]:
   """Per-step training losses of the real jitted train step on `batches` (an iterable of global batches)."""
   mesh = shd.make_mesh(dict(data=1, fsdp=1, tensor=1), jax.devices()[:1])
   defs, state = mlm.create_train_state(cfg, mesh)
-  train = mlm.build_train_step(cfg, mesh, defs)
+  train = mlm.jit_train_step(cfg, mesh, defs)
   if hlo is not None:
     hlo.append(train.lower(state, mlm.abstract_batch(cfg, mesh)).as_text())
   losses = []
   for batch in batches:
-    state, m = train(state, {k: jax.device_put(v, mlm.batch_sharding(mesh)) for k, v in batch.items()})
+    state, m = train(state, {k: jax.device_put(v, engine_step.micro_batch_sharding(mesh)) for k, v in batch.items()})
     losses.append(float(m['loss']))
   return losses
 
@@ -117,7 +118,7 @@ def main() -> None:
     cfg = config_lib.load(REPO_ROOT / 'configs' / 'tiny_cpu.py')
     cfg.train.num_steps, cfg.model.dtype = a.steps, dtype
     defs, state = mlm.create_train_state(cfg, mesh)
-    runs[dtype] = [mlm.build_train_step(cfg, mesh, defs), state, []]
+    runs[dtype] = [mlm.jit_train_step(cfg, mesh, defs), state, []]
   it = pipeline.make_train_iterator(
     cfg.data,
     cfg.train.global_batch_size,
@@ -129,7 +130,9 @@ def main() -> None:
   print('| step | fp32 loss | bf16 loss | bf16 - fp32 |\n|---|---|---|---|', flush=True)
   t0 = time.perf_counter()
   for s in range(a.steps):
-    batch = {k: jax.device_put(v[None], mlm.batch_sharding(mesh)) for k, v in next(it).items() if k in keys}
+    batch = {
+      k: jax.device_put(v[None], engine_step.micro_batch_sharding(mesh)) for k, v in next(it).items() if k in keys
+    }
     for run in runs.values():
       run[1], m = run[0](run[1], batch)
       run[2].append(float(m['loss']))

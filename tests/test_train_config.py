@@ -10,10 +10,8 @@ import pytest
 from neobert_jax.errors import DataError
 from neobert_jax import config
 from neobert_jax.config import train as config_lib
-from neobert_jax.train import loop
 from neobert_jax.engine import optimizer as opt_lib
-from neobert_jax.train import runtime
-from neobert_jax.train.testing import tiny_config
+from neobert_jax.train.testing import tiny_config, train_only
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -145,7 +143,7 @@ def test_typo_in_a_config_file_is_caught():
 
 
 def test_one_compute_dtype_setting():
-  from neobert_jax.model.config import resolve_dtype
+  from neobert_jax.config.model import resolve_dtype
 
   assert config_lib.get_config().model.dtype == 'auto' and 'compute_dtype' not in config_lib.get_config().train
   assert (resolve_dtype('auto', 'cpu'), resolve_dtype('auto', 'tpu'), resolve_dtype('auto', 'cuda')) == (
@@ -155,7 +153,7 @@ def test_one_compute_dtype_setting():
   )
   cfg = tiny_config()
   cfg.model.dtype = 'auto'
-  assert runtime.resolve(cfg).model.dtype == 'float32'  # this CPU
+  assert config_lib.resolve(cfg)[0].model.dtype == 'float32'  # this CPU
   cfg.train.compute_dtype = 'bfloat16'  # a recipe written before the rename is told where the setting went
   with pytest.raises(config_lib.ConfigError, match='train.compute_dtype is now model.dtype'):
     config_lib.validate(cfg, num_devices=8)
@@ -164,7 +162,7 @@ def test_one_compute_dtype_setting():
 def test_vocab_mismatch_fails_before_the_model_is_built(tmp_path):
   cfg = tiny_config(vocab_size=1000)
   with pytest.raises(DataError, match='vocab_size=1000'):
-    loop.run(cfg, tmp_path)
+    train_only(cfg, tmp_path)
   assert not (tmp_path / 'checkpoints').exists()
 
 
@@ -186,3 +184,31 @@ def test_validate_types_the_config_once_at_the_boundary():
   back = config.from_record(recorded, config_lib.get_config())
   assert back.optimizer.clip_eps == 0.0 and 'retired_field' not in back.train
   assert type(back.optimizer.final_lr_fraction) is float
+
+
+def test_each_schema_resolves_auto_once_and_training_refuses_what_it_did_not_resolve(tmp_path):
+  """config/train.resolve and config/finetune.resolve fill in the compute dtype, the attention kernel and the mesh
+  (what config.json records); the compile command resolves for its target; a training session refuses 'auto'."""
+  from neobert_jax.config import finetune as finetune_config
+  from neobert_jax.config.model import KERNELS
+  from neobert_jax.engine import session
+
+  cfg = tiny_config()
+  cfg.model.dtype = 'auto'
+  resolved, choice = config_lib.resolve(config_lib.validate(cfg, num_devices=8), num_devices=8)
+  assert (resolved.model.dtype, resolved.model.attention_impl, choice.kernel) == ('float32', 'xla', 'xla')
+  assert resolved.mesh.fsdp == 8 and cfg.model.dtype == 'auto'  # a copy: the input is left as it was
+  on_gpu, choice = config_lib.resolve(cfg, platform='gpu', compute_capability='9.0', num_devices=8)
+  assert (on_gpu.model.dtype, on_gpu.model.attention_impl) == ('bfloat16', 'cudnn') and choice.reason
+
+  ft = finetune_config.base_config('classification')
+  ft.data.train_file = 'train.tsv'
+  ft = finetune_config.validate(ft, num_devices=8)
+  source = ft.model.copy_and_resolve_references()
+  source.hidden_size, source.dtype, source.attention_impl = 48, 'bfloat16', 'cudnn'  # the source's numerics: not ours
+  out, _ = finetune_config.resolve(ft, source, 'bert-base-uncased', platform='cpu', num_devices=8)
+  assert out.model.hidden_size == 48 and out.model.dtype == 'float32' and out.model.attention_impl in KERNELS
+  assert out.data.tokenizer == 'bert-base-uncased' and out.mesh.fsdp == 8
+
+  with pytest.raises(ValueError, match="model.attention_impl='auto' reached training unresolved"):
+    session.TrainingSession(tmp_path, cfg)

@@ -20,6 +20,7 @@ from torch.optim.lr_scheduler import CosineAnnealingLR, LambdaLR, LinearLR, Sequ
 from neobert_jax import sharding as shd
 from neobert_jax.convert import torch_ref
 from neobert_jax.train.testing import REPO_ROOT
+from neobert_jax.engine import step as engine_step
 from neobert_jax.train import mlm
 from neobert_jax.train.testing import synthetic_batch, tiny_config
 from neobert_jax.weights.flat import to_flat
@@ -77,7 +78,7 @@ def runs():
   mesh = shd.make_mesh(dict(data=1, fsdp=1, tensor=1), jax.devices()[:1])
   defs, state = mlm.create_train_state(cfg, mesh)
   flat0 = to_flat(nnx.merge(defs.model_def, state['params']))
-  train = mlm.build_train_step(cfg, mesh, defs)
+  train = mlm.jit_train_step(cfg, mesh, defs)
 
   model = torch_ref.torch_model_from_flat(flat0, cfg.model).train()
   o = cfg.optimizer
@@ -96,7 +97,7 @@ def runs():
   rows = []
   for i in range(STEPS):
     batch = synthetic_batch(cfg, mesh, seed=100 + i, as_numpy=True)
-    state, m = train(state, {k: jax.device_put(v, mlm.batch_sharding(mesh)) for k, v in batch.items()})
+    state, m = train(state, {k: jax.device_put(v, engine_step.micro_batch_sharding(mesh)) for k, v in batch.items()})
     opt.zero_grad()
     loss = _torch_loss(model, {k: v[0] for k, v in batch.items()})
     loss.backward()

@@ -8,11 +8,11 @@ import shutil
 import numpy as np
 import pytest
 
-from neobert_jax import errors, pretrain
+from neobert_jax import errors
 from neobert_jax.config import train as config_lib
 from neobert_jax.convert import __main__ as convert_cli
-from neobert_jax.train import loop
-from neobert_jax.train.testing import assert_identical_params, tiny_config
+from neobert_jax.train import __main__ as train_command
+from neobert_jax.train.testing import assert_identical_params, tiny_config, train_only
 from neobert_jax.weights import hf, runs
 
 STEPS, DECAY = 4, 0.5  # a fast average: four steps move it visibly
@@ -29,7 +29,7 @@ def _cfg():
 @pytest.fixture(scope='module')
 def run(tmp_path_factory):
   workdir = tmp_path_factory.mktemp('ema')
-  assert loop.run(_cfg(), workdir).final_step == STEPS
+  assert train_only(_cfg(), workdir).final_step == STEPS
   return workdir
 
 
@@ -59,7 +59,7 @@ def test_a_run_resumed_mid_way_ends_with_the_same_average_bit_for_bit(run, tmp_p
   for step in (3, 4):  # as if killed after step 2's checkpoint
     shutil.rmtree(tmp_path / 'run' / 'checkpoints' / str(step))
   assert runs.latest_step(tmp_path / 'run') == 2
-  assert loop.run(_cfg(), tmp_path / 'run').final_step == STEPS
+  assert train_only(_cfg(), tmp_path / 'run').final_step == STEPS
   for name in (runs.EMA_ITEM, runs.PARAMS_ITEM):
     assert_identical_params(
       runs.restore_params(tmp_path / 'run', None, name)[1], runs.restore_params(run, None, name)[1]
@@ -70,7 +70,7 @@ def test_a_run_resumed_mid_way_ends_with_the_same_average_bit_for_bit(run, tmp_p
 def test_export_use_ema_and_convert_use_ema_write_the_average(run, tmp_path):
   cfg = _cfg()
   cfg.export.hf_dir, cfg.export.use_ema = str(tmp_path / 'job'), True
-  pretrain.export(cfg, run)
+  train_command.export(cfg, run)
   assert convert_cli.main(['to-pytorch', f'--checkpoint={run}', f'--output={tmp_path / "cli"}', '--use-ema']) == 0
   ema = runs.restore_params(run, None, runs.EMA_ITEM)[1]
   for out in ('job', 'cli'):

@@ -59,14 +59,14 @@ class _Compiles(logging.Handler):
 def uninterrupted(tmp_path_factory):
   import jax
 
-  from neobert_jax.train import loop
+  from neobert_jax.train.testing import train_only
 
   workdir = tmp_path_factory.mktemp('ramp')
   compiles, jax_log = _Compiles(), logging.getLogger('jax')
   jax_log.addHandler(compiles)
   try:
     with jax.log_compiles(True):
-      assert loop.run(_cfg(), workdir).final_step == STEPS
+      assert train_only(_cfg(), workdir).final_step == STEPS
   finally:
     jax_log.removeHandler(compiles)
   (workdir / 'compiles.json').write_text(json.dumps(compiles.names))
@@ -88,8 +88,7 @@ def test_logged_sizes_tokens_and_throughput(uninterrupted):
 
 @pytest.mark.slow
 def test_kill_9_mid_ramp_then_the_same_command_is_bit_identical(uninterrupted, tmp_path):
-  from neobert_jax.train import loop
-  from neobert_jax.train.testing import assert_identical_params, kill_when_paused
+  from neobert_jax.train.testing import assert_identical_params, kill_when_paused, train_only
   from neobert_jax.weights import runs
 
   workdir = tmp_path / 'run'
@@ -99,7 +98,7 @@ def test_kill_9_mid_ramp_then_the_same_command_is_bit_identical(uninterrupted, t
     cwd=REPO,
   )
   assert runs.latest_step(workdir) == 2  # mid-ramp; the lost step 3 was the first of 32 sequences
-  assert loop.run(_cfg(), workdir).final_step == STEPS  # the same command again
+  assert train_only(_cfg(), workdir).final_step == STEPS  # the same command again
   assert_identical_params(runs.restore_params(workdir)[1], runs.restore_params(uninterrupted)[1])
 
 
@@ -107,14 +106,14 @@ def _child(workdir: str) -> None:
   """Trains the ramp, announces PAUSED after step PAUSE_AFTER and waits to be killed."""
   import time
 
-  from neobert_jax.train import loop
+  from neobert_jax.train.testing import train_only
 
   def pause(done: int) -> None:
     if done == PAUSE_AFTER:
       print('PAUSED', flush=True)
       time.sleep(600)
 
-  loop.run(_cfg(), workdir, on_step=pause)
+  train_only(_cfg(), workdir, on_step=pause)
 
 
 if __name__ == '__main__' and sys.argv[1:2] == ['child']:

@@ -16,8 +16,7 @@ import pytest
 
 from neobert_jax.weights import runs
 from neobert_jax import errors
-from neobert_jax.train import loop
-from neobert_jax.train.testing import assert_identical_params, tiny_config
+from neobert_jax.train.testing import assert_identical_params, tiny_config, train_only
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -44,7 +43,7 @@ _assert_identical = assert_identical_params
 @pytest.fixture(scope='module')
 def uninterrupted(tmp_path_factory):
   workdir = tmp_path_factory.mktemp('full')
-  result = loop.run(tiny_config(steps=6), workdir)
+  result = train_only(tiny_config(steps=6), workdir)
   assert result.final_step == 6
   return workdir
 
@@ -53,9 +52,9 @@ def uninterrupted(tmp_path_factory):
 def test_crash_and_resume_is_bit_identical(uninterrupted, tmp_path):
   cfg = tiny_config(steps=6)
   with pytest.raises(Crash):
-    loop.run(cfg, tmp_path, on_step=_crash_after(4))  # checkpoint at 3, crash after 4: step 4 is lost
+    train_only(cfg, tmp_path, on_step=_crash_after(4))  # checkpoint at 3, crash after 4: step 4 is lost
   assert runs.latest_step(tmp_path) == 3
-  result = loop.run(cfg, tmp_path)  # the same command again
+  result = train_only(cfg, tmp_path)  # the same command again
   assert result.final_step == 6
   _assert_identical(_params(tmp_path), _params(uninterrupted))
   cfg_json = json.loads((tmp_path / 'config.json').read_text())
@@ -75,7 +74,7 @@ def test_corrupt_latest_falls_back_and_half_written_is_ignored(uninterrupted, tm
   for sub in ('d', 'ocdbt.process_0'):
     shutil.rmtree(cdir / '6' / 'params' / sub, ignore_errors=True)
   caplog.set_level('WARNING')
-  result = loop.run(tiny_config(steps=6), tmp_path)
+  result = train_only(tiny_config(steps=6), tmp_path)
   assert 'checkpoint step 6' in caplog.text and 'falling back to step 3' in caplog.text
   assert result.final_step == 6
   assert (cdir / '6.corrupt').is_dir()  # kept for inspection, out of the way
@@ -87,7 +86,7 @@ def test_unusable_data_state_keeps_the_checkpoint(uninterrupted, tmp_path, caplo
   shutil.copytree(uninterrupted, tmp_path, dirs_exist_ok=True)
   (tmp_path / 'checkpoints' / '6' / 'data' / 'process_0-of-1.json').unlink()
   caplog.set_level('INFO')
-  assert loop.run(tiny_config(steps=6), tmp_path).final_step == 6
+  assert train_only(tiny_config(steps=6), tmp_path).final_step == 6
   assert f'resumed from {tmp_path / "checkpoints"}/6' in caplog.text
   assert 'data order is NOT the same' in caplog.text
   assert not list((tmp_path / 'checkpoints').glob('*.corrupt*'))
@@ -97,10 +96,10 @@ def test_unusable_data_state_keeps_the_checkpoint(uninterrupted, tmp_path, caplo
 def test_restore_onto_a_different_mesh(uninterrupted, tmp_path):
   cfg = tiny_config(steps=6)
   with pytest.raises(Crash):
-    loop.run(cfg, tmp_path, on_step=_crash_after(3))
+    train_only(cfg, tmp_path, on_step=_crash_after(3))
   other = tiny_config(steps=6)
   other.mesh.data, other.mesh.fsdp, other.mesh.tensor = 2, 2, 2
-  assert loop.run(other, tmp_path).final_step == 6
+  assert train_only(other, tmp_path).final_step == 6
   a, b = _params(tmp_path), _params(uninterrupted)
   for k in a:
     np.testing.assert_allclose(a[k], b[k], rtol=1e-4, atol=2e-5, err_msg=k)
@@ -111,7 +110,7 @@ def test_init_from_checkpoint_params_only(uninterrupted, tmp_path):
   cfg = tiny_config(steps=1)
   cfg.init.from_checkpoint = str(uninterrupted)
   cfg.optimizer.warmup_steps = 1  # step 0 of a fresh schedule has lr 0: parameters stay exactly as loaded
-  loop.run(cfg, tmp_path)
+  train_only(cfg, tmp_path)
   _assert_identical(_params(tmp_path), _params(uninterrupted))
 
 
@@ -126,7 +125,7 @@ def test_init_from_hf_params_only(uninterrupted, tmp_path):
   cfg = tiny_config(steps=1)
   cfg.init.from_hf = str(tmp_path / 'hf')
   cfg.optimizer.warmup_steps = 1  # lr 0 at step 0: parameters stay exactly as loaded
-  loop.run(cfg, tmp_path / 'run')
+  train_only(cfg, tmp_path / 'run')
   _assert_identical(_params(tmp_path / 'run'), flat)
 
 
@@ -137,10 +136,10 @@ def test_nan_stops_with_last_good_checkpoint(tmp_path):
   cfg.optimizer.peak_lr, cfg.optimizer.warmup_steps, cfg.optimizer.clip_norm = 1e30, 2, 0.0
   cfg.checkpoint.every_steps = 1
   with pytest.raises(errors.TrainingDiverged, match='Last good checkpoint: .*checkpoints/1'):
-    loop.run(cfg, tmp_path)
+    train_only(cfg, tmp_path)
   cfg.train.nan_policy = 'skip'
   shutil.rmtree(tmp_path)
-  result = loop.run(cfg, tmp_path)
+  result = train_only(cfg, tmp_path)
   assert result.final_step == 4 and result.skipped_steps >= 1
   assert all(np.isfinite(v).all() for v in _params(tmp_path).values())
 

@@ -11,8 +11,7 @@ import struct
 import numpy as np
 import pytest
 
-from neobert_jax.train import loop
-from neobert_jax.train.testing import tiny_config
+from neobert_jax.train.testing import tiny_config, train_only
 
 STEPS, WARMUP, DECAYING, PEAK = 10, 2, 4, 2e-3  # updates 6..9 decay; metrics.jsonl logs update t as step t + 1
 WANDB = importlib.util.find_spec('wandb') is not None  # the [wandb] extra, part of [test]
@@ -30,7 +29,7 @@ def run(tmp_path_factory):
   with pytest.MonkeyPatch.context() as env:
     env.setenv('WANDB_MODE', 'offline')
     env.setenv('WANDB_SILENT', 'true')
-    assert loop.run(cfg, workdir).final_step == STEPS
+    assert train_only(cfg, workdir).final_step == STEPS
   return workdir
 
 

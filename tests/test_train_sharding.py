@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 from neobert_jax import sharding as shd
+from neobert_jax.engine import step as engine_step
 from neobert_jax.train import mlm
 from neobert_jax.train.testing import synthetic_batch, tiny_config
 
@@ -35,7 +36,7 @@ def _run(cfg, sizes, steps=3):
     'qkv_shard_size': qkv.addressable_shards[0].data.size,
     'opt_specs': [x.sharding.spec for x in jax.tree.leaves(state['opt']) if x.shape == qkv.shape],
   }
-  train = mlm.build_train_step(cfg, mesh, defs)
+  train = mlm.jit_train_step(cfg, mesh, defs)
   losses = []
   for i in range(steps):
     state, metrics = train(state, synthetic_batch(cfg, mesh, seed=0))  # same batch: the loss must fall
@@ -92,8 +93,8 @@ def test_grad_accumulation_matches_one_big_batch():
   results = []
   for cfg, accum in ((big, 1), (micro, 4)):
     defs, state = mlm.create_train_state(cfg, mesh)
-    train = mlm.build_train_step(cfg, mesh, defs)
-    sharding = mlm.batch_sharding(mesh)
+    train = mlm.jit_train_step(cfg, mesh, defs)
+    sharding = engine_step.micro_batch_sharding(mesh)
     split = {k: jax.device_put(v.reshape((accum, 32 // accum) + v.shape[2:]), sharding) for k, v in batch.items()}
     counts = batch['mlm_weights'].reshape(accum, -1).sum(-1)
     state, metrics = train(state, split)

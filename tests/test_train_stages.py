@@ -10,8 +10,8 @@ import pytest
 
 from neobert_jax import config, errors
 from neobert_jax.data import pipeline
-from neobert_jax.train import loop, resume
-from neobert_jax.train.testing import REPO_ROOT
+from neobert_jax.train import resume
+from neobert_jax.train.testing import REPO_ROOT, train_only
 
 STEPS = 3
 
@@ -34,7 +34,7 @@ def _stage(n, previous=None):
 def stages(tmp_path_factory):
   root = tmp_path_factory.mktemp('stages')
   for n in '123':
-    assert loop.run(_stage(n, root / str(int(n) - 1)), root / n).final_step == STEPS
+    assert train_only(_stage(n, root / str(int(n) - 1)), root / n).final_step == STEPS
   return root
 
 
@@ -89,7 +89,7 @@ def test_a_resume_that_changes_theta_is_refused_with_one_line(stages, capsys):
   cfg = _stage('2', stages / '1')
   cfg.model.rope_theta, cfg.train.num_steps = 10000.0, STEPS + 1
   with pytest.raises(SystemExit), errors.reported('train'):
-    loop.run(cfg, stages / '2')
+    train_only(cfg, stages / '2')
   err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
   assert len(err) == 1 and 'model.rope_theta 160000.0 -> 10000.0' in err[0], err
 
@@ -99,6 +99,6 @@ def test_continue_data_needs_the_same_row_stream(stages, tmp_path):
   cfg = _stage('3', stages / '2')
   cfg.model.max_length, cfg.data.mask_rate = 128, 0.1  # the rows are cut at another length (the mask rate may change)
   with pytest.raises(errors.ConfigError) as refused:
-    loop.run(cfg, tmp_path / 'three')
+    train_only(cfg, tmp_path / 'three')
   assert 'model.max_length 256 -> 128' in str(refused.value) and 'mask_rate' not in str(refused.value)
   assert 'init.continue_data=False' in str(refused.value) and not (tmp_path / 'three' / 'checkpoints').exists()

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from neobert_jax import pretrain
+from neobert_jax.train import __main__ as train_command
 from neobert_jax import config as config_lib
 from neobert_jax.train.testing import REPO_ROOT
 
@@ -25,7 +25,7 @@ def test_tiny_config_learns_on_real_text_and_exports(tmp_path):
       'eval.probe_test_size': 256,
     },
   )
-  result = pretrain.run(cfg, tmp_path / 'run')  # what the train command runs: train, export, report
+  result = train_command.pretrain(cfg, tmp_path / 'run')  # what the train command runs: train, export, report
   first, last = result.evals[0], result.evals[-1]
   assert (first['step'], last['step']) == (0, 40)
   assert first['loss'] > 7.4  # ~ln(2048) = 7.62 at init: the corpus's own 2048-piece vocabulary
@@ -44,5 +44,5 @@ def test_tiny_config_learns_on_real_text_and_exports(tmp_path):
   assert (tmp_path / 'run' / 'tensorboard').is_dir() and (tmp_path / 'run' / 'metrics.jsonl').is_file()
   # The same command on the finished run trains nothing and only exports again.
   (hf / 'config.json').unlink()
-  again = pretrain.run(cfg, tmp_path / 'run')
+  again = train_command.pretrain(cfg, tmp_path / 'run')
   assert again.final_step == 40 and not again.evals and (hf / 'config.json').is_file()

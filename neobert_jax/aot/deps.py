@@ -29,8 +29,6 @@ PACKAGES = {
     'nvidia-cuda-runtime-cu12>=12.1,<13',
   ],
 }
-# One module per kind that proves the install is usable.
-PROBE = {'tpu': 'libtpu', 'cuda': 'jax_plugins.xla_cuda12'}
 
 
 class DependencyError(RuntimeError):

@@ -18,8 +18,7 @@ def lower_step(cfg, target: targets.Target, what: str = 'train'):
 
   from neobert_jax import sharding as shd
   from neobert_jax.config import train as train_config
-  from neobert_jax.train import mlm as state_lib
-  from neobert_jax.train import mlm as step_lib
+  from neobert_jax.train import mlm
 
   devices = targets.devices(target)
   # The trainer's own checks (unknown keys, batch divisibility over the mesh and over the target's hosts), so
@@ -29,14 +28,14 @@ def lower_step(cfg, target: targets.Target, what: str = 'train'):
     mesh = shd.make_mesh(cfg.mesh, devices)
   except ValueError as e:  # dcn sizes that do not match the target's slices / hosts: the config's to fix
     raise train_config.ConfigError(f'mesh: {e}') from None
-  defs, abstract_state = state_lib.abstract_train_state(cfg, mesh)
-  batch = step_lib.abstract_batch(cfg, mesh)
+  defs, abstract_state = mlm.abstract_train_state(cfg, mesh)
+  batch = mlm.abstract_batch(cfg, mesh)
   if what == 'train':
-    return step_lib.build_train_step(cfg, mesh, defs).lower(abstract_state, batch), mesh
+    return mlm.jit_train_step(cfg, mesh, defs).lower(abstract_state, batch), mesh
   if what != 'forward_backward':
     raise ValueError(f'unknown program {what!r}')
   packed = cfg.data.packing == 'packed'
-  limit = step_lib.max_segments(cfg.data)
+  limit = mlm.max_segments(cfg.data)
   micro = {
     k: jax.ShapeDtypeStruct(v.shape[1:], v.dtype, sharding=NamedSharding(mesh, P(*v.sharding.spec[1:])))
     for k, v in batch.items()
@@ -44,7 +43,7 @@ def lower_step(cfg, target: targets.Target, what: str = 'train'):
 
   def loss_and_grads(params, micro):
     def loss(p):
-      total, (count, _) = step_lib.mlm_sums(nnx.merge(defs.model_def, p), micro, packed, limit)
+      total, (count, _) = mlm.mlm_sums(nnx.merge(defs.model_def, p), micro, packed, limit)
       return total / jax.numpy.maximum(count, 1.0)
 
     return jax.value_and_grad(loss)(params)

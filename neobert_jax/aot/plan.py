@@ -119,7 +119,7 @@ def compile_layout(cfg, target: targets.Target, headroom: float) -> dict:
   """Compiles the full train step: fits, total bytes per device, attention kernels, DCN collectives by kind and the
   roofline's summary (a dict, so that it can be cached and sent between processes)."""
   from neobert_jax.aot import roofline
-  from neobert_jax.engine import metrics
+  from neobert_jax.train import mlm
 
   lowered, mesh = lowering.lower_step(cfg, target, 'train')
   try:
@@ -132,7 +132,7 @@ def compile_layout(cfg, target: targets.Target, headroom: float) -> dict:
   mem = report.memory_numbers(compiled)
   total = mem['argument_bytes'] + mem['output_bytes'] - mem['alias_bytes'] + mem['temp_bytes'] + mem['code_bytes']
   hlo = compiled.as_text()
-  model_flops = metrics.flops_per_token(cfg) * cfg.train.global_batch_size * cfg.model.max_length
+  model_flops = mlm.flops_per_token(cfg) * cfg.train.global_batch_size * cfg.model.max_length
   rl = roofline.for_program(hlo, target, mesh, cfg.mesh, model_flops / target.num_devices)
   return {
     'fits': total <= headroom * target.chip.memory_bytes,

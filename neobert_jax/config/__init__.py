@@ -1,10 +1,13 @@
 """The one home of configs: the sections with their defaults, types and validation, and loading a recipe by path.
 
-  model.py     the model section (architecture and numerics); model/ and the weights layer build on it
+  model.py     the model section (architecture and numerics), what its 'auto' settings resolve to (compute dtype,
+               the attention kernel table); model/ and the weights layer build on it
   data.py      the pretraining data section (the input pipeline's knobs); data/ builds on it
   train.py     the pretraining config: the whole schema (seed, model, data, mesh, train, optimizer, eval,
-               checkpoint, init, logging, export), its cross-section validation, the mesh sizes, config.json
-  finetune.py  the fine-tuning config (classification, regression, contrastive) and its validation
+               checkpoint, init, logging, export), its cross-section validation, `resolve` (the run-time
+               choices, for pretraining and compile), the mesh sizes, config.json
+  finetune.py  the fine-tuning config (classification, regression, contrastive), its validation and `resolve`
+  optimizer.py the range checks both optimizer sections share
   resume.py    what a resumed run may change, field by field
 
 Types: every config is a ConfigDict built from its schema's get_config(), so each field keeps the type of its

@@ -1,17 +1,21 @@
 """The fine-tuning config schema (classification, regression, contrastive) and its validation.
 
 configs/finetune_classification.py and configs/finetune_contrastive.py start from `base_config(task)`; the CLI
-overrides fields (`--config.optimizer.lr=3e-5`) and `validate` rejects unknown keys and values the loop cannot run,
+overrides fields (`--config.optimizer.lr=3e-5`) and `validate` rejects unknown keys and values the job cannot run,
 with the field and the fix named, before any file is read or written. The `model` section only matters for a
-random initialisation: with `init.from_checkpoint` / `init.from_hf` the architecture is the source's.
+random initialisation: with `init.from_checkpoint` / `init.from_hf` the architecture is the source's. `resolve`, beside
+`validate`, fixes the run-time choices (the architecture used, compute dtype, attention kernel, tokenizer, mesh)
+once; config.json records them.
 """
 
 from __future__ import annotations
 
+import jax
 import ml_collections
 
 from neobert_jax import config as config_lib
-from neobert_jax.config.model import default_model_config, validate_model_config
+from neobert_jax.config.model import Choice, default_model_config, resolve_numerics, validate_model_config
+from neobert_jax.config.optimizer import adamw_ranges, check_ranges
 from neobert_jax.config.train import mesh_shape
 from neobert_jax.errors import ConfigError
 
@@ -24,13 +28,13 @@ FORMATS = ('auto', 'csv', 'tsv', 'jsonl', 'parquet')
 
 
 def base_config(task: str = 'classification') -> ml_collections.ConfigDict:
-  """Every field the fine-tuning loop reads, with GLUE-style defaults (the paper's grid centre)."""
+  """Every field the fine-tuning job reads, with GLUE-style defaults (the paper's grid centre)."""
   cfg = ml_collections.ConfigDict()
   cfg.task = task  # 'classification' (also regression) or 'contrastive'
   cfg.seed = 0  # head init, dropout, shuffling, validation split
   cfg.run_id = ''  # the job's identity for the workdir's lease (neobert_jax/lease.py), as in pretraining
   cfg.model = default_model_config()  # used only without init.*; e.g. a tiny random model for tests
-  # The numerics apply whatever the source (finetune/loop._RUNTIME_FIELDS): dtype is the one compute-dtype
+  # The numerics apply whatever the source (RUNTIME_FIELDS, `resolve`): dtype is the one compute-dtype
   # setting, 'auto' = bf16 on accelerators, fp32 on CPU.
   cfg.model.dtype = 'auto'
   cfg.mesh = ml_collections.ConfigDict(dict(data=1, fsdp=-1, tensor=1))  # same axes and rules as pretraining
@@ -136,21 +140,11 @@ def validate(cfg: ml_collections.ConfigDict, num_devices: int | None = None) -> 
     raise ConfigError('set train.epochs >= 1 or train.num_steps >= 1')
   if not 0 <= h.dropout < 1 or h.temperature <= 0 or not 0 <= o.warmup_fraction < 1:
     raise ConfigError('head.dropout and optimizer.warmup_fraction must be in [0, 1), head.temperature > 0')
-  ranges = (
-    ('optimizer.lr', o.lr > 0, '> 0'),
-    ('optimizer.weight_decay', o.weight_decay >= 0, '>= 0'),
-    ('optimizer.b1', 0 <= o.b1 < 1, 'in [0, 1)'),
-    ('optimizer.b2', 0 <= o.b2 < 1, 'in [0, 1)'),
-    ('optimizer.eps', o.eps > 0, '> 0'),
-    ('optimizer.clip_norm', o.clip_norm >= 0, '>= 0 (0: no clipping)'),
-    ('head.init_range', h.init_range > 0, '> 0'),
-    ('train.log_every', t.log_every >= 1, '>= 1'),
-    ('train.eval_every', t.eval_every >= 0, '>= 0 (0: once per epoch)'),
+  check_ranges('optimizer', o, (('lr', o.lr > 0, '> 0'), *adamw_ranges(o)))
+  check_ranges('head', h, (('init_range', h.init_range > 0, '> 0'),))
+  check_ranges(
+    'train', t, (('log_every', t.log_every >= 1, '>= 1'), ('eval_every', t.eval_every >= 0, '>= 0 (0: once per epoch)'))
   )
-  for name, ok, needed in ranges:
-    if not ok:
-      section, field = name.split('.')
-      raise ConfigError(f'{name}={cfg[section][field]} must be {needed}')
   shape = mesh_shape(cfg, num_devices)
   shards = shape['data'] * shape['fsdp']
   for field in ('batch_size', 'eval_batch_size'):
@@ -160,3 +154,38 @@ def validate(cfg: ml_collections.ConfigDict, num_devices: int | None = None) -> 
         f'make it a positive multiple of {shards}'
       )
   return cfg
+
+
+# The model fields a fine-tuning run sets whatever the source: its numerics (the architecture is the source's).
+RUNTIME_FIELDS = ('dtype', 'attention_impl', 'scan_layers', 'remat_policy', 'param_dtype')
+
+
+def resolve(
+  cfg: ml_collections.ConfigDict,
+  source_model: ml_collections.ConfigDict | None,
+  tokenizer: str,
+  *,
+  platform: str | None = None,
+  num_devices: int | None = None,
+) -> tuple[ml_collections.FrozenConfigDict, Choice]:
+  """(the validated `cfg` resolved once and frozen, as config.json records it; the attention choice with its reason).
+
+  Resolved: model = the architecture actually used (`source_model`, the init source's, with this run's numerics,
+  RUNTIME_FIELDS; cfg.model for a random init), its compute dtype ('auto': resolve_dtype) and its attention kernel
+  (choose_attention for padded rows of model.max_length on `platform`, default this process's backend);
+  data.tokenizer = `tokenizer` (the resolved tokenizer's spec); mesh = the sizes for `num_devices`. Raises
+  ConfigError when an explicit kernel cannot run there.
+  """
+  platform = platform or jax.default_backend()
+  m = ml_collections.ConfigDict((source_model or cfg.model).to_dict())
+  for field in RUNTIME_FIELDS:
+    m[field] = cfg.model[field]
+  try:  # fine-tuning pads its rows (downstream/batching.py)
+    choice = resolve_numerics(m, platform=platform, packed=False)
+  except ValueError as e:
+    raise ConfigError(str(e)) from None
+  out = ml_collections.ConfigDict(cfg.to_dict())
+  out.model = m
+  out.data.tokenizer = tokenizer
+  out.mesh = ml_collections.ConfigDict(mesh_shape(cfg, num_devices))
+  return ml_collections.FrozenConfigDict(out), choice

@@ -1,21 +1,41 @@
-"""The `model` section: architecture and numerics, with the released NeoBERT (250M) as defaults, and its validation.
+"""The `model` section: architecture and numerics, with the released NeoBERT (250M) as defaults, its validation,
+and what its two run-time settings resolve to.
 
 Only architecture and numerics live here; data, optimizer and mesh settings belong to the run's config
-(config/train.py, config/finetune.py). The allowed values of each choice field are named here too (the attention
-table in model/attention/select.py reads ATTENTION_IMPLEMENTATIONS from here). What the architecture derives from
-this section (head_dim, ffn_hidden_size, the compute dtype 'auto' resolves to, the FLOP count) is the model's:
-neobert_jax/model/config.py. Imports nothing of ours: model/ builds on it.
+(config/train.py, config/finetune.py). The allowed values of each choice field are named here too. Two fields may
+say 'auto' in a recipe: `dtype` (resolve_dtype) and `attention_impl` (choose_attention, the kernel table below).
+Each schema's `resolve` turns both into concrete values once, and config.json records them; the model reads a
+resolved kernel. What the architecture derives from this section (head_dim, ffn_hidden_size, the FLOP count) is
+neobert_jax/model/sizes.py. Imports nothing of ours: model/ builds on it.
+
+The attention table, what `attention_impl='auto'` means on each backend:
+
+| platform | compute dtype | rows    | kernel      | why                                                            |
+|----------|---------------|---------|-------------|----------------------------------------------------------------|
+| gpu      | bf16 / fp16   | padded  | cudnn       | cuDNN flash, per-row lengths, no mask tensor                    |
+| gpu sm90+| bf16 / fp16   | packed  | cudnn       | cuDNN flash on the packed (ragged) layout, no T x T tensor      |
+| gpu <sm90| bf16 / fp16   | packed  | cudnn_bias  | packed layout needs Hopper: the mask becomes a T x T bias       |
+| gpu      | fp32          | any     | xla         | cuDNN fused attention has no fp32 kernel                        |
+| tpu      | any           | any     | splash      | Pallas flash kernel with segment ids (T a multiple of 128)      |
+| tpu      | any           | any     | xla         | when T is not a multiple of 128                                 |
+| cpu      | any           | any     | blockwise   | T > one key block: beats the einsums on the bench-768 step      |
+| cpu      | any           | any     | xla         | T within one key block: nothing to tile, the two are level      |
 """
 
 from __future__ import annotations
 
+import dataclasses
+
+import jax
 import ml_collections
 
 ATTENTION_IMPLEMENTATIONS = ('auto', 'xla', 'blockwise', 'cudnn', 'cudnn_bias', 'splash')
+KERNELS = ATTENTION_IMPLEMENTATIONS[1:]  # the resolved names the model runs
 REMAT_POLICIES = ('none', 'full', 'save_dots')
 DTYPES = ('float32', 'bfloat16', 'float16')
-# model.dtype may also be 'auto': bf16 compute on accelerators, fp32 on CPU (model/config.resolve_dtype).
+# model.dtype may also be 'auto': bf16 compute on accelerators, fp32 on CPU (resolve_dtype).
 COMPUTE_DTYPES = ('auto',) + DTYPES
+_HALF = ('bfloat16', 'float16')
 
 
 def default_model_config() -> ml_collections.ConfigDict:
@@ -40,7 +60,7 @@ def default_model_config() -> ml_collections.ConfigDict:
   # schemas default to 'auto', which resolve_dtype turns into bfloat16 on GPU/TPU and float32 on CPU.
   cfg.dtype = 'float32'
   # Attention kernel: 'auto' | 'xla' | 'blockwise' | 'cudnn' | 'cudnn_bias' | 'splash'. 'auto' takes the fastest
-  # correct one for the backend, compute dtype and packing (the table in model/attention/select.py) and the
+  # correct one for the backend, compute dtype and packing (choose_attention below) and the
   # trainer logs the choice at start-up.
   cfg.attention_impl = 'auto'
   cfg.splash_block_size = 512  # TPU splash tiles (query and key), a multiple of 128
@@ -80,3 +100,148 @@ def validate_model_config(cfg: ml_collections.ConfigDict) -> None:
   for field in ('vocab_size', 'num_layers', 'intermediate_size', 'max_length'):
     if cfg[field] <= 0:
       raise ValueError(f'model.{field}={cfg[field]} must be positive.')
+
+
+def resolve_dtype(name: str, platform: str | None = None) -> str:
+  """The concrete compute dtype for model.dtype on `platform` (default: this process's backend). fp32 master
+  weights stay in param_dtype either way."""
+  if name != 'auto':
+    return name
+  return 'float32' if (platform or jax.default_backend()) == 'cpu' else 'bfloat16'
+
+
+@dataclasses.dataclass(frozen=True)
+class Choice:
+  kernel: str
+  reason: str
+  warning: str = ''
+
+  def describe(self) -> str:
+    return f'{self.kernel} ({self.reason})'
+
+
+def _platform(platform: str) -> str:
+  return 'gpu' if platform in ('gpu', 'cuda') else platform
+
+
+def _splash_fits(seq_len: int, block: int) -> str:
+  """'' if splash can tile this row length with this block, else why not."""
+  if seq_len % 128:
+    return f'sequence length {seq_len} is not a multiple of 128'
+  if seq_len % min(block, seq_len):
+    return f'sequence length {seq_len} is not a multiple of model.splash_block_size={block}'
+  return ''
+
+
+def choose_attention(
+  requested: str,
+  *,
+  platform: str,
+  dtype: str,
+  packed: bool,
+  seq_len: int,
+  compute_capability: str | None = None,
+  splash_block: int = 512,
+  blockwise_block: int = 128,
+) -> Choice:
+  """The kernel for `requested` ('auto' or a kernel name) on `platform` ('cpu' | 'gpu' | 'cuda' | 'tpu').
+
+  Raises ValueError naming the setting and the fix when an explicit choice cannot run there.
+  """
+  platform = _platform(platform)
+  if requested not in ATTENTION_IMPLEMENTATIONS:
+    raise ValueError(f'model.attention_impl={requested!r}; expected one of {ATTENTION_IMPLEMENTATIONS}.')
+  hopper = compute_capability is None or tuple(int(x) for x in compute_capability.split('.')) >= (9, 0)
+  if requested == 'auto':
+    return _auto(
+      platform=platform,
+      dtype=dtype,
+      packed=packed,
+      seq_len=seq_len,
+      hopper=hopper,
+      splash_block=splash_block,
+      blockwise_block=blockwise_block,
+    )
+  if requested in ('cudnn', 'cudnn_bias'):
+    if platform != 'gpu':
+      raise ValueError(f"model.attention_impl={requested!r} needs an NVIDIA GPU, this is {platform}; use 'auto'.")
+    if dtype not in _HALF:
+      raise ValueError(
+        f'model.attention_impl={requested!r} needs bfloat16 or float16 compute (cuDNN fused '
+        f"attention has no {dtype} kernel); set model.dtype='bfloat16' or use 'auto'."
+      )
+    if requested == 'cudnn' and packed and not hopper:
+      raise ValueError(
+        f"model.attention_impl='cudnn' with packed rows needs a Hopper GPU (sm90+), this is sm"
+        f"{compute_capability}; use 'cudnn_bias' or data.packing='none'."
+      )
+    return Choice(requested, 'requested')
+  if requested == 'splash':
+    why = _splash_fits(seq_len, splash_block)
+    if why:
+      raise ValueError(
+        f"model.attention_impl='splash': {why}; change model.max_length or "
+        "model.splash_block_size (multiples of 128), or use 'auto'."
+      )
+    warning = '' if platform == 'tpu' else 'splash runs in Pallas interpret mode off TPU: for tests, very slow'
+    return Choice('splash', 'requested', warning)
+  return Choice(requested, 'requested')
+
+
+def _auto(
+  *, platform: str, dtype: str, packed: bool, seq_len: int, hopper: bool, splash_block: int, blockwise_block: int
+) -> Choice:
+  if platform == 'gpu':
+    if dtype not in _HALF:
+      return Choice('xla', f'cuDNN fused attention has no {dtype} kernel')
+    if not packed:
+      return Choice('cudnn', 'cuDNN flash, per-row lengths')
+    if hopper:
+      return Choice('cudnn', 'cuDNN flash on the packed layout')
+    return Choice(
+      'cudnn_bias',
+      'packed layout needs Hopper',
+      warning="pre-Hopper GPU with packed rows: cuDNN's bias kernel builds a T x T bias and computes "
+      'its gradient in every layer (about 2 x B x T x T x 2 bytes per layer and slower); '
+      "data.packing='none' gets the plain flash kernel instead",
+    )
+  if platform == 'tpu':
+    why = _splash_fits(seq_len, splash_block)
+    return Choice('xla', why + ': no splash tiling') if why else Choice('splash', 'Pallas flash with segment ids')
+  # Measured side by side on the bench-768 train step (docs/performance.md): blockwise ~1.15x the einsums'
+  # tokens/s at T=512; at T=128 in one block the two are level, so the simpler program is kept.
+  if seq_len > blockwise_block:
+    return Choice('blockwise', f'online softmax over {blockwise_block}-token key blocks, no T x T scores')
+  return Choice('xla', f'rows of {seq_len} fit one key block')
+
+
+def require_resolved(cfg: ml_collections.ConfigDict) -> None:
+  """Raises ValueError when the model section still says 'auto' (dtype or attention_impl): what the training paths
+  hand the model and record in config.json is resolved first (config/train.resolve, config/finetune.resolve)."""
+  left = [f'model.{f}={cfg[f]!r}' for f in ('dtype', 'attention_impl') if cfg[f] == 'auto']
+  if left:
+    raise ValueError(
+      f'{", ".join(left)} reached training unresolved; resolve the config first (config/train.resolve or '
+      'config/finetune.resolve), which records the concrete choice in config.json'
+    )
+
+
+def resolve_numerics(
+  cfg: ml_collections.ConfigDict, *, platform: str, packed: bool, compute_capability: str | None = None
+) -> Choice:
+  """Sets the section's compute dtype and attention kernel to concrete values for `platform` and rows that are
+  `packed` (or padded), in place; returns the attention choice with its reason. The one step both schemas'
+  `resolve` share. Raises ValueError naming the setting when an explicit kernel cannot run there."""
+  cfg.dtype = resolve_dtype(cfg.dtype, platform)
+  choice = choose_attention(
+    cfg.attention_impl,
+    platform=platform,
+    dtype=cfg.dtype,
+    packed=packed,
+    seq_len=cfg.max_length,
+    compute_capability=compute_capability,
+    splash_block=cfg.splash_block_size,
+    blockwise_block=cfg.blockwise_block_size,
+  )
+  cfg.attention_impl = choice.kernel
+  return choice

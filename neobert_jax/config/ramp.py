@@ -11,7 +11,7 @@ consecutive reads of the row stream, so the position after any step is exactly t
 (exact resume), and the rows are the stream's next ones whatever the size. The learning rate is not touched: it
 follows its own step-indexed schedule (optimizer.schedule), as ModernBERT's does.
 
-A pure function of the config and the step, no jax; the trainer (train/loop.py) and the validation
+A pure function of the config and the step, no jax; the trainer (train/pretraining.py) and the validation
 (config/train.py) share it.
 """
 

@@ -7,7 +7,8 @@ a mesh that does not use exactly the available devices, batch sizes that do not 
 devices / processes, values out of range. Each section checks itself (config/model.py, config/data.py,
 _validate_optimizer); the checks across sections are here. The vocabulary-vs-tokenizer check needs the prepared
 data's manifest, so the trainer runs it (via the data pipeline's open_prepared) right after these, still before
-the model. The run-time choices (compute dtype, attention kernel) are resolved in train/runtime.py.
+the model. `resolve`, beside `validate`, fills in the run-time choices (compute dtype, mesh sizes, attention kernel)
+once, for pretraining and the compile command alike; config.json records the result.
 The defaults are NeoBERT's stage-1 recipe (see configs/neobert_250m.py for the values spelled out).
 """
 
@@ -25,7 +26,8 @@ from neobert_jax import paths
 from neobert_jax import sharding as shd
 from neobert_jax.config import ramp
 from neobert_jax.config.data import LABELLED_TASKS, default_data_config, validate_data_config
-from neobert_jax.config.model import default_model_config, validate_model_config
+from neobert_jax.config.model import Choice, default_model_config, resolve_numerics, validate_model_config
+from neobert_jax.config.optimizer import adamw_ranges, check_ranges
 from neobert_jax.errors import ConfigError
 
 NAN_POLICIES = ('stop', 'skip')
@@ -289,6 +291,35 @@ def validate(
   return cfg
 
 
+def resolve(
+  cfg: ml_collections.ConfigDict,
+  *,
+  platform: str | None = None,
+  compute_capability: str | None = None,
+  num_devices: int | None = None,
+) -> tuple[ml_collections.ConfigDict, Choice]:
+  """(a copy of the validated `cfg` with its run-time choices filled in, as config.json records them; the attention
+  choice with its reason, for the log or the compile report).
+
+  Filled in: model.dtype ('auto': resolve_dtype), the mesh sizes (-1: mesh_shape for `num_devices`, default this
+  process's devices) and model.attention_impl (choose_attention). `platform` and `compute_capability` default to
+  this process's backend; the compile command passes its target's. Raises ConfigError when an explicit kernel
+  cannot run there.
+  """
+  if platform is None:
+    platform = jax.default_backend()
+    if platform == 'gpu':
+      compute_capability = getattr(jax.devices()[0], 'compute_capability', None)
+  out = ml_collections.ConfigDict(cfg.to_dict())
+  out.mesh = ml_collections.ConfigDict(mesh_shape(cfg, num_devices))
+  packed = cfg.data.packing == 'packed'
+  try:
+    choice = resolve_numerics(out.model, platform=platform, packed=packed, compute_capability=compute_capability)
+  except ValueError as e:
+    raise ConfigError(str(e)) from None
+  return out, choice
+
+
 def _validate_probe(ev: ml_collections.ConfigDict) -> None:
   if ev.probe_task and ev.probe_task not in LABELLED_TASKS:
     raise ConfigError(f"eval.probe_task={ev.probe_task!r} is unknown; expected one of {LABELLED_TASKS} or '' (off)")
@@ -303,11 +334,7 @@ def _validate_optimizer(o: ml_collections.ConfigDict, num_steps: int) -> None:
   """The optimizer values that cannot train: each refused with its field, its value and the range it needs."""
   ranges = (
     ('peak_lr', o.peak_lr > 0, '> 0'),
-    ('b1', 0 <= o.b1 < 1, 'in [0, 1)'),
-    ('b2', 0 <= o.b2 < 1, 'in [0, 1)'),
-    ('eps', o.eps > 0, '> 0'),
-    ('weight_decay', o.weight_decay >= 0, '>= 0'),
-    ('clip_norm', o.clip_norm >= 0, '>= 0 (0 disables clipping)'),
+    *adamw_ranges(o),
     ('clip_eps', o.clip_eps >= 0, '>= 0'),
     ('warmup_steps', o.warmup_steps >= 0, '>= 0'),
     ('warmup_init_fraction', 0 <= o.warmup_init_fraction <= 1, 'in [0, 1]'),
@@ -320,9 +347,7 @@ def _validate_optimizer(o: ml_collections.ConfigDict, num_steps: int) -> None:
       'in [0, 1] (the floor is final_lr_fraction x peak_lr and may not exceed the peak)',
     ),
   )
-  for field, ok, needed in ranges:
-    if not ok:
-      raise ConfigError(f'optimizer.{field}={o[field]} must be {needed}')
+  check_ranges('optimizer', o, ranges)
   for field, allowed in (('schedule', SCHEDULES), ('decay_shape', DECAY_SHAPES)):
     if o[field] not in allowed:
       raise ConfigError(f'optimizer.{field}={o[field]!r} is unknown; set one of {", ".join(allowed)}')

@@ -87,14 +87,14 @@ def plan(
   return batches
 
 
-def batch_sharding(mesh: jax.sharding.Mesh) -> NamedSharding:
+def row_sharding(mesh: jax.sharding.Mesh) -> NamedSharding:
   """Rows over the rules' 'batch' axes (data x fsdp), everything else whole."""
   return NamedSharding(mesh, P(shd.logical_to_spec(('batch',))[0]))
 
 
-def to_global(batch: dict[str, np.ndarray], mesh: jax.sharding.Mesh) -> dict[str, jax.Array]:
+def shard_rows(batch: dict[str, np.ndarray], mesh: jax.sharding.Mesh) -> dict[str, jax.Array]:
   """Host arrays (identical on every process: same files, same seed) -> global arrays sharded by rows."""
-  s = batch_sharding(mesh)
+  s = row_sharding(mesh)
   return {k: jax.make_array_from_callback(v.shape, s, lambda idx, v=v: v[idx]) for k, v in batch.items()}
 
 

@@ -20,7 +20,7 @@ from neobert_jax.sharding import MeshBound
 
 def jit_forward(model_def: Any, param_shardings: Any, mesh: jax.sharding.Mesh) -> Callable:
   """Jitted (params, input_ids [B, T], lengths [B]) -> model output, replicated for the host to read."""
-  data = batching.batch_sharding(mesh)
+  data = batching.row_sharding(mesh)
 
   def forward(params, input_ids, lengths):
     return nnx.merge(model_def, params)(input_ids, lengths)
@@ -43,7 +43,7 @@ def run_batched(
   """forward over all sequences (batch_size rows each, static bucket shapes); [N, ...] float32 in input order."""
   out = None
   for batch in batching.epoch_batches(seqs, {}, batch_size, bucket_list, pad_id, rng=None):
-    g = batching.to_global({'input_ids': batch['input_ids'], 'lengths': batch['lengths']}, mesh)
+    g = batching.shard_rows({'input_ids': batch['input_ids'], 'lengths': batch['lengths']}, mesh)
     result = np.asarray(forward(params, g['input_ids'], g['lengths']), np.float32)
     real = batch['index'] >= 0
     if out is None:

@@ -1,9 +1,8 @@
-"""Throughput accounting (FLOPs per token, device peaks, MFU) and the metric sinks (TensorBoard, metrics.jsonl).
+"""Throughput accounting (device peaks for MFU) and the metric sinks (TensorBoard, metrics.jsonl).
 
-MFU = model FLOPs actually needed per second / peak FLOP/s of the devices. Model FLOPs per token follow the usual
-convention (6 x matmul parameters + 12 x layers x seq x width for attention, no causal halving: NeoBERT attends
-both ways), with the MLM decoder counted only on the positions it decodes when the sparse head is on. Padding
-tokens are not counted as work done.
+MFU = model FLOPs actually needed per second / peak FLOP/s of the devices. The FLOPs per token are the task's
+(pretraining's: train/mlm.flops_per_token, on model/sizes.py's formula), handed to the Logger
+(engine/trainer.LogOptions); padding tokens are not counted as work done.
 """
 
 from __future__ import annotations
@@ -19,17 +18,8 @@ from typing import Any, Mapping
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 
 from neobert_jax import errors, hardware, paths
-from neobert_jax.model.config import train_flops_per_token
-
-
-def flops_per_token(cfg: ml_collections.ConfigDict) -> float:
-  """Model FLOPs per trained token of a training config (the sparse head decodes max_predictions of T slots)."""
-  seq, p = cfg.model.max_length, cfg.data.max_predictions
-  decoder_fraction = min(p / seq, 1.0) if p > 0 else 1.0
-  return train_flops_per_token(cfg.model, seq, decoder_fraction)
 
 
 def measure_matmul_peak(n: int = 1024, dtype: Any = jnp.float32, seconds: float = 1.0) -> float:
@@ -62,7 +52,7 @@ def total_peak_flops(peak_flops_per_device: float, compute_dtype: str) -> tuple[
 
 
 # Records of another prefix than train/eval go to a file of their own, so metrics.jsonl stays one line per logged
-# step: checkpoint/* (save and upload seconds and retries of each checkpoint, engine/run.py).
+# step: checkpoint/* (save and upload seconds and retries of each checkpoint, engine/session.py).
 FILES = {'checkpoint': 'checkpoint_metrics.jsonl'}
 METRICS_FILE = 'metrics.jsonl'
 

@@ -1,6 +1,6 @@
 """Stopping on SIGTERM (preemption) so that every process stops, and saves, after the same step.
 
-Owns the agreement between processes; the loop (engine/loop.py) asks `should_stop(step)` after every step and
+Owns the agreement between processes; the loop (engine/trainer.py) asks `should_stop(step)` after every step and
 checkpoints before leaving when it says yes.
 """
 

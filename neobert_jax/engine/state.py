@@ -8,7 +8,7 @@ The state is a plain dict pytree so that jit, Orbax and donation see ordinary ar
 The graph definitions (static structure) travel separately in `StateDefs`. Nothing here ever gathers a full
 parameter on one device: creation runs inside jit under the mesh and the logical-axis rules, so every variable is
 born with its final NamedSharding, and the abstract variant (for restore / AOT compile) allocates nothing.
-Pretraining (train/mlm.py) and fine-tuning (finetune/loop.py) differ only in the model factory they pass.
+Pretraining (train/mlm.py) and fine-tuning (finetune/job.py) differ only in the model factory they pass.
 """
 
 from __future__ import annotations

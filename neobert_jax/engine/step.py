@@ -14,11 +14,12 @@ manual over those axes and one psum follows the scan (sharding.replica_axes). Ov
 gradient is still reduce-scattered, so no device ever holds more than its shard of the accumulator.
 
 A state that is not finite is never committed: under `skip_nonfinite` the whole update (params, moments, step
-counter) is dropped in the step itself; otherwise the loop stops at its next metrics flush (engine/loop.py).
+counter) is dropped in the step itself; otherwise the loop stops at its next metrics flush (engine/trainer.py).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Callable
 
 import jax
@@ -39,18 +40,25 @@ def micro_batch_sharding(mesh: jax.sharding.Mesh) -> NamedSharding:
   return NamedSharding(mesh, P(None, shd.logical_to_spec(('batch',))[0]))
 
 
-def make_train_step(
-  defs: StateDefs,
-  loss_sums: LossSums,
-  *,
-  micro_batched: bool,
-  skip_nonfinite: bool,
-  weight_name: str | None = None,
-  batch_metrics: Callable[[dict], dict] | None = None,
-  ema_decay: float = 0.0,
-) -> Callable:
-  """The un-jitted step (state, batch, key) -> (new_state, metrics); see build_train_step. A state with an 'ema'
+@dataclasses.dataclass(frozen=True)
+class StepOptions:
+  """How a task's step differs: `micro_batched` (the batch arrives as [A, M, ...] and is accumulated over A; else
+  one whole batch), `skip_nonfinite` (drop a non-finite update in the step itself; else the loop stops at its next
+  flush), `weight_name` (also report the loss's count under this name), `batch_metrics(batch)` (more metrics from
+  the batch itself), `ema_decay` (the moving average's, for a state that keeps one)."""
+
+  micro_batched: bool
+  skip_nonfinite: bool
+  weight_name: str | None = None
+  batch_metrics: Callable[[dict], dict] | None = None
+  ema_decay: float = 0.0
+
+
+def train_step_fn(defs: StateDefs, loss_sums: LossSums, options: StepOptions) -> Callable:
+  """The un-jitted step (state, batch, key) -> (new_state, metrics); jit_train_step jits it. A state with an 'ema'
   moves it towards the updated parameters: ema <- ema_decay x ema + (1 - ema_decay) x params, in float32."""
+  micro_batched, skip_nonfinite, ema_decay = options.micro_batched, options.skip_nonfinite, options.ema_decay
+  weight_name, batch_metrics = options.weight_name, options.batch_metrics
   param_shardings = defs.shardings['params']
   # Batch axes holding whole copies of the weights ('data'): gradients are summed over them once per step.
   replicas = shd.replica_axes(param_shardings)
@@ -163,23 +171,21 @@ def make_train_step(
   return step
 
 
-def build_train_step(
+def jit_train_step(
   defs: StateDefs,
   mesh: jax.sharding.Mesh,
   loss_sums: LossSums,
   batch_shardings: dict[str, NamedSharding],
+  options: StepOptions,
   *,
-  micro_batched: bool,
-  skip_nonfinite: bool,
   uses_key: bool = False,
-  **options: Any,
 ) -> shd.MeshBound:
   """The jitted step with explicit in/out shardings and the state donated (updated in place).
 
   Called as step(state, batch) or, with uses_key, step(state, batch, key) (dropout); the key is replicated.
   neobert_jax/compile.py AOT-compiles it with .lower(abstract_state, abstract_batch).
   """
-  fn = make_train_step(defs, loss_sums, micro_batched=micro_batched, skip_nonfinite=skip_nonfinite, **options)
+  fn = train_step_fn(defs, loss_sums, options)
   replicated = NamedSharding(mesh, P())
   in_shardings = (defs.shardings, batch_shardings) + ((replicated,) if uses_key else ())
   if not uses_key:

@@ -51,7 +51,7 @@ def masked_rows(seqs: Sequence[np.ndarray], bucket_list: Sequence[int]) -> dict[
 
 def jit_scorer(model_def: Any, param_shardings: Any, mesh: jax.sharding.Mesh) -> Callable:
   """Jitted (params, ids [B, T], lengths [B], positions [B], targets [B]) -> nll [B] float32."""
-  data = batching.batch_sharding(mesh)
+  data = batching.row_sharding(mesh)
 
   def score(params, ids, lengths, positions, targets):
     model = nnx.merge(model_def, params)
@@ -87,7 +87,7 @@ def pseudo_perplexity(
       positions[:real] = pos
       targets = ids[np.arange(batch_size), positions].copy()
       ids[np.arange(real), pos] = mask_id
-      g = batching.to_global({'ids': ids, 'lengths': lengths, 'positions': positions, 'targets': targets}, mesh)
+      g = batching.shard_rows({'ids': ids, 'lengths': lengths, 'positions': positions, 'targets': targets}, mesh)
       nll = np.asarray(score(params, g['ids'], g['lengths'], g['positions'], g['targets']), np.float64)[:real]
       np.add.at(nll_sum, doc, nll)
       np.add.at(count, doc, 1)

@@ -9,7 +9,6 @@ status (neobert_jax/errors.py), having written nothing; a non-finite loss exits 
 
 from __future__ import annotations
 
-import logging
 import sys
 
 from absl import flags
@@ -33,11 +32,11 @@ _WORKDIR = flags.DEFINE_string(
 def run_cli(cfg, workdir: str) -> int:
   """Runs a fine-tuning job and prints its outcome; the exit status: 0, 3 diverged, or an expected error's (reported
   in one line, `finetune: <kind>: ...`)."""
-  from neobert_jax.finetune import loop  # pylint: disable=g-import-not-at-top
+  from neobert_jax.finetune import job  # pylint: disable=g-import-not-at-top
 
   try:
     with errors.reported(_PROG, errors.take_debug_flag([])):
-      results = loop.run(cfg, workdir)
+      results = job.finetune(cfg, workdir)
   except SystemExit as e:  # the expected error, already reported
     return e.code
   except FloatingPointError as e:
@@ -58,10 +57,7 @@ def main(argv: list[str]) -> int:
   from neobert_jax import distributed, jax_compat  # pylint: disable=g-import-not-at-top
 
   distributed.initialize()
-  logging.basicConfig(
-    level=logging.INFO, format='%(asctime)s %(levelname)s %(message)s', datefmt='%H:%M:%S', force=True
-  )
-  logging.getLogger('absl').setLevel(logging.WARNING)
+  commandline.configure_logging()
   jax_compat.quiet_backend_probe()  # no "Unable to initialize backend 'tpu'" line at INFO on CPU / GPU machines
   return run_cli(_CONFIG.value, _WORKDIR.value)
 

@@ -1,7 +1,7 @@
 """The classification / regression task: files -> framed examples and labels, the loss, validation metrics.
 
 Everything that can be wrong with the input (missing file or column, empty file, labels that differ between the
-train and validation files) is found here, while the task is built, before the loop writes anything.
+train and validation files) is found here, while the task is built, before the job writes anything.
 """
 
 from __future__ import annotations

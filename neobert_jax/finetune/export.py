@@ -9,7 +9,7 @@
 The encoder's weights go through the same mapping as the MLM export (weights/hf.py); the head adds four
 tensors. Directories are written by the one Hugging Face directory writer (convert/export_hf.write_hf_dir),
 atomically like every other export.
-The fine-tuning loop calls export_run at the end of a run with export.dir set; by hand:
+The fine-tuning job (finetune/job.py) calls export_run at the end of a run with export.dir set; by hand:
 
   python -m neobert_jax.finetune.export --run WORKDIR --output DIR [--overwrite] [--debug]
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import logging
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -53,13 +52,13 @@ def run_sweep(
   weight_decays: Sequence[float],
 ) -> dict[str, Any]:
   """Runs (or reads back) every point; returns {'metric', 'rows': [...], 'best': row}."""
-  from neobert_jax.finetune import loop  # pylint: disable=g-import-not-at-top
+  from neobert_jax.finetune import job  # pylint: disable=g-import-not-at-top
 
   root = paths.resolve(workdir, '--workdir')
   rows = []
   for lr, batch, wd in itertools.product(lrs, batches, weight_decays):
     point = root / point_name(lr, batch, wd)
-    results_path = point / loop.RESULTS_FILE
+    results_path = point / job.RESULTS_FILE
     reused = results_path.exists()
     if not reused:
       if point.exists():  # an interrupted point of this sweep: its partial files belong to us, start it again
@@ -67,7 +66,7 @@ def run_sweep(
       c = ml_collections.ConfigDict(cfg.to_dict())
       c.optimizer.lr, c.train.batch_size, c.optimizer.weight_decay = float(lr), int(batch), float(wd)
       c.export.dir = ''
-      loop.run(c, point)
+      job.finetune(c, point)
     results = json.loads(results_path.read_text())
     metric = results['metric']
     rows.append(
@@ -83,7 +82,7 @@ def run_sweep(
         'reused': reused,
       }
     )
-  lower = rows[0]['metric'] in loop._LOWER_IS_BETTER  # pylint: disable=protected-access
+  lower = rows[0]['metric'] in job.LOWER_IS_BETTER
   best = (min if lower else max)(rows, key=lambda r: r['best'])
   summary = {'metric': rows[0]['metric'], 'rows': rows, 'best': best}
   (root / SUMMARY_FILE).write_text(json.dumps(summary, indent=2) + '\n')
@@ -109,10 +108,7 @@ def format_table(summary: dict[str, Any]) -> str:
 
 def main(argv: list[str]) -> int:
   del argv  # run() refuses positional arguments
-  logging.basicConfig(
-    level=logging.INFO, format='%(asctime)s %(levelname)s %(message)s', datefmt='%H:%M:%S', force=True
-  )
-  logging.getLogger('absl').setLevel(logging.WARNING)
+  commandline.configure_logging()
   try:
     grid = ([float(v) for v in _LR.value], [int(v) for v in _BATCH.value], [float(v) for v in _WEIGHT_DECAY.value])
   except ValueError as e:

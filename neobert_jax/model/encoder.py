@@ -14,9 +14,9 @@ import jax.numpy as jnp
 import ml_collections
 from flax import nnx
 
-from neobert_jax.model.attention import attention, choose
-from neobert_jax.config.model import validate_model_config
-from neobert_jax.model.config import ffn_hidden_size, head_dim
+from neobert_jax.model.attention import attention
+from neobert_jax.config.model import choose_attention, validate_model_config
+from neobert_jax.model.sizes import ffn_hidden_size, head_dim
 from neobert_jax.model.fused import rms_norm, swiglu, swiglu_autodiff
 from neobert_jax.model.rope import apply_rope
 from neobert_jax.sharding import constrain, creation_scope
@@ -64,11 +64,13 @@ class EncoderLayers(nnx.Module):
     return {name: getattr(self, name)[...] for name in names}
 
   def kernel(self, packed: bool) -> str:
-    """The configured kernel; 'auto' (a config the trainer did not resolve) is decided for this backend here."""
+    """The configured kernel. The training, fine-tuning and compile paths hand the model a resolved one (each
+    schema's `resolve`, recorded in config.json); 'auto' is decided here only as a fallback for direct library use
+    (a model built from default_model_config), by the same table (config/model.choose_attention)."""
     cfg = self.cfg
     if cfg.attention_impl != 'auto':
       return cfg.attention_impl
-    return choose(
+    return choose_attention(
       'auto',
       platform=jax.default_backend(),
       dtype=cfg.dtype,

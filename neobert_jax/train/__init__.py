@@ -1,10 +1,12 @@
 """MLM pretraining: `python -m neobert_jax.train --config=configs/<name>.py --workdir=runs/<name>`.
 
-Modules: mlm (the MLM model factory, init source, loss and jitted steps), batches (host data -> global arrays),
-runtime (the run-time choices: compute dtype, mesh sizes, attention kernel), resume (comparing a resumed run's
-config with the recorded one, config history), loop (pretraining's wiring on engine/run.py: resolve the config
-once, open the data, evaluate), report (the end-of-run report), __main__ (the command). The trainer itself, its
-state, step, optimizer, checkpoints and metrics are the engine's (neobert_jax/engine/).
+Modules: __main__ (the command and its job: the workdir's lease, then train, the Hugging Face export and the
+report), pretraining (the job's wiring on engine/session.py: the run's config and resume plan, its data, its
+evaluation, the trainer), mlm (the MLM model factory, init source, loss, FLOPs per token and jitted steps), batches
+(host data -> global arrays), resume (comparing a resumed run's config with the recorded one, config history),
+stage (a new stage from another run's step), probe (the downstream probe), report (the end-of-run report). The
+trainer itself, its state, step, optimizer, checkpoints and metrics are the engine's (neobert_jax/engine/); the
+config's schema, validation and resolution are config/train.py's.
 Imports engine, model, data, config, sharding, distributed and weights (run directories and init sources). Never
-convert/: the end-of-run export runs in neobert_jax/pretrain.py, above both. Nothing is imported here.
+convert/, except the command (__main__), an entry point, whose job runs the export. Nothing is imported here.
 """

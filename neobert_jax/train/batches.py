@@ -12,14 +12,15 @@ from typing import Callable, Iterator, Mapping
 import jax
 import numpy as np
 
-from neobert_jax.train.mlm import batch_keys, batch_sharding
+from neobert_jax.engine.step import micro_batch_sharding
+from neobert_jax.train.mlm import batch_keys
 
 
-def to_global(
+def stitch_micro_batches(
   batch: Mapping[str, np.ndarray], keys: tuple[str, ...], mesh: jax.sharding.Mesh, accum: int
 ) -> dict[str, jax.Array]:
   """[B_local, ...] host arrays -> {key: global [accum, B_global / accum, ...] array}."""
-  sharding = batch_sharding(mesh)
+  sharding = micro_batch_sharding(mesh)
   nproc = jax.process_count()
   out = {}
   for k in keys:
@@ -83,4 +84,4 @@ class GlobalBatches:
     batch = self._host_batch()
     # Processes read equal-sized shards of similar documents, so local * count estimates the global figure
     # without a cross-host reduction on the hot path.
-    return to_global(batch, self.keys, self.mesh, self.accum), real_tokens(batch) * jax.process_count()
+    return stitch_micro_batches(batch, self.keys, self.mesh, self.accum), real_tokens(batch) * jax.process_count()

@@ -8,8 +8,8 @@ masked tokens. The eval step sums the same loss over one micro-batch without an 
 Starting points other than random init (stage 2 of NeoBERT, a new 4096-token schedule; continued pretraining from
 a run or a Hugging Face NeoBERT) load parameters only: the optimizer moments, step counter and schedule start
 afresh. The source is opened by the weights layer (weights/source.py, which fine-tuning shares) and placed by the
-engine (engine/run.restore_or_init): a run's step straight onto the shardings, a Hugging Face directory (a
-base-model save gets a fresh MLM decoder) shard by shard from the host.
+engine (engine/session.TrainingSession.restore_or_init): a run's step straight onto the shardings, a Hugging Face
+directory (a base-model save gets a fresh MLM decoder) shard by shard from the host.
 """
 
 from __future__ import annotations
@@ -25,18 +25,25 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from neobert_jax import sharding as shd
 from neobert_jax.data.pipeline import batch as batch_contract
 from neobert_jax.engine import optimizer as optimizer_lib
-from neobert_jax.engine import state as engine_state
+from neobert_jax.engine import state as state_lib
 from neobert_jax.engine import step as engine_step
 from neobert_jax.engine.state import StateDefs, TrainState
 from neobert_jax.model import NeoBERTForMLM
 from neobert_jax.model.attention import overflow
+from neobert_jax.model.sizes import train_flops_per_token
 from neobert_jax.weights import source as source_lib
-
-batch_sharding = engine_step.micro_batch_sharding
 
 
 def model_factory(cfg: ml_collections.ConfigDict) -> Callable[[], NeoBERTForMLM]:
   return lambda: NeoBERTForMLM(cfg.model, rngs=nnx.Rngs(cfg.seed))
+
+
+def flops_per_token(cfg: ml_collections.ConfigDict) -> float:
+  """Model FLOPs per trained token of pretraining (the engine logs MFU with it): the sparse head decodes
+  max_predictions of T slots."""
+  seq, p = cfg.model.max_length, cfg.data.max_predictions
+  decoder_fraction = min(p / seq, 1.0) if p > 0 else 1.0
+  return train_flops_per_token(cfg.model, seq, decoder_fraction)
 
 
 def init_source(cfg: ml_collections.ConfigDict) -> source_lib.Source | None:
@@ -52,13 +59,13 @@ def init_source(cfg: ml_collections.ConfigDict) -> source_lib.Source | None:
 def abstract_train_state(cfg: ml_collections.ConfigDict, mesh: jax.sharding.Mesh) -> tuple[StateDefs, TrainState]:
   """Definitions and a TrainState of ShapeDtypeStructs with their shardings (restore target, AOT compile)."""
   tx, schedule = optimizer_lib.make_optimizer(cfg.optimizer, cfg.train.num_steps)
-  return engine_state.abstract_state(model_factory(cfg), tx, schedule, mesh, ema=cfg.train.ema_decay > 0)
+  return state_lib.abstract_state(model_factory(cfg), tx, schedule, mesh, ema=cfg.train.ema_decay > 0)
 
 
 def create_train_state(cfg: ml_collections.ConfigDict, mesh: jax.sharding.Mesh) -> tuple[StateDefs, TrainState]:
   """Freshly initialised parameters (seeded by cfg.seed) and optimizer state, each array sharded at birth."""
   tx, schedule = optimizer_lib.make_optimizer(cfg.optimizer, cfg.train.num_steps)
-  return engine_state.create_state(model_factory(cfg), tx, schedule, mesh, ema=cfg.train.ema_decay > 0)
+  return state_lib.create_state(model_factory(cfg), tx, schedule, mesh, ema=cfg.train.ema_decay > 0)
 
 
 def batch_keys(max_predictions: int) -> tuple[str, ...]:
@@ -72,7 +79,7 @@ def abstract_batch(
   """ShapeDtypeStructs of one global train batch (eval: accum=1, M = global batch / grad_accum_steps)."""
   a = cfg.train.grad_accum_steps if accum is None else accum
   m = cfg.train.global_batch_size // cfg.train.grad_accum_steps
-  s = batch_sharding(mesh)
+  s = engine_step.micro_batch_sharding(mesh)
   rows = batch_contract.row_shapes(cfg.model.max_length, cfg.data.max_predictions)
   return {k: jax.ShapeDtypeStruct((a, m) + shape, dtype, sharding=s) for k, (shape, dtype) in rows.items()}
 
@@ -133,9 +140,9 @@ def _document_overflow(limit: int) -> Callable[[dict], dict]:
   return rows_over
 
 
-def _step_options(cfg: ml_collections.ConfigDict) -> dict[str, Any]:
+def _step_options(cfg: ml_collections.ConfigDict) -> engine_step.StepOptions:
   limit = max_segments(cfg.data)
-  return dict(
+  return engine_step.StepOptions(
     micro_batched=True,
     skip_nonfinite=cfg.train.nan_policy == 'skip',
     weight_name='masked_tokens',
@@ -144,23 +151,18 @@ def _step_options(cfg: ml_collections.ConfigDict) -> dict[str, Any]:
   )
 
 
-def make_train_step(cfg: ml_collections.ConfigDict, defs: StateDefs) -> Callable[[TrainState, dict], tuple]:
-  """The un-jitted step function (state, batch) -> (new_state, metrics); see build_train_step."""
-  return engine_step.make_train_step(defs, _loss_sums(cfg), **_step_options(cfg))
-
-
-def build_train_step(cfg: ml_collections.ConfigDict, mesh: jax.sharding.Mesh, defs: StateDefs) -> shd.MeshBound:
+def jit_train_step(cfg: ml_collections.ConfigDict, mesh: jax.sharding.Mesh, defs: StateDefs) -> shd.MeshBound:
   """The jitted (state, batch) -> (state, metrics) with the state donated; .lower() AOT-compiles it."""
-  data = batch_sharding(mesh)
-  return engine_step.build_train_step(
-    defs, mesh, _loss_sums(cfg), {k: data for k in batch_keys(cfg.data.max_predictions)}, **_step_options(cfg)
+  data = engine_step.micro_batch_sharding(mesh)
+  return engine_step.jit_train_step(
+    defs, mesh, _loss_sums(cfg), {k: data for k in batch_keys(cfg.data.max_predictions)}, _step_options(cfg)
   )
 
 
-def build_eval_step(cfg: ml_collections.ConfigDict, mesh: jax.sharding.Mesh, defs: StateDefs) -> shd.MeshBound:
+def jit_eval_step(cfg: ml_collections.ConfigDict, mesh: jax.sharding.Mesh, defs: StateDefs) -> shd.MeshBound:
   """Jitted (params, batch[1, M, ...]) -> {'loss_sum', 'correct', 'count'} summed over the batch (no update)."""
   packed, limit = cfg.data.packing == 'packed', max_segments(cfg.data)
-  data = batch_sharding(mesh)
+  data = engine_step.micro_batch_sharding(mesh)
 
   def evaluate(params: Any, batch: dict[str, jax.Array]) -> dict[str, jax.Array]:
     model = nnx.merge(defs.model_def, params)

@@ -27,12 +27,12 @@ import ml_collections
 import numpy as np
 
 from neobert_jax import errors, paths
-from neobert_jax import config as config_io
-from neobert_jax.config import resume as rules
+from neobert_jax import config as config_lib
+from neobert_jax.config import resume as resume_rules
 from neobert_jax.errors import ConfigError
-from neobert_jax.config import train as config_lib
+from neobert_jax.config import train as train_config
 from neobert_jax.engine import optimizer as optimizer_lib
-from neobert_jax.engine.run import check_workdir
+from neobert_jax.engine.session import check_workdir
 from neobert_jax.weights import runs
 
 log = logging.getLogger('neobert_jax.train')
@@ -46,7 +46,7 @@ class Plan:
   workdir: paths.Path
   recorded: dict[str, Any] | None = None
   step: int | None = None  # the latest checkpoint's step (None: the workdir has none)
-  changes: list[rules.Change] = dataclasses.field(default_factory=list)
+  changes: list[resume_rules.Change] = dataclasses.field(default_factory=list)
   origin: dict[str, Any] | None = None  # a new run's source and what it changed from it (train/stage.py)
 
   def recorded_virtual_shards(self) -> int:
@@ -93,7 +93,7 @@ def _recorded(workdir: paths.Path) -> tuple[dict[str, Any] | None, int | None]:
     ) from None
 
 
-def _refusal(workdir: paths.Path, step: int, identity: list[rules.Change]) -> ConfigError:
+def _refusal(workdir: paths.Path, step: int, identity: list[resume_rules.Change]) -> ConfigError:
   listed = '; '.join(c.describe() for c in identity)
   return ConfigError(
     f'{workdir} holds a run (checkpoint step {step}) that this config does not continue: {listed}. These '
@@ -111,8 +111,8 @@ def check(cfg: ml_collections.ConfigDict, workdir: str | os.PathLike) -> Plan:
   recorded, step = _recorded(workdir)
   if recorded is None:
     return Plan(workdir, None, step)
-  changes = rules.diff(recorded, cfg.to_dict(), rules.PRETRAIN_RULES, config_lib.get_config().to_dict())
-  identity = rules.of_kind(changes, rules.IDENTITY) + _restructuring(changes)
+  changes = resume_rules.diff(recorded, cfg.to_dict(), resume_rules.PRETRAIN_RULES, train_config.get_config().to_dict())
+  identity = resume_rules.of_kind(changes, resume_rules.IDENTITY) + _restructuring(changes)
   if step is None:  # config.json but no checkpoint: nothing to lose; the new config replaces it, on the record
     if changes:
       log.warning(
@@ -151,11 +151,11 @@ _LR_FIELDS = (
 )
 
 
-def _restructuring(changes: list[rules.Change]) -> list[rules.Change]:
+def _restructuring(changes: list[resume_rules.Change]) -> list[resume_rules.Change]:
   """Schedule changes that would change the optimizer state's tree (clipping switched on or off adds or removes
   a transformation in front of AdamW): refused like identity changes, since the saved state no longer fits."""
   return [
-    dataclasses.replace(c, kind=rules.IDENTITY)
+    dataclasses.replace(c, kind=resume_rules.IDENTITY)
     for c in changes
     if c.field == 'optimizer.clip_norm' and isinstance(c.before, (int, float)) and (c.before > 0) != (c.after > 0)
   ]
@@ -171,18 +171,18 @@ def _decay_note(opt: ml_collections.ConfigDict, num_steps: int) -> str:
     return f'the cosine now reaches its floor at step {optimizer_lib.floor_step(opt, num_steps)} of {num_steps}'
   if opt.schedule == 'constant':
     return 'the rate stays at the peak'
-  first, _ = config_lib.decay_window(opt, num_steps)
+  first, _ = train_config.decay_window(opt, num_steps)
   return f'the {opt.schedule} decay now runs from step {first} to the floor at the last update, step {num_steps - 1}'
 
 
 def describe(
-  changes: list[rules.Change], recorded: dict[str, Any], cfg: ml_collections.ConfigDict, step: int
+  changes: list[resume_rules.Change], recorded: dict[str, Any], cfg: ml_collections.ConfigDict, step: int
 ) -> list[str]:
   """One line per accepted change, saying what it does from `step` on."""
   lines = [f'{c.describe()} ({c.kind})' for c in changes]
   fields = {c.field for c in changes}
   if fields & set(_LR_FIELDS):
-    past = config_io.from_record(recorded, config_lib.get_config())  # the record, typed by the schema
+    past = config_lib.from_record(recorded, train_config.get_config())  # the record, typed by the schema
     old_n, new_n = past.train.num_steps, cfg.train.num_steps
     old = _lr(past.optimizer, old_n, step)
     new = _lr(cfg.optimizer, new_n, step)
@@ -220,7 +220,7 @@ def record(plan: Plan, cfg: ml_collections.ConfigDict, step: int) -> None:
   if plan.step is None and plan.recorded is not None and plan.changes:
     entry['replaced_config'] = plan.recorded  # a config.json without checkpoints, kept before it is replaced
   paths.append_line(plan.workdir / HISTORY_FILE, json.dumps(entry, default=str, sort_keys=True))
-  config_lib.write(cfg, plan.workdir)
+  train_config.write(cfg, plan.workdir)
 
 
 def history(workdir: str | os.PathLike) -> list[dict[str, Any]]:

@@ -16,8 +16,8 @@ from typing import Any
 
 import ml_collections
 
-from neobert_jax.config import resume as rules
-from neobert_jax.config import train as config_lib
+from neobert_jax.config import resume as resume_rules
+from neobert_jax.config import train as train_config
 from neobert_jax.errors import ConfigError
 from neobert_jax.weights.source import Source
 
@@ -60,10 +60,10 @@ def check(cfg: ml_collections.ConfigDict, src: Source | None) -> dict[str, Any] 
     'step': src.step,
     'keep_optimizer': bool(init.keep_optimizer),
     'continue_data': bool(init.continue_data),
-    'changes': [c.to_json() for c in _changes(recorded, cfg) if c.kind != rules.FREE],
+    'changes': [c.to_json() for c in _changes(recorded, cfg) if c.kind != resume_rules.FREE],
   }
 
 
-def _changes(recorded: dict[str, Any], cfg: ml_collections.ConfigDict) -> list[rules.Change]:
+def _changes(recorded: dict[str, Any], cfg: ml_collections.ConfigDict) -> list[resume_rules.Change]:
   """The differences from the source run's config, classified as a resume would classify them."""
-  return rules.diff(recorded, cfg.to_dict(), rules.PRETRAIN_RULES, config_lib.get_config().to_dict())
+  return resume_rules.diff(recorded, cfg.to_dict(), resume_rules.PRETRAIN_RULES, train_config.get_config().to_dict())

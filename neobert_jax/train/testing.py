@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import jax
 import ml_collections
 import numpy as np
 
-from neobert_jax.config import train as config_lib
+from neobert_jax.config import train as train_config
 from neobert_jax.train.mlm import abstract_batch
 
 # The checkout's root (configs/ holds the recipes), for tests and tools that run from a source tree.
@@ -20,7 +21,7 @@ def tiny_config(
 ) -> ml_collections.ConfigDict:
   """The tiny CPU recipe (configs/tiny_cpu.py) shrunk to seconds per run: same code paths, real tokenizer-sized
   vocab by default. Built from the package's schema, not the recipe file, so it needs no checkout."""
-  cfg = config_lib.get_config()
+  cfg = train_config.get_config()
   # The recipe's choices that are not overridden below.
   cfg.mesh.fsdp, cfg.model.dtype, cfg.data.block_docs = -1, 'float32', 512
   cfg.optimizer.peak_lr = 2e-3
@@ -107,18 +108,27 @@ def tiny_run_command(workdir: str, data_dir: str, steps: int = 6) -> list[str]:
   return [sys.executable, '-c', code, workdir, data_dir, str(steps)]
 
 
+def train_only(cfg: ml_collections.ConfigDict, workdir: str | Path, on_step: Any = None) -> Any:
+  """Trains as the train command's job does (the workdir's lease, then train/pretraining.train) without its export
+  and report: what most training tests need. Returns pretraining's RunResult."""
+  from neobert_jax.engine import session
+  from neobert_jax.train import pretraining
+
+  with session.claim(workdir, cfg.run_id) as lease:
+    return pretraining.train(cfg, workdir, lease, on_step)
+
+
 def run_tiny(workdir: str, data_dir: str, steps: str) -> None:
   """tiny_run_command's body: the tiny run on data_dir, its errors reported as one line (errors.reported)."""
   import logging
 
   from neobert_jax import errors
-  from neobert_jax.train import loop
 
   logging.basicConfig(level=logging.WARNING, format='%(name)s: %(message)s')
   cfg = tiny_config(steps=int(steps))
   cfg.data.dir = data_dir
   with errors.reported('train'):
-    loop.run(cfg, workdir)
+    train_only(cfg, workdir)
 
 
 def kill_when_paused(argv: list[str], env: dict[str, str] | None = None, cwd: Path | None = None) -> int:

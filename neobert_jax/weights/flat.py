@@ -28,7 +28,7 @@ from flax import nnx
 from neobert_jax import config as config_lib
 from neobert_jax import errors
 from neobert_jax.config.model import default_model_config
-from neobert_jax.model.config import ffn_hidden_size
+from neobert_jax.model.sizes import ffn_hidden_size
 
 CONFIG_METADATA_KEY = 'neobert_jax.model_config'  # the flat-params file's metadata entry with the model config
 FLAT_FILE_NAME = 'params.safetensors'  # the file inside a flat-params directory

@@ -18,7 +18,7 @@ import time
 from typing import Any
 
 from neobert_jax import errors, paths
-from neobert_jax.data.pipeline import state as state_lib
+from neobert_jax.data.pipeline import state as data_state
 
 log = logging.getLogger('neobert_jax.data')
 
@@ -62,9 +62,9 @@ class Position:
         what = f'the data-iterator state could not be used ({errors.one_line(e)})'
         self.iterator.set_state(initial)
     moved = 'left at the start of the stream'
-    if state_lib.holds_streams(initial):
+    if data_state.holds_streams(initial):
       try:
-        self.iterator.set_state(state_lib.seek(initial, step))
+        self.iterator.set_state(data_state.seek(initial, step))
         moved = f'moved to the start of block {step} of every virtual shard'
       except Exception:  # noqa: BLE001 - an iterator of another shape (workers): stay at the start
         self.iterator.set_state(initial)
@@ -101,8 +101,8 @@ def _saved_state(item: paths.Path, pid: int, nproc: int) -> tuple[Any, str]:
       return None, f'the data-iterator state {name} could not be read ({errors.one_line(e)})'
   if len(states) == 1:
     return states[0], f'written by {writers} process(es), restored on {nproc}'
-  if not all(state_lib.holds_streams(s) for s in states):
+  if not all(data_state.holds_streams(s) for s in states):
     return None, (
       f'the checkpoint was written by {writers} process(es) with a per-process data layout and this job has {nproc}'
     )
-  return state_lib.merge_states(states), f'written by {writers} process(es), merged and restored on {nproc}'
+  return data_state.merge_states(states), f'written by {writers} process(es), merged and restored on {nproc}'

@@ -11,7 +11,7 @@ import hashlib
 import ml_collections
 
 from neobert_jax import errors, paths
-from neobert_jax.config import data as config_lib
+from neobert_jax.config import data as data_config
 from neobert_jax.data import mixture as mixture_lib
 from neobert_jax.data import shards
 from neobert_jax.data import tokenizer as tokenizer_lib
@@ -35,7 +35,7 @@ def open_prepared(
   Reads only the manifest: no shard is opened or downloaded here. The built-in corpus (data.dir empty) must have
   been prepared (prepare_builtin); otherwise the error names the command that prepares it.
   """
-  config_lib.validate_data_config(data_cfg)
+  data_config.validate_data_config(data_cfg)
   if data_cfg.mixture:  # its sources, checked against each other: the first stands for all
     return next(iter(open_sources(data_cfg, seq_len, model_vocab_size).values()))
   directory = data_cfg.dir

@@ -315,8 +315,3 @@ def read_bucket_manifest(url: paths.Path) -> bytes:
     raise errors.StorageError(
       f'{url}/{shards.MANIFEST} cannot be read ({errors.one_line(e)}); check that these credentials may read the bucket'
     ) from None
-
-
-def clear_cache(url: paths.Path) -> None:
-  """Removes every process's cached files of `url` from this machine (tests, benchmarks)."""
-  shutil.rmtree(paths.cache_dir('stream', paths.url_key(url)), ignore_errors=True)

@@ -4,10 +4,11 @@
   padded   per-row lengths (right padding)
   packed   segment ids: a token attends only inside its own document (0 = padding attends nowhere)
 
-Kernels (select.py decides what 'auto' means): 'xla' plain einsums (reference.py), 'blockwise' online softmax
-without a T x T tensor (blockwise.py), 'cudnn' cuDNN flash through jax.nn.dot_product_attention or, for packed
-rows, the packed layout (its private jax API is in neobert_jax/jax_compat.py), 'cudnn_bias' the segment mask as an additive bias, 'splash' TPU
-Pallas flash (splash.py). Every kernel is tested against reference.py.
+Kernels (config/model.choose_attention decides what 'auto' means): 'xla' plain einsums (reference.py),
+'blockwise' online softmax without a T x T tensor (blockwise.py), 'cudnn' cuDNN flash through
+jax.nn.dot_product_attention or, for packed rows, the packed layout (its private jax API is in
+neobert_jax/jax_compat.py), 'cudnn_bias' the segment mask as an additive bias, 'splash' TPU Pallas flash (splash.py).
+Every kernel is tested against reference.py.
 
 Owns: the dispatch. Imports only neobert_jax.sharding (splash's shard_map specs) and neobert_jax.jax_compat (cuDNN's
 packed layout) from the rest of the package.
@@ -23,9 +24,9 @@ from neobert_jax import sharding as shd
 from neobert_jax.model.attention.blockwise import blockwise_attention
 from neobert_jax.model.attention.packed_layout import overflow, packed_layout
 from neobert_jax.model.attention.reference import allowed, segments_from_lengths, xla_attention
-from neobert_jax.model.attention.select import IMPLEMENTATIONS, KERNELS, Choice, choose
+from neobert_jax.config.model import KERNELS
 
-__all__ = ['IMPLEMENTATIONS', 'KERNELS', 'Choice', 'attention', 'choose', 'overflow', 'packed_layout']
+__all__ = ['KERNELS', 'attention', 'overflow', 'packed_layout']
 
 
 def _cudnn_local(q, k, v, segment_ids, lengths, kernel, max_segments):

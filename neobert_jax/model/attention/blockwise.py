@@ -5,7 +5,7 @@ recomputes each block's probabilities from the saved log-sum-exp (FlashAttention
 them, through a custom VJP. Statistics (running max, denominator, log-sum-exp) and accumulators are fp32;
 matmul inputs keep the activation dtype. Masking follows reference.py's segment convention.
 
-Owns: this kernel only. Kernel choice lives in select.py.
+Owns: this kernel only. Kernel choice lives in config/model.py (choose_attention).
 """
 
 from __future__ import annotations

@@ -1,7 +1,10 @@
-"""Pretraining on the engine: resume or initialise, then engine.loop.Trainer with an evaluation and a checkpoint hook.
+"""The pretraining job's wiring on the engine: the run's config and resume plan, its data, its evaluation, and
+engine/trainer.Trainer with an evaluation and a checkpoint hook.
 
 What is pretraining's own: the resume plan (train/resume.py), the data iterator whose position is checkpointed
-with the state, the MLM evaluation on the held-out split, and the RunResult the train command reports.
+with the state, the MLM evaluation on the held-out split, and the RunResult the train command reports. The job
+around it (the workdir's lease, then `train`, the export and the report) is the train command's:
+neobert_jax/train/__main__.py.
 """
 
 from __future__ import annotations
@@ -14,22 +17,22 @@ from typing import Any, Callable, Iterable
 import jax
 import ml_collections
 
+from neobert_jax import lease as lease_lib
 from neobert_jax import paths
 from neobert_jax import sharding as shd
 from neobert_jax.config import ramp
-from neobert_jax.config import train as config_lib
+from neobert_jax.config import train as train_config
 from neobert_jax.data import mixture as mixture_lib
 from neobert_jax.data import pipeline
-from neobert_jax.engine import loop as engine_loop
 from neobert_jax.engine import metrics as metrics_lib
-from neobert_jax.engine import run as engine_run
+from neobert_jax.engine import session as session_lib
+from neobert_jax.engine import trainer as trainer_lib
 from neobert_jax.engine.state import param_count
 from neobert_jax.errors import DataError
 from neobert_jax.train import batches as batches_lib
 from neobert_jax.train import mlm
 from neobert_jax.train import probe as probe_lib
 from neobert_jax.train import resume as resume_lib
-from neobert_jax.train import runtime
 from neobert_jax.train import stage
 
 log = logging.getLogger('neobert_jax.train')
@@ -42,9 +45,8 @@ class RunResult:
   final_step: int
   preempted: bool = False
   evals: list[dict[str, float]] = dataclasses.field(default_factory=list)  # {'step', 'loss', 'accuracy'}
-  last_train: dict[str, float] = dataclasses.field(default_factory=dict)
   skipped_steps: int = 0
-  # train/report.py's unigram baseline and fill-mask examples, filled in by neobert_jax/pretrain.py after the export
+  # train/report.py's unigram baseline and fill-mask examples, filled in by the job (train/__main__.py) after the export
   report: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
@@ -71,7 +73,7 @@ def _evaluate_source(
 ) -> dict[str, float]:
   sums = []
   for b in eval_batches:
-    sums.append(eval_step(params, batches_lib.to_global(b, keys, mesh, 1)))
+    sums.append(eval_step(params, batches_lib.stitch_micro_batches(b, keys, mesh, 1)))
   total = jax.device_get(sums)
   count = max(sum(float(s['count']) for s in total), 1.0)
   return {
@@ -93,18 +95,23 @@ def _check_rows(limit: int) -> Callable[[int, dict], None]:
   return check
 
 
-def resolve(cfg: ml_collections.ConfigDict, workdir: paths.Path) -> tuple[ml_collections.FrozenConfigDict, Any]:
+def plan_run(cfg: ml_collections.ConfigDict, workdir: paths.Path) -> tuple[ml_collections.FrozenConfigDict, Any]:
   """The run's config, validated and resolved once, frozen (nothing past here changes it), and its resume plan.
 
-  Resolved: the run-time choices (train/runtime.py), the tokenizer (data.tokenizer, else the one a resumed run
-  recorded (config/resume.py: unset is no change), else the prepared data's) and data.virtual_shards (set, else
-  recorded, else automatic for this start's global batch and process count). The workdir's run is compared
-  with this config before the data is opened or a file written: a workdir holding another run is refused here,
-  untouched; so is an init source that is missing or of another architecture (a resumed run ignores cfg.init).
+  Resolved: the run-time choices (config/train.resolve: compute dtype, mesh sizes, attention kernel), the tokenizer
+  (data.tokenizer, else the one a resumed run recorded (config/resume.py: unset is no change), else the prepared
+  data's) and data.virtual_shards (set, else recorded, else automatic for this start's global batch and process
+  count). The workdir's run is compared with this config before the data is opened or a file written: a workdir
+  holding another run is refused here, untouched; so is an init source that is missing or of another architecture
+  (a resumed run ignores cfg.init).
   """
-  cfg = runtime.resolve(config_lib.validate(cfg))
+  cfg, choice = train_config.resolve(train_config.validate(cfg))
   if cfg.data.mixture:  # its sources and weights, recorded: a resume sees (and config_history.jsonl keeps) a change
     cfg.data.mixture_sources = mixture_lib.read(cfg.data.mixture).record()
+  if jax.process_index() == 0:
+    log.info('attention kernel: %s', choice.describe())
+    if choice.warning:
+      log.warning('attention: %s', choice.warning)
   plan = resume_lib.check(cfg, workdir)
   if plan.step is None:  # a new run: its source is opened here for its one-line errors (restore_or_init uses it)
     plan.origin = stage.check(cfg, mlm.init_source(cfg))
@@ -132,7 +139,7 @@ def _data(cfg: ml_collections.ConfigDict) -> tuple[Any, Iterable[dict]]:
     **common,
   )
   evaluating = cfg.eval.every_steps > 0
-  data = config_lib.eval_data_config(cfg)
+  data = train_config.eval_data_config(cfg)
   # A mixture is evaluated source by source, each on its own held-out split (those that have one).
   sources = {n: d for n, (d, m) in pipeline.open_sources(data, seq_len).items() if m['splits'].get('eval')}
   if not evaluating and not sources:
@@ -187,13 +194,13 @@ def _counts(cfg: ml_collections.ConfigDict) -> Callable[[int], dict[str, float]]
   }
 
 
-def _logger_options(cfg: ml_collections.ConfigDict) -> dict[str, Any]:
+def _log_options(cfg: ml_collections.ConfigDict) -> trainer_lib.LogOptions:
   peak, peak_source = metrics_lib.total_peak_flops(cfg.logging.peak_flops_per_device, cfg.model.dtype)
-  fpt = metrics_lib.flops_per_token(cfg)
+  fpt = mlm.flops_per_token(cfg)
   if jax.process_index() == 0:
     log.info('MFU peak: %s FLOP/s (%s); %.3g model FLOPs per token', peak, peak_source, fpt)
   limit = mlm.max_segments(cfg.data)
-  return dict(
+  return trainer_lib.LogOptions(
     nan_policy=cfg.train.nan_policy,
     flops_per_token=fpt,
     peak_flops=peak,
@@ -205,45 +212,41 @@ def _logger_options(cfg: ml_collections.ConfigDict) -> dict[str, Any]:
   )
 
 
-_CLAIM = object()
-
-
-def run(
+def train(
   cfg: ml_collections.ConfigDict,
   workdir: str | Path,
+  lease: lease_lib.Lease | None,
   on_step: Callable[[int], None] | None = None,
-  lease: Any = _CLAIM,
 ) -> RunResult:
   """Trains `cfg` in `workdir`, resuming from its latest readable checkpoint if it has one.
 
-  on_step(step) is called after every completed step (tests use it to simulate crashes). Training only: the
-  end-of-run Hugging Face export (export.hf_dir, through convert/) and the report that reads it are the job's,
-  neobert_jax/pretrain.py, which the train command runs. `lease`: the workdir's lease when the caller took it
-  (engine/run.claim; None on processes other than 0); by default the run takes it itself.
+  `lease`: the workdir's, which the caller took (engine/session.claim: the train command's job does, before anything
+  in the workdir is read or written; None on processes other than 0); it is checked before every save. Training
+  only: the end-of-run Hugging Face export and the report that reads it are the job's. on_step(step) is called
+  after every completed step (tests use it to simulate crashes).
   """
   workdir = paths.resolve(workdir, '--workdir')
-  if lease is not _CLAIM:
-    return _train(cfg, workdir, lease, on_step)
-  with engine_run.claim(workdir, cfg.run_id) as held:  # before anything in the workdir is read or written
-    return _train(cfg, workdir, held, on_step)
-
-
-def _train(cfg: ml_collections.ConfigDict, workdir: paths.Path, held: Any, on_step: Any) -> RunResult:
-  cfg, plan = resolve(cfg, workdir)
+  cfg, plan = plan_run(cfg, workdir)
   is_main = jax.process_index() == 0
   mesh = shd.make_mesh(dict(cfg.mesh))
   train_host, eval_batches = _data(cfg)
   if is_main:
-    log.info('run: %s; data tokenized with %s', config_lib.describe(cfg), cfg.data.tokenizer)
+    log.info('run: %s; data tokenized with %s', train_config.describe(cfg), cfg.data.tokenizer)
   lg, t = cfg.logging, cfg.train
-  options = dict(keep=cfg.checkpoint.keep, async_save=cfg.checkpoint.async_save)
-  options.update(tensorboard=lg.tensorboard, progress_bar=lg.progress_bar, lease=held, wandb=_wandb(cfg))
-  with engine_run.Run(
-    workdir, cfg, data_position=pipeline.Position(train_host, jax.process_index(), jax.process_count()), **options
-  ) as run_:
+  with session_lib.TrainingSession(
+    workdir,
+    cfg,
+    data_position=pipeline.Position(train_host, jax.process_index(), jax.process_count()),
+    keep=cfg.checkpoint.keep,
+    async_save=cfg.checkpoint.async_save,
+    tensorboard=lg.tensorboard,
+    progress_bar=lg.progress_bar,
+    lease=lease,
+    wandb=_wandb(cfg),
+  ) as session:
     if hasattr(train_host, 'close'):
-      run_.on_close(train_host.close)
-    start = run_.restore_or_init(
+      session.on_close(train_host.close)
+    start = session.restore_or_init(
       lambda: mlm.abstract_train_state(cfg, mesh),
       lambda: mlm.create_train_state(cfg, mesh),
       source=lambda: mlm.init_source(cfg),
@@ -254,9 +257,9 @@ def _train(cfg: ml_collections.ConfigDict, workdir: paths.Path, held: Any, on_st
     if is_main:
       log.info('%s parameters, sharded over %s', f'{param_count(start.state):,}', dict(mesh.shape))
     result = RunResult(workdir=workdir, config=cfg, final_step=start.step)
-    keys, eval_step = mlm.batch_keys(cfg.data.max_predictions), mlm.build_eval_step(cfg, mesh, start.defs)
+    keys, eval_step = mlm.batch_keys(cfg.data.max_predictions), mlm.jit_eval_step(cfg, mesh, start.defs)
 
-    probe = _probe(cfg, mesh, start, run_.writer) if cfg.eval.probe_task and cfg.eval.every_steps else None
+    probe = _probe(cfg, mesh, start, session.writer) if cfg.eval.probe_task and cfg.eval.every_steps else None
 
     mix = mixture_lib.read(cfg.data.mixture) if cfg.data.mixture else None
 
@@ -267,34 +270,34 @@ def _train(cfg: ml_collections.ConfigDict, workdir: paths.Path, held: Any, on_st
       if probe is not None:
         ev[f'probe/{probe.task}/accuracy'] = probe(state['params'])['accuracy']
         said += f', probe {probe.task} {ev[f"probe/{probe.task}/accuracy"]:.4f}'
-      run_.writer.write(step, ev, prefix='eval')
+      session.writer.write(step, ev, prefix='eval')
       result.evals.append({'step': step, **ev})
       if 'ema' in state:  # the moving average, on the same held-out batches
         ema = _evaluate(keys, mesh, eval_step, eval_batches, state['ema'], weights)
-        run_.writer.write(step, ema, prefix='eval/ema')
+        session.writer.write(step, ema, prefix='eval/ema')
         result.evals[-1].update({f'ema_{k}': v for k, v in ema.items()})
         said += f'; EMA loss {ema["loss"]:.4f}, accuracy {ema["accuracy"]:.4f}'
       if is_main:
         trainer.say(said)
 
-    trainer = run_.trainer(
-      mlm.build_train_step(cfg, mesh, start.defs),
+    trainer = session.trainer(
+      mlm.jit_train_step(cfg, mesh, start.defs),
       start,
       batches_lib.GlobalBatches(
         train_host, cfg.data.max_predictions, mesh, t.grad_accum_steps, _reads(cfg), start.step
       ),
       num_steps=t.num_steps,
       log_every=lg.log_every,
-      hooks=[engine_loop.Hook(evaluate, cfg.eval.every_steps)],
+      hooks=[trainer_lib.Hook(evaluate, cfg.eval.every_steps)],
       checkpoint_every=cfg.checkpoint.every_steps,
       preemption=True,
       profile=(lg.profile_start_step, lg.profile_num_steps),
       on_step=on_step,
-      **_logger_options(cfg),
+      log_options=_log_options(cfg),
     )
     if start.step == 0 and cfg.eval.at_start and cfg.eval.every_steps > 0:
       evaluate(0, trainer.state)
-    run_.save_final(trainer, trainer.run())
+    session.save_final(trainer, trainer.train())
   result.final_step, result.preempted = trainer.final_step, trainer.preempted
-  result.last_train, result.skipped_steps = trainer.logger.last, trainer.logger.skipped
+  result.skipped_steps = trainer.logger.skipped
   return result

@@ -1,6 +1,6 @@
 """The one training loop: step, log, run hooks (evaluation, checkpoints), stop cleanly on SIGTERM.
 
-Pretraining (train/loop.py) and fine-tuning (finetune/loop.py) each build a state, a jitted step and an iterator,
+Pretraining (train/pretraining.py) and fine-tuning (finetune/job.py) each build a state, a jitted step and an iterator,
 and hand them to `Trainer` with their hooks; logging, throughput, the non-finite policy, profiling and preemption
 live here once.
 
@@ -29,30 +29,36 @@ log = logging.getLogger('neobert_jax.engine')
 _LATEST = ('param_norm', 'learning_rate')
 
 
+@dataclasses.dataclass(frozen=True)
+class LogOptions:
+  """What a task tells the Logger: its non-finite policy, its MFU figures and its own checks of step metrics.
+
+  nan_policy: 'stop' (raise TrainingDiverged naming the last good checkpoint, with `diverged_hint`) or 'skip'.
+  flops_per_token: the task's model FLOPs per trained token (the engine knows no task's formula); with
+  peak_flops (all devices' FLOP/s) it gives the logged MFU. check(step, host metrics) runs on every step's metrics;
+  check_keys are the step metrics it reads, which are not logged. counts(done) adds host figures to each log line.
+  """
+
+  nan_policy: str = 'stop'
+  diverged_hint: str = ''
+  flops_per_token: float | None = None
+  peak_flops: float | None = None
+  check: Callable[[int, dict], None] | None = None
+  check_keys: tuple[str, ...] = ()
+  counts: Callable[[int], dict[str, float]] | None = None
+
+
 class Logger:
   """Collects per-step device metrics and turns them into host scalars only every few steps (one device sync)."""
 
-  def __init__(
-    self,
-    writer: MetricsWriter,
-    pbar: Any,
-    *,
-    nan_policy: str = 'stop',
-    diverged_hint: str = '',
-    flops_per_token: float | None = None,
-    peak_flops: float | None = None,
-    check: Callable[[int, dict], None] | None = None,
-    check_keys: tuple[str, ...] = (),
-    counts: Callable[[int], dict[str, float]] | None = None,
-  ):
-    self.writer, self.pbar, self.counts = writer, pbar, counts
-    self.nan_policy, self.diverged_hint, self.check = nan_policy, diverged_hint, check
+  def __init__(self, writer: MetricsWriter, pbar: Any, options: LogOptions = LogOptions()):
+    self.writer, self.pbar, self.counts = writer, pbar, options.counts
+    self.nan_policy, self.diverged_hint, self.check = options.nan_policy, options.diverged_hint, options.check
     # Step metrics that are checks, not curves: `finite` is the policy's, check_keys the caller's `check`'s.
-    self.not_logged = ('finite',) + tuple(check_keys)
-    self.flops_per_token, self.peak_flops = flops_per_token, peak_flops
+    self.not_logged = ('finite',) + tuple(options.check_keys)
+    self.flops_per_token, self.peak_flops = options.flops_per_token, options.peak_flops
     self.pending: list[tuple[int, dict[str, Any]]] = []
     self.skipped = 0
-    self.last: dict[str, float] = {}
     self.throughput: list[float] = []  # tokens/s of every logged window that held timed steps
     self.restart_clock()
 
@@ -117,7 +123,6 @@ class Logger:
       if 'mfu' in out:
         post['mfu'] = f'{100 * out["mfu"]:.1f}%'
       self.pbar.set_postfix(post, refresh=False)
-    self.last = out
     self.pending = []
     self.restart_clock()
 
@@ -177,7 +182,7 @@ class Trainer:
   def _due(self, hook: Hook, done: int, stop: bool) -> bool:
     return (hook.every > 0 and (done % hook.every == 0 or done == self.num_steps)) or (stop and hook.checkpoint)
 
-  def run(self) -> Any:
+  def train(self) -> Any:
     """Trains to num_steps (or a preemption stop); returns the final state.
 
     A batch of a new shape (the batch-size warmup) compiles the step again: that step is left out of throughput,

@@ -1,4 +1,5 @@
-"""The fine-tuning loop shared by every task: build (all checks first), train, evaluate, keep the best, report.
+"""The fine-tuning job shared by every task: take the workdir's lease, prepare (all checks first), train, evaluate,
+keep the best, report.
 
 Order matters for bad input: the config, the weights' source, the tokenizer and the data files are all checked
 before the first file is written, so a mistake costs one error line and leaves the workdir as it was.
@@ -25,24 +26,22 @@ from flax import nnx
 
 from neobert_jax import paths
 from neobert_jax import sharding as shd
-from neobert_jax.config import finetune as config_lib
+from neobert_jax.config import finetune as finetune_config
 from neobert_jax.config import resume as resume_rules
 from neobert_jax.config import train as train_config
 from neobert_jax.downstream import batching, inference
-from neobert_jax.engine import loop as engine_loop
+from neobert_jax.engine import trainer as trainer_lib
 from neobert_jax.engine import optimizer as optimizer_lib
-from neobert_jax.engine import run as engine_run
+from neobert_jax.engine import session as session_lib
 from neobert_jax.engine import step as engine_step
 from neobert_jax.engine.state import abstract_state, create_state, param_count
 from neobert_jax.errors import ConfigError, DataError
-from neobert_jax.model.config import resolve_dtype
 from neobert_jax.weights import place, runs
 from neobert_jax.weights import source as source_lib
 
 log = logging.getLogger('neobert_jax.finetune')
 RESULTS_FILE = 'results.json'
-_RUNTIME_FIELDS = ('dtype', 'attention_impl', 'scan_layers', 'remat_policy', 'param_dtype')
-_LOWER_IS_BETTER = ('mse', 'loss')
+LOWER_IS_BETTER = ('mse', 'loss')
 
 
 def make_task(cfg: ml_collections.ConfigDict, tok: Any):
@@ -55,23 +54,12 @@ def make_task(cfg: ml_collections.ConfigDict, tok: Any):
   return ClassificationTask(cfg, tok)
 
 
-def model_config(cfg: ml_collections.ConfigDict, source: source_lib.Source | None) -> ml_collections.ConfigDict:
-  """The source's architecture (or cfg.model for a random init) with this run's numerics."""
-  m = ml_collections.ConfigDict(cfg.model.to_dict())
-  if source is not None:
-    m = ml_collections.ConfigDict(source.model_cfg.to_dict())
-    for field in _RUNTIME_FIELDS:
-      m[field] = cfg.model[field]
-  m.dtype = resolve_dtype(m.dtype)
-  return m
-
-
-def resolve(cfg: ml_collections.ConfigDict, workdir: Path):
-  """(the run's config, validated and resolved once and frozen; the weights' source; tokenizer; task): every check
-  that needs no device work, nothing written. Resolved: model = the architecture actually used (the source's, with
-  this run's numerics), data.tokenizer = the tokenizer's spec, mesh = the device count's sizes."""
-  cfg = config_lib.validate(cfg)  # typed by the schema: nothing past here casts a config value
-  engine_run.check_workdir(workdir)
+def prepare(cfg: ml_collections.ConfigDict, workdir: Path):
+  """(the run's config, validated and resolved once and frozen (config/finetune.resolve: the architecture used,
+  compute dtype, attention kernel, tokenizer, mesh); the weights' source; tokenizer; task): every check that needs
+  no device work, nothing written."""
+  cfg = finetune_config.validate(cfg)  # typed by the schema: nothing past here casts a config value
+  session_lib.check_workdir(workdir)
   if (workdir / RESULTS_FILE).exists() or (workdir / runs.CHECKPOINT_SUBDIR).exists():
     raise ConfigError(_existing_run(cfg, workdir))
   init = cfg.init
@@ -79,17 +67,14 @@ def resolve(cfg: ml_collections.ConfigDict, workdir: Path):
   if source is not None:
     source.read()
   tok = source_lib.resolve_tokenizer(cfg.data.tokenizer, source)
-  m = model_config(cfg, source)
-  if source is None and tok.vocab_size > m.vocab_size:
+  if source is None and tok.vocab_size > cfg.model.vocab_size:
     raise DataError(
-      f'tokenizer {tok.spec!r} has {tok.vocab_size} tokens but model.vocab_size={m.vocab_size}; '
+      f'tokenizer {tok.spec!r} has {tok.vocab_size} tokens but model.vocab_size={cfg.model.vocab_size}; '
       'set --config.model.vocab_size or start from a pretrained model (init.*)'
     )
-  resolved = ml_collections.ConfigDict(cfg.to_dict())
-  resolved.model = m
-  resolved.data.tokenizer = tok.spec
-  resolved.mesh = ml_collections.ConfigDict(train_config.mesh_shape(cfg))
-  resolved = ml_collections.FrozenConfigDict(resolved)
+  resolved, choice = finetune_config.resolve(cfg, None if source is None else source.model_cfg, tok.spec)
+  if jax.process_index() == 0:
+    log.info('attention kernel: %s', choice.describe())
   return resolved, source, tok, make_task(resolved, tok)
 
 
@@ -116,7 +101,7 @@ def _existing_run(cfg: ml_collections.ConfigDict, workdir: Path) -> str:
 
 
 def _better(metric: str, new: float, old: float | None) -> bool:
-  return old is None or (new < old if metric in _LOWER_IS_BETTER else new > old)
+  return old is None or (new < old if metric in LOWER_IS_BETTER else new > old)
 
 
 def _loss_sums(loss: Any) -> Any:
@@ -129,22 +114,27 @@ def _loss_sums(loss: Any) -> Any:
   return loss_sums
 
 
-def build_step(defs: Any, mesh: Any, loss: Any, keys: list[str]) -> Any:
+def jit_step(defs: Any, mesh: Any, loss: Any, keys: list[str]) -> Any:
   """The jitted (state, batch, dropout key) -> (state, metrics) of a task: the engine's step on whole batches
   (rows split over data x fsdp), committing nothing non-finite unseen (the loop stops at its next flush)."""
-  data = batching.batch_sharding(mesh)
-  return engine_step.build_train_step(
-    defs, mesh, _loss_sums(loss), {k: data for k in keys}, micro_batched=False, skip_nonfinite=False, uses_key=True
+  data = batching.row_sharding(mesh)
+  return engine_step.jit_train_step(
+    defs,
+    mesh,
+    _loss_sums(loss),
+    {k: data for k in keys},
+    engine_step.StepOptions(micro_batched=False, skip_nonfinite=False),
+    uses_key=True,
   )
 
 
 def _batches(task: Any, keys: list[str], mesh: Any, seed: int):
-  """Epoch after epoch of (global batch, real tokens, dropout key of that step), for engine.loop.Trainer."""
+  """Epoch after epoch of (global batch, real tokens, dropout key of that step), for engine/trainer.Trainer."""
   base_key, rng, step = jax.random.key(seed), np.random.default_rng(seed), 0
   while True:
     for batch in task.train_epoch(rng):
       tokens = int(sum(batch[k].sum() for k in batch if k.endswith('lengths')))
-      yield batching.to_global({k: batch[k] for k in keys}, mesh), tokens, jax.random.fold_in(base_key, step)
+      yield batching.shard_rows({k: batch[k] for k in keys}, mesh), tokens, jax.random.fold_in(base_key, step)
       step += 1
 
 
@@ -152,8 +142,10 @@ class _Evaluations:
   """The evaluation hook: scores the validation split, keeps every result and saves the best step's parameters
   (a fine-tuning workdir keeps only its best evaluation, which its export reads)."""
 
-  def __init__(self, run_: engine_run.Run, task: Any, forward: Any, batch_size: int, pad_id: int, mesh: Any):
-    self.run, self.task, self.mesh = run_, task, mesh
+  def __init__(
+    self, session: session_lib.TrainingSession, task: Any, forward: Any, batch_size: int, pad_id: int, mesh: Any
+  ):
+    self.session, self.task, self.mesh = session, task, mesh
     self.forward, self.batch_size, self.pad_id = forward, batch_size, pad_id
     self.best, self.final, self.evals = None, None, []
     self.say = log.info  # the trainer's, once it exists (a line that does not break the progress bar)
@@ -165,25 +157,26 @@ class _Evaluations:
         self.forward, state['params'], seqs, self.batch_size, task.buckets, self.pad_id, self.mesh
       )
     )
-    self.run.writer.write(step, ev, prefix='eval')
+    self.session.writer.write(step, ev, prefix='eval')
     self.evals.append({'step': step, **ev})
     self.final = {'step': step, 'metrics': ev}
     if _better(task.metric, ev[task.metric], None if self.best is None else self.best['metrics'][task.metric]):
       self.best = self.final
-      self.run.save_params(step, state)
-    if self.run.is_main:
+      self.session.save_params(step, state)
+    if self.session.is_main:
       self.say(f'eval step {step}: ' + ', '.join(f'{k} {v:.4f}' for k, v in ev.items()))
 
 
-def run(cfg: ml_collections.ConfigDict, workdir: str | Path) -> dict[str, Any]:
-  """Fine-tunes per cfg in workdir; returns the results dict also written to WORKDIR/results.json."""
+def finetune(cfg: ml_collections.ConfigDict, workdir: str | Path) -> dict[str, Any]:
+  """Fine-tunes per cfg in workdir under the workdir's lease (taken here, before anything there is read or
+  written); returns the results dict also written to WORKDIR/results.json."""
   workdir = paths.resolve(workdir, '--workdir')
-  with engine_run.claim(workdir, cfg.run_id) as held:  # before anything in the workdir is read or written
-    return _finetune(cfg, workdir, held)
+  with session_lib.claim(workdir, cfg.run_id) as lease:
+    return _finetune(cfg, workdir, lease)
 
 
-def _finetune(cfg: ml_collections.ConfigDict, workdir: Path, held: Any) -> dict[str, Any]:
-  cfg, source, tok, task = resolve(cfg, workdir)
+def _finetune(cfg: ml_collections.ConfigDict, workdir: Path, lease: Any) -> dict[str, Any]:
+  cfg, source, tok, task = prepare(cfg, workdir)
   is_main = jax.process_index() == 0
   train_config.write(cfg, workdir)
   if is_main and hasattr(task, 'save'):
@@ -194,12 +187,13 @@ def _finetune(cfg: ml_collections.ConfigDict, workdir: Path, held: Any) -> dict[
   num_steps = t.num_steps if t.num_steps > 0 else t.epochs * steps_per_epoch
   tx, lr = optimizer_lib.make_finetune_optimizer(cfg.optimizer, num_steps)
   factory = lambda: task.make_model(m, nnx.Rngs(cfg.seed))  # noqa: E731
-  options = dict(keep=1, async_save=False, tensorboard=lg.tensorboard, progress_bar=lg.progress_bar, lease=held)
-  with engine_run.Run(workdir, cfg, **options) as run_:
-    start = run_.restore_or_init(
+  with session_lib.TrainingSession(
+    workdir, cfg, keep=1, async_save=False, tensorboard=lg.tensorboard, progress_bar=lg.progress_bar, lease=lease
+  ) as session:
+    start = session.restore_or_init(
       lambda: abstract_state(factory, tx, lr, mesh),
       lambda: create_state(factory, tx, lr, mesh),
-      resume=False,  # a fine-tuning workdir is never continued (resolve refused one that holds a run)
+      resume=False,  # a fine-tuning workdir is never continued (prepare refused one that holds a run)
       source=lambda: source,
       place=lambda src, params: place.with_encoder(params, src.flat),
     )
@@ -210,21 +204,20 @@ def _finetune(cfg: ml_collections.ConfigDict, workdir: Path, held: Any) -> dict[
         dict(mesh.shape),
       )
     forward = inference.jit_forward(start.defs.model_def, start.defs.shardings['params'], mesh)
-    evaluations = _Evaluations(run_, task, forward, t.eval_batch_size, tok.pad_id, mesh)
-    trainer = run_.trainer(
-      build_step(start.defs, mesh, task.loss, task.batch_keys),
+    evaluations = _Evaluations(session, task, forward, t.eval_batch_size, tok.pad_id, mesh)
+    trainer = session.trainer(
+      jit_step(start.defs, mesh, task.loss, task.batch_keys),
       start,
       _batches(task, task.batch_keys, mesh, cfg.seed),
       num_steps=num_steps,
       log_every=t.log_every,
-      hooks=[engine_loop.Hook(evaluations, t.eval_every or steps_per_epoch)],
+      hooks=[trainer_lib.Hook(evaluations, t.eval_every or steps_per_epoch)],
       last_good=lambda: 'none (fine-tuning keeps only its best evaluation)',
       desc=f'finetune {task.kind}',
-      nan_policy='stop',
-      diverged_hint='Lower --config.optimizer.lr.',
+      log_options=trainer_lib.LogOptions(nan_policy='stop', diverged_hint='Lower --config.optimizer.lr.'),
     )
     evaluations.say = trainer.say
-    trainer.run()
+    trainer.train()
   return _finish(cfg, workdir, task, num_steps, evaluations, trainer.logger.throughput)
 
 

@@ -1,18 +1,21 @@
-"""One run of the engine, assembled in one place: its outputs, where its state starts, its hooks and its closing.
+"""A training session: one command's time in a workdir, assembled in one place: its outputs, where its state
+starts, its hooks and its closing.
 
 Shaped after levanter's Trainer (`initial_state`: a checkpoint, else an initialisation source, else fresh
 parameters; default hooks for progress, logging and checkpoints), for this package's two tasks. Pretraining
-(train/loop.py) and fine-tuning (finetune/loop.py) resolve and check their config first, then:
+(train/pretraining.py) and fine-tuning (finetune/job.py) resolve and check their config and take the workdir's
+lease (`claim`) first, then:
 
-  with Run(workdir, cfg, ...) as run:              # the checkpoint manager; metrics writer and bar on first use
-    start = run.restore_or_init(...)               # a checkpoint of this workdir, an init source, or fresh
-    trainer = run.trainer(step, start, batches, ...)  # Logger, preemption, profiling, the checkpoint hook
-    state = trainer.run()
-    run.save_final(trainer, state)                 # the last step, unless the checkpoint hook just saved it
+  with TrainingSession(workdir, cfg, ...) as session:    # the checkpoint manager; metrics writer and bar on first use
+    start = session.restore_or_init(...)                 # a checkpoint of this workdir, an init source, or fresh
+    trainer = session.trainer(step, start, batches, ...)  # Logger, preemption, profiling, the checkpoint hook
+    state = trainer.train()
+    session.save_final(trainer, state)                   # the last step, unless the checkpoint hook just saved it
 
-The run owns everything it opened and closes it in reverse order through one ExitStack, whatever happened; a clean
-exit first waits for the saves still in flight (a failed one is one StorageError line). Whatever else must live
-exactly as long as the run (the data iterator, a lease on the workdir) is handed to `hold` or `on_close`.
+A re-run of the same command is a new session that resumes where the last one stopped. The session owns everything
+it opened and closes it in reverse order through one ExitStack, whatever happened; a clean exit first waits for the
+saves still in flight (a failed one is one StorageError line). Whatever else must live exactly as long as the
+session (the data iterator) is handed to `hold` or `on_close`.
 """
 
 from __future__ import annotations
@@ -31,8 +34,9 @@ import numpy as np
 
 from neobert_jax import bucket, errors, paths
 from neobert_jax import lease as lease_lib
+from neobert_jax.config.model import require_resolved
 from neobert_jax.engine import checkpoint as ckpt
-from neobert_jax.engine import loop as engine_loop
+from neobert_jax.engine import trainer as trainer_lib
 from neobert_jax.engine import state as state_lib
 from neobert_jax.engine.metrics import MetricsWriter
 from neobert_jax.engine.preemption import Preemption
@@ -101,8 +105,8 @@ def place_sharded(source: source_lib.Source, params: Any) -> Any:
   return source.sharded(params)
 
 
-class Run:
-  """A training run in `workdir`: see the module docstring.
+class TrainingSession:
+  """One session of training in `workdir` (a command from its start to its exit): see the module docstring.
 
   cfg: the resolved config, frozen; a copy goes into every checkpoint. data_position: where the run's data stands,
   checkpointed with the state (checkpoint.DataPosition; None: the run's data has no position to keep). lease: the workdir's (`claim`).
@@ -122,6 +126,7 @@ class Run:
     lease: lease_lib.Lease | None = None,
     wandb: Any = None,
   ):
+    require_resolved(cfg.model)  # every checkpoint records this config: the kernel it ran, never 'auto'
     self.workdir = paths.resolve(workdir, '--workdir')
     self.lease = lease  # checked before every save: a job whose lease was taken over writes nothing more
     self.cfg, self.data_position = cfg, data_position
@@ -138,7 +143,7 @@ class Run:
 
   # --- lifetime -------------------------------------------------------------------------------------------------
 
-  def __enter__(self) -> 'Run':
+  def __enter__(self) -> 'TrainingSession':
     self._stack.__enter__()
     self.mngr = ckpt.make_manager(self.workdir, self.keep, self.async_save, on_saved=self._committed)
     self.on_close(ckpt.close, self.mngr)
@@ -329,9 +334,9 @@ class Run:
       step, values = self._timings.popleft()
       self.writer.write(step, values, prefix='checkpoint')
 
-  def checkpoint_hook(self, every: int) -> engine_loop.Hook:
+  def checkpoint_hook(self, every: int) -> trainer_lib.Hook:
     """The default checkpoint hook: `save` every `every` steps, after the last one and on preemption."""
-    return engine_loop.Hook(self.save, every, checkpoint=True)
+    return trainer_lib.Hook(self.save, every, checkpoint=True)
 
   def last_good(self) -> str:
     """The newest complete checkpoint, for the divergence message (waits for the saves in flight)."""
@@ -339,7 +344,7 @@ class Run:
     s = self.mngr.latest_step()
     return f'{self.mngr.directory}/{s}' if s is not None else 'none (no checkpoint was written yet)'
 
-  def save_final(self, trainer: engine_loop.Trainer, state: state_lib.TrainState) -> None:
+  def save_final(self, trainer: trainer_lib.Trainer, state: state_lib.TrainState) -> None:
     """Saves where the trainer stopped unless that step is saved already (or nothing was trained)."""
     if trainer.preempted and self.is_main:
       log.warning('SIGTERM: saved checkpoint %s/%d, exiting', self.mngr.directory, trainer.final_step)
@@ -356,27 +361,27 @@ class Run:
     *,
     num_steps: int,
     log_every: int,
-    hooks: list[engine_loop.Hook] = (),
+    hooks: list[trainer_lib.Hook] = (),
     checkpoint_every: int | None = None,
     preemption: bool = False,
     last_good: Callable[[], str] | None = None,
     profile: tuple[int, int] = (-1, 0),
     desc: str = 'train',
     on_step: Callable[[int], None] | None = None,
-    **logger_options: Any,
-  ) -> engine_loop.Trainer:
-    """engine.loop.Trainer over the run's outputs: a progress bar from `start.step`, a Logger
-    (`logger_options`: nan_policy, diverged_hint, flops_per_token, peak_flops, check, check_keys, counts), the task's
+    log_options: trainer_lib.LogOptions = trainer_lib.LogOptions(),
+  ) -> trainer_lib.Trainer:
+    """engine/trainer.Trainer over the session's outputs: a progress bar from `start.step`, a Logger with the
+    task's `log_options` (its non-finite policy, FLOPs per token, checks), the task's
     `hooks` followed by the checkpoint hook when `checkpoint_every` is given, SIGTERM handling when `preemption`
     (every process stops and saves after the same step), and a jax.profiler trace of `profile` = (first step,
     number of steps) into `profile_dir()`. The trainer takes over `start.state` (it is donated to the first step).
     """
     pbar = self._progress_bar(num_steps, start.step, desc)
-    logger = engine_loop.Logger(self.writer, pbar, **logger_options)
+    logger = trainer_lib.Logger(self.writer, pbar, log_options)
     hooks = list(hooks) + ([self.checkpoint_hook(checkpoint_every)] if checkpoint_every is not None else [])
     stop = self.hold(Preemption(self.mngr, log_every)) if preemption else None
     state, start.state = start.state, None  # the trainer holds the live state from here on
-    return engine_loop.Trainer(
+    return trainer_lib.Trainer(
       step,
       state,
       batches,
@@ -387,7 +392,7 @@ class Run:
       hooks=hooks,
       last_good=last_good or self.last_good,
       preemption=stop,
-      profile=engine_loop.Profile(profile[0], profile[1], self.profile_dir),
+      profile=trainer_lib.Profile(profile[0], profile[1], self.profile_dir),
       pbar=pbar,
       on_step=on_step,
     )
