@@ -163,6 +163,7 @@ def main() -> None:
     f'--config={recipe}',
     f'--config.train.num_steps={train_steps}',
     f'--config.optimizer.warmup_steps={max(1, train_steps // 10)}',
+    '--config.optimizer.warmup_fraction=0',
     *extra,
   ]
   res = {'smoke': a.smoke, 'backend': jax.default_backend(), 'device': jax.devices()[0].device_kind}

@@ -31,6 +31,7 @@ def _one(steps: int, workdir: Path, switch: str) -> dict[str, float]:
   cmd = [sys.executable, '-m', 'neobert_jax.train', '--config=configs/tiny_cpu.py', f'--workdir={workdir}']
   cmd += [f'--config.train.num_steps={steps}', '--config.eval.every_steps=0', '--config.eval.probe_task=']
   cmd += ['--config.checkpoint.every_steps=100000', '--config.optimizer.warmup_steps=10']
+  cmd += ['--config.optimizer.warmup_fraction=0']
   env = {k: v for k, v in os.environ.items() if k != 'GLIBC_TUNABLES'}
   env['NEOBERT_JAX_HUGE_PAGES'] = switch
   before = resource.getrusage(resource.RUSAGE_CHILDREN)

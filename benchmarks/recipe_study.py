@@ -50,6 +50,7 @@ BEFORE = (
   'optimizer.final_lr_fraction=0.1',
   'optimizer.peak_lr=3e-3',
   'optimizer.warmup_steps=30',
+  'optimizer.warmup_fraction=0.0',  # the main job warms up over 30% of its steps since the study
   'eval.probe_task=',
   'logging.log_every=10',
 )
@@ -127,6 +128,14 @@ _recipe(
   *NEW,
   'eval.every_steps=500',
   'checkpoint.every_steps=100000',
+)
+
+# 2,000 steps (the main job's length since the study): a short warmup, one cycle (30% warmup), one cycle at 5e-3
+_LONG = ('train.num_steps=2000', 'model.dtype=bfloat16', *NEW, 'eval.every_steps=500', 'checkpoint.every_steps=100000')
+_recipe('linear_2000', *_LONG)
+_recipe('one_cycle_2000', *_LONG, 'optimizer.warmup_steps=0', 'optimizer.warmup_fraction=0.3')
+_recipe(
+  'one_cycle_2000_lr5e-3', *_LONG, 'optimizer.warmup_steps=0', 'optimizer.warmup_fraction=0.3', 'optimizer.peak_lr=5e-3'
 )
 
 

@@ -1,8 +1,8 @@
 """A tiny NeoBERT trained on the built-in corpus in a few minutes on a 2-core CPU (the README's main job).
 
 NeoBERT's architecture, optimizer, all-[MASK] masking and sparse MLM head, scaled down to what 2 CPU cores can
-train in about seven minutes: 1 layer x 128, 128-token packed rows, 32 rows per step, 3,000 steps, ~12.3M tokens
-(about five passes over the corpus's 2.4M). The built-in corpus is fetched, tokenized and sharded on first use
+train in about six minutes: 1 layer x 128, 128-token packed rows, 32 rows per step, 2,000 steps, ~8.2M tokens
+(about three passes over the corpus's 2.4M). The built-in corpus is fetched, tokenized and sharded on first use
 (cached); evaluation on its held-out split runs at the start and every 500 steps, with a linear probe of the
 frozen embeddings on Amazon Fine Food reviews (eval.probe_task); the result is exported to a Hugging Face directory
 next to the run. At the end the job prints the held-out loss against the unigram and neighbour-count baselines of
@@ -19,7 +19,10 @@ and "Main job"):
   * init: every Linear U(-0.15, 0.15) instead of NeoBERT's U(-0.02, 0.02). 0.02 is a width-768 scale; at width
     128 it leaves attention logits near zero, so attention stays uniform and the model sits on the unigram
     plateau for a hundred steps. The embedding keeps 0.02 (a larger one was worse).
-  * schedule: warmup, then a straight line to zero at the last step (Izsak et al. 2021), not a cosine to 10%.
+  * schedule: one cycle at a higher peak (5e-3): a linear warmup over the first 30% of the steps, then a straight
+    line to zero at the last step (Cramming's one-cycle; Izsak et al.'s decay to zero at the deadline), not a
+    short warmup and a cosine to 10%. Over 2,000 steps it ended 0.12 nats below a 30-step warmup at 3e-3, and 5e-3
+    gained a little more.
   * bfloat16 compute (fp32 master weights, norms, softmax and loss): the matmuls run about twice as fast on CPUs
     with AVX-512 BF16 or AMX, so more steps fit in the same minutes, at the same loss per step.
   * one layer: per step it learned as fast as two at 1.7x the steps per second.
@@ -47,13 +50,13 @@ def get_config():
   cfg.data.block_docs = 512  # small blocks: the first batch is ready in well under a second
 
   cfg.mesh.fsdp = -1  # whatever CPU devices there are, as FSDP
-  cfg.train.num_steps = 3000
+  cfg.train.num_steps = 2000
   cfg.train.global_batch_size = 32
 
   o = cfg.optimizer
-  o.peak_lr = 3e-3  # a small model trained briefly tolerates (and needs) a larger rate
-  o.warmup_steps = 30
-  o.schedule, o.final_lr_fraction = 'linear', 0.0  # a straight line to zero at the last step
+  o.peak_lr = 5e-3  # a small model trained briefly tolerates (and needs) a larger rate
+  o.warmup_steps, o.warmup_fraction = 0, 0.3  # one cycle: up over the first 30% of the steps...
+  o.schedule, o.final_lr_fraction = 'linear', 0.0  # ...then a straight line to zero at the last step
 
   cfg.eval.every_steps = 500  # 8 x 32 rows of held-out text: ~13k masked tokens, +-0.02 on the loss
   cfg.eval.num_batches = 8

@@ -36,6 +36,7 @@ OVERRIDES = {
   'train.global_batch_size': 8,
   'train.num_steps': STEPS,
   'optimizer.warmup_steps': 1,
+  'optimizer.warmup_fraction': 0.0,
   'eval.every_steps': 0,
   'eval.at_start': False,
   'checkpoint.every_steps': STEPS,

@@ -124,6 +124,7 @@ def test_weight_decay_skips_norms_and_biases():
         'optimizer.schedule': 'wsd',
         'optimizer.wsd_decay_fraction': 0.9,
         'optimizer.warmup_steps': 50,
+        'optimizer.warmup_fraction': 0.0,
       },
       'warmup_steps=50 overlaps the decay of the last',
     ),

@@ -166,6 +166,7 @@ def test_sigterm_saves_and_exits_cleanly(tmp_path):
     '--config.logging.peak_flops_per_device=1e11',
     '--config.logging.log_every=1',
     '--config.optimizer.warmup_steps=1',
+    '--config.optimizer.warmup_fraction=0',
   ]
   env = {**os.environ, 'PYTHONPATH': str(REPO), 'XLA_FLAGS': ''}
   proc = subprocess.Popen(

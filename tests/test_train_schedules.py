@@ -11,6 +11,7 @@ import struct
 import numpy as np
 import pytest
 
+from neobert_jax import errors
 from neobert_jax.train.testing import tiny_config, train_only
 
 STEPS, WARMUP, DECAYING, PEAK = 10, 2, 4, 2e-3  # updates 6..9 decay; metrics.jsonl logs update t as step t + 1
@@ -115,3 +116,22 @@ def test_the_250m_recipe_offers_a_linear_decay_to_zero_and_keeps_the_papers_cosi
   lr = optimizer.lr_values(d2z.optimizer, n, np.array([warmup, (warmup + n - 1) / 2, n - 1]))
   np.testing.assert_allclose(lr, [peak, peak / 2, 0.0], rtol=1e-5, atol=1e-12)  # the line starts one update in
   assert d2z.to_dict() == {**paper.to_dict(), 'optimizer': d2z.optimizer.to_dict()}
+
+
+def test_a_warmup_given_as_a_share_of_the_run_follows_its_length():
+  from neobert_jax.config import train as train_config  # pylint: disable=g-import-not-at-top
+
+  cfg = train_config.get_config()
+  cfg.optimizer.warmup_fraction, cfg.optimizer.schedule, cfg.optimizer.final_lr_fraction = 0.3, 'linear', 0.0
+  cfg.optimizer.warmup_steps = 0
+  for steps, warmup in ((2000, 600), (40, 12), (2, 1)):
+    cfg.train.num_steps = steps
+    resolved = train_config.validate(cfg, num_devices=1)
+    assert resolved.optimizer.warmup_steps == warmup
+    assert train_config.validate(resolved, num_devices=1).optimizer.warmup_steps == warmup  # config.json re-read
+  cfg.optimizer.warmup_steps = 100  # a second, different warmup is refused, not silently overridden
+  with pytest.raises(errors.ConfigError, match='warmup_steps=100 and optimizer.warmup_fraction=0.3 both set'):
+    train_config.validate(cfg, num_devices=1)
+  cfg.optimizer.warmup_fraction = 1.0
+  with pytest.raises(errors.ConfigError, match=r'optimizer.warmup_fraction=1.0 must be in \[0, 1\)'):
+    train_config.validate(cfg, num_devices=1)

@@ -113,6 +113,10 @@ def get_config() -> ml_collections.ConfigDict:
       clip_norm=1.0,  # global-norm clipping threshold; 0 disables
       clip_eps=0.0,  # clip by clip_norm / (norm + clip_eps): 1e-6 is torch's clip_grad_norm_ (the original)
       warmup_steps=2000,  # linear warmup_init_fraction * peak_lr -> peak_lr over this many steps
+      # > 0 (with warmup_steps=0): the warmup is this share of train.num_steps instead; validate writes the steps
+      # into warmup_steps. The recipe keeps its shape when num_steps changes (Cramming's and Izsak et al.'s
+      # warmups are shares of the budget).
+      warmup_fraction=0.0,
       warmup_init_fraction=0.0,  # the original trainer starts at 1e-4 * peak (torch LinearLR(start_factor=1e-4))
       decay_fraction=0.9,  # 'cosine' reaches its floor after this fraction of num_steps, then stays there
       decay_steps=0,  # > 0: the original trainer's cosine instead: period decay_steps from the end of
@@ -231,6 +235,19 @@ def validate(
   for field in ('num_steps', 'global_batch_size', 'grad_accum_steps'):
     if t[field] < 1:
       raise ConfigError(f'train.{field}={t[field]} must be >= 1')
+  if not 0 <= cfg.optimizer.warmup_fraction < 1:
+    raise ConfigError(
+      f'optimizer.warmup_fraction={cfg.optimizer.warmup_fraction} must be in [0, 1) (0: warmup_steps applies)'
+    )
+  o = cfg.optimizer
+  if o.warmup_fraction > 0:  # the warmup as a share of the run, written out as steps for everything downstream
+    derived = max(1, round(o.warmup_fraction * t.num_steps))
+    if o.warmup_steps not in (0, derived):  # (derived: a config this function already returned)
+      raise ConfigError(
+        f'optimizer.warmup_steps={o.warmup_steps} and optimizer.warmup_fraction={o.warmup_fraction} both set the '
+        'warmup: set optimizer.warmup_fraction=0 to use warmup_steps, or optimizer.warmup_steps=0 to use the share'
+      )
+    o.warmup_steps = derived
   _validate_optimizer(cfg.optimizer, t.num_steps)
   if not 0 <= t.ema_decay < 1:
     raise ConfigError(f'train.ema_decay={t.ema_decay} must be in [0, 1) (0: no moving average; 0.999 is typical)')
