@@ -40,8 +40,8 @@ def main() -> None:
   from neobert_jax import paths  # pylint: disable=g-import-not-at-top
   from neobert_jax.data.pipeline import iterators as pipeline  # pylint: disable=g-import-not-at-top
   from neobert_jax.train import loop  # pylint: disable=g-import-not-at-top
-  from neobert_jax.train import testing  # pylint: disable=g-import-not-at-top
-  from neobert_jax.train.testing import assert_identical_params, tiny_config  # pylint: disable=g-import-not-at-top
+  from tests.support import tiny_train  # pylint: disable=g-import-not-at-top
+  from tests.support.tiny_train import assert_identical_params, tiny_config  # pylint: disable=g-import-not-at-top
   from neobert_jax.weights import runs  # pylint: disable=g-import-not-at-top
 
   proxy = None
@@ -61,7 +61,7 @@ def main() -> None:
       env['NEOBERT_BUCKET_RETRY_SECONDS'] = str(a.window)
     start = time.monotonic()
     child = subprocess.run(
-      testing.tiny_run_command(f'{root}/run', f'{root}/data'),
+      tiny_train.tiny_run_command(f'{root}/run', f'{root}/data'),
       cwd=repo,
       env=env,
       capture_output=True,

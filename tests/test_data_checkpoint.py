@@ -4,14 +4,14 @@ import numpy as np
 import pytest
 
 from neobert_jax.config import data as config_lib
-from neobert_jax.data import testing
+from support import synthetic_data
 from neobert_jax.data.pipeline import iterators as pipeline
 
 
 @pytest.fixture(scope='module')
 def data_dir(tmp_path_factory):
   d = str(tmp_path_factory.mktemp('prepared'))
-  testing.write_prepared(d, testing.synthetic_documents(400, max_len=200), max_length=256)
+  synthetic_data.write_prepared(d, synthetic_data.synthetic_documents(400, max_len=200), max_length=256)
   return d
 
 

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from neobert_jax.config import data as config_lib
-from neobert_jax.data import testing
+from support import synthetic_data
 from neobert_jax.data.pipeline import iterators as pipeline
 from neobert_jax.data.prepare import local as prepare_lib
 
@@ -22,7 +22,7 @@ GLOBAL_BATCH = 8
 @pytest.fixture(scope='module')
 def data_dir(tmp_path_factory):
   d = str(tmp_path_factory.mktemp('prepared'))
-  testing.write_prepared(d, testing.synthetic_documents(300, max_len=200), max_length=128)
+  synthetic_data.write_prepared(d, synthetic_data.synthetic_documents(300, max_len=200), max_length=128)
   return d
 
 
@@ -74,7 +74,9 @@ def test_one_two_four_processes_continue_the_uninterrupted_rows(data_dir):
   got += _global_batches(back, 2)
   assert _same(got, reference[: len(got)])
   # the rows of a step are split, never shared, between processes
-  docs = [set(testing.documents_in({k: v[p * 2 : (p + 1) * 2] for k, v in reference[-1].items()})) for p in range(4)]
+  docs = [
+    set(synthetic_data.documents_in({k: v[p * 2 : (p + 1) * 2] for k, v in reference[-1].items()})) for p in range(4)
+  ]
   assert sum(map(len, docs)) == len(set.union(*docs))
 
 
@@ -146,7 +148,7 @@ def test_a_global_batch_mixes_every_virtual_shard(data_dir):
   cfg = _cfg(data_dir)
   cfg.packing = 'none'  # one document per row, so a row names its document
   batch = next(_iters(cfg, 1)[0])
-  per_row = [testing.documents_in({k: v[r : r + 1] for k, v in batch.items()}) for r in range(GLOBAL_BATCH)]
+  per_row = [synthetic_data.documents_in({k: v[r : r + 1] for k, v in batch.items()}) for r in range(GLOBAL_BATCH)]
   # Synthetic documents are numbered in corpus order (a continuation record of a long document names none): row r
   # comes from virtual shard r, the r-th eighth of the corpus, so the numbers rise row by row and span the corpus.
   named = [d[0] for d in per_row if d and d[0] < 300]
@@ -154,7 +156,7 @@ def test_a_global_batch_mixes_every_virtual_shard(data_dir):
 
 
 def test_next_prepare_removes_a_killed_prepares_temp_dir(tmp_path):
-  vocab = testing.write_wordpiece_vocab(str(tmp_path / 'vocab.txt'), ['alpha', 'beta', 'gamma'])
+  vocab = synthetic_data.write_wordpiece_vocab(str(tmp_path / 'vocab.txt'), ['alpha', 'beta', 'gamma'])
   (tmp_path / 'in.txt').write_text('alpha beta gamma\n' * 2000)
   out = tmp_path / 'out'
   # A prepare killed mid-write (SIGKILL skips its `finally`), as a user's Ctrl-\ or the OOM killer would.

@@ -10,7 +10,7 @@ import pytest
 from neobert_jax.config import data as config_lib
 from neobert_jax.data.pipeline import batch as batch_contract
 from neobert_jax import errors
-from neobert_jax.data import testing
+from support import synthetic_data
 from neobert_jax.data.pipeline import iterators as pipeline
 
 N_DOCS = 600
@@ -19,10 +19,10 @@ N_DOCS = 600
 @pytest.fixture(scope='module')
 def data_dir(tmp_path_factory):
   d = str(tmp_path_factory.mktemp('prepared'))
-  docs = testing.synthetic_documents(N_DOCS, seed=0, max_len=120)
-  evals = testing.synthetic_documents(40, seed=1, max_len=120)
+  docs = synthetic_data.synthetic_documents(N_DOCS, seed=0, max_len=120)
+  evals = synthetic_data.synthetic_documents(40, seed=1, max_len=120)
   # Small shards, so documents come from several files.
-  testing.write_prepared(d, docs, evals, shard_bytes=40_000, max_length=128)
+  synthetic_data.write_prepared(d, docs, evals, shard_bytes=40_000, max_length=128)
   return d
 
 
@@ -75,14 +75,14 @@ def test_deterministic_and_epochs_reshuffle(data_dir):
   assert not _same(a[:2], c)
   # 600 docs of ~60 tokens fill ~36k tokens = ~35 rows of 1024... here 128-wide
   # rows: an epoch is ~280 rows = 35 batches; first blocks of epoch 0 and 1 differ.
-  order0 = [d for x in a[:4] for d in testing.documents_in(x)]
+  order0 = [d for x in a[:4] for d in synthetic_data.documents_in(x)]
   it = pipeline.make_train_iterator(cfg, 8, 128, seed=3)
   seen, batches = set(), 0
   while len(seen) < N_DOCS:  # every document appears within about one epoch
-    seen.update(testing.documents_in(next(it)))
+    seen.update(synthetic_data.documents_in(next(it)))
     batches += 1
   assert batches < 80  # each virtual shard ends its epoch at its own pace: the slowest sets the bound
-  order1 = [d for x in _take(it, 4) for d in testing.documents_in(x)]
+  order1 = [d for x in _take(it, 4) for d in synthetic_data.documents_in(x)]
   assert order0 != order1
 
 
@@ -111,7 +111,7 @@ def test_processes_split_one_global_stream(data_dir):
     batch, mine = next(whole), [next(it) for it in parts]
     for k in batch:
       assert np.array_equal(batch[k], np.concatenate([m[k] for m in mine]))
-    seen.append([set(testing.documents_in(m)) for m in mine])
+    seen.append([set(synthetic_data.documents_in(m)) for m in mine])
   assert set.union(*[d for docs in seen for d in docs]) == set(range(N_DOCS))
 
 
@@ -123,7 +123,7 @@ def test_eval_iterator_one_pass_and_fixed(data_dir):
   last = a[-1]
   assert np.all(last['labels'][8:] == -100) and np.all(last['segment_ids'][8:].sum(1) > 0)
   real = a[:2] + [{k: v[:8] for k, v in last.items()}]
-  assert sorted(d for x in real for d in testing.documents_in(x)) == list(range(40))
+  assert sorted(d for x in real for d in synthetic_data.documents_in(x)) == list(range(40))
   n = list(pipeline.make_eval_iterator(cfg, 16, 128, process_index=1, process_count=2, num_batches=5))
   assert len(n) == 5
   with pytest.raises(ValueError, match='num_batches'):
@@ -131,8 +131,8 @@ def test_eval_iterator_one_pass_and_fixed(data_dir):
 
 
 def test_long_records_are_split_to_seq_len(tmp_path):
-  docs = testing.synthetic_documents(30, max_len=300)
-  testing.write_prepared(str(tmp_path), docs, max_length=300)
+  docs = synthetic_data.synthetic_documents(30, max_len=300)
+  synthetic_data.write_prepared(str(tmp_path), docs, max_length=300)
   # One block = one epoch; batches of one row, so the count below stops exactly there.
   cfg = _cfg(str(tmp_path), packing='packed', block_docs=30)
   it = pipeline.make_train_iterator(cfg, 1, 64, seed=0)
@@ -146,7 +146,7 @@ def test_long_records_are_split_to_seq_len(tmp_path):
 
 
 def test_refuses_mismatched_tokenizer_and_vocab(data_dir, tmp_path):
-  vocab = testing.write_wordpiece_vocab(str(tmp_path / 'vocab.txt'))
+  vocab = synthetic_data.write_wordpiece_vocab(str(tmp_path / 'vocab.txt'))
   with pytest.raises(errors.DataError, match='prepared with tokenizer'):
     pipeline.make_train_iterator(_cfg(data_dir, tokenizer=vocab), 8, 128, seed=0)
   with pytest.raises(errors.DataError, match='vocab_size=1000'):

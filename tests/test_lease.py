@@ -140,11 +140,11 @@ def test_kill_9_leaves_the_lease_to_expire(tmp_path, caplog):
 def test_two_prepare_builds_into_one_output_are_refused(tmp_path, engine, capsys):
   """A live build (a process holding the output's lease) and a second one into the same output, both engines: one
   line naming the holder, exit 15, nothing written. The Ray engine refuses before it joins a cluster."""
-  from neobert_jax.data import testing
+  from support import synthetic_data
   from neobert_jax.data.prepare import local
 
   (tmp_path / 'in.txt').write_text('the cat sat\nthe dog ran\n')
-  vocab = testing.write_wordpiece_vocab(str(tmp_path / 'vocab.txt'), ('the', 'cat', 'sat', 'dog', 'ran'))
+  vocab = synthetic_data.write_wordpiece_vocab(str(tmp_path / 'vocab.txt'), ('the', 'cat', 'sat', 'dog', 'ran'))
   out = tmp_path / 'out'
   child = _holder(str(out), 60)
   try:
@@ -213,7 +213,7 @@ def test_every_out_of_range_prepare_flag_is_one_line(tmp_path, capsys):
 _TRAIN = """
 import os, sys, time
 from neobert_jax import pretrain
-from neobert_jax.train.testing import tiny_config
+from support.tiny_train import tiny_config
 def hold(step):
   if step == 4:  # checkpoint 3 is written; the parent works beside this live run, then stops it
     print('READY', flush=True)
@@ -266,7 +266,7 @@ def test_second_trainer_on_a_live_workdir_is_refused_and_readers_work_beside_it(
   from neobert_jax.convert import export_hf
   from neobert_jax.data.pipeline import iterators as pipeline
   from neobert_jax.train import loop
-  from neobert_jax.train.testing import tiny_config
+  from support.tiny_train import tiny_config
 
   cfg = tiny_config(steps=6)
   data_dir = ''

@@ -320,7 +320,7 @@ def test_benchmarks_live_outside_the_package():
 
 
 def test_the_walker_sees_function_level_imports():
-  # The data cycle used to hide in function bodies (corpus -> prepare -> tokenizer -> corpus): the walker must
+  # An import cycle can hide in function bodies (corpus -> prepare -> tokenizer -> corpus): the walker must
   # see imports there, and resolve `from pkg import module` to the module.
   graph = _graph()
   assert 'neobert_jax.data.assets' in graph['neobert_jax.data.tokenizer']

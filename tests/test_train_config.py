@@ -13,7 +13,7 @@ from neobert_jax.config import train as config_lib
 from neobert_jax.train import loop
 from neobert_jax.engine import optimizer as opt_lib
 from neobert_jax.train import runtime
-from neobert_jax.train.testing import tiny_config
+from support.tiny_train import tiny_config
 
 REPO = Path(__file__).resolve().parents[1]
 

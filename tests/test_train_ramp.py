@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from neobert_jax.config import ramp
-from neobert_jax.train.testing import tiny_config
+from support.tiny_train import tiny_config
 
 REPO = Path(__file__).resolve().parents[1]
 SEQ = 128
@@ -89,7 +89,7 @@ def test_logged_sizes_tokens_and_throughput(uninterrupted):
 @pytest.mark.slow
 def test_kill_9_mid_ramp_then_the_same_command_is_bit_identical(uninterrupted, tmp_path):
   from neobert_jax.train import loop
-  from neobert_jax.train.testing import assert_identical_params, kill_when_paused
+  from support.tiny_train import assert_identical_params, kill_when_paused
   from neobert_jax.weights import runs
 
   workdir = tmp_path / 'run'

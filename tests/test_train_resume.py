@@ -17,7 +17,7 @@ from neobert_jax.engine import checkpoint as ckpt
 from neobert_jax.weights import runs
 from neobert_jax import errors
 from neobert_jax.train import loop
-from neobert_jax.train.testing import assert_identical_params, tiny_config
+from support.tiny_train import assert_identical_params, tiny_config
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -11,7 +11,7 @@ import pytest
 from neobert_jax import config, errors
 from neobert_jax.data.pipeline import iterators as pipeline
 from neobert_jax.train import loop, resume
-from neobert_jax.train.testing import REPO_ROOT
+from support.tiny_train import REPO_ROOT
 
 STEPS = 3
 

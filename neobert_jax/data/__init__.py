@@ -4,7 +4,6 @@
   pipeline/  online: prepared shards -> packed, masked batches, per host, while training runs
   shards.py, rollover.py   the prepared-data format both sides share (manifest, shards, where a shard ends)
   tokenizer.py, assets.py  tokenizers, and the download cache of files fetched from the package registry
-  testing.py               small synthetic vocabularies and prepared datasets for tests and benchmarks
 
 Must not import the model, train/ or convert/. The pipeline does not import prepare/ (only prepare/corpus.py, to
 find the built-in corpus); prepare/ does not import the pipeline. Nothing is imported here, so `prepare` does not

@@ -7,7 +7,7 @@ process on a different mesh (tensor parallel) and export to a PyTorch / Hugging 
 
 The data pipeline's global row stream does not depend on the process count (process p keeps its slice of each
 global batch), so both runs see the same global batches and any difference comes from the multi-process machinery.
-This file is also that worker: `python tests/test_multihost_train.py train|restore ...`.
+This file is also that worker: `python tests/test_scenario_multihost_training.py train|restore ...`.
 """
 
 from __future__ import annotations

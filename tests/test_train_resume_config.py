@@ -13,7 +13,7 @@ from neobert_jax.config import resume as rules
 from neobert_jax.train import loop
 from neobert_jax.engine import optimizer as optimizer_lib
 from neobert_jax.train import resume
-from neobert_jax.train.testing import tiny_config
+from support.tiny_train import tiny_config
 
 
 @pytest.fixture(scope='module')

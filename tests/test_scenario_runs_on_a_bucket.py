@@ -19,7 +19,7 @@ from etils import epath
 from neobert_jax import errors
 from neobert_jax.weights import runs
 from neobert_jax.train import loop, resume
-from neobert_jax.train.testing import assert_identical_params, tiny_config
+from support.tiny_train import assert_identical_params, tiny_config
 
 pytestmark = pytest.mark.server
 
@@ -39,7 +39,7 @@ def uninterrupted(tmp_path_factory):
 _CHILD = """
 import os, sys, time
 from neobert_jax.train import loop
-from neobert_jax.train.testing import assert_identical_params, tiny_config
+from support.tiny_train import assert_identical_params, tiny_config
 def hold(step):
   if step == 4:  # checkpoint 3 is on the bucket; step 4 is lost when the parent kills us here
     print('READY', flush=True)
