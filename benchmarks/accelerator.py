@@ -166,7 +166,9 @@ def main() -> None:
     *extra,
   ]
   res = {'smoke': a.smoke, 'backend': jax.default_backend(), 'device': jax.devices()[0].device_kind}
-  res['gpu_tests'] = _run([sys.executable, '-m', 'pytest', '-q', '-m', 'gpu', 'tests/test_model_attention_gpu.py'], 300)
+  res['gpu_tests'] = _run(
+    [sys.executable, '-m', 'pytest', '-q', '-n', '0', '-m', 'gpu', 'tests/test_model_attention_gpu.py'], 300
+  )
   res['train_step'] = [step_comparison(a, seq) for seq in seqs]
   env_flags = [*a.train_flags, f'--workdir={out / "train"}', '--config.checkpoint.every_steps=100000']
   res['training'] = _run([sys.executable, '-m', 'neobert_jax.train', *env_flags], 600)

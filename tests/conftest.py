@@ -36,6 +36,21 @@ os.environ['JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS'] = '0'
 # The marks (slow, multiprocess, server, gpu) are declared in pyproject.toml's [tool.pytest.ini_options].
 
 
+_HEAVY_MARKS = ('slow', 'multiprocess', 'server')
+
+
+def pytest_collection_modifyitems(config, items):
+  """Files with the most slow, multiprocess or server tests first, the quick files last (a stable sort: each file's
+  tests keep their order). xdist hands out whole files in this order (pyproject.toml's --no-loadscope-reorder keeps
+  it), so the two workers start on the long files and end on short ones, and neither runs a long file alone while
+  the other waits at the end."""
+  heavy = {}
+  for item in items:
+    weight = any(item.get_closest_marker(mark) for mark in _HEAVY_MARKS)
+    heavy[item.path] = heavy.get(item.path, 0) + weight
+  items.sort(key=lambda item: -heavy[item.path])
+
+
 # --- A real GCS server on 127.0.0.1 (gcp-storage-emulator), for the tests of runs and data on a bucket -----------
 
 import socket  # noqa: E402

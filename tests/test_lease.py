@@ -20,6 +20,7 @@ from etils import epath
 
 from neobert_jax import errors, lease
 from neobert_jax.weights import runs
+from support.tiny_train import SUPPORT_ON_PATH
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -229,7 +230,7 @@ pretrain.run(cfg, sys.argv[1], on_step=hold)
 def _live_trainer(workdir: str, data_dir: str, tmp_path: Path) -> subprocess.Popen:
   env = {**os.environ, 'XLA_FLAGS': '--xla_force_host_platform_device_count=8', 'JAX_PLATFORMS': 'cpu'}
   child = subprocess.Popen(
-    [sys.executable, '-c', _TRAIN, workdir, data_dir, str(tmp_path / 'go')],
+    [sys.executable, '-c', SUPPORT_ON_PATH + _TRAIN, workdir, data_dir, str(tmp_path / 'go')],
     cwd=REPO,
     env=env,
     stdout=subprocess.PIPE,

@@ -19,7 +19,7 @@ from etils import epath
 from neobert_jax import errors
 from neobert_jax.weights import runs
 from neobert_jax.train import loop, resume
-from support.tiny_train import assert_identical_params, tiny_config
+from support.tiny_train import SUPPORT_ON_PATH, assert_identical_params, tiny_config
 
 pytestmark = pytest.mark.server
 
@@ -69,7 +69,7 @@ def test_run_on_a_bucket_killed_and_resumed_is_bit_identical(gcs, uninterrupted,
   }
   env['NEOBERT_JAX_CACHE'] = os.environ.get('NEOBERT_JAX_CACHE', env['NEOBERT_JAX_CACHE'])
   child = subprocess.Popen(
-    [sys.executable, '-c', _CHILD, workdir, data_url],
+    [sys.executable, '-c', SUPPORT_ON_PATH + _CHILD, workdir, data_url],
     cwd=REPO,
     env=env,
     stdout=subprocess.PIPE,
