@@ -4,7 +4,7 @@ on CPU (CI runs it: tests/test_benchmark_accelerator.py).
   python -m benchmarks.accelerator --out DIR [--smoke]
 
 Writes DIR/accelerator.json and DIR/accelerator.md:
-  1. the `gpu`-marked tests (tests/test_attention_gpu.py: cuDNN packed, bias and padding kernels against XLA);
+  1. the `gpu`-marked tests (tests/test_model_attention_gpu.py: cuDNN packed, bias and padding kernels against XLA);
   2. the 250M train step at 1024 and 4096 on packed rows, one side per attention kernel that runs on this backend,
      side by side in one process with the project's PyTorch NeoBERT (bf16, SDPA, all logits, as the original code)
      on the same batches: tokens/s, MFU, peak memory (benchmarks/train_step.py's sides and interleaving);
@@ -167,7 +167,9 @@ def main() -> None:
     *extra,
   ]
   res = {'smoke': a.smoke, 'backend': jax.default_backend(), 'device': jax.devices()[0].device_kind}
-  res['gpu_tests'] = _run([sys.executable, '-m', 'pytest', '-q', '-m', 'gpu', 'tests/test_attention_gpu.py'], 300)
+  res['gpu_tests'] = _run(
+    [sys.executable, '-m', 'pytest', '-q', '-n', '0', '-m', 'gpu', 'tests/test_model_attention_gpu.py'], 300
+  )
   res['train_step'] = [step_comparison(a, seq) for seq in seqs]
   env_flags = [*a.train_flags, f'--workdir={out / "train"}', '--config.checkpoint.every_steps=100000']
   res['training'] = _run([sys.executable, '-m', 'neobert_jax.train', *env_flags], 600)

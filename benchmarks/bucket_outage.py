@@ -39,8 +39,8 @@ def main() -> None:
 
   from neobert_jax import paths  # pylint: disable=g-import-not-at-top
   from neobert_jax.data import pipeline  # pylint: disable=g-import-not-at-top
-  from neobert_jax.train import testing  # pylint: disable=g-import-not-at-top
-  from neobert_jax.train.testing import assert_identical_params, tiny_config  # pylint: disable=g-import-not-at-top
+  from tests.support import tiny_train  # pylint: disable=g-import-not-at-top
+  from tests.support.tiny_train import assert_identical_params, tiny_config  # pylint: disable=g-import-not-at-top
   from neobert_jax.weights import runs  # pylint: disable=g-import-not-at-top
 
   proxy = None
@@ -50,7 +50,7 @@ def main() -> None:
     root = f'gs://neobert/outage-{time.time_ns()}'  # this machine's data cache is keyed by URL: a fresh one
     paths.publish_dir(data, epath.Path(f'{root}/data'), 'manifest.json')
     reference = os.path.join(tempfile.mkdtemp(), 'run')
-    testing.train_only(tiny_config(steps=6), reference)
+    tiny_train.train_only(tiny_config(steps=6), reference)
     proxy = FaultProxy(endpoint, seed=a.seed)
     proxy.set_rates(p503=0.05, p429=0.02, pcut=0.02)
     proxy.outage_when(f'{root.removeprefix("gs://neobert/")}/run/checkpoints/{a.at}/', a.outage)
@@ -60,7 +60,7 @@ def main() -> None:
       env['NEOBERT_BUCKET_RETRY_SECONDS'] = str(a.window)
     start = time.monotonic()
     child = subprocess.run(
-      testing.tiny_run_command(f'{root}/run', f'{root}/data'),
+      tiny_train.tiny_run_command(f'{root}/run', f'{root}/data'),
       cwd=repo,
       env=env,
       capture_output=True,

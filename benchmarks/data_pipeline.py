@@ -31,7 +31,8 @@ import psutil
 
 from neobert_jax.data.pipeline import blocks as blocks_lib
 from neobert_jax.config import data as config_lib
-from neobert_jax.data import shards, testing
+from neobert_jax.data import shards
+from tests.support import synthetic_data
 from neobert_jax.data.pipeline import masking
 from neobert_jax.data.pipeline import packing
 from neobert_jax.data import pipeline
@@ -43,8 +44,8 @@ def synthetic_dir(root: str, n_docs: int, mean_len: int, seq_len: int) -> str:
   lengths = np.clip(rng.exponential(mean_len, n_docs).astype(np.int64), 3, seq_len)
   docs = [rng.integers(1000, 30522, n).astype(np.int32) for n in lengths]
   for d in docs:
-    d[0], d[-1] = testing.SPECIAL['cls'], testing.SPECIAL['sep']
-  testing.write_prepared(root, docs, max_length=seq_len, shard_bytes=64 << 20)
+    d[0], d[-1] = synthetic_data.SPECIAL['cls'], synthetic_data.SPECIAL['sep']
+  synthetic_data.write_prepared(root, docs, max_length=seq_len, shard_bytes=64 << 20)
   return root
 
 

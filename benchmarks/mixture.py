@@ -3,7 +3,7 @@
   python -m benchmarks.mixture                       # 3 synthetic sources, weights 0.5 / 0.3 / 0.2
   python -m benchmarks.mixture --steps 400 --batch 256 --seq-len 512
 
-Builds three prepared sources of synthetic documents (data/testing.py) and reads, in this process (no prefetch
+Builds three prepared sources of synthetic documents (data/synthetic_data.py) and reads, in this process (no prefetch
 thread, so the time is the pipeline's own), `--steps` global batches of one source (data.dir) and of the mixture
 of the three (data.mixture). Prints each one's row tokens/s, the mixture's overhead, and the rows and record bytes
 each source gave against its weight. The goal the issue sets: under 5% overhead.
@@ -20,7 +20,7 @@ import time
 import numpy as np
 
 from neobert_jax.config import data as data_config
-from neobert_jax.data import testing
+from tests.support import synthetic_data
 from neobert_jax.data.pipeline import factories
 
 WEIGHTS = {'web': 0.5, 'books': 0.3, 'code': 0.2}
@@ -32,8 +32,8 @@ def _sources(root: str, docs: int, seq_len: int) -> None:
     rng = np.random.default_rng(i)
     body = [rng.integers(1000, 30522, int(n)).astype(np.int32) for n in np.clip(rng.exponential(300, docs), 5, seq_len)]
     for d in body:
-      d[0], d[2], d[-1] = testing.SPECIAL['cls'], MARK + i, testing.SPECIAL['sep']
-    testing.write_prepared(os.path.join(root, name), body, max_length=seq_len, shard_bytes=64 << 20)
+      d[0], d[2], d[-1] = synthetic_data.SPECIAL['cls'], MARK + i, synthetic_data.SPECIAL['sep']
+    synthetic_data.write_prepared(os.path.join(root, name), body, max_length=seq_len, shard_bytes=64 << 20)
 
 
 def _time(cfg, batch: int, seq_len: int, steps: int, warmup: int) -> tuple[float, list[dict], dict]:
@@ -79,7 +79,7 @@ def main():
   print(
     f'3-source mixture: {mixture_rate / 1e6:.2f}M row tokens/s ({100 * (single_rate / mixture_rate - 1):+.1f}% time)'
   )
-  rows = np.concatenate([testing.original_ids(b)[:, 2] - MARK for b in batches])
+  rows = np.concatenate([synthetic_data.original_ids(b)[:, 2] - MARK for b in batches])
   counts = np.bincount(rows[(rows >= 0) & (rows < len(WEIGHTS))], minlength=len(WEIGHTS))
   # Record bytes each source's reader took (warmup included); from a bucket, tests/test_data_mixture_bytes.py
   # counts the bytes each source's files sent.

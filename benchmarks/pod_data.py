@@ -44,10 +44,10 @@ it.close()
 
 
 def _prepare(directory: str, docs: int, copies: int) -> dict:
-  from neobert_jax.data import testing  # pylint: disable=g-import-not-at-top
+  from tests.support import synthetic_data  # pylint: disable=g-import-not-at-top
 
-  documents = [d for seed in range(copies) for d in testing.synthetic_documents(docs, seed=seed, max_len=600)]
-  return testing.write_prepared(directory, documents, max_length=512, shard_bytes=1 << 18)
+  documents = [d for seed in range(copies) for d in synthetic_data.synthetic_documents(docs, seed=seed, max_len=600)]
+  return synthetic_data.write_prepared(directory, documents, max_length=512, shard_bytes=1 << 18)
 
 
 def main(argv=None) -> None:

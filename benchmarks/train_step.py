@@ -42,7 +42,7 @@ from neobert_jax.engine import metrics as metrics_lib
 from neobert_jax.engine import optimizer as optimizer_lib
 from neobert_jax.engine import step as engine_step
 from neobert_jax.train import mlm
-from neobert_jax.train.testing import mlm_rows, tiny_config
+from tests.support.tiny_train import mlm_rows, tiny_config
 from neobert_jax.weights.flat import to_flat
 
 MASK_FRACTION = 0.2

@@ -36,8 +36,8 @@ def get_config(variant: str = ''):
   cfg.model.remat_policy = 'none'
   cfg.model.dtype = 'auto'  # bf16 compute on GPU/TPU, fp32 on CPU; master weights fp32 (param_dtype)
   # Layers unrolled: under the layer scan every saved activation goes through a zero-filled, copied, re-sliced
-  # [28, ...] stack each micro-batch. The roofline of the 8 x H100 step (docs/performance.md, "Roofline"):
-  # 1,209 -> 911 ms at 1024, 1,768 -> 1,459 ms at 4096. The cost: about 20-60 s more compile time per program.
+  # [28, ...] stack each micro-batch, a fifth to a quarter of the 8 x H100 step by its roofline (docs/performance.md,
+  # "Roofline"). The cost: about 20-60 s more compile time per program.
   cfg.model.scan_layers = False
 
   cfg.data.packing = 'packed'

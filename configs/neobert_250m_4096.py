@@ -18,7 +18,7 @@ def get_config():
   cfg.model.max_length = 4096
   # `python -m neobert_jax.compile --plan --target=cuda:h100x8` (docs/performance.md): with cuDNN flash attention
   # no T x T tensor exists, so 8 rows x 4096 per device train without remat in 24.6 GiB of 80, ~25% faster by the FLOP
-  # model than full remat (which the bias kernel's memory used to force). Smaller GPUs: 'save_dots' or 'full'.
+  # model than full remat (which the bias kernel's [T, T] tensor would need). Smaller GPUs: 'save_dots' or 'full'.
   cfg.model.remat_policy = 'none'
   cfg.data.max_documents_per_row = 32  # rows 4x longer hold more documents (the packed layout's static bound)
   cfg.data.max_predictions = 896  # 20% of 4096 = 819 on average

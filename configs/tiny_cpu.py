@@ -60,7 +60,7 @@ def get_config():
 
   cfg.eval.every_steps = 500  # 8 x 32 rows of held-out text: ~13k masked tokens, +-0.02 on the loss
   cfg.eval.num_batches = 8
-  cfg.eval.at_start = True  # step 0 on the curve (and tests/test_train_tiny.py reads it)
+  cfg.eval.at_start = True  # step 0 on the curve (and tests/test_scenario_main_job.py reads it)
   cfg.eval.probe_task = 'fine_food'  # downstream signal beside the loss, with a random init's score as reference
   cfg.checkpoint.every_steps = 1000
   cfg.checkpoint.keep = 2

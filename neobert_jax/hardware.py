@@ -17,7 +17,7 @@ Sources:
              NVLink SHARP (nccl-tests reference numbers); ring algorithms reach ~80% of the 450 GB/s link.
   TPU        peaks, HBM and ICI per chip from the Cloud TPU system-architecture pages (v4, v5e, v5p, v6e).
              Matmul and attention efficiencies on TPU have no published per-shape figures: assumption, checked
-             against XLA's own TPU cost model (tests/test_roofline.py, docs/performance.md, "Roofline").
+             against XLA's own TPU cost model (tests/test_aot_roofline.py, docs/performance.md, "Roofline").
   DCN        per device: Cloud TPU v5p page "DCN bandwidth per chip 50 Gbps"; v5e / v6e: 2 x 100 / 4 x 200 Gbps
              NICs per 8-chip host; DGX H100 / H200: one 400 Gb/s ConnectX-7 per GPU.
   HBM        streaming kernels reach ~90% of the datasheet bandwidth (memory copy 90.6%, read-read-write 91.4% on a

@@ -100,7 +100,7 @@ def _warn_if_cudnn_untested() -> None:
   if not cudnn_jax_version_tested():
     logging.getLogger(__name__).warning(
       'jax %s is outside the releases the cuDNN packed-layout call was tested with (%s - %s); the private '
-      'signature may have changed: run tests/test_attention_gpu.py on a GPU before training.',
+      'signature may have changed: run tests/test_model_attention_gpu.py on a GPU before training.',
       jax.__version__,
       '.'.join(map(str, CUDNN_TESTED_JAX[0])),
       '.'.join(map(str, CUDNN_TESTED_JAX[1])),

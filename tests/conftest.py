@@ -5,9 +5,9 @@ The flag must be in the environment before jax initialises its backends, hence a
 
 import os
 
-os.environ['XLA_FLAGS'] = ' '.join(
-  [os.environ.get('XLA_FLAGS', ''), '--xla_force_host_platform_device_count=8']
-).strip()
+_DEVICES_FLAG = '--xla_force_host_platform_device_count=8'
+if _DEVICES_FLAG not in os.environ.get('XLA_FLAGS', ''):  # xdist's workers inherit the controller's flags
+  os.environ['XLA_FLAGS'] = ' '.join([os.environ.get('XLA_FLAGS', ''), _DEVICES_FLAG]).strip()
 os.environ.setdefault('JAX_PLATFORMS', 'cpu')
 os.environ.setdefault('HF_HUB_OFFLINE', '1')
 os.environ.setdefault('TRANSFORMERS_OFFLINE', '1')
@@ -16,17 +16,39 @@ os.environ.setdefault('HF_DATASETS_OFFLINE', '1')  # evaluate mteb: MTEB tasks r
 # A persistent compilation cache made fresh for this test run and removed at its end. The tests compile the same
 # tiny programs many times, in this process and in the commands they start (which inherit the variables); the
 # later compiles read the executable back instead of compiling it again. Every program qualifies (minimum compile
-# time 0): the tiny model's compile in well under a second each.
+# time 0): the tiny model's compile in well under a second each. Under pytest-xdist (pyproject.toml runs two
+# workers) the controller makes the one cache and its workers, which inherit its environment, share it: a
+# program one worker compiled is read back by the other. Only the process that made it removes it.
 import atexit  # noqa: E402
 import shutil  # noqa: E402
 import tempfile  # noqa: E402
 
-COMPILE_CACHE = tempfile.mkdtemp(prefix='neobert-jax-tests-xla-')
+_SHARED_CACHE = 'NEOBERT_TESTS_COMPILE_CACHE'
+if os.environ.get('PYTEST_XDIST_WORKER') and os.path.isdir(os.environ.get(_SHARED_CACHE, '')):
+  COMPILE_CACHE = os.environ[_SHARED_CACHE]
+else:
+  COMPILE_CACHE = tempfile.mkdtemp(prefix='neobert-jax-tests-xla-')
+  os.environ[_SHARED_CACHE] = COMPILE_CACHE
+  atexit.register(shutil.rmtree, COMPILE_CACHE, ignore_errors=True)
 os.environ['JAX_COMPILATION_CACHE_DIR'] = COMPILE_CACHE
 os.environ['JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS'] = '0'
-atexit.register(shutil.rmtree, COMPILE_CACHE, ignore_errors=True)
 
 # The marks (slow, multiprocess, server, gpu) are declared in pyproject.toml's [tool.pytest.ini_options].
+
+
+_HEAVY_MARKS = ('slow', 'multiprocess', 'server')
+
+
+def pytest_collection_modifyitems(config, items):
+  """Files with the most slow, multiprocess or server tests first, the quick files last (a stable sort: each file's
+  tests keep their order). xdist hands out whole files in this order (pyproject.toml's --no-loadscope-reorder keeps
+  it), so the two workers start on the long files and end on short ones, and neither runs a long file alone while
+  the other waits at the end."""
+  heavy = {}
+  for item in items:
+    weight = any(item.get_closest_marker(mark) for mark in _HEAVY_MARKS)
+    heavy[item.path] = heavy.get(item.path, 0) + weight
+  items.sort(key=lambda item: -heavy[item.path])
 
 
 # --- A real GCS server on 127.0.0.1 (gcp-storage-emulator), for the tests of runs and data on a bucket -----------

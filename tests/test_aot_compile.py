@@ -297,11 +297,11 @@ def test_a_mixture_is_checked_as_training_checks_it_before_any_download(tmp_path
   from neobert_jax import compile as compile_lib
   from neobert_jax import errors
   from neobert_jax.config import train as train_config
-  from neobert_jax.data import testing
+  from support import synthetic_data
 
-  docs = testing.synthetic_documents(20, max_len=40, vocab_size=512)
+  docs = synthetic_data.synthetic_documents(20, max_len=40, vocab_size=512)
   for name, length in (('a', 128), ('b', 128), ('short', 64)):
-    testing.write_prepared(str(tmp_path / name), docs, docs[:4], vocab_size=512, max_length=length)
+    synthetic_data.write_prepared(str(tmp_path / name), docs, docs[:4], vocab_size=512, max_length=length)
   (tmp_path / 'good.json').write_text(json.dumps({'a': {'dir': 'a', 'weight': 3}, 'b': {'dir': 'b', 'weight': 1}}))
   (tmp_path / 'bad.json').write_text(
     json.dumps({'a': {'dir': 'a', 'weight': 1}, 'short': {'dir': 'short', 'weight': 1}})

@@ -159,7 +159,8 @@ def test_help_and_unknown_flag_in_every_form(results):
 
 
 def test_python_dash_m_in_a_fresh_interpreter():
-  # The one form runpy stands in for above, run for real once: an absl command (its --help used to exit 1).
+  # The one form runpy stands in for above, run for real once, on an absl command: its --help must exit 0 in a
+  # fresh interpreter too.
   r = subprocess.run(
     [sys.executable, '-m', 'neobert_jax.finetune', '--help'], cwd=REPO, capture_output=True, text=True, timeout=120
   )

@@ -20,7 +20,7 @@ import pytest
 from neobert_jax import errors
 from neobert_jax.convert import __main__ as convert_main
 from neobert_jax.data.prepare import local as prepare_lib
-from neobert_jax.data import testing as data_testing
+from support import synthetic_data
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIG, DATA, CHECKPOINT, EXPORT, DISTRIBUTED = (
@@ -42,7 +42,7 @@ COMPILE = [
 @pytest.fixture(scope='module')
 def files(tmp_path_factory):
   d = tmp_path_factory.mktemp('cli')
-  vocab = data_testing.write_wordpiece_vocab(str(d / 'vocab.txt'), ['the', 'cat', 'sat'])
+  vocab = synthetic_data.write_wordpiece_vocab(str(d / 'vocab.txt'), ['the', 'cat', 'sat'])
   (d / 'in.jsonl').write_text(json.dumps({'body': 'the cat sat'}) + '\n')
   (d / 'in.txt').write_text('the cat sat\n')
   (d / 'prepared').mkdir()

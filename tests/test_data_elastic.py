@@ -11,10 +11,10 @@ import sys
 import time
 
 import pytest
-import pipeline_support as support
+from support import pipeline_data
 
 from neobert_jax.config import data as config_lib
-from neobert_jax.data import testing
+from support import synthetic_data
 from neobert_jax.data import pipeline
 from neobert_jax.data.prepare import local as prepare_lib
 
@@ -24,7 +24,7 @@ GLOBAL_BATCH = 8
 @pytest.fixture(scope='module')
 def data_dir(tmp_path_factory):
   d = str(tmp_path_factory.mktemp('prepared'))
-  testing.write_prepared(d, testing.synthetic_documents(300, max_len=200), max_length=128)
+  synthetic_data.write_prepared(d, synthetic_data.synthetic_documents(300, max_len=200), max_length=128)
   return d
 
 
@@ -48,22 +48,24 @@ def _iters(cfg, n, state=None):
 
 def test_one_two_four_processes_continue_the_uninterrupted_rows(data_dir):
   cfg = _cfg(data_dir)
-  reference = support.global_batches(_iters(cfg, 1), 14)  # > 1 epoch of 300 docs at 8 rows x 128
+  reference = pipeline_data.global_batches(_iters(cfg, 1), 14)  # > 1 epoch of 300 docs at 8 rows x 128
   run = _iters(cfg, 1)
-  got = support.global_batches(run, 4)
+  got = pipeline_data.global_batches(run, 4)
   state = run[0].get_state()
   two = _iters(cfg, 2, state)
-  got += support.global_batches(two, 4)
+  got += pipeline_data.global_batches(two, 4)
   states = [it.get_state() for it in two]
   # each process holds the positions of its own virtual shards only: 0-3 and 4-7
   assert [sorted(s['shards'], key=int) for s in states] == [['0', '1', '2', '3'], ['4', '5', '6', '7']]
   four = _iters(cfg, 4, pipeline.merge_states(states))
-  got += support.global_batches(four, 4)
+  got += pipeline_data.global_batches(four, 4)
   back = _iters(cfg, 2, pipeline.merge_states([it.get_state() for it in four]))
-  got += support.global_batches(back, 2)
-  assert support.same(got, reference[: len(got)])
+  got += pipeline_data.global_batches(back, 2)
+  assert pipeline_data.same(got, reference[: len(got)])
   # the rows of a step are split, never shared, between processes
-  docs = [set(testing.documents_in({k: v[p * 2 : (p + 1) * 2] for k, v in reference[-1].items()})) for p in range(4)]
+  docs = [
+    set(synthetic_data.documents_in({k: v[p * 2 : (p + 1) * 2] for k, v in reference[-1].items()})) for p in range(4)
+  ]
   assert sum(map(len, docs)) == len(set.union(*docs))
 
 
@@ -72,13 +74,13 @@ def test_seek_to_step_one_million_takes_milliseconds_not_a_replay(data_dir):
   # The position a 1M-step run holds: a block deep in its ~27k-th epoch, mid-block.
   far = pipeline.state_at(block=1_000_000, row=3, shards_=range(8))
   t0 = time.perf_counter()
-  one = support.global_batches(_iters(cfg, 1, far), 3)
+  one = pipeline_data.global_batches(_iters(cfg, 1, far), 3)
   seconds = time.perf_counter() - t0
   assert seconds < 10, seconds  # one block built per iterator; a replay would build 1M
-  assert support.same(support.global_batches(_iters(cfg, 2, far), 3), one)
-  assert support.same(support.global_batches(_iters(cfg, 4, far), 3), one)
+  assert pipeline_data.same(pipeline_data.global_batches(_iters(cfg, 2, far), 3), one)
+  assert pipeline_data.same(pipeline_data.global_batches(_iters(cfg, 4, far), 3), one)
   # and it is a different place in the stream than the start
-  assert not support.same(one, support.global_batches(_iters(cfg, 1), 3))
+  assert not pipeline_data.same(one, pipeline_data.global_batches(_iters(cfg, 1), 3))
 
 
 def test_a_process_count_that_does_not_divide_the_virtual_shards_is_one_line(data_dir):
@@ -97,7 +99,7 @@ def test_a_global_batch_mixes_every_virtual_shard(data_dir):
   cfg = _cfg(data_dir)
   cfg.packing = 'none'  # one document per row, so a row names its document
   batch = next(_iters(cfg, 1)[0])
-  per_row = [testing.documents_in({k: v[r : r + 1] for k, v in batch.items()}) for r in range(GLOBAL_BATCH)]
+  per_row = [synthetic_data.documents_in({k: v[r : r + 1] for k, v in batch.items()}) for r in range(GLOBAL_BATCH)]
   # Synthetic documents are numbered in corpus order (a continuation record of a long document names none): row r
   # comes from virtual shard r, the r-th eighth of the corpus, so the numbers rise row by row and span the corpus.
   named = [d[0] for d in per_row if d and d[0] < 300]
@@ -105,7 +107,7 @@ def test_a_global_batch_mixes_every_virtual_shard(data_dir):
 
 
 def test_next_prepare_removes_a_killed_prepares_temp_dir(tmp_path):
-  vocab = testing.write_wordpiece_vocab(str(tmp_path / 'vocab.txt'), ['alpha', 'beta', 'gamma'])
+  vocab = synthetic_data.write_wordpiece_vocab(str(tmp_path / 'vocab.txt'), ['alpha', 'beta', 'gamma'])
   (tmp_path / 'in.txt').write_text('alpha beta gamma\n' * 2000)
   out = tmp_path / 'out'
   # A prepare killed mid-write (SIGKILL skips its `finally`), as a user's Ctrl-\ or the OOM killer would.

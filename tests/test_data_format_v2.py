@@ -4,7 +4,7 @@ the width named in the manifest; v1 directories (int32) still read.
 `prepare` writes v2 with the width its tokenizer needs; a v2 shard holds the same documents as a v1 shard in about
 half the bytes; v1 and v2 directories of the same documents give the same training and held-out batches, locally
 and from a bucket (the GCS emulator); a missing, unknown or too narrow width in a manifest is one line. The Ray
-engine's v2 output is compared with the local engine's in test_prepare_ray.py.
+engine's v2 output is compared with the local engine's in test_data_prepare_ray.py.
 """
 
 import json
@@ -18,7 +18,8 @@ from array_record.python.array_record_module import ArrayRecordReader
 
 from neobert_jax import errors, paths
 from neobert_jax.config import data as config_lib
-from neobert_jax.data import shards, testing
+from neobert_jax.data import shards
+from support import synthetic_data
 from neobert_jax.data import pipeline
 from neobert_jax.data.prepare import local as prepare_lib
 from neobert_jax.data.prepare import publish
@@ -60,7 +61,7 @@ def test_width_follows_the_vocabulary():
 
 
 def test_prepare_writes_v2_with_two_bytes_per_token(tmp_path):
-  vocab = testing.write_wordpiece_vocab(str(tmp_path / 'vocab.txt'), WORDS)
+  vocab = synthetic_data.write_wordpiece_vocab(str(tmp_path / 'vocab.txt'), WORDS)
   out = str(tmp_path / 'out')
   m = prepare_lib.prepare([_corpus(tmp_path)], out, tokenizer=vocab, max_length=32, eval_fraction=0.1, workers=0)
   assert m['format'] == shards.FORMAT == 'neobert_jax.prepared/v2' and m['id_dtype'] == 'uint16'
@@ -73,7 +74,7 @@ def test_prepare_writes_v2_with_two_bytes_per_token(tmp_path):
 
 def test_a_vocabulary_of_65536_ids_or_more_falls_back_to_int32(tmp_path):
   words = WORDS + tuple(f'w{i}' for i in range(66_000))
-  vocab = testing.write_wordpiece_vocab(str(tmp_path / 'vocab.txt'), words)
+  vocab = synthetic_data.write_wordpiece_vocab(str(tmp_path / 'vocab.txt'), words)
   raw = tmp_path / 'raw.txt'
   raw.write_text('the cat w65999 sat\nw65000 w12 home\nfar away\n')  # ids above 65,535 among them
   out = str(tmp_path / 'out')
@@ -84,8 +85,8 @@ def test_a_vocabulary_of_65536_ids_or_more_falls_back_to_int32(tmp_path):
   ids = np.concatenate([shards.decode(r, shards.id_dtype(m)) for r in records])
   assert ids.max() >= 2**16  # kept whole, not wrapped
   # The synthetic writer follows the same rule.
-  big = testing.write_prepared(
-    str(tmp_path / 'syn'), testing.synthetic_documents(5, vocab_size=70_000), vocab_size=70_000
+  big = synthetic_data.write_prepared(
+    str(tmp_path / 'syn'), synthetic_data.synthetic_documents(5, vocab_size=70_000), vocab_size=70_000
   )
   assert big['id_dtype'] == 'int32'
 
@@ -97,9 +98,9 @@ def test_an_id_that_does_not_fit_is_refused(tmp_path):
 
 
 def test_v2_shards_are_half_the_bytes_of_v1(tmp_path):
-  docs = testing.synthetic_documents(2000, seed=0, min_len=200, max_len=1000)
-  v1 = testing.write_prepared(str(tmp_path / 'v1'), docs, version=1)
-  v2 = testing.write_prepared(str(tmp_path / 'v2'), docs)
+  docs = synthetic_data.synthetic_documents(2000, seed=0, min_len=200, max_len=1000)
+  v1 = synthetic_data.write_prepared(str(tmp_path / 'v1'), docs, version=1)
+  v2 = synthetic_data.write_prepared(str(tmp_path / 'v2'), docs)
   assert v1['format'] == shards.FORMAT_V1 and 'id_dtype' not in v1 and v2['id_dtype'] == 'uint16'
   tokens = v2['splits']['train']['tokens']
   counts = lambda m: {k: v for k, v in m['splits']['train'].items() if k != 'shards'}
@@ -113,12 +114,12 @@ def test_v2_shards_are_half_the_bytes_of_v1(tmp_path):
 def v1_and_v2(tmp_path_factory):
   """The same documents, in small shards, as a v1 and a v2 directory."""
   root = tmp_path_factory.mktemp('formats')
-  docs = testing.synthetic_documents(400, seed=0, max_len=120, vocab_size=VOCAB)
-  evals = testing.synthetic_documents(30, seed=1, max_len=120, vocab_size=VOCAB)
+  docs = synthetic_data.synthetic_documents(400, seed=0, max_len=120, vocab_size=VOCAB)
+  evals = synthetic_data.synthetic_documents(30, seed=1, max_len=120, vocab_size=VOCAB)
   out = {}
   for version in (1, 2):
     out[version] = str(root / f'v{version}')
-    testing.write_prepared(
+    synthetic_data.write_prepared(
       out[version], docs, evals, vocab_size=VOCAB, shard_bytes=30_000, max_length=128, version=version
     )
   return out
@@ -147,7 +148,7 @@ def test_v1_and_v2_directories_give_the_same_batches(v1_and_v2):
   assert v2[0]['input_ids'].dtype == np.int32 and v2[0]['input_ids'].max() > 2**15  # past int16's range, whole
   _assert_same(v1, v2)
   # Every document is read back whole: the held-out pass holds each held-out document once.
-  assert sorted(d for b in v2[12:] for d in testing.documents_in(b)) == list(range(30))
+  assert sorted(d for b in v2[12:] for d in synthetic_data.documents_in(b)) == list(range(30))
 
 
 def test_v1_and_v2_on_a_bucket_give_the_local_batches(v1_and_v2, gcs):

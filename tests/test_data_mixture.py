@@ -12,7 +12,8 @@ import pytest
 from neobert_jax import errors, paths
 from neobert_jax.config import data as data_config
 from neobert_jax.config import train as train_config
-from neobert_jax.data import mixture, shards, testing
+from neobert_jax.data import mixture, shards
+from support import synthetic_data
 from neobert_jax.data import pipeline
 
 EXAMPLE = {
@@ -111,8 +112,8 @@ SEQ = 64
 
 
 def _prepared(directory, seed=0, **kw) -> str:
-  docs = testing.synthetic_documents(40, seed=seed, max_len=50, vocab_size=kw.get('vocab_size', 1000))
-  testing.write_prepared(str(directory), docs, docs[:4], **{'vocab_size': 1000, 'max_length': SEQ, **kw})
+  docs = synthetic_data.synthetic_documents(40, seed=seed, max_len=50, vocab_size=kw.get('vocab_size', 1000))
+  synthetic_data.write_prepared(str(directory), docs, docs[:4], **{'vocab_size': 1000, 'max_length': SEQ, **kw})
   return str(directory)
 
 
@@ -141,7 +142,7 @@ def _identity(vocab_size=1000, sha='other'):
     'kind': 'synthetic',
     'spec': f'synthetic-{sha}',
     'vocab_size': vocab_size,
-    'special_ids': dict(testing.SPECIAL),
+    'special_ids': dict(synthetic_data.SPECIAL),
     'vocab_sha256': sha,
     'file_sha256': sha,
   }

@@ -17,7 +17,7 @@ from fault_proxy import FaultProxy
 
 from neobert_jax import paths
 from neobert_jax.config import data as data_config
-from neobert_jax.data import testing
+from support import synthetic_data
 from neobert_jax.data.pipeline import factories
 from neobert_jax.data.pipeline import store as store_lib
 
@@ -32,9 +32,9 @@ def _publish(url: str, tmp_path) -> tuple[str, str]:
   """The two sources prepared locally and uploaded; (the mixture file on the bucket, the same mixture read
   locally)."""
   for i, name in enumerate(WEIGHTS):
-    docs = testing.synthetic_documents(12000, seed=i, min_len=20, max_len=SEQ, vocab_size=VOCAB)
+    docs = synthetic_data.synthetic_documents(12000, seed=i, min_len=20, max_len=SEQ, vocab_size=VOCAB)
     local = str(tmp_path / name)
-    testing.write_prepared(local, docs, docs[:50], vocab_size=VOCAB, max_length=SEQ, shard_bytes=128 << 10)
+    synthetic_data.write_prepared(local, docs, docs[:50], vocab_size=VOCAB, max_length=SEQ, shard_bytes=128 << 10)
     paths.publish_dir(local, paths.resolve(f'{url}/{name}'), 'manifest.json')
   body = json.dumps({n: {'dir': n, 'weight': w} for n, w in WEIGHTS.items()})
   paths.resolve(f'{url}/mix.json').write_text(body)

@@ -11,7 +11,7 @@ import pytest
 from test_multihost_train import bucket_job
 
 from neobert_jax import paths
-from neobert_jax.data import testing
+from support import synthetic_data
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.server]
 
@@ -21,9 +21,9 @@ VOCAB, SEQ = 2048, 64
 def _publish_sources(url: str, tmp_path) -> str:
   """Two synthetic sources prepared locally, uploaded, and a mixture file next to them; returns its URL."""
   for i, name in enumerate(('web', 'books')):
-    docs = testing.synthetic_documents(300, seed=i, min_len=5, max_len=60, vocab_size=VOCAB)
+    docs = synthetic_data.synthetic_documents(300, seed=i, min_len=5, max_len=60, vocab_size=VOCAB)
     local = str(tmp_path / 'prepared' / name)
-    testing.write_prepared(local, docs[:270], docs[270:], vocab_size=VOCAB, max_length=SEQ)
+    synthetic_data.write_prepared(local, docs[:270], docs[270:], vocab_size=VOCAB, max_length=SEQ)
     paths.publish_dir(local, paths.resolve(f'{url}/{name}'), 'manifest.json')
   mix = f'{url}/mix.json'
   paths.resolve(mix).write_text(

@@ -13,10 +13,11 @@ from test_train_resume import Crash, _crash_after
 
 from neobert_jax import errors
 from neobert_jax.config import data as data_config
-from neobert_jax.data import pipeline, testing
+from neobert_jax.data import pipeline
+from support import synthetic_data
 from neobert_jax.data.pipeline import factories
 from neobert_jax.train import report
-from neobert_jax.train.testing import assert_identical_params, tiny_config, train_only
+from support.tiny_train import assert_identical_params, tiny_config, train_only
 from neobert_jax.weights import runs
 
 SEQ, VOCAB, BATCH = 64, 1000, 16
@@ -27,10 +28,10 @@ MARK = 900  # the third id of every document names its source: MARK + the source
 def root(tmp_path_factory):
   d = tmp_path_factory.mktemp('mixture')
   for i, name in enumerate('abc'):
-    docs = testing.synthetic_documents(400, seed=i, min_len=5, max_len=60, vocab_size=VOCAB)
+    docs = synthetic_data.synthetic_documents(400, seed=i, min_len=5, max_len=60, vocab_size=VOCAB)
     for doc in docs:
       doc[2] = MARK + i
-    testing.write_prepared(str(d / name), docs[:360], docs[360:], vocab_size=VOCAB, max_length=SEQ)
+    synthetic_data.write_prepared(str(d / name), docs[:360], docs[360:], vocab_size=VOCAB, max_length=SEQ)
   return d
 
 
@@ -58,7 +59,7 @@ def _iterator(cfg, process_index=0, process_count=1, state=None):
 
 def _sources(batch) -> np.ndarray:
   """The source of every document in the batch's rows: [rows, documents] (-1 where a row has fewer)."""
-  ids = testing.original_ids(batch)
+  ids = synthetic_data.original_ids(batch)
   starts = (batch['positions'] == 2) & (batch['segment_ids'] > 0)
   return [sorted(set((ids[r][starts[r]] - MARK).tolist())) for r in range(len(ids))]
 

@@ -4,14 +4,14 @@ virtual shard, block index) alone, so any process or worker that rebuilds it aft
 import numpy as np
 
 from neobert_jax.config import data as config_lib
-from neobert_jax.data import testing
+from support import synthetic_data
 from neobert_jax.data.pipeline import builder
 
-MANIFEST = {'tokenizer': {'special_ids': dict(testing.SPECIAL), 'vocab_size': 30522}}
+MANIFEST = {'tokenizer': {'special_ids': dict(synthetic_data.SPECIAL), 'vocab_size': 30522}}
 
 
 def _block():
-  docs = testing.synthetic_documents(12, seed=0, max_len=40)
+  docs = synthetic_data.synthetic_documents(12, seed=0, max_len=40)
   return np.concatenate(docs).astype(np.int32), np.asarray([len(d) for d in docs], np.int32)
 
 

@@ -5,7 +5,7 @@ of one block whatever the step; a step without one moves the iterator in O(1), w
 import time
 
 import orbax.checkpoint as ocp
-import pipeline_support as support
+from support import pipeline_data
 import pytest
 
 from neobert_jax.data import pipeline
@@ -15,12 +15,12 @@ GLOBAL_BATCH = 8
 
 @pytest.fixture(scope='module')
 def data_dir(tmp_path_factory):
-  return support.write_corpus(tmp_path_factory, eval_docs=0)
+  return pipeline_data.write_corpus(tmp_path_factory, eval_docs=0)
 
 
 def _iters(data_dir, n):
   """The n per-process train iterators of an n-process job (data.virtual_shards: 8, automatic for 8 rows)."""
-  cfg = support.data_cfg(data_dir, block_docs=40, max_predictions=16)
+  cfg = pipeline_data.data_cfg(data_dir, block_docs=40, max_predictions=16)
   return [
     pipeline.make_train_iterator(cfg, GLOBAL_BATCH // n, 128, seed=0, process_index=p, process_count=n)
     for p in range(n)
@@ -38,12 +38,12 @@ def _save(directory, step, position):
 
 def test_a_saved_position_restores_exactly_in_the_same_process_count(data_dir, tmp_path):
   (writer,) = _iters(data_dir, 1)
-  support.global_batches([writer], 7)
+  pipeline_data.global_batches([writer], 7)
   item = _save(tmp_path / 'ckpt', 7, pipeline.Position(writer))
-  want = support.global_batches([writer], 5)
+  want = pipeline_data.global_batches([writer], 5)
   (fresh,) = _iters(data_dir, 1)
   assert pipeline.Position(fresh).restore(item, 7)
-  assert support.same(support.global_batches([fresh], 5), want)
+  assert pipeline_data.same(pipeline_data.global_batches([fresh], 5), want)
 
 
 def test_a_position_written_by_one_process_restores_on_two_and_four_in_constant_time(data_dir, tmp_path):
@@ -52,13 +52,13 @@ def test_a_position_written_by_one_process_restores_on_two_and_four_in_constant_
   writer.set_state(pipeline.state_at(block=987_654, row=5, shards_=range(8)))  # a 1M-step run's place
   next(writer)
   item = _save(tmp_path / 'ckpt', step, pipeline.Position(writer))
-  want = support.global_batches([writer], 3)
+  want = pipeline_data.global_batches([writer], 3)
   for n in (2, 4):
     its = _iters(data_dir, n)
     t0 = time.perf_counter()
     assert all(pipeline.Position(it, p, n).restore(item, step) for p, it in enumerate(its))
     assert time.perf_counter() - t0 < 10  # one block built per virtual shard; a replay would build 1M
-    assert support.same(support.global_batches(its, 3), want), n
+    assert pipeline_data.same(pipeline_data.global_batches(its, 3), want), n
 
 
 def test_a_step_without_a_position_moves_in_constant_time_with_a_warning(data_dir, tmp_path, caplog):

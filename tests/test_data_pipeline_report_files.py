@@ -4,12 +4,13 @@ once or one by one. From a bucket: tests/test_storage_data.py and the held-out r
 import os
 
 from neobert_jax.config import data as config_lib
-from neobert_jax.data import pipeline, testing
+from neobert_jax.data import pipeline
+from support import synthetic_data
 
 
 def test_a_splits_files_in_manifest_order_all_at_once_or_one_by_one(tmp_path):
-  docs = testing.synthetic_documents(200, seed=0, max_len=120)
-  manifest = testing.write_prepared(str(tmp_path), docs, docs[:80], shard_bytes=10_000, max_length=128)
+  docs = synthetic_data.synthetic_documents(200, seed=0, max_len=120)
+  manifest = synthetic_data.write_prepared(str(tmp_path), docs, docs[:80], shard_bytes=10_000, max_length=128)
   names = [s['file'] for s in manifest['splits']['eval']['shards']]
   assert len(names) > 1
   cfg = config_lib.default_data_config()

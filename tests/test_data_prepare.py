@@ -14,7 +14,8 @@ from array_record.python.array_record_module import ArrayRecordReader
 
 from neobert_jax import errors
 from neobert_jax.data.prepare import local as prepare_lib
-from neobert_jax.data import shards, testing
+from neobert_jax.data import shards
+from support import synthetic_data
 from neobert_jax.data.prepare import sources
 from neobert_jax.data.prepare import splits
 from neobert_jax.data import tokenizer as tokenizer_lib
@@ -29,7 +30,7 @@ def _text(rng, n_words):
 
 @pytest.fixture(scope='module')
 def vocab(tmp_path_factory):
-  return testing.write_wordpiece_vocab(str(tmp_path_factory.mktemp('vocab') / 'vocab.txt'), WORDS)
+  return synthetic_data.write_wordpiece_vocab(str(tmp_path_factory.mktemp('vocab') / 'vocab.txt'), WORDS)
 
 
 def _records(path, dtype):

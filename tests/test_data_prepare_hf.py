@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from neobert_jax import errors
-from neobert_jax.data import shards, testing
+from neobert_jax.data import shards
+from support import synthetic_data
 from neobert_jax.data.prepare import hf
 from neobert_jax.data.prepare import local as prepare_lib
 from neobert_jax.data.prepare import ray_engine
@@ -28,7 +29,7 @@ def offline(monkeypatch):
 
 @pytest.fixture(scope='module')
 def vocab(tmp_path_factory):
-  return testing.write_wordpiece_vocab(str(tmp_path_factory.mktemp('vocab') / 'vocab.txt'), WORDS)
+  return synthetic_data.write_wordpiece_vocab(str(tmp_path_factory.mktemp('vocab') / 'vocab.txt'), WORDS)
 
 
 @pytest.fixture(scope='module')

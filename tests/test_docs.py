@@ -329,3 +329,34 @@ def test_the_architecture_page_names_the_layers_of_the_import_test():
     item = re.split(r'\n\d+\. ', section.split(f'**{name}**', 1)[1], maxsplit=1)[0]
     for area in areas:
       assert f'`{area}' in item, f'docs/architecture.md: layer {name} does not name {area}'
+
+
+# --- the testing page's module -> tests table ----------------------------------------------------------------------
+
+
+def _module_table() -> dict[str, list[str]]:
+  """docs/testing.md's "Which tests cover which module": {package module path: [test file names]}."""
+  page = (REPO / 'docs' / 'testing.md').read_text()
+  section = page.split('## Which tests cover which module', 1)[1].split('\n## ', 1)[0]
+  rows = {}
+  for line in section.splitlines():
+    cells = [c.strip() for c in line.strip().strip('|').split('|')]
+    if len(cells) == 2 and cells[0].startswith('`neobert_jax/'):
+      rows[cells[0].strip('`')] = re.findall(r'`([^`]+)`', cells[1])
+  return rows
+
+
+def test_the_testing_page_maps_every_package_module_to_tests_that_exist():
+  table = _module_table()
+  modules = {str(p.relative_to(REPO)) for p in (REPO / 'neobert_jax').rglob('*.py') if p.name != '__init__.py'}
+  missing, gone = sorted(modules - set(table)), sorted(set(table) - modules)
+  assert not missing, f'docs/testing.md, "Which tests cover which module": add a row for each of {missing}'
+  assert not gone, f'docs/testing.md, "Which tests cover which module": no such module: {gone} (remove the rows)'
+  problems = [f'{module}: no test named' for module, tests in table.items() if not tests]
+  problems += [
+    f'{module}: tests/{name} does not exist'
+    for module, tests in table.items()
+    for name in tests
+    if not (name.startswith('test_') and (REPO / 'tests' / name).is_file())
+  ]
+  assert not problems, 'docs/testing.md, "Which tests cover which module":\n' + '\n'.join(problems)

@@ -23,7 +23,7 @@ from neobert_jax.config import train as train_config
 from neobert_jax.engine import session as session_lib
 from neobert_jax.engine.state import param_count
 from neobert_jax.train import mlm
-from neobert_jax.train.testing import synthetic_batch, tiny_config
+from support.tiny_train import synthetic_batch, tiny_config
 from neobert_jax.weights import runs
 from neobert_jax.weights import source as source_lib
 from neobert_jax.weights.flat import path_key

@@ -20,6 +20,7 @@ from etils import epath
 
 from neobert_jax import errors, lease
 from neobert_jax.weights import runs
+from support.tiny_train import SUPPORT_ON_PATH
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -140,11 +141,11 @@ def test_kill_9_leaves_the_lease_to_expire(tmp_path, caplog):
 def test_two_prepare_builds_into_one_output_are_refused(tmp_path, engine, capsys):
   """A live build (a process holding the output's lease) and a second one into the same output, both engines: one
   line naming the holder, exit 15, nothing written. The Ray engine refuses before it joins a cluster."""
-  from neobert_jax.data import testing
+  from support import synthetic_data
   from neobert_jax.data.prepare import local
 
   (tmp_path / 'in.txt').write_text('the cat sat\nthe dog ran\n')
-  vocab = testing.write_wordpiece_vocab(str(tmp_path / 'vocab.txt'), ('the', 'cat', 'sat', 'dog', 'ran'))
+  vocab = synthetic_data.write_wordpiece_vocab(str(tmp_path / 'vocab.txt'), ('the', 'cat', 'sat', 'dog', 'ran'))
   out = tmp_path / 'out'
   child = _holder(str(out), 60)
   try:
@@ -213,7 +214,7 @@ def test_every_out_of_range_prepare_flag_is_one_line(tmp_path, capsys):
 _TRAIN = """
 import os, sys, time
 from neobert_jax.train import __main__ as train_command
-from neobert_jax.train.testing import tiny_config
+from support.tiny_train import tiny_config
 def hold(step):
   if step == 4:  # checkpoint 3 is written; the parent works beside this live run, then stops it
     print('READY', flush=True)
@@ -229,7 +230,7 @@ train_command.pretrain(cfg, sys.argv[1], on_step=hold)
 def _live_trainer(workdir: str, data_dir: str, tmp_path: Path) -> subprocess.Popen:
   env = {**os.environ, 'XLA_FLAGS': '--xla_force_host_platform_device_count=8', 'JAX_PLATFORMS': 'cpu'}
   child = subprocess.Popen(
-    [sys.executable, '-c', _TRAIN, workdir, data_dir, str(tmp_path / 'go')],
+    [sys.executable, '-c', SUPPORT_ON_PATH + _TRAIN, workdir, data_dir, str(tmp_path / 'go')],
     cwd=REPO,
     env=env,
     stdout=subprocess.PIPE,
@@ -266,7 +267,7 @@ def test_second_trainer_on_a_live_workdir_is_refused_and_readers_work_beside_it(
   from neobert_jax.train import __main__ as train_command
   from neobert_jax.convert import export_hf
   from neobert_jax.data import pipeline
-  from neobert_jax.train.testing import tiny_config, train_only
+  from support.tiny_train import tiny_config, train_only
 
   cfg = tiny_config(steps=6)
   data_dir = ''

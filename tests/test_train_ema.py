@@ -12,7 +12,7 @@ from neobert_jax import errors
 from neobert_jax.config import train as config_lib
 from neobert_jax.convert import __main__ as convert_cli
 from neobert_jax.train import __main__ as train_command
-from neobert_jax.train.testing import assert_identical_params, tiny_config, train_only
+from support.tiny_train import assert_identical_params, tiny_config, train_only
 from neobert_jax.weights import hf, runs
 
 STEPS, DECAY = 4, 0.5  # a fast average: four steps move it visibly

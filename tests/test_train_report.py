@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from neobert_jax.config import data as config_lib
-from neobert_jax.data import testing
+from support import synthetic_data
 from neobert_jax.train import baselines, report
 
 
@@ -16,9 +16,12 @@ def test_unigram_cross_entropy_is_the_entropy_of_the_held_out_non_special_tokens
   # Every document: [CLS] doc-id a a b [SEP] -> per document ids {doc-id: 1, a: 2, b: 1} after dropping specials.
   docs = []
   for i in range(4):
-    d = np.array([testing.SPECIAL['cls'], testing.FIRST_DOC_ID + i, 500, 500, 501, testing.SPECIAL['sep']], np.int32)
+    d = np.array(
+      [synthetic_data.SPECIAL['cls'], synthetic_data.FIRST_DOC_ID + i, 500, 500, 501, synthetic_data.SPECIAL['sep']],
+      np.int32,
+    )
     docs.append(d)
-  testing.write_prepared(str(tmp_path), docs, max_length=16, eval_docs=docs)
+  synthetic_data.write_prepared(str(tmp_path), docs, max_length=16, eval_docs=docs)
   cfg = config_lib.default_data_config()
   cfg.dir = str(tmp_path)
   counts = np.array([1, 1, 1, 1, 8, 4])  # four doc ids once each, 500 eight times, 501 four times

@@ -3,10 +3,10 @@ framework, a console script or a child process's `python -c` line reaches by nam
 vulture reports is dead and is deleted."""
 
 from neobert_jax import cli
-from neobert_jax.train import testing
+from support import tiny_train
 
 cli.compile_main  # pyproject.toml's [project.scripts] neobert-compile
-testing.run_tiny  # tiny_run_command's `python -c` line
+tiny_train.run_tiny  # tiny_run_command's `python -c` line
 
 _ = None  # any object: the attributes below are read by a library, not by our code
 _.title  # argparse: the flags group's heading (commandline.Parser)

@@ -18,7 +18,7 @@ resolved, or a resume that leaves it unset, means the run's own value (the train
 
 The table is the one home of these decisions. A field the table does not name falls under its section's rule, and
 a section the table does not name is identity: a new field is safe (refused on change) until someone decides
-otherwise. tests/test_resume_config.py checks that every schema field resolves to a rule.
+otherwise. tests/test_train_resume_config.py checks that every schema field resolves to a rule.
 
 Plain dicts (config.to_dict()) in, no jax work; the trainer and fine-tuning apply it.
 """

@@ -6,7 +6,6 @@
   tokenizer.py, assets.py  tokenizers, and the download cache of files fetched from the package registry
   mixture.py               weighted mixtures of prepared directories: the file, its checks, which source each row
                            of a step comes from
-  testing.py               small synthetic vocabularies and prepared datasets for tests and benchmarks
 
 Must not import the model, train/ or convert/. The pipeline does not import prepare/ (only prepare/corpus.py, to
 find the built-in corpus); prepare/ does not import the pipeline. Nothing is imported here, so `prepare` does not

@@ -92,17 +92,18 @@ class EncoderLayers(nnx.Module):
     dtype = jnp.dtype(cfg.dtype)
     kernel = self.kernel(segment_ids is not None)
     tile = {'splash': cfg.splash_block_size, 'blockwise': cfg.blockwise_block_size}.get(kernel)
-    # Under the layer scan, autodiff's saved SwiGLU intermediates become [layers, ...] fp32 buffers: the custom
-    # backward pass saves only its input (8 x H100 roofline, scanned 250M: 1,373 -> 1,204 ms, 34.4 -> 23.9 GiB).
-    # Unrolled, XLA sees each layer whole: autodiff ties on GPU and lets the TPU compiler fuse the activation
-    # into the projections (v5p cost model: 6.49 -> 5.82 ms per layer and micro-batch). docs/performance.md, "Roofline".
+    # Under the layer scan, autodiff's saved SwiGLU intermediates become [layers, ...] fp32 buffers, so the scanned
+    # model takes the custom backward pass, which saves only its input. Unrolled, XLA sees each layer whole:
+    # autodiff ties on GPU and lets the TPU compiler fuse the activation into the projections. The roofline figures
+    # of both choices: docs/performance.md, "Roofline".
     activate = swiglu if cfg.scan_layers else swiglu_autodiff
 
     def block(x, w):
       w = {k: v.astype(dtype) for k, v in w.items()}
       hidden = rms_norm(x, w['attention_norm'], cfg.norm_eps)
-      # Three projections from slices of the fused weight rather than one projection split afterwards (v5p cost
-      # model: 5.82 -> 5.53 ms per layer and micro-batch; docs/performance.md, "Roofline").
+      # Three projections from slices of the fused weight rather than one projection split afterwards: the split
+      # output would be one more buffer to copy apart, and the v5p cost model prices the slices lower
+      # (docs/performance.md, "Roofline").
       q, k, v = (jnp.einsum('btd,dhk->bthk', hidden, part) for part in jnp.split(w['qkv'], 3, axis=-1))
       q = apply_rope(q, positions, cfg.rope_theta)
       k = apply_rope(k, positions, cfg.rope_theta)

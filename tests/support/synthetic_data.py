@@ -78,7 +78,7 @@ def write_prepared(
     'max_length': max_length,
     'eval_fraction': 0.0,
     'splits': splits,
-    'command': 'testing.write_prepared',
+    'command': 'synthetic_data.write_prepared',
   }
   shards.write_manifest(directory, manifest)
   return manifest

@@ -7,7 +7,7 @@ listed in docs/fault-matrix.md with their tests and not repeated here.
 
 One small run (synthetic data, a 1000-id vocabulary: a checkpoint is about 1 MB) is trained once per module; each
 row works on a copy of it. Subprocesses only where a kill -9 needs a process to kill. This file is also that
-process: `python tests/test_fault_matrix.py train|export-write|export-swap ...`.
+process: `python tests/test_scenario_fault_matrix.py train|export-write|export-swap ...`.
 """
 
 from __future__ import annotations
@@ -30,10 +30,10 @@ import pytest
 
 from neobert_jax import errors
 from neobert_jax.convert import export_hf
-from neobert_jax.data import testing as data_testing
+from support import synthetic_data
 from neobert_jax.weights import runs
 from neobert_jax.train import __main__ as train_command
-from neobert_jax.train.testing import kill_when_paused, tiny_config, train_only
+from support.tiny_train import kill_when_paused, tiny_config, train_only
 
 REPO = Path(__file__).resolve().parents[1]
 VOCAB, STEPS = 1000, 8
@@ -48,9 +48,9 @@ def _cfg(data_dir: str | Path, every: int = 2):
 
 
 def _make_data(directory: Path) -> None:
-  docs = data_testing.synthetic_documents(200, seed=0, max_len=120, vocab_size=VOCAB)
-  held_out = data_testing.synthetic_documents(20, seed=1, max_len=120, vocab_size=VOCAB)
-  data_testing.write_prepared(str(directory), docs, held_out, vocab_size=VOCAB, max_length=128)
+  docs = synthetic_data.synthetic_documents(200, seed=0, max_len=120, vocab_size=VOCAB)
+  held_out = synthetic_data.synthetic_documents(20, seed=1, max_len=120, vocab_size=VOCAB)
+  synthetic_data.write_prepared(str(directory), docs, held_out, vocab_size=VOCAB, max_length=128)
 
 
 @pytest.fixture(scope='module')

@@ -4,7 +4,7 @@ synthetic corpus, its data config, and batches taken and compared."""
 import numpy as np
 
 from neobert_jax.config import data as config_lib
-from neobert_jax.data import testing
+from support import synthetic_data
 
 N_DOCS = 600  # 600 documents of up to 120 ids: an epoch is about 35 batches of 8 rows of 128
 
@@ -13,9 +13,9 @@ def write_corpus(tmp_path_factory, eval_docs: int = 40) -> str:
   """N_DOCS training documents (and `eval_docs` held-out ones) in small shards, so documents come from several
   files; returns the directory."""
   d = str(tmp_path_factory.mktemp('prepared'))
-  docs = testing.synthetic_documents(N_DOCS, seed=0, max_len=120)
-  evals = testing.synthetic_documents(eval_docs, seed=1, max_len=120)
-  testing.write_prepared(d, docs, evals, shard_bytes=40_000, max_length=128)
+  docs = synthetic_data.synthetic_documents(N_DOCS, seed=0, max_len=120)
+  evals = synthetic_data.synthetic_documents(eval_docs, seed=1, max_len=120)
+  synthetic_data.write_prepared(d, docs, evals, shard_bytes=40_000, max_length=128)
   return d
 
 

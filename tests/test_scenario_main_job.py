@@ -6,7 +6,7 @@ import pytest
 
 from neobert_jax.train import __main__ as train_command
 from neobert_jax import config as config_lib
-from neobert_jax.train.testing import REPO_ROOT
+from support.tiny_train import REPO_ROOT
 
 
 @pytest.mark.slow

@@ -19,7 +19,7 @@ from etils import epath
 from neobert_jax import errors
 from neobert_jax.weights import runs
 from neobert_jax.train import resume
-from neobert_jax.train.testing import assert_identical_params, tiny_config, train_only
+from support.tiny_train import SUPPORT_ON_PATH, assert_identical_params, tiny_config, train_only
 
 pytestmark = pytest.mark.server
 
@@ -38,7 +38,7 @@ def uninterrupted(tmp_path_factory):
 
 _CHILD = """
 import os, sys, time
-from neobert_jax.train.testing import assert_identical_params, tiny_config, train_only
+from support.tiny_train import assert_identical_params, tiny_config, train_only
 def hold(step):
   if step == 4:  # checkpoint 3 is on the bucket; step 4 is lost when the parent kills us here
     print('READY', flush=True)
@@ -68,7 +68,7 @@ def test_run_on_a_bucket_killed_and_resumed_is_bit_identical(gcs, uninterrupted,
   }
   env['NEOBERT_JAX_CACHE'] = os.environ.get('NEOBERT_JAX_CACHE', env['NEOBERT_JAX_CACHE'])
   child = subprocess.Popen(
-    [sys.executable, '-c', _CHILD, workdir, data_url],
+    [sys.executable, '-c', SUPPORT_ON_PATH + _CHILD, workdir, data_url],
     cwd=REPO,
     env=env,
     stdout=subprocess.PIPE,

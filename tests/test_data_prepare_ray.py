@@ -22,7 +22,8 @@ import pytest
 import zstandard
 
 from neobert_jax import errors, paths
-from neobert_jax.data import shards, testing
+from neobert_jax.data import shards
+from support import synthetic_data
 from neobert_jax.data.prepare import ledger
 from neobert_jax.data.prepare import local as prepare_lib
 
@@ -68,7 +69,7 @@ def driver(cluster):
 
 @pytest.fixture(scope='module')
 def vocab(tmp_path_factory):
-  return testing.write_wordpiece_vocab(str(tmp_path_factory.mktemp('vocab') / 'vocab.txt'), WORDS)
+  return synthetic_data.write_wordpiece_vocab(str(tmp_path_factory.mktemp('vocab') / 'vocab.txt'), WORDS)
 
 
 def _corpus(directory, seed=0, bad_line=None):
@@ -164,7 +165,7 @@ def test_ray_engine_writes_the_local_engines_shards(driver, vocab, local, tmp_pa
 @pytest.mark.server
 def test_a_vocabulary_of_65536_ids_or_more_gives_int32_shards_as_on_the_local_engine(driver, tmp_path):
   words = WORDS + tuple(f'w{i}' for i in range(66_000))
-  big = testing.write_wordpiece_vocab(str(tmp_path / 'vocab.txt'), words)
+  big = synthetic_data.write_wordpiece_vocab(str(tmp_path / 'vocab.txt'), words)
   rng = np.random.default_rng(1)
   raw = tmp_path / 'raw.jsonl'
   raw.write_text(''.join(json.dumps({'text': ' '.join(rng.choice(words[-50:], 20))}) + '\n' for _ in range(300)))

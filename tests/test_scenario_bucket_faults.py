@@ -18,7 +18,7 @@ from etils import epath
 from fault_proxy import FaultProxy
 from neobert_jax import paths
 from neobert_jax.weights import runs
-from neobert_jax.train.testing import assert_identical_params, tiny_config, tiny_run_command, train_only
+from support.tiny_train import assert_identical_params, tiny_config, tiny_run_command, train_only
 
 pytestmark = [pytest.mark.server, pytest.mark.slow]
 
@@ -106,11 +106,11 @@ def test_prepare_through_faults_and_a_short_outage_writes_the_same_bytes(gcs, tm
   import gcsfs
 
   from conftest import gcs_env
-  from neobert_jax.data import testing
+  from support import synthetic_data
   from neobert_jax.data.prepare import local
 
   words = ('the', 'cat', 'sat', 'on', 'mat', 'dog', 'ran')
-  vocab = testing.write_wordpiece_vocab(str(tmp_path / 'vocab.txt'), words)
+  vocab = synthetic_data.write_wordpiece_vocab(str(tmp_path / 'vocab.txt'), words)
   (tmp_path / 'in.txt').write_text('\n'.join(' '.join(words[(i + j) % 7] for j in range(40)) for i in range(400)))
   args = ['--input', str(tmp_path / 'in.txt'), '--tokenizer', vocab, '--workers', '0', '--no-progress']
   args += ['--shard-mb', '0.01', '--eval-fraction', '0.1']

@@ -21,14 +21,15 @@ import zstandard
 
 from neobert_jax import errors, paths
 from neobert_jax.config import data as data_config
-from neobert_jax.data import shards, testing
+from neobert_jax.data import shards
+from support import synthetic_data
 from neobert_jax.data import pipeline
 from neobert_jax.data.pipeline import virtual
 from neobert_jax.data.prepare import publish
 from neobert_jax.data.prepare import local as prepare_lib
 from neobert_jax.weights import runs
 from neobert_jax.train import __main__ as train_command
-from neobert_jax.train.testing import tiny_config, train_only
+from support.tiny_train import tiny_config, train_only
 
 pytestmark = pytest.mark.server
 
@@ -48,7 +49,7 @@ def root(gcs):
 
 @pytest.fixture(scope='module')
 def vocab(tmp_path_factory):
-  return testing.write_wordpiece_vocab(str(tmp_path_factory.mktemp('vocab') / 'vocab.txt'), WORDS)
+  return synthetic_data.write_wordpiece_vocab(str(tmp_path_factory.mktemp('vocab') / 'vocab.txt'), WORDS)
 
 
 def _raw(directory, seed=0):
@@ -151,9 +152,9 @@ def test_missing_bucket_is_one_line_before_tokenizing(vocab, tmp_path, monkeypat
 def test_training_on_bucket_data_matches_local_data(root, tmp_path):
   # Synthetic documents over a 1000-id vocabulary: the report's baselines cost grows with the vocabulary.
   local = str(tmp_path / 'local-data')
-  docs = testing.synthetic_documents(200, seed=0, max_len=120, vocab_size=1000)
-  held_out = testing.synthetic_documents(20, seed=1, max_len=120, vocab_size=1000)
-  testing.write_prepared(local, docs, held_out, vocab_size=1000, max_length=128)
+  docs = synthetic_data.synthetic_documents(200, seed=0, max_len=120, vocab_size=1000)
+  held_out = synthetic_data.synthetic_documents(20, seed=1, max_len=120, vocab_size=1000)
+  synthetic_data.write_prepared(local, docs, held_out, vocab_size=1000, max_length=128)
   publish.upload(local, paths.Path(f'{root}/train'), shards.read_manifest(local))
   results = {}
   for name, data_dir in (('local', local), ('bucket', f'{root}/train')):

@@ -7,7 +7,7 @@ process on a different mesh (tensor parallel) and export to a PyTorch / Hugging 
 
 The data pipeline's global row stream does not depend on the process count (process p keeps its slice of each
 global batch), so both runs see the same global batches and any difference comes from the multi-process machinery.
-This file is also that worker: `python tests/test_multihost_train.py train|restore ...`.
+This file is also that worker: `python tests/test_scenario_multihost_training.py train|restore ...`.
 """
 
 from __future__ import annotations
@@ -67,7 +67,7 @@ def _train_worker(workdir: str) -> None:
 
   info = distributed.initialize()
   logging.basicConfig(level=logging.INFO if info.is_primary else logging.WARNING, format='%(message)s')
-  from neobert_jax.train.testing import train_only
+  from support.tiny_train import train_only
 
   cfg = _config()
   die_at = int(os.environ.get('TEST_DIE_AT_STEP', '-1'))
@@ -99,7 +99,7 @@ def _resume_worker(workdir: str) -> None:
   import numpy as np
   from flax import nnx
   from neobert_jax.engine import checkpoint as ckpt
-  from neobert_jax.train.testing import train_only
+  from support.tiny_train import train_only
   from neobert_jax.weights import flat as flat_lib
   from neobert_jax.weights import runs
 

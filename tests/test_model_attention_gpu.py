@@ -2,7 +2,7 @@
 
 Skipped without a GPU. On a GPU machine (conftest defaults JAX_PLATFORMS to cpu, so say cuda explicitly):
 
-    JAX_PLATFORMS=cuda python -m pytest -q -m gpu tests/test_attention_gpu.py
+    JAX_PLATFORMS=cuda python -m pytest -q -m gpu tests/test_model_attention_gpu.py
 
 The packed-layout kernel needs Hopper (sm90+); the padding and bias kernels run on any cuDNN GPU.
 """

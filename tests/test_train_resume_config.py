@@ -10,10 +10,10 @@ import pytest
 from neobert_jax.config import train as schema
 from neobert_jax import errors
 from neobert_jax.config import resume as rules
-from neobert_jax.train.testing import train_only
+from support.tiny_train import train_only
 from neobert_jax.engine import optimizer as optimizer_lib
 from neobert_jax.train import resume
-from neobert_jax.train.testing import tiny_config
+from support.tiny_train import tiny_config
 
 
 @pytest.fixture(scope='module')
