@@ -9,6 +9,7 @@ source and 2 virtual shards. Manifests are a fixed cost per source and are left 
 
 import json
 import os
+import shutil
 
 import gcsfs
 import numpy as np
@@ -19,7 +20,6 @@ from neobert_jax import paths
 from neobert_jax.config import data as data_config
 from support import synthetic_data
 from neobert_jax.data.pipeline import factories
-from neobert_jax.data.pipeline import store as store_lib
 
 pytestmark = [pytest.mark.server]
 
@@ -54,8 +54,8 @@ def test_the_bytes_each_source_sends_follow_the_weights(gcs, tmp_path, monkeypat
   url = f'{gcs}/mixture-bytes'
   remote, local = _publish(url, tmp_path)
   prefix = url.removeprefix(f'{gcs}/')
-  store_lib.clear_cache(paths.resolve(f'{url}/web'))
-  store_lib.clear_cache(paths.resolve(f'{url}/books'))
+  for source in ('web', 'books'):  # this machine's cached copies of both sources, so every byte comes through the proxy
+    shutil.rmtree(paths.cache_dir('stream', paths.url_key(paths.resolve(f'{url}/{source}'))), ignore_errors=True)
   proxy = FaultProxy(os.environ['STORAGE_EMULATOR_HOST'])
   try:
     for k, v in gcs_env(proxy.url).items():
