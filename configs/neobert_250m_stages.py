@@ -31,6 +31,7 @@ def apply(cfg, stage: str, previous: str = ''):
     raise ValueError(f'unknown stage {stage!r} of the three-stage recipe: give :1, :2 or :3')
   o = cfg.optimizer
   o.schedule, o.final_lr_fraction = 'constant', 0.0  # stages 1 and 2: warmup, then the stable phase
+  o.warmup_fraction = 0.0  # each stage's warmup is a step count (stage 3 has none), not a share of its steps
   cfg.data.mask_rate = 0.3
   if stage == '1':
     return cfg

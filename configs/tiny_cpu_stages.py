@@ -30,6 +30,7 @@ def get_config(stage: str = '1'):
   cfg.eval.at_start = False
   if stage == '1':
     t.num_steps = 300
+    o.warmup_steps = 30  # tiny_cpu.py's warmup is a share of its run; the stages count theirs in steps
     t.batch_warmup_start, t.batch_warmup_tokens = 16, 20_000
     cfg.data.max_predictions = 48  # 30% of 128
     return cfg
