@@ -1,6 +1,6 @@
 """Two hosts train on a two-source mixture whose sources and file live on a bucket (a real GCS server): each host
 reads only its share of each source into its own cache, and a job whose process 1 vanishes (as under kill -9) and is
-run again ends bit for bit where the uninterrupted two-host job does. The job is tests/test_multihost_train.py's
+run again ends bit for bit where the uninterrupted two-host job does. The job is tests/test_scenario_multihost_training.py's
 (its bucket_job: hosts without a shared path), with the mixture passed as config overrides."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from test_multihost_train import bucket_job
+from test_scenario_multihost_training import bucket_job
 
 from neobert_jax import paths
 from support import synthetic_data

@@ -1,5 +1,5 @@
 """A split's files for reports (neobert_jax/data/pipeline/report_files.py): local paths in manifest order, all at
-once or one by one. From a bucket: tests/test_storage_data.py and the held-out report's tests."""
+once or one by one. From a bucket: tests/test_scenario_data_on_a_bucket.py and the held-out report's tests."""
 
 import os
 

@@ -4,7 +4,7 @@ listed), an unreadable step set aside (weights/runs.set_aside), a checkpoint tha
 place, and a storage error retried on the bucket's budget and then raised, the checkpoint left alone.
 
 The whole-run scenarios (kill -9 and resume bit for bit, another mesh, a damaged config copy) are in
-tests/test_train_resume.py and tests/test_fault_matrix.py.
+tests/test_train_resume.py and tests/test_scenario_fault_matrix.py.
 """
 
 from __future__ import annotations
