@@ -155,3 +155,25 @@ def test_check_workdir_refuses_a_file_with_one_line(tmp_path):
   with pytest.raises(errors.ConfigError, match='is a file, not a directory'):
     session_lib.check_workdir(tmp_path / 'afile')
   session_lib.check_workdir(tmp_path / 'new')  # a missing directory is fine: it is created when written
+
+
+def test_a_metrics_write_that_fails_is_one_storage_line_naming_what_is_kept(tmp_path):
+  """A full disk can hit a metrics line before the checkpoint save notices: the same one-line StorageError."""
+  from neobert_jax.engine import metrics as metrics_lib  # pylint: disable=g-import-not-at-top
+
+  def failed(e):
+    return errors.StorageError(f'writing the metrics failed ({errors.one_line(e)}); checkpoint 4 is kept')
+
+  writer = metrics_lib.MetricsWriter(tmp_path, tensorboard=False, on_storage_error=failed)
+
+  class FullDisk:
+    def write(self, text):
+      raise OSError(28, 'No space left on device')
+
+    def close(self):
+      pass
+
+  writer._jsonl = FullDisk()  # the open file, as a full disk answers it
+  with pytest.raises(errors.StorageError, match='No space left on device.*checkpoint 4 is kept'):
+    writer.write(5, {'loss': 1.0})
+  writer.close()

@@ -14,7 +14,7 @@ import os
 import secrets
 import time
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import jax
 import jax.numpy as jnp
@@ -112,8 +112,16 @@ class MetricsWriter:
   syncs with every checkpoint and at the end, and a resumed run first pulls its jsonl files back.
   """
 
-  def __init__(self, workdir: str | os.PathLike, tensorboard: bool = True, wandb: Wandb | None = None):
+  def __init__(
+    self,
+    workdir: str | os.PathLike,
+    tensorboard: bool = True,
+    wandb: Wandb | None = None,
+    on_storage_error: Callable[[OSError], BaseException] | None = None,
+  ):
     self.active = jax.process_index() == 0
+    # A write that fails (a full disk) becomes the caller's one-line error, which can name what is kept.
+    self._on_storage_error = on_storage_error
     self._jsonl = None
     self._files: dict[str, Any] = {}
     self._tb = None
@@ -155,12 +163,17 @@ class MetricsWriter:
       'time': round(time.time(), 3),
       **{f'{prefix}/{k}': float(v) for k, v in scalars.items()},
     }
-    if prefix in FILES and prefix not in self._files:
-      self._files[prefix] = open(self.mirror.path / FILES[prefix], 'a', buffering=1)
-    self._files.get(prefix, self._jsonl).write(json.dumps(record) + '\n')
-    if self._tb is not None:
-      for k, v in scalars.items():
-        self._tb.add_scalar(f'{prefix}/{k}', float(v), int(step))
+    try:
+      if prefix in FILES and prefix not in self._files:
+        self._files[prefix] = open(self.mirror.path / FILES[prefix], 'a', buffering=1)
+      self._files.get(prefix, self._jsonl).write(json.dumps(record) + '\n')
+      if self._tb is not None:
+        for k, v in scalars.items():
+          self._tb.add_scalar(f'{prefix}/{k}', float(v), int(step))
+    except OSError as e:
+      if self._on_storage_error is None or isinstance(e, errors.NeobertError):
+        raise
+      raise self._on_storage_error(e) from e
     if self._wandb is not None:
       self._wandb.log(record)
 

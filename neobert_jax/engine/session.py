@@ -183,7 +183,7 @@ class TrainingSession:
     """metrics.jsonl and TensorBoard, opened on first use (after the state is in hand: a refused resume writes
     nothing) and closed, then uploaded for a bucket workdir, when the run closes."""
     if self._writer is None:
-      self._writer = MetricsWriter(self.workdir, self.tensorboard, self.wandb)
+      self._writer = MetricsWriter(self.workdir, self.tensorboard, self.wandb, on_storage_error=self._write_failed)
       self.on_close(self._close_writer)
     return self._writer
 
@@ -199,15 +199,21 @@ class TrainingSession:
         return
       raise self._upload_failed(e) from e
 
+  def _kept(self) -> str:
+    if self.committed_step is None:
+      return 'no checkpoint of this run was complete yet'
+    return f'the last complete checkpoint, {self.mngr.directory}/{self.committed_step}, is kept'
+
   def _upload_failed(self, e: BaseException) -> errors.StorageError:
-    kept = (
-      f'the last complete checkpoint, {self.mngr.directory}/{self.committed_step}, is kept'
-      if self.committed_step is not None
-      else 'no checkpoint of this run was complete yet'
-    )
     return errors.StorageError(
-      f'uploading the metrics to {self.workdir} failed ({errors.one_line(e)}); {kept}. Fix the storage, then '
-      're-run the same command to resume from it.'
+      f'uploading the metrics to {self.workdir} failed ({errors.one_line(e)}); {self._kept()}. Fix the storage, '
+      'then re-run the same command to resume from it.'
+    )
+
+  def _write_failed(self, e: OSError) -> errors.StorageError:
+    return errors.StorageError(
+      f'writing the metrics under {self.workdir} failed ({errors.one_line(e)}); {self._kept()}. Free space or fix '
+      'the storage, then re-run the same command to resume from it.'
     )
 
   def _progress_bar(self, total: int, initial: int, desc: str) -> Any:
