@@ -50,6 +50,7 @@ def finetune(run: Path, arm: str, seed: int, args: argparse.Namespace, out: Path
   cmd += [f'--config.data.train_file={files["train"]}', f'--config.data.validation_file={files["test"]}']
   cmd += [f'--config.data.max_length={args.max_length}', '--config.logging.progress_bar=False']
   cmd += ['--config.logging.tensorboard=False', '--config.model.dtype=float32']
+  cmd += [f'--config.head.classifier_pooling={args.pooling}'] if args.pooling else []
   if arm == 'pretrained':
     cmd += [f'--config.init.from_checkpoint={run}']
   else:
@@ -73,6 +74,7 @@ def main() -> None:
   ap.add_argument('--lr', type=float, default=1e-3)
   ap.add_argument('--batch-size', type=int, default=32)
   ap.add_argument('--max-length', type=int, default=128)
+  ap.add_argument('--pooling', default='', choices=['', 'cls', 'mean'], help="the head's pooling; '' = the config's")
   ap.add_argument('--out', default='')
   args = ap.parse_args()
   run = Path(args.run)

@@ -131,11 +131,14 @@ def one_line(error: BaseException) -> str:
   return ' | '.join(lines) or type(error).__name__
 
 
-def first_line(error: BaseException) -> str:
+def first_line(error: BaseException, with_type: bool = True) -> str:
   """`Type: first line of the message`, for a log line or a reason in parentheses where the rest would be noise
-  (a storage client's request dump, a tensorstore spec)."""
-  text = str(error).splitlines()[0] if str(error) else ''
-  return f'{type(error).__name__}: {text}'
+  (a storage client's request dump, a tensorstore spec, a compiler's dump). `with_type=False`: the line alone,
+  or the type's name when the message is empty."""
+  lines = [line for line in str(error).strip().splitlines() if line.strip()]
+  if not with_type:
+    return lines[0].strip() if lines else type(error).__name__
+  return f'{type(error).__name__}: {lines[0].strip() if lines else ""}'
 
 
 @contextlib.contextmanager

@@ -82,3 +82,31 @@ def test_hf_export_loads_offline_with_same_logits(bbc_run):
     expected = model(**enc).logits.numpy()
   got = np.asarray(jax_model(jnp.asarray(enc['input_ids'].numpy()), jnp.asarray(enc['attention_mask'].numpy().sum(1))))
   np.testing.assert_allclose(got, expected, atol=1e-4, rtol=1e-4)
+
+
+def test_mean_pooled_head_exports_with_same_logits_on_padded_rows(tmp_path):
+  """head.classifier_pooling='mean' (ModernBERT's classifier_pooling) reads the mean of the real tokens in JAX, and
+  the export's config.json carries it, so PyTorch pools the same tokens of a padded batch."""
+  import torch
+  from transformers import AutoModelForSequenceClassification
+
+  from neobert_jax.finetune import export
+  from neobert_jax.weights.flat import to_flat
+
+  cfg = tiny_config().model
+  cfg.vocab_size, cfg.dtype = 512, 'float32'
+  jax_model = heads.SequenceClassifier(cfg, 3, 0.1, 0.02, 'mean', rngs=nnx.Rngs(1))
+  spec = labels.LabelSpec('classification', ('a', 'b', 'c'), (0, 1, 2))
+  out = export.export_classifier(to_flat(jax_model), cfg, spec, tmp_path / 'hf', tokenizer=None, pooling='mean')
+  assert json.loads((out / 'config.json').read_text())['classifier_pooling'] == 'mean'
+  model = AutoModelForSequenceClassification.from_pretrained(out, trust_remote_code=True).eval()
+  lengths = np.array([9, 4, 1])
+  ids = np.random.default_rng(0).integers(5, 512, (3, 9))
+  ids[np.arange(9)[None, :] >= lengths[:, None]] = 0
+  mask = (np.arange(9)[None, :] < lengths[:, None]).astype(np.int64)
+  with torch.no_grad():
+    expected = model(input_ids=torch.from_numpy(ids), attention_mask=torch.from_numpy(mask)).logits.numpy()
+  got = np.asarray(jax_model(jnp.asarray(ids), jnp.asarray(lengths)))
+  np.testing.assert_allclose(got, expected, atol=1e-4, rtol=1e-4)
+  cls_model = heads.SequenceClassifier(cfg, 3, 0.1, 0.02, 'cls', rngs=nnx.Rngs(1))
+  assert not np.allclose(np.asarray(cls_model(jnp.asarray(ids), jnp.asarray(lengths))), got, atol=1e-3)

@@ -96,6 +96,9 @@ def base_config(task: str = 'classification') -> ml_collections.ConfigDict:
       dropout=0.1,  # NeoBERT's classifier dropout (before the dense layer and before the classifier)
       init_range=0.02,  # std of the head's normal init (NeoBERT's classifier_init_range)
       pooling='mean',  # contrastive / embeddings: masked mean (NeoBERT's MTEB pooling) or [CLS]
+      # classification / regression: what the head reads, [CLS] (NeoBERT's head) or the masked mean of the
+      # tokens (ModernBERT's classifier_pooling='mean'); the HF export's config.json carries it
+      classifier_pooling='cls',
       normalize=True,  # contrastive export: L2-normalise embeddings
       temperature=0.07,  # InfoNCE temperature (NeoBERT's SupConLoss default)
       loss_reduction='mean',  # InfoNCE over the global batch: 'mean' or 'sum' (the original code sums)
@@ -127,6 +130,7 @@ def validate(cfg: ml_collections.ConfigDict, num_devices: int | None = None) -> 
     ('data.task_type', d.task_type, TASK_TYPES),
     ('optimizer.schedule', o.schedule, SCHEDULES),
     ('head.pooling', h.pooling, POOLINGS),
+    ('head.classifier_pooling', h.classifier_pooling, POOLINGS),
     ('head.loss_reduction', h.loss_reduction, REDUCTIONS),
   )
   for name, value, allowed in choices:

@@ -3,7 +3,9 @@
 The encoder sits under the attribute `encoder`, so its parameter paths are exactly the 'encoder.*' keys of a
 pretraining checkpoint and load without renaming. The classification head is the original NeoBERT one:
 hidden[:, 0] -> dropout -> dense (D x D, bias) -> tanh -> dropout -> classifier (D x labels, bias), normal(0.02)
-init, zero biases. Embeddings are NeoBERT's MTEB pooling: the mean over real tokens (or the [CLS] vector).
+init, zero biases; `pooling='mean'` reads the mean over the real tokens instead of the first (ModernBERT's
+classifier_pooling): MLM never trains the [CLS] position's output, so a small or briefly trained encoder's mean is
+the better-formed feature. Embeddings are NeoBERT's MTEB pooling: the mean over real tokens (or the [CLS] vector).
 Dropout takes an explicit key, so the modules hold parameters only (what the checkpoint code expects).
 """
 
@@ -47,10 +49,12 @@ class SequenceClassifier(nnx.Module):
     num_outputs: int,
     dropout_rate: float,
     init_range: float,
+    pooling: str = 'cls',
     *,
     rngs: nnx.Rngs,
   ):
     self.encoder = NeoBERT(model_cfg, rngs=rngs)
+    self.pooling = pooling
     d = model_cfg.hidden_size
     with creation_scope():
       self.dense = _linear(d, d, init_range, model_cfg.param_dtype, rngs)
@@ -60,7 +64,7 @@ class SequenceClassifier(nnx.Module):
   def __call__(self, input_ids: jax.Array, lengths: jax.Array, key: jax.Array | None = None) -> jax.Array:
     hidden = self.encoder(input_ids, None, None, lengths)
     keys = jax.random.split(key) if key is not None else (None, None)
-    x = dropout(hidden[:, 0].astype(jnp.float32), self.dropout_rate, keys[0])
+    x = dropout(pool(hidden, lengths, self.pooling), self.dropout_rate, keys[0])
     x = jnp.tanh(self.dense(x))
     x = dropout(x, self.dropout_rate, keys[1])
     return self.classifier(x).astype(jnp.float32)

@@ -212,13 +212,8 @@ def _check_fits(
   root = runs.step_dir(directory, step)
   for item in items or (runs.PARAMS_ITEM, runs.OPT_ITEM):
     handler = ocp.StandardCheckpointHandler()
-    absl_log = logging.getLogger('absl')
-    level = absl_log.level
-    absl_log.setLevel(logging.ERROR)  # "no step metadata in the item": expected in the manager's layout
-    try:
+    with runs.item_metadata_quietly():
       saved = _read(lambda: handler.metadata(root / item), step, directory)
-    finally:
-      absl_log.setLevel(level)
     target = _pure(abstract, item)
     tree = getattr(saved, 'tree', saved)
     check_keys_and_shapes(

@@ -91,7 +91,9 @@ class ClassificationTask:
 
   def make_model(self, model_cfg: ml_collections.ConfigDict, rngs: Any) -> heads.SequenceClassifier:
     h = self.cfg.head
-    return heads.SequenceClassifier(model_cfg, self.spec.num_outputs, h.dropout, h.init_range, rngs=rngs)
+    return heads.SequenceClassifier(
+      model_cfg, self.spec.num_outputs, h.dropout, h.init_range, h.classifier_pooling, rngs=rngs
+    )
 
   def train_epoch(self, rng: np.random.Generator) -> Iterator[dict[str, np.ndarray]]:
     yield from batching.epoch_batches(

@@ -61,6 +61,7 @@ def export_classifier(
   *,
   tokenizer: str | None,
   dropout: float = 0.1,
+  pooling: str = 'cls',
   overwrite: bool = False,
 ) -> Path:
   """The HF sequence-classification directory (labels from a neobert_jax.finetune.labels.LabelSpec)."""
@@ -70,6 +71,7 @@ def export_classifier(
   config = hf.hf_config_dict(model_cfg)
   config['architectures'] = ['NeoBERTForSequenceClassification']
   config['classifier_dropout'] = float(dropout)
+  config['classifier_pooling'] = pooling
   if label_spec.kind == 'regression':
     config.update(num_labels=1, problem_type='regression', id2label={0: 'LABEL_0'}, label2id={'LABEL_0': 0})
   else:
@@ -178,6 +180,7 @@ def export_run(workdir: str | Path, output: str | Path, *, overwrite: bool = Fal
     output,
     tokenizer=data.tokenizer,
     dropout=head.dropout,
+    pooling=head.classifier_pooling,
     overwrite=overwrite,
   )
 

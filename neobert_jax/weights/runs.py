@@ -22,6 +22,7 @@ a source for a user (one error class, one message) is weights/source.py's.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -47,6 +48,20 @@ def _orbax():
 
   use_bucket_budget()
   return orbax.checkpoint
+
+
+@contextlib.contextmanager
+def item_metadata_quietly():
+  """Silences absl below ERROR while an item's metadata is read: the step-level metadata file sits one directory
+  up (the CheckpointManager layout), so Orbax warns that the item has none of its own, which is expected and only
+  alarms users reading the log. The one place the project lowers absl's level."""
+  absl_log = logging.getLogger('absl')
+  level = absl_log.level
+  absl_log.setLevel(logging.ERROR)
+  try:
+    yield
+  finally:
+    absl_log.setLevel(level)
 
 
 def use_bucket_budget() -> None:
@@ -200,16 +215,9 @@ def restore_params(
   """
   item, step = params_item(path, step, name)
   cpu = jax.sharding.SingleDeviceSharding(jax.local_devices(backend='cpu')[0])
-  absl_log = logging.getLogger('absl')
-  level = absl_log.level
   with _orbax().StandardCheckpointer() as ckptr:
-    # The step-level metadata file sits one directory up (CheckpointManager layout); Orbax warns that the item
-    # has none of its own, which is expected here and only alarms users reading the export log.
-    absl_log.setLevel(logging.ERROR)
-    try:
+    with item_metadata_quietly():
       meta = ckptr.metadata(item).item_metadata
-    finally:
-      absl_log.setLevel(level)
     target = jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=cpu), meta.tree)
     tree = ckptr.restore(item, target)
   flat = {k: np.asarray(v) for k, v in flatten(tree).items()}

@@ -66,6 +66,7 @@ class NeoBERTConfig(PretrainedConfig):
         decoder_init_range: float = 0.02,
         classifier_init_range: float = 0.02,
         classifier_dropout: float = 0.1,
+        classifier_pooling: str = "cls",
         tie_word_embeddings: bool = False,
         unpad_inputs: bool = True,
         **kwargs,
@@ -100,6 +101,11 @@ class NeoBERTConfig(PretrainedConfig):
         self.decoder_init_range = decoder_init_range
         self.classifier_init_range = classifier_init_range
         self.classifier_dropout = classifier_dropout
+        if classifier_pooling not in ("cls", "mean"):
+            raise ValueError(f"classifier_pooling={classifier_pooling!r}; expected 'cls' or 'mean'")
+        # What the sequence-classification head reads: the first token (NeoBERT's head) or the mean over the
+        # real tokens (ModernBERT's classifier_pooling='mean').
+        self.classifier_pooling = classifier_pooling
         self.unpad_inputs = unpad_inputs
 
 
@@ -377,7 +383,8 @@ class NeoBERTLMHead(NeoBERTPreTrainedModel):
 
 
 class NeoBERTForSequenceClassification(NeoBERTPreTrainedModel):
-    """hidden[:, 0] -> dropout -> dense (tanh) -> dropout -> classifier."""
+    """hidden[:, 0] (or the mean over real tokens, config.classifier_pooling) -> dropout -> dense (tanh) -> dropout
+    -> classifier."""
 
     def __init__(self, config: NeoBERTConfig):
         super().__init__(config)
@@ -427,7 +434,14 @@ class NeoBERTForSequenceClassification(NeoBERTPreTrainedModel):
             output_attentions=output_attentions,
             return_dict=True,
         )
-        pooled = self.dropout(encoded.last_hidden_state[:, 0])
+        hidden = encoded.last_hidden_state
+        if self.config.classifier_pooling == "mean":
+            real = torch.ones(hidden.shape[:2], device=hidden.device) if attention_mask is None else attention_mask
+            real = real.float().unsqueeze(-1)  # the sum in float32, as the JAX head pools
+            pooled = ((hidden.float() * real).sum(1) / real.sum(1).clamp(min=1.0)).to(hidden.dtype)
+        else:
+            pooled = hidden[:, 0]
+        pooled = self.dropout(pooled)
         pooled = self.dropout(torch.tanh(self.dense(pooled)))
         logits = self.classifier(pooled)
 
