@@ -7,8 +7,8 @@ Owns three things the loop writes after training (process 0 only):
     non-special tokens, so these are the held-out MLM losses such predictors score.
   * the loss curve: WORKDIR/loss_curve.md, a table of train and held-out loss from metrics.jsonl, and
     WORKDIR/loss_curve.png, the held-out curve against wall-clock time and steps with the baselines drawn in.
-  * fill-mask examples: sentences of the held-out split with one word masked, predicted by the exported Hugging Face
-    directory through `transformers` (the export is what users load, so that is what is shown).
+  * fill-mask: 200 held-out rows with one word masked, predicted by the exported Hugging Face directory through
+    `transformers` (the export is what users load, so that is what is scored), with a few shown.
 """
 
 from __future__ import annotations
@@ -187,12 +187,13 @@ def write_curve_plot(workdir: Path, bars: dict[str, Any]) -> Path | None:
 
 
 def fill_mask(
-  hf_dir: str, data_cfg: ml_collections.ConfigDict, seq_len: int, n: int = 50, width: int = 32, top: int = 5
+  hf_dir: str, data_cfg: ml_collections.ConfigDict, seq_len: int, n: int = 200, top: int = 5, shown: int = 12
 ) -> dict[str, Any]:
-  """Fill-mask on `n` held-out snippets, each with one whole word masked, through the export and transformers.
+  """Fill-mask on `n` held-out rows, each with one whole word masked, through the export and transformers.
 
-  Returns how many answers were first and how many were in the top `top` (a rate over 50 words moves by 0.07 per
-  standard error, where 6 examples would move by 0.2), and one line per snippet."""
+  Each row is a held-out training-length row (the context the model learned from), so the blank has up to
+  `seq_len` tokens around it. Returns how many answers were first and how many were in the top `top` (over 200
+  words a rate moves by about 0.035 per standard error), and one line per row showing `shown` tokens each side."""
   import torch  # pylint: disable=g-import-not-at-top
   from transformers import AutoModelForMaskedLM, AutoTokenizer  # pylint: disable=g-import-not-at-top
 
@@ -200,17 +201,16 @@ def fill_mask(
   tok = AutoTokenizer.from_pretrained(hf_dir)
   model = AutoModelForMaskedLM.from_pretrained(hf_dir, trust_remote_code=True).eval()
   records, _ = _split_ids(data_cfg, seq_len, 'eval')
+  width = seq_len - 2  # the row without its [CLS] and [SEP]
   rng = np.random.default_rng(0)
   special = set(tok.all_special_ids)
   rows, blanks, answers = [], [], []
   for idx in rng.permutation(len(records)):
-    body = records[idx][1:-1]
-    if len(body) < width + 2:
+    ids = [int(i) for i in records[idx][1:-1][:width]]
+    if len(ids) < width:
       continue
-    start = int(rng.integers(0, len(body) - width))
-    ids = [int(i) for i in body[start : start + width]]
     pieces = tok.convert_ids_to_tokens(ids)
-    # a whole word in the middle: alphabetic, not split into pieces, so the blank is one token
+    # a whole word: alphabetic, not split into pieces, so the blank is one token
     spots = [
       i
       for i in range(3, width - 3)
@@ -224,8 +224,8 @@ def fill_mask(
     answers.append(pieces[i])
     if len(rows) == n:
       break
-  with torch.no_grad():  # every snippet is width + 2 tokens: one batch, no padding
-    logits = model(input_ids=torch.tensor(rows)).logits
+  with torch.no_grad():  # every row is seq_len tokens: batches without padding
+    logits = torch.cat([model(input_ids=torch.tensor(rows[k : k + 50])).logits for k in range(0, len(rows), 50)])
   first = in_top = 0
   lines = []
   for row, blank, answer, row_logits in zip(rows, blanks, answers, logits):
@@ -233,7 +233,7 @@ def fill_mask(
     first += guesses[0] == answer
     in_top += answer in guesses
     mark = 'right' if guesses[0] == answer else (f'in top {top}' if answer in guesses else 'wrong')
-    text = tok.decode(row[1:-1]).replace(tok.mask_token, '____')
+    text = tok.decode(row[max(1, blank - shown) : min(len(row) - 1, blank + shown + 1)]).replace(tok.mask_token, '____')
     lines.append(f'{text!r}: {", ".join(guesses)} (answer {answer}: {mark})')
   return {'n': len(rows), 'first': first, f'top{top}': in_top, 'examples': lines}
 
@@ -297,7 +297,8 @@ def report(cfg: ml_collections.ConfigDict, workdir: Path, evals: list[dict[str, 
       log.info('fill-mask examples need torch and transformers (pip install .[torch]): %s', e)
     else:
       log.info(
-        'fill-mask on %d held-out words, through %s and transformers: %d first, %d in the top 5; the first six:\n  %s',
+        'fill-mask on %d held-out words, each in its training-length row, through %s and transformers: %d first, %d in '
+        'the top 5; the first six:\n  %s',
         filled['n'],
         cfg.export.hf_dir,
         filled['first'],
