@@ -152,7 +152,9 @@ def main() -> None:
   out.mkdir(parents=True, exist_ok=True)
   if a.smoke:
     a.layers, a.hidden, a.heads, a.rows, a.steps, seqs, train_steps = 1, 64, 2, 1, 2, (128,), 3
-    recipe, extra = 'configs/tiny_cpu.py', []
+    # The trainer's command on the tiny recipe; its start-of-run evaluation and downstream probe are the main
+    # job's (tests/test_scenario_main_job.py), not what this smoke proves.
+    recipe, extra = 'configs/tiny_cpu.py', ['--config.eval.at_start=False', '--config.eval.probe_task=']
   else:
     a.layers, a.hidden, a.heads, a.rows, a.steps, seqs, train_steps = 28, 768, 12, 16, 10, (1024, 4096), 200
     recipe, extra = (

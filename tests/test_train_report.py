@@ -32,6 +32,27 @@ def test_unigram_cross_entropy_is_the_entropy_of_the_held_out_non_special_tokens
   assert got['train'] == pytest.approx(float(-(counts * np.log(q)).sum() / 16))
 
 
+def test_baselines_are_computed_once_per_prepared_data_and_mask_rate(tmp_path, monkeypatch):
+  """The manifest names each shard by its sha256: the same data at the same rate reads the first result back, new
+  data or another rate counts afresh."""
+  monkeypatch.setenv('NEOBERT_JAX_CACHE', str(tmp_path / 'cache'))
+  calls = []
+  counted = baselines.neighbours
+  monkeypatch.setattr(baselines, 'neighbours', lambda *a, **k: calls.append(a[-1]) or counted(*a, **k))
+  docs = [np.array([101, 1000 + i, 500, 501, 500, 102], np.int32) for i in range(6)]
+  cfg = config_lib.default_data_config()
+  for name, eval_docs in (('a', docs[:2]), ('b', [np.array([101, 2000, 2000, 2000, 501, 102], np.int32)])):
+    synthetic_data.write_prepared(str(tmp_path / name), docs, max_length=16, eval_docs=eval_docs)
+  cfg.dir = str(tmp_path / 'a')
+  first = report.context_baselines(cfg, 16, mask_rate=0.4)
+  assert report.context_baselines(cfg, 16, mask_rate=0.4) == first and calls == [0.4]
+  report.context_baselines(cfg, 16, mask_rate=0.2)
+  cfg.dir = str(tmp_path / 'b')
+  other = report.context_baselines(cfg, 16, mask_rate=0.4)
+  assert calls == [0.4, 0.2, 0.4] and other['held_out'] != first['held_out']
+  assert len(list((tmp_path / 'cache' / 'baselines').glob('*.json'))) == 3
+
+
 def test_loss_curve_table_keeps_held_out_rows_and_the_unigram_line(tmp_path):
   rows = [{'step': s, 'train/loss': 10.0 - s / 10} for s in range(10, 101, 10)]
   rows += [{'step': 50, 'eval/loss': 6.5, 'eval/accuracy': 0.1}, {'step': 100, 'eval/loss': 6.0, 'eval/accuracy': 0.2}]

@@ -161,6 +161,7 @@ def test_sigterm_saves_and_exits_cleanly(tmp_path):
     '--config.train.global_batch_size=8',
     '--config.eval.every_steps=0',
     '--config.eval.at_start=False',
+    '--config.eval.probe_task=',  # the probe is the main job's (tests/test_train_probe.py), not what is tested here
     '--config.checkpoint.every_steps=1000',
     '--config.logging.progress_bar=False',
     '--config.logging.peak_flops_per_device=1e11',

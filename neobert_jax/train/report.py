@@ -13,8 +13,10 @@ Owns three things the loop writes after training (process 0 only):
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
+import os
 from pathlib import Path
 from typing import Any
 
@@ -56,15 +58,29 @@ def _split_ids(
   return records, manifest
 
 
+_BASELINES_VERSION = 1  # bump when train/baselines.py changes what it computes: the cached results go stale
+_TRAIN_SAMPLE_TOKENS = 20_000_000
+
+
 def context_baselines(data_cfg: ml_collections.ConfigDict, seq_len: int, mask_rate: float) -> dict[str, Any]:
   """The bars to clear (train/baselines.py), from the held-out split and at most 20M tokens of the training split:
   {'held_out', 'train'} unigram cross-entropies and 'neighbours' {'loss', 'accuracy', 'k'} at `mask_rate`."""
-  held_out, manifest = _split_ids(data_cfg, seq_len, 'eval')
-  train = _split_ids(data_cfg, seq_len, 'train', max_tokens=20_000_000)[0]
+  manifest = prepared.open_prepared(data_cfg, seq_len)[1]
+  # The manifest names every shard by its sha256, so it and the arguments pin the result: a re-run, a resume and
+  # every run on the same prepared data read it back instead of counting again.
+  key = json.dumps([_BASELINES_VERSION, manifest, seq_len, mask_rate, _TRAIN_SAMPLE_TOKENS], sort_keys=True)
+  cached = paths.cache_dir('baselines') / f'{hashlib.sha256(key.encode()).hexdigest()[:32]}.json'
+  if cached.is_file():
+    return json.loads(cached.read_text())
+  held_out = _split_ids(data_cfg, seq_len, 'eval')[0]
+  train = _split_ids(data_cfg, seq_len, 'train', max_tokens=_TRAIN_SAMPLE_TOKENS)[0]
   special = list(manifest['tokenizer']['special_ids'].values())
   vocab = int(manifest['tokenizer']['vocab_size'])
   out: dict[str, Any] = baselines.unigram(train, held_out, special, vocab)
   out['neighbours'] = baselines.neighbours(train, held_out, special, vocab, mask_rate)
+  partial = cached.with_name(f'{cached.name}.{os.getpid()}.tmp')
+  partial.write_text(json.dumps(out))
+  os.replace(partial, cached)  # whole or absent, whichever process finishes first
   return out
 
 
