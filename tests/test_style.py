@@ -1,5 +1,6 @@
 """The repository keeps one style: ruff's formatter and pyflakes-level lint, configured in pyproject.toml; no dead
-code (vulture, with tests/vulture_whitelist.py naming what only a framework calls); and one alias per module."""
+code (vulture, with tests/vulture_whitelist.py naming what only a framework calls); one alias per module; and no
+package module over 450 lines."""
 
 from __future__ import annotations
 
@@ -84,3 +85,13 @@ def test_one_alias_per_module():
     if len({a for a, _ in uses}) > 1
   ]
   assert not clashes, 'one alias per module:\n' + '\n'.join(clashes)
+
+
+def test_every_package_module_reads_in_one_sitting():
+  """No module of the package over 450 lines: past that, split it by job (docs/testing.md's table maps the parts)."""
+  long = {
+    str(path.relative_to(REPO)): n
+    for path in sorted(PKG.rglob('*.py'))
+    if (n := len(path.read_text().splitlines())) > 450
+  }
+  assert not long, f'modules over 450 lines, split them by job: {long}'

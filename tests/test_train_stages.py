@@ -19,6 +19,7 @@ STEPS = 3
 def _stage(n, previous=None):
   cfg = config.load(f'{REPO_ROOT}/configs/tiny_cpu_stages.py:{n}')
   cfg.train.num_steps, cfg.eval.every_steps = STEPS, 0
+  cfg.eval.probe_task = ''  # tiny_cpu's downstream probe is the main job's (tests/test_train_probe.py)
   cfg.checkpoint.every_steps, cfg.checkpoint.async_save = STEPS, False
   cfg.logging.update(log_every=1, progress_bar=False, tensorboard=False, peak_flops_per_device=1e11)
   if n != '3':

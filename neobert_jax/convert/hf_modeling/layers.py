@@ -118,3 +118,13 @@ def classification_loss(
     if problem_type == "single_label_classification":
         return F.cross_entropy(logits.view(-1, num_labels).float(), labels.view(-1)), problem_type
     return F.binary_cross_entropy_with_logits(logits.float(), labels.float()), problem_type
+
+
+def pool(hidden: torch.Tensor, attention_mask: Optional[torch.Tensor], pooling: str) -> torch.Tensor:
+    """[B, T, D] -> [B, D]: the first token ("cls"), or the mean over the real tokens ("mean"), summed in float32
+    as the JAX head pools (neobert_jax/model/encoder.py's pool)."""
+    if pooling != "mean":
+        return hidden[:, 0]
+    real = torch.ones(hidden.shape[:2], device=hidden.device) if attention_mask is None else attention_mask
+    real = real.float().unsqueeze(-1)
+    return ((hidden.float() * real).sum(1) / real.sum(1).clamp(min=1.0)).to(hidden.dtype)

@@ -41,7 +41,7 @@ from transformers.modeling_outputs import BaseModelOutput, MaskedLMOutput, Seque
 
 # The parity tests, torch_ref and benchmarks use these names through this module (ATTENTION_CALL_COST too).
 from .layers import RMSNorm, SwiGLU, apply_rotary, apply_rotary_qk, classification_loss, layer_head_masks  # noqa: F401
-from .layers import rotary_cos_sin, swiglu_hidden_size  # noqa: F401
+from .layers import pool, rotary_cos_sin, swiglu_hidden_size  # noqa: F401
 from .unpadding import ATTENTION_CALL_COST, UnpaddedRows, masking_inputs, padded_mask  # noqa: F401
 from .unpadding import positions_from_segment_ids, segment_ids_from_cu_seqlens  # noqa: F401
 from .unpadding import tracing as _tracing
@@ -434,14 +434,7 @@ class NeoBERTForSequenceClassification(NeoBERTPreTrainedModel):
             output_attentions=output_attentions,
             return_dict=True,
         )
-        hidden = encoded.last_hidden_state
-        if self.config.classifier_pooling == "mean":
-            real = torch.ones(hidden.shape[:2], device=hidden.device) if attention_mask is None else attention_mask
-            real = real.float().unsqueeze(-1)  # the sum in float32, as the JAX head pools
-            pooled = ((hidden.float() * real).sum(1) / real.sum(1).clamp(min=1.0)).to(hidden.dtype)
-        else:
-            pooled = hidden[:, 0]
-        pooled = self.dropout(pooled)
+        pooled = self.dropout(pool(encoded.last_hidden_state, attention_mask, self.config.classifier_pooling))
         pooled = self.dropout(torch.tanh(self.dense(pooled)))
         logits = self.classifier(pooled)
 
