@@ -37,9 +37,9 @@ OVERRIDES = {
   'train.num_steps': STEPS,
   'optimizer.warmup_steps': 1,
   'optimizer.warmup_fraction': 0.0,
-  # The cosine ends at step 3 whatever train.num_steps is: the learning-rate table is part of the compiled step, so
-  # the jobs below that run longer (the SIGTERM test) or on (the resumes) read the step back from the compilation
-  # cache instead of compiling their own.
+  # The rate reaches its floor at step 3 whatever train.num_steps is (decay_fraction would move it with
+  # num_steps): the learning-rate table is part of the compiled step, so the SIGTERM test's longer job reads the
+  # fixture's two-process step back from the compilation cache instead of compiling its own.
   'optimizer.decay_steps': STEPS,
   'eval.every_steps': 0,
   'eval.at_start': False,
@@ -68,21 +68,19 @@ def _cache_every_process_compiles() -> None:
   """jax writes the persistent compilation cache (tests/conftest.py's, inherited) from process 0 only, so process 1
   compiled its programs again in every job: about 10 s of CPU each time, the longest part of a job. Its programs
   have cache keys of their own (they address other devices), so here it writes them too, as process 0 does, and
-  the next job's process 1 reads them back."""
-  from jax._src import compiler
+  the next job's process 1 reads them back. (jax 0.10.2's private writer, pinned in pyproject.toml.)"""
+  from jax._src import compilation_cache, compiler, config
   from jax._src import distributed as jax_distributed
 
   write = compiler._cache_write
 
-  def write_as_process_0(*args, **kwargs):
-    state = jax_distributed.global_state
-    process_id, state.process_id = state.process_id, 0
-    try:
-      write(*args, **kwargs)
-    finally:
-      state.process_id = process_id
+  def write_from_any_process(cache_key, compile_time_secs, module_name, backend, executable, host_callbacks):
+    if jax_distributed.global_state.process_id == 0 or host_callbacks:
+      return write(cache_key, compile_time_secs, module_name, backend, executable, host_callbacks)
+    if compile_time_secs >= config.persistent_cache_min_compile_time_secs.value:
+      compilation_cache.put_executable_and_time(cache_key, module_name, executable, backend, int(compile_time_secs))
 
-  compiler._cache_write = write_as_process_0
+  compiler._cache_write = write_from_any_process
 
 
 def _train_worker(workdir: str) -> None:
