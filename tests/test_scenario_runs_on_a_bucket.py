@@ -30,10 +30,16 @@ _assert_identical = assert_identical_params
 
 
 @pytest.fixture(scope='module')
-def uninterrupted(tmp_path_factory):
+def local_run(tmp_path_factory):
+  """The tiny run on local disk, uninterrupted: the reference of the kill -9 test and the export test's source."""
   workdir = tmp_path_factory.mktemp('local')
   train_only(tiny_config(steps=6), workdir)
-  return runs.restore_params(workdir)[1]
+  return workdir
+
+
+@pytest.fixture(scope='module')
+def uninterrupted(local_run):
+  return runs.restore_params(local_run)[1]
 
 
 _CHILD = """
@@ -117,14 +123,13 @@ def test_s3_is_refused_with_one_line_and_no_local_folder(tmp_path, monkeypatch):
   assert not list(tmp_path.iterdir())  # never a local folder named 's3:'
 
 
-def test_export_to_a_bucket_loads_in_transformers_and_starts_a_run(gcs, uninterrupted, tmp_path):
+def test_export_to_a_bucket_loads_in_transformers_and_starts_a_run(gcs, local_run, tmp_path):
   """The export is uploaded with config.json last; read back from the bucket it is byte-identical to a local
   export of the same checkpoint, loads in transformers, and initialises another run (init.from_hf on gs://)."""
   from neobert_jax import paths
   from neobert_jax.convert import export_hf
 
-  source = tmp_path / 'run'
-  train_only(tiny_config(steps=3), source)
+  source = local_run  # only read: the export and the run it starts write elsewhere
   url = f'{gcs}/exports/tiny'
   export_hf.export_checkpoint(source, url)
   local = export_hf.export_checkpoint(source, tmp_path / 'local-export')
