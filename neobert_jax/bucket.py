@@ -125,7 +125,7 @@ def _retried(error: BaseException, waited: float, what: str = 'a request') -> No
     log.warning(
       'bucket slow: %s failed (%s); retrying for up to %.0f s in all (%.0f s so far)',
       what,
-      errors.first_line(error)[:200],
+      errors.one_line(error, first=True, with_type=True)[:200],
       window_s(),
       waited,
     )

@@ -139,7 +139,7 @@ def run_child(cfg_in) -> int:
       raise
     # The TPU compiler refuses programs that exceed HBM; that is the answer "does not fit", with its number.
     compiled = None
-    notes.append('the compiler refused the program: ' + errors.first_line(e, with_type=False)[:300])
+    notes.append('the compiler refused the program: ' + errors.one_line(e, first=True)[:300])
   seconds = time.time() - t0
   hlo = compiled.as_text() if compiled is not None else ''
   if _DUMP_HLO.value and compiled is not None:

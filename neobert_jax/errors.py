@@ -125,20 +125,15 @@ def take_debug_flag(argv: list[str]) -> bool:
   return found or os.environ.get(DEBUG_ENV) == '1'
 
 
-def one_line(error: BaseException) -> str:
-  """The message on one line: multi-line messages (a subprocess's output, a list) are joined with ' | '."""
+def one_line(error: BaseException, first: bool = False, with_type: bool = False) -> str:
+  """The message on one line: its lines joined with ' | ' (a subprocess's output, a list), or with `first` only the
+  first, where the rest would be noise (a storage client's request dump, a tensorstore spec, a compiler's dump);
+  `with_type` prefixes `Type: ` for a log line or a reason in parentheses. The project's one formatter of errors."""
   lines = [line.strip() for line in str(error).splitlines() if line.strip()]
-  return ' | '.join(lines) or type(error).__name__
-
-
-def first_line(error: BaseException, with_type: bool = True) -> str:
-  """`Type: first line of the message`, for a log line or a reason in parentheses where the rest would be noise
-  (a storage client's request dump, a tensorstore spec, a compiler's dump). `with_type=False`: the line alone,
-  or the type's name when the message is empty."""
-  lines = [line for line in str(error).strip().splitlines() if line.strip()]
-  if not with_type:
-    return lines[0].strip() if lines else type(error).__name__
-  return f'{type(error).__name__}: {lines[0].strip() if lines else ""}'
+  text = (lines[0] if lines else '') if first else ' | '.join(lines)
+  if with_type:
+    return f'{type(error).__name__}: {text}'
+  return text or type(error).__name__
 
 
 @contextlib.contextmanager

@@ -77,7 +77,7 @@ def read_table(path: str, fmt: str = 'auto') -> dict[str, list[Any]]:
       parse = pc.ParseOptions(delimiter='\t', quote_char=False) if fmt == 'tsv' else pc.ParseOptions()
       table = pc.read_csv(path, parse_options=parse)
   except (pyarrow.ArrowInvalid, OSError, ValueError) as e:
-    first = errors.first_line(e, with_type=False)
+    first = errors.one_line(e, first=True)
     raise DataError(f'{path}: cannot be read as {fmt} ({first}); check the file or set --config.data.format') from None
   if table.num_rows == 0:
     raise DataError(f'{path}: no examples (only a header or nothing); give at least one row')

@@ -122,7 +122,7 @@ def close(mngr: ocp.CheckpointManager) -> None:
   try:
     mngr.close()
   except Exception as e:  # noqa: BLE001
-    log.debug('closing the checkpoint manager after a failure: %s', errors.first_line(e))
+    log.debug('closing the checkpoint manager after a failure: %s', errors.one_line(e, first=True, with_type=True))
 
 
 # What a write failure says, in the words users search for; Orbax and tensorstore wrap them in long specs.
@@ -142,7 +142,10 @@ def save_failed(mngr: ocp.CheckpointManager, e: BaseException, last_good: int | 
   """The one line for a failed save, naming the last complete checkpoint: `last_good` when the caller knows it
   (the run saw it commit: no request to a storage that just failed), else the newest step listed there."""
   text = f'{type(e).__name__}: {e}'
-  reason = next((r for r in _WRITE_REASONS if r in text), None) or errors.first_line(e).split(' [tensorstore_spec')[0]
+  reason = (
+    next((r for r in _WRITE_REASONS if r in text), None)
+    or errors.one_line(e, first=True, with_type=True).split(' [tensorstore_spec')[0]
+  )
   if not paths.local(paths.Path(mngr.directory)):
     bucket.gave_up()  # the run stops now: what it still sends to the bucket is tried once, not for a window
   good = last_good
@@ -178,7 +181,7 @@ def _read(read: Callable[[], Any], step: int, directory: Any) -> Any:
       raise
     raise errors.CheckpointError(
       f'checkpoint step {step} in {directory} could not be read within the retry window because of a storage '
-      f'error ({errors.first_line(e)}). It was left in place; re-run once the storage is reachable to resume from it.'
+      f'error ({errors.one_line(e, first=True, with_type=True)}). It was left in place; re-run once the storage is reachable to resume from it.'
     ) from e
 
 
@@ -259,7 +262,7 @@ def restore_latest(
     except (errors.CheckpointError, errors.ConfigError):
       raise
     except Exception as e:  # noqa: BLE001 - the bytes are damaged or missing: try the previous checkpoint
-      runs.set_aside(directory, step, f'could not be restored ({errors.first_line(e)})')
+      runs.set_aside(directory, step, f'could not be restored ({errors.one_line(e, first=True, with_type=True)})')
       mngr.reload()
       continue
     _agree_on_step(step, mngr.directory)
