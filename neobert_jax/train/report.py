@@ -16,7 +16,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 from pathlib import Path
 from typing import Any
 
@@ -78,9 +77,7 @@ def context_baselines(data_cfg: ml_collections.ConfigDict, seq_len: int, mask_ra
   vocab = int(manifest['tokenizer']['vocab_size'])
   out: dict[str, Any] = baselines.unigram(train, held_out, special, vocab)
   out['neighbours'] = baselines.neighbours(train, held_out, special, vocab, mask_rate)
-  partial = cached.with_name(f'{cached.name}.{os.getpid()}.tmp')
-  partial.write_text(json.dumps(out))
-  os.replace(partial, cached)  # whole or absent, whichever process finishes first
+  paths.write_text(cached, json.dumps(out))  # whole or absent, whichever process finishes first
   return out
 
 
