@@ -1,10 +1,11 @@
-"""The bytes a mixture fetches from a bucket follow its weights: two sources of the same size on a real GCS server
-(the emulator), read through a proxy that counts the body bytes each object sends (tests/fault_proxy.py), weights
-0.75 / 0.25, the trainer's own iterator (make_train_iterator, with its prefetch thread) for a few hundred steps.
+"""The bytes a mixture fetches from a bucket follow its weights, not its sources' sizes: two sources on a real GCS
+server (the emulator), each one shard file as `prepare` writes a small source, the smaller one weighted 0.75. They
+are read through a proxy that counts the body bytes each object sends (tests/fault_proxy.py), by the trainer's own
+iterator (make_train_iterator, with its prefetch thread) for a few hundred steps.
 
-A source's read unit is one window of shard files per virtual shard (docs/data.md, "Several sources"), so the shares
-converge once each source holds several files per virtual shard: here ~14 files of ~250 KB (about 3.5 MB) per
-source and 2 virtual shards. Manifests are a fixed cost per source and are left out of the shares.
+A mixture's sources are read record by record (data.bucket_reads='auto', data/pipeline/ranged.py), so each sends its
+records' chunks, and its files' record indexes whole (a fixed part, under 1% of the files, checked apart). Whole-file reads (data.bucket_reads='files') send both files whole at
+the first step: that is checked too, as the contrast. Manifests are a fixed cost per source and are left out.
 """
 
 import json
@@ -23,18 +24,19 @@ from neobert_jax.data.pipeline import factories
 
 pytestmark = [pytest.mark.server]
 
-SEQ, VOCAB, BATCH, STEPS = 128, 30522, 32, 200
+SEQ, VOCAB, BATCH, STEPS = 128, 30522, 32, 120
 WEIGHTS = {'web': 0.75, 'books': 0.25}
-TOLERANCE = 0.06  # |byte share - weight|; the read unit (one ~250 KB file per virtual shard) bounds it
+DOCS = {'web': 9000, 'books': 27000}  # the lighter-weighted source is three times the larger
+TOLERANCE = 0.015  # |byte share of the shard files - weight|: a block of block_docs documents is the read unit
 
 
 def _publish(url: str, tmp_path) -> tuple[str, str]:
   """The two sources prepared locally and uploaded; (the mixture file on the bucket, the same mixture read
   locally)."""
   for i, name in enumerate(WEIGHTS):
-    docs = synthetic_data.synthetic_documents(12000, seed=i, min_len=20, max_len=SEQ, vocab_size=VOCAB)
+    docs = synthetic_data.synthetic_documents(DOCS[name], seed=i, min_len=20, max_len=SEQ, vocab_size=VOCAB)
     local = str(tmp_path / name)
-    synthetic_data.write_prepared(local, docs, docs[:50], vocab_size=VOCAB, max_length=SEQ, shard_bytes=128 << 10)
+    synthetic_data.write_prepared(local, docs, docs[:50], vocab_size=VOCAB, max_length=SEQ)  # one file each
     paths.publish_dir(local, paths.resolve(f'{url}/{name}'), 'manifest.json')
   body = json.dumps({n: {'dir': n, 'weight': w} for n, w in WEIGHTS.items()})
   paths.resolve(f'{url}/mix.json').write_text(body)
@@ -42,47 +44,68 @@ def _publish(url: str, tmp_path) -> tuple[str, str]:
   return f'{url}/mix.json', str(tmp_path / 'mix.json')
 
 
-def _config(mixture: str):
+def _config(mixture: str, reads: str = 'auto'):
   cfg = data_config.default_data_config()
-  cfg.mixture, cfg.virtual_shards, cfg.block_docs, cfg.shuffle_window = mixture, 2, 64, 1
+  cfg.mixture, cfg.virtual_shards, cfg.block_docs, cfg.bucket_reads = mixture, 2, 64, reads
   return cfg
 
 
-def test_the_bytes_each_source_sends_follow_the_weights(gcs, tmp_path, monkeypatch):
+def _sent(gcs, url, remote, monkeypatch, reads: str, steps: int):
+  """({source: {its train- object: bytes it sent}}, the batches, {source: its store's stats}) of `steps` steps."""
   from conftest import gcs_env
 
-  url = f'{gcs}/mixture-bytes'
-  remote, local = _publish(url, tmp_path)
   prefix = url.removeprefix(f'{gcs}/')
-  for source in ('web', 'books'):  # this machine's cached copies of both sources, so every byte comes through the proxy
+  for source in WEIGHTS:  # this machine's cached copies of both sources, so every byte comes through the proxy
     shutil.rmtree(paths.cache_dir('stream', paths.url_key(paths.resolve(f'{url}/{source}'))), ignore_errors=True)
   proxy = FaultProxy(os.environ['STORAGE_EMULATOR_HOST'])
   try:
     for k, v in gcs_env(proxy.url).items():
       monkeypatch.setenv(k, v)
     gcsfs.GCSFileSystem.clear_instance_cache()  # epath's filesystem was made for the server itself
-    it = factories.make_train_iterator(_config(remote), BATCH, SEQ, 0)
-    batches = [next(it) for _ in range(STEPS)]
-    read = {n: it.store[n].stats.bytes_read for n in WEIGHTS}
+    it = factories.make_train_iterator(_config(remote, reads), BATCH, SEQ, 0)
+    batches = [next(it) for _ in range(steps)]
+    stats = {n: it.store[n].stats for n in WEIGHTS}
     for s in it.store.values():
       s.close()
   finally:
     proxy.close()
     monkeypatch.undo()
     gcsfs.GCSFileSystem.clear_instance_cache()
-  sent = {n: proxy.bytes_under(f'{prefix}/{n}/train-') for n in WEIGHTS}
+  sent = {n: {k: v for k, v in proxy.sent.items() if k.startswith(f'{prefix}/{n}/train-')} for n in WEIGHTS}
+  return sent, batches, stats
+
+
+def test_the_bytes_each_source_sends_follow_the_weights(gcs, tmp_path, monkeypatch):
+  url = f'{gcs}/mixture-bytes'
+  remote, local = _publish(url, tmp_path)
+  objects, batches, stats = _sent(gcs, url, remote, monkeypatch, 'auto', STEPS)
+  sent = {n: sum(v for k, v in o.items() if not k.endswith('.index')) for n, o in objects.items()}
+  index = {n: sum(v for k, v in o.items() if k.endswith('.index')) for n, o in objects.items()}
   total = sum(sent.values())
   whole = {
     n: sum(s['bytes'] for s in json.loads((tmp_path / n / 'manifest.json').read_text())['splits']['train']['shards'])
     for n in WEIGHTS
   }
   print(
-    'bytes sent', sent, 'of', whole, 'record bytes read', read, 'manifests', proxy.bytes_under(f'{prefix}/web/manifest')
+    'shard bytes sent',
+    sent,
+    'of',
+    whole,
+    'index bytes',
+    index,
+    'record bytes read',
+    {n: s.bytes_read for n, s in stats.items()},
   )
-  assert all(sent[n] < whole[n] for n in WEIGHTS)  # neither source was read whole
+  assert sent['web'] < whole['web'] and sent['books'] < whole['books'] / 4  # neither was read whole
   for n, w in WEIGHTS.items():
     assert abs(sent[n] / total - w) < TOLERANCE, (n, sent[n] / total, w)
+    assert 0 < index[n] < whole[n] / 100  # the fixed part: each file's record index, read whole
   # What was fetched does not change what is read: the same rows as the mixture read in place.
   ref = factories.make_train_iterator(_config(local), BATCH, SEQ, 0)
   for b in batches[:5]:
     assert np.array_equal(next(ref)['input_ids'], b['input_ids'])
+  # The contrast: whole files send each source whole at the first step, so their bytes follow the sizes.
+  files, first, _ = _sent(gcs, url, remote, monkeypatch, 'files', 1)
+  for n in WEIGHTS:  # each file whole, plus the metadata of its size check
+    assert whole[n] <= sum(files[n].values()) < whole[n] + (16 << 10), (n, files[n], whole[n])
+  assert np.array_equal(first[0]['input_ids'], batches[0]['input_ids'])

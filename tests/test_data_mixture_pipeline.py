@@ -149,7 +149,7 @@ def test_the_report_gives_each_source_its_own_baselines_next_to_its_loss(root, t
 
   cfg = _train_config(_mixture(root, {'a': 0.7, 'b': 0.3}))
   rate = train_config.eval_mask_rate(cfg)
-  per = report.source_baselines(cfg.data, SEQ, rate)
+  per = report.source_baselines(cfg.data, SEQ, rate, 'auto')
   assert sorted(per) == ['a', 'b']
   for n in 'ab':  # each source's bars are those of that source read alone, from its own held-out split
     assert per[n] == report.context_baselines(prepared.source_config(cfg.data, str(root / n)), SEQ, rate)

@@ -99,7 +99,8 @@ def test_prepare_from_and_to_a_bucket_is_byte_identical_to_a_local_prepare(root,
   assert len(made) > 2 and all(len(s['sha256']) == 64 for s in made)
   on_bucket = _objects(f'{root}/data')
   here = {p.name: p.read_bytes() for p in (tmp_path / 'out').iterdir()}
-  assert sorted(on_bucket) == sorted(here)
+  assert sorted(on_bucket) == sorted(here) == sorted(shards.listed_files(remote) + [shards.MANIFEST])
+  assert any(name.endswith('.index') for name in here)  # the record indexes go up with their shards
   for name in here:
     if name != shards.MANIFEST:
       assert on_bucket[name] == here[name], name
@@ -122,7 +123,7 @@ def test_prepare_from_and_to_a_bucket_is_byte_identical_to_a_local_prepare(root,
 
   monkeypatch.setattr(paths, 'write_text', spy)
   new = _prepare([f'{root}/raw/a.jsonl'], f'{root}/data', vocab, shard_mb=1, overwrite=True)
-  listed = sorted(s['file'] for split in new['splits'].values() for s in split['shards'])
+  listed = shards.listed_files(new)
   assert set(on_bucket) - {shards.MANIFEST} <= set(seen_at_commit)
   assert sorted(_objects(f'{root}/data')) == sorted(listed + [shards.MANIFEST])
 

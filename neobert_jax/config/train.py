@@ -140,6 +140,10 @@ def get_config() -> ml_collections.ConfigDict:
       probe_train_size=1000,  # examples of the task's train split the probe is fitted on (a fixed sample)
       probe_test_size=1000,  # examples of its test split it is scored on
       probe_max_length=128,  # tokens per example ([CLS] and [SEP] included), at most model.max_length
+      # The end-of-run report's baselines (unigram, neighbour counts: train/report.py). 'auto': computed, except
+      # for a mixture's sources read record by record from a bucket (data.bucket_reads), whose training sample
+      # would be read for the report alone; 'on': always; 'off': never.
+      baselines='auto',
     )
   )
 
@@ -338,6 +342,8 @@ def resolve(
 
 
 def _validate_probe(ev: ml_collections.ConfigDict) -> None:
+  if ev.baselines not in ('auto', 'on', 'off'):
+    raise ConfigError(f"eval.baselines={ev.baselines!r} is unknown; expected 'auto', 'on' or 'off'")
   if ev.probe_task and ev.probe_task not in LABELLED_TASKS:
     raise ConfigError(f"eval.probe_task={ev.probe_task!r} is unknown; expected one of {LABELLED_TASKS} or '' (off)")
   if ev.probe_task and (ev.probe_train_size < 2 or ev.probe_test_size < 1 or ev.probe_max_length < 3):

@@ -21,7 +21,7 @@ from array_record.python.array_record_module import ArrayRecordReader, ArrayReco
 import numpy as np
 
 from neobert_jax import errors, paths
-from neobert_jax.data import assets, rollover
+from neobert_jax.data import assets, record_index, rollover
 
 MANIFEST = 'manifest.json'
 FORMAT = 'neobert_jax.prepared/v2'  # what prepare writes
@@ -119,12 +119,28 @@ class ShardWriter:
       path = os.path.join(self._dir, self._current['file'])
       self._current['bytes'] = os.path.getsize(path)
       self._current['sha256'] = paths.sha256(paths.Path(path))
+      self._current['index'] = record_index.write(path, self._current['records'])
       self.shards.append(self._current)
       self._writer = None
 
   def close(self) -> dict:
     self._close_current()
     return {'shards': self.shards, 'documents': self.documents, 'records': self.records, 'tokens': self.tokens}
+
+
+def files_of(shard: dict) -> list[str]:
+  """The files one manifest entry names: the shard, and its record index where it has one (record_index.py)."""
+  return [shard['file']] + ([shard['index']['file']] if 'index' in shard else [])
+
+
+def listed_files(manifest: dict) -> list[str]:
+  """Every file a manifest names, in its order: what copying, publishing or installing prepared data moves."""
+  return [f for split in manifest['splits'].values() for s in split['shards'] for f in files_of(s)]
+
+
+def is_shard_file(name: str) -> bool:
+  """Whether a file name is one prepare writes as data (a shard or its index): what cleaning an output removes."""
+  return name.endswith(('.arrayrecord', '.arrayrecord' + record_index.SUFFIX))
 
 
 def remedy(directory: str) -> str:

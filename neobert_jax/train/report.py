@@ -61,9 +61,12 @@ _BASELINES_VERSION = 1  # bump when train/baselines.py changes what it computes:
 _TRAIN_SAMPLE_TOKENS = 20_000_000
 
 
-def context_baselines(data_cfg: ml_collections.ConfigDict, seq_len: int, mask_rate: float) -> dict[str, Any]:
+def context_baselines(
+  data_cfg: ml_collections.ConfigDict, seq_len: int, mask_rate: float, count: bool = True
+) -> dict[str, Any] | None:
   """The bars to clear (train/baselines.py), from the held-out split and at most 20M tokens of the training split:
-  {'held_out', 'train'} unigram cross-entropies and 'neighbours' {'loss', 'accuracy', 'k'} at `mask_rate`."""
+  {'held_out', 'train'} unigram cross-entropies and 'neighbours' {'loss', 'accuracy', 'k'} at `mask_rate`. With
+  `count` False, only a result already cached (None if there is none): nothing is read."""
   manifest = prepared.open_prepared(data_cfg, seq_len)[1]
   # The manifest names every shard by its sha256, so it and the arguments pin the result: a re-run, a resume and
   # every run on the same prepared data read it back instead of counting again.
@@ -71,6 +74,8 @@ def context_baselines(data_cfg: ml_collections.ConfigDict, seq_len: int, mask_ra
   cached = paths.cache_dir('baselines') / f'{hashlib.sha256(key.encode()).hexdigest()[:32]}.json'
   if cached.is_file():
     return json.loads(cached.read_text())
+  if not count:
+    return None
   held_out = _split_ids(data_cfg, seq_len, 'eval')[0]
   train = _split_ids(data_cfg, seq_len, 'train', max_tokens=_TRAIN_SAMPLE_TOKENS)[0]
   special = list(manifest['tokenizer']['special_ids'].values())
@@ -81,17 +86,29 @@ def context_baselines(data_cfg: ml_collections.ConfigDict, seq_len: int, mask_ra
   return out
 
 
-def source_baselines(data_cfg: ml_collections.ConfigDict, seq_len: int, mask_rate: float) -> dict[str, dict]:
+def source_baselines(data_cfg: ml_collections.ConfigDict, seq_len: int, mask_rate: float, when: str) -> dict[str, dict]:
   """A mixture's bars per source ({} without a mixture): each source's own held-out split and training sample, as
-  context_baselines computes them for one data.dir. A source without a held-out split has none."""
-  if not data_cfg.mixture:
+  context_baselines computes them for one data.dir. A source without a held-out split has none, nor one the run
+  read record by record from a bucket unless `when` (eval.baselines) is 'on' or they are cached: counting its
+  training sample would read more of it than the run did, and its bytes would no longer follow the weights."""
+  if not data_cfg.mixture or when == 'off':
     return {}
   sources = prepared.open_sources(data_cfg, seq_len)
   out = {}
   for name, (directory, manifest) in sources.items():
     if not manifest['splits'].get('eval', {}).get('shards'):
       continue
-    out[name] = context_baselines(prepared.source_config(data_cfg, directory, len(sources)), seq_len, mask_rate)
+    one = prepared.source_config(data_cfg, directory, len(sources))
+    count = when == 'on' or not prepared.reads_records(one, directory, manifest['splits']['train']['shards'], True)
+    bars = context_baselines(one, seq_len, mask_rate, count)
+    if bars is None:
+      log.info(
+        'source %r: no baselines (its training split is read record by record from the bucket, and counting a '
+        'sample of it would read more than the run did; eval.baselines=on counts them)',
+        name,
+      )
+    else:
+      out[name] = bars
   return out
 
 
@@ -138,12 +155,15 @@ def baseline_lines(bars: dict[str, Any]) -> list[str]:
   return lines
 
 
-def write_curve_table(workdir: Path, bars: dict[str, Any], every: int) -> Path:
-  """WORKDIR/loss_curve.md: held-out rows and every `every`-th train row, under the baselines."""
+def write_curve_table(workdir: Path, bars: dict[str, Any] | None, every: int) -> Path:
+  """WORKDIR/loss_curve.md: held-out rows and every `every`-th train row, under the baselines (if computed)."""
   fmt = lambda v: f'{v:.3f}' if isinstance(v, float) else ''
   rows = loss_curve(workdir)
   probes = sorted({k for r in rows for k in r if k.startswith('probe/') and k.endswith('/accuracy')})
-  lines = ['Baselines of the held-out MLM loss (nats):', ''] + [f'- {line}' for line in baseline_lines(bars)]
+  if bars is not None:
+    lines = ['Baselines of the held-out MLM loss (nats):', ''] + [f'- {line}' for line in baseline_lines(bars)]
+  else:
+    lines = ['Baselines of the held-out MLM loss: not computed (eval.baselines, docs/configuration.md).', '']
   for r in rows:
     for k in sorted(k for k in r if k.endswith('/random_init_accuracy')):
       lines.append(f'- {k.removesuffix("/random_init_accuracy")}: a random init of this shape scores {r[k]:.3f}')
@@ -160,7 +180,7 @@ def write_curve_table(workdir: Path, bars: dict[str, Any], every: int) -> Path:
   return out
 
 
-def write_curve_plot(workdir: Path, bars: dict[str, Any]) -> Path | None:
+def write_curve_plot(workdir: Path, bars: dict[str, Any] | None) -> Path | None:
   """WORKDIR/loss_curve.png: held-out (and train) loss against wall-clock minutes and against steps, with the
   baselines as horizontal lines. None when no held-out row was logged."""
   import matplotlib  # pylint: disable=g-import-not-at-top
@@ -182,15 +202,20 @@ def write_curve_plot(workdir: Path, bars: dict[str, Any]) -> Path | None:
     ax.plot([x(r) for r in train], [r['train'] for r in train], color='0.7', lw=1, label='train (batch)')
     timed = [r for r in held if axis == 'step' or 'time' in r]
     ax.plot([x(r) for r in timed], [r['eval'] for r in timed], 'o-', color='C0', label='held-out')
-    ax.axhline(bars['held_out'], color='C3', ls=':', label=f'unigram {bars["held_out"]:.2f}')
-    if 'neighbours' in bars:
+    if bars is not None:
+      ax.axhline(bars['held_out'], color='C3', ls=':', label=f'unigram {bars["held_out"]:.2f}')
+    if bars is not None and 'neighbours' in bars:
       n = bars['neighbours']['loss']
       ax.axhline(n, color='C2', ls='--', label=f'neighbour counts {n:.2f}')
     ax.set_xlabel('wall-clock minutes (from the first logged step)' if axis == 'time' else 'step')
     ax.grid(alpha=0.3)
   axes[0].set_ylabel('MLM loss (nats)')
-  lows = [r['eval'] for r in held] + [bars['held_out'], bars.get('neighbours', {}).get('loss', bars['held_out'])]
-  axes[0].set_ylim(min(lows) - 0.3, max(bars['held_out'], min(r['eval'] for r in held)) + 1.5)
+  lows = [r['eval'] for r in held]
+  top = min(lows)
+  if bars is not None:
+    lows += [bars['held_out'], bars.get('neighbours', {}).get('loss', bars['held_out'])]
+    top = max(bars['held_out'], top)
+  axes[0].set_ylim(min(lows) - 0.3, top + 1.5)
   axes[1].legend(loc='upper right', fontsize=8)
   fig.tight_layout()
   out = workdir / 'loss_curve.png'
@@ -255,21 +280,32 @@ def report(cfg: ml_collections.ConfigDict, workdir: Path, evals: list[dict[str, 
   """Logs the held-out loss against the baselines, writes the curve (table and plot), shows fill-mask examples if
   the run exported."""
   seq_len = cfg.model.max_length
-  per_bars = source_baselines(cfg.data, seq_len, train_config.eval_mask_rate(cfg))
+  mask_rate, when = train_config.eval_mask_rate(cfg), cfg.eval.baselines
+  per_bars = source_baselines(cfg.data, seq_len, mask_rate, when)
   # The curve's bars: one source's (a mixture's first by name, computed once), each source's below.
-  bars = (
-    next(iter(per_bars.values()))
-    if per_bars
-    else context_baselines(cfg.data, seq_len, train_config.eval_mask_rate(cfg))
-  )
+  bars = None
+  if per_bars:
+    bars = next(iter(per_bars.values()))
+  elif not cfg.data.mixture and when != 'off':
+    bars = context_baselines(cfg.data, seq_len, mask_rate)
   table = write_curve_table(workdir, bars, max(cfg.logging.log_every, 1) * 5)
   plot = write_curve_plot(workdir, bars)
-  out: dict[str, Any] = {'unigram': {k: bars[k] for k in ('held_out', 'train')}, 'neighbours': bars['neighbours']}
-  out['curve'] = str(table)
+  out: dict[str, Any] = {'curve': str(table)}
+  if bars is not None:
+    out.update(unigram={k: bars[k] for k in ('held_out', 'train')}, neighbours=bars['neighbours'])
+    log.info('baselines of the held-out loss:\n  %s', '\n  '.join(baseline_lines(bars)))
   if plot is not None:
     out['plot'] = str(plot)
-  log.info('baselines of the held-out loss:\n  %s', '\n  '.join(baseline_lines(bars)))
-  if evals:
+  if evals and bars is None:
+    out['eval_loss'] = evals[-1]['loss']
+    log.info(
+      'held-out MLM loss %.3f (accuracy %.3f) at step %d; loss curve %s',
+      evals[-1]['loss'],
+      evals[-1]['accuracy'],
+      evals[-1]['step'],
+      table,
+    )
+  elif evals:
     last = evals[-1]
     out['eval_loss'] = last['loss']
     gap = bars['neighbours']['loss'] - last['loss']

@@ -69,6 +69,7 @@ class LocalStore:
   """Shards read where they are. Each file this host uses is checked (size, records) when the store opens."""
 
   remote = False
+  caches = False  # nothing to size (cache.check_cache)
 
   def __init__(self, directory: str, listed: list[dict]):
     self.directory, self.listed = directory, listed
@@ -104,6 +105,7 @@ class Stats:
     self.bytes_downloaded = 0
     self.bytes_read = 0  # record bytes the reader took (a source's consumption, whatever the files fetched)
     self.files_downloaded = 0
+    self.requests = 0  # ranged reads (ranged.py); whole files are files_downloaded
     self.disk_bytes = 0
     self.peak_disk_bytes = 0
     self.opened = time.perf_counter()
@@ -113,6 +115,7 @@ class Stats:
     return {
       'bytes_downloaded': self.bytes_downloaded,
       'files_downloaded': self.files_downloaded,
+      'requests': self.requests,
       'peak_disk_bytes': self.peak_disk_bytes,
       'first_file_seconds': self.first_file_seconds,
     }
@@ -122,6 +125,7 @@ class BucketStore:
   """Shards of a bucket, fetched into a bounded local cache ahead of the reader (see the module docstring)."""
 
   remote = True
+  caches = True
 
   def __init__(
     self, url: paths.Path, listed: list[dict], budget_bytes: int, process_index: int, version: str, split: str
@@ -138,19 +142,8 @@ class BucketStore:
     self._lru: collections.OrderedDict[str, int] = collections.OrderedDict()  # local files -> bytes
     self._pending: dict[str, concurrent.futures.Future] = {}
     self._pool = concurrent.futures.ThreadPoolExecutor(PARALLEL, thread_name_prefix='neobert-fetch')
-    self._check_bucket_sizes()
+    check_bucket_sizes(url, listed)
     self._adopt_local()
-
-  def _check_bucket_sizes(self) -> None:
-    for shard in self.by_name.values():
-      src = self.url / shard['file']
-      try:
-        size = src.stat().length
-      except FileNotFoundError:
-        raise errors.DataError(
-          f'{src}: shard listed in the manifest is missing; {shards.remedy(str(self.url))}'
-        ) from None
-      shards.check_size(str(src), size, shard, str(self.url), 'on the bucket')
 
   def _adopt_local(self) -> None:
     """Keeps whole files of this share from an earlier start (they were checked before taking their name)."""
@@ -251,6 +244,17 @@ class BucketStore:
         self.stats.first_file_seconds = time.perf_counter() - self.stats.opened
 
 
+def check_bucket_sizes(url: paths.Path, listed: list[dict]) -> None:
+  """Each listed file is on the bucket at its manifest size: a damaged bucket is one line before a byte moves."""
+  for shard in listed:
+    src = url / shard['file']
+    try:
+      size = src.stat().length
+    except FileNotFoundError:
+      raise errors.DataError(f'{src}: shard listed in the manifest is missing; {shards.remedy(str(url))}') from None
+    shards.check_size(str(src), size, shard, str(url), 'on the bucket')
+
+
 def fetch_shard(url: paths.Path, local: str, shard: dict) -> None:
   """One shard, streamed through a .part file and hashed on the way; checked before it takes its name."""
   src, dst = url / shard['file'], os.path.join(local, shard['file'])
@@ -271,9 +275,9 @@ def fetch_shard(url: paths.Path, local: str, shard: dict) -> None:
         f'{local}: no space left while fetching {src}; free space there, lower data.cache_gb, or set '
         'NEOBERT_JAX_CACHE to a larger disk'
       ) from None
-    raise _download_failed(src, e) from None
+    raise download_failed(src, e) from None
   except Exception as e:  # noqa: BLE001 - a network or permission failure mid-copy (gcsfs raises its own types)
-    raise _download_failed(src, e) from None
+    raise download_failed(src, e) from None
   shards.check_size(str(src), size, shard, str(url), 'on the bucket')
   if 'sha256' in shard and h.hexdigest() != shard['sha256']:
     raise errors.DataError(
@@ -288,7 +292,7 @@ def _disk_full(e: OSError) -> bool:
   return getattr(e, 'errno', None) == 28
 
 
-def _download_failed(src, e: Exception) -> errors.StorageError:
+def download_failed(src, e: Exception) -> errors.StorageError:
   return errors.StorageError(
     f'{src}: download failed ({errors.one_line(e)}); nothing was lost, run again to resume from the last checkpoint'
   )

@@ -177,11 +177,10 @@ def _install(tmp: str, output_dir: str, manifest: dict) -> None:
   if os.path.exists(old):
     os.remove(old)  # from here on the directory reads as incomplete
   for name in os.listdir(output_dir):
-    if name.endswith('.arrayrecord'):
+    if shards_lib.is_shard_file(name):
       os.remove(os.path.join(output_dir, name))
-  for split in manifest['splits'].values():
-    for shard in split['shards']:
-      os.replace(os.path.join(tmp, shard['file']), os.path.join(output_dir, shard['file']))
+  for name in shards_lib.listed_files(manifest):
+    os.replace(os.path.join(tmp, name), os.path.join(output_dir, name))
   shards_lib.write_manifest(output_dir, manifest)
 
 

@@ -55,7 +55,7 @@ def scratch_root() -> str:
 
 def upload(local: str, out: paths.Path, manifest: dict) -> None:
   """Puts the shards `manifest` lists from the local directory `local` at `out`, then the manifest."""
-  names = [s['file'] for split in manifest['splits'].values() for s in split['shards']]
+  names = shards.listed_files(manifest)
   try:
     with bucket.Timer(f'upload of {len(names)} shards to {out}'):
       (out / shards.MANIFEST).unlink(missing_ok=True)  # from here on the output reads as unfinished
@@ -77,7 +77,7 @@ def remove_unlisted(out: paths.Path, names: list[str]) -> None:
   build cut short."""
   try:
     for obj in out.iterdir():
-      if obj.name.endswith('.arrayrecord') and obj.name not in names:
+      if shards.is_shard_file(obj.name) and obj.name not in names:
         obj.unlink()
   except Exception as e:  # noqa: BLE001 - the new data is complete; only leftovers remain
     raise errors.StorageError(
@@ -92,7 +92,7 @@ def commit(out: paths.Path, manifest: dict) -> None:
     shards.write_manifest(os.fspath(out), manifest)
   else:
     paths.write_text(out / shards.MANIFEST, shards.manifest_text(manifest))
-  remove_unlisted(out, [s['file'] for split in manifest['splits'].values() for s in split['shards']])
+  remove_unlisted(out, shards.listed_files(manifest))
 
 
 def put_file(src: str, dst: paths.Path) -> None:

@@ -130,7 +130,8 @@ def assemble_shard(
     if len(made) != 1:  # the plan and the writer apply one rule (rollover.py): anything else is a bug
       raise AssertionError(f'{split} shard {index}: the plan made {len(made)} shards')
     entry = made[0]
-    publish.put_file(os.path.join(tmp, entry['file']), paths.Path(f'{output.rstrip("/")}/{entry["file"]}'))
+    for name in shards.files_of(entry):  # the index after its shard: an entry is listed only once both are in place
+      publish.put_file(os.path.join(tmp, name), paths.Path(f'{output.rstrip("/")}/{name}'))
   finally:
     shutil.rmtree(tmp, ignore_errors=True)
   result = {'entry': entry, 'pieces': [list(p) for p in pieces], **node()}
