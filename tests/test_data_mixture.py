@@ -41,6 +41,18 @@ def test_the_issue_format_reads_and_normalises_per_step(tmp_path):
   assert reordered.sources == mix.sources
 
 
+def test_each_source_blocks_its_peak_share_of_block_docs_and_a_record_wins(tmp_path):
+  mix = mixture.read(_write(tmp_path, EXAMPLE))  # books 0.3 then 0.125; web 0.7 then 0.875
+  assert mix.block_docs(512) == {'books': 176, 'web': 512}  # ceil(512 x peak share / the largest)
+  recorded = mixture.format_block_docs({'books': 100, 'web': 400})
+  assert recorded == 'books=100,web=400'
+  assert mix.block_docs(512, recorded) == {'books': 100, 'web': 400}  # a resumed run keeps its blocks
+  assert mix.block_docs(512, 'web=400') == {'books': 176, 'web': 400}  # a source new since then gets its share
+  assert mix.block_docs(2) == {'books': 1, 'web': 2}
+  with pytest.raises(ValueError, match='data.mixture_block_docs'):
+    mixture.parse_block_docs('books=0')
+
+
 def test_a_relative_dir_is_relative_to_the_mixture_file(tmp_path):
   (tmp_path / 'recipes').mkdir()
   mix = mixture.read(_write(tmp_path / 'recipes', {'a': {'dir': '../data/a', 'weight': 1}}))

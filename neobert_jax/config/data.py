@@ -31,6 +31,12 @@ def default_data_config() -> ml_collections.ConfigDict:
   # Set by the trainer from data.mixture when a run starts: its sources, directories and weights (JSON), recorded in
   # config.json, so a resumed run with new weights says so and config_history.jsonl keeps the change.
   cfg.mixture_sources = ''
+  # Documents per block of each mixture source, 'name=docs,...'. Empty: resolved when the run starts (each source
+  # gets its peak share of the rows, times data.block_docs, at least 1) and recorded in config.json, so the blocks of
+  # a resumed run stay the same whatever its new weights. A block is a source's read unit, so each source reads in
+  # proportion to its weight from the first step: with equal blocks, every source's first blocks would be read
+  # whole at the start, whatever its weight (docs/data.md, "Bytes per source").
+  cfg.mixture_block_docs = ''
   # Optional tokenizer the data must have been made with ('bert-base-uncased', a
   # vocab.txt / tokenizer.json / SentencePiece .model path). Empty: trust the
   # manifest. When set, a manifest from a different tokenizer is refused. The

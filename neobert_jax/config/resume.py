@@ -68,7 +68,7 @@ PRETRAIN_RULES: dict[str, str] = {
 
 
 # Fields whose unset value ('' or 0) is resolved at start and recorded resolved: unset on either side is no change.
-RESOLVED_AT_START = ('data.tokenizer', 'data.virtual_shards')
+RESOLVED_AT_START = ('data.tokenizer', 'data.virtual_shards', 'data.mixture_block_docs')
 
 
 @dataclasses.dataclass(frozen=True)

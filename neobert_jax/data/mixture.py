@@ -24,6 +24,7 @@ takes the pipeline's opener as an argument.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 import os
@@ -80,6 +81,16 @@ class Mixture:
     starts = sorted({start for s in self.sources for start, _ in s.schedule})
     return {n: max(self.weights_at(t)[n] for t in starts) for n in self.names}
 
+  def block_docs(self, block_docs: int, recorded: str = '') -> dict[str, int]:
+    """Documents per block of each source: those `recorded` ('name=docs,...', data.mixture_block_docs), and for the
+    others `block_docs` times their peak share over the largest peak share (at least 1): in proportion to the
+    weights, so a source's reads follow its weight from the start, and the heaviest source's blocks as large as a
+    single source's (a block has a fixed cost, a few ms: smaller blocks than needed would slow the pipeline)."""
+    sizes = parse_block_docs(recorded)
+    shares = self.peak_shares()
+    top = max(shares.values()) or 1.0
+    return {n: sizes.get(n) or max(1, math.ceil(block_docs * shares[n] / top)) for n in self.names}
+
   def units_at(self, step: int) -> list[int]:
     """The normalised weights of `step` as whole numbers summing to UNITS (largest remainder, ties by name)."""
     exact = [w * UNITS for w in self.weights_at(step).values()]
@@ -88,6 +99,22 @@ class Mixture:
     for i in order[: UNITS - sum(units)]:
       units[i] += 1
     return units
+
+
+def format_block_docs(sizes: dict[str, int]) -> str:
+  """data.mixture_block_docs as recorded: 'name=docs,...' in name order."""
+  return ','.join(f'{n}={int(d)}' for n, d in sorted(sizes.items()))
+
+
+def parse_block_docs(text: str) -> dict[str, int]:
+  """data.mixture_block_docs read back; ValueError (naming the field) for anything but 'name=docs,...'."""
+  out = {}
+  for item in filter(None, (x.strip() for x in text.split(','))):
+    name, _, docs = item.partition('=')
+    if not name or not docs.isdigit() or int(docs) < 1:
+      raise ValueError(f"data.mixture_block_docs={text!r}: expected 'name=documents,...' with documents >= 1")
+    out[name.strip()] = int(docs)
+  return out
 
 
 # --- Reading and checking the file -------------------------------------------------------------------------------
@@ -266,10 +293,18 @@ def apportion(rows: int, credits: list[int], units: list[int]) -> tuple[list[int
 
 def interleave(counts: list[int]) -> np.ndarray:
   """Source index per row of a slot: each source's rows spread evenly over the slot (a source with n rows takes
-  the places nearest (k + 1/2) / n), so any contiguous part of the slot (a micro-batch) holds every source."""
+  the places nearest (k + 1/2) / n), so any contiguous part of the slot (a micro-batch) holds every source.
+  Read-only: a slot's counts repeat from step to step, so each pattern is computed once."""
+  return _interleave(tuple(counts))
+
+
+@functools.lru_cache(maxsize=1024)
+def _interleave(counts: tuple[int, ...]) -> np.ndarray:
   keys = np.concatenate([(np.arange(n) + 0.5) / n for n in counts if n] or [np.zeros(0)])
   owner = np.concatenate([np.full(n, i, np.int32) for i, n in enumerate(counts) if n] or [np.zeros(0, np.int32)])
-  return owner[np.lexsort((owner, keys))]
+  out = owner[np.lexsort((owner, keys))]
+  out.setflags(write=False)
+  return out
 
 
 class Sampler:

@@ -28,7 +28,7 @@ from neobert_jax.engine import metrics as metrics_lib
 from neobert_jax.engine import session as session_lib
 from neobert_jax.engine import trainer as trainer_lib
 from neobert_jax.engine.state import param_count
-from neobert_jax.errors import DataError
+from neobert_jax.errors import ConfigError, DataError
 from neobert_jax.train import batches as batches_lib
 from neobert_jax.train import mlm
 from neobert_jax.train import probe as probe_lib
@@ -107,7 +107,8 @@ def plan_run(cfg: ml_collections.ConfigDict, workdir: paths.Path) -> tuple[ml_co
   """
   cfg, choice = train_config.resolve(train_config.validate(cfg))
   if cfg.data.mixture:  # its sources and weights, recorded: a resume sees (and config_history.jsonl keeps) a change
-    cfg.data.mixture_sources = mixture_lib.read(cfg.data.mixture).record()
+    mix = mixture_lib.read(cfg.data.mixture)
+    cfg.data.mixture_sources = mix.record()
   if jax.process_index() == 0:
     log.info('attention kernel: %s', choice.describe())
     if choice.warning:
@@ -122,6 +123,12 @@ def plan_run(cfg: ml_collections.ConfigDict, workdir: paths.Path) -> tuple[ml_co
   # The layout of the data stream is fixed when the run starts: later starts under another process count keep it.
   cfg.data.virtual_shards = cfg.data.virtual_shards or plan.recorded_virtual_shards()
   cfg.data.virtual_shards = pipeline.virtual_shards(cfg.data, ramp.read_rows(cfg), jax.process_count())
+  if cfg.data.mixture:  # so are the sources' blocks (a source added on resume gets its share of today's weights)
+    recorded = cfg.data.mixture_block_docs or plan.recorded_mixture_block_docs()
+    try:
+      cfg.data.mixture_block_docs = mixture_lib.format_block_docs(mix.block_docs(cfg.data.block_docs, recorded))
+    except ValueError as e:
+      raise ConfigError(str(e)) from None
   return ml_collections.FrozenConfigDict(cfg), plan
 
 

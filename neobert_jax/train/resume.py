@@ -55,6 +55,12 @@ class Plan:
       return 0
     return int(self.recorded['data'].get('virtual_shards', 0))
 
+  def recorded_mixture_block_docs(self) -> str:
+    """The data.mixture_block_docs a resumed run recorded ('' for a new run, or one recorded before the field)."""
+    if self.step is None or self.recorded is None:
+      return ''
+    return str(self.recorded['data'].get('mixture_block_docs', ''))
+
   def recorded_tokenizer(self) -> str:
     """The tokenizer a resumed run recorded ('' for a new run, or a run recorded before its tokenizer was)."""
     return self.recorded['data']['tokenizer'] if self.step is not None and self.recorded is not None else ''

@@ -48,6 +48,7 @@ def check(cfg: ml_collections.ConfigDict, src: Source | None) -> dict[str, Any] 
   init = cfg.init
   if init.continue_data:
     cfg.data.virtual_shards = cfg.data.virtual_shards or int(recorded['data'].get('virtual_shards', 0))
+    cfg.data.mixture_block_docs = cfg.data.mixture_block_docs or recorded['data'].get('mixture_block_docs', '')
     moved = [c for c in _changes(recorded, cfg) if c.field in STREAM_FIELDS]
     if moved:
       raise ConfigError(

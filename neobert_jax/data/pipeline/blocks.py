@@ -12,6 +12,7 @@ walking), evaluated only at the indices needed: no per-epoch permutation table,
 so memory does not grow with the corpus and any block is computed directly.
 """
 
+import functools
 import sys
 
 import grain
@@ -35,7 +36,7 @@ def permute(indices: np.ndarray, n: int, seed: int, epoch: int) -> np.ndarray:
     return np.zeros_like(np.asarray(indices, np.int64))
   half = max(1, ((n - 1).bit_length() + 1) // 2)  # domain 4**half >= n, < 4n
   low = np.uint64((1 << half) - 1)
-  keys = np.random.default_rng([seed, epoch, 0x5EED]).integers(0, 2**63, _ROUNDS, dtype=np.uint64)
+  keys = _keys(seed, epoch)
 
   def feistel(x):
     left, right = x >> np.uint64(half), x & low
@@ -50,6 +51,12 @@ def permute(indices: np.ndarray, n: int, seed: int, epoch: int) -> np.ndarray:
       x[out_of_range] = feistel(x[out_of_range])
       out_of_range = x >= np.uint64(n)
   return x.astype(np.int64)
+
+
+@functools.lru_cache(maxsize=4096)
+def _keys(seed: int, epoch: int) -> tuple[np.uint64, ...]:
+  """The round keys of (seed, epoch): a generator per call costs more than a small block's permutation."""
+  return tuple(np.random.default_rng([seed, epoch, 0x5EED]).integers(0, 2**63, _ROUNDS, dtype=np.uint64))
 
 
 def join_records(records, dtype=np.int32) -> tuple[np.ndarray, np.ndarray]:

@@ -154,15 +154,17 @@ def mixture_source(
   count = virtual_shards(data_cfg, global_batch, process_count)
   # Each source reads ahead by its share of the rows, so its bytes follow its weight (docs/data.md, "Several sources").
   shares = mix.peak_shares()
+  blocks = mix.block_docs(data_cfg.block_docs, data_cfg.mixture_block_docs)  # the trainer resolved and recorded it
   for name, (directory, manifest) in prepared.open_sources(data_cfg, seq_len, model_vocab_size).items():
     records[name] = sum(s['records'] for s in manifest['splits']['train']['shards']) // count
     one = prepared.source_config(data_cfg, directory, len(mix.sources))
+    one.block_docs = blocks[name]
     sources[name], stores[name] = train_source(
       one, global_batch, seq_len, seed, process_index, process_count, model_vocab_size, min(shares[name], 0.999)
     )
   seed = _seed(data_cfg.shuffle_seed, seed)
   rows = global_batch // count
-  return mixture_batches.MixtureBatches(sources, mix, seed, rows, records, data_cfg.block_docs, fresh), stores
+  return mixture_batches.MixtureBatches(sources, mix, seed, rows, records, blocks, fresh), stores
 
 
 def make_eval_iterator(

@@ -25,8 +25,8 @@ log = logging.getLogger('neobert_jax.data')
 
 class MixtureBatches(grain.IterDataset):
   """`sources`: each source's HostBatches (one row stream per virtual shard this process owns); `records`: the
-  records of each source's virtual shards (an epoch); `block_docs`: documents per block; `fresh`: sources a
-  restore leaves at their start (data.mixture_fresh)."""
+  records of each source's virtual shards (an epoch); `block_docs`: each source's documents per block; `fresh`:
+  sources a restore leaves at their start (data.mixture_fresh)."""
 
   def __init__(
     self,
@@ -35,7 +35,7 @@ class MixtureBatches(grain.IterDataset):
     seed: int,
     rows_per_slot: int,
     records: dict[str, int],
-    block_docs: int,
+    block_docs: dict[str, int],
     fresh: Collection[str] = (),
   ):
     super().__init__(list(sources.values()))
@@ -59,26 +59,30 @@ class _MixtureIterator(grain.DatasetIterator):
 
   def __next__(self) -> dict:
     order = self._sampler.next()
-    parts, places, offset = [], [], 0
+    names = self._ds.mix.names
+    parts, grouped, offset = [], [], 0
     for v in self._slots:
       where = order[v]
-      for i, name in enumerate(self._ds.mix.names):  # the slot's rows grouped by source, in source order
-        need = int(np.count_nonzero(where == i))
-        if need:
-          parts += self._its[name].take(v, need)
-      # Row j of the slot is row places[j] of its grouped rows: the rank of j among the slot's rows by source.
-      places.append(offset + np.argsort(np.argsort(where, kind='stable'), kind='stable'))
+      for i, need in enumerate(np.bincount(where, minlength=len(names)).tolist()):
+        if need:  # the slot's rows grouped by source, in source order
+          parts += self._its[names[i]].take(v, need)
+      grouped.append(offset + np.argsort(where, kind='stable'))  # the slot's rows in that grouped order
       offset += len(where)
     self._note_epochs()
-    place = np.concatenate(places)
-    # One copy per key, so a batch does not keep its blocks alive.
-    return {k: np.concatenate([p[k] for p in parts])[place] for k in parts[0]}
+    grouped = np.concatenate(grouped)
+    # One copy per key (so a batch does not keep its blocks alive): the grouped rows scattered to their places.
+    out = {}
+    for k in parts[0]:
+      rows = np.concatenate([p[k] for p in parts])
+      out[k] = np.empty_like(rows)
+      out[k][grouped] = rows
+    return out
 
   def _note_epochs(self) -> None:
     """Logs a source's next epoch: the first of this process's virtual shards of it to pass its last document."""
     for name, it in self._its.items():
       block = max(b for b, _ in it.get_state()['shards'].values())
-      epoch = block * self._ds.block_docs // max(self._ds.records[name], 1)
+      epoch = block * self._ds.block_docs[name] // max(self._ds.records[name], 1)
       if epoch > self._epochs.get(name, 0):
         log.info('mixture source %r starts epoch %d (its documents again, reshuffled)', name, epoch + 1)
       self._epochs[name] = epoch

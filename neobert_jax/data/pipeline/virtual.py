@@ -103,6 +103,7 @@ class ShardStream:
     # Windows: consecutive groups of `window` pieces, with their sizes and first piece.
     self.windows = [parts[i : i + window] for i in range(0, len(parts), window)]
     self._sizes = np.array([sum(p.size for p in w) for w in self.windows], np.int64)
+    self._orders: dict[int, np.ndarray] = {}
 
   @property
   def window_sizes(self) -> np.ndarray:
@@ -110,11 +111,15 @@ class ShardStream:
     return self._sizes
 
   def _order(self, epoch: int) -> np.ndarray:
-    """The windows in the order epoch `epoch` visits them."""
-    w = len(self.windows)
-    if not self.shuffle:
-      return np.arange(w)
-    return blocks_lib.permute(np.arange(w), w, _seed(self._key), epoch)
+    """The windows in the order epoch `epoch` visits them (the last few epochs' kept: every block asks)."""
+    order = self._orders.get(epoch)
+    if order is None:
+      w = len(self.windows)
+      order = blocks_lib.permute(np.arange(w), w, _seed(self._key), epoch) if self.shuffle else np.arange(w)
+      if len(self._orders) >= 4:
+        self._orders.pop(min(self._orders))
+      self._orders[epoch] = order
+    return order
 
   def locate(self, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(window index, record offset within the window) of stream positions, after the shuffles."""
@@ -136,7 +141,10 @@ class ShardStream:
 
   def records(self, positions: np.ndarray) -> list[tuple[int, int]]:
     """(file, record) of each stream position."""
-    win, off = self.locate(np.asarray(positions, np.int64))
+    return self.records_at(*self.locate(np.asarray(positions, np.int64)))
+
+  def records_at(self, win: np.ndarray, off: np.ndarray) -> list[tuple[int, int]]:
+    """(file, record) of each (window, offset) that `locate` gave."""
     out = []
     for w, o in zip(win.tolist(), off.tolist()):
       for p in self.windows[w]:
@@ -158,11 +166,6 @@ class ShardStream:
 
   def files_of_window(self, w: int) -> list[int]:
     return [p.file for p in self.windows[w]]
-
-  def windows_of(self, positions: np.ndarray) -> list[int]:
-    """The distinct windows (in stream order) that the stream positions fall in."""
-    win, _ = self.locate(np.asarray(positions, np.int64))
-    return list(dict.fromkeys(win.tolist()))
 
 
 def _seed(key: tuple) -> int:
@@ -203,7 +206,7 @@ class ShardBlocks(grain.MapDataset):
 
   def _window_ahead(self, last: int) -> int:
     """The window to fetch ahead of a reader whose block ended at stream position `last` (see the class)."""
-    if self._ahead >= 1:
+    if self._ahead >= 1 or len(self._stream.windows) == 1:
       return self._stream.next_window(last)
     win = self._stream.locate(np.array([last], np.int64))[0][0]
     span = max(self._block, math.ceil(self._ahead * int(self._stream.window_sizes[win])))
@@ -222,14 +225,15 @@ class ShardBlocks(grain.MapDataset):
     if not len(pos):
       return blocks_lib.join_records([], self._dtype)
     names = self._names
-    files = [names[f] for w in self._stream.windows_of(pos) for f in self._stream.files_of_window(w)]
+    win, off = self._stream.locate(pos)  # once: the shuffles are most of a block's bookkeeping
+    files = [names[f] for w in dict.fromkeys(win.tolist()) for f in self._stream.files_of_window(w)]
     self._store.acquire(files)  # blocks until the block's files are local
     self._store.release(self._held)  # every acquire is matched by one release
     self._held = files
     if not self._finite or int(pos[-1]) + 1 < self._stream.n:  # downloads run ahead of the reader
       ahead = self._stream.files_of_window(self._window_ahead(int(pos[-1])))
       self._store.prefetch([names[f] for f in ahead if names[f] not in files])
-    recs = self._stream.records(pos)
+    recs = self._stream.records_at(win, off)
     by_file: dict[int, list[int]] = {}
     for i, (f, _) in enumerate(recs):
       by_file.setdefault(f, []).append(i)
