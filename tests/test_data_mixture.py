@@ -49,6 +49,9 @@ def test_each_source_blocks_its_peak_share_of_block_docs_and_a_record_wins(tmp_p
   assert mix.block_docs(512, recorded) == {'books': 100, 'web': 400}  # a resumed run keeps its blocks
   assert mix.block_docs(512, 'web=400') == {'books': 176, 'web': 400}  # a source new since then gets its share
   assert mix.block_docs(2) == {'books': 1, 'web': 2}
+  # Small sources: all shrink together until no first block reads more than a quarter of its virtual shard.
+  small = mix.block_docs(512, '', {'books': 1000, 'web': 400})  # web's quarter: 100 documents
+  assert small == {'books': 35, 'web': 100} and small['books'] / small['web'] == pytest.approx(0.3 / 0.875, abs=0.01)
   with pytest.raises(ValueError, match='data.mixture_block_docs'):
     mixture.parse_block_docs('books=0')
 

@@ -44,13 +44,13 @@ def _publish(url: str, tmp_path) -> tuple[str, str]:
   return f'{url}/mix.json', str(tmp_path / 'mix.json')
 
 
-def _config(mixture: str, reads: str = 'auto'):
+def _config(mixture: str, reads: str = 'auto', block_docs: int = 64):
   cfg = data_config.default_data_config()
-  cfg.mixture, cfg.virtual_shards, cfg.block_docs, cfg.bucket_reads = mixture, 2, 64, reads
+  cfg.mixture, cfg.virtual_shards, cfg.block_docs, cfg.bucket_reads = mixture, 2, block_docs, reads
   return cfg
 
 
-def _sent(gcs, url, remote, monkeypatch, reads: str, steps: int):
+def _sent(gcs, url, remote, monkeypatch, reads: str, steps: int, block_docs: int = 64):
   """({source: {its train- object: bytes it sent}}, the batches, {source: its store's stats}) of `steps` steps."""
   from conftest import gcs_env
 
@@ -62,7 +62,7 @@ def _sent(gcs, url, remote, monkeypatch, reads: str, steps: int):
     for k, v in gcs_env(proxy.url).items():
       monkeypatch.setenv(k, v)
     gcsfs.GCSFileSystem.clear_instance_cache()  # epath's filesystem was made for the server itself
-    it = factories.make_train_iterator(_config(remote, reads), BATCH, SEQ, 0)
+    it = factories.make_train_iterator(_config(remote, reads, block_docs), BATCH, SEQ, 0)
     batches = [next(it) for _ in range(steps)]
     stats = {n: it.store[n].stats for n in WEIGHTS}
     for s in it.store.values():
@@ -104,10 +104,12 @@ def test_the_bytes_each_source_sends_follow_the_weights(gcs, tmp_path, monkeypat
   ref = factories.make_train_iterator(_config(local), BATCH, SEQ, 0)
   for b in batches[:5]:
     assert np.array_equal(next(ref)['input_ids'], b['input_ids'])
-  # From the first step: each source's block holds its share of data.block_docs documents, so the first blocks,
-  # read whole at the start, are in proportion too (equal blocks would send the same bytes for both).
-  early = _sent(gcs, url, remote, monkeypatch, 'auto', 2)[0]
+  # From the first step, at the default data.block_docs (4096, more than a virtual shard of either source holds):
+  # the blocks are in proportion to the weights and no larger than a quarter of the lighter-read source's shard, so
+  # the first blocks, read whole at the start, follow the weights too (4096-document blocks would read both whole).
+  early = _sent(gcs, url, remote, monkeypatch, 'auto', 2, block_docs=4096)[0]
   early = {n: sum(v for k, v in o.items() if not k.endswith('.index')) for n, o in early.items()}
+  assert early['web'] < whole['web'] / 3
   for n, w in WEIGHTS.items():
     assert abs(early[n] / sum(early.values()) - w) < 0.05, (n, early, w)
   print('first two steps: shard bytes sent', early)

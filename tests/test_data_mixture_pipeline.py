@@ -128,7 +128,7 @@ def test_new_weights_on_resume_are_recorded_and_a_new_source_needs_mixture_fresh
   change = next(c for c in resume['changes'] if c['field'] == 'data.mixture_sources')
   assert change['kind'] == 'schedule' and '0.8' in change['after'] and '0.3' in change['before']
   recorded = json.loads((tmp_path / 'config.json').read_text())['data']['mixture_block_docs']
-  assert recorded == 'a=64,b=28'  # the first start's blocks (64, 64 x 0.3 / 0.7), kept under the new weights
+  assert recorded == 'a=12,b=5'  # the first start's (a quarter of a's virtual shard; b at 0.3 / 0.7 of it), kept
   grown = _train_config(_mixture(root, {'a': 0.2, 'b': 0.8, 'c': 1}), steps=6)
   with pytest.raises(errors.ConfigError, match="source 'c' is new since the checkpoint"):
     train_only(grown, tmp_path)

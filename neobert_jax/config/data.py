@@ -31,9 +31,10 @@ def default_data_config() -> ml_collections.ConfigDict:
   # Set by the trainer from data.mixture when a run starts: its sources, directories and weights (JSON), recorded in
   # config.json, so a resumed run with new weights says so and config_history.jsonl keeps the change.
   cfg.mixture_sources = ''
-  # Documents per block of each mixture source, 'name=docs,...'. Empty: resolved when the run starts (each source
-  # gets its peak share of the rows, times data.block_docs, at least 1) and recorded in config.json, so the blocks of
-  # a resumed run stay the same whatever its new weights. A block is a source's read unit, so each source reads in
+  # Documents per block of each mixture source, 'name=docs,...'. Empty: resolved when the run starts (in proportion
+  # to the peak weights, the heaviest source data.block_docs, all shrunk until no first block holds more than a
+  # quarter of its source's virtual shard; data/mixture.py) and recorded in config.json, so the blocks of a resumed
+  # run stay the same whatever its new weights. A block is a source's read unit, so each source reads in
   # proportion to its weight from the first step: with equal blocks, every source's first blocks would be read
   # whole at the start, whatever its weight (docs/data.md, "Bytes per source").
   cfg.mixture_block_docs = ''

@@ -81,15 +81,21 @@ class Mixture:
     starts = sorted({start for s in self.sources for start, _ in s.schedule})
     return {n: max(self.weights_at(t)[n] for t in starts) for n in self.names}
 
-  def block_docs(self, block_docs: int, recorded: str = '') -> dict[str, int]:
-    """Documents per block of each source: those `recorded` ('name=docs,...', data.mixture_block_docs), and for the
-    others `block_docs` times their peak share over the largest peak share (at least 1): in proportion to the
-    weights, so a source's reads follow its weight from the start, and the heaviest source's blocks as large as a
-    single source's (a block has a fixed cost, a few ms: smaller blocks than needed would slow the pipeline)."""
+  def block_docs(self, block_docs: int, recorded: str = '', shard_records: dict[str, int] | None = None) -> dict:
+    """Documents per block of each source: those `recorded` ('name=docs,...', data.mixture_block_docs); for the
+    others, in proportion to their peak shares, the heaviest getting `block_docs` (at least 1 each), so a source's
+    reads follow its weight from the start. With `shard_records` (each source's records per virtual shard), all
+    shrink together until no source's first block exceeds FIRST_READ of its virtual shard: each virtual shard reads
+    a whole block at its first row of a source, so larger blocks would read small sources whole at the start,
+    whatever their weights. A block has a fixed cost (a few ms), so they are no smaller than that."""
     sizes = parse_block_docs(recorded)
     shares = self.peak_shares()
     top = max(shares.values()) or 1.0
-    return {n: sizes.get(n) or max(1, math.ceil(block_docs * shares[n] / top)) for n in self.names}
+    scale = float(block_docs)  # the heaviest source's block
+    for n, records in (shard_records or {}).items():
+      if shares[n] > 0:
+        scale = min(scale, FIRST_READ * records * top / shares[n])
+    return {n: sizes.get(n) or max(1, math.ceil(scale * shares[n] / top)) for n in self.names}
 
   def units_at(self, step: int) -> list[int]:
     """The normalised weights of `step` as whole numbers summing to UNITS (largest remainder, ties by name)."""
@@ -99,6 +105,10 @@ class Mixture:
     for i in order[: UNITS - sum(units)]:
       units[i] += 1
     return units
+
+
+# The most of a source's virtual shard its first block may read (Mixture.block_docs).
+FIRST_READ = 0.25
 
 
 def format_block_docs(sizes: dict[str, int]) -> str:

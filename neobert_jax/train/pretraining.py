@@ -124,11 +124,13 @@ def plan_run(cfg: ml_collections.ConfigDict, workdir: paths.Path) -> tuple[ml_co
   cfg.data.virtual_shards = cfg.data.virtual_shards or plan.recorded_virtual_shards()
   cfg.data.virtual_shards = pipeline.virtual_shards(cfg.data, ramp.read_rows(cfg), jax.process_count())
   if cfg.data.mixture:  # so are the sources' blocks (a source added on resume gets its share of today's weights)
-    recorded = cfg.data.mixture_block_docs or plan.recorded_mixture_block_docs()
+    data.mixture_block_docs = cfg.data.mixture_block_docs or plan.recorded_mixture_block_docs()
+    opened = pipeline.open_sources(data, cfg.model.max_length)
     try:
-      cfg.data.mixture_block_docs = mixture_lib.format_block_docs(mix.block_docs(cfg.data.block_docs, recorded))
+      blocks = pipeline.mixture_blocks(data, mix, opened, cfg.data.virtual_shards)
     except ValueError as e:
       raise ConfigError(str(e)) from None
+    cfg.data.mixture_block_docs = mixture_lib.format_block_docs(blocks)
   return ml_collections.FrozenConfigDict(cfg), plan
 
 

@@ -20,7 +20,13 @@ Callers use the names below (`from neobert_jax.data import pipeline`).
 """
 
 from neobert_jax.data.pipeline.cache import cache_need
-from neobert_jax.data.pipeline.factories import make_eval_iterator, make_train_iterator, train_source, virtual_shards
+from neobert_jax.data.pipeline.factories import (
+  make_eval_iterator,
+  make_train_iterator,
+  mixture_blocks,
+  train_source,
+  virtual_shards,
+)
 from neobert_jax.data.pipeline.position import Position
 from neobert_jax.data.pipeline.prepared import open_prepared, open_sources, prepare_builtin, source_config
 from neobert_jax.data.pipeline.report_files import iter_split_files, split_files
@@ -34,6 +40,7 @@ __all__ = [
   'make_train_iterator',
   'merge_states',
   'open_prepared',
+  'mixture_blocks',
   'open_sources',
   'prepare_builtin',
   'source_config',

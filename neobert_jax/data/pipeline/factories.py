@@ -154,8 +154,9 @@ def mixture_source(
   count = virtual_shards(data_cfg, global_batch, process_count)
   # Each source reads ahead by its share of the rows, so its bytes follow its weight (docs/data.md, "Several sources").
   shares = mix.peak_shares()
-  blocks = mix.block_docs(data_cfg.block_docs, data_cfg.mixture_block_docs)  # the trainer resolved and recorded it
-  for name, (directory, manifest) in prepared.open_sources(data_cfg, seq_len, model_vocab_size).items():
+  opened = prepared.open_sources(data_cfg, seq_len, model_vocab_size)
+  blocks = mixture_blocks(data_cfg, mix, opened, count)  # the trainer resolved and recorded them at start
+  for name, (directory, manifest) in opened.items():
     records[name] = sum(s['records'] for s in manifest['splits']['train']['shards']) // count
     one = prepared.source_config(data_cfg, directory, len(mix.sources))
     one.block_docs = blocks[name]
@@ -165,6 +166,15 @@ def mixture_source(
   seed = _seed(data_cfg.shuffle_seed, seed)
   rows = global_batch // count
   return mixture_batches.MixtureBatches(sources, mix, seed, rows, records, blocks, fresh), stores
+
+
+def mixture_blocks(
+  data_cfg: ml_collections.ConfigDict, mix: mixture_lib.Mixture, opened: dict[str, tuple[str, dict]], count: int
+) -> dict[str, int]:
+  """Each source's documents per block: data.mixture_block_docs, else as Mixture.block_docs resolves them for
+  `count` virtual shards of the sources `opened` ({name: (directory, manifest)}, prepared.open_sources)."""
+  per_shard = {n: sum(s['records'] for s in m['splits']['train']['shards']) // count for n, (_, m) in opened.items()}
+  return mix.block_docs(data_cfg.block_docs, data_cfg.mixture_block_docs, per_shard)
 
 
 def make_eval_iterator(
