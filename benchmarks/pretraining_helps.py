@@ -1,6 +1,6 @@
 """Does pretraining help downstream? Fine-tune a pretraining run's model and a random init of the same shape.
 
-python -m benchmarks.pretraining_helps --run runs/tiny [--task fine_food] [--seeds 0,1,2] [--epochs 4] [--lr 1e-3]
+python -m benchmarks.pretraining_helps --run runs/tiny [--task fine_food] [--seeds 0,1,2] [--epochs 10] [--lr 1e-4]
 
 Both arms go through the project's own fine-tuning command (`python -m neobert_jax.finetune` with
 configs/finetune_classification.py), with the same hyper-parameters, seeds and tokenizer (the run's): the
@@ -70,8 +70,8 @@ def main() -> None:
   ap.add_argument('--run', required=True, help='a pretraining workdir (its config.json and checkpoints)')
   ap.add_argument('--task', default='fine_food', choices=labelled.TASKS)
   ap.add_argument('--seeds', default='0,1,2')
-  ap.add_argument('--epochs', type=int, default=4)
-  ap.add_argument('--lr', type=float, default=1e-3)
+  ap.add_argument('--epochs', type=int, default=10, help="the fine-tuning config's own")
+  ap.add_argument('--lr', type=float, default=1e-4, help="a small model's rate (the config's 2e-5 is a 250M model's)")
   ap.add_argument('--batch-size', type=int, default=32)
   ap.add_argument('--max-length', type=int, default=128)
   ap.add_argument('--pooling', default='', choices=['', 'cls', 'mean'], help="the head's pooling; '' = the config's")
