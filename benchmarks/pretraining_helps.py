@@ -1,6 +1,7 @@
 """Does pretraining help downstream? Fine-tune a pretraining run's model and a random init of the same shape.
 
 python -m benchmarks.pretraining_helps --run runs/tiny [--task fine_food] [--seeds 0,1,2] [--epochs 10] [--lr 1e-4]
+python -m benchmarks.pretraining_helps --run runs/tiny --lr 2e-5 --lr-width 768   # the config's own rate, scaled
 
 Both arms go through the project's own fine-tuning command (`python -m neobert_jax.finetune` with
 configs/finetune_classification.py), with the same hyper-parameters, seeds and tokenizer (the run's): the
@@ -46,7 +47,8 @@ def finetune(run: Path, arm: str, seed: int, args: argparse.Namespace, out: Path
   run_cfg = json.loads((run / 'config.json').read_text())
   cmd = [sys.executable, '-m', 'neobert_jax.finetune', '--config=configs/finetune_classification.py']
   cmd += [f'--workdir={workdir}', f'--config.seed={seed}', f'--config.train.epochs={args.epochs}']
-  cmd += [f'--config.optimizer.lr={args.lr}', f'--config.train.batch_size={args.batch_size}']
+  cmd += [f'--config.optimizer.lr={args.lr}', f'--config.optimizer.lr_width={args.lr_width}']
+  cmd += [f'--config.train.batch_size={args.batch_size}']
   cmd += [f'--config.data.train_file={files["train"]}', f'--config.data.validation_file={files["test"]}']
   cmd += [f'--config.data.max_length={args.max_length}', '--config.logging.progress_bar=False']
   cmd += ['--config.logging.tensorboard=False', '--config.model.dtype=float32']
@@ -72,6 +74,9 @@ def main() -> None:
   ap.add_argument('--seeds', default='0,1,2')
   ap.add_argument('--epochs', type=int, default=10, help="the fine-tuning config's own")
   ap.add_argument('--lr', type=float, default=1e-4, help="a small model's rate (the config's 2e-5 is a 250M model's)")
+  ap.add_argument(
+    '--lr-width', type=int, default=0, help='optimizer.lr_width: 0 uses --lr as given; 768 scales it as the config does'
+  )
   ap.add_argument('--batch-size', type=int, default=32)
   ap.add_argument('--max-length', type=int, default=128)
   ap.add_argument('--pooling', default='', choices=['', 'cls', 'mean'], help="the head's pooling; '' = the config's")

@@ -110,3 +110,18 @@ def test_mean_pooled_head_exports_with_same_logits_on_padded_rows(tmp_path):
   np.testing.assert_allclose(got, expected, atol=1e-4, rtol=1e-4)
   cls_model = heads.SequenceClassifier(cfg, 3, 0.1, 0.02, 'cls', rngs=nnx.Rngs(1))
   assert not np.allclose(np.asarray(cls_model(jnp.asarray(ids), jnp.asarray(lengths))), got, atol=1e-3)
+
+
+def test_the_classification_configs_rate_is_quoted_for_neobert_width_and_scaled_for_others():
+  import importlib.util
+
+  from neobert_jax.config import finetune as finetune_config
+
+  spec = importlib.util.spec_from_file_location('cls_cfg', 'configs/finetune_classification.py')
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  opt = module.get_config().optimizer
+  assert finetune_config.effective_lr(opt, 768) == opt.lr == 2e-5  # the paper's model: as given
+  assert finetune_config.effective_lr(opt, 128) == pytest.approx(1.2e-4)  # the README's tiny model
+  opt.lr_width = 0
+  assert finetune_config.effective_lr(opt, 128) == 2e-5

@@ -27,6 +27,11 @@ REDUCTIONS = ('mean', 'sum')
 FORMATS = ('auto', 'csv', 'tsv', 'jsonl', 'parquet')
 
 
+def effective_lr(opt: ml_collections.ConfigDict, hidden_size: int) -> float:
+  """The rate a fine-tuning run uses: optimizer.lr, scaled by optimizer.lr_width / hidden_size when lr_width > 0."""
+  return opt.lr * opt.lr_width / hidden_size if opt.lr_width > 0 else opt.lr
+
+
 def base_config(task: str = 'classification') -> ml_collections.ConfigDict:
   """Every field the fine-tuning job reads, with GLUE-style defaults (the paper's grid centre)."""
   cfg = ml_collections.ConfigDict()
@@ -82,6 +87,10 @@ def base_config(task: str = 'classification') -> ml_collections.ConfigDict:
   cfg.optimizer = ml_collections.ConfigDict(
     dict(
       lr=2e-5,
+      # > 0: `lr` is quoted for a model of this width (hidden size) and scaled by lr_width / model.hidden_size for
+      # this one (Adam's rule for hidden layers in muP: the same relative change per step whatever the width), so
+      # a paper's rate for its width carries over to a narrower model. 0: `lr` is used as given.
+      lr_width=0,
       schedule='linear',
       warmup_fraction=0.1,
       weight_decay=1e-2,
@@ -144,7 +153,7 @@ def validate(cfg: ml_collections.ConfigDict, num_devices: int | None = None) -> 
     raise ConfigError('set train.epochs >= 1 or train.num_steps >= 1')
   if not 0 <= h.dropout < 1 or h.temperature <= 0 or not 0 <= o.warmup_fraction < 1:
     raise ConfigError('head.dropout and optimizer.warmup_fraction must be in [0, 1), head.temperature > 0')
-  check_ranges('optimizer', o, (('lr', o.lr > 0, '> 0'), *adamw_ranges(o)))
+  check_ranges('optimizer', o, (('lr', o.lr > 0, '> 0'), ('lr_width', o.lr_width >= 0, '>= 0'), *adamw_ranges(o)))
   check_ranges('head', h, (('init_range', h.init_range > 0, '> 0'),))
   check_ranges(
     'train', t, (('log_every', t.log_every >= 1, '>= 1'), ('eval_every', t.eval_every >= 0, '>= 0 (0: once per epoch)'))

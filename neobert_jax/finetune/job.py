@@ -185,7 +185,18 @@ def _finetune(cfg: ml_collections.ConfigDict, workdir: Path, lease: Any) -> dict
   t, m, lg = cfg.train, cfg.model, cfg.logging
   steps_per_epoch = task.steps_per_epoch()
   num_steps = t.num_steps if t.num_steps > 0 else t.epochs * steps_per_epoch
-  tx, lr = optimizer_lib.make_finetune_optimizer(cfg.optimizer, num_steps)
+  opt = ml_collections.ConfigDict(cfg.optimizer.to_dict())
+  opt.lr = finetune_config.effective_lr(cfg.optimizer, m.hidden_size)
+  if opt.lr != cfg.optimizer.lr and is_main:
+    log.info(
+      'learning rate %.3g: optimizer.lr %.3g is quoted for width %d (optimizer.lr_width), this model is %d wide; '
+      'set optimizer.lr_width=0 to use optimizer.lr as given',
+      opt.lr,
+      cfg.optimizer.lr,
+      cfg.optimizer.lr_width,
+      m.hidden_size,
+    )
+  tx, lr = optimizer_lib.make_finetune_optimizer(opt, num_steps)
   factory = lambda: task.make_model(m, nnx.Rngs(cfg.seed))  # noqa: E731
   with session_lib.TrainingSession(
     workdir, cfg, keep=1, async_save=False, tensorboard=lg.tensorboard, progress_bar=lg.progress_bar, lease=lease
