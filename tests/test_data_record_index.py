@@ -14,6 +14,7 @@ import pytest
 from array_record.python.array_record_module import ArrayRecordReader
 
 from neobert_jax import errors, paths
+from neobert_jax.config import data as data_config
 from neobert_jax.data import record_index, shards
 from neobert_jax.data.pipeline import prepared, ranged
 from support import synthetic_data
@@ -118,20 +119,23 @@ def test_a_damaged_index_or_data_without_indexes_is_one_line(gcs, tmp_path):
   old = json.loads(json.dumps(manifest))
   for s in old['splits']['train']['shards']:
     del s['index']
-  cfg = type('Cfg', (), {'bucket_reads': 'records'})()
   with pytest.raises(errors.DataError, match='prepare it again, or set data.bucket_reads=files'):
     prepared.open_store(url, old, 'train', old['splits']['train']['shards'], 1.0, 0, records=True)
-  cfg.bucket_reads = 'auto'
+  cfg = data_config.default_data_config()  # bucket_reads='auto'
   assert not prepared.reads_records(cfg, url, old['splits']['train']['shards'], in_mixture=True)
   assert prepared.reads_records(cfg, url, listed, in_mixture=True)
   assert not prepared.reads_records(cfg, url, listed, in_mixture=False)
   assert not prepared.reads_records(cfg, local, listed, in_mixture=True)
   shutil.rmtree(local)
+  # A manifest whose index entry is damaged into other valid JSON is one line naming it.
+  bad = json.loads(json.dumps(manifest))
+  bad['splits']['train']['shards'][0]['index'] = {'file': 3}
+  with pytest.raises(errors.DataError, match='damaged manifest'):
+    shards.parse_manifest(json.dumps(bad).encode(), url)
 
 
 @pytest.mark.server
 def test_the_report_reads_no_training_text_of_a_source_read_record_by_record(gcs, tmp_path, caplog, monkeypatch):
-  from neobert_jax.config import data as data_config
   from neobert_jax.train import report
 
   url = f'{gcs}/record-index-report'

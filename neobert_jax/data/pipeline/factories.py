@@ -150,14 +150,14 @@ def mixture_source(
   unknown = sorted(set(fresh) - set(mix.names))
   if unknown:
     raise errors.ConfigError(f'data.mixture_fresh names {unknown[0]!r}, not a source of {mix.path} ({list(mix.names)})')
-  sources, stores, records = {}, {}, {}
+  sources, stores = {}, {}
   count = virtual_shards(data_cfg, global_batch, process_count)
   # Each source reads ahead by its share of the rows, so its bytes follow its weight (docs/data.md, "Several sources").
   shares = mix.peak_shares()
   opened = prepared.open_sources(data_cfg, seq_len, model_vocab_size)
+  records = _shard_records(opened, count)
   blocks = mixture_blocks(data_cfg, mix, opened, count)  # the trainer resolved and recorded them at start
   for name, (directory, manifest) in opened.items():
-    records[name] = sum(s['records'] for s in manifest['splits']['train']['shards']) // count
     one = prepared.source_config(data_cfg, directory, len(mix.sources))
     one.block_docs = blocks[name]
     sources[name], stores[name] = train_source(
@@ -173,8 +173,12 @@ def mixture_blocks(
 ) -> dict[str, int]:
   """Each source's documents per block: data.mixture_block_docs, else as Mixture.block_docs resolves them for
   `count` virtual shards of the sources `opened` ({name: (directory, manifest)}, prepared.open_sources)."""
-  per_shard = {n: sum(s['records'] for s in m['splits']['train']['shards']) // count for n, (_, m) in opened.items()}
-  return mix.block_docs(data_cfg.block_docs, data_cfg.mixture_block_docs, per_shard)
+  return mix.block_docs(data_cfg.block_docs, data_cfg.mixture_block_docs, _shard_records(opened, count))
+
+
+def _shard_records(opened: dict[str, tuple[str, dict]], count: int) -> dict[str, int]:
+  """Each opened source's training records per virtual shard (an epoch of one)."""
+  return {n: sum(s['records'] for s in m['splits']['train']['shards']) // count for n, (_, m) in opened.items()}
 
 
 def make_eval_iterator(

@@ -37,7 +37,6 @@ def indexed(listed: list[dict]) -> bool:
 class RecordStore:
   """Same interface as store.BucketStore (acquire, release, prefetch, read, stats, close)."""
 
-  remote = True
   caches = False  # keeps no files: nothing to size (cache.check_cache)
 
   def __init__(self, url: paths.Path, listed: list[dict]):

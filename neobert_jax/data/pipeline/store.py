@@ -72,7 +72,6 @@ class _Readers:
 class LocalStore:
   """Shards read where they are. Each file this host uses is checked (size, records) when the store opens."""
 
-  remote = False
   caches = False  # nothing to size (cache.check_cache)
 
   def __init__(self, directory: str, listed: list[dict]):
@@ -128,7 +127,6 @@ class Stats:
 class BucketStore:
   """Shards of a bucket, fetched into a bounded local cache ahead of the reader (see the module docstring)."""
 
-  remote = True
   caches = True
 
   def __init__(

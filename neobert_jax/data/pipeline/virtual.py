@@ -139,10 +139,6 @@ class ShardStream:
       win[sel], off[sel] = w, o
     return win, off
 
-  def records(self, positions: np.ndarray) -> list[tuple[int, int]]:
-    """(file, record) of each stream position."""
-    return self.records_at(*self.locate(np.asarray(positions, np.int64)))
-
   def records_at(self, win: np.ndarray, off: np.ndarray) -> list[tuple[int, int]]:
     """(file, record) of each (window, offset) that `locate` gave."""
     out = []
