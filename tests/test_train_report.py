@@ -127,3 +127,26 @@ def test_neighbour_baseline_is_exact_on_a_deterministic_language_and_picks_the_b
   assert sure['accuracy'] == 1.0 and sure['loss'] < 0.01 and sure['k'] == min(baselines.SMOOTHING_GRID)
   masked = baselines.neighbours(docs, docs, {0, 1, 2, 3, 4}, 8, 0.4)
   assert masked['accuracy'] > 0.8 and masked['loss'] > sure['loss']
+
+
+def test_fill_mask_blanks_one_token_per_row_and_whole_words_only_when_asked(tmp_path):
+  from transformers import BertTokenizerFast  # pylint: disable=g-import-not-at-top
+
+  vocab = synthetic_data.write_wordpiece_vocab(str(tmp_path / 'vocab.txt'), words=('the', 'king', 'is', 'dead'))
+  tok = BertTokenizerFast(vocab_file=vocab)
+  text = ' '.join(['the king is dead , long live the kingdom .'] * 8)
+  ids = tok(text)['input_ids']  # [CLS] ... [SEP]; 'kingdom' and 'long' split into pieces
+  width = 40
+  records = [np.asarray(ids, np.int32)] * 30 + [np.asarray(ids[:10], np.int32)]  # one row too short to use
+  pieces = tok.convert_ids_to_tokens(ids[1:-1][:width])
+  for words_only in (False, True):
+    blanked = report._blank_rows(records, tok, width, 20, np.random.default_rng(3), words_only)
+    assert len(blanked) == 20
+    for row, blank, answer in blanked:
+      assert len(row) == width + 2 and row[0] == tok.cls_token_id and row[-1] == tok.sep_token_id
+      assert row.count(tok.mask_token_id) == 1 and row[blank] == tok.mask_token_id
+      assert answer == pieces[blank - 1]  # the token the blank hides
+      if words_only:  # a whole word: alphabetic, and the next token does not continue it
+        assert answer.isalpha() and not pieces[blank].startswith('##')
+    kinds = {answer for _, _, answer in blanked}
+    assert (kinds <= {'the', 'king', 'is', 'dead'}) == words_only, kinds

@@ -7,8 +7,9 @@ Owns three things the loop writes after training (process 0 only):
     non-special tokens, so these are the held-out MLM losses such predictors score.
   * the loss curve: WORKDIR/loss_curve.md, a table of train and held-out loss from metrics.jsonl, and
     WORKDIR/loss_curve.png, the held-out curve against wall-clock time and steps with the baselines drawn in.
-  * fill-mask: 200 held-out rows with one word masked, predicted by the exported Hugging Face directory through
-    `transformers` (the export is what users load, so that is what is scored), with a few shown.
+  * fill-mask: 200 held-out rows with one token blanked and 200 with one whole word blanked, predicted by the
+    exported Hugging Face directory through `transformers` (the export is what users load, so that is what is
+    scored), with a few shown.
 """
 
 from __future__ import annotations
@@ -224,14 +225,46 @@ def write_curve_plot(workdir: Path, bars: dict[str, Any] | None) -> Path | None:
   return out
 
 
+def _blank_rows(
+  records: list[np.ndarray], tok: Any, width: int, n: int, rng: np.random.Generator, words_only: bool
+) -> list[tuple[list[int], int, str]]:
+  """`n` held-out rows of `width` tokens, each with one position blanked: (row with [CLS]/[SEP], blank, answer).
+
+  words_only: the blank is a whole word (alphabetic and not split into pieces, so one token); otherwise any token
+  of the row, chosen uniformly (what a masked-token predictor is asked in general: pieces and punctuation too)."""
+  special = set(tok.all_special_ids)
+  out = []
+  for idx in rng.permutation(len(records)):
+    ids = [int(i) for i in records[idx][1:-1][:width]]
+    if len(ids) < width:
+      continue
+    pieces = tok.convert_ids_to_tokens(ids)
+    spots = [
+      i
+      for i in range(3, width - 3)
+      if ids[i] not in special and (not words_only or (pieces[i].isalpha() and not pieces[i + 1].startswith('##')))
+    ]
+    if not spots:
+      continue
+    i = spots[int(rng.integers(len(spots)))]
+    out.append(
+      ([tok.cls_token_id] + ids[:i] + [tok.mask_token_id] + ids[i + 1 :] + [tok.sep_token_id], i + 1, pieces[i])
+    )
+    if len(out) == n:
+      break
+  return out
+
+
 def fill_mask(
   hf_dir: str, data_cfg: ml_collections.ConfigDict, seq_len: int, n: int = 200, top: int = 5, shown: int = 12
 ) -> dict[str, Any]:
-  """Fill-mask on `n` held-out rows, each with one whole word masked, through the export and transformers.
+  """Fill-mask through the export and transformers on `n` held-out rows with one token blanked, and on `n` with
+  one whole word blanked (the harder ask: no punctuation or word pieces).
 
   Each row is a held-out training-length row (the context the model learned from), so the blank has up to
-  `seq_len` tokens around it. Returns how many answers were first and how many were in the top `top` (over 200
-  words a rate moves by about 0.035 per standard error), and one line per row showing `shown` tokens each side."""
+  `seq_len` tokens around it. Returns, per kind ('tokens', 'words'), how many answers were first and how many were
+  in the top `top` (over 200 rows a rate moves by about 0.035 per standard error), and one line per whole-word row
+  showing `shown` tokens each side."""
   import torch  # pylint: disable=g-import-not-at-top
   from transformers import AutoModelForMaskedLM, AutoTokenizer  # pylint: disable=g-import-not-at-top
 
@@ -240,40 +273,26 @@ def fill_mask(
   model = AutoModelForMaskedLM.from_pretrained(hf_dir, trust_remote_code=True).eval()
   records, _ = _split_ids(data_cfg, seq_len, 'eval')
   width = seq_len - 2  # the row without its [CLS] and [SEP]
-  rng = np.random.default_rng(0)
-  special = set(tok.all_special_ids)
-  rows, blanks, answers = [], [], []
-  for idx in rng.permutation(len(records)):
-    ids = [int(i) for i in records[idx][1:-1][:width]]
-    if len(ids) < width:
-      continue
-    pieces = tok.convert_ids_to_tokens(ids)
-    # a whole word: alphabetic, not split into pieces, so the blank is one token
-    spots = [
-      i
-      for i in range(3, width - 3)
-      if pieces[i].isalpha() and not pieces[i + 1].startswith('##') and ids[i] not in special
-    ]
-    if not spots:
-      continue
-    i = spots[int(rng.integers(len(spots)))]
-    rows.append([tok.cls_token_id] + ids[:i] + [tok.mask_token_id] + ids[i + 1 :] + [tok.sep_token_id])
-    blanks.append(i + 1)
-    answers.append(pieces[i])
-    if len(rows) == n:
-      break
-  with torch.no_grad():  # every row is seq_len tokens: batches without padding
-    logits = torch.cat([model(input_ids=torch.tensor(rows[k : k + 50])).logits for k in range(0, len(rows), 50)])
-  first = in_top = 0
-  lines = []
-  for row, blank, answer, row_logits in zip(rows, blanks, answers, logits):
-    guesses = tok.convert_ids_to_tokens(torch.topk(row_logits[blank], top).indices.tolist())
-    first += guesses[0] == answer
-    in_top += answer in guesses
-    mark = 'right' if guesses[0] == answer else (f'in top {top}' if answer in guesses else 'wrong')
-    text = tok.decode(row[max(1, blank - shown) : min(len(row) - 1, blank + shown + 1)]).replace(tok.mask_token, '____')
-    lines.append(f'{text!r}: {", ".join(guesses)} (answer {answer}: {mark})')
-  return {'n': len(rows), 'first': first, f'top{top}': in_top, 'examples': lines}
+  out: dict[str, Any] = {'n': 0}
+  for kind, seed in (('tokens', 1), ('words', 0)):
+    blanked = _blank_rows(records, tok, width, n, np.random.default_rng(seed), words_only=kind == 'words')
+    rows = [row for row, _, _ in blanked]
+    with torch.no_grad():  # every row is seq_len tokens: batches without padding
+      logits = torch.cat([model(input_ids=torch.tensor(rows[k : k + 50])).logits for k in range(0, len(rows), 50)])
+    first = in_top = 0
+    lines = []
+    for (row, blank, answer), row_logits in zip(blanked, logits):
+      guesses = tok.convert_ids_to_tokens(torch.topk(row_logits[blank], top).indices.tolist())
+      first += guesses[0] == answer
+      in_top += answer in guesses
+      mark = 'right' if guesses[0] == answer else (f'in top {top}' if answer in guesses else 'wrong')
+      text = tok.decode(row[max(1, blank - shown) : min(len(row) - 1, blank + shown + 1)])
+      lines.append(f'{text.replace(tok.mask_token, "____")!r}: {", ".join(guesses)} (answer {answer}: {mark})')
+    out[kind] = {'n': len(rows), 'first': first, f'top{top}': in_top}
+    out['n'] = max(out['n'], len(rows))
+    if kind == 'words':
+      out['examples'] = lines
+  return out
 
 
 def report(cfg: ml_collections.ConfigDict, workdir: Path, evals: list[dict[str, float]]) -> dict[str, Any]:
@@ -345,13 +364,17 @@ def report(cfg: ml_collections.ConfigDict, workdir: Path, evals: list[dict[str, 
     except ImportError as e:  # the torch extra is optional for training
       log.info('fill-mask examples need torch and transformers (pip install .[torch]): %s', e)
     else:
+      tokens, words = filled['tokens'], filled['words']
       log.info(
-        'fill-mask on %d held-out words, each in its training-length row, through %s and transformers: %d first, %d in '
-        'the top 5; the first six:\n  %s',
-        filled['n'],
+        'fill-mask through %s and transformers, one blank in each held-out training-length row: any token %d of %d in '
+        'the top 5 (%d first); a whole word %d of %d in the top 5 (%d first). The first six words:\n  %s',
         cfg.export.hf_dir,
-        filled['first'],
-        filled['top5'],
+        tokens['top5'],
+        tokens['n'],
+        tokens['first'],
+        words['top5'],
+        words['n'],
+        words['first'],
         '\n  '.join(filled['examples'][:6]),
       )
       out['fill_mask'] = filled
