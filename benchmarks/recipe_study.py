@@ -11,7 +11,8 @@ held-out loss against wall-clock seconds, one curve per recipe, with the baselin
 
 The recipes sweep the levers the budget-BERT papers (Cramming, Geiping & Goldstein 2022; Izsak et al. 2021) found
 decisive: depth x width, vocabulary size, peak learning rate and schedule shape (warmup-cosine, linear decay to
-zero, one-cycle), batch size and a batch ramp, training vs evaluation mask rate, sequence length, clipping.
+zero, one-cycle), batch size and a batch ramp, training vs evaluation mask rate, sequence length, clipping, and two
+architecture levers NeoBERT fixes (biases in the blocks, a tied MLM decoder).
 docs/performance.md ("Recipe study") holds the table of the last run and what it says about those papers.
 
 A script, not part of the library: run it from the repository root.
@@ -111,6 +112,9 @@ _recipe('seq_64', 'model.max_length=64', 'train.global_batch_size=64', 'data.max
 _recipe('no_clipping', 'optimizer.clip_norm=0.0', *NEW, *_E)
 _recipe('clip_0.5', 'optimizer.clip_norm=0.5', *NEW, *_E)
 _recipe('bfloat16', 'model.dtype=bfloat16', *NEW, *_E)
+# architecture levers NeoBERT fixes: biases in every block's Linears (Cramming drops them), a tied MLM decoder
+_recipe('biases', 'model.use_bias=True', *NEW, *_E)
+_recipe('tied_embeddings', 'model.tie_word_embeddings=True', *NEW, *_E)
 # the main job's length: the candidates for configs/tiny_cpu.py
 _recipe(
   'long_one_cycle',

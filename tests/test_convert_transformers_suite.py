@@ -1,6 +1,7 @@
 """transformers' own common model tests (ModelTesterMixin and ConfigTester, from the release's tests/ directory) on
 the classes of an export written by our exporter, loaded through remote code, under the pinned transformers and
-the newest 5.x.
+the newest 5.x; once more on the MLM class with model.use_bias and model.tie_word_embeddings on (whether 5.x ties
+the decoder at all is tests/test_model_bias_tie.py's).
 
 Each release's tests/test_modeling_common.py and tests/test_configuration_common.py come from its source
 distribution on the package index (pip download, cached under the project cache). The sdist leaves out three modules
@@ -90,8 +91,8 @@ for auto, names, cls in (
 
 class NeoBERTModelTester:
     def __init__(self, parent, batch_size=3, seq_length=7, vocab_size=99, hidden_size=32, num_hidden_layers=2,
-                 num_attention_heads=4, intermediate_size=48, num_labels=3):
-        self.parent = parent
+                 num_attention_heads=4, intermediate_size=48, num_labels=3, **variant):
+        self.parent, self.variant = parent, variant
         self.batch_size, self.seq_length, self.vocab_size = batch_size, seq_length, vocab_size
         self.hidden_size, self.num_hidden_layers = hidden_size, num_hidden_layers
         self.num_attention_heads, self.intermediate_size, self.num_labels = num_attention_heads, intermediate_size, num_labels
@@ -101,7 +102,7 @@ class NeoBERTModelTester:
         return NeoBERTConfig(
             vocab_size=self.vocab_size, hidden_size=self.hidden_size, num_hidden_layers=self.num_hidden_layers,
             num_attention_heads=self.num_attention_heads, intermediate_size=self.intermediate_size,
-            max_position_embeddings=64, pad_token_id=0, num_labels=self.num_labels,
+            max_position_embeddings=64, pad_token_id=0, num_labels=self.num_labels, **self.variant,
         )
 
     def prepare_config_and_inputs_for_common(self):
@@ -131,6 +132,16 @@ class NeoBERTModelTest(ModelTesterMixin, unittest.TestCase):
         config = NeoBERTConfig(hidden_size=32, num_attention_heads=4, max_length=128)
         self.assertEqual(config.max_position_embeddings, 128)
         self.assertNotIn("max_length", config.to_diff_dict())
+
+
+# The same tests with model.use_bias and model.tie_word_embeddings on, on the MLM class (the one with a decoder to tie):
+# biases in every block, the decoder tied to the embedding (saving, loading and resizing a tied head are their tests).
+class NeoBERTBiasedTiedModelTest(NeoBERTModelTest):
+    all_model_classes = (NeoBERTLMHead,)
+
+    def setUp(self):
+        super().setUp()
+        self.model_tester = NeoBERTModelTester(self, attention_bias=True, mlp_bias=True, tie_word_embeddings=True)
 """
 
 

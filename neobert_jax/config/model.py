@@ -54,6 +54,14 @@ def default_model_config() -> ml_collections.ConfigDict:
   cfg.pad_token_id = 0
   cfg.embedding_init_range = 0.02
   cfg.decoder_init_range = 0.02
+  # Two levers NeoBERT leaves at one setting each, for recipe studies. use_bias: a bias on every Linear of every
+  # block (qkv, wo, w12, w3), zero-initialised; NeoBERT follows Cramming (Geiping & Goldstein, 2022), which removes
+  # them for speed at no loss, and so do most recent encoders. The RMSNorms have none either way.
+  cfg.use_bias = False
+  # tie_word_embeddings: the MLM decoder's kernel is the token embedding, transposed (BERT, RoBERTa, ModernBERT
+  # tie; NeoBERT does not): V x D fewer parameters, and the embedding learns from the decoder's gradient too. The
+  # decoder keeps its own bias.
+  cfg.tie_word_embeddings = False
   cfg.param_dtype = 'float32'  # master weights
   # Compute dtype of matmuls and activations: the one compute-dtype setting (MaxText's `dtype`, Flax's `dtype` next
   # to `param_dtype`). A model built from this config directly computes in fp32; the training and fine-tuning
@@ -97,6 +105,9 @@ def validate_model_config(cfg: ml_collections.ConfigDict) -> None:
       f"model.attention_impl={cfg.attention_impl!r} needs model.dtype='bfloat16' or 'float16' "
       "(cuDNN fused attention has no fp32 kernel); use 'auto' or 'xla' for fp32."
     )
+  for field in ('use_bias', 'tie_word_embeddings'):
+    if not isinstance(cfg[field], bool):
+      raise ValueError(f'model.{field}={cfg[field]!r} must be True or False.')
   for field in ('vocab_size', 'num_layers', 'intermediate_size', 'max_length'):
     if cfg[field] <= 0:
       raise ValueError(f'model.{field}={cfg[field]} must be positive.')

@@ -115,13 +115,12 @@ def load_exported(source: str | os.PathLike, task: str | None = None) -> tuple[E
   config, state = hf.read_hf_state_dict(path)
   state = hf.normalize_hf_state_dict(state)
   cfg = hf.model_config_from_hf(config)
-  if 'decoder.weight' not in state:
+  if 'decoder.bias' not in state:
     if task == 'mlm':
       raise errors.ExportError(
         f'--input {path} has no MLM decoder (a base or sentence-transformers save): use --task embedding or hidden'
       )
-    state['decoder.weight'] = np.zeros((cfg.vocab_size, cfg.hidden_size), np.float32)
-    state['decoder.bias'] = np.zeros((cfg.vocab_size,), np.float32)
+    state.update({k: np.zeros(shape, np.float32) for k, shape in hf.decoder_shapes(cfg).items()})
   flat = hf.hf_state_dict_to_flat(state, cfg)
   cls = hf_model.NeoBERTLMHead if task == 'mlm' else hf_model.NeoBERT
   model = torch_ref.torch_model_from_flat(flat, cfg, 'float32', cls=cls)

@@ -47,7 +47,11 @@ def torch_model_from_flat(
     model = cls(hf_config(cfg))
   if cls is hf_model.NeoBERT:
     state = {k[len(hf.HF_PREFIX) :]: v for k, v in state.items() if k.startswith(hf.HF_PREFIX)}
+  elif 'decoder.bias' in state and 'decoder.weight' not in state:
+    # A tied decoder (model.tie_word_embeddings): its weight is the embedding's, tied again after the assignment.
+    state['decoder.weight'] = state['model.encoder.weight']
   model.load_state_dict(state, strict=True, assign=True)
+  model.tie_weights()
   return model.eval()
 
 

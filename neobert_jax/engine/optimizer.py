@@ -24,7 +24,8 @@ the steps where the rate changes (4 bytes each: 3.6 MB for the 250M recipe's 900
 
 Weight decay (unless `decay_all_params`): every weight matrix decays (the token embedding too unless
 `decay_embeddings=False`), norm scales and biases never do. The decision is made from the parameter's path, not
-its rank, because stacked layers turn the per-layer norm scales [D] into [L, D] matrices.
+its rank, because stacked layers turn the per-layer norm scales [D] into [L, D] matrices (and the biases of
+model.use_bias, 'encoder.layers.qkv_bias' and its siblings, into [L, ...] ones).
 """
 
 from __future__ import annotations
@@ -119,7 +120,7 @@ def lr_schedule(opt_cfg: ml_collections.ConfigDict, num_steps: int) -> optax.Sch
 def decays(names: list[str], decay_embeddings: bool = True) -> bool:
   """Whether the parameter at this path gets weight decay (this project's rule)."""
   leaf = names[-1] if names else ''
-  if any('norm' in n for n in names) or leaf == 'bias' or leaf == 'scale':
+  if any('norm' in n for n in names) or leaf == 'bias' or leaf.endswith('_bias') or leaf == 'scale':
     return False
   if not decay_embeddings and any('embedding' in n for n in names):
     return False

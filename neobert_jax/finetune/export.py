@@ -30,16 +30,17 @@ import numpy as np
 from neobert_jax import commandline, errors, paths
 from neobert_jax.convert.export_hf import check_output_dir, write_hf_dir
 from neobert_jax.finetune import labels as labels_lib
+from neobert_jax.weights import flat as flat_lib
 from neobert_jax.weights import hf, runs
 
 
 def encoder_state_dict(flat: Mapping[str, Any], model_cfg: Any) -> dict[str, np.ndarray]:
   """'model.*' tensors of the HF layout for the 'encoder.*' entries of flat (no MLM decoder needed)."""
   enc = {k: np.asarray(v) for k, v in flat.items() if k.startswith('encoder.')}
-  d, v = model_cfg.hidden_size, model_cfg.vocab_size
   # The mapping converts whole NeoBERTLMHead dicts; a fine-tuned model has no decoder, so a placeholder one
   # passes through and is dropped again.
-  placeholder = {'decoder.kernel': np.zeros((d, v), np.float32), 'decoder.bias': np.zeros((v,), np.float32)}
+  shapes = flat_lib.flat_shapes(model_cfg)
+  placeholder = {k: np.zeros(s, np.float32) for k, s in shapes.items() if k.startswith('decoder.')}
   sd = hf.flat_to_hf_state_dict({**enc, **placeholder}, model_cfg)
   return {k: x for k, x in sd.items() if not k.startswith('decoder.')}
 

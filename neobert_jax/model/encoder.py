@@ -2,7 +2,9 @@
 
 The L blocks' weights are always stored stacked along a leading 'layers' axis, so one checkpoint layout serves
 both execution modes: `scan_layers=True` runs one compiled block under lax.scan (compile time independent of
-depth), `scan_layers=False` unrolls a Python loop over the same arrays.
+depth), `scan_layers=False` unrolls a Python loop over the same arrays. Two fields change the parameter set
+(weights/flat.py lists it): `model.use_bias` adds a bias, stacked the same way, to each block's four Linears, and
+`model.tie_word_embeddings` decodes with the token embedding, leaving the decoder only its bias.
 """
 
 from __future__ import annotations
@@ -41,6 +43,14 @@ def _param(init, key, shape, dtype, axes) -> nnx.Param:
   return nnx.Param(init(key, shape, dtype), out_sharding=axes)
 
 
+BIASES = ('qkv_bias', 'wo_bias', 'w12_bias', 'w3_bias')  # model.use_bias: one per Linear, named after its kernel
+
+
+def _biased(y: jax.Array, w: dict[str, jax.Array], name: str) -> jax.Array:
+  """y plus the bias `name` when the model has biases (model.use_bias), broadcast over the leading axes."""
+  return y + w[name] if name in w else y
+
+
 class EncoderLayers(nnx.Module):
   """All transformer blocks, weights stacked as [L, ...]. Axis names feed the sharding rules table."""
 
@@ -57,10 +67,21 @@ class EncoderLayers(nnx.Module):
     # Gate and up projections kept on a separate axis so tensor parallelism splits both along 'mlp' alike.
     self.w12 = _param(init, rngs.params(), (n, d, 2, f), pdt, ('layers', 'embed', None, 'mlp'))
     self.w3 = _param(init, rngs.params(), (n, f, d), pdt, ('layers', 'mlp', 'embed'))
+    if cfg.use_bias:
+      # Each bias takes its kernel's output axes, so the one rules table places it like the kernel's output.
+      zeros = lambda key, shape, dtype: jnp.zeros(shape, dtype)
+      for name, shape, axes in zip(
+        BIASES,
+        ((n, h, 3 * dh), (n, d), (n, 2, f), (n, d)),
+        (('layers', 'heads', 'head_dim'), ('layers', 'embed'), ('layers', None, 'mlp'), ('layers', 'embed')),
+      ):
+        setattr(self, name, _param(zeros, None, shape, pdt, axes))
     self.cfg = ml_collections.FrozenConfigDict(cfg)
 
   def _weights(self) -> dict[str, jax.Array]:
     names = ('attention_norm', 'qkv', 'wo', 'ffn_norm', 'w12', 'w3')
+    if self.cfg.use_bias:
+      names += BIASES
     return {name: getattr(self, name)[...] for name in names}
 
   def kernel(self, packed: bool) -> str:
@@ -105,17 +126,19 @@ class EncoderLayers(nnx.Module):
       # output would be one more buffer to copy apart, and the v5p cost model prices the slices lower
       # (docs/performance.md, "Roofline").
       q, k, v = (jnp.einsum('btd,dhk->bthk', hidden, part) for part in jnp.split(w['qkv'], 3, axis=-1))
+      if 'qkv_bias' in w:  # added before the rotation, as a Linear's bias is
+        q, k, v = (a + b for a, b in zip((q, k, v), jnp.split(w['qkv_bias'], 3, axis=-1)))
       q = apply_rope(q, positions, cfg.rope_theta)
       k = apply_rope(k, positions, cfg.rope_theta)
       q, k, v = (constrain(a, ('batch', 'length', 'heads', 'head_dim')) for a in (q, k, v))
       attended = attention(
         q, k, v, segment_ids=segment_ids, lengths=lengths, kernel=kernel, max_segments=max_segments, block_size=tile
       )
-      x = x + jnp.einsum('bthk,hkd->btd', attended, w['wo'])
+      x = x + _biased(jnp.einsum('bthk,hkd->btd', attended, w['wo']), w, 'wo_bias')
       x = constrain(x, ('batch', 'length', 'act_embed'))
       gate_up = jnp.einsum('btd,dgf->btgf', rms_norm(x, w['ffn_norm'], cfg.norm_eps), w['w12'])
-      activated = activate(gate_up)
-      x = x + jnp.einsum('btf,fd->btd', activated, w['w3'])
+      activated = activate(_biased(gate_up, w, 'w12_bias'))
+      x = x + _biased(jnp.einsum('btf,fd->btd', activated, w['w3']), w, 'w3_bias')
       return constrain(x, ('batch', 'length', 'act_embed'))
 
     if cfg.remat_policy != 'none':
@@ -180,21 +203,32 @@ def pool(hidden: jax.Array, lengths: jax.Array, pooling: str) -> jax.Array:
   return total / jnp.maximum(mask.sum(-1, keepdims=True), 1.0)
 
 
+class TiedDecoder(nnx.Module):
+  """The MLM decoder of model.tie_word_embeddings: its own bias, and the token embedding for a kernel."""
+
+  def __init__(self, cfg: ml_collections.ConfigDict):
+    self.bias = nnx.Param(jnp.zeros((cfg.vocab_size,), jnp.dtype(cfg.param_dtype)), out_sharding=('vocab',))
+
+
 class NeoBERTForMLM(nnx.Module):
-  """Encoder + untied MLM decoder (Linear with bias), optionally decoding only a static set of positions."""
+  """Encoder + MLM decoder (a Linear with bias, untied as NeoBERT's unless model.tie_word_embeddings), optionally
+  decoding only a static set of positions."""
 
   def __init__(self, cfg: ml_collections.ConfigDict, *, rngs: nnx.Rngs):
     self.encoder = NeoBERT(cfg, rngs=rngs)
     with creation_scope():
-      self.decoder = nnx.Linear(
-        cfg.hidden_size,
-        cfg.vocab_size,
-        use_bias=True,
-        param_dtype=jnp.dtype(cfg.param_dtype),
-        kernel_init=nnx.with_partitioning(_uniform(cfg.decoder_init_range), ('embed', 'vocab')),
-        bias_init=nnx.with_partitioning(nnx.initializers.zeros_init(), ('vocab',)),
-        rngs=rngs,
-      )
+      if cfg.tie_word_embeddings:
+        self.decoder = TiedDecoder(cfg)
+      else:
+        self.decoder = nnx.Linear(
+          cfg.hidden_size,
+          cfg.vocab_size,
+          use_bias=True,
+          param_dtype=jnp.dtype(cfg.param_dtype),
+          kernel_init=nnx.with_partitioning(_uniform(cfg.decoder_init_range), ('embed', 'vocab')),
+          bias_init=nnx.with_partitioning(nnx.initializers.zeros_init(), ('vocab',)),
+          rngs=rngs,
+        )
     self.cfg = ml_collections.FrozenConfigDict(cfg)
 
   def __call__(
@@ -211,8 +245,10 @@ class NeoBERTForMLM(nnx.Module):
     if mlm_positions is not None:
       hidden = jnp.take_along_axis(hidden, mlm_positions[:, :, None].astype(jnp.int32), axis=1)
     dtype = jnp.dtype(self.cfg.dtype)
-    logits = jnp.einsum(
-      'bpd,dv->bpv', hidden.astype(dtype), self.decoder.kernel[...].astype(dtype), preferred_element_type=jnp.float32
-    )
+    if self.cfg.tie_word_embeddings:
+      kernel, spec = self.encoder.token_embedding.embedding[...], 'bpd,vd->bpv'
+    else:
+      kernel, spec = self.decoder.kernel[...], 'bpd,dv->bpv'
+    logits = jnp.einsum(spec, hidden.astype(dtype), kernel.astype(dtype), preferred_element_type=jnp.float32)
     logits = logits + self.decoder.bias[...].astype(jnp.float32)
     return constrain(logits, ('batch', 'length', 'vocab'))

@@ -1,8 +1,11 @@
 """The flat parameter layout, {dotted key: array}, that every loader, converter and tool exchanges.
 
 Owns:
-  * the keys and shapes the JAX model has for a model config (`flat_shapes`, `check_flat`; `Dims`, the sizes they
-    derive from), e.g. 'encoder.layers.qkv' [L, D, H, 3*Dh] (layers stacked on a leading axis);
+  * the keys and shapes the JAX model has for a model config (`flat_shapes`, `check_flat`; `Dims`, the sizes and
+    flags they derive from), e.g. 'encoder.layers.qkv' [L, D, H, 3*Dh] (layers stacked on a leading axis). Two
+    model fields change the set: `use_bias` adds 'encoder.layers.{qkv,wo,w12,w3}_bias', each its kernel's output
+    axes ([L, H, 3*Dh], [L, D], [L, 2, F], [L, D]); `tie_word_embeddings` drops 'decoder.kernel' (the decoder
+    reads the token embedding) and keeps 'decoder.bias';
   * flat <-> nested trees, as Orbax stores them (`flatten` / `unflatten`), and a pytree path's names and key
     (`path_names`, `path_key`: the optimizer's weight-decay rule and the checkpoint's shape check use them too);
   * the key/shape check every loader runs before touching a model (`check_keys_and_shapes`);
@@ -43,6 +46,8 @@ class Dims:
   heads: int
   head_dim: int
   ffn: int
+  bias: bool = False  # model.use_bias: every block's Linears have biases
+  tied: bool = False  # model.tie_word_embeddings: no decoder kernel of its own
 
   @classmethod
   def from_config(cls, cfg: ml_collections.ConfigDict) -> 'Dims':
@@ -57,13 +62,15 @@ class Dims:
       heads=cfg.num_heads,
       head_dim=cfg.hidden_size // cfg.num_heads,
       ffn=ffn_hidden_size(cfg),
+      bias=cfg.use_bias,
+      tied=cfg.tie_word_embeddings,
     )
 
 
 def flat_shapes(cfg: ml_collections.ConfigDict) -> dict[str, tuple[int, ...]]:
   """The flat keys and shapes of NeoBERTForMLM for the typed model config ``cfg``."""
   d = Dims.from_config(cfg)
-  return {
+  shapes = {
     'encoder.token_embedding.embedding': (d.vocab, d.dim),
     'encoder.layers.attention_norm': (d.layers, d.dim),
     'encoder.layers.qkv': (d.layers, d.dim, d.heads, 3 * d.head_dim),
@@ -71,10 +78,17 @@ def flat_shapes(cfg: ml_collections.ConfigDict) -> dict[str, tuple[int, ...]]:
     'encoder.layers.ffn_norm': (d.layers, d.dim),
     'encoder.layers.w12': (d.layers, d.dim, 2, d.ffn),
     'encoder.layers.w3': (d.layers, d.ffn, d.dim),
-    'encoder.final_norm': (d.dim,),
-    'decoder.kernel': (d.dim, d.vocab),
-    'decoder.bias': (d.vocab,),
   }
+  if d.bias:
+    shapes['encoder.layers.qkv_bias'] = (d.layers, d.heads, 3 * d.head_dim)
+    shapes['encoder.layers.wo_bias'] = (d.layers, d.dim)
+    shapes['encoder.layers.w12_bias'] = (d.layers, 2, d.ffn)
+    shapes['encoder.layers.w3_bias'] = (d.layers, d.dim)
+  shapes['encoder.final_norm'] = (d.dim,)
+  if not d.tied:
+    shapes['decoder.kernel'] = (d.dim, d.vocab)
+  shapes['decoder.bias'] = (d.vocab,)
+  return shapes
 
 
 def _preview(keys: list[str], limit: int = 6) -> str:
@@ -110,7 +124,8 @@ def check_flat(flat: Mapping[str, Any], cfg: ml_collections.ConfigDict) -> None:
     flat,
     flat_shapes(cfg),
     'the flat parameter dict',
-    'pass the model config the parameters were trained with (layers, width, heads, vocab, intermediate_size)',
+    'pass the model config the parameters were trained with (layers, width, heads, vocab, intermediate_size, '
+    'use_bias, tie_word_embeddings)',
     errors.ExportError,
   )
 

@@ -21,6 +21,13 @@ Hugging Face layout (``NeoBERTLMHead``; a torch Linear weight is [out, in]):
   model.transformer_encoder.{i}.attention_norm.weight [D], ...ffn_norm.weight [D]
   model.layer_norm.weight [D]                  decoder.weight [V, D], decoder.bias [V]
 
+The two layout flags of the model config (weights/flat.py): with `use_bias`, every block's four Linears carry a
+``.bias`` ([3*D] in qkv's row order, [D], [2*F] gate first, [D]; config.json ``attention_bias`` and ``mlp_bias``,
+the names Llama and ModernBERT use, both set from the one field); with `tie_word_embeddings` (config.json's
+standard field) there is no ``decoder.weight``: the modeling file ties it to ``model.encoder.weight`` as
+transformers' own save_pretrained leaves a tied head. A state_dict that does hold it (a pytorch_model.bin keeps
+both names) is read when it equals the embedding.
+
 Both directions are exact reshapes and transposes (bit-exact round trip). ``cfg`` is a typed model ConfigDict
 (config/model.py's section; `model_config_from_hf` makes one from a config.json). Every error is an ExportError
 naming the problem and the fix.
@@ -38,7 +45,7 @@ import numpy as np
 
 from neobert_jax import errors
 from neobert_jax.config.model import default_model_config
-from neobert_jax.weights.flat import Dims, check_flat, check_keys_and_shapes, read_safetensors
+from neobert_jax.weights.flat import Dims, check_flat, check_keys_and_shapes, flat_shapes, read_safetensors
 
 HF_PREFIX = 'model.'
 # The weight files an HF directory may hold, in the order they are looked for.
@@ -47,6 +54,14 @@ WEIGHT_FILES = ('model.safetensors', 'model.safetensors.index.json', 'pytorch_mo
 IGNORED_HF_KEYS = ('freqs_cis', 'freqs_cos', 'freqs_sin')
 # Fields written into config.json besides the architecture (defaults of the released model).
 CLASSIFIER_INIT_RANGE = 0.02
+# model.use_bias: each block Linear's HF name -> its flat bias key. Both layouts order the outputs alike (qkv per
+# head q|k|v, w12 gate first), so each converts by a reshape of the layer's slice.
+BLOCK_BIASES = {
+  'qkv': 'encoder.layers.qkv_bias',
+  'wo': 'encoder.layers.wo_bias',
+  'ffn.w12': 'encoder.layers.w12_bias',
+  'ffn.w3': 'encoder.layers.w3_bias',
+}
 AUTO_MAP = {
   'AutoConfig': 'model.NeoBERTConfig',
   'AutoModel': 'model.NeoBERT',
@@ -65,12 +80,21 @@ def hf_shapes(cfg: Any) -> dict[str, tuple[int, ...]]:
     shapes[block + 'wo.weight'] = (d.dim, d.dim)
     shapes[block + 'ffn.w12.weight'] = (2 * d.ffn, d.dim)
     shapes[block + 'ffn.w3.weight'] = (d.dim, d.ffn)
+    if d.bias:
+      for linear in BLOCK_BIASES:  # a Linear's bias is its weight's output rows
+        shapes[f'{block}{linear}.bias'] = shapes[f'{block}{linear}.weight'][:1]
     shapes[block + 'attention_norm.weight'] = (d.dim,)
     shapes[block + 'ffn_norm.weight'] = (d.dim,)
   shapes['model.layer_norm.weight'] = (d.dim,)
-  shapes['decoder.weight'] = (d.vocab, d.dim)
+  if not d.tied:
+    shapes['decoder.weight'] = (d.vocab, d.dim)
   shapes['decoder.bias'] = (d.vocab,)
   return shapes
+
+
+def decoder_shapes(cfg: Any) -> dict[str, tuple[int, ...]]:
+  """The MLM decoder's entries of hf_shapes (for a placeholder or a fresh decoder where a save has none)."""
+  return {k: s for k, s in hf_shapes(cfg).items() if k.startswith('decoder.')}
 
 
 def check_hf_state_dict(sd: Mapping[str, Any], cfg: Any) -> None:
@@ -80,7 +104,8 @@ def check_hf_state_dict(sd: Mapping[str, Any], cfg: Any) -> None:
     hf_shapes(cfg),
     'the Hugging Face state_dict',
     'make sure config.json matches model.safetensors (num_hidden_layers, hidden_size, num_attention_heads, '
-    "intermediate_size, vocab_size) and that the checkpoint is a NeoBERTLMHead (keys 'model.*' + 'decoder.*')",
+    'intermediate_size, vocab_size, attention_bias, mlp_bias, tie_word_embeddings) and that the checkpoint is a '
+    "NeoBERTLMHead (keys 'model.*' + 'decoder.*')",
     errors.ExportError,
   )
 
@@ -97,10 +122,14 @@ def flat_to_hf_state_dict(flat: Mapping[str, Any], cfg: Any) -> dict[str, np.nda
     sd[block + 'wo.weight'] = f['encoder.layers.wo'][i].reshape(d.dim, d.dim).T
     sd[block + 'ffn.w12.weight'] = f['encoder.layers.w12'][i].reshape(d.dim, 2 * d.ffn).T
     sd[block + 'ffn.w3.weight'] = f['encoder.layers.w3'][i].T
+    if d.bias:
+      for linear, key in BLOCK_BIASES.items():
+        sd[f'{block}{linear}.bias'] = f[key][i].reshape(-1)
     sd[block + 'attention_norm.weight'] = f['encoder.layers.attention_norm'][i]
     sd[block + 'ffn_norm.weight'] = f['encoder.layers.ffn_norm'][i]
   sd['model.layer_norm.weight'] = f['encoder.final_norm']
-  sd['decoder.weight'] = f['decoder.kernel'].T
+  if not d.tied:
+    sd['decoder.weight'] = f['decoder.kernel'].T
   sd['decoder.bias'] = f['decoder.bias']
   return {k: np.ascontiguousarray(v) for k, v in sd.items()}
 
@@ -120,8 +149,11 @@ def normalize_hf_state_dict(sd: Mapping[str, Any]) -> dict[str, Any]:
 def hf_state_dict_to_flat(sd: Mapping[str, Any], cfg: Any) -> dict[str, np.ndarray]:
   """``NeoBERTLMHead`` state_dict (numpy arrays) -> JAX flat params. Inverse of flat_to_hf_state_dict."""
   sd = normalize_hf_state_dict(sd)
-  check_hf_state_dict(sd, cfg)
   d = Dims.from_config(cfg)
+  if d.tied and 'decoder.weight' in sd and 'model.encoder.weight' in sd:
+    if np.array_equal(np.asarray(sd['decoder.weight']), np.asarray(sd['model.encoder.weight'])):
+      sd = {k: v for k, v in sd.items() if k != 'decoder.weight'}  # the tied head's second name, not a weight
+  check_hf_state_dict(sd, cfg)
   s = {k: np.asarray(v) for k, v in sd.items()}
 
   def stack(suffix, convert):
@@ -136,9 +168,13 @@ def hf_state_dict_to_flat(sd: Mapping[str, Any], cfg: Any) -> dict[str, np.ndarr
     'encoder.layers.w12': stack('ffn.w12.weight', lambda w: w.T.reshape(d.dim, 2, d.ffn)),
     'encoder.layers.w3': stack('ffn.w3.weight', lambda w: w.T),
     'encoder.final_norm': s['model.layer_norm.weight'],
-    'decoder.kernel': s['decoder.weight'].T,
     'decoder.bias': s['decoder.bias'],
   }
+  if not d.tied:
+    flat['decoder.kernel'] = s['decoder.weight'].T
+  if d.bias:
+    for linear, key in BLOCK_BIASES.items():
+      flat[key] = stack(f'{linear}.bias', lambda b, key=key: b.reshape(flat_shapes(cfg)[key][1:]))
   return {k: np.ascontiguousarray(v) for k, v in flat.items()}
 
 
@@ -184,9 +220,19 @@ def hf_config_dict(cfg: Any, torch_dtype: str = 'float32') -> dict[str, Any]:
     out[hf_name] = value.item() if hasattr(value, 'item') else value
   out['dim_head'] = d.head_dim
   out['classifier_init_range'] = CLASSIFIER_INIT_RANGE
-  out['tie_word_embeddings'] = False
+  out['attention_bias'] = out['mlp_bias'] = bool(cfg.use_bias)
+  out['tie_word_embeddings'] = bool(cfg.tie_word_embeddings)
   out['torch_dtype'] = torch_dtype
   return dict(sorted(out.items()))
+
+
+def _layout_flag(hf_config: Mapping[str, Any], name: str) -> bool:
+  value = hf_config.get(name)
+  if value is None:
+    return False
+  if not isinstance(value, bool):
+    raise errors.ExportError(f'config.json has {name}={value!r}; expected true or false')
+  return value
 
 
 def max_positions(hf_config: Mapping[str, Any]) -> int:
@@ -225,6 +271,14 @@ def model_config_from_hf(hf_config: Mapping[str, Any], base=None):
       cfg[jax_name] = type(cfg[jax_name])(hf_config[hf_name])
   if hf_config.get('max_position_embeddings') is None and hf_config.get(LEGACY_MAX_LENGTH) is not None:
     cfg.max_length = int(hf_config[LEGACY_MAX_LENGTH])
+  # The layout flags: absent (the published NeoBERT, older exports) is the released layout.
+  cfg.use_bias = _layout_flag(hf_config, 'attention_bias')
+  if _layout_flag(hf_config, 'mlp_bias') != cfg.use_bias:
+    raise errors.ExportError(
+      f'config.json has attention_bias={hf_config.get("attention_bias")} and mlp_bias={hf_config.get("mlp_bias")}; '
+      'this port has one switch for both (model.use_bias): only checkpoints with both or neither convert'
+    )
+  cfg.tie_word_embeddings = _layout_flag(hf_config, 'tie_word_embeddings')
   dim_head = hf_config.get('dim_head')
   if dim_head is not None and dim_head * cfg.num_heads != cfg.hidden_size:
     raise errors.ExportError(
@@ -291,16 +345,17 @@ def read_hf_dir(
   hf_config, state = read_hf_state_dict(path)
   cfg = model_config_from_hf(hf_config)
   state = normalize_hf_state_dict(state)
-  if init_missing_decoder and 'decoder.weight' not in state and 'decoder.bias' not in state:
+  has_decoder = any(k.startswith('decoder.') for k in state)
+  if init_missing_decoder and not has_decoder:
     rng = np.random.default_rng(seed)
     limit = cfg.decoder_init_range
     dtype = state['model.encoder.weight'].dtype if 'model.encoder.weight' in state else np.float32
-    state['decoder.weight'] = rng.uniform(-limit, limit, (cfg.vocab_size, cfg.hidden_size)).astype(dtype)
-    state['decoder.bias'] = np.zeros((cfg.vocab_size,), dtype)
+    for key, shape in decoder_shapes(cfg).items():  # a tied decoder has only its bias
+      state[key] = np.zeros(shape, dtype) if key == 'decoder.bias' else rng.uniform(-limit, limit, shape).astype(dtype)
   try:
     return cfg, hf_state_dict_to_flat(state, cfg)
   except errors.ExportError as e:
-    if 'decoder.weight' in str(e) and 'decoder.weight' not in state:
+    if 'decoder.' in str(e) and not has_decoder:
       raise errors.ExportError(
         f'{e}\nThis looks like a base NeoBERT save without the MLM head: pass --init-missing-decoder '
         '(init_missing_decoder=True) to create a fresh decoder'

@@ -26,8 +26,17 @@ from neobert_jax.data import tokenizer as tokenizer_lib
 from neobert_jax.weights import hf, place, runs
 
 DEFAULT_TOKENIZER = tokenizer_lib.BUILTIN_BERT
-# Fields that change parameter shapes; the rest (max_length, dtype, attention kernel, remat) may differ.
-SHAPE_FIELDS = ('vocab_size', 'hidden_size', 'num_layers', 'num_heads', 'intermediate_size')
+# Fields that change parameter shapes or the set of parameters (weights/flat.py); the rest (max_length, dtype,
+# attention kernel, remat) may differ.
+SHAPE_FIELDS = (
+  'vocab_size',
+  'hidden_size',
+  'num_layers',
+  'num_heads',
+  'intermediate_size',
+  'use_bias',
+  'tie_word_embeddings',
+)
 _FIX = (
   'give the workdir (or its checkpoints/) of a run that saved at least one step, or a Hugging Face NeoBERT '
   'directory (config.json + model.safetensors or pytorch_model.bin)'
@@ -78,7 +87,7 @@ class Source:
         _, flat = runs.restore_params(self.path, self.step)
     except (FileNotFoundError, errors.ExportError) as e:
       raise self._fail(e) from None
-    if self.need_decoder and 'decoder.kernel' not in flat:
+    if self.need_decoder and 'decoder.bias' not in flat:  # a tied decoder has no kernel of its own
       raise self._fail(
         'these weights have no MLM decoder (a fine-tuned model?); use a pretraining run or a NeoBERT MLM export'
       )

@@ -1,4 +1,5 @@
-"""The layers of NeoBERT's ``model.py``: RMSNorm, the rotary position embedding and the SwiGLU feed-forward. Shipped
+"""The layers of NeoBERT's ``model.py``: RMSNorm, the rotary position embedding and the SwiGLU feed-forward, and the
+small helpers its classes share (output flags, head masks, the classification loss, pooling). Shipped
 beside ``model.py`` in every exported directory (imported relatively; transformers' remote-code loader copies it
 along). Imports nothing but ``torch``.
 """
@@ -70,10 +71,10 @@ def apply_rotary_qk(qk: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> t
 
 
 class SwiGLU(nn.Module):
-    def __init__(self, dim: int, hidden: int):
+    def __init__(self, dim: int, hidden: int, bias: bool = False):
         super().__init__()
-        self.w12 = nn.Linear(dim, 2 * hidden, bias=False)  # rows [0, hidden) are the gate
-        self.w3 = nn.Linear(hidden, dim, bias=False)
+        self.w12 = nn.Linear(dim, 2 * hidden, bias=bias)  # rows [0, hidden) are the gate
+        self.w3 = nn.Linear(hidden, dim, bias=bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.w12(x).chunk(2, dim=-1)
@@ -83,6 +84,17 @@ class SwiGLU(nn.Module):
         # buffer is allocated and filled. (Autograd needs both halves kept; a traced graph would turn the in-place
         # write into a scatter into the whole output.)
         return self.w3(F.silu(gate, inplace=True).mul_(up))
+
+
+def output_options(
+    config, output_hidden_states: Optional[bool], output_attentions: Optional[bool], return_dict: Optional[bool]
+) -> Tuple[bool, bool, bool]:
+    """A call's output flags, the config's where None (4.x's use_return_dict is False under torchscript)."""
+    hidden = getattr(config, "output_hidden_states", False) if output_hidden_states is None else output_hidden_states
+    attentions = getattr(config, "output_attentions", False) if output_attentions is None else output_attentions
+    if return_dict is None:
+        return_dict = getattr(config, "use_return_dict", getattr(config, "return_dict", True))
+    return bool(hidden), bool(attentions), bool(return_dict)
 
 
 def layer_head_masks(head_mask: Optional[torch.Tensor], layers: int, heads: int) -> List[Optional[torch.Tensor]]:

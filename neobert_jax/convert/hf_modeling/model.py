@@ -9,6 +9,9 @@ Architecture (the released NeoBERT, ``chandar-lab/NeoBERT``): token embedding, N
 attention, ``wo``; SwiGLU feed-forward with a fused ``w12`` whose first half is the gate, ``w3``), a final RMSNorm,
 and for masked language modelling an untied ``decoder`` Linear with bias. No biases inside the encoder, no dropout.
 
+Variants, off in the released model: ``attention_bias`` / ``mlp_bias`` give ``qkv``, ``wo`` / ``w12``, ``w3`` biases;
+``tie_word_embeddings`` ties the decoder's weight to the token embedding (a tied save holds no ``decoder.weight``).
+
 Inputs: ``attention_mask`` [B, T] (1 = token, 0 = padding); or packed rows, ``segment_ids`` [B, T] (1-based document
 id per token, 0 = padding; positions restart per document unless ``position_ids`` is given) or ``cu_seqlens``
 [n_docs + 1] with ``input_ids`` [1, total] (``max_seqlen`` is accepted and unused).
@@ -41,7 +44,7 @@ from transformers.modeling_outputs import BaseModelOutput, MaskedLMOutput, Seque
 
 # The parity tests, torch_ref and benchmarks use these names through this module (ATTENTION_CALL_COST too).
 from .layers import RMSNorm, SwiGLU, apply_rotary, apply_rotary_qk, classification_loss, layer_head_masks  # noqa: F401
-from .layers import pool, rotary_cos_sin, swiglu_hidden_size  # noqa: F401
+from .layers import output_options, pool, rotary_cos_sin, swiglu_hidden_size  # noqa: F401
 from .unpadding import ATTENTION_CALL_COST, UnpaddedRows, masking_inputs, padded_mask  # noqa: F401
 from .unpadding import positions_from_segment_ids, segment_ids_from_cu_seqlens  # noqa: F401
 from .unpadding import tracing as _tracing
@@ -68,6 +71,8 @@ class NeoBERTConfig(PretrainedConfig):
         classifier_dropout: float = 0.1,
         classifier_pooling: str = "cls",
         tie_word_embeddings: bool = False,
+        attention_bias: bool = False,
+        mlp_bias: bool = False,
         unpad_inputs: bool = True,
         **kwargs,
     ):
@@ -106,6 +111,8 @@ class NeoBERTConfig(PretrainedConfig):
         # What the sequence-classification head reads: the first token (NeoBERT's head) or the mean over the
         # real tokens (ModernBERT's classifier_pooling='mean').
         self.classifier_pooling = classifier_pooling
+        self.attention_bias = attention_bias
+        self.mlp_bias = mlp_bias
         self.unpad_inputs = unpad_inputs
 
 
@@ -119,10 +126,11 @@ class EncoderBlock(GradientCheckpointingLayer):
         self.head_dim = config.dim_head
         dim = config.hidden_size
         self.attention_norm = RMSNorm(dim, config.norm_eps)
-        self.qkv = nn.Linear(dim, 3 * dim, bias=False)  # rows grouped per head: [q_h | k_h | v_h]
-        self.wo = nn.Linear(dim, dim, bias=False)
+        bias = getattr(config, "attention_bias", False)
+        self.qkv = nn.Linear(dim, 3 * dim, bias=bias)  # rows grouped per head: [q_h | k_h | v_h]
+        self.wo = nn.Linear(dim, dim, bias=bias)
         self.ffn_norm = RMSNorm(dim, config.norm_eps)
-        self.ffn = SwiGLU(dim, swiglu_hidden_size(config.intermediate_size))
+        self.ffn = SwiGLU(dim, swiglu_hidden_size(config.intermediate_size), bias=getattr(config, "mlp_bias", False))
 
     def forward(
         self,
@@ -177,17 +185,6 @@ class NeoBERTPreTrainedModel(PreTrainedModel):
     _supports_flex_attn = False
     _supports_attention_backend = False
     supports_gradient_checkpointing = True
-
-    def _output_options(
-        self, output_hidden_states: Optional[bool], output_attentions: Optional[bool], return_dict: Optional[bool]
-    ) -> Tuple[bool, bool, bool]:
-        """The call's output flags, the config's where None (4.x's use_return_dict is False under torchscript)."""
-        config = self.config
-        hidden = getattr(config, "output_hidden_states", False) if output_hidden_states is None else output_hidden_states
-        attentions = getattr(config, "output_attentions", False) if output_attentions is None else output_attentions
-        if return_dict is None:
-            return_dict = getattr(config, "use_return_dict", getattr(config, "return_dict", True))
-        return bool(hidden), bool(attentions), bool(return_dict)
 
     def _init_weights(self, module: nn.Module) -> None:
         config = self.config
@@ -317,8 +314,8 @@ class NeoBERT(NeoBERTPreTrainedModel):
         **kwargs,
     ) -> Union[BaseModelOutput, Tuple]:
         # token_type_ids (produced by BERT tokenizers) and max_seqlen are accepted and ignored.
-        output_hidden_states, output_attentions, return_dict = self._output_options(
-            output_hidden_states, output_attentions, return_dict
+        output_hidden_states, output_attentions, return_dict = output_options(
+            self.config, output_hidden_states, output_attentions, return_dict
         )
         x, place, hidden_states, attentions = self._encode(
             input_ids, attention_mask, position_ids, segment_ids, cu_seqlens, inputs_embeds, head_mask,
@@ -328,7 +325,11 @@ class NeoBERT(NeoBERTPreTrainedModel):
         return output if return_dict else output.to_tuple()
 
 class NeoBERTLMHead(NeoBERTPreTrainedModel):
-    """NeoBERT with its masked-language-model decoder (a Linear with bias, not tied to the embedding)."""
+    """NeoBERT with its masked-language-model decoder (a Linear with bias; its weight is the token embedding's when
+    ``config.tie_word_embeddings``, else its own as in the released model)."""
+
+    # Tied only when config.tie_word_embeddings. 5.x reads {tied: source}; 4.x iterates it for the tied names.
+    _tied_weights_keys = {"decoder.weight": "model.encoder.weight"}
 
     def __init__(self, config: NeoBERTConfig):
         super().__init__(config)
@@ -365,8 +366,8 @@ class NeoBERTLMHead(NeoBERTPreTrainedModel):
         **kwargs,
     ) -> Union[MaskedLMOutput, Tuple]:
         """labels [B, T]: target token id where the loss is taken, -100 elsewhere."""
-        output_hidden_states, output_attentions, return_dict = self._output_options(
-            output_hidden_states, output_attentions, return_dict
+        output_hidden_states, output_attentions, return_dict = output_options(
+            self.config, output_hidden_states, output_attentions, return_dict
         )
         x, place, hidden_states, attentions = self.model._encode(
             input_ids, attention_mask, position_ids, segment_ids, cu_seqlens, inputs_embeds, head_mask,
@@ -419,8 +420,8 @@ class NeoBERTForSequenceClassification(NeoBERTPreTrainedModel):
         return_dict: Optional[bool] = None,
         **kwargs,
     ) -> Union[SequenceClassifierOutput, Tuple]:
-        output_hidden_states, output_attentions, return_dict = self._output_options(
-            output_hidden_states, output_attentions, return_dict
+        output_hidden_states, output_attentions, return_dict = output_options(
+            self.config, output_hidden_states, output_attentions, return_dict
         )
         if segment_ids is not None or cu_seqlens is not None:
             raise ValueError("sequence classification pools the first token of each row: pass unpacked rows")
