@@ -98,6 +98,28 @@ def test_mlm_graph_matches_pytorch_at_other_shapes(flat, tmp_path, capsys):
 
 
 @pytest.mark.slow
+def test_mlm_graph_of_a_biased_tied_model_matches_pytorch(tmp_path, capsys):
+  """model.use_bias and model.tie_word_embeddings reach the graph: the block biases are in it, and the decoder
+  reads the embedding (a graph that dropped either would be O(1) off on these random weights)."""
+  cfg = small_config()
+  cfg.use_bias = cfg.tie_word_embeddings = True
+  rng = np.random.default_rng(1)
+  state = {k: rng.normal(0, 0.2, shape).astype(np.float32) for k, shape in hf.hf_shapes(cfg).items()}
+  assert 'decoder.weight' not in state and 'model.transformer_encoder.0.qkv.bias' in state
+  src = export_hf.export_flat(hf.hf_state_dict_to_flat(state, cfg), cfg, tmp_path / 'hf')
+  code, out = run_cli(capsys, 'to-onnx', '--input', src, '--output', tmp_path / 'onnx')
+  assert code == 0, out
+  session = ort.InferenceSession(str(tmp_path / 'onnx' / 'onnx/model.onnx'), providers=['CPUExecutionProvider'])
+  model = hf_model.NeoBERTLMHead.from_pretrained(src).eval()
+  assert model.decoder.weight.data_ptr() == model.model.encoder.weight.data_ptr()  # tied in PyTorch too
+  ids, mask = batch([11, 4], 11, seed=2)
+  (got,) = session.run(None, {'input_ids': ids, 'attention_mask': mask})
+  with torch.no_grad():
+    want = model(torch.from_numpy(ids), attention_mask=torch.from_numpy(mask)).logits.numpy()
+  close(got, want)
+
+
+@pytest.mark.slow
 def test_sentence_transformers_export_encode_embed_and_onnx_agree(flat, bert_tokenizer, tmp_path, capsys):
   from sentence_transformers import SentenceTransformer
 
