@@ -24,6 +24,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import ml_collections
+
+from neobert_jax.config import finetune as finetune_config
+from neobert_jax.config.model import default_model_config
 from neobert_jax.data import labelled
 
 # The run's architecture and its init distribution: the random arm is the pretraining run's own starting point.
@@ -37,6 +41,8 @@ ARCHITECTURE = (
   'rope_theta',
   'embedding_init_range',
   'decoder_init_range',
+  'use_bias',
+  'tie_word_embeddings',
 )
 
 
@@ -56,7 +62,8 @@ def finetune(run: Path, arm: str, seed: int, args: argparse.Namespace, out: Path
   if arm == 'pretrained':
     cmd += [f'--config.init.from_checkpoint={run}']
   else:
-    cmd += [f'--config.model.{k}={run_cfg["model"][k]}' for k in ARCHITECTURE]
+    defaults = default_model_config()  # a run recorded before a field existed had its default
+    cmd += [f'--config.model.{k}={run_cfg["model"].get(k, defaults[k])}' for k in ARCHITECTURE]
     cmd += [f'--config.data.tokenizer={run_cfg["data"]["tokenizer"]}']
   proc = subprocess.run(cmd, capture_output=True, text=True)
   if proc.returncode:
@@ -92,7 +99,10 @@ def main() -> None:
       scores[arm].append(finetune(run, arm.split()[0], seed, args, out))
       print(f'seed {seed} {arm:12s} test accuracy {scores[arm][-1]:.4f}', flush=True)
   stats = {arm: (statistics.mean(v), statistics.stdev(v) if len(v) > 1 else 0.0) for arm, v in scores.items()}
-  print(f'\n{args.task}, {len(seeds)} seeds, {args.epochs} epochs, lr {args.lr}, batch {args.batch_size}:')
+  width = json.loads((run / 'config.json').read_text())['model']['hidden_size']
+  rate = finetune_config.effective_lr(ml_collections.ConfigDict({'lr': args.lr, 'lr_width': args.lr_width}), width)
+  given = f' (--lr {args.lr} quoted for width {args.lr_width})' if args.lr_width > 0 else ''
+  print(f'\n{args.task}, {len(seeds)} seeds, {args.epochs} epochs, lr {rate:g}{given}, batch {args.batch_size}:')
   for arm, (mean, sd) in stats.items():
     print(f'  {arm:12s} {mean:.4f} +- {sd:.4f}   ({", ".join(f"{x:.4f}" for x in scores[arm])})')
   gap = stats['pretrained'][0] - stats['random init'][0]

@@ -1,7 +1,7 @@
 """A tiny NeoBERT trained on the built-in corpus in a few minutes on a 2-core CPU (the README's main job).
 
 NeoBERT's architecture, optimizer, all-[MASK] masking and sparse MLM head, scaled down to what 2 CPU cores can
-train in about six minutes: 1 layer x 128, 128-token packed rows, 32 rows per step, 2,000 steps, ~8.2M tokens
+train in under five minutes: 1 layer x 128, 128-token packed rows, 32 rows per step, 2,000 steps, ~8.2M tokens
 (about three passes over the corpus's 2.4M). The built-in corpus is fetched, tokenized and sharded on first use
 (cached); evaluation on its held-out split runs at the start and every 500 steps, with a linear probe of the
 frozen embeddings on Amazon Fine Food reviews (eval.probe_task); the result is exported to a Hugging Face directory
