@@ -2,6 +2,7 @@
 
 python -m benchmarks.pretraining_helps --run runs/tiny [--task fine_food] [--seeds 0,1,2] [--epochs 10] [--lr 1e-4]
 python -m benchmarks.pretraining_helps --run runs/tiny --lr 2e-5 --lr-width 768   # the config's own rate, scaled
+python -m benchmarks.pretraining_helps --run runs/tiny --train-csv train.csv --test-csv test.csv   # your own task
 
 Both arms go through the project's own fine-tuning command (`python -m neobert_jax.finetune` with
 configs/finetune_classification.py), with the same hyper-parameters, seeds and tokenizer (the run's): the
@@ -47,7 +48,7 @@ ARCHITECTURE = (
 
 
 def finetune(run: Path, arm: str, seed: int, args: argparse.Namespace, out: Path) -> float:
-  files = labelled.task_files(args.task)
+  files = {'train': args.train_csv, 'test': args.test_csv} if args.train_csv else labelled.task_files(args.task)
   workdir = out / f'{arm}-seed{seed}'
   subprocess.run(['rm', '-rf', str(workdir)], check=True)
   run_cfg = json.loads((run / 'config.json').read_text())
@@ -78,6 +79,10 @@ def main() -> None:
   ap = argparse.ArgumentParser(description=__doc__.split('\n')[0])
   ap.add_argument('--run', required=True, help='a pretraining workdir (its config.json and checkpoints)')
   ap.add_argument('--task', default='fine_food', choices=labelled.TASKS)
+  ap.add_argument(
+    '--train-csv', default='', help='your own task instead: a text,label CSV to fine-tune on (with --test-csv)'
+  )
+  ap.add_argument('--test-csv', default='', help='the text,label CSV scored (with --train-csv)')
   ap.add_argument('--seeds', default='0,1,2')
   ap.add_argument('--epochs', type=int, default=10, help="the fine-tuning config's own")
   ap.add_argument('--lr', type=float, default=1e-4, help="a small model's rate (the config's 2e-5 is a 250M model's)")
@@ -89,6 +94,8 @@ def main() -> None:
   ap.add_argument('--pooling', default='', choices=['', 'cls', 'mean'], help="the head's pooling; '' = the config's")
   ap.add_argument('--out', default='')
   args = ap.parse_args()
+  if bool(args.train_csv) != bool(args.test_csv):
+    ap.error('--train-csv and --test-csv go together')
   run = Path(args.run)
   out = Path(args.out or run / 'pretraining_helps')
   out.mkdir(parents=True, exist_ok=True)
@@ -102,7 +109,8 @@ def main() -> None:
   width = json.loads((run / 'config.json').read_text())['model']['hidden_size']
   rate = finetune_config.effective_lr(ml_collections.ConfigDict({'lr': args.lr, 'lr_width': args.lr_width}), width)
   given = f' (--lr {args.lr} quoted for width {args.lr_width})' if args.lr_width > 0 else ''
-  print(f'\n{args.task}, {len(seeds)} seeds, {args.epochs} epochs, lr {rate:g}{given}, batch {args.batch_size}:')
+  task = f'{args.train_csv} -> {args.test_csv}' if args.train_csv else args.task
+  print(f'\n{task}, {len(seeds)} seeds, {args.epochs} epochs, lr {rate:g}{given}, batch {args.batch_size}:')
   for arm, (mean, sd) in stats.items():
     print(f'  {arm:12s} {mean:.4f} +- {sd:.4f}   ({", ".join(f"{x:.4f}" for x in scores[arm])})')
   gap = stats['pretrained'][0] - stats['random init'][0]
