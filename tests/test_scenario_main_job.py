@@ -39,8 +39,8 @@ def test_tiny_config_learns_on_real_text_and_exports(tmp_path):
   ids = AutoTokenizer.from_pretrained(hf)('The king is dead.')['input_ids']
   assert ids[0] == 2 and ids[-1] == 3 and len(ids) > 4  # [CLS] ... [SEP] of builtin-wordpiece-2048
   assert result.report['unigram']['held_out'] > 5.0
-  filled = result.report['fill_mask']  # one token blanked per row, then one whole word per row
-  for kind in ('tokens', 'words'):
+  filled = result.report['fill_mask']  # one token blanked per row, one whole word, one token of a sentence alone
+  for kind in ('tokens', 'words', 'sentences'):
     assert filled[kind]['n'] == 200 and 0 <= filled[kind]['first'] <= filled[kind]['top5'] <= 200, filled
   assert 3.0 < result.report['neighbours']['loss'] < result.report['unigram']['held_out']
   assert (tmp_path / 'run' / 'loss_curve.png').is_file() and 0 < last['probe/fine_food/accuracy'] <= 1

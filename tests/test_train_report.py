@@ -150,3 +150,23 @@ def test_fill_mask_blanks_one_token_per_row_and_whole_words_only_when_asked(tmp_
         assert answer.isalpha() and not pieces[blank].startswith('##')
     kinds = {answer for _, _, answer in blanked}
     assert (kinds <= {'the', 'king', 'is', 'dead'}) == words_only, kinds
+
+
+def test_fill_mask_sentences_are_cut_at_sentence_ends_and_stand_alone(tmp_path):
+  from transformers import BertTokenizerFast  # pylint: disable=g-import-not-at-top
+
+  vocab = synthetic_data.write_wordpiece_vocab(str(tmp_path / 'vocab.txt'), words=('the', 'king', 'is', 'dead'))
+  tok = BertTokenizerFast(vocab_file=vocab)
+  # Sentences of 8 tokens ('the king is dead , the king .') and of 3 ('the king !', too short to ask about).
+  doc = tok('the king is dead , the king . the king ! the king is dead , the king ?')['input_ids']
+  records = [np.asarray(doc, np.int32)] * 5
+  blanked = report._blank_sentences(records, tok, 20, 100, np.random.default_rng(0))
+  assert len(blanked) == 10  # two long sentences a document, all there are
+  whole = tok.convert_ids_to_tokens(tok('the king is dead , the king .')['input_ids'][1:-1])
+  for row, blank, answer in blanked:
+    assert row[0] == tok.cls_token_id and row[-1] == tok.sep_token_id and len(row) == 10
+    assert row.count(tok.mask_token_id) == 1 and row[blank] == tok.mask_token_id
+    filled = tok.convert_ids_to_tokens(row[1:-1])
+    filled[blank - 1] = answer
+    assert filled[:7] == whole[:7] and filled[7] in ('.', '?')  # the sentence itself, its end mark kept
+  assert len(report._blank_sentences(records, tok, 7, 100, np.random.default_rng(0))) == 0  # longer than allowed

@@ -255,16 +255,53 @@ def _blank_rows(
   return out
 
 
+def _blank_sentences(
+  records: list[np.ndarray], tok: Any, longest: int, n: int, rng: np.random.Generator
+) -> list[tuple[list[int], int, str]]:
+  """`n` held-out sentences, each alone in its row with one token blanked: (row, blank, answer), as `_blank_rows`.
+
+  A sentence is a run of a document's tokens ending at '.', '!' or '?', of 8 to `longest` tokens: the short
+  context a fill-mask pipeline user types, where a training-length row gives the model a whole paragraph."""
+  special = set(tok.all_special_ids)
+  ends = {i for i in tok.convert_tokens_to_ids(['.', '!', '?']) if i != tok.unk_token_id}
+  sentences = []
+  for record in records:
+    start = 0
+    ids = [int(i) for i in record]
+    for i, token in enumerate(ids):
+      if token in special:
+        start = i + 1
+      elif token in ends:
+        if 8 <= i + 1 - start <= longest:
+          sentences.append(ids[start : i + 1])
+        start = i + 1
+  out = []
+  for idx in rng.permutation(len(sentences))[:n]:
+    ids = sentences[idx]
+    i = int(rng.integers(len(ids)))
+    row = [tok.cls_token_id] + ids[:i] + [tok.mask_token_id] + ids[i + 1 :] + [tok.sep_token_id]
+    out.append((row, i + 1, tok.convert_ids_to_tokens(ids[i])))
+  return out
+
+
+FILL_MASK_KINDS = {
+  'tokens': 'any token of a held-out row',
+  'words': 'a whole word of one',
+  'sentences': 'any token of a held-out sentence alone',
+}
+
+
 def fill_mask(
   hf_dir: str, data_cfg: ml_collections.ConfigDict, seq_len: int, n: int = 200, top: int = 5, shown: int = 12
 ) -> dict[str, Any]:
-  """Fill-mask through the export and transformers on `n` held-out rows with one token blanked, and on `n` with
-  one whole word blanked (the harder ask: no punctuation or word pieces).
-
-  Each row is a held-out training-length row (the context the model learned from), so the blank has up to
-  `seq_len` tokens around it. Returns, per kind ('tokens', 'words'), how many answers were first and how many were
-  in the top `top` (over 200 rows a rate moves by about 0.035 per standard error), and one line per whole-word row
-  showing `shown` tokens each side."""
+  """Fill-mask through the export and transformers, one blank per row, three ways:
+    * 'tokens': any token of a held-out training-length row (the context the model learned from: up to
+      `seq_len` tokens around the blank);
+    * 'words': a whole word of such a row (the harder ask: no punctuation or word pieces);
+    * 'sentences': any token of a held-out sentence on its own (8 to `seq_len` - 2 tokens of context, as a
+      pipeline user would type one).
+  Returns per kind how many answers were first and how many in the top `top` (over 200 rows a rate moves by
+  about 0.035 per standard error), and one line per whole-word row showing `shown` tokens each side."""
   import torch  # pylint: disable=g-import-not-at-top
   from transformers import AutoModelForMaskedLM, AutoTokenizer  # pylint: disable=g-import-not-at-top
 
@@ -274,11 +311,20 @@ def fill_mask(
   records, _ = _split_ids(data_cfg, seq_len, 'eval')
   width = seq_len - 2  # the row without its [CLS] and [SEP]
   out: dict[str, Any] = {'n': 0}
-  for kind, seed in (('tokens', 1), ('words', 0)):
-    blanked = _blank_rows(records, tok, width, n, np.random.default_rng(seed), words_only=kind == 'words')
-    rows = [row for row, _, _ in blanked]
-    with torch.no_grad():  # every row is seq_len tokens: batches without padding
-      logits = torch.cat([model(input_ids=torch.tensor(rows[k : k + 50])).logits for k in range(0, len(rows), 50)])
+  for kind, seed in (('tokens', 1), ('words', 0), ('sentences', 2)):
+    rng = np.random.default_rng(seed)
+    if kind == 'sentences':
+      blanked = _blank_sentences(records, tok, width, n, rng)
+    else:
+      blanked = _blank_rows(records, tok, width, n, rng, words_only=kind == 'words')
+    logits = []
+    with torch.no_grad():
+      for k in range(0, len(blanked), 50):
+        rows = [row for row, _, _ in blanked[k : k + 50]]
+        ids = torch.full((len(rows), max(map(len, rows))), tok.pad_token_id)
+        for j, row in enumerate(rows):
+          ids[j, : len(row)] = torch.tensor(row)
+        logits += list(model(input_ids=ids, attention_mask=(ids != tok.pad_token_id).long()).logits)
     first = in_top = 0
     lines = []
     for (row, blank, answer), row_logits in zip(blanked, logits):
@@ -288,8 +334,8 @@ def fill_mask(
       mark = 'right' if guesses[0] == answer else (f'in top {top}' if answer in guesses else 'wrong')
       text = tok.decode(row[max(1, blank - shown) : min(len(row) - 1, blank + shown + 1)])
       lines.append(f'{text.replace(tok.mask_token, "____")!r}: {", ".join(guesses)} (answer {answer}: {mark})')
-    out[kind] = {'n': len(rows), 'first': first, f'top{top}': in_top}
-    out['n'] = max(out['n'], len(rows))
+    out[kind] = {'n': len(blanked), 'first': first, f'top{top}': in_top}
+    out['n'] = max(out['n'], len(blanked))
     if kind == 'words':
       out['examples'] = lines
   return out
@@ -364,17 +410,12 @@ def report(cfg: ml_collections.ConfigDict, workdir: Path, evals: list[dict[str, 
     except ImportError as e:  # the torch extra is optional for training
       log.info('fill-mask examples need torch and transformers (pip install .[torch]): %s', e)
     else:
-      tokens, words = filled['tokens'], filled['words']
+      counts = [(kind, filled[kind]) for kind in ('tokens', 'words', 'sentences')]
       log.info(
-        'fill-mask through %s and transformers, one blank in each held-out training-length row: any token %d of %d in '
-        'the top 5 (%d first); a whole word %d of %d in the top 5 (%d first). The first six words:\n  %s',
+        'fill-mask through %s and transformers, one blank per row, the true token in the top 5 (first): %s. The '
+        'first six whole words:\n  %s',
         cfg.export.hf_dir,
-        tokens['top5'],
-        tokens['n'],
-        tokens['first'],
-        words['top5'],
-        words['n'],
-        words['first'],
+        '; '.join(f'{FILL_MASK_KINDS[k]} {c["top5"]} of {c["n"]} ({c["first"]})' for k, c in counts),
         '\n  '.join(filled['examples'][:6]),
       )
       out['fill_mask'] = filled
