@@ -30,6 +30,15 @@ def test_fine_food_is_the_amazon_reviews_split_as_published():
   assert len(labelled.read_split('fine_food', 'train')[0]) == 4000
 
 
+def test_tweet_source_is_android_against_iphone_tweets_without_retweets():
+  texts, labels = labelled.read_split('tweet_source', 'test')
+  assert len(texts) == 1000 and labels.count('android') == 519 and set(labels) == {'android', 'iphone'}
+  train, _ = labelled.read_split('tweet_source', 'train')
+  assert len(train) == 4000
+  assert set(train) & set(texts) == {'MAKE AMERICA GREAT AGAIN!'}  # split by tweet: only a slogan he tweeted twice
+  assert not any(t.startswith('RT @') for t in train + texts)  # retweets left out
+
+
 def _tiny_cfg(**probe):
   overrides = {
     'model.dtype': 'float32',
