@@ -7,9 +7,9 @@ Owns three things the loop writes after training (process 0 only):
     non-special tokens, so these are the held-out MLM losses such predictors score.
   * the loss curve: WORKDIR/loss_curve.md, a table of train and held-out loss from metrics.jsonl, and
     WORKDIR/loss_curve.png, the held-out curve against wall-clock time and steps with the baselines drawn in.
-  * fill-mask: 200 held-out rows with one token blanked and 200 with one whole word blanked, predicted by the
-    exported Hugging Face directory through `transformers` (the export is what users load, so that is what is
-    scored), with a few shown.
+  * fill-mask: one blank in each of 200 held-out rows (any token), 200 rows (a whole word) and 200 sentences on
+    their own (any token), predicted by the exported Hugging Face directory through `transformers` (the export is
+    what users load, so that is what is scored), with a few shown.
 """
 
 from __future__ import annotations
@@ -225,6 +225,12 @@ def write_curve_plot(workdir: Path, bars: dict[str, Any] | None) -> Path | None:
   return out
 
 
+def _blanked(tok: Any, ids: list[int], i: int) -> tuple[list[int], int, str]:
+  """`ids` framed by [CLS] and [SEP] with token i blanked: (row, the blank's place in it, the hidden token)."""
+  row = [tok.cls_token_id] + ids[:i] + [tok.mask_token_id] + ids[i + 1 :] + [tok.sep_token_id]
+  return row, i + 1, tok.convert_ids_to_tokens(ids[i])
+
+
 def _blank_rows(
   records: list[np.ndarray], tok: Any, width: int, n: int, rng: np.random.Generator, words_only: bool
 ) -> list[tuple[list[int], int, str]]:
@@ -247,9 +253,7 @@ def _blank_rows(
     if not spots:
       continue
     i = spots[int(rng.integers(len(spots)))]
-    out.append(
-      ([tok.cls_token_id] + ids[:i] + [tok.mask_token_id] + ids[i + 1 :] + [tok.sep_token_id], i + 1, pieces[i])
-    )
+    out.append(_blanked(tok, ids, i))
     if len(out) == n:
       break
   return out
@@ -277,10 +281,7 @@ def _blank_sentences(
         start = i + 1
   out = []
   for idx in rng.permutation(len(sentences))[:n]:
-    ids = sentences[idx]
-    i = int(rng.integers(len(ids)))
-    row = [tok.cls_token_id] + ids[:i] + [tok.mask_token_id] + ids[i + 1 :] + [tok.sep_token_id]
-    out.append((row, i + 1, tok.convert_ids_to_tokens(ids[i])))
+    out.append(_blanked(tok, sentences[idx], int(rng.integers(len(sentences[idx])))))
   return out
 
 
@@ -310,7 +311,7 @@ def fill_mask(
   model = AutoModelForMaskedLM.from_pretrained(hf_dir, trust_remote_code=True).eval()
   records, _ = _split_ids(data_cfg, seq_len, 'eval')
   width = seq_len - 2  # the row without its [CLS] and [SEP]
-  out: dict[str, Any] = {'n': 0}
+  out: dict[str, Any] = {}
   for kind, seed in (('tokens', 1), ('words', 0), ('sentences', 2)):
     rng = np.random.default_rng(seed)
     if kind == 'sentences':
@@ -335,7 +336,6 @@ def fill_mask(
       text = tok.decode(row[max(1, blank - shown) : min(len(row) - 1, blank + shown + 1)])
       lines.append(f'{text.replace(tok.mask_token, "____")!r}: {", ".join(guesses)} (answer {answer}: {mark})')
     out[kind] = {'n': len(blanked), 'first': first, f'top{top}': in_top}
-    out['n'] = max(out['n'], len(blanked))
     if kind == 'words':
       out['examples'] = lines
   return out
@@ -410,12 +410,14 @@ def report(cfg: ml_collections.ConfigDict, workdir: Path, evals: list[dict[str, 
     except ImportError as e:  # the torch extra is optional for training
       log.info('fill-mask examples need torch and transformers (pip install .[torch]): %s', e)
     else:
-      counts = [(kind, filled[kind]) for kind in ('tokens', 'words', 'sentences')]
       log.info(
         'fill-mask through %s and transformers, one blank per row, the true token in the top 5 (first): %s. The '
         'first six whole words:\n  %s',
         cfg.export.hf_dir,
-        '; '.join(f'{FILL_MASK_KINDS[k]} {c["top5"]} of {c["n"]} ({c["first"]})' for k, c in counts),
+        '; '.join(
+          f'{label} {filled[k]["top5"]} of {filled[k]["n"]} ({filled[k]["first"]})'
+          for k, label in FILL_MASK_KINDS.items()
+        ),
         '\n  '.join(filled['examples'][:6]),
       )
       out['fill_mask'] = filled

@@ -173,8 +173,9 @@ def hf_state_dict_to_flat(sd: Mapping[str, Any], cfg: Any) -> dict[str, np.ndarr
   if not d.tied:
     flat['decoder.kernel'] = s['decoder.weight'].T
   if d.bias:
+    shapes = flat_shapes(cfg)
     for linear, key in BLOCK_BIASES.items():
-      flat[key] = stack(f'{linear}.bias', lambda b, key=key: b.reshape(flat_shapes(cfg)[key][1:]))
+      flat[key] = stack(f'{linear}.bias', lambda b, key=key: b.reshape(shapes[key][1:]))
   return {k: np.ascontiguousarray(v) for k, v in flat.items()}
 
 
