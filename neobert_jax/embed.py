@@ -11,6 +11,7 @@ batch axes) with a progress bar, and written as float32 [N, D] in input order.
 from __future__ import annotations
 
 import argparse
+import io
 import sys
 from typing import Sequence
 
@@ -117,8 +118,9 @@ def main(argv: list[str] | None = None) -> int:
       emb = enc.encode(texts, progress=not a.no_progress)
   except SystemExit as e:  # an expected error, already reported in one line
     return e.code
-  with paths.resolve(a.output, '--output').open('wb') as fh:  # a local file or a gs:// object
-    np.save(fh, emb)
+  buf = io.BytesIO()
+  np.save(buf, emb)
+  paths.write_bytes(paths.resolve(a.output, '--output'), buf.getvalue())  # whole or not at all, local or gs://
   print(
     f'{emb.shape[0]} embeddings of dimension {emb.shape[1]} ({enc.pooling} pooling'
     f'{", normalised" if enc.normalize else ""}) -> {a.output}'

@@ -75,14 +75,21 @@ def local(path: epath.Path) -> bool:
   return not is_url(path)
 
 
-def write_text(path: epath.Path, text: str) -> None:
-  """All or nothing: a reader sees the old content or the new, never part (see the module docstring)."""
+def write_bytes(path: epath.Path, data: bytes) -> None:
+  """All or nothing: a reader sees the old content or the new, never part (see the module docstring). Every file a
+  job writes whole (a report, a plot, an embedding array) goes through here, never through a library's own open():
+  matplotlib or numpy would take a gs:// URL for a local file name."""
   if local(path):
     tmp = path.with_name(f'.{path.name}.tmp-{os.getpid()}')
-    tmp.write_text(text)
+    tmp.write_bytes(data)
     os.replace(tmp, path)
   else:
-    path.write_text(text)
+    path.write_bytes(data)
+
+
+def write_text(path: epath.Path, text: str) -> None:
+  """write_bytes of the text, UTF-8."""
+  write_bytes(path, text.encode('utf-8'))
 
 
 def append_line(path: epath.Path, line: str) -> None:

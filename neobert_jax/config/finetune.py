@@ -15,7 +15,7 @@ import ml_collections
 
 from neobert_jax import config as config_lib
 from neobert_jax.config.model import Choice, default_model_config, resolve_numerics, validate_model_config
-from neobert_jax.config.optimizer import adamw_ranges, check_ranges
+from neobert_jax.config.optimizer import adamw_ranges, check_ranges, resolve_warmup
 from neobert_jax.config.train import mesh_shape
 from neobert_jax.errors import ConfigError
 
@@ -92,7 +92,8 @@ def base_config(task: str = 'classification') -> ml_collections.ConfigDict:
       # a paper's rate for its width carries over to a narrower model. 0: `lr` is used as given.
       lr_width=0,
       schedule='linear',
-      warmup_fraction=0.1,
+      warmup_fraction=0.1,  # the warmup as a share of the run's steps
+      warmup_steps=0,  # > 0: the warmup in steps, which wins over warmup_fraction (logged)
       weight_decay=1e-2,
       b1=0.9,
       b2=0.999,
@@ -151,8 +152,9 @@ def validate(cfg: ml_collections.ConfigDict, num_devices: int | None = None) -> 
     raise ConfigError('data.max_length must be >= 4 and data.min_bucket >= 1')
   if t.epochs < 1 and t.num_steps < 1:
     raise ConfigError('set train.epochs >= 1 or train.num_steps >= 1')
-  if not 0 <= h.dropout < 1 or h.temperature <= 0 or not 0 <= o.warmup_fraction < 1:
-    raise ConfigError('head.dropout and optimizer.warmup_fraction must be in [0, 1), head.temperature > 0')
+  if not 0 <= h.dropout < 1 or h.temperature <= 0:
+    raise ConfigError('head.dropout must be in [0, 1), head.temperature > 0')
+  resolve_warmup(o, None)
   check_ranges('optimizer', o, (('lr', o.lr > 0, '> 0'), ('lr_width', o.lr_width >= 0, '>= 0'), *adamw_ranges(o)))
   check_ranges('head', h, (('init_range', h.init_range > 0, '> 0'),))
   check_ranges(

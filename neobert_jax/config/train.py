@@ -27,7 +27,7 @@ from neobert_jax import sharding as shd
 from neobert_jax.config import ramp
 from neobert_jax.config.data import LABELLED_TASKS, default_data_config, validate_data_config
 from neobert_jax.config.model import Choice, default_model_config, resolve_numerics, validate_model_config
-from neobert_jax.config.optimizer import adamw_ranges, check_ranges
+from neobert_jax.config.optimizer import adamw_ranges, check_ranges, resolve_warmup
 from neobert_jax.errors import ConfigError
 
 NAN_POLICIES = ('stop', 'skip')
@@ -113,9 +113,9 @@ def get_config() -> ml_collections.ConfigDict:
       clip_norm=1.0,  # global-norm clipping threshold; 0 disables
       clip_eps=0.0,  # clip by clip_norm / (norm + clip_eps): 1e-6 is torch's clip_grad_norm_ (the original)
       warmup_steps=2000,  # linear warmup_init_fraction * peak_lr -> peak_lr over this many steps
-      # > 0 (with warmup_steps=0): the warmup is this share of train.num_steps instead; validate writes the steps
-      # into warmup_steps. The recipe keeps its shape when num_steps changes (Cramming's and Izsak et al.'s
-      # warmups are shares of the budget).
+      # > 0: the warmup is this share of train.num_steps instead; validate writes the steps into warmup_steps. The
+      # recipe keeps its shape when num_steps changes (Cramming's and Izsak et al.'s warmups are shares of the
+      # budget). A warmup_steps > 0 given beside it wins, logged (config/optimizer.resolve_warmup).
       warmup_fraction=0.0,
       warmup_init_fraction=0.0,  # the original trainer starts at 1e-4 * peak (torch LinearLR(start_factor=1e-4))
       decay_fraction=0.9,  # 'cosine' reaches its floor after this fraction of num_steps, then stays there
@@ -182,10 +182,12 @@ def get_config() -> ml_collections.ConfigDict:
       peak_flops_per_device=0.0,  # for MFU; 0 = look the device up in the table (CPU: measure a matmul)
       profile_start_step=-1,  # >= 0: write a jax.profiler trace of profile_num_steps steps from this one
       profile_num_steps=3,
-      # Also log every metric to Weights & Biases (the wandb extra: pip install -e .[wandb]); WANDB_MODE=offline
-      # keeps the run in WORKDIR/wandb. A resumed run logs on into the same wandb run.
+      # Also log every metric to Weights & Biases (the wandb extra: pip install -e .[wandb]). A field left '' is
+      # wandb's environment variable (WANDB_PROJECT, WANDB_MODE), else the default ('neobert-jax', 'online'); the
+      # files go to WANDB_DIR, else WORKDIR/wandb. A resumed run logs on into the same wandb run.
       wandb=False,
-      wandb_project='neobert-jax',
+      wandb_project='',
+      wandb_mode='',  # 'online', 'offline' (the run kept on disk) or 'disabled'
       wandb_run_name='',  # '' = wandb's own name
       wandb_tags='',  # comma-separated, e.g. 'stage1,250m'
     )
@@ -239,19 +241,7 @@ def validate(
   for field in ('num_steps', 'global_batch_size', 'grad_accum_steps'):
     if t[field] < 1:
       raise ConfigError(f'train.{field}={t[field]} must be >= 1')
-  if not 0 <= cfg.optimizer.warmup_fraction < 1:
-    raise ConfigError(
-      f'optimizer.warmup_fraction={cfg.optimizer.warmup_fraction} must be in [0, 1) (0: warmup_steps applies)'
-    )
-  o = cfg.optimizer
-  if o.warmup_fraction > 0:  # the warmup as a share of the run, written out as steps for everything downstream
-    derived = max(1, round(o.warmup_fraction * t.num_steps))
-    if o.warmup_steps not in (0, derived):  # (derived: a config this function already returned)
-      raise ConfigError(
-        f'optimizer.warmup_steps={o.warmup_steps} and optimizer.warmup_fraction={o.warmup_fraction} both set the '
-        'warmup: set optimizer.warmup_fraction=0 to use warmup_steps, or optimizer.warmup_steps=0 to use the share'
-      )
-    o.warmup_steps = derived
+  resolve_warmup(cfg.optimizer, t.num_steps)
   _validate_optimizer(cfg.optimizer, t.num_steps)
   if not 0 <= t.ema_decay < 1:
     raise ConfigError(f'train.ema_decay={t.ema_decay} must be in [0, 1) (0: no moving average; 0.999 is typical)')
@@ -280,8 +270,6 @@ def validate(
   _validate_probe(cfg.eval)
   if not 0.0 <= cfg.eval.mask_rate < 1.0:
     raise ConfigError(f'eval.mask_rate={cfg.eval.mask_rate} must be in [0, 1) (0: the training rate, data.mask_rate)')
-  if cfg.logging.wandb and not cfg.logging.wandb_project:
-    raise ConfigError('logging.wandb=True needs logging.wandb_project (the W&B project to log into)')
   if cfg.logging.log_every < 1 or cfg.logging.peak_flops_per_device < 0:
     raise ConfigError('logging.log_every must be >= 1 and logging.peak_flops_per_device >= 0 (0: look it up)')
 

@@ -294,7 +294,7 @@ def export_checkpoint(
 def _training_tokenizer(checkpoint, step) -> str | None:
   """The tokenizer the run records, if its files are on this machine; else None (the export has none), saying so."""
   try:
-    spec = source_lib.run_tokenizer(runs.read_config(checkpoint, step))
+    spec = source_lib.run_tokenizer(runs.read_config(checkpoint, step), checkpoint)
   except FileNotFoundError:
     return None
   if not spec:

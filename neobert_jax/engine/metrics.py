@@ -11,6 +11,7 @@ import dataclasses
 import importlib.util
 import json
 import os
+import platform
 import secrets
 import time
 from pathlib import Path
@@ -47,8 +48,36 @@ def total_peak_flops(peak_flops_per_device: float, compute_dtype: str) -> tuple[
   if jax.default_backend() == 'cpu':
     # Fake CPU devices share the same cores, so the host's matmul rate is the whole run's peak.
     dtype = jnp.bfloat16 if compute_dtype == 'bfloat16' else jnp.float32
-    return measure_matmul_peak(dtype=dtype) * jax.process_count(), 'measured matmul'
+    return cpu_matmul_peak(dtype) * jax.process_count(), 'measured matmul, best on this CPU'
   return None, f'unknown device {kind}'
+
+
+def _cpu_model() -> str:
+  try:
+    with open('/proc/cpuinfo', encoding='utf-8') as f:
+      names = [line.split(':', 1)[1].strip() for line in f if line.startswith('model name')]
+  except OSError:
+    names = []
+  return names[0] if names else platform.processor() or platform.machine()
+
+
+def cpu_matmul_peak(dtype: Any) -> float:
+  """This CPU's matmul peak in `dtype`: the best rate ever measured on this CPU model with this many cores (kept in
+  the machine's cache, the measurement of this start included). A start under load measures low; the best of all
+  starts does not, so MFU stays below 100% when the load lifts (the Logger also raises the peak to any rate a run
+  achieves: engine/trainer.py)."""
+  key = f'{_cpu_model()} | {len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()} cores'
+  key += f' | {jnp.dtype(dtype).name}'
+  cache = paths.cache_dir('hardware') / 'cpu_matmul_peak.json'
+  try:
+    known = json.loads(cache.read_text()) if cache.is_file() else {}
+  except ValueError:
+    known = {}
+  best = max(measure_matmul_peak(dtype=dtype), float(known.get(key, 0.0)))
+  if best > known.get(key, 0.0):
+    known[key] = best
+    paths.write_text(paths.resolve(str(cache)), json.dumps(known, indent=2, sort_keys=True) + '\n')
+  return best
 
 
 # Records of another prefix than train/eval go to a file of their own, so metrics.jsonl stays one line per logged
@@ -57,34 +86,81 @@ FILES = {'checkpoint': 'checkpoint_metrics.jsonl'}
 METRICS_FILE = 'metrics.jsonl'
 
 
+DEFAULT_WANDB_PROJECT = 'neobert-jax'
+WANDB_MODES = ('online', 'offline', 'disabled')
+
+
 @dataclasses.dataclass(frozen=True)
 class Wandb:
   """Where a run's metrics also go when logging.wandb is on: a Weights & Biases run of `project`, named `name`
-  ('' = wandb's choice), with `tags`, holding `config`. WANDB_MODE=offline keeps it on disk (WORKDIR/wandb)."""
+  ('' = wandb's choice), with `tags`, holding `config`, in `mode` ('online', 'offline', 'disabled').
+
+  Each setting is the config's when it sets one, else wandb's own environment variable, else the default
+  (`from_settings`): project logging.wandb_project > WANDB_PROJECT > 'neobert-jax'; mode logging.wandb_mode >
+  WANDB_MODE > 'online'; the run's files WANDB_DIR > WORKDIR/wandb (in the run's mirror: on a bucket, uploaded
+  with it). The run's id is kept in WORKDIR/wandb/run_id either way, so a resumed run logs on into it."""
 
   project: str
   name: str = ''
   tags: tuple[str, ...] = ()
   config: dict[str, Any] | None = None
+  mode: str = 'online'
+
+  @classmethod
+  def from_settings(cls, project: str, name: str, tags: str, mode: str, config: dict[str, Any]) -> 'Wandb':
+    env = os.environ
+    return cls(
+      project or env.get('WANDB_PROJECT') or DEFAULT_WANDB_PROJECT,
+      name,
+      tuple(t.strip() for t in tags.split(',') if t.strip()),
+      config,
+      mode or env.get('WANDB_MODE') or 'online',
+    )
 
 
-def check_wandb() -> None:
-  """errors.ConfigError (one line) when logging.wandb is on and the wandb package is missing."""
+def check_wandb(options: Wandb) -> None:
+  """errors.ConfigError (one line), before anything is written, when logging.wandb is on and the wandb package is
+  missing, or the run would log online with no API key (wandb would otherwise stop the job at its first prompt)."""
   if importlib.util.find_spec('wandb') is None:
     raise errors.ConfigError(
       'logging.wandb=True needs the wandb package: pip install -e .[wandb] (or set logging.wandb=False)'
     )
+  if options.mode not in WANDB_MODES:
+    raise errors.ConfigError(
+      f'wandb mode {options.mode!r} (logging.wandb_mode, else WANDB_MODE): expected one of {WANDB_MODES}'
+    )
+  if options.mode == 'online' and not _wandb_key():
+    raise errors.ConfigError(
+      'logging.wandb=True logs online, but no W&B API key is set: run `wandb login` (or set WANDB_API_KEY), or set '
+      'WANDB_MODE=offline to keep the run on disk, or set logging.wandb=False'
+    )
+
+
+def _wandb_key() -> str:
+  """The API key wandb would use: WANDB_API_KEY, else the one `wandb login` saved in ~/.netrc."""
+  if os.environ.get('WANDB_API_KEY'):
+    return os.environ['WANDB_API_KEY']
+  import netrc  # pylint: disable=g-import-not-at-top
+
+  host = os.environ.get('WANDB_BASE_URL', 'https://api.wandb.ai').split('://')[-1].split('/')[0].split(':')[0]
+  try:
+    entry = netrc.netrc(os.environ.get('NETRC')).authenticators(host)
+  except (OSError, netrc.NetrcParseError):
+    return ''
+  return entry[2] if entry and entry[2] else ''
 
 
 def _start_wandb(options: Wandb, local: Path) -> Any:
-  """The wandb run of this workdir: its id is kept in WORKDIR/wandb/run_id, so a resumed run logs on into it."""
+  """The wandb run of this workdir: its id is kept in WORKDIR/wandb/run_id (written once the run has started), so
+  a resumed run logs on into it; its files go to WANDB_DIR when set, else WORKDIR/wandb."""
   import wandb  # pylint: disable=g-import-not-at-top
 
   where = local / 'wandb'
-  where.mkdir(parents=True, exist_ok=True)
   id_file = where / 'run_id'
   run_id = id_file.read_text().strip() if id_file.is_file() else secrets.token_hex(6)
-  id_file.write_text(run_id + '\n')
+  own_dir = not os.environ.get('WANDB_DIR')
+  if own_dir:
+    where.mkdir(parents=True, exist_ok=True)
   try:
     run = wandb.init(
       project=options.project,
@@ -93,13 +169,16 @@ def _start_wandb(options: Wandb, local: Path) -> Any:
       config=options.config,
       id=run_id,
       resume='allow',
-      dir=str(local),
+      mode=options.mode,
+      dir=str(local) if own_dir else None,  # None: wandb reads WANDB_DIR itself
     )
   except Exception as e:  # noqa: BLE001 - wandb raises its own types for a missing login, a network down, ...
     raise errors.ConfigError(
       f'logging.wandb=True: wandb could not start a run ({errors.one_line(e)}); run `wandb login`, or set '
       'WANDB_MODE=offline to keep the run on disk, or set logging.wandb=False'
     ) from None
+  where.mkdir(parents=True, exist_ok=True)
+  id_file.write_text(run_id + '\n')
   run.define_metric('*', step_metric='step')  # checkpoint/* arrive after later train steps: no global step order
   return run
 
@@ -132,14 +211,14 @@ class MetricsWriter:
     self.mirror = paths.Mirror(remote, paths.cache_dir('mirror', paths.url_key(remote)))
     self.mirror.pull((METRICS_FILE, *FILES.values()))
     local = self.mirror.path
+    if wandb is not None:  # first: a wandb that cannot start is one line, with no metrics file opened
+      self._wandb = _start_wandb(wandb, local)
     local.mkdir(parents=True, exist_ok=True)
     self._jsonl = open(local / METRICS_FILE, 'a', buffering=1)  # line-buffered: readable while training
     if tensorboard:
       from tensorboardX import SummaryWriter
 
       self._tb = SummaryWriter(str(local / 'tensorboard'))
-    if wandb is not None:
-      self._wandb = _start_wandb(wandb, local)
 
   @property
   def local_dir(self) -> Path | None:

@@ -185,7 +185,8 @@ def make_finetune_optimizer(
 ) -> tuple[optax.GradientTransformation, optax.Schedule]:
   """Clip -> AdamW under decay_to_zero_schedule, from a fine-tuning config's `optimizer` section. Norm scales and
   biases (the head's too) never decay, as in pretraining."""
-  lr = decay_to_zero_schedule(opt.lr, round(opt.warmup_fraction * num_steps), num_steps, opt.schedule)
+  warmup = opt.warmup_steps if opt.get('warmup_steps', 0) > 0 else round(opt.warmup_fraction * num_steps)
+  lr = decay_to_zero_schedule(opt.lr, warmup, num_steps, opt.schedule)
   adamw = optax.adamw(
     lr, b1=opt.b1, b2=opt.b2, eps=opt.eps, weight_decay=opt.weight_decay, mask=weight_decay_mask(True)
   )

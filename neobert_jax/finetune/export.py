@@ -32,6 +32,7 @@ from neobert_jax.convert.export_hf import check_output_dir, write_hf_dir
 from neobert_jax.finetune import labels as labels_lib
 from neobert_jax.weights import flat as flat_lib
 from neobert_jax.weights import hf, runs
+from neobert_jax.weights import source as source_lib
 
 
 def encoder_state_dict(flat: Mapping[str, Any], model_cfg: Any) -> dict[str, np.ndarray]:
@@ -162,12 +163,13 @@ def export_run(workdir: str | Path, output: str | Path, *, overwrite: bool = Fal
   except FileNotFoundError as e:
     raise errors.ExportError(f'--run {workdir}: {e}') from None
   data, head = cfg.data, cfg.head
+  tokenizer = source_lib.run_tokenizer(cfg, workdir)  # the copy the run carries, else the recorded spec
   if cfg.task == 'contrastive':
     return export_sentence_transformer(
       flat,
       model_cfg,
       output,
-      tokenizer=data.tokenizer,
+      tokenizer=tokenizer,
       pooling=head.pooling,
       normalize=head.normalize,
       max_seq_length=data.max_length,
@@ -179,7 +181,7 @@ def export_run(workdir: str | Path, output: str | Path, *, overwrite: bool = Fal
     model_cfg,
     labels_lib.load(workdir),
     output,
-    tokenizer=data.tokenizer,
+    tokenizer=tokenizer,
     dropout=head.dropout,
     pooling=head.classifier_pooling,
     overwrite=overwrite,

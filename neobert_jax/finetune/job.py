@@ -179,6 +179,7 @@ def _finetune(cfg: ml_collections.ConfigDict, workdir: Path, lease: Any) -> dict
   cfg, source, tok, task = prepare(cfg, workdir)
   is_main = jax.process_index() == 0
   train_config.write(cfg, workdir)
+  runs.save_tokenizer(workdir, tok.path)  # the run carries its vocabulary: embed / export work from a copy of it
   if is_main and hasattr(task, 'save'):
     task.save(workdir)
   mesh = shd.make_mesh(dict(cfg.mesh))

@@ -85,7 +85,7 @@ def run_sweep(
   lower = rows[0]['metric'] in job.LOWER_IS_BETTER
   best = (min if lower else max)(rows, key=lambda r: r['best'])
   summary = {'metric': rows[0]['metric'], 'rows': rows, 'best': best}
-  (root / SUMMARY_FILE).write_text(json.dumps(summary, indent=2) + '\n')
+  paths.write_text(root / SUMMARY_FILE, json.dumps(summary, indent=2) + '\n')
   return summary
 
 

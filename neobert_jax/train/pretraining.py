@@ -182,9 +182,11 @@ def _wandb(cfg: ml_collections.ConfigDict) -> metrics_lib.Wandb | None:
   lg = cfg.logging
   if not lg.wandb:
     return None
-  metrics_lib.check_wandb()
-  tags = tuple(t.strip() for t in lg.wandb_tags.split(',') if t.strip())
-  return metrics_lib.Wandb(lg.wandb_project, lg.wandb_run_name, tags, cfg.to_dict())
+  options = metrics_lib.Wandb.from_settings(
+    lg.wandb_project, lg.wandb_run_name, lg.wandb_tags, lg.wandb_mode, cfg.to_dict()
+  )
+  metrics_lib.check_wandb(options)
+  return options
 
 
 def _reads(cfg: ml_collections.ConfigDict) -> Callable[[int], int]:

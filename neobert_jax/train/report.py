@@ -15,6 +15,7 @@ Owns three things the loop writes after training (process 0 only):
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import logging
 from pathlib import Path
@@ -177,7 +178,7 @@ def write_curve_table(workdir: Path, bars: dict[str, Any] | None, every: int) ->
       cells = [str(r['step'])] + [fmt(r.get(k)) for k in ('train', 'eval', 'eval_accuracy', *probes, *sources)]
       lines.append('| ' + ' | '.join(cells) + ' |')
   out = workdir / 'loss_curve.md'
-  out.write_text('\n'.join(lines) + '\n')
+  paths.write_text(out, '\n'.join(lines) + '\n')
   return out
 
 
@@ -220,8 +221,10 @@ def write_curve_plot(workdir: Path, bars: dict[str, Any] | None) -> Path | None:
   axes[1].legend(loc='upper right', fontsize=8)
   fig.tight_layout()
   out = workdir / 'loss_curve.png'
-  fig.savefig(out, dpi=110)
+  png = io.BytesIO()
+  fig.savefig(png, format='png', dpi=110)
   plt.close(fig)
+  paths.write_bytes(out, png.getvalue())  # a gs:// workdir too: savefig(path) would open a local file of that name
   return out
 
 

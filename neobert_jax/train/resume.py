@@ -212,7 +212,8 @@ def describe(
 
 
 def record(plan: Plan, cfg: ml_collections.ConfigDict, step: int) -> None:
-  """Process 0: WORKDIR/config.json := cfg, and one history line for this start or resume at `step`."""
+  """Process 0: WORKDIR/config.json := cfg, WORKDIR/tokenizer/ := the tokenizer it names, and one history line for
+  this start or resume at `step`."""
   if jax.process_index() != 0:
     return
   entry = {
@@ -227,6 +228,7 @@ def record(plan: Plan, cfg: ml_collections.ConfigDict, step: int) -> None:
     entry['replaced_config'] = plan.recorded  # a config.json without checkpoints, kept before it is replaced
   paths.append_line(plan.workdir / HISTORY_FILE, json.dumps(entry, default=str, sort_keys=True))
   train_config.write(cfg, plan.workdir)
+  runs.save_tokenizer(plan.workdir, cfg.data.tokenizer)  # the run carries its vocabulary (weights/runs.py)
 
 
 def history(workdir: str | os.PathLike) -> list[dict[str, Any]]:

@@ -11,6 +11,9 @@ reader (converters, fine-tuning, init) read through them.
   WORKDIR/checkpoints/<step>/data        the data pipeline's position (its own format: data/pipeline/position.py)
   WORKDIR/checkpoints/<step>/config      a copy of the resolved config, so a step directory stands alone
   WORKDIR/checkpoints/<step>.corrupt     a step set aside (`set_aside`): never listed, never deleted
+  WORKDIR/tokenizer/                     a copy of the run's tokenizer file (vocab.txt, tokenizer.json or
+                                         tokenizer.model): a run copied to a bucket or another machine is read with
+                                         the vocabulary it was trained on, whatever that machine's cache holds
 
 <step> is the number of optimizer steps already taken. Orbax writes each step into a temporary directory and
 renames it only after every item (and every process) has committed, so a half-written step is never listed
@@ -36,6 +39,7 @@ from neobert_jax import config as config_lib
 from neobert_jax import bucket, paths
 from neobert_jax.config import finetune as finetune_config
 from neobert_jax.config import train as train_config
+from neobert_jax.data import tokenizer as tokenizer_lib
 from neobert_jax.weights.flat import flatten
 
 log = logging.getLogger(__name__)
@@ -83,6 +87,43 @@ DATA_ITEM = 'data'  # the data pipeline's position, in its own format
 EMA_ITEM = 'ema'  # the moving average of the parameters (train.ema_decay > 0), laid out like them
 CONFIG_ITEM = 'config'  # the resolved config, saved with each step as an Orbax JSON item
 CONFIG_FILE = 'config.json'  # the same config, written into the workdir when the run starts
+TOKENIZER_DIR = 'tokenizer'
+# The copy's name by the tokenizer file's kind (data/tokenizer.py reads each by its suffix).
+_TOKENIZER_NAMES = {'.txt': 'vocab.txt', '.json': 'tokenizer.json', '.model': 'tokenizer.model'}
+
+
+def save_tokenizer(workdir: paths.Path, spec: str) -> None:
+  """Process 0: WORKDIR/tokenizer/<file> := the file `spec` names on this machine (skipped when the copy there is
+  already that file), so the run carries its vocabulary. A spec that does not resolve here is left unrecorded:
+  the run's config still names it, and readers fail on it in one line as before."""
+  if jax.process_index() != 0 or not spec:
+    return
+  try:
+    src = paths.resolve(tokenizer_lib.resolve_tokenizer_path(spec))
+  except (FileNotFoundError, ValueError):
+    return
+  name = _TOKENIZER_NAMES.get(os.path.splitext(src.name)[1])
+  if name is None:
+    return
+  folder = paths.resolve(workdir) / TOKENIZER_DIR
+  dst = folder / name
+  if dst.is_file() and paths.sha256(dst) == paths.sha256(src):
+    return
+  for other in _TOKENIZER_NAMES.values():  # one tokenizer per run: a copy of another kind is replaced
+    if other != name and (folder / other).is_file():
+      (folder / other).unlink()
+  folder.mkdir(parents=True, exist_ok=True)
+  paths.write_bytes(dst, src.read_bytes())
+
+
+def tokenizer_copy(workdir: str | os.PathLike) -> str:
+  """A local path to the tokenizer the run carries (a bucket run's copy is downloaded to this machine's cache);
+  '' when the run has none (it was recorded before runs carried one)."""
+  folder = paths.resolve(workdir) / TOKENIZER_DIR
+  found = [folder / n for n in _TOKENIZER_NAMES.values() if (folder / n).is_file()] if folder.is_dir() else []
+  if not found:
+    return ''
+  return str(paths.local_copy(found[0]))
 
 
 def checkpoint_dir(path: str | os.PathLike) -> paths.Path:

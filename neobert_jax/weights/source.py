@@ -75,7 +75,7 @@ class Source:
     """The tokenizer spec the weights were trained with ('' if unknown: the default applies)."""
     if self.kind == 'hf':
       return next((str(self.local / n) for n in ('tokenizer.json', 'vocab.txt') if (self.local / n).is_file()), '')
-    return run_tokenizer(self.run_config)
+    return run_tokenizer(self.run_config, self.path)
 
   @functools.cached_property
   def flat(self) -> dict[str, np.ndarray]:
@@ -174,9 +174,14 @@ def from_init(from_checkpoint: str, from_hf: str, step: int = -1, *, need_decode
   return None
 
 
-def run_tokenizer(run_config: ml_collections.ConfigDict) -> str:
-  """A run's tokenizer (its typed config): the one its config.json records, else, for a pretraining run that
-  predates that record, the one its prepared data was made with ('' if unknown: the default applies)."""
+def run_tokenizer(run_config: ml_collections.ConfigDict, workdir: str | paths.Path | None = None) -> str:
+  """A run's tokenizer (its typed config; `workdir`: where the run is): the copy the run carries (weights/runs.py:
+  WORKDIR/tokenizer/, exactly the file it trained with, whatever this machine's cache holds), else the one its
+  config.json records, else, for a pretraining run that predates that record, the one its prepared data was made
+  with ('' if unknown: the default applies)."""
+  carried = runs.tokenizer_copy(runs.checkpoint_dir(workdir).parent) if workdir is not None else ''
+  if carried:
+    return carried
   data = run_config.data
   if data.tokenizer or 'dir' not in data:  # fine-tuning runs always record theirs
     return data.tokenizer
