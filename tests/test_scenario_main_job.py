@@ -1,17 +1,46 @@
-"""The README's main job, shortened: the tiny config on the built-in corpus learns, and exports to Hugging Face."""
+"""The README's main job, shortened, where pods run it: the tiny config on the built-in corpus, with its workdir, its
+prepared data and its export all on gs:// (a real GCS server on 127.0.0.1, tests/conftest.py). It learns, exits
+clean with every output the README lists, and the run it leaves is self-contained: fine-tuning, embedding,
+evaluation and export from it work in an empty cache, as on another machine, with their outputs on the bucket too.
+"""
 
+import csv
+import io
 import json
+import os
+import subprocess
+import sys
 
+import numpy as np
 import pytest
+from etils import epath
 
-from neobert_jax.train import __main__ as train_command
 from neobert_jax import config as config_lib
+from neobert_jax import paths
+from neobert_jax.train import __main__ as train_command
 from support.tiny_train import REPO_ROOT
 
+pytestmark = [pytest.mark.server, pytest.mark.slow]
 
-@pytest.mark.slow
-def test_tiny_config_learns_on_real_text_and_exports(tmp_path):
-  cfg = config_lib.load(
+# What the README's table says a pretraining workdir holds when the job ends (checkpoints, config and history,
+# metrics and TensorBoard, the loss curve and its plot, the export when export.hf_dir is inside the workdir), and
+# the tokenizer the run carries: exactly these names, local or on a bucket.
+MAIN_JOB_OUTPUTS = {
+  'checkpoints',
+  'checkpoint_metrics.jsonl',
+  'config.json',
+  'config_history.jsonl',
+  'metrics.jsonl',
+  'tensorboard',
+  'loss_curve.md',
+  'loss_curve.png',
+  'tokenizer',
+  'hf',
+}
+
+
+def _main_job_config(run: str) -> object:
+  return config_lib.load(
     REPO_ROOT / 'configs' / 'tiny_cpu.py',
     {
       'train.num_steps': 40,
@@ -20,20 +49,35 @@ def test_tiny_config_learns_on_real_text_and_exports(tmp_path):
       'checkpoint.every_steps': 40,
       'logging.progress_bar': False,
       'logging.peak_flops_per_device': 1e11,
-      'export.hf_dir': str(tmp_path / 'hf'),
+      'export.hf_dir': f'{run}/hf',
       'eval.probe_train_size': 256,  # the recipe's probe, on a smaller sample
       'eval.probe_test_size': 256,
     },
   )
-  result = train_command.pretrain(cfg, tmp_path / 'run')  # what the train command runs: train, export, report
+
+
+@pytest.fixture(scope='module')
+def main_job(gcs):
+  """The main job with data, workdir and export on the bucket: (run URL, RunResult)."""
+  from neobert_jax.data import pipeline  # pylint: disable=g-import-not-at-top
+
+  run = f'{gcs}/main/run'
+  cfg = _main_job_config(run)
+  pipeline.prepare_builtin(cfg.data, cfg.model.max_length)  # the built-in corpus, then published to the bucket
+  local_data, _ = pipeline.open_prepared(cfg.data, cfg.model.max_length)
+  cfg.data.dir = f'{gcs}/main/data'
+  paths.publish_dir(local_data, epath.Path(cfg.data.dir), 'manifest.json')
+  return run, cfg, train_command.pretrain(cfg, run)  # what the train command runs: train, export, report
+
+
+def test_the_main_job_learns_on_a_bucket_and_exports_there(main_job):
+  run, _, result = main_job
   first, last = result.evals[0], result.evals[-1]
   assert (first['step'], last['step']) == (0, 40)
   assert first['loss'] > 7.4  # ~ln(2048) = 7.62 at init: the corpus's own 2048-piece vocabulary
-  assert last['loss'] < first['loss'] - 0.6, result.evals  # measured: 7.65 -> ~6.7 after 40 steps
-  hf = tmp_path / 'hf'
-  assert (hf / 'config.json').is_file() and (hf / 'model.safetensors').is_file()
+  assert last['loss'] < first['loss'] - 0.6, result.evals  # measured: 8.07 -> ~6.5 after 40 steps
+  hf = paths.local_copy(f'{run}/hf', marker='config.json')
   assert json.loads((hf / 'config.json').read_text())['vocab_size'] == 2048
-  # The export carries the vocabulary the run was trained with, and it frames text as the training rows are.
   from transformers import AutoTokenizer  # pylint: disable=g-import-not-at-top
 
   ids = AutoTokenizer.from_pretrained(hf)('The king is dead.')['input_ids']
@@ -43,9 +87,95 @@ def test_tiny_config_learns_on_real_text_and_exports(tmp_path):
   for kind in ('tokens', 'words', 'sentences'):
     assert filled[kind]['n'] == 200 and 0 <= filled[kind]['first'] <= filled[kind]['top5'] <= 200, filled
   assert 3.0 < result.report['neighbours']['loss'] < result.report['unigram']['held_out']
-  assert (tmp_path / 'run' / 'loss_curve.png').is_file() and 0 < last['probe/fine_food/accuracy'] <= 1
-  assert (tmp_path / 'run' / 'tensorboard').is_dir() and (tmp_path / 'run' / 'metrics.jsonl').is_file()
-  # The same command on the finished run trains nothing and only exports again.
-  (hf / 'config.json').unlink()
-  again = train_command.pretrain(cfg, tmp_path / 'run')
-  assert again.final_step == 40 and not again.evals and (hf / 'config.json').is_file()
+  assert 0 < last['probe/fine_food/accuracy'] <= 1
+
+
+def test_the_bucket_workdir_holds_every_output_of_a_local_run(main_job):
+  run = paths.resolve(main_job[0])
+  assert {p.name for p in run.iterdir()} == MAIN_JOB_OUTPUTS
+  png = (run / 'loss_curve.png').read_bytes()
+  assert png.startswith(b'\x89PNG') and len(png) > 10_000
+  table = (run / 'loss_curve.md').read_text()
+  assert 'neighbour counts' in table and '| 40 |' in table
+  assert [p.name for p in (run / 'tokenizer').iterdir()] == ['tokenizer.json']
+  assert (run / 'tensorboard').is_dir() and len((run / 'metrics.jsonl').read_text().splitlines()) >= 3
+
+
+def test_the_same_command_on_the_finished_run_only_exports_again(main_job):
+  run, cfg, _ = main_job
+  (paths.resolve(run) / 'hf' / 'config.json').unlink()
+  again = train_command.pretrain(cfg, run)
+  assert again.final_step == 40 and not again.evals and (paths.resolve(run) / 'hf' / 'config.json').is_file()
+
+
+def _cli(module: str, *args: str, cache) -> str:
+  """Runs a command in a fresh process whose cache is `cache` (empty: another machine), returns its stdout."""
+  env = {**os.environ, 'NEOBERT_JAX_CACHE': str(cache), 'JAX_PLATFORMS': 'cpu'}
+  out = subprocess.run(
+    [sys.executable, '-m', module, *args], cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=600
+  )
+  assert out.returncode == 0, f'{module} {args}: {out.stderr[-3000:]}'
+  return out.stdout
+
+
+def test_fine_tuning_embedding_evaluation_and_export_from_the_bucket_run_in_an_empty_cache(main_job, tmp_path):
+  """Another machine: nothing of the run's tokenizer or data in its cache. Every command reads the run from the
+  bucket, takes the tokenizer the run carries, and writes its outputs to the bucket."""
+  from neobert_jax.data import labelled  # pylint: disable=g-import-not-at-top
+
+  run = main_job[0]
+  bucket = run.rsplit('/', 1)[0]
+  texts, labels = labelled.read_split('fine_food', 'train')
+  rows = io.StringIO()
+  writer = csv.writer(rows)
+  writer.writerow(['text', 'label'])
+  writer.writerows(zip(texts[:192], labels[:192]))
+  paths.write_text(paths.resolve(f'{bucket}/ft/train.csv'), rows.getvalue())
+  paths.write_text(paths.resolve(f'{bucket}/texts.txt'), '\n'.join(texts[:12]) + '\n')
+  cache = tmp_path / 'empty-cache'
+  cache.mkdir()
+
+  _cli(
+    'neobert_jax.finetune',
+    '--config=configs/finetune_classification.py',
+    f'--workdir={bucket}/ft/run',
+    f'--config.init.from_checkpoint={run}',
+    f'--config.data.train_file={bucket}/ft/train.csv',
+    '--config.data.validation_fraction=0.25',
+    '--config.train.epochs=1',
+    '--config.logging.progress_bar=False',
+    f'--config.export.dir={bucket}/ft/hf',
+    cache=cache,
+  )
+  ft = paths.resolve(f'{bucket}/ft/run')
+  results = json.loads((ft / 'results.json').read_text())
+  assert 0 <= results['best']['metrics'][results['metric']] <= 1
+  assert [p.name for p in (ft / 'tokenizer').iterdir()] == ['tokenizer.json']  # the fine-tuned run carries it too
+  assert (paths.resolve(f'{bucket}/ft/hf') / 'tokenizer.json').is_file()
+
+  _cli(
+    'neobert_jax.embed',
+    f'--model={run}',
+    f'--input={bucket}/texts.txt',
+    f'--output={bucket}/emb.npy',
+    '--no-progress',
+    cache=cache,
+  )
+  emb = np.load(io.BytesIO(paths.resolve(f'{bucket}/emb.npy').read_bytes()))
+  assert emb.shape == (12, 128) and np.isfinite(emb).all()
+
+  out = _cli(
+    'neobert_jax.evaluate',
+    'pppl',
+    f'--model={run}',
+    f'--input={bucket}/texts.txt',
+    f'--output={bucket}/pppl.json',
+    '--no-progress',
+    cache=cache,
+  )
+  assert json.loads(paths.resolve(f'{bucket}/pppl.json').read_text())['pppl'] > 1, out
+
+  _cli('neobert_jax.convert', 'to-pytorch', f'--checkpoint={run}', f'--output={bucket}/hf2', cache=cache)
+  hf2 = paths.resolve(f'{bucket}/hf2')
+  assert (hf2 / 'tokenizer.json').read_bytes() == (paths.resolve(run) / 'hf' / 'tokenizer.json').read_bytes()
+  assert not (cache / 'vocab').exists()  # nothing was learned or fetched again: the run's own file was used
