@@ -47,6 +47,8 @@ def files(tmp_path_factory):
   (d / 'in.txt').write_text('the cat sat\n')
   (d / 'prepared').mkdir()
   (d / 'prepared' / 'manifest.json').write_text('{}')
+  (d / 'broken.json').write_text('{"web": {"dir": "x", "weight": ')
+  (d / 'neg.json').write_text(json.dumps({'web': {'dir': str(d / 'prepared'), 'weight': -1}}))
   return d, vocab
 
 
@@ -87,6 +89,50 @@ def _subprocess_cases(d: Path, vocab: str) -> list[tuple[str, list[str], int, st
       {},
     ),
     ('compile: unknown target', COMPILE + ['--target=cuda:a100x8'], CONFIG, 'h100', {}),
+    # The surfaces the recipes grew: mixtures, schedules, the batch ramp, EMA, the probe, wandb, the warmup knob.
+    ('train: missing mixture file', TRAIN + [work, f'--config.data.mixture={d / "none.json"}'], CONFIG, 'no such', {}),
+    ('train: mixture not JSON', TRAIN + [work, f'--config.data.mixture={d / "broken.json"}'], CONFIG, 'JSON', {}),
+    ('train: negative mixture weight', TRAIN + [work, f'--config.data.mixture={d / "neg.json"}'], CONFIG, '-1', {}),
+    ('train: unknown schedule', TRAIN + [work, '--config.optimizer.schedule=bogus'], CONFIG, 'wsd', {}),
+    (
+      'train: decay longer than the run',
+      TRAIN + [work, '--config.optimizer.schedule=wsd', '--config.optimizer.wsd_decay_fraction=1.5'],
+      CONFIG,
+      'wsd_decay_fraction',
+      {},
+    ),
+    (
+      'train: batch ramp start does not divide',
+      TRAIN + [work, '--config.train.batch_warmup_tokens=100000', '--config.train.batch_warmup_start=5'],
+      CONFIG,
+      'batch_warmup_start=5',
+      {},
+    ),
+    ('train: EMA decay out of range', TRAIN + [work, '--config.train.ema_decay=1.5'], CONFIG, 'ema_decay', {}),
+    ('train: EMA export without EMA', TRAIN + [work, '--config.export.use_ema=True'], CONFIG, 'ema_decay > 0', {}),
+    ('train: unknown probe task', TRAIN + [work, '--config.eval.probe_task=nope'], CONFIG, 'probe_task', {}),
+    ('train: negative warmup', TRAIN + [work, '--config.optimizer.warmup_steps=-1'], CONFIG, 'warmup_steps', {}),
+    (
+      'train: wandb online without a key',
+      TRAIN + [work, '--config.logging.wandb=True'],
+      CONFIG,
+      'API key',
+      {'WANDB_API_KEY': None, 'WANDB_MODE': None, 'NETRC': str(d / 'no-netrc')},
+    ),
+    (
+      'train: unknown wandb mode',
+      TRAIN + [work, '--config.logging.wandb=True', '--config.logging.wandb_mode=sometimes'],
+      CONFIG,
+      'offline',
+      {},
+    ),
+    (
+      'prepare: a hub dataset offline',
+      PREPARE + ['--input', 'hf:nobody/nothing', '--output', str(d / 'o-hub'), '--tokenizer', vocab],
+      DATA,
+      'hf:nobody/nothing',
+      {'HF_HUB_OFFLINE': '1'},
+    ),
   ]
 
 
@@ -97,10 +143,14 @@ def _error_lines(stderr: str) -> list[str]:
 
 def _run(case):
   name, cmd, status, text, env = case
-  r = subprocess.run(
-    cmd, cwd=REPO, capture_output=True, text=True, timeout=300, env={**os.environ, 'NEOBERT_DEBUG': '0', **env}
-  )
-  return name, _problems(r.returncode, status, r.stderr, text), r.stderr[-1500:]
+  env = {k: v for k, v in {**os.environ, 'NEOBERT_DEBUG': '0', **env}.items() if v is not None}
+  r = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300, env=env)
+  problems = _problems(r.returncode, status, r.stderr, text)
+  # Nothing written: neither the run's workdir nor a prepare's output is left behind.
+  written = [a.split('=', 1)[1] for a in cmd if a.startswith('--workdir=')]
+  written += [cmd[i + 1] for i, a in enumerate(cmd) if a == '--output' and 'neobert_jax.data.prepare' in cmd]
+  problems += [f'{w} was written' for w in written if os.path.exists(w)]
+  return name, problems, r.stderr[-1500:]
 
 
 def _problems(code: int, status: int, stderr: str, text: str) -> list[str]:

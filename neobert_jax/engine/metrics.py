@@ -13,6 +13,7 @@ import json
 import os
 import platform
 import secrets
+import shutil
 import time
 from pathlib import Path
 from typing import Any, Callable, Mapping
@@ -159,6 +160,7 @@ def _start_wandb(options: Wandb, local: Path) -> Any:
   id_file = where / 'run_id'
   run_id = id_file.read_text().strip() if id_file.is_file() else secrets.token_hex(6)
   own_dir = not os.environ.get('WANDB_DIR')
+  fresh = not where.exists()
   if own_dir:
     where.mkdir(parents=True, exist_ok=True)
   try:
@@ -173,6 +175,8 @@ def _start_wandb(options: Wandb, local: Path) -> Any:
       dir=str(local) if own_dir else None,  # None: wandb reads WANDB_DIR itself
     )
   except Exception as e:  # noqa: BLE001 - wandb raises its own types for a missing login, a network down, ...
+    if fresh:  # what wandb wrote there before it gave up (its logs) must not be left in the run
+      shutil.rmtree(where, ignore_errors=True)
     raise errors.ConfigError(
       f'logging.wandb=True: wandb could not start a run ({errors.one_line(e)}); run `wandb login`, or set '
       'WANDB_MODE=offline to keep the run on disk, or set logging.wandb=False'

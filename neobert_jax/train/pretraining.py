@@ -237,8 +237,10 @@ def train(
   after every completed step (tests use it to simulate crashes).
   """
   workdir = paths.resolve(workdir, '--workdir')
+  _wandb(cfg)  # its one-line refusals (no package, no key, a bad mode) before any work
   cfg, plan = plan_run(cfg, workdir)
   is_main = jax.process_index() == 0
+  wandb = _wandb(cfg)  # the resolved config is what the wandb run records
   mesh = shd.make_mesh(dict(cfg.mesh))
   train_host, eval_batches = _data(cfg)
   if is_main:
@@ -253,7 +255,7 @@ def train(
     tensorboard=lg.tensorboard,
     progress_bar=lg.progress_bar,
     lease=lease,
-    wandb=_wandb(cfg),
+    wandb=wandb,
   ) as session:
     if hasattr(train_host, 'close'):
       session.on_close(train_host.close)
