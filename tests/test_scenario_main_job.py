@@ -179,3 +179,20 @@ def test_fine_tuning_embedding_evaluation_and_export_from_the_bucket_run_in_an_e
   hf2 = paths.resolve(f'{bucket}/hf2')
   assert (hf2 / 'tokenizer.json').read_bytes() == (paths.resolve(run) / 'hf' / 'tokenizer.json').read_bytes()
   assert not (cache / 'vocab').exists()  # nothing was learned or fetched again: the run's own file was used
+
+
+def test_a_sweep_from_the_bucket_run_writes_its_points_and_table_there(main_job, tmp_path, monkeypatch):
+  from neobert_jax.config import finetune as finetune_config  # pylint: disable=g-import-not-at-top
+  from neobert_jax.finetune import sweep  # pylint: disable=g-import-not-at-top
+
+  run = main_job[0]
+  bucket = run.rsplit('/', 1)[0]
+  monkeypatch.setenv('NEOBERT_JAX_CACHE', str(tmp_path / 'empty-cache'))  # another machine's cache
+  cfg = config_lib.load(REPO_ROOT / 'configs' / 'finetune_classification.py', {})
+  cfg.init.from_checkpoint, cfg.data.train_file = run, f'{bucket}/ft/train.csv'  # written by the test above
+  cfg.data.validation_fraction, cfg.train.epochs, cfg.logging.progress_bar = 0.25, 1, False
+  assert finetune_config.validate(cfg)
+  summary = sweep.run_sweep(cfg, f'{bucket}/sweep', [1e-4], [32], [1e-2])
+  root = paths.resolve(f'{bucket}/sweep')
+  assert json.loads((root / sweep.SUMMARY_FILE).read_text()) == json.loads(json.dumps(summary))
+  assert (root / sweep.point_name(1e-4, 32, 1e-2) / 'results.json').is_file()
