@@ -360,3 +360,15 @@ def test_the_testing_page_maps_every_package_module_to_tests_that_exist():
     if not (name.startswith('test_') and (REPO / 'tests' / name).is_file())
   ]
   assert not problems, 'docs/testing.md, "Which tests cover which module":\n' + '\n'.join(problems)
+
+
+def test_the_docs_date_figures_by_the_calendar_not_by_work_periods():
+  """Docs state the present: a figure is dated by the calendar and its command, never by a numbered work period
+  ('session 15', 'the session before') that no reader can resolve. History goes to the CHANGELOG."""
+  pattern = re.compile(r'\b((?<!test )sessions? [0-9]+|the session before|last session|this session)\b', re.IGNORECASE)
+  found = []
+  for path in [REPO / 'README.md', *sorted((REPO / 'docs').glob('*.md'))]:
+    for n, line in enumerate(path.read_text(encoding='utf-8').splitlines(), 1):
+      if pattern.search(line):
+        found.append(f'{path.relative_to(REPO)}:{n}: {line.strip()}')
+  assert not found, '\n'.join(found)
