@@ -114,7 +114,12 @@ def _train_worker(workdir: str) -> None:
       print(f'process 1 got SIGTERM after step {done}', flush=True)
       os.kill(os.getpid(), signal.SIGTERM)
 
-  result = train_only(cfg, workdir, on_step=on_step)
+  if os.environ.get('TEST_WHOLE_JOB'):  # the train command's whole job: training, then the report on process 0
+    from neobert_jax.train.__main__ import pretrain
+
+    result = pretrain(cfg, workdir, on_step)
+  else:
+    result = train_only(cfg, workdir, on_step=on_step)
   print(f'process {info.process_id} TRAIN_DONE final_step={result.final_step} preempted={result.preempted}', flush=True)
 
 
@@ -458,6 +463,12 @@ def test_two_hosts_without_a_shared_path_train_and_resume_through_a_bucket(runs,
   assert sorted(ours) == sorted(ref)
   for k in ref:
     assert (ours[k] == ref[k]).all(), k
+  # One step more, as the train command's whole job, evaluating at its end: both processes exit 0 and the report
+  # (its table and plot) is on the bucket.
+  whole = {**extra, 'train.num_steps': 4, 'eval.every_steps': 4, 'eval.probe_task': ''}
+  codes, out = bucket_job(workdir, whole, tmp_path, {'TEST_WHOLE_JOB': '1'})
+  plot = epath.Path(f'{workdir}/loss_curve.png')
+  assert codes == [0, 0] and plot.is_file() and plot.read_bytes().startswith(b'\x89PNG'), out[-3000:]
 
 
 if __name__ == '__main__':
