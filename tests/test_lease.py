@@ -213,7 +213,7 @@ def test_every_out_of_range_prepare_flag_is_one_line(tmp_path, capsys):
 
 _TRAIN = """
 import os, sys, time
-from neobert_jax.train import __main__ as train_command
+from neobert_jax.jobs import pretrain as pretrain_job
 from support.tiny_train import tiny_config
 def hold(step):
   if step == 4:  # checkpoint 3 is written; the parent works beside this live run, then stops it
@@ -223,7 +223,7 @@ def hold(step):
 cfg = tiny_config(steps=6)
 cfg.run_id = 'job-a'
 cfg.data.dir = sys.argv[2] or cfg.data.dir
-train_command.pretrain(cfg, sys.argv[1], on_step=hold)
+pretrain_job.pretrain(cfg, sys.argv[1], on_step=hold)
 """
 
 
@@ -264,7 +264,7 @@ def test_second_trainer_on_a_live_workdir_is_refused_and_readers_work_beside_it(
   exit: the lease is released); on the bucket it is killed with kill -9 and a restart with the same run_id takes
   the lease back at once and finishes the run."""
   from neobert_jax import paths
-  from neobert_jax.train import __main__ as train_command
+  from neobert_jax.jobs import pretrain as pretrain_job
   from neobert_jax.convert import export_hf
   from neobert_jax.data import pipeline
   from support.tiny_train import tiny_config, train_only
@@ -280,7 +280,7 @@ def test_second_trainer_on_a_live_workdir_is_refused_and_readers_work_beside_it(
   try:
     before = _files(epath.Path(where))
     with pytest.raises(SystemExit) as stop, errors.reported('train'):
-      train_command.pretrain(tiny_config(steps=6), where)
+      pretrain_job.pretrain(tiny_config(steps=6), where)
     assert stop.value.code == errors.InUseError.exit_status
     err = [x for x in capsys.readouterr().err.splitlines() if x.strip()]
     assert len(err) == 1 and f'pid {child.pid}' in err[0] and 'run_id job-a' in err[0], err
@@ -304,7 +304,7 @@ def test_second_trainer_on_a_live_workdir_is_refused_and_readers_work_beside_it(
     cfg.run_id = 'job-a'  # the same job restarted: no wait for the timeout
     assert (
       train_only(cfg, where).final_step == 6
-    )  # (the report of train_command.pretrain reads held-out data locally only)
+    )  # (the report of pretrain_job.pretrain reads held-out data locally only)
     assert 'the same job (run_id job-a) restarted' in caplog.text
     assert not (epath.Path(where) / lease.LEASE_FILE).exists()
   finally:

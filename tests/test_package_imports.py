@@ -74,7 +74,7 @@ def _entry(name: str) -> bool:
   return name == 'neobert_jax.cli' or name.endswith('.__main__')
 
 
-COMMANDS = ('finetune', 'evaluate', 'embed', 'aot', 'compile', 'cli')
+COMMANDS = ('jobs', 'finetune', 'evaluate', 'embed', 'aot', 'compile', 'cli')
 
 # (layer, its areas (a module or subpackage of neobert_jax), its rule), lowest first.
 LAYERS = (
@@ -90,7 +90,7 @@ LAYERS = (
   ('engine', ('engine',), 'the one trainer and checkpoint writer: imports no task'),
   ('train and convert', ('train', 'convert'), 'pretraining and Hugging Face conversion, side by side'),
   ('downstream', ('downstream',), 'what fine-tuning, embed and evaluate share: imports none of them'),
-  ('commands', ('finetune', 'evaluate', 'embed', 'aot', 'compile'), 'the jobs the commands run'),
+  ('commands', ('jobs', 'finetune', 'evaluate', 'embed', 'aot', 'compile'), 'the jobs the commands run'),
   ('entry points', ('cli', '__main__'), 'flags and one-line errors: import anything; nothing imports them'),
 )
 
@@ -264,7 +264,7 @@ def test_no_cycles_between_subpackages():
 
 def test_train_and_convert_share_the_parameter_layer():
   # Both read run directories and the Hugging Face layout through weights/; neither imports the other (the
-  # end-of-run export joins them in the train command's job, train/__main__.py, an entry point above both).
+  # end-of-run export joins them in the pretraining job, jobs/pretrain.py, in the commands layer above both).
   graph = _graph()
   between = sorted(
     (a, b)
@@ -275,7 +275,7 @@ def test_train_and_convert_share_the_parameter_layer():
   assert not between, f'train and convert import each other: {between}'
   assert {'neobert_jax.weights.runs', 'neobert_jax.weights.hf'} <= graph['neobert_jax.convert.export_hf']
   assert 'neobert_jax.weights.source' in graph['neobert_jax.train.mlm']
-  assert {'neobert_jax.train.pretraining', 'neobert_jax.convert.export_hf'} <= graph['neobert_jax.train.__main__']
+  assert {'neobert_jax.train.pretraining', 'neobert_jax.convert.export_hf'} <= graph['neobert_jax.jobs.pretrain']
 
 
 # What reads weights off disk: the low-level readers of each format. Only weights/ may call them; everything else
@@ -326,14 +326,22 @@ def test_the_walker_sees_function_level_imports():
   # see imports there, and resolve `from pkg import module` to the module.
   graph = _graph()
   assert 'neobert_jax.data.assets' in graph['neobert_jax.data.tokenizer']
-  assert 'neobert_jax.train.pretraining' in graph['neobert_jax.train.__main__']  # imported inside a function
+  assert 'neobert_jax.jobs.pretrain' in graph['neobert_jax.train.__main__']  # imported inside a function
 
 
-def test_the_train_command_is_served_by_train_and_names_say_one_role():
-  # `python -m neobert_jax.train` runs train/__main__.py's job (lease -> train -> export -> report); no module above
-  # train/ holds it. One loop.py at most, so a module's name says which loop it is.
+def test_the_train_command_runs_the_pretraining_job_and_names_say_one_role():
+  # `python -m neobert_jax.train` holds its flags and calls jobs/pretrain.pretrain (lease -> train -> export ->
+  # report), which tests and benchmarks call too: none of them imports the command's __main__. One loop.py at most,
+  # so a module's name says which loop it is.
   assert not (PKG / 'pretrain.py').exists()
   loops = sorted(str(p.relative_to(PKG)) for p in PKG.rglob('loop.py'))
   assert len(loops) <= 1, loops
   graph = _graph()
-  assert 'neobert_jax.train.pretraining' in graph['neobert_jax.train.__main__']
+  assert 'neobert_jax.train.pretraining' in graph['neobert_jax.jobs.pretrain']
+  assert 'neobert_jax.jobs.pretrain' in graph['neobert_jax.train.__main__']
+  users = sorted(
+    str(p.relative_to(PKG.parent))
+    for p in [*(PKG.parent / 'tests').rglob('*.py'), *(PKG.parent / 'benchmarks').glob('*.py')]
+    if 'neobert_jax.train.__main__' in p.read_text() or 'neobert_jax.train import __main__' in p.read_text()
+  )
+  assert users == ['tests/test_package_imports.py'], users  # this file names it, to look for it

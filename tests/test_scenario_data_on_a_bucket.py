@@ -28,7 +28,7 @@ from neobert_jax.data.pipeline import virtual
 from neobert_jax.data.prepare import publish
 from neobert_jax.data.prepare import local as prepare_lib
 from neobert_jax.weights import runs
-from neobert_jax.train import __main__ as train_command
+from neobert_jax.jobs import pretrain as pretrain_job
 from support.tiny_train import tiny_config, train_only
 
 pytestmark = pytest.mark.server
@@ -162,7 +162,7 @@ def test_training_on_bucket_data_matches_local_data(root, tmp_path):
     cfg = tiny_config(vocab_size=1000, steps=3)
     cfg.data.dir = data_dir
     # the whole job on the bucket's data: training, then the report, which reads both splits through the cache
-    result = (train_command.pretrain if name == 'bucket' else train_only)(cfg, tmp_path / name)
+    result = (pretrain_job.pretrain if name == 'bucket' else train_only)(cfg, tmp_path / name)
     if name == 'bucket':
       assert result.report['unigram']['held_out'] > 0, result.report
     losses = [json.loads(x)['train/loss'] for x in (tmp_path / name / 'metrics.jsonl').read_text().splitlines()]

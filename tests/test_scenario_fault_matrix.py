@@ -32,7 +32,7 @@ from neobert_jax import errors
 from neobert_jax.convert import export_hf
 from support import synthetic_data
 from neobert_jax.weights import runs
-from neobert_jax.train import __main__ as train_command
+from neobert_jax.jobs import pretrain as pretrain_job
 from support.tiny_train import kill_when_paused, tiny_config, train_only
 
 REPO = Path(__file__).resolve().parents[1]
@@ -252,7 +252,7 @@ def disk_full(data_dir, reference, tmp_path_factory):
   with _tmpfs(workdir, size):
     shutil.copytree(staged, workdir, dirs_exist_ok=True)
     before = _tree_digest(workdir / 'checkpoints' / '4')
-    outcome, stderr = _run_reported(lambda: train_command.pretrain(_cfg(data_dir), workdir))
+    outcome, stderr = _run_reported(lambda: pretrain_job.pretrain(_cfg(data_dir), workdir))
     yield outcome, stderr, workdir, before
 
 
@@ -285,7 +285,7 @@ def read_only(data_dir, reference, tmp_path_factory):
     _copy_run(reference, workdir, upto=4)
     before = _tree_digest(workdir)
     _remount(workdir, 'ro')
-    outcome, stderr = _run_reported(lambda: train_command.pretrain(_cfg(data_dir), workdir))
+    outcome, stderr = _run_reported(lambda: pretrain_job.pretrain(_cfg(data_dir), workdir))
     yield outcome, stderr, workdir, before
 
 
@@ -331,7 +331,7 @@ def test_damaged_data_is_refused_with_one_line_before_training(damage, target, t
   _make_data(data)
   damage(data / target)
   workdir = tmp_path / 'run'
-  outcome, stderr = _run_reported(lambda: train_command.pretrain(_cfg(data), workdir))
+  outcome, stderr = _run_reported(lambda: pretrain_job.pretrain(_cfg(data), workdir))
   line = _assert_one_line(outcome, stderr, str(data / target), 'prepare it again')
   assert outcome == errors.DataError.exit_status, line
   assert not workdir.exists()  # refused before anything was written, let alone trained

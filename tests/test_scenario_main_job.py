@@ -17,7 +17,7 @@ from etils import epath
 
 from neobert_jax import config as config_lib
 from neobert_jax import paths
-from neobert_jax.train import __main__ as train_command
+from neobert_jax.jobs import pretrain as pretrain_job
 from support.tiny_train import REPO_ROOT
 
 pytestmark = [pytest.mark.server, pytest.mark.slow]
@@ -67,7 +67,7 @@ def main_job(gcs):
   local_data, _ = pipeline.open_prepared(cfg.data, cfg.model.max_length)
   cfg.data.dir = f'{gcs}/main/data'
   paths.publish_dir(local_data, epath.Path(cfg.data.dir), 'manifest.json')
-  return run, cfg, train_command.pretrain(cfg, run)  # what the train command runs: train, export, report
+  return run, cfg, pretrain_job.pretrain(cfg, run)  # what the train command runs: train, export, report
 
 
 def test_the_main_job_learns_on_a_bucket_and_exports_there(main_job):
@@ -104,7 +104,7 @@ def test_the_bucket_workdir_holds_every_output_of_a_local_run(main_job):
 def test_the_same_command_on_the_finished_run_only_exports_again(main_job):
   run, cfg, _ = main_job
   (paths.resolve(run) / 'hf' / 'config.json').unlink()
-  again = train_command.pretrain(cfg, run)
+  again = pretrain_job.pretrain(cfg, run)
   assert again.final_step == 40 and not again.evals and (paths.resolve(run) / 'hf' / 'config.json').is_file()
 
 

@@ -115,7 +115,7 @@ def _train_worker(workdir: str) -> None:
       os.kill(os.getpid(), signal.SIGTERM)
 
   if os.environ.get('TEST_WHOLE_JOB'):  # the train command's whole job: training, then the report on process 0
-    from neobert_jax.train.__main__ import pretrain
+    from neobert_jax.jobs.pretrain import pretrain
 
     result = pretrain(cfg, workdir, on_step)
   else:

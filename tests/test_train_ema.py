@@ -11,7 +11,7 @@ import pytest
 from neobert_jax import errors
 from neobert_jax.config import train as config_lib
 from neobert_jax.convert import __main__ as convert_cli
-from neobert_jax.train import __main__ as train_command
+from neobert_jax.jobs import pretrain as pretrain_job
 from support.tiny_train import assert_identical_params, tiny_config, train_only
 from neobert_jax.weights import hf, runs
 
@@ -70,7 +70,7 @@ def test_a_run_resumed_mid_way_ends_with_the_same_average_bit_for_bit(run, tmp_p
 def test_export_use_ema_and_convert_use_ema_write_the_average(run, tmp_path):
   cfg = _cfg()
   cfg.export.hf_dir, cfg.export.use_ema = str(tmp_path / 'job'), True
-  train_command.export(cfg, run)
+  pretrain_job.export(cfg, run)
   assert convert_cli.main(['to-pytorch', f'--checkpoint={run}', f'--output={tmp_path / "cli"}', '--use-ema']) == 0
   ema = runs.restore_params(run, None, runs.EMA_ITEM)[1]
   for out in ('job', 'cli'):

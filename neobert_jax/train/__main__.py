@@ -7,25 +7,19 @@ and exits with status 0; a non-finite loss exits with status 3 naming the last g
 (config, data, checkpoint, export, distributed: neobert_jax/errors.py) is one line on stderr with its own exit
 status; --debug shows the traceback instead. `neobert-train` and the repository's train.py run this same `run()`.
 
-The job itself is `pretrain` below: the workdir's lease, then train/pretraining.train, the Hugging Face export and
-the report. Its imports sit inside the functions, so that `--help` and a bad flag do not pay for jax.
+This module holds only the flags; the job is neobert_jax/jobs/pretrain.pretrain (the workdir's lease, then
+train/pretraining.train, the Hugging Face export and the report), imported when it runs, so that `--help` and a
+bad flag do not pay for jax.
 """
 
 from __future__ import annotations
 
 import logging
 import sys
-from pathlib import Path
-from typing import TYPE_CHECKING, Callable
-
-import ml_collections
 from absl import flags
 from ml_collections import config_flags
 
 from neobert_jax import commandline, errors, host_memory
-
-if TYPE_CHECKING:  # the job imports it when it runs: --help and a bad flag do not pay for jax
-  from neobert_jax.train.pretraining import RunResult
 
 _PROG = 'train'
 # This command's own flags (not absl's global FLAGS), so that importing several commands in one process is fine.
@@ -36,46 +30,6 @@ _CONFIG = config_flags.DEFINE_config_file(
 _WORKDIR = flags.DEFINE_string(
   'workdir', None, 'Run directory: checkpoints, config.json, metrics, TensorBoard.', flag_values=_FLAGS
 )
-
-
-def export(cfg: ml_collections.ConfigDict, workdir: str | Path) -> Path:
-  """Writes the run's latest checkpoint, with the tokenizer its data was prepared with (recorded in the run's
-  config.json, so the directory is usable on its own), as a Hugging Face NeoBERT directory. The directory belongs
-  to this run, so a re-run replaces it (the converter writes it atomically)."""
-  from neobert_jax.convert import export_hf  # pylint: disable=g-import-not-at-top
-
-  out = export_hf.export_checkpoint(workdir, cfg.export.hf_dir, overwrite=True, use_ema=cfg.export.use_ema)
-  logging.getLogger('neobert_jax.train').info('exported Hugging Face model to %s', out)
-  return out
-
-
-def pretrain(
-  cfg: ml_collections.ConfigDict, workdir: str | Path, on_step: Callable[[int], None] | None = None
-) -> RunResult:
-  """The job this command runs, end to end, under one lease on the workdir (engine/session.claim, taken before
-  anything there is read or written): train (train/pretraining.train: resume or initialise, step, checkpoint),
-  then, on process 0 and unless SIGTERM stopped the run, the Hugging Face export of the final checkpoint
-  (export.hf_dir, through convert/), then the report (train/report.py: held-out loss against the unigram
-  baselines, the loss curve, fill-mask examples through that export). Re-running a finished run trains nothing and
-  only exports (and reports) again. Returns the RunResult, with the config as the run resolved it.
-
-  The job lives here, in the command's entry point, because it joins train/ and convert/, which do not import
-  each other (tests/test_package_imports.py).
-  """
-  import jax  # pylint: disable=g-import-not-at-top
-
-  from neobert_jax.engine import session  # pylint: disable=g-import-not-at-top
-  from neobert_jax.train import pretraining, report  # pylint: disable=g-import-not-at-top
-
-  with session.claim(workdir, cfg.run_id) as lease:
-    result = pretraining.train(cfg, workdir, lease, on_step)
-    if result.preempted or jax.process_index() != 0:
-      return result
-    if result.config.export.hf_dir:
-      export(result.config, result.workdir)
-    if result.final_step > 0:
-      result.report = report.report(result.config, result.workdir, result.evals)
-    return result
 
 
 def main(argv: list[str]) -> int:
@@ -89,8 +43,10 @@ def main(argv: list[str]) -> int:
 
   jax_compat.quiet_backend_probe()  # no "Unable to initialize backend 'tpu'" line on CPU / GPU machines
   commandline.configure_logging(logging.INFO if jax.process_index() == 0 else logging.WARNING)
+  from neobert_jax.jobs import pretrain as pretrain_job  # pylint: disable=g-import-not-at-top
+
   try:
-    result = pretrain(_CONFIG.value, _WORKDIR.value)
+    result = pretrain_job.pretrain(_CONFIG.value, _WORKDIR.value)
   except errors.TrainingDiverged as e:
     print(f'training stopped: {e}', file=sys.stderr)
     return 3

@@ -3,8 +3,7 @@ engine/trainer.Trainer with an evaluation and a checkpoint hook.
 
 What is pretraining's own: the resume plan (train/resume.py), the data iterator whose position is checkpointed
 with the state, the MLM evaluation on the held-out split, and the RunResult the train command reports. The job
-around it (the workdir's lease, then `train`, the export and the report) is the train command's:
-neobert_jax/train/__main__.py.
+around it (the workdir's lease, then `train`, the export and the report) is neobert_jax/jobs/pretrain.py.
 """
 
 from __future__ import annotations
@@ -46,7 +45,7 @@ class RunResult:
   preempted: bool = False
   evals: list[dict[str, float]] = dataclasses.field(default_factory=list)  # {'step', 'loss', 'accuracy'}
   skipped_steps: int = 0
-  # train/report.py's unigram baseline and fill-mask examples, filled in by the job (train/__main__.py) after the export
+  # train/report.py's unigram baseline and fill-mask examples, filled in by the job (jobs/pretrain.py) after the export
   report: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
