@@ -345,3 +345,17 @@ def test_the_train_command_runs_the_pretraining_job_and_names_say_one_role():
     if 'neobert_jax.train.__main__' in p.read_text() or 'neobert_jax.train import __main__' in p.read_text()
   )
   assert users == ['tests/test_package_imports.py'], users  # this file names it, to look for it
+
+
+def test_no_two_package_classes_share_a_name():
+  """One meaning per name: a class name names one class in the package (hf_modeling/ is the Hugging Face model file
+  shipped verbatim into exports, in transformers' own naming, and is left out)."""
+  where: dict[str, list[str]] = {}
+  for name, path in _modules().items():
+    if '.hf_modeling' in name:
+      continue
+    for node in ast.parse(path.read_text(), str(path)).body:
+      if isinstance(node, ast.ClassDef):
+        where.setdefault(node.name, []).append(name)
+  shared = {cls: mods for cls, mods in where.items() if len(mods) > 1}
+  assert not shared, f'class names used twice: {shared}'

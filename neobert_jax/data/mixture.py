@@ -43,7 +43,7 @@ _NAME = re.compile(r'[A-Za-z0-9][A-Za-z0-9_.-]*')  # a source name is also a met
 
 
 @dataclasses.dataclass(frozen=True)
-class Source:
+class WeightedSource:
   name: str
   dir: str
   schedule: tuple[tuple[int, float], ...]  # (start step, weight), steps strictly increasing
@@ -60,7 +60,7 @@ class Source:
 @dataclasses.dataclass(frozen=True)
 class Mixture:
   path: str  # the file, for messages
-  sources: tuple[Source, ...]  # sorted by name: the order rows are apportioned in, whatever the file's order
+  sources: tuple[WeightedSource, ...]  # sorted by name: the order rows are apportioned in, whatever the file's order
 
   @property
   def names(self) -> tuple[str, ...]:
@@ -168,7 +168,7 @@ def _pairs(obj) -> list[tuple[str, Any]]:
   return list(obj) if isinstance(obj, _Object) else list(obj.items())
 
 
-def _source(name: str, spec: Any, where: str, base: str) -> Source:
+def _source(name: str, spec: Any, where: str, base: str) -> WeightedSource:
   if not _NAME.fullmatch(name):
     raise errors.ConfigError(
       f'{where}: source name {name!r}: use letters, digits, _ . - (it names the eval/<name>/loss metrics)'
@@ -192,7 +192,7 @@ def _source(name: str, spec: Any, where: str, base: str) -> Source:
     directory = os.path.expanduser(directory)
     if base and not os.path.isabs(directory):
       directory = f'{base}/{directory}' if paths.is_url(base) else os.path.normpath(os.path.join(base, directory))
-  return Source(name, directory, _schedule(name, fields['weight'], where))
+  return WeightedSource(name, directory, _schedule(name, fields['weight'], where))
 
 
 def _number(value: Any) -> bool:
