@@ -116,12 +116,13 @@ def test_a_sharded_muon_run_equals_the_single_device_one():
 
 
 def _cfg():
-  """Muon with what it must compose with: an EMA, 2 micro-batches, a batch ramp (16 rows, then 32) and WSD."""
+  """Muon with what it must compose with: an EMA, 2 micro-batches, a batch ramp (16 rows, then 32), WSD, and a
+  mask rate that falls from 0.2 to 0.1 (data.mask_rate_final)."""
   cfg = _muon(tiny_config(batch=32, steps=STEPS))
   cfg.train.ema_decay, cfg.train.grad_accum_steps = 0.5, 2
   cfg.train.batch_warmup_tokens, cfg.train.batch_warmup_start = 2 * 16 * 128, 16
   cfg.optimizer.schedule, cfg.optimizer.wsd_decay_fraction = 'wsd', 0.5
-  cfg.checkpoint.async_save = False
+  cfg.data.mask_rate_final, cfg.checkpoint.async_save = 0.1, False
   return cfg
 
 
@@ -135,8 +136,13 @@ def finished(tmp_path_factory):
 @pytest.mark.slow
 def test_muon_trains_with_ema_accumulation_and_a_ramp_and_resumes_bit_identical(finished, tmp_path):
   rows = [json.loads(line) for line in (finished / 'metrics.jsonl').read_text().splitlines()]
-  losses = [r['train/loss'] for r in rows if 'train/loss' in r]
-  assert all(np.isfinite(losses)) and [r['train/batch_size'] for r in rows if 'train/loss' in r][:3] == [16, 16, 32]
+  train = [r for r in rows if 'train/loss' in r]
+  assert all(np.isfinite([r['train/loss'] for r in train])) and [r['train/batch_size'] for r in train][:3] == [
+    16,
+    16,
+    32,
+  ]
+  np.testing.assert_allclose([r['train/mask_rate'] for r in train], np.linspace(0.2, 0.1, STEPS))
   assert_resumes_identically(finished, tmp_path / 'run', 3, _cfg())  # as if killed after step 3's checkpoint
 
 
