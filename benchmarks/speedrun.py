@@ -12,7 +12,8 @@ masks); seed 0 is the main job itself. For each run it reads metrics.jsonl and r
     the evaluation's mask rate), each interpolated linearly between the two evaluations around the crossing;
   * the held-out loss at the main job's time budget: the training seconds of the 'adamw' recipe with the same seed
     in this run (the curve interpolated there; the last evaluation when a run ends sooner);
-  * the final held-out loss and the training seconds.
+  * the final held-out loss and the training seconds;
+  * the median seconds per step (train/step_time): how loaded the machine was during that run.
 
 Seconds run from the first logged row (the step-0 evaluation, after start-up and its compile) and move with the
 machine's load; losses per step do not. OUT/results.jsonl keeps every run (`--table` reprints the table from it),
@@ -64,6 +65,15 @@ def loss_at(curve: list[tuple[float, int, float, float]], seconds: float) -> flo
   return float(np.interp(seconds, t, loss))
 
 
+def step_seconds(workdir: Path) -> float:
+  """The median train/step_time of a run's metrics.jsonl (nan when it is gone)."""
+  path = workdir / 'metrics.jsonl'
+  if not path.is_file():
+    return float('nan')
+  rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+  return float(np.median([r['train/step_time'] for r in rows if 'train/step_time' in r]))
+
+
 def summary(results: dict[str, dict]) -> list[dict]:
   """One row per run: crossing, loss at the budget of the 'adamw' run of its seed, final loss."""
   rows = []
@@ -83,6 +93,7 @@ def summary(results: dict[str, dict]) -> list[dict]:
         'budget_s': budget,
         'final': r['final_loss'],
         'train_s': r['train_s'],
+        'step_s': r['step_s'],
       }
     )
   return rows
@@ -92,8 +103,8 @@ def table(rows: list[dict]) -> str:
   """The markdown table: per recipe, mean (and spread over seeds, when several) of each figure."""
   out = [
     '| recipe | seeds | s to the neighbour line | tokens to it | held-out at the budget | final held-out | '
-    'training s |',
-    '|---|---:|---:|---:|---:|---:|---:|',
+    'training s | s / step |',
+    '|---|---:|---:|---:|---:|---:|---:|---:|',
   ]
   recipes = list(dict.fromkeys(r['recipe'] for r in rows))
   for name in recipes:
@@ -108,7 +119,7 @@ def table(rows: list[dict]) -> str:
 
     out.append(
       f'| {name} | {len(mine)} | {cell("cross_s", ".0f")} | {cell("cross_tokens", ".3g")} | '
-      f'{cell("at_budget", ".3f")} | {cell("final", ".3f")} | {cell("train_s", ".0f")} |'
+      f'{cell("at_budget", ".3f")} | {cell("final", ".3f")} | {cell("train_s", ".0f")} | {cell("step_s", ".3f")} |'
     )
   return '\n'.join(out)
 
@@ -150,13 +161,14 @@ def main() -> None:
     for seed in [int(s) for s in args.seeds.split(',')]:
       for name in args.only.split(',') if args.only else list(RECIPES):
         r = run_recipe(f'{name}_s{seed}', [*EVERY, *RECIPES[name], f'seed={seed}'], out, args.config)
-        r.update(recipe=name, seed=seed)
+        r.update(recipe=name, seed=seed, step_s=step_seconds(out / f'{name}_s{seed}'))
         print(f'{name} seed {seed}: final {r["final_loss"]:.3f}, {r["train_s"]:.0f} s', flush=True)
         with open(out / 'results.jsonl', 'a') as f:
           f.write(json.dumps(r) + '\n')
   results = {}
   for line in (out / 'results.jsonl').read_text().splitlines():
     r = json.loads(line)
+    r.setdefault('step_s', step_seconds(out / f'{r["recipe"]}_s{r["seed"]}'))
     results[f'{r["recipe"]}_s{r["seed"]}'] = r  # the last run of each recipe and seed
   rows = summary(results)
   plot(results, rows, out / 'speedrun.png')
