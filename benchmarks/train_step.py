@@ -2,6 +2,7 @@
 
   python -m benchmarks.train_step [--layers 4 --hidden 768 --heads 12 --seq 512 --batch 4 --steps 5]
                                  [--mode step|grad] [--head sparse dense] [--attention xla blockwise] [--no-torch]
+                                 [--optimizer adamw muon] [--vocab 30522] [--dtype float32]
 
 The defaults are "bench-768" (4 layers x 768, 12 heads, vocab 30522, sequence 512, batch 4, fp32, 20% of the
 tokens carrying the loss).
@@ -14,6 +15,8 @@ tokens carrying the loss).
                 compare them.
   --attention   model.attention_impl of the JAX sides ('auto': what the trainer picks on this backend); each
                 kernel is its own side, so kernels are compared side by side.
+  --optimizer   optimizer.name of the JAX sides, each its own side (the PyTorch side is always AdamW).
+  --vocab, --dtype  the vocabulary size and model.dtype (the main job: 2048, bfloat16).
 Sides: JAX for each (kernel, head), PyTorch (eager, HF layout, the JAX init's weights) for each head unless
 --no-torch; all train on the same batches. Steps alternate between the sides so machine load hits them alike, and
 the median step is reported. Model FLOP/s credit each side with the work it does (train_flops_per_token at its
@@ -49,10 +52,10 @@ MASK_FRACTION = 0.2
 Run = Callable[[int], float]  # step i -> its loss (blocks until the step is done)
 
 
-def make_config(a: argparse.Namespace, head: str, kernel: str = 'auto'):
-  cfg = tiny_config(vocab_size=30522, hidden=a.hidden, layers=a.layers, seq_len=a.seq, batch=a.batch)
+def make_config(a: argparse.Namespace, head: str, kernel: str = 'auto', optimizer: str = 'adamw'):
+  cfg = tiny_config(vocab_size=a.vocab, hidden=a.hidden, layers=a.layers, seq_len=a.seq, batch=a.batch)
   cfg.model.num_heads, cfg.model.intermediate_size = a.heads, 4 * a.hidden
-  cfg.model.attention_impl = kernel
+  cfg.model.attention_impl, cfg.model.dtype, cfg.optimizer.name = kernel, a.dtype, optimizer
   # Sparse: slots to spare over the 20% masked on average; dense: the step reads the [B, T] labels instead.
   cfg.data.max_predictions = int(round(0.25 * a.seq)) if head == 'sparse' else 0
   cfg.optimizer.warmup_steps, cfg.train.num_steps = 0, 1000
@@ -196,6 +199,9 @@ def main() -> None:
   p.add_argument('--head', nargs='+', choices=('sparse', 'dense'), default=['sparse'])
   p.add_argument('--attention', nargs='+', default=['auto'], help='model.attention_impl of each JAX side')
   p.add_argument('--no-torch', '--skip-torch', dest='torch', action='store_false', help='JAX sides only')
+  p.add_argument('--optimizer', nargs='+', choices=('adamw', 'muon'), default=['adamw'], help='of each JAX side')
+  p.add_argument('--vocab', type=int, default=30522)
+  p.add_argument('--dtype', choices=('float32', 'bfloat16'), default='float32')
   a = p.parse_args()
 
   tokens = a.batch * a.seq
@@ -206,9 +212,10 @@ def main() -> None:
   for head in a.head:
     fraction = masked if head == 'sparse' else 1.0
     for kernel in a.attention:
-      name = f'jax-{kernel}-{head}'
-      sides[name], flat = jax_side(make_config(a, head, kernel), a.mode, batches)
-      work[name] = train_flops_per_token(base.model, a.seq, decoder_fraction=fraction)
+      for optimizer in a.optimizer:
+        name = f'jax-{kernel}-{head}' if a.optimizer == ['adamw'] else f'jax-{kernel}-{optimizer}-{head}'
+        sides[name], flat = jax_side(make_config(a, head, kernel, optimizer), a.mode, batches)
+        work[name] = train_flops_per_token(base.model, a.seq, decoder_fraction=fraction)
     if a.torch:
       sides[f'torch-{head}'] = torch_side(make_config(a, head), flat, a.mode, head, batches)
       work[f'torch-{head}'] = work[name]

@@ -122,6 +122,22 @@ def test_prediction_slots_match_dense_labels_and_cap():
   assert out['mlm_positions'].dtype == np.int32 and out['mlm_weights'].dtype == np.float32
 
 
+def test_thinning_a_masked_batch_masks_at_the_lower_rate_and_keeps_it_consistent():
+  """data.mask_rate_final: masked at 40%, thinned to keep 15 / 40 of the masked tokens, the batch is one masked at
+  15%, its restored tokens back to their ids, its slots weighted only where the label still stands."""
+  rows = _rows_with_specials()
+  out = masking.thin(_mask(rows, rate=0.4, max_predictions=64), 0.15 / 0.4, np.random.default_rng(3))
+  chosen = out['labels'] != masking.IGNORE
+  eligible = (rows['segment_ids'] > 0) & (rows['input_ids'] > 4)
+  assert abs(chosen.sum() / eligible.sum() - 0.15) < 0.01
+  np.testing.assert_array_equal(out['input_ids'][~chosen], rows['input_ids'][~chosen])
+  assert np.all(out['input_ids'][chosen] == 4)
+  weighted = np.zeros_like(chosen)
+  np.put_along_axis(weighted, out['mlm_positions'], out['mlm_weights'] > 0, axis=1)
+  np.testing.assert_array_equal(weighted, chosen)
+  assert out['mlm_weights'].dtype == np.float32 and out['input_ids'].dtype == np.int32
+
+
 @pytest.mark.parametrize('n', [1, 2, 3, 17, 1000, 4097])
 def test_block_shuffle_is_a_permutation_that_changes_per_epoch(n):
   idx = np.arange(n)

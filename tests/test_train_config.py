@@ -118,6 +118,7 @@ def test_weight_decay_skips_norms_and_biases():
     ({'train.batch_warmup_tokens': 1000, 'train.batch_warmup_start': 3}, 'batch_warmup_start=3 must divide'),
     ({'train.batch_warmup_tokens': 1000, 'train.batch_warmup_start': 4, 'train.grad_accum_steps': 2}, 'multiple of 16'),
     ({'train.batch_warmup_tokens': -1}, 'train.batch_warmup_tokens and train.batch_warmup_start must be >= 0'),
+    ({'data.mask_rate_final': 0.5}, r'data.mask_rate_final must be in \[0, data.mask_rate=0.4\]'),
     (
       {
         'train.num_steps': 450,  # the decay takes the last 405 steps, from step 45 on

@@ -3,7 +3,6 @@ resumes bit-identical, is evaluated beside the weights (eval/ema/*) and is what 
 to-pytorch --use-ema` write."""
 
 import json
-import shutil
 
 import numpy as np
 import pytest
@@ -12,7 +11,7 @@ from neobert_jax import errors
 from neobert_jax.config import train as config_lib
 from neobert_jax.convert import __main__ as convert_cli
 from neobert_jax.jobs import pretrain as pretrain_job
-from support.tiny_train import assert_identical_params, tiny_config, train_only
+from support.tiny_train import assert_resumes_identically, tiny_config, train_only
 from neobert_jax.weights import hf, runs
 
 STEPS, DECAY = 4, 0.5  # a fast average: four steps move it visibly
@@ -55,15 +54,7 @@ def test_the_average_follows_its_formula_and_is_evaluated(run):
 
 @pytest.mark.slow
 def test_a_run_resumed_mid_way_ends_with_the_same_average_bit_for_bit(run, tmp_path):
-  shutil.copytree(run, tmp_path / 'run')
-  for step in (3, 4):  # as if killed after step 2's checkpoint
-    shutil.rmtree(tmp_path / 'run' / 'checkpoints' / str(step))
-  assert runs.latest_step(tmp_path / 'run') == 2
-  assert train_only(_cfg(), tmp_path / 'run').final_step == STEPS
-  for name in (runs.EMA_ITEM, runs.PARAMS_ITEM):
-    assert_identical_params(
-      runs.restore_params(tmp_path / 'run', None, name)[1], runs.restore_params(run, None, name)[1]
-    )
+  assert_resumes_identically(run, tmp_path / 'run', 2, _cfg())  # as if killed after step 2's checkpoint
 
 
 @pytest.mark.slow

@@ -13,7 +13,7 @@ from neobert_jax.config import resume as rules
 from support.tiny_train import train_only
 from neobert_jax.engine import optimizer as optimizer_lib
 from neobert_jax.train import resume
-from support.tiny_train import tiny_config
+from support.tiny_train import files_of, tiny_config
 
 
 @pytest.fixture(scope='module')
@@ -28,11 +28,6 @@ def finished(tmp_path_factory):
 def run(finished, tmp_path):
   shutil.copytree(finished, tmp_path / 'run')
   return tmp_path / 'run'
-
-
-def _snapshot(workdir):
-  """Every file's path and bytes: what 'nothing was touched' means."""
-  return {str(p.relative_to(workdir)): p.read_bytes() for p in sorted(workdir.rglob('*')) if p.is_file()}
 
 
 def test_every_schema_field_has_a_rule_and_the_issue_s_identity_fields_are_identity():
@@ -91,7 +86,7 @@ def test_every_schema_field_has_a_rule_and_the_issue_s_identity_fields_are_ident
 
 @pytest.mark.slow
 def test_identity_change_is_refused_with_both_values_and_nothing_touched(run, capsys):
-  before = _snapshot(run)
+  before = files_of(run)
   cfg = tiny_config(steps=6)
   cfg.model.hidden_size, cfg.data.mask_rate = 64, 0.3
   with pytest.raises(SystemExit) as stop, errors.reported('train'):
@@ -107,15 +102,15 @@ def test_identity_change_is_refused_with_both_values_and_nothing_touched(run, ca
     f'--config.init.from_checkpoint={run}',
   ):
     assert needle in err[0], err[0]
-  assert _snapshot(run) == before  # nothing renamed, rewritten or added
+  assert files_of(run) == before  # nothing renamed, rewritten or added
   assert not list((run / 'checkpoints').glob('*.corrupt*'))
 
 
 def test_num_steps_below_the_checkpoint_is_refused(run):
-  before = _snapshot(run)
+  before = files_of(run)
   with pytest.raises(errors.ConfigError, match='below the checkpoint step 6'):
     train_only(tiny_config(steps=4), run)
-  assert _snapshot(run) == before
+  assert files_of(run) == before
 
 
 @pytest.mark.slow
@@ -192,12 +187,12 @@ def test_a_checkpoint_that_does_not_fit_is_a_mismatch_never_corrupt(run):
   for item in (run / 'checkpoints').glob('*/config'):
     shutil.rmtree(item)
   (run / 'config.json').unlink()
-  before = _snapshot(run)
+  before = files_of(run)
   cfg = tiny_config(steps=6)
   cfg.model.hidden_size = 64
   with pytest.raises(errors.ConfigError, match=r'expected shape \(64,\), got \(32,\)'):
     train_only(cfg, run)
-  assert _snapshot(run) == before
+  assert files_of(run) == before
   assert not list((run / 'checkpoints').glob('*.corrupt*'))
 
 

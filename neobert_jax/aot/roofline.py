@@ -91,6 +91,10 @@ class Roofline:
   def flops(self, category: str) -> float:
     return sum(o.runs * o.flops for o in self.ops if o.category == category)
 
+  def bytes(self, category: str) -> float:
+    """HBM bytes of a category's kernels per step; link bytes for 'collective'."""
+    return sum(o.runs * o.bytes for o in self.ops if o.category == category)
+
   @property
   def attention_forward_flops(self) -> float:
     """Forward attention FLOPs; x3 is the model convention's attention term (forward + 2x backward)."""
@@ -119,6 +123,7 @@ class Roofline:
       'model_flops_per_device': self.model_flops_per_device,
       'seconds': {c: self.seconds(c) for c in ('matmul', 'attention', 'other', 'collective')},
       'flops': {c: self.flops(c) for c in ('matmul', 'attention')},
+      'collective_bytes': self.bytes('collective'),
       'attention_forward_flops': self.attention_forward_flops,
       'top': [dataclasses.asdict(o) | {'total_seconds': o.total_seconds} for o in self.top(top)],
     }
@@ -319,7 +324,10 @@ def format_lines(
     if c in ('matmul', 'attention') and s:
       extra = f'  {r.flops(c) / 1e12:,.2f} TFLOP at {r.flops(c) / s / 1e12:,.0f} TFLOP/s'
     if c == 'collective':
-      extra = '  (asynchronous collectives overlap the compute of their loop body; the rest is exposed)'
+      extra = (
+        f'  {r.bytes(c) / 1e9:,.2f} GB over the links (asynchronous collectives overlap the compute of their '
+        'loop body; the rest is exposed)'
+      )
     lines.append(f'  {what[c]:22s}{s * 1e3:10,.1f} ms {100 * s / step:5.1f}%{extra}')
   lines.append(f'  outside matmuls and attention: {r.other_share:.1%} of the step')
   if model_matmul_flops:

@@ -54,6 +54,11 @@ def default_data_config() -> ml_collections.ConfigDict:
   cfg.max_documents_per_row = 16
   # Fraction of real, non-special tokens chosen for the MLM loss (NeoBERT: 0.2).
   cfg.mask_rate = 0.2
+  # > 0: the training rate falls linearly from mask_rate at the first step to this at the last (Ankner et al. 2023,
+  # arXiv 2305.15096: 0.4 -> 0.15): rows are masked at mask_rate, and each step keeps a random share of their
+  # masked tokens, mask_rate_at / mask_rate, restoring the others (masking.thin). Evaluation and the report's
+  # baselines stay at eval.mask_rate, or mask_rate. 0: mask_rate throughout.
+  cfg.mask_rate_final = 0.0
   # 'all_mask': every chosen token becomes [MASK] (NeoBERT).
   # 'bert_80_10_10': 80% [MASK], 10% random token, 10% unchanged (BERT).
   cfg.mask_strategy = 'all_mask'
@@ -110,6 +115,11 @@ def validate_data_config(cfg: ml_collections.ConfigDict) -> None:
     raise ValueError(f'data.mask_strategy must be one of {MASK_STRATEGIES}, got {cfg.mask_strategy!r}')
   if not 0.0 < cfg.mask_rate < 1.0:
     raise ValueError(f'data.mask_rate must be in (0, 1), got {cfg.mask_rate}')
+  if not 0.0 <= cfg.mask_rate_final <= cfg.mask_rate:
+    raise ValueError(
+      f'data.mask_rate_final must be in [0, data.mask_rate={cfg.mask_rate}] (the rate falls to it; 0: no fall), '
+      f'got {cfg.mask_rate_final}'
+    )
   if cfg.max_predictions < 0:
     raise ValueError(f'data.max_predictions must be >= 0, got {cfg.max_predictions}')
   if cfg.max_documents_per_row < 0:
@@ -126,3 +136,12 @@ def validate_data_config(cfg: ml_collections.ConfigDict) -> None:
     raise ValueError(f'data.bucket_reads must be one of {BUCKET_READS}, got {cfg.bucket_reads!r}')
   if not cfg.cache_gb > 0:
     raise ValueError(f'data.cache_gb must be > 0, got {cfg.cache_gb}')
+
+
+def mask_rate_at(cfg: ml_collections.ConfigDict, step: int, num_steps: int) -> float:
+  """The training mask rate of step `step` (0 = the first update) of `num_steps`: mask_rate, or with
+  mask_rate_final the straight line from mask_rate at step 0 to mask_rate_final at the last step."""
+  if cfg.mask_rate_final <= 0:
+    return cfg.mask_rate
+  progress = min(max(step / max(num_steps - 1, 1), 0.0), 1.0)
+  return cfg.mask_rate + (cfg.mask_rate_final - cfg.mask_rate) * progress

@@ -1,6 +1,7 @@
 """What both schemas' optimizer sections share: the range checks (AdamW's betas, eps, weight decay, clipping), the
-one way a section's out-of-range value is refused (`section.field=value must be <range>`), and the one warmup
-knob (`resolve_warmup`)."""
+one way a section's out-of-range value is refused (`section.field=value must be <range>`), the one warmup knob
+(`resolve_warmup`), and pretraining's choice of optimizer: AdamW, or Muon on the weight matrices beside AdamW on
+the rest (its fields and their checks)."""
 
 from __future__ import annotations
 
@@ -57,3 +58,57 @@ def resolve_warmup(o: ml_collections.ConfigDict, num_steps: int | None) -> None:
     o.warmup_fraction,
   )
   o.warmup_fraction = 0.0
+
+
+# optimizer.name values (engine/optimizer.py builds each), and the weight matrices optimizer.muon_adamw may leave on
+# AdamW. Norm scales and biases always take AdamW: Muon orthogonalises matrices.
+OPTIMIZERS = ('adamw', 'muon')
+MUON_ADAMW_MATRICES = ('embeddings', 'decoder')
+MUON_RATE_SCALES = ('rms', 'width')
+
+
+def optimizer_choice() -> dict[str, object]:
+  """Pretraining's optimizer.name and Muon's fields, at their defaults (config/train.py adds them to its section)."""
+  return dict(
+    # 'adamw': AdamW on every parameter. 'muon': optax.contrib.muon (momentum, then Newton-Schulz orthogonalisation)
+    # on the blocks' weight matrices, each layer of the [L, ...] stacks its own matrix; AdamW (the fields above) on
+    # norm scales, biases and the matrices named in muon_adamw. Clipping, the schedule and weight decay serve both.
+    name='adamw',
+    muon_lr=0.0,  # the Muon side's peak rate, on the same schedule as peak_lr; 0 = peak_lr
+    muon_momentum=0.95,  # the momentum Muon orthogonalises (Nesterov's unless muon_nesterov=False)
+    muon_nesterov=True,
+    muon_ns_steps=5,  # Newton-Schulz iterations per update (each costs three matmuls per matrix)
+    # How an orthogonalised update is scaled for its shape [fan_in, fan_out]: 'rms' multiplies it by muon_rms x
+    # sqrt(max(fan_in, fan_out)) so that its RMS is muon_rms whatever the shape (Moonlight, Liu et al. 2025: about
+    # AdamW's, so one rate serves both sides); 'width' by sqrt(max(1, fan_out / fan_in)) (Jordan's Muon, which runs
+    # at a rate about ten times AdamW's: set muon_lr)
+    muon_rate_scale='rms',
+    muon_rms=0.2,
+    muon_adamw='embeddings,decoder',  # matrices left on AdamW, comma-separated: embeddings, decoder; '' = none
+  )
+
+
+def muon_adamw(o: ml_collections.ConfigDict) -> tuple[str, ...]:
+  """The matrices optimizer.muon_adamw leaves on AdamW, as a tuple of MUON_ADAMW_MATRICES names."""
+  return tuple(part.strip() for part in o.muon_adamw.split(',') if part.strip())
+
+
+def check_optimizer_choice(o: ml_collections.ConfigDict) -> None:
+  """Raises ConfigError for an unknown optimizer.name or a Muon field out of its range."""
+  if o.name not in OPTIMIZERS:
+    raise ConfigError(f'optimizer.name={o.name!r} is unknown; set one of {", ".join(OPTIMIZERS)}')
+  unknown = [m for m in muon_adamw(o) if m not in MUON_ADAMW_MATRICES]
+  if unknown:
+    raise ConfigError(
+      f'optimizer.muon_adamw={o.muon_adamw!r} names {", ".join(unknown)}; it lists matrices to leave on AdamW, '
+      f'any of {", ".join(MUON_ADAMW_MATRICES)} (norm scales and biases always take AdamW)'
+    )
+  if o.muon_rate_scale not in MUON_RATE_SCALES:
+    raise ConfigError(f'optimizer.muon_rate_scale={o.muon_rate_scale!r} is unknown; set one of rms, width')
+  ranges = (
+    ('muon_lr', o.muon_lr >= 0, '>= 0 (0: peak_lr)'),
+    ('muon_momentum', 0 <= o.muon_momentum < 1, 'in [0, 1)'),
+    ('muon_ns_steps', o.muon_ns_steps >= 1, '>= 1'),
+    ('muon_rms', o.muon_rms > 0, '> 0'),
+  )
+  check_ranges('optimizer', o, ranges)

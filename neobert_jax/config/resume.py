@@ -58,6 +58,10 @@ PRETRAIN_RULES: dict[str, str] = {
   # Another kind of schedule is another run's rest (its decay replaces the one the run was on): a new stage, started
   # with init.from_checkpoint. Its shape and lengths (num_steps, wsd_decay_fraction, decay_shape) stay schedule.
   'optimizer.schedule': IDENTITY,
+  # Another optimizer, or another split of the weights between Muon and AdamW, is another optimizer state: a new stage
+  # (init.from_checkpoint, which starts the optimizer afresh) may switch, a resume may not.
+  'optimizer.name': IDENTITY,
+  'optimizer.muon_adamw': IDENTITY,
   'eval': FREE,
   'checkpoint': FREE,
   'init': FREE,  # a checkpoint in the workdir wins over any init source

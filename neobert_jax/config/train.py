@@ -27,7 +27,13 @@ from neobert_jax import sharding as shd
 from neobert_jax.config import ramp
 from neobert_jax.config.data import LABELLED_TASKS, default_data_config, validate_data_config
 from neobert_jax.config.model import Choice, default_model_config, resolve_numerics, validate_model_config
-from neobert_jax.config.optimizer import adamw_ranges, check_ranges, resolve_warmup
+from neobert_jax.config.optimizer import (
+  adamw_ranges,
+  check_optimizer_choice,
+  check_ranges,
+  optimizer_choice,
+  resolve_warmup,
+)
 from neobert_jax.errors import ConfigError
 
 NAN_POLICIES = ('stop', 'skip')
@@ -124,6 +130,8 @@ def get_config() -> ml_collections.ConfigDict:
       final_lr_fraction=0.1,  # floor = final_lr_fraction * peak_lr
     )
   )
+  # Which optimizer: AdamW (the fields above), or Muon on the weight matrices (config/optimizer.py's fields).
+  cfg.optimizer.update(optimizer_choice())
 
   # Held-out evaluation (MLM loss and accuracy on the data's eval split).
   cfg.eval = ml_collections.ConfigDict(
@@ -359,6 +367,7 @@ def _validate_optimizer(o: ml_collections.ConfigDict, num_steps: int) -> None:
     ),
   )
   check_ranges('optimizer', o, ranges)
+  check_optimizer_choice(o)
   for field, allowed in (('schedule', SCHEDULES), ('decay_shape', DECAY_SHAPES)):
     if o[field] not in allowed:
       raise ConfigError(f'optimizer.{field}={o[field]!r} is unknown; set one of {", ".join(allowed)}')

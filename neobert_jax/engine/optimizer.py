@@ -1,4 +1,5 @@
-"""NeoBERT's optimizer: global-norm clipping, then AdamW under a warmup-cosine (or WSD, linear, constant) schedule.
+"""NeoBERT's optimizer: global-norm clipping, then AdamW (or Muon) under a warmup-cosine (or WSD, linear, constant)
+schedule.
 
 Owns the learning-rate schedule, the weight-decay mask and the clip -> AdamW chain, configured by the `optimizer`
 section (neobert_jax/config/train.py documents each field). Two recipes are expressible, field by field:
@@ -26,6 +27,12 @@ Weight decay (unless `decay_all_params`): every weight matrix decays (the token 
 `decay_embeddings=False`), norm scales and biases never do. The decision is made from the parameter's path, not
 its rank, because stacked layers turn the per-layer norm scales [D] into [L, D] matrices (and the biases of
 model.use_bias, 'encoder.layers.qkv_bias' and its siblings, into [L, ...] ones).
+
+optimizer.name='muon' puts the blocks' weight matrices (and the embedding or decoder unless optimizer.muon_adamw
+keeps them on AdamW) under optax.contrib.muon: Nesterov momentum, orthogonalised by Newton-Schulz iterations, scaled
+for the matrix's shape, weight-decayed like AdamW's matrices, at the same schedule (muon_lr / peak_lr times it).
+MUON_AXES says how each stacked [L, ...] weight is read as L matrices. Everything else takes the AdamW above; the
+two sides are an optax.partition behind the one clipping.
 """
 
 from __future__ import annotations
@@ -39,6 +46,7 @@ import ml_collections
 import numpy as np
 import optax
 
+from neobert_jax.config.optimizer import muon_adamw
 from neobert_jax.config.train import DECAY_SHAPES, SCHEDULES, decay_window
 from neobert_jax.weights.flat import path_names
 
@@ -147,12 +155,42 @@ def clip_by_global_norm_eps(max_norm: float, eps: float) -> optax.GradientTransf
   return optax.GradientTransformation(lambda params: optax.EmptyState(), update)
 
 
-def make_optimizer(
-  opt: ml_collections.ConfigDict, num_steps: int
-) -> tuple[optax.GradientTransformation, optax.Schedule]:
-  """The full transformation (clip -> AdamW) and its schedule, from the `optimizer` section and train.num_steps."""
-  schedule = lr_schedule(opt, num_steps)
-  adamw = optax.adamw(
+# Muon's reading of each weight, by the last two names of its path: (input axes, output axes) of the matrix, every
+# other axis a batch axis, so each layer of a stacked [L, ...] weight is its own matrix. The optimizer.muon_adamw
+# name of the matrices it may leave on AdamW is the third entry.
+MUON_AXES: dict[str, tuple[tuple[int, ...], tuple[int, ...], str]] = {
+  'layers.qkv': ((1,), (2, 3), ''),  # [L, D, heads, 3 x head_dim]: one [D, 3D] matrix per layer
+  'layers.wo': ((1, 2), (3,), ''),  # [L, heads, head_dim, D]: [D, D]
+  'layers.w12': ((1,), (2, 3), ''),  # [L, D, 2, F]: the gate and up projections as one [D, 2F]
+  'layers.w3': ((1,), (2,), ''),  # [L, F, D]
+  'decoder.kernel': ((0,), (1,), 'decoder'),  # [D, vocab]
+  'token_embedding.embedding': ((0,), (1,), 'embeddings'),  # [vocab, D]: one-hot rows in, D out
+}
+
+
+def muon_dimensions(on_adamw: tuple[str, ...]) -> Callable[[Any], Any]:
+  """optax.contrib.muon's muon_weight_dimension_numbers: a function of the parameters (or of a masked tree of them)
+  giving each one's MuonDimensionNumbers, or None where it takes AdamW."""
+
+  def one(path: Any, leaf: Any) -> Any:
+    names = [n for n in path_names(path) if n != 'value']  # nnx state paths end in the Variable's 'value'
+    axes = MUON_AXES.get('.'.join(names[-2:]))
+    if axes is None or axes[2] in on_adamw or leaf.ndim <= max(axes[0] + axes[1]):
+      return None
+    return optax.contrib.MuonDimensionNumbers(axes[0], axes[1])
+
+  return lambda params: jax.tree_util.tree_map_with_path(one, params)
+
+
+def muon_labels(on_adamw: tuple[str, ...]) -> Callable[[Any], Any]:
+  """optax.partition's labels: 'muon' or 'adamw' for each parameter."""
+  dims = muon_dimensions(on_adamw)
+  is_dims = lambda x: x is None or isinstance(x, optax.contrib.MuonDimensionNumbers)
+  return lambda params: jax.tree.map(lambda d: 'adamw' if d is None else 'muon', dims(params), is_leaf=is_dims)
+
+
+def _adamw(opt: ml_collections.ConfigDict, schedule: optax.Schedule) -> optax.GradientTransformation:
+  return optax.adamw(
     learning_rate=schedule,
     b1=opt.b1,
     b2=opt.b2,
@@ -160,6 +198,33 @@ def make_optimizer(
     weight_decay=opt.weight_decay,
     mask=None if opt.decay_all_params else weight_decay_mask(opt.decay_embeddings),
   )
+
+
+def _muon(opt: ml_collections.ConfigDict, schedule: optax.Schedule) -> optax.GradientTransformation:
+  """optax.contrib.muon on the matrices muon_labels names, AdamW (_adamw) on the rest."""
+  ratio = opt.muon_lr / opt.peak_lr if opt.muon_lr > 0 else 1.0
+  rate = schedule if ratio == 1.0 else (lambda count: schedule(count) * ratio)
+  on_adamw = muon_adamw(opt)
+  muon = optax.contrib.muon(
+    learning_rate=rate,
+    ns_steps=opt.muon_ns_steps,
+    beta=opt.muon_momentum,
+    weight_decay=opt.weight_decay,
+    weight_decay_mask=None if opt.decay_all_params else weight_decay_mask(opt.decay_embeddings),
+    nesterov=opt.muon_nesterov,
+    muon_weight_dimension_numbers=muon_dimensions(on_adamw),
+    consistent_rms=opt.muon_rms if opt.muon_rate_scale == 'rms' else None,
+  )
+  return optax.partition({'muon': muon, 'adamw': _adamw(opt, schedule)}, muon_labels(on_adamw))
+
+
+def make_optimizer(
+  opt: ml_collections.ConfigDict, num_steps: int
+) -> tuple[optax.GradientTransformation, optax.Schedule]:
+  """The full transformation (clip -> AdamW, or clip -> Muon and AdamW) and its schedule, from the `optimizer`
+  section and train.num_steps."""
+  schedule = lr_schedule(opt, num_steps)
+  update = _muon(opt, schedule) if opt.name == 'muon' else _adamw(opt, schedule)
   clip = []
   if opt.clip_norm > 0:
     clip = [
@@ -167,7 +232,7 @@ def make_optimizer(
       if opt.clip_eps > 0
       else optax.clip_by_global_norm(opt.clip_norm)
     ]
-  return optax.chain(*clip, adamw), schedule
+  return optax.chain(*clip, update), schedule
 
 
 def decay_to_zero_schedule(peak: float, warmup: int, num_steps: int, kind: str) -> optax.Schedule:

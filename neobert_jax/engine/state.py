@@ -39,9 +39,22 @@ class StateDefs:
   schedule: optax.Schedule
 
 
+def _optimizer(model: nnx.Module, tx: optax.GradientTransformation) -> nnx.Optimizer:
+  """nnx.Optimizer over the model's Params. nnx hands optax's init the Params themselves, so the placeholder a
+  partition's side keeps for the parameters of the other side (optax.MaskedNode, as under optimizer.name='muon')
+  would come back wrapped in a Param holding no array; it is unwrapped, as optax's update leaves it."""
+
+  def init(params: Any) -> Any:
+    hollow = lambda x: isinstance(x, nnx.Variable) and isinstance(x.get_value(), optax.MaskedNode)
+    leaf = lambda x: isinstance(x, nnx.Variable)
+    return jax.tree.map(lambda x: x.get_value() if hollow(x) else x, tx.init(params), is_leaf=leaf)
+
+  return nnx.Optimizer(model, optax.GradientTransformation(init, tx.update), wrt=nnx.Param)
+
+
 def _build(make_model: ModelFactory, tx: optax.GradientTransformation) -> tuple[nnx.Module, nnx.Optimizer]:
   model = make_model()
-  return model, nnx.Optimizer(model, tx, wrt=nnx.Param)
+  return model, _optimizer(model, tx)
 
 
 def _split(model: nnx.Module, opt: nnx.Optimizer) -> tuple[Any, Any, TrainState]:
@@ -109,7 +122,7 @@ def with_params(defs: StateDefs, state: TrainState, params: Any) -> TrainState:
 
     def fresh_opt(p: Any) -> Any:
       model = nnx.merge(defs.model_def, p)
-      return nnx.split(nnx.Optimizer(model, defs.tx, wrt=nnx.Param))[1]
+      return nnx.split(_optimizer(model, defs.tx))[1]
 
     params = jax.device_put(params, defs.shardings['params'])
     opt = jax.jit(fresh_opt, out_shardings=defs.shardings['opt'])(params)

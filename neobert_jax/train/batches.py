@@ -12,6 +12,7 @@ from typing import Callable, Iterator, Mapping
 import jax
 import numpy as np
 
+from neobert_jax.data.pipeline import masking
 from neobert_jax.engine.step import micro_batch_sharding
 from neobert_jax.train.mlm import batch_keys
 
@@ -54,7 +55,9 @@ class GlobalBatches:
   """Wraps a host iterator; yields (global arrays for the step, real tokens across all processes).
 
   `reads(step)`: how many host batches step `step` (0 = the first update) concatenates, in order (the batch-size
-  warmup of config/ramp.py; one by default). `step` is the first step this iterator serves (a resumed run's)."""
+  warmup of config/ramp.py; one by default). `step` is the first step this iterator serves (a resumed run's).
+  `keep(step)`: the share of masked tokens step `step` keeps (data.mask_rate_final: masking.thin, drawn from
+  (seed, step, process)); None keeps them all."""
 
   def __init__(
     self,
@@ -64,21 +67,24 @@ class GlobalBatches:
     accum: int,
     reads: Callable[[int], int] = lambda step: 1,
     step: int = 0,
+    keep: Callable[[int], float] | None = None,
+    seed: int = 0,
   ):
     self.host_iter, self.mesh, self.accum = host_iter, mesh, accum
     self.keys = batch_keys(max_predictions)
-    self.reads, self.step = reads, step
+    self.reads, self.step, self.keep, self.seed = reads, step, keep, seed
 
   def __iter__(self) -> 'GlobalBatches':
     return self
 
   def _host_batch(self) -> Mapping[str, np.ndarray]:
-    n = self.reads(self.step)
+    step, n = self.step, self.reads(self.step)
     self.step += 1
-    if n == 1:
-      return next(self.host_iter)
     parts = [next(self.host_iter) for _ in range(n)]
-    return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+    batch = parts[0] if n == 1 else {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+    if self.keep is None:
+      return batch
+    return masking.thin(dict(batch), self.keep(step), np.random.default_rng([self.seed, step, jax.process_index()]))
 
   def __next__(self) -> tuple[dict[str, jax.Array], int]:
     batch = self._host_batch()

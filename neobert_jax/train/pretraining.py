@@ -21,6 +21,7 @@ from neobert_jax import paths
 from neobert_jax import sharding as shd
 from neobert_jax.config import ramp
 from neobert_jax.config import train as train_config
+from neobert_jax.config.data import mask_rate_at
 from neobert_jax.data import mixture as mixture_lib
 from neobert_jax.data import pipeline
 from neobert_jax.engine import metrics as metrics_lib
@@ -194,13 +195,22 @@ def _reads(cfg: ml_collections.ConfigDict) -> Callable[[int], int]:
   return lambda step: ramp.phase_at(table, step).size // unit
 
 
+def _thinning(cfg: ml_collections.ConfigDict) -> tuple[Callable[[int], float] | None, int]:
+  """GlobalBatches' (keep, seed) under data.mask_rate_final: the share of masked tokens each step keeps."""
+  if cfg.data.mask_rate_final <= 0:
+    return None, cfg.seed
+  return lambda step: mask_rate_at(cfg.data, step, cfg.train.num_steps) / cfg.data.mask_rate, cfg.seed
+
+
 def _counts(cfg: ml_collections.ConfigDict) -> Callable[[int], dict[str, float]]:
   """train/batch_size (sequences of the logged step) and train/tokens_seen (sequences x max_length of every step
   so far), exact host figures from the ramp's table, logged with each step's metrics."""
   table, seq = ramp.phases(cfg), cfg.model.max_length
+  falls = cfg.data.mask_rate_final > 0  # then train/mask_rate too, the rate of the logged step
   return lambda done: {
     'batch_size': float(ramp.phase_at(table, done - 1).size),
     'tokens_seen': float(ramp.tokens_through(table, seq, done)),
+    **({'mask_rate': mask_rate_at(cfg.data, done - 1, cfg.train.num_steps)} if falls else {}),
   }
 
 
@@ -296,7 +306,7 @@ def train(
       mlm.jit_train_step(cfg, mesh, start.defs),
       start,
       batches_lib.GlobalBatches(
-        train_host, cfg.data.max_predictions, mesh, t.grad_accum_steps, _reads(cfg), start.step
+        train_host, cfg.data.max_predictions, mesh, t.grad_accum_steps, _reads(cfg), start.step, *_thinning(cfg)
       ),
       num_steps=t.num_steps,
       log_every=lg.log_every,

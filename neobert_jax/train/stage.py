@@ -1,10 +1,11 @@
 """A new stage: a new run (its own --workdir) that starts from a step of another run (init.from_checkpoint).
 
 Unlike a resume (train/resume.py), a stage may change what the checkpoint is: the sequence length and RoPE theta
-(context extension), the mask rate, the schedule, the batch size and its ramp, the data. The parameters always come
-over; the optimizer's moments with init.keep_optimizer (the schedule restarts at the new run's step 0, so a stage
-may warm up again), and the data position with init.continue_data, which needs the same row stream: the fields in
-STREAM_FIELDS equal to the source run's, and its data.virtual_shards (taken from it when left at 0).
+(context extension), the mask rate, the schedule, the batch size and its ramp, the data, the optimizer (AdamW or
+Muon). The parameters always come over; the optimizer's moments with init.keep_optimizer (the schedule restarts at
+the new run's step 0, so a stage may warm up again), which needs the same optimizer (the fields in OPTIMIZER_FIELDS
+equal to the source run's), and the data position with init.continue_data, which needs the same row stream: the
+fields in STREAM_FIELDS equal to the source run's, and its data.virtual_shards (taken from it when left at 0).
 
 `check` runs in the trainer's resolve step, before the data is opened; what it returns goes into the new run's
 config_history.jsonl (its first line's 'origin'): where the stage came from and every field it changed.
@@ -36,6 +37,10 @@ STREAM_FIELDS = (
   'data.virtual_shards',
 )
 
+# The fields that decide the optimizer state's tree: init.keep_optimizer carries the source's state over only when
+# these agree.
+OPTIMIZER_FIELDS = ('optimizer.name', 'optimizer.muon_adamw')
+
 
 def check(cfg: ml_collections.ConfigDict, src: Source | None) -> dict[str, Any] | None:
   """The origin of a run that starts from `src` (None: random init), for its history; with init.continue_data,
@@ -49,20 +54,38 @@ def check(cfg: ml_collections.ConfigDict, src: Source | None) -> dict[str, Any] 
   if init.continue_data:
     cfg.data.virtual_shards = cfg.data.virtual_shards or int(recorded['data'].get('virtual_shards', 0))
     cfg.data.mixture_block_docs = cfg.data.mixture_block_docs or recorded['data'].get('mixture_block_docs', '')
-    moved = [c for c in _changes(recorded, cfg) if c.field in STREAM_FIELDS]
-    if moved:
-      raise ConfigError(
-        f'init.continue_data=True continues the row stream of {src.where} (step {src.step}), but this run lays '
-        f'out another: {"; ".join(c.describe() for c in moved)}. Fix: keep those fields as the source has them, '
-        "or set init.continue_data=False to read this run's data from its start"
-      )
+  changes = _changes(recorded, cfg)
+  if init.continue_data:
+    _refuse_any(
+      changes,
+      STREAM_FIELDS,
+      f'init.continue_data=True continues the row stream of {src.where} (step {src.step}), but this run lays out '
+      'another',
+      "keep those fields as the source has them, or set init.continue_data=False to read this run's data from its "
+      'start',
+    )
+  if init.keep_optimizer:
+    _refuse_any(
+      changes,
+      OPTIMIZER_FIELDS,
+      f'init.keep_optimizer=True carries the optimizer state of {src.where} (step {src.step}) over, but this run '
+      'builds another optimizer',
+      "set init.keep_optimizer=False to start this run's optimizer afresh, or keep those fields as the source has them",
+    )
   return {
     'from_checkpoint': src.where,
     'step': src.step,
     'keep_optimizer': bool(init.keep_optimizer),
     'continue_data': bool(init.continue_data),
-    'changes': [c.to_json() for c in _changes(recorded, cfg) if c.kind != resume_rules.FREE],
+    'changes': [c.to_json() for c in changes if c.kind != resume_rules.FREE],
   }
+
+
+def _refuse_any(changes: list[resume_rules.Change], fields: tuple[str, ...], problem: str, fix: str) -> None:
+  """One line naming the problem, each of `fields` that changed with both values, and the fix; None if none did."""
+  moved = [c for c in changes if c.field in fields]
+  if moved:
+    raise ConfigError(f'{problem}: {"; ".join(c.describe() for c in moved)}. Fix: {fix}')
 
 
 def _changes(recorded: dict[str, Any], cfg: ml_collections.ConfigDict) -> list[resume_rules.Change]:

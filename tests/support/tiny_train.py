@@ -102,6 +102,29 @@ def assert_identical_params(a: dict, b: dict) -> None:
     np.testing.assert_array_equal(a[k], b[k], err_msg=k)
 
 
+def files_of(workdir: Path) -> dict[str, bytes]:
+  """Every file's path and bytes under `workdir`: what 'nothing was touched' means."""
+  return {str(p.relative_to(workdir)): p.read_bytes() for p in sorted(workdir.rglob('*')) if p.is_file()}
+
+
+def assert_resumes_identically(run: Path, copy: Path, last_kept: int, cfg: ml_collections.ConfigDict) -> None:
+  """A copy of the finished `run` whose checkpoints after step `last_kept` are gone (as if killed then), trained on
+  with `cfg`, ends with the run's parameters (and moving average, if any) bit for bit."""
+  import shutil
+
+  from neobert_jax.weights import runs
+
+  shutil.copytree(run, copy)
+  for step in runs.checkpoint_steps(copy):
+    if step > last_kept:
+      shutil.rmtree(runs.step_dir(copy, step))
+  assert runs.latest_step(copy) == last_kept
+  assert train_only(cfg, copy).final_step == cfg.train.num_steps
+  items = (runs.PARAMS_ITEM, runs.EMA_ITEM) if cfg.train.ema_decay > 0 else (runs.PARAMS_ITEM,)
+  for item in items:
+    assert_identical_params(runs.restore_params(copy, None, item)[1], runs.restore_params(run, None, item)[1])
+
+
 def tiny_run_command(workdir: str, data_dir: str, steps: int = 6) -> list[str]:
   """The command line that trains the tiny run (tiny_config) on data_dir into workdir in a process of its own, as
   the bucket-fault tests and the outage benchmark start it: warnings and the one-line error on stderr. (A -c line,

@@ -9,6 +9,9 @@ With max_predictions = P > 0 the result also carries P prediction slots per row
 for a sparse MLM head. A row that drew more than P tokens keeps the P with the
 smallest draws, i.e. a uniform subset, and the rest are left unmasked so that
 input_ids, labels and the slots always agree.
+
+`thin` lowers the rate of rows already masked (data.mask_rate_final: a rate that falls during the run) by
+restoring a random share of their masked tokens.
 """
 
 import numpy as np
@@ -85,4 +88,21 @@ def mask_rows(
     raise ValueError(f"mask strategy must be 'all_mask' or 'bert_80_10_10', got {strategy!r}")
   if max_predictions > 0:
     out.update(_slots(chosen, input_ids, max_predictions))
+  return out
+
+
+def thin(batch: dict, keep: float, rng: np.random.Generator) -> dict:
+  """`batch` (the batch contract's keys, [B, ...]) with each masked token kept with probability `keep` and the
+  others restored: the original id back in input_ids, no label, no slot weight. Masking at rate r, then thinning,
+  masks at rate r x keep, each token independently, as masking at that rate directly would."""
+  if keep >= 1.0:
+    return batch
+  labels = batch['labels']
+  restore = (labels != IGNORE) & (rng.random(labels.shape, dtype=np.float32) >= keep)
+  out = dict(batch)
+  out['input_ids'] = np.where(restore, labels, batch['input_ids']).astype(np.int32)
+  out['labels'] = np.where(restore, IGNORE, labels).astype(np.int32)
+  if 'mlm_weights' in batch:
+    dropped = np.take_along_axis(restore, batch['mlm_positions'], axis=1)
+    out['mlm_weights'] = np.where(dropped, 0.0, batch['mlm_weights']).astype(np.float32)
   return out
