@@ -45,6 +45,15 @@ def test_tiny_config_learns_on_real_text_and_exports(tmp_path):
   assert 3.0 < result.report['neighbours']['loss'] < result.report['unigram']['held_out']
   assert (tmp_path / 'run' / 'loss_curve.png').is_file() and 0 < last['probe/fine_food/accuracy'] <= 1
   assert (tmp_path / 'run' / 'tensorboard').is_dir() and (tmp_path / 'run' / 'metrics.jsonl').is_file()
+  # The export's model card, refreshed after the report: the final held-out loss, the baselines, the curve.
+  from huggingface_hub import ModelCard  # pylint: disable=g-import-not-at-top
+
+  card = ModelCard.load(hf / 'README.md')
+  assert {r.metric_type: r.metric_value for r in card.data.eval_results}['loss'] == round(last['loss'], 4)
+  assert (
+    f'| neighbour counts (bigrams of the training split) | {result.report["neighbours"]["loss"]:.3f} |' in card.text
+  )
+  assert (hf / 'loss_curve.png').read_bytes() == (tmp_path / 'run' / 'loss_curve.png').read_bytes()
   # The same command on the finished run trains nothing and only exports again.
   (hf / 'config.json').unlink()
   again = train_command.pretrain(cfg, tmp_path / 'run')

@@ -30,6 +30,7 @@ import numpy as np
 from safetensors.numpy import save_file
 
 from neobert_jax import errors, paths
+from neobert_jax.convert import model_card
 from neobert_jax.convert.hf_modeling import MODELING_FILES
 from neobert_jax.data import tokenizer as tokenizer_lib
 from neobert_jax.weights import eurobert, hf, runs
@@ -239,6 +240,7 @@ def write_hf_dir(
   tokenizer: str | os.PathLike | None = None,
   tokenizer_max_length: int | None = None,
   extra: Callable[[Path], None] | None = None,
+  card: model_card.Facts | None = None,
   overwrite: bool = False,
 ) -> Path:
   """The one Hugging Face directory writer: every export (pretraining, classifier, sentence-transformers) goes
@@ -247,7 +249,8 @@ def write_hf_dir(
   ``state_dict`` is None (weights in another format, written by ``extra``), config.json (``config``), the
   tokenizer's files when ``tokenizer`` is given (its model_max_length is ``tokenizer_max_length``, default the
   config's max_position_embeddings), then whatever ``extra(tmp)`` adds (a sentence-transformers directory's
-  modules, an ONNX graph)."""
+  modules, an ONNX graph), and last the model card, README.md (convert/model_card.py: the directory's kind and
+  architecture, ``card``'s training facts, and how to load it)."""
   state = None if state_dict is None else {k: np.ascontiguousarray(v) for k, v in state_dict.items()}
   max_length = int(hf.max_positions(config) if tokenizer_max_length is None else tokenizer_max_length)
 
@@ -262,6 +265,7 @@ def write_hf_dir(
       write_tokenizer(tokenizer, tmp, max_length=max_length, vocab_size=config['vocab_size'])
     if extra is not None:
       extra(tmp)
+    model_card.write_card(tmp, config, card)
 
   return write_atomically(output, fill, overwrite)
 
@@ -274,6 +278,7 @@ def export_flat(
   tokenizer: str | os.PathLike | None = None,
   dtype: str = 'float32',
   model_type: str = 'neobert',
+  card: model_card.Facts | None = None,
   overwrite: bool = False,
 ) -> Path:
   """Writes the HF directory for in-memory flat params (keys of neobert_jax.weights.flat.to_flat): NeoBERT's layout
@@ -288,7 +293,7 @@ def export_flat(
   config = hf.hf_config_dict(model_cfg, torch_dtype=dtype)
   if model_type == eurobert.MODEL_TYPE:
     state_dict, config = eurobert.from_neobert(state_dict, config, special_token_ids(tokenizer))
-  return write_hf_dir(output, state_dict, config, tokenizer=tokenizer, overwrite=overwrite)
+  return write_hf_dir(output, state_dict, config, tokenizer=tokenizer, card=card, overwrite=overwrite)
 
 
 def export_checkpoint(
@@ -318,8 +323,9 @@ def export_checkpoint(
     raise errors.ExportError(f'--checkpoint {checkpoint}: {e}') from e
   if tokenizer is None:
     tokenizer = _training_tokenizer(checkpoint, step)
+  card = model_card.run_facts(checkpoint, step)
   return export_flat(
-    flat, model_cfg, output, tokenizer=tokenizer, dtype=dtype, model_type=model_type, overwrite=overwrite
+    flat, model_cfg, output, tokenizer=tokenizer, dtype=dtype, model_type=model_type, card=card, overwrite=overwrite
   )
 
 

@@ -75,6 +75,10 @@ def pretrain(
       export(result.config, result.workdir)
     if result.final_step > 0:
       result.report = report.report(result.config, result.workdir, result.evals)
+      if result.config.export.hf_dir:  # the card quotes the report's baselines and copies its curve
+        from neobert_jax.convert import model_card  # pylint: disable=g-import-not-at-top
+
+        model_card.refresh(result.config.export.hf_dir, result.workdir)
     return result
 
 
