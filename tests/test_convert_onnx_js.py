@@ -38,7 +38,8 @@ TRANSFORMERS_JS = '@huggingface/transformers@4.3.1'
 bert_tokenizer = test_convert_export.bert_tokenizer  # the module fixture
 TEXTS = ['hello world', 'a longer sentence about the football league']
 MASKED = 'the football [MASK] won the league.'
-EMBEDDING_TOLERANCE = 1e-5  # absolute, on unit vectors: the three paths' float32 kernels and summation orders
+# Absolute, on unit vectors: the three paths' float32 kernels and summation orders (measured 1.2e-7).
+EMBEDDING_TOLERANCE = 1e-5
 
 SCRIPT = textwrap.dedent(
   """
@@ -154,7 +155,6 @@ def test_transformers_js_runs_the_onnx_directories_as_written(bert_tokenizer, tm
   feeds = {k: enc[k].numpy() for k in ('input_ids', 'attention_mask')}
   _, sentence = session.run(None, feeds)
   embedding = np.asarray(js['embedding'])
-  print('three paths, largest differences:', np.abs(embedding - st).max(), np.abs(sentence - st).max())
   np.testing.assert_allclose(embedding, st, atol=EMBEDDING_TOLERANCE)
   np.testing.assert_allclose(sentence, st, atol=EMBEDDING_TOLERANCE)
   np.testing.assert_allclose(np.linalg.norm(st, axis=-1), 1.0, atol=1e-5)
