@@ -2,7 +2,7 @@
 
 python -m benchmarks.export_inference [--threads 2] [--batch 8] [--max-length 1024] [--batches 2]
     [--models export,modernbert,reference] [--dtypes float32,bfloat16] [--workloads mixed,full] [--layers 28]
-    [--onnx] [--device cpu|cuda]
+    [--no-onnx] [--device cpu|cuda]
 
 Three encoders, random weights at their real sizes (speed does not depend on the values), no MLM head:
 
@@ -20,8 +20,9 @@ longest; `full` batches are --max-length tokens in every row. Each (dtype, workl
 batch by batch (a neighbour's load on a shared machine falls on all of them alike). It prints seq/s,
 real tokens/s, the ratio to ModernBERT and parity with the export (on the warm-up batch: the largest difference of
 last_hidden_state on real tokens relative to its scale, the least cosine of mean-pooled vectors) for each line,
-then the same as JSON. --onnx adds the export's ONNX graphs (`convert to-onnx --task hidden`) in onnxruntime on the
-CPU with the same thread count: float32 (onnx/model.onnx) and int8 weights (onnx/model_quantized.onnx). `--device cuda` runs the
+then the same as JSON. The float32 lines add the export's ONNX graphs (`convert to-onnx --task hidden`) in onnxruntime on the
+CPU with the same thread count: float32 (onnx/model.onnx) and int8 weights (onnx/model_quantized.onnx); --no-onnx
+leaves them out. `--device cuda` runs the
 PyTorch models on a GPU (SDPA's flash or memory-efficient kernels; ModernBERT without flash-attn, so padded), for
 example with `--dtypes float16,bfloat16 --batch 32 --max-length 1024 --batches 10`.
 
@@ -211,7 +212,12 @@ def main(argv=None) -> None:
   p.add_argument('--dtypes', default='float32,bfloat16')
   p.add_argument('--workloads', default='mixed,full')
   p.add_argument('--layers', type=int, default=28, help="NeoBERT's layers (28 is the released model)")
-  p.add_argument('--onnx', action='store_true', help="also the export's ONNX graph in onnxruntime (CPU, float32)")
+  p.add_argument(
+    '--onnx',
+    action=argparse.BooleanOptionalAction,
+    default=True,
+    help="the export's ONNX graphs in onnxruntime (CPU; float32 and int8), with the float32 line (--no-onnx: not)",
+  )
   p.add_argument('--seed', type=int, default=0)
   a = p.parse_args(argv)
   torch.set_num_threads(a.threads)

@@ -70,6 +70,9 @@ def _read_json(path: paths.Path) -> dict | None:
 
 def _data_sources(data: Mapping[str, Any]) -> tuple[list[str], str]:
   """(dataset names for the front matter, a sentence on the data) of a run's data section."""
+  if data.get('train_file'):  # a fine-tuning run
+    files = [f for f in (data['train_file'], data.get('validation_file')) if f]
+    return [os.path.basename(str(f)) for f in files], 'the fine-tuning data ' + ', '.join(f'`{f}`' for f in files)
   if data.get('mixture'):
     names = sorted(str(s).split('=')[0].strip() for s in str(data['mixture']).split(',') if s.strip())
     return [os.path.basename(n.rstrip('/')) or n for n in names], f'a mixture of prepared sources: `{data["mixture"]}`'
@@ -112,7 +115,7 @@ def run_facts(workdir: str | os.PathLike, step: int | None = None) -> Facts:
   else:
     training.append(
       f'- Batch: {train.get("global_batch_size")} sequences of {cfg.get("model", {}).get("max_length")} tokens, '
-      f'{train.get("num_steps"):,} steps scheduled; masking {data.get("mask_rate")} of the tokens.'
+      f'{train.get("num_steps")} steps scheduled; masking {data.get("mask_rate")} of the tokens.'
     )
   training.append(
     f'- Optimizer: AdamW, peak learning rate {opt.get("peak_lr", opt.get("lr"))}, schedule '
