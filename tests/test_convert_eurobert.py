@@ -59,6 +59,19 @@ def test_the_eurobert_directory_needs_no_code_and_reads_back_exactly(layout, ber
     np.testing.assert_array_equal(back[key], flat[key], err_msg=key)
 
 
+def test_to_onnx_reads_the_eurobert_directory_as_the_neobert_one(tmp_path):
+  from neobert_jax.convert import onnx_export
+
+  cfg, flat = random_flat(True, False)
+  neo = export_hf.export_flat(flat, cfg, tmp_path / 'neo')
+  eb = export_hf.export_flat(flat, cfg, tmp_path / 'eb', model_type='eurobert')
+  ids, mask = (torch.from_numpy(x) for x in test_convert_onnx.batch([5, 9], 9))
+  with torch.no_grad():
+    want = onnx_export.load_exported(neo, 'mlm')[0](ids, mask)
+    got = onnx_export.load_exported(eb, 'mlm')[0](ids, mask)
+  torch.testing.assert_close(got, want, rtol=0, atol=0)  # the same weights after the translation back
+
+
 def test_nonzero_feed_forward_biases_without_attention_biases_are_refused(tmp_path):
   cfg, flat = random_flat(False, False)
   state, config = eurobert.from_neobert(hf.flat_to_hf_state_dict(flat, cfg), hf.hf_config_dict(cfg), {})
