@@ -42,6 +42,7 @@ import numpy as np
 import torch
 
 MODELS = ('export', 'modernbert', 'reference')
+PARITY = 1e-4  # the largest difference on real tokens, relative to the export's largest magnitude
 DTYPES = {'float32': torch.float32, 'bfloat16': torch.bfloat16, 'float16': torch.float16}
 
 
@@ -274,6 +275,13 @@ def main(argv=None) -> None:
       f'| {same} |'
     )
   print(json.dumps({'cpu': cpu_name(), 'threads': a.threads, 'args': vars(a), 'results': results}, indent=2))
+  # The same computation must give the same numbers: in float32, the reference and the ONNX graph within PARITY of
+  # the export's scale (int8 weights and half precision are reported, not held to it).
+  held = [r for r in results if r['parity'] and r['dtype'] == 'float32' and r['model'] != 'onnx_int8']
+  off = [r for r in held if r['parity']['max_rel_diff'] > PARITY]
+  if off:
+    raise SystemExit(f'parity: {[(r["model"], r["dtype"], r["parity"]) for r in off]} differ from the export')
+  print(f'parity: the reference and the float32 ONNX graph equal the export within {PARITY:g} of its scale')
 
 
 if __name__ == '__main__':
