@@ -2,7 +2,7 @@
 
 python -m benchmarks.export_inference [--threads 2] [--batch 8] [--max-length 1024] [--batches 2]
     [--models export,modernbert,reference] [--dtypes float32,bfloat16] [--workloads mixed,full] [--layers 28]
-    [--onnx] [--device cpu|cuda]
+    [--no-onnx] [--device cpu|cuda]
 
 Three encoders, random weights at their real sizes (speed does not depend on the values), no MLM head:
 
@@ -18,8 +18,11 @@ articles, tokenized with the bert-base-uncased vocabulary, truncated at --max-le
 longest; `full` batches are --max-length tokens in every row. Each (dtype, workload) runs one warm-up batch, then
 --batches timed batches under torch.inference_mode, with torch.set_num_threads(--threads); the models take turns
 batch by batch (a neighbour's load on a shared machine falls on all of them alike). It prints seq/s,
-real tokens/s and the ratio to ModernBERT for each line, then the same as JSON. --onnx adds the export's ONNX graph
-(`convert to-onnx`) in onnxruntime on the CPU, float32, with the same thread count. `--device cuda` runs the
+real tokens/s, the ratio to ModernBERT and parity with the export (on the warm-up batch: the largest difference of
+last_hidden_state on real tokens relative to its scale, the least cosine of mean-pooled vectors) for each line,
+then the same as JSON. The float32 lines add the export's ONNX graphs (`convert to-onnx --task hidden`) in onnxruntime on the
+CPU with the same thread count: float32 (onnx/model.onnx) and int8 weights (onnx/model_quantized.onnx); --no-onnx
+leaves them out. `--device cuda` runs the
 PyTorch models on a GPU (SDPA's flash or memory-efficient kernels; ModernBERT without flash-attn, so padded), for
 example with `--dtypes float16,bfloat16 --batch 32 --max-length 1024 --batches 10`.
 
@@ -39,6 +42,7 @@ import numpy as np
 import torch
 
 MODELS = ('export', 'modernbert', 'reference')
+PARITY = 1e-4  # the largest difference on real tokens, relative to the export's largest magnitude
 DTYPES = {'float32': torch.float32, 'bfloat16': torch.bfloat16, 'float16': torch.float16}
 
 
@@ -133,7 +137,9 @@ def _build(name: str, path: Path, dtype: torch.dtype, device: str):
   return lambda ids, mask: torch_ref.padded_reference_forward(model, ids, mask)
 
 
-def build_onnx(path: Path, root: Path, threads: int):
+def build_onnx(path: Path, root: Path, threads: int) -> dict:
+  """The export's ONNX graphs (`convert to-onnx --task hidden`) in onnxruntime on the CPU: 'onnx' (float32,
+  onnx/model.onnx) and 'onnx_int8' (int8 MatMul weights, onnx/model_quantized.onnx), each a call(ids, mask)."""
   import onnxruntime as ort
 
   from neobert_jax.convert import onnx_export
@@ -142,23 +148,52 @@ def build_onnx(path: Path, root: Path, threads: int):
   options = ort.SessionOptions()
   options.intra_op_num_threads = threads
   options.inter_op_num_threads = 1
-  session = ort.InferenceSession(str(onnx_path / onnx_export.ONNX_NAME), options, providers=['CPUExecutionProvider'])
-  return lambda ids, mask: session.run(None, {'input_ids': ids.numpy(), 'attention_mask': mask.numpy()})[0]
+  calls = {}
+  for name, file in (('onnx', onnx_export.ONNX_NAME), ('onnx_int8', onnx_export.QUANTIZED_NAME)):
+    session = ort.InferenceSession(str(onnx_path / file), options, providers=['CPUExecutionProvider'])
+    calls[name] = lambda ids, mask, s=session: torch.from_numpy(
+      s.run(None, {'input_ids': ids.numpy(), 'attention_mask': mask.numpy()})[0]
+    )
+  return calls
 
 
-def time_interleaved(calls: dict, batches) -> dict[str, float]:
-  """Seconds each call takes over batches[1:], after a warm-up on batches[0] (also the ONNX session's first run).
-  The calls take turns batch by batch, so a neighbour's load on a shared machine falls on all of them alike."""
+def parity(outputs: dict, mask: torch.Tensor) -> dict[str, dict[str, float]]:
+  """Each model's last_hidden_state on the warm-up batch (real text) against the PyTorch export's, on the real
+  tokens: the largest difference relative to the export's largest magnitude, and the least cosine of the
+  mean-pooled vectors. ModernBERT has weights of its own and is left out."""
+  if 'export' not in outputs:
+    return {}
+  real = mask.bool()
+  want = outputs['export'].float()
+  weights = mask.unsqueeze(-1).float()
+  pool = lambda h: torch.nn.functional.normalize((h.float() * weights).sum(1) / weights.sum(1), dim=-1)  # noqa: E731
+  out = {}
+  for name, got in outputs.items():
+    if name in ('export', 'modernbert'):
+      continue
+    got = got.float()
+    out[name] = {
+      'max_rel_diff': float((got[real] - want[real]).abs().max() / want[real].abs().max()),
+      'min_pooled_cosine': float((pool(got) * pool(want)).sum(-1).min()),
+    }
+  return out
+
+
+def time_interleaved(calls: dict, batches) -> tuple[dict[str, float], dict]:
+  """(seconds each call takes over batches[1:], their parity on batches[0]): a warm-up on batches[0] (also the
+  ONNX sessions' first run), whose outputs are compared (`parity`). The calls take turns batch by batch, so a
+  neighbour's load on a shared machine falls on all of them alike."""
   seconds = dict.fromkeys(calls, 0.0)
   with torch.inference_mode():
-    for call in calls.values():
-      call(*batches[0])
+    warm = {name: call(*batches[0]) for name, call in calls.items()}
+    checked = parity(warm, batches[0][1])
+    del warm
     for ids, mask in batches[1:]:
       for name, call in calls.items():
         start = time.perf_counter()
         call(ids, mask)
         seconds[name] += time.perf_counter() - start
-  return seconds
+  return seconds, checked
 
 
 def main(argv=None) -> None:
@@ -178,7 +213,12 @@ def main(argv=None) -> None:
   p.add_argument('--dtypes', default='float32,bfloat16')
   p.add_argument('--workloads', default='mixed,full')
   p.add_argument('--layers', type=int, default=28, help="NeoBERT's layers (28 is the released model)")
-  p.add_argument('--onnx', action='store_true', help="also the export's ONNX graph in onnxruntime (CPU, float32)")
+  p.add_argument(
+    '--onnx',
+    action=argparse.BooleanOptionalAction,
+    default=True,
+    help="the export's ONNX graphs in onnxruntime (CPU; float32 and int8), with the float32 line (--no-onnx: not)",
+  )
   p.add_argument('--seed', type=int, default=0)
   a = p.parse_args(argv)
   torch.set_num_threads(a.threads)
@@ -191,22 +231,22 @@ def main(argv=None) -> None:
     f'batch {a.batch}, {a.batches} timed batches per line',
     flush=True,
   )
-  results = []
+  results, onnx_calls = [], None
   with tempfile.TemporaryDirectory() as tmp:
     path = export_dir(Path(tmp), a.layers)
     for dtype in a.dtypes.split(','):
-      names = models + (['onnx'] if a.onnx and dtype == 'float32' else [])
-      calls = {
-        n: build_onnx(path, Path(tmp), a.threads) if n == 'onnx' else build(n, path, DTYPES[dtype], a.device)
-        for n in names
-      }
+      calls = {n: build(n, path, DTYPES[dtype], a.device) for n in models}
+      if a.onnx and dtype == 'float32':
+        onnx_calls = onnx_calls or build_onnx(path, Path(tmp), a.threads)
+        calls.update(onnx_calls)
       for workload in a.workloads.split(','):
         batches = make_batches(docs, workload, a.batch, a.batches + 1, a.max_length, a.seed)
         timed = batches[1:]
         seqs = sum(ids.shape[0] for ids, _ in timed)
         tokens = sum(int(mask.sum()) for _, mask in timed)
         padded = sum(ids.numel() for ids, _ in timed)
-        for name, seconds in time_interleaved(calls, batches).items():
+        timings, checked = time_interleaved(calls, batches)
+        for name, seconds in timings.items():
           results.append(
             {
               'model': name,
@@ -215,20 +255,33 @@ def main(argv=None) -> None:
               'seq_per_s': seqs / seconds,
               'tokens_per_s': tokens / seconds,
               'real_token_fraction': tokens / padded,
+              'parity': checked.get(name),
             }
           )
           print(f'  {name} {dtype} {workload}: {seqs / seconds:.2f} seq/s, {tokens / seconds:.0f} tokens/s', flush=True)
       del calls
   base = {(r['dtype'], r['workload']): r['seq_per_s'] for r in results if r['model'] == 'modernbert'}
-  print('\n| model | dtype | workload | seq/s | tokens/s | vs ModernBERT |\n|---|---|---|---|---|---|')
+  print(
+    '\n| model | dtype | workload | seq/s | tokens/s | vs ModernBERT | vs export: max rel. diff, min pooled cosine |'
+    '\n|---|---|---|---|---|---|---|'
+  )
   for r in results:
     ref = base.get((r['dtype'], r['workload']))
     r['vs_modernbert'] = r['seq_per_s'] / ref if ref else None
     ratio = f'{r["vs_modernbert"]:.2f}x' if ref else '-'
+    same = '-' if not r['parity'] else f'{r["parity"]["max_rel_diff"]:.1e}, {r["parity"]["min_pooled_cosine"]:.5f}'
     print(
-      f'| {r["model"]} | {r["dtype"]} | {r["workload"]} | {r["seq_per_s"]:.2f} | {r["tokens_per_s"]:.0f} | {ratio} |'
+      f'| {r["model"]} | {r["dtype"]} | {r["workload"]} | {r["seq_per_s"]:.2f} | {r["tokens_per_s"]:.0f} | {ratio} '
+      f'| {same} |'
     )
   print(json.dumps({'cpu': cpu_name(), 'threads': a.threads, 'args': vars(a), 'results': results}, indent=2))
+  # The same computation must give the same numbers: in float32, the reference and the ONNX graph within PARITY of
+  # the export's scale (int8 weights and half precision are reported, not held to it).
+  held = [r for r in results if r['parity'] and r['dtype'] == 'float32' and r['model'] != 'onnx_int8']
+  off = [r for r in held if r['parity']['max_rel_diff'] > PARITY]
+  if off:
+    raise SystemExit(f'parity: {[(r["model"], r["dtype"], r["parity"]) for r in off]} differ from the export')
+  print(f'parity: the reference and the float32 ONNX graph equal the export within {PARITY:g} of its scale')
 
 
 if __name__ == '__main__':

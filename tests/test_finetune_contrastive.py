@@ -118,6 +118,12 @@ def test_sentence_transformers_export_matches_jax_embeddings(bbc_pairs_run):
   got = embed.Encoder.load(str(root / 'run'), max_length=32, batch_size=8).encode(texts)
   np.testing.assert_allclose(np.linalg.norm(got, axis=-1), 1.0, atol=1e-5)
   np.testing.assert_allclose(got, expected, atol=1e-4)
+  # The export's model card: the sentence-transformers kind, with the run's data and training.
+  from huggingface_hub import ModelCard
+
+  card = ModelCard.load(root / 'st' / 'README.md')
+  assert (card.data.library_name, card.data.pipeline_tag) == ('sentence-transformers', 'sentence-similarity')
+  assert card.data.datasets == ['pairs.jsonl'] and 'Fine-tuning task: contrastive, 3 epochs' in card.text
 
 
 @pytest.mark.slow

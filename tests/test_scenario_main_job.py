@@ -34,6 +34,7 @@ MAIN_JOB_OUTPUTS = {
   'tensorboard',
   'loss_curve.md',
   'loss_curve.png',
+  'report.json',
   'tokenizer',
   'hf',
 }
@@ -88,6 +89,15 @@ def test_the_main_job_learns_on_a_bucket_and_exports_there(main_job):
     assert filled[kind]['n'] == 200 and 0 <= filled[kind]['first'] <= filled[kind]['top5'] <= 200, filled
   assert 3.0 < result.report['neighbours']['loss'] < result.report['unigram']['held_out']
   assert 0 < last['probe/fine_food/accuracy'] <= 1
+  # The export's model card, refreshed after the report: the final held-out loss, the baselines, the curve.
+  from huggingface_hub import ModelCard  # pylint: disable=g-import-not-at-top
+
+  card = ModelCard.load(hf / 'README.md')
+  assert {r.metric_type: r.metric_value for r in card.data.eval_results}['loss'] == round(last['loss'], 4)
+  assert (
+    f'| neighbour counts (bigrams of the training split) | {result.report["neighbours"]["loss"]:.3f} |' in card.text
+  )
+  assert (hf / 'loss_curve.png').read_bytes() == paths.resolve(f'{run}/loss_curve.png').read_bytes()
 
 
 def test_the_bucket_workdir_holds_every_output_of_a_local_run(main_job):

@@ -137,6 +137,7 @@ def test_export_to_a_bucket_loads_in_transformers_and_starts_a_run(gcs, local_ru
     export_hf.export_checkpoint(source, url)  # an existing export on the bucket is kept
   copy = paths.local_copy(url, marker='config.json')
   assert sorted(p.name for p in copy.iterdir()) == sorted(p.name for p in Path(local).iterdir())
+  assert 'README.md' in {p.name for p in copy.iterdir()}  # the model card, uploaded with the rest
   for p in Path(local).iterdir():
     assert (copy / p.name).read_bytes() == p.read_bytes(), p.name
   from transformers import AutoModelForMaskedLM

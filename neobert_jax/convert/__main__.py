@@ -1,7 +1,8 @@
 """Convert between neobert-jax checkpoints and Hugging Face NeoBERT directories.
 
   python -m neobert_jax.convert to-pytorch --checkpoint RUN_OR_CKPT_DIR [--step N] --output DIR \
-      [--tokenizer bert-base-uncased|DIR|tokenizer.json|vocab.txt] [--dtype float32|bfloat16] [--overwrite]
+      [--tokenizer bert-base-uncased|DIR|tokenizer.json|vocab.txt] [--dtype float32|bfloat16] \
+      [--model-type neobert|eurobert] [--overwrite]
   python -m neobert_jax.convert from-pytorch --input HF_DIR_OR_SAFETENSORS --output FILE.safetensors|DIR \
       [--init-missing-decoder] [--overwrite]
   python -m neobert_jax.convert to-onnx --input HF_OR_SENTENCE_TRANSFORMERS_DIR --output DIR \
@@ -27,25 +28,17 @@ from neobert_jax.weights import hf
 def to_pytorch(args: argparse.Namespace) -> str:
   export_hf.check_output_dir(args.output, args.overwrite)  # before reading a possibly large checkpoint
   source = paths.resolve(args.checkpoint, '--checkpoint')
+  options = dict(tokenizer=args.tokenizer, dtype=args.dtype, model_type=args.model_type, overwrite=args.overwrite)
   if flat_lib.is_flat_file(source):
     if args.step is not None or args.use_ema:
       raise errors.ExportError(f'--step and --use-ema apply to training checkpoints, not to the params file {source}')
     cfg, flat = flat_lib.load_saved_flat(paths.local_copy(source))
-    out = export_hf.export_flat(
-      flat, cfg, args.output, tokenizer=args.tokenizer, dtype=args.dtype, overwrite=args.overwrite
-    )
+    out = export_hf.export_flat(flat, cfg, args.output, **options)
   else:
-    out = export_hf.export_checkpoint(
-      source,
-      args.output,
-      step=args.step,
-      tokenizer=args.tokenizer,
-      dtype=args.dtype,
-      overwrite=args.overwrite,
-      use_ema=args.use_ema,
-    )
+    out = export_hf.export_checkpoint(source, args.output, step=args.step, use_ema=args.use_ema, **options)
   files = ', '.join(sorted(p.name for p in out.iterdir()))
-  return f'wrote Hugging Face NeoBERT to {out} ({files})'
+  kind = 'EuroBERT (no remote code, transformers >= 5.3)' if args.model_type == 'eurobert' else 'NeoBERT'
+  return f'wrote Hugging Face {kind} to {out} ({files})'
 
 
 def from_pytorch(args: argparse.Namespace) -> str:
@@ -91,6 +84,13 @@ def build_parser() -> commandline.Parser:
     "(default: the training config's data.tokenizer, if set)",
   )
   exp.add_argument('--dtype', default='float32', choices=sorted(export_hf.EXPORT_DTYPES))
+  exp.add_argument(
+    '--model-type',
+    default='neobert',
+    choices=export_hf.MODEL_TYPES,
+    help="neobert: model.py with remote code (transformers 4.57 and 5.x, to-onnx); eurobert: transformers' own "
+    'EuroBert classes, no remote code (transformers 5.3 and later)',
+  )
   exp.add_argument(
     '--use-ema',
     action='store_true',

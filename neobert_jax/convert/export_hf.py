@@ -1,4 +1,5 @@
-"""neobert-jax parameters -> a Hugging Face NeoBERT directory that ``transformers`` loads with remote code.
+"""neobert-jax parameters -> a Hugging Face NeoBERT directory that ``transformers`` loads with remote code (or, with
+``model_type='eurobert'``, one in the layout of transformers' own EuroBERT classes, which needs none).
 
 The directory holds config.json (model_type 'neobert', auto_map to model.py's classes), model.safetensors (the
 ``NeoBERTLMHead`` state_dict, keys and shapes of the published chandar-lab/NeoBERT checkpoint), model.py,
@@ -29,13 +30,17 @@ import numpy as np
 from safetensors.numpy import save_file
 
 from neobert_jax import errors, paths
+from neobert_jax.convert import model_card
 from neobert_jax.convert.hf_modeling import MODELING_FILES
 from neobert_jax.data import tokenizer as tokenizer_lib
-from neobert_jax.weights import hf, runs
+from neobert_jax.weights import eurobert, hf, runs
 from neobert_jax.weights import source as source_lib
 
 WEIGHTS_NAME = 'model.safetensors'
 EXPORT_DTYPES = {'float32': np.float32, 'bfloat16': ml_dtypes.bfloat16}
+# --model-type: 'neobert' (model.py, remote code; transformers 4.57 and 5.x, and what to-onnx reads) or 'eurobert'
+# (transformers' own EuroBert classes, no remote code; transformers 5.3 and later).
+MODEL_TYPES = ('neobert', eurobert.MODEL_TYPE)
 TOKENIZER_FILES = ('tokenizer.json', 'vocab.txt', 'tokenizer_config.json', 'special_tokens_map.json')
 # tokenizer_config.json / special_tokens_map.json names: pad_token, unk_token, cls_token, sep_token, mask_token.
 BERT_SPECIAL_TOKENS = {f'{name}_token': piece for name, piece in tokenizer_lib.BERT_SPECIAL_TOKENS.items()}
@@ -149,13 +154,31 @@ def _resolve_tokenizer(tokenizer: str | os.PathLike) -> Path:
     raise errors.ExportError(f'--tokenizer {spec!r}: {e}') from e
 
 
-def _tokenizer_vocab_size(out: Path) -> int:
-  if (out / 'tokenizer.json').is_file():
+def _vocab_file(src: Path) -> Path:
+  """The file holding the pieces of a tokenizer given as a directory (tokenizer.json, else vocab.txt) or a file."""
+  if not src.is_dir():
+    return src
+  return src / 'tokenizer.json' if (src / 'tokenizer.json').is_file() else src / 'vocab.txt'
+
+
+def _read_vocab(path: Path) -> dict[str, int]:
+  """piece -> id of a tokenizer.json or a vocab.txt."""
+  if path.suffix == '.json':
     import tokenizers
 
-    return tokenizers.Tokenizer.from_file(str(out / 'tokenizer.json')).get_vocab_size(with_added_tokens=True)
-  with open(out / 'vocab.txt', encoding='utf-8') as fh:
-    return sum(1 for _ in fh)
+    return tokenizers.Tokenizer.from_file(str(path)).get_vocab(with_added_tokens=True)
+  with open(path, encoding='utf-8') as fh:
+    return {line.rstrip('\n'): i for i, line in enumerate(fh)}
+
+
+def special_token_ids(tokenizer: str | os.PathLike | None) -> dict[str, int]:
+  """{'bos': [CLS], 'eos': [SEP], 'mask': [MASK]} ids of a tokenizer as write_tokenizer takes it, for configs that
+  name them (EuroBERT's); those it lacks, and all without a tokenizer, are left out."""
+  if not tokenizer:
+    return {}
+  vocab = _read_vocab(_vocab_file(_resolve_tokenizer(tokenizer)))
+  pieces = {'bos': 'cls_token', 'eos': 'sep_token', 'mask': 'mask_token'}
+  return {name: vocab[BERT_SPECIAL_TOKENS[key]] for name, key in pieces.items() if BERT_SPECIAL_TOKENS[key] in vocab}
 
 
 def write_tokenizer(tokenizer: str | os.PathLike, out: Path, max_length: int, vocab_size: int) -> list[str]:
@@ -200,7 +223,7 @@ def write_tokenizer(tokenizer: str | os.PathLike, out: Path, max_length: int, vo
     (out / 'tokenizer_config.json').write_text(json.dumps(config, indent=2) + '\n')
   if 'special_tokens_map.json' not in sources:
     (out / 'special_tokens_map.json').write_text(json.dumps(BERT_SPECIAL_TOKENS, indent=2) + '\n')
-  size = _tokenizer_vocab_size(out)
+  size = max(_read_vocab(_vocab_file(out)).values()) + 1
   if size > vocab_size:
     raise errors.ExportError(
       f"--tokenizer {src} has {size} tokens but the model's vocab_size is {vocab_size}: "
@@ -217,6 +240,7 @@ def write_hf_dir(
   tokenizer: str | os.PathLike | None = None,
   tokenizer_max_length: int | None = None,
   extra: Callable[[Path], None] | None = None,
+  card: model_card.Facts | None = None,
   overwrite: bool = False,
 ) -> Path:
   """The one Hugging Face directory writer: every export (pretraining, classifier, sentence-transformers) goes
@@ -225,20 +249,23 @@ def write_hf_dir(
   ``state_dict`` is None (weights in another format, written by ``extra``), config.json (``config``), the
   tokenizer's files when ``tokenizer`` is given (its model_max_length is ``tokenizer_max_length``, default the
   config's max_position_embeddings), then whatever ``extra(tmp)`` adds (a sentence-transformers directory's
-  modules, an ONNX graph)."""
+  modules, an ONNX graph), and last the model card, README.md (convert/model_card.py: the directory's kind and
+  architecture, ``card``'s training facts, and how to load it)."""
   state = None if state_dict is None else {k: np.ascontiguousarray(v) for k, v in state_dict.items()}
   max_length = int(hf.max_positions(config) if tokenizer_max_length is None else tokenizer_max_length)
 
   def fill(tmp: Path) -> None:
     if state is not None:
       save_file(state, str(tmp / WEIGHTS_NAME), metadata={'format': 'pt'})
-      for modeling_file in MODELING_FILES:
-        shutil.copyfile(modeling_file, tmp / modeling_file.name)
+      if 'auto_map' in config:  # remote code: the modeling files go with the auto_map that names them
+        for modeling_file in MODELING_FILES:
+          shutil.copyfile(modeling_file, tmp / modeling_file.name)
     (tmp / 'config.json').write_text(json.dumps(dict(config), indent=2) + '\n')
     if tokenizer:
       write_tokenizer(tokenizer, tmp, max_length=max_length, vocab_size=config['vocab_size'])
     if extra is not None:
       extra(tmp)
+    model_card.write_card(tmp, config, card)
 
   return write_atomically(output, fill, overwrite)
 
@@ -250,16 +277,23 @@ def export_flat(
   *,
   tokenizer: str | os.PathLike | None = None,
   dtype: str = 'float32',
+  model_type: str = 'neobert',
+  card: model_card.Facts | None = None,
   overwrite: bool = False,
 ) -> Path:
-  """Writes the HF directory for in-memory flat params (keys of neobert_jax.weights.flat.to_flat)."""
+  """Writes the HF directory for in-memory flat params (keys of neobert_jax.weights.flat.to_flat): NeoBERT's layout
+  with model.py, or with ``model_type='eurobert'`` transformers' own EuroBERT layout (weights/eurobert.py)."""
   if dtype not in EXPORT_DTYPES:
     raise errors.ExportError(f'dtype {dtype!r} is not supported; choose one of {sorted(EXPORT_DTYPES)}')
+  if model_type not in MODEL_TYPES:
+    raise errors.ExportError(f'model type {model_type!r} is not supported; choose one of {", ".join(MODEL_TYPES)}')
   check_output_dir(output, overwrite)  # fail before the (slow) conversion
   state_dict = hf.flat_to_hf_state_dict(flat, model_cfg)
   state_dict = {k: v.astype(EXPORT_DTYPES[dtype]) for k, v in state_dict.items()}
   config = hf.hf_config_dict(model_cfg, torch_dtype=dtype)
-  return write_hf_dir(output, state_dict, config, tokenizer=tokenizer, overwrite=overwrite)
+  if model_type == eurobert.MODEL_TYPE:
+    state_dict, config = eurobert.from_neobert(state_dict, config, special_token_ids(tokenizer))
+  return write_hf_dir(output, state_dict, config, tokenizer=tokenizer, card=card, overwrite=overwrite)
 
 
 def export_checkpoint(
@@ -269,6 +303,7 @@ def export_checkpoint(
   step: int | None = None,
   tokenizer: str | os.PathLike | None = None,
   dtype: str = 'float32',
+  model_type: str = 'neobert',
   overwrite: bool = False,
   use_ema: bool = False,
 ) -> Path:
@@ -288,7 +323,10 @@ def export_checkpoint(
     raise errors.ExportError(f'--checkpoint {checkpoint}: {e}') from e
   if tokenizer is None:
     tokenizer = _training_tokenizer(checkpoint, step)
-  return export_flat(flat, model_cfg, output, tokenizer=tokenizer, dtype=dtype, overwrite=overwrite)
+  card = model_card.run_facts(checkpoint, step)
+  return export_flat(
+    flat, model_cfg, output, tokenizer=tokenizer, dtype=dtype, model_type=model_type, card=card, overwrite=overwrite
+  )
 
 
 def _training_tokenizer(checkpoint, step) -> str | None:

@@ -40,7 +40,7 @@ import numpy as np
 import torch
 
 from neobert_jax import errors
-from neobert_jax.convert import export_hf, torch_ref
+from neobert_jax.convert import export_hf, model_card, torch_ref
 from neobert_jax.convert.hf_modeling import model as hf_model
 from neobert_jax.weights import hf
 
@@ -193,6 +193,7 @@ def export_onnx(
     {**config, 'onnx_task': module.task, 'onnx_outputs': list(OUTPUT_NAMES[module.task])},
     tokenizer=src if has_tokenizer else None,
     extra=fill,
+    card=model_card.card_facts(src),  # the source's training facts, its loss curve included
     overwrite=overwrite,
   )
 

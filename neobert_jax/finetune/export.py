@@ -28,6 +28,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from neobert_jax import commandline, errors, paths
+from neobert_jax.convert import model_card
 from neobert_jax.convert.export_hf import check_output_dir, write_hf_dir
 from neobert_jax.finetune import labels as labels_lib
 from neobert_jax.weights import flat as flat_lib
@@ -64,6 +65,7 @@ def export_classifier(
   tokenizer: str | None,
   dropout: float = 0.1,
   pooling: str = 'cls',
+  card: Any = None,
   overwrite: bool = False,
 ) -> Path:
   """The HF sequence-classification directory (labels from a neobert_jax.finetune.labels.LabelSpec)."""
@@ -83,7 +85,7 @@ def export_classifier(
       label2id={n: i for i, n in enumerate(label_spec.names)},
     )
 
-  return write_hf_dir(output, state, config, tokenizer=tokenizer, overwrite=overwrite)
+  return write_hf_dir(output, state, config, tokenizer=tokenizer, card=card, overwrite=overwrite)
 
 
 def export_sentence_transformer(
@@ -96,6 +98,7 @@ def export_sentence_transformer(
   normalize: bool = True,
   max_seq_length: int = 512,
   query_prompt: str = '',
+  card: Any = None,
   overwrite: bool = False,
 ) -> Path:
   """The sentence-transformers directory: base NeoBERT weights, tokenizer, pooling and normalisation modules."""
@@ -141,7 +144,14 @@ def export_sentence_transformer(
       (tmp / '2_Normalize').mkdir()
 
   return write_hf_dir(
-    output, state, config, tokenizer=tokenizer, tokenizer_max_length=max_seq_length, extra=st_files, overwrite=overwrite
+    output,
+    state,
+    config,
+    tokenizer=tokenizer,
+    tokenizer_max_length=max_seq_length,
+    extra=st_files,
+    card=card,
+    overwrite=overwrite,
   )
 
 
@@ -164,6 +174,7 @@ def export_run(workdir: str | Path, output: str | Path, *, overwrite: bool = Fal
     raise errors.ExportError(f'--run {workdir}: {e}') from None
   data, head = cfg.data, cfg.head
   tokenizer = source_lib.run_tokenizer(cfg, workdir)  # the copy the run carries, else the recorded spec
+  card = model_card.run_facts(workdir)  # the run's training facts for the model card (convert/model_card.py)
   if cfg.task == 'contrastive':
     return export_sentence_transformer(
       flat,
@@ -174,6 +185,7 @@ def export_run(workdir: str | Path, output: str | Path, *, overwrite: bool = Fal
       normalize=head.normalize,
       max_seq_length=data.max_length,
       query_prompt=data.query_prefix,
+      card=card,
       overwrite=overwrite,
     )
   return export_classifier(
@@ -184,6 +196,7 @@ def export_run(workdir: str | Path, output: str | Path, *, overwrite: bool = Fal
     tokenizer=tokenizer,
     dropout=head.dropout,
     pooling=head.classifier_pooling,
+    card=card,
     overwrite=overwrite,
   )
 

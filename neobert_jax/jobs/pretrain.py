@@ -14,7 +14,7 @@ from typing import Callable
 import jax
 import ml_collections
 
-from neobert_jax.convert import export_hf
+from neobert_jax.convert import export_hf, model_card
 from neobert_jax.engine import session
 from neobert_jax.train import pretraining, report
 
@@ -47,4 +47,6 @@ def pretrain(
       export(result.config, result.workdir)
     if result.final_step > 0:
       result.report = report.report(result.config, result.workdir, result.evals)
+      if result.config.export.hf_dir:  # the card quotes the report's baselines and copies its curve
+        model_card.refresh(result.config.export.hf_dir, result.workdir)
     return result

@@ -31,6 +31,7 @@ from neobert_jax.data import pipeline
 from neobert_jax.data import shards
 from neobert_jax.data.pipeline import prepared
 from neobert_jax.train import baselines
+from neobert_jax.weights.runs import REPORT_FILE, loss_curve  # the run's metrics.jsonl, read as the card reads it
 
 log = logging.getLogger('neobert_jax.train')
 
@@ -112,34 +113,6 @@ def source_baselines(data_cfg: ml_collections.ConfigDict, seq_len: int, mask_rat
     else:
       out[name] = bars
   return out
-
-
-def loss_curve(workdir: Path) -> list[dict[str, Any]]:
-  """Rows {step, time, train, eval, eval_accuracy} from metrics.jsonl (a resumed run's later lines win; `time`
-  is unix seconds, absent in files written before the field existed)."""
-  rows: dict[int, dict[str, Any]] = {}
-  path = workdir / 'metrics.jsonl'
-  if not path.is_file():
-    return []
-  for line in path.read_text().splitlines():
-    if not line.strip():
-      continue
-    rec = json.loads(line)
-    row = rows.setdefault(int(rec['step']), {'step': int(rec['step'])})
-    for key, name in (
-      ('time', 'time'),
-      ('train/loss', 'train'),
-      ('eval/loss', 'eval'),
-      ('eval/accuracy', 'eval_accuracy'),
-    ):
-      if key in rec:
-        row[name] = rec[key]
-    for key, value in rec.items():  # eval/probe/<task>/accuracy and, once, .../random_init_accuracy
-      if key.startswith('eval/probe/'):
-        row[key.removeprefix('eval/')] = value
-      elif key.count('/') == 2 and key.endswith('/loss') and not key.startswith('eval/ema/'):
-        row[key.removeprefix('eval/')] = value  # a mixture's sources: eval/<name>/loss
-  return [rows[s] for s in sorted(rows)]
 
 
 def baseline_lines(bars: dict[str, Any]) -> list[str]:
@@ -346,7 +319,7 @@ def fill_mask(
 
 def report(cfg: ml_collections.ConfigDict, workdir: Path, evals: list[dict[str, float]]) -> dict[str, Any]:
   """Logs the held-out loss against the baselines, writes the curve (table and plot), shows fill-mask examples if
-  the run exported."""
+  the run exported, and records the figures in WORKDIR/report.json (the exports' model card quotes them)."""
   seq_len = cfg.model.max_length
   mask_rate, when = train_config.eval_mask_rate(cfg), cfg.eval.baselines
   per_bars = source_baselines(cfg.data, seq_len, mask_rate, when)
@@ -424,4 +397,6 @@ def report(cfg: ml_collections.ConfigDict, workdir: Path, evals: list[dict[str, 
         '\n  '.join(filled['examples'][:6]),
       )
       out['fill_mask'] = filled
+  # The figures, for the model card of the run's exports (convert/model_card.py): whole or absent.
+  paths.write_text(paths.Path(workdir) / REPORT_FILE, json.dumps(out, indent=2, default=float) + '\n')
   return out

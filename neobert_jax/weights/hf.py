@@ -45,6 +45,7 @@ import numpy as np
 
 from neobert_jax import errors
 from neobert_jax.config.model import default_model_config
+from neobert_jax.weights import eurobert
 from neobert_jax.weights.flat import Dims, check_flat, check_keys_and_shapes, flat_shapes, read_safetensors
 
 HF_PREFIX = 'model.'
@@ -252,7 +253,8 @@ def model_config_from_hf(hf_config: Mapping[str, Any], base=None):
   model_type = hf_config.get('model_type')
   if model_type != 'neobert':
     raise errors.ExportError(
-      f"config.json has model_type={model_type!r}, expected 'neobert': this is not a NeoBERT checkpoint"
+      f"config.json has model_type={model_type!r}, expected 'neobert' (or 'eurobert', which read_hf_state_dict "
+      'translates): this is not a NeoBERT checkpoint'
     )
   missing = [k for k in _REQUIRED_HF_FIELDS if k not in hf_config]
   if missing:
@@ -306,7 +308,15 @@ def torch_to_numpy(tensor: Any) -> np.ndarray:
 
 
 def read_hf_state_dict(path: str | os.PathLike) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
-  """(config.json as a dict, state_dict as numpy arrays) of an HF directory or .safetensors file."""
+  """(config.json as a dict, state_dict as numpy arrays) of an HF directory or .safetensors file, in NeoBERT's
+  layout: a EuroBERT directory (``convert to-pytorch --model-type eurobert``) is translated by weights/eurobert.py."""
+  config, state = _read_hf_files(path)
+  if config.get('model_type') == eurobert.MODEL_TYPE:
+    return eurobert.to_neobert(config, state)
+  return config, state
+
+
+def _read_hf_files(path: str | os.PathLike) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
   path = Path(path).expanduser()
   if not path.exists():
     raise errors.ExportError(f'--input {path}: no such file or directory')

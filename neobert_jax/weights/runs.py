@@ -87,6 +87,9 @@ DATA_ITEM = 'data'  # the data pipeline's position, in its own format
 EMA_ITEM = 'ema'  # the moving average of the parameters (train.ema_decay > 0), laid out like them
 CONFIG_ITEM = 'config'  # the resolved config, saved with each step as an Orbax JSON item
 CONFIG_FILE = 'config.json'  # the same config, written into the workdir when the run starts
+METRICS_FILE = 'metrics.jsonl'  # one JSON line per logged step (engine/metrics.py writes it)
+REPORT_FILE = 'report.json'  # the end-of-run report's figures (train/report.py), which the model card quotes
+CURVE_PLOT = 'loss_curve.png'  # the held-out curve against the baselines (train/report.py)
 TOKENIZER_DIR = 'tokenizer'
 # The copy's name by the tokenizer file's kind (data/tokenizer.py reads each by its suffix).
 _TOKENIZER_NAMES = {'.txt': 'vocab.txt', '.json': 'tokenizer.json', '.model': 'tokenizer.model'}
@@ -263,3 +266,31 @@ def restore_params(
     tree = ckptr.restore(item, target)
   flat = {k: np.asarray(v) for k, v in flatten(tree).items()}
   return read_config(item.parent.parent, step).model, flat
+
+
+def loss_curve(workdir: str | os.PathLike) -> list[dict[str, Any]]:
+  """Rows {step, time, train, eval, eval_accuracy} from metrics.jsonl (a resumed run's later lines win; `time`
+  is unix seconds, absent in files written before the field existed)."""
+  rows: dict[int, dict[str, Any]] = {}
+  path = paths.Path(workdir) / METRICS_FILE
+  if not path.is_file():
+    return []
+  for line in path.read_text().splitlines():
+    if not line.strip():
+      continue
+    rec = json.loads(line)
+    row = rows.setdefault(int(rec['step']), {'step': int(rec['step'])})
+    for key, name in (
+      ('time', 'time'),
+      ('train/loss', 'train'),
+      ('eval/loss', 'eval'),
+      ('eval/accuracy', 'eval_accuracy'),
+    ):
+      if key in rec:
+        row[name] = rec[key]
+    for key, value in rec.items():  # eval/probe/<task>/accuracy and, once, .../random_init_accuracy
+      if key.startswith('eval/probe/'):
+        row[key.removeprefix('eval/')] = value
+      elif key.count('/') == 2 and key.endswith('/loss') and not key.startswith('eval/ema/'):
+        row[key.removeprefix('eval/')] = value  # a mixture's sources: eval/<name>/loss
+  return [rows[s] for s in sorted(rows)]
