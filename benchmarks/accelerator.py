@@ -71,7 +71,9 @@ def _torch_bf16(cfg, flat, batches):
 
 def step_comparison(a, seq: int) -> dict:
   """The train step at one sequence length, each kernel and PyTorch interleaved (train_step.interleaved)."""
-  ns = argparse.Namespace(layers=a.layers, hidden=a.hidden, heads=a.heads, seq=seq, batch=a.rows * 1024 // seq)
+  ns = argparse.Namespace(
+    layers=a.layers, hidden=a.hidden, heads=a.heads, seq=seq, batch=a.rows * 1024 // seq, vocab=30522, dtype='float32'
+  )
   base = bench.make_config(ns, 'sparse')
   batches = [bench.mlm_rows(base, seed, bench.MASK_FRACTION) for seed in range(2)]
   tokens = ns.batch * seq

@@ -64,6 +64,7 @@ def exported(tmp_path_factory, source, bert_tokenizer):
 def test_export_directory_contents(exported, source):
   cfg, flat = source
   assert sorted(p.name for p in exported.iterdir()) == [
+    'README.md',  # the model card
     'config.json',
     'layers.py',
     'model.py',

@@ -4,6 +4,9 @@ tests/test_cli_errors.py."""
 
 import importlib.util
 import json
+import os
+import subprocess
+import sys
 
 import jax.numpy as jnp
 import pytest
@@ -47,16 +50,25 @@ def test_wandb_settings_come_from_the_config_then_the_environment(monkeypatch):
   assert metrics.Wandb.from_settings('', '', '', '', {}).project == metrics.DEFAULT_WANDB_PROJECT
 
 
+_WANDB_DIR_CHILD = """
+import sys
+from neobert_jax.engine import metrics
+writer = metrics.MetricsWriter(sys.argv[1], False, metrics.Wandb.from_settings('', '', '', 'offline', {}))
+writer.write(1, {'loss': 1.0})
+assert writer._wandb.project == 'from-env', writer._wandb.project
+writer.close()
+"""
+
+
 @pytest.mark.skipif(not WANDB, reason='wandb is not installed (pip install -e .[wandb])')
-def test_wandb_dir_keeps_the_offline_run_outside_the_workdir(tmp_path, monkeypatch):
-  monkeypatch.setenv('WANDB_DIR', str(tmp_path / 'elsewhere'))
-  monkeypatch.setenv('WANDB_PROJECT', 'from-env')
+def test_wandb_dir_keeps_the_offline_run_outside_the_workdir(tmp_path):
+  # A process of its own: wandb keeps its settings per process, so an earlier wandb run in this worker would win.
   (tmp_path / 'elsewhere').mkdir()
-  writer = metrics.MetricsWriter(tmp_path / 'run', False, metrics.Wandb.from_settings('', '', '', 'offline', {}))
-  try:
-    writer.write(1, {'loss': 1.0})
-    assert writer._wandb.project == 'from-env'
-  finally:
-    writer.close()
-  assert list((tmp_path / 'elsewhere' / 'wandb').glob('offline-run-*/run-*.wandb'))
+  env = {**os.environ, 'WANDB_DIR': str(tmp_path / 'elsewhere'), 'WANDB_PROJECT': 'from-env', 'JAX_PLATFORMS': 'cpu'}
+  env.pop('WANDB_MODE', None)
+  out = subprocess.run(
+    [sys.executable, '-c', _WANDB_DIR_CHILD, str(tmp_path / 'run')], env=env, capture_output=True, text=True
+  )
+  assert out.returncode == 0, out.stderr[-2000:]
+  assert list((tmp_path / 'elsewhere').rglob('run-*.wandb')), sorted(str(p) for p in tmp_path.rglob('*'))[:40]
   assert sorted(p.name for p in (tmp_path / 'run' / 'wandb').iterdir()) == ['run_id']  # the resume id stays
