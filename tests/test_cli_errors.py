@@ -166,8 +166,13 @@ def _problems(code: int, status: int, stderr: str, text: str) -> list[str]:
 
 @pytest.mark.slow
 def test_expected_errors_are_one_line_with_their_status(files):
+  # Each case gets a workdir of its own: with one shared workdir, a case that writes it would be blamed on another.
+  cases = [
+    (name, [a.replace('/run', f'/run{i}') if a.startswith('--workdir=') else a for a in cmd], status, text, env)
+    for i, (name, cmd, status, text, env) in enumerate(_subprocess_cases(*files))
+  ]
   with concurrent.futures.ThreadPoolExecutor(4) as pool:
-    results = list(pool.map(_run, _subprocess_cases(*files)))
+    results = list(pool.map(_run, cases))
   failed = [f'{name}: {"; ".join(p)}\n{err}' for name, p, err in results if p]
   assert not failed, '\n\n'.join(failed)
 
