@@ -51,6 +51,15 @@ def pytest_collection_modifyitems(config, items):
   items.sort(key=lambda item: -heavy[item.path])
 
 
+def pytest_runtest_logreport(report):
+  """With NEOBERT_TEST_TIMES=FILE, every test phase's seconds are appended there as it ends (nodeid, phase,
+  seconds): a partial run still tells where the time goes (docs/testing.md, "Running the tests")."""
+  out = os.environ.get('NEOBERT_TEST_TIMES')
+  if out:
+    with open(out, 'a') as f:
+      f.write(f'{report.nodeid}\t{report.when}\t{report.duration:.2f}\n')
+
+
 # --- A real GCS server on 127.0.0.1 (gcp-storage-emulator), for the tests of runs and data on a bucket -----------
 
 import socket  # noqa: E402

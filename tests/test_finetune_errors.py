@@ -11,8 +11,9 @@ import pytest
 from flax import nnx
 
 from neobert_jax import errors
-from neobert_jax.finetune.__main__ import run_cli
+from neobert_jax.finetune import job as finetune_job
 from neobert_jax.config.finetune import base_config
+from support.commands import reported
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -35,7 +36,7 @@ def _check_refused(cfg, workdir, capsys, *needles):
   workdir.mkdir(exist_ok=True)
   (workdir / 'keep.txt').write_text('mine')
   before = sorted(p.name for p in workdir.iterdir())
-  assert run_cli(cfg, str(workdir)) != 0
+  assert reported('finetune', finetune_job.finetune, cfg, str(workdir))[0] != 0
   err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
   assert len(err) == 1 and re.match(r'finetune: [a-z]+ error: ', err[0]), err  # errors.reported
   for needle in needles:

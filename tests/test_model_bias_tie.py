@@ -24,11 +24,11 @@ from neobert_jax import config as config_lib
 from neobert_jax import errors, sharding
 from neobert_jax.config.model import default_model_config, validate_model_config
 from neobert_jax.convert import export_hf, import_hf, torch_ref
-from neobert_jax.engine.optimizer import decays
+from neobert_jax.engine.optimizer import decays, weight_decay_mask
 from neobert_jax.model import NeoBERTForMLM
 from neobert_jax.weights import flat as flat_lib
 from neobert_jax.weights import hf, place
-from neobert_jax.weights.flat import to_flat
+from neobert_jax.weights.flat import path_names, to_flat
 
 VOCAB = 97
 FLAGS = [(True, False), (False, True), (True, True)]  # (use_bias, tie_word_embeddings)
@@ -309,3 +309,14 @@ def test_exports_load_alike_under_the_newest_transformers(tmp_path_factory, tmp_
     want = np.asarray(jax_model(cfg, flat)(ids, lengths=lengths))
     for logits in got['logits']:
       np.testing.assert_allclose(np.asarray(logits)[mask], want[mask], atol=1e-5, rtol=0)
+
+
+def test_the_optimizer_mask_on_the_model_state_spares_biases_and_norms():
+  # The mask runs on nnx State, whose paths end in the Variable's 'value': the rule must still read the names.
+  model = NeoBERTForMLM(small_config(use_bias=True, tie=False), rngs=nnx.Rngs(0))
+  mask = weight_decay_mask(True)(nnx.state(model, nnx.Param))
+  got = {'.'.join(path_names(p)).removesuffix('.value'): v for p, v in jax.tree_util.tree_leaves_with_path(mask)}
+  spared = sorted(k for k, v in got.items() if not v)
+  assert spared == sorted(
+    ['decoder.bias', 'encoder.final_norm', *(f'encoder.layers.{n}' for n in ('attention_norm', 'ffn_norm', *BIASES))]
+  ), spared

@@ -144,13 +144,10 @@ def test_export_to_a_bucket_loads_in_transformers_and_starts_a_run(gcs, local_ru
 
   AutoModelForMaskedLM.from_pretrained(copy, trust_remote_code=True)
   # convert's two directions between buckets: HF dir -> flat params file -> HF dir, the same weights
-  from neobert_jax.convert import __main__ as convert_main
+  from neobert_jax.jobs import convert as convert_job
 
-  assert convert_main.main(['from-pytorch', '--input', url, '--output', f'{gcs}/flat/tiny.safetensors']) == 0
-  assert (
-    convert_main.main(['to-pytorch', '--checkpoint', f'{gcs}/flat/tiny.safetensors', '--output', f'{gcs}/exports/back'])
-    == 0
-  )
+  convert_job.from_pytorch(url, f'{gcs}/flat/tiny.safetensors')
+  convert_job.to_pytorch(f'{gcs}/flat/tiny.safetensors', f'{gcs}/exports/back')
   back = paths.local_copy(f'{gcs}/exports/back', marker='config.json')
   assert (back / 'model.safetensors').read_bytes() == (copy / 'model.safetensors').read_bytes()
   cfg = tiny_config(steps=1)

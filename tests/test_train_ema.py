@@ -9,7 +9,7 @@ import pytest
 
 from neobert_jax import errors
 from neobert_jax.config import train as config_lib
-from neobert_jax.convert import __main__ as convert_cli
+from neobert_jax.jobs import convert as convert_job
 from neobert_jax.jobs import pretrain as pretrain_job
 from support.tiny_train import assert_resumes_identically, tiny_config, train_only
 from neobert_jax.weights import hf, runs
@@ -62,7 +62,7 @@ def test_export_use_ema_and_convert_use_ema_write_the_average(run, tmp_path):
   cfg = _cfg()
   cfg.export.hf_dir, cfg.export.use_ema = str(tmp_path / 'job'), True
   pretrain_job.export(cfg, run)
-  assert convert_cli.main(['to-pytorch', f'--checkpoint={run}', f'--output={tmp_path / "cli"}', '--use-ema']) == 0
+  convert_job.to_pytorch(str(run), str(tmp_path / 'cli'), use_ema=True)
   ema = runs.restore_params(run, None, runs.EMA_ITEM)[1]
   for out in ('job', 'cli'):
     _, flat = hf.read_hf_dir(tmp_path / out)

@@ -15,55 +15,11 @@ shape, config mismatch, existing output) exit with status 1 and one line naming 
 
 from __future__ import annotations
 
-import argparse
-import json
 import sys
 
-from neobert_jax import commandline, errors, paths
-from neobert_jax.convert import export_hf, import_hf
-from neobert_jax.weights import flat as flat_lib
-from neobert_jax.weights import hf
-
-
-def to_pytorch(args: argparse.Namespace) -> str:
-  export_hf.check_output_dir(args.output, args.overwrite)  # before reading a possibly large checkpoint
-  source = paths.resolve(args.checkpoint, '--checkpoint')
-  options = dict(tokenizer=args.tokenizer, dtype=args.dtype, model_type=args.model_type, overwrite=args.overwrite)
-  if flat_lib.is_flat_file(source):
-    if args.step is not None or args.use_ema:
-      raise errors.ExportError(f'--step and --use-ema apply to training checkpoints, not to the params file {source}')
-    cfg, flat = flat_lib.load_saved_flat(paths.local_copy(source))
-    out = export_hf.export_flat(flat, cfg, args.output, **options)
-  else:
-    out = export_hf.export_checkpoint(source, args.output, step=args.step, use_ema=args.use_ema, **options)
-  files = ', '.join(sorted(p.name for p in out.iterdir()))
-  kind = 'EuroBERT (no remote code, transformers >= 5.3)' if args.model_type == 'eurobert' else 'NeoBERT'
-  return f'wrote Hugging Face {kind} to {out} ({files})'
-
-
-def from_pytorch(args: argparse.Namespace) -> str:
-  source = args.input if not paths.is_url(args.input) else paths.local_copy(args.input, marker='config.json')
-  cfg, flat = hf.read_hf_dir(source, init_missing_decoder=args.init_missing_decoder)
-  out = import_hf.save_flat(flat, cfg, args.output, overwrite=args.overwrite)
-  count = sum(v.size for v in flat.values())
-  return (
-    f'wrote {len(flat)} arrays ({count / 1e6:.1f}M parameters, {cfg.num_layers} layers x {cfg.hidden_size}) to {out}'
-  )
-
-
-def to_onnx(args: argparse.Namespace) -> str:
-  from neobert_jax.convert import onnx_export  # torch and onnxscript: only this subcommand needs them
-
-  source = paths.resolve(args.input, '--input')
-  if not source.is_dir():
-    raise errors.ExportError(f'--input {args.input}: no such directory (give a Hugging Face NeoBERT directory)')
-  opset = args.opset or onnx_export.DEFAULT_OPSET
-  out = onnx_export.export_onnx(source, args.output, task=args.task, opset=opset, overwrite=args.overwrite)
-  task = json.loads((out / 'config.json').read_text())['onnx_task']
-  return (
-    f'wrote the ONNX graphs ({task}) to {out}: {onnx_export.ONNX_NAME} (float32) and {onnx_export.QUANTIZED_NAME} '
-    f'(int8 weights), with config.json and the tokenizer. Load with\n' + onnx_export.usage(out, task)
-  )
+from neobert_jax import commandline, errors
+from neobert_jax.convert import export_hf
+from neobert_jax.jobs import convert as convert_job
 
 
 def build_parser() -> commandline.Parser:
@@ -97,7 +53,18 @@ def build_parser() -> commandline.Parser:
     help='export the moving average of the weights the run kept (train.ema_decay > 0) instead of the weights',
   )
   exp.add_argument('--overwrite', action='store_true', help='replace a non-empty output directory')
-  exp.set_defaults(run=to_pytorch)
+  exp.set_defaults(
+    run=lambda a: convert_job.to_pytorch(
+      a.checkpoint,
+      a.output,
+      step=a.step,
+      tokenizer=a.tokenizer,
+      dtype=a.dtype,
+      model_type=a.model_type,
+      use_ema=a.use_ema,
+      overwrite=a.overwrite,
+    )
+  )
 
   help_text = 'Hugging Face NeoBERT -> flat params (+ model config) for JAX'
   imp = sub.add_parser('from-pytorch', help=help_text, doc=help_text)
@@ -109,7 +76,11 @@ def build_parser() -> commandline.Parser:
     help='the input is a base NeoBERT without MLM head: create a fresh decoder',
   )
   imp.add_argument('--overwrite', action='store_true', help='replace an existing output')
-  imp.set_defaults(run=from_pytorch)
+  imp.set_defaults(
+    run=lambda a: convert_job.from_pytorch(
+      a.input, a.output, init_missing_decoder=a.init_missing_decoder, overwrite=a.overwrite
+    )
+  )
 
   help_text = 'Hugging Face or sentence-transformers NeoBERT directory -> ONNX directory (onnxruntime, transformers.js)'
   onx = sub.add_parser('to-onnx', help=help_text, doc=help_text)
@@ -133,15 +104,16 @@ def build_parser() -> commandline.Parser:
     help="ONNX opset: 23 (the default) uses ONNX's Attention op; 18 only basic ops, for runtimes without it",
   )
   onx.add_argument('--overwrite', action='store_true', help='replace a non-empty output directory')
-  onx.set_defaults(run=to_onnx)
+  onx.set_defaults(
+    run=lambda a: convert_job.to_onnx(a.input, a.output, task=a.task, opset=a.opset, overwrite=a.overwrite)
+  )
   return parser
 
 
 def main(argv: list[str] | None = None) -> int:
   args = build_parser().parse_args(argv)
   try:
-    # A missing input is the user's to fix like any other conversion error: same line, same status.
-    with errors.reported('convert', args.debug, also={FileNotFoundError: errors.ExportError}):
+    with errors.reported('convert', args.debug):
       print(args.run(args))
   except SystemExit as e:
     return e.code

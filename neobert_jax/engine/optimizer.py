@@ -138,8 +138,13 @@ def decays(names: list[str], decay_embeddings: bool = True) -> bool:
 def weight_decay_mask(decay_embeddings: bool) -> Callable[[Any], Any]:
   """A mask function for optax.adamw: True where a parameter decays, same tree structure as the parameters."""
 
+  def leaf_decays(path: tuple, _) -> bool:
+    names = path_names(path)
+    # A parameter of an nnx State ends its path with the Variable's `value`: the rule reads the parameter's name.
+    return decays(names[:-1] if names[-1:] == ['value'] else names, decay_embeddings)
+
   def mask(params: Any) -> Any:
-    return jax.tree_util.tree_map_with_path(lambda path, _: decays(path_names(path), decay_embeddings), params)
+    return jax.tree_util.tree_map_with_path(leaf_decays, params)
 
   return mask
 

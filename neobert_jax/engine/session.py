@@ -8,9 +8,9 @@ lease (`claim`) first, then:
 
   with TrainingSession(workdir, cfg, ...) as session:    # the checkpoint manager; metrics writer and bar on first use
     start = session.restore_or_init(...)                 # a checkpoint of this workdir, an init source, or fresh
-    trainer = session.trainer(step, start, batches, ...)  # Logger, preemption, profiling, the checkpoint hook
-    state = trainer.train()
-    session.save_final(trainer, state)                   # the last step, unless the checkpoint hook just saved it
+    trainer = session.trainer(step, start, batches, trainer_lib.TrainerOptions(...))  # + Logger, SIGTERM, profile
+    result = trainer.train()                             # a TrainResult: final state, step, preempted, throughput
+    session.save_final(result)                           # the last step, unless the checkpoint hook just saved it
 
 A re-run of the same command is a new session that resumes where the last one stopped. The session owns everything
 it opened and closes it in reverse order through one ExitStack, whatever happened; a clean exit first waits for the
@@ -342,7 +342,7 @@ class TrainingSession:
 
   def checkpoint_hook(self, every: int) -> trainer_lib.Hook:
     """The default checkpoint hook: `save` every `every` steps, after the last one and on preemption."""
-    return trainer_lib.Hook(self.save, every, checkpoint=True)
+    return trainer_lib.Hook(lambda step, state, _: self.save(step, state), every, checkpoint=True)
 
   def last_good(self) -> str:
     """The newest complete checkpoint, for the divergence message (waits for the saves in flight)."""
@@ -350,55 +350,34 @@ class TrainingSession:
     s = self.mngr.latest_step()
     return f'{self.mngr.directory}/{s}' if s is not None else 'none (no checkpoint was written yet)'
 
-  def save_final(self, trainer: trainer_lib.Trainer, state: state_lib.TrainState) -> None:
-    """Saves where the trainer stopped unless that step is saved already (or nothing was trained)."""
-    if trainer.preempted and self.is_main:
-      log.warning('SIGTERM: saved checkpoint %s/%d, exiting', self.mngr.directory, trainer.final_step)
-    if trainer.final_step != self.saved_step and trainer.final_step > 0:
-      self.save(trainer.final_step, state)
+  def save_final(self, result: trainer_lib.TrainResult) -> None:
+    """Saves where training stopped unless that step is saved already (or nothing was trained)."""
+    if result.preempted and self.is_main:
+      log.warning('SIGTERM: saved checkpoint %s/%d, exiting', self.mngr.directory, result.final_step)
+    if result.final_step != self.saved_step and result.final_step > 0:
+      self.save(result.final_step, result.state)
 
   # --- the loop -------------------------------------------------------------------------------------------------
 
   def trainer(
-    self,
-    step: Callable,
-    start: Start,
-    batches: Iterator[tuple],
-    *,
-    num_steps: int,
-    log_every: int,
-    hooks: list[trainer_lib.Hook] = (),
-    checkpoint_every: int | None = None,
-    preemption: bool = False,
-    last_good: Callable[[], str] | None = None,
-    profile: tuple[int, int] = (-1, 0),
-    desc: str = 'train',
-    on_step: Callable[[int], None] | None = None,
-    log_options: trainer_lib.LogOptions = trainer_lib.LogOptions(),
+    self, step: Callable, start: Start, batches: Iterator[tuple], options: trainer_lib.TrainerOptions
   ) -> trainer_lib.Trainer:
-    """engine/trainer.Trainer over the session's outputs: a progress bar from `start.step`, a Logger with the
-    task's `log_options` (its non-finite policy, FLOPs per token, checks), the task's
-    `hooks` followed by the checkpoint hook when `checkpoint_every` is given, SIGTERM handling when `preemption`
-    (every process stops and saves after the same step), and a jax.profiler trace of `profile` = (first step,
-    number of steps) into `profile_dir()`. The trainer takes over `start.state` (it is donated to the first step).
-    """
-    pbar = self._progress_bar(num_steps, start.step, desc)
-    logger = trainer_lib.Logger(self.writer, pbar, log_options)
-    hooks = list(hooks) + ([self.checkpoint_hook(checkpoint_every)] if checkpoint_every is not None else [])
-    stop = self.hold(Preemption(self.mngr, log_every)) if preemption else None
-    state, start.state = start.state, None  # the trainer holds the live state from here on
+    """engine/trainer.Trainer over the session's outputs, from `start`: a progress bar from `start.step`, a Logger
+    with the task's options.log (its non-finite policy, FLOPs per token, checks), the task's hooks followed by the
+    checkpoint hook when options.checkpoint_every is set, SIGTERM handling when options.preemption (every process
+    stops and saves after the same step), and the profile trace into `profile_dir()`. The state is donated to the
+    first step: `start.state` is spent once training runs."""
+    pbar = self._progress_bar(options.num_steps, start.step, options.desc)
+    if options.checkpoint_every is not None:
+      options = dataclasses.replace(options, hooks=(*options.hooks, self.checkpoint_hook(options.checkpoint_every)))
+    options = dataclasses.replace(options, last_good=options.last_good or self.last_good)
     return trainer_lib.Trainer(
       step,
-      state,
+      start.state,
       batches,
-      num_steps=num_steps,
-      start=start.step,
-      logger=logger,
-      log_every=log_every,
-      hooks=hooks,
-      last_good=last_good or self.last_good,
-      preemption=stop,
-      profile=trainer_lib.Profile(profile[0], profile[1], self.profile_dir),
-      pbar=pbar,
-      on_step=on_step,
+      start.step,
+      options,
+      trainer_lib.Logger(self.writer, pbar, options.log),
+      self.hold(Preemption(self.mngr, options.log_every)) if options.preemption else None,
+      self.profile_dir,
     )

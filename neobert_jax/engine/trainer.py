@@ -49,7 +49,8 @@ class LogOptions:
 
 
 class Logger:
-  """Collects per-step device metrics and turns them into host scalars only every few steps (one device sync)."""
+  """Collects per-step device metrics and turns them into host scalars only every few steps (one device sync); hooks
+  get it to write their own metrics (`writer`) and lines for the user (`say`)."""
 
   def __init__(self, writer: MetricsWriter, pbar: Any, options: LogOptions = LogOptions()):
     self.writer, self.pbar, self.counts = writer, pbar, options.counts
@@ -61,6 +62,10 @@ class Logger:
     self.skipped = 0
     self.throughput: list[float] = []  # tokens/s of every logged window that held timed steps
     self.restart_clock()
+
+  def say(self, message: str) -> None:
+    """A line for the user that does not break the progress bar."""
+    (self.pbar.write if self.pbar is not None else log.info)(message)
 
   def add(self, step: int, metrics: dict[str, Any], tokens: int) -> None:
     self.pending.append((step, metrics))
@@ -130,29 +135,56 @@ class Logger:
     self.restart_clock()
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
 class Hook:
-  """fn(step, state) after every `every` steps and after the last one; `checkpoint` hooks also run on preemption."""
+  """fn(step, state, logger) after every `every` steps and after the last one; `checkpoint` hooks also run on
+  preemption. The logger (Logger) is how a hook writes metrics and speaks: nothing is patched onto anything."""
 
-  fn: Callable[[int, Any], None]
+  fn: Callable[[int, Any, Logger], None]
   every: int
   checkpoint: bool = False
 
 
-@dataclasses.dataclass
-class Profile:
-  """A jax.profiler trace of `num_steps` steps from `start` (start < 0: none) into where()."""
+@dataclasses.dataclass(frozen=True)
+class TrainerOptions:
+  """What a task asks of the loop, fixed before it starts (engine/session.TrainingSession.trainer adds the runtime:
+  the progress bar, the Logger, SIGTERM handling, the profile directory).
 
-  start: int = -1
-  num_steps: int = 0
-  where: Callable[[], Path] | None = None
+  hooks run in order after a step, then the checkpoint hook when `checkpoint_every` is set; `preemption`: every
+  process stops and saves after the same step on SIGTERM; `profile` = (first step, number of steps) of a
+  jax.profiler trace (first step < 0: none); `last_good()` names the newest checkpoint for the divergence message
+  (None: the session's); `on_step(done)` runs after every step (tests simulate crashes with it).
+  """
+
+  num_steps: int
+  log_every: int = 1
+  hooks: tuple[Hook, ...] = ()
+  checkpoint_every: int | None = None
+  preemption: bool = False
+  profile: tuple[int, int] = (-1, 0)
+  last_good: Callable[[], str] | None = None
+  desc: str = 'train'
+  on_step: Callable[[int], None] | None = None
+  log: LogOptions = LogOptions()
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainResult:
+  """Where training stopped: the final state, its step, whether SIGTERM stopped it, the updates the non-finite
+  policy skipped, and the tokens/s of every logged window that held timed steps."""
+
+  state: Any
+  final_step: int
+  preempted: bool
+  skipped_steps: int
+  throughput: tuple[float, ...]
 
 
 class Trainer:
-  """Runs `step(state, batch[, key])` over `batches` from step `start` to `num_steps`, with hooks.
-
-  `batches` yields (batch, real tokens) or (batch, real tokens, key). `last_good()` names the newest checkpoint
-  for the divergence message. `on_step(done)` runs after every step (tests simulate crashes with it).
+  """Runs `step(state, batch[, key])` over `batches` from step `start` to options.num_steps, with the options'
+  hooks; `batches` yields (batch, real tokens) or (batch, real tokens, key). Built by
+  engine/session.TrainingSession.trainer, which supplies the Logger, the progress bar, SIGTERM handling
+  (`preemption`) and the profile directory (`profile_dir()`).
   """
 
   def __init__(
@@ -160,41 +192,31 @@ class Trainer:
     step: Callable,
     state: Any,
     batches: Iterator[tuple],
-    *,
-    num_steps: int,
     start: int,
+    options: TrainerOptions,
     logger: Logger,
-    log_every: int,
-    hooks: list[Hook] = (),
-    last_good: Callable[[], str] = lambda: 'none',
     preemption: Preemption | None = None,
-    profile: Profile = Profile(),
-    pbar: Any = None,
-    on_step: Callable[[int], None] | None = None,
+    profile_dir: Callable[[], Path] | None = None,
   ):
-    self.step, self.state, self.batches = step, state, batches
-    self.num_steps, self.start, self.log_every = num_steps, start, max(1, log_every)
-    self.logger, self.hooks, self.last_good = logger, list(hooks), last_good
-    self.preemption, self.profile, self.pbar, self.on_step = preemption, profile, pbar, on_step
-    self.final_step, self.preempted = start, False
-
-  def say(self, message: str) -> None:
-    """A line for the user that does not break the progress bar."""
-    (self.pbar.write if self.pbar is not None else log.info)(message)
+    self.step, self.state, self.batches, self.start, self.options = step, state, batches, start, options
+    self.logger, self.preemption, self.profile_dir = logger, preemption, profile_dir
+    self.last_good = options.last_good or (lambda: 'none')
 
   def _due(self, hook: Hook, done: int, stop: bool) -> bool:
-    return (hook.every > 0 and (done % hook.every == 0 or done == self.num_steps)) or (stop and hook.checkpoint)
+    every = hook.every
+    return (every > 0 and (done % every == 0 or done == self.options.num_steps)) or (stop and hook.checkpoint)
 
-  def train(self) -> Any:
-    """Trains to num_steps (or a preemption stop); returns the final state.
+  def train(self) -> TrainResult:
+    """Trains to num_steps (or a preemption stop).
 
     A batch of a new shape (the batch-size warmup) compiles the step again: that step is left out of throughput,
     like the first one."""
-    prof = self.profile
-    shape = None
-    for step in range(self.start, self.num_steps):
-      if step == prof.start:
-        jax.profiler.start_trace(str(prof.where()))
+    o = self.options
+    first, count = o.profile
+    shape, done, preempted = None, self.start, False
+    for step in range(self.start, o.num_steps):
+      if step == first:
+        jax.profiler.start_trace(str(self.profile_dir()))
       batch, tokens, *key = next(self.batches)
       new_shape = jax.tree.leaves(batch)[0].shape
       recompiles = shape is not None and new_shape != shape
@@ -205,27 +227,26 @@ class Trainer:
       self.state, metrics = self.step(self.state, batch, *key)
       done = step + 1
       self.logger.add(done, metrics, tokens)
-      if prof.start >= 0 and step == prof.start + prof.num_steps - 1:
+      if first >= 0 and step == first + count - 1:
         jax.block_until_ready(self.state)
         jax.profiler.stop_trace()
       if step == self.start or recompiles:  # the step compiled: time the steps from here
         jax.block_until_ready(metrics)
         (self.logger.restart_clock if step == self.start else self.logger.resume_clock)()
-      if self.pbar is not None:
-        self.pbar.update(1)
-      if done % self.log_every == 0 or done == self.num_steps:
+      if self.logger.pbar is not None:
+        self.logger.pbar.update(1)
+      if done % max(1, o.log_every) == 0 or done == o.num_steps:
         self.logger.flush(self.last_good)
       stop = self.preemption is not None and self.preemption.should_stop(done)
-      for hook in self.hooks:
+      for hook in o.hooks:
         if self._due(hook, done, stop):
           self.logger.flush(self.last_good)  # never act on (evaluate, checkpoint) a state that went non-finite
-          hook.fn(done, self.state)
+          hook.fn(done, self.state, self.logger)
           if not hook.checkpoint:
             self.logger.restart_clock()
-      self.final_step = done
-      if self.on_step is not None:
-        self.on_step(done)
+      if o.on_step is not None:
+        o.on_step(done)
       if stop:
-        self.preempted = True
+        preempted = True
         break
-    return self.state
+    return TrainResult(self.state, done, preempted, self.logger.skipped, tuple(self.logger.throughput))

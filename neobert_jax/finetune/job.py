@@ -148,9 +148,8 @@ class _Evaluations:
     self.session, self.task, self.mesh = session, task, mesh
     self.forward, self.batch_size, self.pad_id = forward, batch_size, pad_id
     self.best, self.final, self.evals = None, None, []
-    self.say = log.info  # the trainer's, once it exists (a line that does not break the progress bar)
 
-  def __call__(self, step: int, state: Any) -> None:
+  def __call__(self, step: int, state: Any, logger: trainer_lib.Logger) -> None:
     task = self.task
     ev = task.evaluate(
       lambda seqs: inference.run_batched(
@@ -164,7 +163,7 @@ class _Evaluations:
       self.best = self.final
       self.session.save_params(step, state)
     if self.session.is_main:
-      self.say(f'eval step {step}: ' + ', '.join(f'{k} {v:.4f}' for k, v in ev.items()))
+      logger.say(f'eval step {step}: ' + ', '.join(f'{k} {v:.4f}' for k, v in ev.items()))
 
 
 def finetune(cfg: ml_collections.ConfigDict, workdir: str | Path) -> dict[str, Any]:
@@ -217,20 +216,17 @@ def _finetune(cfg: ml_collections.ConfigDict, workdir: Path, lease: Any) -> dict
       )
     forward = inference.jit_forward(start.defs.model_def, start.defs.shardings['params'], mesh)
     evaluations = _Evaluations(session, task, forward, t.eval_batch_size, tok.pad_id, mesh)
-    trainer = session.trainer(
-      jit_step(start.defs, mesh, task.loss, task.batch_keys),
-      start,
-      _batches(task, task.batch_keys, mesh, cfg.seed),
+    options = trainer_lib.TrainerOptions(
       num_steps=num_steps,
       log_every=t.log_every,
-      hooks=[trainer_lib.Hook(evaluations, t.eval_every or steps_per_epoch)],
+      hooks=(trainer_lib.Hook(evaluations, t.eval_every or steps_per_epoch),),
       last_good=lambda: 'none (fine-tuning keeps only its best evaluation)',
       desc=f'finetune {task.kind}',
-      log_options=trainer_lib.LogOptions(nan_policy='stop', diverged_hint='Lower --config.optimizer.lr.'),
+      log=trainer_lib.LogOptions(nan_policy='stop', diverged_hint='Lower --config.optimizer.lr.'),
     )
-    evaluations.say = trainer.say
-    trainer.train()
-  return _finish(cfg, workdir, task, num_steps, evaluations, trainer.logger.throughput)
+    step = jit_step(start.defs, mesh, task.loss, task.batch_keys)
+    trained = session.trainer(step, start, _batches(task, task.batch_keys, mesh, cfg.seed), options).train()
+  return _finish(cfg, workdir, task, num_steps, evaluations, trained.throughput)
 
 
 def _finish(

@@ -285,7 +285,7 @@ def train(
 
     mix = mixture_lib.read(cfg.data.mixture) if cfg.data.mixture else None
 
-    def evaluate(step: int, state: Any) -> None:
+    def evaluate(step: int, state: Any, logger: trainer_lib.Logger) -> None:
       weights = mix.weights_at(step) if mix else {}
       ev = _evaluate(keys, mesh, eval_step, eval_batches, state['params'], weights)
       said = f'eval step {step}: loss {ev["loss"]:.4f}, accuracy {ev["accuracy"]:.4f}'
@@ -300,26 +300,26 @@ def train(
         result.evals[-1].update({f'ema_{k}': v for k, v in ema.items()})
         said += f'; EMA loss {ema["loss"]:.4f}, accuracy {ema["accuracy"]:.4f}'
       if is_main:
-        trainer.say(said)
+        logger.say(said)
 
-    trainer = session.trainer(
-      mlm.jit_train_step(cfg, mesh, start.defs),
-      start,
-      batches_lib.GlobalBatches(
-        train_host, cfg.data.max_predictions, mesh, t.grad_accum_steps, _reads(cfg), start.step, *_thinning(cfg)
-      ),
+    options = trainer_lib.TrainerOptions(
       num_steps=t.num_steps,
       log_every=lg.log_every,
-      hooks=[trainer_lib.Hook(evaluate, cfg.eval.every_steps)],
+      hooks=(trainer_lib.Hook(evaluate, cfg.eval.every_steps),),
       checkpoint_every=cfg.checkpoint.every_steps,
       preemption=True,
       profile=(lg.profile_start_step, lg.profile_num_steps),
       on_step=on_step,
-      log_options=_log_options(cfg),
+      log=_log_options(cfg),
     )
+    batches = batches_lib.GlobalBatches(
+      train_host, cfg.data.max_predictions, mesh, t.grad_accum_steps, _reads(cfg), start.step, *_thinning(cfg)
+    )
+    trainer = session.trainer(mlm.jit_train_step(cfg, mesh, start.defs), start, batches, options)
     if start.step == 0 and cfg.eval.at_start and cfg.eval.every_steps > 0:
-      evaluate(0, trainer.state)
-    session.save_final(trainer, trainer.train())
-  result.final_step, result.preempted = trainer.final_step, trainer.preempted
-  result.skipped_steps = trainer.logger.skipped
-  return result
+      evaluate(0, start.state, trainer.logger)
+    trained = trainer.train()
+    session.save_final(trained)
+  return dataclasses.replace(
+    result, final_step=trained.final_step, preempted=trained.preempted, skipped_steps=trained.skipped_steps
+  )
