@@ -362,13 +362,78 @@ def test_the_testing_page_maps_every_package_module_to_tests_that_exist():
   assert not problems, 'docs/testing.md, "Which tests cover which module":\n' + '\n'.join(problems)
 
 
-def test_the_docs_date_figures_by_the_calendar_not_by_work_periods():
+# --- the docs state the present ---------------------------------------------------------------------------------
+
+# Phrases that narrate history instead of stating the present: a figure is dated by the calendar and given with its
+# command, and what changed, and what it replaced, goes to CHANGELOG.md.
+NARRATION = [
+  r'(?<!test )\bsessions? \d',  # a numbered work period (a test file named test_session... is fine)
+  r'\b(the session before|last session|this session)\b',
+  r'\b(the )?(previous|last) (session|release|default|recipe|version)\b',
+  r"\blast release's\b",
+  r'\buntil (then|now)\b',
+  r'\bbefore (this|the) (change|fix|study)\b',
+  r'\bas it was before\b',
+  r'\bas before\b',
+  r'\bno longer\b',
+  r'\bsince removed\b',
+  r'\b(earlier|previous) (notes|figures|measurements|models|runs)\b',
+  r'\bwas \d',  # "(was 24.7 ms)": an old figure beside the new one
+  r'\b(cut|went|fell|dropped|rose|grew)( it)? from \d',  # "what cut it from 814 s"
+  r'\bnow\b[^.|]*\binstead\b',  # "now does X instead of Y"
+  r'(^|[.:;] )before, ',  # "Before, every host staged ..."
+  r'\|\s*before\b',  # a "before" row or column of a table
+  r'\bthe old (init|scorer|recipe|kernel|default|layout)\b',
+]
+_NARRATION = re.compile('|'.join(f'(?:{p})' for p in NARRATION), re.IGNORECASE)
+# Pages and sections whose export figures are being measured again with docs/export.md: checked once they settle.
+_NOT_YET = {'docs/export.md'}
+_EXEMPT = {'docs/performance.md': '## The PyTorch export against ModernBERT'}
+PERFORMANCE_MAX_LINES = 500  # one table per question with its command; the export section alone is 82 lines
+
+
+def _narration(path: Path) -> list[str]:
+  text = path.read_text(encoding='utf-8')
+  exempt = _EXEMPT.get(_rel(path))
+  if exempt and exempt in text:
+    head, tail = text.split(exempt, 1)
+    rest = tail.split('\n## ', 1)
+    text = head + '\n' * (exempt.count('\n') + rest[0].count('\n')) + ('\n## ' + rest[1] if len(rest) > 1 else '')
+  return [f'{_rel(path)}:{n}: {line.strip()}' for n, line in enumerate(text.splitlines(), 1) if _NARRATION.search(line)]
+
+
+def test_the_docs_state_the_present_and_leave_history_to_the_changelog():
   """Docs state the present: a figure is dated by the calendar and its command, never by a numbered work period
-  ('session 15', 'the session before') that no reader can resolve. History goes to the CHANGELOG."""
-  pattern = re.compile(r'\b((?<!test )sessions? [0-9]+|the session before|last session|this session)\b', re.IGNORECASE)
-  found = []
-  for path in [REPO / 'README.md', *sorted((REPO / 'docs').glob('*.md'))]:
-    for n, line in enumerate(path.read_text(encoding='utf-8').splitlines(), 1):
-      if pattern.search(line):
-        found.append(f'{path.relative_to(REPO)}:{n}: {line.strip()}')
-  assert not found, '\n'.join(found)
+  ('session 15', 'the session before') or against what came before ('until then', 'the previous default',
+  '(was 24.7 ms)'). History goes to CHANGELOG.md."""
+  found = [hit for page in PAGES if _rel(page) not in _NOT_YET for hit in _narration(page)]
+  assert not found, 'narrating history (move it to CHANGELOG.md, or date the figure):\n' + '\n'.join(found)
+
+
+def test_the_narration_patterns_catch_what_they_are_for():
+  for line in [
+    'as measured in session 15',
+    'the session before measured 3 s',
+    "8 x H100, remat full (last release's recipe)",
+    'Until then the plan priced every layout at 50% MFU',
+    'the kernel the previous release used',
+    'XLA einsums (the previous default)',
+    'FSDP and data parallel no longer tie',
+    'all-reduce, 19.0 MiB (was 146.9 MiB)',
+    'the planner now takes the shortest instead of the largest',
+    'Before, every host staged the whole corpus.',
+    '| before | 1,535 ms |',
+    'evaluate lee before this change',
+    'what cut it from 814 s was work not done twice',
+  ]:
+    assert _NARRATION.search(line), line
+  for line in ['test_session.py covers it', 'the previous step is used', 'measured 2026-11-28', '| `before` | 5.946 |']:
+    assert not _NARRATION.search(line), line
+
+
+def test_the_performance_page_stays_short():
+  lines = len((REPO / 'docs' / 'performance.md').read_text(encoding='utf-8').splitlines())
+  assert lines <= PERFORMANCE_MAX_LINES, (
+    f'docs/performance.md has {lines} lines (at most {PERFORMANCE_MAX_LINES}): keep one table per question with '
+    'its command; history goes to CHANGELOG.md'
+  )
