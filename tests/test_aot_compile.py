@@ -297,7 +297,7 @@ def test_a_mixture_is_checked_as_training_checks_it_before_any_download(tmp_path
   from neobert_jax import compile as compile_lib
   from neobert_jax import errors
   from neobert_jax.config import train as train_config
-  from support import synthetic_data
+  from tests.support import synthetic_data
 
   docs = synthetic_data.synthetic_documents(20, max_len=40, vocab_size=512)
   for name, length in (('a', 128), ('b', 128), ('short', 64)):

@@ -20,8 +20,8 @@ import pytest
 from neobert_jax import errors
 from neobert_jax.jobs import convert as convert_job
 from neobert_jax.data.prepare import local as prepare_lib
-from support import synthetic_data
-from support.commands import reported
+from tests.support import synthetic_data
+from tests.support.commands import reported
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIG, DATA, CHECKPOINT, EXPORT, DISTRIBUTED = (

@@ -25,7 +25,8 @@ from neobert_jax.weights import eurobert, hf
 import test_convert_export
 import test_convert_onnx
 import test_convert_transformers5
-from test_convert_export import run_cli
+from neobert_jax.jobs import convert as convert_job
+from test_convert_export import run_job
 
 bert_tokenizer = test_convert_export.bert_tokenizer  # the module fixture
 TOLERANCE = 1e-4  # the bound, absolute, on logits and hidden states of the real tokens
@@ -50,7 +51,7 @@ def test_the_eurobert_directory_needs_no_code_and_reads_back_exactly(layout, ber
   assert config['architectures'] == ['EuroBertForMaskedLM']
   assert (config['bos_token_id'], config['eos_token_id'], config['mask_token_id']) == (101, 102, 103)
   assert config['attention_bias'] is cfg.use_bias and config['mlp_bias'] is True  # the head's bias needs it
-  code, text = run_cli(capsys, 'from-pytorch', '--input', out, '--output', tmp_path / 'back.safetensors')
+  code, text = run_job(capsys, convert_job.from_pytorch, out, tmp_path / 'back.safetensors')
   assert code == 0, text
   back_cfg, back = hf.read_hf_dir(out)
   assert (back_cfg.use_bias, back_cfg.tie_word_embeddings) == (cfg.use_bias, cfg.tie_word_embeddings)

@@ -20,7 +20,7 @@ from neobert_jax.jobs import convert as convert_job
 from neobert_jax.model import NeoBERTForMLM, default_model_config
 from neobert_jax.weights import hf, place
 from neobert_jax.weights.flat import load_saved_flat, to_flat
-from support.commands import reported
+from tests.support.commands import reported
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -17,7 +17,7 @@ from neobert_jax.convert import export_hf, model_card
 from neobert_jax.finetune import export as finetune_export
 from neobert_jax.weights import hf
 import test_convert_onnx
-from support.tiny_train import tiny_config
+from tests.support.tiny_train import tiny_config
 
 CURVE = b'\x89PNG\r\n\x1a\n a stand-in for the plot'
 

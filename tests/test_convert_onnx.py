@@ -19,7 +19,8 @@ from neobert_jax.convert.hf_modeling import model as hf_model
 from neobert_jax.model import default_model_config
 from neobert_jax.weights import hf
 import test_convert_export
-from test_convert_export import run_cli
+from neobert_jax.jobs import convert as convert_job
+from test_convert_export import run_job
 
 ort = pytest.importorskip('onnxruntime')
 bert_tokenizer = test_convert_export.bert_tokenizer  # the module fixture
@@ -69,7 +70,7 @@ def test_mlm_graph_matches_pytorch_at_other_shapes(flat, tmp_path, capsys):
 
   cfg, params = flat
   src = export_hf.export_flat(params, cfg, tmp_path / 'hf')
-  code, out = run_cli(capsys, 'to-onnx', '--input', src, '--output', tmp_path / 'onnx')  # opset 23
+  code, out = run_job(capsys, convert_job.to_onnx, src, tmp_path / 'onnx')  # opset 23
   assert code == 0, out
   assert 'onnx/model.onnx' in out and 'onnx/model_quantized.onnx' in out and '(mlm)' in out
   assert "pipeline('fill-mask'" in out and 'InferenceSession' in out  # how to load it
@@ -107,7 +108,7 @@ def test_mlm_graph_of_a_biased_tied_model_matches_pytorch(tmp_path, capsys):
   state = {k: rng.normal(0, 0.2, shape).astype(np.float32) for k, shape in hf.hf_shapes(cfg).items()}
   assert 'decoder.weight' not in state and 'model.transformer_encoder.0.qkv.bias' in state
   src = export_hf.export_flat(hf.hf_state_dict_to_flat(state, cfg), cfg, tmp_path / 'hf')
-  code, out = run_cli(capsys, 'to-onnx', '--input', src, '--output', tmp_path / 'onnx')
+  code, out = run_job(capsys, convert_job.to_onnx, src, tmp_path / 'onnx')
   assert code == 0, out
   session = ort.InferenceSession(str(tmp_path / 'onnx' / 'onnx/model.onnx'), providers=['CPUExecutionProvider'])
   model = hf_model.NeoBERTLMHead.from_pretrained(src).eval()
@@ -137,7 +138,7 @@ def test_sentence_transformers_export_encode_embed_and_onnx_agree(flat, bert_tok
   encoder = embed.Encoder.load(str(st_dir), tokenizer=bert_tokenizer, normalize=True, max_length=32, batch_size=8)
   np.testing.assert_allclose(encoder.encode(texts), st_emb, atol=1e-4)
 
-  code, out = run_cli(capsys, 'to-onnx', '--input', st_dir, '--output', tmp_path / 'onnx', '--opset', '18')
+  code, out = run_job(capsys, convert_job.to_onnx, st_dir, tmp_path / 'onnx', opset=18)
   assert code == 0, out
   written = tmp_path / 'onnx'
   assert 'Attention' not in op_types(written)  # the portable graph: basic ops only
@@ -156,17 +157,17 @@ def test_sentence_transformers_export_encode_embed_and_onnx_agree(flat, bert_tok
 
 def test_to_onnx_errors_are_one_line(flat, tmp_path, capsys):
   cfg, params = flat
-  code, out = run_cli(capsys, 'to-onnx', '--input', tmp_path / 'missing', '--output', tmp_path / 'o')
+  code, out = run_job(capsys, convert_job.to_onnx, tmp_path / 'missing', tmp_path / 'o')
   assert code == errors.ExportError.exit_status and out.count('\n') == 1 and 'no such directory' in out
   from neobert_jax.finetune import export as finetune_export
 
   base = tmp_path / 'base'
   state = finetune_export.encoder_state_dict(params, cfg)
   export_hf.write_hf_dir(base, {k[len(hf.HF_PREFIX) :]: v for k, v in state.items()}, hf.hf_config_dict(cfg))
-  code, out = run_cli(capsys, 'to-onnx', '--input', base, '--output', tmp_path / 'o', '--task', 'mlm')
+  code, out = run_job(capsys, convert_job.to_onnx, base, tmp_path / 'o', task='mlm')
   assert code == errors.ExportError.exit_status and out.count('\n') == 1 and 'no MLM decoder' in out
   assert not (tmp_path / 'o').exists()
   (tmp_path / 'o').mkdir()
   (tmp_path / 'o' / 'x').write_text('keep')
-  code, out = run_cli(capsys, 'to-onnx', '--input', base, '--output', tmp_path / 'o', '--task', 'hidden')
+  code, out = run_job(capsys, convert_job.to_onnx, base, tmp_path / 'o', task='hidden')
   assert code == errors.ExportError.exit_status and 'not empty' in out

@@ -31,7 +31,8 @@ from neobert_jax.data import assets
 from neobert_jax.finetune import export as finetune_export
 import test_convert_export
 import test_convert_onnx
-from test_convert_export import run_cli
+from neobert_jax.jobs import convert as convert_job
+from test_convert_export import run_job
 from test_convert_onnx import ort
 
 TRANSFORMERS_JS = '@huggingface/transformers@4.3.1'
@@ -112,11 +113,11 @@ def test_transformers_js_runs_the_onnx_directories_as_written(bert_tokenizer, tm
   state = {k: rng.normal(0, 0.2, shape).astype(np.float32) for k, shape in hf.hf_shapes(cfg).items()}
   src = export_hf.export_flat(hf.hf_state_dict_to_flat(state, cfg), cfg, tmp_path / 'hf', tokenizer=bert_tokenizer)
   for task in ('hidden', 'mlm'):
-    code, out = run_cli(capsys, 'to-onnx', '--input', src, '--output', tmp_path / 'onnx' / task, '--task', task)
+    code, out = run_job(capsys, convert_job.to_onnx, src, tmp_path / 'onnx' / task, task=task)
     assert code == 0, out
   flat = hf.hf_state_dict_to_flat(state, cfg)
   st_dir = finetune_export.export_sentence_transformer(flat, cfg, tmp_path / 'st', tokenizer=bert_tokenizer)
-  code, out = run_cli(capsys, 'to-onnx', '--input', st_dir, '--output', tmp_path / 'onnx' / 'embedding')  # its default
+  code, out = run_job(capsys, convert_job.to_onnx, st_dir, tmp_path / 'onnx' / 'embedding')  # its default
   assert code == 0 and '(embedding)' in out, out
   (tmp_path / 'node_modules').symlink_to(modules)
   (tmp_path / 'run.mjs').write_text(SCRIPT)

@@ -11,10 +11,10 @@ import sys
 import time
 
 import pytest
-from support import pipeline_data
+from tests.support import pipeline_data
 
 from neobert_jax.config import data as config_lib
-from support import synthetic_data
+from tests.support import synthetic_data
 from neobert_jax.data import pipeline
 from neobert_jax.data.prepare import local as prepare_lib
 

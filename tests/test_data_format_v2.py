@@ -19,7 +19,7 @@ from array_record.python.array_record_module import ArrayRecordReader
 from neobert_jax import errors, paths
 from neobert_jax.config import data as config_lib
 from neobert_jax.data import shards
-from support import synthetic_data
+from tests.support import synthetic_data
 from neobert_jax.data import pipeline
 from neobert_jax.data.prepare import local as prepare_lib
 from neobert_jax.data.prepare import publish

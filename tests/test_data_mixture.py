@@ -13,7 +13,7 @@ from neobert_jax import errors, paths
 from neobert_jax.config import data as data_config
 from neobert_jax.config import train as train_config
 from neobert_jax.data import mixture, shards
-from support import synthetic_data
+from tests.support import synthetic_data
 from neobert_jax.data import pipeline
 
 EXAMPLE = {

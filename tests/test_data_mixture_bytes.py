@@ -19,7 +19,7 @@ from fault_proxy import FaultProxy
 
 from neobert_jax import paths
 from neobert_jax.config import data as data_config
-from support import synthetic_data
+from tests.support import synthetic_data
 from neobert_jax.data.pipeline import factories
 
 pytestmark = [pytest.mark.server]

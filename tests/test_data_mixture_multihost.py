@@ -11,7 +11,7 @@ import pytest
 from test_scenario_multihost_training import bucket_job
 
 from neobert_jax import paths
-from support import synthetic_data
+from tests.support import synthetic_data
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.server]
 

@@ -14,10 +14,10 @@ from test_train_resume import Crash, _crash_after
 from neobert_jax import errors
 from neobert_jax.config import data as data_config
 from neobert_jax.data import pipeline
-from support import synthetic_data
+from tests.support import synthetic_data
 from neobert_jax.data.pipeline import factories
 from neobert_jax.train import report
-from support.tiny_train import assert_identical_params, tiny_config, train_only
+from tests.support.tiny_train import assert_identical_params, tiny_config, train_only
 from neobert_jax.weights import runs
 
 SEQ, VOCAB, BATCH = 64, 1000, 16

@@ -4,7 +4,7 @@ virtual shard, block index) alone, so any process or worker that rebuilds it aft
 import numpy as np
 
 from neobert_jax.config import data as config_lib
-from support import synthetic_data
+from tests.support import synthetic_data
 from neobert_jax.data.pipeline import builder
 
 MANIFEST = {'tokenizer': {'special_ids': dict(synthetic_data.SPECIAL), 'vocab_size': 30522}}

@@ -4,10 +4,10 @@ config values named."""
 
 import numpy as np
 import pytest
-from support import pipeline_data
+from tests.support import pipeline_data
 
 from neobert_jax.data.pipeline import batch as batch_contract
-from support import synthetic_data
+from tests.support import synthetic_data
 from neobert_jax.data import pipeline
 
 

@@ -6,11 +6,11 @@ import json
 
 import numpy as np
 import pytest
-from support import pipeline_data
+from tests.support import pipeline_data
 
 from neobert_jax.data import pipeline
 
-from support import synthetic_data
+from tests.support import synthetic_data
 
 
 @pytest.fixture(scope='module')

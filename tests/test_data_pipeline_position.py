@@ -5,7 +5,7 @@ of one block whatever the step; a step without one moves the iterator in O(1), w
 import time
 
 import orbax.checkpoint as ocp
-from support import pipeline_data
+from tests.support import pipeline_data
 import pytest
 
 from neobert_jax.data import pipeline

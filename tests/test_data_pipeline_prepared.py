@@ -4,11 +4,11 @@ and data that is missing, truncated or corrupt, are refused in one line before t
 import os
 
 import pytest
-from support import pipeline_data
+from tests.support import pipeline_data
 
 from neobert_jax import errors
 from neobert_jax.data import pipeline
-from support import synthetic_data
+from tests.support import synthetic_data
 
 
 @pytest.fixture(scope='module')

@@ -5,7 +5,7 @@ import os
 
 from neobert_jax.config import data as config_lib
 from neobert_jax.data import pipeline
-from support import synthetic_data
+from tests.support import synthetic_data
 
 
 def test_a_splits_files_in_manifest_order_all_at_once_or_one_by_one(tmp_path):

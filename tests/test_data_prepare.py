@@ -15,7 +15,7 @@ from array_record.python.array_record_module import ArrayRecordReader
 from neobert_jax import errors
 from neobert_jax.data.prepare import local as prepare_lib
 from neobert_jax.data import shards
-from support import synthetic_data
+from tests.support import synthetic_data
 from neobert_jax.data.prepare import sources
 from neobert_jax.data.prepare import splits
 from neobert_jax.data import tokenizer as tokenizer_lib

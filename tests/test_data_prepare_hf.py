@@ -11,7 +11,7 @@ import pytest
 
 from neobert_jax import errors
 from neobert_jax.data import shards
-from support import synthetic_data
+from tests.support import synthetic_data
 from neobert_jax.data.prepare import hf
 from neobert_jax.data.prepare import local as prepare_lib
 from neobert_jax.data.prepare import ray_engine

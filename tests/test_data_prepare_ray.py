@@ -23,7 +23,7 @@ import zstandard
 
 from neobert_jax import errors, paths
 from neobert_jax.data import shards
-from support import synthetic_data
+from tests.support import synthetic_data
 from neobert_jax.data.prepare import ledger
 from neobert_jax.data.prepare import local as prepare_lib
 

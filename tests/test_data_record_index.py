@@ -17,7 +17,7 @@ from neobert_jax import errors, paths
 from neobert_jax.config import data as data_config
 from neobert_jax.data import record_index, shards
 from neobert_jax.data.pipeline import prepared, ranged
-from support import synthetic_data
+from tests.support import synthetic_data
 
 
 def _shard(tmp_path, n=1500, seed=0):

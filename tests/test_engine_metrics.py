@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import pytest
 
 from neobert_jax.engine import metrics
-from support.tiny_train import tiny_config, train_only
+from tests.support.tiny_train import tiny_config, train_only
 
 WANDB = importlib.util.find_spec('wandb') is not None
 

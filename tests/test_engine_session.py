@@ -24,7 +24,7 @@ from neobert_jax.engine import session as session_lib
 from neobert_jax.engine import trainer as trainer_lib
 from neobert_jax.engine.state import param_count
 from neobert_jax.train import mlm
-from support.tiny_train import synthetic_batch, tiny_config
+from tests.support.tiny_train import synthetic_batch, tiny_config
 from neobert_jax.weights import runs
 from neobert_jax.weights import source as source_lib
 from neobert_jax.weights.flat import path_key

@@ -10,7 +10,7 @@ from sklearn.metrics.pairwise import paired_cosine_distances
 from neobert_jax import errors
 from neobert_jax.model import NeoBERTForMLM, default_model_config
 from neobert_jax.weights.flat import to_flat
-from support.commands import reported
+from tests.support.commands import reported
 
 
 @pytest.fixture(scope='module')

@@ -13,7 +13,7 @@ from flax import nnx
 from neobert_jax import errors
 from neobert_jax.finetune import job as finetune_job
 from neobert_jax.config.finetune import base_config
-from support.commands import reported
+from tests.support.commands import reported
 
 REPO = Path(__file__).resolve().parents[1]
 

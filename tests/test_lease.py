@@ -20,7 +20,7 @@ from etils import epath
 
 from neobert_jax import errors, lease
 from neobert_jax.weights import runs
-from support.tiny_train import SUPPORT_ON_PATH
+from tests.support.tiny_train import SUPPORT_ON_PATH
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -141,7 +141,7 @@ def test_kill_9_leaves_the_lease_to_expire(tmp_path, caplog):
 def test_two_prepare_builds_into_one_output_are_refused(tmp_path, engine, capsys):
   """A live build (a process holding the output's lease) and a second one into the same output, both engines: one
   line naming the holder, exit 15, nothing written. The Ray engine refuses before it joins a cluster."""
-  from support import synthetic_data
+  from tests.support import synthetic_data
   from neobert_jax.data.prepare import local
 
   (tmp_path / 'in.txt').write_text('the cat sat\nthe dog ran\n')
@@ -214,7 +214,7 @@ def test_every_out_of_range_prepare_flag_is_one_line(tmp_path, capsys):
 _TRAIN = """
 import os, sys, time
 from neobert_jax.jobs import pretrain as pretrain_job
-from support.tiny_train import tiny_config
+from tests.support.tiny_train import tiny_config
 def hold(step):
   if step == 4:  # checkpoint 3 is written; the parent works beside this live run, then stops it
     print('READY', flush=True)
@@ -267,7 +267,7 @@ def test_second_trainer_on_a_live_workdir_is_refused_and_readers_work_beside_it(
   from neobert_jax.jobs import pretrain as pretrain_job
   from neobert_jax.convert import export_hf
   from neobert_jax.data import pipeline
-  from support.tiny_train import tiny_config, train_only
+  from tests.support.tiny_train import tiny_config, train_only
 
   cfg = tiny_config(steps=6)
   data_dir = ''

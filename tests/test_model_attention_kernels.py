@@ -212,7 +212,7 @@ def test_auto_resolution_table():
 def test_train_step_reports_rows_over_the_document_limit():
   """The step's metric the loop stops on: rows whose documents the static packed layout cannot hold."""
   from neobert_jax.train import mlm
-  from support.tiny_train import synthetic_batch, tiny_config
+  from tests.support.tiny_train import synthetic_batch, tiny_config
 
   cfg = tiny_config(vocab_size=64, seq_len=32, batch=2)
   cfg.data.max_documents_per_row = 2

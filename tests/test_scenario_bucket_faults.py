@@ -18,7 +18,7 @@ from etils import epath
 from fault_proxy import FaultProxy
 from neobert_jax import paths
 from neobert_jax.weights import runs
-from support.tiny_train import assert_identical_params, tiny_config, tiny_run_command, train_only
+from tests.support.tiny_train import assert_identical_params, tiny_config, tiny_run_command, train_only
 
 pytestmark = [pytest.mark.server, pytest.mark.slow]
 
@@ -106,7 +106,7 @@ def test_prepare_through_faults_and_a_short_outage_writes_the_same_bytes(gcs, tm
   import gcsfs
 
   from conftest import gcs_env
-  from support import synthetic_data
+  from tests.support import synthetic_data
   from neobert_jax.data.prepare import local
 
   words = ('the', 'cat', 'sat', 'on', 'mat', 'dog', 'ran')

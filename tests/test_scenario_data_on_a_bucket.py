@@ -22,14 +22,14 @@ import zstandard
 from neobert_jax import errors, paths
 from neobert_jax.config import data as data_config
 from neobert_jax.data import shards
-from support import synthetic_data
+from tests.support import synthetic_data
 from neobert_jax.data import pipeline
 from neobert_jax.data.pipeline import virtual
 from neobert_jax.data.prepare import publish
 from neobert_jax.data.prepare import local as prepare_lib
 from neobert_jax.weights import runs
 from neobert_jax.jobs import pretrain as pretrain_job
-from support.tiny_train import tiny_config, train_only
+from tests.support.tiny_train import tiny_config, train_only
 
 pytestmark = pytest.mark.server
 

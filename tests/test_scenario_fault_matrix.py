@@ -30,10 +30,10 @@ import pytest
 
 from neobert_jax import errors
 from neobert_jax.convert import export_hf
-from support import synthetic_data
+from tests.support import synthetic_data
 from neobert_jax.weights import runs
 from neobert_jax.jobs import pretrain as pretrain_job
-from support.tiny_train import kill_when_paused, tiny_config, train_only
+from tests.support.tiny_train import kill_when_paused, tiny_config, train_only
 
 REPO = Path(__file__).resolve().parents[1]
 VOCAB, STEPS = 1000, 8
@@ -159,7 +159,7 @@ def test_kill_9_during_an_async_save_resumes_bit_identical(data_dir, reference, 
       cwd=REPO,
       stdout=out,
       stderr=subprocess.STDOUT,
-      env=dict(os.environ, PYTHONUNBUFFERED='1'),
+      env=dict(os.environ, PYTHONUNBUFFERED='1', PYTHONPATH=str(REPO)),
     )
   checkpoints = workdir / 'checkpoints'
   deadline, names = time.time() + 240, []
@@ -199,7 +199,9 @@ def _kill_export_at(mode: str, reference: Path, out: Path) -> int:
   """Re-exports `reference` over `out` in a child that pauses at `mode`'s point (after the real call) to be
   SIGKILLed there; returns the child's pid."""
   return kill_when_paused(
-    [sys.executable, __file__, mode, str(reference), str(out)], env=dict(os.environ, PYTHONUNBUFFERED='1'), cwd=REPO
+    [sys.executable, __file__, mode, str(reference), str(out)],
+    env=dict(os.environ, PYTHONUNBUFFERED='1', PYTHONPATH=str(REPO)),
+    cwd=REPO,
   )
 
 

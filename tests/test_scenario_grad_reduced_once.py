@@ -21,7 +21,7 @@ from neobert_jax import sharding as shd
 from neobert_jax.aot import collectives
 from neobert_jax.engine import step as engine_step
 from neobert_jax.train import mlm
-from support.tiny_train import REPO_ROOT, synthetic_batch
+from tests.support.tiny_train import REPO_ROOT, synthetic_batch
 
 ROWS, ACCUM = 32, 4
 HYBRID = {'data': 1, 'fsdp': 4, 'tensor': 1, 'dcn_data': 2}  # data 2 across "slices" x fsdp 4 inside each

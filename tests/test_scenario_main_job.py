@@ -18,7 +18,7 @@ from etils import epath
 from neobert_jax import config as config_lib
 from neobert_jax import paths
 from neobert_jax.jobs import pretrain as pretrain_job
-from support.tiny_train import REPO_ROOT
+from tests.support.tiny_train import REPO_ROOT
 
 pytestmark = [pytest.mark.server, pytest.mark.slow]
 
@@ -118,20 +118,39 @@ def test_the_same_command_on_the_finished_run_only_exports_again(main_job):
   assert again.final_step == 40 and not again.evals and (paths.resolve(run) / 'hf' / 'config.json').is_file()
 
 
-def _cli(module: str, *args: str, cache) -> str:
-  """Runs a command in a fresh process whose cache is `cache` (empty: another machine), returns its stdout."""
-  env = {**os.environ, 'NEOBERT_JAX_CACHE': str(cache), 'JAX_PLATFORMS': 'cpu'}
-  out = subprocess.run(
-    [sys.executable, '-m', module, *args], cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=600
-  )
-  assert out.returncode == 0, f'{module} {args}: {out.stderr[-3000:]}'
-  return out.stdout
+# Another machine's process: every job the README names after pretraining, from the run on the bucket, in one fresh
+# process (one start-up) whose cache is empty: fine-tuning with its export, a one-point sweep, embedding, pseudo-
+# perplexity and the conversion, each writing to the bucket. The commands' flags and one-line errors are tested
+# beside (test_cli_errors.py, test_cli_convention.py).
+_ANOTHER_MACHINE = """
+import sys
+from neobert_jax import config as config_lib, embed
+from neobert_jax.finetune import job, sweep
+from neobert_jax.jobs import convert, evaluate
+
+run, bucket = sys.argv[1:3]
+cfg = config_lib.load('configs/finetune_classification.py', {
+  'init.from_checkpoint': run,
+  'data.train_file': f'{bucket}/ft/train.csv',
+  'data.validation_fraction': 0.25,
+  'train.epochs': 1,
+  'logging.progress_bar': False,
+})
+cfg.export.dir = f'{bucket}/ft/hf'
+job.finetune(cfg, f'{bucket}/ft/run')
+cfg.export.dir = ''
+sweep.run_sweep(cfg, f'{bucket}/sweep', [1e-4], [32], [1e-2])
+assert embed.main([f'--model={run}', f'--input={bucket}/texts.txt', f'--output={bucket}/emb.npy', '--no-progress']) == 0
+evaluate.pppl(run, f'{bucket}/texts.txt', per_document=f'{bucket}/pppl.jsonl', progress=False)
+convert.to_pytorch(run, f'{bucket}/hf2')
+"""
 
 
-def test_fine_tuning_embedding_evaluation_and_export_from_the_bucket_run_in_an_empty_cache(main_job, tmp_path):
-  """Another machine: nothing of the run's tokenizer or data in its cache. Every command reads the run from the
-  bucket, takes the tokenizer the run carries, and writes its outputs to the bucket."""
+def test_fine_tuning_a_sweep_embedding_evaluation_and_export_from_the_bucket_run_in_an_empty_cache(main_job, tmp_path):
+  """Another machine: nothing of the run's tokenizer or data in its cache. Every job reads the run from the bucket,
+  takes the tokenizer the run carries, and writes its outputs to the bucket."""
   from neobert_jax.data import labelled  # pylint: disable=g-import-not-at-top
+  from neobert_jax.finetune import sweep  # pylint: disable=g-import-not-at-top
 
   run = main_job[0]
   bucket = run.rsplit('/', 1)[0]
@@ -144,65 +163,30 @@ def test_fine_tuning_embedding_evaluation_and_export_from_the_bucket_run_in_an_e
   paths.write_text(paths.resolve(f'{bucket}/texts.txt'), '\n'.join(texts[:12]) + '\n')
   cache = tmp_path / 'empty-cache'
   cache.mkdir()
-
-  _cli(
-    'neobert_jax.finetune',
-    '--config=configs/finetune_classification.py',
-    f'--workdir={bucket}/ft/run',
-    f'--config.init.from_checkpoint={run}',
-    f'--config.data.train_file={bucket}/ft/train.csv',
-    '--config.data.validation_fraction=0.25',
-    '--config.train.epochs=1',
-    '--config.logging.progress_bar=False',
-    f'--config.export.dir={bucket}/ft/hf',
-    cache=cache,
+  env = {**os.environ, 'NEOBERT_JAX_CACHE': str(cache), 'JAX_PLATFORMS': 'cpu'}
+  done = subprocess.run(
+    [sys.executable, '-c', _ANOTHER_MACHINE, run, bucket],
+    cwd=REPO_ROOT,
+    env=env,
+    capture_output=True,
+    text=True,
+    timeout=900,
   )
+  assert done.returncode == 0, done.stderr[-3000:]
+
   ft = paths.resolve(f'{bucket}/ft/run')
   results = json.loads((ft / 'results.json').read_text())
   assert 0 <= results['best']['metrics'][results['metric']] <= 1
   assert [p.name for p in (ft / 'tokenizer').iterdir()] == ['tokenizer.json']  # the fine-tuned run carries it too
+  assert (ft / 'labels.json').is_file()
   assert (paths.resolve(f'{bucket}/ft/hf') / 'tokenizer.json').is_file()
-
-  _cli(
-    'neobert_jax.embed',
-    f'--model={run}',
-    f'--input={bucket}/texts.txt',
-    f'--output={bucket}/emb.npy',
-    '--no-progress',
-    cache=cache,
-  )
+  root = paths.resolve(f'{bucket}/sweep')
+  summary = json.loads((root / sweep.SUMMARY_FILE).read_text())
+  assert len(summary['rows']) == 1 and (root / sweep.point_name(1e-4, 32, 1e-2) / 'results.json').is_file()
   emb = np.load(io.BytesIO(paths.resolve(f'{bucket}/emb.npy').read_bytes()))
   assert emb.shape == (12, 128) and np.isfinite(emb).all()
-
-  out = _cli(
-    'neobert_jax.evaluate',
-    'pppl',
-    f'--model={run}',
-    f'--input={bucket}/texts.txt',
-    f'--output={bucket}/pppl.json',
-    '--no-progress',
-    cache=cache,
-  )
-  assert json.loads(paths.resolve(f'{bucket}/pppl.json').read_text())['pppl'] > 1, out
-
-  _cli('neobert_jax.convert', 'to-pytorch', f'--checkpoint={run}', f'--output={bucket}/hf2', cache=cache)
+  per_document = paths.resolve(f'{bucket}/pppl.jsonl').read_text().splitlines()
+  assert len(per_document) == 12 and all(json.loads(line)['nll'] > 0 for line in per_document)
   hf2 = paths.resolve(f'{bucket}/hf2')
   assert (hf2 / 'tokenizer.json').read_bytes() == (paths.resolve(run) / 'hf' / 'tokenizer.json').read_bytes()
   assert not (cache / 'vocab').exists()  # nothing was learned or fetched again: the run's own file was used
-
-
-def test_a_sweep_from_the_bucket_run_writes_its_points_and_table_there(main_job, tmp_path, monkeypatch):
-  from neobert_jax.config import finetune as finetune_config  # pylint: disable=g-import-not-at-top
-  from neobert_jax.finetune import sweep  # pylint: disable=g-import-not-at-top
-
-  run = main_job[0]
-  bucket = run.rsplit('/', 1)[0]
-  monkeypatch.setenv('NEOBERT_JAX_CACHE', str(tmp_path / 'empty-cache'))  # another machine's cache
-  cfg = config_lib.load(REPO_ROOT / 'configs' / 'finetune_classification.py', {})
-  cfg.init.from_checkpoint, cfg.data.train_file = run, f'{bucket}/ft/train.csv'  # written by the test above
-  cfg.data.validation_fraction, cfg.train.epochs, cfg.logging.progress_bar = 0.25, 1, False
-  assert finetune_config.validate(cfg)
-  summary = sweep.run_sweep(cfg, f'{bucket}/sweep', [1e-4], [32], [1e-2])
-  root = paths.resolve(f'{bucket}/sweep')
-  assert json.loads((root / sweep.SUMMARY_FILE).read_text()) == json.loads(json.dumps(summary))
-  assert (root / sweep.point_name(1e-4, 32, 1e-2) / 'results.json').is_file()

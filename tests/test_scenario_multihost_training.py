@@ -98,7 +98,7 @@ def _train_worker(workdir: str) -> None:
   info = distributed.initialize()
   _cache_every_process_compiles()
   logging.basicConfig(level=logging.INFO if info.is_primary else logging.WARNING, format='%(message)s')
-  from support.tiny_train import train_only
+  from tests.support.tiny_train import train_only
 
   cfg = _config()
   die_at = int(os.environ.get('TEST_DIE_AT_STEP', '-1'))
@@ -135,7 +135,7 @@ def _resume_worker(workdir: str) -> None:
   import numpy as np
   from flax import nnx
   from neobert_jax.engine import checkpoint as ckpt
-  from support.tiny_train import train_only
+  from tests.support.tiny_train import train_only
   from neobert_jax.weights import flat as flat_lib
   from neobert_jax.weights import runs
 

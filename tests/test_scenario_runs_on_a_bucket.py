@@ -12,14 +12,13 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
 import pytest
 from etils import epath
 
 from neobert_jax import errors
 from neobert_jax.weights import runs
 from neobert_jax.train import resume
-from support.tiny_train import SUPPORT_ON_PATH, assert_identical_params, tiny_config, train_only
+from tests.support.tiny_train import SUPPORT_ON_PATH, assert_identical_params, tiny_config, train_only
 
 pytestmark = pytest.mark.server
 
@@ -44,7 +43,7 @@ def uninterrupted(local_run):
 
 _CHILD = """
 import os, sys, time
-from support.tiny_train import assert_identical_params, tiny_config, train_only
+from tests.support.tiny_train import assert_identical_params, tiny_config, train_only
 def hold(step):
   if step == 4:  # checkpoint 3 is on the bucket; step 4 is lost when the parent kills us here
     print('READY', flush=True)
@@ -154,40 +153,6 @@ def test_export_to_a_bucket_loads_in_transformers_and_starts_a_run(gcs, local_ru
   cfg.init.from_hf, cfg.optimizer.warmup_steps = url, 1  # lr 0 at step 0: the parameters stay as loaded
   train_only(cfg, tmp_path / 'from-hf')
   _assert_identical(runs.restore_params(tmp_path / 'from-hf')[1], runs.restore_params(source)[1])
-
-
-def test_fine_tuning_and_embedding_from_and_to_a_bucket(gcs, tmp_path):
-  """Fine-tuning reads its train file and starts from a pretraining run on the bucket, writes its workdir and
-  export there; embed reads the run and the texts from the bucket and writes the embeddings there."""
-  from neobert_jax import embed
-  from neobert_jax.finetune import job as finetune_job
-  from neobert_jax.config.finetune import base_config
-
-  pretrained = f'{gcs}/runs/for-finetune'
-  train_only(tiny_config(steps=2), pretrained)
-  rows = ['text,label'] + [f'{w} {w} news,{w}' for w in ('sport', 'music', 'money', 'sport', 'music', 'money')] * 4
-  epath.Path(f'{gcs}/tables/train.csv').write_text('\n'.join(rows) + '\n')
-  epath.Path(f'{gcs}/tables/texts.txt').write_text('sport news\nmoney news\n')
-  cfg = base_config('classification')
-  cfg.init.from_checkpoint = pretrained
-  cfg.data.train_file, cfg.data.validation_fraction = f'{gcs}/tables/train.csv', 0.25
-  cfg.data.max_length = cfg.data.min_bucket = 16
-  cfg.train.num_steps, cfg.train.batch_size, cfg.train.eval_batch_size = 2, 8, 8
-  cfg.logging.progress_bar, cfg.logging.tensorboard = False, False
-  cfg.export.dir = f'{gcs}/exports/classifier'
-  run = f'{gcs}/runs/classifier'
-  results = finetune_job.finetune(cfg, run)
-  assert results['num_steps'] == 2
-  root = epath.Path(run)
-  assert json.loads((root / 'results.json').read_text())['num_steps'] == 2
-  assert (root / 'labels.json').exists() and runs.latest_step(run) is not None
-  assert (epath.Path(cfg.export.dir) / 'config.json').exists()
-  out = f'{gcs}/embeddings/texts.npy'
-  assert (
-    embed.main(['--model', pretrained, '--input', f'{gcs}/tables/texts.txt', '--output', out, '--no-progress']) == 0
-  )
-  with epath.Path(out).open('rb') as f:
-    assert np.load(f).shape == (2, 32)
 
 
 def test_bucket_that_refuses_writes_is_one_line_and_loses_nothing(tmp_path, capsys, monkeypatch):

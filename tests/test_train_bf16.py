@@ -30,7 +30,7 @@ import pytest
 from neobert_jax import sharding as shd
 from neobert_jax.engine import step as engine_step
 from neobert_jax.train import mlm
-from support.tiny_train import synthetic_batch, tiny_config
+from tests.support.tiny_train import synthetic_batch, tiny_config
 
 TEST_STEPS, CYCLE = 40, 4
 # Measured over the 40 steps: bf16 vs fp32 max relative loss gap 9.5e-5; with the loss summed in bf16 3.3e-3.
@@ -105,7 +105,7 @@ def main() -> None:
   """The long curve for docs/performance.md: the tiny config on the built-in corpus, fp32 and bf16 stepped in turn
   on the same batches, a table row every --every steps (printed as it goes)."""
   from neobert_jax import config as config_lib
-  from support.tiny_train import REPO_ROOT
+  from tests.support.tiny_train import REPO_ROOT
   from neobert_jax.data import pipeline
 
   p = argparse.ArgumentParser()

@@ -11,7 +11,7 @@ from neobert_jax.errors import DataError
 from neobert_jax import config
 from neobert_jax.config import train as config_lib
 from neobert_jax.engine import optimizer as opt_lib
-from support.tiny_train import tiny_config, train_only
+from tests.support.tiny_train import tiny_config, train_only
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -19,10 +19,10 @@ from torch.optim.lr_scheduler import CosineAnnealingLR, LambdaLR, LinearLR, Sequ
 
 from neobert_jax import sharding as shd
 from neobert_jax.convert import torch_ref
-from support.tiny_train import REPO_ROOT
+from tests.support.tiny_train import REPO_ROOT
 from neobert_jax.engine import step as engine_step
 from neobert_jax.train import mlm
-from support.tiny_train import synthetic_batch, tiny_config
+from tests.support.tiny_train import synthetic_batch, tiny_config
 from neobert_jax.weights.flat import to_flat
 
 STEPS, WARMUP, DECAY_STEPS = 24, 5, 18  # the cosine is cut at step 18, then the floor for 6 steps

@@ -11,7 +11,7 @@ from neobert_jax import errors
 from neobert_jax.config import train as config_lib
 from neobert_jax.jobs import convert as convert_job
 from neobert_jax.jobs import pretrain as pretrain_job
-from support.tiny_train import assert_resumes_identically, tiny_config, train_only
+from tests.support.tiny_train import assert_resumes_identically, tiny_config, train_only
 from neobert_jax.weights import hf, runs
 
 STEPS, DECAY = 4, 0.5  # a fast average: four steps move it visibly

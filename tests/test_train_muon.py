@@ -20,7 +20,7 @@ from neobert_jax.engine import optimizer as optimizer_lib
 from neobert_jax.engine import state as state_lib
 from neobert_jax.train import mlm, resume
 from neobert_jax.weights.flat import path_key
-from support.tiny_train import assert_resumes_identically, files_of, synthetic_batch, tiny_config, train_only
+from tests.support.tiny_train import assert_resumes_identically, files_of, synthetic_batch, tiny_config, train_only
 
 STEPS = 6
 

@@ -12,7 +12,7 @@ from neobert_jax.data import labelled
 from neobert_jax.errors import ConfigError
 from neobert_jax.train import mlm
 from neobert_jax.train import probe as probe_lib
-from support.tiny_train import REPO_ROOT
+from tests.support.tiny_train import REPO_ROOT
 
 
 def test_logistic_regression_separates_what_is_separable_and_not_what_is_noise():

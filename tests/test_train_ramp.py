@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from neobert_jax.config import ramp
-from support.tiny_train import tiny_config
+from tests.support.tiny_train import tiny_config
 
 REPO = Path(__file__).resolve().parents[1]
 SEQ = 128
@@ -59,7 +59,7 @@ class _Compiles(logging.Handler):
 def uninterrupted(tmp_path_factory):
   import jax
 
-  from support.tiny_train import train_only
+  from tests.support.tiny_train import train_only
 
   workdir = tmp_path_factory.mktemp('ramp')
   compiles, jax_log = _Compiles(), logging.getLogger('jax')
@@ -88,7 +88,7 @@ def test_logged_sizes_tokens_and_throughput(uninterrupted):
 
 @pytest.mark.slow
 def test_kill_9_mid_ramp_then_the_same_command_is_bit_identical(uninterrupted, tmp_path):
-  from support.tiny_train import assert_identical_params, kill_when_paused, train_only
+  from tests.support.tiny_train import assert_identical_params, kill_when_paused, train_only
   from neobert_jax.weights import runs
 
   workdir = tmp_path / 'run'
@@ -106,7 +106,7 @@ def _child(workdir: str) -> None:
   """Trains the ramp, announces PAUSED after step PAUSE_AFTER and waits to be killed."""
   import time
 
-  from support.tiny_train import train_only
+  from tests.support.tiny_train import train_only
 
   def pause(done: int) -> None:
     if done == PAUSE_AFTER:

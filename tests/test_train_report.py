@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from neobert_jax.config import data as config_lib
-from support import synthetic_data
+from tests.support import synthetic_data
 from neobert_jax.train import baselines, report
 
 

@@ -16,7 +16,7 @@ import pytest
 
 from neobert_jax.weights import runs
 from neobert_jax import errors
-from support.tiny_train import assert_identical_params, tiny_config, train_only
+from tests.support.tiny_train import assert_identical_params, tiny_config, train_only
 
 REPO = Path(__file__).resolve().parents[1]
 

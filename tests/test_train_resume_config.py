@@ -10,10 +10,10 @@ import pytest
 from neobert_jax.config import train as schema
 from neobert_jax import errors
 from neobert_jax.config import resume as rules
-from support.tiny_train import train_only
+from tests.support.tiny_train import train_only
 from neobert_jax.engine import optimizer as optimizer_lib
 from neobert_jax.train import resume
-from support.tiny_train import files_of, tiny_config
+from tests.support.tiny_train import files_of, tiny_config
 
 
 @pytest.fixture(scope='module')

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from neobert_jax import errors
-from support.tiny_train import REPO_ROOT as REPO, tiny_config, train_only
+from tests.support.tiny_train import REPO_ROOT as REPO, tiny_config, train_only
 
 STEPS, WARMUP, DECAYING, PEAK = 10, 2, 4, 2e-3  # updates 6..9 decay; metrics.jsonl logs update t as step t + 1
 WANDB = importlib.util.find_spec('wandb') is not None  # the [wandb] extra, part of [test]
@@ -106,7 +106,7 @@ def test_the_250m_recipe_offers_a_linear_decay_to_zero_and_keeps_the_papers_cosi
   import importlib.util  # pylint: disable=g-import-not-at-top
 
   from neobert_jax.engine import optimizer  # pylint: disable=g-import-not-at-top
-  from support.tiny_train import REPO_ROOT  # pylint: disable=g-import-not-at-top
+  from tests.support.tiny_train import REPO_ROOT  # pylint: disable=g-import-not-at-top
 
   spec = importlib.util.spec_from_file_location('_neobert_250m_d2z', REPO_ROOT / 'configs' / 'neobert_250m.py')
   recipe = importlib.util.module_from_spec(spec)

@@ -7,7 +7,7 @@ import pytest
 from neobert_jax import sharding as shd
 from neobert_jax.engine import step as engine_step
 from neobert_jax.train import mlm
-from support.tiny_train import synthetic_batch, tiny_config
+from tests.support.tiny_train import synthetic_batch, tiny_config
 
 MESHES = {
   'one_device': dict(data=1, fsdp=1, tensor=1),

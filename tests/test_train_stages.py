@@ -11,7 +11,7 @@ import pytest
 from neobert_jax import config, errors
 from neobert_jax.data import pipeline
 from neobert_jax.train import resume
-from support.tiny_train import REPO_ROOT, train_only
+from tests.support.tiny_train import REPO_ROOT, train_only
 
 STEPS = 3
 

@@ -3,7 +3,7 @@ framework, a console script or a child process's `python -c` line reaches by nam
 vulture reports is dead and is deleted."""
 
 from neobert_jax import cli
-from support import tiny_train
+from tests.support import tiny_train
 
 cli.compile_main  # pyproject.toml's [project.scripts] neobert-compile
 tiny_train.run_tiny  # tiny_run_command's `python -c` line

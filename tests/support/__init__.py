@@ -5,6 +5,6 @@ them.
                      checks
   synthetic_data.py  small synthetic vocabularies and prepared datasets whose documents name themselves
 
-Tests import them as `support.<module>` (pytest puts tests/ on sys.path); the benchmarks, run from the checkout's
-root, as `tests.support.<module>`.
+Tests and benchmarks import them under one name, `tests.support.<module>` (pyproject.toml's pytest `pythonpath`
+puts the checkout's root on sys.path; the benchmarks run from it).
 """

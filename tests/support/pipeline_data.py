@@ -4,7 +4,7 @@ synthetic corpus, its data config, and batches taken and compared."""
 import numpy as np
 
 from neobert_jax.config import data as config_lib
-from support import synthetic_data
+from tests.support import synthetic_data
 
 N_DOCS = 600  # 600 documents of up to 120 ids: an epoch is about 35 batches of 8 rows of 128
 

@@ -14,10 +14,9 @@ from neobert_jax.train.mlm import abstract_batch
 
 # The checkout's root (configs/ holds the recipes), for tests and tools that run from a source tree.
 REPO_ROOT = Path(__file__).resolve().parents[2]
-# tests/, where `support` is importable from. `python -c` puts only the working directory on a child's sys.path,
-# so a child's code that imports support starts with SUPPORT_ON_PATH.
-TESTS_DIR = Path(__file__).resolve().parents[1]
-SUPPORT_ON_PATH = f'import sys; sys.path.insert(0, {str(TESTS_DIR)!r})\n'
+# `python -c` puts only the working directory on a child's sys.path, so a child's code that imports tests.support
+# starts with SUPPORT_ON_PATH (the checkout's root).
+SUPPORT_ON_PATH = f'import sys; sys.path.insert(0, {str(REPO_ROOT)!r})\n'
 
 
 def tiny_config(
@@ -131,7 +130,7 @@ def tiny_run_command(workdir: str, data_dir: str, steps: int = 6) -> list[str]:
   not a module run as __main__: it is not a user's command.)"""
   import sys
 
-  code = SUPPORT_ON_PATH + 'from support import tiny_train; tiny_train.run_tiny(*sys.argv[1:])'
+  code = SUPPORT_ON_PATH + 'from tests.support import tiny_train; tiny_train.run_tiny(*sys.argv[1:])'
   return [sys.executable, '-c', code, workdir, data_dir, str(steps)]
 
 
