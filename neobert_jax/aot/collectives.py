@@ -32,9 +32,6 @@ from neobert_jax.aot import hlo as hlo_lib
 
 KINDS = ('all-gather', 'reduce-scatter', 'all-reduce', 'all-to-all', 'collective-permute')
 
-_COLLECTIVE = re.compile(r'^(?P<type>.*?) (?P<op>' + '|'.join(KINDS) + r')(?P<start>-start)?\((?P<rest>.*)$')
-_INSTR = re.compile(r'^\s*(?:ROOT )?%([\w.\-]+) = (.*)$')
-
 
 @dataclasses.dataclass
 class Transfer:
@@ -91,13 +88,42 @@ def replica_groups(attrs: str, num_devices: int) -> list[list[int]] | None:
   return None
 
 
-def _hierarchical_bytes(kind: str, data: float, k: int) -> float:
+_OP = re.compile(r'^(' + '|'.join(KINDS) + r')(-start|-done)?$')
+
+
+def kind(op: str) -> tuple[str, str] | None:
+  """(the collective, '' | '-start' | '-done') of an HLO op; None for any other op."""
+  m = _OP.match(op)
+  return m.groups('') if m else None
+
+
+def result_bytes(ins: hlo_lib.Instr) -> float:
+  """Bytes of a collective's result; an asynchronous start returns (operands, results[, context]), except
+  all-reduce-start, which returns the results alone."""
+  sizes = hlo_lib.type_sizes(ins.type)
+  if ins.op.endswith('-start') and ins.op != 'all-reduce-start' and isinstance(sizes, list) and len(sizes) > 1:
+    sizes = sizes[1]
+  return hlo_lib.total(sizes)
+
+
+def ring_bytes(op: str, result: float, n: int) -> float:
+  """Bytes one device sends over the link per execution of a ring algorithm among n devices."""
+  return {
+    'all-gather': result * (n - 1) / n,
+    'reduce-scatter': result * (n - 1),
+    'all-reduce': 2 * result * (n - 1) / n,
+    'all-to-all': result * (n - 1) / n,
+    'collective-permute': result,
+  }[op]
+
+
+def _hierarchical_bytes(op: str, data: float, k: int) -> float:
   """Bytes a device sends over the DCN when `data` is its part of the exchange between k slices (docstring)."""
-  if kind == 'all-gather':
+  if op == 'all-gather':
     return data * (k - 1)
-  if kind == 'all-reduce':
+  if op == 'all-reduce':
     return 2 * data * (k - 1) / k
-  if kind == 'collective-permute':
+  if op == 'collective-permute':
     return data
   return data * (k - 1) / k
 
@@ -110,33 +136,24 @@ def dcn_transfers(hlo: str, granule_of: Callable[[int], int], num_devices: int, 
   multislice = '_xla_megascale_transfer_type' in hlo
   out = []
   for comp, lines in comps.items():
-    for line in lines:
-      m = _INSTR.match(line)
-      if not m:
+    for ins in hlo_lib.instructions(lines):
+      mega = re.search(r'_xla_megascale_transfer_type="(\w+)"', ins.attrs)
+      if mega and ins.op == 'send':
+        op = mega.group(1).lower().replace('_', '-')
+        payload = hlo_lib.total(hlo_lib.type_sizes(ins.type)[0])
+        out.append(Transfer(op, ins.name, runs[comp], num_granules, _hierarchical_bytes(op, payload, num_granules)))
         continue
-      name, rhs = m.groups()
-      mega = re.search(r'_xla_megascale_transfer_type="(\w+)"', rhs)
-      if mega and ' send(' in rhs:
-        kind = mega.group(1).lower().replace('_', '-')
-        payload = hlo_lib.total(hlo_lib.type_sizes(rhs.split(' send(', 1)[0])[0])
-        out.append(Transfer(kind, name, runs[comp], num_granules, _hierarchical_bytes(kind, payload, num_granules)))
-        continue
-      c = None if multislice else _COLLECTIVE.match(rhs)
-      if not c:
-        continue
-      kind, sizes = c.group('op'), hlo_lib.type_sizes(c.group('type'))
-      if c.group('start') and kind != 'all-reduce':
-        sizes = sizes[1]  # async start: (operands, results[, context]); all-reduce-start gives the results alone
-      result = hlo_lib.total(sizes)
-      groups = replica_groups(c.group('rest'), num_devices)
+      c = None if multislice else kind(ins.op)
+      groups = replica_groups(ins.attrs, num_devices) if c and c[1] != '-done' else None
       if not groups:
         continue
+      op = c[0]
       spans = [{granule_of(d) for d in g} for g in groups]
       k = max(len(s) for s in spans)
       if k < 2:
         continue
-      g = len(groups[0])
-      if kind == 'collective-permute':
+      result, g = result_bytes(ins), len(groups[0])
+      if op == 'collective-permute':
         data = result * sum(len(s) > 1 for s in spans) / len(spans)
       else:
         data = {
@@ -144,8 +161,8 @@ def dcn_transfers(hlo: str, granule_of: Callable[[int], int], num_devices: int, 
           'reduce-scatter': result * k,
           'all-reduce': result * k / g,
           'all-to-all': result,
-        }[kind]
-      out.append(Transfer(kind, name, runs[comp], k, _hierarchical_bytes(kind, data, k)))
+        }[op]
+      out.append(Transfer(op, ins.name, runs[comp], k, _hierarchical_bytes(op, data, k)))
   return out
 
 

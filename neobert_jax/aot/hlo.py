@@ -12,27 +12,6 @@ import dataclasses
 import math
 import re
 
-DTYPE_BYTES = {
-  'pred': 1,
-  's8': 1,
-  'u8': 1,
-  's16': 2,
-  'u16': 2,
-  'f16': 2,
-  'bf16': 2,
-  's32': 4,
-  'u32': 4,
-  'f32': 4,
-  's64': 8,
-  'u64': 8,
-  'f64': 8,
-  'c64': 8,
-  'c128': 16,
-  's4': 0.5,
-  'u4': 0.5,
-  'f8e4m3fn': 1,
-  'f8e5m2': 1,
-}
 _ARRAY = re.compile(r'([a-z]\w*)\[([\d,]*)\]')
 _HEAD = re.compile(r'^\s*(?:ROOT )?%([\w.\-]+) = ')
 _CALLS = re.compile(r'\b(body|condition|calls|to_apply|true_computation|false_computation)=%([\w.\-]+)')
@@ -61,12 +40,21 @@ def arrays(text: str) -> list[tuple[str, tuple[int, ...]]]:
   return [(d, tuple(int(x) for x in dims.split(',') if x)) for d, dims in _ARRAY.findall(_strip(text))]
 
 
-def nbytes(dtype: str, dims: tuple[int, ...]) -> float:
-  return DTYPE_BYTES.get(dtype, 0) * math.prod(dims)
+def _element_bytes(dtype: str) -> float:
+  """The bit width is the number in an element type's name (s4, bf16, f8e4m3fn, c64); pred is a byte; token 0."""
+  if dtype == 'pred':
+    return 1
+  bits = re.match(r'[a-z]+(\d+)', dtype)
+  return int(bits.group(1)) / 8 if bits else 0
+
+
+def nbytes(text: str) -> float:
+  """Bytes of every array in a type (an array or a tuple)."""
+  return sum(_element_bytes(d) * math.prod(dims) for d, dims in arrays(text))
 
 
 def type_sizes(text: str):
-  """An HLO type -> its bytes: a number for an array, a list (nested) for a tuple."""
+  """An HLO type -> its bytes: a number for an array, a list (nested) for a tuple, to pick a tuple's element."""
   tokens = re.findall(r'\(|\)|[a-z]\w*\[[\d,]*\]', _strip(text))
   pos = 0
 
@@ -81,7 +69,7 @@ def type_sizes(text: str):
       pos += 1
       return items
     dtype, dims = _ARRAY.fullmatch(tok).groups()
-    return nbytes(dtype, tuple(int(d) for d in dims.split(',') if d))
+    return _element_bytes(dtype) * math.prod(int(d) for d in dims.split(',') if d)
 
   return parse() if tokens else 0
 
@@ -108,10 +96,7 @@ def parse_instr(line: str) -> Instr | None:
   if not m:
     return None
   rest = line[m.end() :]
-  if rest.startswith('('):
-    end = _balanced(rest, 0)
-  else:
-    end = rest.find(' ')
+  end = _balanced(rest, 0) if rest.startswith('(') else rest.find(' ')
   type_, rest = rest[:end], rest[end:].lstrip()
   op_end = rest.find('(')
   if op_end < 0:
@@ -158,16 +143,11 @@ def _trip_count(line: str, comps: dict[str, list[str]], condition: str) -> int |
   m = _TRIP.search(line)
   if m:
     return int(m.group(1))
-  consts = {}
-  for ins in comps.get(condition, []):
-    c = re.match(r'^\s*(?:ROOT )?%([\w.\-]+) = s32\[\]\S* constant\((\d+)\)', ins)
-    if c:
-      consts[c.group(1)] = int(c.group(2))
-  for ins in comps.get(condition, []):
-    if ' compare(' in ins and 'direction=LT' in ins:
-      operands = re.findall(r'%([\w.\-]+)', ins.split(' compare(', 1)[1].split(')', 1)[0])
-      if len(operands) == 2 and operands[1] in consts:
-        return consts[operands[1]]
+  cond = instructions(comps.get(condition, []))
+  consts = {i.name: int(i.args) for i in cond if i.op == 'constant' and _strip(i.type) == 's32[]' and i.args.isdigit()}
+  for i in cond:
+    if i.op == 'compare' and 'direction=LT' in i.attrs and len(i.operands) == 2 and i.operands[1] in consts:
+      return consts[i.operands[1]]
   return None
 
 
@@ -206,17 +186,15 @@ def scheduled(comps: dict[str, list[str]]) -> list[str]:
       continue
     out.append(name)
     for ins in instructions(comps[name]):
-      if ins.op == 'while':
-        todo += [c for role, c in _CALLS.findall(ins.attrs) if role in ('body', 'condition')]
-      elif ins.op == 'conditional':
-        todo += [c for role, c in _CALLS.findall(ins.attrs) if role.endswith('computation')]
-        for block in _BRANCHES.findall(ins.attrs):
-          todo += re.findall(r'%([\w.\-]+)', block)
-      elif ins.op == 'call':
-        todo += [c for role, c in _CALLS.findall(ins.attrs) if role == 'to_apply']
+      if ins.op in ('while', 'conditional', 'call'):
+        todo += called(ins)
   return out
 
 
 def called(ins: Instr) -> list[str]:
-  """Computations an instruction calls (a fusion's body, a reduction's function, ...)."""
-  return [c for _, c in _CALLS.findall(ins.attrs)]
+  """Computations an instruction calls: a fusion's body, a loop's body and condition, a conditional's branches, a
+  reduction's function, ..."""
+  names = [c for _, c in _CALLS.findall(ins.attrs)]
+  for block in _BRANCHES.findall(ins.attrs):
+    names += re.findall(r'%([\w.\-]+)', block)
+  return names

@@ -43,14 +43,30 @@ class Module:
           todo += hlo_lib.called(ins)
     return out
 
-  def dots(self, comp: str) -> list[tuple[float, int, int, int, int]]:
-    """(FLOPs, batch, M, N, K) of every dot / convolution under a fusion's computation."""
-    out = []
-    for c in self.reachable(comp):
-      for ins in self.instrs[c]:
-        if ins.op in ('dot', 'convolution'):
-          out.append(dot_shape(ins, self.types[c]))
-    return out
+  def matmuls(self, ins: hlo_lib.Instr, comp: str) -> list[tuple[float, int, int, int, int]]:
+    """(FLOPs, batch, M, N, K) of every dot / convolution an instruction runs: under a fusion's computation, or
+    itself (a cuBLAS call too)."""
+    if ins.op == 'fusion':
+      return [
+        dot_shape(i, self.types[c])
+        for c in self.reachable(hlo_lib.called(ins)[0])
+        for i in self.instrs[c]
+        if i.op in ('dot', 'convolution')
+      ]
+    if ins.op in ('dot', 'convolution') or (ins.op == 'custom-call' and re.search(r'gemm|matmul', ins.attrs)):
+      return [dot_shape(ins, self.types[comp])]
+    return []
+
+  def bytes_moved(self, ins: hlo_lib.Instr, comp: str) -> float:
+    """HBM bytes an instruction reads and writes: a slice only its slice, an in-place update only its update."""
+    size = lambda name: hlo_lib.nbytes(self.types[comp].get(name, ''))
+    if ins.op == 'fusion':
+      return self.fusion_bytes(ins, comp, hlo_lib.called(ins)[0])
+    if ins.op in SLICES:
+      return 2 * hlo_lib.nbytes(ins.type)
+    if ins.op in IN_PLACE:
+      return 2 * sum(size(u) for u in updates(ins))
+    return sum(size(o) for o in ins.operands) + hlo_lib.nbytes(ins.type)
 
   def fusion_bytes(self, ins: hlo_lib.Instr, comp: str, fused: str) -> float:
     """Bytes a fusion moves: each operand (or only the slices its body reads), and its output (or only the
@@ -70,11 +86,11 @@ class Module:
     read = 0.0
     order = {int(i.args): i for i in body if i.op == 'parameter' and i.args.strip().isdigit()}
     for k, operand in enumerate(ins.operands):
-      full = hlo_lib.total(hlo_lib.type_sizes(self.types[comp].get(operand, '')))
+      full = hlo_lib.nbytes(self.types[comp].get(operand, ''))
       p = order.get(k)
       us = uses(p.name) if p is not None else []
       if us and all(u.op in SLICES and u.operands[0] == a for a, u in us):
-        read += sum(hlo_lib.total(hlo_lib.type_sizes(u.type)) for _, u in us)
+        read += sum(hlo_lib.nbytes(u.type) for _, u in us)
       elif us and all(u.op in IN_PLACE and u.operands[0] == a for a, u in us):
         continue  # the in-place buffer: only the update is written
       else:
@@ -84,7 +100,7 @@ class Module:
 
   def _written(self, root, body, ins) -> float:
     if root is None:
-      return hlo_lib.total(hlo_lib.type_sizes(ins.type))
+      return hlo_lib.nbytes(ins.type)
     named = {i.name: i for i in body}
     parts = [named.get(o) for o in root.operands] if root.op == 'tuple' else [root]
     out = 0.0
@@ -92,9 +108,9 @@ class Module:
       if p is None:
         continue
       if p.op in IN_PLACE:
-        out += sum(hlo_lib.total(hlo_lib.type_sizes(named[u].type)) for u in updates(p) if u in named)
+        out += sum(hlo_lib.nbytes(named[u].type) for u in updates(p) if u in named)
       else:
-        out += hlo_lib.total(hlo_lib.type_sizes(p.type))
+        out += hlo_lib.nbytes(p.type)
     return out
 
 
