@@ -189,16 +189,8 @@ def attention_work(ins: hlo_lib.Instr, types: dict[str, str]) -> tuple[float, in
   direction is read from the call's name and target only (a Mosaic call's attributes hold its encoded body)."""
   target = re.search(r'custom_call_target="([^"]*)"', ins.attrs)
   tag = f'{ins.name} {target.group(1) if target else ""}'
-  constraint = (
-    ins.attrs.split('operand_layout_constraints=', 1)[1].split('}}', 1)[0]
-    if ('operand_layout_constraints=' in ins.attrs)
-    else ''
-  )
-  shapes = (
-    hlo_lib.arrays(constraint)
-    if constraint
-    else [a for o in ins.operands[:2] for a in hlo_lib.arrays(types.get(o, ''))[:1]]
-  )
+  constraint = ins.attrs.partition('operand_layout_constraints=')[2].split('}}', 1)[0]
+  shapes = hlo_lib.arrays(constraint) or [a for o in ins.operands[:2] for a in hlo_lib.arrays(types.get(o, ''))[:1]]
   backward = bool(re.search(r'Backward|_dq|_dkv|bwd', tag))
   if 'cudnn' not in tag:
     shapes = [a for a in shapes if a[0] in ('bf16', 'f16', 'f32') and len(a[1]) >= 3]

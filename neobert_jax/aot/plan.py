@@ -3,37 +3,26 @@ that fits.
 
 Candidates keep the config's global batch and sequence length and vary
   - the mesh: (data, fsdp, tensor) = (1, N/t, t) FSDP and (N/t, 1, t) pure data parallel, for each tensor size t;
-    on a target of G > 1 slices / nodes the sizes are per slice (n = N/G) and the slices go on data (FSDP inside
-    each, replicas across: dcn_data=G), on fsdp (one FSDP group over everything: dcn_fsdp=G) or, for the data
-    layout, on data with pure data parallelism inside,
+    on G > 1 slices / nodes the sizes are per slice and the slices go on data (FSDP inside each, replicas across),
+    on fsdp (one FSDP group over everything) or, for the data layout, on data,
   - the remat policy: none, save_dots, full,
   - the micro-batch per device (powers of two), which sets grad_accum_steps = global batch / micro-batch rows.
 Memory is monotone in the micro-batch, so each (mesh, remat) pair binary-searches the largest micro-batch that
-fits (about three compiles) instead of compiling them all. The largest is not always the fastest: near the memory
-limit XLA rematerialises on its own (250M at 4096, FSDP 8, no remat: 1,538 ms by the roofline at 32 rows per H100,
-1,458 ms at 8), so of the sizes the search compiled and that fit, the roofline picks (ties: the larger).
+fits (about three compiles). The largest is not always the fastest (near the memory limit XLA rematerialises on its
+own: docs/performance.md), so of the sizes the search compiled and that fit, the roofline picks (ties: the larger).
 
 Estimated step time (a model, not a measurement):
-  - GPU: the roofline of the compiled train step (aot/roofline.py): every kernel's FLOPs at the achievable rate
-    of hardware.py's table or its bytes at HBM speed, collectives at NVLink / DCN speed with asynchronous ones
-    overlapping their loop body's compute. Remat recompute, layouts that need copies, accumulation steps and
-    communication all show, so meshes and policies no longer tie by construction.
+  - GPU: the roofline of the compiled train step (aot/roofline.py), so remat recompute, copies, accumulation steps
+    and communication all show.
   - TPU: XLA's own cost model (`cost_analysis()['optimal_seconds']`) of one micro-batch's forward + backward with
     the layers unrolled, compiled at 1 and 2 layers and extrapolated linearly to the model's depth (loop bodies
-    are costed once, so the scanned program cannot be used; for a scanned config this prices the unrolled
-    layer, whose SwiGLU takes autodiff's gradient), times the accumulation steps. Pallas kernels are
-    custom calls the cost model does not see: attention's FLOPs are added at the stated MFU. The optimizer
-    update (elementwise, FSDP-sharded) is not included.
-  - On a target of several slices / nodes, plus the DCN time: the bytes the compiled step sends across slices
-    (aot/collectives.py) over the published per-device DCN bandwidth (neobert_jax/hardware.py), with nothing
-    overlapped, which is what tells the hybrid layouts apart (TPU; on GPU the roofline prices them). A layout whose FSDP all-gathers cross the DCN is
-    flagged under the table.
+    are costed once, so the scanned program cannot be used; a scanned config is priced unrolled), times the
+    accumulation steps. Splash attention is a custom call the cost model does not see: its FLOPs are added at the
+    stated MFU. The optimizer update is not included. On several slices, plus the DCN bytes (aot/collectives.py)
+    at the published bandwidth, nothing overlapped. A layout whose FSDP all-gathers cross the DCN is flagged.
 
-The (mesh, remat) searches are independent: they run in parallel processes where cores allow, and every compile's
-result is cached by (config, target, layout, source) in the machine's cache (aot/plan_cache.py), so re-running a
-plan only compiles what changed.
-
-Owns: candidate generation, the estimates, the table and the recommendation. Runs in the AOT child interpreter.
+The (mesh, remat) searches run in parallel processes where cores allow, and every compile's result is cached
+(aot/plan_cache.py), so re-running a plan only compiles what changed. Runs in the AOT child interpreter.
 """
 
 from __future__ import annotations
@@ -149,10 +138,8 @@ def tpu_seconds(cfg, target: targets.Target, mfu: float) -> float | None:
   for layers in (1, 2):
     c = cfg.copy_and_resolve_references()
     c.model.num_layers, c.model.scan_layers = layers, False
-    cost = lowering.lower_step(c, target, 'forward_backward')[0].compile().cost_analysis()
-    if isinstance(cost, (list, tuple)):
-      cost = cost[0] if cost else None
-    if not cost or 'optimal_seconds' not in cost:
+    cost = report.cost_analysis(lowering.lower_step(c, target, 'forward_backward')[0].compile())
+    if 'optimal_seconds' not in cost:
       return None
     costs.append(float(cost['optimal_seconds']))
   micro = costs[0] + (cfg.model.num_layers - 1) * (costs[1] - costs[0])

@@ -219,33 +219,18 @@ def for_program(hlo: str, target: Any, mesh: Any, mesh_config: Any, model_flops_
   )
 
 
-def grouped(r: Roofline, n: int = 8) -> list[dict[str, Any]]:
-  """The costliest kernels, those computing the same thing (one per layer when unrolled) taken together."""
+def grouped(r: Roofline, n: int = 8) -> list[tuple[tuple[str, str], dict[str, Any]]]:
+  """The costliest kernels, those computing the same thing (one per layer when unrolled) taken together:
+  [((category, label), {runs, seconds, flops, bytes, bounds}), ...], per step."""
   groups: dict[tuple[str, str], dict[str, Any]] = {}
   for o in r.ops:
-    g = groups.setdefault(
-      (o.category, o.label),
-      {
-        'category': o.category,
-        'label': o.label,
-        'kernels': 0,
-        'runs': 0,
-        'seconds': 0.0,
-        'flops': 0.0,
-        'bytes': 0.0,
-        'bounds': set(),
-      },
-    )
-    g['kernels'] += 1
+    g = groups.setdefault((o.category, o.label), dict(runs=0, seconds=0.0, flops=0.0, bytes=0.0, bounds=set()))
     g['runs'] += o.runs
     g['seconds'] += o.total_seconds
     g['flops'] += o.runs * o.flops
     g['bytes'] += o.runs * o.bytes
     g['bounds'].add(o.bound)
-  out = sorted(groups.values(), key=lambda g: -g['seconds'])[:n]
-  for g in out:
-    g['bounds'] = '/'.join(sorted(g['bounds']))
-  return out
+  return sorted(groups.items(), key=lambda kv: -kv[1]['seconds'])[:n]
 
 
 def format_lines(
@@ -288,10 +273,10 @@ def format_lines(
       f'(ratio {3 * r.attention_forward_flops / model_attention_flops:.3f})'
     )
   lines.append('  costliest kernels (same computation across layers taken together):')
-  for g in grouped(r, top):
+  for (category, label), g in grouped(r, top):
     rate = f', {g["flops"] / g["seconds"] / 1e12:,.0f} TFLOP/s' if g['flops'] and g['seconds'] else ''
     lines.append(
-      f'    {g["seconds"] * 1e3:9,.1f} ms  {g["category"]:10s} {g["runs"]:5d} runs  '
-      f'{g["bytes"] / 1e9:8,.1f} GB{rate}  {g["bounds"]:8s} {g["label"]}'
+      f'    {g["seconds"] * 1e3:9,.1f} ms  {category:10s} {g["runs"]:5d} runs  '
+      f'{g["bytes"] / 1e9:8,.1f} GB{rate}  {"/".join(sorted(g["bounds"])):8s} {label}'
     )
   return lines

@@ -107,7 +107,7 @@ class Target:
   @property
   def dcn_bandwidth(self) -> float | None:
     """DCN bytes/s per device to another slice / node, from the one table (neobert_jax/hardware.py)."""
-    return hardware.dcn_bandwidth(self.chip.name)
+    return hardware.lookup(self.chip.name).dcn_bytes_per_s
 
   @property
   def num_granules(self) -> int:
