@@ -100,10 +100,9 @@ def kind(op: str) -> tuple[str, str] | None:
 def result_bytes(ins: hlo_lib.Instr) -> float:
   """Bytes of a collective's result; an asynchronous start returns (operands, results[, context]), except
   all-reduce-start, which returns the results alone."""
-  sizes = hlo_lib.type_sizes(ins.type)
-  if ins.op.endswith('-start') and ins.op != 'all-reduce-start' and isinstance(sizes, list) and len(sizes) > 1:
-    sizes = sizes[1]
-  return hlo_lib.total(sizes)
+  parts = hlo_lib.elements(ins.type)
+  started = ins.op.endswith('-start') and ins.op != 'all-reduce-start' and len(parts) > 1
+  return hlo_lib.nbytes(parts[1] if started else ins.type)
 
 
 def ring_bytes(op: str, result: float, n: int) -> float:
@@ -140,7 +139,7 @@ def dcn_transfers(hlo: str, granule_of: Callable[[int], int], num_devices: int, 
       mega = re.search(r'_xla_megascale_transfer_type="(\w+)"', ins.attrs)
       if mega and ins.op == 'send':
         op = mega.group(1).lower().replace('_', '-')
-        payload = hlo_lib.total(hlo_lib.type_sizes(ins.type)[0])
+        payload = hlo_lib.nbytes(hlo_lib.elements(ins.type)[0])
         out.append(Transfer(op, ins.name, runs[comp], num_granules, _hierarchical_bytes(op, payload, num_granules)))
         continue
       c = None if multislice else kind(ins.op)

@@ -53,29 +53,18 @@ def nbytes(text: str) -> float:
   return sum(_element_bytes(d) * math.prod(dims) for d, dims in arrays(text))
 
 
-def type_sizes(text: str):
-  """An HLO type -> its bytes: a number for an array, a list (nested) for a tuple, to pick a tuple's element."""
-  tokens = re.findall(r'\(|\)|[a-z]\w*\[[\d,]*\]', _strip(text))
-  pos = 0
-
-  def parse():
-    nonlocal pos
-    tok = tokens[pos]
-    pos += 1
-    if tok == '(':
-      items = []
-      while tokens[pos] != ')':
-        items.append(parse())
-      pos += 1
-      return items
-    dtype, dims = _ARRAY.fullmatch(tok).groups()
-    return _element_bytes(dtype) * math.prod(int(d) for d in dims.split(',') if d)
-
-  return parse() if tokens else 0
-
-
-def total(sizes) -> float:
-  return sum(total(s) for s in sizes) if isinstance(sizes, list) else sizes
+def elements(text: str) -> list[str]:
+  """A tuple type's elements as printed (nested tuples whole); an array type is its own one element."""
+  text = _strip(text).strip()
+  if not text.startswith('('):
+    return [text]
+  parts, depth, start = [], 0, 1
+  for i, ch in enumerate(text[: _balanced(text, 0)]):
+    depth += (ch in '([') - (ch in ')]')
+    if depth == 0 or (depth == 1 and ch == ','):
+      parts.append(text[start:i].strip())
+      start = i + 1
+  return parts
 
 
 def _balanced(text: str, start: int) -> int:

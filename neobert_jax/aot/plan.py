@@ -78,21 +78,16 @@ def meshes(
   """Candidate mesh sections; with granules > 1 slices / nodes, sizes are per slice plus the dcn_* fields."""
   out = []
   per = num_devices // granules
+  # with several slices: replicas across them, FSDP inside (gradients cross once) / FSDP across everything
+  over = ({'dcn_data': granules, 'dcn_fsdp': 1}, {'dcn_data': 1, 'dcn_fsdp': granules}) if granules > 1 else ({},)
   for t in tensor_sizes:
     if per % t or num_heads % t:
       continue
     rest = per // t
-    if granules == 1:
-      if 'fsdp' in layouts:
-        out.append({'data': 1, 'fsdp': rest, 'tensor': t})
-      if 'data' in layouts and (rest > 1 or 'fsdp' not in layouts):
-        out.append({'data': rest, 'fsdp': 1, 'tensor': t})
-      continue
-    if 'fsdp' in layouts:  # replicas across slices, FSDP inside (gradients cross once) / FSDP across everything
-      out.append({'data': 1, 'fsdp': rest, 'tensor': t, 'dcn_data': granules, 'dcn_fsdp': 1})
-      out.append({'data': 1, 'fsdp': rest, 'tensor': t, 'dcn_data': 1, 'dcn_fsdp': granules})
+    if 'fsdp' in layouts:
+      out += [{'data': 1, 'fsdp': rest, 'tensor': t} | o for o in over]
     if 'data' in layouts and (rest > 1 or 'fsdp' not in layouts):
-      out.append({'data': rest, 'fsdp': 1, 'tensor': t, 'dcn_data': granules, 'dcn_fsdp': 1})
+      out.append({'data': rest, 'fsdp': 1, 'tensor': t} | over[0])
   return out
 
 

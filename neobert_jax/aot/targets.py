@@ -80,8 +80,8 @@ CHIPS = {
   'v6e': Chip('TPU v6 lite', 32 * GIB),
 }
 
-# Chips per host along each torus axis (4 chips per TPU VM host in multi-host slices).
-_TPU_HOST_BOUNDS = {2: (2, 2, 1), 3: (2, 2, 1)}  # 4 chips per host: v5e/v6e 2x2 hosts, v4/v5p 2x2x1 hosts
+# Chips per host along each torus axis: 4 chips per TPU VM host in multi-host slices (v5e / v6e 2x2, v4 / v5p 2x2x1).
+_TPU_HOST_BOUNDS = (2, 2, 1)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -180,10 +180,9 @@ def devices(target: Target) -> list:
   from jax.experimental import topologies
 
   if target.platform == 'tpu':
-    bounds = _TPU_HOST_BOUNDS[target.chip.dims]
     grid = tuple(int(x) for x in target.tpu_topology.split(':')[1].split('x'))
     # A slice smaller than a host is a single host holding all of it.
-    bounds = tuple(min(b, g) for b, g in zip(bounds, grid + (1,) * (3 - len(grid))))
+    bounds = tuple(min(b, g) for b, g in zip(_TPU_HOST_BOUNDS, grid + (1,) * (3 - len(grid))))
     topo = topologies.get_topology_desc(
       platform='tpu',
       topology_name=target.tpu_topology,
