@@ -88,7 +88,7 @@ ENTRY %main (a: f32[8,1024], v: f32[1024], i: s32[]) -> f32[8,1024] {
   mod = kernel_cost.Module(text)
   fusion = next(i for i in mod.instrs['main'] if i.op == 'fusion')
   # the buffer updated in place is neither read nor written whole: the 4 KiB row in, the 4 KiB row out, the index
-  assert mod.fusion_bytes(fusion, 'main', 'fused') == 4096 + 4 + 4096
+  assert mod.bytes_moved(fusion, 'main') == 4096 + 4 + 4096
 
 
 def test_scatter_add_updates_its_buffer_in_place():
@@ -118,7 +118,7 @@ ENTRY %main (a: f32[8,32768], i: s32[8,2], u: f32[8]) -> f32[8,32768] {
 """
   mod = kernel_cost.Module(text)
   fusion = next(i for i in mod.instrs['main'] if i.op == 'fusion')
-  assert mod.fusion_bytes(fusion, 'main', 'fused') == 64 + 32 + 32  # indices and updates in, the 8 values out
+  assert mod.bytes_moved(fusion, 'main') == 64 + 32 + 32  # indices and updates in, the 8 values out
 
 
 def test_achievable_rates_are_below_peak_and_fall_with_short_contractions():

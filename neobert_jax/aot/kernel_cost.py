@@ -61,17 +61,18 @@ class Module:
     """HBM bytes an instruction reads and writes: a slice only its slice, an in-place update only its update."""
     size = lambda name: hlo_lib.nbytes(self.types[comp].get(name, ''))
     if ins.op == 'fusion':
-      return self.fusion_bytes(ins, comp, hlo_lib.called(ins)[0])
+      return self._fusion_bytes(ins, size)
     if ins.op in SLICES:
       return 2 * hlo_lib.nbytes(ins.type)
     if ins.op in IN_PLACE:
       return 2 * sum(size(u) for u in updates(ins))
     return sum(size(o) for o in ins.operands) + hlo_lib.nbytes(ins.type)
 
-  def fusion_bytes(self, ins: hlo_lib.Instr, comp: str, fused: str) -> float:
-    """Bytes a fusion moves: each operand (or only the slices its body reads), and its output (or only the
-    update of an in-place dynamic-update-slice or scatter: XLA updates their first operand's buffer in place)."""
-    body = self.instrs.get(fused, [])
+  def _fusion_bytes(self, ins: hlo_lib.Instr, size) -> float:
+    """Each operand (or only the slices its body reads), and the output (or only the update of an in-place
+    dynamic-update-slice or scatter: XLA updates their first operand's buffer in place)."""
+    body = self.instrs.get(hlo_lib.called(ins)[0], [])
+    named = {i.name: i for i in body}
     users: dict[str, list[hlo_lib.Instr]] = {}
     for i in body:
       for o in i.operands:
@@ -83,35 +84,23 @@ class Module:
         out += uses(u.name) if u.op == 'bitcast' else [(name, u)]
       return out
 
-    read = 0.0
-    order = {int(i.args): i for i in body if i.op == 'parameter' and i.args.strip().isdigit()}
+    moved = 0.0
+    params = {int(i.args): i for i in body if i.op == 'parameter' and i.args.strip().isdigit()}
     for k, operand in enumerate(ins.operands):
-      full = hlo_lib.nbytes(self.types[comp].get(operand, ''))
-      p = order.get(k)
-      us = uses(p.name) if p is not None else []
+      us = uses(params[k].name) if k in params else []
       if us and all(u.op in SLICES and u.operands[0] == a for a, u in us):
-        read += sum(hlo_lib.nbytes(u.type) for _, u in us)
+        moved += sum(hlo_lib.nbytes(u.type) for _, u in us)
       elif us and all(u.op in IN_PLACE and u.operands[0] == a for a, u in us):
         continue  # the in-place buffer: only the update is written
       else:
-        read += full
+        moved += size(operand)
     root = next((i for i in body if i.root), None)
-    return read + self._written(root, body, ins)
-
-  def _written(self, root, body, ins) -> float:
     if root is None:
-      return hlo_lib.nbytes(ins.type)
-    named = {i.name: i for i in body}
-    parts = [named.get(o) for o in root.operands] if root.op == 'tuple' else [root]
-    out = 0.0
-    for p in parts:
-      if p is None:
-        continue
-      if p.op in IN_PLACE:
-        out += sum(hlo_lib.nbytes(named[u].type) for u in updates(p) if u in named)
-      else:
-        out += hlo_lib.nbytes(p.type)
-    return out
+      return moved + hlo_lib.nbytes(ins.type)
+    for out in [named[o] for o in root.operands if o in named] if root.op == 'tuple' else [root]:
+      written = [named[u] for u in updates(out) if u in named] if out.op in IN_PLACE else [out]
+      moved += sum(hlo_lib.nbytes(w.type) for w in written)
+    return moved
 
 
 def _dims(attrs: str, key: str) -> list[int]:
