@@ -242,17 +242,15 @@ def plan(
   ]
   if workers <= 1 or len(tasks) < 2:
     return [search(cfg, target, mesh, remat, headroom, mfu, log) for mesh, remat in tasks]
-  return plan_cache.pool_map(
-    _search_task, [(cfg, target.spec, m, r, headroom, mfu) for m, r in tasks], workers, _init_worker, (target.spec,)
-  )
+  tasks = [(cfg, target, mesh, remat, headroom, mfu) for mesh, remat in tasks]
+  return plan_cache.pool_map(_search_task, tasks, workers, _init_worker, (target,))
 
 
-def _init_worker(spec: str) -> None:
+def _init_worker(target: targets.Target) -> None:
   """A pool process starts its backends as the compile command's child does (the CUDA plugin preloads cuDNN)."""
   import jax
 
   jax.devices()
-  target = targets.parse_target(spec)
   if target.platform == 'cuda':
     from neobert_jax import jax_compat
 
@@ -260,10 +258,7 @@ def _init_worker(spec: str) -> None:
 
 
 def _search_task(args) -> Row:
-  cfg, spec, mesh, remat, headroom, mfu = args
-  return search(
-    cfg, targets.parse_target(spec), mesh, remat, headroom, mfu, lambda line: print(line, file=sys.stderr, flush=True)
-  )
+  return search(*args, log=lambda line: print(line, file=sys.stderr, flush=True))
 
 
 def recommend(rows: list[Row]) -> Row | None:
@@ -274,18 +269,10 @@ def recommend(rows: list[Row]) -> Row | None:
   return min(ok, key=lambda r: (float(f'{r.seconds:.6g}'), r.grad_accum, r.total_bytes))
 
 
-def _roofline_cell(r: Row) -> str:
-  if r.roofline_seconds is None:
-    return '-'
-  return f'{r.roofline_seconds * 1e3:,.4g} ms, {r.roofline_mfu:.1%}, {r.other_share:.1%}'
-
-
 def format_table(rows: list[Row], target: targets.Target, mfu: float) -> str:
-  basis = (
-    'XLA TPU cost model (+ splash attention FLOPs at MFU)'
-    if target.platform == 'tpu'
-    else 'roofline of the compiled step'
-  )
+  basis = 'roofline of the compiled step'
+  if target.platform == 'tpu':
+    basis = 'XLA TPU cost model (+ splash attention FLOPs at MFU)'
   multi = target.num_granules > 1
   if multi:
     basis += ' + DCN bytes at the published bandwidth'
@@ -300,17 +287,18 @@ def format_table(rows: list[Row], target: targets.Target, mfu: float) -> str:
     mesh = f'{r.mesh["data"]} x {r.mesh["fsdp"]} x {r.mesh["tensor"]}'
     if multi:
       mesh += f'; {r.mesh["dcn_data"]} x {r.mesh["dcn_fsdp"]}'
-    kern = (
-      ', '.join(sorted({k.replace('__cudnn$', '').replace('Backward', '').split('_segmented')[0] for k in r.kernels}))
-      or 'XLA'
-    )
+    names = {k.replace('__cudnn$', '').replace('Backward', '').split('_segmented')[0] for k in r.kernels}
+    kern = ', '.join(sorted(names)) or 'XLA'
     est = f'{r.seconds * 1e3:,.4g} ms' if r.seconds is not None else '-'
+    rl = '-'
+    if r.roofline_seconds is not None:
+      rl = f'{r.roofline_seconds * 1e3:,.4g} ms, {r.roofline_mfu:.1%}, {r.other_share:.1%}'
     dcn = ''
     if multi:
       dcn = f' {r.dcn_bytes / 2**20:,.3g} MiB' + (f' ({r.dcn_seconds * 1e3:,.3g} ms)' if r.dcn_seconds else '') + ' |'
     lines.append(
       f'| {mesh} | {r.remat} | {r.micro_per_device} | {r.grad_accum} | {r.total_bytes / 2**30:.2f} GiB '
-      f'| {"yes" if r.fits else "no"} | {kern} |{dcn} {est} | {_roofline_cell(r)} |'
+      f'| {"yes" if r.fits else "no"} | {kern} |{dcn} {est} | {rl} |'
     )
   for r in rows:
     if r.fsdp_gathers_cross_dcn:
