@@ -62,9 +62,8 @@ def test_dot_flops_equal_the_model_formula():
 
 def test_loop_trip_counts_multiply_kernels():
   _, text, _ = _compiled_step(layers=3, micro=2)
-  comps = hlo.computations(text)
-  runs = hlo.executions(comps)
-  assert sorted({runs[c] for c in hlo.scheduled(comps)}) == [1, 2, 6]  # entry, micro-batch loop, layer loop
+  mod = hlo.Module(text)
+  assert sorted({mod.runs[c] for c in mod.scheduled()}) == [1, 2, 6]  # entry, micro-batch loop, layer loop
 
 
 def test_fusion_bytes_count_slices_and_in_place_updates():

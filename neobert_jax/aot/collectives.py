@@ -129,18 +129,17 @@ def _hierarchical_bytes(op: str, data: float, k: int) -> float:
 
 def dcn_transfers(hlo: str, granule_of: Callable[[int], int], num_devices: int, num_granules: int) -> list[Transfer]:
   """The DCN-crossing collectives of a compiled program (module docstring), in program order."""
-  comps = hlo_lib.computations(hlo)
-  runs = hlo_lib.executions(comps)
+  mod = hlo_lib.Module(hlo)
   # A TPU multi-slice program numbers its in-slice collectives with slice-local ids; its DCN traffic is the sends.
   multislice = '_xla_megascale_transfer_type' in hlo
   out = []
-  for comp, lines in comps.items():
-    for ins in hlo_lib.instructions(lines):
+  for comp, instrs in mod.instrs.items():
+    for ins in instrs:
       mega = re.search(r'_xla_megascale_transfer_type="(\w+)"', ins.attrs)
       if mega and ins.op == 'send':
         op = mega.group(1).lower().replace('_', '-')
         payload = hlo_lib.nbytes(hlo_lib.elements(ins.type)[0])
-        out.append(Transfer(op, ins.name, runs[comp], num_granules, _hierarchical_bytes(op, payload, num_granules)))
+        out.append(Transfer(op, ins.name, mod.runs[comp], num_granules, _hierarchical_bytes(op, payload, num_granules)))
         continue
       c = None if multislice else kind(ins.op)
       groups = replica_groups(ins.attrs, num_devices) if c and c[1] != '-done' else None
@@ -161,7 +160,7 @@ def dcn_transfers(hlo: str, granule_of: Callable[[int], int], num_devices: int, 
           'all-reduce': result * k / g,
           'all-to-all': result,
         }[op]
-      out.append(Transfer(op, ins.name, runs[comp], k, _hierarchical_bytes(op, data, k)))
+      out.append(Transfer(op, ins.name, mod.runs[comp], k, _hierarchical_bytes(op, data, k)))
   return out
 
 

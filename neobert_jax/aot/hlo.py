@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
+from typing import Callable
 
 _ARRAY = re.compile(r'([a-z]\w*)\[([\d,]*)\]')
 _HEAD = re.compile(r'^\s*(?:ROOT )?%([\w.\-]+) = ')
@@ -164,22 +165,6 @@ def executions(comps: dict[str, list[str]]) -> dict[str, int]:
   return {name: count(name) for name in comps}
 
 
-def scheduled(comps: dict[str, list[str]]) -> list[str]:
-  """Computations whose instructions run as kernels / ops: the entry and what it reaches through loops,
-  conditionals and calls (not fusion bodies nor reduction functions)."""
-  entry = next(n for n, lines in comps.items() if lines[:1] == ['ENTRY'])
-  out, todo = [], [entry]
-  while todo:
-    name = todo.pop()
-    if name in out or name not in comps:
-      continue
-    out.append(name)
-    for ins in instructions(comps[name]):
-      if ins.op in ('while', 'conditional', 'call'):
-        todo += called(ins)
-  return out
-
-
 def called(ins: Instr) -> list[str]:
   """Computations an instruction calls: a fusion's body, a loop's body and condition, a conditional's branches, a
   reduction's function, ..."""
@@ -187,3 +172,30 @@ def called(ins: Instr) -> list[str]:
   for block in _BRANCHES.findall(ins.attrs):
     names += re.findall(r'%([\w.\-]+)', block)
   return names
+
+
+class Module:
+  """A module's text parsed once: each computation's instructions and result types, and how many times each
+  computation runs per step."""
+
+  def __init__(self, hlo: str):
+    comps = computations(hlo)
+    self.instrs = {c: instructions(lines) for c, lines in comps.items()}
+    self.types = {c: {i.name: i.type for i in ins} for c, ins in self.instrs.items()}
+    self.runs = executions(comps)
+    self.entry = next((c for c, lines in comps.items() if lines[:1] == ['ENTRY']), None)
+
+  def reachable(self, comp: str, through: Callable[[Instr], bool] = lambda ins: True) -> list[str]:
+    """comp and what it calls, transitively, through the instructions `through` accepts."""
+    out, todo = [], [comp]
+    while todo:
+      c = todo.pop()
+      if c not in out and c in self.instrs:
+        out.append(c)
+        todo += [x for ins in self.instrs[c] if through(ins) for x in called(ins)]
+    return out
+
+  def scheduled(self) -> list[str]:
+    """Computations whose instructions run as kernels / ops: the entry and what it reaches through loops,
+    conditionals and calls (not fusion bodies nor reduction functions)."""
+    return self.reachable(self.entry, lambda ins: ins.op in ('while', 'conditional', 'call'))

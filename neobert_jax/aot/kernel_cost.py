@@ -25,23 +25,8 @@ def updates(ins: hlo_lib.Instr) -> list[str]:
   return ins.operands[1:2]
 
 
-class Module:
-  """Symbol tables of one HLO module, built once."""
-
-  def __init__(self, hlo: str):
-    self.comps = hlo_lib.computations(hlo)
-    self.instrs = {c: hlo_lib.instructions(lines) for c, lines in self.comps.items()}
-    self.types = {c: {i.name: i.type for i in ins} for c, ins in self.instrs.items()}
-
-  def reachable(self, comp: str) -> list[str]:
-    out, todo = [], [comp]
-    while todo:
-      c = todo.pop()
-      if c not in out and c in self.instrs:
-        out.append(c)
-        for ins in self.instrs[c]:
-          todo += hlo_lib.called(ins)
-    return out
+class Module(hlo_lib.Module):
+  """A parsed module (hlo.py) that also counts what its instructions compute and move."""
 
   def matmuls(self, ins: hlo_lib.Instr, comp: str) -> list[tuple[float, int, int, int, int]]:
     """(FLOPs, batch, M, N, K) of every dot / convolution an instruction runs: under a fusion's computation, or

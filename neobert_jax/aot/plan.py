@@ -113,8 +113,7 @@ def compile_layout(cfg, target: targets.Target, headroom: float) -> dict:
     if needed is None:
       raise
     return {'fits': False, 'total': needed, 'kernels': [], 'dcn': {}, 'roofline': None}
-  mem = report.memory_numbers(compiled)
-  total = mem['argument_bytes'] + mem['output_bytes'] - mem['alias_bytes'] + mem['temp_bytes'] + mem['code_bytes']
+  total = report.resident_bytes(report.memory_numbers(compiled))
   hlo = compiled.as_text()
   model_flops = mlm.flops_per_token(cfg) * cfg.train.global_batch_size * cfg.model.max_length
   rl = roofline.for_program(hlo, target, mesh, cfg.mesh, model_flops / target.num_devices)

@@ -150,10 +150,10 @@ def analyze(
 ) -> Roofline:
   """The roofline of a compiled program; `dcn` its collectives crossing slices / nodes (collectives.py)."""
   mod = kernel_cost.Module(hlo)
-  runs = hlo_lib.executions(mod.comps)
+  runs = mod.runs
   crossing = {t.name: t.dcn_bytes for t in dcn}
   ops, step, exposed = [], 0.0, 0.0
-  for comp in hlo_lib.scheduled(mod.comps):
+  for comp in mod.scheduled():
     compute = async_comm = 0.0
     for ins in mod.instrs[comp]:
       op = _price(ins, comp, runs[comp], mod, acc, crossing, num_devices, min_kernel_seconds)
