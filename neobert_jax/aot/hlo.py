@@ -127,44 +127,6 @@ def instructions(lines: list[str]) -> list[Instr]:
   return [i for i in map(parse_instr, lines) if i is not None]
 
 
-def _trip_count(line: str, comps: dict[str, list[str]], condition: str) -> int | None:
-  """A while loop's trip count: XLA's own annotation (GPU, CPU), else the `i < N` of its condition (TPU keeps the
-  scan counter starting at 0)."""
-  m = _TRIP.search(line)
-  if m:
-    return int(m.group(1))
-  cond = instructions(comps.get(condition, []))
-  consts = {i.name: int(i.args) for i in cond if i.op == 'constant' and _strip(i.type) == 's32[]' and i.args.isdigit()}
-  for i in cond:
-    if i.op == 'compare' and 'direction=LT' in i.attrs and len(i.operands) == 2 and i.operands[1] in consts:
-      return consts[i.operands[1]]
-  return None
-
-
-def executions(comps: dict[str, list[str]]) -> dict[str, int]:
-  """How many times each computation runs per call of the entry computation."""
-  callers: dict[str, list[tuple[str, int]]] = {}
-  for parent, lines in comps.items():
-    for line in lines:
-      calls = _CALLS.findall(line)
-      cond = next((c for role, c in calls if role == 'condition'), None)
-      trips = _trip_count(line, comps, cond) if cond else None
-      for role, child in calls:
-        callers.setdefault(child, []).append((parent, (trips or 1) if role in ('body', 'condition') else 1))
-      for block in _BRANCHES.findall(line):
-        for child in re.findall(r'%([\w.\-]+)', block):
-          callers.setdefault(child, []).append((parent, 1))  # at most once each: an upper bound
-  memo: dict[str, int] = {}
-
-  def count(name: str) -> int:
-    if name not in memo:
-      lines = comps.get(name, [])
-      memo[name] = 1 if lines[:1] == ['ENTRY'] else sum(count(p) * f for p, f in callers.get(name, []))
-    return memo[name]
-
-  return {name: count(name) for name in comps}
-
-
 def called(ins: Instr) -> list[str]:
   """Computations an instruction calls: a fusion's body, a loop's body and condition, a conditional's branches, a
   reduction's function, ..."""
@@ -180,10 +142,43 @@ class Module:
 
   def __init__(self, hlo: str):
     comps = computations(hlo)
+    self.entry = next((c for c, lines in comps.items() if lines[:1] == ['ENTRY']), None)
     self.instrs = {c: instructions(lines) for c, lines in comps.items()}
     self.types = {c: {i.name: i.type for i in ins} for c, ins in self.instrs.items()}
-    self.runs = executions(comps)
-    self.entry = next((c for c, lines in comps.items() if lines[:1] == ['ENTRY']), None)
+    self.runs = self._runs()
+
+  def _trip_count(self, loop: Instr) -> int:
+    """A while loop's trip count: XLA's own annotation (GPU, CPU), else the `i < N` of its condition (TPU keeps the
+    scan counter starting at 0); 1 when neither says."""
+    m = _TRIP.search(loop.attrs)
+    if m:
+      return int(m.group(1))
+    cond = self.instrs.get(next((c for role, c in _CALLS.findall(loop.attrs) if role == 'condition'), ''), [])
+    consts = {
+      i.name: int(i.args) for i in cond if i.op == 'constant' and _strip(i.type) == 's32[]' and i.args.isdigit()
+    }
+    for i in cond:
+      if i.op == 'compare' and 'direction=LT' in i.attrs and len(i.operands) == 2 and i.operands[1] in consts:
+        return consts[i.operands[1]]
+    return 1
+
+  def _runs(self) -> dict[str, int]:
+    """How many times each computation runs per call of the entry computation (a conditional's branches once
+    each: an upper bound)."""
+    callers: dict[str, list[tuple[str, int]]] = {}
+    for parent, body in self.instrs.items():
+      for ins in body:
+        times = self._trip_count(ins) if ins.op == 'while' else 1
+        for child in called(ins):
+          callers.setdefault(child, []).append((parent, times))
+    memo: dict[str, int] = {}
+
+    def count(name: str) -> int:
+      if name not in memo:
+        memo[name] = 1 if name == self.entry else sum(count(p) * f for p, f in callers.get(name, []))
+      return memo[name]
+
+    return {name: count(name) for name in self.instrs}
 
   def reachable(self, comp: str, through: Callable[[Instr], bool] = lambda ins: True) -> list[str]:
     """comp and what it calls, transitively, through the instructions `through` accepts."""
