@@ -104,14 +104,16 @@ def parse_instr(line: str) -> Instr | None:
   )
 
 
-def computations(hlo: str) -> dict[str, list[str]]:
-  """{computation name: its instruction lines}; the entry computation's list starts with the marker 'ENTRY'."""
-  comps, name = {}, None
+def computations(hlo: str) -> tuple[str | None, dict[str, list[str]]]:
+  """(the entry computation's name, {computation name: its instruction lines})."""
+  entry, comps, name = None, {}, None
   for line in hlo.splitlines():
     if line and not line[0].isspace() and line.rstrip().endswith('{'):
       head = line.split('(', 1)[0].split()
       name = head[-1].lstrip('%')
-      comps[name] = ['ENTRY'] if head[0] == 'ENTRY' else []
+      comps[name] = []
+      if head[0] == 'ENTRY':
+        entry = name
     elif line.rstrip() == '}':
       name = None
     elif name is not None and line and not line[0].isspace() and comps[name]:
@@ -120,11 +122,7 @@ def computations(hlo: str) -> dict[str, list[str]]:
       comps[name][-1] += '\n' + line
     elif name is not None:
       comps[name].append(line)
-  return comps
-
-
-def instructions(lines: list[str]) -> list[Instr]:
-  return [i for i in map(parse_instr, lines) if i is not None]
+  return entry, comps
 
 
 def called(ins: Instr) -> list[str]:
@@ -141,9 +139,8 @@ class Module:
   computation runs per step."""
 
   def __init__(self, hlo: str):
-    comps = computations(hlo)
-    self.entry = next((c for c, lines in comps.items() if lines[:1] == ['ENTRY']), None)
-    self.instrs = {c: instructions(lines) for c, lines in comps.items()}
+    self.entry, comps = computations(hlo)
+    self.instrs = {c: [i for i in map(parse_instr, lines) if i is not None] for c, lines in comps.items()}
     self.types = {c: {i.name: i.type for i in ins} for c, ins in self.instrs.items()}
     self.runs = self._runs()
 
