@@ -57,10 +57,8 @@ class Row:
   other_share: float | None = None  # share of the roofline step outside matmuls and attention
 
   def overrides(self) -> list[str]:
-    return [f'--config.mesh.{k}={v}' for k, v in self.mesh.items()] + [
-      f'--config.train.grad_accum_steps={self.grad_accum}',
-      f'--config.model.remat_policy={self.remat}',
-    ]
+    mesh = [f'--config.mesh.{k}={v}' for k, v in self.mesh.items()]
+    return mesh + [f'--config.train.grad_accum_steps={self.grad_accum}', f'--config.model.remat_policy={self.remat}']
 
 
 def batch_shards(mesh: dict[str, int]) -> int:
