@@ -48,9 +48,10 @@ class Transfer:
     return self.per_step * self.dcn_bytes
 
 
-def _iota(reshape: list[int], perm: list[int] | None) -> np.ndarray:
-  ids = np.arange(math.prod(reshape)).reshape(reshape)
-  return ids.transpose(perm) if perm else ids
+def _iota(reshape: str, perm: str | None) -> np.ndarray:
+  """Device ids as XLA spells them: iota over the dims `reshape`, transposed by `perm` ([2,4]T(1,0))."""
+  ids = np.arange(math.prod(_ints(reshape))).reshape(_ints(reshape))
+  return ids.transpose(_ints(perm)) if perm else ids
 
 
 def _ints(text: str) -> list[int]:
@@ -65,9 +66,7 @@ def replica_groups(attrs: str, num_devices: int) -> list[list[int]] | None:
   if m:  # mesh['axis_0'=4,'axis_1'=2], device_ids=([2,4]T(1,0)) {'axis_0'}: groups vary along the named axes
     axes = re.findall(r"'(\w+)'=(\d+)", m.group(1))
     sizes = [int(s) for _, s in axes]
-    ids = (
-      _iota(_ints(m.group(2)), _ints(m.group(3)) if m.group(3) else None) if m.group(2) else np.arange(math.prod(sizes))
-    ).reshape(sizes)
+    ids = (_iota(m.group(2), m.group(3)) if m.group(2) else np.arange(math.prod(sizes))).reshape(sizes)
     names = [a for a, _ in axes]
     over = [names.index(a) for a in re.findall(r"'(\w+)'", m.group(4))]
     if not over:
@@ -76,7 +75,7 @@ def replica_groups(attrs: str, num_devices: int) -> list[list[int]] | None:
     return ids.transpose(rest + over).reshape(-1, math.prod(sizes[i] for i in over)).tolist()
   m = re.search(r'replica_groups=\[(\d+),(\d+)\]<=\[([\d,]+)\](?:T\(([\d,]+)\))?', attrs)
   if m:  # iota form: [2,4]<=[8] or [4,2]<=[2,4]T(1,0)
-    ids = _iota(_ints(m.group(3)), _ints(m.group(4)) if m.group(4) else None)
+    ids = _iota(m.group(3), m.group(4))
     return ids.reshape(int(m.group(1)), int(m.group(2))).tolist()
   m = re.search(r'replica_groups=\{((?:\{[\d,]*\},?)*)\}', attrs)
   if m:  # explicit {{0,1},{2,3}}; {} = every device in one group
