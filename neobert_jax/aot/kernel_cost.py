@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import re
+from typing import Callable
 
 from neobert_jax.aot import hlo as hlo_lib
 
@@ -53,7 +54,7 @@ class Module(hlo_lib.Module):
       return 2 * sum(size(u) for u in updates(ins))
     return sum(size(o) for o in ins.operands) + hlo_lib.nbytes(ins.type)
 
-  def _fusion_bytes(self, ins: hlo_lib.Instr, size) -> float:
+  def _fusion_bytes(self, ins: hlo_lib.Instr, size: Callable[[str], float]) -> float:
     """Each operand (or only the slices its body reads), and the output (or only the update of an in-place
     dynamic-update-slice or scatter: XLA updates their first operand's buffer in place)."""
     body = self.instrs.get(hlo_lib.called(ins)[0], [])
