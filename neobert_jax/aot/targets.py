@@ -102,7 +102,7 @@ class Target:
   @property
   def peak_bf16_flops(self) -> float:
     """Dense bf16 peak per device, from the one table (neobert_jax/hardware.py)."""
-    return hardware.peak_flops(self.chip.name)
+    return hardware.lookup(self.chip.name).peak_bf16_flops
 
   @property
   def dcn_bandwidth(self) -> float | None:
