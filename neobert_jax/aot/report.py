@@ -209,12 +209,9 @@ def format_report(r: FitReport) -> str:
       f'cost model    {r.cost_model_seconds * 1e3:,.1f} ms/step, est. MFU {mfu:.1%} (XLA TPU cost model of 1- and '
       f'2-layer micro-batch programs, extrapolated; splash at {r.cost_model_splash_mfu:.0%} MFU)'
     )
-  cudnn = [k for k in r.attention_kernels if k.startswith('__cudnn')]
-  splash = [k for k in r.attention_kernels if k.startswith('splash')]
-  if cudnn:
-    lines.append(f'attention     cuDNN fused: {", ".join(cudnn)}')
-  if splash:
-    lines.append(f'attention     Pallas splash: {", ".join(splash)}')
+  for prefix, what in (('__cudnn', 'cuDNN fused'), ('splash', 'Pallas splash')):
+    if names := [k for k in r.attention_kernels if k.startswith(prefix)]:
+      lines.append(f'attention     {what}: {", ".join(names)}')
   if not r.attention_kernels:
     lines.append('attention     XLA (no fused attention kernel in the compiled program)')
   lines += dcn_lines(r)
