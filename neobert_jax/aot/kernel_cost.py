@@ -26,7 +26,7 @@ def updates(ins: hlo_lib.Instr) -> list[str]:
   return ins.operands[1:2]
 
 
-class Module(hlo_lib.Module):
+class KernelCosts(hlo_lib.Module):
   """A parsed module (hlo.py) that also counts what its instructions compute and move."""
 
   def matmuls(self, ins: hlo_lib.Instr, comp: str) -> list[tuple[float, int, int, int, int]]:

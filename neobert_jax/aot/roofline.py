@@ -149,7 +149,7 @@ def analyze(
   min_kernel_seconds: float = GPU_MIN_KERNEL_SECONDS,
 ) -> Roofline:
   """The roofline of a compiled program; `dcn` its collectives crossing slices / nodes (collectives.py)."""
-  mod = kernel_cost.Module(hlo)
+  mod = kernel_cost.KernelCosts(hlo)
   runs = mod.runs
   crossing = {t.name: t.dcn_bytes for t in dcn}
   ops, step, exposed = [], 0.0, 0.0
