@@ -61,11 +61,6 @@ class Row:
     return mesh + [f'--config.train.grad_accum_steps={self.grad_accum}', f'--config.model.remat_policy={self.remat}']
 
 
-def batch_shards(mesh: dict[str, int]) -> int:
-  """Devices the batch is split over: data x fsdp in total (per-slice size x slices spanned)."""
-  return mesh['data'] * mesh.get('dcn_data', 1) * mesh['fsdp'] * mesh.get('dcn_fsdp', 1)
-
-
 def meshes(
   num_devices: int,
   num_heads: int,
@@ -167,7 +162,8 @@ def search(
   """For one (mesh, remat): the largest micro-batch that fits, by binary search, and of the sizes compiled on the way
   the one the roofline prices fastest, with its estimated step."""
   global_batch = cfg.train.global_batch_size
-  shards = batch_shards(mesh)
+  # devices the batch is split over: data x fsdp in total (per-slice size x slices spanned)
+  shards = mesh['data'] * mesh.get('dcn_data', 1) * mesh['fsdp'] * mesh.get('dcn_fsdp', 1)
   micro_sizes = [
     m for m in (2**i for i in range(20)) if m * shards <= global_batch and global_batch % (m * shards) == 0
   ]
