@@ -125,9 +125,3 @@ def peak_flops(device_kind: str) -> float | None:
   """Dense bf16 peak of one device of this kind, or None when it is not in the table."""
   acc = lookup(device_kind)
   return acc.peak_bf16_flops if acc else None
-
-
-def dcn_bandwidth(device_kind: str) -> float | None:
-  """DCN bytes/s one device of this kind can send to another slice / node, or None when not in the table."""
-  acc = lookup(device_kind)
-  return acc.dcn_bytes_per_s if acc else None

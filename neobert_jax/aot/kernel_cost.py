@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import re
+from typing import Callable
 
 from neobert_jax.aot import hlo as hlo_lib
 
@@ -25,37 +26,39 @@ def updates(ins: hlo_lib.Instr) -> list[str]:
   return ins.operands[1:2]
 
 
-class Module:
-  """Symbol tables of one HLO module, built once."""
+class KernelCosts(hlo_lib.Module):
+  """A parsed module (hlo.py) that also counts what its instructions compute and move."""
 
-  def __init__(self, hlo: str):
-    self.comps = hlo_lib.computations(hlo)
-    self.instrs = {c: hlo_lib.instructions(lines) for c, lines in self.comps.items()}
-    self.types = {c: {i.name: i.type for i in ins} for c, ins in self.instrs.items()}
+  def matmuls(self, ins: hlo_lib.Instr, comp: str) -> list[tuple[float, int, int, int, int]]:
+    """(FLOPs, batch, M, N, K) of every dot / convolution an instruction runs: under a fusion's computation, or
+    itself (a cuBLAS call too)."""
+    if ins.op == 'fusion':
+      return [
+        dot_shape(i, self.types[c])
+        for c in self.reachable(hlo_lib.called(ins)[0])
+        for i in self.instrs[c]
+        if i.op in ('dot', 'convolution')
+      ]
+    if ins.op in ('dot', 'convolution') or (ins.op == 'custom-call' and re.search(r'gemm|matmul', ins.attrs)):
+      return [dot_shape(ins, self.types[comp])]
+    return []
 
-  def reachable(self, comp: str) -> list[str]:
-    out, todo = [], [comp]
-    while todo:
-      c = todo.pop()
-      if c not in out and c in self.instrs:
-        out.append(c)
-        for ins in self.instrs[c]:
-          todo += hlo_lib.called(ins)
-    return out
+  def bytes_moved(self, ins: hlo_lib.Instr, comp: str) -> float:
+    """HBM bytes an instruction reads and writes: a slice only its slice, an in-place update only its update."""
+    size = lambda name: hlo_lib.nbytes(self.types[comp].get(name, ''))
+    if ins.op == 'fusion':
+      return self._fusion_bytes(ins, size)
+    if ins.op in SLICES:
+      return 2 * hlo_lib.nbytes(ins.type)
+    if ins.op in IN_PLACE:
+      return 2 * sum(size(u) for u in updates(ins))
+    return sum(size(o) for o in ins.operands) + hlo_lib.nbytes(ins.type)
 
-  def dots(self, comp: str) -> list[tuple[float, int, int, int, int]]:
-    """(FLOPs, batch, M, N, K) of every dot / convolution under a fusion's computation."""
-    out = []
-    for c in self.reachable(comp):
-      for ins in self.instrs[c]:
-        if ins.op in ('dot', 'convolution'):
-          out.append(dot_shape(ins, self.types[c]))
-    return out
-
-  def fusion_bytes(self, ins: hlo_lib.Instr, comp: str, fused: str) -> float:
-    """Bytes a fusion moves: each operand (or only the slices its body reads), and its output (or only the
-    update of an in-place dynamic-update-slice or scatter: XLA updates their first operand's buffer in place)."""
-    body = self.instrs.get(fused, [])
+  def _fusion_bytes(self, ins: hlo_lib.Instr, size: Callable[[str], float]) -> float:
+    """Each operand (or only the slices its body reads), and the output (or only the update of an in-place
+    dynamic-update-slice or scatter: XLA updates their first operand's buffer in place)."""
+    body = self.instrs.get(hlo_lib.called(ins)[0], [])
+    named = {i.name: i for i in body}
     users: dict[str, list[hlo_lib.Instr]] = {}
     for i in body:
       for o in i.operands:
@@ -67,35 +70,23 @@ class Module:
         out += uses(u.name) if u.op == 'bitcast' else [(name, u)]
       return out
 
-    read = 0.0
-    order = {int(i.args): i for i in body if i.op == 'parameter' and i.args.strip().isdigit()}
+    moved = 0.0
+    params = {int(i.args): i for i in body if i.op == 'parameter' and i.args.strip().isdigit()}
     for k, operand in enumerate(ins.operands):
-      full = hlo_lib.total(hlo_lib.type_sizes(self.types[comp].get(operand, '')))
-      p = order.get(k)
-      us = uses(p.name) if p is not None else []
+      us = uses(params[k].name) if k in params else []
       if us and all(u.op in SLICES and u.operands[0] == a for a, u in us):
-        read += sum(hlo_lib.total(hlo_lib.type_sizes(u.type)) for _, u in us)
+        moved += sum(hlo_lib.nbytes(u.type) for _, u in us)
       elif us and all(u.op in IN_PLACE and u.operands[0] == a for a, u in us):
         continue  # the in-place buffer: only the update is written
       else:
-        read += full
+        moved += size(operand)
     root = next((i for i in body if i.root), None)
-    return read + self._written(root, body, ins)
-
-  def _written(self, root, body, ins) -> float:
     if root is None:
-      return hlo_lib.total(hlo_lib.type_sizes(ins.type))
-    named = {i.name: i for i in body}
-    parts = [named.get(o) for o in root.operands] if root.op == 'tuple' else [root]
-    out = 0.0
-    for p in parts:
-      if p is None:
-        continue
-      if p.op in IN_PLACE:
-        out += sum(hlo_lib.total(hlo_lib.type_sizes(named[u].type)) for u in updates(p) if u in named)
-      else:
-        out += hlo_lib.total(hlo_lib.type_sizes(p.type))
-    return out
+      return moved + hlo_lib.nbytes(ins.type)
+    for out in [named[o] for o in root.operands if o in named] if root.op == 'tuple' else [root]:
+      written = [named[u] for u in updates(out) if u in named] if out.op in IN_PLACE else [out]
+      moved += sum(hlo_lib.nbytes(w.type) for w in written)
+    return moved
 
 
 def _dims(attrs: str, key: str) -> list[int]:
@@ -173,16 +164,8 @@ def attention_work(ins: hlo_lib.Instr, types: dict[str, str]) -> tuple[float, in
   direction is read from the call's name and target only (a Mosaic call's attributes hold its encoded body)."""
   target = re.search(r'custom_call_target="([^"]*)"', ins.attrs)
   tag = f'{ins.name} {target.group(1) if target else ""}'
-  constraint = (
-    ins.attrs.split('operand_layout_constraints=', 1)[1].split('}}', 1)[0]
-    if ('operand_layout_constraints=' in ins.attrs)
-    else ''
-  )
-  shapes = (
-    hlo_lib.arrays(constraint)
-    if constraint
-    else [a for o in ins.operands[:2] for a in hlo_lib.arrays(types.get(o, ''))[:1]]
-  )
+  constraint = ins.attrs.partition('operand_layout_constraints=')[2].split('}}', 1)[0]
+  shapes = hlo_lib.arrays(constraint) or [a for o in ins.operands[:2] for a in hlo_lib.arrays(types.get(o, ''))[:1]]
   backward = bool(re.search(r'Backward|_dq|_dkv|bwd', tag))
   if 'cudnn' not in tag:
     shapes = [a for a in shapes if a[0] in ('bf16', 'f16', 'f32') and len(a[1]) >= 3]

@@ -3,37 +3,26 @@ that fits.
 
 Candidates keep the config's global batch and sequence length and vary
   - the mesh: (data, fsdp, tensor) = (1, N/t, t) FSDP and (N/t, 1, t) pure data parallel, for each tensor size t;
-    on a target of G > 1 slices / nodes the sizes are per slice (n = N/G) and the slices go on data (FSDP inside
-    each, replicas across: dcn_data=G), on fsdp (one FSDP group over everything: dcn_fsdp=G) or, for the data
-    layout, on data with pure data parallelism inside,
+    on G > 1 slices / nodes the sizes are per slice and the slices go on data (FSDP inside each, replicas across),
+    on fsdp (one FSDP group over everything) or, for the data layout, on data,
   - the remat policy: none, save_dots, full,
   - the micro-batch per device (powers of two), which sets grad_accum_steps = global batch / micro-batch rows.
 Memory is monotone in the micro-batch, so each (mesh, remat) pair binary-searches the largest micro-batch that
-fits (about three compiles) instead of compiling them all. The largest is not always the fastest: near the memory
-limit XLA rematerialises on its own (250M at 4096, FSDP 8, no remat: 1,538 ms by the roofline at 32 rows per H100,
-1,458 ms at 8), so of the sizes the search compiled and that fit, the roofline picks (ties: the larger).
+fits (about three compiles). The largest is not always the fastest (near the memory limit XLA rematerialises on its
+own: docs/performance.md), so of the sizes the search compiled and that fit, the roofline picks (ties: the larger).
 
 Estimated step time (a model, not a measurement):
-  - GPU: the roofline of the compiled train step (aot/roofline.py): every kernel's FLOPs at the achievable rate
-    of hardware.py's table or its bytes at HBM speed, collectives at NVLink / DCN speed with asynchronous ones
-    overlapping their loop body's compute. Remat recompute, layouts that need copies, accumulation steps and
-    communication all show, so meshes and policies no longer tie by construction.
+  - GPU: the roofline of the compiled train step (aot/roofline.py), so remat recompute, copies, accumulation steps
+    and communication all show.
   - TPU: XLA's own cost model (`cost_analysis()['optimal_seconds']`) of one micro-batch's forward + backward with
     the layers unrolled, compiled at 1 and 2 layers and extrapolated linearly to the model's depth (loop bodies
-    are costed once, so the scanned program cannot be used; for a scanned config this prices the unrolled
-    layer, whose SwiGLU takes autodiff's gradient), times the accumulation steps. Pallas kernels are
-    custom calls the cost model does not see: attention's FLOPs are added at the stated MFU. The optimizer
-    update (elementwise, FSDP-sharded) is not included.
-  - On a target of several slices / nodes, plus the DCN time: the bytes the compiled step sends across slices
-    (aot/collectives.py) over the published per-device DCN bandwidth (neobert_jax/hardware.py), with nothing
-    overlapped, which is what tells the hybrid layouts apart (TPU; on GPU the roofline prices them). A layout whose FSDP all-gathers cross the DCN is
-    flagged under the table.
+    are costed once, so the scanned program cannot be used; a scanned config is priced unrolled), times the
+    accumulation steps. Splash attention is a custom call the cost model does not see: its FLOPs are added at the
+    stated MFU. The optimizer update is not included. On several slices, plus the DCN bytes (aot/collectives.py)
+    at the published bandwidth, nothing overlapped. A layout whose FSDP all-gathers cross the DCN is flagged.
 
-The (mesh, remat) searches are independent: they run in parallel processes where cores allow, and every compile's
-result is cached by (config, target, layout, source) in the machine's cache (aot/plan_cache.py), so re-running a
-plan only compiles what changed.
-
-Owns: candidate generation, the estimates, the table and the recommendation. Runs in the AOT child interpreter.
+The (mesh, remat) searches run in parallel processes where cores allow, and every compile's result is cached
+(aot/plan_cache.py), so re-running a plan only compiles what changed. Runs in the AOT child interpreter.
 """
 
 from __future__ import annotations
@@ -68,15 +57,8 @@ class Row:
   other_share: float | None = None  # share of the roofline step outside matmuls and attention
 
   def overrides(self) -> list[str]:
-    return [f'--config.mesh.{k}={v}' for k, v in self.mesh.items()] + [
-      f'--config.train.grad_accum_steps={self.grad_accum}',
-      f'--config.model.remat_policy={self.remat}',
-    ]
-
-
-def batch_shards(mesh: dict[str, int]) -> int:
-  """Devices the batch is split over: data x fsdp in total (per-slice size x slices spanned)."""
-  return mesh['data'] * mesh.get('dcn_data', 1) * mesh['fsdp'] * mesh.get('dcn_fsdp', 1)
+    mesh = [f'--config.mesh.{k}={v}' for k, v in self.mesh.items()]
+    return mesh + [f'--config.train.grad_accum_steps={self.grad_accum}', f'--config.model.remat_policy={self.remat}']
 
 
 def meshes(
@@ -89,21 +71,16 @@ def meshes(
   """Candidate mesh sections; with granules > 1 slices / nodes, sizes are per slice plus the dcn_* fields."""
   out = []
   per = num_devices // granules
+  # with several slices: replicas across them, FSDP inside (gradients cross once) / FSDP across everything
+  over = ({'dcn_data': granules, 'dcn_fsdp': 1}, {'dcn_data': 1, 'dcn_fsdp': granules}) if granules > 1 else ({},)
   for t in tensor_sizes:
     if per % t or num_heads % t:
       continue
     rest = per // t
-    if granules == 1:
-      if 'fsdp' in layouts:
-        out.append({'data': 1, 'fsdp': rest, 'tensor': t})
-      if 'data' in layouts and (rest > 1 or 'fsdp' not in layouts):
-        out.append({'data': rest, 'fsdp': 1, 'tensor': t})
-      continue
-    if 'fsdp' in layouts:  # replicas across slices, FSDP inside (gradients cross once) / FSDP across everything
-      out.append({'data': 1, 'fsdp': rest, 'tensor': t, 'dcn_data': granules, 'dcn_fsdp': 1})
-      out.append({'data': 1, 'fsdp': rest, 'tensor': t, 'dcn_data': 1, 'dcn_fsdp': granules})
+    if 'fsdp' in layouts:
+      out += [{'data': 1, 'fsdp': rest, 'tensor': t} | o for o in over]
     if 'data' in layouts and (rest > 1 or 'fsdp' not in layouts):
-      out.append({'data': rest, 'fsdp': 1, 'tensor': t, 'dcn_data': granules, 'dcn_fsdp': 1})
+      out.append({'data': rest, 'fsdp': 1, 'tensor': t} | over[0])
   return out
 
 
@@ -129,8 +106,7 @@ def compile_layout(cfg, target: targets.Target, headroom: float) -> dict:
     if needed is None:
       raise
     return {'fits': False, 'total': needed, 'kernels': [], 'dcn': {}, 'roofline': None}
-  mem = report.memory_numbers(compiled)
-  total = mem['argument_bytes'] + mem['output_bytes'] - mem['alias_bytes'] + mem['temp_bytes'] + mem['code_bytes']
+  total = report.resident_bytes(report.memory_numbers(compiled))
   hlo = compiled.as_text()
   model_flops = mlm.flops_per_token(cfg) * cfg.train.global_batch_size * cfg.model.max_length
   rl = roofline.for_program(hlo, target, mesh, cfg.mesh, model_flops / target.num_devices)
@@ -149,10 +125,8 @@ def tpu_seconds(cfg, target: targets.Target, mfu: float) -> float | None:
   for layers in (1, 2):
     c = cfg.copy_and_resolve_references()
     c.model.num_layers, c.model.scan_layers = layers, False
-    cost = lowering.lower_step(c, target, 'forward_backward')[0].compile().cost_analysis()
-    if isinstance(cost, (list, tuple)):
-      cost = cost[0] if cost else None
-    if not cost or 'optimal_seconds' not in cost:
+    cost = report.cost_analysis(lowering.lower_step(c, target, 'forward_backward')[0].compile())
+    if 'optimal_seconds' not in cost:
       return None
     costs.append(float(cost['optimal_seconds']))
   micro = costs[0] + (cfg.model.num_layers - 1) * (costs[1] - costs[0])
@@ -188,7 +162,8 @@ def search(
   """For one (mesh, remat): the largest micro-batch that fits, by binary search, and of the sizes compiled on the way
   the one the roofline prices fastest, with its estimated step."""
   global_batch = cfg.train.global_batch_size
-  shards = batch_shards(mesh)
+  # devices the batch is split over: data x fsdp in total (per-slice size x slices spanned)
+  shards = mesh['data'] * mesh.get('dcn_data', 1) * mesh['fsdp'] * mesh.get('dcn_fsdp', 1)
   micro_sizes = [
     m for m in (2**i for i in range(20)) if m * shards <= global_batch and global_batch % (m * shards) == 0
   ]
@@ -260,17 +235,15 @@ def plan(
   ]
   if workers <= 1 or len(tasks) < 2:
     return [search(cfg, target, mesh, remat, headroom, mfu, log) for mesh, remat in tasks]
-  return plan_cache.pool_map(
-    _search_task, [(cfg, target.spec, m, r, headroom, mfu) for m, r in tasks], workers, _init_worker, (target.spec,)
-  )
+  tasks = [(cfg, target, mesh, remat, headroom, mfu) for mesh, remat in tasks]
+  return plan_cache.pool_map(_search_task, tasks, workers, _init_worker, (target,))
 
 
-def _init_worker(spec: str) -> None:
+def _init_worker(target: targets.Target) -> None:
   """A pool process starts its backends as the compile command's child does (the CUDA plugin preloads cuDNN)."""
   import jax
 
   jax.devices()
-  target = targets.parse_target(spec)
   if target.platform == 'cuda':
     from neobert_jax import jax_compat
 
@@ -278,10 +251,7 @@ def _init_worker(spec: str) -> None:
 
 
 def _search_task(args) -> Row:
-  cfg, spec, mesh, remat, headroom, mfu = args
-  return search(
-    cfg, targets.parse_target(spec), mesh, remat, headroom, mfu, lambda line: print(line, file=sys.stderr, flush=True)
-  )
+  return search(*args, log=lambda line: print(line, file=sys.stderr, flush=True))
 
 
 def recommend(rows: list[Row]) -> Row | None:
@@ -292,18 +262,10 @@ def recommend(rows: list[Row]) -> Row | None:
   return min(ok, key=lambda r: (float(f'{r.seconds:.6g}'), r.grad_accum, r.total_bytes))
 
 
-def _roofline_cell(r: Row) -> str:
-  if r.roofline_seconds is None:
-    return '-'
-  return f'{r.roofline_seconds * 1e3:,.4g} ms, {r.roofline_mfu:.1%}, {r.other_share:.1%}'
-
-
 def format_table(rows: list[Row], target: targets.Target, mfu: float) -> str:
-  basis = (
-    'XLA TPU cost model (+ splash attention FLOPs at MFU)'
-    if target.platform == 'tpu'
-    else 'roofline of the compiled step'
-  )
+  basis = 'roofline of the compiled step'
+  if target.platform == 'tpu':
+    basis = 'XLA TPU cost model (+ splash attention FLOPs at MFU)'
   multi = target.num_granules > 1
   if multi:
     basis += ' + DCN bytes at the published bandwidth'
@@ -318,17 +280,18 @@ def format_table(rows: list[Row], target: targets.Target, mfu: float) -> str:
     mesh = f'{r.mesh["data"]} x {r.mesh["fsdp"]} x {r.mesh["tensor"]}'
     if multi:
       mesh += f'; {r.mesh["dcn_data"]} x {r.mesh["dcn_fsdp"]}'
-    kern = (
-      ', '.join(sorted({k.replace('__cudnn$', '').replace('Backward', '').split('_segmented')[0] for k in r.kernels}))
-      or 'XLA'
-    )
+    names = {k.replace('__cudnn$', '').replace('Backward', '').split('_segmented')[0] for k in r.kernels}
+    kern = ', '.join(sorted(names)) or 'XLA'
     est = f'{r.seconds * 1e3:,.4g} ms' if r.seconds is not None else '-'
+    rl = '-'
+    if r.roofline_seconds is not None:
+      rl = f'{r.roofline_seconds * 1e3:,.4g} ms, {r.roofline_mfu:.1%}, {r.other_share:.1%}'
     dcn = ''
     if multi:
       dcn = f' {r.dcn_bytes / 2**20:,.3g} MiB' + (f' ({r.dcn_seconds * 1e3:,.3g} ms)' if r.dcn_seconds else '') + ' |'
     lines.append(
       f'| {mesh} | {r.remat} | {r.micro_per_device} | {r.grad_accum} | {r.total_bytes / 2**30:.2f} GiB '
-      f'| {"yes" if r.fits else "no"} | {kern} |{dcn} {est} | {_roofline_cell(r)} |'
+      f'| {"yes" if r.fits else "no"} | {kern} |{dcn} {est} | {rl} |'
     )
   for r in rows:
     if r.fsdp_gathers_cross_dcn:

@@ -61,7 +61,7 @@ class FitReport:
 
   @property
   def total_bytes(self) -> int:
-    return self.argument_bytes + self.output_bytes - self.alias_bytes + self.temp_bytes + self.code_bytes
+    return resident_bytes(vars(self))
 
   @property
   def fits(self) -> bool:
@@ -117,17 +117,26 @@ def memory_numbers(compiled: Any) -> dict[str, int]:
   )
 
 
-def xla_flops(compiled: Any) -> float | None:
-  """XLA's FLOP count for one device's program, or None where the backend does not provide it."""
+def resident_bytes(mem: dict[str, int]) -> int:
+  """The peak the step needs resident (module docstring), from memory_numbers' fields."""
+  return mem['argument_bytes'] + mem['output_bytes'] - mem['alias_bytes'] + mem['temp_bytes'] + mem['code_bytes']
+
+
+def cost_analysis(compiled: Any) -> dict[str, Any]:
+  """XLA's cost analysis of one device's program; empty where the backend gives none."""
   try:
     cost = compiled.cost_analysis()
-  except Exception:  # the GPU compile-only client raises or returns None
-    return None
+  except Exception:  # noqa: BLE001 - the GPU compile-only client raises or returns None
+    return {}
   if isinstance(cost, (list, tuple)):  # older jax returned one dict per program
     cost = cost[0] if cost else None
-  if not cost or 'flops' not in cost:
-    return None
-  return float(cost['flops'])
+  return cost or {}
+
+
+def xla_flops(compiled: Any) -> float | None:
+  """XLA's FLOP count for one device's program, or None where the backend does not provide it."""
+  cost = cost_analysis(compiled)
+  return float(cost['flops']) if 'flops' in cost else None
 
 
 def attention_kernels(hlo_text: str) -> list[str]:
@@ -200,12 +209,9 @@ def format_report(r: FitReport) -> str:
       f'cost model    {r.cost_model_seconds * 1e3:,.1f} ms/step, est. MFU {mfu:.1%} (XLA TPU cost model of 1- and '
       f'2-layer micro-batch programs, extrapolated; splash at {r.cost_model_splash_mfu:.0%} MFU)'
     )
-  cudnn = [k for k in r.attention_kernels if k.startswith('__cudnn')]
-  splash = [k for k in r.attention_kernels if k.startswith('splash')]
-  if cudnn:
-    lines.append(f'attention     cuDNN fused: {", ".join(cudnn)}')
-  if splash:
-    lines.append(f'attention     Pallas splash: {", ".join(splash)}')
+  for prefix, what in (('__cudnn', 'cuDNN fused'), ('splash', 'Pallas splash')):
+    if names := [k for k in r.attention_kernels if k.startswith(prefix)]:
+      lines.append(f'attention     {what}: {", ".join(names)}')
   if not r.attention_kernels:
     lines.append('attention     XLA (no fused attention kernel in the compiled program)')
   lines += dcn_lines(r)
@@ -215,27 +221,15 @@ def format_report(r: FitReport) -> str:
   return '\n'.join(lines)
 
 
-def fsdp_gather_warning(gather_bytes: float, dcn: dict[str, int]) -> str:
-  if dcn.get('dcn_fsdp', 1) > 1:
-    where = 'mesh.dcn_fsdp > 1 spreads FSDP over slices / nodes'
-  elif all(v == 1 for v in dcn.values()):
-    where = 'the devices span slices / nodes but mesh.dcn_* are all 1, so the mesh ignores the boundary'
-  else:
-    where = 'an all-gather spans slices / nodes'
-  return (
-    f"FSDP's parameter all-gathers cross the DCN ({_gib(gather_bytes).strip()} per device per step): "
-    f'{where}; set mesh.dcn_data to the number of slices / nodes and keep fsdp inside each'
-  )
-
-
 def dcn_lines(r: FitReport) -> list[str]:
   """The report's data-centre network section (nothing for a single slice / node)."""
   if r.granules < 2:
     return []
   set_ = ' '.join(f'mesh.{k}={v}' for k, v in r.dcn.items()) or 'mesh.dcn_* unset'
+  head = f'DCN           {r.granules} slices / nodes ({set_})'
   if not r.dcn_collectives:
-    return [f'DCN           {r.granules} slices / nodes ({set_}): no collective crosses the DCN']
-  lines = [f'DCN           {r.granules} slices / nodes ({set_}); collectives crossing it, per device per step:']
+    return [head + ': no collective crosses the DCN']
+  lines = [head + '; collectives crossing it, per device per step:']
   for kind, row in r.dcn_collectives.items():
     runs = f'{int(row["ops"])} ops, {int(row["per_step"])} runs/step'
     lines.append(f'  {kind:20s}{runs:26s}{_gib(row["bytes"])}')
@@ -249,7 +243,17 @@ def dcn_lines(r: FitReport) -> list[str]:
     total += '  (no published DCN bandwidth for this device: no time estimate)'
   lines.append(total)
   if r.fsdp_gathers_cross_dcn:
-    lines.append('warning       ' + fsdp_gather_warning(r.dcn_collectives['all-gather']['bytes'], r.dcn))
+    if r.dcn.get('dcn_fsdp', 1) > 1:
+      where = 'mesh.dcn_fsdp > 1 spreads FSDP over slices / nodes'
+    elif all(v == 1 for v in r.dcn.values()):
+      where = 'the devices span slices / nodes but mesh.dcn_* are all 1, so the mesh ignores the boundary'
+    else:
+      where = 'an all-gather spans slices / nodes'
+    gathered = _gib(r.dcn_collectives['all-gather']['bytes']).strip()
+    lines.append(
+      f"warning       FSDP's parameter all-gathers cross the DCN ({gathered} per device per step): {where}; "
+      'set mesh.dcn_data to the number of slices / nodes and keep fsdp inside each'
+    )
   return lines
 
 

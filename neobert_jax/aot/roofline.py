@@ -25,34 +25,18 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
-from typing import Any, Callable
+from typing import Any
 
 from neobert_jax import hardware
 from neobert_jax.aot import collectives
 from neobert_jax.aot import hlo as hlo_lib
 from neobert_jax.aot import kernel_cost
 
-_FREE = {
-  'parameter',
-  'constant',
-  'get-tuple-element',
-  'tuple',
-  'bitcast',
-  'while',
-  'conditional',
-  'call',
-  'after-all',
-  'partition-id',
-  'replica-id',
-  'add-dependency',
-  'opt-barrier',
-  'domain',
-  'copy-done',
-  'send-done',
-  'recv-done',
-  'get-dimension-size',
-}
-_COLLECTIVE = re.compile(r'^(' + '|'.join(collectives.KINDS) + r')(-start|-done)?$')
+# Ops that launch no kernel of their own: structure, metadata, the loops and calls (their bodies are priced).
+_FREE = frozenset(
+  'parameter constant get-tuple-element tuple bitcast while conditional call after-all partition-id replica-id '
+  'add-dependency opt-barrier domain copy-done send-done recv-done get-dimension-size'.split()
+)
 GPU_MIN_KERNEL_SECONDS = 2e-6  # launch and tail of one kernel on a GPU (assumption; CUDA graphs hide the launch)
 TPU_MIN_KERNEL_SECONDS = 0.5e-6
 
@@ -111,9 +95,6 @@ class Roofline:
       return None
     return self.model_flops_per_device / (self.step_seconds * self.peak_flops)
 
-  def top(self, n: int = 10) -> list[Op]:
-    return sorted(self.ops, key=lambda o: -o.total_seconds)[:n]
-
   def as_dict(self, top: int = 15) -> dict[str, Any]:
     return {
       'device_kind': self.device_kind,
@@ -125,7 +106,10 @@ class Roofline:
       'flops': {c: self.flops(c) for c in ('matmul', 'attention')},
       'collective_bytes': self.bytes('collective'),
       'attention_forward_flops': self.attention_forward_flops,
-      'top': [dataclasses.asdict(o) | {'total_seconds': o.total_seconds} for o in self.top(top)],
+      'top': [
+        dataclasses.asdict(o) | {'total_seconds': o.total_seconds}
+        for o in sorted(self.ops, key=lambda o: -o.total_seconds)[:top]
+      ],
     }
 
 
@@ -160,27 +144,19 @@ def analyze(
   device_kind: str,
   *,
   num_devices: int,
-  granule_of: Callable[[int], int] | None = None,
-  num_granules: int = 1,
+  dcn: list[collectives.Transfer] = (),
   model_flops_per_device: float | None = None,
   min_kernel_seconds: float = GPU_MIN_KERNEL_SECONDS,
 ) -> Roofline:
-  mod = kernel_cost.Module(hlo)
-  runs = hlo_lib.executions(mod.comps)
-  dcn = {
-    t.name: t
-    for t in (
-      collectives.dcn_transfers(hlo, granule_of, num_devices, num_granules) if granule_of and num_granules > 1 else []
-    )
-  }
-  hbm = acc.hbm_bytes_per_s * acc.hbm_efficiency
-  link = (acc.link_bytes_per_s or acc.hbm_bytes_per_s) * acc.link_efficiency
+  """The roofline of a compiled program; `dcn` its collectives crossing slices / nodes (collectives.py)."""
+  mod = kernel_cost.KernelCosts(hlo)
+  runs = mod.runs
+  crossing = {t.name: t.dcn_bytes for t in dcn}
   ops, step, exposed = [], 0.0, 0.0
-  for comp in hlo_lib.scheduled(mod.comps):
+  for comp in mod.scheduled():
     compute = async_comm = 0.0
-    types = mod.types[comp]
     for ins in mod.instrs[comp]:
-      op = _one(ins, comp, types, mod, acc, hbm, link, dcn, num_devices, min_kernel_seconds, runs[comp])
+      op = _price(ins, comp, runs[comp], mod, acc, crossing, num_devices, min_kernel_seconds)
       if op is None:
         continue
       ops.append(op)
@@ -195,62 +171,33 @@ def analyze(
   return Roofline(device_kind, acc.peak_bf16_flops, ops, step, exposed, model_flops_per_device)
 
 
-def _one(ins, comp, types, mod, acc, hbm, link, dcn, num_devices, min_kernel, runs) -> Op | None:
-  kind = _COLLECTIVE.match(ins.op)
-  if ins.op in _FREE or (kind and kind.group(2) == '-done'):
+def _price(ins, comp, runs, mod, acc, crossing, num_devices, min_kernel) -> Op | None:
+  """One instruction's kernel (module docstring); None for what launches none."""
+  collective = collectives.kind(ins.op)
+  if ins.op in _FREE or (collective and collective[1] == '-done'):
     return None
-  label = _label(ins)
-  size = lambda name: hlo_lib.total(hlo_lib.type_sizes(types.get(name, '')))
-  if kind:
-    sizes = hlo_lib.type_sizes(ins.type)
-    if kind.group(2) and kind.group(1) != 'all-reduce' and isinstance(sizes, list) and len(sizes) > 1:
-      sizes = sizes[1]  # async start: (operands, results)
-    result = hlo_lib.total(sizes)
-    groups = collectives.replica_groups(ins.attrs, num_devices) or [[0]]
-    n = len(groups[0])
-    per = {
-      'all-gather': result * (n - 1) / n,
-      'reduce-scatter': result * (n - 1),
-      'all-reduce': 2 * result * (n - 1) / n,
-      'all-to-all': result * (n - 1) / n,
-      'collective-permute': result,
-    }[kind.group(1)]
-    crossing = dcn.get(ins.name)
-    seconds = per / link + (crossing.dcn_bytes / acc.dcn_bytes_per_s if crossing and acc.dcn_bytes_per_s else 0)
-    return Op(
-      ins.name, 'collective', f'{kind.group(1)} x{n}', runs, 0.0, per, seconds, 'link', overlapped=bool(kind.group(2))
-    )
+  if collective:
+    kind, started = collective
+    n = len((collectives.replica_groups(ins.attrs, num_devices) or [[0]])[0])
+    per = collectives.ring_bytes(kind, collectives.result_bytes(ins), n)
+    seconds = per / ((acc.link_bytes_per_s or acc.hbm_bytes_per_s) * acc.link_efficiency)
+    if ins.name in crossing and acc.dcn_bytes_per_s:
+      seconds += crossing[ins.name] / acc.dcn_bytes_per_s
+    return Op(ins.name, 'collective', f'{kind} x{n}', runs, 0.0, per, seconds, 'link', overlapped=bool(started))
+  moved = mod.bytes_moved(ins, comp)
   if kernel_cost.is_attention_call(ins):
-    flops, keys, backward = kernel_cost.attention_work(ins, types)
-    compute, direction = (flops / acc.attention_rate(keys, backward) if flops else 0.0), 'bwd' if backward else 'fwd'
-    moved = sum(size(o) for o in ins.operands) + hlo_lib.total(hlo_lib.type_sizes(ins.type))
-    return _timed(ins.name, 'attention', f'attention ({direction})', runs, flops, moved, compute, hbm, min_kernel)
-  fused = [c for c in hlo_lib.called(ins)] if ins.op == 'fusion' else []
-  dots = (
-    mod.dots(fused[0]) if fused else ([kernel_cost.dot_shape(ins, types)] if ins.op in ('dot', 'convolution') else [])
-  )
-  if ins.op == 'custom-call' and re.search(r'gemm|matmul', ins.attrs):
-    dots = [kernel_cost.dot_shape(ins, types)]
-  if fused:
-    moved = mod.fusion_bytes(ins, comp, fused[0])
-  elif ins.op in kernel_cost.SLICES:
-    moved = 2 * hlo_lib.total(hlo_lib.type_sizes(ins.type))
-  elif ins.op in kernel_cost.IN_PLACE:
-    moved = 2 * sum(size(u) for u in kernel_cost.updates(ins))
+    flops, keys, backward = kernel_cost.attention_work(ins, mod.types[comp])
+    compute = flops / acc.attention_rate(keys, backward) if flops else 0.0
+    category, label = 'attention', f'attention ({"bwd" if backward else "fwd"})'
   else:
-    moved = sum(size(o) for o in ins.operands) + hlo_lib.total(hlo_lib.type_sizes(ins.type))
-  if dots:
+    dots = mod.matmuls(ins, comp)
     flops = sum(d[0] for d in dots)
     compute = sum(matmul_seconds(acc, *d) for d in dots)
-    return _timed(ins.name, 'matmul', label, runs, flops, moved, compute, hbm, min_kernel)
-  return _timed(ins.name, 'other', label, runs, 0.0, moved, 0.0, hbm, min_kernel)
-
-
-def _timed(name, category, label, runs, flops, moved, compute, hbm, min_kernel) -> Op:
-  memory = moved / hbm
+    category, label = ('matmul' if dots else 'other'), _label(ins)
+  memory = moved / (acc.hbm_bytes_per_s * acc.hbm_efficiency)
   seconds = max(compute, memory, min_kernel)
   bound = 'compute' if seconds == compute else 'memory' if seconds == memory else 'launch'
-  return Op(name, category, label, runs, flops, moved, seconds, bound)
+  return Op(ins.name, category, label, runs, flops, moved, seconds, bound)
 
 
 def for_program(hlo: str, target: Any, mesh: Any, mesh_config: Any, model_flops_per_device: float | None) -> Roofline:
@@ -260,46 +207,30 @@ def for_program(hlo: str, target: Any, mesh: Any, mesh_config: Any, model_flops_
 
   kind = mesh.devices.flat[0].device_kind
   acc = hardware.lookup(kind) or hardware.lookup(target.chip.name)
-  ids = shd.granule_ids(mesh, shd.resolve_layout(dict(mesh_config), mesh.size))
+  _, transfers = collectives.for_mesh(hlo, mesh, shd.resolve_layout(dict(mesh_config), mesh.size))
   return analyze(
     hlo,
     acc,
     kind,
     num_devices=mesh.size,
-    granule_of=ids.__getitem__,
-    num_granules=len(set(ids)),
+    dcn=transfers,
     model_flops_per_device=model_flops_per_device,
     min_kernel_seconds=TPU_MIN_KERNEL_SECONDS if target.platform == 'tpu' else GPU_MIN_KERNEL_SECONDS,
   )
 
 
-def grouped(r: Roofline, n: int = 8) -> list[dict[str, Any]]:
-  """The costliest kernels, those computing the same thing (one per layer when unrolled) taken together."""
+def grouped(r: Roofline, n: int = 8) -> list[tuple[tuple[str, str], dict[str, Any]]]:
+  """The costliest kernels, those computing the same thing (one per layer when unrolled) taken together:
+  [((category, label), {runs, seconds, flops, bytes, bounds}), ...], per step."""
   groups: dict[tuple[str, str], dict[str, Any]] = {}
   for o in r.ops:
-    g = groups.setdefault(
-      (o.category, o.label),
-      {
-        'category': o.category,
-        'label': o.label,
-        'kernels': 0,
-        'runs': 0,
-        'seconds': 0.0,
-        'flops': 0.0,
-        'bytes': 0.0,
-        'bounds': set(),
-      },
-    )
-    g['kernels'] += 1
+    g = groups.setdefault((o.category, o.label), dict(runs=0, seconds=0.0, flops=0.0, bytes=0.0, bounds=set()))
     g['runs'] += o.runs
     g['seconds'] += o.total_seconds
     g['flops'] += o.runs * o.flops
     g['bytes'] += o.runs * o.bytes
     g['bounds'].add(o.bound)
-  out = sorted(groups.values(), key=lambda g: -g['seconds'])[:n]
-  for g in out:
-    g['bounds'] = '/'.join(sorted(g['bounds']))
-  return out
+  return sorted(groups.items(), key=lambda kv: -kv[1]['seconds'])[:n]
 
 
 def format_lines(
@@ -342,10 +273,10 @@ def format_lines(
       f'(ratio {3 * r.attention_forward_flops / model_attention_flops:.3f})'
     )
   lines.append('  costliest kernels (same computation across layers taken together):')
-  for g in grouped(r, top):
+  for (category, label), g in grouped(r, top):
     rate = f', {g["flops"] / g["seconds"] / 1e12:,.0f} TFLOP/s' if g['flops'] and g['seconds'] else ''
     lines.append(
-      f'    {g["seconds"] * 1e3:9,.1f} ms  {g["category"]:10s} {g["runs"]:5d} runs  '
-      f'{g["bytes"] / 1e9:8,.1f} GB{rate}  {g["bounds"]:8s} {g["label"]}'
+      f'    {g["seconds"] * 1e3:9,.1f} ms  {category:10s} {g["runs"]:5d} runs  '
+      f'{g["bytes"] / 1e9:8,.1f} GB{rate}  {"/".join(sorted(g["bounds"])):8s} {label}'
     )
   return lines

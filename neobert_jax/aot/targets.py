@@ -80,8 +80,8 @@ CHIPS = {
   'v6e': Chip('TPU v6 lite', 32 * GIB),
 }
 
-# Chips per host along each torus axis (4 chips per TPU VM host in multi-host slices).
-_TPU_HOST_BOUNDS = {2: (2, 2, 1), 3: (2, 2, 1)}  # 4 chips per host: v5e/v6e 2x2 hosts, v4/v5p 2x2x1 hosts
+# Chips per host along each torus axis: 4 chips per TPU VM host in multi-host slices (v5e / v6e 2x2, v4 / v5p 2x2x1).
+_TPU_HOST_BOUNDS = (2, 2, 1)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -102,12 +102,12 @@ class Target:
   @property
   def peak_bf16_flops(self) -> float:
     """Dense bf16 peak per device, from the one table (neobert_jax/hardware.py)."""
-    return hardware.peak_flops(self.chip.name)
+    return hardware.lookup(self.chip.name).peak_bf16_flops
 
   @property
   def dcn_bandwidth(self) -> float | None:
     """DCN bytes/s per device to another slice / node, from the one table (neobert_jax/hardware.py)."""
-    return hardware.dcn_bandwidth(self.chip.name)
+    return hardware.lookup(self.chip.name).dcn_bytes_per_s
 
   @property
   def num_granules(self) -> int:
@@ -119,22 +119,17 @@ class Target:
     return 'tpu' if self.platform == 'tpu' else 'cuda'
 
 
-def _grid_2d(chips: int) -> tuple[int, int]:
-  """The near-square a x b (a <= b, powers of two) grid Google uses for 2-D slices (v5e-32 = 4x8)."""
-  if chips & (chips - 1):
-    raise ConfigError(f'{chips} chips: 2-D TPU slices have a power-of-two chip count')
-  a = 2 ** (int(math.log2(chips)) // 2)
-  return a, chips // a
-
-
-def _grid_3d(chips: int) -> tuple[int, int, int]:
-  if chips & (chips - 1) or chips < 4:
-    raise ConfigError(f'{chips} chips: 3-D TPU slices have a power-of-two chip count of at least 4')
-  dims = [2, 2, 1]
-  while math.prod(dims) < chips:  # grow the smallest axis first: 2x2x1, 2x2x2, 2x2x4, 2x4x4, 4x4x4, ...
-    i = min(range(3), key=lambda k: (dims[k], -k))
-    dims[i] *= 2
-  return tuple(dims)
+def _grid(chips: int, dims: int) -> tuple[int, ...]:
+  """The chip grid Google uses for a slice: the smallest axis doubles first (ties: the later one), so 2-D grids are
+  near-square a x b with a <= b (v5e-32 = 4x8) and 3-D ones grow 2x2x1, 2x2x2, 2x2x4, 2x4x4, 4x4x4, ..."""
+  grid = [1, 1] if dims == 2 else [2, 2, 1]  # a 3-D slice is at least one 2x2x1 host
+  if chips & (chips - 1) or chips < math.prod(grid):
+    least = '' if dims == 2 else ' of at least 4'
+    raise ConfigError(f'{chips} chips: {dims}-D TPU slices have a power-of-two chip count{least}')
+  while math.prod(grid) < chips:
+    i = min(range(dims), key=lambda k: (grid[k], -k))
+    grid[i] *= 2
+  return tuple(grid)
 
 
 def parse_target(spec: str) -> Target:
@@ -169,7 +164,7 @@ def parse_target(spec: str) -> Target:
       if cores % chip.cores_per_chip_in_name:
         raise ConfigError(f'{spec}: {gen}-N counts TensorCores ({chip.cores_per_chip_in_name} per chip)')
       chips = cores // chip.cores_per_chip_in_name
-      grid = _grid_2d(chips) if chip.dims == 2 else _grid_3d(chips)
+      grid = _grid(chips, chip.dims)
     topo = f'{gen}:' + 'x'.join(map(str, grid))
     return Target(spec, 'tpu', chip, slices * math.prod(grid), tpu_topology=topo, num_slices=slices)
   raise ConfigError(f'unknown target platform in {spec!r}; expected tpu:... or cuda:...')
@@ -180,10 +175,9 @@ def devices(target: Target) -> list:
   from jax.experimental import topologies
 
   if target.platform == 'tpu':
-    bounds = _TPU_HOST_BOUNDS[target.chip.dims]
     grid = tuple(int(x) for x in target.tpu_topology.split(':')[1].split('x'))
     # A slice smaller than a host is a single host holding all of it.
-    bounds = tuple(min(b, g) for b, g in zip(bounds, grid + (1,) * (3 - len(grid))))
+    bounds = tuple(min(b, g) for b, g in zip(_TPU_HOST_BOUNDS, grid + (1,) * (3 - len(grid))))
     topo = topologies.get_topology_desc(
       platform='tpu',
       topology_name=target.tpu_topology,
