@@ -76,6 +76,7 @@ def test_mlm_graph_matches_pytorch_at_other_shapes(flat, tmp_path, capsys):
   written = tmp_path / 'onnx'
   assert json.loads((written / 'config.json').read_text())['onnx_outputs'] == ['logits']
   assert 'Attention' in op_types(written)  # ONNX's fused attention, which onnxruntime runs as one kernel
+  assert 'NonZero' in op_types(written)  # the dense layers run on the real tokens, gathered (TracedRows)
   quantized = op_types(written, 'onnx/model_quantized.onnx')
   assert 'Attention' in quantized and 'QAttention' not in quantized and 'MatMulInteger' in quantized
   onnx.checker.check_model(str(written / 'onnx/model_quantized.onnx'))

@@ -34,6 +34,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -154,7 +155,15 @@ def quantize(source: Path, target: Path) -> None:
   import onnxruntime
   from onnxruntime.quantization import QuantType, quantize_dynamic
 
-  quantize_dynamic(str(source), str(target), op_types_to_quantize=['MatMul'], weight_type=QuantType.QInt8)
+  # Without the exporter's shape annotations: the quantizer turns each Gemm (a Linear on the [tokens, hidden] matrix)
+  # into a MatMul on its transposed weight, and its own shape inference then contradicts the stale annotations.
+  graph = onnx.load(str(source))
+  del graph.graph.value_info[:]
+  with tempfile.TemporaryDirectory() as tmp:
+    bare = Path(tmp) / 'model.onnx'
+    onnx.save(graph, str(bare))
+    del graph
+    quantize_dynamic(str(bare), str(target), op_types_to_quantize=['MatMul'], weight_type=QuantType.QInt8)
   onnx.checker.check_model(str(target))
   onnxruntime.InferenceSession(str(target), providers=['CPUExecutionProvider'])
 

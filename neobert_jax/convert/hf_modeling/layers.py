@@ -65,6 +65,8 @@ def apply_rotary_qk(qk: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> t
     The same rotation of the same pairs as apply_rotary, in float32; one kernel instead of several elementwise ones
     (complex numbers cannot be traced to ONNX, so the padded, traceable path keeps apply_rotary).
     """
+    if tracing():
+        return apply_rotary(qk, cos[:, None], sin[:, None])
     pairs = torch.view_as_complex(qk.float().unflatten(-1, (-1, 2)))
     turns = torch.complex(cos, sin)[:, None, None, :]  # broadcast over heads and over q / k
     return torch.view_as_real(pairs * turns).flatten(-2).to(qk.dtype)
