@@ -45,7 +45,7 @@ from transformers.modeling_outputs import BaseModelOutput, MaskedLMOutput, Seque
 
 # The parity tests, torch_ref and benchmarks use these names through this module (ATTENTION_CALL_COST too).
 from .layers import RMSNorm, SwiGLU, apply_rotary, apply_rotary_qk, classification_loss, layer_head_masks  # noqa: F401
-from .layers import output_options, pool, rotary_cos_sin, swiglu_hidden_size  # noqa: F401
+from .layers import add_linear, output_options, pool, rotary_cos_sin, swiglu_hidden_size  # noqa: F401
 from .unpadding import ATTENTION_CALL_COST, TracedRows, UnpaddedRows, masking_inputs, padded_mask  # noqa: F401
 from .unpadding import positions_from_segment_ids, segment_ids_from_cu_seqlens  # noqa: F401
 from .unpadding import tracing as _tracing
@@ -170,8 +170,8 @@ class EncoderBlock(GradientCheckpointingLayer):
             qkv = qkv.view(-1, self.num_heads, 3, self.head_dim)
             qk = apply_rotary_qk(qkv[:, :, :2], cos, sin)
             attn = rows.attend(qk[:, :, 0], qk[:, :, 1], qkv[:, :, 2])
-        x = x + self.wo(attn)
-        x = x + self.ffn(self.ffn_norm(x))
+        x = add_linear(x, self.wo, attn)
+        x = self.ffn(self.ffn_norm(x), residual=x)
         return x, weights
 
 
