@@ -57,9 +57,17 @@ def close(got, want, mask=None):
 
 
 def op_types(onnx_dir, name='onnx/model.onnx') -> set[str]:
+  """The graph's op types, its subgraphs' (the per-document Loop's body) included."""
   import onnx
 
-  return {node.op_type for node in onnx.load(str(onnx_dir / name)).graph.node}
+  def walk(graph):
+    for node in graph.node:
+      yield node.op_type
+      for attr in node.attribute:
+        if attr.type == onnx.AttributeProto.GRAPH:
+          yield from walk(attr.g)
+
+  return set(walk(onnx.load(str(onnx_dir / name)).graph))
 
 
 @pytest.mark.slow
@@ -77,14 +85,24 @@ def test_mlm_graph_matches_pytorch_at_other_shapes(flat, tmp_path, capsys):
   written = tmp_path / 'onnx'
   assert json.loads((written / 'config.json').read_text())['onnx_outputs'] == ['logits']
   assert 'Attention' in op_types(written)  # ONNX's fused attention, which onnxruntime runs as one kernel
+  assert 'NonZero' in op_types(written)  # the dense layers run on the real tokens, gathered (TracedRows)
+  assert 'Loop' in op_types(written)  # attention per document (onnx_rewrite)
   quantized = op_types(written, 'onnx/model_quantized.onnx')
   assert 'Attention' in quantized and 'QAttention' not in quantized and 'MatMulInteger' in quantized
   onnx.checker.check_model(str(written / 'onnx/model_quantized.onnx'))
   session = ort.InferenceSession(str(written / 'onnx/model.onnx'), providers=['CPUExecutionProvider'])
   int8 = ort.InferenceSession(str(written / 'onnx/model_quantized.onnx'), providers=['CPUExecutionProvider'])
   model = hf_model.NeoBERTLMHead.from_pretrained(src).eval()
-  for lengths, width in (([13, 5, 0, 9], 13), ([3], 3), ([20, 20], 20)):
+  for lengths, width, left in (
+    ([13, 5, 0, 9], 13, False),
+    ([3], 3, False),
+    ([20, 20], 20, False),
+    ([4, 11], 11, True),
+    ([0, 0], 4, False),
+  ):
     ids, mask = batch(lengths, width)
+    if left:  # padding before the tokens: each row's tokens still lie together once gathered
+      ids, mask = ids[:, ::-1].copy(), mask[:, ::-1].copy()
     (got,) = session.run(None, {'input_ids': ids, 'attention_mask': mask})
     (got8,) = int8.run(None, {'input_ids': ids, 'attention_mask': mask})
     with torch.no_grad():

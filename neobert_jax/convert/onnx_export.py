@@ -24,9 +24,10 @@ Inputs ``input_ids`` and ``attention_mask`` (int64 [batch, length], 1 = token, 0
 Padded positions of every token-level output are zeros. The default opset, 23, has ONNX's own ``Attention`` and
 ``RMSNormalization`` ops, which onnxruntime (the pinned 1.29.0) runs as fused kernels; ``--opset 18`` writes the
 same computation from basic ops, for runtimes without them. The default task is ``embedding`` for a
-sentence-transformers directory, ``mlm`` otherwise. The traced graph is model.py's padded computation (a boolean key
-mask; fixed-shape, so exportable): it equals the unpadded PyTorch outputs within float32 rounding. Imports torch,
-onnxscript and onnxruntime.
+sentence-transformers directory, ``mlm`` otherwise. The traced graph computes the real tokens only: model.py's traced
+path (TracedRows) gathers them for the projections, norms and feed-forward, and onnx_rewrite turns each attention into
+a Loop over the documents (opset 23; at opset 18 attention stays on the padded rows with a key mask). It equals the
+unpadded PyTorch outputs within float32 rounding. Imports torch, onnxscript and onnxruntime.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -147,6 +149,19 @@ def trace(module: Exported, opset: int = DEFAULT_OPSET):
     )
 
 
+def rewrite(path: Path) -> None:
+  """Rewrites the graph at ``path`` for onnxruntime's speed, exactly (onnx_rewrite: attention per document, where it
+  has ONNX's Attention op; fused projections split)."""
+  import onnx
+
+  from neobert_jax.convert import onnx_rewrite
+
+  graph = onnx.load(str(path))
+  if any(onnx_rewrite.rewrite(graph).values()):
+    onnx.checker.check_model(graph)
+    onnx.save(graph, str(path))
+
+
 def quantize(source: Path, target: Path) -> None:
   """int8 weights for every MatMul of ``source`` (dynamic quantization: activations are quantized at run time);
   checked to be a valid graph that onnxruntime loads."""
@@ -154,7 +169,15 @@ def quantize(source: Path, target: Path) -> None:
   import onnxruntime
   from onnxruntime.quantization import QuantType, quantize_dynamic
 
-  quantize_dynamic(str(source), str(target), op_types_to_quantize=['MatMul'], weight_type=QuantType.QInt8)
+  # Without the exporter's shape annotations: the quantizer turns each Gemm (a Linear on the [tokens, hidden] matrix)
+  # into a MatMul on its transposed weight, and its own shape inference then contradicts the stale annotations.
+  graph = onnx.load(str(source))
+  del graph.graph.value_info[:]
+  with tempfile.TemporaryDirectory() as tmp:
+    bare = Path(tmp) / 'model.onnx'
+    onnx.save(graph, str(bare))
+    del graph
+    quantize_dynamic(str(bare), str(target), op_types_to_quantize=['MatMul'], weight_type=QuantType.QInt8)
   onnx.checker.check_model(str(target))
   onnxruntime.InferenceSession(str(target), providers=['CPUExecutionProvider'])
 
@@ -178,6 +201,7 @@ def export_onnx(
   def fill(tmp: Path) -> None:
     (tmp / ONNX_NAME).parent.mkdir()
     program.save(str(tmp / ONNX_NAME))
+    rewrite(tmp / ONNX_NAME)
     quantize(tmp / ONNX_NAME, tmp / QUANTIZED_NAME)
     for name in ST_FILES:
       if (src / name).is_file():

@@ -65,9 +65,19 @@ def apply_rotary_qk(qk: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> t
     The same rotation of the same pairs as apply_rotary, in float32; one kernel instead of several elementwise ones
     (complex numbers cannot be traced to ONNX, so the padded, traceable path keeps apply_rotary).
     """
+    if tracing():
+        return apply_rotary(qk, cos[:, None], sin[:, None])
     pairs = torch.view_as_complex(qk.float().unflatten(-1, (-1, 2)))
     turns = torch.complex(cos, sin)[:, None, None, :]  # broadcast over heads and over q / k
     return torch.view_as_real(pairs * turns).flatten(-2).to(qk.dtype)
+
+
+def add_linear(x: torch.Tensor, linear: nn.Linear, h: torch.Tensor) -> torch.Tensor:
+    """x + linear(h). In eager inference on the [tokens, D] matrix, one GEMM that accumulates into a copy of x
+    (addmm), so the residual add costs no pass of its own."""
+    if linear.bias is None and x.dim() == 2 and h.dim() == 2 and not torch.is_grad_enabled() and not tracing():
+        return torch.addmm(x, h, linear.weight.t())
+    return x + linear(h)
 
 
 class SwiGLU(nn.Module):
@@ -76,14 +86,17 @@ class SwiGLU(nn.Module):
         self.w12 = nn.Linear(dim, 2 * hidden, bias=bias)  # rows [0, hidden) are the gate
         self.w3 = nn.Linear(hidden, dim, bias=bias)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, residual: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """w3(silu(gate) * up), plus ``residual`` when given (add_linear)."""
         gate, up = self.w12(x).chunk(2, dim=-1)
         if torch.is_grad_enabled() or tracing():
-            return self.w3(F.silu(gate) * up)
-        # Eager inference: the activation overwrites the gate's half of w12's output, so no new [tokens, hidden]
-        # buffer is allocated and filled. (Autograd needs both halves kept; a traced graph would turn the in-place
-        # write into a scatter into the whole output.)
-        return self.w3(F.silu(gate, inplace=True).mul_(up))
+            h = F.silu(gate) * up
+        else:
+            # Eager inference: the activation overwrites the gate's half of w12's output, so no new [tokens, hidden]
+            # buffer is allocated and filled. (Autograd needs both halves kept; a traced graph would turn the
+            # in-place write into a scatter into the whole output.)
+            h = F.silu(gate, inplace=True).mul_(up)
+        return self.w3(h) if residual is None else add_linear(residual, self.w3, h)
 
 
 def output_options(

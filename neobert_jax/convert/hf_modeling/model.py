@@ -17,9 +17,10 @@ id per token, 0 = padding; positions restart per document unless ``position_ids`
 [n_docs + 1] with ``input_ids`` [1, total] (``max_seqlen`` is accepted and unused).
 
 Unpadding (``unpadding.py``, shipped beside this file with ``layers.py``): padded batches and packed rows are
-computed on their real tokens only, with attention per document. The padded computation (a boolean mask, fixed
-shapes) runs instead for eager attention (``attn_implementation="eager"``, ``output_attentions``, ``head_mask``),
-under ``torch.onnx`` / ``torch.export`` / ``torch.jit`` tracing, and with ``config.unpad_inputs = False``. Every path
+computed on their real tokens only, with attention per document; traced (``torch.onnx`` / ``torch.export`` /
+``torch.jit``), a padded batch's dense layers run on its real tokens and attention on the padded rows (TracedRows).
+The padded computation (a boolean mask) runs for eager attention (``attn_implementation="eager"``,
+``output_attentions``, ``head_mask``) and with ``config.unpad_inputs = False``. Every path
 returns zeros at padded positions of ``last_hidden_state``, ``hidden_states`` and ``logits``.
 
 transformers conventions: ``output_hidden_states``, ``output_attentions`` and ``return_dict`` left None take the
@@ -44,8 +45,8 @@ from transformers.modeling_outputs import BaseModelOutput, MaskedLMOutput, Seque
 
 # The parity tests, torch_ref and benchmarks use these names through this module (ATTENTION_CALL_COST too).
 from .layers import RMSNorm, SwiGLU, apply_rotary, apply_rotary_qk, classification_loss, layer_head_masks  # noqa: F401
-from .layers import output_options, pool, rotary_cos_sin, swiglu_hidden_size  # noqa: F401
-from .unpadding import ATTENTION_CALL_COST, UnpaddedRows, masking_inputs, padded_mask  # noqa: F401
+from .layers import add_linear, output_options, pool, rotary_cos_sin, swiglu_hidden_size  # noqa: F401
+from .unpadding import ATTENTION_CALL_COST, TracedRows, UnpaddedRows, masking_inputs, padded_mask  # noqa: F401
 from .unpadding import positions_from_segment_ids, segment_ids_from_cu_seqlens  # noqa: F401
 from .unpadding import tracing as _tracing
 
@@ -169,8 +170,8 @@ class EncoderBlock(GradientCheckpointingLayer):
             qkv = qkv.view(-1, self.num_heads, 3, self.head_dim)
             qk = apply_rotary_qk(qkv[:, :, :2], cos, sin)
             attn = rows.attend(qk[:, :, 0], qk[:, :, 1], qkv[:, :, 2])
-        x = x + self.wo(attn)
-        x = x + self.ffn(self.ffn_norm(x))
+        x = add_linear(x, self.wo, attn)
+        x = self.ffn(self.ffn_norm(x), residual=x)
         return x, weights
 
 
@@ -221,9 +222,11 @@ class NeoBERT(NeoBERTPreTrainedModel):
         self, real: Optional[torch.Tensor], segment_ids: Optional[torch.Tensor], eager: bool
     ) -> Optional[UnpaddedRows]:
         """The unpadded layout (inputs as from unpadding.masking_inputs) when it pays and may run: packed rows, or a batch with
-        padding, unless the attention must be the eager softmax. None means the padded computation."""
-        if eager or not getattr(self.config, "unpad_inputs", True) or _tracing():
+        padding (traced: TracedRows), unless the attention must be the eager softmax. None: the padded computation."""
+        if eager or not getattr(self.config, "unpad_inputs", True):
             return None
+        if _tracing():
+            return TracedRows(real) if real is not None and segment_ids is None else None
         if segment_ids is not None:
             return UnpaddedRows(segment_ids != 0, documents=segment_ids)
         return None if real is None else UnpaddedRows(real)
@@ -244,10 +247,9 @@ class NeoBERT(NeoBERTPreTrainedModel):
         [B, T, ...] with zeros at padded positions; hidden states per layer, placed, or None; attention weights or
         None).
 
-        Padded batches and packed rows are computed unpadded (UnpaddedRows), unless the attention must be the eager
-        softmax (attn_implementation "eager", output_attentions, head_mask), ``config.unpad_inputs`` is False or the
-        model is being traced: then the padded rows are, and padded positions are zeroed after, so every path returns
-        the same tensors, traced graphs included."""
+        Padded batches and packed rows are computed unpadded (UnpaddedRows; traced, TracedRows), unless the attention
+        must be the eager softmax (attn_implementation "eager", output_attentions, head_mask) or ``config.unpad_inputs``
+        is False: then the padded rows are, zeroed at padding after, so every path returns the same tensors."""
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("pass exactly one of input_ids or inputs_embeds")
         x = self.encoder(input_ids) if input_ids is not None else inputs_embeds

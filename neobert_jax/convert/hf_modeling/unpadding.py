@@ -110,6 +110,27 @@ class UnpaddedRows:
         return attn.flatten(1)
 
 
+class TracedRows:
+    """Unpadding a traced graph can hold (an ONNX graph's shapes cannot depend on Python loops over the data): the
+    real tokens of a padded batch gathered into [tokens, D] for the dense layers, as UnpaddedRows does, and attention
+    on the padded [B, T] layout with a key mask, the tokens scattered into it and gathered back. Only the attention
+    computes padded positions; the projections, norms and feed-forward (most of the work) do not."""
+
+    def __init__(self, real: torch.Tensor):
+        self.batch, self.length = real.shape
+        self.index = real.flatten().nonzero().squeeze(1)  # [tokens]: its size depends on the data
+        self.mask = padded_mask(real, None)
+
+    gather = UnpaddedRows.gather
+    scatter = UnpaddedRows.scatter
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """q, k, v [tokens, H, Dh] -> [tokens, H * Dh], attention within each row."""
+        q, k, v = (self.scatter(t).transpose(1, 2) for t in (q, k, v))  # [B, H, T, Dh], zeros at padding
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=self.mask, dropout_p=0.0)
+        return self.gather(out.transpose(1, 2).flatten(2))
+
+
 def segment_ids_from_cu_seqlens(cu_seqlens: torch.Tensor, total: int) -> torch.Tensor:
     """[total] 1-based document ids from cumulative boundaries [0, l0, l0+l1, ...]; tokens past the end get 0."""
     cu = cu_seqlens.to(torch.long).flatten()
