@@ -119,8 +119,9 @@ def run_child(cfg_in) -> int:
   try:
     # On the real hardware 'auto' settings resolve from jax.default_backend(); here that is the CPU, so the
     # trainer's own resolution (config/train.resolve, the same table) runs for the target's platform and devices.
-    cfg, choice = train_config.resolve(
+    cfg, choice = train_config.resolve_run(
       train_config.typed(cfg_in),
+      _data_facts(cfg_in),
       platform=target.platform,
       compute_capability=target.compute_capability,
       num_devices=target.num_devices,
@@ -286,6 +287,15 @@ def run_plan(cfg, target: targets.Target) -> int:
   return 0
 
 
+def _data_facts(cfg):
+  """What the compile knows of the run's data for config/train.resolve_run: a mixture's record (the compile
+  opens no data; check_mixture has checked the sources)."""
+  from neobert_jax.config import train as train_config  # pylint: disable=g-import-not-at-top
+  from neobert_jax.data import mixture  # pylint: disable=g-import-not-at-top
+
+  return train_config.DataFacts(mixture=mixture.read(cfg.data.mixture).record() if cfg.data.mixture else '')
+
+
 def check_mixture(cfg) -> str | None:
   """A mixture (data.mixture) refused as training refuses it, before any compile or download: the file's own
   checks (docs/data.md), and its sources' manifests against each other and the model (tokenizer, vocabulary,
@@ -301,7 +311,7 @@ def check_mixture(cfg) -> str | None:
   except ValueError as e:
     raise errors.ConfigError(str(e)) from None
   try:
-    prepared.open_sources(cfg.data, cfg.model.max_length, cfg.model.vocab_size)
+    prepared.open_data(cfg.data, cfg.model.max_length, cfg.model.vocab_size)
   except errors.StorageError as e:
     return f'data.mixture: the sources were not checked ({errors.one_line(e)})'
   return None

@@ -14,9 +14,11 @@ The defaults are NeoBERT's stage-1 recipe (see configs/neobert_250m.py for the v
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from pathlib import Path
+from typing import Any, Callable, Mapping
 
 import jax
 import ml_collections
@@ -25,7 +27,7 @@ from neobert_jax import config as config_lib
 from neobert_jax import paths
 from neobert_jax import sharding as shd
 from neobert_jax.config import ramp
-from neobert_jax.config.data import LABELLED_TASKS, default_data_config, validate_data_config
+from neobert_jax.config.data import LABELLED_TASKS, auto_virtual_shards, default_data_config, validate_data_config
 from neobert_jax.config.model import Choice, default_model_config, resolve_numerics, validate_model_config
 from neobert_jax.config.optimizer import (
   adamw_ranges,
@@ -334,6 +336,61 @@ def resolve(
     choice = resolve_numerics(out.model, platform=platform, packed=packed, compute_capability=compute_capability)
   except ValueError as e:
     raise ConfigError(str(e)) from None
+  return out, choice
+
+
+@dataclasses.dataclass(frozen=True)
+class DataFacts:
+  """What the run's data says about its config, as the data layer found it (config/ opens nothing): plain values.
+
+  `mixture`: the mixture's sources and weights as a run records them (Mixture.record; '' for a plain data.dir).
+  `tokenizer`: the spec the data was prepared with; '' while the data is not opened (only `mixture` is known then).
+  `block_docs`: (virtual shards, data.mixture_block_docs as given or recorded) -> data.mixture_block_docs resolved
+  (a mixture's only; ValueError for a bad value)."""
+
+  mixture: str = ''
+  tokenizer: str = ''
+  block_docs: Callable[[int, str], str] | None = None
+
+
+def resolve_run(
+  cfg: ml_collections.ConfigDict,
+  data: DataFacts | None = None,
+  recorded: Mapping[str, Any] | None = None,
+  *,
+  process_count: int | None = None,
+  platform: str | None = None,
+  compute_capability: str | None = None,
+  num_devices: int | None = None,
+) -> tuple[ml_collections.ConfigDict, Choice]:
+  """The run's config resolved, the one place every resolved field is set (the trainer and the compile command call
+  it): the run-time choices (`resolve`), then, with `data`, what the data decides.
+
+  `recorded`: the data section a resumed run recorded, or with init.continue_data the source run's stream fields
+  (virtual_shards, mixture_block_docs); each is what an unset field takes before its default. Resolved:
+  data.mixture_sources (the mixture's record, so a resume sees, and config_history.jsonl keeps, a change of
+  weights); and once the data is open (data.tokenizer given): data.tokenizer (set, else recorded, else the data's),
+  data.virtual_shards (set, else recorded, else automatic for this start's global batch and `process_count`) and a
+  mixture's data.mixture_block_docs (set, else recorded, else resolved for those virtual shards)."""
+  out, choice = resolve(cfg, platform=platform, compute_capability=compute_capability, num_devices=num_devices)
+  if data is None:
+    return out, choice
+  d, recorded = out.data, recorded or {}
+  d.mixture_sources = data.mixture
+  if not data.tokenizer:
+    return out, choice
+  d.tokenizer = d.tokenizer or str(recorded.get('tokenizer', '')) or data.tokenizer
+  nproc = jax.process_count() if process_count is None else process_count
+  d.virtual_shards = (
+    d.virtual_shards or int(recorded.get('virtual_shards', 0)) or auto_virtual_shards(ramp.read_rows(out), nproc)
+  )
+  if data.block_docs is not None:
+    try:
+      d.mixture_block_docs = data.block_docs(
+        d.virtual_shards, d.mixture_block_docs or str(recorded.get('mixture_block_docs', ''))
+      )
+    except ValueError as e:
+      raise ConfigError(str(e)) from None
   return out, choice
 
 

@@ -89,19 +89,25 @@ def context_baselines(
   return out
 
 
-def source_baselines(data_cfg: ml_collections.ConfigDict, seq_len: int, mask_rate: float, when: str) -> dict[str, dict]:
-  """A mixture's bars per source ({} without a mixture): each source's own held-out split and training sample, as
-  context_baselines computes them for one data.dir. A source without a held-out split has none, nor one the run
+def source_baselines(
+  data_cfg: ml_collections.ConfigDict,
+  seq_len: int,
+  mask_rate: float,
+  when: str,
+  sources: prepared.Sources | None = None,
+) -> dict[str, dict]:
+  """A mixture's bars per source ({} for a plain data.dir): each source's own held-out split and training sample,
+  as context_baselines computes them for one data.dir. A source without a held-out split has none, nor one the run
   read record by record from a bucket unless `when` (eval.baselines) is 'on' or they are cached: counting its
-  training sample would read more of it than the run did, and its bytes would no longer follow the weights."""
-  if not data_cfg.mixture or when == 'off':
+  training sample would read more of it than the run did, and its bytes would no longer follow the weights.
+  `sources`: the run's, as it opened them (default: opened here)."""
+  sources = sources or prepared.open_data(data_cfg, seq_len)
+  if sources.mix.plain or when == 'off':
     return {}
-  sources = prepared.open_sources(data_cfg, seq_len)
   out = {}
-  for name, (directory, manifest) in sources.items():
-    if not manifest['splits'].get('eval', {}).get('shards'):
-      continue
-    one = prepared.source_config(data_cfg, directory, len(sources))
+  for name in sources.with_eval():
+    directory, manifest = sources.opened[name]
+    one = sources.config(data_cfg, name)
     count = when == 'on' or not prepared.reads_records(one, directory, manifest['splits']['train']['shards'], True)
     bars = context_baselines(one, seq_len, mask_rate, count)
     if bars is None:
@@ -317,17 +323,24 @@ def fill_mask(
   return out
 
 
-def report(cfg: ml_collections.ConfigDict, workdir: Path, evals: list[dict[str, float]]) -> dict[str, Any]:
+def report(
+  cfg: ml_collections.ConfigDict,
+  workdir: Path,
+  evals: list[dict[str, float]],
+  sources: prepared.Sources | None = None,
+) -> dict[str, Any]:
   """Logs the held-out loss against the baselines, writes the curve (table and plot), shows fill-mask examples if
-  the run exported, and records the figures in WORKDIR/report.json (the exports' model card quotes them)."""
+  the run exported, and records the figures in WORKDIR/report.json (the exports' model card quotes them).
+  `sources`: the run's data as it opened it (default: opened here)."""
   seq_len = cfg.model.max_length
   mask_rate, when = train_config.eval_mask_rate(cfg), cfg.eval.baselines
-  per_bars = source_baselines(cfg.data, seq_len, mask_rate, when)
+  sources = sources or prepared.open_data(cfg.data, seq_len)
+  per_bars = source_baselines(cfg.data, seq_len, mask_rate, when, sources)
   # The curve's bars: one source's (a mixture's first by name, computed once), each source's below.
   bars = None
   if per_bars:
     bars = next(iter(per_bars.values()))
-  elif not cfg.data.mixture and when != 'off':
+  elif sources.mix.plain and when != 'off':
     bars = context_baselines(cfg.data, seq_len, mask_rate)
   table = write_curve_table(workdir, bars, max(cfg.logging.log_every, 1) * 5)
   plot = write_curve_plot(workdir, bars)
@@ -382,7 +395,7 @@ def report(cfg: ml_collections.ConfigDict, workdir: Path, evals: list[dict[str, 
       )
   if cfg.export.hf_dir:
     try:
-      filled = fill_mask(cfg.export.hf_dir, cfg.data, seq_len)
+      filled = fill_mask(cfg.export.hf_dir, sources.config(cfg.data, sources.mix.names[0], False), seq_len)
     except ImportError as e:  # the torch extra is optional for training
       log.info('fill-mask examples need torch and transformers (pip install .[torch]): %s', e)
     else:
