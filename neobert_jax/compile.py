@@ -105,6 +105,7 @@ def run_child(cfg_in) -> int:
   import jax
   from neobert_jax.aot import report as report_lib
   from neobert_jax.config import train as train_config
+  from neobert_jax.data import mixture
   from neobert_jax.train import mlm
 
   # Initialise the backends first: plugin discovery is what preloads the pip cuDNN library, and the cuDNN
@@ -119,9 +120,9 @@ def run_child(cfg_in) -> int:
   try:
     # On the real hardware 'auto' settings resolve from jax.default_backend(); here that is the CPU, so the
     # trainer's own resolution (config/train.resolve, the same table) runs for the target's platform and devices.
-    cfg, choice = train_config.resolve_run(
+    cfg, choice = train_config.resolve(
       train_config.typed(cfg_in),
-      _data_facts(cfg_in),
+      train_config.DataFacts(mixture=mixture.read(cfg_in.data.mixture).record() if cfg_in.data.mixture else ''),
       platform=target.platform,
       compute_capability=target.compute_capability,
       num_devices=target.num_devices,
@@ -285,15 +286,6 @@ def run_plan(cfg, target: targets.Target) -> int:
     return 4
   print('recommended: ' + ' '.join(best.overrides()))
   return 0
-
-
-def _data_facts(cfg):
-  """What the compile knows of the run's data for config/train.resolve_run: a mixture's record (the compile
-  opens no data; check_mixture has checked the sources)."""
-  from neobert_jax.config import train as train_config  # pylint: disable=g-import-not-at-top
-  from neobert_jax.data import mixture  # pylint: disable=g-import-not-at-top
-
-  return train_config.DataFacts(mixture=mixture.read(cfg.data.mixture).record() if cfg.data.mixture else '')
 
 
 def check_mixture(cfg) -> str | None:

@@ -1,4 +1,4 @@
-"""No module outside neobert_jax/config/ assigns a config field: resolution is config/'s (config/train.resolve_run,
+"""No module outside neobert_jax/config/ assigns a config field: resolution is config/'s (config/train.resolve,
 config/finetune.resolve), and code elsewhere that needs another config derives one with config.replace.
 
 Read from the source (ast; nothing is run). An assignment is a config field's when its target is an attribute

@@ -8,7 +8,7 @@ devices / processes, values out of range. Each section checks itself (config/mod
 _validate_optimizer); the checks across sections are here. The vocabulary-vs-tokenizer check needs the prepared
 data's manifest, so the trainer runs it (via the data pipeline's open_prepared) right after these, still before
 the model. `resolve`, beside `validate`, fills in the run-time choices (compute dtype, mesh sizes, attention kernel)
-once, for pretraining and the compile command alike; config.json records the result.
+and what the data decides, once, for pretraining and the compile command alike; config.json records the result.
 The defaults are NeoBERT's stage-1 recipe (see configs/neobert_250m.py for the values spelled out).
 """
 
@@ -310,50 +310,17 @@ def validate(
   return cfg
 
 
-def resolve(
-  cfg: ml_collections.ConfigDict,
-  *,
-  platform: str | None = None,
-  compute_capability: str | None = None,
-  num_devices: int | None = None,
-) -> tuple[ml_collections.ConfigDict, Choice]:
-  """(a copy of the validated `cfg` with its run-time choices filled in, as config.json records them; the attention
-  choice with its reason, for the log or the compile report).
-
-  Filled in: model.dtype ('auto': resolve_dtype), the mesh sizes (-1: mesh_shape for `num_devices`, default this
-  process's devices) and model.attention_impl (choose_attention). `platform` and `compute_capability` default to
-  this process's backend; the compile command passes its target's. Raises ConfigError when an explicit kernel
-  cannot run there.
-  """
-  if platform is None:
-    platform = jax.default_backend()
-    if platform == 'gpu':
-      compute_capability = getattr(jax.devices()[0], 'compute_capability', None)
-  out = ml_collections.ConfigDict(cfg.to_dict())
-  out.mesh = ml_collections.ConfigDict(mesh_shape(cfg, num_devices))
-  packed = cfg.data.packing == 'packed'
-  try:
-    choice = resolve_numerics(out.model, platform=platform, packed=packed, compute_capability=compute_capability)
-  except ValueError as e:
-    raise ConfigError(str(e)) from None
-  return out, choice
-
-
 @dataclasses.dataclass(frozen=True)
 class DataFacts:
-  """What the run's data says about its config, as the data layer found it (config/ opens nothing): plain values.
+  """What the run's data says about its config, as the data layer found it (config/ opens nothing)."""
 
-  `mixture`: the mixture's sources and weights as a run records them (Mixture.record; '' for a plain data.dir).
-  `tokenizer`: the spec the data was prepared with; '' while the data is not opened (only `mixture` is known then).
-  `block_docs`: (virtual shards, data.mixture_block_docs as given or recorded) -> data.mixture_block_docs resolved
-  (a mixture's only; ValueError for a bad value)."""
-
-  mixture: str = ''
-  tokenizer: str = ''
+  mixture: str = ''  # the mixture's sources and weights as recorded (Mixture.record; '' for a plain data.dir)
+  tokenizer: str = ''  # the spec the data was prepared with; '' while the data is not open
+  # (virtual shards, data.mixture_block_docs given or recorded) -> it resolved (a mixture's; ValueError if bad)
   block_docs: Callable[[int, str], str] | None = None
 
 
-def resolve_run(
+def resolve(
   cfg: ml_collections.ConfigDict,
   data: DataFacts | None = None,
   recorded: Mapping[str, Any] | None = None,
@@ -363,16 +330,28 @@ def resolve_run(
   compute_capability: str | None = None,
   num_devices: int | None = None,
 ) -> tuple[ml_collections.ConfigDict, Choice]:
-  """The run's config resolved, the one place every resolved field is set (the trainer and the compile command call
-  it): the run-time choices (`resolve`), then, with `data`, what the data decides.
+  """(a copy of the validated `cfg` resolved, as config.json records it; the attention choice with its reason, for
+  the log or the compile report): the one place a resolved field is set, for the trainer and the compile command.
 
-  `recorded`: the data section a resumed run recorded, or with init.continue_data the source run's stream fields
-  (virtual_shards, mixture_block_docs); each is what an unset field takes before its default. Resolved:
-  data.mixture_sources (the mixture's record, so a resume sees, and config_history.jsonl keeps, a change of
-  weights); and once the data is open (data.tokenizer given): data.tokenizer (set, else recorded, else the data's),
-  data.virtual_shards (set, else recorded, else automatic for this start's global batch and `process_count`) and a
-  mixture's data.mixture_block_docs (set, else recorded, else resolved for those virtual shards)."""
-  out, choice = resolve(cfg, platform=platform, compute_capability=compute_capability, num_devices=num_devices)
+  Always: model.dtype ('auto': resolve_dtype), the mesh sizes (-1: mesh_shape for `num_devices`, default this
+  process's devices) and model.attention_impl (choose_attention); `platform` and `compute_capability` default to
+  this process's backend (the compile command passes its target's). ConfigError when an explicit kernel cannot
+  run there. With `data`: data.mixture_sources (so a resume sees, and config_history.jsonl keeps, new weights);
+  once the data is open (data.tokenizer given), data.tokenizer, data.virtual_shards (automatic for this start's
+  global batch and `process_count`) and a mixture's data.mixture_block_docs, each set, else `recorded` (a resumed
+  run's data section, or with init.continue_data the source run's stream fields), else the data's."""
+  if platform is None:
+    platform = jax.default_backend()
+    if platform == 'gpu':
+      compute_capability = getattr(jax.devices()[0], 'compute_capability', None)
+  out = ml_collections.ConfigDict(cfg.to_dict())
+  out.mesh = ml_collections.ConfigDict(mesh_shape(cfg, num_devices))
+  try:
+    choice = resolve_numerics(
+      out.model, platform=platform, packed=cfg.data.packing == 'packed', compute_capability=compute_capability
+    )
+  except ValueError as e:
+    raise ConfigError(str(e)) from None
   if data is None:
     return out, choice
   d, recorded = out.data, recorded or {}
@@ -386,9 +365,8 @@ def resolve_run(
   )
   if data.block_docs is not None:
     try:
-      d.mixture_block_docs = data.block_docs(
-        d.virtual_shards, d.mixture_block_docs or str(recorded.get('mixture_block_docs', ''))
-      )
+      given = d.mixture_block_docs or str(recorded.get('mixture_block_docs', ''))
+      d.mixture_block_docs = data.block_docs(d.virtual_shards, given)
     except ValueError as e:
       raise ConfigError(str(e)) from None
   return out, choice

@@ -100,7 +100,7 @@ def _check_rows(limit: int) -> Callable[[int, dict], None]:
 def plan_run(
   cfg: ml_collections.ConfigDict, workdir: paths.Path
 ) -> tuple[ml_collections.FrozenConfigDict, Any, pipeline.Sources]:
-  """The run's config, validated and resolved once (config/train.resolve_run), frozen (nothing past here changes
+  """The run's config, validated and resolved once (config/train.resolve), frozen (nothing past here changes
   it), its resume plan, and its training data, opened.
 
   The data is read once here: the mixture file (or data.dir, a mixture of one), then the sources' manifests. The
@@ -112,7 +112,7 @@ def plan_run(
   seq = cfg.model.max_length
   mix = pipeline.read_mixture(cfg.data, seq) if cfg.data.mixture else None
   # What is known before the data is opened: the run-time choices and the mixture's weights, for the resume check.
-  known, choice = train_config.resolve_run(cfg, train_config.DataFacts(mixture=mix.record() if mix else ''))
+  known, choice = train_config.resolve(cfg, train_config.DataFacts(mixture=mix.record() if mix else ''))
   if jax.process_index() == 0:
     log.info('attention kernel: %s', choice.describe())
     if choice.warning:
@@ -134,7 +134,7 @@ def plan_run(
     if sources.mix.plain
     else lambda count, given: mixture_lib.format_block_docs(sources.block_docs(cfg.data.block_docs, given, count)),
   )
-  cfg, _ = train_config.resolve_run(cfg, facts, recorded)
+  cfg, _ = train_config.resolve(cfg, facts, recorded)
   return ml_collections.FrozenConfigDict(cfg), plan, sources
 
 

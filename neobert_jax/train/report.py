@@ -96,19 +96,18 @@ def source_baselines(
   when: str,
   sources: prepared.Sources | None = None,
 ) -> dict[str, dict]:
-  """A mixture's bars per source ({} for a plain data.dir): each source's own held-out split and training sample,
-  as context_baselines computes them for one data.dir. A source without a held-out split has none, nor one the run
-  read record by record from a bucket unless `when` (eval.baselines) is 'on' or they are cached: counting its
-  training sample would read more of it than the run did, and its bytes would no longer follow the weights.
-  `sources`: the run's, as it opened them (default: opened here)."""
+  """The bars of each source (`sources`: the run's, default opened here): its own held-out split and training
+  sample, as context_baselines computes them for one directory. A source without a held-out split has none, nor a
+  mixture's source the run read record by record from a bucket unless `when` (eval.baselines) is 'on' or they are
+  cached: counting its training sample would read more of it than the run did, and its bytes would no longer
+  follow the weights."""
   sources = sources or prepared.open_data(data_cfg, seq_len)
-  if sources.mix.plain or when == 'off':
-    return {}
   out = {}
-  for name in sources.with_eval():
+  for name in sources.with_eval() if when != 'off' else ():
     directory, manifest = sources.opened[name]
     one = sources.config(data_cfg, name)
-    count = when == 'on' or not prepared.reads_records(one, directory, manifest['splits']['train']['shards'], True)
+    count = when == 'on' or sources.mix.plain
+    count = count or not prepared.reads_records(one, directory, manifest['splits']['train']['shards'], True)
     bars = context_baselines(one, seq_len, mask_rate, count)
     if bars is None:
       log.info(
@@ -336,12 +335,9 @@ def report(
   mask_rate, when = train_config.eval_mask_rate(cfg), cfg.eval.baselines
   sources = sources or prepared.open_data(cfg.data, seq_len)
   per_bars = source_baselines(cfg.data, seq_len, mask_rate, when, sources)
-  # The curve's bars: one source's (a mixture's first by name, computed once), each source's below.
-  bars = None
-  if per_bars:
-    bars = next(iter(per_bars.values()))
-  elif sources.mix.plain and when != 'off':
-    bars = context_baselines(cfg.data, seq_len, mask_rate)
+  # The curve's bars: one source's (a mixture's first by name), a mixture's each source's below.
+  bars = next(iter(per_bars.values()), None)
+  per_bars = {} if sources.mix.plain else per_bars
   table = write_curve_table(workdir, bars, max(cfg.logging.log_every, 1) * 5)
   plot = write_curve_plot(workdir, bars)
   out: dict[str, Any] = {'curve': str(table)}

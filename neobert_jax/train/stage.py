@@ -81,7 +81,7 @@ def check(cfg: ml_collections.ConfigDict, src: Source | None) -> dict[str, Any] 
 
 def stream(cfg: ml_collections.ConfigDict, src: Source | None) -> dict[str, Any]:
   """With init.continue_data, the source run's recorded layout of its row stream, which this run continues (what
-  config/train.resolve_run takes for the fields left unset); {} otherwise."""
+  config/train.resolve takes for the fields left unset); {} otherwise."""
   if src is None or src.kind != 'run' or not cfg.init.continue_data:
     return {}
   data = src.run_config.to_dict()['data']

@@ -24,17 +24,14 @@ def prepare_builtin(data_cfg: ml_collections.ConfigDict, seq_len: int) -> None:
   """The explicit preparation step of a run on the built-in corpus (data.dir empty): fetches and tokenizes it once
   per machine. Opening prepared data (below) never does; the train command calls this first."""
   if not data_cfg.dir and not data_cfg.mixture:
-    from neobert_jax.data.prepare import corpus  # pylint: disable=g-import-not-at-top
-
-    corpus.default_prepared_dir(max_length=seq_len, tokenizer=data_cfg.tokenizer or tokenizer_lib.BUILTIN_BERT)
+    _builtin_dir(data_cfg, seq_len, build=True)
 
 
-def _builtin_dir(data_cfg: ml_collections.ConfigDict, seq_len: int) -> str:
+def _builtin_dir(data_cfg: ml_collections.ConfigDict, seq_len: int, build: bool = False) -> str:
   from neobert_jax.data.prepare import corpus  # pylint: disable=g-import-not-at-top
 
-  return corpus.default_prepared_dir(
-    max_length=seq_len, tokenizer=data_cfg.tokenizer or tokenizer_lib.BUILTIN_BERT, build=False
-  )
+  tokenizer = data_cfg.tokenizer or tokenizer_lib.BUILTIN_BERT
+  return corpus.default_prepared_dir(max_length=seq_len, tokenizer=tokenizer, build=build)
 
 
 def open_prepared(
@@ -46,8 +43,6 @@ def open_prepared(
   been prepared (prepare_builtin); otherwise the error names the command that prepares it.
   """
   data_config.validate_data_config(data_cfg)
-  if data_cfg.mixture:  # its sources, checked against each other: the first stands for all
-    return next(iter(open_data(data_cfg, seq_len, model_vocab_size).opened.values()))
   directory = data_cfg.dir or _builtin_dir(data_cfg, seq_len)
   if paths.is_url(directory):
     url = paths.resolve(directory, 'data.dir')
