@@ -126,7 +126,7 @@ def plan_run(
   # The one place a run may tokenize: the built-in corpus, with the tokenizer set, else the one a resumed run recorded.
   data_cfg = config_lib.replace(cfg.data, {'tokenizer': cfg.data.tokenizer or recorded.get('tokenizer', '')})
   pipeline.prepare_builtin(data_cfg, seq)
-  sources = pipeline.open_data(data_cfg, seq, mix=mix or pipeline.read_mixture(data_cfg, seq))
+  sources = pipeline.open_data(data_cfg, seq, mix=mix)
   facts = train_config.DataFacts(
     mixture=known.data.mixture_sources,
     tokenizer=sources.tokenizer(),

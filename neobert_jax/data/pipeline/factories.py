@@ -206,7 +206,7 @@ def make_eval_iterator(
     blocks = blocks.repeat()
   seed = _seed(data_cfg.shuffle_seed, seed)
   blocks = blocks.map_with_index(builder.BlockBuilder.for_source(data_cfg, manifest, seq_len, seed, 0))
-  return EvalBatches(host_batches.HostBatches({0: blocks}, batch_size_per_host, finite_pad=True), num_batches)
+  return EvalBatches(host_batches.HostBatches({0: blocks}, batch_size_per_host), num_batches)
 
 
 class EvalBatches:

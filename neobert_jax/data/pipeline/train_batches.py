@@ -1,15 +1,12 @@
-"""One host's training batches: the rows of every step drawn from the run's sources (data/mixture.py; a plain data.dir
-is a mixture of one).
+"""One host's training batches: each step's rows drawn from the run's sources (data/mixture.py; a plain data.dir
+is a mixture of one, whose rows are its own, in order).
 
-Every source is read by its own HostBatches (host_batches.py: its own virtual shards, store, packing and masking, so
-a packed row holds one source); each step the mixture's sampler says, per virtual shard (slot) this process owns,
-how many of the slot's B/V rows each source gives and where they go. A source's virtual shard v gives its rows only
-to slot v, so a process reads only its own share of every source, and the rows of a step do not depend on the
-process count. Of one source, every row of a slot is the source's, in order: the batches of the source read alone.
-
-The state is {'mixture': the sampler's credits, 'sources': {name: that source's position}} (state.py merges both
-across process counts). A position saved before sources had names (one source's {'stream', 'shards'}) restores
-into the run's one source.
+Every source is read by its own HostBatches (its virtual shards, store, packing and masking: a packed row holds one
+source); each step the sampler says, per virtual shard (slot) this process owns, how many of the slot's B/V rows
+each source gives and where they go. Source virtual shard v feeds only slot v, so a process reads only its share of
+every source and the rows of a step do not depend on the process count. The state is {'mixture': the sampler's
+credits, 'sources': {name: that source's position}}; a position saved before sources had names (one source's
+{'stream', 'shards'}) restores into the one source (upgrade_state).
 """
 
 from __future__ import annotations
