@@ -346,30 +346,17 @@ def report(
     log.info('baselines of the held-out loss:\n  %s', '\n  '.join(baseline_lines(bars)))
   if plot is not None:
     out['plot'] = str(plot)
-  if evals and bars is None:
-    out['eval_loss'] = evals[-1]['loss']
-    log.info(
-      'held-out MLM loss %.3f (accuracy %.3f) at step %d; loss curve %s',
-      evals[-1]['loss'],
-      evals[-1]['accuracy'],
-      evals[-1]['step'],
-      table,
-    )
-  elif evals:
+  if evals:
     last = evals[-1]
     out['eval_loss'] = last['loss']
-    gap = bars['neighbours']['loss'] - last['loss']
-    log.info(
-      'held-out MLM loss %.3f (accuracy %.3f) at step %d: %.3f below the unigram entropy, %s the neighbour-count '
-      'baseline; loss curve %s%s',
-      last['loss'],
-      last['accuracy'],
-      last['step'],
-      bars['held_out'] - last['loss'],
-      f'{gap:.3f} below' if gap > 0 else f'{-gap:.3f} above',
-      table,
-      f' and {plot}' if plot is not None else '',
-    )
+    said = ''
+    if bars is not None:
+      gap = bars['neighbours']['loss'] - last['loss']
+      beats = f'{gap:.3f} below' if gap > 0 else f'{-gap:.3f} above'
+      said = f': {bars["held_out"] - last["loss"]:.3f} below the unigram entropy, {beats} the neighbour-count baseline'
+    shown = f' and {plot}' if plot is not None and bars is not None else ''
+    step = (last['loss'], last['accuracy'], last['step'])
+    log.info('held-out MLM loss %.3f (accuracy %.3f) at step %d%s; loss curve %s%s', *step, said, table, shown)
     per_source = {k.removesuffix('/loss'): v for k, v in last.items() if k.endswith('/loss') and '/' in k}
     if per_source:
       out['eval_loss_per_source'] = per_source
