@@ -26,7 +26,7 @@ import numpy as np
 from neobert_jax import paths
 from neobert_jax.config import data as data_config
 from tests.support import synthetic_data
-from neobert_jax.data.pipeline import factories
+from neobert_jax.data.pipeline import factories, prepared
 
 WEIGHTS = {'web': 0.5, 'books': 0.3, 'code': 0.2}
 MARK = 900  # the third id of every document names its source
@@ -43,11 +43,8 @@ def _sources(root: str, docs: int, seq_len: int) -> None:
 
 def _time(cfg, batch: int, seq_len: int, steps: int, warmup: int) -> tuple[float, list[dict], dict]:
   """((row tokens per wall second, per CPU second), the timed batches, the stores: the mixture's by source)."""
-  it = factories.make_train_iterator(cfg, batch, seq_len, 0, prefetch=0) if not cfg.mixture else None
-  stores = {}
-  if it is None:
-    ds, stores = factories.mixture_source(cfg, batch, seq_len, 0, 0, 1)
-    it = iter(ds)
+  ds, stores = factories.train_batches(cfg, prepared.open_data(cfg, seq_len), batch, seq_len, 0, 0, 1)
+  it = iter(ds)
   for _ in range(warmup):  # every source's first block of every virtual shard is start-up, not throughput
     next(it)
   t0, c0 = time.perf_counter(), time.process_time()

@@ -105,6 +105,7 @@ def run_child(cfg_in) -> int:
   import jax
   from neobert_jax.aot import report as report_lib
   from neobert_jax.config import train as train_config
+  from neobert_jax.data import mixture
   from neobert_jax.train import mlm
 
   # Initialise the backends first: plugin discovery is what preloads the pip cuDNN library, and the cuDNN
@@ -121,6 +122,7 @@ def run_child(cfg_in) -> int:
     # trainer's own resolution (config/train.resolve, the same table) runs for the target's platform and devices.
     cfg, choice = train_config.resolve(
       train_config.typed(cfg_in),
+      train_config.DataFacts(mixture=mixture.read(cfg_in.data.mixture).record() if cfg_in.data.mixture else ''),
       platform=target.platform,
       compute_capability=target.compute_capability,
       num_devices=target.num_devices,
@@ -301,7 +303,7 @@ def check_mixture(cfg) -> str | None:
   except ValueError as e:
     raise errors.ConfigError(str(e)) from None
   try:
-    prepared.open_sources(cfg.data, cfg.model.max_length, cfg.model.vocab_size)
+    prepared.open_data(cfg.data, cfg.model.max_length, cfg.model.vocab_size)
   except errors.StorageError as e:
     return f'data.mixture: the sources were not checked ({errors.one_line(e)})'
   return None

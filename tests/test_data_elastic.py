@@ -56,7 +56,10 @@ def test_one_two_four_processes_continue_the_uninterrupted_rows(data_dir):
   got += pipeline_data.global_batches(two, 4)
   states = [it.get_state() for it in two]
   # each process holds the positions of its own virtual shards only: 0-3 and 4-7
-  assert [sorted(s['shards'], key=int) for s in states] == [['0', '1', '2', '3'], ['4', '5', '6', '7']]
+  assert [sorted(next(iter(s['sources'].values()))['shards'], key=int) for s in states] == [
+    ['0', '1', '2', '3'],
+    ['4', '5', '6', '7'],
+  ]
   four = _iters(cfg, 4, pipeline.merge_states(states))
   got += pipeline_data.global_batches(four, 4)
   back = _iters(cfg, 2, pipeline.merge_states([it.get_state() for it in four]))

@@ -64,8 +64,8 @@ def _sent(gcs, url, remote, monkeypatch, reads: str, steps: int, block_docs: int
     gcsfs.GCSFileSystem.clear_instance_cache()  # epath's filesystem was made for the server itself
     it = factories.make_train_iterator(_config(remote, reads, block_docs), BATCH, SEQ, 0)
     batches = [next(it) for _ in range(steps)]
-    stats = {n: it.store[n].stats for n in WEIGHTS}
-    for s in it.store.values():
+    stats = {n: it.stores[n].stats for n in WEIGHTS}
+    for s in it.stores.values():
       s.close()
   finally:
     proxy.close()

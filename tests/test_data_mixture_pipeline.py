@@ -15,7 +15,7 @@ from neobert_jax import errors
 from neobert_jax.config import data as data_config
 from neobert_jax.data import pipeline
 from tests.support import synthetic_data
-from neobert_jax.data.pipeline import factories
+from neobert_jax.data.pipeline import factories, prepared
 from neobert_jax.train import report
 from tests.support.tiny_train import assert_identical_params, tiny_config, train_only
 from neobert_jax.weights import runs
@@ -50,7 +50,7 @@ def _config(mixture: str, **kw):
 
 
 def _iterator(cfg, process_index=0, process_count=1, state=None):
-  ds, _ = factories.mixture_source(cfg, BATCH, SEQ, 0, process_index, process_count)
+  ds, _ = factories.train_batches(cfg, prepared.open_data(cfg, SEQ), BATCH, SEQ, 0, process_index, process_count)
   it = iter(ds)
   if state is not None:
     it.set_state(state)
@@ -147,14 +147,13 @@ def test_a_source_that_runs_out_starts_its_next_epoch_and_the_log_says_so(root, 
 
 def test_the_report_gives_each_source_its_own_baselines_next_to_its_loss(root, tmp_path, caplog):
   from neobert_jax.config import train as train_config
-  from neobert_jax.data.pipeline import prepared
 
   cfg = _train_config(_mixture(root, {'a': 0.7, 'b': 0.3}))
   rate = train_config.eval_mask_rate(cfg)
   per = report.source_baselines(cfg.data, SEQ, rate, 'auto')
   assert sorted(per) == ['a', 'b']
   for n in 'ab':  # each source's bars are those of that source read alone, from its own held-out split
-    assert per[n] == report.context_baselines(prepared.source_config(cfg.data, str(root / n)), SEQ, rate)
+    assert per[n] == report.context_baselines(data_config.source_config(cfg.data, str(root / n)), SEQ, rate)
   assert per['a']['held_out'] != per['b']['held_out']
   evals = [{'step': 6, 'loss': 5.0, 'accuracy': 0.1, 'a/loss': 4.0, 'b/loss': 6.0}]
   with caplog.at_level('INFO', logger='neobert_jax.train'):

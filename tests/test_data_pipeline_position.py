@@ -2,6 +2,7 @@
 step restores exactly, in the process count that wrote it or in another (the processes' files merged), at the cost
 of one block whatever the step; a step without one moves the iterator in O(1), with a warning."""
 
+import json
 import time
 
 import orbax.checkpoint as ocp
@@ -64,5 +65,23 @@ def test_a_position_written_by_one_process_restores_on_two_and_four_in_constant_
 def test_a_step_without_a_position_moves_in_constant_time_with_a_warning(data_dir, tmp_path, caplog):
   (it,) = _iters(data_dir, 1)
   assert not pipeline.Position(it).restore(tmp_path / '2000000' / 'data', 2_000_000)
-  assert it.get_state() == pipeline.state_at(2_000_000, shards_=range(8))
+  assert next(iter(it.get_state()['sources'].values())) == pipeline.state_at(2_000_000, shards_=range(8))
   assert 'no data-iterator state' in caplog.text and 'block 2000000 of every virtual shard' in caplog.text
+
+
+def test_a_position_saved_before_sources_had_names_restores_exactly(data_dir, tmp_path):
+  """A checkpoint of a plain data.dir written before a run's data was a list of named sources holds each process's
+  {'stream', 'shards'}: it restores into the one source, exactly, under any process count."""
+  its = _iters(data_dir, 2)
+  pipeline_data.global_batches(its, 7)
+  item = tmp_path / '7' / 'data'
+  item.mkdir(parents=True)
+  for p, it in enumerate(its):
+    (old,) = it.get_state()['sources'].values()  # the one source's position: the whole state, then
+    assert set(old) == {'stream', 'shards'}
+    (item / f'process_{p}-of-2.json').write_text(json.dumps(old))
+  want = pipeline_data.global_batches(its, 4)
+  for n in (1, 2):
+    fresh = _iters(data_dir, n)
+    assert all(pipeline.Position(it, p, n).restore(item, 7) for p, it in enumerate(fresh))
+    assert pipeline_data.same(pipeline_data.global_batches(fresh, 4), want), n

@@ -3,7 +3,10 @@ virtual shard, nested states (prefetch workers, several sources) merge and seek 
 without virtual-shard positions is told apart. Pure dicts: the iterators that write them are
 tests/test_data_pipeline_host_batches.py's and tests/test_data_elastic.py's."""
 
-from neobert_jax.data import pipeline
+import pytest
+
+from neobert_jax.data import mixture, pipeline
+from neobert_jax.data.pipeline import train_batches
 from neobert_jax.data.pipeline import state as data_state
 
 
@@ -33,3 +36,13 @@ def test_nested_states_merge_and_seek_source_by_source():
 def test_a_state_without_virtual_shard_positions_is_told_apart():
   assert not data_state.holds_streams({'workers': [1, 2], 'bytes': 'abc'})
   assert data_state.seek({'x': 1}, 7) == {'x': 1}
+
+
+def test_a_plain_dir_is_a_named_source_and_a_state_saved_before_names_is_its_own():
+  old = pipeline.state_at(5, 1, [0, 1])  # a plain data.dir's position as checkpoints held it before sources had names
+  one = mixture.Mixture.of_dir('gs://bucket/data/web v2/')
+  assert one.names == ('web_v2',) and one.plain and one.block_docs(4096, '', {'web_v2': 10}) == {'web_v2': 4096}
+  assert train_batches.upgrade_state(old, one) == {'sources': {'web_v2': old}}
+  two = mixture.parse({'a': {'dir': '/a', 'weight': 1}, 'b': {'dir': '/b', 'weight': 1}}, 'mix.json')
+  with pytest.raises(ValueError, match='saved before sources had names.* has 2'):
+    train_batches.upgrade_state(old, two)

@@ -123,5 +123,10 @@ def test_the_classification_configs_rate_is_quoted_for_neobert_width_and_scaled_
   opt = module.get_config().optimizer
   assert finetune_config.effective_lr(opt, 768) == opt.lr == 2e-5  # the paper's model: as given
   assert finetune_config.effective_lr(opt, 128) == pytest.approx(1.2e-4)  # the README's tiny model
+  # config.json records the rate the run trains with, for the width it has (lr_width then 0: nothing to scale again).
+  cfg = module.get_config()
+  cfg.model.update(hidden_size=128, num_heads=2)
+  resolved, _ = finetune_config.resolve(cfg, None, 'bert-base-uncased', platform='cpu', num_devices=1)
+  assert resolved.optimizer.lr == pytest.approx(1.2e-4) and resolved.optimizer.lr_width == 0
   opt.lr_width = 0
   assert finetune_config.effective_lr(opt, 128) == 2e-5

@@ -223,7 +223,7 @@ def test_each_host_fetches_only_its_share_and_the_rows_are_the_single_hosts(root
   for step, want in enumerate(ref):
     for k in want:
       np.testing.assert_array_equal(np.concatenate([hosts[0][step][k], hosts[1][step][k]]), want[k])
-  got = [it.store.stats.bytes_downloaded for it in its]
+  got = [s.stats.bytes_downloaded for it in its for s in it.stores.values()]  # one source
   biggest = max(s['bytes'] for s in listed)
   for g in got:  # half of the corpus, plus at most the file each share's edge cuts
     assert 0 < g <= total / 2 + biggest, (got, total)
@@ -257,7 +257,7 @@ def test_a_corpus_larger_than_the_cache_budget_trains(root, vocab, tmp_path, mon
     want, got = next(ref), next(it)
     for k in want:
       np.testing.assert_array_equal(got[k], want[k])
-  stats = it.store.stats
+  (stats,) = [s.stats for s in it.stores.values()]
   assert stats.peak_disk_bytes <= cfg.cache_gb * 2**30 and stats.bytes_downloaded > total
   too_small = _data_cfg(f'{root}/big')
   too_small.virtual_shards, too_small.shuffle_window, too_small.block_docs = 2, 1, 16

@@ -33,6 +33,7 @@ import sys
 import time
 from typing import Callable
 
+from neobert_jax import config as config_lib
 from neobert_jax.aot import lowering, plan_cache, report, targets
 
 REMAT_POLICIES = ('none', 'save_dots', 'full')
@@ -85,11 +86,8 @@ def meshes(
 
 
 def _with(cfg, mesh: dict[str, int], remat: str, accum: int):
-  c = cfg.copy_and_resolve_references()
-  c.mesh.update({'dcn_data': 1, 'dcn_fsdp': 1, **mesh})
-  c.model.remat_policy = remat
-  c.train.grad_accum_steps = accum
-  return c
+  fields = {f'mesh.{k}': v for k, v in {'dcn_data': 1, 'dcn_fsdp': 1, **mesh}.items()}
+  return config_lib.replace(cfg, {**fields, 'model.remat_policy': remat, 'train.grad_accum_steps': accum})
 
 
 def compile_layout(cfg, target: targets.Target, headroom: float) -> dict:
@@ -123,8 +121,7 @@ def tpu_seconds(cfg, target: targets.Target, mfu: float) -> float | None:
   """XLA's cost model, extrapolated from 1- and 2-layer unrolled micro-batch programs (module docstring)."""
   costs = []
   for layers in (1, 2):
-    c = cfg.copy_and_resolve_references()
-    c.model.num_layers, c.model.scan_layers = layers, False
+    c = config_lib.replace(cfg, {'model.num_layers': layers, 'model.scan_layers': False})
     cost = report.cost_analysis(lowering.lower_step(c, target, 'forward_backward')[0].compile())
     if 'optimal_seconds' not in cost:
       return None

@@ -38,7 +38,7 @@ import ml_collections
 
 from neobert_jax.errors import ConfigError
 
-__all__ = ['RENAMED', 'from_record', 'load', 'typed', 'unknown_key']
+__all__ = ['RENAMED', 'from_record', 'load', 'replace', 'typed', 'unknown_key']
 
 # Fields that moved: a config (file or --config.* override) that still sets the old name is told the new one.
 RENAMED = {'train.compute_dtype': 'model.dtype'}
@@ -74,6 +74,19 @@ def load(path: str | Path, overrides: dict[str, Any] | None = None) -> ml_collec
       raise unknown_key(key)
     node[leaf] = value
   return cfg
+
+
+def replace(cfg: ml_collections.ConfigDict, fields: Mapping[str, Any]) -> ml_collections.ConfigDict:
+  """A copy of `cfg` with `fields` ({'model.remat_policy': 'full', ...}) set: the one way code outside config/
+  derives a config from another (tests/test_config_assignments.py refuses a field assigned anywhere else)."""
+  out = ml_collections.ConfigDict(cfg.to_dict())
+  for key, value in fields.items():
+    *parents, leaf = key.split('.')
+    node = out
+    for p in parents:
+      node = node[p]
+    node[leaf] = value
+  return out
 
 
 def unknown_key(key: str) -> ConfigError:

@@ -138,6 +138,27 @@ def validate_data_config(cfg: ml_collections.ConfigDict) -> None:
     raise ValueError(f'data.cache_gb must be > 0, got {cfg.cache_gb}')
 
 
+def auto_virtual_shards(global_batch: int, process_count: int, cap: int = 32) -> int:
+  """data.virtual_shards=0: the largest divisor of the global batch that is a multiple of the process count and at
+  most max(cap, process count). Resolved once when a run starts and recorded in its config."""
+  best = 0
+  for v in range(process_count, max(cap, process_count) + 1, process_count):
+    if global_batch % v == 0:
+      best = v
+  return best or process_count
+
+
+def source_config(
+  cfg: ml_collections.ConfigDict, directory: str, sources: int = 1, block_docs: int = 0
+) -> ml_collections.ConfigDict:
+  """The data section that reads one of `sources` training sources: its prepared `directory`, its share of the
+  cache budget and its documents per block (0: data.block_docs)."""
+  out = ml_collections.ConfigDict(cfg.to_dict())
+  out.dir, out.mixture, out.cache_gb = directory, '', cfg.cache_gb / sources
+  out.block_docs = block_docs or cfg.block_docs
+  return out
+
+
 def mask_rate_at(cfg: ml_collections.ConfigDict, step: int, num_steps: int) -> float:
   """The training mask rate of step `step` (0 = the first update) of `num_steps`: mask_rate, or with
   mask_rate_final the straight line from mask_rate at step 0 to mask_rate_final at the last step."""

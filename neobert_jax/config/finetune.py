@@ -188,8 +188,9 @@ def resolve(
   Resolved: model = the architecture actually used (`source_model`, the init source's, with this run's numerics,
   RUNTIME_FIELDS; cfg.model for a random init), its compute dtype ('auto': resolve_dtype) and its attention kernel
   (choose_attention for padded rows of model.max_length on `platform`, default this process's backend);
-  data.tokenizer = `tokenizer` (the resolved tokenizer's spec); mesh = the sizes for `num_devices`. Raises
-  ConfigError when an explicit kernel cannot run there.
+  data.tokenizer = `tokenizer` (the resolved tokenizer's spec); mesh = the sizes for `num_devices`;
+  optimizer.lr = the rate the run trains with (effective_lr for the model's width, optimizer.lr_width then 0), so
+  config.json records that rate. Raises ConfigError when an explicit kernel cannot run there.
   """
   platform = platform or jax.default_backend()
   m = ml_collections.ConfigDict((source_model or cfg.model).to_dict())
@@ -202,5 +203,6 @@ def resolve(
   out = ml_collections.ConfigDict(cfg.to_dict())
   out.model = m
   out.data.tokenizer = tokenizer
+  out.optimizer.lr, out.optimizer.lr_width = effective_lr(cfg.optimizer, m.hidden_size), 0
   out.mesh = ml_collections.ConfigDict(mesh_shape(cfg, num_devices))
   return ml_collections.FrozenConfigDict(out), choice

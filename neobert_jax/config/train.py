@@ -5,18 +5,18 @@ Recipes (configs/*.py) call `get_config()` and change fields; `validate` types t
 silent no-op) and refuses, with the field and the fix named, what the trainer cannot run on the current devices:
 a mesh that does not use exactly the available devices, batch sizes that do not split over micro-batches /
 devices / processes, values out of range. Each section checks itself (config/model.py, config/data.py,
-_validate_optimizer); the checks across sections are here. The vocabulary-vs-tokenizer check needs the prepared
-data's manifest, so the trainer runs it (via the data pipeline's open_prepared) right after these, still before
-the model. `resolve`, beside `validate`, fills in the run-time choices (compute dtype, mesh sizes, attention kernel)
-once, for pretraining and the compile command alike; config.json records the result.
-The defaults are NeoBERT's stage-1 recipe (see configs/neobert_250m.py for the values spelled out).
+_validate_optimizer); the checks across sections are here (the data's vocabulary is checked as it opens). `resolve`
+fills in the run-time choices and what the data decides, once, for pretraining and the compile command alike;
+config.json records the result. The defaults are NeoBERT's stage-1 recipe (configs/neobert_250m.py spells them out).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from pathlib import Path
+from typing import Any, Callable, Mapping
 
 import jax
 import ml_collections
@@ -25,7 +25,7 @@ from neobert_jax import config as config_lib
 from neobert_jax import paths
 from neobert_jax import sharding as shd
 from neobert_jax.config import ramp
-from neobert_jax.config.data import LABELLED_TASKS, default_data_config, validate_data_config
+from neobert_jax.config.data import LABELLED_TASKS, auto_virtual_shards, default_data_config, validate_data_config
 from neobert_jax.config.model import Choice, default_model_config, resolve_numerics, validate_model_config
 from neobert_jax.config.optimizer import (
   adamw_ranges,
@@ -308,30 +308,57 @@ def validate(
   return cfg
 
 
+@dataclasses.dataclass(frozen=True)
+class DataFacts:
+  """What the run's data says about its config, as the data layer found it (config/ opens nothing)."""
+
+  mixture: str = ''  # the mixture's sources and weights as recorded (Mixture.record; '' for a plain data.dir)
+  tokenizer: str = ''  # the spec the data was prepared with; '' while the data is not open
+  # (virtual shards, data.mixture_block_docs given or recorded) -> it resolved (a mixture's; ValueError if bad)
+  block_docs: Callable[[int, str], str] | None = None
+
+
 def resolve(
   cfg: ml_collections.ConfigDict,
+  data: DataFacts | None = None,
+  recorded: Mapping[str, Any] | None = None,
   *,
+  process_count: int | None = None,
   platform: str | None = None,
   compute_capability: str | None = None,
   num_devices: int | None = None,
 ) -> tuple[ml_collections.ConfigDict, Choice]:
-  """(a copy of the validated `cfg` with its run-time choices filled in, as config.json records them; the attention
-  choice with its reason, for the log or the compile report).
+  """(a copy of the validated `cfg` resolved, as config.json records it; the attention choice, for the log or the
+  compile report): the one place a resolved field is set, for the trainer and the compile command alike.
 
-  Filled in: model.dtype ('auto': resolve_dtype), the mesh sizes (-1: mesh_shape for `num_devices`, default this
-  process's devices) and model.attention_impl (choose_attention). `platform` and `compute_capability` default to
-  this process's backend; the compile command passes its target's. Raises ConfigError when an explicit kernel
-  cannot run there.
-  """
+  Always the run-time choices: model.dtype, the mesh sizes (for `num_devices`) and model.attention_impl, for
+  `platform` (default this process's backend; the compile command passes its target's). With `data`:
+  data.mixture_sources, and once the data is open (data.tokenizer given) data.tokenizer, data.virtual_shards (auto:
+  for this start's global batch and `process_count`) and a mixture's data.mixture_block_docs, each set, else
+  `recorded` (a resumed run's data section; with init.continue_data the source run's stream), else the data's."""
   if platform is None:
     platform = jax.default_backend()
-    if platform == 'gpu':
-      compute_capability = getattr(jax.devices()[0], 'compute_capability', None)
+    compute_capability = getattr(jax.devices()[0], 'compute_capability', None) if platform == 'gpu' else None
   out = ml_collections.ConfigDict(cfg.to_dict())
   out.mesh = ml_collections.ConfigDict(mesh_shape(cfg, num_devices))
-  packed = cfg.data.packing == 'packed'
   try:
-    choice = resolve_numerics(out.model, platform=platform, packed=packed, compute_capability=compute_capability)
+    choice = resolve_numerics(
+      out.model, platform=platform, packed=cfg.data.packing == 'packed', compute_capability=compute_capability
+    )
+  except ValueError as e:
+    raise ConfigError(str(e)) from None
+  if data is None:
+    return out, choice
+  d, recorded = out.data, recorded or {}
+  d.mixture_sources = data.mixture
+  if not data.tokenizer:
+    return out, choice
+  d.tokenizer = d.tokenizer or str(recorded.get('tokenizer', '')) or data.tokenizer
+  auto = auto_virtual_shards(ramp.read_rows(out), jax.process_count() if process_count is None else process_count)
+  d.virtual_shards = d.virtual_shards or int(recorded.get('virtual_shards', 0)) or auto
+  try:
+    given = d.mixture_block_docs or str(recorded.get('mixture_block_docs', ''))
+    d.mixture_block_docs = data.block_docs(d.virtual_shards, given) if data.block_docs else d.mixture_block_docs
   except ValueError as e:
     raise ConfigError(str(e)) from None
   return out, choice
@@ -406,13 +433,7 @@ def eval_mask_rate(cfg: ml_collections.ConfigDict) -> float:
 
 def eval_data_config(cfg: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   """The data section the held-out batches are built with: the run's, masked at eval_mask_rate."""
-  data = ml_collections.ConfigDict(cfg.data.to_dict())
-  data.mask_rate = eval_mask_rate(cfg)
-  return data
-
-
-def tokens_per_step(cfg: ml_collections.ConfigDict) -> int:
-  return cfg.train.global_batch_size * cfg.model.max_length
+  return config_lib.replace(cfg.data, {'mask_rate': eval_mask_rate(cfg)})
 
 
 def describe(cfg: ml_collections.ConfigDict) -> str:
@@ -424,6 +445,6 @@ def describe(cfg: ml_collections.ConfigDict) -> str:
   return (
     f'{m.num_layers}x{m.hidden_size} model, vocab {m.vocab_size}, seq {m.max_length}, '
     f'global batch {cfg.train.global_batch_size}{grows} ({cfg.train.grad_accum_steps} micro), '
-    f'{tokens_per_step(cfg):,} tokens/step, {cfg.train.num_steps:,} steps, mesh {dict(cfg.mesh)}, '
+    f'{cfg.train.global_batch_size * m.max_length:,} tokens/step, {cfg.train.num_steps:,} steps, mesh {dict(cfg.mesh)}, '
     f'compute {m.dtype}, attention {m.attention_impl}; {math.prod(dict(cfg.mesh).values())} devices'
   )

@@ -73,9 +73,9 @@ def _data_sources(data: Mapping[str, Any]) -> tuple[list[str], str]:
   if data.get('train_file'):  # a fine-tuning run
     files = [f for f in (data['train_file'], data.get('validation_file')) if f]
     return [os.path.basename(str(f)) for f in files], 'the fine-tuning data ' + ', '.join(f'`{f}`' for f in files)
-  if data.get('mixture'):
-    names = sorted(str(s).split('=')[0].strip() for s in str(data['mixture']).split(',') if s.strip())
-    return [os.path.basename(n.rstrip('/')) or n for n in names], f'a mixture of prepared sources: `{data["mixture"]}`'
+  if data.get('mixture'):  # its sources as the run recorded them (data.mixture_sources: {name: {dir, weight}})
+    names = sorted(json.loads(data.get('mixture_sources') or '{}'))
+    return names, f'a mixture of prepared sources: `{data["mixture"]}` ({", ".join(names)})'
   if data.get('dir'):
     return [os.path.basename(str(data['dir']).rstrip('/'))], f'the prepared data in `{data["dir"]}`'
   return list(BUILTIN_DATASETS), BUILTIN_DESCRIPTION

@@ -17,6 +17,10 @@ credits, so that slots round in different steps and the whole batch tracks the w
 read from the mixture every step, so a schedule changed on resume applies from the resume step on, with the
 credits (and each source's own position, kept by the pipeline) carried over.
 
+A run always trains on a Mixture: a plain data.dir is a mixture of one (`Mixture.of_dir`), its source named after
+the prepared directory (its basename), with weight 1. The sampler then gives that source every row in order, and
+its blocks are data.block_docs: the batches are those of the one source read alone.
+
 Imports the data layer's shared base only: opening a source's prepared data is the pipeline's, so `open_sources`
 takes the pipeline's opener as an argument.
 """
@@ -59,8 +63,24 @@ class WeightedSource:
 
 @dataclasses.dataclass(frozen=True)
 class Mixture:
-  path: str  # the file, for messages
+  path: str  # the file, for messages; '' for a plain data.dir (of_dir)
   sources: tuple[WeightedSource, ...]  # sorted by name: the order rows are apportioned in, whatever the file's order
+
+  @classmethod
+  def of_dir(cls, directory: str) -> Mixture:
+    """A plain data.dir as the mixture of one it is: its one source, named after the directory, of weight 1."""
+    name = re.sub(r'[^A-Za-z0-9_.-]', '_', os.path.basename(directory.rstrip('/'))).lstrip('_.-') or 'data'
+    return cls('', (WeightedSource(name, directory, ((0, 1.0),)),))
+
+  @property
+  def plain(self) -> bool:
+    """Whether this is a plain data.dir, not a mixture file: a source whose position restores whatever its name."""
+    return not self.path
+
+  @property
+  def where(self) -> str:
+    """What names the data in messages: the mixture file, or data.dir."""
+    return self.path or f'data.dir={self.sources[0].dir}'
 
   @property
   def names(self) -> tuple[str, ...]:
@@ -88,6 +108,8 @@ class Mixture:
     shrink together until no source's first block exceeds FIRST_READ of its virtual shard: each virtual shard reads
     a whole block at its first row of a source, so larger blocks would read small sources whole at the start,
     whatever their weights. A block has a fixed cost (a few ms), so they are no smaller than that."""
+    if self.plain:
+      return {self.names[0]: block_docs}
     sizes = parse_block_docs(recorded)
     shares = self.peak_shares()
     top = max(shares.values()) or 1.0
@@ -243,7 +265,10 @@ Opener = Callable[[str], tuple[str, dict]]  # a source's dir -> (dir, manifest),
 
 def open_sources(mix: Mixture, open_one: Opener, seq_len: int) -> dict[str, tuple[str, dict]]:
   """Each source's (dir, manifest) through `open_one` (the pipeline's open_prepared for one dir), after checking
-  that they share a tokenizer and a record length that fits the model; one ConfigError naming the source if not."""
+  that they share a tokenizer and a record length that fits the model; one ConfigError naming the source if not.
+  A plain data.dir is opened as it is, its errors its own."""
+  if mix.plain:
+    return {mix.names[0]: open_one(mix.sources[0].dir)}
   opened = {}
   for s in mix.sources:
     try:
@@ -373,6 +398,9 @@ class Sampler:
     if missing:
       raise ValueError(f'the mixture state holds no slot {missing[:4]}')
     self._check_sources(state['dirs'], set(fresh))
+    if self.mix.plain:  # its one source, whatever it was named
+      one = self.mix.names[0]
+      saved = {v: {k: {one: next(iter(d.values()))} for k, d in slot.items()} for v, slot in saved.items()}
     self.step = int(state['step'])
     for v in self.slots:
       start = starting_credits(self.seed, v, self.mix.names)
@@ -382,6 +410,8 @@ class Sampler:
       self.taken[v] = {**dict.fromkeys(self.mix.names, 0), **{n: int(slot['taken'][n]) for n in kept}}
 
   def _check_sources(self, before: dict[str, str], fresh: set[str]) -> None:
+    if self.mix.plain:  # one source, whatever its directory's name or place (data.dir is the resume check's)
+      return
     now = {s.name: s.dir for s in self.mix.sources}
     changes = [(n, 'is gone') for n in sorted(set(before) - set(now))]
     changes += [(n, 'is new') for n in sorted(set(now) - set(before) - fresh)]

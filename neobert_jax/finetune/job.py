@@ -24,6 +24,7 @@ import ml_collections
 import numpy as np
 from flax import nnx
 
+from neobert_jax import config as config_lib
 from neobert_jax import paths
 from neobert_jax import sharding as shd
 from neobert_jax.config import finetune as finetune_config
@@ -75,6 +76,15 @@ def prepare(cfg: ml_collections.ConfigDict, workdir: Path):
   resolved, choice = finetune_config.resolve(cfg, None if source is None else source.model_cfg, tok.spec)
   if jax.process_index() == 0:
     log.info('attention kernel: %s', choice.describe())
+    if resolved.optimizer.lr != cfg.optimizer.lr:
+      log.info(
+        'learning rate %.3g: optimizer.lr %.3g is quoted for width %d (optimizer.lr_width), this model is %d '
+        'wide; set optimizer.lr_width=0 to use optimizer.lr as given',
+        resolved.optimizer.lr,
+        cfg.optimizer.lr,
+        cfg.optimizer.lr_width,
+        resolved.model.hidden_size,
+      )
   return resolved, source, tok, make_task(resolved, tok)
 
 
@@ -84,8 +94,13 @@ def _existing_run(cfg: ml_collections.ConfigDict, workdir: Path) -> str:
   changed = ''
   if (workdir / runs.CONFIG_FILE).is_file():
     # model and mesh are recorded resolved (the source's architecture, the device count's mesh): not comparable.
-    current = {k: v for k, v in cfg.to_dict().items() if k not in ('model', 'mesh')}
-    past = {k: v for k, v in runs.read_config(workdir).to_dict().items() if k not in ('model', 'mesh')}
+    record = runs.read_config(workdir).to_dict()
+    # The run recorded the rate it trained with (config/finetune.resolve): this config's, for the recorded width.
+    width = record.get('model', {}).get('hidden_size', cfg.model.hidden_size)
+    lr = {'lr': finetune_config.effective_lr(cfg.optimizer, width), 'lr_width': 0}
+    current = config_lib.replace(cfg, {f'optimizer.{f}': v for f, v in lr.items()}).to_dict()
+    current = {k: v for k, v in current.items() if k not in ('model', 'mesh')}
+    past = {k: v for k, v in record.items() if k not in ('model', 'mesh')}
     past.get('data', {}).pop('tokenizer', None)
     current.get('data', {}).pop('tokenizer', None)
     changes = resume_rules.diff(past, current, {})
@@ -185,18 +200,7 @@ def _finetune(cfg: ml_collections.ConfigDict, workdir: Path, lease: Any) -> dict
   t, m, lg = cfg.train, cfg.model, cfg.logging
   steps_per_epoch = task.steps_per_epoch()
   num_steps = t.num_steps if t.num_steps > 0 else t.epochs * steps_per_epoch
-  opt = ml_collections.ConfigDict(cfg.optimizer.to_dict())
-  opt.lr = finetune_config.effective_lr(cfg.optimizer, m.hidden_size)
-  if opt.lr != cfg.optimizer.lr and is_main:
-    log.info(
-      'learning rate %.3g: optimizer.lr %.3g is quoted for width %d (optimizer.lr_width), this model is %d wide; '
-      'set optimizer.lr_width=0 to use optimizer.lr as given',
-      opt.lr,
-      cfg.optimizer.lr,
-      cfg.optimizer.lr_width,
-      m.hidden_size,
-    )
-  tx, lr = optimizer_lib.make_finetune_optimizer(opt, num_steps)
+  tx, lr = optimizer_lib.make_finetune_optimizer(cfg.optimizer, num_steps)
   factory = lambda: task.make_model(m, nnx.Rngs(cfg.seed))  # noqa: E731
   with session_lib.TrainingSession(
     workdir, cfg, keep=1, async_save=False, tensorboard=lg.tensorboard, progress_bar=lg.progress_bar, lease=lease

@@ -21,6 +21,7 @@ from absl import flags
 from ml_collections import config_flags
 
 from neobert_jax import commandline, errors, paths
+from neobert_jax import config as config_lib
 
 GRID = {'lr': (5e-6, 6e-6, 1e-5, 2e-5, 3e-5), 'batch': (4, 8, 16, 32), 'weight_decay': (1e-2, 1e-5)}
 SUMMARY_FILE = 'sweep.json'
@@ -63,9 +64,8 @@ def run_sweep(
     if not reused:
       if point.exists():  # an interrupted point of this sweep: its partial files belong to us, start it again
         point.rmtree()
-      c = ml_collections.ConfigDict(cfg.to_dict())
-      c.optimizer.lr, c.train.batch_size, c.optimizer.weight_decay = float(lr), int(batch), float(wd)
-      c.export.dir = ''
+      point_fields = {'optimizer.lr': float(lr), 'train.batch_size': int(batch), 'optimizer.weight_decay': float(wd)}
+      c = config_lib.replace(cfg, {**point_fields, 'export.dir': ''})
       job.finetune(c, point)
     results = json.loads(results_path.read_text())
     metric = results['metric']

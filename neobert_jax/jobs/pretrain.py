@@ -46,7 +46,7 @@ def pretrain(
     if result.config.export.hf_dir:
       export(result.config, result.workdir)
     if result.final_step > 0:
-      result.report = report.report(result.config, result.workdir, result.evals)
+      result.report = report.report(result.config, result.workdir, result.evals, result.sources)
       if result.config.export.hf_dir:  # the card quotes the report's baselines and copies its curve
         model_card.refresh(result.config.export.hf_dir, result.workdir)
     return result

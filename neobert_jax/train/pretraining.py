@@ -18,6 +18,7 @@ import ml_collections
 
 from neobert_jax import lease as lease_lib
 from neobert_jax import paths
+from neobert_jax import config as config_lib
 from neobert_jax import sharding as shd
 from neobert_jax.config import ramp
 from neobert_jax.config import train as train_config
@@ -28,7 +29,7 @@ from neobert_jax.engine import metrics as metrics_lib
 from neobert_jax.engine import session as session_lib
 from neobert_jax.engine import trainer as trainer_lib
 from neobert_jax.engine.state import param_count
-from neobert_jax.errors import ConfigError, DataError
+from neobert_jax.errors import DataError
 from neobert_jax.train import batches as batches_lib
 from neobert_jax.train import mlm
 from neobert_jax.train import probe as probe_lib
@@ -46,6 +47,7 @@ class RunResult:
   preempted: bool = False
   evals: list[dict[str, float]] = dataclasses.field(default_factory=list)  # {'step', 'loss', 'accuracy'}
   skipped_steps: int = 0
+  sources: pipeline.Sources | None = None  # the data it trained on, as it opened it (the report reads it again)
   # train/report.py's unigram baseline and fill-mask examples, filled in by the job (jobs/pretrain.py) after the export
   report: dict[str, Any] = dataclasses.field(default_factory=dict)
 
@@ -56,13 +58,13 @@ def _evaluate(
   eval_step: Any,
   eval_batches: dict[str, Iterable[dict]],
   params: Any,
-  weights: dict[str, float],
+  weights: dict[str, float] | None,
 ) -> dict[str, float]:
-  """The held-out loss and accuracy; of a mixture, each source's ('<name>/loss', ...) and their total weighted by
-  the step's mixture weights."""
+  """The held-out loss and accuracy: of a mixture (`weights`: the step's), each source's ('<name>/loss', ...) and
+  their total weighted by the step's weights; of a plain data.dir (weights None), its source's."""
   per = {name: _evaluate_source(keys, mesh, eval_step, batches, params) for name, batches in eval_batches.items()}
-  if list(per) == ['']:
-    return per['']
+  if weights is None:
+    return next(iter(per.values()))
   total = sum(weights[n] for n in per) or 1.0
   out = {k: sum(weights[n] * m[k] for n, m in per.items()) / total for k in ('loss', 'accuracy')}
   return out | {f'{n}/{k}': v for n, m in per.items() for k, v in m.items()}
@@ -95,48 +97,50 @@ def _check_rows(limit: int) -> Callable[[int, dict], None]:
   return check
 
 
-def plan_run(cfg: ml_collections.ConfigDict, workdir: paths.Path) -> tuple[ml_collections.FrozenConfigDict, Any]:
-  """The run's config, validated and resolved once, frozen (nothing past here changes it), and its resume plan.
+def plan_run(
+  cfg: ml_collections.ConfigDict, workdir: paths.Path
+) -> tuple[ml_collections.FrozenConfigDict, Any, pipeline.Sources]:
+  """The run's config, validated and resolved once (config/train.resolve), frozen (nothing past here changes
+  it), its resume plan, and its training data, opened.
 
-  Resolved: the run-time choices (config/train.resolve: compute dtype, mesh sizes, attention kernel), the tokenizer
-  (data.tokenizer, else the one a resumed run recorded (config/resume.py: unset is no change), else the prepared
-  data's) and data.virtual_shards (set, else recorded, else automatic for this start's global batch and process
-  count). The workdir's run is compared with this config before the data is opened or a file written: a workdir
-  holding another run is refused here, untouched; so is an init source that is missing or of another architecture
-  (a resumed run ignores cfg.init).
+  The data is read once here: the mixture file (or data.dir, a mixture of one), then the sources' manifests. The
+  workdir's run is compared with this config before the data is opened or a file written: a workdir holding
+  another run is refused here, untouched; so is an init source that is missing or of another architecture (a
+  resumed run ignores cfg.init).
   """
-  cfg, choice = train_config.resolve(train_config.validate(cfg))
-  if cfg.data.mixture:  # its sources and weights, recorded: a resume sees (and config_history.jsonl keeps) a change
-    mix = mixture_lib.read(cfg.data.mixture)
-    cfg.data.mixture_sources = mix.record()
+  cfg = train_config.validate(cfg)
+  seq = cfg.model.max_length
+  mix = pipeline.read_mixture(cfg.data, seq) if cfg.data.mixture else None
+  # What is known before the data is opened: the run-time choices and the mixture's weights, for the resume check.
+  known, choice = train_config.resolve(cfg, train_config.DataFacts(mixture=mix.record() if mix else ''))
   if jax.process_index() == 0:
     log.info('attention kernel: %s', choice.describe())
     if choice.warning:
       log.warning('attention: %s', choice.warning)
-  plan = resume_lib.check(cfg, workdir)
+  plan = resume_lib.check(known, workdir)
+  recorded = plan.recorded['data'] if plan.step is not None and plan.recorded is not None else {}
   if plan.step is None:  # a new run: its source is opened here for its one-line errors (restore_or_init uses it)
-    plan.origin = stage.check(cfg, mlm.init_source(cfg))
-  data = ml_collections.ConfigDict(cfg.data.to_dict())
-  data.tokenizer = cfg.data.tokenizer or plan.recorded_tokenizer()
-  pipeline.prepare_builtin(data, cfg.model.max_length)  # the one place a run may tokenize: the built-in corpus
-  cfg.data.tokenizer = data.tokenizer or pipeline.open_prepared(data, cfg.model.max_length)[1]['tokenizer']['spec']
-  # The layout of the data stream is fixed when the run starts: later starts under another process count keep it.
-  cfg.data.virtual_shards = cfg.data.virtual_shards or plan.recorded_virtual_shards()
-  cfg.data.virtual_shards = pipeline.virtual_shards(cfg.data, ramp.read_rows(cfg), jax.process_count())
-  if cfg.data.mixture:  # so are the sources' blocks (a source added on resume gets its share of today's weights)
-    data.mixture_block_docs = cfg.data.mixture_block_docs or plan.recorded_mixture_block_docs()
-    opened = pipeline.open_sources(data, cfg.model.max_length)
-    try:
-      blocks = pipeline.mixture_blocks(data, mix, opened, cfg.data.virtual_shards)
-    except ValueError as e:
-      raise ConfigError(str(e)) from None
-    cfg.data.mixture_block_docs = mixture_lib.format_block_docs(blocks)
-  return ml_collections.FrozenConfigDict(cfg), plan
+    src = mlm.init_source(known)
+    plan.origin = stage.check(known, src)
+    recorded = stage.stream(known, src)
+  # The one place a run may tokenize: the built-in corpus, with the tokenizer set, else the one a resumed run recorded.
+  data_cfg = config_lib.replace(cfg.data, {'tokenizer': cfg.data.tokenizer or recorded.get('tokenizer', '')})
+  pipeline.prepare_builtin(data_cfg, seq)
+  sources = pipeline.open_data(data_cfg, seq, mix=mix)
+  facts = train_config.DataFacts(
+    mixture=known.data.mixture_sources,
+    tokenizer=sources.tokenizer(),
+    block_docs=None
+    if sources.mix.plain
+    else lambda count, given: mixture_lib.format_block_docs(sources.block_docs(cfg.data.block_docs, given, count)),
+  )
+  cfg, _ = train_config.resolve(cfg, facts, recorded)
+  return ml_collections.FrozenConfigDict(cfg), plan, sources
 
 
-def _data(cfg: ml_collections.ConfigDict) -> tuple[Any, Iterable[dict]]:
-  """(this process's train iterator, the held-out batches of one evaluation); the pipeline checks the prepared
-  data's tokenizer against model.vocab_size here, before the model exists."""
+def _data(cfg: ml_collections.ConfigDict, sources: pipeline.Sources) -> tuple[Any, dict[str, Iterable[dict]]]:
+  """(this process's train iterator, the held-out batches of one evaluation, per source); the pipeline checks the
+  prepared data's tokenizer against model.vocab_size here, before the model exists."""
   t, seq_len, nproc, pid = cfg.train, cfg.model.max_length, jax.process_count(), jax.process_index()
   common = dict(seed=cfg.seed, process_index=pid, process_count=nproc, model_vocab_size=cfg.model.vocab_size)
   reads = ramp.read_rows(cfg)
@@ -145,22 +149,22 @@ def _data(cfg: ml_collections.ConfigDict) -> tuple[Any, Iterable[dict]]:
     batches_lib.local_batch_size(reads, nproc),
     seq_len,
     prefetch=2 * (t.global_batch_size // reads),  # two full steps ahead, as without a ramp
+    sources=sources,
     **common,
   )
   evaluating = cfg.eval.every_steps > 0
   data = train_config.eval_data_config(cfg)
-  # A mixture is evaluated source by source, each on its own held-out split (those that have one).
-  sources = {n: d for n, (d, m) in pipeline.open_sources(data, seq_len).items() if m['splits'].get('eval')}
-  if not evaluating and not sources:
+  held = sources.with_eval()  # each source evaluated on its own held-out split (those that have one)
+  if not evaluating and not held:
     return train_host, {}
   # Opened even when evaluation is off: opening checks this host's held-out shards, which the report reads at the
   # end, so a damaged one is refused before the first file of the run is written, not after the whole run.
   local = batches_lib.local_eval_batch_size(t.global_batch_size, t.grad_accum_steps, nproc)
   held_out = {
     name: pipeline.make_eval_iterator(
-      pipeline.source_config(data, d) if name else data, local, seq_len, num_batches=cfg.eval.num_batches, **common
+      sources.config(data, name, share_cache=False), local, seq_len, num_batches=cfg.eval.num_batches, **common
     )
-    for name, d in sources.items()
+    for name in held
   }
   return train_host, held_out if evaluating else {}
 
@@ -247,11 +251,11 @@ def train(
   """
   workdir = paths.resolve(workdir, '--workdir')
   _wandb(cfg)  # its one-line refusals (no package, no key, a bad mode) before any work
-  cfg, plan = plan_run(cfg, workdir)
+  cfg, plan, sources = plan_run(cfg, workdir)
   is_main = jax.process_index() == 0
   wandb = _wandb(cfg)  # the resolved config is what the wandb run records
   mesh = shd.make_mesh(dict(cfg.mesh))
-  train_host, eval_batches = _data(cfg)
+  train_host, eval_batches = _data(cfg, sources)
   if is_main:
     log.info('run: %s; data tokenized with %s', train_config.describe(cfg), cfg.data.tokenizer)
   lg, t = cfg.logging, cfg.train
@@ -278,15 +282,13 @@ def train(
     resume_lib.record(plan, cfg, start.step)  # config.json and the history line, once the state is in hand
     if is_main:
       log.info('%s parameters, sharded over %s', f'{param_count(start.state):,}', dict(mesh.shape))
-    result = RunResult(workdir=workdir, config=cfg, final_step=start.step)
+    result = RunResult(workdir=workdir, config=cfg, final_step=start.step, sources=sources)
     keys, eval_step = mlm.batch_keys(cfg.data.max_predictions), mlm.jit_eval_step(cfg, mesh, start.defs)
 
     probe = _probe(cfg, mesh, start, session.writer) if cfg.eval.probe_task and cfg.eval.every_steps else None
 
-    mix = mixture_lib.read(cfg.data.mixture) if cfg.data.mixture else None
-
     def evaluate(step: int, state: Any, logger: trainer_lib.Logger) -> None:
-      weights = mix.weights_at(step) if mix else {}
+      weights = None if sources.mix.plain else sources.mix.weights_at(step)
       ev = _evaluate(keys, mesh, eval_step, eval_batches, state['params'], weights)
       said = f'eval step {step}: loss {ev["loss"]:.4f}, accuracy {ev["accuracy"]:.4f}'
       if probe is not None:

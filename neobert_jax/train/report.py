@@ -89,20 +89,25 @@ def context_baselines(
   return out
 
 
-def source_baselines(data_cfg: ml_collections.ConfigDict, seq_len: int, mask_rate: float, when: str) -> dict[str, dict]:
-  """A mixture's bars per source ({} without a mixture): each source's own held-out split and training sample, as
-  context_baselines computes them for one data.dir. A source without a held-out split has none, nor one the run
-  read record by record from a bucket unless `when` (eval.baselines) is 'on' or they are cached: counting its
-  training sample would read more of it than the run did, and its bytes would no longer follow the weights."""
-  if not data_cfg.mixture or when == 'off':
-    return {}
-  sources = prepared.open_sources(data_cfg, seq_len)
+def source_baselines(
+  data_cfg: ml_collections.ConfigDict,
+  seq_len: int,
+  mask_rate: float,
+  when: str,
+  sources: prepared.Sources | None = None,
+) -> dict[str, dict]:
+  """The bars of each source (`sources`: the run's, default opened here): its own held-out split and training
+  sample, as context_baselines computes them for one directory. A source without a held-out split has none, nor a
+  mixture's source the run read record by record from a bucket unless `when` (eval.baselines) is 'on' or they are
+  cached: counting its training sample would read more of it than the run did, and its bytes would no longer
+  follow the weights."""
+  sources = sources or prepared.open_data(data_cfg, seq_len)
   out = {}
-  for name, (directory, manifest) in sources.items():
-    if not manifest['splits'].get('eval', {}).get('shards'):
-      continue
-    one = prepared.source_config(data_cfg, directory, len(sources))
-    count = when == 'on' or not prepared.reads_records(one, directory, manifest['splits']['train']['shards'], True)
+  for name in sources.with_eval() if when != 'off' else ():
+    directory, manifest = sources.opened[name]
+    one = sources.config(data_cfg, name)
+    count = when == 'on' or sources.mix.plain
+    count = count or not prepared.reads_records(one, directory, manifest['splits']['train']['shards'], True)
     bars = context_baselines(one, seq_len, mask_rate, count)
     if bars is None:
       log.info(
@@ -317,18 +322,22 @@ def fill_mask(
   return out
 
 
-def report(cfg: ml_collections.ConfigDict, workdir: Path, evals: list[dict[str, float]]) -> dict[str, Any]:
+def report(
+  cfg: ml_collections.ConfigDict,
+  workdir: Path,
+  evals: list[dict[str, float]],
+  sources: prepared.Sources | None = None,
+) -> dict[str, Any]:
   """Logs the held-out loss against the baselines, writes the curve (table and plot), shows fill-mask examples if
-  the run exported, and records the figures in WORKDIR/report.json (the exports' model card quotes them)."""
+  the run exported, and records the figures in WORKDIR/report.json (the exports' model card quotes them).
+  `sources`: the run's data as it opened it (default: opened here)."""
   seq_len = cfg.model.max_length
   mask_rate, when = train_config.eval_mask_rate(cfg), cfg.eval.baselines
-  per_bars = source_baselines(cfg.data, seq_len, mask_rate, when)
-  # The curve's bars: one source's (a mixture's first by name, computed once), each source's below.
-  bars = None
-  if per_bars:
-    bars = next(iter(per_bars.values()))
-  elif not cfg.data.mixture and when != 'off':
-    bars = context_baselines(cfg.data, seq_len, mask_rate)
+  sources = sources or prepared.open_data(cfg.data, seq_len)
+  per_bars = source_baselines(cfg.data, seq_len, mask_rate, when, sources)
+  # The curve's bars: one source's (a mixture's first by name), a mixture's each source's below.
+  bars = next(iter(per_bars.values()), None)
+  per_bars = {} if sources.mix.plain else per_bars
   table = write_curve_table(workdir, bars, max(cfg.logging.log_every, 1) * 5)
   plot = write_curve_plot(workdir, bars)
   out: dict[str, Any] = {'curve': str(table)}
@@ -337,30 +346,17 @@ def report(cfg: ml_collections.ConfigDict, workdir: Path, evals: list[dict[str, 
     log.info('baselines of the held-out loss:\n  %s', '\n  '.join(baseline_lines(bars)))
   if plot is not None:
     out['plot'] = str(plot)
-  if evals and bars is None:
-    out['eval_loss'] = evals[-1]['loss']
-    log.info(
-      'held-out MLM loss %.3f (accuracy %.3f) at step %d; loss curve %s',
-      evals[-1]['loss'],
-      evals[-1]['accuracy'],
-      evals[-1]['step'],
-      table,
-    )
-  elif evals:
+  if evals:
     last = evals[-1]
     out['eval_loss'] = last['loss']
-    gap = bars['neighbours']['loss'] - last['loss']
-    log.info(
-      'held-out MLM loss %.3f (accuracy %.3f) at step %d: %.3f below the unigram entropy, %s the neighbour-count '
-      'baseline; loss curve %s%s',
-      last['loss'],
-      last['accuracy'],
-      last['step'],
-      bars['held_out'] - last['loss'],
-      f'{gap:.3f} below' if gap > 0 else f'{-gap:.3f} above',
-      table,
-      f' and {plot}' if plot is not None else '',
-    )
+    said = ''
+    if bars is not None:
+      gap = bars['neighbours']['loss'] - last['loss']
+      beats = f'{gap:.3f} below' if gap > 0 else f'{-gap:.3f} above'
+      said = f': {bars["held_out"] - last["loss"]:.3f} below the unigram entropy, {beats} the neighbour-count baseline'
+    shown = f' and {plot}' if plot is not None and bars is not None else ''
+    step = (last['loss'], last['accuracy'], last['step'])
+    log.info('held-out MLM loss %.3f (accuracy %.3f) at step %d%s; loss curve %s%s', *step, said, table, shown)
     per_source = {k.removesuffix('/loss'): v for k, v in last.items() if k.endswith('/loss') and '/' in k}
     if per_source:
       out['eval_loss_per_source'] = per_source
@@ -382,7 +378,7 @@ def report(cfg: ml_collections.ConfigDict, workdir: Path, evals: list[dict[str, 
       )
   if cfg.export.hf_dir:
     try:
-      filled = fill_mask(cfg.export.hf_dir, cfg.data, seq_len)
+      filled = fill_mask(cfg.export.hf_dir, sources.config(cfg.data, sources.mix.names[0], False), seq_len)
     except ImportError as e:  # the torch extra is optional for training
       log.info('fill-mask examples need torch and transformers (pip install .[torch]): %s', e)
     else:

@@ -49,22 +49,6 @@ class Plan:
   changes: list[resume_rules.Change] = dataclasses.field(default_factory=list)
   origin: dict[str, Any] | None = None  # a new run's source and what it changed from it (train/stage.py)
 
-  def recorded_virtual_shards(self) -> int:
-    """The data.virtual_shards a resumed run recorded (0 for a new run, or a run recorded before the field)."""
-    if self.step is None or self.recorded is None:
-      return 0
-    return int(self.recorded['data'].get('virtual_shards', 0))
-
-  def recorded_mixture_block_docs(self) -> str:
-    """The data.mixture_block_docs a resumed run recorded ('' for a new run, or one recorded before the field)."""
-    if self.step is None or self.recorded is None:
-      return ''
-    return str(self.recorded['data'].get('mixture_block_docs', ''))
-
-  def recorded_tokenizer(self) -> str:
-    """The tokenizer a resumed run recorded ('' for a new run, or a run recorded before its tokenizer was)."""
-    return self.recorded['data']['tokenizer'] if self.step is not None and self.recorded is not None else ''
-
 
 def _recorded(workdir: paths.Path) -> tuple[dict[str, Any] | None, int | None]:
   """(the run's recorded config, its latest checkpoint step); (None, None) for an empty workdir.

@@ -44,16 +44,14 @@ OPTIMIZER_FIELDS = ('optimizer.name', 'optimizer.muon_adamw')
 
 def check(cfg: ml_collections.ConfigDict, src: Source | None) -> dict[str, Any] | None:
   """The origin of a run that starts from `src` (None: random init), for its history; with init.continue_data,
-  fills data.virtual_shards from the source run and refuses (one line) a row stream that is not the source's."""
+  refuses (one line) a row stream that is not the source's (its data.virtual_shards and data.mixture_block_docs,
+  when this run leaves them unset, are taken from the source run: `stream`)."""
   if src is None:
     return None
   if src.kind != 'run':
     return {'from_hf': src.where}
   recorded = src.run_config.to_dict()
   init = cfg.init
-  if init.continue_data:
-    cfg.data.virtual_shards = cfg.data.virtual_shards or int(recorded['data'].get('virtual_shards', 0))
-    cfg.data.mixture_block_docs = cfg.data.mixture_block_docs or recorded['data'].get('mixture_block_docs', '')
   changes = _changes(recorded, cfg)
   if init.continue_data:
     _refuse_any(
@@ -79,6 +77,15 @@ def check(cfg: ml_collections.ConfigDict, src: Source | None) -> dict[str, Any] 
     'continue_data': bool(init.continue_data),
     'changes': [c.to_json() for c in changes if c.kind != resume_rules.FREE],
   }
+
+
+def stream(cfg: ml_collections.ConfigDict, src: Source | None) -> dict[str, Any]:
+  """With init.continue_data, the source run's recorded layout of its row stream, which this run continues (what
+  config/train.resolve takes for the fields left unset); {} otherwise."""
+  if src is None or src.kind != 'run' or not cfg.init.continue_data:
+    return {}
+  data = src.run_config.to_dict()['data']
+  return {k: data[k] for k in ('virtual_shards', 'mixture_block_docs') if k in data}
 
 
 def _refuse_any(changes: list[resume_rules.Change], fields: tuple[str, ...], problem: str, fix: str) -> None:

@@ -43,6 +43,7 @@ from typing import Any, Mapping
 import ml_collections
 import numpy as np
 
+from neobert_jax import config as config_lib
 from neobert_jax import errors
 from neobert_jax.config.model import default_model_config
 from neobert_jax.weights import eurobert
@@ -268,20 +269,19 @@ def model_config_from_hf(hf_config: Mapping[str, Any], base=None):
       f'config.json selects an architecture variant this port does not implement: {unsupported}; only the '
       'released NeoBERT (RoPE, RMSNorm, SwiGLU, no nGPT) converts'
     )
-  cfg = default_model_config() if base is None else base.copy_and_resolve_references()
-  for jax_name, hf_name in _FIELD_MAP.items():
-    if hf_config.get(hf_name) is not None:
-      cfg[jax_name] = type(cfg[jax_name])(hf_config[hf_name])
+  base = default_model_config() if base is None else base
+  fields = {j: type(base[j])(hf_config[h]) for j, h in _FIELD_MAP.items() if hf_config.get(h) is not None}
   if hf_config.get('max_position_embeddings') is None and hf_config.get(LEGACY_MAX_LENGTH) is not None:
-    cfg.max_length = int(hf_config[LEGACY_MAX_LENGTH])
+    fields['max_length'] = int(hf_config[LEGACY_MAX_LENGTH])
   # The layout flags: absent (the published NeoBERT, older exports) is the released layout.
-  cfg.use_bias = _layout_flag(hf_config, 'attention_bias')
-  if _layout_flag(hf_config, 'mlp_bias') != cfg.use_bias:
+  fields['use_bias'] = _layout_flag(hf_config, 'attention_bias')
+  if _layout_flag(hf_config, 'mlp_bias') != fields['use_bias']:
     raise errors.ExportError(
       f'config.json has attention_bias={hf_config.get("attention_bias")} and mlp_bias={hf_config.get("mlp_bias")}; '
       'this port has one switch for both (model.use_bias): only checkpoints with both or neither convert'
     )
-  cfg.tie_word_embeddings = _layout_flag(hf_config, 'tie_word_embeddings')
+  fields['tie_word_embeddings'] = _layout_flag(hf_config, 'tie_word_embeddings')
+  cfg = config_lib.replace(base, fields)
   dim_head = hf_config.get('dim_head')
   if dim_head is not None and dim_head * cfg.num_heads != cfg.hidden_size:
     raise errors.ExportError(

@@ -4,7 +4,9 @@
   (store.py: in place, or fetched from a bucket into a bounded cache, a window ahead of the reader; prepared.py
   opens and checks the data, cache.py sizes the cache)
   -> blocks of `block_docs` documents per virtual shard -> pack + mask each block (builder.py)
-  -> every step, B/V rows from each of this host's virtual shards, in shard order (host_batches.py)
+  -> every step, B/V rows from each of this host's virtual shards, in shard order (host_batches.py), for each of the
+     run's sources; the mixture's sampler takes each step's rows from them (train_batches.py; a plain data.dir is a
+     mixture of one, whose rows are its own in order)
   -> optional mp_prefetch workers -> a background thread keeps the next batches ready
 
 The train iterator's state is its position (state.py); position.py saves it into a checkpoint and restores it.
@@ -16,14 +18,14 @@ import grain
 import ml_collections
 
 from neobert_jax import errors, paths
+from neobert_jax.config import data as data_config
 from neobert_jax.data import shards
 from neobert_jax.data.pipeline import builder
 from neobert_jax.data.pipeline import cache
-from neobert_jax.data import mixture as mixture_lib
 from neobert_jax.data.pipeline import host_batches
-from neobert_jax.data.pipeline import mixture_batches
 from neobert_jax.data.pipeline import prepared
 from neobert_jax.data.pipeline import store as store_lib
+from neobert_jax.data.pipeline import train_batches as train_batches_lib
 from neobert_jax.data.pipeline import virtual
 
 
@@ -34,7 +36,7 @@ def _seed(shuffle_seed: int, seed: int) -> int:
 
 def virtual_shards(data_cfg: ml_collections.ConfigDict, global_batch: int, process_count: int) -> int:
   """data.virtual_shards, or its automatic value when it is 0 (the trainer resolves it once and records it)."""
-  return data_cfg.virtual_shards or virtual.auto_virtual_shards(global_batch, process_count)
+  return data_cfg.virtual_shards or data_config.auto_virtual_shards(global_batch, process_count)
 
 
 def make_train_iterator(
@@ -47,9 +49,11 @@ def make_train_iterator(
   *,
   model_vocab_size: int | None = None,
   prefetch: int = 2,
+  sources: prepared.Sources | None = None,
 ) -> grain.DatasetIterator:
   """Endless iterator of this host's training batches; has get_state/set_state. `prefetch`: batches built ahead
-  while the step runs (data.num_workers = 0).
+  while the step runs (data.num_workers = 0). `sources`: the run's data as the trainer opened it (default: opened
+  here from data_cfg).
 
   Process p of n owns virtual shards [p*V/n, (p+1)*V/n) and gets B/V rows of each per step (B = n *
   batch_size_per_host), so the rows of a step do not depend on n. A checkpoint keeps its place through
@@ -58,8 +62,9 @@ def make_train_iterator(
   """
   if not 0 <= process_index < process_count:
     raise ValueError(f'process_index {process_index} outside [0, {process_count})')
-  ds, store = (mixture_source if data_cfg.mixture else train_source)(
-    data_cfg, batch_size_per_host * process_count, seq_len, seed, process_index, process_count, model_vocab_size
+  sources = sources or prepared.open_data(data_cfg, seq_len, model_vocab_size)
+  ds, stores = train_batches(
+    data_cfg, sources, batch_size_per_host * process_count, seq_len, seed, process_index, process_count
   )
   if data_cfg.num_workers > 0:
     _mark_absl_flags_parsed()
@@ -69,25 +74,64 @@ def make_train_iterator(
   else:  # the next batches are built while the step runs
     ds = grain.experimental.ThreadPrefetchIterDataset(ds, prefetch_buffer_size=prefetch)
   it = iter(ds)
-  it.store = store  # the fetch counters (bytes downloaded, peak disk) for the log and the benchmark
+  it.stores = stores  # each source's fetch counters (bytes downloaded, peak disk) for the log and the benchmark
   return it
 
 
-def train_source(
+def train_batches(
   data_cfg: ml_collections.ConfigDict,
+  sources: prepared.Sources,
   global_batch: int,
   seq_len: int,
   seed: int,
   process_index: int,
   process_count: int,
-  model_vocab_size: int | None = None,
-  share: float = 1.0,
+) -> tuple[train_batches_lib.TrainBatches, dict[str, store_lib.LocalStore | store_lib.BucketStore]]:
+  """(this process's batches of the run's sources, the store each source reads through): every source on the same
+  virtual shards, sharing data.cache_gb, each checked (layout, cache budget) before a shard is read."""
+  mix = sources.mix
+  if data_cfg.num_workers > 0 and not mix.plain:
+    raise errors.ConfigError(
+      'data.num_workers > 0 builds whole batches per worker, and a mixture draws a varying number of rows from '
+      'each source every step; set data.num_workers=0 with data.mixture'
+    )
+  fresh = [n.strip() for n in data_cfg.mixture_fresh.split(',') if n.strip()]
+  unknown = sorted(set(fresh) - set(mix.names))
+  if unknown:
+    raise errors.ConfigError(
+      f'data.mixture_fresh names {unknown[0]!r}, not a source of {mix.where} ({list(mix.names)})'
+    )
+  count = virtual_shards(data_cfg, global_batch, process_count)
+  try:
+    blocks = sources.block_docs(data_cfg.block_docs, data_cfg.mixture_block_docs, count)  # recorded at start
+  except ValueError as e:
+    raise errors.ConfigError(str(e)) from None
+  # Each source of a mixture reads ahead by its share of the rows, so its bytes follow its weight (docs/data.md,
+  # "Several sources"); a plain data.dir reads ahead a whole window.
+  shares = {n: 1.0 for n in mix.names} if mix.plain else {n: min(s, 0.999) for n, s in mix.peak_shares().items()}
+  streams, stores, seed = {}, {}, _seed(data_cfg.shuffle_seed, seed)
+  for name, (directory, manifest) in sources.opened.items():
+    one = data_config.source_config(data_cfg, directory, len(mix.sources), blocks[name])
+    where = (process_index, process_count, shares[name])
+    streams[name], stores[name] = _source(one, directory, manifest, global_batch, seq_len, seed, *where)
+  rows = global_batch // count
+  return train_batches_lib.TrainBatches(streams, mix, seed, rows, sources.records(count), blocks, fresh), stores
+
+
+def _source(
+  data_cfg: ml_collections.ConfigDict,
+  directory: str,
+  manifest: dict,
+  global_batch: int,
+  seq_len: int,
+  seed: int,
+  process_index: int,
+  process_count: int,
+  share: float,
 ) -> tuple[host_batches.HostBatches, store_lib.LocalStore | store_lib.BucketStore]:
-  """(this process's batches of the prepared source data_cfg.dir, the store it reads through): its own virtual
-  shards, packing, masking and position, checked against the run (tokenizer, layout, cache budget) before a
-  shard is read. `share`: the source's largest share of the rows (a mixture's source): its downloads run that share
-  of a window ahead of its reader, and below 1 none starts before its reader needs its first block."""
-  directory, manifest = prepared.open_prepared(data_cfg, seq_len, model_vocab_size)
+  """(this process's row streams of one source, the store it reads through): its own virtual shards, packing,
+  masking and position. `share`: the source's largest share of the rows: its downloads run that share of a window
+  ahead of its reader, and below 1 none starts before its reader needs its first block."""
   listed = prepared.split_shards(directory, manifest, 'train')
   count = virtual_shards(data_cfg, global_batch, process_count)
   problem = virtual.check_layout(count, process_count, global_batch, sum(s['records'] for s in listed))
@@ -98,7 +142,6 @@ def train_source(
       'data.num_workers > 0 reads local data only (each worker would keep its own bucket cache); '
       'set data.num_workers=0 for data.dir on a bucket'
     )
-  seed = _seed(data_cfg.shuffle_seed, seed)
   counts = [s['records'] for s in listed]
   bounds = virtual.ranges(counts, count)
   streams = {
@@ -126,59 +169,6 @@ def train_source(
     for v, st in streams.items()
   }
   return host_batches.HostBatches(blocks, global_batch // count), store
-
-
-def mixture_source(
-  data_cfg: ml_collections.ConfigDict,
-  global_batch: int,
-  seq_len: int,
-  seed: int,
-  process_index: int,
-  process_count: int,
-  model_vocab_size: int | None = None,
-) -> tuple[mixture_batches.MixtureBatches, dict[str, store_lib.LocalStore | store_lib.BucketStore]]:
-  """(this process's batches of the mixture data.mixture, the store of each source): every source read as
-  train_source reads one, on the same virtual shards, sharing data.cache_gb; checked (data/mixture.py) before a
-  shard is read."""
-  if data_cfg.num_workers > 0:
-    raise errors.ConfigError(
-      'data.num_workers > 0 builds whole batches per worker, and a mixture draws a varying number of rows from '
-      'each source every step; set data.num_workers=0 with data.mixture'
-    )
-  mix = mixture_lib.read(data_cfg.mixture)
-  fresh = [n.strip() for n in data_cfg.mixture_fresh.split(',') if n.strip()]
-  unknown = sorted(set(fresh) - set(mix.names))
-  if unknown:
-    raise errors.ConfigError(f'data.mixture_fresh names {unknown[0]!r}, not a source of {mix.path} ({list(mix.names)})')
-  sources, stores = {}, {}
-  count = virtual_shards(data_cfg, global_batch, process_count)
-  # Each source reads ahead by its share of the rows, so its bytes follow its weight (docs/data.md, "Several sources").
-  shares = mix.peak_shares()
-  opened = prepared.open_sources(data_cfg, seq_len, model_vocab_size)
-  records = _shard_records(opened, count)
-  blocks = mixture_blocks(data_cfg, mix, opened, count)  # the trainer resolved and recorded them at start
-  for name, (directory, manifest) in opened.items():
-    one = prepared.source_config(data_cfg, directory, len(mix.sources))
-    one.block_docs = blocks[name]
-    sources[name], stores[name] = train_source(
-      one, global_batch, seq_len, seed, process_index, process_count, model_vocab_size, min(shares[name], 0.999)
-    )
-  seed = _seed(data_cfg.shuffle_seed, seed)
-  rows = global_batch // count
-  return mixture_batches.MixtureBatches(sources, mix, seed, rows, records, blocks, fresh), stores
-
-
-def mixture_blocks(
-  data_cfg: ml_collections.ConfigDict, mix: mixture_lib.Mixture, opened: dict[str, tuple[str, dict]], count: int
-) -> dict[str, int]:
-  """Each source's documents per block: data.mixture_block_docs, else as Mixture.block_docs resolves them for
-  `count` virtual shards of the sources `opened` ({name: (directory, manifest)}, prepared.open_sources)."""
-  return mix.block_docs(data_cfg.block_docs, data_cfg.mixture_block_docs, _shard_records(opened, count))
-
-
-def _shard_records(opened: dict[str, tuple[str, dict]], count: int) -> dict[str, int]:
-  """Each opened source's training records per virtual shard (an epoch of one)."""
-  return {n: sum(s['records'] for s in m['splits']['train']['shards']) // count for n, (_, m) in opened.items()}
 
 
 def make_eval_iterator(
@@ -216,7 +206,7 @@ def make_eval_iterator(
     blocks = blocks.repeat()
   seed = _seed(data_cfg.shuffle_seed, seed)
   blocks = blocks.map_with_index(builder.BlockBuilder.for_source(data_cfg, manifest, seq_len, seed, 0))
-  return EvalBatches(host_batches.HostBatches({0: blocks}, batch_size_per_host, finite_pad=True), num_batches)
+  return EvalBatches(host_batches.HostBatches({0: blocks}, batch_size_per_host), num_batches)
 
 
 class EvalBatches:

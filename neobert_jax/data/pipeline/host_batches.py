@@ -25,9 +25,9 @@ class HostBatches(grain.IterDataset):
   (set by mp_prefetch: worker w of W) makes each stream use blocks w, w + W, ... of its shard.
   """
 
-  def __init__(self, blocks: dict[int, grain.MapDataset], rows_per_shard: int, finite_pad: bool = False):
+  def __init__(self, blocks: dict[int, grain.MapDataset], rows_per_shard: int):
     super().__init__(list(blocks.values()))
-    self.blocks, self.rows_per_shard, self.finite_pad = blocks, rows_per_shard, finite_pad
+    self.blocks, self.rows_per_shard = blocks, rows_per_shard
     self.block_slice = (0, 1)
 
   def set_slice(self, sl: slice, sequential_slice: bool = False) -> None:
@@ -59,7 +59,8 @@ class _HostBatchIterator(grain.DatasetIterator):
     self._cache[v] = (k, block)  # one block per shard alive, plus the one being cut
     return block
 
-  def _rows(self, v: int, need: int) -> list[dict]:
+  def take(self, v: int, need: int) -> list[dict]:
+    """The next `need` rows of virtual shard `v` (fewer where finite data ends), as views of its blocks."""
     parts, pos = [], self._pos[v]
     while need:
       block = self._block(v, pos[0])
@@ -75,21 +76,16 @@ class _HostBatchIterator(grain.DatasetIterator):
       need -= take
     return parts
 
-  def take(self, v: int, need: int) -> list[dict]:
-    """The next `need` rows of virtual shard `v` (an endless train stream), as views of its blocks: for a pipeline
-    that draws a varying number of rows from each shard every step (a mixture of sources)."""
-    return self._rows(v, need)
-
   def __next__(self) -> dict:
     if self._exhausted:
       raise StopIteration
     parts = []
     for v in self._ds.blocks:
-      got = self._rows(v, self._ds.rows_per_shard)
+      got = self.take(v, self._ds.rows_per_shard)
       short = self._ds.rows_per_shard - sum(len(p['input_ids']) for p in got)
-      if short:  # finite data (the held-out split) ran out in this shard
+      if short:  # finite data (the held-out split) ran out in this shard: its last batch topped up
         self._exhausted = True
-        if not self._ds.finite_pad or not (got or parts):
+        if not (got or parts):
           raise StopIteration
         got.append(_loss_free_rows((got or parts)[0], short))
       parts += got

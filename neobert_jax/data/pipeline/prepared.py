@@ -6,6 +6,7 @@ pipeline reaches them. The built-in corpus is prepared by `prepare_builtin`, the
 takes first: opening never tokenizes.
 """
 
+import dataclasses
 import hashlib
 
 import ml_collections
@@ -23,9 +24,14 @@ def prepare_builtin(data_cfg: ml_collections.ConfigDict, seq_len: int) -> None:
   """The explicit preparation step of a run on the built-in corpus (data.dir empty): fetches and tokenizes it once
   per machine. Opening prepared data (below) never does; the train command calls this first."""
   if not data_cfg.dir and not data_cfg.mixture:
-    from neobert_jax.data.prepare import corpus  # pylint: disable=g-import-not-at-top
+    _builtin_dir(data_cfg, seq_len, build=True)
 
-    corpus.default_prepared_dir(max_length=seq_len, tokenizer=data_cfg.tokenizer or tokenizer_lib.BUILTIN_BERT)
+
+def _builtin_dir(data_cfg: ml_collections.ConfigDict, seq_len: int, build: bool = False) -> str:
+  from neobert_jax.data.prepare import corpus  # pylint: disable=g-import-not-at-top
+
+  tokenizer = data_cfg.tokenizer or tokenizer_lib.BUILTIN_BERT
+  return corpus.default_prepared_dir(max_length=seq_len, tokenizer=tokenizer, build=build)
 
 
 def open_prepared(
@@ -37,15 +43,7 @@ def open_prepared(
   been prepared (prepare_builtin); otherwise the error names the command that prepares it.
   """
   data_config.validate_data_config(data_cfg)
-  if data_cfg.mixture:  # its sources, checked against each other: the first stands for all
-    return next(iter(open_sources(data_cfg, seq_len, model_vocab_size).values()))
-  directory = data_cfg.dir
-  if not directory:
-    from neobert_jax.data.prepare import corpus  # pylint: disable=g-import-not-at-top
-
-    directory = corpus.default_prepared_dir(
-      max_length=seq_len, tokenizer=data_cfg.tokenizer or tokenizer_lib.BUILTIN_BERT, build=False
-    )
+  directory = data_cfg.dir or _builtin_dir(data_cfg, seq_len)
   if paths.is_url(directory):
     url = paths.resolve(directory, 'data.dir')
     manifest = shards.parse_manifest(store_lib.read_bucket_manifest(url), str(url))
@@ -70,24 +68,59 @@ def open_prepared(
   return directory, manifest
 
 
-def open_sources(
-  data_cfg: ml_collections.ConfigDict, seq_len: int, model_vocab_size: int | None = None
-) -> dict[str, tuple[str, dict]]:
-  """{source name: (directory, manifest)} of the mixture data.mixture, each opened as data.dir would be and checked
-  against the others (data/mixture.py); with no mixture, the one source data.dir under the name ''."""
-  if not data_cfg.mixture:
-    return {'': open_prepared(data_cfg, seq_len, model_vocab_size)}
-  mix = mixture_lib.read(data_cfg.mixture)
-  return mixture_lib.open_sources(
-    mix, lambda d: open_prepared(source_config(data_cfg, d, len(mix.sources)), seq_len, model_vocab_size), seq_len
+def read_mixture(data_cfg: ml_collections.ConfigDict, seq_len: int) -> mixture_lib.Mixture:
+  """What the run trains on, read once: the mixture file data.mixture, else data.dir as a mixture of one (the
+  built-in corpus's prepared directory when data.dir is empty)."""
+  if data_cfg.mixture:
+    return mixture_lib.read(data_cfg.mixture)
+  return mixture_lib.Mixture.of_dir(data_cfg.dir or _builtin_dir(data_cfg, seq_len))
+
+
+@dataclasses.dataclass(frozen=True)
+class Sources:
+  """The run's training data, opened: its mixture (mixture.py) and each source's (directory, manifest)."""
+
+  mix: mixture_lib.Mixture
+  opened: dict[str, tuple[str, dict]]
+
+  def tokenizer(self) -> str:
+    """The tokenizer spec the data was prepared with (every source shares it: mixture.open_sources)."""
+    return next(iter(self.opened.values()))[1]['tokenizer']['spec']
+
+  def records(self, count: int) -> dict[str, int]:
+    """Each source's training records per virtual shard (an epoch of one) for `count` virtual shards."""
+    return {n: sum(s['records'] for s in m['splits']['train']['shards']) // count for n, (_, m) in self.opened.items()}
+
+  def block_docs(self, block_docs: int, given: str, count: int) -> dict[str, int]:
+    """Each source's documents per block: those `given` ('name=docs,...', data.mixture_block_docs), else as
+    Mixture.block_docs resolves them for `count` virtual shards (a plain data.dir's: data.block_docs)."""
+    return self.mix.block_docs(block_docs, given, self.records(count))
+
+  def config(
+    self, data_cfg: ml_collections.ConfigDict, name: str, share_cache: bool = True
+  ) -> ml_collections.ConfigDict:
+    """The data section that reads source `name`: its directory and, with `share_cache`, its share of the cache."""
+    return data_config.source_config(data_cfg, self.opened[name][0], len(self.opened) if share_cache else 1)
+
+  def with_eval(self) -> list[str]:
+    """The sources that have a held-out split."""
+    return [n for n, (_, m) in self.opened.items() if m['splits'].get('eval', {}).get('shards')]
+
+
+def open_data(
+  data_cfg: ml_collections.ConfigDict,
+  seq_len: int,
+  model_vocab_size: int | None = None,
+  mix: mixture_lib.Mixture | None = None,
+) -> Sources:
+  """The sources of `mix` (default: read_mixture), each opened as open_prepared opens one directory (sharing the
+  cache budget) and checked against the others (mixture.open_sources)."""
+  mix = mix or read_mixture(data_cfg, seq_len)
+  n = len(mix.sources)
+  opened = mixture_lib.open_sources(
+    mix, lambda d: open_prepared(data_config.source_config(data_cfg, d, n), seq_len, model_vocab_size), seq_len
   )
-
-
-def source_config(data_cfg: ml_collections.ConfigDict, directory: str, sources: int = 1) -> ml_collections.ConfigDict:
-  """The data config that reads one source of a mixture: its directory, and its share of the cache budget."""
-  cfg = ml_collections.ConfigDict(data_cfg.to_dict())
-  cfg.dir, cfg.mixture, cfg.cache_gb = directory, '', data_cfg.cache_gb / sources
-  return cfg
+  return Sources(mix, opened)
 
 
 def split_shards(directory: str, manifest: dict, split: str) -> list[dict]:
