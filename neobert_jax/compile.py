@@ -172,9 +172,9 @@ def run_child(cfg_in) -> int:
   if _COST_MODEL.value and target.platform == 'tpu':
     from neobert_jax.aot import plan as plan_lib
 
-    seconds = plan_lib.tpu_seconds(cfg, target, _PLAN_MFU.value)
-    cost_model = dict(cost_model_seconds=seconds, cost_model_splash_mfu=_PLAN_MFU.value)
-    if seconds is None:
+    step_seconds = plan_lib.tpu_seconds(cfg, target, _PLAN_MFU.value)  # the step's; `seconds` is the compile's
+    cost_model = dict(cost_model_seconds=step_seconds, cost_model_splash_mfu=_PLAN_MFU.value)
+    if step_seconds is None:
       notes.append(
         '--cost_model: this XLA gave no cost analysis (optimal_seconds) for the TPU program; '
         'the roofline above is the estimate'
