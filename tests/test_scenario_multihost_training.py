@@ -37,6 +37,7 @@ OVERRIDES = {
   'train.num_steps': STEPS,
   'optimizer.warmup_steps': 1,
   'optimizer.warmup_fraction': 0.0,
+  'optimizer.schedule': 'cosine',  # tiny_cpu's 'linear' decays over train.num_steps, whatever decay_steps says
   # The rate reaches its floor at step 3 whatever train.num_steps is (decay_fraction would move it with
   # num_steps): the learning-rate table is part of the compiled step, so the SIGTERM test's longer job reads the
   # fixture's two-process step back from the compilation cache instead of compiling its own.
@@ -427,7 +428,8 @@ def test_two_hosts_without_a_shared_path_train_and_resume_through_a_bucket(runs,
   """2 processes x 2 devices whose working directories and caches differ (no local path in common): the workdir and
   the prepared data live on the bucket (a real GCS server), each host reading its own share. Process 1 vanishes after
   step 1 (as under kill -9), then a SIGTERM reaches process 1 after step 2; each time the same command resumes from
-  the last checkpoint on the bucket, and the run ends bit for bit where the uninterrupted 2-process run did."""
+  the last checkpoint on the bucket, and the run passes through step 3 bit for bit where the uninterrupted 2-process
+  run ended."""
   from etils import epath
   from neobert_jax import paths
   from neobert_jax.data import pipeline
@@ -451,24 +453,25 @@ def test_two_hosts_without_a_shared_path_train_and_resume_through_a_bucket(runs,
   assert run_dirs.latest_step(workdir) in (None, 1), out[-3000:]
   codes, out = job({'TEST_SIGTERM_AT_STEP': '2'})
   assert codes == [0, 0] and 'process 1 got SIGTERM after step 2' in out, out[-3000:]
-  codes, out = job({})
-  assert codes == [0, 0] and 'final_step=3' in out, out[-3000:]
+  # The same command resumes once more, as the train command's whole job, one step past the uninterrupted run and
+  # evaluating at its end (one job instead of a resume to step 3 and then another to step 4; the rate reaches its
+  # floor at step 3 whatever train.num_steps is, so steps 1-3 are the uninterrupted run's): both processes exit 0 and
+  # the report (its table and plot) is on the bucket.
+  whole = {**extra, 'train.num_steps': STEPS + 1, 'eval.every_steps': STEPS + 1, 'eval.probe_task': ''}
+  codes, out = bucket_job(workdir, whole, tmp_path, {'TEST_WHOLE_JOB': '1'})
+  assert codes == [0, 0] and f'final_step={STEPS + 1}' in out, out[-3000:]
+  plot = epath.Path(f'{workdir}/loss_curve.png')
+  assert plot.is_file() and plot.read_bytes().startswith(b'\x89PNG'), out[-3000:]
   rows = [json.loads(x) for x in epath.Path(f'{workdir}/metrics.jsonl').read_text().splitlines() if x.strip()]
   by_step = {r['step']: r['train/loss'] for r in rows if 'train/loss' in r}  # a replayed step logs again
-  assert sorted(by_step) == [1, 2, 3]
-  # the same host count: bit for bit the uninterrupted 2-process run on local data
+  assert sorted(by_step) == [1, 2, 3, 4]
+  # the same host count: bit for bit the uninterrupted 2-process run on local data, at its last step
   assert [by_step[s] for s in (1, 2, 3)] == _losses(two), (by_step, _losses(two))
-  _, ours = run_dirs.restore_params(workdir)
+  _, ours = run_dirs.restore_params(workdir, STEPS)
   _, ref = run_dirs.restore_params(two)
   assert sorted(ours) == sorted(ref)
   for k in ref:
     assert (ours[k] == ref[k]).all(), k
-  # One step more, as the train command's whole job, evaluating at its end: both processes exit 0 and the report
-  # (its table and plot) is on the bucket.
-  whole = {**extra, 'train.num_steps': 4, 'eval.every_steps': 4, 'eval.probe_task': ''}
-  codes, out = bucket_job(workdir, whole, tmp_path, {'TEST_WHOLE_JOB': '1'})
-  plot = epath.Path(f'{workdir}/loss_curve.png')
-  assert codes == [0, 0] and plot.is_file() and plot.read_bytes().startswith(b'\x89PNG'), out[-3000:]
 
 
 if __name__ == '__main__':

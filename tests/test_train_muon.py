@@ -85,14 +85,19 @@ def test_muon_fields_are_checked(field, value, needle):
   assert needle in str(refused.value)
 
 
-MESHES = {'one_device': dict(data=1, fsdp=1, tensor=1), 'fsdp8': dict(data=1, fsdp=8, tensor=1)}
-MESHES['d2f2t2'] = dict(data=2, fsdp=2, tensor=2)
+# One sharded mesh: d2f2t2 splits the Muon matrices over fsdp and tensor and the batch over data and fsdp at once,
+# the code paths an fsdp8 mesh (also run here before) takes too; one compile fewer.
+MESHES = {'one_device': dict(data=1, fsdp=1, tensor=1), 'd2f2t2': dict(data=2, fsdp=2, tensor=2)}
+
+
+def _sharded_cfg(num_devices=None):
+  cfg = _muon(tiny_config(vocab_size=256, hidden=64, layers=2, seq_len=32, batch=16))
+  cfg.model.num_heads, cfg.optimizer.warmup_steps = 4, 0  # every step moves the weights
+  return schema.validate(cfg, num_devices=num_devices)
 
 
 def _sharded_run(sizes):
-  cfg = _muon(tiny_config(vocab_size=256, hidden=64, layers=2, seq_len=32, batch=16))
-  cfg.model.num_heads, cfg.optimizer.warmup_steps = 4, 0  # every step moves the weights
-  cfg = schema.validate(cfg, num_devices=1 if sizes == MESHES['one_device'] else None)
+  cfg = _sharded_cfg(num_devices=1 if sizes == MESHES['one_device'] else None)
   devices = jax.devices()[:1] if sizes == MESHES['one_device'] else jax.devices()
   mesh = shd.make_mesh(sizes, devices)
   defs, state = mlm.create_train_state(cfg, mesh)
@@ -108,7 +113,7 @@ def _sharded_run(sizes):
 def test_a_sharded_muon_run_equals_the_single_device_one():
   ref_losses, ref_params = _sharded_run(MESHES['one_device'])
   assert ref_losses[-1] < ref_losses[0]
-  for name in ('fsdp8', 'd2f2t2'):
+  for name in ('d2f2t2',):
     losses, params = _sharded_run(MESHES[name])
     np.testing.assert_allclose(losses, ref_losses, rtol=2e-5, atol=2e-5, err_msg=name)
     for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(ref_params)):
@@ -176,8 +181,9 @@ def test_a_new_stage_may_switch_optimizer_but_not_keep_the_other_one_s_moments(f
 
 @pytest.mark.slow
 def test_a_stage_that_keeps_muon_s_state_restarts_only_the_schedule():
-  """init.keep_optimizer under Muon: the schedule's counters restart, the momenta and their counts are kept."""
-  cfg = schema.validate(_muon(tiny_config(vocab_size=256)), num_devices=1)
+  """init.keep_optimizer under Muon: the schedule's counters restart, the momenta and their counts are kept. The
+  one-device config of the sharded test above: its compiled step is read back from the compilation cache."""
+  cfg = _sharded_cfg(num_devices=1)
   mesh = shd.make_mesh(MESHES['one_device'], jax.devices()[:1])
   defs, state = mlm.create_train_state(cfg, mesh)
   state, _ = mlm.jit_train_step(cfg, mesh, defs)(state, synthetic_batch(cfg, mesh, seed=0))
