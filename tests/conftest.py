@@ -55,7 +55,7 @@ def pytest_runtest_logreport(report):
   """With NEOBERT_TEST_TIMES=FILE, every test phase's seconds are appended there as it ends (nodeid, phase,
   seconds): a partial run still tells where the time goes (docs/testing.md, "Running the tests")."""
   out = os.environ.get('NEOBERT_TEST_TIMES')
-  if out:
+  if out and not os.environ.get('PYTEST_XDIST_WORKER'):  # xdist hands each report to the controller too: once
     with open(out, 'a') as f:
       f.write(f'{report.nodeid}\t{report.when}\t{report.duration:.2f}\n')
 
