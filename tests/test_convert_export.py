@@ -84,7 +84,7 @@ def test_export_directory_contents(exported, source):
   assert config['architectures'] == ['NeoBERTLMHead']
   assert config['auto_map'] == {
     'AutoConfig': 'model.NeoBERTConfig',
-    'AutoModel': 'model.NeoBERT',
+    'AutoModel': 'model.NeoBERTModel',
     'AutoModelForMaskedLM': 'model.NeoBERTLMHead',
     'AutoModelForSequenceClassification': 'model.NeoBERTForSequenceClassification',
   }

@@ -218,7 +218,7 @@ def test_every_path_returns_the_same_whole_tensors_zero_at_padding():
 
 def test_head_mask_attn_implementation_and_legacy_max_length(tmp_path):
   torch.manual_seed(0)
-  model = hf.NeoBERT(tiny_config(max_length=128)).eval()
+  model = hf.NeoBERTModel(tiny_config(max_length=128)).eval()
   assert model.config.max_position_embeddings == 128
   ids, mask = padded_batch()
   head_mask = torch.ones(2, 4)
@@ -231,6 +231,6 @@ def test_head_mask_attn_implementation_and_legacy_max_length(tmp_path):
   model.save_pretrained(tmp_path)
   saved = (tmp_path / 'config.json').read_text()
   assert '"max_position_embeddings": 128' in saved and '"max_length"' not in saved  # 5.x refuses to save it
-  assert hf.NeoBERT.from_pretrained(tmp_path, attn_implementation='eager').config._attn_implementation == 'eager'
+  assert hf.NeoBERTModel.from_pretrained(tmp_path, attn_implementation='eager').config._attn_implementation == 'eager'
   with pytest.raises(ValueError, match='Flash Attention'):
-    hf.NeoBERT.from_pretrained(tmp_path, attn_implementation='flash_attention_2')
+    hf.NeoBERTModel.from_pretrained(tmp_path, attn_implementation='flash_attention_2')

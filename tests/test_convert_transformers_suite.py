@@ -72,15 +72,15 @@ from .test_configuration_common import ConfigTester
 from .test_modeling_common import ModelTesterMixin, ids_tensor, random_attention_mask
 
 EXPORT = os.environ["NEOBERT_EXPORT"]
-NeoBERTConfig, NeoBERT, NeoBERTLMHead, NeoBERTForSequenceClassification = (
+NeoBERTConfig, NeoBERTModel, NeoBERTLMHead, NeoBERTForSequenceClassification = (
     get_class_from_dynamic_module(f"model.{name}", EXPORT)
-    for name in ("NeoBERTConfig", "NeoBERT", "NeoBERTLMHead", "NeoBERTForSequenceClassification")
+    for name in ("NeoBERTConfig", "NeoBERTModel", "NeoBERTLMHead", "NeoBERTForSequenceClassification")
 )
 # What a model in transformers is: registered with the Auto classes, and named in the task mappings from which the
 # common tests decide which heads get labels and train.
 AutoConfig.register("neobert", NeoBERTConfig)
 for auto, names, cls in (
-    (AutoModel, modeling_auto.MODEL_MAPPING_NAMES, NeoBERT),
+    (AutoModel, modeling_auto.MODEL_MAPPING_NAMES, NeoBERTModel),
     (AutoModelForMaskedLM, modeling_auto.MODEL_FOR_MASKED_LM_MAPPING_NAMES, NeoBERTLMHead),
     (AutoModelForSequenceClassification, modeling_auto.MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES,
      NeoBERTForSequenceClassification),
@@ -112,7 +112,7 @@ class NeoBERTModelTester:
 
 
 class NeoBERTModelTest(ModelTesterMixin, unittest.TestCase):
-    all_model_classes = (NeoBERT, NeoBERTLMHead, NeoBERTForSequenceClassification)
+    all_model_classes = (NeoBERTModel, NeoBERTLMHead, NeoBERTForSequenceClassification)
     test_pruning = False  # prune_heads is not implemented
     test_head_masking = True  # 4.x: head_mask multiplies the eager attention weights
     test_torchscript = True  # 4.x: torchscript=True returns tuples (4.57.6 skips its torchscript tests)

@@ -124,7 +124,7 @@ def load_exported(source: str | os.PathLike, task: str | None = None) -> tuple[E
       )
     state.update({k: np.zeros(shape, np.float32) for k, shape in hf.decoder_shapes(cfg).items()})
   flat = hf.hf_state_dict_to_flat(state, cfg)
-  cls = hf_model.NeoBERTLMHead if task == 'mlm' else hf_model.NeoBERT
+  cls = hf_model.NeoBERTLMHead if task == 'mlm' else hf_model.NeoBERTModel
   model = torch_ref.torch_model_from_flat(flat, cfg, 'float32', cls=cls)
   pooling, normalize = pooling_of(path)
   return Exported(model, task, pooling, normalize).eval(), config

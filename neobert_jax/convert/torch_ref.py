@@ -45,7 +45,7 @@ def torch_model_from_flat(
   state = {k: numpy_to_torch(v).to(dtype) for k, v in hf.flat_to_hf_state_dict(flat, cfg).items()}
   with torch.device('meta'):
     model = cls(hf_config(cfg))
-  if cls is hf_model.NeoBERT:
+  if cls is hf_model.NeoBERTModel:
     state = {k[len(hf.HF_PREFIX) :]: v for k, v in state.items() if k.startswith(hf.HF_PREFIX)}
   elif 'decoder.bias' in state and 'decoder.weight' not in state:
     # A tied decoder (model.tie_word_embeddings): its weight is the embedding's, tied again after the assignment.
@@ -61,7 +61,7 @@ def flat_from_torch_model(model: torch.nn.Module, cfg: Any) -> dict[str, np.ndar
 
 
 def padded_reference_forward(
-  model: hf_model.NeoBERT, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None
+  model: hf_model.NeoBERTModel, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None
 ) -> torch.Tensor:
   """``last_hidden_state`` [B, T, D] computed the way the published chandar-lab/NeoBERT model.py does it: every
   position of the padded batch through every layer, attention under a dense additive float mask [B, H, T, T]

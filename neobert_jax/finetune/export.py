@@ -109,7 +109,7 @@ def export_sentence_transformer(
     for k, v in encoder_state_dict(flat, model_cfg).items()
   }
   config = hf.hf_config_dict(model_cfg)
-  config['architectures'] = ['NeoBERT']
+  config['architectures'] = ['NeoBERTModel']
   modules = [
     {'idx': 0, 'name': '0', 'path': '', 'type': 'sentence_transformers.models.Transformer'},
     {'idx': 1, 'name': '1', 'path': '1_Pooling', 'type': 'sentence_transformers.models.Pooling'},

@@ -66,7 +66,7 @@ BLOCK_BIASES = {
 }
 AUTO_MAP = {
   'AutoConfig': 'model.NeoBERTConfig',
-  'AutoModel': 'model.NeoBERT',
+  'AutoModel': 'model.NeoBERTModel',
   'AutoModelForMaskedLM': 'model.NeoBERTLMHead',
   'AutoModelForSequenceClassification': 'model.NeoBERTForSequenceClassification',
 }

@@ -202,7 +202,7 @@ class NeoBERTPreTrainedModel(PreTrainedModel):
             nn.init.ones_(module.weight)
 
 
-class NeoBERT(NeoBERTPreTrainedModel):
+class NeoBERTModel(NeoBERTPreTrainedModel):
     """The encoder: returns ``last_hidden_state`` [B, T, D] after the final RMSNorm (zeros at padded positions)."""
 
     def __init__(self, config: NeoBERTConfig):
@@ -335,7 +335,7 @@ class NeoBERTLMHead(NeoBERTPreTrainedModel):
 
     def __init__(self, config: NeoBERTConfig):
         super().__init__(config)
-        self.model = NeoBERT(config)
+        self.model = NeoBERTModel(config)
         self.decoder = nn.Linear(config.hidden_size, config.vocab_size)
         self.post_init()
 
@@ -392,7 +392,7 @@ class NeoBERTForSequenceClassification(NeoBERTPreTrainedModel):
     def __init__(self, config: NeoBERTConfig):
         super().__init__(config)
         self.num_labels = config.num_labels
-        self.model = NeoBERT(config)
+        self.model = NeoBERTModel(config)
         self.dense = nn.Linear(config.hidden_size, config.hidden_size)
         self.dropout = nn.Dropout(config.classifier_dropout)
         self.classifier = nn.Linear(config.hidden_size, config.num_labels)
