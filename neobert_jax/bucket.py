@@ -1,30 +1,11 @@
 """What the bucket may cost a run: one retry budget for every client that touches gs://, and the lines that say so
 when the bucket struggles.
 
-The budget, set here and nowhere else, the same for every path (checkpoints, metrics, config, leases, data, prepare):
-  retry window     a failing request is retried for this long before its error reaches the job
-                   (`window_s()`: NEOBERT_BUCKET_RETRY_SECONDS, default 300 s)
-  backoff          1 s, doubling to at most 32 s between tries (INITIAL_DELAY_S, MAX_DELAY_S)
-  slow             an operation (a checkpoint save, an upload, a data fetch) that takes longer than
-                   NEOBERT_BUCKET_SLOW_SECONDS (default 30 s), or needed retries, is said once, with its duration
-                   and retry count: "bucket slow: checkpoint 40 save took 63 s, 41 retries"
-It reaches each client this way:
-  * gcsfs (etils.epath's gs:// backend, and the leases' JSON calls): its requests retry a fixed 6 times, about
-    30 s, whatever is configured; `install` (run by paths.resolve for the first gs:// path) puts the window in
-    place of that loop in GCSFileSystem's three retried methods, and counts every retry;
-  * tensorstore (Orbax's arrays): `tensorstore_retries()` is the `gcs_request_retries` context resource spanning
-    the same window (tensorstore's own default, 32 retries of up to 32 s, is about 15 minutes); weights/runs.py
-    puts it into every context Orbax builds, and tensorstore counts its retries in a metric read here;
-  * Orbax's background save: engine/checkpoint.py creates step directories in the calling thread and bounds the
-    wait for the background commit by the window, so an outage longer than the window stops the run with one line
-    instead of a thread's traceback and a hang;
-  * a read of ours around them (a checkpoint's arrays and metadata on resume): `retry` retries what `is_transient`
-    calls an error of the storage, on the same backoff for the same window.
-An outage shorter than the window is ridden out whichever client it hits; a longer one is an error, each caller
-turning it into its one line (engine/checkpoint.save_failed names the last complete checkpoint).
-
-Imports nothing of ours: paths.py imports it, so every layer that reaches a bucket gets the budget.
-"""
+The budget: a failing request is retried for `window_s()` (NEOBERT_BUCKET_RETRY_SECONDS, 300 s) on a 1 s backoff
+doubling to 32 s; an operation slower than NEOBERT_BUCKET_SLOW_SECONDS (30 s), or that needed retries, is said once.
+`install` puts the window in place of gcsfs's fixed 6 tries, `tensorstore_retries()` gives Orbax's tensorstore the
+same window, and `retry` wraps our own reads, so an outage shorter than the window is ridden out by every client.
+Imports nothing of ours: paths.py imports it."""
 
 from __future__ import annotations
 

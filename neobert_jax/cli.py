@@ -1,9 +1,5 @@
-"""Console-script entry points (pyproject.toml's [project.scripts]): one function per command.
-
-Owns nothing but the glue: each function runs the command's own entry exactly as `python -m <module>` does (same
-flags, --help, error reporting and exit status: neobert_jax/commandline.py). Nothing in the package imports this
-module; it imports each command lazily so that `neobert-prepare --help` does not pay for jax.
-"""
+"""Console-script entry points (pyproject.toml's [project.scripts]): each runs its command exactly as `python -m`
+does, imported lazily so that `neobert-prepare --help` does not pay for jax."""
 
 from __future__ import annotations
 

@@ -1,17 +1,7 @@
-"""The command-line convention every command follows (docs/architecture.md, "Command-line conventions").
-
-  --help         `usage: <command> <required flags> [flags]`, one paragraph saying what the command does, then its
-                 flags; status 0.
-  a bad flag     an unknown flag, a bad value or a missing required flag is one line on stderr,
-                 `<prog>: config error: ... (see --help)`, with ConfigError's status (2).
-  --debug        every command takes it: an expected error shows its traceback instead of one line.
-
-Commands without a config build a `Parser` (argparse). Commands with one (train, finetune, finetune.sweep, compile)
-define absl flags, with ml_collections' config_flags for `--config=FILE --config.a.b=v`, in a FlagValues of their
-own and start through `run_absl`, which prints their help through the same argparse formatter and reports their
-errors the same way. Base layer: imports only errors (absl and ml_collections inside functions, so an argparse
-command never loads them).
-"""
+"""The command-line convention every command follows (docs/architecture.md, "Command-line conventions"): `--help`
+prints usage, a paragraph and the flags; a bad flag is one line `<prog>: config error: ... (see --help)` with status
+2; `--debug` shows an expected error's traceback. argparse commands build a `Parser`; absl commands start through
+`run_absl`. Imports only errors (absl inside functions, so an argparse command never loads it)."""
 
 from __future__ import annotations
 

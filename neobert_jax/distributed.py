@@ -1,23 +1,9 @@
-"""Multi-process start-up for neobert-jax: one call, early, in every process.
+"""Multi-process start-up: one call to `initialize()`, early, in every process.
 
-`initialize()` works out how many processes the job has and which one this is, then starts
-`jax.distributed`. Sources, first match wins:
-
-  1. explicit arguments (e.g. from command-line flags);
-  2. NEOBERT_COORDINATOR / NEOBERT_NUM_PROCESSES / NEOBERT_PROCESS_ID (launch/local.py sets them; also the
-     way to run on any cluster we do not detect);
-  3. SLURM (an `srun` step with more than one task): one process per node driving all its GPUs, or one
-     process per GPU, decided from the task layout;
-  4. a Cloud TPU VM: `jax.distributed.initialize()` with no arguments (jax reads the pod metadata);
-  5. otherwise a single process: nothing to start.
-
-Failure policy (why the timeouts are ours, not jax's defaults): a job must never hang because one process
-died. The coordination service declares a process dead after `heartbeat_timeout_s` without heartbeats and
-then aborts every other process; we also make an uncaught Python exception end the process at once
-(skipping the graceful shutdown barrier, which would otherwise keep the failed process - and its peers -
-alive for `shutdown_timeout_s`). Measured on CPU: a peer killed with SIGKILL takes the others down after
-about heartbeat_timeout_s; a dead coordinator (process 0) takes them down within a second or two.
-"""
+Sources, first match wins: explicit arguments; NEOBERT_COORDINATOR / NEOBERT_NUM_PROCESSES / NEOBERT_PROCESS_ID;
+SLURM (one process per node or per GPU, from the task layout); a Cloud TPU VM; else a single process. A job must
+never hang because one process died: the heartbeat timeout is ours, and an uncaught exception ends the process at
+once instead of waiting out the shutdown barrier."""
 
 from __future__ import annotations
 

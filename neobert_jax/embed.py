@@ -1,12 +1,7 @@
 """Embed texts with a NeoBERT: one float32 vector per text, written as an [N, D] .npy file in input order.
 
-  python -m neobert_jax.embed --model=DIR_OR_RUN --input=FILE --output=emb.npy
-
-The model is a contrastive fine-tuning workdir (its pooling and normalisation are used), a pretraining workdir or a
-Hugging Face NeoBERT directory (mean pooling by default). Texts are framed [CLS] ... [SEP], sorted by length into
-static power-of-two buckets (little padding, few compiles), embedded batch by batch on all devices (rows over the
-batch axes) with a progress bar, and written as float32 [N, D] in input order.
-"""
+The model is a contrastive fine-tuning run (its pooling is used), a pretraining run or a Hugging Face directory
+(mean pooling by default)."""
 
 from __future__ import annotations
 

@@ -1,24 +1,8 @@
-"""The errors a user can fix, one class per kind, each with its own exit status, and how a command reports them.
-
-Owns: the expected-error classes, their exit statuses, and `reported`, which every command's main runs under: an
-expected error is one line on stderr naming the problem and the fix, no traceback (`--debug` shows it). Every layer
-raises these (model, data, train, convert, the AOT command), so this module imports nothing from the package.
-Each class also derives from the builtin its raise sites used before (ValueError, RuntimeError), so
-`except ValueError` and existing `pytest.raises(ValueError)` keep working.
-
-  status  class              examples
-  1       ExportError        export target exists, tokenizer does not fit the model, HF weights missing a key
-  2       ConfigError        unknown config key, mesh does not match the devices, batch does not divide
-  10      DataError          prepared data missing or corrupt, input file unreadable, vocab does not match the data
-  11      CheckpointError    no checkpoint where one was named, checkpoint unreadable, shapes do not match
-  12      DistributedError   multi-process settings incomplete or contradictory
-  13      StorageError       a bucket that does not exist or refuses writes, a read-only workdir
-  14      DownloadError      the package registry unreachable, or a package not as pinned (data/assets.py)
-  15      InUseError         a workdir or prepare output whose lease a live job holds (lease.py)
-
-Status 1 for export errors is what the convert command has always returned; 3 is the trainer's "training
-diverged" and 3-5 are the AOT command's fit verdicts, so the other kinds stay clear of them.
-"""
+"""The errors a user can fix, one class per kind, each with its own exit status, and `reported`, under which every
+command's main runs: an expected error is one line on stderr naming the problem and the fix (`--debug` shows the
+traceback). Imports nothing from the package. Each class also derives from the builtin its raise sites used before
+(ValueError, RuntimeError). Status 1 is the convert command's historic status; 3-5 are the trainer's "diverged"
+and the AOT command's verdicts, so the others start at 10."""
 
 from __future__ import annotations
 

@@ -1,30 +1,10 @@
-"""One table of accelerator figures: dense bf16 peak (the denominator of every MFU figure: trainer, AOT, planner),
-HBM, in-node and between-node bandwidth, and the *achievable* rates the roofline (aot/roofline.py) divides by.
+"""One table of accelerator figures: dense bf16 peak (the denominator of every MFU figure), HBM, in-node and
+between-node bandwidth, and the *achievable* rates the roofline (aot/roofline.py) divides by.
 
-Peaks and bandwidths are published figures. Achievable rates are what well-tuned kernels reach, with their
-sources; where no measurement exists for a shape the value is this project's stated assumption (marked so). A
-lent accelerator replaces them with measurements: `python -m benchmarks.accelerator` times the step's own GEMM
-shapes next to this table.
-
-Sources:
-  H100 SXM   989 TFLOP/s dense bf16, 3.35 TB/s HBM3, NVLink 4 900 GB/s both directions (450 each way): NVIDIA
-             H100 datasheet / "Hopper architecture in depth" (Table 3). Largest achievable bf16 matmul: 794 TFLOP/s
-             (80.3%), ml-engineering's Maximum Achievable Matmul FLOPS table (stas00/ml-engineering,
-             compute/accelerator, mamf-finder.py; GH200 821 = 83%). cuDNN flash attention, head dim 64,
-             non-causal, FlashAttention-3 paper (Shah et al. 2024, arXiv 2407.08608, Fig. 4 and 6; FLOPs counted
-             as 4 B H T S D forward, 2.5x that backward): forward 335 / 373 / 395 / 408 TFLOP/s at 512 / 1k / 2k /
-             4k+, backward 266 / 348 / 395 / 417. NCCL on 8 x H100 NVLink: bus bandwidth 460-480 GB/s with
-             NVLink SHARP (nccl-tests reference numbers); ring algorithms reach ~80% of the 450 GB/s link.
-  TPU        peaks, HBM and ICI per chip from the Cloud TPU system-architecture pages (v4, v5e, v5p, v6e).
-             Matmul and attention efficiencies on TPU have no published per-shape figures: assumption, checked
-             against XLA's own TPU cost model (tests/test_aot_roofline.py, docs/performance.md, "Roofline").
-  DCN        per device: Cloud TPU v5p page "DCN bandwidth per chip 50 Gbps"; v5e / v6e: 2 x 100 / 4 x 200 Gbps
-             NICs per 8-chip host; DGX H100 / H200: one 400 Gb/s ConnectX-7 per GPU.
-  HBM        streaming kernels reach ~90% of the datasheet bandwidth (memory copy 90.6%, read-read-write 91.4% on a
-             recent NVIDIA card, measured in public ceiling probes): 0.9 everywhere.
-
-Owns: the table and its lookup by jax's device_kind. Imports nothing.
-"""
+Peaks and bandwidths are published datasheet figures. Achievable rates: H100 matmul 80.3% (ml-engineering's
+mamf-finder table), cuDNN flash attention from FlashAttention-3 (arXiv 2407.08608, Fig. 4 and 6), NCCL from
+nccl-tests, HBM streaming 0.9 everywhere; TPU efficiencies have no published per-shape figures and are assumptions,
+checked against XLA's TPU cost model (tests/test_aot_roofline.py). `python -m benchmarks.accelerator` measures them."""
 
 from __future__ import annotations
 

@@ -1,19 +1,9 @@
 """Host memory: glibc's malloc on transparent huge pages for the training commands, by re-executing once.
 
-Why: XLA's CPU runtime allocates every step's temporary and output buffers afresh, and glibc serves blocks that
-large with a new mmap each time, so each step faults in its buffers again 4 KiB at a time. On the main job (a
-1 x 128 model on 2 cores) that was ~29,000 page faults per step and a quarter of its CPU time in the kernel.
-With `GLIBC_TUNABLES=glibc.malloc.hugetlb=1` (glibc 2.35+) malloc asks for transparent huge pages, 2 MiB at a
-time: ~20x fewer faults and ~15% less CPU per step (docs/performance.md, "Huge pages"). The setting is read
-when the process starts, so the command re-executes itself once with it, before anything heavy is imported.
-On accelerators it is harmless: host buffers only.
-
-Nothing happens when: not Linux with glibc 2.35+; the kernel's THP mode is not `madvise` (with `always` pages
-are already huge, with `never` there are none); the tunable is already set (this is the re-executed process, or
-the user chose); or NEOBERT_JAX_HUGE_PAGES=0.
-
-Owns: that decision and the re-exec. Imports nothing of ours.
-"""
+Why: XLA's CPU runtime allocates every step's buffers afresh and glibc maps each anew, 4 KiB pages faulted in every
+step; `GLIBC_TUNABLES=glibc.malloc.hugetlb=1` gave ~20x fewer faults and ~15% less CPU per step
+(docs/performance.md, "Huge pages"). It is read at process start, hence the re-exec. Skipped off glibc 2.35+, when
+THP is not `madvise`, when the tunable is set, or with NEOBERT_JAX_HUGE_PAGES=0."""
 
 from __future__ import annotations
 

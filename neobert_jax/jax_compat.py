@@ -1,11 +1,6 @@
-"""The one place that touches JAX internals; tests/test_jax_compat.py fails loudly when jax moves any of them.
-
-Owns: every use of a private jax module or name, each with the reason no public API serves: SLURM node lists and
-TPU chip discovery for multi-host start-up (distributed.py), the backend-probe log line, and cuDNN's packed
-(ragged) attention layout (model/attention). Everything else in the package uses public jax only. Imports jax and
-nothing from the package. No try/except fallbacks here: a moved private API must break the test, not silently
-change behaviour.
-"""
+"""The one place that touches JAX internals (SLURM and TPU discovery, the backend-probe log line, cuDNN's packed
+attention layout), each with the reason no public API serves; tests/test_jax_compat.py fails loudly when jax moves
+one. No try/except fallbacks: a moved private API must break the test, not silently change behaviour."""
 
 from __future__ import annotations
 

@@ -1,27 +1,10 @@
-"""One writer per run: a lease on a workdir or a `prepare` output, held by one job and renewed by a heartbeat.
+"""One writer per run: a lease (DIR/lease.json) on a workdir or a `prepare` output, held by one job and renewed by a
+heartbeat every timeout/4; process 0 holds it for a multi-process job.
 
-The lease is one small JSON object, DIR/lease.json: who holds it (host, pid, the scheduler's job id and restart
-count where there is one, run_id, start time, last heartbeat, timeout). A job that writes a run takes it before it
-reads or writes anything else there, renews it every timeout/4 from a daemon thread, and removes it when it exits
-(kill -9 leaves it to expire). Process 0 holds it for the whole multi-process job.
-
-Taking it is atomic on both kinds of storage:
-  * on a bucket, through the GCS JSON API and the session gcsfs already authenticated: created with
-    ifGenerationMatch=0 (fails if any lease exists), renewed, taken over and removed with ifGenerationMatch=<the
-    generation this job wrote or read>, so of two jobs racing for it exactly one wins;
-  * locally, created whole by linking a written file in under the lease's name (it fails if the name exists, as
-    O_CREAT | O_EXCL does), and renewed or taken over by writing a temporary file and renaming it over the lease
-    after checking that it is still the one this job wrote or read (a read-check-rename: the window is a
-    millisecond against a timeout of minutes).
-
-A lease is taken over, with a warning naming the old holder, when its holder stopped renewing it for longer than its
-timeout, when the holder ran on this host and its process is gone (kill -9, then the same command again), or at
-once when this job proves it is the holder restarted: the same SLURM job id, JobSet name or explicit run_id, at the
-same or a later restart count. A holder that finds at its next heartbeat that its
-lease was taken over marks itself `lost`: the engine refuses to save from then on (errors.InUseError).
-
-Imports only errors and paths: the data layer (prepare) and the engine both take leases.
-"""
+Taking it is atomic: on a bucket through GCS ifGenerationMatch preconditions, locally by linking a written file in
+(O_EXCL's guarantee). It is taken over, with a warning, when its holder stopped renewing it, when its process on
+this host is gone, or at once by the same job restarted (SLURM job id, JobSet name or run_id). A holder whose lease
+was taken over marks itself `lost` and the engine refuses to save. Imports only errors and paths."""
 
 from __future__ import annotations
 

@@ -1,22 +1,9 @@
-"""Where runs and data live: a local path or an object-store URL, through one layer (etils.epath).
+"""Where runs and data live: a local path or a gs:// URL, through one layer (etils.epath).
 
-Every path a user gives (workdir, prepared data, init sources, exports, inputs) goes through `resolve`: a local path
-becomes an absolute epath.Path; `gs://bucket/...` stays a URL whose reads and writes go to the bucket (epath ->
-gcsfs, Orbax -> tensorstore, both with the platform's default credentials). What object stores lack is made up
-for here, once:
-  * no atomic rename: `write_text` writes a local file through a temporary name and `replace`, and an object in
-    one upload (a GCS object appears whole or not at all); multi-file outputs are committed by a marker written
-    last (the prepared data's manifest.json, the export's config.json), so a reader never sees half of one;
-  * no append: `append_line` rewrites the (small) object; streams that grow all run long (metrics.jsonl,
-    TensorBoard events) are written to a local mirror and uploaded by `Mirror.sync`;
-  * a missing bucket or a refused write should be one line before any heavy work: `check_writable`.
-`s3://` is refused with one line before any work: Orbax 0.12.8's OCDBT layer cannot checkpoint there (it
-normalises only gs:// URLs, "Checkpoint path should be absolute"), and a run whose checkpoints cannot go where its
-workdir is would be a trap. Mount the bucket (mountpoint-s3, s3fs-fuse) and pass the local mount point instead.
-
-Imports only errors and bucket (the retry budget, installed when a gs:// path is first resolved) from the package:
-every layer above may use it.
-"""
+Every path a user gives goes through `resolve`. What object stores lack is made up for here: no atomic rename
+(`write_text` writes whole; multi-file outputs commit by a marker written last), no append (`append_line`
+rewrites, and growing streams go through a local `Mirror`), and a refused write is one line up front
+(`check_writable`). `s3://` is refused: Orbax 0.12.8's OCDBT layer cannot checkpoint there; mount the bucket instead."""
 
 from __future__ import annotations
 

@@ -1,9 +1,6 @@
-"""Declarative sharding: parameters and activations name logical axes; one rules table maps them to mesh axes.
-
-Changing data / FSDP / tensor parallelism is a change of mesh sizes in the config, never of model code. On several
-TPU slices or GPU nodes the mesh is hybrid (make_mesh): the config's data / fsdp / tensor sizes are per slice or
-node, and dcn_data / dcn_fsdp say how many slices / nodes those axes span; the axes and the rules stay the same.
-"""
+"""Declarative sharding: parameters and activations name logical axes; one rules table maps them to mesh axes, so
+changing parallelism is a change of mesh sizes, never of model code. Across slices or nodes the mesh is hybrid
+(dcn_data / dcn_fsdp), with the same axes and rules."""
 
 from __future__ import annotations
 

@@ -1,17 +1,7 @@
 """neobert-jax parameters -> a Hugging Face NeoBERT directory that ``transformers`` loads with remote code (or, with
-``model_type='eurobert'``, one in the layout of transformers' own EuroBERT classes, which needs none).
-
-The directory holds config.json (model_type 'neobert', auto_map to model.py's classes), model.safetensors (the
-``NeoBERTLMHead`` state_dict, keys and shapes of the published chandar-lab/NeoBERT checkpoint), model.py,
-layers.py and unpadding.py (our PyTorch NeoBERT, hf_modeling/) and, when a tokenizer is given, its files. Then:
-
-  AutoModelForMaskedLM.from_pretrained(dir, trust_remote_code=True)   # also AutoModel, ...ForSequenceClassification
-
-The source is a flat param dict plus model config, or a training checkpoint (restored on one CPU whatever mesh
-wrote it, by neobert_jax/weights/runs.py: never through train/). Files are written into a temporary sibling
-directory that is renamed into place at the end; an existing non-empty output directory is only replaced with
-``overwrite=True``. Needs numpy + safetensors, not torch.
-"""
+``model_type='eurobert'``, transformers' own EuroBERT classes, which need none): config.json, model.safetensors,
+hf_modeling's files and the tokenizer's. Written into a temporary sibling renamed into place at the end; an
+existing non-empty output is replaced only with ``overwrite=True``. Needs numpy + safetensors, not torch."""
 
 from __future__ import annotations
 

@@ -1,14 +1,6 @@
-"""A Hugging Face NeoBERT checkpoint -> a ready JAX model, and publishing neobert-jax's own flat-params files.
-
-Reading the checkpoint (a directory with config.json and model.safetensors, a sharded model.safetensors.index.json
-or a pytorch_model.bin, or a .safetensors file with config.json beside it; the published chandar-lab/NeoBERT layout
-``NeoBERTLMHead``: 'model.*' + 'decoder.*', or a base ``NeoBERT`` save, no prefix, no decoder, with
-``init_missing_decoder``) is weights/hf.read_hf_dir, which every other reader shares.
-
-The flat-params file's format (flat keys, the model config in its metadata) is weights/flat.py's; ``save_flat``
-decides only where it goes: an ``output`` ending in .safetensors is one file, anything else a directory holding
-params.safetensors, committed by its model_config.json; a gs:// output is written locally first.
-"""
+"""A Hugging Face NeoBERT checkpoint -> a ready JAX model (reading is weights/hf.read_hf_dir's), and `save_flat`,
+which decides where a flat-params file goes: an output ending in .safetensors is one file, anything else a
+directory committed by its model_config.json; a gs:// output is written locally first."""
 
 from __future__ import annotations
 

@@ -1,24 +1,10 @@
-"""The model card (README.md) of every export, made with huggingface_hub's ModelCard and ModelCardData.
+"""The model card (README.md) of every export, made with huggingface_hub's ModelCard so its YAML front matter follows
+the Hub's schema.
 
-Why: a directory that leaves the project is read on the Hub and by people who never saw the run. The card says
-what the model is, how it was trained and on what, how far it got against the bars that need no network, and how
-to load it from each place it is served. The Hub reads its YAML front matter (library_name, pipeline_tag,
-base_model, datasets, tags, license, model-index with the held-out results); huggingface_hub writes that YAML, so
-it follows the Hub's schema rather than a hand-written copy of it.
-
-What the card knows comes in two parts:
-
-* the directory itself (config.json, a sentence-transformers modules.json, an ONNX task): the architecture, the
-  pipeline tag and library, and the loading snippets;
-* `Facts`, what no directory holds: from a training run (`run_facts`: its resolved config, metrics.jsonl, and
-  report.json and loss_curve.png from the end-of-run report, read through paths.py, so a run on a bucket too), or
-  from the card of the directory an ONNX graph was made from (`card_facts`).
-
-`write_card` writes README.md (and copies loss_curve.png) into the local folder an export is filling; the one
-Hugging Face writer (export_hf.write_hf_dir) calls it for every export. `refresh` rewrites the card of an export
-that already exists, local or on a bucket, once the run's report has its figures (the train job exports before
-it reports, since the report scores fill-mask through the export).
-"""
+What the card knows comes from the directory (config.json, modules.json, an ONNX task) and from `Facts`, what no
+directory holds: a training run's config, metrics and report (`run_facts`), or the card of the directory an ONNX
+graph was made from (`card_facts`). `refresh` rewrites an existing export's card once the run's report has its
+figures (the train job exports before it reports, since the report scores fill-mask through the export)."""
 
 from __future__ import annotations
 

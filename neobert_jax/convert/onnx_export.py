@@ -1,34 +1,11 @@
 """A Hugging Face NeoBERT directory (ours, or a sentence-transformers one) -> an ONNX directory laid out as
-transformers.js, optimum and the Hub expect it.
+transformers.js, optimum and the Hub expect it: ``onnx/model.onnx`` (float32, dynamo trace) and
+``onnx/model_quantized.onnx`` (int8 MatMul weights only: onnxruntime's default op list turns opset 23's
+``Attention`` into an invalid ``QAttention``).
 
-  python -m neobert_jax.convert to-onnx --input DIR --output DIR [--task mlm|embedding|hidden] [--opset 23]
-
-Written (by the one Hugging Face directory writer, export_hf.write_hf_dir): config.json and the input's tokenizer
-files at the root, a sentence-transformers input's module files (modules.json, 1_Pooling/, ...), and
-
-* ``onnx/model.onnx``: float32, traced from model.py by ``torch.onnx.export(..., dynamo=True)`` with dynamic batch
-  and length axes;
-* ``onnx/model_quantized.onnx``: int8 weights for every MatMul (onnxruntime's dynamic quantization), what
-  transformers.js loads for ``dtype: 'q8'``, its default on the WASM backend (browsers). Only MatMul is quantized:
-  onnxruntime's default op list turns opset 23's ``Attention`` into a ``QAttention`` that is not a valid graph.
-
-Inputs ``input_ids`` and ``attention_mask`` (int64 [batch, length], 1 = token, 0 = padding); outputs, by task:
-
-* ``mlm``: ``logits`` [batch, length, vocab] (fill-mask; the directory must hold the MLM decoder);
-* ``hidden``: ``last_hidden_state`` [batch, length, hidden] (feature-extraction: transformers.js pools it as asked,
-  sentence-transformers' ONNX backend with its own Pooling module);
-* ``embedding``: ``last_hidden_state`` as for ``hidden``, and ``sentence_embedding`` [batch, hidden], pooled and
-  normalised as the sentence-transformers directory says (1_Pooling/config.json, a 2_Normalize module), else mean
-  pooling over the real tokens, L2-normalised.
-
-Padded positions of every token-level output are zeros. The default opset, 23, has ONNX's own ``Attention`` and
-``RMSNormalization`` ops, which onnxruntime (the pinned 1.29.0) runs as fused kernels; ``--opset 18`` writes the
-same computation from basic ops, for runtimes without them. The default task is ``embedding`` for a
-sentence-transformers directory, ``mlm`` otherwise. The traced graph computes the real tokens only: model.py's traced
-path (TracedRows) gathers them for the projections, norms and feed-forward, and onnx_rewrite turns each attention into
-a Loop over the documents (opset 23; at opset 18 attention stays on the padded rows with a key mask). It equals the
-unpadded PyTorch outputs within float32 rounding. Imports torch, onnxscript and onnxruntime.
-"""
+Tasks: ``mlm`` (logits), ``hidden`` (last_hidden_state), ``embedding`` (plus ``sentence_embedding``, pooled as the
+sentence-transformers directory says, else mean-pooled and L2-normalised). Opset 23 uses ONNX's fused
+``Attention`` / ``RMSNormalization``; ``--opset 18`` writes basic ops for runtimes without them."""
 
 from __future__ import annotations
 

@@ -1,18 +1,7 @@
-"""Rewrites of the exported ONNX graph that onnxruntime runs faster, each exact (the same float32 math on the same
-values), in standard ONNX only (Loop, Slice, Concat, Attention, Gemm), so the graph stays what transformers.js and
-onnxruntime-web load:
-
-* attention per document: each ``Attention`` node of the traced graph (model.py's TracedRows: the real tokens
-  scattered into the padded [batch, length] layout, attention with a key mask, gathered back) becomes a ``Loop``
-  over the batch's non-empty rows that slices each row's tokens out of the packed [tokens, heads, head_dim] matrices
-  (a row's tokens lie together there, whichever side its padding is on) and attends on them unmasked, appending the
-  results in the same packed order. No padded position is computed, and onnxruntime's CPU kernel runs unmasked
-  attention about twice as fast as masked;
-* split fused projections: a ``Gemm`` whose output only a ``Split`` reads (SwiGLU's ``w12``, [gate | up]) becomes
-  one ``Gemm`` per part on that part's rows of the weight, so no [tokens, 2 x hidden] output is written and copied.
-
-Imports onnx and numpy.
-"""
+"""Exact rewrites of the exported ONNX graph that onnxruntime runs faster, in standard ONNX only (so transformers.js
+and onnxruntime-web still load it): each masked ``Attention`` becomes a ``Loop`` over the batch's rows attending on
+each row's real tokens unmasked (about twice as fast on CPU), and a ``Gemm`` read only by a ``Split`` (SwiGLU's
+``w12``) becomes one ``Gemm`` per part."""
 
 from __future__ import annotations
 

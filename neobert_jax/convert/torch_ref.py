@@ -1,7 +1,4 @@
-"""Build our PyTorch NeoBERT (``hf_modeling/model.py``) from a neobert-jax flat param dict, and back.
-
-Imports torch: use ``neobert_jax.weights.hf`` for the torch-free parts (key/shape mapping, config.json).
-"""
+"""Our PyTorch NeoBERT (``hf_modeling/model.py``) from a neobert-jax flat param dict, and back (imports torch)."""
 
 from __future__ import annotations
 

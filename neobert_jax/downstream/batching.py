@@ -1,9 +1,5 @@
-"""Tokenized examples -> fixed-shape batches: [CLS]/[SEP] framing, truncation, power-of-two length buckets.
-
-Every batch has `batch_size` rows (short final batches are filled with weight-0 rows) and a length from a short
-list of buckets, so a jitted step compiles once per bucket, not once per batch. Rows are right-padded; `lengths`
-tells the encoder where padding starts. Batches become global arrays sharded over the mesh's batch axes.
-"""
+"""Tokenized examples -> fixed-shape batches ([CLS]/[SEP] framing, truncation, power-of-two length buckets, short final
+batches filled with weight-0 rows), so a jitted step compiles once per bucket, not once per batch."""
 
 from __future__ import annotations
 

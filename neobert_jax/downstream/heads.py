@@ -1,13 +1,6 @@
-"""Downstream models around the pretrained encoder: NeoBERT's sequence-classification head and the embedder.
-
-The encoder sits under the attribute `encoder`, so its parameter paths are exactly the 'encoder.*' keys of a
-pretraining checkpoint and load without renaming. The classification head is the original NeoBERT one:
-hidden[:, 0] -> dropout -> dense (D x D, bias) -> tanh -> dropout -> classifier (D x labels, bias), normal(0.02)
-init, zero biases; `pooling='mean'` reads the mean over the real tokens instead of the first (ModernBERT's
-classifier_pooling): MLM never trains the [CLS] position's output, so a small or briefly trained encoder's mean is
-the better-formed feature. Embeddings are NeoBERT's MTEB pooling: the mean over real tokens (or the [CLS] vector).
-Dropout takes an explicit key, so the modules hold parameters only (what the checkpoint code expects).
-"""
+"""Downstream models around the pretrained encoder (under `encoder`, so its paths are a checkpoint's 'encoder.*' keys):
+NeoBERT's classification head ([CLS] or, as ModernBERT's classifier_pooling, the mean: MLM never trains [CLS]'s
+output) and the embedder. Dropout takes an explicit key, so the modules hold parameters only."""
 
 from __future__ import annotations
 

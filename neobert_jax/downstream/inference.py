@@ -1,9 +1,5 @@
-"""Batched forward passes over many sequences: length-sorted static-shape batches, results in input order.
-
-One jitted function (params, input_ids, lengths) -> [B, ...] with explicit shardings serves every bucket; rows are
-sorted by length so padding is small, and outputs are scattered back to the caller's order. Used by validation,
-`python -m neobert_jax.embed` and the benchmarks.
-"""
+"""Batched forward passes over many sequences: one jitted function over length-sorted static-shape buckets, results
+scattered back to input order."""
 
 from __future__ import annotations
 

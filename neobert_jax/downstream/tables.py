@@ -1,8 +1,5 @@
-"""Labelled example files: CSV, TSV, JSONL and Parquet read into columns, with one-line errors for bad input.
-
-Every reader goes through pyarrow (compressed .gz/.zst/.bz2 variants included), so types are inferred the same
-way whatever the format: integer labels stay integers, float targets stay floats, text stays text.
-"""
+"""Labelled example files (CSV, TSV, JSONL, Parquet, compressed too) read into columns through pyarrow, so types are
+inferred the same way whatever the format."""
 
 from __future__ import annotations
 

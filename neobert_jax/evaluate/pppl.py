@@ -1,11 +1,6 @@
-"""Pseudo-perplexity (Salazar et al. 2020; NeoBERT's MLM quality check), batched with static shapes.
-
-Each text is framed as [CLS] tokens [SEP]; every real token (not the two specials) is masked in its own copy of
-the text and scored by -log p(token | the rest). PPPL = exp(total negative log-likelihood / scored tokens) over the
-corpus; per document the same over its own tokens. The masked copies of all documents are laid out as rows of a
-few power-of-two bucket lengths, `batch_size` rows per call, so one jitted function (compiled once per bucket)
-does the whole corpus; the MLM decoder runs only at the one masked slot of each row.
-"""
+"""Pseudo-perplexity (Salazar et al. 2020): every real token masked in its own copy of the text and scored by
+-log p(token | the rest); PPPL = exp(total NLL / scored tokens). The masked copies are laid out in a few power-of-two
+bucket lengths, so one jitted function (compiled once per bucket) does the corpus, decoding only the masked slot."""
 
 from __future__ import annotations
 

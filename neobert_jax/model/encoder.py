@@ -1,11 +1,7 @@
 """NeoBERT in Flax NNX: token embedding -> L pre-RMSNorm blocks (fused qkv, RoPE, SwiGLU) -> RMSNorm -> MLM decoder.
 
-The L blocks' weights are always stored stacked along a leading 'layers' axis, so one checkpoint layout serves
-both execution modes: `scan_layers=True` runs one compiled block under lax.scan (compile time independent of
-depth), `scan_layers=False` unrolls a Python loop over the same arrays. Two fields change the parameter set
-(weights/flat.py lists it): `model.use_bias` adds a bias, stacked the same way, to each block's four Linears, and
-`model.tie_word_embeddings` decodes with the token embedding, leaving the decoder only its bias.
-"""
+Block weights are always stacked on a leading 'layers' axis, so one checkpoint layout serves `scan_layers=True`
+(one compiled block under lax.scan: compile time independent of depth) and the unrolled loop."""
 
 from __future__ import annotations
 

@@ -1,16 +1,9 @@
-"""The block's elementwise pieces with hand-written gradients: RMSNorm, SwiGLU and RoPE.
+"""RMSNorm, SwiGLU and RoPE with hand-written gradients.
 
-Why: left to autodiff, each of them saves its fp32 intermediates for the backward pass (RMSNorm's upcast input and
-normalised value, SwiGLU's sigmoid and products, RoPE's rotated pairs), and with the layer scan every saved value is
-a [layers, B, T, width] buffer written in the forward pass, copied when the scan starts and read back: the roofline
-of the 250M step on H100 (docs/performance.md, "Roofline") put over half the step in that traffic. Here each saves
-only its input in the compute dtype (which the block keeps alive anyway) plus, for RMSNorm, one fp32 scalar per
-token, and recomputes the rest inside the backward kernel, where it fuses with the arithmetic that needs it. With the
-layers unrolled the encoder takes SwiGLU's autodiff gradient instead (`swiglu_autodiff`; model/encoder.py says why).
-
-The forward computations are the same expressions as before (so outputs are bit-identical); the backward passes
-are the exact derivatives, evaluated in fp32 and returned in the input's dtype.
-"""
+Why: under autodiff each saves its fp32 intermediates, and in the layer scan every saved value is a [layers, B, T,
+width] buffer; on the 250M H100 step that traffic was over half the step (docs/performance.md, "Roofline"). These
+save only the input (plus one fp32 scalar per token for RMSNorm) and recompute the rest in the backward pass.
+Forwards are bit-identical to the plain expressions; backwards are exact derivatives in fp32."""
 
 from __future__ import annotations
 

@@ -1,9 +1,5 @@
-"""The sizes the architecture derives from the model section (head size, the SwiGLU width) and the FLOPs they cost
-per token (the one home of the MFU formula; each task passes its figure to the engine).
-
-The section itself (fields, defaults, validation, what 'auto' resolves to) is the config's:
-neobert_jax/config/model.py.
-"""
+"""The sizes the architecture derives from the model section (head size, the SwiGLU width) and their FLOPs per token
+(the one home of the MFU formula)."""
 
 from __future__ import annotations
 

@@ -1,28 +1,10 @@
 """NeoBERT's Hugging Face layout <-> transformers' own EuroBERT layout (``model_type`` 'eurobert').
 
-Why: transformers 5.3 and later ship ``EuroBert*`` classes natively, and EuroBERT's architecture is NeoBERT's
-(pre-RMSNorm blocks, rotary attention, SwiGLU, a final RMSNorm, an MLM Linear) written Llama's way. A NeoBERT
-written in EuroBERT's layout loads with ``trust_remote_code`` off, on transformers' own (faster, maintained) code.
-The two layouts differ in three places, each an exact permutation or split:
-
-* RoPE. NeoBERT rotates adjacent pairs (x[2i], x[2i+1]) of each head by angle i; EuroBERT rotates halves
-  (x[i], x[i + Dh/2]). Putting each head's even rows of q and k first and its odd rows after turns one into the
-  other; q.k is unchanged, since q and k get the same permutation (v and the output are left alone).
-* Fused projections. NeoBERT's ``qkv`` holds per head [q | k | v] rows; EuroBERT has ``q_proj``, ``k_proj`` and
-  ``v_proj``. NeoBERT's ``ffn.w12`` is [gate | up]; EuroBERT has ``gate_proj`` and ``up_proj``.
-* Biases. NeoBERT's MLM decoder always has a bias; EuroBERT's ``lm_head`` has one only when ``mlp_bias`` is on,
-  the flag of the feed-forward's Linears too. So an export whose decoder bias is not zero sets ``mlp_bias`` and
-  gives the feed-forward zero biases (exact: adding zero). ``attention_bias`` is NeoBERT's ``use_bias``.
-
-Also: EuroBERT's ``hidden_states[-1]`` is the final RMSNorm's output (transformers ties it to
-``last_hidden_state``), where NeoBERT's is the last block's; the others are equal. EuroBERT leaves padded
-positions as computed, NeoBERT zeros them; real positions are equal.
-
-The other way (`to_neobert`) reads a EuroBERT directory (ours, or a published EuroBERT checkpoint with the same
-head count for keys and values) back into NeoBERT's layout, refusing what NeoBERT cannot hold: grouped keys and
-values, another activation or RoPE scaling, feed-forward biases that are not zero without attention biases.
-numpy only; below weights/hf.py, which calls it on every directory it reads.
-"""
+Why: transformers >= 5.3 ships ``EuroBert*`` natively, and EuroBERT is NeoBERT's architecture written Llama's way,
+so an export in that layout loads without ``trust_remote_code``. The layouts differ by exact permutations and
+splits: RoPE on adjacent pairs vs halves (each head's even rows of q and k first), fused ``qkv`` / ``w12`` vs
+separate projections, and the decoder bias (EuroBERT's ``lm_head`` has one only with ``mlp_bias``, so a non-zero
+one sets it with zero feed-forward biases). `to_neobert` reads EuroBERT back, refusing what NeoBERT cannot hold."""
 
 from __future__ import annotations
 

@@ -1,20 +1,7 @@
-"""The flat parameter layout, {dotted key: array}, that every loader, converter and tool exchanges.
-
-Owns:
-  * the keys and shapes the JAX model has for a model config (`flat_shapes`, `check_flat`; `Dims`, the sizes and
-    flags they derive from), e.g. 'encoder.layers.qkv' [L, D, H, 3*Dh] (layers stacked on a leading axis). Two
-    model fields change the set: `use_bias` adds 'encoder.layers.{qkv,wo,w12,w3}_bias', each its kernel's output
-    axes ([L, H, 3*Dh], [L, D], [L, 2, F], [L, D]); `tie_word_embeddings` drops 'decoder.kernel' (the decoder
-    reads the token embedding) and keeps 'decoder.bias';
-  * flat <-> nested trees, as Orbax stores them (`flatten` / `unflatten`), and a pytree path's names and key
-    (`path_names`, `path_key`: the optimizer's weight-decay rule and the checkpoint's shape check use them too);
-  * the key/shape check every loader runs before touching a model (`check_keys_and_shapes`);
-  * a model's parameters as flat host arrays and back (`to_flat` / `load_flat`);
-  * the flat-params file: a safetensors file of the flat keys whose metadata holds the model config as JSON
-    (`write_flat_file`, `write_flat_dir`, `is_flat_file`, `load_saved_flat`: the config comes back typed through
-    config.from_record). Where such a file is published (overwrite rules, buckets) is the converter's
-    (convert/import_hf.save_flat).
-"""
+"""The flat parameter layout, {dotted key: array}, that every loader, converter and tool exchanges: its keys and shapes
+per model config (`use_bias` adds '..._bias' keys, `tie_word_embeddings` drops 'decoder.kernel'), flat <-> nested
+trees as Orbax stores them, the key/shape check every loader runs, and the flat-params safetensors file whose
+metadata holds the model config."""
 
 from __future__ import annotations
 

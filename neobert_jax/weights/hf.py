@@ -1,37 +1,9 @@
-"""The Hugging Face NeoBERT layout of the parameters: flat dict <-> HF state_dict, model config <-> config.json,
-and reading an HF checkpoint (safetensors, sharded safetensors, pytorch_model.bin) into flat params.
+"""The Hugging Face NeoBERT layout: flat dict <-> HF state_dict (``NeoBERTLMHead`` keys 'model.*' + 'decoder.*'),
+model config <-> config.json, and reading HF checkpoints (safetensors, sharded, pytorch_model.bin) into flat params.
 
-Owns the HF names, shapes and config fields. Below both train/ (init.from_hf, through weights/source.py) and
-convert/ (export, import, the PyTorch model), so neither imports the other. Imports numpy, safetensors, the model
-config, weights/flat.py and errors; torch only to read a legacy pytorch_model.bin.
-
-Flat layout (weights/flat.py; layers stacked on a leading L axis):
-
-  encoder.token_embedding.embedding [V, D]     encoder.layers.attention_norm [L, D]
-  encoder.layers.qkv [L, D, H, 3*Dh]           encoder.layers.wo [L, H, Dh, D]
-  encoder.layers.ffn_norm [L, D]               encoder.layers.w12 [L, D, 2, F]   encoder.layers.w3 [L, F, D]
-  encoder.final_norm [D]                       decoder.kernel [D, V]             decoder.bias [V]
-
-Hugging Face layout (``NeoBERTLMHead``; a torch Linear weight is [out, in]):
-
-  model.encoder.weight [V, D]                  model.transformer_encoder.{i}.qkv.weight [3*D, D] (rows q|k|v per head)
-  model.transformer_encoder.{i}.wo.weight [D, D]
-  model.transformer_encoder.{i}.ffn.w12.weight [2*F, D] (first F rows = gate)
-  model.transformer_encoder.{i}.ffn.w3.weight [D, F]
-  model.transformer_encoder.{i}.attention_norm.weight [D], ...ffn_norm.weight [D]
-  model.layer_norm.weight [D]                  decoder.weight [V, D], decoder.bias [V]
-
-The two layout flags of the model config (weights/flat.py): with `use_bias`, every block's four Linears carry a
-``.bias`` ([3*D] in qkv's row order, [D], [2*F] gate first, [D]; config.json ``attention_bias`` and ``mlp_bias``,
-the names Llama and ModernBERT use, both set from the one field); with `tie_word_embeddings` (config.json's
-standard field) there is no ``decoder.weight``: the modeling file ties it to ``model.encoder.weight`` as
-transformers' own save_pretrained leaves a tied head. A state_dict that does hold it (a pytorch_model.bin keeps
-both names) is read when it equals the embedding.
-
-Both directions are exact reshapes and transposes (bit-exact round trip). ``cfg`` is a typed model ConfigDict
-(config/model.py's section; `model_config_from_hf` makes one from a config.json). Every error is an ExportError
-naming the problem and the fix.
-"""
+Below both train/ and convert/, so neither imports the other. Both directions are exact reshapes and transposes
+(bit-exact round trip). `use_bias` adds a ``.bias`` to every block Linear (config.json ``attention_bias`` and
+``mlp_bias``); `tie_word_embeddings` drops ``decoder.weight`` as transformers' save_pretrained does."""
 
 from __future__ import annotations
 

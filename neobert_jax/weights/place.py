@@ -1,11 +1,5 @@
-"""Placing flat host parameters where a model runs: onto shardings, or onto the default device.
-
-Owns the one way flat {dotted key: array} becomes device arrays: `params_from_flat` builds, on each process, only
-the shards its devices hold (used by training init, fine-tuning's pretrained encoder and sharded inference);
-`with_encoder` puts a source's encoder into a downstream model's parameters; `sharded_params` gives inference its
-(graphdef, params, shardings) under a mesh; `model_from_flat` builds a model on the default device (host-side
-tools, tests, the converters). No random init is spent anywhere: models are traced with `nnx.eval_shape`.
-"""
+"""The one way flat host parameters become device arrays: onto shardings (each process builds only its devices'
+shards) or onto the default device. No random init is spent: models are traced with `nnx.eval_shape`."""
 
 from __future__ import annotations
 

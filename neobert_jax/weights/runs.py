@@ -1,27 +1,10 @@
-"""The run layout, on disk or on a bucket: its one owner. Where every part of a run lives, how a step is listed and
-how an unreadable one is set aside; the engine's checkpoint module writes through these names, resume and every
-reader (converters, fine-tuning, init) read through them.
+"""The run layout, on disk or on a bucket: its one owner.
 
-  WORKDIR/config.json                    the resolved training config (model/data/train/... sections)
-  WORKDIR/checkpoints/<step>/params      nested dict of the model's parameters, e.g.
-                                         params['encoder']['layers']['qkv'] [L, D, H, 3*Dh]; joining the keys with
-                                         '.' gives exactly neobert_jax.weights.flat.to_flat's keys
-  WORKDIR/checkpoints/<step>/opt         the nnx.Optimizer state (step counter, optax AdamW moments mu/nu)
-  WORKDIR/checkpoints/<step>/ema         the moving average of the parameters, same layout (train.ema_decay > 0)
-  WORKDIR/checkpoints/<step>/data        the data pipeline's position (its own format: data/pipeline/position.py)
-  WORKDIR/checkpoints/<step>/config      a copy of the resolved config, so a step directory stands alone
-  WORKDIR/checkpoints/<step>.corrupt     a step set aside (`set_aside`): never listed, never deleted
-  WORKDIR/tokenizer/                     a copy of the run's tokenizer file (vocab.txt, tokenizer.json or
-                                         tokenizer.model): a run copied to a bucket or another machine is read with
-                                         the vocabulary it was trained on, whatever that machine's cache holds
-
-<step> is the number of optimizer steps already taken. Orbax writes each step into a temporary directory and
-renames it only after every item (and every process) has committed, so a half-written step is never listed
-(`checkpoint_steps`). Also here: reading a run's config (`read_config`) and restoring a step's parameters, onto
-given shardings (`restore_param_tree`: no host gather) or on one CPU device whatever mesh wrote them
-(`restore_params`: what converters and host-side tools read). A missing run or step is FileNotFoundError; opening
-a source for a user (one error class, one message) is weights/source.py's.
-"""
+WORKDIR/config.json, WORKDIR/tokenizer/ (the run's vocabulary travels with it) and
+WORKDIR/checkpoints/<step>/{params,opt,ema,data,config}, where <step> counts optimizer steps taken and a step set
+aside is <step>.corrupt. Orbax renames a step into place only after every item and process committed, so a
+half-written step is never listed. A missing run or step is FileNotFoundError; opening a source for a user is
+weights/source.py's."""
 
 from __future__ import annotations
 

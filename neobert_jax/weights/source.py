@@ -1,13 +1,6 @@
-"""Where a model's weights come from: a run directory (pretraining or fine-tuning) or a Hugging Face NeoBERT
-directory, local or on a bucket. The one way every command opens one.
-
-Owns: telling the two apart, their architecture (`Source.model_cfg`), the tokenizer that belongs to the weights
-(`Source.tokenizer`, `resolve_tokenizer`: a tokenizer of another vocabulary is refused), whether a source fits a
-model config (`Source.check_fits`), and reading the weights on the host (`Source.flat`) or straight onto shardings
-(`Source.sharded`: a run's step is restored by Orbax with no host gather). Every problem with a source is one
-CheckpointError naming the setting (`init.from_checkpoint=...`, `--model=...`) and the fix; a tokenizer that does
-not fit is a DataError. Opening reads only the small files (configs, step lists); weights are read on first use.
-"""
+"""Where a model's weights come from: a run directory or a Hugging Face NeoBERT directory, local or on a bucket; the
+one way every command opens one. Every problem is one CheckpointError naming the setting and the fix (a tokenizer of
+another vocabulary is a DataError); opening reads only small files, weights on first use."""
 
 from __future__ import annotations
 

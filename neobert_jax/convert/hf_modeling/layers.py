@@ -1,8 +1,5 @@
-"""The layers of NeoBERT's ``model.py``: RMSNorm, the rotary position embedding and the SwiGLU feed-forward, and the
-small helpers its classes share (output flags, head masks, the classification loss, pooling). Shipped
-beside ``model.py`` in every exported directory (imported relatively; transformers' remote-code loader copies it
-along). Imports nothing but ``torch``.
-"""
+"""``model.py``'s layers (RMSNorm, rotary embedding, SwiGLU) and the helpers its classes share. Shipped beside it in
+every export (imported relatively); imports nothing but ``torch``."""
 
 from typing import List, Optional, Tuple
 

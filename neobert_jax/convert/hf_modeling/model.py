@@ -1,37 +1,10 @@
 """NeoBERT in PyTorch for Hugging Face ``transformers`` (written for neobert-jax).
 
-Two jobs: the independent PyTorch reference that neobert-jax's parity tests compare the JAX model against, and the
-``model.py`` (with its siblings) of every exported directory, which ``AutoModel*.from_pretrained(dir,
-trust_remote_code=True)`` loads through ``auto_map``. So it imports nothing but ``torch`` and ``transformers``.
-
-Architecture (the released NeoBERT, ``chandar-lab/NeoBERT``): token embedding, N pre-RMSNorm encoder blocks
-(fused per-head ``qkv`` projection, rotary position embedding on adjacent pairs, bidirectional scaled dot-product
-attention, ``wo``; SwiGLU feed-forward with a fused ``w12`` whose first half is the gate, ``w3``), a final RMSNorm,
-and for masked language modelling an untied ``decoder`` Linear with bias. No biases inside the encoder, no dropout.
-
-Variants, off in the released model: ``attention_bias`` / ``mlp_bias`` give ``qkv``, ``wo`` / ``w12``, ``w3`` biases;
-``tie_word_embeddings`` ties the decoder's weight to the token embedding (a tied save holds no ``decoder.weight``).
-
-Inputs: ``attention_mask`` [B, T] (1 = token, 0 = padding); or packed rows, ``segment_ids`` [B, T] (1-based document
-id per token, 0 = padding; positions restart per document unless ``position_ids`` is given) or ``cu_seqlens``
-[n_docs + 1] with ``input_ids`` [1, total] (``max_seqlen`` is accepted and unused).
-
-Unpadding (``unpadding.py``, shipped beside this file with ``layers.py``): padded batches and packed rows are
-computed on their real tokens only, with attention per document; traced (``torch.onnx`` / ``torch.export`` /
-``torch.jit``), a padded batch's dense layers run on its real tokens and attention on the padded rows (TracedRows).
-The padded computation (a boolean mask) runs for eager attention (``attn_implementation="eager"``,
-``output_attentions``, ``head_mask``) and with ``config.unpad_inputs = False``. Every path
-returns zeros at padded positions of ``last_hidden_state``, ``hidden_states`` and ``logits``.
-
-transformers conventions: ``output_hidden_states``, ``output_attentions`` and ``return_dict`` left None take the
-config's value; ``return_dict=False`` (or 4.x's ``torchscript=True``) returns tuples. ``attn_implementation`` is
-"sdpa" (the default) or "eager"; transformers refuses the others. ``head_mask`` ([heads] or [layers, heads])
-multiplies the eager attention weights. ``max_position_embeddings`` is the longest sequence trained on (read from
-``max_length`` in older exports). Every block is a ``GradientCheckpointingLayer``.
-
-Half precision: masks are boolean, and a row with no real token attends to every position, so no softmax row is
-ever fully masked: padded and fully padded rows stay finite in float16 and bfloat16, forward and backward.
-"""
+Both the independent reference of the parity tests and the ``model.py`` of every exported directory, loaded
+through ``auto_map`` with ``trust_remote_code=True``: so it imports nothing but ``torch`` and ``transformers``.
+Padded batches and packed rows (``segment_ids`` or ``cu_seqlens``) run on their real tokens only
+(``unpadding.py``); eager attention, ``head_mask`` and ``config.unpad_inputs = False`` run the padded computation.
+Every path returns zeros at padded positions, and boolean masks keep fully padded rows finite in half precision."""
 
 import math
 from typing import Optional, Tuple, Union

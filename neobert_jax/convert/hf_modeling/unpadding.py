@@ -1,7 +1,5 @@
-"""Unpadding for NeoBERT's ``model.py``: where the real tokens of a padded or packed batch go, and attention per
-document on them. Shipped beside ``model.py`` in every exported directory (``model.py`` imports it relatively, and
-``transformers``' remote-code loader copies it along). Imports nothing but ``torch``.
-"""
+"""Unpadding for ``model.py``: where the real tokens of a padded or packed batch go, and attention per document on
+them. Shipped beside it in every export (imported relatively); imports nothing but ``torch``."""
 
 from typing import Optional, Tuple
 

@@ -1,18 +1,6 @@
-"""Bidirectional attention for NeoBERT's three masking modes, dispatched to one kernel per backend.
-
-  none     every token attends every token
-  padded   per-row lengths (right padding)
-  packed   segment ids: a token attends only inside its own document (0 = padding attends nowhere)
-
-Kernels (config/model.choose_attention decides what 'auto' means): 'xla' plain einsums (reference.py),
-'blockwise' online softmax without a T x T tensor (blockwise.py), 'cudnn' cuDNN flash through
-jax.nn.dot_product_attention or, for packed rows, the packed layout (its private jax API is in
-neobert_jax/jax_compat.py), 'cudnn_bias' the segment mask as an additive bias, 'splash' TPU Pallas flash (splash.py).
-Every kernel is tested against reference.py.
-
-Owns: the dispatch. Imports only neobert_jax.sharding (splash's shard_map specs) and neobert_jax.jax_compat (cuDNN's
-packed layout) from the rest of the package.
-"""
+"""Bidirectional attention for three masking modes (none, padded lengths, packed segment ids), dispatched to one
+kernel per backend: 'xla' (reference.py), 'blockwise', 'cudnn' (packed rows through jax_compat), 'cudnn_bias' and
+'splash' (TPU). config/model.choose_attention decides what 'auto' means; every kernel is tested against reference.py."""
 
 from __future__ import annotations
 

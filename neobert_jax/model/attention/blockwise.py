@@ -1,12 +1,6 @@
-"""Blockwise (flash-style) attention in plain JAX: online softmax over key blocks, never a [B, H, T, S] tensor.
-
-The portable fallback on every backend: the largest intermediate is [B, H, T, block] and the backward pass
-recomputes each block's probabilities from the saved log-sum-exp (FlashAttention-2's recipe) instead of storing
-them, through a custom VJP. Statistics (running max, denominator, log-sum-exp) and accumulators are fp32;
-matmul inputs keep the activation dtype. Masking follows reference.py's segment convention.
-
-Owns: this kernel only. Kernel choice lives in config/model.py (choose_attention).
-"""
+"""Blockwise (flash-style) attention in plain JAX, the portable fallback: online softmax over key blocks, never a
+[B, H, T, S] tensor; the backward pass recomputes each block from the saved log-sum-exp (FlashAttention-2's recipe).
+Statistics and accumulators are fp32; matmul inputs keep the activation dtype."""
 
 from __future__ import annotations
 

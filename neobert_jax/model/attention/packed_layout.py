@@ -1,12 +1,6 @@
-"""cuDNN's packed (ragged) layout derived from segment ids: per-row document lengths and start offsets.
-
-A packed row holds documents with segment ids 1..n, each contiguous, padding 0. cuDNN's flash kernel takes the
-same information as `seqlens` [B, M] and `offsets` [B, M + 1], unused slots -1, for a static M (the most
-documents a row may hold, data.max_documents_per_row). A row with more than M documents cannot be represented:
-`overflow` reports it so the trainer stops with the setting's name instead of silently dropping documents.
-
-Owns: that conversion (traceable, whole arrays). Imports nothing from the rest of the package.
-"""
+"""cuDNN's packed (ragged) layout from segment ids: per-row `seqlens` [B, M] and `offsets` [B, M + 1] (unused -1) for a
+static M (data.max_documents_per_row); `overflow` reports a row with more documents, so the trainer stops with the
+setting's name instead of silently dropping documents."""
 
 from __future__ import annotations
 

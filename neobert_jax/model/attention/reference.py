@@ -1,13 +1,6 @@
-"""The plain attention every kernel is checked against, and the 'xla' kernel: masked softmax as two einsums.
-
-Masking is expressed one way for every kernel: a query of segment a may attend a key of segment b iff a == b and
-b > 0. Packed rows pass their segment ids (0 on padding) for both sides; padded rows become q = 1 everywhere and
-kv = 1 on real tokens, 0 on padding; no mask means no segment ids at all. Outputs at padding positions are unspecified
-but finite in every kernel (they may attend other padding, or nothing): nothing downstream reads them, and a
-finite value keeps NaN out of the weight gradients.
-
-Owns: the mask convention and the reference math. Imports nothing from the rest of the package.
-"""
+"""The plain attention every kernel is checked against, and the 'xla' kernel. The one mask convention: a query of
+segment a attends a key of segment b iff a == b and b > 0. Outputs at padding are unspecified but finite in every
+kernel, which keeps NaN out of the weight gradients."""
 
 from __future__ import annotations
 

@@ -1,17 +1,7 @@
-"""TPU flash attention: Pallas splash attention with segment ids, run per shard inside shard_map.
-
-NeoBERT is bidirectional, so every head uses a FullMask and documents are kept apart by segment ids alone (a
-query attends a key iff their ids are equal). Padding keeps its own id (0 in a packed row, 0 after the length in
-a padded row), so no query row is ever fully masked. The kernel is built per shard for the local head count;
-shard_map's specs come from the trainer's logical-axis rules (batch over data x fsdp, heads over tensor), so
-changing the mesh never touches this file. Off TPU the same kernel runs in Pallas interpret mode (tests).
-
-Which of the two is chosen where the program is lowered (lax.platform_dependent), not from the process's default
-backend: an ahead-of-time compile for a TPU target runs on a CPU process, and must get the Mosaic kernel, not an
-interpreted emulation of it.
-
-Owns: the splash call and its sharding. Block sizes are validated in config/model.py.
-"""
+"""TPU flash attention: Pallas splash attention with segment ids (every head a FullMask; padding keeps its own id, so
+no row is fully masked), run per shard inside shard_map with specs from the logical-axis rules. The kernel is
+chosen where the program is lowered (lax.platform_dependent), so an AOT compile for TPU on a CPU host gets Mosaic,
+not the interpreter the tests run."""
 
 from __future__ import annotations
 
