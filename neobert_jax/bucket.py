@@ -69,9 +69,8 @@ _down_since: float | None = None  # when a request last spent the whole window (
 
 
 def gave_up() -> None:
-  """The bucket failed for a whole window (a request, or a checkpoint save): for the next window, requests are
-  tried once, not retried, so that what a stopping job still sends (its last metrics, its lease's release) fails at
-  once instead of waiting out the window again each. A request that succeeds ends this."""
+  """After a failed window, requests are tried once, so a stopping job's last writes fail at once instead of
+  waiting out the window again; a request that succeeds ends this."""
   global _down_since
   _down_since = time.monotonic()
 
@@ -229,10 +228,8 @@ def is_transient(error: BaseException) -> bool:
 
 
 def retry(call: Callable[[], T], what: str, window: float | None = None) -> T:
-  """call(), its transient errors (`is_transient`) retried on the budget's backoff for the retry window (`window`
-  seconds where given: a local disk gets a short one, since a bucket's outage window would only delay a
-  permission error there), each retry counted and said (at most one line a minute). Any other error, and the last
-  transient one once the window is spent, is raised as it is: the caller turns it into its one line."""
+  """call(), its transient errors retried on the budget's backoff for the retry window (or `window` seconds), each
+  retry counted; any other error, or the last one, is raised as it is."""
   start = time.monotonic()
   pauses = [] if _known_down() else delays(window)
   for tries in range(len(pauses) + 1):

@@ -48,11 +48,8 @@ class _Formatter(argparse.HelpFormatter):
 
 
 class Parser(argparse.ArgumentParser):
-  """An ArgumentParser under the convention: the layout above, --debug, and a usage error as one config-error line.
-
-  `command` is the short name expected errors are reported under (`prepare: data error: ...`); `doc`'s first
-  paragraph is the description. Subcommands (add_subparsers) are Parsers of the same command.
-  """
+  """An ArgumentParser under the convention; `command` names the errors' prefix, `doc`'s first paragraph is the
+  description."""
 
   def __init__(self, command: str = '', module: str = '', doc: str | None = None, **kwargs):
     self.command = command
@@ -118,12 +115,8 @@ def run_absl(
   fields_doc: str = '',
   renamed: Callable[[str], errors.ConfigError | None] | None = None,
 ) -> None:
-  """Parses sys.argv (config_flags reads the --config.* overrides from sys.argv itself) with `flag_values`, then
-  runs main(argv) under errors.reported and exits with its status.
-
-  `fields_doc` names the file that lists every config field, and `renamed(key)` may return the error for a field
-  that moved: both go into the one line for an override of a field the config lacks.
-  """
+  """Parses sys.argv with `flag_values`, runs main(argv) under errors.reported and exits with its status;
+  `fields_doc` and `renamed` go into the line for an unknown override."""
   from absl import flags  # pylint: disable=g-import-not-at-top
 
   debug = errors.take_debug_flag(sys.argv)  # before absl sees the line: --debug is not an absl flag here

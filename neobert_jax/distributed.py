@@ -94,10 +94,7 @@ def _on_tpu_vm() -> bool:
 
 
 def _fail_fast_excepthook(exc_type, exc, tb):
-  """Print the error and leave now, without the graceful shutdown barrier.
-
-  Peers see this process stop heartbeating and abort within the heartbeat timeout, instead of both sides
-  waiting out the shutdown timeout."""
+  """Print the error and leave now, skipping the shutdown barrier, so peers abort within the heartbeat timeout."""
   pid = _INFO.process_id if _INFO else '?'
   sys.stderr.write(
     f'[neobert_jax.distributed] process {pid}: uncaught exception, exiting without '
@@ -121,11 +118,8 @@ def initialize(
   shutdown_timeout_s: int | None = None,
   init_timeout_s: int | None = None,
 ) -> DistributedInfo:
-  """Start jax.distributed if this is a multi-process job; safe to call more than once.
-
-  Must run before anything touches a jax backend (jax.devices(), jnp arrays, ...). Returns what was decided.
-  `num_cpu_devices` (or NEOBERT_NUM_CPU_DEVICES) makes the CPU platform expose that many fake devices.
-  """
+  """Start jax.distributed if this is a multi-process job (safe to call twice), before anything touches a
+  backend; `num_cpu_devices` fakes that many CPU devices."""
   global _INFO
   if _INFO is not None:
     return _INFO

@@ -110,9 +110,8 @@ def take_debug_flag(argv: list[str]) -> bool:
 
 
 def one_line(error: BaseException, first: bool = False, with_type: bool = False) -> str:
-  """The message on one line: its lines joined with ' | ' (a subprocess's output, a list), or with `first` only the
-  first, where the rest would be noise (a storage client's request dump, a tensorstore spec, a compiler's dump);
-  `with_type` prefixes `Type: ` for a log line or a reason in parentheses. The project's one formatter of errors."""
+  """The message on one line (lines joined with ' | ', or the `first` only where the rest is noise), `with_type`
+  prefixed by `Type: `."""
   lines = [line.strip() for line in str(error).splitlines() if line.strip()]
   text = (lines[0] if lines else '') if first else ' | '.join(lines)
   if with_type:
@@ -122,12 +121,8 @@ def one_line(error: BaseException, first: bool = False, with_type: bool = False)
 
 @contextlib.contextmanager
 def reported(prog: str, debug: bool = False, also: dict[type[BaseException], type[NeobertError]] | None = None):
-  """Runs the body; an expected error becomes one line on stderr and SystemExit with the class's status.
-
-  `also` maps builtin errors that a command's raise sites use for user errors (FileNotFoundError for a missing
-  input, FileExistsError for an existing output) to a class. With debug the error propagates with its traceback.
-  The SystemExit's text is the printed line (callers in tests can match it); its code is the exit status.
-  """
+  """Runs the body; an expected error (or a builtin that `also` maps to a class) becomes one line on stderr and
+  SystemExit(line) with the class's status. With debug it propagates."""
   try:
     yield
   except Exception as e:  # pylint: disable=broad-except

@@ -52,9 +52,7 @@ def environment(environ: dict[str, str] | None = None) -> dict[str, str]:
 
 
 def reexec_with_huge_pages() -> None:
-  """Replaces this process (same pid, arguments and environment plus the tunable) when `wanted()`; else returns.
-
-  Call it first thing in a command's entry point, before jax is imported: the process is started over."""
+  """Re-executes this process with the tunable when `wanted()`; call it before jax is imported."""
   if not wanted():
     return
   sys.stdout.flush()

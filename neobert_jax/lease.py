@@ -33,11 +33,8 @@ def timeout_s() -> float:
 
 
 def job_identity(run_id: str = '') -> tuple[str, int]:
-  """(the job's identity, its restart count): what a restarted job shows to take its own lease back at once.
-
-  An explicit run_id wins; then SLURM's job id (a requeued job keeps it, SLURM_RESTART_COUNT grows); then a
-  JobSet's name (JOBSET_NAME and JOBSET_RESTART_ATTEMPT, set from the pod's JobSet label and annotation by
-  launch/tpu/multislice.py). '' when the job cannot prove who it is: it waits out a stale lease like anyone.
+  """(identity, restart count) that a restarted job shows to take its lease back at once: run_id, else SLURM's job
+  id, else the JobSet's name; '' when it cannot prove who it is.
   """
   env = os.environ
   if run_id:
@@ -364,10 +361,8 @@ class Lease:
 
 
 def acquire(directory: paths.PathLike, what: str, run_id: str = '', timeout: float | None = None) -> Lease:
-  """The lease on `directory` (created if missing), held from now until `release` (or the `with` block's end).
-
-  `what` names the directory the way the user gave it ('--workdir', '--output'). Raises errors.InUseError when a
-  live job holds it, errors.StorageError when it cannot be written there."""
+  """The lease on `directory` (`what`: the flag that named it), held until `release`; errors.InUseError when a live
+  job holds it, errors.StorageError when it cannot be written."""
   directory = paths.resolve(directory, what)
   created = paths.local(directory) and not directory.exists()
   try:

@@ -39,11 +39,7 @@ def is_url(path: PathLike) -> bool:
 
 
 def resolve(path: PathLike, what: str = 'path') -> epath.Path:
-  """A user's path or URL as an epath.Path: local paths absolute (~ expanded), gs:// URLs as given.
-
-  Any other scheme is a ConfigError naming `what` (e.g. '--workdir') and the fix, raised before anything is done;
-  so a URL never becomes a local folder named 's3:'.
-  """
+  """A user's path or URL as an epath.Path (local absolute, gs:// as given); another scheme is a ConfigError."""
   text = os.fspath(path)
   if not text:
     raise errors.ConfigError(f'{what} is empty')
@@ -63,9 +59,8 @@ def local(path: epath.Path) -> bool:
 
 
 def write_bytes(path: epath.Path, data: bytes) -> None:
-  """All or nothing: a reader sees the old content or the new, never part (see the module docstring). Every file a
-  job writes whole (a report, a plot, an embedding array) goes through here, never through a library's own open():
-  matplotlib or numpy would take a gs:// URL for a local file name."""
+  """All or nothing. Every file a job writes whole goes through here: matplotlib or numpy would take a gs:// URL
+  for a local file name."""
   if local(path):
     tmp = path.with_name(f'.{path.name}.tmp-{os.getpid()}')
     tmp.write_bytes(data)
@@ -159,9 +154,8 @@ def copy(src: epath.Path, dst: epath.Path) -> None:
 
 
 def publish_dir(local_dir: PathLike, remote: epath.Path, marker: str) -> None:
-  """Uploads the files of `local_dir` to the bucket directory `remote`, `marker` last, so a reader that waits for
-  the marker never takes a half-uploaded directory for a finished one. An earlier directory there loses its marker
-  first and, once the new one is complete, the files the new one does not have."""
+  """Uploads `local_dir` to the bucket directory `remote` with `marker` last (an earlier one loses its marker
+  first), so a reader never takes a half-uploaded directory for a finished one."""
   local_dir = LocalPath(local_dir)
   files = sorted(p.relative_to(local_dir).as_posix() for p in local_dir.rglob('*') if p.is_file())
   if marker not in files:
@@ -190,10 +184,8 @@ def _files(root: epath.Path) -> list[str]:
 
 
 def local_copy(source: PathLike, marker: str | None = None) -> LocalPath:
-  """A local path for `source`: itself when local, else a copy of the bucket file or directory in this machine's
-  cache (downloaded again each call: sources are small, such as a Hugging Face directory or a CSV file; prepared
-  data has its own staging with checksums). With `marker`, a directory without that file is refused: it is not
-  (yet) complete."""
+  """A local path for `source`: itself, or a fresh cached copy of the bucket file or directory; with `marker`, an
+  incomplete directory is refused."""
   src = resolve(source)
   if local(src):
     return LocalPath(os.fspath(src))
@@ -215,12 +207,8 @@ def local_copy(source: PathLike, marker: str | None = None) -> LocalPath:
 
 
 class Mirror:
-  """A local directory standing in for `remote` (a run's append-only streams: metrics.jsonl, TensorBoard).
-
-  For a local `remote` it is `remote` itself and `sync` does nothing. For a bucket, the files are written under
-  `cache` and `sync` uploads the ones that changed since the last sync; `pull` first downloads what the bucket
-  already holds (a resumed run appends to its own history).
-  """
+  """A local directory standing in for `remote` (append-only streams); on a bucket `sync` uploads what changed and
+  `pull` downloads what is there (a resumed run appends to its history)."""
 
   def __init__(self, remote: epath.Path, cache: PathLike):
     self.remote = remote

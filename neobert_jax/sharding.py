@@ -42,11 +42,8 @@ DCN_FIELDS = {'data': 'dcn_data', 'fsdp': 'dcn_fsdp'}
 
 @dataclasses.dataclass(frozen=True)
 class MeshLayout:
-  """A resolved mesh: per axis, its size inside one slice / node (ici) and how many slices / nodes it spans (dcn).
-
-  The mesh the program sees has the product per axis (`shape`); along each axis the slice index varies slowest,
-  so position i of axis a lies in slice i // ici[a] of that axis (jax's hybrid-mesh layout).
-  """
+  """A resolved mesh: per axis, its size inside one slice / node (ici) and how many it spans (dcn); the slice
+  index varies slowest (jax's hybrid-mesh layout)."""
 
   ici: tuple[int, ...]
   dcn: tuple[int, ...]
@@ -158,11 +155,8 @@ def _hybrid_devices(layout: MeshLayout, devices: Sequence[jax.Device]) -> np.nda
 
 
 def make_mesh(sizes: Mapping[str, int], devices: Sequence[jax.Device] | None = None) -> Mesh:
-  """A ('data', 'fsdp', 'tensor') mesh in Auto mode (GSPMD propagation, jit in/out shardings).
-
-  With dcn_data / dcn_fsdp > 1 the mesh is hybrid: those axes cross slices / nodes, everything else stays inside
-  one, so FSDP's gathers and tensor parallelism run on the fast links. Same axes, same rules table either way.
-  """
+  """A ('data', 'fsdp', 'tensor') mesh in Auto mode; with dcn_data / dcn_fsdp > 1 only those axes cross slices, so
+  FSDP's gathers and tensor parallelism run on the fast links."""
   devices = list(devices) if devices is not None else jax.devices()
   layout = resolve_layout(sizes, len(devices))
   axis_types = (AxisType.Auto,) * len(MESH_AXES)
@@ -231,11 +225,8 @@ def logical_to_spec(names: Sequence[str | None], rules=LOGICAL_AXIS_RULES) -> Pa
 
 
 def replica_axes(param_shardings: Any) -> tuple[str, ...]:
-  """The batch axes that hold whole copies of the parameters: mesh axes of the 'batch' rule, of size > 1, over
-  which no parameter is sharded ('data'; not 'fsdp', which splits the weights). Devices along such an axis see
-  different rows with the same weights, so each can add up its own gradients over the micro-batches and the sum
-  crosses that axis once per step (engine/step.py); along 'fsdp' a gradient is reduce-scattered per micro-batch,
-  which keeps every device's accumulator a 1/fsdp shard."""
+  """Batch axes of size > 1 that shard no parameter ('data', not 'fsdp'): each device there can sum its own
+  gradients over the micro-batches, crossing the axis once per step (engine/step.py)."""
   shardings = jax.tree.leaves(param_shardings)
   if not shardings:
     return ()
@@ -254,11 +245,8 @@ def constrain(x: jax.Array, names: Sequence[str | None]) -> jax.Array:
 
 
 def per_shard(fn: Any, args: Sequence[Any], in_names: Sequence[Sequence[str | None]], out_names: Sequence[str | None]):
-  """fn on each device's block of args: a shard_map over the mesh axes the logical names map to, so a kernel that
-  knows no sharding (Pallas splash, cuDNN attention) runs on local shapes. It leaves nothing for the compiler to
-  partition, which also holds inside the gradient accumulation's shard_map (engine/step.py), where jax cannot
-  partition a cuDNN call (its custom_partitioning rule gets no mesh there). With no mesh (one device, tests,
-  conversion tools) it is fn(*args)."""
+  """fn on each device's block of args through shard_map, so a kernel that knows no sharding (splash, cuDNN) runs
+  on local shapes, also inside the gradient accumulation's shard_map; with no mesh, fn(*args)."""
   mesh = jax.sharding.get_abstract_mesh()
   if mesh.empty or not set(MESH_AXES) <= set(mesh.axis_names):
     return fn(*args)
@@ -273,11 +261,8 @@ def inference_mesh() -> Mesh:
 
 
 class MeshBound:
-  """A jitted function that is always traced with the mesh and logical-axis rules active.
-
-  The model pins activation shardings by logical name at trace time, so tracing outside the mesh context would
-  silently drop them; binding the context here means callers (the loops, tests, AOT compile) cannot forget it.
-  """
+  """A jitted function always traced with the mesh and logical-axis rules active: the model pins activation
+  shardings at trace time, which tracing outside the context would silently drop."""
 
   def __init__(self, mesh: Mesh, jitted: Any):
     self.mesh, self.jitted = mesh, jitted

@@ -37,10 +37,7 @@ BERT_SPECIAL_TOKENS = {f'{name}_token': piece for name, piece in tokenizer_lib.B
 
 
 def check_output_dir(output: str | os.PathLike, overwrite: bool) -> Path:
-  """Refuses an existing file, or a non-empty directory unless ``overwrite``.
-
-  First puts right what an earlier export into ``output`` that was killed left behind (see `_recover`), so that a
-  previous export it had moved aside counts as existing."""
+  """Refuses an existing file, or a non-empty directory unless ``overwrite``, after `_recover` has run."""
   if paths.is_url(output):
     remote = paths.resolve(output, '--output')
     if remote.exists() and any(remote.iterdir()) and not overwrite:
@@ -66,12 +63,8 @@ def _sibling(output: Path, kind: str) -> Path:
 
 
 def _recover(output: Path) -> None:
-  """Cleans up after an export into ``output`` that was killed (SIGKILL, OOM, a lost node) and never reached its own
-  cleanup, saying what it does. Its ``.tmp-`` directory is an unfinished export: removed. Its ``.old-`` directory
-  is the export it replaced: if the kill fell between moving it aside and moving the new one in, ``output`` is
-  missing and the old export is moved back; otherwise the new one is in place and the old one goes. A running
-  process's leftovers are left alone (a pid says nothing about other hosts: do not export into one directory from
-  two)."""
+  """Cleans up after a killed export into ``output``: its ``.tmp-`` directory is removed, its ``.old-`` one moved
+  back if ``output`` is missing, else removed. A running process's leftovers are left alone."""
   # prepare asks the same question of its temporary directories; one liveness test for both.
   from neobert_jax.data.prepare.local import _alive  # pylint: disable=g-import-not-at-top
 
@@ -101,11 +94,8 @@ def _recover(output: Path) -> None:
 
 
 def write_atomically(output: Path, fill, overwrite: bool, marker: str = 'config.json') -> Path:
-  """Calls fill(tmp_dir) on a fresh sibling directory, then renames it to ``output`` (replacing it if allowed).
-
-  A kill at any point leaves either the previous export or the new one at ``output``, or (between the two renames of
-  a replacement) the previous one under a hidden name that the next export moves back (`_recover`). On a bucket,
-  where nothing can be renamed, the directory is filled locally and uploaded with ``marker`` last."""
+  """Calls fill(tmp_dir) on a fresh sibling directory, then renames it to ``output``, so a kill leaves the old
+  export or the new one (`_recover`). On a bucket it is filled locally and uploaded with ``marker`` last."""
   output = check_output_dir(output, overwrite)
   if paths.is_url(output):
     # No rename on a bucket: fill a local directory, then upload it with config.json (what from_pretrained reads
@@ -172,11 +162,8 @@ def special_token_ids(tokenizer: str | os.PathLike | None) -> dict[str, int]:
 
 
 def write_tokenizer(tokenizer: str | os.PathLike, out: Path, max_length: int, vocab_size: int) -> list[str]:
-  """Writes a WordPiece tokenizer (dir, tokenizer.json, vocab.txt or 'bert-base-uncased') into ``out``.
-
-  A tokenizer.json is re-saved with padding and truncation switched off (inference files often pad to 128);
-  tokenizer_config.json / special_tokens_map.json are written for a BERT tokenizer unless the source has them.
-  """
+  """Writes a WordPiece tokenizer into ``out``; a tokenizer.json is re-saved with padding and truncation off
+  (inference files often pad to 128)."""
   src = _resolve_tokenizer(tokenizer)
   if src.is_dir():
     sources = {name: src / name for name in TOKENIZER_FILES if (src / name).is_file()}
@@ -233,14 +220,9 @@ def write_hf_dir(
   card: model_card.Facts | None = None,
   overwrite: bool = False,
 ) -> Path:
-  """The one Hugging Face directory writer: every export (pretraining, classifier, sentence-transformers) goes
-  through it, and so does the ONNX export. Writes, atomically (`write_atomically`), model.safetensors
-  (``state_dict``, numpy arrays) and the modeling files (hf_modeling/: model.py, layers.py, unpadding.py) unless
-  ``state_dict`` is None (weights in another format, written by ``extra``), config.json (``config``), the
-  tokenizer's files when ``tokenizer`` is given (its model_max_length is ``tokenizer_max_length``, default the
-  config's max_position_embeddings), then whatever ``extra(tmp)`` adds (a sentence-transformers directory's
-  modules, an ONNX graph), and last the model card, README.md (convert/model_card.py: the directory's kind and
-  architecture, ``card``'s training facts, and how to load it)."""
+  """The one Hugging Face directory writer (every export, the ONNX one too), atomically: model.safetensors and the
+  modeling files unless ``state_dict`` is None, config.json, the tokenizer, whatever ``extra(tmp)`` adds, and last
+  the model card."""
   state = None if state_dict is None else {k: np.ascontiguousarray(v) for k, v in state_dict.items()}
   max_length = int(hf.max_positions(config) if tokenizer_max_length is None else tokenizer_max_length)
 
@@ -297,11 +279,8 @@ def export_checkpoint(
   overwrite: bool = False,
   use_ema: bool = False,
 ) -> Path:
-  """Writes the HF directory for a training checkpoint (a run's workdir or its checkpoints/ dir); with
-  ``use_ema``, of its moving average of the parameters (train.ema_decay > 0) instead of the parameters.
-
-  Without ``tokenizer``, the run's own is written: the one its config records (weights/source.run_tokenizer).
-  """
+  """Writes the HF directory for a training checkpoint (its EMA parameters with ``use_ema``); without
+  ``tokenizer``, the run's own."""
   check_output_dir(output, overwrite)
   if not paths.resolve(checkpoint, '--checkpoint').is_dir():
     raise errors.ExportError(

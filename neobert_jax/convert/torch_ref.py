@@ -34,10 +34,8 @@ def hf_config(cfg: Any, **overrides) -> hf_model.NeoBERTConfig:
 def torch_model_from_flat(
   flat: Mapping[str, Any], cfg: Any, dtype: str | torch.dtype = 'float32', cls=hf_model.NeoBERTLMHead
 ) -> torch.nn.Module:
-  """Our ``NeoBERTLMHead`` (or another class of hf_modeling.model) holding ``flat``'s weights, in eval mode.
-
-  The model is created on the meta device and the weights are assigned, so a 250M model costs one copy.
-  """
+  """Our ``NeoBERTLMHead`` (or ``cls``) holding ``flat``'s weights, in eval mode; built on the meta device, so a
+  250M model costs one copy."""
   dtype = _TORCH_DTYPES[dtype] if isinstance(dtype, str) else dtype
   state = {k: numpy_to_torch(v).to(dtype) for k, v in hf.flat_to_hf_state_dict(flat, cfg).items()}
   with torch.device('meta'):
@@ -60,13 +58,9 @@ def flat_from_torch_model(model: torch.nn.Module, cfg: Any) -> dict[str, np.ndar
 def padded_reference_forward(
   model: hf_model.NeoBERTModel, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None
 ) -> torch.Tensor:
-  """``last_hidden_state`` [B, T, D] computed the way the published chandar-lab/NeoBERT model.py does it: every
-  position of the padded batch through every layer, attention under a dense additive float mask [B, H, T, T]
-  (0 to attend, the dtype's lowest value for padded keys), positions 0..T-1.
-
-  It uses ``model``'s weights and none of its forward code (neither the unpadding nor the boolean masks), so it is
-  the reference the unpadded export is checked against, and the baseline the export benchmark times. A row with no
-  token is all-masked: its (ignored) outputs are what the original gives them.
+  """``last_hidden_state`` computed as the published chandar-lab/NeoBERT model.py does (every padded position,
+  a dense additive float mask), with ``model``'s weights and none of its forward code: the reference the unpadded
+  export is checked against.
   """
   cfg = model.config
   x = model.encoder(input_ids)

@@ -65,11 +65,7 @@ def pad_rows(seqs: Sequence[np.ndarray], rows: int, length: int, pad_id: int) ->
 def plan(
   lengths: Sequence[int], batch_size: int, bucket_list: Sequence[int], rng: np.random.Generator | None
 ) -> list[tuple[int, np.ndarray]]:
-  """[(bucket length, example indices)]: examples grouped by bucket, chunked into batches.
-
-  With rng (training) examples are shuffled within a bucket and the batch order is shuffled; without it
-  (evaluation, embedding) examples are sorted by length, so padding is minimal and the order reproducible.
-  """
+  """[(bucket length, example indices)] per batch: shuffled with rng (training), else sorted by length."""
   by_bucket: dict[int, list[int]] = {}
   for i, n in enumerate(lengths):
     by_bucket.setdefault(bucket_for(n, bucket_list), []).append(i)

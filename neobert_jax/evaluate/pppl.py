@@ -27,9 +27,7 @@ class PPPLResult:
 
 
 def masked_rows(seqs: Sequence[np.ndarray], bucket_list: Sequence[int]) -> dict[int, dict[str, np.ndarray]]:
-  """{bucket length: rows}: one row per (document, scored position), the position replaced by mask later.
-
-  rows: 'doc' [R], 'pos' [R] (index in the document), 'length' [R]."""
+  """{bucket length: rows 'doc', 'pos', 'length'}: one row per (document, scored position)."""
   out: dict[int, dict[str, list]] = {}
   for d, s in enumerate(seqs):
     n = len(s)

@@ -81,9 +81,7 @@ class EncoderLayers(nnx.Module):
     return {name: getattr(self, name)[...] for name in names}
 
   def kernel(self, packed: bool) -> str:
-    """The configured kernel. The training, fine-tuning and compile paths hand the model a resolved one (each
-    schema's `resolve`, recorded in config.json); 'auto' is decided here only as a fallback for direct library use
-    (a model built from default_model_config), by the same table (config/model.choose_attention)."""
+    """The configured kernel; 'auto' is decided here only for direct library use (config/model.choose_attention)."""
     cfg = self.cfg
     if cfg.attention_impl != 'auto':
       return cfg.attention_impl

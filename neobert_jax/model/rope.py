@@ -16,8 +16,6 @@ def inverse_frequencies(head_dim: int, theta: float) -> jax.Array:
 
 
 def apply_rope(x: jax.Array, positions: jax.Array, theta: float) -> jax.Array:
-  """Rotates x [B, T, H, Dh] by angles positions [B, T] x inverse frequencies, in fp32, returning x's dtype.
-
-  The gradient is the inverse rotation (model/fused.py): only the angles are kept for the backward pass."""
+  """Rotates x [B, T, H, Dh] by positions x inverse frequencies in fp32; the backward keeps only the angles."""
   angles = positions.astype(jnp.float32)[..., None] * inverse_frequencies(x.shape[-1], theta)  # [B, T, Dh/2]
   return rotate(x, jnp.cos(angles)[:, :, None, :], jnp.sin(angles)[:, :, None, :])

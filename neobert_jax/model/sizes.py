@@ -18,10 +18,7 @@ def ffn_hidden_size(cfg: ml_collections.ConfigDict) -> int:
 
 
 def matmul_params(cfg: ml_collections.ConfigDict, decoder_fraction: float = 1.0) -> float:
-  """Parameters that take part in a matmul per token (embedding lookups are gathers, not matmuls).
-
-  decoder_fraction scales the MLM decoder when it only runs on the masked positions (sparse head).
-  """
+  """Parameters in a matmul per token; decoder_fraction scales the MLM decoder when it runs on masked slots only."""
   d, f = cfg.hidden_size, ffn_hidden_size(cfg)
   per_layer = d * 3 * d + d * d + d * 2 * f + f * d
   return cfg.num_layers * per_layer + decoder_fraction * d * cfg.vocab_size

@@ -163,10 +163,7 @@ def to_flat(model: nnx.Module) -> dict[str, np.ndarray]:
 
 
 def load_flat(model: nnx.Module, flat: Mapping[str, np.ndarray]) -> None:
-  """Writes flat arrays into the model in place, keeping each parameter's dtype and sharding.
-
-  Raises ValueError naming every missing or unexpected key and every shape mismatch, before anything changes.
-  """
+  """Writes flat arrays into the model in place, keeping dtypes and shardings; checks every key and shape first."""
   state = nnx.state(model, nnx.Param)
   variables = {path_key(path): var for path, var in nnx.to_flat_state(state)}
   check_keys_and_shapes(

@@ -219,10 +219,7 @@ def max_positions(hf_config: Mapping[str, Any]) -> int:
 
 
 def model_config_from_hf(hf_config: Mapping[str, Any], base=None):
-  """A model ConfigDict (defaults of ``base`` or the released model) with the architecture of an HF config.json.
-
-  Raises ExportError when the config is not NeoBERT or lacks an architecture field.
-  """
+  """A model ConfigDict (defaults of ``base`` or the released model) with the architecture of an HF config.json."""
   model_type = hf_config.get('model_type')
   if model_type != 'neobert':
     raise errors.ExportError(
@@ -321,10 +318,8 @@ def _read_hf_files(path: str | os.PathLike) -> tuple[dict[str, Any], dict[str, n
 def read_hf_dir(
   path: str | os.PathLike, *, init_missing_decoder: bool = False, seed: int = 0
 ) -> tuple[ml_collections.ConfigDict, dict[str, np.ndarray]]:
-  """(model ConfigDict, flat params) of an HF NeoBERT checkpoint; raises ExportError on any mismatch.
-
-  ``init_missing_decoder``: a base-model save has no MLM decoder; create one (U(-r, r) kernel, zero bias).
-  """
+  """(model ConfigDict, flat params) of an HF NeoBERT checkpoint; ``init_missing_decoder`` creates the MLM decoder
+  a base-model save lacks."""
   hf_config, state = read_hf_state_dict(path)
   cfg = model_config_from_hf(hf_config)
   state = normalize_hf_state_dict(state)

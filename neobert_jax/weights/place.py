@@ -15,10 +15,7 @@ from neobert_jax.weights.flat import check_keys_and_shapes, flatten, load_flat, 
 
 
 def params_from_flat(flat: Mapping[str, np.ndarray], like: Any) -> Any:
-  """Flat {dotted key: array} -> params (an nnx.State) sharded like `like` (arrays or ShapeDtypeStructs).
-
-  Each process builds only the shards its devices hold, from its own host copy of the flat arrays.
-  """
+  """Flat {dotted key: array} -> params sharded like `like`; each process builds only its devices' shards."""
   expected = flatten(nnx.to_pure_dict(like))
   check_keys_and_shapes(
     flat,
@@ -37,9 +34,7 @@ def params_from_flat(flat: Mapping[str, np.ndarray], like: Any) -> Any:
 
 
 def with_encoder(params: Any, flat: Mapping[str, np.ndarray]) -> Any:
-  """`params` (a downstream model's: an encoder plus a head) with the encoder replaced by the 'encoder.*' entries
-  of `flat`, on the encoder's shardings; the head keeps its own values. Other entries of `flat` (an MLM decoder, a
-  fine-tuned head) are ignored."""
+  """`params` with the encoder replaced by `flat`'s 'encoder.*' entries, on its shardings; the head keeps its own."""
   encoder = {k[len('encoder.') :]: v for k, v in flat.items() if k.startswith('encoder.')}
   out = jax.tree.map(lambda a: a, params)
   out['encoder'] = params_from_flat(encoder, params['encoder'])

@@ -39,9 +39,8 @@ def _orbax():
 
 @contextlib.contextmanager
 def item_metadata_quietly():
-  """Silences absl below ERROR while an item's metadata is read: the step-level metadata file sits one directory
-  up (the CheckpointManager layout), so Orbax warns that the item has none of its own, which is expected and only
-  alarms users reading the log. The one place the project lowers absl's level."""
+  """Silences absl below ERROR while an item's metadata is read: Orbax warns that the item has no metadata of its
+  own (it sits one directory up), which only alarms users."""
   absl_log = logging.getLogger('absl')
   level = absl_log.level
   absl_log.setLevel(logging.ERROR)
@@ -79,9 +78,7 @@ _TOKENIZER_NAMES = {'.txt': 'vocab.txt', '.json': 'tokenizer.json', '.model': 't
 
 
 def save_tokenizer(workdir: paths.Path, spec: str) -> None:
-  """Process 0: WORKDIR/tokenizer/<file> := the file `spec` names on this machine (skipped when the copy there is
-  already that file), so the run carries its vocabulary. A spec that does not resolve here is left unrecorded:
-  the run's config still names it, and readers fail on it in one line as before."""
+  """Process 0: copies the file `spec` names into WORKDIR/tokenizer/, so the run carries its vocabulary."""
   if jax.process_index() != 0 or not spec:
     return
   try:
@@ -135,10 +132,8 @@ def step_dir(path: str | os.PathLike, step: int) -> paths.Path:
 
 
 def set_aside(path: str | os.PathLike, step: int, what: str) -> int | None:
-  """The one policy for a step whose bytes cannot be read (`what`: which part, and the error): said loudly with
-  both paths, renamed `<step>.corrupt` by process 0 (nothing deleted; neither retried nor overwritten by a later
-  save of the same number), and the next older complete step returned (None when none is left). The one thing
-  resume ever moves: a step that does not fit the config, or that the storage cannot reach, is left alone."""
+  """The one policy for a step whose bytes cannot be read: said loudly, renamed `<step>.corrupt` by process 0
+  (nothing deleted), and the next older complete step returned (None when none is left)."""
   cdir = checkpoint_dir(path)
   older = [s for s in checkpoint_steps(cdir) if s < step]
   fallback = max(older) if older else None
@@ -179,13 +174,8 @@ def typed_record(recorded: Any) -> ml_collections.ConfigDict:
 
 
 def read_config(path: str | os.PathLike, step: int | None = None) -> ml_collections.ConfigDict:
-  """The resolved config saved with `step` (default: latest), else the workdir's config.json, typed by its run's
-  schema (`typed_record`).
-
-  The step's item is read through Orbax's JSON handler (the format `ocp.args.JsonSave` wrote), on this process
-  alone: a Checkpointer would wait at a barrier for processes that may not be reading. A record of another type
-  than its schema's field is a ConfigError naming the field.
-  """
+  """The resolved config saved with `step` (default: latest), else the workdir's config.json, typed by its schema.
+  Read on this process alone: a Checkpointer would wait at a barrier for processes that may not be reading."""
   cdir = checkpoint_dir(path)
   step = latest_step(cdir) if step is None else step
   looked = []
@@ -235,11 +225,8 @@ def restore_param_tree(path: str | os.PathLike, step: int | None, abstract: Any)
 def restore_params(
   path: str | os.PathLike, step: int | None = None, name: str = PARAMS_ITEM
 ) -> tuple[ml_collections.ConfigDict, dict[str, np.ndarray]]:
-  """(model config, {dotted key: numpy array}) of a checkpoint, read on one CPU device whatever mesh wrote it.
-
-  `path` is a workdir or its checkpoints/ dir; `step` defaults to the latest complete step. FileNotFoundError
-  when there is none. `name`=EMA_ITEM reads the moving average of the parameters instead.
-  """
+  """(model config, {dotted key: numpy array}) of a checkpoint's step (default: the latest), on one CPU device
+  whatever mesh wrote it; `name`=EMA_ITEM reads the moving average."""
   item, step = params_item(path, step, name)
   cpu = jax.sharding.SingleDeviceSharding(jax.local_devices(backend='cpu')[0])
   with _orbax().StandardCheckpointer() as ckptr:

@@ -168,10 +168,8 @@ def from_init(from_checkpoint: str, from_hf: str, step: int = -1, *, need_decode
 
 
 def run_tokenizer(run_config: ml_collections.ConfigDict, workdir: str | paths.Path | None = None) -> str:
-  """A run's tokenizer (its typed config; `workdir`: where the run is): the copy the run carries (weights/runs.py:
-  WORKDIR/tokenizer/, exactly the file it trained with, whatever this machine's cache holds), else the one its
-  config.json records, else, for a pretraining run that predates that record, the one its prepared data was made
-  with ('' if unknown: the default applies)."""
+  """A run's tokenizer: the copy the run carries, else the one its config records, else the one its prepared data
+  was made with ('' if unknown)."""
   carried = runs.tokenizer_copy(runs.checkpoint_dir(workdir).parent) if workdir is not None else ''
   if carried:
     return carried

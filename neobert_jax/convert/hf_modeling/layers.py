@@ -44,10 +44,7 @@ def rotary_cos_sin(positions: torch.Tensor, head_dim: int, theta: float) -> Tupl
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate adjacent pairs (x[2i], x[2i+1]) of the last axis as complex numbers by the angle of pair i.
-
-    x: [B, T, H, Dh]; cos, sin: [B, T, Dh/2] (or broadcastable to it). Computed in float32.
-    """
+    """Rotate adjacent pairs (x[2i], x[2i+1]) of x [B, T, H, Dh] as complex numbers by pair i's angle, in float32."""
     pairs = x.float().unflatten(-1, (-1, 2))
     real, imag = pairs[..., 0], pairs[..., 1]
     cos = cos.unsqueeze(-2)  # broadcast over heads
@@ -57,11 +54,8 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
 
 
 def apply_rotary_qk(qk: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """apply_rotary on q and k at once, as one complex multiplication: qk [tokens, H, 2, Dh], cos, sin [tokens, Dh/2].
-
-    The same rotation of the same pairs as apply_rotary, in float32; one kernel instead of several elementwise ones
-    (complex numbers cannot be traced to ONNX, so the padded, traceable path keeps apply_rotary).
-    """
+    """apply_rotary on qk [tokens, H, 2, Dh] as one complex multiplication (complex numbers cannot be traced to
+    ONNX, so the traceable path keeps apply_rotary)."""
     if tracing():
         return apply_rotary(qk, cos[:, None], sin[:, None])
     pairs = torch.view_as_complex(qk.float().unflatten(-1, (-1, 2)))

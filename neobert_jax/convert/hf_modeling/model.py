@@ -116,10 +116,8 @@ class EncoderBlock(GradientCheckpointingLayer):
         eager: bool = False,
         head_mask: Optional[torch.Tensor] = None,
     ) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
-        """x: [B, T, D] padded rows (``mask`` as from unpadding.padded_mask), or [tokens, D] with ``rows``.
-
-        ``eager``: the padded rows' attention as an explicit softmax, whose weights (times ``head_mask`` [1, H, 1, 1],
-        when given) are returned; else scaled_dot_product_attention, and None for the weights."""
+        """x: [B, T, D] padded rows (with ``mask``), or [tokens, D] with ``rows``. ``eager`` returns the softmax
+        weights; else scaled_dot_product_attention, and None for them."""
         qkv = self.qkv(self.attention_norm(x))
         weights = None
         if rows is None:
@@ -216,13 +214,8 @@ class NeoBERTModel(NeoBERTPreTrainedModel):
         output_hidden_states: bool,
         output_attentions: bool,
     ):
-        """(final hidden states: [B, T, D], or [tokens, D] when unpadded; ``place``, which turns such a tensor into
-        [B, T, ...] with zeros at padded positions; hidden states per layer, placed, or None; attention weights or
-        None).
-
-        Padded batches and packed rows are computed unpadded (UnpaddedRows; traced, TracedRows), unless the attention
-        must be the eager softmax (attn_implementation "eager", output_attentions, head_mask) or ``config.unpad_inputs``
-        is False: then the padded rows are, zeroed at padding after, so every path returns the same tensors."""
+        """(final hidden states, padded or [tokens, D] when unpadded; ``place``, which pads such a tensor with zeros;
+        hidden states per layer or None; attention weights or None). Every path returns the same tensors."""
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("pass exactly one of input_ids or inputs_embeds")
         x = self.encoder(input_ids) if input_ids is not None else inputs_embeds

@@ -23,18 +23,10 @@ ATTENTION_CALL_COST_DEFAULT = 1024 * 1024
 
 
 class UnpaddedRows:
-    """Where the real tokens of a padded or packed batch go: gathered into [tokens, D] for the dense layers, one
-    document after another (longest first; a document is a row, or in packed rows the tokens of a row that share a
-    segment id), and cut into attention groups of documents.
-
-    Consecutive documents share an attention call when padding the shorter ones to the group's longest costs less
-    than a call of their own (``call_cost``, in query x key positions): on a CPU, documents of equal length share a
-    call and documents of different lengths each get their own, unmasked, so no padding is computed. A group of equal
-    lengths is a view of the token matrix; a group of unequal lengths is copied into its padded layout with a key
-    mask. ``groups`` lists (start, stop, length, slots or None, key mask or None): the group's tokens [start, stop),
-    its longest document, and for an unequal group each token's position in the padded [documents * length] layout.
-    Rows without tokens are left out (their outputs are scattered back as zeros). Built once per forward: the blocks
-    do no per-document Python work.
+    """The real tokens of a padded or packed batch gathered into [tokens, D], one document after another (longest
+    first), and cut into attention groups: consecutive documents share a call when padding them to the group's
+    longest costs less than a call of their own (``call_cost``). ``groups``: (start, stop, length, slots or None,
+    key mask or None). Built once per forward, so the blocks do no per-document Python work.
     """
 
     def __init__(
@@ -109,10 +101,8 @@ class UnpaddedRows:
 
 
 class TracedRows:
-    """Unpadding a traced graph can hold (an ONNX graph's shapes cannot depend on Python loops over the data): the
-    real tokens of a padded batch gathered into [tokens, D] for the dense layers, as UnpaddedRows does, and attention
-    on the padded [B, T] layout with a key mask, the tokens scattered into it and gathered back. Only the attention
-    computes padded positions; the projections, norms and feed-forward (most of the work) do not."""
+    """Unpadding a traced graph can hold (its shapes cannot depend on loops over the data): dense layers on the
+    gathered real tokens, attention on the padded [B, T] layout with a key mask."""
 
     def __init__(self, real: torch.Tensor):
         self.batch, self.length = real.shape

@@ -58,11 +58,8 @@ def attention(
   max_segments: int | None = None,
   block_size: int | None = None,
 ) -> jax.Array:
-  """q, k, v [B, T, H, Dh] -> [B, T, H, Dh]. Give segment_ids (packed) or lengths (padded), or neither.
-
-  kernel is a resolved name (not 'auto'); max_segments is the static documents-per-row limit the cuDNN packed
-  layout needs; block_size is the blockwise / splash tile (None: the kernel's default).
-  """
+  """q, k, v [B, T, H, Dh] -> [B, T, H, Dh], with segment_ids (packed), lengths (padded) or neither; `kernel` is
+  resolved (not 'auto')."""
   if segment_ids is not None and lengths is not None:
     raise ValueError('pass segment_ids (packed rows) or lengths (padded rows), not both.')
   if kernel in ('cudnn', 'cudnn_bias'):

@@ -26,11 +26,8 @@ def allowed(q_segments: jax.Array, kv_segments: jax.Array) -> jax.Array:
 def xla_attention(
   q: jax.Array, k: jax.Array, v: jax.Array, q_segments: jax.Array | None = None, kv_segments: jax.Array | None = None
 ) -> jax.Array:
-  """q, k, v [B, T, H, Dh] -> [B, T, H, Dh]; scores and softmax in fp32, the [B, H, T, S] scores materialised.
-
-  Written as plain 4-D einsums rather than jax.nn.dot_product_attention's grouped-query 5-D formulation, which
-  XLA:CPU runs markedly slower forward + backward (TPU and GPU compile both alike).
-  """
+  """q, k, v [B, T, H, Dh] -> [B, T, H, Dh], fp32 scores. Plain 4-D einsums: jax.nn.dot_product_attention's 5-D
+  form runs markedly slower on XLA:CPU."""
   scale = q.shape[-1] ** -0.5
   scores = jnp.einsum('bthd,bshd->bhts', q, k, preferred_element_type=jnp.float32) * scale
   if q_segments is not None:
