@@ -60,8 +60,6 @@ def tensorstore_retries() -> dict[str, Any]:
   }
 
 
-# --- counting retries ---------------------------------------------------------------------------------------------
-
 _lock = threading.Lock()
 _counted_retries = 0  # gcsfs's requests and `retry`'s calls (tensorstore counts its own)
 _last_said = 0.0  # when the last "retrying" line was logged (one per episode: at most one a minute)
@@ -148,8 +146,6 @@ class Timer:
     self.stop(say=exc[0] is None)
 
 
-# --- gcsfs --------------------------------------------------------------------------------------------------------
-
 _RETRIED_METHODS = ('_request', '_get_file_request', '_get_file_concurrent')
 
 
@@ -197,8 +193,6 @@ def install() -> None:
     budgeted._neobert_budget = True
     setattr(core.GCSFileSystem, name, budgeted)
 
-
-# --- reads of ours ------------------------------------------------------------------------------------------------
 
 # Status words of tensorstore / gRPC / cloud storage errors that describe the storage, not the bytes stored.
 _TRANSIENT_WORDS = (

@@ -95,9 +95,6 @@ class Parser(argparse.ArgumentParser):
       raise errors.ConfigError(f'{message} (see --help)')
 
 
-# --- Commands with a config: absl flags -------------------------------------------------------------------------
-
-
 def configure_logging(level: int = logging.INFO) -> None:
   """The log format of every training command, at `level` (a multi-host run passes WARNING to processes other
   than 0). Orbax and Grain narrate every file they write at INFO through absl: its warnings and errors are kept."""

@@ -93,8 +93,6 @@ ALL = (
 )
 
 
-# --- How a command reports them ----------------------------------------------------------------------------------
-
 DEBUG_FLAG = '--debug'
 DEBUG_ENV = 'NEOBERT_DEBUG'  # set by --debug so that child processes (the AOT compile child) inherit it
 

@@ -49,7 +49,6 @@ def num_tpu_chips() -> int:
     return 0
 
 
-# ---------------------------------------------------------------------------------------------------------------
 # cuDNN packed attention. jax.nn.dot_product_attention has no segment-id or offset argument, so packed rows reach
 # cuDNN's plain flash kernel only through this private module's dot_product_attention(q_seqlen, kv_seqlen,
 # q_offsets, kv_offsets, mask_type=PADDING) (present since jax 0.6; needs Hopper and cuDNN >= 9.6). Unlike the

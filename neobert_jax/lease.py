@@ -109,9 +109,6 @@ class Conflict(Exception):
   """The stored lease is not the one expected (someone else wrote it, or it is gone)."""
 
 
-# --- storage: the same four operations on a local directory and on a bucket ------------------------------------
-
-
 class _Local:
   def __init__(self, path: paths.Path):
     self.path = os.fspath(path)
@@ -230,9 +227,6 @@ class _Bucket:
       self.fs.invalidate_cache(f'{self.bucket}/{self.key}')
 
 
-# --- the lease ----------------------------------------------------------------------------------------------------
-
-
 class Lease:
   """A held lease on `directory` (see the module docstring); a context manager that releases it on exit."""
 
@@ -246,8 +240,6 @@ class Lease:
     self._stop = threading.Event()
     self._lock = threading.Lock()
     self._thread: threading.Thread | None = None
-
-  # --- taking it ------------------------------------------------------------------------------------------------
 
   def acquire(self) -> 'Lease':
     """Takes the lease or raises errors.InUseError naming the live holder and the fix."""
@@ -303,8 +295,6 @@ class Lease:
       f'job id, JobSet, or --config.run_id) takes it back at once'
     )
 
-  # --- keeping it -----------------------------------------------------------------------------------------------
-
   def _heartbeat(self) -> None:
     period = max(self.holder.timeout_s / 4, 0.05)
     while not self._stop.wait(period):
@@ -330,8 +320,6 @@ class Lease:
     """errors.InUseError once the lease was taken over by another job: it must not write the run any more."""
     if self.lost:
       raise errors.InUseError(f'{self.lost}; this job stopped without writing. Nothing it saved before was lost.')
-
-  # --- giving it up ---------------------------------------------------------------------------------------------
 
   def release(self) -> None:
     self._stop.set()

@@ -179,10 +179,6 @@ def load_flat(model: nnx.Module, flat: Mapping[str, np.ndarray]) -> None:
     var[...] = jax.device_put(value, current.sharding)
 
 
-# ----------------------------------------------------------------------------------------------------------------
-# The flat-params file
-
-
 def read_safetensors(path: str | os.PathLike) -> tuple[dict[str, str], dict[str, np.ndarray]]:
   """(metadata, arrays) of a safetensors file; ExportError if it is not one."""
   from safetensors import safe_open  # pylint: disable=g-import-not-at-top

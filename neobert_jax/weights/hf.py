@@ -153,9 +153,6 @@ def hf_state_dict_to_flat(sd: Mapping[str, Any], cfg: Any) -> dict[str, np.ndarr
   return {k: np.ascontiguousarray(v) for k, v in flat.items()}
 
 
-# ----------------------------------------------------------------------------------------------------------------
-# Config translation
-
 # JAX ConfigDict field -> config.json field
 _FIELD_MAP = {
   'vocab_size': 'vocab_size',
@@ -258,10 +255,6 @@ def model_config_from_hf(hf_config: Mapping[str, Any], base=None):
       'NeoBERT requires dim_head = hidden_size / num_attention_heads'
     )
   return cfg
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# Reading a Hugging Face checkpoint
 
 
 def torch_to_numpy(tensor: Any) -> np.ndarray:
