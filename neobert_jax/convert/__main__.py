@@ -22,6 +22,16 @@ from neobert_jax.convert import export_hf
 from neobert_jax.jobs import convert as convert_job
 
 
+def _job(job, *positional: str):
+  """Runs `job` with the flags named in `positional` first and every other flag by its name."""
+
+  def run(args):
+    options = {k: v for k, v in vars(args).items() if k not in ('command', 'debug', 'run', *positional)}
+    return job(*(getattr(args, name) for name in positional), **options)
+
+  return run
+
+
 def build_parser() -> commandline.Parser:
   parser = commandline.Parser('convert', 'neobert_jax.convert', __doc__)
   sub = parser.add_subparsers(dest='command', required=True)
@@ -53,18 +63,7 @@ def build_parser() -> commandline.Parser:
     help='export the moving average of the weights the run kept (train.ema_decay > 0) instead of the weights',
   )
   exp.add_argument('--overwrite', action='store_true', help='replace a non-empty output directory')
-  exp.set_defaults(
-    run=lambda a: convert_job.to_pytorch(
-      a.checkpoint,
-      a.output,
-      step=a.step,
-      tokenizer=a.tokenizer,
-      dtype=a.dtype,
-      model_type=a.model_type,
-      use_ema=a.use_ema,
-      overwrite=a.overwrite,
-    )
-  )
+  exp.set_defaults(run=_job(convert_job.to_pytorch, 'checkpoint', 'output'))
 
   help_text = 'Hugging Face NeoBERT -> flat params (+ model config) for JAX'
   imp = sub.add_parser('from-pytorch', help=help_text, doc=help_text)
@@ -76,11 +75,7 @@ def build_parser() -> commandline.Parser:
     help='the input is a base NeoBERT without MLM head: create a fresh decoder',
   )
   imp.add_argument('--overwrite', action='store_true', help='replace an existing output')
-  imp.set_defaults(
-    run=lambda a: convert_job.from_pytorch(
-      a.input, a.output, init_missing_decoder=a.init_missing_decoder, overwrite=a.overwrite
-    )
-  )
+  imp.set_defaults(run=_job(convert_job.from_pytorch, 'input', 'output'))
 
   help_text = 'Hugging Face or sentence-transformers NeoBERT directory -> ONNX directory (onnxruntime, transformers.js)'
   onx = sub.add_parser('to-onnx', help=help_text, doc=help_text)
@@ -104,9 +99,7 @@ def build_parser() -> commandline.Parser:
     help="ONNX opset: 23 (the default) uses ONNX's Attention op; 18 only basic ops, for runtimes without it",
   )
   onx.add_argument('--overwrite', action='store_true', help='replace a non-empty output directory')
-  onx.set_defaults(
-    run=lambda a: convert_job.to_onnx(a.input, a.output, task=a.task, opset=a.opset, overwrite=a.overwrite)
-  )
+  onx.set_defaults(run=_job(convert_job.to_onnx, 'input', 'output'))
   return parser
 
 
