@@ -171,7 +171,7 @@ def test_transformers_loads_export_in_fresh_offline_process(exported, source, tm
   assert (info['config'], info['mlm'], info['base'], info['clf']) == (
     'NeoBERTConfig',
     'NeoBERTLMHead',
-    'NeoBERT',
+    'NeoBERTModel',
     'NeoBERTForSequenceClassification',
   )
   assert info['tokenizer'] == 'BertTokenizerFast'
