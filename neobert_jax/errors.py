@@ -81,16 +81,7 @@ class TrainingDiverged(FloatingPointError):
   Not a user error of the kinds above: the commands exit with status 3 for it."""
 
 
-ALL = (
-  ConfigError,
-  DataError,
-  CheckpointError,
-  ExportError,
-  DistributedError,
-  StorageError,
-  DownloadError,
-  InUseError,
-)
+ALL = tuple(NeobertError.__subclasses__())  # every kind, in the order above
 
 
 DEBUG_FLAG = '--debug'
