@@ -49,7 +49,7 @@ def job_identity(run_id: str = '') -> tuple[str, int]:
   return job, int(restart) if restart.isdigit() else 0
 
 
-def _alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
   """Whether process `pid` of this host exists (a pid taken again by another process reads as alive: the lease
   then waits out its timeout, the safe side)."""
   try:
@@ -281,7 +281,7 @@ class Lease:
       return f'the same job ({old.job}) restarted'
     if old.stale():
       return f'it stopped renewing it {time.time() - old.heartbeat:.0f} s ago (timeout {old.timeout_s:.0f} s)'
-    if old.host == self.holder.host and old.pid != self.holder.pid and not _alive(old.pid):
+    if old.host == self.holder.host and old.pid != self.holder.pid and not pid_alive(old.pid):
       return f'its process {old.pid} on this host is gone (killed without a clean exit)'
     return None
 

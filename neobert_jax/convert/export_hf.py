@@ -19,7 +19,7 @@ import ml_dtypes
 import numpy as np
 from safetensors.numpy import save_file
 
-from neobert_jax import errors, paths
+from neobert_jax import errors, lease, paths
 from neobert_jax.convert import model_card
 from neobert_jax.convert.hf_modeling import MODELING_FILES
 from neobert_jax.data import tokenizer as tokenizer_lib
@@ -65,9 +65,6 @@ def _sibling(output: Path, kind: str) -> Path:
 def _recover(output: Path) -> None:
   """Cleans up after a killed export into ``output``: its ``.tmp-`` directory is removed, its ``.old-`` one moved
   back if ``output`` is missing, else removed. A running process's leftovers are left alone."""
-  # prepare asks the same question of its temporary directories; one liveness test for both.
-  from neobert_jax.data.prepare.local import _alive  # pylint: disable=g-import-not-at-top
-
   pattern = re.compile(rf'\.{re.escape(output.name)}\.(tmp|old)-(\d+)-[0-9a-f]{{8}}')
   if not output.parent.is_dir():
     return
@@ -77,7 +74,7 @@ def _recover(output: Path) -> None:
     if (m := pattern.fullmatch(p.name)) and p.is_dir()
   ]
   for kind, pid, path in sorted(found, key=lambda f: f[0] != 'old'):  # a moved-aside export first
-    if pid != os.getpid() and _alive(pid):
+    if pid != os.getpid() and lease.pid_alive(pid):
       continue
     if kind == 'old' and not output.exists():
       path.rename(output)
