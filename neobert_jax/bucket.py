@@ -78,8 +78,7 @@ def _known_down() -> bool:
 
 
 def retries() -> int:
-  """Every retry of a storage request so far in this process: gcsfs's and `retry`'s (counted here) and
-  tensorstore's (its metric)."""
+  """Every retry of a storage request so far in this process: gcsfs's and `retry`'s, and tensorstore's metric."""
   return _counted_retries + _tensorstore_retries()
 
 
@@ -110,8 +109,7 @@ def _retried(error: BaseException, waited: float, what: str = 'a request') -> No
 
 
 class Timer:
-  """Measures one bucket operation: `seconds` and `retries` (of every client, this process) once it ends, and the
-  one "bucket slow" line when it was slow or retried."""
+  """Measures one bucket operation (`seconds`, `retries`) and says the one "bucket slow" line when it was slow."""
 
   def __init__(self, what: str, say: bool = True):
     self.what, self.say = what, say  # say: False for local storage (measured, never called a bucket)
@@ -211,8 +209,7 @@ _TRANSIENT_WORDS = (
 
 
 def is_transient(error: BaseException) -> bool:
-  """True for errors of the storage (retry them, never treat the data as damaged); False for missing or malformed
-  data."""
+  """True for errors of the storage (retry them; the data is not damaged), False for missing or malformed data."""
   if isinstance(error, (FileNotFoundError, IsADirectoryError, NotADirectoryError)):
     return False
   if isinstance(error, (OSError, TimeoutError, ConnectionError, MemoryError)):  # PermissionError is an OSError

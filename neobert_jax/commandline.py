@@ -48,8 +48,7 @@ class _Formatter(argparse.HelpFormatter):
 
 
 class Parser(argparse.ArgumentParser):
-  """An ArgumentParser under the convention; `command` names the errors' prefix, `doc`'s first paragraph is the
-  description."""
+  """An ArgumentParser under the convention; `doc`'s first paragraph is the description."""
 
   def __init__(self, command: str = '', module: str = '', doc: str | None = None, **kwargs):
     self.command = command

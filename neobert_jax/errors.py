@@ -89,8 +89,7 @@ DEBUG_ENV = 'NEOBERT_DEBUG'  # set by --debug so that child processes (the AOT c
 
 
 def take_debug_flag(argv: list[str]) -> bool:
-  """Removes --debug from argv (in place; any position, before or after a subcommand) and says whether traceback
-  mode is on (the flag, or NEOBERT_DEBUG=1 in the environment)."""
+  """Removes --debug from argv (anywhere) and says whether traceback mode is on (the flag, or NEOBERT_DEBUG=1)."""
   found = DEBUG_FLAG in argv
   argv[:] = [a for a in argv if a != DEBUG_FLAG]
   if found:
@@ -99,8 +98,7 @@ def take_debug_flag(argv: list[str]) -> bool:
 
 
 def one_line(error: BaseException, first: bool = False, with_type: bool = False) -> str:
-  """The message on one line (lines joined with ' | ', or the `first` only where the rest is noise), `with_type`
-  prefixed by `Type: `."""
+  """The message on one line (joined with ' | ', or only the `first`), `with_type` prefixed by `Type: `."""
   lines = [line.strip() for line in str(error).splitlines() if line.strip()]
   text = (lines[0] if lines else '') if first else ' | '.join(lines)
   if with_type:

@@ -33,9 +33,7 @@ def timeout_s() -> float:
 
 
 def job_identity(run_id: str = '') -> tuple[str, int]:
-  """(identity, restart count) that a restarted job shows to take its lease back at once: run_id, else SLURM's job
-  id, else the JobSet's name; '' when it cannot prove who it is.
-  """
+  """(identity, restart count) that a restarted job shows to take its lease back at once ('' if it cannot)."""
   env = os.environ
   if run_id:
     job = f'run_id {run_id}'

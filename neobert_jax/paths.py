@@ -184,8 +184,7 @@ def _files(root: epath.Path) -> list[str]:
 
 
 def local_copy(source: PathLike, marker: str | None = None) -> LocalPath:
-  """A local path for `source`: itself, or a fresh cached copy of the bucket file or directory; with `marker`, an
-  incomplete directory is refused."""
+  """A local path for `source` (a bucket's is copied fresh); with `marker`, an incomplete directory is refused."""
   src = resolve(source)
   if local(src):
     return LocalPath(os.fspath(src))
@@ -216,8 +215,7 @@ class Mirror:
     self._sent: dict[str, tuple[int, int]] = {}
 
   def pull(self, names: tuple[str, ...]) -> None:
-    """Starts the mirror afresh (a copy left by an earlier run of the same URL is removed) from the remote's
-    `names`."""
+    """Starts the mirror afresh from the remote's `names`."""
     if local(self.remote):
       return
     shutil.rmtree(self.path, ignore_errors=True)

@@ -42,8 +42,7 @@ DCN_FIELDS = {'data': 'dcn_data', 'fsdp': 'dcn_fsdp'}
 
 @dataclasses.dataclass(frozen=True)
 class MeshLayout:
-  """A resolved mesh: per axis, its size inside one slice / node (ici) and how many it spans (dcn); the slice
-  index varies slowest (jax's hybrid-mesh layout)."""
+  """A resolved mesh: per axis, its size in one slice / node (ici) and how many it spans (dcn; varying slowest)."""
 
   ici: tuple[int, ...]
   dcn: tuple[int, ...]
@@ -64,8 +63,7 @@ class MeshLayout:
     return out
 
   def granule_of(self, flat_index: int) -> int:
-    """The slice / node of the device at this position of the mesh's flattened (row-major) device array, which is
-    also its partition id in the compiled program."""
+    """The slice / node (and partition id) of the device at this position of the mesh's flattened device array."""
     coords = np.unravel_index(flat_index, self.shape)
     return int(np.ravel_multi_index([c // i for c, i in zip(coords, self.ici)], self.dcn))
 
@@ -172,9 +170,7 @@ def make_mesh(sizes: Mapping[str, int], devices: Sequence[jax.Device] | None = N
 
 
 def granule_ids(mesh: Mesh, layout: MeshLayout | None = None) -> list[int]:
-  """The slice / node of each device, in the mesh's flattened order (= the partition ids of programs compiled
-  on it): the hardware's slice index where there are several slices, else the layout's dcn blocks (what
-  make_mesh built), else the process (one per host)."""
+  """The slice / node of each device in the mesh's flattened order (the partition ids of programs compiled on it)."""
   devices = list(mesh.devices.flat)
   slices = [getattr(d, 'slice_index', 0) for d in devices]
   if len(set(slices)) > 1:

@@ -57,8 +57,7 @@ def check_output_dir(output: str | os.PathLike, overwrite: bool) -> Path:
 
 
 def _sibling(output: Path, kind: str) -> Path:
-  """A hidden sibling of ``output`` named after this process, so that a later export can tell a killed writer's
-  leftovers from a running one's."""
+  """A hidden sibling named after this process, so that `_recover` can tell a killed writer's leftovers apart."""
   return output.with_name(f'.{output.name}.{kind}-{os.getpid()}-{uuid.uuid4().hex[:8]}')
 
 
@@ -149,8 +148,7 @@ def _read_vocab(path: Path) -> dict[str, int]:
 
 
 def special_token_ids(tokenizer: str | os.PathLike | None) -> dict[str, int]:
-  """{'bos': [CLS], 'eos': [SEP], 'mask': [MASK]} ids of a tokenizer as write_tokenizer takes it, for configs that
-  name them (EuroBERT's); those it lacks, and all without a tokenizer, are left out."""
+  """The bos / eos / mask ids ([CLS], [SEP], [MASK]) the tokenizer has, for configs that name them (EuroBERT's)."""
   if not tokenizer:
     return {}
   vocab = _read_vocab(_vocab_file(_resolve_tokenizer(tokenizer)))
@@ -250,8 +248,7 @@ def export_flat(
   card: model_card.Facts | None = None,
   overwrite: bool = False,
 ) -> Path:
-  """Writes the HF directory for in-memory flat params (keys of neobert_jax.weights.flat.to_flat): NeoBERT's layout
-  with model.py, or with ``model_type='eurobert'`` transformers' own EuroBERT layout (weights/eurobert.py)."""
+  """Writes the HF directory for in-memory flat params, in NeoBERT's layout or transformers' own EuroBERT one."""
   if dtype not in EXPORT_DTYPES:
     raise errors.ExportError(f'dtype {dtype!r} is not supported; choose one of {sorted(EXPORT_DTYPES)}')
   if model_type not in MODEL_TYPES:

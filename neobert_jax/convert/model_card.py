@@ -68,8 +68,7 @@ def _data_sources(data: Mapping[str, Any]) -> tuple[list[str], str]:
 
 
 def run_facts(workdir: str | os.PathLike, step: int | None = None) -> Facts:
-  """The card's facts for a training run's workdir (or its checkpoints/ dir): its config (typed by its schema),
-  metrics.jsonl's last held-out row and tokens seen, and report.json's baselines where the report has run."""
+  """The card's facts for a training run: its config, metrics.jsonl's last held-out row and report.json's baselines."""
   root = paths.resolve(workdir)
   root = root.parent if root.name == runs.CHECKPOINT_SUBDIR else root
   typed = runs.read_config(root, step)
@@ -266,8 +265,7 @@ outputs = session.run(None, {{'input_ids': batch['input_ids'], 'attention_mask':
 
 
 def _how_to_load(kind: str) -> str:
-  """The snippets for transformers, sentence-transformers, transformers.js and ONNX Runtime, for the directory's
-  kind; PATH stands for the directory, or its Hub repository id."""
+  """Loading snippets for the directory's kind; PATH stands for the directory, or its Hub repository id."""
   remote = kind != 'eurobert'
   trust = ', trust_remote_code=True' if remote else ''
   out = []
@@ -305,8 +303,7 @@ model = SentenceTransformer('PATH', backend='onnx')
 
 
 def model_name(config: Mapping[str, Any]) -> str:
-  """The card's title and model-index name: the shape, not the output path, so that one checkpoint's exports to
-  two places are the same bytes."""
+  """The shape, not the output path, so that one checkpoint's exports to two places are the same bytes."""
   return f'neobert-jax-{config["num_hidden_layers"]}x{config["hidden_size"]}'
 
 
@@ -340,8 +337,7 @@ def build_card(kind: str, config: Mapping[str, Any], facts: Facts | None):
 
 
 def write_card(folder: Path, config: Mapping[str, Any], facts: Facts | None, kind: str | None = None) -> Path:
-  """Writes README.md into the local ``folder`` an export is filling (whose files say its kind unless ``kind``
-  does), and loss_curve.png beside it."""
+  """Writes README.md (and loss_curve.png) into the local ``folder`` an export is filling."""
   card = build_card(kind or _kind(folder, config), config, facts)
   (folder / CARD_NAME).write_text(str(card))
   if facts is not None and facts.curve is not None:

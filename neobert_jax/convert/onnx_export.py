@@ -83,8 +83,7 @@ class Exported(torch.nn.Module):
 
 
 def load_exported(source: str | os.PathLike, task: str | None = None) -> tuple[Exported, dict]:
-  """(the module to trace, float32 in eval mode, the directory's config.json) for an HF / sentence-transformers
-  directory; ExportError (one line) for a bad input."""
+  """(the module to trace, float32 in eval mode; the directory's config.json) for an HF directory."""
   path = Path(source).expanduser()
   if not (path / 'config.json').is_file():
     raise errors.ExportError(f'--input {path}: not a Hugging Face directory (no config.json)')
@@ -127,8 +126,7 @@ def trace(module: Exported, opset: int = DEFAULT_OPSET):
 
 
 def rewrite(path: Path) -> None:
-  """Rewrites the graph at ``path`` for onnxruntime's speed, exactly (onnx_rewrite: attention per document, where it
-  has ONNX's Attention op; fused projections split)."""
+  """Rewrites the graph at ``path`` for onnxruntime's speed, exactly (onnx_rewrite)."""
   import onnx
 
   from neobert_jax.convert import onnx_rewrite
@@ -140,8 +138,7 @@ def rewrite(path: Path) -> None:
 
 
 def quantize(source: Path, target: Path) -> None:
-  """int8 weights for every MatMul of ``source`` (dynamic quantization: activations are quantized at run time);
-  checked to be a valid graph that onnxruntime loads."""
+  """int8 weights for every MatMul of ``source`` (dynamic quantization), checked to load in onnxruntime."""
   import onnx
   import onnxruntime
   from onnxruntime.quantization import QuantType, quantize_dynamic
@@ -167,8 +164,7 @@ def export_onnx(
   opset: int = DEFAULT_OPSET,
   overwrite: bool = False,
 ) -> Path:
-  """Writes ``output``: onnx/model.onnx, onnx/model_quantized.onnx, the input's config.json (with onnx_task and
-  onnx_outputs added), tokenizer files and sentence-transformers module files."""
+  """Writes ``output``: both graphs, the input's config.json with onnx_task and onnx_outputs, and its other files."""
   export_hf.check_output_dir(output, overwrite)
   module, config = load_exported(source, task)
   program = trace(module, opset)

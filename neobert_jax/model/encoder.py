@@ -175,8 +175,7 @@ class NeoBERT(nnx.Module):
     lengths: jax.Array | None = None,
     max_segments: int | None = None,
   ) -> jax.Array:
-    """max_segments: the static most documents per packed row (data.max_documents_per_row), which the cuDNN
-    packed-layout kernel needs; other kernels ignore it."""
+    """max_segments: the static most documents per packed row, which only the cuDNN packed kernel needs."""
     if positions is None:
       positions = jnp.broadcast_to(jnp.arange(input_ids.shape[1], dtype=jnp.int32), input_ids.shape)
     # Gather from a table whose embed axis is whole: a gather cannot follow the fsdp split of the table, and
@@ -205,8 +204,7 @@ class TiedDecoder(nnx.Module):
 
 
 class NeoBERTForMLM(nnx.Module):
-  """Encoder + MLM decoder (a Linear with bias, untied as NeoBERT's unless model.tie_word_embeddings), optionally
-  decoding only a static set of positions."""
+  """Encoder + MLM decoder (tied with model.tie_word_embeddings), optionally decoding only some positions."""
 
   def __init__(self, cfg: ml_collections.ConfigDict, *, rngs: nnx.Rngs):
     self.encoder = NeoBERT(cfg, rngs=rngs)

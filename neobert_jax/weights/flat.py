@@ -38,8 +38,7 @@ class Dims:
 
   @classmethod
   def from_config(cls, cfg: ml_collections.ConfigDict) -> 'Dims':
-    """The sizes of a typed model config (config/model.py's section: a validated config, a recorded one read back
-    through config.from_record, or one made from a Hugging Face config.json)."""
+    """The sizes of a typed model config (validated, read back from a record, or made from a config.json)."""
     if cfg.hidden_size % cfg.num_heads:
       raise errors.ExportError(f'hidden_size={cfg.hidden_size} is not divisible by num_heads={cfg.num_heads}')
     return cls(

@@ -44,8 +44,7 @@ def with_encoder(params: Any, flat: Mapping[str, np.ndarray]) -> Any:
 def sharded_params(
   make_model: Callable[[], nnx.Module], flat: Mapping[str, np.ndarray], mesh: jax.sharding.Mesh
 ) -> tuple[Any, Any, Any]:
-  """(graphdef, params, shardings) for inference: `flat` placed onto the model's sharding under the mesh's rules,
-  each device receiving only its shard (no optimizer, no random init)."""
+  """(graphdef, params, shardings) for inference, each device receiving only its shard of `flat`."""
   with shd.activate(mesh):
     graphdef, abstract = nnx.split(nnx.eval_shape(make_model))
     shardings = nnx.get_named_sharding(abstract, mesh)

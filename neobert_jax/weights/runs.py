@@ -100,8 +100,7 @@ def save_tokenizer(workdir: paths.Path, spec: str) -> None:
 
 
 def tokenizer_copy(workdir: str | os.PathLike) -> str:
-  """A local path to the tokenizer the run carries (a bucket run's copy is downloaded to this machine's cache);
-  '' when the run has none (it was recorded before runs carried one)."""
+  """A local path to the tokenizer the run carries (a bucket's copy is cached here); '' when it has none."""
   folder = paths.resolve(workdir) / TOKENIZER_DIR
   found = [folder / n for n in _TOKENIZER_NAMES.values() if (folder / n).is_file()] if folder.is_dir() else []
   if not found:
@@ -162,8 +161,7 @@ def set_aside(path: str | os.PathLike, step: int, what: str) -> int | None:
 
 
 def _schema(recorded: Any) -> ml_collections.ConfigDict:
-  """A fresh schema of the run that recorded `recorded`: a fine-tuning config names its task, any other is a
-  pretraining config."""
+  """A fresh schema of the run that recorded `recorded`: fine-tuning when it names a task, else pretraining."""
   task = recorded.get('task')
   return finetune_config.base_config(task) if task in finetune_config.TASKS else train_config.get_config()
 
@@ -193,8 +191,7 @@ def read_config(path: str | os.PathLike, step: int | None = None) -> ml_collecti
 
 
 def params_item(path: str | os.PathLike, step: int | None, name: str = PARAMS_ITEM) -> tuple[paths.Path, int]:
-  """(the params item's directory, its step) of `step` (None or < 0: the latest); FileNotFoundError if absent.
-  `name`: EMA_ITEM for the moving average of the parameters."""
+  """(the item's directory, its step) of `step` (None or < 0: the latest; `name`: PARAMS_ITEM or EMA_ITEM)."""
   cdir = checkpoint_dir(path)
   step = latest_step(cdir) if step is None or step < 0 else step
   if step is None:
@@ -215,8 +212,7 @@ def restore_opt_tree(path: str | os.PathLike, step: int, abstract: Any) -> Any:
 
 
 def restore_param_tree(path: str | os.PathLike, step: int | None, abstract: Any) -> tuple[Any, int]:
-  """(nested params, step) of a run, read straight onto `abstract`'s shardings (ShapeDtypeStructs; no host
-  gather). Every process must call it: Orbax reads collectively."""
+  """(nested params, step) read straight onto `abstract`'s shardings; collective: every process must call it."""
   item, step = params_item(path, step)
   with _orbax().StandardCheckpointer() as ckptr:
     return ckptr.restore(item, abstract), step

@@ -158,8 +158,7 @@ def open_source(path: str, step: int | None = None, *, need_decoder: bool = Fals
 
 
 def from_init(from_checkpoint: str, from_hf: str, step: int = -1, *, need_decoder: bool = False) -> Source | None:
-  """The source a config's init section names (init.from_checkpoint at `step`, -1 = latest, or init.from_hf), or
-  None for a random init."""
+  """The source a config's init section names (from_checkpoint at `step`, -1 = latest, or from_hf), or None."""
   if from_checkpoint:
     return open_source(from_checkpoint, step, need_decoder=need_decoder, what='init.from_checkpoint')
   if from_hf:
