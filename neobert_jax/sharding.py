@@ -116,11 +116,6 @@ def resolve_layout(sizes: Mapping[str, int], num_devices: int) -> MeshLayout:
   return MeshLayout(tuple(ici), dcn)
 
 
-def resolve_mesh_shape(sizes: Mapping[str, int], num_devices: int) -> tuple[int, ...]:
-  """The mesh's total size per axis (per-slice size x slices spanned)."""
-  return resolve_layout(sizes, num_devices).shape
-
-
 def _hybrid_devices(layout: MeshLayout, devices: Sequence[jax.Device]) -> np.ndarray:
   """The device array of a mesh whose dcn axes run across slices / nodes and the rest inside each one."""
   n = layout.num_granules

@@ -146,8 +146,8 @@ def test_model_config_errors():
 
 
 def test_mesh_resolution_errors_name_the_fix():
-  assert sharding.resolve_mesh_shape({'data': -1, 'fsdp': 2, 'tensor': 1}, 8) == (4, 2, 1)
+  assert sharding.resolve_layout({'data': -1, 'fsdp': 2, 'tensor': 1}, 8).shape == (4, 2, 1)
   with pytest.raises(ValueError, match='-1'):
-    sharding.resolve_mesh_shape({'data': 2, 'fsdp': 2, 'tensor': 1}, 8)
+    sharding.resolve_layout({'data': 2, 'fsdp': 2, 'tensor': 1}, 8)
   with pytest.raises(ValueError, match='at most one'):
-    sharding.resolve_mesh_shape({'data': -1, 'fsdp': -1, 'tensor': 1}, 8)
+    sharding.resolve_layout({'data': -1, 'fsdp': -1, 'tensor': 1}, 8)

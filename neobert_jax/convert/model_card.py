@@ -50,10 +50,6 @@ def _hub_id(spec: str) -> str | None:
   return spec
 
 
-def _read_json(path: paths.Path) -> dict | None:
-  return json.loads(path.read_text()) if path.is_file() else None
-
-
 def _data_sources(data: Mapping[str, Any]) -> tuple[list[str], str]:
   """(dataset names for the front matter, a sentence on the data) of a run's data section."""
   if data.get('train_file'):  # a fine-tuning run
@@ -75,7 +71,8 @@ def run_facts(workdir: str | os.PathLike, step: int | None = None) -> Facts:
   cfg = typed.to_dict()
   rows = runs.loss_curve(root)
   held = [r for r in rows if 'eval' in r]
-  report = _read_json(root / runs.REPORT_FILE) or {}
+  report_file = root / runs.REPORT_FILE
+  report = json.loads(report_file.read_text()) if report_file.is_file() else {}
   data, train, opt = cfg.get('data', {}), cfg.get('train', {}), cfg.get('optimizer', {})
   datasets, described = _data_sources(data)
   tokenizer = source_lib.run_tokenizer(typed) or source_lib.DEFAULT_TOKENIZER
