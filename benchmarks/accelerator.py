@@ -72,7 +72,7 @@ def _torch_bf16(cfg, flat, batches):
 def step_comparison(a, seq: int) -> dict:
   """The train step at one sequence length, each kernel and PyTorch interleaved (train_step.interleaved)."""
   ns = argparse.Namespace(
-    layers=a.layers, hidden=a.hidden, heads=a.heads, seq=seq, batch=a.rows * 1024 // seq, vocab=30522, dtype='float32'
+    layers=a.layers, hidden=a.hidden, heads=a.heads, seq=seq, batch=a.rows * 1024 // seq, vocab=a.vocab, dtype='float32'
   )
   base = bench.make_config(ns, 'sparse')
   batches = [bench.mlm_rows(base, seed, bench.MASK_FRACTION) for seed in range(2)]
@@ -154,11 +154,13 @@ def main() -> None:
   out.mkdir(parents=True, exist_ok=True)
   if a.smoke:
     a.layers, a.hidden, a.heads, a.rows, a.steps, seqs, train_steps = 1, 64, 2, 1, 2, (128,), 3
+    a.vocab = 2048  # tiny_cpu's: the vocabulary's size changes no code path, only the decoder's work
     # The trainer's command on the tiny recipe; its start-of-run evaluation and downstream probe are the main
     # job's (tests/test_scenario_main_job.py), not what this smoke proves.
     recipe, extra = 'configs/tiny_cpu.py', ['--config.eval.at_start=False', '--config.eval.probe_task=']
   else:
     a.layers, a.hidden, a.heads, a.rows, a.steps, seqs, train_steps = 28, 768, 12, 16, 10, (1024, 4096), 200
+    a.vocab = 30522
     recipe, extra = (
       'configs/neobert_250m.py',
       ['--config.train.global_batch_size=16', '--config.train.grad_accum_steps=1', '--config.mesh.fsdp=1'],

@@ -6,8 +6,15 @@ The flag must be in the environment before jax initialises its backends, hence a
 import os
 
 _DEVICES_FLAG = '--xla_force_host_platform_device_count=8'
-if _DEVICES_FLAG not in os.environ.get('XLA_FLAGS', ''):  # xdist's workers inherit the controller's flags
-  os.environ['XLA_FLAGS'] = ' '.join([os.environ.get('XLA_FLAGS', ''), _DEVICES_FLAG]).strip()
+# The suite's time is mostly XLA compiling small programs for the CPU, so every test process and every command a
+# test starts (they inherit XLA_FLAGS) compiles with less effort: LLVM at -O1 instead of -O2, and XLA's classic
+# loop emitters instead of its newer fusion emitters. Measured on a tiny train step: 40% less compile time, steps
+# within 15% as fast, the same losses. The flags are part of the compilation cache's key, so a command that a test
+# starts with other XLA_FLAGS does not read the test process's programs back. (Flags of the pinned jaxlib.)
+COMPILE_FLAGS = '--xla_backend_optimization_level=1 --xla_cpu_use_fusion_emitters=false'
+for _flag in (_DEVICES_FLAG, *COMPILE_FLAGS.split()):
+  if _flag not in os.environ.get('XLA_FLAGS', ''):  # xdist's workers inherit the controller's flags
+    os.environ['XLA_FLAGS'] = ' '.join([os.environ.get('XLA_FLAGS', ''), _flag]).strip()
 os.environ.setdefault('JAX_PLATFORMS', 'cpu')
 os.environ.setdefault('HF_HUB_OFFLINE', '1')
 os.environ.setdefault('TRANSFORMERS_OFFLINE', '1')

@@ -228,7 +228,7 @@ pretrain_job.pretrain(cfg, sys.argv[1], on_step=hold)
 
 
 def _live_trainer(workdir: str, data_dir: str, tmp_path: Path) -> subprocess.Popen:
-  env = {**os.environ, 'XLA_FLAGS': '--xla_force_host_platform_device_count=8', 'JAX_PLATFORMS': 'cpu'}
+  env = {**os.environ, 'JAX_PLATFORMS': 'cpu'}
   child = subprocess.Popen(
     [sys.executable, '-c', SUPPORT_ON_PATH + _TRAIN, workdir, data_dir, str(tmp_path / 'go')],
     cwd=REPO,

@@ -33,7 +33,6 @@ def _proxy_env(proxy: FaultProxy, tmp_path: Path) -> dict[str, str]:
     **os.environ,
     **gcs_env(proxy.url),
     'NEOBERT_BUCKET_RETRY_SECONDS': str(WINDOW_S),
-    'XLA_FLAGS': '--xla_force_host_platform_device_count=8',
     'JAX_PLATFORMS': 'cpu',
   }
 

@@ -68,7 +68,6 @@ def test_run_on_a_bucket_killed_and_resumed_is_bit_identical(gcs, uninterrupted,
   env = {
     **os.environ,
     'NEOBERT_JAX_CACHE': str(tmp_path / 'child-cache'),
-    'XLA_FLAGS': '--xla_force_host_platform_device_count=8',
     'JAX_PLATFORMS': 'cpu',
   }
   env['NEOBERT_JAX_CACHE'] = os.environ.get('NEOBERT_JAX_CACHE', env['NEOBERT_JAX_CACHE'])

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import COMPILE_FLAGS
 
 from neobert_jax.weights import runs
 from neobert_jax import errors
@@ -172,7 +173,7 @@ def test_sigterm_saves_and_exits_cleanly(tmp_path):
     # resume below, with another num_steps, reads the first job's compiled step back from the compilation cache.
     '--config.optimizer.schedule=constant',
   ]
-  env = {**os.environ, 'PYTHONPATH': str(REPO), 'XLA_FLAGS': ''}
+  env = {**os.environ, 'PYTHONPATH': str(REPO), 'XLA_FLAGS': COMPILE_FLAGS}
   proc = subprocess.Popen(
     cmd + ['--config.train.num_steps=100000'],
     cwd=REPO,
