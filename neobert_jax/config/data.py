@@ -1,9 +1,4 @@
-"""The `data` section of the pretraining config: every knob the input pipeline reads, and its validation.
-
-The pretraining schema (config/train.py) nests this under `config.data`; the pipeline reads nothing else
-(sequence length, per-host batch size and the run seed come in as arguments, because they belong to the model
-and the trainer). Imports nothing of ours: data/ builds on it.
-"""
+"""The `data` section of the pretraining config: every knob the input pipeline reads, and its validation."""
 
 import ml_collections
 

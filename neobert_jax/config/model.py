@@ -1,12 +1,5 @@
 """The `model` section: architecture and numerics, with the released NeoBERT (250M) as defaults, its validation,
-and what its two run-time settings resolve to.
-
-Only architecture and numerics live here; data, optimizer and mesh settings belong to the run's config
-(config/train.py, config/finetune.py). The allowed values of each choice field are named here too. Two fields may
-say 'auto' in a recipe: `dtype` (resolve_dtype) and `attention_impl` (choose_attention, the kernel table below).
-Each schema's `resolve` turns both into concrete values once, and config.json records them; the model reads a
-resolved kernel. What the architecture derives from this section (head_dim, ffn_hidden_size, the FLOP count) is
-neobert_jax/model/sizes.py. Imports nothing of ours: model/ builds on it.
+and what its two 'auto' settings (`dtype`, `attention_impl`) resolve to.
 
 The attention table, what `attention_impl='auto'` means on each backend:
 
@@ -19,8 +12,7 @@ The attention table, what `attention_impl='auto'` means on each backend:
 | tpu      | any           | any     | splash      | Pallas flash kernel with segment ids (T a multiple of 128)      |
 | tpu      | any           | any     | xla         | when T is not a multiple of 128                                 |
 | cpu      | any           | any     | blockwise   | T > one key block: beats the einsums on the bench-768 step      |
-| cpu      | any           | any     | xla         | T within one key block: nothing to tile, the two are level      |
-"""
+| cpu      | any           | any     | xla         | T within one key block: nothing to tile, the two are level      |"""
 
 from __future__ import annotations
 
@@ -155,10 +147,7 @@ def choose_attention(
   splash_block: int = 512,
   blockwise_block: int = 128,
 ) -> Choice:
-  """The kernel for `requested` ('auto' or a kernel name) on `platform` ('cpu' | 'gpu' | 'cuda' | 'tpu').
-
-  Raises ValueError naming the setting and the fix when an explicit choice cannot run there.
-  """
+  """The kernel for `requested` ('auto' or a name) on `platform`; ValueError with the fix when it cannot run."""
   platform = _platform(platform)
   if requested not in ATTENTION_IMPLEMENTATIONS:
     raise ValueError(f'model.attention_impl={requested!r}; expected one of {ATTENTION_IMPLEMENTATIONS}.')
@@ -240,9 +229,8 @@ def require_resolved(cfg: ml_collections.ConfigDict) -> None:
 def resolve_numerics(
   cfg: ml_collections.ConfigDict, *, platform: str, packed: bool, compute_capability: str | None = None
 ) -> Choice:
-  """Sets the section's compute dtype and attention kernel to concrete values for `platform` and rows that are
-  `packed` (or padded), in place; returns the attention choice with its reason. The one step both schemas'
-  `resolve` share. Raises ValueError naming the setting when an explicit kernel cannot run there."""
+  """Sets the compute dtype and attention kernel to concrete values for `platform`, in place (both schemas'
+  `resolve` share it); returns the attention choice with its reason."""
   cfg.dtype = resolve_dtype(cfg.dtype, platform)
   choice = choose_attention(
     cfg.attention_impl,
