@@ -289,10 +289,8 @@ def run_plan(cfg, target: targets.Target) -> int:
 
 
 def check_mixture(cfg) -> str | None:
-  """A mixture (data.mixture) refused as training refuses it, before any compile or download: the file's own
-  checks (docs/data.md), and its sources' manifests against each other and the model (tokenizer, vocabulary,
-  sequence length, a missing or unprepared dir); no shard is read. Returns a note when the sources cannot be
-  reached from here (a bucket without credentials): the compile needs no data, so it goes on."""
+  """A mixture refused as training refuses it (its file, its sources' manifests), before any compile or download;
+  no shard is read. Returns a note when the sources cannot be reached from here: the compile needs no data."""
   from neobert_jax.config import data as data_config  # pylint: disable=g-import-not-at-top
   from neobert_jax.data.pipeline import prepared  # pylint: disable=g-import-not-at-top
 

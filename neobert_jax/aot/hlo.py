@@ -1,10 +1,7 @@
-"""Reading a compiled (optimised, partitioned) HLO module's text: computations, instructions, types and how many
-times each computation runs per step. Shared by the DCN report (collectives.py) and the roofline (roofline.py).
+"""Reading a compiled HLO module's text: computations, instructions, types and per-step run counts.
 
-Only what XLA prints for every backend is relied on: `%name = TYPE op(%operand, ...), attr=...` lines inside
-`[ENTRY] %computation (...) -> ... {` blocks, operands named without their types, loops as `while` ops whose
-trip count is either annotated (`known_trip_count`, GPU / CPU) or the `i < N` of their condition (TPU).
-"""
+Relies only on what XLA prints for every backend; a loop's trip count is either annotated (`known_trip_count`,
+GPU / CPU) or the `i < N` of its condition (TPU)."""
 
 from __future__ import annotations
 

@@ -1,9 +1,4 @@
-"""Lowering the trainer's real step for a compile-only target mesh (used by the fit report and the planner).
-
-Owns: building the mesh from the target's devices, the trainer's own config checks, and the two programs the AOT
-tools compile: 'train' (the full jitted step: accumulation, optimizer, donation) and 'forward_backward' (one
-micro-batch's loss and parameter gradients, to isolate the model). Runs only in the AOT child interpreter.
-"""
+"""Lowering the trainer's real step ('train', or 'forward_backward' to isolate the model) for a compile-only mesh."""
 
 from __future__ import annotations
 

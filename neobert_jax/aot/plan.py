@@ -1,29 +1,12 @@
 """Recipe planning for a target: compile the candidate layouts of one global batch and recommend the fastest
 that fits.
 
-Candidates keep the config's global batch and sequence length and vary
-  - the mesh: (data, fsdp, tensor) = (1, N/t, t) FSDP and (N/t, 1, t) pure data parallel, for each tensor size t;
-    on G > 1 slices / nodes the sizes are per slice and the slices go on data (FSDP inside each, replicas across),
-    on fsdp (one FSDP group over everything) or, for the data layout, on data,
-  - the remat policy: none, save_dots, full,
-  - the micro-batch per device (powers of two), which sets grad_accum_steps = global batch / micro-batch rows.
-Memory is monotone in the micro-batch, so each (mesh, remat) pair binary-searches the largest micro-batch that
-fits (about three compiles). The largest is not always the fastest (near the memory limit XLA rematerialises on its
-own: docs/performance.md), so of the sizes the search compiled and that fit, the roofline picks (ties: the larger).
-
-Estimated step time (a model, not a measurement):
-  - GPU: the roofline of the compiled train step (aot/roofline.py), so remat recompute, copies, accumulation steps
-    and communication all show.
-  - TPU: XLA's own cost model (`cost_analysis()['optimal_seconds']`) of one micro-batch's forward + backward with
-    the layers unrolled, compiled at 1 and 2 layers and extrapolated linearly to the model's depth (loop bodies
-    are costed once, so the scanned program cannot be used; a scanned config is priced unrolled), times the
-    accumulation steps. Splash attention is a custom call the cost model does not see: its FLOPs are added at the
-    stated MFU. The optimizer update is not included. On several slices, plus the DCN bytes (aot/collectives.py)
-    at the published bandwidth, nothing overlapped. A layout whose FSDP all-gathers cross the DCN is flagged.
-
-The (mesh, remat) searches run in parallel processes where cores allow, and every compile's result is cached
-(aot/plan_cache.py), so re-running a plan only compiles what changed. Runs in the AOT child interpreter.
-"""
+Candidates vary the mesh (FSDP or data parallel, per tensor size; on several slices, where the slices go), the
+remat policy and the micro-batch per device. Memory is monotone in the micro-batch, so each (mesh, remat) pair
+binary-searches the largest that fits; the largest is not always fastest (XLA rematerialises near the limit), so
+the roofline picks among those that fit. Step time is a model: on GPU the roofline of the compiled step; on TPU
+XLA's cost model of one micro-batch unrolled at 1 and 2 layers extrapolated to the depth (loop bodies are costed
+once), plus splash attention at the stated MFU and DCN bytes at the published bandwidth."""
 
 from __future__ import annotations
 

@@ -1,14 +1,7 @@
-"""What a compiled executable tells us: memory per device, whether it fits, FLOPs, which attention kernels, and on
-a mesh over several slices / nodes what crosses the data-centre network (DCN) per step (aot/collectives.py).
+"""What a compiled executable tells us, per device: memory, whether it fits, FLOPs, attention kernels, DCN bytes.
 
-All numbers are per device. Memory comes from XLA's buffer assignment (compiled.memory_analysis()):
-  arguments  the train state shard + the batch shard fed to the step
-  outputs    the new state + metrics; with the state donated most of it aliases the arguments
-  temps      activations, gradients, optimizer temporaries - everything live only inside the step
-  total      arguments + outputs - aliased + temps + generated code: the peak the step needs resident
-'fits' compares total with headroom x device memory: the runtime keeps some memory for itself (CUDA context,
-cuDNN workspaces, the allocator's fragmentation), so a step that needs exactly 100% would still fail.
-"""
+'fits' compares XLA's total (arguments + outputs - aliased + temps + code) with headroom x device memory, because
+the runtime keeps some memory for itself (CUDA context, cuDNN workspaces, fragmentation)."""
 
 from __future__ import annotations
 

@@ -1,17 +1,10 @@
 """Compile targets: parse '--target', build the compile-only device topology, know each chip's memory and peak.
 
-Target strings:
-  tpu:v5e-256        a named TPU slice: generation + chip count (v4 and v5p count TensorCores, as Google does,
-                     i.e. 2 per chip: v4-8 is 4 chips)
-  tpu:v5e:16x16      the same slice as an explicit chip grid (v4/v5p: AxBxC)
-  tpu:2xv5p-256      2 such slices joined by the data-centre network (multi-slice; pair with mesh.dcn_data=2)
-  cuda:h100x8        N H100 SXM 80GB GPUs, 8 per host (cuda:h100x16 = 2 hosts, one process each: the nodes a
-                     mesh.dcn_* size > 1 spans)
+  tpu:v5e-256 (v4 and v5p count TensorCores: v4-8 is 4 chips), tpu:v5e:16x16, tpu:2xv5p-256 (2 slices over
+  the DCN), cuda:h100x8 (8 per host; cuda:h100x16 = 2 hosts).
 
-Devices come from jax.experimental.topologies: libtpu builds TPU slices from a name; the CUDA plugin builds GPU
-hosts from a GpuTargetConfig text proto describing the GPU (written below from the H100 SXM's published
-figures), so no accelerator is needed. Both only work inside the child interpreter set up by aot/deps.py.
-"""
+GPU hosts come from a GpuTargetConfig written from the H100 SXM's published figures, so no accelerator is needed;
+both kinds only work inside the child interpreter of aot/deps.py."""
 
 from __future__ import annotations
 
