@@ -1,10 +1,13 @@
-"""Which collectives of a compiled program cross the data-centre network (DCN), and the bytes each device sends
-over it per step.
+"""Which collectives of a compiled program cross the data-centre network (DCN) between slices / nodes, and the
+bytes each device sends over it per step.
 
-GPU / CPU: a collective whose replica groups span slices or nodes (`granule_of(position)`). TPU multi-slice: the
-compiler splits it into an in-slice collective plus `send`s to the DCN runtime, and those sends are the traffic.
-Bytes follow a hierarchical algorithm over k granules of m members (all-gather: shard x (k - 1); reduce-scatter:
-S/m x (k-1)/k; all-reduce twice that; all-to-all: S x (k-1)/k; collective-permute: S), times loop trip counts."""
+GPU / CPU: a collective whose replica groups (mesh positions; `granule_of`) span slices or nodes. TPU multi-slice:
+the compiler splits it into an in-slice collective and a `send` to the DCN runtime (`_xla_megascale_transfer_type`),
+and those sends are the traffic. Bytes per device per execution, hierarchically (k granules, m members in each):
+  all-gather      shard x (k - 1)             reduce-scatter  (S / m) x (k - 1) / k
+  all-reduce      2 x (S / m) x (k - 1) / k   all-to-all      S x (k - 1) / k
+  collective-permute  S                       for the pairs whose ends are in different slices
+times how often its computation runs per step (loop trip counts)."""
 
 from __future__ import annotations
 
@@ -84,8 +87,7 @@ def kind(op: str) -> tuple[str, str] | None:
 
 
 def result_bytes(ins: hlo_lib.Instr) -> float:
-  """Bytes of a collective's result; an asynchronous start returns (operands, results[, context]), except
-  all-reduce-start, which returns the results alone."""
+  """Bytes of a collective's result (an async start returns operands and results, except all-reduce)."""
   parts = hlo_lib.elements(ins.type)
   started = ins.op.endswith('-start') and ins.op != 'all-reduce-start' and len(parts) > 1
   return hlo_lib.nbytes(parts[1] if started else ins.type)

@@ -1,4 +1,5 @@
-"""Lowering the trainer's real step ('train', or 'forward_backward' to isolate the model) for a compile-only mesh."""
+"""Lowering the trainer's real step for a compile-only target mesh: 'train' (the full jitted step) or
+'forward_backward' (one micro-batch's loss and gradients, to isolate the model). Runs in the AOT child only."""
 
 from __future__ import annotations
 

@@ -1,12 +1,15 @@
-"""Recipe planning for a target: compile the candidate layouts of one global batch and recommend the fastest
-that fits.
+"""Recipe planning for a target: compile the candidate layouts of one global batch and recommend the fastest that
+fits.
 
-Candidates vary the mesh (FSDP or data parallel, per tensor size; on several slices, where the slices go), the
-remat policy and the micro-batch per device. Memory is monotone in the micro-batch, so each (mesh, remat) pair
-binary-searches the largest that fits; the largest is not always fastest (XLA rematerialises near the limit), so
-the roofline picks among those that fit. Step time is a model: on GPU the roofline of the compiled step; on TPU
-XLA's cost model of one micro-batch unrolled at 1 and 2 layers extrapolated to the depth (loop bodies are costed
-once), plus splash attention at the stated MFU and DCN bytes at the published bandwidth."""
+Candidates keep the global batch and sequence length and vary the mesh (FSDP or pure data parallel for each tensor
+size; several slices go on data or on fsdp), the remat policy and the micro-batch per device. Each (mesh, remat)
+binary-searches the largest micro-batch that fits; of the sizes compiled that fit, the roofline picks (near the
+memory limit XLA rematerialises on its own: docs/performance.md).
+
+Estimated step (a model): GPU, the roofline of the compiled step (aot/roofline.py); TPU, XLA's cost model
+(`optimal_seconds`) of 1- and 2-layer unrolled micro-batch programs extrapolated to the depth (loop bodies are
+costed once), times the accumulation steps, plus splash attention's FLOPs at the stated MFU (a custom call the
+cost model does not see) and on several slices the DCN bytes at the published bandwidth. Not the optimizer."""
 
 from __future__ import annotations
 
@@ -74,8 +77,8 @@ def _with(cfg, mesh: dict[str, int], remat: str, accum: int):
 
 
 def compile_layout(cfg, target: targets.Target, headroom: float) -> dict:
-  """Compiles the full train step: fits, total bytes per device, attention kernels, DCN collectives by kind and the
-  roofline's summary (a dict, so that it can be cached and sent between processes)."""
+  """Compiles the full train step: fits, bytes per device, attention kernels, DCN collectives and
+  the roofline's summary, as a dict (cached, sent between processes)."""
   from neobert_jax.aot import roofline
   from neobert_jax.train import mlm
 
@@ -124,8 +127,8 @@ def roofline_seconds(result: dict) -> float | None:
 
 
 def fastest_fitting(tried: dict[int, dict], default: int) -> int:
-  """Of the compiled micro-batch sizes ({size: compile_layout's dict}) that fit, the one with the shortest roofline
-  step; ties and missing rooflines go to the larger size; `default` where none fits."""
+  """Of the compiled micro-batch sizes that fit, the shortest roofline step (ties and missing
+  rooflines: the larger size); `default` where none fits."""
   fitting = [k for k, v in tried.items() if v['fits']]
   return min(fitting, key=lambda k: (roofline_seconds(tried[k]) or math.inf, -k), default=default)
 
@@ -139,8 +142,8 @@ def search(
   mfu: float,
   log: Callable[[str], None] = print,
 ) -> Row:
-  """For one (mesh, remat): the largest micro-batch that fits, by binary search, and of the sizes compiled on the way
-  the one the roofline prices fastest, with its estimated step."""
+  """For one (mesh, remat): the largest micro-batch that fits (binary search), then of the sizes compiled the
+  one the roofline prices fastest."""
   global_batch = cfg.train.global_batch_size
   # devices the batch is split over: data x fsdp in total (per-slice size x slices spanned)
   shards = mesh['data'] * mesh.get('dcn_data', 1) * mesh['fsdp'] * mesh.get('dcn_fsdp', 1)
@@ -220,7 +223,7 @@ def plan(
 
 
 def _init_worker(target: targets.Target) -> None:
-  """A pool process starts its backends as the compile command's child does (the CUDA plugin preloads cuDNN)."""
+  """A pool process starts its backends as the compile child does (the CUDA plugin preloads cuDNN)."""
   import jax
 
   jax.devices()

@@ -1,7 +1,6 @@
-"""The planner's compiles, run in a process pool where cores allow and cached on disk.
-
-The key holds the resolved config, the target, what was compiled and a fingerprint of the package's source and
-jax's version, so a re-run compiles nothing and any code change compiles afresh."""
+"""The planner's compiles, run in spawned processes where cores allow and cached on disk (paths.cache_dir('plan'))
+under the resolved config, the target, what was compiled and a fingerprint of the package's source and jax's
+version: a re-run compiles only what changed."""
 
 from __future__ import annotations
 

@@ -1,7 +1,8 @@
-"""What a compiled executable tells us, per device: memory, whether it fits, FLOPs, attention kernels, DCN bytes.
+"""What a compiled executable tells us, per device: memory, whether it fits, FLOPs, the attention kernels, and
+what crosses the data-centre network (aot/collectives.py).
 
-'fits' compares XLA's total (arguments + outputs - aliased + temps + code) with headroom x device memory, because
-the runtime keeps some memory for itself (CUDA context, cuDNN workspaces, fragmentation)."""
+Memory is XLA's buffer assignment: total = arguments + outputs - aliased (the donated state) + temporaries + code.
+'fits' compares it with headroom x device memory: the runtime keeps some memory for itself."""
 
 from __future__ import annotations
 
@@ -133,8 +134,7 @@ def xla_flops(compiled: Any) -> float | None:
 
 
 def attention_kernels(hlo_text: str) -> list[str]:
-  """Distinct fused-attention kernels in the compiled HLO: cuDNN custom-call targets and Pallas splash kernels
-  (empty: attention ran as XLA ops)."""
+  """Distinct fused-attention kernels (cuDNN custom-call targets, Pallas splash) in the HLO."""
   return sorted(set(_CUDNN_RE.findall(hlo_text)) | set(_SPLASH_RE.findall(hlo_text)))
 
 

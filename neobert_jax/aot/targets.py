@@ -1,10 +1,10 @@
 """Compile targets: parse '--target', build the compile-only device topology, know each chip's memory and peak.
 
-  tpu:v5e-256 (v4 and v5p count TensorCores: v4-8 is 4 chips), tpu:v5e:16x16, tpu:2xv5p-256 (2 slices over
-  the DCN), cuda:h100x8 (8 per host; cuda:h100x16 = 2 hosts).
+  tpu:v5e-256 (v4 / v5p count TensorCores: v4-8 is 4 chips), tpu:v5e:16x16 (a chip grid), tpu:2xv5p-256 (2 slices
+  over the DCN), cuda:h100x8 (8 H100 per host; cuda:h100x16 = 2 hosts).
 
-GPU hosts come from a GpuTargetConfig written from the H100 SXM's published figures, so no accelerator is needed;
-both kinds only work inside the child interpreter of aot/deps.py."""
+Devices come from jax.experimental.topologies (libtpu, or the CUDA plugin with the GpuTargetConfig below), inside
+the child interpreter set up by aot/deps.py."""
 
 from __future__ import annotations
 
@@ -113,8 +113,8 @@ class Target:
 
 
 def _grid(chips: int, dims: int) -> tuple[int, ...]:
-  """The chip grid Google uses for a slice: the smallest axis doubles first (ties: the later one), so 2-D grids are
-  near-square a x b with a <= b (v5e-32 = 4x8) and 3-D ones grow 2x2x1, 2x2x2, 2x2x4, 2x4x4, 4x4x4, ..."""
+  """Google's chip grid for a slice: the smallest axis doubles first (ties: the later one), so v5e-32 = 4x8
+  and 3-D grids grow 2x2x1, 2x2x2, 2x2x4, 2x4x4, ..."""
   grid = [1, 1] if dims == 2 else [2, 2, 1]  # a 3-D slice is at least one 2x2x1 host
   if chips & (chips - 1) or chips < math.prod(grid):
     least = '' if dims == 2 else ' of at least 4'
