@@ -1,10 +1,8 @@
 """The one home of configs: the sections with their defaults, types and validation, and loading a recipe by path.
 
-Every config is a ConfigDict built from its schema's get_config(), so each field keeps the type of its default;
-`typed` applies that rule to a whole config once, at the boundary, so nothing past it casts a config value.
-Recipes are files passed by path, never imported as a package, so nothing depends on the working directory; one
-recipe builds on another with `config.load(Path(__file__).with_name('neobert_250m.py'))`. Imports errors, paths,
-sharding and jax only."""
+Each field keeps the type of its default; `typed` applies that rule to a whole config once, at the boundary, so
+nothing past it casts a config value. Recipes are files passed by path, never imported as a package, so nothing
+depends on the working directory. Imports errors, paths, sharding and jax only."""
 
 from __future__ import annotations
 

@@ -180,9 +180,8 @@ def resolve(
 ) -> tuple[ml_collections.FrozenConfigDict, Choice]:
   """(the validated `cfg` resolved once and frozen, as config.json records it; the attention choice with its reason).
 
-  Resolves the architecture actually used (the source's, with this run's numerics), its dtype and attention kernel
-  on `platform`, data.tokenizer, the mesh, and optimizer.lr to the rate the run trains with (effective_lr), so
-  config.json records that rate. Raises ConfigError when an explicit kernel cannot run there."""
+  The architecture is the source's with this run's numerics; optimizer.lr becomes the rate the run trains with
+  (effective_lr), so config.json records that rate."""
   platform = platform or jax.default_backend()
   m = ml_collections.ConfigDict((source_model or cfg.model).to_dict())
   for field in RUNTIME_FIELDS:

@@ -322,11 +322,8 @@ def resolve(
   num_devices: int | None = None,
 ) -> tuple[ml_collections.ConfigDict, Choice]:
   """(a copy of the validated `cfg` resolved, as config.json records it; the attention choice): the one place a
-  resolved field is set, for the trainer and the compile command alike.
-
-  Sets model.dtype, the mesh sizes and model.attention_impl for `platform`; with `data`, the data fields it
-  decides (mixture sources, tokenizer, virtual shards, block docs), each from the config, else `recorded` (a
-  resumed run's), else the data's."""
+  resolved field is set, for the trainer and the compile command alike. Each data field comes from the config, else
+  `recorded` (a resumed run's), else the data."""
   if platform is None:
     platform = jax.default_backend()
     compute_capability = getattr(jax.devices()[0], 'compute_capability', None) if platform == 'gpu' else None

@@ -1,11 +1,8 @@
 """NeoBERT's optimizer: global-norm clipping, then AdamW (or Muon) under a warmup then decay schedule.
 
 The schedule is tabulated on the host in float64 and rounded once to float32, so the step applies the correctly
-rounded rate, equal to the original torch scheduler's (tests/test_train_dynamics.py); on-device float32 cosine
-would be a few ulps off. Weight decay is decided from the parameter's path, not its rank, because stacked layers
-turn per-layer norm scales [D] into [L, D] matrices. optimizer.name='muon' puts the blocks' weight matrices under
-optax.contrib.muon (MUON_AXES reads each stacked [L, ...] weight as L matrices); the rest stays on AdamW, the two
-an optax.partition behind the one clipping."""
+rounded rate, equal to the original torch scheduler's (on-device float32 would be a few ulps off). Weight decay is
+decided from the parameter's path, not its rank, because stacked layers turn norm scales [D] into [L, D]."""
 
 from __future__ import annotations
 
