@@ -123,10 +123,6 @@ class Choice:
     return f'{self.kernel} ({self.reason})'
 
 
-def _platform(platform: str) -> str:
-  return 'gpu' if platform in ('gpu', 'cuda') else platform
-
-
 def _splash_fits(seq_len: int, block: int) -> str:
   """'' if splash can tile this row length with this block, else why not."""
   if seq_len % 128:
@@ -148,20 +144,33 @@ def choose_attention(
   blockwise_block: int = 128,
 ) -> Choice:
   """The kernel for `requested` ('auto' or a name) on `platform`; ValueError with the fix when it cannot run."""
-  platform = _platform(platform)
+  platform = 'gpu' if platform == 'cuda' else platform
   if requested not in ATTENTION_IMPLEMENTATIONS:
     raise ValueError(f'model.attention_impl={requested!r}; expected one of {ATTENTION_IMPLEMENTATIONS}.')
   hopper = compute_capability is None or tuple(int(x) for x in compute_capability.split('.')) >= (9, 0)
   if requested == 'auto':
-    return _auto(
-      platform=platform,
-      dtype=dtype,
-      packed=packed,
-      seq_len=seq_len,
-      hopper=hopper,
-      splash_block=splash_block,
-      blockwise_block=blockwise_block,
-    )
+    if platform == 'gpu':
+      if dtype not in _HALF:
+        return Choice('xla', f'cuDNN fused attention has no {dtype} kernel')
+      if not packed:
+        return Choice('cudnn', 'cuDNN flash, per-row lengths')
+      if hopper:
+        return Choice('cudnn', 'cuDNN flash on the packed layout')
+      return Choice(
+        'cudnn_bias',
+        'packed layout needs Hopper',
+        warning="pre-Hopper GPU with packed rows: cuDNN's bias kernel builds a T x T bias and computes "
+        'its gradient in every layer (about 2 x B x T x T x 2 bytes per layer and slower); '
+        "data.packing='none' gets the plain flash kernel instead",
+      )
+    if platform == 'tpu':
+      why = _splash_fits(seq_len, splash_block)
+      return Choice('xla', why + ': no splash tiling') if why else Choice('splash', 'Pallas flash with segment ids')
+    # Measured side by side on the bench-768 train step (docs/performance.md): blockwise ~1.15x the einsums'
+    # tokens/s at T=512; at T=128 in one block the two are level, so the simpler program is kept.
+    if seq_len > blockwise_block:
+      return Choice('blockwise', f'online softmax over {blockwise_block}-token key blocks, no T x T scores')
+    return Choice('xla', f'rows of {seq_len} fit one key block')
   if requested in ('cudnn', 'cudnn_bias'):
     if platform != 'gpu':
       raise ValueError(f"model.attention_impl={requested!r} needs an NVIDIA GPU, this is {platform}; use 'auto'.")
@@ -186,33 +195,6 @@ def choose_attention(
     warning = '' if platform == 'tpu' else 'splash runs in Pallas interpret mode off TPU: for tests, very slow'
     return Choice('splash', 'requested', warning)
   return Choice(requested, 'requested')
-
-
-def _auto(
-  *, platform: str, dtype: str, packed: bool, seq_len: int, hopper: bool, splash_block: int, blockwise_block: int
-) -> Choice:
-  if platform == 'gpu':
-    if dtype not in _HALF:
-      return Choice('xla', f'cuDNN fused attention has no {dtype} kernel')
-    if not packed:
-      return Choice('cudnn', 'cuDNN flash, per-row lengths')
-    if hopper:
-      return Choice('cudnn', 'cuDNN flash on the packed layout')
-    return Choice(
-      'cudnn_bias',
-      'packed layout needs Hopper',
-      warning="pre-Hopper GPU with packed rows: cuDNN's bias kernel builds a T x T bias and computes "
-      'its gradient in every layer (about 2 x B x T x T x 2 bytes per layer and slower); '
-      "data.packing='none' gets the plain flash kernel instead",
-    )
-  if platform == 'tpu':
-    why = _splash_fits(seq_len, splash_block)
-    return Choice('xla', why + ': no splash tiling') if why else Choice('splash', 'Pallas flash with segment ids')
-  # Measured side by side on the bench-768 train step (docs/performance.md): blockwise ~1.15x the einsums'
-  # tokens/s at T=512; at T=128 in one block the two are level, so the simpler program is kept.
-  if seq_len > blockwise_block:
-    return Choice('blockwise', f'online softmax over {blockwise_block}-token key blocks, no T x T scores')
-  return Choice('xla', f'rows of {seq_len} fit one key block')
 
 
 def require_resolved(cfg: ml_collections.ConfigDict) -> None:
