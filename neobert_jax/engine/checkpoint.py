@@ -32,8 +32,7 @@ class DataPosition(Protocol):
     """The Orbax argument that writes the position, captured now."""
 
   def restore(self, item: paths.Path, step: int) -> bool:
-    """Moves the data to the position in `item` after `step` steps; True if exact, False if
-    approximated (a warning)."""
+    """Moves the data to the position in `item` after `step` steps; True if exact, False if approximated."""
 
 
 def make_manager(
@@ -117,8 +116,7 @@ _WRITE_REASONS = (
 
 
 def save_failed(mngr: ocp.CheckpointManager, e: BaseException, last_good: int | None = None) -> errors.StorageError:
-  """The one line for a failed save, naming the last complete checkpoint (`last_good`, else the newest
-  listed)."""
+  """The one line for a failed save, naming the last complete checkpoint (`last_good`, else the newest listed)."""
   text = f'{type(e).__name__}: {e}'
   reason = (
     next((r for r in _WRITE_REASONS if r in text), None)
@@ -224,8 +222,7 @@ def _agree_on_step(step: int | None, directory: Any) -> None:
 def restore_latest(
   mngr: ocp.CheckpointManager, abstract: TrainState, position: DataPosition | None
 ) -> tuple[int, TrainState] | None:
-  """The newest readable step restored onto `abstract`'s shardings (any mesh), and `position` from it;
-  None if there is none."""
+  """The newest readable step onto `abstract`'s shardings (any mesh), `position` restored from it; or None."""
   directory = paths.Path(mngr.directory)
   for step in sorted(runs.checkpoint_steps(directory), reverse=True):
     try:

@@ -32,8 +32,7 @@ def measure_matmul_peak(n: int = 1024, dtype: Any = jnp.float32, seconds: float 
 
 
 def total_peak_flops(peak_flops_per_device: float, compute_dtype: str) -> tuple[float | None, str]:
-  """(peak FLOP/s of all devices, where it came from): the config's, the device table's, or on CPU
-  a matmul measured in the model's dtype."""
+  """(peak FLOP/s of all devices, its source): the config's, the device table's, or a CPU matmul measured."""
   n = jax.device_count()
   if peak_flops_per_device > 0:
     return peak_flops_per_device * n, 'config'

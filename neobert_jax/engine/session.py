@@ -163,8 +163,7 @@ class TrainingSession:
     return self._writer
 
   def _close_writer(self) -> None:
-    """A failed last upload is one StorageError line, or a warning while another error is
-    on its way out."""
+    """A failed last upload is one StorageError line, or a warning while another error is on its way out."""
     failing = sys.exc_info()[1]
     try:
       self._writer.close()

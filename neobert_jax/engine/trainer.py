@@ -163,8 +163,7 @@ class TrainResult:
 
 
 class Trainer:
-  """Runs `step(state, batch[, key])` over `batches` ((batch, real tokens[, key])) from `start` to
-  options.num_steps; built by engine/session.TrainingSession.trainer."""
+  """Runs `step(state, batch[, key])` over `batches` ((batch, real tokens[, key])) up to options.num_steps."""
 
   def __init__(
     self,
@@ -186,8 +185,7 @@ class Trainer:
     return (every > 0 and (done % every == 0 or done == self.options.num_steps)) or (stop and hook.checkpoint)
 
   def train(self) -> TrainResult:
-    """Trains to num_steps (or a preemption stop); a step that compiles (the first, a new batch shape)
-    is left out of throughput."""
+    """Trains to num_steps or a preemption stop; a step that compiles (a new batch shape) is not timed."""
     o = self.options
     first, count = o.profile
     shape, done, preempted = None, self.start, False
