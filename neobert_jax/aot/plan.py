@@ -83,13 +83,9 @@ def compile_layout(cfg, target: targets.Target, headroom: float) -> dict:
   from neobert_jax.train import mlm
 
   lowered, mesh = lowering.lower_step(cfg, target, 'train')
-  try:
-    compiled = lowered.compile()
-  except Exception as e:  # noqa: BLE001 - the TPU compiler refuses programs over HBM: that is "does not fit"
-    needed = report.parse_oom(str(e))
-    if needed is None:
-      raise
-    return {'fits': False, 'total': needed, 'kernels': [], 'dcn': {}, 'roofline': None}
+  compiled, refused = report.compile_or_oom(lowered)
+  if compiled is None:
+    return {'fits': False, 'total': report.parse_oom(str(refused)), 'kernels': [], 'dcn': {}, 'roofline': None}
   total = report.resident_bytes(report.memory_numbers(compiled))
   hlo = compiled.as_text()
   model_flops = mlm.flops_per_token(cfg) * cfg.train.global_batch_size * cfg.model.max_length
@@ -219,18 +215,7 @@ def plan(
   if workers <= 1 or len(tasks) < 2:
     return [search(cfg, target, mesh, remat, headroom, mfu, log) for mesh, remat in tasks]
   tasks = [(cfg, target, mesh, remat, headroom, mfu) for mesh, remat in tasks]
-  return plan_cache.pool_map(_search_task, tasks, workers, _init_worker, (target,))
-
-
-def _init_worker(target: targets.Target) -> None:
-  """A pool process starts its backends as the compile child does (the CUDA plugin preloads cuDNN)."""
-  import jax
-
-  jax.devices()
-  if target.platform == 'cuda':
-    from neobert_jax import jax_compat
-
-    jax_compat.cudnn_assume_compute_capability(target.compute_capability)
+  return plan_cache.pool_map(_search_task, tasks, workers, targets.start_backends, (target,))
 
 
 def _search_task(args) -> Row:

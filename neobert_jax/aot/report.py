@@ -158,6 +158,17 @@ def parse_oom(message: str) -> int | None:
   return None
 
 
+def compile_or_oom(lowered: Any) -> tuple[Any, Exception | None]:
+  """(the compiled program, None) or, when the compiler refuses it for memory (TPU: over HBM), (None, the refusal):
+  the answer "does not fit", not an error."""
+  try:
+    return lowered.compile(), None
+  except Exception as e:  # noqa: BLE001 - only the compiler's out-of-memory verdict is a report
+    if parse_oom(str(e)) is None:
+      raise
+    return None, e
+
+
 def _gib(n: float) -> str:
   """Bytes in GiB, or MiB below 1 GiB (toy configs would otherwise print 0.00 everywhere)."""
   if abs(n) < 1024**3:

@@ -107,9 +107,17 @@ class Target:
     """Slices (TPU) or hosts (GPU) the target spans: the groups joined by the data-centre network."""
     return self.num_slices if self.platform == 'tpu' else (self.gpu_hosts or 1)
 
-  @property
-  def deps_kind(self) -> str:
-    return 'tpu' if self.platform == 'tpu' else 'cuda'
+
+def start_backends(target: Target) -> None:
+  """Initialises the backends of a compiling process: plugin discovery preloads the pip cuDNN library, which the
+  cuDNN attention checks at trace time need."""
+  import jax  # pylint: disable=g-import-not-at-top
+
+  jax.devices()
+  if target.platform == 'cuda':
+    from neobert_jax import jax_compat  # pylint: disable=g-import-not-at-top
+
+    jax_compat.cudnn_assume_compute_capability(target.compute_capability)
 
 
 def _grid(chips: int, dims: int) -> tuple[int, ...]:
