@@ -102,21 +102,14 @@ _REQUIRE_CUDNN = flags.DEFINE_bool(
 
 
 def run_child(cfg_in) -> int:
-  import jax
   from neobert_jax.aot import report as report_lib
   from neobert_jax.config import train as train_config
   from neobert_jax.data import mixture
   from neobert_jax.train import mlm
 
-  # Initialise the backends first: plugin discovery is what preloads the pip cuDNN library, and the cuDNN
-  # attention checks at trace time fail with "cuDNN not found" without it.
-  jax.devices()
   target = targets.parse_target(_TARGET.value)
+  targets.start_backends(target)
   t0 = time.time()
-  if target.platform == 'cuda':
-    from neobert_jax import jax_compat
-
-    jax_compat.cudnn_assume_compute_capability(target.compute_capability)
   try:
     # On the real hardware 'auto' settings resolve from jax.default_backend(); here that is the CPU, so the
     # trainer's own resolution (config/train.resolve, the same table) runs for the target's platform and devices.
@@ -133,15 +126,9 @@ def run_child(cfg_in) -> int:
   except errors.ConfigError as e:
     raise errors.ConfigError(f'for {target.spec}: {errors.one_line(e)}') from e
   notes = [f'attention kernel {choice.describe()}'] + ([choice.warning] if choice.warning else [])
-  try:
-    compiled = lowered.compile()
-  except Exception as e:  # noqa: BLE001 - only the compiler's out-of-memory verdict is a report, not an error
-    needed = report_lib.parse_oom(str(e))
-    if needed is None:
-      raise
-    # The TPU compiler refuses programs that exceed HBM; that is the answer "does not fit", with its number.
-    compiled = None
-    notes.append('the compiler refused the program: ' + errors.one_line(e, first=True)[:300])
+  compiled, refused = report_lib.compile_or_oom(lowered)
+  if refused is not None:
+    notes.append('the compiler refused the program: ' + errors.one_line(refused, first=True)[:300])
   seconds = time.time() - t0
   hlo = compiled.as_text() if compiled is not None else ''
   if _DUMP_HLO.value and compiled is not None:
@@ -184,7 +171,9 @@ def run_child(cfg_in) -> int:
   if compiled is not None:
     mem = report_lib.memory_numbers(compiled)
   else:
-    mem = dict(argument_bytes=0, output_bytes=0, alias_bytes=0, temp_bytes=needed, code_bytes=0)
+    mem = dict(
+      argument_bytes=0, output_bytes=0, alias_bytes=0, temp_bytes=report_lib.parse_oom(str(refused)), code_bytes=0
+    )
   r = report_lib.FitReport(
     target=target.spec,
     device_kind=mesh.devices.flat[0].device_kind,
@@ -289,10 +278,8 @@ def run_plan(cfg, target: targets.Target) -> int:
 
 
 def check_mixture(cfg) -> str | None:
-  """A mixture (data.mixture) refused as training refuses it, before any compile or download: the file's own
-  checks (docs/data.md), and its sources' manifests against each other and the model (tokenizer, vocabulary,
-  sequence length, a missing or unprepared dir); no shard is read. Returns a note when the sources cannot be
-  reached from here (a bucket without credentials): the compile needs no data, so it goes on."""
+  """A mixture refused as training refuses it (its file, its sources' manifests), before any compile or download;
+  no shard is read. Returns a note when the sources cannot be reached from here: the compile needs no data."""
   from neobert_jax.config import data as data_config  # pylint: disable=g-import-not-at-top
   from neobert_jax.data.pipeline import prepared  # pylint: disable=g-import-not-at-top
 
@@ -315,11 +302,11 @@ def run_parent(argv: list[str]) -> int:
   if note:
     print(f'[aot] {note}', file=sys.stderr)
   try:
-    deps.ensure(target.deps_kind)
+    deps.ensure(target.platform)
   except deps.DependencyError as e:
     print(f'[aot] cannot compile for {target.spec}: optional dependency missing.\n{e}', file=sys.stderr)
     return 3
-  env = deps.child_env(target.deps_kind)
+  env = deps.child_env(target.platform)
   env[_CHILD_ENV] = '1'
   # The child finds neobert_jax where this process did: installed (pip install [-e] .), or the working directory.
   return subprocess.call([sys.executable, '-m', 'neobert_jax.compile'] + argv[1:], env=env)

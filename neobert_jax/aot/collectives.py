@@ -1,23 +1,13 @@
-"""Which collectives of a compiled program cross the data-centre network (DCN) between slices / nodes, and how
-many bytes each device sends over it per step.
+"""Which collectives of a compiled program cross the data-centre network (DCN) between slices / nodes, and the
+bytes each device sends over it per step.
 
-Two ways a compiled program says it crosses the DCN:
-  - GPU / CPU: an ordinary collective (all-gather, reduce-scatter, all-reduce, all-to-all, collective-permute)
-    whose replica groups hold devices of different slices or nodes. Group members are partition ids, i.e.
-    positions in the mesh's flattened device array; `granule_of(position)` says which slice / node that is.
-  - TPU multi-slice: the compiler splits each such collective into an in-slice collective (slice-local ids)
-    plus a `send` to the DCN runtime (`_xla_megascale_transfer_type=...`); those sends ARE the DCN traffic.
-
-Bytes per execution, per device, as a hierarchical algorithm moves them (inside the slice first, then k slices
-exchanging over the DCN; a collective whose groups are spread over k granules with m members in each):
-  all-gather      shard x (k - 1)             every counterpart's shard comes over the DCN
-  reduce-scatter  (S / m) x (k - 1) / k       S the full operand; reduced in-slice first
-  all-reduce      2 x (S / m) x (k - 1) / k   a reduce-scatter then an all-gather over the k slices
-  all-to-all      S x (k - 1) / k             the share bound for other slices
+GPU / CPU: a collective whose replica groups (mesh positions; `granule_of`) span slices or nodes. TPU multi-slice:
+the compiler splits it into an in-slice collective and a `send` to the DCN runtime (`_xla_megascale_transfer_type`),
+and those sends are the traffic. Bytes per device per execution, hierarchically (k granules, m members in each):
+  all-gather      shard x (k - 1)             reduce-scatter  (S / m) x (k - 1) / k
+  all-reduce      2 x (S / m) x (k - 1) / k   all-to-all      S x (k - 1) / k
   collective-permute  S                       for the pairs whose ends are in different slices
-Per step: each is multiplied by how often its computation runs (loop trip counts: the layer scan, the
-micro-batch loop), so a per-layer gather inside the scan counts once per layer.
-"""
+times how often its computation runs per step (loop trip counts)."""
 
 from __future__ import annotations
 
@@ -97,8 +87,7 @@ def kind(op: str) -> tuple[str, str] | None:
 
 
 def result_bytes(ins: hlo_lib.Instr) -> float:
-  """Bytes of a collective's result; an asynchronous start returns (operands, results[, context]), except
-  all-reduce-start, which returns the results alone."""
+  """Bytes of a collective's result (an async start returns operands and results, except all-reduce)."""
   parts = hlo_lib.elements(ins.type)
   started = ins.op.endswith('-start') and ins.op != 'all-reduce-start' and len(parts) > 1
   return hlo_lib.nbytes(parts[1] if started else ins.type)

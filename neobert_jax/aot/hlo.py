@@ -1,10 +1,6 @@
-"""Reading a compiled (optimised, partitioned) HLO module's text: computations, instructions, types and how many
-times each computation runs per step. Shared by the DCN report (collectives.py) and the roofline (roofline.py).
-
-Only what XLA prints for every backend is relied on: `%name = TYPE op(%operand, ...), attr=...` lines inside
-`[ENTRY] %computation (...) -> ... {` blocks, operands named without their types, loops as `while` ops whose
-trip count is either annotated (`known_trip_count`, GPU / CPU) or the `i < N` of their condition (TPU).
-"""
+"""Reading a compiled HLO module's text: computations, instructions, types and how many times each computation runs
+per step. Relies only on what XLA prints for every backend; loop trip counts come from `known_trip_count` (GPU,
+CPU) or the `i < N` of the loop's condition (TPU)."""
 
 from __future__ import annotations
 
@@ -126,8 +122,7 @@ def computations(hlo: str) -> tuple[str | None, dict[str, list[str]]]:
 
 
 def called(ins: Instr) -> list[str]:
-  """Computations an instruction calls: a fusion's body, a loop's body and condition, a conditional's branches, a
-  reduction's function, ..."""
+  """Computations an instruction calls (fusion and loop bodies, branches, reduction functions, ...)."""
   names = [c for _, c in _CALLS.findall(ins.attrs)]
   for block in _BRANCHES.findall(ins.attrs):
     names += re.findall(r'%([\w.\-]+)', block)
@@ -135,8 +130,7 @@ def called(ins: Instr) -> list[str]:
 
 
 class Module:
-  """A module's text parsed once: each computation's instructions and result types, and how many times each
-  computation runs per step."""
+  """A module's text parsed once: instructions and result types per computation, and runs per step."""
 
   def __init__(self, hlo: str):
     self.entry, comps = computations(hlo)
@@ -145,8 +139,7 @@ class Module:
     self.runs = self._runs()
 
   def _trip_count(self, loop: Instr) -> int:
-    """A while loop's trip count: XLA's own annotation (GPU, CPU), else the `i < N` of its condition (TPU keeps the
-    scan counter starting at 0); 1 when neither says."""
+    """A while loop's trip count: XLA's annotation, else the `i < N` of its condition; 1 if neither."""
     m = _TRIP.search(loop.attrs)
     if m:
       return int(m.group(1))
@@ -160,8 +153,7 @@ class Module:
     return 1
 
   def _runs(self) -> dict[str, int]:
-    """How many times each computation runs per call of the entry computation (a conditional's branches once
-    each: an upper bound)."""
+    """Runs of each computation per call of the entry (a conditional's branches once each: an upper bound)."""
     callers: dict[str, list[tuple[str, int]]] = {}
     for parent, body in self.instrs.items():
       for ins in body:
@@ -188,6 +180,6 @@ class Module:
     return out
 
   def scheduled(self) -> list[str]:
-    """Computations whose instructions run as kernels / ops: the entry and what it reaches through loops,
-    conditionals and calls (not fusion bodies nor reduction functions)."""
+    """Computations whose instructions run as kernels: the entry and what it reaches through loops,
+    conditionals and calls."""
     return self.reachable(self.entry, lambda ins: ins.op in ('while', 'conditional', 'call'))

@@ -1,8 +1,5 @@
-"""What each kernel of a compiled program computes and moves: FLOPs of its dots (and of fused attention calls,
-from their shapes) and the HBM bytes a fusion reads and writes. The roofline (roofline.py) prices them.
-
-Owns: the per-instruction accounting; reads HLO through hlo.py only.
-"""
+"""What each kernel of a compiled program computes and moves: FLOPs of its dots and fused attention calls, and
+the HBM bytes a fusion reads and writes; roofline.py prices them."""
 
 from __future__ import annotations
 
@@ -17,9 +14,7 @@ IN_PLACE = {'dynamic-update-slice', 'scatter'}
 
 
 def updates(ins: hlo_lib.Instr) -> list[str]:
-  """The operands an in-place update writes: a dynamic-update-slice's update; a scatter's updates (the second
-  half of its operands after the indices: scatter(inputs..., indices, updates...)); a scatter-add reads and
-  writes only those windows of its buffer."""
+  """The operands an in-place update writes: a dynamic-update-slice's update, a scatter's updates."""
   if ins.op == 'scatter':
     n = (len(ins.operands) - 1) // 2
     return ins.operands[n + 1 :]
@@ -30,8 +25,8 @@ class KernelCosts(hlo_lib.Module):
   """A parsed module (hlo.py) that also counts what its instructions compute and move."""
 
   def matmuls(self, ins: hlo_lib.Instr, comp: str) -> list[tuple[float, int, int, int, int]]:
-    """(FLOPs, batch, M, N, K) of every dot / convolution an instruction runs: under a fusion's computation, or
-    itself (a cuBLAS call too)."""
+    """(FLOPs, batch, M, N, K) of every dot / convolution an instruction runs (in its fusion, or
+    itself: a cuBLAS call too)."""
     if ins.op == 'fusion':
       return [
         dot_shape(i, self.types[c])
@@ -55,8 +50,8 @@ class KernelCosts(hlo_lib.Module):
     return sum(size(o) for o in ins.operands) + hlo_lib.nbytes(ins.type)
 
   def _fusion_bytes(self, ins: hlo_lib.Instr, size: Callable[[str], float]) -> float:
-    """Each operand (or only the slices its body reads), and the output (or only the update of an in-place
-    dynamic-update-slice or scatter: XLA updates their first operand's buffer in place)."""
+    """Each operand (or only the slices its body reads), and the output (or only the update
+    of an in-place dynamic-update-slice or scatter)."""
     body = self.instrs.get(hlo_lib.called(ins)[0], [])
     named = {i.name: i for i in body}
     users: dict[str, list[hlo_lib.Instr]] = {}
@@ -102,9 +97,8 @@ def _window(attrs: str) -> dict[str, list[str]]:
 
 
 def _taps(window: dict[str, list[str]], i: int, size_in: int, size_out: int) -> float:
-  """Average number of window taps of spatial dimension i that land on the input (not on padding or between
-  dilated inputs). The TPU compiler writes some plain contractions as convolutions whose window mostly covers
-  padding (btd,dhk->bthk: window 12, padding 11 on both sides of a size-1 dimension): only real taps are work."""
+  """Average window taps of spatial dimension i that land on the input: the TPU compiler writes some plain
+  contractions as convolutions whose window mostly covers padding, and only real taps are work."""
   field = lambda key, default: window[key][i] if i < len(window.get(key, ())) else default
   w = int(field('size', '1'))
   lo = int(field('pad', '0_0').split('_')[0])
@@ -158,10 +152,8 @@ def is_attention_call(ins: hlo_lib.Instr) -> bool:
 
 
 def attention_work(ins: hlo_lib.Instr, types: dict[str, str]) -> tuple[float, int, bool]:
-  """(FLOPs, key length, backward?) of a fused attention call, from its q / k shapes (roofline.py's docstring).
-  A TPU Mosaic call is named after its kernel (%splash_mha_dq_...); its first operands are the mask's block
-  metadata and its segment ids integers, so q and k are its first two floating-point operands of rank >= 3. The
-  direction is read from the call's name and target only (a Mosaic call's attributes hold its encoded body)."""
+  """(FLOPs, key length, backward?) of a fused attention call from its q / k shapes: a TPU Mosaic
+  call's q and k are its first two floating-point operands of rank >= 3, its direction read from name and target."""
   target = re.search(r'custom_call_target="([^"]*)"', ins.attrs)
   tag = f'{ins.name} {target.group(1) if target else ""}'
   constraint = ins.attrs.partition('operand_layout_constraints=')[2].split('}}', 1)[0]

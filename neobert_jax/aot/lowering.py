@@ -1,9 +1,5 @@
-"""Lowering the trainer's real step for a compile-only target mesh (used by the fit report and the planner).
-
-Owns: building the mesh from the target's devices, the trainer's own config checks, and the two programs the AOT
-tools compile: 'train' (the full jitted step: accumulation, optimizer, donation) and 'forward_backward' (one
-micro-batch's loss and parameter gradients, to isolate the model). Runs only in the AOT child interpreter.
-"""
+"""Lowering the trainer's real step for a compile-only target mesh: 'train' (the full jitted step) or
+'forward_backward' (one micro-batch's loss and gradients, to isolate the model). Runs in the AOT child only."""
 
 from __future__ import annotations
 

@@ -1,29 +1,15 @@
-"""Recipe planning for a target: compile the candidate layouts of one global batch and recommend the fastest
-that fits.
+"""Recipe planning for a target: compile the candidate layouts of one global batch and recommend the fastest that
+fits.
 
-Candidates keep the config's global batch and sequence length and vary
-  - the mesh: (data, fsdp, tensor) = (1, N/t, t) FSDP and (N/t, 1, t) pure data parallel, for each tensor size t;
-    on G > 1 slices / nodes the sizes are per slice and the slices go on data (FSDP inside each, replicas across),
-    on fsdp (one FSDP group over everything) or, for the data layout, on data,
-  - the remat policy: none, save_dots, full,
-  - the micro-batch per device (powers of two), which sets grad_accum_steps = global batch / micro-batch rows.
-Memory is monotone in the micro-batch, so each (mesh, remat) pair binary-searches the largest micro-batch that
-fits (about three compiles). The largest is not always the fastest (near the memory limit XLA rematerialises on its
-own: docs/performance.md), so of the sizes the search compiled and that fit, the roofline picks (ties: the larger).
+Candidates keep the global batch and sequence length and vary the mesh (FSDP or pure data parallel for each tensor
+size; several slices go on data or on fsdp), the remat policy and the micro-batch per device. Each (mesh, remat)
+binary-searches the largest micro-batch that fits; of the sizes compiled that fit, the roofline picks (near the
+memory limit XLA rematerialises on its own: docs/performance.md).
 
-Estimated step time (a model, not a measurement):
-  - GPU: the roofline of the compiled train step (aot/roofline.py), so remat recompute, copies, accumulation steps
-    and communication all show.
-  - TPU: XLA's own cost model (`cost_analysis()['optimal_seconds']`) of one micro-batch's forward + backward with
-    the layers unrolled, compiled at 1 and 2 layers and extrapolated linearly to the model's depth (loop bodies
-    are costed once, so the scanned program cannot be used; a scanned config is priced unrolled), times the
-    accumulation steps. Splash attention is a custom call the cost model does not see: its FLOPs are added at the
-    stated MFU. The optimizer update is not included. On several slices, plus the DCN bytes (aot/collectives.py)
-    at the published bandwidth, nothing overlapped. A layout whose FSDP all-gathers cross the DCN is flagged.
-
-The (mesh, remat) searches run in parallel processes where cores allow, and every compile's result is cached
-(aot/plan_cache.py), so re-running a plan only compiles what changed. Runs in the AOT child interpreter.
-"""
+Estimated step (a model): GPU, the roofline of the compiled step (aot/roofline.py); TPU, XLA's cost model
+(`optimal_seconds`) of 1- and 2-layer unrolled micro-batch programs extrapolated to the depth (loop bodies are
+costed once), times the accumulation steps, plus splash attention's FLOPs at the stated MFU (a custom call the
+cost model does not see) and on several slices the DCN bytes at the published bandwidth. Not the optimizer."""
 
 from __future__ import annotations
 
@@ -91,19 +77,15 @@ def _with(cfg, mesh: dict[str, int], remat: str, accum: int):
 
 
 def compile_layout(cfg, target: targets.Target, headroom: float) -> dict:
-  """Compiles the full train step: fits, total bytes per device, attention kernels, DCN collectives by kind and the
-  roofline's summary (a dict, so that it can be cached and sent between processes)."""
+  """Compiles the full train step: fits, bytes per device, attention kernels, DCN collectives and
+  the roofline's summary, as a dict (cached, sent between processes)."""
   from neobert_jax.aot import roofline
   from neobert_jax.train import mlm
 
   lowered, mesh = lowering.lower_step(cfg, target, 'train')
-  try:
-    compiled = lowered.compile()
-  except Exception as e:  # noqa: BLE001 - the TPU compiler refuses programs over HBM: that is "does not fit"
-    needed = report.parse_oom(str(e))
-    if needed is None:
-      raise
-    return {'fits': False, 'total': needed, 'kernels': [], 'dcn': {}, 'roofline': None}
+  compiled, refused = report.compile_or_oom(lowered)
+  if compiled is None:
+    return {'fits': False, 'total': report.parse_oom(str(refused)), 'kernels': [], 'dcn': {}, 'roofline': None}
   total = report.resident_bytes(report.memory_numbers(compiled))
   hlo = compiled.as_text()
   model_flops = mlm.flops_per_token(cfg) * cfg.train.global_batch_size * cfg.model.max_length
@@ -141,8 +123,8 @@ def roofline_seconds(result: dict) -> float | None:
 
 
 def fastest_fitting(tried: dict[int, dict], default: int) -> int:
-  """Of the compiled micro-batch sizes ({size: compile_layout's dict}) that fit, the one with the shortest roofline
-  step; ties and missing rooflines go to the larger size; `default` where none fits."""
+  """Of the compiled micro-batch sizes that fit, the shortest roofline step (ties and missing
+  rooflines: the larger size); `default` where none fits."""
   fitting = [k for k, v in tried.items() if v['fits']]
   return min(fitting, key=lambda k: (roofline_seconds(tried[k]) or math.inf, -k), default=default)
 
@@ -156,8 +138,8 @@ def search(
   mfu: float,
   log: Callable[[str], None] = print,
 ) -> Row:
-  """For one (mesh, remat): the largest micro-batch that fits, by binary search, and of the sizes compiled on the way
-  the one the roofline prices fastest, with its estimated step."""
+  """For one (mesh, remat): the largest micro-batch that fits (binary search), then of the sizes compiled the
+  one the roofline prices fastest."""
   global_batch = cfg.train.global_batch_size
   # devices the batch is split over: data x fsdp in total (per-slice size x slices spanned)
   shards = mesh['data'] * mesh.get('dcn_data', 1) * mesh['fsdp'] * mesh.get('dcn_fsdp', 1)
@@ -233,18 +215,7 @@ def plan(
   if workers <= 1 or len(tasks) < 2:
     return [search(cfg, target, mesh, remat, headroom, mfu, log) for mesh, remat in tasks]
   tasks = [(cfg, target, mesh, remat, headroom, mfu) for mesh, remat in tasks]
-  return plan_cache.pool_map(_search_task, tasks, workers, _init_worker, (target,))
-
-
-def _init_worker(target: targets.Target) -> None:
-  """A pool process starts its backends as the compile command's child does (the CUDA plugin preloads cuDNN)."""
-  import jax
-
-  jax.devices()
-  if target.platform == 'cuda':
-    from neobert_jax import jax_compat
-
-    jax_compat.cudnn_assume_compute_capability(target.compute_capability)
+  return plan_cache.pool_map(_search_task, tasks, workers, targets.start_backends, (target,))
 
 
 def _search_task(args) -> Row:

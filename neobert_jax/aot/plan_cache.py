@@ -1,14 +1,6 @@
-"""The planner's compiles, run in parallel processes where cores allow and cached on disk.
-
-Each (mesh, remat) search of aot/plan.py is independent of the others: with `workers > 1` they run in a pool of
-spawned processes (each starts its own compile-only backend: a few seconds, and the XLA compiler of one layout then
-has its cores). Every compile's result (fits, memory, kernels, DCN bytes, roofline summary; the TPU cost model) is
-stored under the machine's cache (`paths.cache_dir('plan')`) keyed by the resolved config, the target, what was
-compiled and a fingerprint of the package's source and jax's version, so a re-run of the same plan compiles
-nothing and any code change that could alter the program compiles afresh.
-
-Owns: the cache key, the cache files and the process pool. Imports only paths (the planner imports it). Runs in the AOT child interpreter.
-"""
+"""The planner's compiles, run in spawned processes where cores allow and cached on disk (paths.cache_dir('plan'))
+under the resolved config, the target, what was compiled and a fingerprint of the package's source and jax's
+version: a re-run compiles only what changed."""
 
 from __future__ import annotations
 

@@ -1,14 +1,8 @@
-"""What a compiled executable tells us: memory per device, whether it fits, FLOPs, which attention kernels, and on
-a mesh over several slices / nodes what crosses the data-centre network (DCN) per step (aot/collectives.py).
+"""What a compiled executable tells us, per device: memory, whether it fits, FLOPs, the attention kernels, and
+what crosses the data-centre network (aot/collectives.py).
 
-All numbers are per device. Memory comes from XLA's buffer assignment (compiled.memory_analysis()):
-  arguments  the train state shard + the batch shard fed to the step
-  outputs    the new state + metrics; with the state donated most of it aliases the arguments
-  temps      activations, gradients, optimizer temporaries - everything live only inside the step
-  total      arguments + outputs - aliased + temps + generated code: the peak the step needs resident
-'fits' compares total with headroom x device memory: the runtime keeps some memory for itself (CUDA context,
-cuDNN workspaces, the allocator's fragmentation), so a step that needs exactly 100% would still fail.
-"""
+Memory is XLA's buffer assignment: total = arguments + outputs - aliased (the donated state) + temporaries + code.
+'fits' compares it with headroom x device memory: the runtime keeps some memory for itself."""
 
 from __future__ import annotations
 
@@ -140,8 +134,7 @@ def xla_flops(compiled: Any) -> float | None:
 
 
 def attention_kernels(hlo_text: str) -> list[str]:
-  """Distinct fused-attention kernels in the compiled HLO: cuDNN custom-call targets and Pallas splash kernels
-  (empty: attention ran as XLA ops)."""
+  """Distinct fused-attention kernels (cuDNN custom-call targets, Pallas splash) in the HLO."""
   return sorted(set(_CUDNN_RE.findall(hlo_text)) | set(_SPLASH_RE.findall(hlo_text)))
 
 
@@ -163,6 +156,17 @@ def parse_oom(message: str) -> int | None:
     if m:
       return int(float(m.group(1)) * _UNITS[m.group(2)])
   return None
+
+
+def compile_or_oom(lowered: Any) -> tuple[Any, Exception | None]:
+  """(the compiled program, None) or, when the compiler refuses it for memory (TPU: over HBM), (None, the refusal):
+  the answer "does not fit", not an error."""
+  try:
+    return lowered.compile(), None
+  except Exception as e:  # noqa: BLE001 - only the compiler's out-of-memory verdict is a report
+    if parse_oom(str(e)) is None:
+      raise
+    return None, e
 
 
 def _gib(n: float) -> str:

@@ -1,24 +1,17 @@
-"""A roofline of a compiled program: an estimated step time, op by op, for targets where no cost model is given
-(the GPU compile-only target), and on TPU beside XLA's own cost model. A model, not a measurement.
+"""A roofline of a compiled program: an estimated step time, op by op (a model, not a measurement); the only
+estimate on the GPU compile-only target, beside XLA's cost model on TPU.
 
-For every kernel the compiled program launches (each instruction of the entry computation and of the loop bodies
-it reaches, times the loops' trip counts; hlo.py):
-  - matmul     a fusion holding a dot / convolution, or a cuBLAS call: FLOPs = 2 x output elements x contraction
-               length; rate = hardware.py's achievable rate for that contraction length x wave quantization
-               (output tiles over the device's cores; split-K when the tiles are too few, as cuBLAS does).
-  - attention  cuDNN flash (forward 4 B N T S H, backward 2.5x that: it recomputes the probabilities) and TPU
-               splash kernels, counted from their operand shapes as if every row were one document (the packed
-               layout skips the blocks between documents: an upper bound); rates from hardware.py by key length.
-  - collective bytes over the link per device (ring algorithms: all-gather / reduce-scatter (n-1)/n of the full
-               array, all-reduce twice that) at NVLink / ICI speed; the part crossing slices / nodes
-               (collectives.py) at the DCN bandwidth.
-  - other      everything else (elementwise chains, reductions, casts, copies, transposes, dynamic slices): bytes
-               read + written at the achievable HBM bandwidth. A slice of an operand counts only its slice, an
-               in-place dynamic-update-slice or scatter only its update.
-Time per kernel = max(FLOPs / rate, bytes / HBM bandwidth, min_kernel_seconds); a collective's = its bytes over
-its link. Overlap assumption: asynchronous collectives (`*-start`) run under the compute of the computation that
-issues them (its loop body) and only what exceeds that compute is exposed; synchronous ones add.
-"""
+For every kernel launched (the entry and the loop bodies it reaches, times the trip counts):
+  - matmul     FLOPs = 2 x output elements x contraction length, at hardware.py's achievable rate for that length
+               x wave quantization (output tiles over the cores; split-K when the tiles are too few, as cuBLAS).
+  - attention  cuDNN flash (forward 4 B N T S H, backward 2.5x) and TPU splash, from their operand shapes as if
+               every row were one document (an upper bound for packed rows); rates by key length.
+  - collective ring bytes per device at NVLink / ICI speed; the part crossing slices / nodes (collectives.py) at
+               the DCN bandwidth.
+  - other      bytes read + written at the achievable HBM bandwidth (a slice counts its slice, an in-place update
+               its update).
+Time per kernel = max(FLOPs / rate, bytes / HBM bandwidth, min_kernel_seconds). Asynchronous collectives overlap
+the compute of the computation that issues them; only the excess is exposed. Synchronous ones add."""
 
 from __future__ import annotations
 
@@ -220,8 +213,7 @@ def for_program(hlo: str, target: Any, mesh: Any, mesh_config: Any, model_flops_
 
 
 def grouped(r: Roofline, n: int = 8) -> list[tuple[tuple[str, str], dict[str, Any]]]:
-  """The costliest kernels, those computing the same thing (one per layer when unrolled) taken together:
-  [((category, label), {runs, seconds, flops, bytes, bounds}), ...], per step."""
+  """The costliest kernels per step, those computing the same thing (one per layer) taken together."""
   groups: dict[tuple[str, str], dict[str, Any]] = {}
   for o in r.ops:
     g = groups.setdefault((o.category, o.label), dict(runs=0, seconds=0.0, flops=0.0, bytes=0.0, bounds=set()))

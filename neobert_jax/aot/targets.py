@@ -1,17 +1,10 @@
 """Compile targets: parse '--target', build the compile-only device topology, know each chip's memory and peak.
 
-Target strings:
-  tpu:v5e-256        a named TPU slice: generation + chip count (v4 and v5p count TensorCores, as Google does,
-                     i.e. 2 per chip: v4-8 is 4 chips)
-  tpu:v5e:16x16      the same slice as an explicit chip grid (v4/v5p: AxBxC)
-  tpu:2xv5p-256      2 such slices joined by the data-centre network (multi-slice; pair with mesh.dcn_data=2)
-  cuda:h100x8        N H100 SXM 80GB GPUs, 8 per host (cuda:h100x16 = 2 hosts, one process each: the nodes a
-                     mesh.dcn_* size > 1 spans)
+  tpu:v5e-256 (v4 / v5p count TensorCores: v4-8 is 4 chips), tpu:v5e:16x16 (a chip grid), tpu:2xv5p-256 (2 slices
+  over the DCN), cuda:h100x8 (8 H100 per host; cuda:h100x16 = 2 hosts).
 
-Devices come from jax.experimental.topologies: libtpu builds TPU slices from a name; the CUDA plugin builds GPU
-hosts from a GpuTargetConfig text proto describing the GPU (written below from the H100 SXM's published
-figures), so no accelerator is needed. Both only work inside the child interpreter set up by aot/deps.py.
-"""
+Devices come from jax.experimental.topologies (libtpu, or the CUDA plugin with the GpuTargetConfig below), inside
+the child interpreter set up by aot/deps.py."""
 
 from __future__ import annotations
 
@@ -114,14 +107,22 @@ class Target:
     """Slices (TPU) or hosts (GPU) the target spans: the groups joined by the data-centre network."""
     return self.num_slices if self.platform == 'tpu' else (self.gpu_hosts or 1)
 
-  @property
-  def deps_kind(self) -> str:
-    return 'tpu' if self.platform == 'tpu' else 'cuda'
+
+def start_backends(target: Target) -> None:
+  """Initialises the backends of a compiling process: plugin discovery preloads the pip cuDNN library, which the
+  cuDNN attention checks at trace time need."""
+  import jax  # pylint: disable=g-import-not-at-top
+
+  jax.devices()
+  if target.platform == 'cuda':
+    from neobert_jax import jax_compat  # pylint: disable=g-import-not-at-top
+
+    jax_compat.cudnn_assume_compute_capability(target.compute_capability)
 
 
 def _grid(chips: int, dims: int) -> tuple[int, ...]:
-  """The chip grid Google uses for a slice: the smallest axis doubles first (ties: the later one), so 2-D grids are
-  near-square a x b with a <= b (v5e-32 = 4x8) and 3-D ones grow 2x2x1, 2x2x2, 2x2x4, 2x4x4, 4x4x4, ..."""
+  """Google's chip grid for a slice: the smallest axis doubles first (ties: the later one), so v5e-32 = 4x8
+  and 3-D grids grow 2x2x1, 2x2x2, 2x2x4, 2x4x4, ..."""
   grid = [1, 1] if dims == 2 else [2, 2, 1]  # a 3-D slice is at least one 2x2x1 host
   if chips & (chips - 1) or chips < math.prod(grid):
     least = '' if dims == 2 else ' of at least 4'

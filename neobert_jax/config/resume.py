@@ -1,27 +1,9 @@
-"""What a resumed run may change: every config field is identity, schedule or free.
+"""What a resumed run may change: every config field is identity (refused: the checkpoint belongs to another
+run), schedule (accepted, logged, recorded in config_history.jsonl) or free (accepted and logged).
 
-A workdir holds one run. Re-running with a changed config is compared field by field with the config the run
-recorded, before anything is read or written:
-
-  identity   what the checkpoint *is*: architecture, vocabulary and tokenizer, data layout, sequence length,
-             masking, seeds. A difference is refused: the checkpoint belongs to another run.
-  schedule   how the rest of the run proceeds: train.num_steps, the optimizer and its learning-rate schedule, the
-             batch and its accumulation. Accepted, logged with what it does (train/resume.py says what happens
-             to the learning rate at the resume step), and recorded in WORKDIR/config_history.jsonl.
-  free       how the run is observed or executed: logging, evaluation and checkpoint cadence, the mesh, the
-             attention kernel, rematerialisation, the compute dtype, init sources (ignored once a checkpoint
-             exists), the export. Accepted, logged and recorded.
-
-A field in RESOLVED_AT_START is set when the run starts if the config leaves it unset, and recorded so
-(data.tokenizer: the prepared data's). Unset on either side is no change: a run recorded before the field was
-resolved, or a resume that leaves it unset, means the run's own value (the trainer takes the recorded one).
-
-The table is the one home of these decisions. A field the table does not name falls under its section's rule, and
-a section the table does not name is identity: a new field is safe (refused on change) until someone decides
-otherwise. tests/test_train_resume_config.py checks that every schema field resolves to a rule.
-
-Plain dicts (config.to_dict()) in, no jax work; the trainer and fine-tuning apply it.
-"""
+A field the table does not name falls under its section's rule, and a section it does not name is identity, so a
+new field is refused on change until someone decides otherwise (tests/test_train_resume_config.py). A
+RESOLVED_AT_START field unset on either side is no change: it means the run's own recorded value."""
 
 from __future__ import annotations
 
@@ -137,12 +119,10 @@ def diff(
   rules: Mapping[str, str],
   defaults: Mapping[str, Any] | None = None,
 ) -> list[Change]:
-  """Every field whose value differs, classified. Nested dicts in, dotted fields out, sorted by field.
+  """Every field whose value differs, classified, sorted by dotted field.
 
-  A field the recorded config lacks (it predates the field) is compared with `defaults` (the schema's default,
-  what the older run implicitly used) when given; a recorded field the current schema lacks is ignored (the
-  trainer no longer reads it); a RESOLVED_AT_START field unset on either side is no change.
-  """
+  A field the recorded config lacks is compared with `defaults` (what the older run implicitly used); a recorded
+  field the schema lacks is ignored."""
   old, new = flat(recorded), flat(current)
   base = flat(defaults) if defaults is not None else {}
   changes = []

@@ -1,14 +1,8 @@
 """The pretraining config: the whole schema, every field with what it means and its default, and its validation.
 
-Recipes (configs/*.py) call `get_config()` and change fields; `validate` types the config against the schema
-(rejecting any key that is not defined here, so a typo in a config file or on the command line is an error, not a
-silent no-op) and refuses, with the field and the fix named, what the trainer cannot run on the current devices:
-a mesh that does not use exactly the available devices, batch sizes that do not split over micro-batches /
-devices / processes, values out of range. Each section checks itself (config/model.py, config/data.py,
-_validate_optimizer); the checks across sections are here (the data's vocabulary is checked as it opens). `resolve`
-fills in the run-time choices and what the data decides, once, for pretraining and the compile command alike;
-config.json records the result. The defaults are NeoBERT's stage-1 recipe (configs/neobert_250m.py spells them out).
-"""
+`validate` rejects unknown keys (a typo is an error, not a silent no-op) and what the trainer cannot run on the
+current devices, naming the field and the fix. `resolve` fills in the run-time choices and what the data decides,
+once, for pretraining and the compile command alike."""
 
 from __future__ import annotations
 
@@ -45,9 +39,8 @@ DECAY_SHAPES = ('linear', 'cosine', '1-sqrt')
 
 
 def decay_window(o: ml_collections.ConfigDict, num_steps: int) -> tuple[int, int]:
-  """(first, length) of the decay of optimizer.schedule 'wsd' or 'linear': the `length` updates from step `first`
-  on decay, the last of them (step num_steps - 1, the run's last update) reaching the floor. 'wsd' decays over the
-  last round(wsd_decay_fraction x num_steps) updates (at least 1), 'linear' over every update after the warmup."""
+  """(first, length) of the 'wsd' or 'linear' decay: the last of those updates (step num_steps - 1) reaches the
+  floor; 'wsd' decays over round(wsd_decay_fraction x num_steps) updates (at least 1), 'linear' after warmup."""
   if o.schedule == 'linear':
     return o.warmup_steps, num_steps - o.warmup_steps
   length = max(round(o.wsd_decay_fraction * num_steps), 1)
@@ -328,14 +321,9 @@ def resolve(
   compute_capability: str | None = None,
   num_devices: int | None = None,
 ) -> tuple[ml_collections.ConfigDict, Choice]:
-  """(a copy of the validated `cfg` resolved, as config.json records it; the attention choice, for the log or the
-  compile report): the one place a resolved field is set, for the trainer and the compile command alike.
-
-  Always the run-time choices: model.dtype, the mesh sizes (for `num_devices`) and model.attention_impl, for
-  `platform` (default this process's backend; the compile command passes its target's). With `data`:
-  data.mixture_sources, and once the data is open (data.tokenizer given) data.tokenizer, data.virtual_shards (auto:
-  for this start's global batch and `process_count`) and a mixture's data.mixture_block_docs, each set, else
-  `recorded` (a resumed run's data section; with init.continue_data the source run's stream), else the data's."""
+  """(a copy of the validated `cfg` resolved, as config.json records it; the attention choice): the one place a
+  resolved field is set, for the trainer and the compile command alike. Each data field comes from the config, else
+  `recorded` (a resumed run's), else the data."""
   if platform is None:
     platform = jax.default_backend()
     compute_capability = getattr(jax.devices()[0], 'compute_capability', None) if platform == 'gpu' else None

@@ -1,21 +1,9 @@
-"""Orbax checkpoints of a training run: writing a step's arrays, and the step protocol that reads them back (resume,
-a new stage). The layout (which items a step holds, where steps live, how an unreadable one is set aside) is
-weights/runs.py's; the data position is the pipeline's, held here as an opaque `DataPosition`.
+"""Orbax checkpoints of a training run: writing a step, and reading one back (resume, a new stage); the layout is
+weights/runs.py's, the data position the pipeline's (an opaque `DataPosition`).
 
-The step protocol on resume, newest step first:
-  * a step whose arrays do not fit the state this config builds (other shapes, another tree structure) is a config
-    mismatch (errors.ConfigError, one line), checked from the small metadata files before any array is read;
-    train/resume.py has refused the config differences that cause it even earlier;
-  * an I/O error that looks transient (timeouts, UNAVAILABLE, permission denied, ...) is retried on the bucket's
-    budget (bucket.retry) and then raised as errors.CheckpointError, leaving the checkpoint where it is, so
-    re-running once the storage is back resumes from it;
-  * a step whose params or optimizer state cannot be read (disk damage, files removed by hand) is reported loudly
-    and set aside (runs.set_aside), and the next older step is tried;
-  * every process must agree on the step, then the data position restores itself from the step (exactly, or with
-    a warning: a lost data position never costs a checkpoint whose arrays are fine).
-
-Imports weights, errors, paths and the engine's state; never convert/ nor the data pipeline.
-"""
+Resume, newest step first: arrays that do not fit this config's state are errors.ConfigError (from the metadata,
+before any array is read); a transient storage error is retried, then errors.CheckpointError (the step left in
+place); an unreadable step is set aside and the next older one tried; every process must agree on the step."""
 
 from __future__ import annotations
 
@@ -38,26 +26,20 @@ log = logging.getLogger(__name__)
 
 
 class DataPosition(Protocol):
-  """Where a run's data stands, as the engine holds it: saved with every resumable step, restored from one. The
-  engine never reads what is inside (data/pipeline/position.py is the pipeline's)."""
+  """Where a run's data stands, saved with every resumable step; the engine never reads inside it."""
 
   def save_arg(self) -> Any:
-    """The Orbax argument that writes the position, captured now, into the step's data item."""
+    """The Orbax argument that writes the position, captured now."""
 
   def restore(self, item: paths.Path, step: int) -> bool:
-    """Moves the data to the position saved in `item` (the step's data item, which may be missing or damaged)
-    after `step` steps; True if exact, False (said as a warning) when only approximated."""
+    """Moves the data to the position in `item` after `step` steps; True if exact, False if approximated."""
 
 
 def make_manager(
   workdir: str | os.PathLike, keep: int = 3, async_save: bool = True, on_saved: Callable[[], None] | None = None
 ) -> ocp.CheckpointManager:
-  """The run's manager. `on_saved()` runs (in Orbax's thread) when a background save has committed.
-
-  The bucket's budget (neobert_jax/bucket.py) bounds every wait: the step directories are created in the calling
-  thread, so a bucket that stays down fails the save there, as one line (`save_failed`), instead of in a
-  background thread that prints a traceback while the trainer waits for its signal; and the background commit
-  may take the retry window twice over (its arrays, then its metadata) before Orbax gives up on it."""
+  """The run's manager; `on_saved()` runs in Orbax's thread when a background save has committed.
+  Directories are created in the calling thread, so a bucket that stays down fails the save there, as one line."""
   directory = paths.resolve(workdir, '--workdir') / runs.CHECKPOINT_SUBDIR
   runs.use_bucket_budget()
   options = ocp.CheckpointManagerOptions(
@@ -84,12 +66,8 @@ def save(
   with_optimizer: bool = True,
   last_good: int | None = None,
 ) -> None:
-  """Starts saving `state` as `step` (arrays are written in the background when async); returns at once.
-
-  The data position is captured synchronously here, so it matches exactly the batches the saved parameters have
-  seen even while the arrays are still being written. Without the optimizer (fine-tuning's best
-  evaluation) a step holds params and config only: what weights/runs.py reads, and not a resumable state.
-  """
+  """Starts saving `state` as `step` (in the background when async). The data position is captured now, so it
+  matches the saved parameters; without the optimizer a step holds params and config only (not resumable)."""
   args = {
     runs.PARAMS_ITEM: ocp.args.StandardSave(nnx.to_pure_dict(state['params'])),
     **({runs.OPT_ITEM: ocp.args.StandardSave(state['opt'])} if with_optimizer else {}),
@@ -117,8 +95,7 @@ def finish(mngr: ocp.CheckpointManager, last_good: int | None = None) -> None:
 
 
 def close(mngr: ocp.CheckpointManager) -> None:
-  """Closes the manager; after a failed save Orbax raises the same failure again here, which must not replace the
-  error already on its way to the user."""
+  """Closes the manager; after a failed save Orbax raises the same failure again, which must not replace it."""
   try:
     mngr.close()
   except Exception as e:  # noqa: BLE001
@@ -139,8 +116,7 @@ _WRITE_REASONS = (
 
 
 def save_failed(mngr: ocp.CheckpointManager, e: BaseException, last_good: int | None = None) -> errors.StorageError:
-  """The one line for a failed save, naming the last complete checkpoint: `last_good` when the caller knows it
-  (the run saw it commit: no request to a storage that just failed), else the newest step listed there."""
+  """The one line for a failed save, naming the last complete checkpoint (`last_good`, else the newest listed)."""
   text = f'{type(e).__name__}: {e}'
   reason = (
     next((r for r in _WRITE_REASONS if r in text), None)
@@ -171,8 +147,7 @@ LOCAL_READ_WINDOW_S = 6.0
 
 
 def _read(read: Callable[[], Any], step: int, directory: Any) -> Any:
-  """read(), on the bucket's retry budget; a storage error that outlasts it is errors.CheckpointError (the
-  checkpoint left alone)."""
+  """read() on the bucket's retry budget; a storage error that outlasts it is errors.CheckpointError."""
   try:
     window = None if paths.is_url(str(directory)) else min(LOCAL_READ_WINDOW_S, bucket.window_s())
     return bucket.retry(read, f'reading checkpoint step {step}', window)
@@ -195,7 +170,7 @@ def _pure(abstract: TrainState, item: str) -> Any:
 
 
 def _restore_arrays(mngr: ocp.CheckpointManager, step: int, abstract: TrainState) -> dict[str, Any]:
-  """params + opt (+ ema) of `step` onto `abstract`'s shardings; transient storage errors are retried, then raised."""
+  """params + opt (+ ema) of `step` onto `abstract`'s shardings."""
   args = ocp.args.Composite(**{item: ocp.args.StandardRestore(_pure(abstract, item)) for item in _items(abstract)})
   return _read(lambda: mngr.restore(step, args=args), step, mngr.directory)
 
@@ -209,9 +184,8 @@ def _leaves(tree: Any) -> dict[str, Any]:
 def _check_fits(
   directory: paths.Path, step: int, abstract: TrainState, items: tuple[str, ...] = (), fix: str = ''
 ) -> None:
-  """errors.ConfigError when the saved tree structure or shapes of `items` (default: params and opt) differ from
-  `abstract`'s. Reads only the small metadata files, on this process alone (a handler, not a Checkpointer: no
-  cross-process barrier)."""
+  """errors.ConfigError when the saved structure or shapes of `items` (default: params and opt) differ
+  from `abstract`'s; reads only metadata, on this process alone (no cross-process barrier)."""
   root = runs.step_dir(directory, step)
   for item in items or (runs.PARAMS_ITEM, runs.OPT_ITEM):
     handler = ocp.StandardCheckpointHandler()
@@ -248,12 +222,7 @@ def _agree_on_step(step: int | None, directory: Any) -> None:
 def restore_latest(
   mngr: ocp.CheckpointManager, abstract: TrainState, position: DataPosition | None
 ) -> tuple[int, TrainState] | None:
-  """Restores the newest readable step onto the shardings in `abstract` (any mesh); None if there is none.
-
-  `position` (if any) restores itself from the step (see the step protocol above). Steps whose params/optimizer state
-  are unreadable are reported and set aside; storage errors raise errors.CheckpointError and leave the checkpoint
-  alone.
-  """
+  """The newest readable step onto `abstract`'s shardings (any mesh), `position` restored from it; or None."""
   directory = paths.Path(mngr.directory)
   for step in sorted(runs.checkpoint_steps(directory), reverse=True):
     try:
@@ -286,9 +255,8 @@ def restore_stage(
   optimizer: bool,
   data: bool,
 ) -> Any:
-  """What a new stage carries over from step `step` of another run's checkpoints in `directory` (init.*): with
-  `optimizer`, its optimizer state restored onto `abstract['opt']`'s shardings (returned; None without); with
-  `data`, `position` restored from that step (exactly, or with a warning)."""
+  """What a new stage carries over from `step` of another run: with `optimizer`, its optimizer state
+  onto `abstract['opt']` (returned; else None); with `data`, `position` restored from that step."""
   opt = None
   if optimizer and not (runs.step_dir(directory, step) / runs.OPT_ITEM).is_dir():
     raise errors.ConfigError(

@@ -1,9 +1,4 @@
-"""Throughput accounting (device peaks for MFU) and the metric sinks (TensorBoard, metrics.jsonl).
-
-MFU = model FLOPs actually needed per second / peak FLOP/s of the devices. The FLOPs per token are the task's
-(pretraining's: train/mlm.flops_per_token, on model/sizes.py's formula), handed to the Logger
-(engine/trainer.LogOptions); padding tokens are not counted as work done.
-"""
+"""Throughput accounting (device peaks for MFU) and the metric sinks (metrics.jsonl, TensorBoard, wandb)."""
 
 from __future__ import annotations
 
@@ -37,8 +32,7 @@ def measure_matmul_peak(n: int = 1024, dtype: Any = jnp.float32, seconds: float 
 
 
 def total_peak_flops(peak_flops_per_device: float, compute_dtype: str) -> tuple[float | None, str]:
-  """(peak FLOP/s of all devices in the run, where the number came from): logging.peak_flops_per_device when > 0,
-  else the device table (or, on CPU, a matmul measured in the resolved model.dtype)."""
+  """(peak FLOP/s of all devices, its source): the config's, the device table's, or a CPU matmul measured."""
   n = jax.device_count()
   if peak_flops_per_device > 0:
     return peak_flops_per_device * n, 'config'
@@ -63,10 +57,8 @@ def _cpu_model() -> str:
 
 
 def cpu_matmul_peak(dtype: Any) -> float:
-  """This CPU's matmul peak in `dtype`: the best rate ever measured on this CPU model with this many cores (kept in
-  the machine's cache, the measurement of this start included). A start under load measures low; the best of all
-  starts does not, so MFU stays below 100% when the load lifts (the Logger also raises the peak to any rate a run
-  achieves: engine/trainer.py)."""
+  """The best matmul rate ever measured on this CPU model and core count (cached), so a start under
+  load does not push MFU above 100% when the load lifts."""
   key = f'{_cpu_model()} | {len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()} cores'
   key += f' | {jnp.dtype(dtype).name}'
   cache = paths.cache_dir('hardware') / 'cpu_matmul_peak.json'
@@ -93,13 +85,8 @@ WANDB_MODES = ('online', 'offline', 'disabled')
 
 @dataclasses.dataclass(frozen=True)
 class Wandb:
-  """Where a run's metrics also go when logging.wandb is on: a Weights & Biases run of `project`, named `name`
-  ('' = wandb's choice), with `tags`, holding `config`, in `mode` ('online', 'offline', 'disabled').
-
-  Each setting is the config's when it sets one, else wandb's own environment variable, else the default
-  (`from_settings`): project logging.wandb_project > WANDB_PROJECT > 'neobert-jax'; mode logging.wandb_mode >
-  WANDB_MODE > 'online'; the run's files WANDB_DIR > WORKDIR/wandb (in the run's mirror: on a bucket, uploaded
-  with it). The run's id is kept in WORKDIR/wandb/run_id either way, so a resumed run logs on into it."""
+  """A Weights & Biases run for logging.wandb: each setting is the config's, else wandb's environment variable,
+  else the default; the run id is kept in WORKDIR/wandb/run_id, so a resumed run logs on into it."""
 
   project: str
   name: str = ''
@@ -120,8 +107,8 @@ class Wandb:
 
 
 def check_wandb(options: Wandb) -> None:
-  """errors.ConfigError (one line), before anything is written, when logging.wandb is on and the wandb package is
-  missing, or the run would log online with no API key (wandb would otherwise stop the job at its first prompt)."""
+  """errors.ConfigError before anything is written: wandb missing, a bad mode, or online with no API key
+  (wandb would stop the job at its first prompt)."""
   if importlib.util.find_spec('wandb') is None:
     raise errors.ConfigError(
       'logging.wandb=True needs the wandb package: pip install -e .[wandb] (or set logging.wandb=False)'
@@ -152,8 +139,7 @@ def _wandb_key() -> str:
 
 
 def _start_wandb(options: Wandb, local: Path) -> Any:
-  """The wandb run of this workdir: its id is kept in WORKDIR/wandb/run_id (written once the run has started), so
-  a resumed run logs on into it; its files go to WANDB_DIR when set, else WORKDIR/wandb."""
+  """The wandb run of this workdir, resumed by the id in WORKDIR/wandb/run_id."""
   import wandb  # pylint: disable=g-import-not-at-top
 
   where = local / 'wandb'
@@ -188,12 +174,8 @@ def _start_wandb(options: Wandb, local: Path) -> Any:
 
 
 class MetricsWriter:
-  """Writes scalars to WORKDIR/metrics.jsonl (checkpoint/* to WORKDIR/checkpoint_metrics.jsonl), TensorBoard
-  event files and, with `wandb`, a Weights & Biases run (process 0 only; others no-op).
-
-  On a bucket workdir they live in a local mirror (objects cannot be appended to) that `sync` uploads: the loop
-  syncs with every checkpoint and at the end, and a resumed run first pulls its jsonl files back.
-  """
+  """Scalars to metrics.jsonl (checkpoint/* to checkpoint_metrics.jsonl), TensorBoard and wandb, on
+  process 0; a bucket workdir writes a local mirror that `sync` uploads."""
 
   def __init__(
     self,
@@ -226,7 +208,7 @@ class MetricsWriter:
 
   @property
   def local_dir(self) -> Path | None:
-    """Where this process may write run outputs that grow (a profile trace), uploaded by `sync`."""
+    """Where this process may write growing run outputs (a profile trace), uploaded by `sync`."""
     return self.mirror.path if self.active else None
 
   def sync(self) -> None:

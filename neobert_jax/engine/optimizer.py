@@ -1,39 +1,8 @@
-"""NeoBERT's optimizer: global-norm clipping, then AdamW (or Muon) under a warmup-cosine (or WSD, linear, constant)
-schedule.
+"""NeoBERT's optimizer: global-norm clipping, then AdamW (or Muon) under a warmup then decay schedule.
 
-Owns the learning-rate schedule, the weight-decay mask and the clip -> AdamW chain, configured by the `optimizer`
-section (neobert_jax/config/train.py documents each field). Two recipes are expressible, field by field:
-
-  this project (defaults)                      the original trainer (configs/neobert_250m.py:original)
-  warmup 0 -> peak                             warmup 1e-4 x peak -> peak (torch LinearLR(start_factor=1e-4))
-  cosine from the end of warmup, reaching      CosineAnnealingLR(T_max=decay_steps) from the end of warmup, cut at
-    the floor exactly at decay_fraction x        the absolute step decay_steps (SequentialLR milestones), then the
-    num_steps, then the floor                    floor (it stops 1.2e-5 of the range short of the floor at 2k/900k)
-  no weight decay on norm scales and biases    weight decay on every parameter (AdamW(model.parameters()))
-  clip by the exact global norm                clip by max_norm / (norm + 1e-6) (torch.nn.utils.clip_grad_norm_)
-
-The table above is optimizer.schedule='cosine', the default. 'wsd' (warmup, the peak, then a linear, cosine or
-1-sqrt decay over the last wsd_decay_fraction of the run), 'linear' (warmup, then linear decay over the rest) and
-'constant' (warmup, then the peak) serve multi-stage recipes (docs/recipes.md); their decays reach the floor at the
-run's last update.
-
-The schedule is tabulated on the host in float64 and rounded once to float32: the step applies the correctly
-rounded rate, equal to the original's torch scheduler value rounded to float32 (tests/test_train_dynamics.py),
-where evaluating the cosine in float32 on the device would be a few ulps off at most steps. The table covers only
-the steps where the rate changes (4 bytes each: 3.6 MB for the 250M recipe's 900k-step cosine, the whole run for
-'wsd' and 'linear'); past it the rate is its last entry (the floor; the peak for 'constant').
-
-Weight decay (unless `decay_all_params`): every weight matrix decays (the token embedding too unless
-`decay_embeddings=False`), norm scales and biases never do. The decision is made from the parameter's path, not
-its rank, because stacked layers turn the per-layer norm scales [D] into [L, D] matrices (and the biases of
-model.use_bias, 'encoder.layers.qkv_bias' and its siblings, into [L, ...] ones).
-
-optimizer.name='muon' puts the blocks' weight matrices (and the embedding or decoder unless optimizer.muon_adamw
-keeps them on AdamW) under optax.contrib.muon: Nesterov momentum, orthogonalised by Newton-Schulz iterations, scaled
-for the matrix's shape, weight-decayed like AdamW's matrices, at the same schedule (muon_lr / peak_lr times it).
-MUON_AXES says how each stacked [L, ...] weight is read as L matrices. Everything else takes the AdamW above; the
-two sides are an optax.partition behind the one clipping.
-"""
+The schedule is tabulated on the host in float64 and rounded once to float32, so the step applies the correctly
+rounded rate, equal to the original torch scheduler's (on-device float32 would be a few ulps off). Weight decay is
+decided from the parameter's path, not its rank, because stacked layers turn norm scales [D] into [L, D]."""
 
 from __future__ import annotations
 
@@ -74,11 +43,7 @@ def decay_factor(shape: str, progress: np.ndarray) -> np.ndarray:
 def lr_values(opt_cfg: ml_collections.ConfigDict, num_steps: int, steps: np.ndarray) -> np.ndarray:
   """The learning rate of the update made at each of `steps` (0 = the first update), float64.
 
-  Every schedule warms up alike: warmup_init_fraction x peak at step 0, linearly towards the peak over
-  warmup_steps updates. Then 'cosine' is the cosine below; 'constant' stays at the peak; 'wsd' stays at the peak
-  until decay_window's first step and 'linear' decays from the end of warmup, both with progress
-  (step - first + 1) / length, so the run's last update (step num_steps - 1; metrics.jsonl logs it as step
-  num_steps) is at the floor final_lr_fraction x peak_lr. Past num_steps the rate stays at the floor."""
+  Every decay reaches the floor at the run's last update (step num_steps - 1) and stays there."""
   peak, floor = opt_cfg.peak_lr, opt_cfg.peak_lr * opt_cfg.final_lr_fraction
   warmup, start = opt_cfg.warmup_steps, opt_cfg.warmup_init_fraction
   t = np.asarray(steps, np.float64)

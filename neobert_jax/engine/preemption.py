@@ -1,8 +1,4 @@
-"""Stopping on SIGTERM (preemption) so that every process stops, and saves, after the same step.
-
-Owns the agreement between processes; the loop (engine/trainer.py) asks `should_stop(step)` after every step and
-checkpoints before leaving when it says yes.
-"""
+"""Stopping on SIGTERM so that every process stops, and saves, after the same step."""
 
 from __future__ import annotations
 
@@ -23,17 +19,11 @@ def _jax_preemption_service() -> bool:
 
 
 class Preemption:
-  """Decides when to stop for SIGTERM (preemption) so that every process stops, and saves, after the same step.
+  """Decides when to stop for SIGTERM so that every process stops, and saves, after the same step.
 
-  One process: a Python SIGTERM handler sets a flag, polled after every step.
-  Several processes: a process-local flag is not enough (processes get the signal at different steps, and one that
-  starts a checkpoint save alone waits forever for the others in its barrier), so the decision is agreed:
-    * with jax's preemption service (on by default under jax.distributed): jax's own SIGTERM notifier passes the
-      notice to every process and `reached_preemption(step)` (called by every process after every step) is True
-      in all of them at the same step. No Python handler is installed: it would replace jax's notifier.
-    * without it: the Python flag is all-gathered every `agree_every` steps and every process stops at the first
-      such step where any process has it.
-  """
+  A process-local flag is not enough with several processes: one that starts a save alone waits forever in its
+  barrier. With jax's preemption service `reached_preemption(step)` agrees (and no Python handler is installed:
+  it would replace jax's notifier); without it the flag is all-gathered every `agree_every` steps."""
 
   def __init__(self, mngr: Any, agree_every: int):
     self._mngr, self._agree_every = mngr, max(1, agree_every)

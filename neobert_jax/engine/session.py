@@ -1,22 +1,12 @@
-"""A training session: one command's time in a workdir, assembled in one place: its outputs, where its state
-starts, its hooks and its closing.
+"""A training session: one command's time in a workdir, assembled in one place (shaped after levanter's Trainer).
 
-Shaped after levanter's Trainer (`initial_state`: a checkpoint, else an initialisation source, else fresh
-parameters; default hooks for progress, logging and checkpoints), for this package's two tasks. Pretraining
-(train/pretraining.py) and fine-tuning (finetune/job.py) resolve and check their config and take the workdir's
-lease (`claim`) first, then:
+  with TrainingSession(workdir, cfg, ...) as session:
+    start = session.restore_or_init(...)      # a checkpoint of this workdir, an init source, or fresh
+    result = session.trainer(step, start, batches, TrainerOptions(...)).train()
+    session.save_final(result)
 
-  with TrainingSession(workdir, cfg, ...) as session:    # the checkpoint manager; metrics writer and bar on first use
-    start = session.restore_or_init(...)                 # a checkpoint of this workdir, an init source, or fresh
-    trainer = session.trainer(step, start, batches, trainer_lib.TrainerOptions(...))  # + Logger, SIGTERM, profile
-    result = trainer.train()                             # a TrainResult: final state, step, preempted, throughput
-    session.save_final(result)                           # the last step, unless the checkpoint hook just saved it
-
-A re-run of the same command is a new session that resumes where the last one stopped. The session owns everything
-it opened and closes it in reverse order through one ExitStack, whatever happened; a clean exit first waits for the
-saves still in flight (a failed one is one StorageError line). Whatever else must live exactly as long as the
-session (the data iterator) is handed to `hold` or `on_close`.
-"""
+The session closes everything it opened in reverse order through one ExitStack; a clean exit first waits for the
+saves still in flight."""
 
 from __future__ import annotations
 
@@ -49,8 +39,7 @@ StateMaker = Callable[[], tuple[state_lib.StateDefs, state_lib.TrainState]]
 
 
 def check_workdir(workdir: paths.Path) -> None:
-  """A workdir that is a file, or one that cannot be written (read-only, a missing bucket, refused
-  credentials), is one line now, not a traceback later."""
+  """A workdir that is a file, or cannot be written, is one line now, not a traceback later."""
   if paths.local(workdir) and workdir.exists() and not workdir.is_dir():
     raise errors.ConfigError(
       f'--workdir={workdir} is a file, not a directory; pass a directory for the run (it is created if missing)'
@@ -61,10 +50,10 @@ def check_workdir(workdir: paths.Path) -> None:
 
 @contextlib.contextmanager
 def claim(workdir: str | Path, run_id: str = '') -> Iterator[lease_lib.Lease | None]:
-  """The workdir's lease for the whole job (neobert_jax/lease.py), taken before the run reads or writes anything
-  there and released when the block ends. Process 0 holds it; every process learns whether it got it, so a
-  refused job stops everywhere with the one line (errors.InUseError) instead of hanging at the first collective.
-  Yields the lease on process 0, None on the others."""
+  """The workdir's lease for the whole job, held by process 0 (None on the others).
+
+  Every process learns whether it was taken, so a refused job stops everywhere with one line instead of hanging
+  at the first collective."""
   workdir = paths.resolve(workdir, '--workdir')
   if paths.local(workdir) and workdir.exists() and not workdir.is_dir():
     check_workdir(workdir)  # the one line for a workdir that is a file
@@ -89,7 +78,7 @@ def claim(workdir: str | Path, run_id: str = '') -> Iterator[lease_lib.Lease | N
       held.release()
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
 class Start:
   """Where a run's state comes from: `step` optimizer steps already taken (0 unless `resumed`)."""
 
@@ -100,18 +89,9 @@ class Start:
   origin: str  # for the log: 'checkpoint DIR/STEP', the init source, or 'fresh parameters'
 
 
-def place_sharded(source: source_lib.Source, params: Any) -> Any:
-  """Every parameter from the source, straight onto the fresh parameters' shardings (pretraining's init)."""
-  return source.sharded(params)
-
-
 class TrainingSession:
-  """One session of training in `workdir` (a command from its start to its exit): see the module docstring.
-
-  cfg: the resolved config, frozen; a copy goes into every checkpoint. data_position: where the run's data stands,
-  checkpointed with the state (checkpoint.DataPosition; None: the run's data has no position to keep). lease: the workdir's (`claim`).
-  wandb: engine.metrics.Wandb to also log to a Weights & Biases run (None: not).
-  """
+  """One session of training in `workdir`; `cfg` (resolved) goes into every checkpoint, `data_position` is
+  checkpointed with the state, `lease` is checked before every save."""
 
   def __init__(
     self,
@@ -141,8 +121,6 @@ class TrainingSession:
     self._timings: collections.deque = collections.deque()  # (step, times) per checkpoint; Orbax's thread appends
     self._stack = contextlib.ExitStack()
 
-  # --- lifetime -------------------------------------------------------------------------------------------------
-
   def __enter__(self) -> 'TrainingSession':
     self._stack.__enter__()
     self.mngr = ckpt.make_manager(self.workdir, self.keep, self.async_save, on_saved=self._committed)
@@ -163,33 +141,29 @@ class TrainingSession:
     return bool(self._stack.__exit__(*exc))
 
   def _forget_in_flight(self) -> None:
-    """A save that will not commit (the run stops on an error) is neither timed nor said to be running."""
+    """A save that will not commit is neither timed nor said to be running."""
     done, self._in_flight = self._in_flight, None
     if done is not None:
       done[1].stop(say=False)
 
   def hold(self, context: ContextManager[T]) -> T:
-    """Enters `context` now and exits it when the run closes (a lease, a profiler session, ...)."""
+    """Enters `context` now and exits it when the run closes."""
     return self._stack.enter_context(context)
 
   def on_close(self, fn: Callable[..., Any], *args: Any) -> None:
     """Calls fn(*args) when the run closes, before whatever was opened earlier is closed."""
     self._stack.callback(fn, *args)
 
-  # --- outputs --------------------------------------------------------------------------------------------------
-
   @property
   def writer(self) -> MetricsWriter:
-    """metrics.jsonl and TensorBoard, opened on first use (after the state is in hand: a refused resume writes
-    nothing) and closed, then uploaded for a bucket workdir, when the run closes."""
+    """The metrics, opened on first use (a refused resume writes nothing), closed at the end."""
     if self._writer is None:
       self._writer = MetricsWriter(self.workdir, self.tensorboard, self.wandb, on_storage_error=self._write_failed)
       self.on_close(self._close_writer)
     return self._writer
 
   def _close_writer(self) -> None:
-    """Closes the metrics (their last upload, for a bucket workdir). An upload that fails is one StorageError line;
-    while another error is on its way out (a failed save: the bucket is down) it is a warning, never the error."""
+    """A failed last upload is one StorageError line, or a warning while another error is on its way out."""
     failing = sys.exc_info()[1]
     try:
       self._writer.close()
@@ -204,17 +178,16 @@ class TrainingSession:
       return 'no checkpoint of this run was complete yet'
     return f'the last complete checkpoint, {self.mngr.directory}/{self.committed_step}, is kept'
 
-  def _upload_failed(self, e: BaseException) -> errors.StorageError:
+  def _upload_failed(
+    self, e: BaseException, what: str = 'uploading the metrics to', fix: str = 'Fix the storage'
+  ) -> errors.StorageError:
     return errors.StorageError(
-      f'uploading the metrics to {self.workdir} failed ({errors.one_line(e)}); {self._kept()}. Fix the storage, '
-      'then re-run the same command to resume from it.'
+      f'{what} {self.workdir} failed ({errors.one_line(e)}); {self._kept()}. {fix}, then re-run the same command '
+      'to resume from it.'
     )
 
   def _write_failed(self, e: OSError) -> errors.StorageError:
-    return errors.StorageError(
-      f'writing the metrics under {self.workdir} failed ({errors.one_line(e)}); {self._kept()}. Free space or fix '
-      'the storage, then re-run the same command to resume from it.'
-    )
+    return self._upload_failed(e, 'writing the metrics under', 'Free space or fix the storage')
 
   def _progress_bar(self, total: int, initial: int, desc: str) -> Any:
     if not (self.is_main and self.progress_bar):
@@ -226,15 +199,12 @@ class TrainingSession:
     return pbar
 
   def profile_dir(self) -> Path:
-    """WORKDIR/profile; for a bucket workdir, process 0 traces into the metrics mirror (uploaded with it) and the
-    others into this machine's cache (the profiler writes local files)."""
+    """WORKDIR/profile; on a bucket, the metrics mirror (process 0) or the local cache."""
     if paths.local(self.workdir):
       return Path(self.workdir) / 'profile'
     where = self.writer.local_dir or paths.cache_dir('profile', paths.url_key(self.workdir))
     log.info('profile trace of process %d: %s', jax.process_index(), where / 'profile')
     return where / 'profile'
-
-  # --- the state ------------------------------------------------------------------------------------------------
 
   def restore_or_init(
     self,
@@ -243,20 +213,13 @@ class TrainingSession:
     *,
     resume: bool = True,
     source: Callable[[], source_lib.Source | None] = lambda: None,
-    place: Callable[[source_lib.Source, Any], Any] = place_sharded,
+    place: Callable[[source_lib.Source, Any], Any] = lambda src, params: src.sharded(params),
     keep_optimizer: bool = False,
     continue_data: bool = False,
   ) -> Start:
-    """The run's starting state, in this order:
-      1. with `resume`, the newest readable checkpoint of this workdir restored onto `abstract()`'s shardings, the
-         data iterator moved to its saved position (engine/checkpoint.restore_latest);
-      2. a fresh state from `create()` whose parameters come from `source()` (placed by `place(source, params)`)
-         with a fresh optimizer around them: stage 2, continued pretraining, fine-tuning a pretrained model;
-         A new stage may carry over more from a run's step: its optimizer state (`keep_optimizer`: AdamW's moments,
-         the schedule restarted at step 0) and its data position (`continue_data`: the data iterator moved there);
-      3. `create()` as it is: fresh parameters seeded by the model factory.
-    The source is opened only when the run starts afresh: once the run has a checkpoint, that is where it is.
-    """
+    """The run's starting state: this workdir's newest checkpoint (with `resume`), else `create()` with parameters
+    from `source()` (plus, from a run, its optimizer state and data position on request), else `create()` as is.
+    The source is opened only when the run starts afresh."""
     if resume:
       defs, target = abstract()
       restored = ckpt.restore_latest(self.mngr, target, self.data_position)
@@ -288,8 +251,6 @@ class TrainingSession:
         ),
       )
     return Start(0, defs, state, False, origin)
-
-  # --- checkpoints ----------------------------------------------------------------------------------------------
 
   def save(self, step: int, state: state_lib.TrainState) -> None:
     """The full state (parameters, optimizer, data position, config) as `step`; metrics go up with it."""
@@ -335,7 +296,7 @@ class TrainingSession:
       self._timings.append((done[0], {'save_seconds': timer.seconds, 'save_retries': timer.retries}))
 
   def _write_timings(self) -> None:
-    """checkpoint/save_seconds, save_retries, upload_seconds, upload_retries into the metrics, per checkpoint."""
+    """checkpoint/save_seconds, save_retries, upload_seconds, upload_retries, per checkpoint."""
     while self._timings:
       step, values = self._timings.popleft()
       self.writer.write(step, values, prefix='checkpoint')
@@ -357,16 +318,11 @@ class TrainingSession:
     if result.final_step != self.saved_step and result.final_step > 0:
       self.save(result.final_step, result.state)
 
-  # --- the loop -------------------------------------------------------------------------------------------------
-
   def trainer(
     self, step: Callable, start: Start, batches: Iterator[tuple], options: trainer_lib.TrainerOptions
   ) -> trainer_lib.Trainer:
-    """engine/trainer.Trainer over the session's outputs, from `start`: a progress bar from `start.step`, a Logger
-    with the task's options.log (its non-finite policy, FLOPs per token, checks), the task's hooks followed by the
-    checkpoint hook when options.checkpoint_every is set, SIGTERM handling when options.preemption (every process
-    stops and saves after the same step), and the profile trace into `profile_dir()`. The state is donated to the
-    first step: `start.state` is spent once training runs."""
+    """engine/trainer.Trainer from `start` over the session's outputs: progress bar, Logger, the
+    task's hooks then the checkpoint hook, SIGTERM handling and the profile trace. `start.state` is donated."""
     pbar = self._progress_bar(options.num_steps, start.step, options.desc)
     if options.checkpoint_every is not None:
       options = dataclasses.replace(options, hooks=(*options.hooks, self.checkpoint_hook(options.checkpoint_every)))

@@ -1,15 +1,8 @@
-"""The training state of any model the engine trains: parameters and optimizer state, created already sharded.
+"""The training state of any model the engine trains, created already sharded.
 
-The state is a plain dict pytree so that jit, Orbax and donation see ordinary arrays:
-  {'params': nnx.State of the model's nnx.Param variables,
-   'opt':    nnx.State of an nnx.Optimizer (step counter + optax state whose mu/nu mirror the params),
-   'ema':    (with an EMA of the weights, train.ema_decay > 0) the exponential moving average of 'params', same
-             tree and shardings, started at the initial parameters}
-The graph definitions (static structure) travel separately in `StateDefs`. Nothing here ever gathers a full
-parameter on one device: creation runs inside jit under the mesh and the logical-axis rules, so every variable is
-born with its final NamedSharding, and the abstract variant (for restore / AOT compile) allocates nothing.
-Pretraining (train/mlm.py) and fine-tuning (finetune/job.py) differ only in the model factory they pass.
-"""
+A plain dict pytree, {'params', 'opt', 'ema' (with train.ema_decay > 0)}, so that jit, Orbax and donation see
+ordinary arrays; the graph definitions travel in `StateDefs`. Creation runs inside jit under the mesh so nothing
+ever gathers a full parameter on one device."""
 
 from __future__ import annotations
 
@@ -40,9 +33,8 @@ class StateDefs:
 
 
 def _optimizer(model: nnx.Module, tx: optax.GradientTransformation) -> nnx.Optimizer:
-  """nnx.Optimizer over the model's Params. nnx hands optax's init the Params themselves, so the placeholder a
-  partition's side keeps for the parameters of the other side (optax.MaskedNode, as under optimizer.name='muon')
-  would come back wrapped in a Param holding no array; it is unwrapped, as optax's update leaves it."""
+  """nnx.Optimizer over the model's Params; the optax.MaskedNode placeholders a partition keeps (Muon) come back
+  wrapped in an empty Param from nnx, so they are unwrapped as optax's update leaves them."""
 
   def init(params: Any) -> Any:
     hollow = lambda x: isinstance(x, nnx.Variable) and isinstance(x.get_value(), optax.MaskedNode)
@@ -73,11 +65,7 @@ def abstract_state(
   mesh: jax.sharding.Mesh,
   ema: bool = False,
 ) -> tuple[StateDefs, TrainState]:
-  """Definitions and a TrainState of ShapeDtypeStructs carrying their target shardings; allocates nothing.
-
-  The Orbax restore target (restoring onto this mesh, whatever mesh wrote the checkpoint) and what
-  neobert_jax/compile.py lowers the train step with for other topologies.
-  """
+  """Definitions and a TrainState of ShapeDtypeStructs with their target shardings (restore and AOT target)."""
   with shd.activate(mesh):
     model_def, opt_def, abstract = _split(*nnx.eval_shape(lambda: _build(make_model, tx)))
     # Only translates logical names while the rules are active; unannotated leaves (the step counter) replicate.
@@ -131,9 +119,8 @@ def with_params(defs: StateDefs, state: TrainState, params: Any) -> TrainState:
 
 
 def restart_schedule(opt: Any) -> Any:
-  """An optimizer state (nnx.State of nnx.Optimizer) whose schedule starts again at step 0: the optimizer's step
-  and every optax counter that feeds a schedule (a 'count' beside no moments) are zeroed; AdamW's moments and
-  their own count (its bias correction) are kept. A new stage carries these over (init.keep_optimizer)."""
+  """An optimizer state whose schedule starts again at step 0: every counter that feeds a schedule is zeroed,
+  AdamW's moments and their bias-correction count are kept (init.keep_optimizer)."""
   leaves = jax.tree_util.tree_flatten_with_path(opt)[0]
   keys = [path_key(p) for p, _ in leaves]
   moments = {k.rsplit('.mu.', 1)[0] for k in keys if '.mu.' in k}

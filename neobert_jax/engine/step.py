@@ -1,21 +1,9 @@
 """The one jitted train step: summed loss -> token-weighted gradients -> optimizer update, non-finite rollback.
 
-A task supplies `loss_sums(model, micro, key) -> (loss_sum, weight, sums)`: the loss summed over what it is
-averaged over, that count (masked tokens for MLM, 1 for a task whose loss is already a batch mean), and any other
-sums (e.g. correct predictions) that are reported divided by the same count. With micro-batches the batch arrives
-as [A, M, ...] global arrays (A = accumulation steps, M rows sharded over the mesh's batch axes); the step scans
-over A, adds losses, counts and gradients, and divides by the total count at the end. Dividing by the count (not
-by A) makes 4 micro-batches of 8 rows give exactly the gradient of one batch of 32, however the masked tokens
-happen to fall, which a mean of per-micro-batch means would not.
-
-The gradient crosses the data-parallel replicas once per step: on a mesh whose batch axes include some that do not
-split the weights ('data', e.g. across TPU slices or GPU nodes), each replica scans its own rows under a shard_map
-manual over those axes and one psum follows the scan (sharding.replica_axes). Over 'fsdp' each micro-batch's
-gradient is still reduce-scattered, so no device ever holds more than its shard of the accumulator.
-
-A state that is not finite is never committed: under `skip_nonfinite` the whole update (params, moments, step
-counter) is dropped in the step itself; otherwise the loop stops at its next metrics flush (engine/trainer.py).
-"""
+A task supplies `loss_sums(model, micro, key) -> (loss_sum, weight, sums)`. Micro-batches are summed and divided
+by the total count at the end (not by A), so 4 micro-batches of 8 rows give exactly the gradient of one batch of
+32. Over non-weight-splitting batch axes ('data') each replica scans its own rows under a shard_map and one psum
+follows the scan, so the gradient crosses the DCN once per step."""
 
 from __future__ import annotations
 
@@ -42,10 +30,8 @@ def micro_batch_sharding(mesh: jax.sharding.Mesh) -> NamedSharding:
 
 @dataclasses.dataclass(frozen=True)
 class StepOptions:
-  """How a task's step differs: `micro_batched` (the batch arrives as [A, M, ...] and is accumulated over A; else
-  one whole batch), `skip_nonfinite` (drop a non-finite update in the step itself; else the loop stops at its next
-  flush), `weight_name` (also report the loss's count under this name), `batch_metrics(batch)` (more metrics from
-  the batch itself), `ema_decay` (the moving average's, for a state that keeps one)."""
+  """How a task's step differs: accumulation over [A, M, ...] batches, dropping non-finite updates in the step,
+  reporting the loss's count as `weight_name`, metrics from the batch, and the EMA decay."""
 
   micro_batched: bool
   skip_nonfinite: bool
@@ -94,11 +80,8 @@ def train_step_fn(defs: StateDefs, loss_sums: LossSums, options: StepOptions) ->
     return (loss_sum, (weight, sums)), grads
 
   def accumulate_per_replica(params: Any, batch: dict[str, jax.Array], key: Any):
-    """Each replica (a position on the replica axes) accumulates the gradients of its own rows, unreduced over
-    those axes; one psum then adds the replicas' sums, so the gradient crosses them (the DCN between slices or
-    nodes above all) once per step instead of once per micro-batch. Inside, sharding constraints name only the
-    automatic axes (sharding.logical_to_spec): FSDP still reduce-scatters each micro-batch's gradient within the
-    replica, which keeps the accumulator a 1/fsdp shard, as large as before."""
+    """Each replica accumulates its own rows' gradients, unreduced over the replica axes; one psum follows, so
+    the gradient crosses them once per step while FSDP still reduce-scatters each micro-batch's gradient."""
     if key is not None:  # each replica draws its own dropout for its own rows
       key = jax.random.fold_in(key, jax.lax.axis_index(replicas))
     return jax.lax.psum(accumulate(params, batch, key), replicas)
@@ -180,11 +163,7 @@ def jit_train_step(
   *,
   uses_key: bool = False,
 ) -> shd.MeshBound:
-  """The jitted step with explicit in/out shardings and the state donated (updated in place).
-
-  Called as step(state, batch) or, with uses_key, step(state, batch, key) (dropout); the key is replicated.
-  neobert_jax/compile.py AOT-compiles it with .lower(abstract_state, abstract_batch).
-  """
+  """The jitted step, state donated; step(state, batch) or, with uses_key, step(state, batch, key)."""
   fn = train_step_fn(defs, loss_sums, options)
   replicated = NamedSharding(mesh, P())
   in_shardings = (defs.shardings, batch_shardings) + ((replicated,) if uses_key else ())

@@ -1,13 +1,7 @@
 """The one training loop: step, log, run hooks (evaluation, checkpoints), stop cleanly on SIGTERM.
 
-Pretraining (train/pretraining.py) and fine-tuning (finetune/job.py) each build a state, a jitted step and an iterator,
-and hand them to `Trainer` with their hooks; logging, throughput, the non-finite policy, profiling and preemption
-live here once.
-
-Order of work matters for exact resume: a step's batch is pulled from the iterator immediately before the step
-runs and nothing is prefetched beyond the iterator's own buffers, so when a hook checkpoints after step s the
-iterator has handed out exactly s batches and its saved position is where the resumed run must continue.
-"""
+Exact resume: a step's batch is pulled just before the step runs and nothing is prefetched beyond the iterator's own
+buffers, so after step s the iterator has handed out exactly s batches, the position a checkpoint saves."""
 
 from __future__ import annotations
 
@@ -31,13 +25,9 @@ _LATEST = ('param_norm', 'learning_rate')
 
 @dataclasses.dataclass(frozen=True)
 class LogOptions:
-  """What a task tells the Logger: its non-finite policy, its MFU figures and its own checks of step metrics.
-
-  nan_policy: 'stop' (raise TrainingDiverged naming the last good checkpoint, with `diverged_hint`) or 'skip'.
-  flops_per_token: the task's model FLOPs per trained token (the engine knows no task's formula); with
-  peak_flops (all devices' FLOP/s) it gives the logged MFU. check(step, host metrics) runs on every step's metrics;
-  check_keys are the step metrics it reads, which are not logged. counts(done) adds host figures to each log line.
-  """
+  """What a task tells the Logger: nan_policy 'stop' (TrainingDiverged, with `diverged_hint`) or 'skip';
+  flops_per_token and peak_flops (all devices) for MFU; check(step, host metrics) on every step, reading the
+  unlogged check_keys; counts(done) adds host figures to each log line."""
 
   nan_policy: str = 'stop'
   diverged_hint: str = ''
@@ -49,8 +39,8 @@ class LogOptions:
 
 
 class Logger:
-  """Collects per-step device metrics and turns them into host scalars only every few steps (one device sync); hooks
-  get it to write their own metrics (`writer`) and lines for the user (`say`)."""
+  """Per-step device metrics, turned into host scalars every few steps (one device sync); hooks use it to
+  write metrics (`writer`) and lines (`say`)."""
 
   def __init__(self, writer: MetricsWriter, pbar: Any, options: LogOptions = LogOptions()):
     self.writer, self.pbar, self.counts = writer, pbar, options.counts
@@ -80,14 +70,13 @@ class Logger:
     self.banked = (0.0, 0, 0)  # (seconds, tokens, steps) timed before a pause in this window
 
   def pause_clock(self) -> None:
-    """Banks the window's timed steps so far (the caller has waited for them); the steps added until
-    resume_clock (a recompile for a new batch shape) are left out of throughput."""
+    """Banks the window's timed steps; steps added until resume_clock (a recompile) are not timed."""
     seconds, tokens, timed = self.banked
     self.banked = (seconds + time.perf_counter() - self.t0, tokens + self.tokens, timed + self.timed)
     self.tokens = self.timed = 0
 
   def resume_clock(self) -> None:
-    """Times again from now (the caller has waited for the paused steps), keeping what pause_clock banked."""
+    """Times again from now, keeping what pause_clock banked."""
     self.t0, self.tokens, self.timed = time.perf_counter(), 0, 0
 
   def _check_finite(self, step: int, m: dict[str, Any], last_good: Callable[[], str]) -> None:
@@ -137,8 +126,7 @@ class Logger:
 
 @dataclasses.dataclass(frozen=True)
 class Hook:
-  """fn(step, state, logger) after every `every` steps and after the last one; `checkpoint` hooks also run on
-  preemption. The logger (Logger) is how a hook writes metrics and speaks: nothing is patched onto anything."""
+  """fn(step, state, logger) every `every` steps and after the last; `checkpoint` hooks also run on preemption."""
 
   fn: Callable[[int, Any, Logger], None]
   every: int
@@ -147,14 +135,9 @@ class Hook:
 
 @dataclasses.dataclass(frozen=True)
 class TrainerOptions:
-  """What a task asks of the loop, fixed before it starts (engine/session.TrainingSession.trainer adds the runtime:
-  the progress bar, the Logger, SIGTERM handling, the profile directory).
-
-  hooks run in order after a step, then the checkpoint hook when `checkpoint_every` is set; `preemption`: every
-  process stops and saves after the same step on SIGTERM; `profile` = (first step, number of steps) of a
-  jax.profiler trace (first step < 0: none); `last_good()` names the newest checkpoint for the divergence message
-  (None: the session's); `on_step(done)` runs after every step (tests simulate crashes with it).
-  """
+  """What a task asks of the loop: hooks (then the checkpoint hook every `checkpoint_every`),
+  `preemption` (agreed SIGTERM stop), `profile` = (first step, steps; first < 0: none), `last_good()` for the
+  divergence message (None: the session's), `on_step(done)` after every step (tests simulate crashes with it)."""
 
   num_steps: int
   log_every: int = 1
@@ -170,8 +153,7 @@ class TrainerOptions:
 
 @dataclasses.dataclass(frozen=True)
 class TrainResult:
-  """Where training stopped: the final state, its step, whether SIGTERM stopped it, the updates the non-finite
-  policy skipped, and the tokens/s of every logged window that held timed steps."""
+  """Where training stopped: final state and step, preempted, skipped updates, tokens/s per logged window."""
 
   state: Any
   final_step: int
@@ -181,11 +163,7 @@ class TrainResult:
 
 
 class Trainer:
-  """Runs `step(state, batch[, key])` over `batches` from step `start` to options.num_steps, with the options'
-  hooks; `batches` yields (batch, real tokens) or (batch, real tokens, key). Built by
-  engine/session.TrainingSession.trainer, which supplies the Logger, the progress bar, SIGTERM handling
-  (`preemption`) and the profile directory (`profile_dir()`).
-  """
+  """Runs `step(state, batch[, key])` over `batches` ((batch, real tokens[, key])) up to options.num_steps."""
 
   def __init__(
     self,
@@ -207,10 +185,7 @@ class Trainer:
     return (every > 0 and (done % every == 0 or done == self.options.num_steps)) or (stop and hook.checkpoint)
 
   def train(self) -> TrainResult:
-    """Trains to num_steps (or a preemption stop).
-
-    A batch of a new shape (the batch-size warmup) compiles the step again: that step is left out of throughput,
-    like the first one."""
+    """Trains to num_steps or a preemption stop; a step that compiles (a new batch shape) is not timed."""
     o = self.options
     first, count = o.profile
     shape, done, preempted = None, self.start, False
