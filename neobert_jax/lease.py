@@ -385,7 +385,7 @@ def acquire(directory: paths.PathLike, what: str, run_id: str = '', timeout: flo
 
   `what` names the directory the way the user gave it ('--workdir', '--output'). Raises errors.InUseError when a
   live job holds it, errors.StorageError when it cannot be written there."""
-  directory = paths.resolve(directory, what)
+  directory = paths.resolved(directory, what)
   created = paths.local(directory) and not directory.exists()
   try:
     if created:

@@ -58,7 +58,7 @@ def make_manager(
   thread, so a bucket that stays down fails the save there, as one line (`save_failed`), instead of in a
   background thread that prints a traceback while the trainer waits for its signal; and the background commit
   may take the retry window twice over (its arrays, then its metadata) before Orbax gives up on it."""
-  directory = paths.resolve(workdir, '--workdir') / runs.CHECKPOINT_SUBDIR
+  directory = paths.resolved(workdir, '--workdir') / runs.CHECKPOINT_SUBDIR
   runs.use_bucket_budget()
   options = ocp.CheckpointManagerOptions(
     max_to_keep=keep,

@@ -65,7 +65,7 @@ def claim(workdir: str | Path, run_id: str = '') -> Iterator[lease_lib.Lease | N
   there and released when the block ends. Process 0 holds it; every process learns whether it got it, so a
   refused job stops everywhere with the one line (errors.InUseError) instead of hanging at the first collective.
   Yields the lease on process 0, None on the others."""
-  workdir = paths.resolve(workdir, '--workdir')
+  workdir = paths.resolved(workdir, '--workdir')
   if paths.local(workdir) and workdir.exists() and not workdir.is_dir():
     check_workdir(workdir)  # the one line for a workdir that is a file
   held, refused = None, None
@@ -127,7 +127,7 @@ class TrainingSession:
     wandb: Any = None,
   ):
     require_resolved(cfg.model)  # every checkpoint records this config: the kernel it ran, never 'auto'
-    self.workdir = paths.resolve(workdir, '--workdir')
+    self.workdir = paths.resolved(workdir, '--workdir')
     self.lease = lease  # checked before every save: a job whose lease was taken over writes nothing more
     self.cfg, self.data_position = cfg, data_position
     self.keep, self.async_save = keep, async_save
