@@ -147,7 +147,7 @@ def export_sentence_transformer(
 def export_run(workdir: str | Path, output: str | Path, *, overwrite: bool = False) -> Path:
   """Exports a fine-tuning workdir's best checkpoint in the format its task calls for."""
   check_output_dir(output, overwrite)
-  workdir = paths.resolve(workdir, '--run')
+  workdir = paths.resolved(workdir, '--run')
   if not (workdir / runs.CONFIG_FILE).is_file():
     raise errors.ExportError(
       f'--run {workdir}: no config.json; give a workdir written by python -m neobert_jax.finetune'

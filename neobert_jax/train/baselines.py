@@ -143,9 +143,8 @@ _TRAIN_SAMPLE_TOKENS = 20_000_000
 def context_baselines(
   data_cfg: ml_collections.ConfigDict, seq_len: int, mask_rate: float, count: bool = True
 ) -> dict[str, Any] | None:
-  """The bars to clear (train/baselines.py), from the held-out split and at most 20M tokens of the training split:
-  {'held_out', 'train'} unigram cross-entropies and 'neighbours' {'loss', 'accuracy', 'k'} at `mask_rate`. With
-  `count` False, only a result already cached (None if there is none): nothing is read."""
+  """{'held_out', 'train'} unigram cross-entropies and 'neighbours' at `mask_rate`, from the held-out split and at
+  most 20M tokens of the training split; with `count` False only a cached result (else None)."""
   manifest = prepared.open_prepared(data_cfg, seq_len)[1]
   # The manifest names every shard by its sha256, so it and the arguments pin the result: a re-run, a resume and
   # every run on the same prepared data read it back instead of counting again.
@@ -172,11 +171,9 @@ def source_baselines(
   when: str,
   sources: prepared.Sources | None = None,
 ) -> dict[str, dict]:
-  """The bars of each source (`sources`: the run's, default opened here): its own held-out split and training
-  sample, as context_baselines computes them for one directory. A source without a held-out split has none, nor a
-  mixture's source the run read record by record from a bucket unless `when` (eval.baselines) is 'on' or they are
-  cached: counting its training sample would read more of it than the run did, and its bytes would no longer
-  follow the weights."""
+  """Each source's bars, from its own splits. A mixture's source that the run read record by record from a bucket
+  gets none unless eval.baselines (`when`) is 'on' or they are cached: its training sample would read more of it
+  than the run did."""
   sources = sources or prepared.open_data(data_cfg, seq_len)
   out = {}
   for name in sources.with_eval() if when != 'off' else ():

@@ -83,14 +83,8 @@ KINDS = {
 def fill_mask(
   hf_dir: str, data_cfg: ml_collections.ConfigDict, seq_len: int, n: int = 200, top: int = 5, shown: int = 12
 ) -> dict[str, Any]:
-  """Fill-mask through the export and transformers, one blank per row, three ways:
-    * 'tokens': any token of a held-out training-length row (the context the model learned from: up to
-      `seq_len` tokens around the blank);
-    * 'words': a whole word of such a row (the harder ask: no punctuation or word pieces);
-    * 'sentences': any token of a held-out sentence on its own (8 to `seq_len` - 2 tokens of context, as a
-      pipeline user would type one).
-  Returns per kind how many answers were first and how many in the top `top` (over 200 rows a rate moves by
-  about 0.035 per standard error), and one line per whole-word row showing `shown` tokens each side."""
+  """Per kind of KINDS, how many of `n` blanks the export guessed first and in its top `top` (over 200 rows a rate
+  moves by about 0.035 per standard error), and one line per whole-word row showing `shown` tokens each side."""
   import torch  # pylint: disable=g-import-not-at-top
   from transformers import AutoModelForMaskedLM, AutoTokenizer  # pylint: disable=g-import-not-at-top
 
