@@ -111,7 +111,7 @@ def test_a_run_on_a_mixture_evaluates_each_source_and_resumes_bit_for_bit(root, 
   assert last['loss'] == pytest.approx(sum(w * last[f'{n}/loss'] for n, w in weights.items()))
   lines = [json.loads(x) for x in (tmp_path / 'full' / 'metrics.jsonl').read_text().splitlines()]
   assert {'eval/a/loss', 'eval/a/accuracy', 'eval/b/loss', 'eval/b/accuracy', 'eval/loss'} <= set(lines[-1])
-  curve = report.loss_curve(tmp_path / 'full')[-1]  # loss_curve.md's rows: a column per source
+  curve = runs.loss_curve(tmp_path / 'full')[-1]  # loss_curve.md's rows: a column per source
   assert curve['a/loss'] == last['a/loss'] and curve['b/loss'] == last['b/loss'] and 'loss' not in curve
   with pytest.raises(Crash):
     train_only(_train_config(mixture), tmp_path / 'part', on_step=_crash_after(4))
