@@ -349,7 +349,7 @@ class Lease:
 def acquire(directory: paths.PathLike, what: str, run_id: str = '', timeout: float | None = None) -> Lease:
   """The lease on `directory` (`what`: the flag that named it), held until `release`; errors.InUseError when a live
   job holds it, errors.StorageError when it cannot be written."""
-  directory = paths.resolve(directory, what)
+  directory = paths.resolved(directory, what)
   created = paths.local(directory) and not directory.exists()
   try:
     if created:

@@ -54,6 +54,12 @@ def resolve(path: PathLike, what: str = 'path') -> epath.Path:
   return epath.Path(LocalPath(text).expanduser().resolve())
 
 
+def resolved(path: PathLike, what: str = 'path') -> epath.Path:
+  """`path` as resolve gives it; an epath.Path is taken as already resolved (a job resolves its workdir once and
+  hands the result down)."""
+  return path if isinstance(path, epath.Path) else resolve(path, what)
+
+
 def local(path: epath.Path) -> bool:
   return not is_url(path)
 

@@ -16,7 +16,7 @@ from neobert_jax.config import data as data_config
 from neobert_jax.data import pipeline
 from tests.support import synthetic_data
 from neobert_jax.data.pipeline import factories, prepared
-from neobert_jax.train import report
+from neobert_jax.train import baselines, report
 from tests.support.tiny_train import assert_identical_params, tiny_config, train_only
 from neobert_jax.weights import runs
 
@@ -111,7 +111,7 @@ def test_a_run_on_a_mixture_evaluates_each_source_and_resumes_bit_for_bit(root, 
   assert last['loss'] == pytest.approx(sum(w * last[f'{n}/loss'] for n, w in weights.items()))
   lines = [json.loads(x) for x in (tmp_path / 'full' / 'metrics.jsonl').read_text().splitlines()]
   assert {'eval/a/loss', 'eval/a/accuracy', 'eval/b/loss', 'eval/b/accuracy', 'eval/loss'} <= set(lines[-1])
-  curve = report.loss_curve(tmp_path / 'full')[-1]  # loss_curve.md's rows: a column per source
+  curve = runs.loss_curve(tmp_path / 'full')[-1]  # loss_curve.md's rows: a column per source
   assert curve['a/loss'] == last['a/loss'] and curve['b/loss'] == last['b/loss'] and 'loss' not in curve
   with pytest.raises(Crash):
     train_only(_train_config(mixture), tmp_path / 'part', on_step=_crash_after(4))
@@ -150,10 +150,10 @@ def test_the_report_gives_each_source_its_own_baselines_next_to_its_loss(root, t
 
   cfg = _train_config(_mixture(root, {'a': 0.7, 'b': 0.3}))
   rate = train_config.eval_mask_rate(cfg)
-  per = report.source_baselines(cfg.data, SEQ, rate, 'auto')
+  per = baselines.source_baselines(cfg.data, SEQ, rate, 'auto')
   assert sorted(per) == ['a', 'b']
   for n in 'ab':  # each source's bars are those of that source read alone, from its own held-out split
-    assert per[n] == report.context_baselines(data_config.source_config(cfg.data, str(root / n)), SEQ, rate)
+    assert per[n] == baselines.context_baselines(data_config.source_config(cfg.data, str(root / n)), SEQ, rate)
   assert per['a']['held_out'] != per['b']['held_out']
   evals = [{'step': 6, 'loss': 5.0, 'accuracy': 0.1, 'a/loss': 4.0, 'b/loss': 6.0}]
   with caplog.at_level('INFO', logger='neobert_jax.train'):

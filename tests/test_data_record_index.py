@@ -136,7 +136,7 @@ def test_a_damaged_index_or_data_without_indexes_is_one_line(gcs, tmp_path):
 
 @pytest.mark.server
 def test_the_report_reads_no_training_text_of_a_source_read_record_by_record(gcs, tmp_path, caplog, monkeypatch):
-  from neobert_jax.train import report
+  from neobert_jax.train import baselines
 
   url = f'{gcs}/record-index-report'
   _publish(tmp_path, url, n=400, vocab=2048)  # a small vocabulary: the neighbour counts take 1 s, not 40
@@ -145,9 +145,9 @@ def test_the_report_reads_no_training_text_of_a_source_read_record_by_record(gcs
   cfg.mixture = f'{url}/mix.json'
   monkeypatch.setenv('NEOBERT_JAX_CACHE', str(tmp_path / 'cache'))  # nothing cached from an earlier run
   with caplog.at_level('INFO', logger='neobert_jax.train'):
-    assert report.source_baselines(cfg, 1024, 0.2, 'auto') == {}
+    assert baselines.source_baselines(cfg, 1024, 0.2, 'auto') == {}
   assert "source 'only': no baselines (its training split is read record by record" in caplog.text
-  bars = report.source_baselines(cfg, 1024, 0.2, 'on')['only']
+  bars = baselines.source_baselines(cfg, 1024, 0.2, 'on')['only']
   assert set(bars) == {'held_out', 'train', 'neighbours'}
-  assert report.source_baselines(cfg, 1024, 0.2, 'auto') == {'only': bars}  # cached now: read back, nothing read
-  assert report.source_baselines(cfg, 1024, 0.2, 'off') == {}
+  assert baselines.source_baselines(cfg, 1024, 0.2, 'auto') == {'only': bars}  # cached now: read back, nothing read
+  assert baselines.source_baselines(cfg, 1024, 0.2, 'off') == {}

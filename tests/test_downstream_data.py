@@ -10,8 +10,8 @@ import pyarrow.parquet as pq
 import pytest
 from flax import nnx
 
+from neobert_jax.jobs import finetune as finetune_job
 from neobert_jax.downstream import batching, tables
-from neobert_jax.finetune import job
 from neobert_jax.config.finetune import base_config
 from neobert_jax.model import NeoBERTForMLM, default_model_config
 from neobert_jax.engine import checkpoint as ckpt
@@ -94,7 +94,7 @@ def test_finetune_starts_from_a_pretraining_checkpoint(tmp_path):
   cfg.train.num_steps, cfg.train.batch_size, cfg.train.eval_batch_size = 1, 8, 8
   cfg.optimizer.lr = 1e-3  # one step at warmup's rate 0: the encoder must come out exactly as it went in
   cfg.logging.progress_bar = False
-  job.finetune(cfg, tmp_path / 'ft')
+  finetune_job.finetune(cfg, tmp_path / 'ft')
   saved = json.loads((tmp_path / 'ft' / 'config.json').read_text())
   assert saved['model']['hidden_size'] == 32 and saved['data']['tokenizer'] == 'bert-base-uncased'
   _, tuned = runs.restore_params(tmp_path / 'ft')

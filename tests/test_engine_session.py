@@ -2,7 +2,7 @@
 the default checkpoint hook and the final save, what it writes and when, and its closing, on the tiny MLM model,
 one device.
 
-The tasks' own runs (train/pretraining.py, finetune/job.py) are tested end to end by the train and downstream tests;
+The tasks' own runs (train/pretraining.py, jobs/finetune.py) are tested end to end by the train and downstream tests;
 these check the engine's part on its own.
 """
 

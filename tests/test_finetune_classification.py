@@ -8,9 +8,10 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from neobert_jax.jobs import finetune as finetune_job
 from neobert_jax import errors
 from neobert_jax.downstream import heads
-from neobert_jax.finetune import job, labels
+from neobert_jax.finetune import labels
 from neobert_jax.config.finetune import base_config
 from neobert_jax.weights import place, runs
 
@@ -42,7 +43,7 @@ def bbc_run(tmp_path_factory):
   cfg.data.validation_fraction = 0.25
   cfg.train.epochs = 6
   cfg.export.dir = str(root / 'hf')
-  return root / 'run', job.finetune(cfg, root / 'run'), root / 'hf'
+  return root / 'run', finetune_job.finetune(cfg, root / 'run'), root / 'hf'
 
 
 @pytest.mark.slow

@@ -8,9 +8,10 @@ import numpy as np
 import pytest
 from jax.sharding import NamedSharding, PartitionSpec as P
 
+from neobert_jax.jobs import finetune as finetune_job
 from neobert_jax import errors
 from neobert_jax import sharding as shd
-from neobert_jax.finetune import contrastive, job
+from neobert_jax.finetune import contrastive
 from neobert_jax.config.finetune import base_config
 
 
@@ -95,7 +96,7 @@ def bbc_pairs_run(tmp_path_factory):
   cfg.optimizer.lr = 2e-3
   cfg.logging.progress_bar = False
   cfg.export.dir = str(root / 'st')
-  return root, job.finetune(cfg, root / 'run')
+  return root, finetune_job.finetune(cfg, root / 'run')
 
 
 @pytest.mark.slow

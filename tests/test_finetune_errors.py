@@ -11,7 +11,7 @@ import pytest
 from flax import nnx
 
 from neobert_jax import errors
-from neobert_jax.finetune import job as finetune_job
+from neobert_jax.jobs import finetune as finetune_job
 from neobert_jax.config.finetune import base_config
 from tests.support.commands import reported
 

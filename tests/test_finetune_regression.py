@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from neobert_jax.finetune import job, labels, metrics
+from neobert_jax.jobs import finetune as finetune_job
+from neobert_jax.finetune import labels, metrics
 from neobert_jax.config.finetune import base_config
 
 
@@ -63,7 +64,7 @@ def test_regression_learns_a_synthetic_target(tmp_path):
   cfg.optimizer.lr = 2e-3
   cfg.head.dropout = 0.0
   cfg.logging.progress_bar = False
-  results = job.finetune(cfg, tmp_path / 'run')
+  results = finetune_job.finetune(cfg, tmp_path / 'run')
   best = results['best']['metrics']
   assert results['kind'] == 'regression' and results['metric'] == 'spearman'
   assert best['spearman'] > 0.8 and best['pearson'] > 0.8, results['evals']

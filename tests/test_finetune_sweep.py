@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from neobert_jax.finetune import sweep
+from neobert_jax.jobs import finetune as sweep
 from neobert_jax.config.finetune import base_config
 
 

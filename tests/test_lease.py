@@ -164,7 +164,7 @@ def test_two_prepare_builds_into_one_output_are_refused(tmp_path, engine, capsys
 
 def test_finetune_on_a_live_workdir_is_refused_before_its_config_is_read(tmp_path):
   from neobert_jax.config.finetune import base_config
-  from neobert_jax.finetune import job as finetune_job
+  from neobert_jax.jobs import finetune as finetune_job
 
   workdir = tmp_path / 'cls'
   child = _holder(str(workdir), 60)

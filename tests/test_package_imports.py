@@ -353,7 +353,7 @@ def _imported_modules(path: pathlib.Path) -> set[str]:
 
 
 def test_no_test_or_benchmark_imports_a_main_and_every_main_is_flags():
-  """Commands are jobs (neobert_jax/jobs/, finetune/job.py) that tests and benchmarks call; a command's __main__.py
+  """Commands are jobs (neobert_jax/jobs/) that tests and benchmarks call; a command's __main__.py
   holds its flags and calls its job, and nothing but the console scripts (cli.py) imports it."""
   users = sorted(
     f'{p.relative_to(PKG.parent)}: {m}'

@@ -125,7 +125,7 @@ def test_the_same_command_on_the_finished_run_only_exports_again(main_job):
 _ANOTHER_MACHINE = """
 import sys
 from neobert_jax import config as config_lib, embed
-from neobert_jax.finetune import job, sweep
+from neobert_jax.jobs import finetune as finetune_job
 from neobert_jax.jobs import convert, evaluate
 
 run, bucket = sys.argv[1:3]
@@ -137,10 +137,10 @@ cfg = config_lib.load('configs/finetune_classification.py', {
   'logging.progress_bar': False,
 })
 cfg.export.dir = f'{bucket}/ft/hf'
-job.finetune(cfg, f'{bucket}/ft/run')
+finetune_job.finetune(cfg, f'{bucket}/ft/run')
 cfg.export.dir = ''
 # the point is the fine-tuning's own rate, batch and decay: its train step is read back from the compilation cache
-sweep.run_sweep(cfg, f'{bucket}/sweep', [2e-5], [32], [1e-2])
+finetune_job.run_sweep(cfg, f'{bucket}/sweep', [2e-5], [32], [1e-2])
 assert embed.main([f'--model={run}', f'--input={bucket}/texts.txt', f'--output={bucket}/emb.npy', '--no-progress']) == 0
 evaluate.pppl(run, f'{bucket}/texts.txt', per_document=f'{bucket}/pppl.jsonl', progress=False)
 convert.to_pytorch(run, f'{bucket}/hf2')
@@ -151,7 +151,7 @@ def test_fine_tuning_a_sweep_embedding_evaluation_and_export_from_the_bucket_run
   """Another machine: nothing of the run's tokenizer or data in its cache. Every job reads the run from the bucket,
   takes the tokenizer the run carries, and writes its outputs to the bucket."""
   from neobert_jax.data import labelled  # pylint: disable=g-import-not-at-top
-  from neobert_jax.finetune import sweep  # pylint: disable=g-import-not-at-top
+  from neobert_jax.jobs import finetune as finetune_job  # pylint: disable=g-import-not-at-top
 
   run = main_job[0]
   bucket = run.rsplit('/', 1)[0]
@@ -182,8 +182,8 @@ def test_fine_tuning_a_sweep_embedding_evaluation_and_export_from_the_bucket_run
   assert (ft / 'labels.json').is_file()
   assert (paths.resolve(f'{bucket}/ft/hf') / 'tokenizer.json').is_file()
   root = paths.resolve(f'{bucket}/sweep')
-  summary = json.loads((root / sweep.SUMMARY_FILE).read_text())
-  assert len(summary['rows']) == 1 and (root / sweep.point_name(2e-5, 32, 1e-2) / 'results.json').is_file()
+  summary = json.loads((root / finetune_job.SUMMARY_FILE).read_text())
+  assert len(summary['rows']) == 1 and (root / finetune_job.point_name(2e-5, 32, 1e-2) / 'results.json').is_file()
   emb = np.load(io.BytesIO(paths.resolve(f'{bucket}/emb.npy').read_bytes()))
   assert emb.shape == (12, 128) and np.isfinite(emb).all()
   per_document = paths.resolve(f'{bucket}/pppl.jsonl').read_text().splitlines()

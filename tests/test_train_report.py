@@ -9,7 +9,7 @@ import pytest
 
 from neobert_jax.config import data as config_lib
 from tests.support import synthetic_data
-from neobert_jax.train import baselines, report
+from neobert_jax.train import baselines, curve, fill_mask
 
 
 def test_unigram_cross_entropy_is_the_entropy_of_the_held_out_non_special_tokens(tmp_path):
@@ -26,7 +26,7 @@ def test_unigram_cross_entropy_is_the_entropy_of_the_held_out_non_special_tokens
   cfg.dir = str(tmp_path)
   counts = np.array([1, 1, 1, 1, 8, 4])  # four doc ids once each, 500 eight times, 501 four times
   p = counts / 16
-  got = report.context_baselines(cfg, 16, mask_rate=0.4)
+  got = baselines.context_baselines(cfg, 16, mask_rate=0.4)
   assert got['held_out'] == pytest.approx(float(-(p * np.log(p)).sum()))
   q = (counts + 1) / (16 + 30522)  # the training split holds the same documents; add-one over the vocabulary
   assert got['train'] == pytest.approx(float(-(counts * np.log(q)).sum() / 16))
@@ -44,11 +44,11 @@ def test_baselines_are_computed_once_per_prepared_data_and_mask_rate(tmp_path, m
   for name, eval_docs in (('a', docs[:2]), ('b', [np.array([101, 2000, 2000, 2000, 501, 102], np.int32)])):
     synthetic_data.write_prepared(str(tmp_path / name), docs, max_length=16, eval_docs=eval_docs)
   cfg.dir = str(tmp_path / 'a')
-  first = report.context_baselines(cfg, 16, mask_rate=0.4)
-  assert report.context_baselines(cfg, 16, mask_rate=0.4) == first and calls == [0.4]
-  report.context_baselines(cfg, 16, mask_rate=0.2)
+  first = baselines.context_baselines(cfg, 16, mask_rate=0.4)
+  assert baselines.context_baselines(cfg, 16, mask_rate=0.4) == first and calls == [0.4]
+  baselines.context_baselines(cfg, 16, mask_rate=0.2)
   cfg.dir = str(tmp_path / 'b')
-  other = report.context_baselines(cfg, 16, mask_rate=0.4)
+  other = baselines.context_baselines(cfg, 16, mask_rate=0.4)
   assert calls == [0.4, 0.2, 0.4] and other['held_out'] != first['held_out']
   assert len(list((tmp_path / 'cache' / 'baselines').glob('*.json'))) == 3
 
@@ -62,13 +62,13 @@ def test_loss_curve_table_keeps_held_out_rows_and_the_unigram_line(tmp_path):
   ]
   (tmp_path / 'metrics.jsonl').write_text('\n'.join(json.dumps(r) for r in rows) + '\n')
   bars = {'held_out': math.log(800), 'train': 7.0, 'neighbours': {'loss': 5.25, 'accuracy': 0.125, 'k': 0.1}}
-  text = report.write_curve_table(tmp_path, bars, every=40).read_text()
+  text = curve.write_table(tmp_path, bars, every=40).read_text()
   assert '(context-free): 6.685 (its own token frequencies), 7.000' in text
   assert "evaluation's rate, k=0.1): 5.250, accuracy 0.125" in text
   assert '- probe/fine_food: a random init of this shape scores 0.660' in text
   assert '| 50 | 5.000 | 6.500 | 0.100 |  |' in text and '| 100 | 0.000 | 6.000 | 0.200 | 0.700 |' in text
   assert '| 40 | 6.000 |  |  |  |' in text and '| 30 |' not in text
-  png = report.write_curve_plot(tmp_path, bars)
+  png = curve.write_plot(tmp_path, bars)
   assert png.read_bytes()[:8] == b'\x89PNG\r\n\x1a\n'
 
 
@@ -140,7 +140,7 @@ def test_fill_mask_blanks_one_token_per_row_and_whole_words_only_when_asked(tmp_
   records = [np.asarray(ids, np.int32)] * 30 + [np.asarray(ids[:10], np.int32)]  # one row too short to use
   pieces = tok.convert_ids_to_tokens(ids[1:-1][:width])
   for words_only in (False, True):
-    blanked = report._blank_rows(records, tok, width, 20, np.random.default_rng(3), words_only)
+    blanked = fill_mask.blank_rows(records, tok, width, 20, np.random.default_rng(3), words_only)
     assert len(blanked) == 20
     for row, blank, answer in blanked:
       assert len(row) == width + 2 and row[0] == tok.cls_token_id and row[-1] == tok.sep_token_id
@@ -160,7 +160,7 @@ def test_fill_mask_sentences_are_cut_at_sentence_ends_and_stand_alone(tmp_path):
   # Sentences of 8 tokens ('the king is dead , the king .') and of 3 ('the king !', too short to ask about).
   doc = tok('the king is dead , the king . the king ! the king is dead , the king ?')['input_ids']
   records = [np.asarray(doc, np.int32)] * 5
-  blanked = report._blank_sentences(records, tok, 20, 100, np.random.default_rng(0))
+  blanked = fill_mask.blank_sentences(records, tok, 20, 100, np.random.default_rng(0))
   assert len(blanked) == 10  # two long sentences a document, all there are
   whole = tok.convert_ids_to_tokens(tok('the king is dead , the king .')['input_ids'][1:-1])
   for row, blank, answer in blanked:
@@ -169,4 +169,4 @@ def test_fill_mask_sentences_are_cut_at_sentence_ends_and_stand_alone(tmp_path):
     filled = tok.convert_ids_to_tokens(row[1:-1])
     filled[blank - 1] = answer
     assert filled[:7] == whole[:7] and filled[7] in ('.', '?')  # the sentence itself, its end mark kept
-  assert len(report._blank_sentences(records, tok, 7, 100, np.random.default_rng(0))) == 0  # longer than allowed
+  assert len(fill_mask.blank_sentences(records, tok, 7, 100, np.random.default_rng(0))) == 0  # longer than allowed

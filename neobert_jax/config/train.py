@@ -407,7 +407,7 @@ def _validate_optimizer(o: ml_collections.ConfigDict, num_steps: int) -> None:
 
 def write(cfg: ml_collections.ConfigDict, workdir: str | Path) -> Path:
   """WORKDIR/config.json (process 0 writes; every process may call)."""
-  path = paths.resolve(workdir, '--workdir') / 'config.json'
+  path = paths.resolved(workdir, '--workdir') / 'config.json'
   if jax.process_index() == 0:
     path.parent.mkdir(parents=True, exist_ok=True)
     paths.write_text(path, json.dumps(cfg.to_dict(), indent=2, sort_keys=True) + '\n')

@@ -40,7 +40,7 @@ def make_manager(
 ) -> ocp.CheckpointManager:
   """The run's manager; `on_saved()` runs in Orbax's thread when a background save has committed.
   Directories are created in the calling thread, so a bucket that stays down fails the save there, as one line."""
-  directory = paths.resolve(workdir, '--workdir') / runs.CHECKPOINT_SUBDIR
+  directory = paths.resolved(workdir, '--workdir') / runs.CHECKPOINT_SUBDIR
   runs.use_bucket_budget()
   options = ocp.CheckpointManagerOptions(
     max_to_keep=keep,

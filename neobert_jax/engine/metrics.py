@@ -193,7 +193,7 @@ class MetricsWriter:
     self._wandb = None
     if not self.active:
       return
-    remote = paths.resolve(workdir, '--workdir')
+    remote = paths.resolved(workdir, '--workdir')
     self.mirror = paths.Mirror(remote, paths.cache_dir('mirror', paths.url_key(remote)))
     self.mirror.pull((METRICS_FILE, *FILES.values()))
     local = self.mirror.path

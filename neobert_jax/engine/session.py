@@ -54,7 +54,7 @@ def claim(workdir: str | Path, run_id: str = '') -> Iterator[lease_lib.Lease | N
 
   Every process learns whether it was taken, so a refused job stops everywhere with one line instead of hanging
   at the first collective."""
-  workdir = paths.resolve(workdir, '--workdir')
+  workdir = paths.resolved(workdir, '--workdir')
   if paths.local(workdir) and workdir.exists() and not workdir.is_dir():
     check_workdir(workdir)  # the one line for a workdir that is a file
   held, refused = None, None
@@ -107,7 +107,7 @@ class TrainingSession:
     wandb: Any = None,
   ):
     require_resolved(cfg.model)  # every checkpoint records this config: the kernel it ran, never 'auto'
-    self.workdir = paths.resolve(workdir, '--workdir')
+    self.workdir = paths.resolved(workdir, '--workdir')
     self.lease = lease  # checked before every save: a job whose lease was taken over writes nothing more
     self.cfg, self.data_position = cfg, data_position
     self.keep, self.async_save = keep, async_save

@@ -9,12 +9,10 @@ status (neobert_jax/errors.py), having written nothing; a non-finite loss exits 
 
 from __future__ import annotations
 
-import sys
-
 from absl import flags
 from ml_collections import config_flags
 
-from neobert_jax import commandline, errors
+from neobert_jax import commandline
 
 _PROG = 'finetune'
 _FLAGS = flags.FlagValues()  # this command's own, as train's: several commands can be imported in one process
@@ -29,29 +27,6 @@ _WORKDIR = flags.DEFINE_string(
 )
 
 
-def run_cli(cfg, workdir: str) -> int:
-  """Runs a fine-tuning job and prints its outcome; the exit status: 0, 3 diverged, or an expected error's (reported
-  in one line, `finetune: <kind>: ...`)."""
-  from neobert_jax.finetune import job  # pylint: disable=g-import-not-at-top
-
-  try:
-    with errors.reported(_PROG, errors.take_debug_flag([])):
-      results = job.finetune(cfg, workdir)
-  except SystemExit as e:  # the expected error, already reported
-    return e.code
-  except FloatingPointError as e:
-    print(f'{_PROG}: stopped: {e}', file=sys.stderr)
-    return 3
-  best, final = results['best'], results['final']
-  metric = results['metric']
-  print(
-    f'finished {results["num_steps"]} steps; best {metric} {best["metrics"][metric]:.4f} at step '
-    f'{best["step"]}, final {final["metrics"][metric]:.4f}; results {workdir}/results.json'
-    + (f'; exported {results["export"]}' if 'export' in results else '')
-  )
-  return 0
-
-
 def main(argv: list[str]) -> int:
   del argv  # run() refuses positional arguments
   from neobert_jax import distributed, jax_compat  # pylint: disable=g-import-not-at-top
@@ -59,7 +34,9 @@ def main(argv: list[str]) -> int:
   distributed.initialize()
   commandline.configure_logging()
   jax_compat.quiet_backend_probe()  # no "Unable to initialize backend 'tpu'" line at INFO on CPU / GPU machines
-  return run_cli(_CONFIG.value, _WORKDIR.value)
+  from neobert_jax.jobs import finetune as finetune_job  # pylint: disable=g-import-not-at-top
+
+  return finetune_job.command(_CONFIG.value, _WORKDIR.value)
 
 
 def run() -> None:

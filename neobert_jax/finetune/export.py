@@ -1,21 +1,10 @@
-"""Fine-tuned NeoBERT -> directories that PyTorch users load offline with remote code.
-
-* classification / regression -> a Hugging Face directory for
-  `AutoModelForSequenceClassification.from_pretrained(dir, trust_remote_code=True)` (model.py's
-  NeoBERTForSequenceClassification), config.json carrying id2label / label2id / problem_type;
-* contrastive (embeddings) -> a sentence-transformers directory (Transformer -> Pooling -> Normalize) for
-  `SentenceTransformer(dir, trust_remote_code=True)`, whose Transformer is model.py's base NeoBERT.
-
-The encoder's weights go through the same mapping as the MLM export (weights/hf.py); the head adds four
-tensors. Directories are written by the one Hugging Face directory writer (convert/export_hf.write_hf_dir),
-atomically like every other export.
-The fine-tuning job (finetune/job.py) calls export_run at the end of a run with export.dir set; by hand:
+"""Fine-tuned NeoBERT -> directories that PyTorch users load offline with remote code: classification / regression
+as a Hugging Face `AutoModelForSequenceClassification` directory (id2label, label2id, problem_type), contrastive as
+a sentence-transformers directory (Transformer -> Pooling -> Normalize). The encoder goes through the MLM export's
+mapping (weights/hf.py) and the one directory writer (convert/export_hf.write_hf_dir). The job calls export_run
+when export.dir is set; by hand:
 
   python -m neobert_jax.finetune.export --run WORKDIR --output DIR [--overwrite] [--debug]
-
-Owns the fine-tuned model's export formats. Lives in finetune/ because it reads the run's label spec
-(finetune/labels.py) and builds on convert/ (the Hugging Face layout, atomic directories); convert/ never imports
-finetune/.
 """
 
 from __future__ import annotations
@@ -158,7 +147,7 @@ def export_sentence_transformer(
 def export_run(workdir: str | Path, output: str | Path, *, overwrite: bool = False) -> Path:
   """Exports a fine-tuning workdir's best checkpoint in the format its task calls for."""
   check_output_dir(output, overwrite)
-  workdir = paths.resolve(workdir, '--run')
+  workdir = paths.resolved(workdir, '--run')
   if not (workdir / runs.CONFIG_FILE).is_file():
     raise errors.ExportError(
       f'--run {workdir}: no config.json; give a workdir written by python -m neobert_jax.finetune'

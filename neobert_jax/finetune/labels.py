@@ -89,10 +89,10 @@ def check_same_labels(spec: LabelSpec, val_values: Sequence[Any], where: str) ->
 
 
 def save(spec: LabelSpec, workdir: str | Path) -> Path:
-  path = paths.resolve(workdir) / LABELS_FILE
+  path = paths.resolved(workdir) / LABELS_FILE
   paths.write_text(path, json.dumps(spec.to_json(), indent=2) + '\n')
   return path
 
 
 def load(workdir: str | Path) -> LabelSpec:
-  return LabelSpec.from_json(json.loads((paths.resolve(workdir) / LABELS_FILE).read_text()))
+  return LabelSpec.from_json(json.loads((paths.resolved(workdir) / LABELS_FILE).read_text()))

@@ -1,19 +1,20 @@
-"""The pretraining job: `python -m neobert_jax.train` runs `pretrain`, and so do the tests and benchmarks that run
-the README's main job.
+"""The pretraining job, `python -m neobert_jax.train`'s: the workdir's lease, training (train/pretraining.py), then the
+end-of-run steps: the Hugging Face export (convert/), the report (train/report.py) and the export's model card.
 
-It joins train/ (training, the report) and convert/ (the Hugging Face export), which do not import each other
-(tests/test_package_imports.py), so it lives above both.
+It joins train/ and convert/, which do not import each other (tests/test_package_imports.py), so it lives above both.
 """
 
 from __future__ import annotations
 
 import logging
+import sys
 from pathlib import Path
 from typing import Callable
 
 import jax
 import ml_collections
 
+from neobert_jax import errors, paths
 from neobert_jax.convert import export_hf, model_card
 from neobert_jax.engine import session
 from neobert_jax.train import pretraining, report
@@ -22,31 +23,64 @@ log = logging.getLogger('neobert_jax.train')
 
 
 def export(cfg: ml_collections.ConfigDict, workdir: str | Path) -> Path:
-  """Writes the run's latest checkpoint, with the tokenizer the run carries (weights/runs.py: WORKDIR/tokenizer/),
-  as a Hugging Face NeoBERT directory. The directory belongs to this run, so a re-run replaces it (the converter
-  writes it atomically)."""
+  """The run's latest checkpoint, with the tokenizer it carries, as a Hugging Face NeoBERT directory
+  (export.hf_dir), replaced on a re-run (the converter writes it atomically)."""
   out = export_hf.export_checkpoint(workdir, cfg.export.hf_dir, overwrite=True, use_ema=cfg.export.use_ema)
   log.info('exported Hugging Face model to %s', out)
   return out
 
 
+def _export(result: pretraining.RunResult) -> None:
+  if result.config.export.hf_dir:
+    export(result.config, result.workdir)
+
+
+def _report(result: pretraining.RunResult) -> None:
+  if result.final_step > 0:
+    result.report = report.report(result.config, result.workdir, result.evals, result.sources)
+
+
+def _card(result: pretraining.RunResult) -> None:
+  if result.config.export.hf_dir and result.final_step > 0:  # it quotes the report's baselines, copies its curve
+    model_card.refresh(result.config.export.hf_dir, result.workdir)
+
+
+END_OF_RUN = (_export, _report, _card)  # in order, on process 0 of a run that SIGTERM did not stop
+
+
 def pretrain(
   cfg: ml_collections.ConfigDict, workdir: str | Path, on_step: Callable[[int], None] | None = None
 ) -> pretraining.RunResult:
-  """The job, end to end, under one lease on the workdir (engine/session.claim, taken before anything there is read
-  or written): train (train/pretraining.train: resume or initialise, step, checkpoint), then, on process 0 and
-  unless SIGTERM stopped the run, the Hugging Face export of the final checkpoint (export.hf_dir), then the report
-  (train/report.py: held-out loss against the baselines, the loss curve, fill-mask examples through that export).
-  Re-running a finished run trains nothing and only exports (and reports) again. Returns the RunResult, with the
-  config as the run resolved it."""
+  """The job under one lease on the workdir, taken before anything there is read or written: train, then the
+  END_OF_RUN steps. Re-running a finished run trains nothing and only exports (and reports) again."""
+  workdir = paths.resolve(workdir, '--workdir')  # the one resolution of the job's workdir
   with session.claim(workdir, cfg.run_id) as lease:
     result = pretraining.train(cfg, workdir, lease, on_step)
-    if result.preempted or jax.process_index() != 0:
-      return result
-    if result.config.export.hf_dir:
-      export(result.config, result.workdir)
-    if result.final_step > 0:
-      result.report = report.report(result.config, result.workdir, result.evals, result.sources)
-      if result.config.export.hf_dir:  # the card quotes the report's baselines and copies its curve
-        model_card.refresh(result.config.export.hf_dir, result.workdir)
+    if not result.preempted and jax.process_index() == 0:
+      for step in END_OF_RUN:
+        step(result)
     return result
+
+
+def command(cfg: ml_collections.ConfigDict, workdir: str) -> int:
+  """The train command: the job, its outcome printed on process 0; the exit status (3: diverged)."""
+  try:
+    result = pretrain(cfg, workdir)
+  except errors.TrainingDiverged as e:
+    print(f'training stopped: {e}', file=sys.stderr)
+    return 3
+  if jax.process_index() == 0:
+    w = result.workdir
+    where = [f'workdir {w}', f'checkpoints {w / "checkpoints"}', f'metrics {w / "metrics.jsonl"}']
+    where.append(f'tensorboard {w / "tensorboard"}')
+    if result.config.export.hf_dir and not result.preempted:
+      where.append(f'Hugging Face model {result.config.export.hf_dir}')
+    status = 'preempted (SIGTERM), resumable' if result.preempted else 'finished'
+    print(f'{status} at step {result.final_step}; ' + '; '.join(where))
+    if result.evals:
+      first, last = result.evals[0], result.evals[-1]
+      print(
+        f'held-out MLM loss {first["loss"]:.3f} (step {first["step"]}) -> {last["loss"]:.3f} '
+        f'(step {last["step"]}), accuracy {last["accuracy"]:.3f}'
+      )
+  return 0

@@ -7,15 +7,13 @@ and exits with status 0; a non-finite loss exits with status 3 naming the last g
 (config, data, checkpoint, export, distributed: neobert_jax/errors.py) is one line on stderr with its own exit
 status; --debug shows the traceback instead. `neobert-train` and the repository's train.py run this same `run()`.
 
-This module holds only the flags; the job is neobert_jax/jobs/pretrain.pretrain (the workdir's lease, then
-train/pretraining.train, the Hugging Face export and the report), imported when it runs, so that `--help` and a
-bad flag do not pay for jax.
+This module holds only the flags; the job is neobert_jax/jobs/pretrain.py, imported when it runs, so that `--help`
+and a bad flag do not pay for jax.
 """
 
 from __future__ import annotations
 
 import logging
-import sys
 from absl import flags
 from ml_collections import config_flags
 
@@ -45,29 +43,7 @@ def main(argv: list[str]) -> int:
   commandline.configure_logging(logging.INFO if jax.process_index() == 0 else logging.WARNING)
   from neobert_jax.jobs import pretrain as pretrain_job  # pylint: disable=g-import-not-at-top
 
-  try:
-    result = pretrain_job.pretrain(_CONFIG.value, _WORKDIR.value)
-  except errors.TrainingDiverged as e:
-    print(f'training stopped: {e}', file=sys.stderr)
-    return 3
-  if jax.process_index() == 0:
-    where = [
-      f'workdir {result.workdir}',
-      f'checkpoints {result.workdir / "checkpoints"}',
-      f'metrics {result.workdir / "metrics.jsonl"}',
-      f'tensorboard {result.workdir / "tensorboard"}',
-    ]
-    if result.config.export.hf_dir and not result.preempted:
-      where.append(f'Hugging Face model {result.config.export.hf_dir}')
-    status = 'preempted (SIGTERM), resumable' if result.preempted else 'finished'
-    print(f'{status} at step {result.final_step}; ' + '; '.join(where))
-    if result.evals:
-      first, last = result.evals[0], result.evals[-1]
-      print(
-        f'held-out MLM loss {first["loss"]:.3f} (step {first["step"]}) -> {last["loss"]:.3f} '
-        f'(step {last["step"]}), accuracy {last["accuracy"]:.3f}'
-      )
-  return 0
+  return pretrain_job.command(_CONFIG.value, _WORKDIR.value)
 
 
 def _renamed(key: str) -> errors.ConfigError | None:

@@ -1,24 +1,32 @@
 """Baselines of the held-out MLM loss that need no neural network: the bars a pretraining run has to clear.
 
-  * unigram: the entropy of the held-out split's own token frequencies (the best any context-free predictor can
-    score on it), and the cross-entropy under the training split's frequencies (what a model that learned only
-    token frequencies scores).
-  * neighbours: a masked token predicted from its left and right neighbours with add-k smoothed bigram counts of
-    the training split, p(x | left) * p(right | x), normalised over the non-special ids. A neighbour that is itself
-    masked (each non-special one is, at the evaluation's mask rate, as the job's all-[MASK] masking hides it) drops
-    out of the product; with both hidden it is the unigram prediction. The loss and accuracy are the exact
-    expectation over those four cases, for every non-special held-out token, so the figure has no sampling noise.
-    k is the best of a small grid on the held-out split, which makes the bar as high as bigram counting can set it.
+  * unigram: the entropy of the held-out split's own token frequencies (the best context-free predictor), and the
+    cross-entropy under the training split's frequencies (a model that learned only token frequencies).
+  * neighbours: a masked token predicted from its left and right neighbours with add-k smoothed bigram counts of the
+    training split, p(x | left) * p(right | x), normalised over the non-special ids. A neighbour that is itself
+    masked (at the evaluation's mask rate) drops out of the product; the loss and accuracy are the exact
+    expectation over those four cases, so the figure has no sampling noise. k is the best of a small grid.
 
-Counts are sparse (scipy), so a 30522-id vocabulary fits in memory; scoring goes in chunks of positions, each a
-dense [chunk, vocab] block. Pure numpy over lists of int arrays (one per document, [CLS] ... [SEP] as prepared):
-the report reads the splits and calls these.
+Counts are sparse (scipy), scored in chunks of positions. The splits are read through data/pipeline/heldout.py, and the
+results cached by the manifest (which names every shard by its sha256) and the arguments.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
+import logging
+from typing import Any
+
+import ml_collections
 import numpy as np
 import scipy.sparse
+
+from neobert_jax import paths
+from neobert_jax.data.pipeline import heldout
+from neobert_jax.data.pipeline import prepared
+
+log = logging.getLogger('neobert_jax.train')
 
 SMOOTHING_GRID = (0.01, 0.03, 0.1, 0.3)
 _CHUNK = 256
@@ -126,3 +134,75 @@ def _expected_scores(counts, by_right, follows, uni, is_special, left, token, ri
     l_, a_ = _case_sums(logp, np.arange(logp.shape[0]), token[sl], p_left[sl] * p_right[sl])
     loss, acc = loss + l_, acc + a_
   return loss / token.size, acc / token.size
+
+
+_BASELINES_VERSION = 1  # bump when this module changes what it computes: the cached results go stale
+_TRAIN_SAMPLE_TOKENS = 20_000_000
+
+
+def context_baselines(
+  data_cfg: ml_collections.ConfigDict, seq_len: int, mask_rate: float, count: bool = True
+) -> dict[str, Any] | None:
+  """{'held_out', 'train'} unigram cross-entropies and 'neighbours' at `mask_rate`, from the held-out split and at
+  most 20M tokens of the training split; with `count` False only a cached result (else None)."""
+  manifest = prepared.open_prepared(data_cfg, seq_len)[1]
+  # The manifest names every shard by its sha256, so it and the arguments pin the result: a re-run, a resume and
+  # every run on the same prepared data read it back instead of counting again.
+  key = json.dumps([_BASELINES_VERSION, manifest, seq_len, mask_rate, _TRAIN_SAMPLE_TOKENS], sort_keys=True)
+  cached = paths.cache_dir('baselines') / f'{hashlib.sha256(key.encode()).hexdigest()[:32]}.json'
+  if cached.is_file():
+    return json.loads(cached.read_text())
+  if not count:
+    return None
+  held_out = heldout.read_split(data_cfg, seq_len, 'eval')[0]
+  train = heldout.read_split(data_cfg, seq_len, 'train', max_tokens=_TRAIN_SAMPLE_TOKENS)[0]
+  special = list(manifest['tokenizer']['special_ids'].values())
+  vocab = int(manifest['tokenizer']['vocab_size'])
+  out: dict[str, Any] = unigram(train, held_out, special, vocab)
+  out['neighbours'] = neighbours(train, held_out, special, vocab, mask_rate)
+  paths.write_text(cached, json.dumps(out))  # whole or absent, whichever process finishes first
+  return out
+
+
+def source_baselines(
+  data_cfg: ml_collections.ConfigDict,
+  seq_len: int,
+  mask_rate: float,
+  when: str,
+  sources: prepared.Sources | None = None,
+) -> dict[str, dict]:
+  """Each source's bars, from its own splits. A mixture's source that the run read record by record from a bucket
+  gets none unless eval.baselines (`when`) is 'on' or they are cached: its training sample would read more of it
+  than the run did."""
+  sources = sources or prepared.open_data(data_cfg, seq_len)
+  out = {}
+  for name in sources.with_eval() if when != 'off' else ():
+    directory, manifest = sources.opened[name]
+    one = sources.config(data_cfg, name)
+    count = when == 'on' or sources.mix.plain
+    count = count or not prepared.reads_records(one, directory, manifest['splits']['train']['shards'], True)
+    bars = context_baselines(one, seq_len, mask_rate, count)
+    if bars is None:
+      log.info(
+        'source %r: no baselines (its training split is read record by record from the bucket, and counting a '
+        'sample of it would read more than the run did; eval.baselines=on counts them)',
+        name,
+      )
+    else:
+      out[name] = bars
+  return out
+
+
+def baseline_lines(bars: dict[str, Any]) -> list[str]:
+  """The bars, one line each (the log, loss_curve.md)."""
+  lines = [
+    f'unigram cross-entropy of the held-out split (context-free): {bars["held_out"]:.3f} (its own token '
+    f"frequencies), {bars['train']:.3f} (the training split's)"
+  ]
+  if 'neighbours' in bars:
+    n = bars['neighbours']
+    lines.append(
+      f'neighbour counts (bigram p(x | left) p(right | x) from the training split, neighbours masked at the '
+      f"evaluation's rate, k={n['k']}): {n['loss']:.3f}, accuracy {n['accuracy']:.3f}"
+    )
+  return lines

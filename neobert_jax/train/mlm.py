@@ -1,15 +1,7 @@
 """Pretraining as the engine sees it: the MLM model factory, where its parameters may start, its summed loss, its
-batch shapes and its steps.
-
-A train batch arrives as a dict of global arrays shaped [A, M, ...]: A micro-batches of M rows each (A =
-train.grad_accum_steps), with M sharded over the mesh's batch axes; engine/step.py accumulates over A, weighting by
-masked tokens. The eval step sums the same loss over one micro-batch without an update.
-
-Starting points other than random init (stage 2 of NeoBERT, a new 4096-token schedule; continued pretraining from
-a run or a Hugging Face NeoBERT) load parameters only: the optimizer moments, step counter and schedule start
-afresh. The source is opened by the weights layer (weights/source.py, which fine-tuning shares) and placed by the
-engine (engine/session.TrainingSession.restore_or_init): a run's step straight onto the shardings, a Hugging Face
-directory (a base-model save gets a fresh MLM decoder) shard by shard from the host.
+batch shapes and its steps. A train batch is [A, M, ...]: A micro-batches (train.grad_accum_steps) of M rows sharded
+over the batch axes; engine/step.py accumulates over A, weighting by masked tokens. A start from another run or a
+Hugging Face NeoBERT (weights/source.py) loads parameters only: the optimizer and schedule start afresh.
 """
 
 from __future__ import annotations

@@ -1,10 +1,6 @@
-"""The pretraining job's wiring on the engine: the run's config and resume plan, its data, its evaluation, and
-engine/trainer.Trainer with an evaluation and a checkpoint hook.
-
-What is pretraining's own: the resume plan (train/resume.py), the data iterator whose position is checkpointed
-with the state, the MLM evaluation on the held-out split, and the RunResult the train command reports. The job
-around it (the workdir's lease, then `train`, the export and the report) is neobert_jax/jobs/pretrain.py.
-"""
+"""The pretraining run's wiring on engine/: its config and resume plan, its data, and engine/trainer.Trainer with
+the evaluation hooks (train/evaluation.py, train/probe.py) and the checkpoint hook. The job around it (the lease,
+the export, the report) is jobs/pretrain.py."""
 
 from __future__ import annotations
 
@@ -31,7 +27,7 @@ from neobert_jax.engine import trainer as trainer_lib
 from neobert_jax.engine.state import param_count
 from neobert_jax.errors import DataError
 from neobert_jax.train import batches as batches_lib
-from neobert_jax.train import mlm
+from neobert_jax.train import evaluation, mlm
 from neobert_jax.train import probe as probe_lib
 from neobert_jax.train import resume as resume_lib
 from neobert_jax.train import stage
@@ -45,43 +41,10 @@ class RunResult:
   config: ml_collections.FrozenConfigDict  # the resolved config the run trained with (its config.json)
   final_step: int
   preempted: bool = False
-  evals: list[dict[str, float]] = dataclasses.field(default_factory=list)  # {'step', 'loss', 'accuracy'}
+  evals: list[dict[str, float]] = dataclasses.field(default_factory=list)  # {'step', 'loss', 'accuracy', ...}
   skipped_steps: int = 0
-  sources: pipeline.Sources | None = None  # the data it trained on, as it opened it (the report reads it again)
-  # train/report.py's unigram baseline and fill-mask examples, filled in by the job (jobs/pretrain.py) after the export
+  sources: pipeline.Sources | None = None  # the data it trained on, as opened (the report reads its held-out split)
   report: dict[str, Any] = dataclasses.field(default_factory=dict)
-
-
-def _evaluate(
-  keys: tuple[str, ...],
-  mesh: jax.sharding.Mesh,
-  eval_step: Any,
-  eval_batches: dict[str, Iterable[dict]],
-  params: Any,
-  weights: dict[str, float] | None,
-) -> dict[str, float]:
-  """The held-out loss and accuracy: of a mixture (`weights`: the step's), each source's ('<name>/loss', ...) and
-  their total weighted by the step's weights; of a plain data.dir (weights None), its source's."""
-  per = {name: _evaluate_source(keys, mesh, eval_step, batches, params) for name, batches in eval_batches.items()}
-  if weights is None:
-    return next(iter(per.values()))
-  total = sum(weights[n] for n in per) or 1.0
-  out = {k: sum(weights[n] * m[k] for n, m in per.items()) / total for k in ('loss', 'accuracy')}
-  return out | {f'{n}/{k}': v for n, m in per.items() for k, v in m.items()}
-
-
-def _evaluate_source(
-  keys: tuple[str, ...], mesh: jax.sharding.Mesh, eval_step: Any, eval_batches: Iterable[dict], params: Any
-) -> dict[str, float]:
-  sums = []
-  for b in eval_batches:
-    sums.append(eval_step(params, batches_lib.stitch_micro_batches(b, keys, mesh, 1)))
-  total = jax.device_get(sums)
-  count = max(sum(float(s['count']) for s in total), 1.0)
-  return {
-    'loss': sum(float(s['loss_sum']) for s in total) / count,
-    'accuracy': sum(float(s['correct']) for s in total) / count,
-  }
 
 
 def _check_rows(limit: int) -> Callable[[int, dict], None]:
@@ -169,19 +132,6 @@ def _data(cfg: ml_collections.ConfigDict, sources: pipeline.Sources) -> tuple[An
   return train_host, held_out if evaluating else {}
 
 
-def _probe(cfg: ml_collections.ConfigDict, mesh: Any, start: Any, writer: Any) -> probe_lib.Probe:
-  """The downstream probe of eval.probe_task; a run's first start also logs the probe of a random init of the
-  same shape (its reference line: the start's own parameters unless they came from init.*)."""
-  probe = probe_lib.Probe(cfg, mesh, start.defs.model_def, start.defs.shardings['params'])
-  if start.step == 0:
-    fresh = start.state['params'] if mlm.init_source(cfg) is None else mlm.create_train_state(cfg, mesh)[1]['params']
-    reference = probe(fresh)['accuracy']
-    writer.write(0, {f'probe/{probe.task}/random_init_accuracy': reference}, prefix='eval')
-    if jax.process_index() == 0:
-      log.info('probe %s: a random init of this shape scores %.4f (the reference line)', probe.task, reference)
-  return probe
-
-
 def _wandb(cfg: ml_collections.ConfigDict) -> metrics_lib.Wandb | None:
   lg = cfg.logging
   if not lg.wandb:
@@ -236,20 +186,26 @@ def _log_options(cfg: ml_collections.ConfigDict) -> trainer_lib.LogOptions:
   )
 
 
+def _hooks(cfg: Any, mesh: Any, start: Any, sources: pipeline.Sources, eval_batches: dict) -> list[Any]:
+  """The evaluation hooks, in order: the held-out MLM loss, the moving average's (train.ema_decay), the probe."""
+  if cfg.eval.every_steps <= 0:
+    return []
+  keys, eval_step = mlm.batch_keys(cfg.data.max_predictions), mlm.jit_eval_step(cfg, mesh, start.defs)
+  weights_at = None if sources.mix.plain else sources.mix.weights_at
+  items = ('params', 'ema') if cfg.train.ema_decay > 0 else ('params',)
+  hooks: list[Any] = [evaluation.HeldOut(keys, mesh, eval_step, eval_batches, weights_at, i) for i in items]
+  return hooks + ([probe_lib.ProbeHook(cfg, mesh, start)] if cfg.eval.probe_task else [])
+
+
 def train(
   cfg: ml_collections.ConfigDict,
-  workdir: str | Path,
+  workdir: paths.Path,
   lease: lease_lib.Lease | None,
   on_step: Callable[[int], None] | None = None,
 ) -> RunResult:
-  """Trains `cfg` in `workdir`, resuming from its latest readable checkpoint if it has one.
-
-  `lease`: the workdir's, which the caller took (engine/session.claim: the train command's job does, before anything
-  in the workdir is read or written; None on processes other than 0); it is checked before every save. Training
-  only: the end-of-run Hugging Face export and the report that reads it are the job's. on_step(step) is called
-  after every completed step (tests use it to simulate crashes).
-  """
-  workdir = paths.resolve(workdir, '--workdir')
+  """Trains `cfg` in the resolved `workdir`, resuming from its latest readable checkpoint if it has one, under the
+  caller's `lease` (engine/session.claim; None on processes other than 0). on_step(step) runs after every step
+  (tests simulate crashes with it)."""
   _wandb(cfg)  # its one-line refusals (no package, no key, a bad mode) before any work
   cfg, plan, sources = plan_run(cfg, workdir)
   is_main = jax.process_index() == 0
@@ -282,32 +238,11 @@ def train(
     resume_lib.record(plan, cfg, start.step)  # config.json and the history line, once the state is in hand
     if is_main:
       log.info('%s parameters, sharded over %s', f'{param_count(start.state):,}', dict(mesh.shape))
-    result = RunResult(workdir=workdir, config=cfg, final_step=start.step, sources=sources)
-    keys, eval_step = mlm.batch_keys(cfg.data.max_predictions), mlm.jit_eval_step(cfg, mesh, start.defs)
-
-    probe = _probe(cfg, mesh, start, session.writer) if cfg.eval.probe_task and cfg.eval.every_steps else None
-
-    def evaluate(step: int, state: Any, logger: trainer_lib.Logger) -> None:
-      weights = None if sources.mix.plain else sources.mix.weights_at(step)
-      ev = _evaluate(keys, mesh, eval_step, eval_batches, state['params'], weights)
-      said = f'eval step {step}: loss {ev["loss"]:.4f}, accuracy {ev["accuracy"]:.4f}'
-      if probe is not None:
-        ev[f'probe/{probe.task}/accuracy'] = probe(state['params'])['accuracy']
-        said += f', probe {probe.task} {ev[f"probe/{probe.task}/accuracy"]:.4f}'
-      session.writer.write(step, ev, prefix='eval')
-      result.evals.append({'step': step, **ev})
-      if 'ema' in state:  # the moving average, on the same held-out batches
-        ema = _evaluate(keys, mesh, eval_step, eval_batches, state['ema'], weights)
-        session.writer.write(step, ema, prefix='eval/ema')
-        result.evals[-1].update({f'ema_{k}': v for k, v in ema.items()})
-        said += f'; EMA loss {ema["loss"]:.4f}, accuracy {ema["accuracy"]:.4f}'
-      if is_main:
-        logger.say(said)
-
+    hooks = _hooks(cfg, mesh, start, sources, eval_batches)
     options = trainer_lib.TrainerOptions(
       num_steps=t.num_steps,
       log_every=lg.log_every,
-      hooks=(trainer_lib.Hook(evaluate, cfg.eval.every_steps),),
+      hooks=tuple(trainer_lib.Hook(h, cfg.eval.every_steps) for h in hooks),
       checkpoint_every=cfg.checkpoint.every_steps,
       preemption=True,
       profile=(lg.profile_start_step, lg.profile_num_steps),
@@ -318,10 +253,17 @@ def train(
       train_host, cfg.data.max_predictions, mesh, t.grad_accum_steps, _reads(cfg), start.step, *_thinning(cfg)
     )
     trainer = session.trainer(mlm.jit_train_step(cfg, mesh, start.defs), start, batches, options)
-    if start.step == 0 and cfg.eval.at_start and cfg.eval.every_steps > 0:
-      evaluate(0, start.state, trainer.logger)
+    if start.step == 0 and cfg.eval.at_start:
+      for hook in hooks:
+        hook(0, trainer.state, trainer.logger)
     trained = trainer.train()
     session.save_final(trained)
-  return dataclasses.replace(
-    result, final_step=trained.final_step, preempted=trained.preempted, skipped_steps=trained.skipped_steps
+  return RunResult(
+    workdir=workdir,
+    config=cfg,
+    final_step=trained.final_step,
+    preempted=trained.preempted,
+    evals=evaluation.merged(*hooks),
+    skipped_steps=trained.skipped_steps,
+    sources=sources,
   )

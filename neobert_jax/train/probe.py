@@ -1,16 +1,7 @@
-"""Downstream signal during pretraining: a linear probe of the encoder's frozen, pooled embeddings on a labelled
-task (eval.probe_task), logged as eval/probe/<task>/accuracy beside the held-out MLM loss.
-
-At each evaluation the encoder embeds a fixed sample of the task's train split and its test split (mean of the
-final hidden states over the real tokens, [CLS] ... [SEP] as fine-tuning feeds them), a multinomial logistic
-regression (L2, features standardised on the train sample, scipy's L-BFGS) is fitted on the train embeddings and
-scored on the test ones. The same probe on a freshly initialised encoder of the same shape is the reference line
-(eval/probe/<task>/random_init_accuracy, logged once when the run starts): a pretrained encoder should be above
-it. With eval.probe_train_size = probe_test_size = 1000 and 128 tokens, the tiny CPU model embeds both in about
-a second; the regression takes less.
-
-Every process runs the same jitted forward on the same replicated inputs (the probe is small), so it needs no
-cross-process gather; process 0 logs.
+"""Downstream signal during pretraining: a linear probe of the encoder's frozen, mean-pooled embeddings on a labelled
+task (eval.probe_task), logged as eval/probe/<task>/accuracy beside the held-out MLM loss. The reference line is the
+same probe on a fresh init of the same shape (eval/probe/<task>/random_init_accuracy, once, on a run's first start).
+Every process runs the same jitted forward on the same replicated inputs (the probe is small): no gather needed.
 """
 
 from __future__ import annotations
@@ -26,7 +17,9 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from neobert_jax import sharding as shd
 from neobert_jax.data import labelled
 from neobert_jax.data import tokenizer as tokenizer_lib
+from neobert_jax.engine import trainer as trainer_lib
 from neobert_jax.model.encoder import pool
+from neobert_jax.train import mlm
 
 _BATCH = 64
 L2 = 1.0  # inverse regularisation strength C of the logistic regression (scikit-learn's default)
@@ -113,3 +106,29 @@ class Probe:
   def __call__(self, params: Any) -> dict[str, float]:
     train, test = self._embed(params, 'train'), self._embed(params, 'test')
     return {'accuracy': fit_and_score(train, self.labels['train'], test, self.labels['test'])}
+
+
+class ProbeHook:
+  """hook(step, state, logger): the probe of state['params'], kept in `records` ({step: figures}). A run's first
+  start scores the reference line before training (a random init: the start's own parameters unless they came from
+  init.*; the start's are donated to the first step) and logs it with the first probe."""
+
+  def __init__(self, cfg: ml_collections.ConfigDict, mesh: jax.sharding.Mesh, start: Any):
+    self.probe = Probe(cfg, mesh, start.defs.model_def, start.defs.shardings['params'])
+    self.reference = None
+    if start.step == 0:
+      fresh = start.state['params'] if mlm.init_source(cfg) is None else mlm.create_train_state(cfg, mesh)[1]['params']
+      self.reference = self.probe(fresh)['accuracy']
+    self.records: dict[int, dict[str, float]] = {}
+
+  def __call__(self, step: int, state: Any, logger: trainer_lib.Logger) -> None:
+    task, say = self.probe.task, jax.process_index() == 0
+    if self.reference is not None:
+      logger.writer.write(0, {f'probe/{task}/random_init_accuracy': self.reference}, prefix='eval')
+      if say:
+        logger.say(f'probe {task}: a random init of this shape scores {self.reference:.4f} (the reference line)')
+      self.reference = None
+    self.records[step] = {f'probe/{task}/accuracy': self.probe(state['params'])['accuracy']}
+    logger.writer.write(step, self.records[step], prefix='eval')
+    if say:
+      logger.say(f'probe step {step}: {task} accuracy {self.records[step][f"probe/{task}/accuracy"]:.4f}')

@@ -1,16 +1,8 @@
-"""Resuming with the config the run was given: compared with the recorded one before anything is touched.
-
-`check` runs before the trainer opens the data, builds a model or writes a file. It reads the config the run
-recorded (the latest checkpoint's copy, else WORKDIR/config.json) and classifies every difference with
-neobert_jax/config/resume.py's table:
-  * identity differences refuse the resume with one line listing each field with both values and the fix;
-    nothing in the workdir is renamed, rewritten or removed;
-  * schedule differences are accepted and logged with what they do (the learning rate of the next update under
-    the old and the new schedule, where the new cosine ends, what a new batch size means for the data);
-  * free differences are accepted and logged.
-`record` runs once the state is restored (or created): process 0 rewrites WORKDIR/config.json and appends one
-line to WORKDIR/config_history.jsonl naming the step and every accepted change, so a run's config is never
-silently rewritten.
+"""Resuming with the config the run was given: `check` compares it with the recorded one (the latest checkpoint's
+copy, else WORKDIR/config.json) before anything is touched, by config/resume.py's table: an identity difference
+refuses the resume in one line and changes nothing; schedule and free differences are accepted and logged with
+what they do. `record` then rewrites WORKDIR/config.json and appends the start or resume, with every accepted
+change, to WORKDIR/config_history.jsonl.
 """
 
 from __future__ import annotations
@@ -96,7 +88,7 @@ def _refusal(workdir: paths.Path, step: int, identity: list[resume_rules.Change]
 
 def check(cfg: ml_collections.ConfigDict, workdir: str | os.PathLike) -> Plan:
   """The resume plan for the resolved `cfg` in `workdir`; ConfigError when the workdir's run is not this one."""
-  workdir = paths.resolve(workdir, '--workdir')
+  workdir = paths.resolved(workdir, '--workdir')
   check_workdir(workdir)
   recorded, step = _recorded(workdir)
   if recorded is None:
@@ -217,7 +209,7 @@ def record(plan: Plan, cfg: ml_collections.ConfigDict, step: int) -> None:
 
 def history(workdir: str | os.PathLike) -> list[dict[str, Any]]:
   """The run's recorded starts and resumes, oldest first (empty for a run from before the history existed)."""
-  path = paths.resolve(workdir) / HISTORY_FILE
+  path = paths.resolved(workdir) / HISTORY_FILE
   if not path.is_file():
     return []
   return [json.loads(line) for line in path.read_text(encoding='utf-8').splitlines() if line.strip()]

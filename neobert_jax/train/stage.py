@@ -1,14 +1,9 @@
 """A new stage: a new run (its own --workdir) that starts from a step of another run (init.from_checkpoint).
 
-Unlike a resume (train/resume.py), a stage may change what the checkpoint is: the sequence length and RoPE theta
-(context extension), the mask rate, the schedule, the batch size and its ramp, the data, the optimizer (AdamW or
-Muon). The parameters always come over; the optimizer's moments with init.keep_optimizer (the schedule restarts at
-the new run's step 0, so a stage may warm up again), which needs the same optimizer (the fields in OPTIMIZER_FIELDS
-equal to the source run's), and the data position with init.continue_data, which needs the same row stream: the
-fields in STREAM_FIELDS equal to the source run's, and its data.virtual_shards (taken from it when left at 0).
-
-`check` runs in the trainer's resolve step, before the data is opened; what it returns goes into the new run's
-config_history.jsonl (its first line's 'origin'): where the stage came from and every field it changed.
+Unlike a resume, a stage may change what the checkpoint is (sequence length, RoPE theta, mask rate, schedule, batch,
+data, optimizer). The optimizer's moments come over with init.keep_optimizer (the same OPTIMIZER_FIELDS), the data
+position with init.continue_data (the same STREAM_FIELDS). What `check` returns is the new run's 'origin' in
+config_history.jsonl.
 """
 
 from __future__ import annotations

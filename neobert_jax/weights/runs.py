@@ -88,7 +88,7 @@ def save_tokenizer(workdir: paths.Path, spec: str) -> None:
   name = _TOKENIZER_NAMES.get(os.path.splitext(src.name)[1])
   if name is None:
     return
-  folder = paths.resolve(workdir) / TOKENIZER_DIR
+  folder = paths.resolved(workdir) / TOKENIZER_DIR
   dst = folder / name
   if dst.is_file() and paths.sha256(dst) == paths.sha256(src):
     return

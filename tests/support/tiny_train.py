@@ -137,9 +137,11 @@ def tiny_run_command(workdir: str, data_dir: str, steps: int = 6) -> list[str]:
 def train_only(cfg: ml_collections.ConfigDict, workdir: str | Path, on_step: Any = None) -> Any:
   """Trains as the train command's job does (the workdir's lease, then train/pretraining.train) without its export
   and report: what most training tests need. Returns pretraining's RunResult."""
+  from neobert_jax import paths
   from neobert_jax.engine import session
   from neobert_jax.train import pretraining
 
+  workdir = paths.resolve(workdir, '--workdir')
   with session.claim(workdir, cfg.run_id) as lease:
     return pretraining.train(cfg, workdir, lease, on_step)
 

@@ -1,8 +1,5 @@
-"""The fine-tuning job shared by every task: take the workdir's lease, prepare (all checks first), train, evaluate,
-keep the best, report.
-
-Order matters for bad input: the config, the weights' source, the tokenizer and the data files are all checked
-before the first file is written, so a mistake costs one error line and leaves the workdir as it was.
+"""What a fine-tuning run is made of, for every task: the checks before anything is written (prepare), the task's
+jitted step, its batches and the evaluation hook that keeps the best step. The job is jobs/finetune.py.
 
 Workdir layout:
   config.json       the resolved config (model = the architecture actually used, data.tokenizer resolved)
@@ -14,7 +11,6 @@ Workdir layout:
 
 from __future__ import annotations
 
-import json
 import logging
 from pathlib import Path
 from typing import Any
@@ -22,22 +18,16 @@ from typing import Any
 import jax
 import ml_collections
 import numpy as np
-from flax import nnx
 
 from neobert_jax import config as config_lib
-from neobert_jax import paths
-from neobert_jax import sharding as shd
 from neobert_jax.config import finetune as finetune_config
 from neobert_jax.config import resume as resume_rules
-from neobert_jax.config import train as train_config
 from neobert_jax.downstream import batching, inference
 from neobert_jax.engine import trainer as trainer_lib
-from neobert_jax.engine import optimizer as optimizer_lib
 from neobert_jax.engine import session as session_lib
 from neobert_jax.engine import step as engine_step
-from neobert_jax.engine.state import abstract_state, create_state, param_count
 from neobert_jax.errors import ConfigError, DataError
-from neobert_jax.weights import place, runs
+from neobert_jax.weights import runs
 from neobert_jax.weights import source as source_lib
 
 log = logging.getLogger('neobert_jax.finetune')
@@ -143,7 +133,7 @@ def jit_step(defs: Any, mesh: Any, loss: Any, keys: list[str]) -> Any:
   )
 
 
-def _batches(task: Any, keys: list[str], mesh: Any, seed: int):
+def batches(task: Any, keys: list[str], mesh: Any, seed: int):
   """Epoch after epoch of (global batch, real tokens, dropout key of that step), for engine/trainer.Trainer."""
   base_key, rng, step = jax.random.key(seed), np.random.default_rng(seed), 0
   while True:
@@ -153,7 +143,7 @@ def _batches(task: Any, keys: list[str], mesh: Any, seed: int):
       step += 1
 
 
-class _Evaluations:
+class Evaluations:
   """The evaluation hook: scores the validation split, keeps every result and saves the best step's parameters
   (a fine-tuning workdir keeps only its best evaluation, which its export reads)."""
 
@@ -171,7 +161,7 @@ class _Evaluations:
         self.forward, state['params'], seqs, self.batch_size, task.buckets, self.pad_id, self.mesh
       )
     )
-    self.session.writer.write(step, ev, prefix='eval')
+    logger.writer.write(step, ev, prefix='eval')
     self.evals.append({'step': step, **ev})
     self.final = {'step': step, 'metrics': ev}
     if _better(task.metric, ev[task.metric], None if self.best is None else self.best['metrics'][task.metric]):
@@ -179,80 +169,3 @@ class _Evaluations:
       self.session.save_params(step, state)
     if self.session.is_main:
       logger.say(f'eval step {step}: ' + ', '.join(f'{k} {v:.4f}' for k, v in ev.items()))
-
-
-def finetune(cfg: ml_collections.ConfigDict, workdir: str | Path) -> dict[str, Any]:
-  """Fine-tunes per cfg in workdir under the workdir's lease (taken here, before anything there is read or
-  written); returns the results dict also written to WORKDIR/results.json."""
-  workdir = paths.resolve(workdir, '--workdir')
-  with session_lib.claim(workdir, cfg.run_id) as lease:
-    return _finetune(cfg, workdir, lease)
-
-
-def _finetune(cfg: ml_collections.ConfigDict, workdir: Path, lease: Any) -> dict[str, Any]:
-  cfg, source, tok, task = prepare(cfg, workdir)
-  is_main = jax.process_index() == 0
-  train_config.write(cfg, workdir)
-  runs.save_tokenizer(workdir, tok.path)  # the run carries its vocabulary: embed / export work from a copy of it
-  if is_main and hasattr(task, 'save'):
-    task.save(workdir)
-  mesh = shd.make_mesh(dict(cfg.mesh))
-  t, m, lg = cfg.train, cfg.model, cfg.logging
-  steps_per_epoch = task.steps_per_epoch()
-  num_steps = t.num_steps if t.num_steps > 0 else t.epochs * steps_per_epoch
-  tx, lr = optimizer_lib.make_finetune_optimizer(cfg.optimizer, num_steps)
-  factory = lambda: task.make_model(m, nnx.Rngs(cfg.seed))  # noqa: E731
-  with session_lib.TrainingSession(
-    workdir, cfg, keep=1, async_save=False, tensorboard=lg.tensorboard, progress_bar=lg.progress_bar, lease=lease
-  ) as session:
-    start = session.restore_or_init(
-      lambda: abstract_state(factory, tx, lr, mesh),
-      lambda: create_state(factory, tx, lr, mesh),
-      resume=False,  # a fine-tuning workdir is never continued (prepare refused one that holds a run)
-      source=lambda: source,
-      place=lambda src, params: place.with_encoder(params, src.flat),
-    )
-    if is_main:
-      log.info(
-        '%s; %d layers x %d, %s parameters, %d steps (%d per epoch), mesh %s',
-        *(task.describe(), m.num_layers, m.hidden_size, f'{param_count(start.state):,}', num_steps, steps_per_epoch),
-        dict(mesh.shape),
-      )
-    forward = inference.jit_forward(start.defs.model_def, start.defs.shardings['params'], mesh)
-    evaluations = _Evaluations(session, task, forward, t.eval_batch_size, tok.pad_id, mesh)
-    options = trainer_lib.TrainerOptions(
-      num_steps=num_steps,
-      log_every=t.log_every,
-      hooks=(trainer_lib.Hook(evaluations, t.eval_every or steps_per_epoch),),
-      last_good=lambda: 'none (fine-tuning keeps only its best evaluation)',
-      desc=f'finetune {task.kind}',
-      log=trainer_lib.LogOptions(nan_policy='stop', diverged_hint='Lower --config.optimizer.lr.'),
-    )
-    step = jit_step(start.defs, mesh, task.loss, task.batch_keys)
-    trained = session.trainer(step, start, _batches(task, task.batch_keys, mesh, cfg.seed), options).train()
-  return _finish(cfg, workdir, task, num_steps, evaluations, trained.throughput)
-
-
-def _finish(
-  cfg: ml_collections.ConfigDict, workdir: Path, task: Any, num_steps: int, ev: _Evaluations, throughput: list
-) -> dict[str, Any]:
-  """WORKDIR/results.json, and the export of the best step when export.dir is set."""
-  results = {
-    'task': cfg.task,
-    'kind': task.kind,
-    'metric': task.metric,
-    'final': ev.final,
-    'best': ev.best,
-    'num_steps': num_steps,
-    'train_examples': task.num_train,
-    'train_tokens_per_sec': float(np.median(throughput)) if throughput else None,
-    'evals': ev.evals,
-  }
-  if jax.process_index() != 0:
-    return results
-  paths.write_text(workdir / RESULTS_FILE, json.dumps(results, indent=2) + '\n')
-  if cfg.export.dir:
-    from neobert_jax.finetune import export as export_lib  # pylint: disable=g-import-not-at-top
-
-    results['export'] = str(export_lib.export_run(workdir, cfg.export.dir, overwrite=True))
-  return results

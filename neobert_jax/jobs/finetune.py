@@ -1,0 +1,193 @@
+"""The fine-tuning job, `python -m neobert_jax.finetune`'s, and the GLUE grid sweep of such jobs
+(`python -m neobert_jax.finetune.sweep`): the workdir's lease first, then the checks, training, the best step's
+results and its export."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import logging
+import sys
+from pathlib import Path
+from typing import Any, Sequence
+
+import jax
+import ml_collections
+import numpy as np
+from flax import nnx
+
+from neobert_jax import config as config_lib
+from neobert_jax import errors, paths
+from neobert_jax import sharding as shd
+from neobert_jax.config import train as train_config
+from neobert_jax.downstream import inference
+from neobert_jax.engine import optimizer as optimizer_lib
+from neobert_jax.engine import session as session_lib
+from neobert_jax.engine import trainer as trainer_lib
+from neobert_jax.engine.state import abstract_state, create_state, param_count
+from neobert_jax.finetune import training
+from neobert_jax.weights import place, runs
+
+log = logging.getLogger('neobert_jax.finetune')
+GRID = {'lr': (5e-6, 6e-6, 1e-5, 2e-5, 3e-5), 'batch': (4, 8, 16, 32), 'weight_decay': (1e-2, 1e-5)}
+SUMMARY_FILE = 'sweep.json'
+
+
+def finetune(cfg: ml_collections.ConfigDict, workdir: str | Path) -> dict[str, Any]:
+  """Fine-tunes per cfg in workdir under the workdir's lease (taken first, before anything there is read or
+  written); returns the results dict also written to WORKDIR/results.json."""
+  workdir = paths.resolve(workdir, '--workdir')  # the one resolution of the job's workdir
+  with session_lib.claim(workdir, cfg.run_id) as lease:
+    return _run(cfg, workdir, lease)
+
+
+def _run(cfg: ml_collections.ConfigDict, workdir: Path, lease: Any) -> dict[str, Any]:
+  cfg, source, tok, task = training.prepare(cfg, workdir)
+  is_main = jax.process_index() == 0
+  train_config.write(cfg, workdir)
+  runs.save_tokenizer(workdir, tok.path)  # the run carries its vocabulary: embed / export work from a copy of it
+  if is_main and hasattr(task, 'save'):
+    task.save(workdir)
+  mesh = shd.make_mesh(dict(cfg.mesh))
+  t, m, lg = cfg.train, cfg.model, cfg.logging
+  steps_per_epoch = task.steps_per_epoch()
+  num_steps = t.num_steps if t.num_steps > 0 else t.epochs * steps_per_epoch
+  tx, lr = optimizer_lib.make_finetune_optimizer(cfg.optimizer, num_steps)
+  factory = lambda: task.make_model(m, nnx.Rngs(cfg.seed))  # noqa: E731
+  with session_lib.TrainingSession(
+    workdir, cfg, keep=1, async_save=False, tensorboard=lg.tensorboard, progress_bar=lg.progress_bar, lease=lease
+  ) as session:
+    start = session.restore_or_init(
+      lambda: abstract_state(factory, tx, lr, mesh),
+      lambda: create_state(factory, tx, lr, mesh),
+      resume=False,  # a fine-tuning workdir is never continued (prepare refused one that holds a run)
+      source=lambda: source,
+      place=lambda src, params: place.with_encoder(params, src.flat),
+    )
+    if is_main:
+      log.info(
+        '%s; %d layers x %d, %s parameters, %d steps (%d per epoch), mesh %s',
+        *(task.describe(), m.num_layers, m.hidden_size, f'{param_count(start.state):,}', num_steps, steps_per_epoch),
+        dict(mesh.shape),
+      )
+    forward = inference.jit_forward(start.defs.model_def, start.defs.shardings['params'], mesh)
+    evaluations = training.Evaluations(session, task, forward, t.eval_batch_size, tok.pad_id, mesh)
+    options = trainer_lib.TrainerOptions(
+      num_steps=num_steps,
+      log_every=t.log_every,
+      hooks=(trainer_lib.Hook(evaluations, t.eval_every or steps_per_epoch),),
+      last_good=lambda: 'none (fine-tuning keeps only its best evaluation)',
+      desc=f'finetune {task.kind}',
+      log=trainer_lib.LogOptions(nan_policy='stop', diverged_hint='Lower --config.optimizer.lr.'),
+    )
+    step = training.jit_step(start.defs, mesh, task.loss, task.batch_keys)
+    trained = session.trainer(step, start, training.batches(task, task.batch_keys, mesh, cfg.seed), options).train()
+  return _finish(cfg, workdir, task, num_steps, evaluations, trained.throughput)
+
+
+def _finish(
+  cfg: ml_collections.ConfigDict, workdir: Path, task: Any, num_steps: int, ev: training.Evaluations, throughput: list
+) -> dict[str, Any]:
+  """WORKDIR/results.json, and the export of the best step when export.dir is set."""
+  results = {
+    'task': cfg.task,
+    'kind': task.kind,
+    'metric': task.metric,
+    'final': ev.final,
+    'best': ev.best,
+    'num_steps': num_steps,
+    'train_examples': task.num_train,
+    'train_tokens_per_sec': float(np.median(throughput)) if throughput else None,
+    'evals': ev.evals,
+  }
+  if jax.process_index() != 0:
+    return results
+  paths.write_text(workdir / training.RESULTS_FILE, json.dumps(results, indent=2) + '\n')
+  if cfg.export.dir:
+    from neobert_jax.finetune import export as export_lib  # pylint: disable=g-import-not-at-top
+
+    results['export'] = str(export_lib.export_run(workdir, cfg.export.dir, overwrite=True))
+  return results
+
+
+def command(cfg: ml_collections.ConfigDict, workdir: str) -> int:
+  """The finetune command: the job, its outcome printed; the exit status: 0, 3 diverged, or an expected error's
+  (reported in one line, `finetune: <kind>: ...`)."""
+  try:
+    with errors.reported('finetune', errors.take_debug_flag([])):
+      results = finetune(cfg, workdir)
+  except SystemExit as e:  # the expected error, already reported
+    return e.code
+  except FloatingPointError as e:
+    print(f'finetune: stopped: {e}', file=sys.stderr)
+    return 3
+  best, final, metric = results['best'], results['final'], results['metric']
+  print(
+    f'finished {results["num_steps"]} steps; best {metric} {best["metrics"][metric]:.4f} at step '
+    f'{best["step"]}, final {final["metrics"][metric]:.4f}; results {workdir}/results.json'
+    + (f'; exported {results["export"]}' if 'export' in results else '')
+  )
+  return 0
+
+
+def point_name(lr: float, batch: int, wd: float) -> str:
+  return f'lr{lr:g}_bs{batch}_wd{wd:g}'
+
+
+def run_sweep(
+  cfg: ml_collections.ConfigDict,
+  workdir: str | Path,
+  lrs: Sequence[float],
+  batches: Sequence[int],
+  weight_decays: Sequence[float],
+) -> dict[str, Any]:
+  """Runs (or reads back) every point; returns {'metric', 'rows': [...], 'best': row}."""
+  root = paths.resolve(workdir, '--workdir')  # each point's job resolves its own workdir
+  rows = []
+  for lr, batch, wd in itertools.product(lrs, batches, weight_decays):
+    point = root / point_name(lr, batch, wd)
+    results_path = point / training.RESULTS_FILE
+    reused = results_path.exists()
+    if not reused:
+      if point.exists():  # an interrupted point of this sweep: its partial files belong to us, start it again
+        point.rmtree()
+      point_fields = {'optimizer.lr': float(lr), 'train.batch_size': int(batch), 'optimizer.weight_decay': float(wd)}
+      c = config_lib.replace(cfg, {**point_fields, 'export.dir': ''})
+      finetune(c, point)
+    results = json.loads(results_path.read_text())
+    metric = results['metric']
+    rows.append(
+      {
+        'lr': lr,
+        'batch': batch,
+        'weight_decay': wd,
+        'metric': metric,
+        'best': results['best']['metrics'][metric],
+        'best_step': results['best']['step'],
+        'final': results['final']['metrics'][metric],
+        'workdir': str(point),
+        'reused': reused,
+      }
+    )
+  lower = rows[0]['metric'] in training.LOWER_IS_BETTER
+  best = (min if lower else max)(rows, key=lambda r: r['best'])
+  summary = {'metric': rows[0]['metric'], 'rows': rows, 'best': best}
+  paths.write_text(root / SUMMARY_FILE, json.dumps(summary, indent=2) + '\n')
+  return summary
+
+
+def format_table(summary: dict[str, Any]) -> str:
+  m = summary['metric']
+  lines = [f'{"lr":>8} {"batch":>5} {"wd":>7} {"best " + m:>18} {"step":>6} {"final":>8}']
+  for r in summary['rows']:
+    mark = ' *' if r is summary['best'] or r == summary['best'] else ''
+    lines.append(
+      f'{r["lr"]:>8g} {r["batch"]:>5} {r["weight_decay"]:>7g} {r["best"]:>18.4f} {r["best_step"]:>6} '
+      f'{r["final"]:>8.4f}{mark}'
+    )
+  b = summary['best']
+  lines.append(
+    f'best: lr {b["lr"]:g}, batch {b["batch"]}, weight decay {b["weight_decay"]:g}: {m} {b["best"]:.4f} '
+    f'at step {b["best_step"]} ({b["workdir"]})'
+  )
+  return '\n'.join(lines)
