@@ -126,10 +126,10 @@ def _roofline_child(flags: list[str]) -> dict:
     section, field = key.split('.', 1)
     cfg[section][field] = type(cfg[section][field])(value)
   # the trainer's own resolution, state and step, through the modules benchmarks/train_step.py uses
-  cfg, _ = bench.train_config.resolve(cfg)
+  cfg, _ = bench.train_config.resolve_train(cfg)
   mesh = shd.make_mesh(dict(data=1, fsdp=1, tensor=1), jax.devices()[:1])
   defs, state = bench.mlm.abstract_train_state(cfg, mesh)
-  step = bench.mlm.jit_train_step(cfg, mesh, defs)
+  step = bench.mlm.jit_mlm_train_step(cfg, mesh, defs)
   text = step.lower(state, bench.mlm.abstract_batch(cfg, mesh)).compile().as_text()
   flops = bench.mlm.flops_per_token(cfg) * cfg.train.global_batch_size * cfg.model.max_length
   kind = jax.devices()[0].device_kind

@@ -65,13 +65,13 @@ def make_config(a: argparse.Namespace, head: str, kernel: str = 'auto', optimize
 def jax_side(cfg, mode: str, batches: list[dict[str, np.ndarray]]) -> tuple[Run, dict[str, np.ndarray]]:
   """The trainer's step (or its loss's gradients) on one device; returns (run, the initial flat parameters)."""
   mesh = shd.make_mesh(dict(data=1, fsdp=1, tensor=1), jax.devices()[:1])
-  cfg, _ = train_config.resolve(cfg)  # 'auto' attention and compute dtype, as the trainer resolves them
+  cfg, _ = train_config.resolve_train(cfg)  # 'auto' attention and compute dtype, as the trainer resolves them
   defs, state = mlm.create_train_state(cfg, mesh)
   flat = to_flat(nnx.merge(defs.model_def, state['params']))  # the same seed gives every side the same weights
   keys, sharding = mlm.batch_keys(cfg.data.max_predictions), engine_step.micro_batch_sharding(mesh)
   dev = [{k: jax.device_put(b[k][None], sharding) for k in keys} for b in batches]
   if mode == 'step':
-    train = mlm.jit_train_step(cfg, mesh, defs)
+    train = mlm.jit_mlm_train_step(cfg, mesh, defs)
     box = {'state': state}
 
     def run(i: int) -> float:

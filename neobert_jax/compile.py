@@ -112,9 +112,9 @@ def run_child(cfg_in) -> int:
   t0 = time.time()
   try:
     # On the real hardware 'auto' settings resolve from jax.default_backend(); here that is the CPU, so the
-    # trainer's own resolution (config/train.resolve, the same table) runs for the target's platform and devices.
-    cfg, choice = train_config.resolve(
-      train_config.typed(cfg_in),
+    # trainer's own resolution (config/train.resolve_train, the same table) runs for the target's platform and devices.
+    cfg, choice = train_config.resolve_train(
+      train_config.typed_train(cfg_in),
       train_config.DataFacts(mixture=mixture.read(cfg_in.data.mixture).record() if cfg_in.data.mixture else ''),
       platform=target.platform,
       compute_capability=target.compute_capability,
@@ -235,7 +235,7 @@ def run_plan(cfg, target: targets.Target) -> int:
   from neobert_jax.aot import plan_cache
 
   t0 = time.time()
-  rows = plan_lib.plan(
+  rows = plan_lib.plan_layouts(
     cfg,
     target,
     mfu=_PLAN_MFU.value,
@@ -252,7 +252,7 @@ def run_plan(cfg, target: targets.Target) -> int:
     f'{tokens:,} tokens/step, attention {cfg.model.attention_impl}, {len(rows)} layouts '
     f'({time.time() - t0:.0f} s of compiles)'
   )
-  print(plan_lib.format_table(rows, target, _PLAN_MFU.value))
+  print(plan_lib.format_plan_table(rows, target, _PLAN_MFU.value))
   if target.platform != 'tpu':
     print(
       'estimated step time is the roofline of each compiled step (aot/roofline.py: kernels at the achievable '

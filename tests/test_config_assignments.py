@@ -1,5 +1,5 @@
-"""No module outside neobert_jax/config/ assigns a config field: resolution is config/'s (config/train.resolve,
-config/finetune.resolve), and code elsewhere that needs another config derives one with config.replace.
+"""No module outside neobert_jax/config/ assigns a config field: resolution is config/'s (config/train.resolve_train,
+config/finetune.resolve_finetune), and code elsewhere that needs another config derives one with config.replace.
 
 Read from the source (ast; nothing is run). An assignment is a config field's when its target is an attribute
 chain ending in a section and one of its fields (`c.model.remat_policy = ...`, `cfg.data.tokenizer = ...`), or a

@@ -114,7 +114,7 @@ def test_the_config_field_and_its_checks():
   assert cfg.data.mixture == ''
   cfg.data.mixture, cfg.data.dir = 'mix.json', 'data/web'
   with pytest.raises(errors.ConfigError, match='data.mixture=mix.json and data.dir=data/web are both set'):
-    train_config.validate(cfg, num_devices=1, process_count=1)
+    train_config.validate_train(cfg, num_devices=1, process_count=1)
   d = data_config.default_data_config()
   d.mixture = 'mix.yaml'
   with pytest.raises(ValueError, match=r'data.mixture=mix.yaml: expected a .json file'):

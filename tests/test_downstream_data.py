@@ -47,7 +47,7 @@ def test_framing_truncation_and_buckets():
   assert pair[0].tolist() == [101, 1000, 1001, 1002, 102, 1000, 1001, 1002, 102]  # longest side trimmed first
   assert pair[1].tolist() == [101, 1000, 1001, 102, 1000, 1001, 1002, 1003, 102]
   assert batching.buckets(128, 16) == [16, 32, 64, 128] and batching.buckets(100, 16) == [16, 32, 64, 100]
-  plan = batching.plan([3, 40, 5, 17, 90], 2, batching.buckets(128), rng=None)
+  plan = batching.plan_batches([3, 40, 5, 17, 90], 2, batching.buckets(128), rng=None)
   assert [(b, list(i)) for b, i in plan] == [(16, [0, 2]), (32, [3]), (64, [1]), (128, [4])]
 
 

@@ -34,7 +34,9 @@ from neobert_jax.weights.flat import path_key
 def setup():
   cfg = tiny_config(vocab_size=128, hidden=16, seq_len=32, batch=2, steps=3)
   cfg.mesh.fsdp = 1
-  cfg, _ = train_config.resolve(train_config.validate(cfg, num_devices=1), num_devices=1)  # as the training paths do
+  cfg, _ = train_config.resolve_train(
+    train_config.validate_train(cfg, num_devices=1), num_devices=1
+  )  # as the training paths do
   mesh = shd.make_mesh({'data': 1, 'fsdp': 1, 'tensor': 1}, devices=jax.devices()[:1])
   return cfg, mesh
 
@@ -92,7 +94,7 @@ def test_the_checkpoint_hook_and_the_final_save_write_what_resume_reads(setup, t
     start = run.restore_or_init(abstract, create)
     n = param_count(start.state)
     options = trainer_lib.TrainerOptions(num_steps=5, log_every=1, checkpoint_every=2)
-    trained = run.trainer(mlm.jit_train_step(cfg, mesh, start.defs), start, batches, options).train()
+    trained = run.trainer(mlm.jit_mlm_train_step(cfg, mesh, start.defs), start, batches, options).train()
     assert options.hooks == () and trained.final_step == 5 and not trained.preempted  # the options stay as given
     run.save_final(trained)
   # Steps 2 and 4 by the hook (and 5, the last step, by the hook too), nothing saved twice.

@@ -55,7 +55,7 @@ def test_learns_bbc_topics_clearly_above_majority(bbc_run):
   assert set(best) >= {'accuracy', 'f1', 'mcc'}
   on_disk = json.loads((workdir / 'results.json').read_text())
   assert on_disk['best']['step'] == results['best']['step'] and on_disk['final']['step'] == results['num_steps']
-  assert labels.load(workdir).names == ('business', 'entertainment', 'politics', 'sports', 'tech')
+  assert labels.load_labels(workdir).names == ('business', 'entertainment', 'politics', 'sports', 'tech')
   records = [json.loads(line) for line in (workdir / 'metrics.jsonl').read_text().splitlines()]
   assert any('train/loss' in r for r in records) and any('eval/accuracy' in r for r in records)
   assert any((workdir / 'tensorboard').iterdir())
@@ -70,7 +70,7 @@ def test_hf_export_loads_offline_with_same_logits(bbc_run):
   workdir, _, hf_dir = bbc_run
   model = AutoModelForSequenceClassification.from_pretrained(hf_dir, trust_remote_code=True).eval()
   tok = AutoTokenizer.from_pretrained(hf_dir)
-  assert model.config.id2label == dict(enumerate(labels.load(workdir).names))
+  assert model.config.id2label == dict(enumerate(labels.load_labels(workdir).names))
   cfg, flat = runs.restore_params(workdir)
   jax_model = place.model_from_flat(lambda: heads.SequenceClassifier(cfg, 5, 0.1, 0.02, rngs=nnx.Rngs(0)), flat)
   texts = [
@@ -127,7 +127,7 @@ def test_the_classification_configs_rate_is_quoted_for_neobert_width_and_scaled_
   # config.json records the rate the run trains with, for the width it has (lr_width then 0: nothing to scale again).
   cfg = module.get_config()
   cfg.model.update(hidden_size=128, num_heads=2)
-  resolved, _ = finetune_config.resolve(cfg, None, 'bert-base-uncased', platform='cpu', num_devices=1)
+  resolved, _ = finetune_config.resolve_finetune(cfg, None, 'bert-base-uncased', platform='cpu', num_devices=1)
   assert resolved.optimizer.lr == pytest.approx(1.2e-4) and resolved.optimizer.lr_width == 0
   opt.lr_width = 0
   assert finetune_config.effective_lr(opt, 128) == 2e-5

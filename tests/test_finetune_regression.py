@@ -38,7 +38,7 @@ def test_label_mapping_integers_strings_floats():
   assert labels.infer(['b', 'a'], 'auto', 'x').values == ('a', 'b')
   assert labels.infer([0.5, 1.25], 'auto', 'x').kind == 'regression'
   spec = labels.infer([1.0, 3.0, 1.0], 'auto', 'x')  # integral floats are classes
-  assert spec.kind == 'classification' and list(labels.encode(spec, [3, 1.0], 'x')) == [1, 0]
+  assert spec.kind == 'classification' and list(labels.encode_labels(spec, [3, 1.0], 'x')) == [1, 0]
 
 
 @pytest.mark.slow

@@ -32,7 +32,7 @@ def test_sweep_runs_restricted_grid_and_resumes(tmp_path):
   assert [r['reused'] for r in second['rows']] == [True, True]
   assert second['best']['workdir'] == str(done) and sorted(p.name for p in done.iterdir()) == ['results.json']
   assert second['best']['best'] == max(r['best'] for r in second['rows'])
-  table = sweep.format_table(second)
+  table = sweep.format_sweep_table(second)
   assert 'best: lr' in table and table.count('\n') == 3
   assert json.loads((tmp_path / 'sweep' / 'sweep.json').read_text())['metric'] == 'accuracy'
   assert sweep.GRID['lr'] == (5e-6, 6e-6, 1e-5, 2e-5, 3e-5) and sweep.GRID['batch'] == (4, 8, 16, 32)

@@ -218,7 +218,7 @@ def test_train_step_reports_rows_over_the_document_limit():
   cfg.data.max_documents_per_row = 2
   mesh = sharding.make_mesh({'data': 1, 'fsdp': 1, 'tensor': 1}, jax.devices()[:1])
   defs, state = mlm.create_train_state(cfg, mesh)
-  train = mlm.jit_train_step(cfg, mesh, defs)
+  train = mlm.jit_mlm_train_step(cfg, mesh, defs)
   batch = synthetic_batch(cfg, mesh, seed=0, as_numpy=True)  # two documents per row: within the limit
   state, metrics = train(state, batch)
   assert int(metrics['rows_over_document_limit']) == 0

@@ -48,7 +48,7 @@ def _train(sizes, accum, devices, steps=3):
     for k, v in rows.items()
   }
   defs, state = mlm.create_train_state(cfg, mesh)
-  train = mlm.jit_train_step(cfg, mesh, defs)
+  train = mlm.jit_mlm_train_step(cfg, mesh, defs)
   losses = []
   for _ in range(steps):
     state, metrics = train(state, batch)
@@ -96,7 +96,7 @@ def test_compiled_step_reduces_across_slices_once():
   cfg = _cfg(ACCUM)
   mesh = shd.make_mesh(HYBRID)
   defs, abstract = mlm.abstract_train_state(cfg, mesh)
-  hlo = mlm.jit_train_step(cfg, mesh, defs).lower(abstract, mlm.abstract_batch(cfg, mesh)).compile().as_text()
+  hlo = mlm.jit_mlm_train_step(cfg, mesh, defs).lower(abstract, mlm.abstract_batch(cfg, mesh)).compile().as_text()
   granules, transfers = collectives.for_mesh(hlo, mesh, shd.resolve_layout(HYBRID, 8))
   assert granules == 2 and transfers
   # Nothing inside the micro-batch loop crosses: every DCN collective runs once per step.

@@ -47,7 +47,7 @@ def test_config_sizes_are_per_slice_and_refused_when_they_cannot_be():
   cfg = single._cfg()
   cfg.mesh.update(HYBRID, fsdp=-1)
   assert train_config.mesh_shape(cfg, 8) == {'data': 1, 'fsdp': 4, 'tensor': 1, 'dcn_data': 2, 'dcn_fsdp': 1}
-  train_config.validate(cfg, num_devices=8, process_count=2)
+  train_config.validate_train(cfg, num_devices=8, process_count=2)
   for change, words in (
     ({'dcn_data': 3}, 'do not split into'),
     ({'dcn_fsdp': 0}, '>= 1'),
@@ -56,9 +56,9 @@ def test_config_sizes_are_per_slice_and_refused_when_they_cannot_be():
     bad = single._cfg()
     bad.mesh.update(HYBRID, **change)
     with pytest.raises(ConfigError, match=words):
-      train_config.validate(bad, num_devices=8, process_count=1)
+      train_config.validate_train(bad, num_devices=8, process_count=1)
   with pytest.raises(ConfigError, match='processes do not split'):
-    train_config.validate(cfg, num_devices=8, process_count=3)
+    train_config.validate_train(cfg, num_devices=8, process_count=3)
   with pytest.raises(ValueError, match='tensor parallelism stays inside'):
     shd.resolve_layout({**HYBRID, 'dcn_tensor': 2}, 8)
 

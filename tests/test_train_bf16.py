@@ -49,7 +49,7 @@ def run_curve(cfg, batches, hlo: list | None = None) -> list[float]:
   """Per-step training losses of the real jitted train step on `batches` (an iterable of global batches)."""
   mesh = shd.make_mesh(dict(data=1, fsdp=1, tensor=1), jax.devices()[:1])
   defs, state = mlm.create_train_state(cfg, mesh)
-  train = mlm.jit_train_step(cfg, mesh, defs)
+  train = mlm.jit_mlm_train_step(cfg, mesh, defs)
   if hlo is not None:
     hlo.append(train.lower(state, mlm.abstract_batch(cfg, mesh)).as_text())
   losses = []
@@ -118,7 +118,7 @@ def main() -> None:
     cfg = config_lib.load(REPO_ROOT / 'configs' / 'tiny_cpu.py')
     cfg.train.num_steps, cfg.model.dtype = a.steps, dtype
     defs, state = mlm.create_train_state(cfg, mesh)
-    runs[dtype] = [mlm.jit_train_step(cfg, mesh, defs), state, []]
+    runs[dtype] = [mlm.jit_mlm_train_step(cfg, mesh, defs), state, []]
   it = pipeline.make_train_iterator(
     cfg.data,
     cfg.train.global_batch_size,

@@ -26,9 +26,9 @@ def test_shipped_configs_validate(path):
     from neobert_jax.config import finetune as finetune_config
 
     cfg.data.train_file = 'train.tsv'  # the one field a user must give on the command line
-    finetune_config.validate(cfg, num_devices=8)
+    finetune_config.validate_finetune(cfg, num_devices=8)
     return
-  config_lib.validate(cfg, num_devices=8)
+  config_lib.validate_train(cfg, num_devices=8)
 
 
 def test_stage1_recipe_is_the_paper():
@@ -57,7 +57,7 @@ def _schedule(kind, **fields):
   cfg = tiny_config()
   cfg.optimizer.update(dict(schedule=kind, peak_lr=1e-3, warmup_steps=10, warmup_init_fraction=0.0), **fields)
   cfg.train.num_steps = 100
-  cfg = config_lib.validate(cfg, num_devices=8)
+  cfg = config_lib.validate_train(cfg, num_devices=8)
   _, sched = opt_lib.make_optimizer(cfg.optimizer, cfg.train.num_steps)
   return lambda step: float(sched(step))
 
@@ -134,14 +134,14 @@ def test_weight_decay_skips_norms_and_biases():
 def test_bad_configs_fail_clearly(override, message):
   path = str(REPO / 'configs' / 'tiny_cpu.py')
   with pytest.raises(config_lib.ConfigError, match=message):
-    config_lib.validate(config.load(path, override), num_devices=8)
+    config_lib.validate_train(config.load(path, override), num_devices=8)
 
 
 def test_typo_in_a_config_file_is_caught():
   cfg = tiny_config()
   cfg.train.num_step = 10  # typo: not a field of the schema (config/train.py)
   with pytest.raises(config_lib.ConfigError, match=r"unknown config keys \['train.num_step'\]"):
-    config_lib.validate(cfg, num_devices=8)
+    config_lib.validate_train(cfg, num_devices=8)
 
 
 def test_one_compute_dtype_setting():
@@ -155,10 +155,10 @@ def test_one_compute_dtype_setting():
   )
   cfg = tiny_config()
   cfg.model.dtype = 'auto'
-  assert config_lib.resolve(cfg)[0].model.dtype == 'float32'  # this CPU
+  assert config_lib.resolve_train(cfg)[0].model.dtype == 'float32'  # this CPU
   cfg.train.compute_dtype = 'bfloat16'  # a recipe written before the rename is told where the setting went
   with pytest.raises(config_lib.ConfigError, match='train.compute_dtype is now model.dtype'):
-    config_lib.validate(cfg, num_devices=8)
+    config_lib.validate_train(cfg, num_devices=8)
 
 
 def test_vocab_mismatch_fails_before_the_model_is_built(tmp_path):
@@ -173,11 +173,11 @@ def test_validate_types_the_config_once_at_the_boundary():
 
   cfg = tiny_config()
   cfg.optimizer = ml_collections.ConfigDict(dict(cfg.optimizer.to_dict(), peak_lr=1, weight_decay=0))  # ints
-  typed = config_lib.validate(cfg, num_devices=8)
+  typed = config_lib.validate_train(cfg, num_devices=8)
   assert type(typed.optimizer.peak_lr) is float and type(typed.optimizer.weight_decay) is float
   cfg.train = ml_collections.ConfigDict(dict(cfg.train.to_dict(), num_steps='6'))
   with pytest.raises(config_lib.ConfigError, match=r"train.num_steps='6' is a str; the field is a int"):
-    config_lib.validate(cfg, num_devices=8)
+    config_lib.validate_train(cfg, num_devices=8)
   # a recorded config.json: older (a field missing), newer (a field the schema lacks), numbers as JSON wrote them
   recorded = typed.to_dict()
   del recorded['optimizer']['clip_eps']
@@ -189,7 +189,7 @@ def test_validate_types_the_config_once_at_the_boundary():
 
 
 def test_each_schema_resolves_auto_once_and_training_refuses_what_it_did_not_resolve(tmp_path):
-  """config/train.resolve and config/finetune.resolve fill in the compute dtype, the attention kernel and the mesh
+  """config/train.resolve_train and config/finetune.resolve_finetune fill in the compute dtype, the attention kernel and the mesh
   (what config.json records); the compile command resolves for its target; a training session refuses 'auto'."""
   from neobert_jax.config import finetune as finetune_config
   from neobert_jax.config.model import KERNELS
@@ -197,18 +197,18 @@ def test_each_schema_resolves_auto_once_and_training_refuses_what_it_did_not_res
 
   cfg = tiny_config()
   cfg.model.dtype = 'auto'
-  resolved, choice = config_lib.resolve(config_lib.validate(cfg, num_devices=8), num_devices=8)
+  resolved, choice = config_lib.resolve_train(config_lib.validate_train(cfg, num_devices=8), num_devices=8)
   assert (resolved.model.dtype, resolved.model.attention_impl, choice.kernel) == ('float32', 'xla', 'xla')
   assert resolved.mesh.fsdp == 8 and cfg.model.dtype == 'auto'  # a copy: the input is left as it was
-  on_gpu, choice = config_lib.resolve(cfg, platform='gpu', compute_capability='9.0', num_devices=8)
+  on_gpu, choice = config_lib.resolve_train(cfg, platform='gpu', compute_capability='9.0', num_devices=8)
   assert (on_gpu.model.dtype, on_gpu.model.attention_impl) == ('bfloat16', 'cudnn') and choice.reason
 
   ft = finetune_config.base_config('classification')
   ft.data.train_file = 'train.tsv'
-  ft = finetune_config.validate(ft, num_devices=8)
+  ft = finetune_config.validate_finetune(ft, num_devices=8)
   source = ft.model.copy_and_resolve_references()
   source.hidden_size, source.dtype, source.attention_impl = 48, 'bfloat16', 'cudnn'  # the source's numerics: not ours
-  out, _ = finetune_config.resolve(ft, source, 'bert-base-uncased', platform='cpu', num_devices=8)
+  out, _ = finetune_config.resolve_finetune(ft, source, 'bert-base-uncased', platform='cpu', num_devices=8)
   assert out.model.hidden_size == 48 and out.model.dtype == 'float32' and out.model.attention_impl in KERNELS
   assert out.data.tokenizer == 'bert-base-uncased' and out.mesh.fsdp == 8
 

@@ -78,7 +78,7 @@ def runs():
   mesh = shd.make_mesh(dict(data=1, fsdp=1, tensor=1), jax.devices()[:1])
   defs, state = mlm.create_train_state(cfg, mesh)
   flat0 = to_flat(nnx.merge(defs.model_def, state['params']))
-  train = mlm.jit_train_step(cfg, mesh, defs)
+  train = mlm.jit_mlm_train_step(cfg, mesh, defs)
 
   model = torch_ref.torch_model_from_flat(flat0, cfg.model).train()
   o = cfg.optimizer

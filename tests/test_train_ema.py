@@ -74,7 +74,7 @@ def test_ema_fields_are_checked():
   cfg = tiny_config()
   cfg.train.ema_decay = 1.0
   with pytest.raises(errors.ConfigError, match=r'train.ema_decay=1.0 must be in \[0, 1\)'):
-    config_lib.validate(cfg, num_devices=8)
+    config_lib.validate_train(cfg, num_devices=8)
   cfg.train.ema_decay, cfg.export.use_ema = 0.0, True
   with pytest.raises(errors.ConfigError, match='export.use_ema=True .* set train.ema_decay > 0'):
-    config_lib.validate(cfg, num_devices=8)
+    config_lib.validate_train(cfg, num_devices=8)

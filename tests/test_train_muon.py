@@ -81,7 +81,7 @@ def test_muon_fields_are_checked(field, value, needle):
   cfg = tiny_config()
   cfg.optimizer[field] = value
   with pytest.raises(errors.ConfigError) as refused:
-    schema.validate(cfg)
+    schema.validate_train(cfg)
   assert needle in str(refused.value)
 
 
@@ -93,7 +93,7 @@ MESHES = {'one_device': dict(data=1, fsdp=1, tensor=1), 'd2f2t2': dict(data=2, f
 def _sharded_cfg(num_devices=None):
   cfg = _muon(tiny_config(vocab_size=256, hidden=64, layers=2, seq_len=32, batch=16))
   cfg.model.num_heads, cfg.optimizer.warmup_steps = 4, 0  # every step moves the weights
-  return schema.validate(cfg, num_devices=num_devices)
+  return schema.validate_train(cfg, num_devices=num_devices)
 
 
 def _sharded_run(sizes):
@@ -101,7 +101,7 @@ def _sharded_run(sizes):
   devices = jax.devices()[:1] if sizes == MESHES['one_device'] else jax.devices()
   mesh = shd.make_mesh(sizes, devices)
   defs, state = mlm.create_train_state(cfg, mesh)
-  train = mlm.jit_train_step(cfg, mesh, defs)
+  train = mlm.jit_mlm_train_step(cfg, mesh, defs)
   losses = []
   for _ in range(3):
     state, metrics = train(state, synthetic_batch(cfg, mesh, seed=0))
@@ -186,7 +186,7 @@ def test_a_stage_that_keeps_muon_s_state_restarts_only_the_schedule():
   cfg = _sharded_cfg(num_devices=1)
   mesh = shd.make_mesh(MESHES['one_device'], jax.devices()[:1])
   defs, state = mlm.create_train_state(cfg, mesh)
-  state, _ = mlm.jit_train_step(cfg, mesh, defs)(state, synthetic_batch(cfg, mesh, seed=0))
+  state, _ = mlm.jit_mlm_train_step(cfg, mesh, defs)(state, synthetic_batch(cfg, mesh, seed=0))
   counts = {
     path_key(p): int(x)
     for p, x in jax.tree_util.tree_flatten_with_path(state_lib.restart_schedule(state['opt']))[0]

@@ -50,7 +50,7 @@ def _tiny_cfg(**probe):
   overrides.update({'data.max_predictions': 16, 'eval.probe_task': 'fine_food', **probe})
   cfg = config_lib.load(REPO_ROOT / 'configs' / 'tiny_cpu.py', overrides)
   cfg.data.tokenizer = 'builtin-wordpiece-2048'
-  return train_config.validate(cfg)
+  return train_config.validate_train(cfg)
 
 
 def test_pooled_embeddings_ignore_padding_and_the_probe_scores_a_random_init():
@@ -78,7 +78,7 @@ def test_pooled_embeddings_ignore_padding_and_the_probe_scores_a_random_init():
 def test_a_probe_that_cannot_run_is_one_line(overrides, message):
   cfg = config_lib.load(REPO_ROOT / 'configs' / 'tiny_cpu.py', overrides)
   with pytest.raises(ConfigError, match=message):
-    train_config.validate(cfg)
+    train_config.validate_train(cfg)
 
 
 def test_evaluation_masks_at_its_own_rate_when_given_one():

@@ -130,7 +130,9 @@ def test_an_explicit_warmup_steps_wins_on_every_shipped_config(config_file, capl
   cfg = config_lib.load(REPO / 'configs' / config_file, {'optimizer.warmup_steps': 10})
   if 'task' in cfg:
     cfg.data.train_file = 'train.csv'  # required by the schema; not read by validation
-  validate = finetune_config.validate if 'task' in cfg else lambda c: train_config.validate(c, num_devices=1)
+  validate = (
+    finetune_config.validate_finetune if 'task' in cfg else lambda c: train_config.validate_train(c, num_devices=1)
+  )
   had_share = cfg.optimizer.warmup_fraction > 0
   with caplog.at_level(logging.INFO, logger='neobert_jax.config'):
     resolved = validate(cfg)
@@ -146,10 +148,10 @@ def test_the_fine_tuning_warmup_in_steps_replaces_the_share():
 
   cfg = finetune_config.base_config('classification')
   cfg.optimizer.lr, cfg.optimizer.schedule, cfg.data.train_file = 1.0, 'linear', 'train.csv'
-  share = optimizer_lib.make_finetune_optimizer(finetune_config.validate(cfg).optimizer, 100)[1]
+  share = optimizer_lib.make_finetune_optimizer(finetune_config.validate_finetune(cfg).optimizer, 100)[1]
   assert float(share(5)) == pytest.approx(0.5)  # warmup_fraction 0.1 of 100 steps: 10 steps
   cfg.optimizer.warmup_steps = 20
-  steps = optimizer_lib.make_finetune_optimizer(finetune_config.validate(cfg).optimizer, 100)[1]
+  steps = optimizer_lib.make_finetune_optimizer(finetune_config.validate_finetune(cfg).optimizer, 100)[1]
   assert float(steps(5)) == pytest.approx(0.25) and float(steps(20)) == pytest.approx(1.0)
 
 
@@ -161,9 +163,9 @@ def test_a_warmup_given_as_a_share_of_the_run_follows_its_length():
   cfg.optimizer.warmup_steps = 0
   for steps, warmup in ((2000, 600), (40, 12), (2, 1)):
     cfg.train.num_steps = steps
-    resolved = train_config.validate(cfg, num_devices=1)
+    resolved = train_config.validate_train(cfg, num_devices=1)
     assert resolved.optimizer.warmup_steps == warmup
-    assert train_config.validate(resolved, num_devices=1).optimizer.warmup_steps == warmup  # config.json re-read
+    assert train_config.validate_train(resolved, num_devices=1).optimizer.warmup_steps == warmup  # config.json re-read
   cfg.optimizer.warmup_fraction = 1.0
   with pytest.raises(errors.ConfigError, match=r'optimizer.warmup_fraction=1.0 must be in \[0, 1\)'):
-    train_config.validate(cfg, num_devices=1)
+    train_config.validate_train(cfg, num_devices=1)

@@ -36,7 +36,7 @@ def _run(cfg, sizes, steps=3):
     'qkv_shard_size': qkv.addressable_shards[0].data.size,
     'opt_specs': [x.sharding.spec for x in jax.tree.leaves(state['opt']) if x.shape == qkv.shape],
   }
-  train = mlm.jit_train_step(cfg, mesh, defs)
+  train = mlm.jit_mlm_train_step(cfg, mesh, defs)
   losses = []
   for i in range(steps):
     state, metrics = train(state, synthetic_batch(cfg, mesh, seed=0))  # same batch: the loss must fall
@@ -93,7 +93,7 @@ def test_grad_accumulation_matches_one_big_batch():
   results = []
   for cfg, accum in ((big, 1), (micro, 4)):
     defs, state = mlm.create_train_state(cfg, mesh)
-    train = mlm.jit_train_step(cfg, mesh, defs)
+    train = mlm.jit_mlm_train_step(cfg, mesh, defs)
     sharding = engine_step.micro_batch_sharding(mesh)
     split = {k: jax.device_put(v.reshape((accum, 32 // accum) + v.shape[2:]), sharding) for k, v in batch.items()}
     counts = batch['mlm_weights'].reshape(accum, -1).sum(-1)

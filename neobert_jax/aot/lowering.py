@@ -19,7 +19,7 @@ def lower_step(cfg, target: targets.Target, what: str = 'train'):
   devices = targets.devices(target)
   # The trainer's own checks (unknown keys, batch divisibility over the mesh and over the target's hosts), so
   # a recipe that compiles here is one the trainer accepts there.
-  train_config.validate(cfg, num_devices=len(devices), process_count=len({d.process_index for d in devices}))
+  train_config.validate_train(cfg, num_devices=len(devices), process_count=len({d.process_index for d in devices}))
   try:
     mesh = shd.make_mesh(cfg.mesh, devices)
   except ValueError as e:  # dcn sizes that do not match the target's slices / hosts: the config's to fix
@@ -27,7 +27,7 @@ def lower_step(cfg, target: targets.Target, what: str = 'train'):
   defs, abstract_state = mlm.abstract_train_state(cfg, mesh)
   batch = mlm.abstract_batch(cfg, mesh)
   if what == 'train':
-    return mlm.jit_train_step(cfg, mesh, defs).lower(abstract_state, batch), mesh
+    return mlm.jit_mlm_train_step(cfg, mesh, defs).lower(abstract_state, batch), mesh
   if what != 'forward_backward':
     raise ValueError(f'unknown program {what!r}')
   packed = cfg.data.packing == 'packed'

@@ -195,7 +195,7 @@ def search(
   )
 
 
-def plan(
+def plan_layouts(
   cfg,
   target: targets.Target,
   *,
@@ -230,7 +230,7 @@ def recommend(rows: list[Row]) -> Row | None:
   return min(ok, key=lambda r: (float(f'{r.seconds:.6g}'), r.grad_accum, r.total_bytes))
 
 
-def format_table(rows: list[Row], target: targets.Target, mfu: float) -> str:
+def format_plan_table(rows: list[Row], target: targets.Target, mfu: float) -> str:
   basis = 'roofline of the compiled step'
   if target.platform == 'tpu':
     basis = 'XLA TPU cost model (+ splash attention FLOPs at MFU)'

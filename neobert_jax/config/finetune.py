@@ -116,7 +116,7 @@ def base_config(task: str = 'classification') -> ml_collections.ConfigDict:
   return cfg
 
 
-def validate(cfg: ml_collections.ConfigDict, num_devices: int | None = None) -> ml_collections.ConfigDict:
+def validate_finetune(cfg: ml_collections.ConfigDict, num_devices: int | None = None) -> ml_collections.ConfigDict:
   """`cfg` typed by the schema (config_lib.typed); raises ConfigError naming the field and the fix."""
   if cfg.get('task') not in TASKS:
     raise ConfigError(f'task={cfg.get("task")!r}; expected one of {TASKS}')
@@ -170,7 +170,7 @@ def validate(cfg: ml_collections.ConfigDict, num_devices: int | None = None) -> 
 RUNTIME_FIELDS = ('dtype', 'attention_impl', 'scan_layers', 'remat_policy', 'param_dtype')
 
 
-def resolve(
+def resolve_finetune(
   cfg: ml_collections.ConfigDict,
   source_model: ml_collections.ConfigDict | None,
   tokenizer: str,

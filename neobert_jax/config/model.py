@@ -199,12 +199,12 @@ def choose_attention(
 
 def require_resolved(cfg: ml_collections.ConfigDict) -> None:
   """Raises ValueError when the model section still says 'auto' (dtype or attention_impl): what the training paths
-  hand the model and record in config.json is resolved first (config/train.resolve, config/finetune.resolve)."""
+  hand the model and record in config.json is resolved first (config/train.resolve_train, config/finetune.resolve_finetune)."""
   left = [f'model.{f}={cfg[f]!r}' for f in ('dtype', 'attention_impl') if cfg[f] == 'auto']
   if left:
     raise ValueError(
-      f'{", ".join(left)} reached training unresolved; resolve the config first (config/train.resolve or '
-      'config/finetune.resolve), which records the concrete choice in config.json'
+      f'{", ".join(left)} reached training unresolved; resolve the config first (config/train.resolve_train or '
+      'config/finetune.resolve_finetune), which records the concrete choice in config.json'
     )
 
 

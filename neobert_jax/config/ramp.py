@@ -67,7 +67,7 @@ def tokens_through(table: list[Phase], seq_len: int, done: int) -> int:
   return p.tokens_before + (done - p.first_step) * p.size * seq_len
 
 
-def validate(cfg: ml_collections.ConfigDict, shards: int, nproc: int) -> str | None:
+def validate_ramp(cfg: ml_collections.ConfigDict, shards: int, nproc: int) -> str | None:
   """Why this ramp cannot run on `shards` batch shards (data x fsdp) and `nproc` processes (one line), or None."""
   t = cfg.train
   if t.batch_warmup_tokens < 0 or t.batch_warmup_start < 0:

@@ -215,17 +215,17 @@ def mesh_shape(cfg: ml_collections.ConfigDict, num_devices: int | None = None) -
   return {k: v for k, v in layout.as_config().items() if k in shd.MESH_AXES or k in cfg.mesh}
 
 
-def typed(cfg: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+def typed_train(cfg: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   """A fresh copy of `cfg` fitted to this schema (config_lib.typed): every field of the schema's type."""
   return config_lib.typed(cfg, get_config(), 'neobert_jax/config/train.py')
 
 
-def validate(
+def validate_train(
   cfg: ml_collections.ConfigDict, num_devices: int | None = None, process_count: int | None = None
 ) -> ml_collections.ConfigDict:
   """`cfg` typed by the schema (typed above); raises ConfigError for a config this trainer cannot run on the
   current devices."""
-  cfg = typed(cfg)
+  cfg = typed_train(cfg)
   for section, check in (('model', validate_model_config), ('data', validate_data_config)):
     try:
       check(cfg[section])
@@ -295,7 +295,7 @@ def validate(
     )
   if micro % nproc:
     raise ConfigError(f'the micro-batch of {micro} rows does not split over {nproc} processes')
-  problem = ramp.validate(cfg, shards, nproc)
+  problem = ramp.validate_ramp(cfg, shards, nproc)
   if problem:
     raise ConfigError(problem)
   return cfg
@@ -311,7 +311,7 @@ class DataFacts:
   block_docs: Callable[[int, str], str] | None = None
 
 
-def resolve(
+def resolve_train(
   cfg: ml_collections.ConfigDict,
   data: DataFacts | None = None,
   recorded: Mapping[str, Any] | None = None,
@@ -405,7 +405,7 @@ def _validate_optimizer(o: ml_collections.ConfigDict, num_steps: int) -> None:
     )
 
 
-def write(cfg: ml_collections.ConfigDict, workdir: str | Path) -> Path:
+def write_config(cfg: ml_collections.ConfigDict, workdir: str | Path) -> Path:
   """WORKDIR/config.json (process 0 writes; every process may call)."""
   path = paths.resolved(workdir, '--workdir') / 'config.json'
   if jax.process_index() == 0:
@@ -424,7 +424,7 @@ def eval_data_config(cfg: ml_collections.ConfigDict) -> ml_collections.ConfigDic
   return config_lib.replace(cfg.data, {'mask_rate': eval_mask_rate(cfg)})
 
 
-def describe(cfg: ml_collections.ConfigDict) -> str:
+def describe_config(cfg: ml_collections.ConfigDict) -> str:
   """One line for the log: the run's shape at a glance."""
   m = cfg.model
   grows = ''

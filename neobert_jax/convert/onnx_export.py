@@ -125,14 +125,14 @@ def trace(module: Exported, opset: int = DEFAULT_OPSET):
     )
 
 
-def rewrite(path: Path) -> None:
+def rewrite_file(path: Path) -> None:
   """Rewrites the graph at ``path`` for onnxruntime's speed, exactly (onnx_rewrite)."""
   import onnx
 
   from neobert_jax.convert import onnx_rewrite
 
   graph = onnx.load(str(path))
-  if any(onnx_rewrite.rewrite(graph).values()):
+  if any(onnx_rewrite.rewrite_graph(graph).values()):
     onnx.checker.check_model(graph)
     onnx.save(graph, str(path))
 
@@ -174,7 +174,7 @@ def export_onnx(
   def fill(tmp: Path) -> None:
     (tmp / ONNX_NAME).parent.mkdir()
     program.save(str(tmp / ONNX_NAME))
-    rewrite(tmp / ONNX_NAME)
+    rewrite_file(tmp / ONNX_NAME)
     quantize(tmp / ONNX_NAME, tmp / QUANTIZED_NAME)
     for name in ST_FILES:
       if (src / name).is_file():

@@ -103,7 +103,7 @@ def _row_bounds(mask_input: str) -> list[onnx.NodeProto]:
   ]
 
 
-def rewrite(model: onnx.ModelProto, mask_input: str = 'attention_mask') -> dict[str, int]:
+def rewrite_graph(model: onnx.ModelProto, mask_input: str = 'attention_mask') -> dict[str, int]:
   """Both rewrites of the module's docstring, in place; how many nodes each replaced."""
   counts = {'attention': attend_per_document(model, mask_input), 'gemm': split_fused_gemms(model)}
   if any(counts.values()):

@@ -62,7 +62,7 @@ def pad_rows(seqs: Sequence[np.ndarray], rows: int, length: int, pad_id: int) ->
   return ids, lengths
 
 
-def plan(
+def plan_batches(
   lengths: Sequence[int], batch_size: int, bucket_list: Sequence[int], rng: np.random.Generator | None
 ) -> list[tuple[int, np.ndarray]]:
   """[(bucket length, example indices)] per batch: shuffled with rng (training), else sorted by length."""
@@ -99,7 +99,7 @@ def epoch_batches(
   rng: np.random.Generator | None,
 ) -> Iterator[dict[str, np.ndarray]]:
   """One pass: {'input_ids', 'lengths', 'weights', 'index', **extras} per batch (host numpy)."""
-  for length, idx in plan([len(s) for s in seqs], batch_size, bucket_list, rng):
+  for length, idx in plan_batches([len(s) for s in seqs], batch_size, bucket_list, rng):
     ids, lens = pad_rows([seqs[i] for i in idx], batch_size, length, pad_id)
     weights = np.zeros((batch_size,), np.float32)
     weights[: len(idx)] = 1.0

@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import ml_collections
 from flax import nnx
 
-from neobert_jax.model.encoder import NeoBERT, pool
+from neobert_jax.model.encoder import NeoBERT, pool_tokens
 from neobert_jax.sharding import creation_scope
 
 
@@ -57,7 +57,7 @@ class SequenceClassifier(nnx.Module):
   def __call__(self, input_ids: jax.Array, lengths: jax.Array, key: jax.Array | None = None) -> jax.Array:
     hidden = self.encoder(input_ids, None, None, lengths)
     keys = jax.random.split(key) if key is not None else (None, None)
-    x = dropout(pool(hidden, lengths, self.pooling), self.dropout_rate, keys[0])
+    x = dropout(pool_tokens(hidden, lengths, self.pooling), self.dropout_rate, keys[0])
     x = jnp.tanh(self.dense(x))
     x = dropout(x, self.dropout_rate, keys[1])
     return self.classifier(x).astype(jnp.float32)
@@ -72,4 +72,4 @@ class Embedder(nnx.Module):
 
   def __call__(self, input_ids: jax.Array, lengths: jax.Array, key: jax.Array | None = None) -> jax.Array:
     del key  # the encoder has no dropout
-    return pool(self.encoder(input_ids, None, None, lengths), lengths, self.pooling)
+    return pool_tokens(self.encoder(input_ids, None, None, lengths), lengths, self.pooling)

@@ -36,7 +36,7 @@ def main(argv: list[str]) -> int:
   jax_compat.quiet_backend_probe()  # no "Unable to initialize backend 'tpu'" line at INFO on CPU / GPU machines
   from neobert_jax.jobs import finetune as finetune_job  # pylint: disable=g-import-not-at-top
 
-  return finetune_job.command(_CONFIG.value, _WORKDIR.value)
+  return finetune_job.finetune_command(_CONFIG.value, _WORKDIR.value)
 
 
 def run() -> None:

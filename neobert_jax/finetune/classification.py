@@ -73,7 +73,7 @@ class ClassificationTask:
     pair = tables.texts(table, d.text_pair_field, path) if d.text_pair_field else None
     pick = lambda xs: [xs[i] for i in rows]  # noqa: E731
     seqs = batching.frame(tok, pick(text), pick(pair) if pair else None, d.max_length)
-    return seqs, labels_lib.encode(self.spec, pick(table[d.label_field]), path)
+    return seqs, labels_lib.encode_labels(self.spec, pick(table[d.label_field]), path)
 
   batch_keys = ['input_ids', 'lengths', 'weights', 'labels']
 
@@ -83,7 +83,7 @@ class ClassificationTask:
 
   def steps_per_epoch(self) -> int:
     lengths = [len(s) for s in self.train_seqs]
-    return len(batching.plan(lengths, self.cfg.train.batch_size, self.buckets, np.random.default_rng(0)))
+    return len(batching.plan_batches(lengths, self.cfg.train.batch_size, self.buckets, np.random.default_rng(0)))
 
   def describe(self) -> str:
     what = f'{self.spec.num_outputs} classes {list(self.spec.names)}' if self.kind == 'classification' else 'regression'
@@ -110,4 +110,4 @@ class ClassificationTask:
     return result
 
   def save(self, workdir) -> None:
-    labels_lib.save(self.spec, workdir)
+    labels_lib.save_labels(self.spec, workdir)

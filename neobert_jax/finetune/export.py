@@ -180,7 +180,7 @@ def export_run(workdir: str | Path, output: str | Path, *, overwrite: bool = Fal
   return export_classifier(
     flat,
     model_cfg,
-    labels_lib.load(workdir),
+    labels_lib.load_labels(workdir),
     output,
     tokenizer=tokenizer,
     dropout=head.dropout,

@@ -62,7 +62,7 @@ def infer(values: Sequence[Any], task_type: str, where: str) -> LabelSpec:
   return LabelSpec('classification', tuple(str(v) for v in raw), tuple(raw))
 
 
-def encode(spec: LabelSpec, values: Sequence[Any], where: str) -> np.ndarray:
+def encode_labels(spec: LabelSpec, values: Sequence[Any], where: str) -> np.ndarray:
   """Class ids (int32) or regression targets (float32)."""
   if spec.kind == 'regression':
     return np.asarray(values, np.float32)
@@ -88,11 +88,11 @@ def check_same_labels(spec: LabelSpec, val_values: Sequence[Any], where: str) ->
     )
 
 
-def save(spec: LabelSpec, workdir: str | Path) -> Path:
+def save_labels(spec: LabelSpec, workdir: str | Path) -> Path:
   path = paths.resolved(workdir) / LABELS_FILE
   paths.write_text(path, json.dumps(spec.to_json(), indent=2) + '\n')
   return path
 
 
-def load(workdir: str | Path) -> LabelSpec:
+def load_labels(workdir: str | Path) -> LabelSpec:
   return LabelSpec.from_json(json.loads((paths.resolved(workdir) / LABELS_FILE).read_text()))

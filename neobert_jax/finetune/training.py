@@ -45,11 +45,11 @@ def make_task(cfg: ml_collections.ConfigDict, tok: Any):
   return ClassificationTask(cfg, tok)
 
 
-def prepare(cfg: ml_collections.ConfigDict, workdir: Path):
-  """(the run's config, validated and resolved once and frozen (config/finetune.resolve: the architecture used,
+def prepare_finetuning(cfg: ml_collections.ConfigDict, workdir: Path):
+  """(the run's config, validated and resolved once and frozen (config/finetune.resolve_finetune: the architecture used,
   compute dtype, attention kernel, tokenizer, mesh); the weights' source; tokenizer; task): every check that needs
   no device work, nothing written."""
-  cfg = finetune_config.validate(cfg)  # typed by the schema: nothing past here casts a config value
+  cfg = finetune_config.validate_finetune(cfg)  # typed by the schema: nothing past here casts a config value
   session_lib.check_workdir(workdir)
   if (workdir / RESULTS_FILE).exists() or (workdir / runs.CHECKPOINT_SUBDIR).exists():
     raise ConfigError(_existing_run(cfg, workdir))
@@ -63,7 +63,7 @@ def prepare(cfg: ml_collections.ConfigDict, workdir: Path):
       f'tokenizer {tok.spec!r} has {tok.vocab_size} tokens but model.vocab_size={cfg.model.vocab_size}; '
       'set --config.model.vocab_size or start from a pretrained model (init.*)'
     )
-  resolved, choice = finetune_config.resolve(cfg, None if source is None else source.model_cfg, tok.spec)
+  resolved, choice = finetune_config.resolve_finetune(cfg, None if source is None else source.model_cfg, tok.spec)
   if jax.process_index() == 0:
     log.info('attention kernel: %s', choice.describe())
     if resolved.optimizer.lr != cfg.optimizer.lr:
@@ -85,7 +85,7 @@ def _existing_run(cfg: ml_collections.ConfigDict, workdir: Path) -> str:
   if (workdir / runs.CONFIG_FILE).is_file():
     # model and mesh are recorded resolved (the source's architecture, the device count's mesh): not comparable.
     record = runs.read_config(workdir).to_dict()
-    # The run recorded the rate it trained with (config/finetune.resolve): this config's, for the recorded width.
+    # The run recorded the rate it trained with (config/finetune.resolve_finetune): this config's, for the recorded width.
     width = record.get('model', {}).get('hidden_size', cfg.model.hidden_size)
     lr = {'lr': finetune_config.effective_lr(cfg.optimizer, width), 'lr_width': 0}
     current = config_lib.replace(cfg, {f'optimizer.{f}': v for f, v in lr.items()}).to_dict()

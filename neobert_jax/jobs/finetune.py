@@ -42,9 +42,9 @@ def finetune(cfg: ml_collections.ConfigDict, workdir: str | Path) -> dict[str, A
 
 
 def _run(cfg: ml_collections.ConfigDict, workdir: Path, lease: Any) -> dict[str, Any]:
-  cfg, source, tok, task = training.prepare(cfg, workdir)
+  cfg, source, tok, task = training.prepare_finetuning(cfg, workdir)
   is_main = jax.process_index() == 0
-  train_config.write(cfg, workdir)
+  train_config.write_config(cfg, workdir)
   runs.save_tokenizer(workdir, tok.path)  # the run carries its vocabulary: embed / export work from a copy of it
   if is_main and hasattr(task, 'save'):
     task.save(workdir)
@@ -110,7 +110,7 @@ def _finish(
   return results
 
 
-def command(cfg: ml_collections.ConfigDict, workdir: str) -> int:
+def finetune_command(cfg: ml_collections.ConfigDict, workdir: str) -> int:
   """The finetune command: the job, its outcome printed; the exit status: 0, 3 diverged, or an expected error's
   (reported in one line, `finetune: <kind>: ...`)."""
   try:
@@ -176,7 +176,7 @@ def run_sweep(
   return summary
 
 
-def format_table(summary: dict[str, Any]) -> str:
+def format_sweep_table(summary: dict[str, Any]) -> str:
   m = summary['metric']
   lines = [f'{"lr":>8} {"batch":>5} {"wd":>7} {"best " + m:>18} {"step":>6} {"final":>8}']
   for r in summary['rows']:

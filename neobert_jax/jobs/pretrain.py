@@ -62,7 +62,7 @@ def pretrain(
     return result
 
 
-def command(cfg: ml_collections.ConfigDict, workdir: str) -> int:
+def pretrain_command(cfg: ml_collections.ConfigDict, workdir: str) -> int:
   """The train command: the job, its outcome printed on process 0; the exit status (3: diverged)."""
   try:
     result = pretrain(cfg, workdir)

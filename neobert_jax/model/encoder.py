@@ -186,7 +186,7 @@ class NeoBERT(nnx.Module):
     return rms_norm(x, self.final_norm[...], self.cfg.norm_eps)
 
 
-def pool(hidden: jax.Array, lengths: jax.Array, pooling: str) -> jax.Array:
+def pool_tokens(hidden: jax.Array, lengths: jax.Array, pooling: str) -> jax.Array:
   """[B, T, D] -> [B, D] float32: masked mean over the first `lengths` tokens, or the first token. One home for
   the sentence embedding of fine-tuning heads (downstream/heads.py) and the pretraining probe (train/probe.py)."""
   if pooling == 'cls':

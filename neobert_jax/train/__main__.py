@@ -43,7 +43,7 @@ def main(argv: list[str]) -> int:
   commandline.configure_logging(logging.INFO if jax.process_index() == 0 else logging.WARNING)
   from neobert_jax.jobs import pretrain as pretrain_job  # pylint: disable=g-import-not-at-top
 
-  return pretrain_job.command(_CONFIG.value, _WORKDIR.value)
+  return pretrain_job.pretrain_command(_CONFIG.value, _WORKDIR.value)
 
 
 def _renamed(key: str) -> errors.ConfigError | None:

@@ -154,8 +154,8 @@ def context_baselines(
     return json.loads(cached.read_text())
   if not count:
     return None
-  held_out = heldout.read_split(data_cfg, seq_len, 'eval')[0]
-  train = heldout.read_split(data_cfg, seq_len, 'train', max_tokens=_TRAIN_SAMPLE_TOKENS)[0]
+  held_out = heldout.read_heldout_split(data_cfg, seq_len, 'eval')[0]
+  train = heldout.read_heldout_split(data_cfg, seq_len, 'train', max_tokens=_TRAIN_SAMPLE_TOKENS)[0]
   special = list(manifest['tokenizer']['special_ids'].values())
   vocab = int(manifest['tokenizer']['vocab_size'])
   out: dict[str, Any] = unigram(train, held_out, special, vocab)

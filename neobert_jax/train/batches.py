@@ -42,7 +42,7 @@ def real_tokens(batch: Mapping[str, np.ndarray]) -> int:
 
 
 def local_batch_size(global_batch_size: int, process_count: int) -> int:
-  """This process's rows of each step (config/train.validate checks that they split evenly)."""
+  """This process's rows of each step (config/train.validate_train checks that they split evenly)."""
   return global_batch_size // process_count
 
 

@@ -143,7 +143,7 @@ def _step_options(cfg: ml_collections.ConfigDict) -> engine_step.StepOptions:
   )
 
 
-def jit_train_step(cfg: ml_collections.ConfigDict, mesh: jax.sharding.Mesh, defs: StateDefs) -> shd.MeshBound:
+def jit_mlm_train_step(cfg: ml_collections.ConfigDict, mesh: jax.sharding.Mesh, defs: StateDefs) -> shd.MeshBound:
   """The jitted (state, batch) -> (state, metrics) with the state donated; .lower() AOT-compiles it."""
   data = engine_step.micro_batch_sharding(mesh)
   return engine_step.jit_train_step(

@@ -63,7 +63,7 @@ def _check_rows(limit: int) -> Callable[[int, dict], None]:
 def plan_run(
   cfg: ml_collections.ConfigDict, workdir: paths.Path
 ) -> tuple[ml_collections.FrozenConfigDict, Any, pipeline.Sources]:
-  """The run's config, validated and resolved once (config/train.resolve), frozen (nothing past here changes
+  """The run's config, validated and resolved once (config/train.resolve_train), frozen (nothing past here changes
   it), its resume plan, and its training data, opened.
 
   The data is read once here: the mixture file (or data.dir, a mixture of one), then the sources' manifests. The
@@ -71,20 +71,20 @@ def plan_run(
   another run is refused here, untouched; so is an init source that is missing or of another architecture (a
   resumed run ignores cfg.init).
   """
-  cfg = train_config.validate(cfg)
+  cfg = train_config.validate_train(cfg)
   seq = cfg.model.max_length
   mix = pipeline.read_mixture(cfg.data, seq) if cfg.data.mixture else None
   # What is known before the data is opened: the run-time choices and the mixture's weights, for the resume check.
-  known, choice = train_config.resolve(cfg, train_config.DataFacts(mixture=mix.record() if mix else ''))
+  known, choice = train_config.resolve_train(cfg, train_config.DataFacts(mixture=mix.record() if mix else ''))
   if jax.process_index() == 0:
     log.info('attention kernel: %s', choice.describe())
     if choice.warning:
       log.warning('attention: %s', choice.warning)
-  plan = resume_lib.check(known, workdir)
+  plan = resume_lib.check_resume(known, workdir)
   recorded = plan.recorded['data'] if plan.step is not None and plan.recorded is not None else {}
   if plan.step is None:  # a new run: its source is opened here for its one-line errors (restore_or_init uses it)
     src = mlm.init_source(known)
-    plan.origin = stage.check(known, src)
+    plan.origin = stage.check_stage(known, src)
     recorded = stage.stream(known, src)
   # The one place a run may tokenize: the built-in corpus, with the tokenizer set, else the one a resumed run recorded.
   data_cfg = config_lib.replace(cfg.data, {'tokenizer': cfg.data.tokenizer or recorded.get('tokenizer', '')})
@@ -97,7 +97,7 @@ def plan_run(
     if sources.mix.plain
     else lambda count, given: mixture_lib.format_block_docs(sources.block_docs(cfg.data.block_docs, given, count)),
   )
-  cfg, _ = train_config.resolve(cfg, facts, recorded)
+  cfg, _ = train_config.resolve_train(cfg, facts, recorded)
   return ml_collections.FrozenConfigDict(cfg), plan, sources
 
 
@@ -213,7 +213,7 @@ def train(
   mesh = shd.make_mesh(dict(cfg.mesh))
   train_host, eval_batches = _data(cfg, sources)
   if is_main:
-    log.info('run: %s; data tokenized with %s', train_config.describe(cfg), cfg.data.tokenizer)
+    log.info('run: %s; data tokenized with %s', train_config.describe_config(cfg), cfg.data.tokenizer)
   lg, t = cfg.logging, cfg.train
   with session_lib.TrainingSession(
     workdir,
@@ -252,7 +252,7 @@ def train(
     batches = batches_lib.GlobalBatches(
       train_host, cfg.data.max_predictions, mesh, t.grad_accum_steps, _reads(cfg), start.step, *_thinning(cfg)
     )
-    trainer = session.trainer(mlm.jit_train_step(cfg, mesh, start.defs), start, batches, options)
+    trainer = session.trainer(mlm.jit_mlm_train_step(cfg, mesh, start.defs), start, batches, options)
     if start.step == 0 and cfg.eval.at_start:
       for hook in hooks:
         hook(0, trainer.state, trainer.logger)

@@ -18,14 +18,16 @@ from neobert_jax import sharding as shd
 from neobert_jax.data import labelled
 from neobert_jax.data import tokenizer as tokenizer_lib
 from neobert_jax.engine import trainer as trainer_lib
-from neobert_jax.model.encoder import pool
+from neobert_jax.model.encoder import pool_tokens
 from neobert_jax.train import mlm
 
 _BATCH = 64
 L2 = 1.0  # inverse regularisation strength C of the logistic regression (scikit-learn's default)
 
 
-def encode(tok: tokenizer_lib.Tokenizer, texts: list[str], max_length: int) -> tuple[np.ndarray, np.ndarray]:
+def encode_probe_texts(
+  tok: tokenizer_lib.Tokenizer, texts: list[str], max_length: int
+) -> tuple[np.ndarray, np.ndarray]:
   """([N, max_length] int32 ids, [N] lengths): [CLS] text [SEP], cut to max_length, padded with [PAD]."""
   ids = np.full((len(texts), max_length), tok.pad_id, np.int32)
   lengths = np.zeros(len(texts), np.int32)
@@ -78,11 +80,11 @@ class Probe:
       texts[split], labels[split] = [t[i] for i in keep], [y[i] for i in keep]
     names = sorted(set(labels['train']) | set(labels['test']))
     self.labels = {s: np.asarray([names.index(y) for y in labels[s]]) for s in labels}
-    self.inputs = {s: encode(tok, texts[s], length) for s in texts}
+    self.inputs = {s: encode_probe_texts(tok, texts[s], length) for s in texts}
     replicated = NamedSharding(mesh, P())
 
     def pooled(params, ids, lengths):
-      return pool(nnx.merge(model_def, params).encoder(ids, lengths=lengths), lengths, 'mean')
+      return pool_tokens(nnx.merge(model_def, params).encoder(ids, lengths=lengths), lengths, 'mean')
 
     self._replicated = replicated
     self._pooled = shd.MeshBound(

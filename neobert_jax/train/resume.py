@@ -86,7 +86,7 @@ def _refusal(workdir: paths.Path, step: int, identity: list[resume_rules.Change]
   )
 
 
-def check(cfg: ml_collections.ConfigDict, workdir: str | os.PathLike) -> Plan:
+def check_resume(cfg: ml_collections.ConfigDict, workdir: str | os.PathLike) -> Plan:
   """The resume plan for the resolved `cfg` in `workdir`; ConfigError when the workdir's run is not this one."""
   workdir = paths.resolved(workdir, '--workdir')
   check_workdir(workdir)
@@ -114,7 +114,7 @@ def check(cfg: ml_collections.ConfigDict, workdir: str | os.PathLike) -> Plan:
       f'train.num_steps={num_steps} is below the checkpoint step {step} in {workdir}: the run '
       'cannot go back. Fix: keep train.num_steps at or above it (raise it to train further).'
     )
-  for line in describe(changes, recorded, cfg, step):
+  for line in describe_changes(changes, recorded, cfg, step):
     log.warning('resume with a changed config: %s', line)
   return Plan(workdir, recorded, step, changes)
 
@@ -157,7 +157,7 @@ def _decay_note(opt: ml_collections.ConfigDict, num_steps: int) -> str:
   return f'the {opt.schedule} decay now runs from step {first} to the floor at the last update, step {num_steps - 1}'
 
 
-def describe(
+def describe_changes(
   changes: list[resume_rules.Change], recorded: dict[str, Any], cfg: ml_collections.ConfigDict, step: int
 ) -> list[str]:
   """One line per accepted change, saying what it does from `step` on."""
@@ -203,7 +203,7 @@ def record(plan: Plan, cfg: ml_collections.ConfigDict, step: int) -> None:
   if plan.step is None and plan.recorded is not None and plan.changes:
     entry['replaced_config'] = plan.recorded  # a config.json without checkpoints, kept before it is replaced
   paths.append_line(plan.workdir / HISTORY_FILE, json.dumps(entry, default=str, sort_keys=True))
-  train_config.write(cfg, plan.workdir)
+  train_config.write_config(cfg, plan.workdir)
   runs.save_tokenizer(plan.workdir, cfg.data.tokenizer)  # the run carries its vocabulary (weights/runs.py)
 
 

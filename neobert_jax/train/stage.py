@@ -37,7 +37,7 @@ STREAM_FIELDS = (
 OPTIMIZER_FIELDS = ('optimizer.name', 'optimizer.muon_adamw')
 
 
-def check(cfg: ml_collections.ConfigDict, src: Source | None) -> dict[str, Any] | None:
+def check_stage(cfg: ml_collections.ConfigDict, src: Source | None) -> dict[str, Any] | None:
   """The origin of a run that starts from `src` (None: random init), for its history; with init.continue_data,
   refuses (one line) a row stream that is not the source's (its data.virtual_shards and data.mixture_block_docs,
   when this run leaves them unset, are taken from the source run: `stream`)."""
@@ -76,7 +76,7 @@ def check(cfg: ml_collections.ConfigDict, src: Source | None) -> dict[str, Any] 
 
 def stream(cfg: ml_collections.ConfigDict, src: Source | None) -> dict[str, Any]:
   """With init.continue_data, the source run's recorded layout of its row stream, which this run continues (what
-  config/train.resolve takes for the fields left unset); {} otherwise."""
+  config/train.resolve_train takes for the fields left unset); {} otherwise."""
   if src is None or src.kind != 'run' or not cfg.init.continue_data:
     return {}
   data = src.run_config.to_dict()['data']

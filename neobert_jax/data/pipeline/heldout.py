@@ -11,7 +11,7 @@ from neobert_jax.data import shards
 from neobert_jax.data.pipeline.report_files import iter_split_files
 
 
-def read_split(
+def read_heldout_split(
   data_cfg: ml_collections.ConfigDict, seq_len: int, split: str, max_tokens: int | None = None
 ) -> tuple[list[np.ndarray], dict]:
   """(the split's documents as int32 arrays in order, its manifest); at most ~max_tokens of them (a sample of a

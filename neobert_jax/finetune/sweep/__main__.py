@@ -43,7 +43,7 @@ def main(argv: list[str]) -> int:
     raise errors.ConfigError(
       f'--lr / --batch / --weight_decay must be comma-separated numbers ({e}) (see --help)'
     ) from e
-  print(finetune_job.format_table(finetune_job.run_sweep(_CONFIG.value, _WORKDIR.value, *grid)))
+  print(finetune_job.format_sweep_table(finetune_job.run_sweep(_CONFIG.value, _WORKDIR.value, *grid)))
   return 0
 
 
