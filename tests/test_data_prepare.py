@@ -41,9 +41,9 @@ def _records(path, dtype):
 
 
 def _all_records(directory, split='train'):
-  m = shards.read_manifest(directory)
-  dtype = shards.id_dtype(m)
-  return [rec for s in m['splits'][split]['shards'] for rec in _records(os.path.join(directory, s['file']), dtype)]
+  m = shards.Manifest.read(directory)
+  dtype = m.id_dtype
+  return [rec for s in m.shards(split) for rec in _records(os.path.join(directory, s['file']), dtype)]
 
 
 def test_formats_and_compression(tmp_path):

@@ -60,7 +60,7 @@ def test_a_saved_dataset_gives_the_shards_its_text_gives_as_jsonl(tmp_path, text
   m = _prepare([str(saved)], tmp_path / 'out', vocab, workers=2)
   assert _made(m) == _made(from_jsonl)
   assert m['input_files'] == [str(saved)]
-  assert shards.read_manifest(str(tmp_path / 'out'))['splits'] == _made(m)
+  assert shards.Manifest.read(str(tmp_path / 'out')).raw['splits'] == _made(m)
 
 
 def test_a_saved_dataset_dict_reads_its_train_split_or_the_split_named(tmp_path, texts, vocab, from_jsonl):

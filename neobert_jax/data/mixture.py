@@ -260,10 +260,10 @@ def _check_some_weight(mix: Mixture) -> None:
 
 # --- The sources' prepared data ----------------------------------------------------------------------------------
 
-Opener = Callable[[str], tuple[str, dict]]  # a source's dir -> (dir, manifest), checked against the model
+Opener = Callable[[str], tuple[str, Any]]  # a source's dir -> (dir, manifest), checked against the model
 
 
-def open_sources(mix: Mixture, open_one: Opener, seq_len: int) -> dict[str, tuple[str, dict]]:
+def open_sources(mix: Mixture, open_one: Opener, seq_len: int) -> dict[str, tuple[str, Any]]:
   """Each source's (dir, manifest) through `open_one` (the pipeline's open_prepared for one dir), after checking
   that they share a tokenizer and a record length that fits the model; one ConfigError naming the source if not.
   A plain data.dir is opened as it is, its errors its own."""
@@ -277,14 +277,14 @@ def open_sources(mix: Mixture, open_one: Opener, seq_len: int) -> dict[str, tupl
       raise errors.ConfigError(f'{mix.path}: source {s.name!r}: {errors.one_line(e)}') from None
   first, (_, ref) = next(iter(opened.items()))
   for name, (_, manifest) in opened.items():
-    ident, want = manifest['tokenizer'], ref['tokenizer']
+    ident, want = manifest.tokenizer, ref.tokenizer
     if not tokenizer_lib.same_vocabulary(ident, want):
       raise errors.ConfigError(
         f'{mix.path}: source {name!r} was prepared with tokenizer {ident["spec"]!r} ({ident["kind"]}, '
         f'{ident["vocab_size"]} ids), source {first!r} with {want["spec"]!r} ({want["kind"]}, '
         f'{want["vocab_size"]} ids); prepare every source with one tokenizer'
       )
-    length, ref_length = manifest.get('max_length'), ref.get('max_length')
+    length, ref_length = manifest.max_length, ref.max_length
     if length != ref_length:
       raise errors.ConfigError(
         f'{mix.path}: source {name!r} was prepared with --max-length {length}, source {first!r} with '

@@ -38,10 +38,10 @@ log = logging.getLogger('neobert_jax.train')
 
 def _split_ids(
   data_cfg: ml_collections.ConfigDict, seq_len: int, split: str, max_tokens: int | None = None
-) -> tuple[list[np.ndarray], dict]:
+) -> tuple[list[np.ndarray], shards.Manifest]:
   """The split's records as int32 arrays, in order; at most ~max_tokens of them (a sample of a large train split)."""
   manifest, files = pipeline.iter_split_files(data_cfg, seq_len, split)  # local, or fetched from a bucket one by one
-  records, tokens, dtype = [], 0, shards.id_dtype(manifest)
+  records, tokens, dtype = [], 0, manifest.id_dtype
   for path in files:
     if max_tokens is not None and tokens >= max_tokens:
       break  # before the next file is fetched
@@ -73,7 +73,7 @@ def context_baselines(
   manifest = prepared.open_prepared(data_cfg, seq_len)[1]
   # The manifest names every shard by its sha256, so it and the arguments pin the result: a re-run, a resume and
   # every run on the same prepared data read it back instead of counting again.
-  key = json.dumps([_BASELINES_VERSION, manifest, seq_len, mask_rate, _TRAIN_SAMPLE_TOKENS], sort_keys=True)
+  key = json.dumps([_BASELINES_VERSION, manifest.text(), seq_len, mask_rate, _TRAIN_SAMPLE_TOKENS], sort_keys=True)
   cached = paths.cache_dir('baselines') / f'{hashlib.sha256(key.encode()).hexdigest()[:32]}.json'
   if cached.is_file():
     return json.loads(cached.read_text())
@@ -81,8 +81,7 @@ def context_baselines(
     return None
   held_out = _split_ids(data_cfg, seq_len, 'eval')[0]
   train = _split_ids(data_cfg, seq_len, 'train', max_tokens=_TRAIN_SAMPLE_TOKENS)[0]
-  special = list(manifest['tokenizer']['special_ids'].values())
-  vocab = int(manifest['tokenizer']['vocab_size'])
+  special, vocab = list(manifest.special_ids.values()), manifest.vocab_size
   out: dict[str, Any] = baselines.unigram(train, held_out, special, vocab)
   out['neighbours'] = baselines.neighbours(train, held_out, special, vocab, mask_rate)
   paths.write_text(cached, json.dumps(out))  # whole or absent, whichever process finishes first
@@ -107,7 +106,7 @@ def source_baselines(
     directory, manifest = sources.opened[name]
     one = sources.config(data_cfg, name)
     count = when == 'on' or sources.mix.plain
-    count = count or not prepared.reads_records(one, directory, manifest['splits']['train']['shards'], True)
+    count = count or not prepared.reads_records(one, directory, manifest.shards('train'), True)
     bars = context_baselines(one, seq_len, mask_rate, count)
     if bars is None:
       log.info(

@@ -158,7 +158,7 @@ def _prepared_with(out: str, tokenizer: str) -> bool:
     return False
   if tokenizer == tokenizer_lib.BUILTIN_BERT:
     return True
-  made_with = shards.read_manifest(out)['tokenizer']
+  made_with = shards.Manifest.read(out).tokenizer
   return tokenizer_lib.same_vocabulary(made_with, tokenizer_lib.load_tokenizer(tokenizer).identity())
 
 
