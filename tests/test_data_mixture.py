@@ -149,7 +149,7 @@ def test_sources_that_agree_open_with_their_manifests(tmp_path):
   a, b = _prepared(tmp_path / 'a'), _prepared(tmp_path / 'b', seed=1)
   opened = mixture.open_sources(_mix(tmp_path, {'a': a, 'b': b}), _opener(), SEQ)
   assert list(opened) == ['a', 'b'] and opened['b'][0] == b
-  assert opened['a'][1]['splits']['train']['documents'] == 40
+  assert opened['a'][1].split('train')['documents'] == 40
 
 
 def _identity(vocab_size=1000, sha='other'):
