@@ -92,8 +92,8 @@ def stage_split(directory: str, cfg, seq_len: int) -> dict:
   """
   import grain  # pylint: disable=g-import-not-at-top
 
-  m = shards.read_manifest(directory)
-  paths = shards.split_paths(directory, m, 'train')
+  m = shards.Manifest.read(directory)
+  paths = [os.path.join(directory, s['file']) for s in m.shards('train')]
   blocks = blocks_lib.DocumentBlocks(
     grain.sources.ArrayRecordDataSource(paths),
     cfg.block_docs,
@@ -101,10 +101,10 @@ def stage_split(directory: str, cfg, seq_len: int) -> dict:
     process_index=0,
     process_count=1,
     shuffle=True,
-    id_dtype=shards.id_dtype(m),
+    id_dtype=m.id_dtype,
   )
-  special = m['tokenizer']['special_ids']
-  table = masking.special_table(m['tokenizer']['vocab_size'], special.values())
+  special = m.special_ids
+  table = masking.special_table(m.vocab_size, special.values())
   out = {'read': 0.0, 'pack': 0.0, 'mask': 0.0}
   n_tok = 0
   for i in range(3):
@@ -160,9 +160,9 @@ def bucket_comparison(a) -> None:
     os.environ.update(gcs_env(endpoint), CLOUD_STORAGE_EMULATOR_ENDPOINT=endpoint)
   try:
     local = corpus.default_prepared_dir(max_length=a.seq_len)
-    m = shards.read_manifest(local)
+    m = shards.Manifest.read(local)
     url = paths.Path(a.bucket or 'gs://neobert/bench') / f'corpus-L{a.seq_len}'
-    mib = sum(s['bytes'] for split in m['splits'].values() for s in split['shards']) / 2**20
+    mib = sum(s['bytes'] for split in ('train', 'eval') for s in m.shards(split)) / 2**20
     t0 = time.perf_counter()
     publish.upload(local, url, m)
     up = time.perf_counter() - t0
@@ -183,7 +183,7 @@ def bucket_comparison(a) -> None:
         f'P {a.max_predictions[-1]}, workers 0, seq_len {a.seq_len}, batch {a.batch}, block_docs {a.block_docs}; '
         f'{a.random_reads} records read at random)'
       )
-      files = [s['file'] for s in m['splits']['train']['shards']]
+      files = [s['file'] for s in m.shards('train')]
       for name, data_dir, urls in (
         ('local', local, [os.path.join(local, f) for f in files]),
         ('fetched', str(url), [os.path.join(staged, f) for f in files]),
@@ -194,7 +194,7 @@ def bucket_comparison(a) -> None:
         tok = (
           f'{measure(cfg, a.batch, a.seq_len, a.seconds)["tokens_per_s"] / 1e6:15.2f}' if data_dir else (f'{"-":>15}')
         )
-        per_s, mtok = _random_reads(urls, a.random_reads, shards.id_dtype(m).itemsize)
+        per_s, mtok = _random_reads(urls, a.random_reads, m.id_dtype.itemsize)
         print(f'{name:8} {tok} {per_s:14.0f} {mtok:11.3f}', flush=True)
   finally:
     if emulator is not None:
@@ -221,8 +221,8 @@ def main(argv=None):
     return
   with tempfile.TemporaryDirectory() as tmp:
     directory = a.data or synthetic_dir(tmp, a.docs, a.mean_len, a.seq_len)
-    m = shards.read_manifest(directory)
-    tr = m['splits']['train']
+    m = shards.Manifest.read(directory)
+    tr = m.split('train')
     print(
       f'data: {directory}  {tr["records"]} records, mean length '
       f'{tr["tokens"] / tr["records"]:.0f}, seq_len {a.seq_len}, batch {a.batch}, '

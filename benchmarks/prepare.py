@@ -43,7 +43,7 @@ def _tokens(m: dict) -> int:
 def run_local(inputs, out, workers, flags) -> dict:
   self0, kids0 = _cpu(resource.RUSAGE_SELF), _cpu(resource.RUSAGE_CHILDREN)
   t0 = time.perf_counter()
-  m = prepare_lib.prepare(inputs, out, workers=workers, overwrite=True, **flags)
+  m = prepare_lib.prepare_local(inputs, out, workers=workers, overwrite=True, **flags)
   wall = time.perf_counter() - t0
   # Pool workers have exited by now, so RUSAGE_CHILDREN holds their CPU time.
   return {
@@ -72,9 +72,9 @@ def run_ray(inputs, out, nodes, flags, split_mb, warmup) -> list[dict]:
         cluster.add_node(num_cpus=1)
       cluster.wait_for_nodes()
       # Start every node's worker process (and its imports) before timing: a real build amortises it.
-      prepare_ray.prepare([warmup], f'{out}-warm', split_mb=0.05, overwrite=True, **flags)
+      prepare_ray.prepare_on_ray([warmup], f'{out}-warm', split_mb=0.05, overwrite=True, **flags)
       cpu0, t0 = _cpu(resource.RUSAGE_SELF), time.perf_counter()
-      m = prepare_ray.prepare(inputs, f'{out}-{n}', split_mb=split_mb, overwrite=True, **flags)
+      m = prepare_ray.prepare_on_ray(inputs, f'{out}-{n}', split_mb=split_mb, overwrite=True, **flags)
       rows.append(
         {
           'nodes': n,

@@ -88,7 +88,7 @@ def node_modules() -> Path:
   """node_modules holding TRANSFORMERS_JS (and its onnxruntime-node and onnxruntime-web), installed once."""
   if shutil.which('node') is None or shutil.which('npm') is None:
     pytest.skip('node / npm not installed')
-  root = Path(assets.cache_dir()) / 'node' / TRANSFORMERS_JS.replace('/', '+')
+  root = Path(assets.asset_cache_dir()) / 'node' / TRANSFORMERS_JS.replace('/', '+')
   done = root / 'installed'
   with assets.locked('node-modules'):
     if not done.is_file():

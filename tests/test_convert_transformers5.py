@@ -72,7 +72,7 @@ def layered_env(packages: tuple[str, ...]) -> Path:
   # Keyed by the environment it extends too: a cached one made beside another venv would see that venv's packages
   # (or, once it is deleted, no torch at all).
   key = hashlib.sha256('\n'.join(base).encode()).hexdigest()[:10]
-  root = Path(assets.cache_dir()) / 'transformers5' / f'{"-".join(packages)}-{key}'
+  root = Path(assets.asset_cache_dir()) / 'transformers5' / f'{"-".join(packages)}-{key}'
   python = root / 'bin' / 'python'
   done = root / 'installed'
   with assets.locked('layered-env'):  # two test processes must not build one environment at once

@@ -174,7 +174,7 @@ def sdist_tests(version: str, cache: Path) -> Path:
 def suite_tree(version: str, tmp_path: Path) -> Path:
   """A fresh directory whose tests/ package holds the release's common test modules (cached), the stand-ins and
   our test module."""
-  cached = sdist_tests(version, Path(assets.cache_dir()) / 'transformers-tests')
+  cached = sdist_tests(version, Path(assets.asset_cache_dir()) / 'transformers-tests')
   root = tmp_path / f'transformers-{version}'
   for name in COMMON_FILES:
     (root / name).parent.mkdir(parents=True, exist_ok=True)

@@ -55,7 +55,7 @@ def test_real_corpus_prepares_and_feeds_the_pipeline(tmp_path):
   ][:150]
   sample.write_text(''.join(json.dumps(r) + '\n' for r in picked))
   out = str(tmp_path / 'prepared')
-  m = prepare_lib.prepare([str(sample)], out, tokenizer='bert-base-uncased', max_length=256, eval_fraction=0.05)
+  m = prepare_lib.prepare_local([str(sample)], out, tokenizer='bert-base-uncased', max_length=256, eval_fraction=0.05)
   assert m['split_long_documents'] >= 2  # most scenes are longer than 256
   assert m['splits']['train']['tokens'] > 100_000 and m['splits']['eval']['documents'] > 0
   cfg = config_lib.default_data_config()

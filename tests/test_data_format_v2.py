@@ -55,17 +55,17 @@ def test_width_follows_the_vocabulary():
   assert shards.id_dtype_name(30522) == 'uint16'
   assert shards.id_dtype_name(65535) == 'uint16'
   assert shards.id_dtype_name(65536) == 'int32'
-  assert shards.id_dtype({'format': shards.FORMAT, 'id_dtype': 'uint16'}) == np.dtype('<u2')
-  assert shards.id_dtype({'format': shards.FORMAT, 'id_dtype': 'int32'}) == np.dtype('<i4')
-  assert shards.id_dtype({'format': shards.FORMAT_V1}) == np.dtype('<i4')
+  assert shards.Manifest({'format': shards.FORMAT, 'id_dtype': 'uint16'}).id_dtype == np.dtype('<u2')
+  assert shards.Manifest({'format': shards.FORMAT, 'id_dtype': 'int32'}).id_dtype == np.dtype('<i4')
+  assert shards.Manifest({'format': shards.FORMAT_V1}).id_dtype == np.dtype('<i4')
 
 
 def test_prepare_writes_v2_with_two_bytes_per_token(tmp_path):
   vocab = synthetic_data.write_wordpiece_vocab(str(tmp_path / 'vocab.txt'), WORDS)
   out = str(tmp_path / 'out')
-  m = prepare_lib.prepare([_corpus(tmp_path)], out, tokenizer=vocab, max_length=32, eval_fraction=0.1, workers=0)
+  m = prepare_lib.prepare_local([_corpus(tmp_path)], out, tokenizer=vocab, max_length=32, eval_fraction=0.1, workers=0)
   assert m['format'] == shards.FORMAT == 'neobert_jax.prepared/v2' and m['id_dtype'] == 'uint16'
-  assert shards.read_manifest(out) == m
+  assert shards.Manifest.read(out).raw == m
   records = _raw_records(out, m)
   assert sum(len(r) for r in records) == 2 * m['splits']['train']['tokens']
   ids = [shards.decode(r, np.dtype('<u2')) for r in records]
@@ -78,11 +78,11 @@ def test_a_vocabulary_of_65536_ids_or_more_falls_back_to_int32(tmp_path):
   raw = tmp_path / 'raw.txt'
   raw.write_text('the cat w65999 sat\nw65000 w12 home\nfar away\n')  # ids above 65,535 among them
   out = str(tmp_path / 'out')
-  m = prepare_lib.prepare([str(raw)], out, tokenizer=vocab, max_length=32, eval_fraction=0.0, workers=0)
+  m = prepare_lib.prepare_local([str(raw)], out, tokenizer=vocab, max_length=32, eval_fraction=0.0, workers=0)
   assert m['tokenizer']['vocab_size'] > 2**16 and m['id_dtype'] == 'int32'
-  records = _raw_records(out, shards.read_manifest(out))
+  records = _raw_records(out, shards.Manifest.read(out).raw)
   assert sum(len(r) for r in records) == 4 * m['splits']['train']['tokens']
-  ids = np.concatenate([shards.decode(r, shards.id_dtype(m)) for r in records])
+  ids = np.concatenate([shards.decode(r, shards.Manifest(m).id_dtype) for r in records])
   assert ids.max() >= 2**16  # kept whole, not wrapped
   # The synthetic writer follows the same rule.
   big = synthetic_data.write_prepared(
@@ -142,7 +142,7 @@ def _assert_same(a, b):
 
 def test_v1_and_v2_directories_give_the_same_batches(v1_and_v2):
   for version, directory in v1_and_v2.items():
-    m = shards.read_manifest(directory)
+    m = shards.Manifest.read(directory).raw
     assert m['format'] == {1: shards.FORMAT_V1, 2: shards.FORMAT}[version]
   v1, v2 = _batches(v1_and_v2[1]), _batches(v1_and_v2[2])
   assert v2[0]['input_ids'].dtype == np.int32 and v2[0]['input_ids'].max() > 2**15  # past int16's range, whole
@@ -155,7 +155,7 @@ def test_v1_and_v2_on_a_bucket_give_the_local_batches(v1_and_v2, gcs):
   want = _batches(v1_and_v2[2])
   for version, directory in v1_and_v2.items():
     url = f'{gcs}/{uuid.uuid4().hex[:8]}/v{version}'
-    publish.upload(directory, paths.Path(url), shards.read_manifest(directory))
+    publish.upload(directory, paths.Path(url), shards.Manifest.read(directory))
     try:
       _assert_same(_batches(url), want)
     finally:  # this machine's copy of the bucket's data, if the pipeline keeps one
@@ -168,7 +168,7 @@ def _damaged(directory, tmp_path, name, change):
   for f in os.listdir(directory):
     os.symlink(os.path.join(directory, f), out / f)
   os.remove(out / shards.MANIFEST)
-  m = shards.read_manifest(directory)
+  m = shards.Manifest.read(directory).raw
   change(m)
   (out / shards.MANIFEST).write_text(json.dumps(m))
   return str(out)
@@ -191,7 +191,7 @@ def _damaged(directory, tmp_path, name, change):
 def test_a_damaged_or_unknown_width_is_one_line(v1_and_v2, tmp_path, name, change, message):
   directory = _damaged(v1_and_v2[2], tmp_path, name, change)
   with pytest.raises(errors.DataError) as e:
-    shards.read_manifest(directory)
+    shards.Manifest.read(directory)
   text = str(e.value)
   assert message in text and '\n' not in text, text
   assert text.startswith(f'{directory}/manifest.json: ') and 'prepare it again' in text
@@ -204,4 +204,4 @@ def test_a_damaged_or_unknown_width_is_one_line(v1_and_v2, tmp_path, name, chang
 def test_a_v1_manifest_needs_no_width(v1_and_v2, tmp_path):
   # v1 never had the field: whatever a v1 manifest says, its ids are int32.
   directory = _damaged(v1_and_v2[1], tmp_path, 'v1-stray', lambda m: m.update(id_dtype='uint16'))
-  assert shards.id_dtype(shards.read_manifest(directory)) == np.dtype('<i4')
+  assert shards.Manifest.read(directory).id_dtype == np.dtype('<i4')

@@ -149,7 +149,7 @@ def test_sources_that_agree_open_with_their_manifests(tmp_path):
   a, b = _prepared(tmp_path / 'a'), _prepared(tmp_path / 'b', seed=1)
   opened = mixture.open_sources(_mix(tmp_path, {'a': a, 'b': b}), _opener(), SEQ)
   assert list(opened) == ['a', 'b'] and opened['b'][0] == b
-  assert opened['a'][1]['splits']['train']['documents'] == 40
+  assert opened['a'][1].split('train')['documents'] == 40
 
 
 def _identity(vocab_size=1000, sha='other'):
@@ -252,7 +252,9 @@ def test_a_resume_continues_exactly_even_on_another_process_count(tmp_path):
   halves = [mixture.Sampler(mix, seed=0, rows_per_slot=4, slots=range(p * 4, p * 4 + 4)) for p in range(2)]
   for h in halves:
     _run(h, 30)
-  state = json.loads(json.dumps(mixture.merge_states([h.get_state() for h in halves])))  # as a checkpoint holds it
+  state = json.loads(
+    json.dumps(mixture.merge_mixture_states([h.get_state() for h in halves]))
+  )  # as a checkpoint holds it
   resumed = mixture.Sampler(mix, seed=0, rows_per_slot=4, slots=range(8))
   resumed.set_state(state)
   assert resumed.step == 30

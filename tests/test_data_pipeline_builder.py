@@ -5,9 +5,10 @@ import numpy as np
 
 from neobert_jax.config import data as config_lib
 from tests.support import synthetic_data
+from neobert_jax.data import shards
 from neobert_jax.data.pipeline import builder
 
-MANIFEST = {'tokenizer': {'special_ids': dict(synthetic_data.SPECIAL), 'vocab_size': 30522}}
+MANIFEST = shards.Manifest({'tokenizer': {'special_ids': dict(synthetic_data.SPECIAL), 'vocab_size': 30522}})
 
 
 def _block():

@@ -43,6 +43,6 @@ def test_a_plain_dir_is_a_named_source_and_a_state_saved_before_names_is_its_own
   one = mixture.Mixture.of_dir('gs://bucket/data/web v2/')
   assert one.names == ('web_v2',) and one.plain and one.block_docs(4096, '', {'web_v2': 10}) == {'web_v2': 4096}
   assert train_batches.upgrade_state(old, one) == {'sources': {'web_v2': old}}
-  two = mixture.parse({'a': {'dir': '/a', 'weight': 1}, 'b': {'dir': '/b', 'weight': 1}}, 'mix.json')
+  two = mixture.parse_mixture({'a': {'dir': '/a', 'weight': 1}, 'b': {'dir': '/b', 'weight': 1}}, 'mix.json')
   with pytest.raises(ValueError, match='saved before sources had names.* has 2'):
     train_batches.upgrade_state(old, two)

@@ -41,9 +41,9 @@ def _records(path, dtype):
 
 
 def _all_records(directory, split='train'):
-  m = shards.read_manifest(directory)
-  dtype = shards.id_dtype(m)
-  return [rec for s in m['splits'][split]['shards'] for rec in _records(os.path.join(directory, s['file']), dtype)]
+  m = shards.Manifest.read(directory)
+  dtype = m.id_dtype
+  return [rec for s in m.shards(split) for rec in _records(os.path.join(directory, s['file']), dtype)]
 
 
 def test_formats_and_compression(tmp_path):
@@ -97,7 +97,7 @@ def test_prepare_chunks_long_documents_without_losing_tokens(tmp_path, vocab):
   texts = [_text(rng, n) for n in (3, 40, 200, 7)] + ['', '   ']
   (tmp_path / 'in.txt').write_text('\n'.join(texts) + '\n')
   out = str(tmp_path / 'out')
-  m = prepare_lib.prepare([str(tmp_path / 'in.txt')], out, tokenizer=vocab, max_length=16, eval_fraction=0.0)
+  m = prepare_lib.prepare_local([str(tmp_path / 'in.txt')], out, tokenizer=vocab, max_length=16, eval_fraction=0.0)
   assert m['skipped_empty_documents'] == 2 and m['splits']['train']['documents'] == 4
   tok = tokenizer_lib.load_tokenizer(vocab)
   recs = _all_records(out)
@@ -117,7 +117,7 @@ def test_prepare_is_identical_for_any_worker_count_and_holds_out(tmp_path, vocab
   outs = []
   for workers in (0, 2):
     out = str(tmp_path / f'w{workers}')
-    m = prepare_lib.prepare(
+    m = prepare_lib.prepare_local(
       [str(tmp_path / 'in.jsonl')],
       out,
       tokenizer=vocab,
@@ -141,22 +141,22 @@ def test_prepare_refuses_bad_runs_and_leaves_nothing_half_done(tmp_path, vocab):
   (tmp_path / 'empty.txt').write_text('\n  \n\n')
   out = tmp_path / 'out'
   with pytest.raises(errors.DataError, match='corpus is empty'):
-    prepare_lib.prepare([str(tmp_path / 'empty.txt')], str(out), tokenizer=vocab)
+    prepare_lib.prepare_local([str(tmp_path / 'empty.txt')], str(out), tokenizer=vocab)
   assert not out.exists()  # a refused build leaves no output directory behind (nor a lease)
   # A failure half-way (bad JSON after many good lines) leaves no shards and no manifest.
   rng = np.random.default_rng(2)
   good = [json.dumps({'text': _text(rng, 50)}) for _ in range(3000)]
   (tmp_path / 'half.jsonl').write_text('\n'.join(good) + '\n{oops\n')
   with pytest.raises(errors.DataError, match=r'half.jsonl:3001 .*not valid JSON'):
-    prepare_lib.prepare([str(tmp_path / 'half.jsonl')], str(out), tokenizer=vocab, shard_mb=0.01)
+    prepare_lib.prepare_local([str(tmp_path / 'half.jsonl')], str(out), tokenizer=vocab, shard_mb=0.01)
   assert not out.exists()  # a refused build leaves no output directory behind (nor a lease)
   with pytest.raises(FileNotFoundError, match='no such file'):
-    prepare_lib.prepare([str(tmp_path / 'empty.txt')], str(out), tokenizer='nope.txt')
+    prepare_lib.prepare_local([str(tmp_path / 'empty.txt')], str(out), tokenizer='nope.txt')
   ok = tmp_path / 'ok.txt'
   ok.write_text('the cat\n')
-  prepare_lib.prepare([str(ok)], str(out), tokenizer=vocab, eval_fraction=0)
+  prepare_lib.prepare_local([str(ok)], str(out), tokenizer=vocab, eval_fraction=0)
   with pytest.raises(FileExistsError, match='--overwrite'):
-    prepare_lib.prepare([str(ok)], str(out), tokenizer=vocab)
+    prepare_lib.prepare_local([str(ok)], str(out), tokenizer=vocab)
 
 
 def test_cli_records_command(tmp_path, vocab, capsys):
@@ -187,13 +187,13 @@ def test_cli_records_command(tmp_path, vocab, capsys):
 def test_sentencepiece_train_load_prepare(tmp_path):
   rng = np.random.default_rng(3)
   (tmp_path / 'c.txt').write_text('\n'.join(_text(rng, 30) for _ in range(300)) + '\n')
-  tok = train_sentencepiece.train([str(tmp_path / 'c.txt')], str(tmp_path / 'sp'), vocab_size=30)
+  tok = train_sentencepiece.train_tokenizer([str(tmp_path / 'c.txt')], str(tmp_path / 'sp'), vocab_size=30)
   assert tok.kind == 'sentencepiece' and tok.vocab_size == 30
   assert tok.special == {'pad': 0, 'unk': 1, 'cls': 2, 'sep': 3, 'mask': 4}
   ids = tok.encode_batch(['the cat sat on the mat.'])[0]
   assert ids.size and ids.min() >= 5
   out = str(tmp_path / 'out')
-  m = prepare_lib.prepare(
+  m = prepare_lib.prepare_local(
     [str(tmp_path / 'c.txt')], out, tokenizer=str(tmp_path / 'sp.model'), max_length=64, eval_fraction=0
   )
   assert m['tokenizer']['kind'] == 'sentencepiece' and m['tokenizer']['vocab_size'] == 30

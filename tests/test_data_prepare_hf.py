@@ -39,7 +39,7 @@ def texts():
 
 
 def _prepare(inputs, out, vocab, **kw) -> dict:
-  return prepare_lib.prepare(inputs, str(out), tokenizer=vocab, max_length=16, eval_fraction=0.1, **kw)
+  return prepare_lib.prepare_local(inputs, str(out), tokenizer=vocab, max_length=16, eval_fraction=0.1, **kw)
 
 
 def _made(manifest: dict) -> dict:
@@ -60,7 +60,7 @@ def test_a_saved_dataset_gives_the_shards_its_text_gives_as_jsonl(tmp_path, text
   m = _prepare([str(saved)], tmp_path / 'out', vocab, workers=2)
   assert _made(m) == _made(from_jsonl)
   assert m['input_files'] == [str(saved)]
-  assert shards.read_manifest(str(tmp_path / 'out'))['splits'] == _made(m)
+  assert shards.Manifest.read(str(tmp_path / 'out')).raw['splits'] == _made(m)
 
 
 def test_a_saved_dataset_dict_reads_its_train_split_or_the_split_named(tmp_path, texts, vocab, from_jsonl):
@@ -118,5 +118,5 @@ def test_a_wrong_column_or_split_is_one_line(tmp_path, texts, vocab):
 
 def test_the_ray_engine_refuses_a_dataset_before_connecting(tmp_path, vocab):
   with pytest.raises(errors.ConfigError, match=r'--engine=ray reads files; prepare a Hugging Face dataset with'):
-    ray_engine.prepare(['hf:allenai/c4'], str(tmp_path / 'out'), tokenizer=vocab, ray_address='127.0.0.1:1')
+    ray_engine.prepare_on_ray(['hf:allenai/c4'], str(tmp_path / 'out'), tokenizer=vocab, ray_address='127.0.0.1:1')
   assert not (tmp_path / 'out').exists()

@@ -97,13 +97,13 @@ def local(vocab, tmp_path_factory):
   """The corpus and what the local engine (2 worker processes) makes of it."""
   raw = _corpus(tmp_path_factory.mktemp('raw') / 'raw')
   out = str(tmp_path_factory.mktemp('local') / 'out')
-  return raw, out, prepare_lib.prepare([str(raw)], out, tokenizer=vocab, workers=2, **FLAGS)
+  return raw, out, prepare_lib.prepare_local([str(raw)], out, tokenizer=vocab, workers=2, **FLAGS)
 
 
 def _ray(inputs, out, vocab, cluster, **kw):  # joins the cluster unless this process is its driver already
   from neobert_jax.data.prepare import ray_engine as prepare_ray  # pylint: disable=g-import-not-at-top
 
-  return prepare_ray.prepare(
+  return prepare_ray.prepare_on_ray(
     inputs, out, ray_address=cluster.address, tokenizer=vocab, split_mb=SPLIT_MB, **FLAGS, **kw
   )
 
@@ -112,10 +112,10 @@ def _same(local_out, local_manifest, out, manifest, also=()):
   """The Ray build's manifest and shard bytes equal the local engine's, and no work area is left."""
   drop = lambda m: {k: v for k, v in m.items() if k not in prepare_lib.RUN_FIELDS + tuple(also)}
   assert drop(manifest) == drop(local_manifest)
-  for name in shards.listed_files(local_manifest):  # each shard and its record index, byte for byte
+  for name in shards.Manifest.of(local_manifest).files():  # each shard and its record index, byte for byte
     assert paths.Path(f'{out}/{name}').read_bytes() == paths.Path(f'{local_out}/{name}').read_bytes(), name
   left = sorted(p.name for p in paths.Path(out).iterdir())
-  assert left == sorted(['manifest.json'] + shards.listed_files(manifest))
+  assert left == sorted(['manifest.json'] + shards.Manifest.of(manifest).files())
   assert any(name.endswith('.index') for name in left)
 
 
@@ -167,7 +167,7 @@ def test_a_vocabulary_of_65536_ids_or_more_gives_int32_shards_as_on_the_local_en
   rng = np.random.default_rng(1)
   raw = tmp_path / 'raw.jsonl'
   raw.write_text(''.join(json.dumps({'text': ' '.join(rng.choice(words[-50:], 20))}) + '\n' for _ in range(300)))
-  lm = prepare_lib.prepare([str(raw)], str(tmp_path / 'local'), tokenizer=big, workers=0, **FLAGS)
+  lm = prepare_lib.prepare_local([str(raw)], str(tmp_path / 'local'), tokenizer=big, workers=0, **FLAGS)
   m = _ray([str(raw)], str(tmp_path / 'ray'), big, driver)
   _same(str(tmp_path / 'local'), lm, str(tmp_path / 'ray'), m)
   assert m['id_dtype'] == 'int32' and m['engine']['units'] > 1 and len(m['splits']['train']['shards']) > 1
@@ -177,7 +177,7 @@ def test_a_vocabulary_of_65536_ids_or_more_gives_int32_shards_as_on_the_local_en
 def test_bad_input_and_an_existing_output_as_on_the_local_engine(driver, vocab, local, tmp_path):
   raw = _corpus(tmp_path / 'raw', bad_line=1100)  # in a late part of a.jsonl
   with pytest.raises(errors.DataError) as on_local:
-    prepare_lib.prepare([str(raw)], str(tmp_path / 'local'), tokenizer=vocab, **FLAGS)
+    prepare_lib.prepare_local([str(raw)], str(tmp_path / 'local'), tokenizer=vocab, **FLAGS)
   with pytest.raises(errors.DataError) as on_ray:
     _ray([str(raw)], str(tmp_path / 'ray'), vocab, driver)
   assert str(on_ray.value) == str(on_local.value) and 'a.jsonl:1101 ' in str(on_ray.value)

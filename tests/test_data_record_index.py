@@ -131,7 +131,7 @@ def test_a_damaged_index_or_data_without_indexes_is_one_line(gcs, tmp_path):
   bad = json.loads(json.dumps(manifest))
   bad['splits']['train']['shards'][0]['index'] = {'file': 3}
   with pytest.raises(errors.DataError, match='damaged manifest'):
-    shards.parse_manifest(json.dumps(bad).encode(), url)
+    shards.Manifest.parse(json.dumps(bad).encode(), url)
 
 
 @pytest.mark.server

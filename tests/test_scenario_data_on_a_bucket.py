@@ -73,7 +73,7 @@ def _upload_tree(local, url):
 
 
 def _prepare(inputs, output, vocab, **kw):
-  return prepare_lib.prepare(
+  return prepare_lib.prepare_local(
     inputs,
     output,
     tokenizer=vocab,
@@ -99,14 +99,14 @@ def test_prepare_from_and_to_a_bucket_is_byte_identical_to_a_local_prepare(root,
   assert len(made) > 2 and all(len(s['sha256']) == 64 for s in made)
   on_bucket = _objects(f'{root}/data')
   here = {p.name: p.read_bytes() for p in (tmp_path / 'out').iterdir()}
-  assert sorted(on_bucket) == sorted(here) == sorted(shards.listed_files(remote) + [shards.MANIFEST])
+  assert sorted(on_bucket) == sorted(here) == sorted(shards.Manifest.of(remote).files() + [shards.MANIFEST])
   assert any(name.endswith('.index') for name in here)  # the record indexes go up with their shards
   for name in here:
     if name != shards.MANIFEST:
       assert on_bucket[name] == here[name], name
   a, b = json.loads(on_bucket[shards.MANIFEST]), json.loads(here[shards.MANIFEST])
   assert {k: v for k, v in a.items() if k not in RUN_FIELDS} == {k: v for k, v in b.items() if k not in RUN_FIELDS}
-  assert on_bucket[shards.MANIFEST] == shards.manifest_text(remote).encode()
+  assert on_bucket[shards.MANIFEST] == shards.Manifest.of(remote).text().encode()
 
   # Without --overwrite: refused before any work, nothing touched.
   with pytest.raises(FileExistsError, match='--overwrite'):
@@ -123,7 +123,7 @@ def test_prepare_from_and_to_a_bucket_is_byte_identical_to_a_local_prepare(root,
 
   monkeypatch.setattr(paths, 'write_text', spy)
   new = _prepare([f'{root}/raw/a.jsonl'], f'{root}/data', vocab, shard_mb=1, overwrite=True)
-  listed = shards.listed_files(new)
+  listed = shards.Manifest.of(new).files()
   assert set(on_bucket) - {shards.MANIFEST} <= set(seen_at_commit)
   assert sorted(_objects(f'{root}/data')) == sorted(listed + [shards.MANIFEST])
 
@@ -156,7 +156,7 @@ def test_training_on_bucket_data_matches_local_data(root, tmp_path):
   docs = synthetic_data.synthetic_documents(200, seed=0, max_len=120, vocab_size=1000)
   held_out = synthetic_data.synthetic_documents(20, seed=1, max_len=120, vocab_size=1000)
   synthetic_data.write_prepared(local, docs, held_out, vocab_size=1000, max_length=128)
-  publish.upload(local, paths.Path(f'{root}/train'), shards.read_manifest(local))
+  publish.upload(local, paths.Path(f'{root}/train'), shards.Manifest.read(local))
   results = {}
   for name, data_dir in (('local', local), ('bucket', f'{root}/train')):
     cfg = tiny_config(vocab_size=1000, steps=3)

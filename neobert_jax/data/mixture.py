@@ -165,10 +165,10 @@ def read(path: str) -> Mixture:
     raw = json.loads(url.read_text(), object_pairs_hook=_Object)
   except (json.JSONDecodeError, UnicodeDecodeError) as e:
     raise errors.ConfigError(f'data.mixture={path}: not valid JSON ({e})') from None
-  return parse(raw, str(url), base=str(url.parent))
+  return parse_mixture(raw, str(url), base=str(url.parent))
 
 
-def parse(raw: Any, where: str, base: str = '') -> Mixture:
+def parse_mixture(raw: Any, where: str, base: str = '') -> Mixture:
   """A decoded mixture (objects as _Object pairs, or plain dicts) checked; `where` names it in messages."""
   if not isinstance(raw, (_Object, dict)) or not raw:
     raise errors.ConfigError(
@@ -260,10 +260,10 @@ def _check_some_weight(mix: Mixture) -> None:
 
 # --- The sources' prepared data ----------------------------------------------------------------------------------
 
-Opener = Callable[[str], tuple[str, dict]]  # a source's dir -> (dir, manifest), checked against the model
+Opener = Callable[[str], tuple[str, Any]]  # a source's dir -> (dir, manifest), checked against the model
 
 
-def open_sources(mix: Mixture, open_one: Opener, seq_len: int) -> dict[str, tuple[str, dict]]:
+def open_sources(mix: Mixture, open_one: Opener, seq_len: int) -> dict[str, tuple[str, Any]]:
   """Each source's (dir, manifest) through `open_one` (the pipeline's open_prepared for one dir), after checking
   that they share a tokenizer and a record length that fits the model; one ConfigError naming the source if not.
   A plain data.dir is opened as it is, its errors its own."""
@@ -277,14 +277,14 @@ def open_sources(mix: Mixture, open_one: Opener, seq_len: int) -> dict[str, tupl
       raise errors.ConfigError(f'{mix.path}: source {s.name!r}: {errors.one_line(e)}') from None
   first, (_, ref) = next(iter(opened.items()))
   for name, (_, manifest) in opened.items():
-    ident, want = manifest['tokenizer'], ref['tokenizer']
+    ident, want = manifest.tokenizer, ref.tokenizer
     if not tokenizer_lib.same_vocabulary(ident, want):
       raise errors.ConfigError(
         f'{mix.path}: source {name!r} was prepared with tokenizer {ident["spec"]!r} ({ident["kind"]}, '
         f'{ident["vocab_size"]} ids), source {first!r} with {want["spec"]!r} ({want["kind"]}, '
         f'{want["vocab_size"]} ids); prepare every source with one tokenizer'
       )
-    length, ref_length = manifest.get('max_length'), ref.get('max_length')
+    length, ref_length = manifest.max_length, ref.max_length
     if length != ref_length:
       raise errors.ConfigError(
         f'{mix.path}: source {name!r} was prepared with --max-length {length}, source {first!r} with '
@@ -426,7 +426,7 @@ class Sampler:
       )
 
 
-def merge_states(states: list[dict[str, Any]]) -> dict[str, Any]:
+def merge_mixture_states(states: list[dict[str, Any]]) -> dict[str, Any]:
   """One sampler state holding every slot, from the states of all processes of a run."""
   joined = {}
   for s in states:

@@ -3,7 +3,7 @@
 Format v2 (what `prepare` writes) stores each id as a little-endian uint16 when the vocabulary has fewer than
 65,536 ids, else as int32, and the manifest names the width (`id_dtype`): two bytes per token halve disk, download
 and reading for every BERT-sized vocabulary. Format v1 (always int32, no `id_dtype`) is still read. Readers take
-the width from `id_dtype(manifest)` and widen ids to int32, what the pipeline and the model work in.
+the width from `Manifest.id_dtype` and widen ids to int32, what the pipeline and the model work in.
 
 A prepared directory is complete only when manifest.json exists: `prepare`
 writes shards under a hidden temporary directory, moves them in, and writes the
@@ -14,6 +14,8 @@ shard's sha256 (manifests written before it lack it): too slow to check on every
 open, it is checked when a copy is made (staging.py, data on a bucket).
 """
 
+import dataclasses
+import hashlib
 import json
 import os
 
@@ -48,16 +50,6 @@ def fits(dtype: np.dtype, vocab_size: int) -> bool:
 def id_dtype_name(vocab_size: int) -> str:
   """The id width a v2 directory of this vocabulary stores: the narrowest that fits."""
   return 'uint16' if fits(ID_DTYPES['uint16'], vocab_size) else 'int32'
-
-
-def id_dtype(manifest: dict) -> np.dtype:
-  """The width of the ids in a prepared directory's records: '<u2' or '<i4' (always '<i4' for v1)."""
-  if manifest.get('format') == FORMAT_V1:
-    return ID_DTYPES['int32']
-  name = manifest.get('id_dtype')
-  if not isinstance(name, str) or name not in ID_DTYPES:
-    raise errors.DataError(f'id_dtype {name!r}: not one of {sorted(ID_DTYPES)}')
-  return ID_DTYPES[name]
 
 
 def decode(record: bytes, dtype: np.dtype) -> np.ndarray:
@@ -133,11 +125,6 @@ def files_of(shard: dict) -> list[str]:
   return [shard['file']] + ([shard['index']['file']] if 'index' in shard else [])
 
 
-def listed_files(manifest: dict) -> list[str]:
-  """Every file a manifest names, in its order: what copying, publishing or installing prepared data moves."""
-  return [f for split in manifest['splits'].values() for s in split['shards'] for f in files_of(s)]
-
-
 def is_shard_file(name: str) -> bool:
   """Whether a file name is one prepare writes as data (a shard or its index): what cleaning an output removes."""
   return name.endswith(('.arrayrecord', '.arrayrecord' + record_index.SUFFIX))
@@ -145,7 +132,7 @@ def is_shard_file(name: str) -> bool:
 
 def remedy(directory: str) -> str:
   """How to get whole prepared data back, for the end of every message about damaged data."""
-  cache = os.path.abspath(assets.cache_dir())
+  cache = os.path.abspath(assets.asset_cache_dir())
   if not paths.is_url(directory) and os.path.abspath(directory).startswith(os.path.join(cache, 'staged', '')):
     return f'delete {directory}: it is staged again from the bucket on first use'
   if not paths.is_url(directory) and os.path.abspath(directory).startswith(os.path.join(cache, '')):
@@ -155,48 +142,124 @@ def remedy(directory: str) -> str:
   )
 
 
-def read_manifest(directory: str) -> dict:
-  path = os.path.join(directory, MANIFEST)
-  if not os.path.isdir(directory):
-    raise errors.DataError(
-      f'{directory}: prepared-data directory does not exist (make it with `python -m neobert_jax.data.prepare`)'
-    )
-  if not os.path.isfile(path):
-    raise errors.DataError(
-      f'{directory}: no {MANIFEST}; the directory is not prepared data, or '
-      f'its prepare run did not finish: {remedy(directory)}'
-    )
-  with open(path, 'rb') as f:
-    return parse_manifest(f.read(), directory)
+@dataclasses.dataclass(frozen=True)
+class Manifest:
+  """A prepared directory's manifest.json, checked when made (`read`, `parse`, `of`): the typed view every reader
+  uses. `raw` is the JSON itself, written back byte for byte (`text`), so old directories read and write unchanged."""
 
+  raw: dict = dataclasses.field(repr=False)
 
-def parse_manifest(raw: bytes, directory: str) -> dict:
-  """A manifest's bytes, checked; errors name `directory`/manifest.json (a local path or a bucket URL)."""
-  path = f'{directory.rstrip("/")}/{MANIFEST}'
-  try:
-    manifest = json.loads(raw.decode('utf-8'))
-  except (json.JSONDecodeError, UnicodeDecodeError) as e:
-    raise errors.DataError(f'{path}: unreadable manifest ({e}); {remedy(directory)}') from e
-  if not isinstance(manifest, dict) or manifest.get('format') not in FORMATS:
-    found = manifest.get('format') if isinstance(manifest, dict) else type(manifest).__name__
-    raise errors.DataError(f'{path}: format {found!r}, expected {FORMAT!r} (or {FORMAT_V1!r}); {remedy(directory)}')
-  _check_fields(path, manifest, directory)
-  _check_width(path, manifest, directory)
-  return manifest
+  @classmethod
+  def read(cls, directory: str) -> 'Manifest':
+    """The one reader: a local directory's manifest, or a bucket's (gs://); one DataError line naming the fix."""
+    if paths.is_url(directory):
+      return cls.parse(_bucket_bytes(paths.resolve(directory, 'data.dir')), directory)
+    path = os.path.join(directory, MANIFEST)
+    if not os.path.isdir(directory):
+      raise errors.DataError(
+        f'{directory}: prepared-data directory does not exist (make it with `python -m neobert_jax.data.prepare`)'
+      )
+    if not os.path.isfile(path):
+      raise errors.DataError(
+        f'{directory}: no {MANIFEST}; the directory is not prepared data, or '
+        f'its prepare run did not finish: {remedy(directory)}'
+      )
+    with open(path, 'rb') as f:
+      return cls.parse(f.read(), directory)
 
+  @classmethod
+  def parse(cls, raw: bytes, directory: str) -> 'Manifest':
+    """A manifest's bytes, checked; errors name `directory`/manifest.json (a local path or a bucket URL)."""
+    try:
+      manifest = json.loads(raw.decode('utf-8'))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+      raise errors.DataError(
+        f'{directory.rstrip("/")}/{MANIFEST}: unreadable manifest ({e}); {remedy(directory)}'
+      ) from e
+    return cls.of(manifest, directory)
 
-def _check_width(path: str, manifest: dict, directory: str) -> None:
-  """A v2 manifest names a width its vocabulary fits: a wrong one would decode every record into other ids."""
-  try:
-    dtype = id_dtype(manifest)
-  except errors.DataError as e:
-    raise errors.DataError(f'{path}: damaged manifest ({e}); {remedy(directory)}') from None
-  vocab = manifest['tokenizer']['vocab_size']
-  if not fits(dtype, vocab):
-    raise errors.DataError(
-      f'{path}: damaged manifest (id_dtype {manifest["id_dtype"]!r} cannot hold the ids of a {vocab}-id '
-      f'vocabulary); {remedy(directory)}'
-    )
+  @classmethod
+  def of(cls, manifest: dict, directory: str = '') -> 'Manifest':
+    """`manifest` (decoded JSON, or what prepare builds) checked: format, the fields readers use, the id width."""
+    path = f'{directory.rstrip("/")}/{MANIFEST}'
+    if not isinstance(manifest, dict) or manifest.get('format') not in FORMATS:
+      found = manifest.get('format') if isinstance(manifest, dict) else type(manifest).__name__
+      raise errors.DataError(f'{path}: format {found!r}, expected {FORMAT!r} (or {FORMAT_V1!r}); {remedy(directory)}')
+    _check_fields(path, manifest, directory)
+    out = cls(manifest)
+    try:
+      dtype = out.id_dtype
+    except errors.DataError as e:
+      raise errors.DataError(f'{path}: damaged manifest ({e}); {remedy(directory)}') from None
+    if not fits(dtype, out.vocab_size):  # a wrong width would decode every record into other ids
+      raise errors.DataError(
+        f'{path}: damaged manifest (id_dtype {manifest["id_dtype"]!r} cannot hold the ids of a {out.vocab_size}-id '
+        f'vocabulary); {remedy(directory)}'
+      )
+    return out
+
+  @property
+  def tokenizer(self) -> dict:
+    """The tokenizer's identity (tokenizer.Tokenizer.identity): kind, spec, vocab_size, special_ids, hashes."""
+    return self.raw['tokenizer']
+
+  @property
+  def spec(self) -> str:
+    return self.tokenizer['spec']
+
+  @property
+  def vocab_size(self) -> int:
+    return self.tokenizer['vocab_size']
+
+  @property
+  def special_ids(self) -> dict[str, int]:
+    return self.tokenizer['special_ids']
+
+  @property
+  def max_length(self) -> int | None:
+    return self.raw.get('max_length')
+
+  @property
+  def id_dtype(self) -> np.dtype:
+    """The width of the ids in the records: '<u2' or '<i4' (always '<i4' for v1)."""
+    if self.raw.get('format') == FORMAT_V1:
+      return ID_DTYPES['int32']
+    name = self.raw.get('id_dtype')
+    if not isinstance(name, str) or name not in ID_DTYPES:
+      raise errors.DataError(f'id_dtype {name!r}: not one of {sorted(ID_DTYPES)}')
+    return ID_DTYPES[name]
+
+  def split(self, name: str) -> dict:
+    """A split's entry (shards, documents, records, tokens); empty when the manifest has none."""
+    return self.raw['splits'].get(name) or {'shards': []}
+
+  def shards(self, split: str) -> list[dict]:
+    return self.split(split)['shards']
+
+  def records(self, split: str) -> int:
+    return sum(s['records'] for s in self.shards(split))
+
+  def files(self) -> list[str]:
+    """Every file the manifest names, in its order: what copying, publishing or installing prepared data moves."""
+    return [f for split in self.raw['splits'].values() for s in split['shards'] for f in files_of(s)]
+
+  def text(self) -> str:
+    """The manifest as written, locally and to a bucket alike (so the two are byte-identical)."""
+    return json.dumps(self.raw, indent=1, sort_keys=True) + '\n'
+
+  def version(self) -> str:
+    """A short hash of the text: what names this data's copies in a cache."""
+    return hashlib.sha256(self.text().encode()).hexdigest()[:12]
+
+  def write(self, directory: paths.PathLike) -> None:
+    """The one writer: atomically in a local directory, as one object on a bucket (a commit marker either way)."""
+    if paths.is_url(os.fspath(directory)):
+      paths.write_text(paths.Path(directory) / MANIFEST, self.text())
+      return
+    tmp = os.path.join(directory, f'.{MANIFEST}.tmp')
+    with open(tmp, 'w') as f:
+      f.write(self.text())
+    os.replace(tmp, os.path.join(directory, MANIFEST))
 
 
 def _check_fields(path: str, manifest: dict, directory: str) -> None:
@@ -224,20 +287,26 @@ def _check_fields(path: str, manifest: dict, directory: str) -> None:
     raise errors.DataError(f'{path}: damaged manifest ({type(e).__name__}: {e}); {remedy(directory)}') from e
 
 
-def split_paths(directory: str, manifest: dict, split: str) -> list[str]:
-  """Shard paths of a split, after checking each one is whole."""
-  info = manifest['splits'].get(split)
-  if not info or not info['shards']:
-    raise errors.DataError(f'{directory}: split {split!r} holds no documents')
-  found = []
-  for shard in info['shards']:
-    path = os.path.join(directory, shard['file'])
-    if not os.path.isfile(path):
-      raise errors.DataError(f'{path}: shard listed in the manifest is missing; {remedy(directory)}')
-    check_size(path, os.path.getsize(path), shard, directory, 'on disk')
-    check_records(path, path, shard, directory)
-    found.append(path)
-  return found
+def _bucket_bytes(url: paths.Path) -> bytes:
+  """The manifest's bytes on the bucket; a missing bucket, directory or manifest is one line naming the fix."""
+  try:
+    return (url / MANIFEST).read_bytes()
+  except FileNotFoundError:
+    bucket = paths.Path('/'.join(os.fspath(url).split('/')[:3]))
+    if not bucket.exists():
+      raise errors.StorageError(f'{url}: bucket {bucket} does not exist, or these credentials cannot see it') from None
+    if not url.exists():
+      raise errors.DataError(
+        f'{url}: prepared-data directory does not exist (nothing under that URL; make it '
+        f'with `python -m neobert_jax.data.prepare --output {url}`)'
+      ) from None
+    raise errors.DataError(
+      f'{url}: no {MANIFEST}; the directory is not prepared data, or its prepare run did not finish: {remedy(str(url))}'
+    ) from None
+  except Exception as e:  # noqa: BLE001 - gcsfs raises its own types for HTTP 401 / 403 / 5xx
+    raise errors.StorageError(
+      f'{url}/{MANIFEST} cannot be read ({errors.one_line(e)}); check that these credentials may read the bucket'
+    ) from None
 
 
 def check_size(shown: str, size: int, shard: dict, directory: str, where: str) -> None:
@@ -258,15 +327,3 @@ def check_records(path: str, shown: str, shard: dict, directory: str) -> None:
     raise errors.DataError(f'{shown}: corrupt shard ({e}); {remedy(directory)}') from e
   if n != shard['records']:
     raise errors.DataError(f'{shown}: {n} records, manifest says {shard["records"]}; {remedy(directory)}')
-
-
-def manifest_text(manifest: dict) -> str:
-  """The manifest as written, locally and to a bucket alike (so the two are byte-identical)."""
-  return json.dumps(manifest, indent=1, sort_keys=True) + '\n'
-
-
-def write_manifest(directory: str, manifest: dict) -> None:
-  tmp = os.path.join(directory, f'.{MANIFEST}.tmp')
-  with open(tmp, 'w') as f:
-    f.write(manifest_text(manifest))
-  os.replace(tmp, os.path.join(directory, MANIFEST))

@@ -148,7 +148,7 @@ def context_baselines(
   manifest = prepared.open_prepared(data_cfg, seq_len)[1]
   # The manifest names every shard by its sha256, so it and the arguments pin the result: a re-run, a resume and
   # every run on the same prepared data read it back instead of counting again.
-  key = json.dumps([_BASELINES_VERSION, manifest, seq_len, mask_rate, _TRAIN_SAMPLE_TOKENS], sort_keys=True)
+  key = json.dumps([_BASELINES_VERSION, manifest.text(), seq_len, mask_rate, _TRAIN_SAMPLE_TOKENS], sort_keys=True)
   cached = paths.cache_dir('baselines') / f'{hashlib.sha256(key.encode()).hexdigest()[:32]}.json'
   if cached.is_file():
     return json.loads(cached.read_text())
@@ -156,8 +156,7 @@ def context_baselines(
     return None
   held_out = heldout.read_heldout_split(data_cfg, seq_len, 'eval')[0]
   train = heldout.read_heldout_split(data_cfg, seq_len, 'train', max_tokens=_TRAIN_SAMPLE_TOKENS)[0]
-  special = list(manifest['tokenizer']['special_ids'].values())
-  vocab = int(manifest['tokenizer']['vocab_size'])
+  special, vocab = list(manifest.special_ids.values()), manifest.vocab_size
   out: dict[str, Any] = unigram(train, held_out, special, vocab)
   out['neighbours'] = neighbours(train, held_out, special, vocab, mask_rate)
   paths.write_text(cached, json.dumps(out))  # whole or absent, whichever process finishes first
@@ -180,7 +179,7 @@ def source_baselines(
     directory, manifest = sources.opened[name]
     one = sources.config(data_cfg, name)
     count = when == 'on' or sources.mix.plain
-    count = count or not prepared.reads_records(one, directory, manifest['splits']['train']['shards'], True)
+    count = count or not prepared.reads_records(one, directory, manifest.shards('train'), True)
     bars = context_baselines(one, seq_len, mask_rate, count)
     if bars is None:
       log.info(

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import os
 import json
 from typing import Any
 
@@ -179,10 +180,10 @@ def run_tokenizer(run_config: ml_collections.ConfigDict, workdir: str | paths.Pa
     return DEFAULT_TOKENIZER  # the built-in corpus is prepared with bert-base-uncased unless data.tokenizer names one
   from neobert_jax.data import shards  # pylint: disable=g-import-not-at-top
 
-  manifest = paths.resolve(data.dir) / shards.MANIFEST
-  if manifest.exists():
-    return json.loads(manifest.read_text()).get('tokenizer', {}).get('spec', '')
-  return ''  # data no longer on this machine: the default (bert-base-uncased) applies
+  try:
+    return shards.Manifest.read(os.fspath(paths.resolve(data.dir))).spec
+  except errors.DataError:
+    return ''  # data no longer on this machine: the default (bert-base-uncased) applies
 
 
 def resolve_tokenizer(requested: str, source: Source | None) -> tokenizer_lib.Tokenizer:

@@ -80,7 +80,7 @@ def write_prepared(
     'splits': splits,
     'command': 'synthetic_data.write_prepared',
   }
-  shards.write_manifest(directory, manifest)
+  shards.Manifest.of(manifest, directory).write(directory)
   return manifest
 
 

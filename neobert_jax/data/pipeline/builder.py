@@ -8,6 +8,7 @@ alone, so a block is the same whichever process or worker builds it and however 
 import ml_collections
 import numpy as np
 
+from neobert_jax.data import shards
 from neobert_jax.data.pipeline import masking
 from neobert_jax.data.pipeline import packing
 
@@ -37,11 +38,10 @@ class BlockBuilder:
 
   @classmethod
   def for_source(
-    cls, data_cfg: ml_collections.ConfigDict, manifest: dict, seq_len: int, seed: int, shard: int
+    cls, data_cfg: ml_collections.ConfigDict, manifest: shards.Manifest, seq_len: int, seed: int, shard: int
   ) -> 'BlockBuilder':
     """The builder of virtual shard `shard` of the prepared data `manifest` describes, as `data_cfg` packs and
     masks it."""
-    ident = manifest['tokenizer']
     return cls(
       seq_len=seq_len,
       packing_mode=data_cfg.packing,
@@ -49,8 +49,8 @@ class BlockBuilder:
       rate=data_cfg.mask_rate,
       strategy=data_cfg.mask_strategy,
       max_predictions=data_cfg.max_predictions,
-      special=ident['special_ids'],
-      vocab_size=ident['vocab_size'],
+      special=manifest.special_ids,
+      vocab_size=manifest.vocab_size,
       max_docs=data_cfg.max_documents_per_row,
       shard=shard,
     )

@@ -121,7 +121,7 @@ def train_batches(
 def _source(
   data_cfg: ml_collections.ConfigDict,
   directory: str,
-  manifest: dict,
+  manifest: shards.Manifest,
   global_batch: int,
   seq_len: int,
   seed: int,
@@ -161,7 +161,7 @@ def _source(
   # reads its first block (a restored iterator reads other windows first; these are then evicted as needed).
   if share >= 1:
     store.prefetch([names[f] for st in streams.values() for f in st.files_of_window(st.first_window())])
-  dtype = shards.id_dtype(manifest)
+  dtype = manifest.id_dtype
   blocks = {
     v: virtual.ShardBlocks(st, store, names, data_cfg.block_docs, dtype, ahead=share).map_with_index(
       builder.BlockBuilder.for_source(data_cfg, manifest, seq_len, seed, v)
@@ -200,7 +200,7 @@ def make_eval_iterator(
   used = sorted({p.file for p in stream.parts})
   store = prepared.open_store(directory, manifest, 'eval', [listed[f] for f in used], data_cfg.cache_gb, process_index)
   blocks = virtual.ShardBlocks(
-    stream, store, [s['file'] for s in listed], data_cfg.block_docs, shards.id_dtype(manifest), finite=True
+    stream, store, [s['file'] for s in listed], data_cfg.block_docs, manifest.id_dtype, finite=True
   )
   if num_batches is not None:
     blocks = blocks.repeat()

@@ -13,11 +13,11 @@ from neobert_jax.data.pipeline.report_files import iter_split_files
 
 def read_heldout_split(
   data_cfg: ml_collections.ConfigDict, seq_len: int, split: str, max_tokens: int | None = None
-) -> tuple[list[np.ndarray], dict]:
+) -> tuple[list[np.ndarray], shards.Manifest]:
   """(the split's documents as int32 arrays in order, its manifest); at most ~max_tokens of them (a sample of a
   large train split, read 1024 records at a time so that no more is fetched)."""
   manifest, files = iter_split_files(data_cfg, seq_len, split)
-  records, tokens, dtype = [], 0, shards.id_dtype(manifest)
+  records, tokens, dtype = [], 0, manifest.id_dtype
   for path in files:
     if max_tokens is not None and tokens >= max_tokens:
       break  # before the next file is fetched

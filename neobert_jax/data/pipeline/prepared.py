@@ -7,7 +7,6 @@ takes first: opening never tokenizes.
 """
 
 import dataclasses
-import hashlib
 
 import ml_collections
 
@@ -36,7 +35,7 @@ def _builtin_dir(data_cfg: ml_collections.ConfigDict, seq_len: int, build: bool 
 
 def open_prepared(
   data_cfg: ml_collections.ConfigDict, seq_len: int, model_vocab_size: int | None = None
-) -> tuple[str, dict]:
+) -> tuple[str, shards.Manifest]:
   """Finds the prepared data and checks it fits this run; returns (its directory or bucket URL, manifest).
 
   Reads only the manifest: no shard is opened or downloaded here. The built-in corpus (data.dir empty) must have
@@ -45,11 +44,9 @@ def open_prepared(
   data_config.validate_data_config(data_cfg)
   directory = data_cfg.dir or _builtin_dir(data_cfg, seq_len)
   if paths.is_url(directory):
-    url = paths.resolve(directory, 'data.dir')
-    manifest = shards.parse_manifest(store_lib.read_bucket_manifest(url), str(url))
-  else:
-    manifest = shards.read_manifest(directory)
-  ident = manifest['tokenizer']
+    directory = str(paths.resolve(directory, 'data.dir'))
+  manifest = shards.Manifest.read(directory)
+  ident = manifest.tokenizer
   # The manifest's own spec (what a run records as its tokenizer) names that vocabulary by definition, and need not
   # be loadable here (a vocabulary learned on the machine that prepared the data).
   if data_cfg.tokenizer and data_cfg.tokenizer != ident['spec']:
@@ -81,15 +78,15 @@ class Sources:
   """The run's training data, opened: its mixture (mixture.py) and each source's (directory, manifest)."""
 
   mix: mixture_lib.Mixture
-  opened: dict[str, tuple[str, dict]]
+  opened: dict[str, tuple[str, shards.Manifest]]
 
   def tokenizer(self) -> str:
     """The tokenizer spec the data was prepared with (every source shares it: mixture.open_sources)."""
-    return next(iter(self.opened.values()))[1]['tokenizer']['spec']
+    return next(iter(self.opened.values()))[1].spec
 
   def records(self, count: int) -> dict[str, int]:
     """Each source's training records per virtual shard (an epoch of one) for `count` virtual shards."""
-    return {n: sum(s['records'] for s in m['splits']['train']['shards']) // count for n, (_, m) in self.opened.items()}
+    return {n: m.records('train') // count for n, (_, m) in self.opened.items()}
 
   def block_docs(self, block_docs: int, given: str, count: int) -> dict[str, int]:
     """Each source's documents per block: those `given` ('name=docs,...', data.mixture_block_docs), else as
@@ -104,7 +101,7 @@ class Sources:
 
   def with_eval(self) -> list[str]:
     """The sources that have a held-out split."""
-    return [n for n, (_, m) in self.opened.items() if m['splits'].get('eval', {}).get('shards')]
+    return [n for n, (_, m) in self.opened.items() if m.shards('eval')]
 
 
 def open_data(
@@ -123,12 +120,11 @@ def open_data(
   return Sources(mix, opened)
 
 
-def split_shards(directory: str, manifest: dict, split: str) -> list[dict]:
+def split_shards(directory: str, manifest: shards.Manifest, split: str) -> list[dict]:
   """The manifest's shard list of `split`; DataError when the split holds no documents."""
-  info = manifest['splits'].get(split)
-  if not info or not info['shards']:
+  if not manifest.shards(split):
     raise errors.DataError(f'{directory}: split {split!r} holds no documents')
-  return info['shards']
+  return manifest.shards(split)
 
 
 def reads_records(data_cfg: ml_collections.ConfigDict, directory: str, listed: list[dict], in_mixture: bool) -> bool:
@@ -142,7 +138,7 @@ def reads_records(data_cfg: ml_collections.ConfigDict, directory: str, listed: l
 
 def open_store(
   directory: str,
-  manifest: dict,
+  manifest: shards.Manifest,
   split: str,
   listed: list[dict],
   cache_gb: float,
@@ -159,7 +155,8 @@ def open_store(
       )
     return ranged.RecordStore(paths.resolve(directory, 'data.dir'), listed)
   if paths.is_url(directory):
-    version = hashlib.sha256(shards.manifest_text(manifest).encode()).hexdigest()[:12]
     budget = int(min(cache_gb, 2**40) * 2**30)
-    return store_lib.BucketStore(paths.resolve(directory, 'data.dir'), listed, budget, process_index, version, split)
+    return store_lib.BucketStore(
+      paths.resolve(directory, 'data.dir'), listed, budget, process_index, manifest.version(), split
+    )
   return store_lib.LocalStore(directory, listed)

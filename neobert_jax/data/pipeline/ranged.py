@@ -35,7 +35,7 @@ def indexed(listed: list[dict]) -> bool:
 
 
 class RecordStore:
-  """Same interface as store.BucketStore (acquire, release, prefetch, read, stats, close)."""
+  """A store.Store over a bucket's shards that fetches only the records its readers take."""
 
   caches = False  # keeps no files: nothing to size (cache.check_cache)
 

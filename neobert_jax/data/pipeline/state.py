@@ -38,7 +38,7 @@ def merge_states(states: list[Any]) -> Any:
   first = states[0]
   if isinstance(first, dict):
     if first.get('stream') == mixture_lib.STREAM:  # a mixture's sampler: each process holds its own slots
-      return mixture_lib.merge_states(states)
+      return mixture_lib.merge_mixture_states(states)
     if _is_stream(first):
       joined = {}
       for s in states:

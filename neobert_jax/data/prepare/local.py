@@ -107,7 +107,7 @@ def remove_stale_tmp(output_dir: str) -> list[str]:
   return removed
 
 
-def prepare(
+def prepare_local(
   inputs: Sequence[str],
   output_dir: str,
   options: documents.BuildOptions | None = None,
@@ -162,16 +162,17 @@ def _prepare(inputs: Sequence[str], output_dir: str, o: documents.BuildOptions, 
       o.command or f'prepare({list(inputs)!r}, {output_dir!r}, ...)',
     )
     manifest.update(workers=workers, seconds=round(time.time() - start, 3))
+    made = shards_lib.Manifest.of(manifest, output_dir)
     if bucket is not None:
-      publish.upload(tmp, bucket, manifest)
+      publish.upload(tmp, bucket, made)
     else:
-      _install(tmp, output_dir, manifest)
+      _install(tmp, output_dir, made)
     return manifest
   finally:
     shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _install(tmp: str, output_dir: str, manifest: dict) -> None:
+def _install(tmp: str, output_dir: str, manifest: shards_lib.Manifest) -> None:
   """Moves finished shards into place; the manifest goes last, atomically."""
   old = os.path.join(output_dir, shards_lib.MANIFEST)
   if os.path.exists(old):
@@ -179,9 +180,9 @@ def _install(tmp: str, output_dir: str, manifest: dict) -> None:
   for name in os.listdir(output_dir):
     if shards_lib.is_shard_file(name):
       os.remove(os.path.join(output_dir, name))
-  for name in shards_lib.listed_files(manifest):
+  for name in manifest.files():
     os.replace(os.path.join(tmp, name), os.path.join(output_dir, name))
-  shards_lib.write_manifest(output_dir, manifest)
+  manifest.write(output_dir)
 
 
 def _progress_bar(enabled: bool):
@@ -274,9 +275,9 @@ def main(argv: Sequence[str] | None = None) -> dict:
     if a.engine == 'ray':
       from neobert_jax.data.prepare import ray_engine as prepare_ray  # pylint: disable=g-import-not-at-top
 
-      m = prepare_ray.prepare(a.input, a.output, options, ray_address=a.ray_address, split_mb=a.split_mb)
+      m = prepare_ray.prepare_on_ray(a.input, a.output, options, ray_address=a.ray_address, split_mb=a.split_mb)
     else:
-      m = prepare(a.input, a.output, options, workers=a.workers)
+      m = prepare_local(a.input, a.output, options, workers=a.workers)
   tr, ev = m['splits']['train'], m['splits']['eval']
   print(
     f'prepared {tr["documents"]} train / {ev["documents"]} eval documents, '

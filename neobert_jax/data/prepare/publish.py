@@ -53,15 +53,15 @@ def scratch_root() -> str:
   return str(paths.cache_dir('prepare-scratch'))
 
 
-def upload(local: str, out: paths.Path, manifest: dict) -> None:
+def upload(local: str, out: paths.Path, manifest: shards.Manifest) -> None:
   """Puts the shards `manifest` lists from the local directory `local` at `out`, then the manifest."""
-  names = shards.listed_files(manifest)
+  names = manifest.files()
   try:
     with bucket.Timer(f'upload of {len(names)} shards to {out}'):
       (out / shards.MANIFEST).unlink(missing_ok=True)  # from here on the output reads as unfinished
       with concurrent.futures.ThreadPoolExecutor(PARALLEL) as pool:
         list(pool.map(lambda name: _put(os.path.join(local, name), out / name), names))
-      paths.write_text(out / shards.MANIFEST, shards.manifest_text(manifest))  # the commit marker, last
+      manifest.write(out)  # the commit marker, last
   except errors.NeobertError:
     raise
   except Exception as e:  # noqa: BLE001 - gcsfs raises its own types for HTTP 403 / 5xx
@@ -86,13 +86,10 @@ def remove_unlisted(out: paths.Path, names: list[str]) -> None:
     ) from None
 
 
-def commit(out: paths.Path, manifest: dict) -> None:
+def commit(out: paths.Path, manifest: shards.Manifest) -> None:
   """The shards `manifest` lists are in place at `out`: the manifest goes up last, then unlisted shards go."""
-  if paths.local(out):
-    shards.write_manifest(os.fspath(out), manifest)
-  else:
-    paths.write_text(out / shards.MANIFEST, shards.manifest_text(manifest))
-  remove_unlisted(out, shards.listed_files(manifest))
+  manifest.write(os.fspath(out))
+  remove_unlisted(out, manifest.files())
 
 
 def put_file(src: str, dst: paths.Path) -> None:

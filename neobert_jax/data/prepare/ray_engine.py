@@ -69,7 +69,7 @@ def connect(address: str):
   return ray, True
 
 
-def prepare(
+def prepare_on_ray(
   inputs,
   output_dir: str,
   options: documents.BuildOptions | None = None,
@@ -154,7 +154,7 @@ def _build(ray, inputs, output_dir, address, o: documents.BuildOptions, split_by
       'nodes': _per_node(results, shard_results),
     },
   )
-  publish.commit(out, manifest)
+  publish.commit(out, shards.Manifest.of(manifest, output_dir))
   ledger.remove()
   return manifest
 

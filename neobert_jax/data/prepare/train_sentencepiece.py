@@ -30,7 +30,7 @@ def _sentences(files, text_field, text_mode, limit_chars) -> Iterator[str]:
             return
 
 
-def train(
+def train_tokenizer(
   inputs: Sequence[str],
   output_prefix: str,
   *,
@@ -90,7 +90,7 @@ def main(argv=None):
   )
   a = p.parse_args(argv)
   with errors.reported('train_sentencepiece', a.debug):
-    tok = train(
+    tok = train_tokenizer(
       a.input,
       a.output,
       vocab_size=a.vocab_size,
