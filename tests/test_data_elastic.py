@@ -124,7 +124,7 @@ def test_next_prepare_removes_a_killed_prepares_temp_dir(tmp_path):
       'def write(self, chunks):\n'
       '  real(self, chunks); print("writing", flush=True); time.sleep(60)\n'
       'shards.ShardWriter.write_document = write\n'
-      f'prepare.prepare([{str(tmp_path / "in.txt")!r}], {str(out)!r}, tokenizer={vocab!r})\n',
+      f'prepare.prepare_local([{str(tmp_path / "in.txt")!r}], {str(out)!r}, tokenizer={vocab!r})\n',
     ],
     stdout=subprocess.PIPE,
     text=True,

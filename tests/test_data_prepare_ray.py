@@ -213,7 +213,7 @@ def test_a_driver_killed_mid_build_resumes_from_the_ledger(driver, vocab, local,
   out = str(tmp_path / 'out')
   script = (
     f'from neobert_jax.data.prepare import ray_engine as prepare_ray\n'
-    f'prepare_ray.prepare([{str(raw)!r}], {out!r}, ray_address={driver.address!r}, tokenizer={vocab!r}, '
+    f'prepare_ray.prepare_on_ray([{str(raw)!r}], {out!r}, ray_address={driver.address!r}, tokenizer={vocab!r}, '
     f'split_mb={SPLIT_MB}, **{FLAGS!r})\n'
   )
   proc = subprocess.Popen(
