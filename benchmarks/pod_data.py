@@ -61,6 +61,7 @@ def main(argv=None) -> None:
   sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
   from neobert_jax import paths  # pylint: disable=g-import-not-at-top
   from neobert_jax.data.prepare import publish  # pylint: disable=g-import-not-at-top
+  from neobert_jax.data import shards  # pylint: disable=g-import-not-at-top
   from tests.conftest import gcs_env, start_gcs_emulator  # pylint: disable=g-import-not-at-top
 
   emulator, endpoint = start_gcs_emulator()
@@ -78,7 +79,7 @@ def main(argv=None) -> None:
         m = _prepare(local, a.docs, copies)
         total = sum(s['bytes'] for s in m['splits']['train']['shards'])
         url = f'gs://neobert/pod-bench/{docs}-{int(time.time())}'
-        publish.upload(local, paths.Path(url), m)
+        publish.upload(local, paths.Path(url), shards.Manifest.of(m))
         name = f'{total / 2**20:.0f} MiB/{len(m["splits"]["train"]["shards"])}f'
         for n in a.hosts:
           procs = []

@@ -315,4 +315,4 @@ def test_a_mixture_on_a_bucket_names_its_sources_relative_to_itself(tmp_path, gc
   body.pop('gone')
   paths.resolve(f'{root}/mix.json').write_text(json.dumps(body))
   opened = mixture.open_sources(mixture.read(f'{root}/mix.json'), _opener(), SEQ)
-  assert opened['web'][1]['splits']['train']['documents'] == 40
+  assert opened['web'][1].split('train')['documents'] == 40

@@ -206,7 +206,7 @@ def test_each_host_fetches_only_its_share_and_the_rows_are_the_single_hosts(root
   side, are the rows of one host reading the local copy."""
   local = str(tmp_path / 'local')
   made = _prepare([str(_raw(tmp_path / 'raw'))], local, vocab, shard_mb=0.002)
-  publish.upload(local, paths.Path(f'{root}/share'), made)
+  publish.upload(local, paths.Path(f'{root}/share'), shards.Manifest.of(made))
   listed = made['splits']['train']['shards']
   total = sum(s['bytes'] for s in listed)
   assert len(listed) >= 8
@@ -234,7 +234,7 @@ def test_each_host_fetches_only_its_share_and_the_rows_are_the_single_hosts(root
 def test_a_corpus_larger_than_the_cache_budget_trains(root, vocab, tmp_path, monkeypatch):
   local = str(tmp_path / 'local')
   made = _prepare([str(_raw(tmp_path / 'raw'))], local, vocab, shard_mb=0.002)
-  publish.upload(local, paths.Path(f'{root}/big'), made)
+  publish.upload(local, paths.Path(f'{root}/big'), shards.Manifest.of(made))
   listed = made['splits']['train']['shards']
   total = sum(s['bytes'] for s in listed)
   monkeypatch.setenv('NEOBERT_JAX_CACHE', str(tmp_path / 'cache'))

@@ -6,6 +6,7 @@ from neobert_jax import cli
 from tests.support import tiny_train
 
 cli.compile_main  # pyproject.toml's [project.scripts] neobert-compile
+cli.prepare  # neobert-prepare
 tiny_train.run_tiny  # tiny_run_command's `python -c` line
 
 _ = None  # any object: the attributes below are read by a library, not by our code
