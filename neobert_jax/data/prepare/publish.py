@@ -1,18 +1,7 @@
-"""`prepare --output gs://...`: the finished shards go up to the bucket, the manifest last.
+"""Putting prepared shards in place, the manifest last (it is the commit marker).
 
-ArrayRecordWriter (array_record 0.8.6) cannot write gs:// ("open() failed: No such file or directory"), so
-`prepare` writes its shards to local scratch exactly as it does for a local output, and this module uploads
-them: the bytes on the bucket are those a local prepare writes. The manifest is the commit marker here too:
-  * without --overwrite, an output that already holds a manifest is refused before any work, untouched;
-  * with it, the old manifest is removed before the first shard goes up (so nothing reads a half-replaced
-    output as prepared data, as locally), the new one is uploaded after the last shard, and only then are the
-    shards it does not list removed.
-An upload cut short leaves no manifest: readers refuse the output as unfinished, and running prepare again
-(--overwrite) replaces it.
-
-The Ray engine (ray_engine.py) writes each shard on the node that assembles it and puts it in place with
-`put_file` (local: a shared directory, renamed in whole; bucket: uploaded and its size checked), then `commit`s:
-the manifest last, then the removal of shards it does not list. `open_output` is both engines' check before work.
+ArrayRecordWriter cannot write gs://, so shards for a bucket are written to local scratch and uploaded: the same
+bytes as a local prepare's. An old manifest is removed before the first shard and unlisted shards after the new one.
 """
 
 from __future__ import annotations
@@ -29,8 +18,7 @@ PARALLEL = 4
 
 
 def open_output(output_dir: str, overwrite: bool) -> paths.Path:
-  """Before tokenizing, for both engines: an output that holds prepared data is refused without --overwrite
-  (FileExistsError, untouched); a bucket must take writes; a local directory is created."""
+  """Before tokenizing: refuses prepared data without --overwrite, checks a bucket takes writes, makes a directory."""
   out = paths.resolve(output_dir, '--output')
   if not paths.local(out):
     check_output(out, overwrite)
@@ -42,14 +30,12 @@ def open_output(output_dir: str, overwrite: bool) -> paths.Path:
 
 
 def check_output(out: paths.Path, overwrite: bool) -> None:
-  """Before tokenizing: an existing output without --overwrite is refused, and the bucket must take writes."""
   if not overwrite and (out / shards.MANIFEST).exists():
     raise FileExistsError(f'{out} already holds prepared data (pass --overwrite)')
   paths.check_writable(out, '--output')
 
 
 def scratch_root() -> str:
-  """Where shards bound for a bucket are written first (as large as the prepared data)."""
   return str(paths.cache_dir('prepare-scratch'))
 
 
@@ -73,8 +59,7 @@ def upload(local: str, out: paths.Path, manifest: dict) -> None:
 
 
 def remove_unlisted(out: paths.Path, names: list[str]) -> None:
-  """Removes the shards at `out` that the (new, committed) manifest does not list: an old output's, or those of a
-  build cut short."""
+  """Removes the shards at `out` that the committed manifest does not list."""
   try:
     for obj in out.iterdir():
       if shards.is_shard_file(obj.name) and obj.name not in names:
@@ -87,7 +72,6 @@ def remove_unlisted(out: paths.Path, names: list[str]) -> None:
 
 
 def commit(out: paths.Path, manifest: dict) -> None:
-  """The shards `manifest` lists are in place at `out`: the manifest goes up last, then unlisted shards go."""
   if paths.local(out):
     shards.write_manifest(os.fspath(out), manifest)
   else:
@@ -96,7 +80,7 @@ def commit(out: paths.Path, manifest: dict) -> None:
 
 
 def put_file(src: str, dst: paths.Path) -> None:
-  """Moves the local file `src` to `dst` whole: a reader sees the old file or the new one, never part of it."""
+  """Moves the local file `src` to `dst` whole: a reader never sees part of it."""
   if not paths.local(dst):
     _put(src, dst)
     os.remove(src)
