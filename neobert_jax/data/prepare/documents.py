@@ -1,10 +1,5 @@
-"""Documents -> records, the part of `prepare` both engines share: reading documents in units, tokenizing, cutting
-long documents into records, choosing the held-out split, the counts the manifest reports and the manifest itself.
-
-The local engine (prepare.py) runs these over every file in one process pool; the Ray engine (ray_engine.py) runs
-them over each unit of a file (splits.py) in a task. Both then hand the records to the same shard rule
-(rollover.py) and writer (shards.ShardWriter), which is why their shards are the same bytes. The options of a
-build, the same for both engines and the command line, are one frozen `BuildOptions`.
+"""Documents -> records, shared by both engines: units of text, tokenizing, cutting long documents, the held-out
+split, the counts and the manifest. Sharing these and the writer is why both engines make the same bytes.
 """
 
 from __future__ import annotations
@@ -28,8 +23,7 @@ MAX_REPORTED_ISSUES = 100
 
 @dataclasses.dataclass(frozen=True)
 class BuildOptions:
-  """What a prepare makes and how, whichever engine runs it (the engine's own knobs, --workers or the Ray address
-  and split size, stay its arguments). Checked when made."""
+  """What a prepare makes, whichever engine runs it; checked when made."""
 
   tokenizer: str = tokenizer_lib.BUILTIN_BERT  # 'bert-base-uncased', vocab.txt, tokenizer.json or SentencePiece .model
   max_length: int = 1024  # ids per record, [CLS] and [SEP] included
@@ -43,7 +37,6 @@ class BuildOptions:
   command: str | None = None  # recorded in the manifest (default: the call)
 
   def __post_init__(self):
-    # errors.ConfigError (a ValueError): one line naming the flag, its range and the value given.
     if self.max_length < 3:
       raise errors.ConfigError(f'--max-length={self.max_length}: must be at least 3 ([CLS], a token, [SEP])')
     if not 0 <= self.eval_fraction < 1:  # NaN fails too
@@ -57,7 +50,6 @@ class BuildOptions:
 
   @classmethod
   def of(cls, options: 'BuildOptions | None', fields: dict[str, Any]) -> 'BuildOptions':
-    """`options` (default: the defaults) with `fields` replaced: how an engine takes its keyword arguments."""
     return dataclasses.replace(options or cls(), **fields)
 
   @property
@@ -65,7 +57,7 @@ class BuildOptions:
     return int(self.shard_mb * 2**20)
 
   def record_fields(self) -> dict[str, Any]:
-    """The options that decide each document's records and split (what a Ray task needs, and its ledger keeps)."""
+    """The options that decide each document's records and split (a Ray task's, kept by its ledger)."""
     return {
       'max_length': self.max_length,
       'eval_fraction': self.eval_fraction,
@@ -76,7 +68,6 @@ class BuildOptions:
 
 
 def chunk_document(ids: np.ndarray, max_length: int, cls_id: int, sep_id: int) -> list[np.ndarray]:
-  """Splits a document's ids into [CLS] ... [SEP] records of <= max_length ids."""
   body = max_length - 2
   out = []
   for start in range(0, max(len(ids), 1), body):
@@ -106,7 +97,7 @@ def tokenize_texts(tok, texts: list[str], max_length: int, eval_fraction: float)
 
 
 class Counts:
-  """What the manifest reports about the input, summed over units (`add`) on the Ray engine."""
+  """What the manifest reports about the input (summed over units with `add` on the Ray engine)."""
 
   FIELDS = ('input_documents', 'skipped_empty', 'split_documents', 'issue_count')
 
@@ -175,8 +166,7 @@ def text_units(
 def manifest(
   tok, max_length: int, eval_fraction: float, splits: dict, files: list[str], counts: Counts, command: str
 ) -> dict:
-  """The manifest's fields that depend only on what was prepared; each engine adds its own (timing, workers or
-  cluster). Refuses a corpus with no text."""
+  """The manifest's fields that depend only on what was prepared (each engine adds its own); refuses no text."""
   if splits['train']['documents'] == 0:
     raise errors.DataError(
       f'no documents with text in {len(files)} file(s) ({counts.input_documents} read, '

@@ -1,13 +1,6 @@
-"""Hugging Face datasets as `prepare` inputs: a dataset on the hub, read streaming, or one saved on this machine.
+"""Hugging Face datasets as `prepare` inputs: hf:ID[:CONFIG[:SPLIT]] (streamed) or a save_to_disk folder.
 
-  --input hf:ID[:CONFIG[:SPLIT]]   load_dataset(ID, CONFIG, split=SPLIT or 'train', streaming=True): rows arrive
-                                   as they download, nothing is cached whole (a local dataset folder works too)
-  --input DIR                      a folder written by Dataset.save_to_disk (its state.json), or by
-                                   DatasetDict.save_to_disk (dataset_dict.json: its 'train' split; DIR/SPLIT for
-                                   another); read in place, memory-mapped
-
-Rows are read in the dataset's order, the text from the --text-field column, so a prepare of the same dataset gives
-the same shards. The `datasets` library is imported only when such an input is read.
+Rows are read in order from the --text-field column; `datasets` is imported only when such an input is read.
 """
 
 from __future__ import annotations

@@ -1,14 +1,7 @@
-"""The Ray engine's work area and ledger: what a build has finished, kept where every node and a re-run see it.
+"""The Ray engine's work area (OUTPUT/.prepare-work): what a build has finished, seen by every node and a re-run.
 
-It lives at OUTPUT/.prepare-work (a local directory every node mounts, or the output's bucket):
-  build.json                 the build's identity (inputs with their sizes, flags, tokenizer); a re-run whose
-                             identity differs starts the area afresh, one whose identity matches resumes from it
-  units/NNNNNN.SPLIT.npz     pass 1's records of unit N for a split (ids, record lengths, records per document)
-  units/NNNNNN.done.npz      unit N's counts and per-document token counts: written last, it is the unit's entry
-  shards/NAME.json           a shard assembled and put in place by pass 2, with the plan it was made from
-Each object is written whole (a local temporary name and a rename, or one upload), and a unit's entry only after
-its records, so a build killed at any point leaves entries only for finished work. A task run twice (a retry, a
-lost node, a resumed build) writes the same bytes again. The area is removed once the manifest is committed.
+build.json (the build's identity), units/NNNNNN.SPLIT.npz (records), units/NNNNNN.done.npz (counts, written
+last: the unit's entry), shards/NAME.json (a shard in place, with its plan). Every object is written whole.
 """
 
 from __future__ import annotations

@@ -1,17 +1,9 @@
-"""`prepare`: raw text files -> ArrayRecord shards of token ids + manifest.json.
+"""`prepare` on one machine: raw text files -> ArrayRecord shards of token ids + manifest.json.
 
-  python -m neobert_jax.data.prepare --input 'corpus/*.jsonl.zst' --output data/web \
-      --tokenizer bert-base-uncased --max-length 1024 --workers 8 --eval-fraction 0.01
+  python -m neobert_jax.data.prepare --input 'corpus/*.jsonl.zst' --output data/web --workers 8
 
-One record per document chunk: [CLS] ids [SEP], at most max_length ids. Longer
-documents become several consecutive records instead of being truncated.
-The main process reads documents in a fixed order and groups them into units;
-workers only tokenize, and results are written back in unit order, so the shards
-are byte-identical for any --workers. The held-out split is chosen by a hash of
-each document's text, so it is stable too (and duplicates land together).
-Inputs and output may be on a bucket (gs://...): inputs are streamed (sources.py),
-shards are written to local scratch and uploaded, manifest last (publish.py), so
-they are byte-identical to a local prepare's.
+Documents are read in a fixed order and workers only tokenize, so the shards are byte-identical for any --workers
+(and to a gs:// output's, written to local scratch and uploaded by publish.py).
 """
 
 import collections
@@ -33,7 +25,6 @@ from neobert_jax.data import tokenizer as tokenizer_lib
 
 _TOKENIZER = None  # per-worker tokenizer, built once by _init_worker
 ENGINES = ('local', 'ray')
-# Their home is documents.py, shared with the Ray engine; these names stay for callers that know them from here.
 chunk_document = documents.chunk_document
 is_eval_document = documents.is_eval_document
 # The manifest fields that say how and when a prepare ran rather than what it made: the engines differ only there.
@@ -42,8 +33,7 @@ RUN_FIELDS = ('command', 'seconds', 'workers', 'engine')
 
 def _init_worker(tokenizer_path: str) -> None:
   global _TOKENIZER
-  # One process = one core: keep HF tokenizers from spawning its own threads,
-  # so the worker count is the real parallelism (and the scaling figure honest).
+  # One process = one core: HF tokenizers' own threads would make the worker count a lie.
   os.environ['TOKENIZERS_PARALLELISM'] = 'false'
   _TOKENIZER = tokenizer_lib.load_tokenizer(tokenizer_path)
 
@@ -75,30 +65,16 @@ def _ordered_map(fn, tasks: Iterable, workers: int, initargs: tuple) -> Iterator
 _TMP_PREFIX = '.prepare-tmp-'
 
 
-def _alive(pid: int) -> bool:
-  try:
-    os.kill(pid, 0)
-  except ProcessLookupError:
-    return False
-  except PermissionError:  # exists, owned by someone else
-    return True
-  return True
-
-
 def remove_stale_tmp(output_dir: str) -> list[str]:
-  """Removes `.prepare-tmp-<pid>` directories left in `output_dir` by a prepare that was killed; returns them.
-
-  A killed run (SIGKILL, OOM, a lost node) never reaches its cleanup, and its half-written shards can be as
-  large as the corpus. A directory whose process still runs on this machine is left alone (the output's lease
-  keeps a second prepare out of a live one's output: this only sees scratch shared by prepares of other outputs).
-  """
+  """Removes (and returns) the `.prepare-tmp-<pid>` directories of killed prepares in `output_dir`, which can be
+  as large as the corpus; one whose process still runs here is left alone."""
   removed = []
   for name in sorted(os.listdir(output_dir)):
     path = os.path.join(output_dir, name)
     pid = name[len(_TMP_PREFIX) :]
     if not (name.startswith(_TMP_PREFIX) and pid.isdigit() and os.path.isdir(path)):
       continue
-    if int(pid) != os.getpid() and _alive(int(pid)):
+    if int(pid) != os.getpid() and lease_lib.pid_alive(int(pid)):
       print(f'prepare: {path} belongs to a running process {pid}; left alone', file=sys.stderr)
       continue
     shutil.rmtree(path, ignore_errors=True)
@@ -115,8 +91,8 @@ def prepare_local(
   workers: int = 0,
   **fields: Any,
 ) -> dict:
-  """Tokenizes `inputs` into `output_dir` on this machine with `workers` processes; returns the manifest it wrote.
-  `options`, or its fields as keywords (documents.BuildOptions documents them), say what to build."""
+  """Tokenizes `inputs` into `output_dir` with `workers` processes; returns the manifest. `options`, or its
+  fields as keywords (documents.BuildOptions), say what to build."""
   o = documents.BuildOptions.of(options, fields)
   with lease_lib.acquire(output_dir, '--output'):  # one build per output, before anything there is read
     return _prepare(inputs, output_dir, o, workers)
@@ -194,8 +170,7 @@ def _progress_bar(enabled: bool):
 
 
 def main(argv: Sequence[str] | None = None) -> dict:
-  """The command line; returns the manifest. An expected error is one line on stderr and SystemExit with the data
-  error status (neobert_jax/errors.py); --debug shows the traceback instead."""
+  """The command line; returns the manifest. An expected error is one line on stderr (--debug: the traceback)."""
   argv = list(sys.argv[1:] if argv is None else argv)
   debug = errors.take_debug_flag(argv)
   p = commandline.Parser('prepare', 'neobert_jax.data.prepare', __doc__)

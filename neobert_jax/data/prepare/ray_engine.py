@@ -1,18 +1,8 @@
-"""`prepare --engine=ray`: the same shards as `prepare` on one machine, made by the tasks of a Ray cluster.
+"""`prepare --engine=ray`: the local engine's shards, made by the tasks of a Ray cluster.
 
-  python -m neobert_jax.data.prepare --engine=ray --ray-address=auto --input 'gs://B/raw/*.jsonl.zst' \
-      --output gs://B/data/web --tokenizer bert-base-uncased --max-length 1024
-
-Two passes, planned by the driver between them (README "Preparing a web-scale corpus" says why not a new format):
-  1. one task per unit of input (splits.py: byte ranges, row groups, .zst frames) reads, tokenizes, cuts and picks
-     each document's split exactly as the local engine does (documents.py), keeps its records in the work area
-     (ledger.py) and returns each document's token count;
-  2. the driver runs the local engine's shard rule over those counts in input order (rollover.py), which fixes
-     every shard's documents before any is written; one task per shard writes it with the local engine's writer
-     and puts it in place. The manifest is committed last (publish.py), then the work area is removed.
-So the shards are the local engine's bytes whatever the node count, and the manifest differs only in its run
-fields (prepare.RUN_FIELDS: `engine` holds the cluster's part, per node). Tasks retry on any fault of a machine;
-a re-run of a killed build resumes from the work area without redoing a finished unit or shard.
+Pass 1: one task per unit of input (splits.py) tokenizes as documents.py does and keeps its records in the work
+area (ledger.py); the driver plans the shards over the token counts (rollover.py); pass 2: one task per shard
+writes it. The manifest differs from the local one only in its run fields; a re-run of a killed build resumes.
 """
 
 from __future__ import annotations
@@ -78,8 +68,8 @@ def prepare_on_ray(
   split_mb: float = 64.0,
   **fields: Any,
 ) -> dict:
-  """Tokenizes `inputs` into `output_dir` on the Ray cluster at `ray_address`, about `split_mb` of input per task;
-  returns the manifest it wrote. `options`, or its fields as keywords (documents.BuildOptions), say what to build."""
+  """Tokenizes `inputs` into `output_dir` on the Ray cluster at `ray_address`, about `split_mb` per task; returns
+  the manifest. `options`, or its fields as keywords (documents.BuildOptions), say what to build."""
   o = documents.BuildOptions.of(options, fields)
   named = [item for item in inputs if hf.is_input(item)]
   if named:  # the plan cuts files by size; a dataset has none to cut
@@ -164,8 +154,8 @@ def _options(ray, fn):
 
 
 def _pass1(ray, units, cfg, ledger, shipped, done, progress) -> dict:
-  """Every unit's counts, by index: the ledger's for finished units, a task's for the others. Bad input raises the
-  first error in input order, as the local engine meets it, and keeps nothing of the build."""
+  """Every unit's counts by index (the ledger's for finished units); bad input raises the first error in input
+  order, as the local engine meets it."""
   results = {i: {**meta, 'doc_tokens': doc_tokens} for i, (meta, doc_tokens) in done.items()}
   todo = [(i, (i, p, s, cfg, ledger, shipped)) for i, (p, s) in enumerate(units) if i not in done]
   _run(
@@ -185,8 +175,7 @@ def _pass1(ray, units, cfg, ledger, shipped, done, progress) -> dict:
 
 
 def _pass2(ray, plans: dict, shard_bytes: int, width: str, ledger, out: paths.Path, progress) -> tuple[dict, int]:
-  """Every shard of the plan in place, by file name (a finished one of a resumed build is kept), and how many were
-  kept."""
+  """Every shard of the plan in place, by file name, and how many a resumed build kept."""
   finished, results, todo = ledger.finished_shards(), {}, []
   for split, plan in plans.items():
     for k, pieces in enumerate(plan):
@@ -206,9 +195,8 @@ def _in_place(path: paths.Path, entry: dict) -> bool:
 
 
 def _run(ray, task, todo: list, results: dict, bar, stop_on_error: bool = False) -> None:
-  """Runs task(*args) for each (key, args) of `todo`, a bounded number in flight, into results[key]. After an
-  input error no further task starts (those before it in order have all started: they finish, as one of them may
-  hold an earlier error)."""
+  """results[key] = task(*args) for each (key, args) of `todo`, a bounded number in flight; with stop_on_error no
+  task starts after an input error (those started finish: one may hold an earlier error)."""
   window = max(2, 2 * int(ray.cluster_resources().get('CPU', 1)))
   pending, queue, stopped, tokens, t0 = {}, iter(todo), False, 0, time.perf_counter()
   try:

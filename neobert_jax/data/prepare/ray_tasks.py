@@ -1,14 +1,7 @@
-"""The work of `prepare --engine=ray`'s tasks, as plain functions (ray_engine.py makes them Ray tasks).
+"""`prepare --engine=ray`'s tasks as plain functions: `tokenize_unit` (pass 1) and `assemble_shard` (pass 2).
 
-  pass 1, `tokenize_unit`: one unit of input (splits.py) -> its records per split in the ledger (ids as wide as
-          the shards' will be), and its counts
-          (documents read, skipped, cut; decode issues; each document's token count) back to the driver;
-  pass 2, `assemble_shard`: one shard of the driver's plan -> the records of the documents the plan names, read
-          back from the ledger and written by shards.ShardWriter as the local engine writes them, put in place at
-          the output.
-A bad input is the user's to fix, never worth a retry: it comes back as a value ({'error': ...}) and the driver
-raises the first one in input order, as the local engine would. Any exception is a fault of the machine or the
-network and Ray retries the task; every write is whole and the same each time, so a retry changes nothing.
+Bad input comes back as a value ({'error': ...}), never retried; any exception is a machine's fault and Ray
+retries it (every write is whole and the same each time).
 """
 
 from __future__ import annotations

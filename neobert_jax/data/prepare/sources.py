@@ -1,15 +1,7 @@
-"""Reading raw documents: text, JSONL and Parquet files, plain or .gz/.zst, local or on a bucket (gs://).
+"""Reading raw documents: text, JSONL and Parquet files, plain or .gz/.zst, local or gs:// (through paths.py).
 
-Everything here is sequential and deterministic: files in sorted order, documents
-in file order, so `prepare` produces the same shards whatever its worker count.
-Bytes that are not UTF-8 are reported with the file and byte offset (into the
-decompressed stream) through `on_issue`, then replaced with U+FFFD or, with
-on_decode_error='fail', raised. Bucket inputs are read as streams through etils.epath (paths.py), so the same
-readers serve both; their names stay URLs in the manifest and in every message.
-
-A file may also be read in parts (`Span`, planned by splits.py for `prepare --engine=ray`): the parts' documents,
-concatenated in order, are exactly the whole file's, with the same offsets and messages (a JSONL error's line
-number counts the lines before the part, read again only then).
+Sequential and deterministic (sorted files, file order), so `prepare` makes the same shards for any worker count.
+A file may be read in parts (`Span`, planned by splits.py); the parts' documents concatenated are the file's.
 """
 
 import contextlib

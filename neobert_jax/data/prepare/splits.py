@@ -1,16 +1,7 @@
 """Cutting input files into units of work for `prepare --engine=ray`: one 50 GB file must not be one task.
 
-A unit is (file, Span or None); reading every unit's documents in order gives the whole corpus's documents in the
-order the local engine reads them (sources.Span says which lines a part owns). How each kind is cut:
-  * plain text and JSONL: byte ranges of about `split_bytes`; a line (a paragraph in text_mode 'blank') belongs to
-    exactly one part whatever the cut points;
-  * Parquet: runs of whole row groups of about `split_bytes` (uncompressed, as the footer states them);
-  * .zst: runs of whole frames, when the frames can be found without decompressing: the seekable format's seek
-    table (any file), else by walking the frame and block headers (local files only: on a bucket every header
-    would be a request). A frame need not end at a line end: a part owns the lines that start in its range of the
-    decompressed stream, and reads into the next frame to finish its last one;
-  * .gz, a .zst of one frame (what `zstd FILE` writes), a bucket .zst without a seek table, and text_mode 'file':
-    one unit per file, with a warning when the file is larger than `split_bytes` (the limit the README names).
+Text/JSONL: byte ranges (a line or paragraph belongs to one part); Parquet: runs of row groups; .zst: runs of
+frames (seek table, or frame headers for local files). .gz, one-frame .zst and text_mode 'file' stay one unit.
 """
 
 from __future__ import annotations

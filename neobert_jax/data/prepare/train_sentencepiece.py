@@ -1,12 +1,8 @@
-"""Train a SentencePiece vocabulary with BERT's special tokens, for pretraining
-with your own vocabulary.
+"""Train a SentencePiece vocabulary with BERT's special tokens ([PAD]=0 [UNK]=1 [CLS]=2 [SEP]=3 [MASK]=4).
 
-  python -m neobert_jax.data.prepare.train_sentencepiece --input 'corpus/*.jsonl' \
-      --output my_vocab --vocab-size 32000        # writes my_vocab.model/.vocab
+  python -m neobert_jax.data.prepare.train_sentencepiece --input 'corpus/*.jsonl' --output my_vocab --vocab-size 32000
 
-Ids: [PAD]=0 [UNK]=1 [CLS]=2 [SEP]=3 [MASK]=4, then the learned pieces. Then
-`prepare --tokenizer my_vocab.model` and set the model's vocab_size to the
-printed size. Reads inputs exactly as `prepare` does (same formats and flags).
+Then `prepare --tokenizer my_vocab.model` and set the model's vocab_size to the printed size.
 """
 
 from typing import Iterator, Sequence
