@@ -52,6 +52,8 @@ BEFORE = (
   'optimizer.peak_lr=3e-3',
   'optimizer.warmup_steps=30',
   'optimizer.warmup_fraction=0.0',  # the main job warms up over 30% of its steps since the study
+  'optimizer.name=adamw',  # the main job trains with Muon since the speedrun (benchmarks/speedrun.py)
+  'optimizer.muon_lr=0',
   'eval.probe_task=',
   'logging.log_every=10',
 )

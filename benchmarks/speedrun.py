@@ -10,7 +10,7 @@ masks); seed 0 is the main job itself. For each run it reads metrics.jsonl and r
 
   * the wall-clock seconds and tokens to reach the neighbour-count line (train/baselines.py, printed by the run at
     the evaluation's mask rate), each interpolated linearly between the two evaluations around the crossing;
-  * the held-out loss at the main job's time budget: the training seconds of the 'adamw' recipe with the same seed
+  * the held-out loss at the main job's time budget: the training seconds of the 'main' recipe with the same seed
     in this run (the curve interpolated there; the last evaluation when a run ends sooner);
   * the final held-out loss and the training seconds;
   * the median seconds per step (train/step_time): how loaded the machine was during that run.
@@ -35,20 +35,35 @@ import numpy as np
 from benchmarks.recipe_study import run_recipe
 
 EVERY = ('eval.every_steps=100', 'eval.probe_task=', 'checkpoint.every_steps=100000')
-MUON = ('optimizer.name=muon',)
+# Each recipe names its optimizer and rates in full, so it means the same whatever the main job's config holds.
+ADAMW = ('optimizer.name=adamw', 'optimizer.peak_lr=5e-3', 'optimizer.muon_lr=0')  # AdamW on everything at 5e-3
+MUON = (
+  'optimizer.name=muon',
+  'optimizer.peak_lr=5e-3',
+  'optimizer.muon_lr=0',
+)  # Muon on the layer's matrices, same rate
+HALF_BATCH = ('train.global_batch_size=16', 'train.num_steps=4000', 'eval.every_steps=200', 'eval.num_batches=16')
 # name -> overrides of configs/tiny_cpu.py
 RECIPES: dict[str, tuple[str, ...]] = {
-  'adamw': (),  # the main job
-  'muon': MUON,  # Muon on the block matrices at the same rate (muon_rate_scale='rms', 0.2), AdamW on the rest
+  'main': (),  # the main job: Muon at 1e-2 on the layer's matrices, AdamW at 2e-2 on the embedding, decoder, norms
+  'adamw': ADAMW,
+  'adamw_lr1e-2': (*ADAMW, 'optimizer.peak_lr=1e-2'),  # AdamW on everything at 1e-2
+  'muon': MUON,  # Muon on the block matrices at AdamW's rate (muon_rate_scale='rms', 0.2), AdamW on the rest
   'muon_lr1e-2': (*MUON, 'optimizer.muon_lr=1e-2'),
   'muon_lr2e-2': (*MUON, 'optimizer.muon_lr=2e-2'),
   'muon_width_lr5e-2': (*MUON, 'optimizer.muon_rate_scale=width', 'optimizer.muon_lr=5e-2'),
   'muon_all_matrices': (*MUON, 'optimizer.muon_adamw='),  # the embedding and the decoder on Muon too
   'muon_warmup_0.1': (*MUON, 'optimizer.warmup_fraction=0.1'),  # a tenth of the run warming up, not 30%
-  'mask_40_to_15': ('data.mask_rate_final=0.15',),  # arXiv 2305.15096's falling rate; evaluated at 40%
+  'muon_lr1e-2_warmup_0.1': (*MUON, 'optimizer.muon_lr=1e-2', 'optimizer.warmup_fraction=0.1'),
+  'muon_lr1e-2_adamw_lr1e-2': (*MUON, 'optimizer.muon_lr=1e-2', 'optimizer.peak_lr=1e-2'),
+  'muon_lr2e-2_adamw_lr2e-2': (*MUON, 'optimizer.muon_lr=2e-2', 'optimizer.peak_lr=2e-2'),
+  'muon_lr1e-2_adamw_lr4e-2': (*MUON, 'optimizer.muon_lr=1e-2', 'optimizer.peak_lr=4e-2'),
+  # half the rows per step, twice the steps: the same tokens in more, noisier updates (1.9x the steps per second)
+  'muon_lr1e-2_batch_16': (*MUON, 'optimizer.muon_lr=1e-2', *HALF_BATCH),
+  'mask_40_to_15': (*ADAMW, 'data.mask_rate_final=0.15'),  # arXiv 2305.15096's falling rate; evaluated at 40%
   'muon_mask_40_to_15': (*MUON, 'data.mask_rate_final=0.15'),
 }
-TOKENS_PER_STEP = 32 * 128  # the main job's (no recipe here changes the batch or the row length)
+MAIN_TOKENS_PER_STEP = 32 * 128  # the main job's; a run's own is read from its config.json
 
 
 def crossing(curve: list[tuple[float, int, float, float]], line: float) -> tuple[float, float] | None:
@@ -66,6 +81,12 @@ def loss_at(curve: list[tuple[float, int, float, float]], seconds: float) -> flo
   return float(np.interp(seconds, t, loss))
 
 
+def tokens_per_step(workdir: Path) -> int:
+  """Rows x row length of the run's own config (a recipe may change the batch)."""
+  cfg = json.loads((workdir / 'config.json').read_text())
+  return cfg['train']['global_batch_size'] * cfg['model']['max_length']
+
+
 def step_seconds(workdir: Path) -> float:
   """The median train/step_time of a run's metrics.jsonl (nan when it is gone)."""
   path = workdir / 'metrics.jsonl'
@@ -76,11 +97,11 @@ def step_seconds(workdir: Path) -> float:
 
 
 def summary(results: dict[str, dict]) -> list[dict]:
-  """One row per run: crossing, loss at the budget of the 'adamw' run of its seed, final loss."""
+  """One row per run: crossing, loss at the budget of the 'main' run of its seed, final loss."""
   rows = []
   for key, r in results.items():
     line = float(r['neighbours'].split(',')[0])
-    budget = results.get(f'adamw_s{r["seed"]}', r)['train_s']
+    budget = results.get(f'main_s{r["seed"]}', r)['train_s']
     cross = crossing(r['curve'], line)
     rows.append(
       {
@@ -89,7 +110,7 @@ def summary(results: dict[str, dict]) -> list[dict]:
         'seed': r['seed'],
         'line': line,
         'cross_s': cross[0] if cross else float('nan'),
-        'cross_tokens': cross[1] * TOKENS_PER_STEP if cross else float('nan'),
+        'cross_tokens': cross[1] * r.get('tokens_per_step', MAIN_TOKENS_PER_STEP) if cross else float('nan'),
         'at_budget': loss_at(r['curve'], budget),
         'budget_s': budget,
         'final': r['final_loss'],
@@ -163,7 +184,8 @@ def main() -> None:
     for seed in [int(s) for s in args.seeds.split(',')]:
       for name in args.only.split(',') if args.only else list(RECIPES):
         r = run_recipe(f'{name}_s{seed}', [*EVERY, *RECIPES[name], f'seed={seed}'], out, args.config)
-        r.update(recipe=name, seed=seed, step_s=step_seconds(out / f'{name}_s{seed}'))
+        workdir = out / f'{name}_s{seed}'
+        r.update(recipe=name, seed=seed, step_s=step_seconds(workdir), tokens_per_step=tokens_per_step(workdir))
         print(f'{name} seed {seed}: final {r["final_loss"]:.3f}, {r["train_s"]:.0f} s', flush=True)
         with open(out / 'results.jsonl', 'a') as f:
           f.write(json.dumps(r) + '\n')

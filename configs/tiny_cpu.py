@@ -1,6 +1,6 @@
 """A tiny NeoBERT trained on the built-in corpus in a few minutes on a 2-core CPU (the README's main job).
 
-NeoBERT's architecture, optimizer, all-[MASK] masking and sparse MLM head, scaled down to what 2 CPU cores can
+NeoBERT's architecture, all-[MASK] masking and sparse MLM head, scaled down to what 2 CPU cores can
 train in under five minutes: 1 layer x 128, 128-token packed rows, 32 rows per step, 2,000 steps, ~8.2M tokens
 (about three passes over the corpus's 2.4M). The built-in corpus is fetched, tokenized and sharded on first use
 (cached); evaluation on its held-out split runs at the start and every 500 steps, with a linear probe of the
@@ -19,10 +19,13 @@ and "Main job"):
   * init: every Linear U(-0.15, 0.15) instead of NeoBERT's U(-0.02, 0.02). 0.02 is a width-768 scale; at width
     128 it leaves attention logits near zero, so attention stays uniform and the model sits on the unigram
     plateau for a hundred steps. The embedding keeps 0.02 (a larger one was worse).
-  * schedule: one cycle at a higher peak (5e-3): a linear warmup over the first 30% of the steps, then a straight
-    line to zero at the last step (Cramming's one-cycle; Izsak et al.'s decay to zero at the deadline), not a
-    short warmup and a cosine to 10%. Over 2,000 steps it ended 0.12 nats below a 30-step warmup at 3e-3, and 5e-3
-    gained a little more.
+  * optimizer: Muon (optax.contrib.muon) on the layer's weight matrices at a peak of 1e-2, AdamW on the embedding,
+    the decoder and the norm scales at 2e-2, instead of AdamW on everything at NeoBERT's 6e-4. Over the 2,000 steps
+    it ends 0.17 nats below AdamW at 5e-3 (4.055 against 4.227); AdamW on everything gains 0.03 from a higher rate
+    (1e-2: 4.193), and 1e-2 or 4e-2 on the AdamW side under Muon end higher (docs/performance.md, "Speedrun").
+  * schedule: one cycle: a linear warmup over the first 30% of the steps, then a straight line to zero at the last
+    step (Cramming's one-cycle; Izsak et al.'s decay to zero at the deadline), not a short warmup and a cosine to
+    10%. Over 2,000 steps it ended 0.12 nats below a 30-step warmup (AdamW, 3e-3).
   * bfloat16 compute (fp32 master weights, norms, softmax and loss): the matmuls run about twice as fast on CPUs
     with AVX-512 BF16 or AMX, so more steps fit in the same minutes, at the same loss per step.
   * one layer: per step it learned as fast as two at 1.7x the steps per second.
@@ -54,7 +57,9 @@ def get_config():
   cfg.train.global_batch_size = 32
 
   o = cfg.optimizer
-  o.peak_lr = 5e-3  # a small model trained briefly tolerates (and needs) a larger rate
+  o.name = 'muon'  # Muon on the layer's matrices, AdamW on the embedding, the decoder and the norms
+  o.muon_lr = 1e-2
+  o.peak_lr = 2e-2  # the AdamW side: a small model trained briefly tolerates (and needs) a larger rate
   o.warmup_steps, o.warmup_fraction = 0, 0.3  # one cycle: up over the first 30% of the steps...
   o.schedule, o.final_lr_fraction = 'linear', 0.0  # ...then a straight line to zero at the last step
 

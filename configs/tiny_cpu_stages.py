@@ -1,5 +1,7 @@
 """configs/neobert_250m_stages.py's three stages at the tiny CPU size (configs/tiny_cpu.py): a minute per stage.
 
+Every stage trains with tiny_cpu.py's optimizer: Muon on the layer's matrices, AdamW on the rest.
+
 stage 1  128 tokens, theta 10k, 30% masked, the batch ramped 16 -> 32 sequences over 20k tokens, then constant
 stage 2  256 tokens, theta 160k, 15% masked, the moments carried over, a short re-warmup at a lower rate
 stage 3  256 tokens, 1 - sqrt decay to 0 over the whole stage, 5% masked, the moments and data position carried
@@ -37,7 +39,7 @@ def get_config(stage: str = '1'):
   cfg.model.max_length = 256
   cfg.data.max_documents_per_row = 32
   t.global_batch_size, t.num_steps = 16, 100
-  o.peak_lr = 1e-3
+  o.peak_lr, o.muon_lr = 1e-3, 5e-4  # Muon as in tiny_cpu.py (its state carried over), at the main job's ratio
   if stage == '2':
     o.warmup_steps = 10
     cfg.data.max_predictions = 48  # 15% of 256
