@@ -5,6 +5,7 @@ stage that tries to change theta, refused with one line."""
 
 import json
 
+import jax
 import orbax.checkpoint as ocp
 import pytest
 
@@ -46,9 +47,13 @@ def _metrics(workdir):
 
 
 def _opt(workdir):
+  """(the stage's step, the moments' update count): the largest 'count' in the optimizer state, whichever optimizer
+  (the recipe trains with Muon, whose state nests AdamW's); the schedules' counters restart with each stage."""
   with ocp.StandardCheckpointer() as reader:
     tree = reader.restore(workdir / 'checkpoints' / str(STEPS) / 'opt')
-  return int(tree['step']['value']), int(tree['opt_state']['1']['0']['count']['value'])
+  leaves = jax.tree_util.tree_flatten_with_path(tree['opt_state'])[0]
+  counts = [int(leaf) for path, leaf in leaves if any(getattr(k, 'key', None) == 'count' for k in path)]
+  return int(tree['step']['value']), max(counts)
 
 
 @pytest.mark.slow
