@@ -8,8 +8,8 @@ Builds three prepared sources of synthetic documents (data/synthetic_data.py) an
 thread, so the time is the pipeline's own), `--steps` global batches of one source (data.dir) and of the mixture
 of the three (data.mixture). Prints each one's row tokens/s, the mixture's overhead, and the rows and record bytes
 each source gave against its weight. The goal the issue sets: under 5% overhead. With --bucket the sources are
-uploaded to a GCS emulator on 127.0.0.1 first: the one source is read in whole files, the mixture record by record
-(data.bucket_reads=auto), and the bytes each source fetched are printed beside the weights.
+uploaded to a GCS emulator on 127.0.0.1 first (read in whole files, as every bucket is), and the bytes each source
+fetched are printed beside the weights.
 
 A script, not part of the library (nothing imports it): run it from the repository root as above.
 """

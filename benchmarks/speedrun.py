@@ -62,6 +62,11 @@ RECIPES: dict[str, tuple[str, ...]] = {
   'muon_lr1e-2_batch_16': (*MUON, 'optimizer.muon_lr=1e-2', *HALF_BATCH),
   'mask_40_to_15': (*ADAMW, 'data.mask_rate_final=0.15'),  # arXiv 2305.15096's falling rate; evaluated at 40%
   'muon_mask_40_to_15': (*MUON, 'data.mask_rate_final=0.15'),
+  # the main job's rates with one more field changed
+  'main_wd0': ('optimizer.weight_decay=0',),  # no weight decay on either side
+  'main_noclip': ('optimizer.clip_norm=0',),  # no global-norm clipping of the gradient Muon's momentum takes
+  'main_decoder_muon': ('optimizer.muon_adamw=embeddings',),  # the decoder matrix on Muon too
+  'main_2400_steps': ('train.num_steps=2400',),  # 20% more steps (and time)
 }
 MAIN_TOKENS_PER_STEP = 32 * 128  # the main job's; a run's own is read from its config.json
 

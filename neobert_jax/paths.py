@@ -135,24 +135,6 @@ def sha256(path: epath.Path, chunk: int = 1 << 22) -> str:
   return h.hexdigest()
 
 
-def read_ranges(path: epath.Path, spans: list[tuple[int, int]]) -> list[bytes]:
-  """The bytes [start, end) of each span of one file: from a bucket, one ranged GET per span, all in flight at once
-  (gcsfs's cat_ranges), so only those bytes leave the bucket."""
-  if local(path):
-    with open(path, 'rb') as f:
-      return [_read_at(f, a, b) for a, b in spans]
-  import fsspec  # pylint: disable=g-import-not-at-top
-
-  fs = fsspec.filesystem('gs', finalize_on_close=True)  # the instance epath's gs:// paths use
-  name = os.fspath(path)
-  return fs.cat_ranges([name] * len(spans), [a for a, _ in spans], [b for _, b in spans], on_error='raise')
-
-
-def _read_at(f, start: int, end: int) -> bytes:
-  f.seek(start)
-  return f.read(end - start)
-
-
 def copy(src: epath.Path, dst: epath.Path) -> None:
   """One file, any direction (local <-> bucket), in chunks."""
   with src.open('rb') as fin, dst.open('wb') as fout:

@@ -1,4 +1,4 @@
-"""The shard stores (neobert_jax/data/pipeline/store.py, ranged.py) all implement the one declared interface,
+"""The shard stores (neobert_jax/data/pipeline/store.py) both implement the one declared interface,
 store.Store, that the readers use; a local store reads a prepared directory's records in place."""
 
 import inspect
@@ -7,13 +7,13 @@ import typing
 import pytest
 
 from neobert_jax.data import shards
-from neobert_jax.data.pipeline import ranged, store
+from neobert_jax.data.pipeline import store
 from tests.support import synthetic_data
 
 _METHODS = [n for n, v in vars(store.Store).items() if inspect.isfunction(v) and not n.startswith('_')]
 
 
-@pytest.mark.parametrize('cls', [store.LocalStore, store.BucketStore, ranged.RecordStore])
+@pytest.mark.parametrize('cls', [store.LocalStore, store.BucketStore])
 def test_every_store_implements_the_interface(cls):
   assert sorted(_METHODS) == ['acquire', 'close', 'prefetch', 'read', 'release']
   for name in _METHODS:

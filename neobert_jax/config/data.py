@@ -4,7 +4,6 @@ import ml_collections
 
 PACKING_MODES = ('packed', 'none')
 MASK_STRATEGIES = ('all_mask', 'bert_80_10_10')
-BUCKET_READS = ('auto', 'files', 'records')
 # Labelled tasks that install by package name (data/labelled.py reads them; eval.probe_task picks one).
 LABELLED_TASKS = ('fine_food', 'tweet_source', 'bird_strike', 'course_level')
 
@@ -80,12 +79,6 @@ def default_data_config() -> ml_collections.ConfigDict:
   # Data on a bucket: the most GiB of shard files this process keeps in its cache (cache/stream/...); files are fetched
   # a window ahead of the reader and evicted least recently used. Must hold two windows per virtual shard.
   cfg.cache_gb = 64.0
-  # How a training split on a bucket is read. 'files': whole shard files into the cache above, a window ahead (large
-  # sequential reads, fastest for one large source). 'records': each record the reader takes is one ranged read
-  # (data/pipeline/ranged.py), so a source sends bytes in proportion to the rows it gives; needs the record indexes
-  # prepare writes. 'auto': 'records' for the sources of a mixture whose shards have indexes (their bytes then follow
-  # the weights), 'files' otherwise. Held-out splits are always read as files (read again each eval).
-  cfg.bucket_reads = 'auto'
   return cfg
 
 
@@ -116,7 +109,6 @@ def validate_data_config(cfg: ml_collections.ConfigDict) -> None:
     (cfg.num_workers >= 0, f'data.num_workers must be >= 0, got {cfg.num_workers}'),
     (cfg.virtual_shards >= 0, f'data.virtual_shards must be >= 0 (0: automatic), got {cfg.virtual_shards}'),
     (cfg.shuffle_window >= 1, f'data.shuffle_window must be >= 1, got {cfg.shuffle_window}'),
-    (cfg.bucket_reads in BUCKET_READS, f'data.bucket_reads must be one of {BUCKET_READS}, got {cfg.bucket_reads!r}'),
     (cfg.cache_gb > 0, f'data.cache_gb must be > 0, got {cfg.cache_gb}'),
   )
   for ok, message in checks:

@@ -24,7 +24,6 @@ PRETRAIN_RULES: dict[str, str] = {
   'data': IDENTITY,  # corpus, tokenizer, packing, masking, data seed, block size, workers
   'data.worker_buffer_size': FREE,
   'data.cache_gb': FREE,  # how much of the corpus a host keeps on disk, not which rows it reads
-  'data.bucket_reads': FREE,  # how the rows reach the host, not which rows
   # A mixture's weights may change from the resume step on; its sources may not (the pipeline refuses that itself,
   # naming the source, unless data.mixture_fresh names it).
   'data.mixture_sources': SCHEDULE,

@@ -141,9 +141,8 @@ def get_config() -> ml_collections.ConfigDict:
       probe_train_size=1000,  # examples of the task's train split the probe is fitted on (a fixed sample)
       probe_test_size=1000,  # examples of its test split it is scored on
       probe_max_length=128,  # tokens per example ([CLS] and [SEP] included), at most model.max_length
-      # The end-of-run report's baselines (unigram, neighbour counts: train/report.py). 'auto': computed, except
-      # for a mixture's sources read record by record from a bucket (data.bucket_reads), whose training sample
-      # would be read for the report alone; 'on': always; 'off': never.
+      # The end-of-run report's baselines (unigram, neighbour counts: train/baselines.py). 'auto' and 'on':
+      # computed (cached per prepared data); 'off': never.
       baselines='auto',
     )
   )

@@ -23,7 +23,7 @@ from array_record.python.array_record_module import ArrayRecordReader, ArrayReco
 import numpy as np
 
 from neobert_jax import errors, paths
-from neobert_jax.data import assets, record_index, rollover
+from neobert_jax.data import assets, rollover
 
 MANIFEST = 'manifest.json'
 FORMAT = 'neobert_jax.prepared/v2'  # what prepare writes
@@ -111,7 +111,6 @@ class ShardWriter:
       path = os.path.join(self._dir, self._current['file'])
       self._current['bytes'] = os.path.getsize(path)
       self._current['sha256'] = paths.sha256(paths.Path(path))
-      self._current['index'] = record_index.write(path, self._current['records'])
       self.shards.append(self._current)
       self._writer = None
 
@@ -121,13 +120,14 @@ class ShardWriter:
 
 
 def files_of(shard: dict) -> list[str]:
-  """The files one manifest entry names: the shard, and its record index where it has one (record_index.py)."""
+  """The files one manifest entry names: the shard, and the record index that older prepared data lists beside it
+  (no reader uses it any more; it travels with its shard)."""
   return [shard['file']] + ([shard['index']['file']] if 'index' in shard else [])
 
 
 def is_shard_file(name: str) -> bool:
   """Whether a file name is one prepare writes as data (a shard or its index): what cleaning an output removes."""
-  return name.endswith(('.arrayrecord', '.arrayrecord' + record_index.SUFFIX))
+  return name.endswith(('.arrayrecord', '.arrayrecord.index'))
 
 
 def remedy(directory: str) -> str:
@@ -275,11 +275,6 @@ def _check_fields(path: str, manifest: dict, directory: str) -> None:
           raise TypeError(f'shard file {shard["file"]!r}')
         if not isinstance(shard.get('sha256', ''), str):  # optional: older manifests lack it
           raise TypeError(f'shard sha256 {shard["sha256"]!r}')
-        if 'index' in shard:  # optional too: the record index (record_index.py), read by ranged.py
-          index = shard['index']
-          counts.append(index['bytes'])
-          if not isinstance(index['file'], str) or not isinstance(index['sha256'], str):
-            raise TypeError(f'shard index {index!r}')
     bad = [c for c in counts if not isinstance(c, int)]
     if bad:
       raise TypeError(f'{bad[0]!r} where a number is expected')

@@ -140,11 +140,9 @@ _BASELINES_VERSION = 1  # bump when this module changes what it computes: the ca
 _TRAIN_SAMPLE_TOKENS = 20_000_000
 
 
-def context_baselines(
-  data_cfg: ml_collections.ConfigDict, seq_len: int, mask_rate: float, count: bool = True
-) -> dict[str, Any] | None:
+def context_baselines(data_cfg: ml_collections.ConfigDict, seq_len: int, mask_rate: float) -> dict[str, Any]:
   """{'held_out', 'train'} unigram cross-entropies and 'neighbours' at `mask_rate`, from the held-out split and at
-  most 20M tokens of the training split; with `count` False only a cached result (else None)."""
+  most 20M tokens of the training split."""
   manifest = prepared.open_prepared(data_cfg, seq_len)[1]
   # The manifest names every shard by its sha256, so it and the arguments pin the result: a re-run, a resume and
   # every run on the same prepared data read it back instead of counting again.
@@ -152,8 +150,6 @@ def context_baselines(
   cached = paths.cache_dir('baselines') / f'{hashlib.sha256(key.encode()).hexdigest()[:32]}.json'
   if cached.is_file():
     return json.loads(cached.read_text())
-  if not count:
-    return None
   held_out = heldout.read_heldout_split(data_cfg, seq_len, 'eval')[0]
   train = heldout.read_heldout_split(data_cfg, seq_len, 'train', max_tokens=_TRAIN_SAMPLE_TOKENS)[0]
   special, vocab = list(manifest.special_ids.values()), manifest.vocab_size
@@ -170,26 +166,10 @@ def source_baselines(
   when: str,
   sources: prepared.Sources | None = None,
 ) -> dict[str, dict]:
-  """Each source's bars, from its own splits. A mixture's source that the run read record by record from a bucket
-  gets none unless eval.baselines (`when`) is 'on' or they are cached: its training sample would read more of it
-  than the run did."""
+  """Each source's bars, from its own splits; none with eval.baselines (`when`) 'off'."""
   sources = sources or prepared.open_data(data_cfg, seq_len)
-  out = {}
-  for name in sources.with_eval() if when != 'off' else ():
-    directory, manifest = sources.opened[name]
-    one = sources.config(data_cfg, name)
-    count = when == 'on' or sources.mix.plain
-    count = count or not prepared.reads_records(one, directory, manifest.shards('train'), True)
-    bars = context_baselines(one, seq_len, mask_rate, count)
-    if bars is None:
-      log.info(
-        'source %r: no baselines (its training split is read record by record from the bucket, and counting a '
-        'sample of it would read more than the run did; eval.baselines=on counts them)',
-        name,
-      )
-    else:
-      out[name] = bars
-  return out
+  names = sources.with_eval() if when != 'off' else ()
+  return {name: context_baselines(sources.config(data_cfg, name), seq_len, mask_rate) for name in names}
 
 
 def baseline_lines(bars: dict[str, Any]) -> list[str]:

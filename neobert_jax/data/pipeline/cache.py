@@ -20,7 +20,7 @@ def cache_need(streams: list, listed: list[dict], block_docs: int) -> int:
 
 def check_cache(store, streams: list, listed: list[dict], data_cfg: ml_collections.ConfigDict) -> None:
   """ConfigError when a bucket store's budget (data.cache_gb) cannot hold what `cache_need` says; nothing to
-  check for a store that keeps no files (data read in place, or record by record: ranged.py)."""
+  check for a store that keeps no files (data read in place)."""
   if not store.caches:
     return
   need = cache_need(streams, listed, data_cfg.block_docs)

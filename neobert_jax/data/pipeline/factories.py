@@ -153,8 +153,7 @@ def _source(
   used = sorted({p.file for st in streams.values() for p in st.parts})
   # Only this process's files are checked and (from a bucket) fetched.
   mine = [listed[f] for f in used]
-  by_record = prepared.reads_records(data_cfg, directory, mine, in_mixture=share < 1)
-  store = prepared.open_store(directory, manifest, 'train', mine, data_cfg.cache_gb, process_index, by_record)
+  store = prepared.open_store(directory, manifest, 'train', mine, data_cfg.cache_gb, process_index)
   cache.check_cache(store, list(streams.values()), listed, data_cfg)
   names = [s['file'] for s in listed]
   # Every owned shard's first window starts downloading now, side by side, not one after the other as each shard

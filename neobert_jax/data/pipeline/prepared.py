@@ -15,7 +15,6 @@ from neobert_jax.config import data as data_config
 from neobert_jax.data import mixture as mixture_lib
 from neobert_jax.data import shards
 from neobert_jax.data import tokenizer as tokenizer_lib
-from neobert_jax.data.pipeline import ranged
 from neobert_jax.data.pipeline import store as store_lib
 
 
@@ -127,15 +126,6 @@ def split_shards(directory: str, manifest: shards.Manifest, split: str) -> list[
   return manifest.shards(split)
 
 
-def reads_records(data_cfg: ml_collections.ConfigDict, directory: str, listed: list[dict], in_mixture: bool) -> bool:
-  """Whether a training split is read record by record (data.bucket_reads): 'records', or 'auto' for a mixture's
-  source on a bucket whose shards have record indexes. Its bytes then follow its rows (ranged.py)."""
-  if not paths.is_url(directory):
-    return False
-  mode = data_cfg.bucket_reads
-  return mode == 'records' or (mode == 'auto' and in_mixture and ranged.indexed(listed))
-
-
 def open_store(
   directory: str,
   manifest: shards.Manifest,
@@ -143,17 +133,9 @@ def open_store(
   listed: list[dict],
   cache_gb: float,
   process_index: int,
-  records: bool = False,
 ):
-  """The store this process reads `listed` shards of `split` through: in place (store.py), a bucket's cache of
-  whole files (store.py), or, with `records`, a bucket read record by record (ranged.py)."""
-  if paths.is_url(directory) and records:
-    if not ranged.indexed(listed):
-      raise errors.DataError(
-        f'{directory}: data.bucket_reads=records needs the record indexes that prepare writes beside each shard, '
-        'and this data was prepared without them; prepare it again, or set data.bucket_reads=files'
-      )
-    return ranged.RecordStore(paths.resolve(directory, 'data.dir'), listed)
+  """The store this process reads `listed` shards of `split` through (store.py): in place, or a bucket's cache of
+  whole files."""
   if paths.is_url(directory):
     budget = int(min(cache_gb, 2**40) * 2**30)
     return store_lib.BucketStore(

@@ -41,8 +41,8 @@ PARALLEL = 4
 
 @runtime_checkable
 class Store(Protocol):
-  """What every shard store gives its readers (virtual.ShardBlocks, report_files.py): LocalStore, BucketStore and
-  ranged.RecordStore. A reader pins the files of its block (acquire, matched by one release), asks for the next
+  """What every shard store gives its readers (virtual.ShardBlocks, report_files.py): LocalStore and BucketStore.
+  A reader pins the files of its block (acquire, matched by one release), asks for the next
   window ahead (prefetch), and reads records by number."""
 
   caches: bool  # keeps files within a budget (cache.check_cache sizes it)
@@ -132,7 +132,6 @@ class Stats:
     self.bytes_downloaded = 0
     self.bytes_read = 0  # record bytes the reader took (a source's consumption, whatever the files fetched)
     self.files_downloaded = 0
-    self.requests = 0  # ranged reads (ranged.py); whole files are files_downloaded
     self.disk_bytes = 0
     self.peak_disk_bytes = 0
     self.opened = time.perf_counter()
@@ -142,7 +141,6 @@ class Stats:
     return {
       'bytes_downloaded': self.bytes_downloaded,
       'files_downloaded': self.files_downloaded,
-      'requests': self.requests,
       'peak_disk_bytes': self.peak_disk_bytes,
       'first_file_seconds': self.first_file_seconds,
     }
