@@ -64,6 +64,7 @@ RECIPES: dict[str, tuple[str, ...]] = {
   'muon_mask_40_to_15': (*MUON, 'data.mask_rate_final=0.15'),
   # the main job's rates with one more field changed
   'main_wd0': ('optimizer.weight_decay=0',),  # no weight decay on either side
+  'main_wd0.2': ('optimizer.weight_decay=0.2',),  # twice the decay on both sides
   'main_noclip': ('optimizer.clip_norm=0',),  # no global-norm clipping of the gradient Muon's momentum takes
   'main_decoder_muon': ('optimizer.muon_adamw=embeddings',),  # the decoder matrix on Muon too
   'main_2400_steps': ('train.num_steps=2400',),  # 20% more steps (and time)
