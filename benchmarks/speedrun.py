@@ -41,7 +41,9 @@ MUON = (
   'optimizer.name=muon',
   'optimizer.peak_lr=5e-3',
   'optimizer.muon_lr=0',
+  'optimizer.muon_adamw=embeddings,decoder',
 )  # Muon on the layer's matrices, same rate
+DECODER_ADAMW = ('optimizer.muon_adamw=embeddings,decoder',)  # Muon on the layer's matrices only
 HALF_BATCH = ('train.global_batch_size=16', 'train.num_steps=4000', 'eval.every_steps=200', 'eval.num_batches=16')
 # name -> overrides of configs/tiny_cpu.py
 RECIPES: dict[str, tuple[str, ...]] = {
@@ -62,12 +64,12 @@ RECIPES: dict[str, tuple[str, ...]] = {
   'muon_lr1e-2_batch_16': (*MUON, 'optimizer.muon_lr=1e-2', *HALF_BATCH),
   'mask_40_to_15': (*ADAMW, 'data.mask_rate_final=0.15'),  # arXiv 2305.15096's falling rate; evaluated at 40%
   'muon_mask_40_to_15': (*MUON, 'data.mask_rate_final=0.15'),
-  # the main job's rates with one more field changed
-  'main_wd0': ('optimizer.weight_decay=0',),  # no weight decay on either side
-  'main_wd0.2': ('optimizer.weight_decay=0.2',),  # twice the decay on both sides
-  'main_noclip': ('optimizer.clip_norm=0',),  # no global-norm clipping of the gradient Muon's momentum takes
-  'main_decoder_muon': ('optimizer.muon_adamw=embeddings',),  # the decoder matrix on Muon too
-  'main_2400_steps': ('train.num_steps=2400',),  # 20% more steps (and time)
+  # the main job (the decoder on AdamW, spelled out) with one field changed
+  'decoder_adamw_noclip': (*DECODER_ADAMW, 'optimizer.clip_norm=0'),  # no global-norm clipping
+  'decoder_adamw_wd0': (*DECODER_ADAMW, 'optimizer.weight_decay=0'),  # no weight decay on either side
+  'decoder_adamw_wd0.2': (*DECODER_ADAMW, 'optimizer.weight_decay=0.2'),  # twice the decay on both sides
+  'decoder_muon': ('optimizer.muon_adamw=embeddings',),  # the decoder matrix on Muon too
+  'decoder_muon_noclip': ('optimizer.muon_adamw=embeddings', 'optimizer.clip_norm=0'),
 }
 MAIN_TOKENS_PER_STEP = 32 * 128  # the main job's; a run's own is read from its config.json
 
