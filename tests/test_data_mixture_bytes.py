@@ -26,7 +26,7 @@ from neobert_jax.data.pipeline import factories
 
 pytestmark = [pytest.mark.server]
 
-SEQ, VOCAB, BATCH, STEPS = 128, 30522, 32, 150
+SEQ, VOCAB, BATCH, STEPS = 128, 30522, 32, 90
 WEIGHTS = {'web': 0.75, 'books': 0.25}
 DOCS = {'web': 9000, 'books': 27000}  # the lighter-weighted source is three times the larger
 SHARD_BYTES = 12 << 10  # ~80 documents a file: web 108 files, books 322
