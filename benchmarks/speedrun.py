@@ -68,6 +68,7 @@ RECIPES: dict[str, tuple[str, ...]] = {
   'decoder_adamw_noclip': (*DECODER_ADAMW, 'optimizer.clip_norm=0'),  # no global-norm clipping
   'decoder_adamw_wd0': (*DECODER_ADAMW, 'optimizer.weight_decay=0'),  # no weight decay on either side
   'decoder_adamw_wd0.2': (*DECODER_ADAMW, 'optimizer.weight_decay=0.2'),  # twice the decay on both sides
+  'steps_2400': ('train.num_steps=2400',),  # the main job with 20% more steps (and time)
   'decoder_muon': ('optimizer.muon_adamw=embeddings',),  # the decoder matrix on Muon too
   'decoder_muon_noclip': ('optimizer.muon_adamw=embeddings', 'optimizer.clip_norm=0'),
 }
