@@ -37,13 +37,10 @@ from benchmarks.recipe_study import run_recipe
 EVERY = ('eval.every_steps=100', 'eval.probe_task=', 'checkpoint.every_steps=100000')
 # Each recipe names its optimizer and rates in full, so it means the same whatever the main job's config holds.
 ADAMW = ('optimizer.name=adamw', 'optimizer.peak_lr=5e-3', 'optimizer.muon_lr=0')  # AdamW on everything at 5e-3
-MUON = (
-  'optimizer.name=muon',
-  'optimizer.peak_lr=5e-3',
-  'optimizer.muon_lr=0',
-  'optimizer.muon_adamw=embeddings,decoder',
-)  # Muon on the layer's matrices, same rate
 DECODER_ADAMW = ('optimizer.muon_adamw=embeddings,decoder',)  # Muon on the layer's matrices only
+DECODER_MUON = ('optimizer.muon_adamw=embeddings',)  # the decoder matrix on Muon too
+# Muon at AdamW's rate on the layer's matrices (a later override of the same field wins, as in every recipe here)
+MUON = ('optimizer.name=muon', 'optimizer.peak_lr=5e-3', 'optimizer.muon_lr=0', *DECODER_ADAMW)
 HALF_BATCH = ('train.global_batch_size=16', 'train.num_steps=4000', 'eval.every_steps=200', 'eval.num_batches=16')
 # name -> overrides of configs/tiny_cpu.py
 RECIPES: dict[str, tuple[str, ...]] = {
@@ -69,8 +66,8 @@ RECIPES: dict[str, tuple[str, ...]] = {
   'decoder_adamw_wd0': (*DECODER_ADAMW, 'optimizer.weight_decay=0'),  # no weight decay on either side
   'decoder_adamw_wd0.2': (*DECODER_ADAMW, 'optimizer.weight_decay=0.2'),  # twice the decay on both sides
   'steps_2400': ('train.num_steps=2400',),  # the main job with 20% more steps (and time)
-  'decoder_muon': ('optimizer.muon_adamw=embeddings',),  # the decoder matrix on Muon too
-  'decoder_muon_noclip': ('optimizer.muon_adamw=embeddings', 'optimizer.clip_norm=0'),
+  'decoder_muon': DECODER_MUON,
+  'decoder_muon_noclip': (*DECODER_MUON, 'optimizer.clip_norm=0'),
 }
 MAIN_TOKENS_PER_STEP = 32 * 128  # the main job's; a run's own is read from its config.json
 

@@ -71,3 +71,21 @@ def test_a_missing_old_or_corrupt_manifest_is_one_line_naming_the_fix(tmp_path, 
     shards.Manifest.read(str(tmp_path))
   assert message in str(e.value) and '\n' not in str(e.value), e.value
   assert 'prepare' in str(e.value)
+
+
+def test_older_data_with_record_indexes_reads_and_a_damaged_index_entry_is_one_line(tmp_path):
+  """Data prepared when prepare wrote a record index beside each shard: the manifest still reads, the index travels
+  with its shard (files(): what publishing copies), and a damaged index entry is one DataError, not a KeyError."""
+  import json
+
+  synthetic_data.write_prepared(str(tmp_path), synthetic_data.synthetic_documents(20, seed=0, max_len=50))
+  raw = json.loads((tmp_path / shards.MANIFEST).read_text())
+  shard = raw['splits']['train']['shards'][0]
+  shard['index'] = {'file': shard['file'] + '.index', 'bytes': 10, 'sha256': '0' * 64}
+  (tmp_path / shards.MANIFEST).write_text(json.dumps(raw))
+  assert shard['file'] + '.index' in shards.Manifest.read(str(tmp_path)).files()
+  shard['index'] = {'file': 3, 'bytes': 10, 'sha256': '0' * 64}
+  (tmp_path / shards.MANIFEST).write_text(json.dumps(raw))
+  with pytest.raises(errors.DataError, match='damaged manifest') as e:
+    shards.Manifest.read(str(tmp_path))
+  assert '\n' not in str(e.value)

@@ -275,6 +275,11 @@ def _check_fields(path: str, manifest: dict, directory: str) -> None:
           raise TypeError(f'shard file {shard["file"]!r}')
         if not isinstance(shard.get('sha256', ''), str):  # optional: older manifests lack it
           raise TypeError(f'shard sha256 {shard["sha256"]!r}')
+        if 'index' in shard:  # older data's record index: not read, but copied with its shard (files_of)
+          index = shard['index']
+          counts.append(index['bytes'])
+          if not isinstance(index['file'], str) or not isinstance(index['sha256'], str):
+            raise TypeError(f'shard index {index!r}')
     bad = [c for c in counts if not isinstance(c, int)]
     if bad:
       raise TypeError(f'{bad[0]!r} where a number is expected')

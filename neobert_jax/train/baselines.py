@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import logging
 from typing import Any
 
 import ml_collections
@@ -26,7 +25,6 @@ from neobert_jax import paths
 from neobert_jax.data.pipeline import heldout
 from neobert_jax.data.pipeline import prepared
 
-log = logging.getLogger('neobert_jax.train')
 
 SMOOTHING_GRID = (0.01, 0.03, 0.1, 0.3)
 _CHUNK = 256

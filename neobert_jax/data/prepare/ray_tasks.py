@@ -123,7 +123,7 @@ def assemble_shard(
     if len(made) != 1:  # the plan and the writer apply one rule (rollover.py): anything else is a bug
       raise AssertionError(f'{split} shard {index}: the plan made {len(made)} shards')
     entry = made[0]
-    for name in shards.files_of(entry):  # the index after its shard: an entry is listed only once both are in place
+    for name in shards.files_of(entry):  # the ledger lists an entry only once its files are in place
       publish.put_file(os.path.join(tmp, name), paths.Path(f'{output.rstrip("/")}/{name}'))
   finally:
     shutil.rmtree(tmp, ignore_errors=True)
