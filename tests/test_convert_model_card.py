@@ -67,6 +67,19 @@ def test_the_mlm_export_card_has_hub_metadata_the_run_and_its_curve(run, flat, t
   assert "from_pretrained('PATH', trust_remote_code=True)" in card.text
 
 
+def test_the_card_names_the_optimizer_the_run_trained_with(run):
+  assert 'Optimizer: AdamW, peak learning rate' in model_card.run_facts(run).sections['Training']
+  cfg = json.loads((run / 'config.json').read_text())
+  cfg['optimizer'].update(name='muon', muon_lr=0.01, peak_lr=0.02, muon_adamw='embeddings,decoder')
+  (run / 'config.json').write_text(json.dumps(cfg))
+  training = model_card.run_facts(run).sections['Training']
+  assert (
+    'Optimizer: Muon (peak rate 0.01) on the weight matrices, AdamW (peak rate 0.02) on norm scales, biases, '
+    'embeddings, decoder; schedule' in training
+  )
+  assert 'AdamW, peak learning rate' not in training
+
+
 def test_the_eurobert_export_card_loads_without_remote_code(flat, tmp_path):
   cfg, params = flat
   out = export_hf.export_flat(params, cfg, tmp_path / 'eb', model_type='eurobert')

@@ -99,17 +99,27 @@ def run_facts(workdir: str | os.PathLike, step: int | None = None) -> Facts:
       f'- Batch: {train.get("global_batch_size")} sequences of {cfg.get("model", {}).get("max_length")} tokens, '
       f'{train.get("num_steps")} steps scheduled; masking {data.get("mask_rate")} of the tokens.'
     )
-  training.append(
-    f'- Optimizer: AdamW, peak learning rate {opt.get("peak_lr", opt.get("lr"))}, schedule '
-    f'{opt.get("schedule", "?")}, warmup {opt.get("warmup_steps", "?")} steps, weight decay '
-    f'{opt.get("weight_decay")}, compute dtype {cfg.get("model", {}).get("dtype")}.'
-  )
+  training.append(f'- Optimizer: {_optimizer(opt)}, compute dtype {cfg.get("model", {}).get("dtype")}.')
   facts = Facts(datasets=datasets, base_model=base, sections={TRAINING: '\n'.join(training)})
   facts.sections[RESULTS] = _results(held, report, facts, datasets)
   if (root / CURVE_NAME).is_file():
     facts.curve = root / CURVE_NAME
     facts.sections[RESULTS] += f'\n\n![held-out loss against the baselines]({CURVE_NAME})'
   return facts
+
+
+def _optimizer(opt: Mapping[str, Any]) -> str:
+  """The optimizer sentence: AdamW's rate, or Muon's beside the AdamW side's (config/optimizer.py's fields)."""
+  peak = opt.get('peak_lr', opt.get('lr'))
+  if opt.get('name') == 'muon':
+    adamw_side = ', '.join(['norm scales', 'biases', *filter(None, (m.strip() for m in opt['muon_adamw'].split(',')))])
+    what = f'Muon (peak rate {opt["muon_lr"] or peak}) on the weight matrices, AdamW (peak rate {peak}) on {adamw_side}'
+  else:
+    what = f'AdamW, peak learning rate {peak}'
+  return (
+    f'{what}; schedule {opt.get("schedule", "?")}, warmup {opt.get("warmup_steps", "?")} steps, weight decay '
+    f'{opt.get("weight_decay")}'
+  )
 
 
 def _tokens_seen(root: paths.Path) -> float | None:
