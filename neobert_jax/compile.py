@@ -4,17 +4,15 @@
     python -m neobert_jax.compile --config=configs/neobert_250m.py --target=tpu:v5e-256 \
         --config.train.global_batch_size=4096 --config.mesh.fsdp=-1
 
-Prints per-device memory (arguments, temporaries, total against the device's memory), whether the step fits,
-its FLOPs, and for GPU targets whether attention compiled to the cuDNN fused kernels. Every `--config.*`
-override the trainer accepts works here, so a recipe can be checked before any hardware is booked. A mixture
-(--config.data.mixture=mix.json) is checked as training checks it, from its file and its sources' manifests (no
-shard is read), before any download: a source the trainer would refuse is refused here (exit status 2).
+Prints per-device memory against the device's, whether the step fits, its FLOPs, the attention kernels it compiled
+to, what crosses the data-centre network and the roofline of the step. Every `--config.*` override the trainer
+accepts works here. A mixture (--config.data.mixture=mix.json) is checked as training checks it, from its file and
+its sources' manifests, before any download.
 
-The compile needs libtpu (TPU) or the jax CUDA plugin + cuDNN (GPU). They are installed on first use into a
-cache (neobert_jax/aot/deps.py) and the work runs in a child interpreter that sees them, with JAX_PLATFORMS=cpu:
-the CPU is the only real backend, the target devices are compile-only topology devices.
-Exit status: 0 compiled (see the report), 2 the config cannot run on the target, 3 the optional dependency could not be installed, 4 --require_fit
-and it does not fit, 5 --require_cudnn and no cuDNN attention, anything else an error.
+libtpu (TPU) or the jax CUDA plugin + cuDNN (GPU) are installed on first use into a cache (neobert_jax/aot/deps.py),
+and the work runs in a child interpreter that sees them, with JAX_PLATFORMS=cpu: the target devices are compile-only.
+Exit status: 0 compiled (see the report), 2 the config cannot run on the target, 3 the optional dependency could not
+be installed, 4 --require_fit and it does not fit, 5 --require_cudnn and no cuDNN attention, anything else an error.
 """
 
 from __future__ import annotations
@@ -30,7 +28,7 @@ from absl import flags
 from ml_collections import config_flags
 
 from neobert_jax import commandline, errors
-from neobert_jax.aot import deps, lowering, targets
+from neobert_jax.aot import deps, targets
 
 _CHILD_ENV = 'NEOBERT_AOT_CHILD'
 _FLAGS = flags.FlagValues()  # this command's own, as train's: several commands can be imported in one process
@@ -105,11 +103,9 @@ def run_child(cfg_in) -> int:
   from neobert_jax.aot import report as report_lib
   from neobert_jax.config import train as train_config
   from neobert_jax.data import mixture
-  from neobert_jax.train import mlm
 
   target = targets.parse_target(_TARGET.value)
   targets.start_backends(target)
-  t0 = time.time()
   try:
     # On the real hardware 'auto' settings resolve from jax.default_backend(); here that is the CPU, so the
     # trainer's own resolution (config/train.resolve_train, the same table) runs for the target's platform and devices.
@@ -117,97 +113,36 @@ def run_child(cfg_in) -> int:
       train_config.typed_train(cfg_in),
       train_config.DataFacts(mixture=mixture.read(cfg_in.data.mixture).record() if cfg_in.data.mixture else ''),
       platform=target.platform,
-      compute_capability=target.compute_capability,
+      compute_capability=target.chip.compute_capability,
       num_devices=target.num_devices,
     )
     if _PLAN.value:
       return run_plan(cfg, target)
-    lowered, mesh = lowering.lower_step(cfg, target, _WHAT.value)
+    r, hlo = report_lib.compile_report(cfg, target, _WHAT.value, _HEADROOM.value)
   except errors.ConfigError as e:
     raise errors.ConfigError(f'for {target.spec}: {errors.one_line(e)}') from e
-  notes = [f'attention kernel {choice.describe()}'] + ([choice.warning] if choice.warning else [])
-  compiled, refused = report_lib.compile_or_oom(lowered)
-  if refused is not None:
-    notes.append('the compiler refused the program: ' + errors.one_line(refused, first=True)[:300])
-  seconds = time.time() - t0
-  hlo = compiled.as_text() if compiled is not None else ''
-  if _DUMP_HLO.value and compiled is not None:
+  r.notes[:0] = [f'attention kernel {choice.describe()}'] + ([choice.warning] if choice.warning else [])
+  if _DUMP_HLO.value and hlo:
     with open(_DUMP_HLO.value, 'w') as f:
       f.write(hlo)
-
-  seq = cfg.model.max_length
-  preds = cfg.data.max_predictions
-  tokens = cfg.train.global_batch_size * seq
-  if target.platform == 'cuda' and cfg.model.attention_impl not in ('cudnn', 'cudnn_bias'):
-    notes.append(f'attention_impl={cfg.model.attention_impl}: the cuDNN fused kernels were not requested')
-  if target.platform == 'cuda':
-    notes.append(
-      'GPU compile-only target: no autotuning, so kernel choices and temporaries may differ a little '
-      'on a live GPU; XLA gives no FLOP count here'
-    )
-  model_flops = mlm.flops_per_token(cfg) * tokens  # the trainer's own MFU accounting
-  xla_flops = report_lib.xla_flops(compiled) if compiled is not None else None
-  if xla_flops is not None and xla_flops < 0.5 * model_flops / target.num_devices:
-    notes.append(
-      'XLA FLOPs count each loop body once (the layer scan, the micro-batch scan), so they are far '
-      'below the real step; the model FLOPs are the figure to use'
-    )
-  roofline_fields = {}
-  if compiled is not None:
-    roofline_fields = roofline_report(hlo, target, mesh, cfg, model_flops)
-  cost_model = {}
   if _COST_MODEL.value and target.platform == 'tpu':
     from neobert_jax.aot import plan as plan_lib
 
-    step_seconds = plan_lib.tpu_seconds(cfg, target, _PLAN_MFU.value)  # the step's; `seconds` is the compile's
-    cost_model = dict(cost_model_seconds=step_seconds, cost_model_splash_mfu=_PLAN_MFU.value)
-    if step_seconds is None:
-      notes.append(
+    r.cost_model_seconds = plan_lib.tpu_seconds(cfg, target, _PLAN_MFU.value)
+    r.cost_model_splash_mfu = _PLAN_MFU.value
+    if r.cost_model_seconds is None:
+      r.notes.append(
         '--cost_model: this XLA gave no cost analysis (optimal_seconds) for the TPU program; '
         'the roofline above is the estimate'
       )
   elif _COST_MODEL.value:
-    notes.append('--cost_model: XLA gives a cost model for TPU targets only; the roofline above is the estimate')
-  if compiled is not None:
-    mem = report_lib.memory_numbers(compiled)
-  else:
-    mem = dict(
-      argument_bytes=0, output_bytes=0, alias_bytes=0, temp_bytes=report_lib.parse_oom(str(refused)), code_bytes=0
-    )
-  r = report_lib.FitReport(
-    target=target.spec,
-    device_kind=mesh.devices.flat[0].device_kind,
-    num_devices=target.num_devices,
-    mesh=dict(zip(mesh.axis_names, (int(s) for s in mesh.devices.shape))),
-    global_batch=cfg.train.global_batch_size,
-    seq_len=seq,
-    grad_accum=cfg.train.grad_accum_steps,
-    device_memory_bytes=target.chip.memory_bytes,
-    headroom=_HEADROOM.value,
-    model_flops_per_step=model_flops,
-    xla_flops_per_device=xla_flops,
-    peak_flops_per_device=target.peak_bf16_flops,
-    attention_kernels=report_lib.attention_kernels(hlo),
-    compile_seconds=seconds,
-    notes=notes,
-    compiler_refused=compiled is None,
-    **mem,
-    **report_lib.dcn_fields(hlo, mesh, cfg.mesh, target),
-    **roofline_fields,
-    **cost_model,
-  )
+    r.notes.append('--cost_model: XLA gives a cost model for TPU targets only; the roofline above is the estimate')
   print(report_lib.format_report(r), flush=True)
   if _JSON.value:
-    data = r.as_dict()
-    data.update(
-      what=_WHAT.value,
-      attention_impl=cfg.model.attention_impl,
-      dtype=cfg.model.dtype,
-      packing=cfg.data.packing,
-      max_predictions=preds,
-    )
+    extra = dict(what=_WHAT.value, attention_impl=cfg.model.attention_impl, dtype=cfg.model.dtype)
+    extra.update(packing=cfg.data.packing, max_predictions=cfg.data.max_predictions)
     with open(_JSON.value, 'w') as f:
-      json.dump(data, f, indent=2)
+      json.dump(r.as_dict() | extra, f, indent=2)
   if _REQUIRE_FIT.value and not r.fits:
     return 4
   if _REQUIRE_CUDNN.value and not r.uses_cudnn_attention:
@@ -215,24 +150,8 @@ def run_child(cfg_in) -> int:
   return 0
 
 
-def roofline_report(hlo: str, target: targets.Target, mesh, cfg, model_flops: float) -> dict:
-  """The FitReport fields of the roofline section, with the model FLOP formula's two terms beside what the
-  program's kernels count (the dot FLOPs must match the matmul term: the check that the model reads the program)."""
-  from neobert_jax.aot import roofline
-  from neobert_jax.model.sizes import matmul_params, train_flops_per_token
-
-  rl = roofline.for_program(hlo, target, mesh, cfg.mesh, model_flops / target.num_devices)
-  seq, tokens = cfg.model.max_length, cfg.train.global_batch_size * cfg.model.max_length
-  # The formula's attention term, which does not depend on the decoder: total minus matmuls, both without decoder.
-  attention = (train_flops_per_token(cfg.model, seq, 0.0) - 6 * matmul_params(cfg.model, 0.0)) * tokens
-  per_device = 1 / target.num_devices
-  lines = roofline.format_lines(rl, (model_flops - attention) * per_device, attention * per_device)
-  return {'roofline': rl.as_dict(), 'roofline_lines': lines}
-
-
 def run_plan(cfg, target: targets.Target) -> int:
   from neobert_jax.aot import plan as plan_lib
-  from neobert_jax.aot import plan_cache
 
   t0 = time.time()
   rows = plan_lib.plan_layouts(
@@ -243,8 +162,7 @@ def run_plan(cfg, target: targets.Target) -> int:
     remats=tuple(_PLAN_REMAT.value),
     tensor_sizes=tuple(int(t) for t in _PLAN_TENSOR.value),
     layouts=tuple(_PLAN_MESH.value),
-    workers=_PLAN_WORKERS.value or plan_cache.default_workers(),
-    log=lambda line: print(line, file=sys.stderr, flush=True),
+    workers=_PLAN_WORKERS.value,
   )
   tokens = cfg.train.global_batch_size * cfg.model.max_length
   print(
@@ -252,7 +170,7 @@ def run_plan(cfg, target: targets.Target) -> int:
     f'{tokens:,} tokens/step, attention {cfg.model.attention_impl}, {len(rows)} layouts '
     f'({time.time() - t0:.0f} s of compiles)'
   )
-  print(plan_lib.format_plan_table(rows, target, _PLAN_MFU.value))
+  print(plan_lib.format_plan_table(rows, target))
   if target.platform != 'tpu':
     print(
       'estimated step time is the roofline of each compiled step (aot/roofline.py: kernels at the achievable '
@@ -260,16 +178,10 @@ def run_plan(cfg, target: targets.Target) -> int:
     )
   best = plan_lib.recommend(rows)
   if _JSON.value:
+    best_dict = dataclasses.asdict(best) if best else None
+    data = {'rows': [dataclasses.asdict(r) for r in rows], 'best': best_dict, 'overrides': best and best.overrides()}
     with open(_JSON.value, 'w') as f:
-      json.dump(
-        {
-          'rows': [dataclasses.asdict(r) for r in rows],
-          'best': dataclasses.asdict(best) if best else None,
-          'overrides': best.overrides() if best else None,
-        },
-        f,
-        indent=2,
-      )
+      json.dump(data, f, indent=2)
   if best is None:
     print('no layout fits: reduce the global batch or the sequence length, or use more devices')
     return 4

@@ -25,13 +25,13 @@ KINDS = ('all-gather', 'reduce-scatter', 'all-reduce', 'all-to-all', 'collective
 
 @dataclasses.dataclass
 class Transfer:
-  """One collective that crosses the DCN."""
+  """One collective that crosses the DCN: dcn_bytes each device sends per run, per_step runs, over granules."""
 
   kind: str  # one of KINDS
   name: str  # the HLO instruction
-  per_step: int  # executions per step (enclosing loops' trip counts multiplied)
-  granules: int  # slices / nodes one of its groups spans
-  dcn_bytes: float  # bytes each device sends over the DCN per execution
+  per_step: int
+  granules: int
+  dcn_bytes: float
 
   @property
   def bytes_per_step(self) -> float:
@@ -115,11 +115,12 @@ def _hierarchical_bytes(op: str, data: float, k: int) -> float:
   return data * (k - 1) / k
 
 
-def dcn_transfers(hlo: str, granule_of: Callable[[int], int], num_devices: int, num_granules: int) -> list[Transfer]:
+def dcn_transfers(
+  mod: hlo_lib.Module, granule_of: Callable[[int], int], num_devices: int, num_granules: int
+) -> list[Transfer]:
   """The DCN-crossing collectives of a compiled program (module docstring), in program order."""
-  mod = hlo_lib.Module(hlo)
   # A TPU multi-slice program numbers its in-slice collectives with slice-local ids; its DCN traffic is the sends.
-  multislice = '_xla_megascale_transfer_type' in hlo
+  multislice = any('_xla_megascale_transfer_type' in i.attrs for body in mod.instrs.values() for i in body)
   out = []
   for comp, instrs in mod.instrs.items():
     for ins in instrs:
@@ -163,10 +164,13 @@ def by_kind(transfers: Iterable[Transfer]) -> dict[str, dict[str, float]]:
   return dict(sorted(out.items(), key=lambda kv: -kv[1]['bytes']))
 
 
-def for_mesh(hlo: str, mesh, layout=None) -> tuple[int, list[Transfer]]:
-  """(slices / nodes the mesh spans, the program's DCN transfers) for a program compiled on `mesh`."""
+def for_mesh(hlo: str | hlo_lib.Module, mesh, layout=None) -> tuple[int, list[Transfer]]:
+  """(slices / nodes the mesh spans, the program's DCN transfers) for a program (its text, or parsed) compiled on
+  `mesh`."""
   from neobert_jax import sharding as shd  # pylint: disable=g-import-not-at-top
 
   ids = shd.granule_ids(mesh, layout)
   n = len(set(ids))
-  return n, (dcn_transfers(hlo, ids.__getitem__, len(ids), n) if n > 1 else [])
+  if n < 2:
+    return n, []
+  return n, dcn_transfers(hlo_lib.Module(hlo) if isinstance(hlo, str) else hlo, ids.__getitem__, len(ids), n)

@@ -1,10 +1,9 @@
-"""On-demand install of the heavy compile-only dependencies (libtpu; the jax CUDA plugin and cuDNN).
+"""Install the compile-only dependencies ahead of `neobert_jax.compile` (e.g. in a CI cache step): libtpu (~0.7 GB),
+the jax CUDA plugin and cuDNN (~1.6 GB).
 
-They are large (libtpu ~0.7 GB, CUDA plugin + cuDNN ~1.6 GB) and useless for training on CPU, so they are
-not in requirements.txt. `ensure(kind)` pip-installs them once, with --no-deps, into a cache folder
-(NEOBERT_AOT_CACHE, default ~/.cache/neobert_jax/aot/<kind>) and the compile runs in a child interpreter
-whose PYTHONPATH points there. Installing into a side folder, not the venv, keeps the venv's jax a pure
-CPU install: a CUDA plugin or libtpu found in site-packages would change which backend every test gets.
+They are installed once with --no-deps into a cache folder (NEOBERT_AOT_CACHE, default ~/.cache/neobert_jax/aot),
+and the compile runs in a child interpreter whose PYTHONPATH points there: a CUDA plugin or libtpu in the venv's
+site-packages would change which backend every test gets, so the venv's jax stays a pure CPU install.
 """
 
 from __future__ import annotations
@@ -35,61 +34,43 @@ class DependencyError(RuntimeError):
   """The optional packages could not be installed (no network, no such wheel, ...)."""
 
 
-def cache_root() -> str:
+def _root() -> str:
   return os.environ.get('NEOBERT_AOT_CACHE') or os.path.join(os.path.expanduser('~'), '.cache', 'neobert_jax', 'aot')
 
 
-def target_dir(kind: str) -> str:
-  return os.path.join(cache_root(), kind)
-
-
-def _marker(kind: str) -> str:
-  return os.path.join(target_dir(kind), '.neobert_complete')
-
-
-def is_installed(kind: str) -> bool:
-  return os.path.exists(_marker(kind))
-
-
-def ensure(kind: str, *, quiet: bool = False) -> str:
-  """Install the packages for `kind` ('tpu' or 'cuda') unless already cached; returns the folder."""
-  if kind not in PACKAGES:
-    raise ValueError(f'unknown dependency kind {kind!r}; expected one of {sorted(PACKAGES)}')
-  final = target_dir(kind)
-  if is_installed(kind):
+def ensure(kind: str) -> str:
+  """The folder holding the packages for `kind` ('tpu' or 'cuda'), installed unless already cached."""
+  final = os.path.join(_root(), kind)
+  marker = os.path.join(final, '.neobert_complete')
+  if os.path.exists(marker):
     return final
-  os.makedirs(cache_root(), exist_ok=True)
+  os.makedirs(_root(), exist_ok=True)
   # A file lock, because several test processes (or users) may ask at once and each download is ~1 GB.
-  with open(os.path.join(cache_root(), f'.{kind}.lock'), 'w') as lock:
+  with open(os.path.join(_root(), f'.{kind}.lock'), 'w') as lock:
     fcntl.flock(lock, fcntl.LOCK_EX)
-    if is_installed(kind):
+    if os.path.exists(marker):
       return final
     staging = f'{final}.partial'
     shutil.rmtree(staging, ignore_errors=True)
-    cmd = [sys.executable, '-m', 'pip', 'install', '--no-deps', '--disable-pip-version-check', '--target', staging]
-    if not quiet:
-      print(f'[aot] installing {" ".join(PACKAGES[kind])} into {final} (one time)', file=sys.stderr, flush=True)
+    print(f'[aot] installing {" ".join(PACKAGES[kind])} into {final} (one time)', file=sys.stderr, flush=True)
     t0 = time.time()
+    cmd = [sys.executable, '-m', 'pip', 'install', '--no-deps', '--disable-pip-version-check', '--target', staging]
     r = subprocess.run(cmd + PACKAGES[kind], capture_output=True, text=True)
     if r.returncode != 0:
       shutil.rmtree(staging, ignore_errors=True)
       raise DependencyError(f'pip could not install {PACKAGES[kind]}:\n{r.stdout[-2000:]}\n{r.stderr[-2000:]}')
     shutil.rmtree(final, ignore_errors=True)
     os.replace(staging, final)
-    with open(_marker(kind), 'w') as f:
+    with open(marker, 'w') as f:
       f.write(' '.join(PACKAGES[kind]) + '\n')
-    if not quiet:
-      print(f'[aot] installed in {time.time() - t0:.0f}s', file=sys.stderr, flush=True)
+    print(f'[aot] installed in {time.time() - t0:.0f}s', file=sys.stderr, flush=True)
   return final
 
 
-def child_env(kind: str, base: dict | None = None) -> dict:
+def child_env(kind: str) -> dict:
   """Environment for a child interpreter that compiles for `kind` on this CPU-only machine."""
-  env = dict(os.environ if base is None else base)
-  paths = [target_dir(kind)]
-  if env.get('PYTHONPATH'):
-    paths.append(env['PYTHONPATH'])
-  env['PYTHONPATH'] = os.pathsep.join(paths)
+  env = dict(os.environ)
+  env['PYTHONPATH'] = os.pathsep.join(p for p in (os.path.join(_root(), kind), env.get('PYTHONPATH')) if p)
   # cpu is the only real backend; the plugin (CUDA) or libtpu still registers its compile-only topology.
   # Without JAX_PLATFORMS=cpu the CUDA plugin fails to initialise ("Unable to load CUDA") and is dropped.
   env['JAX_PLATFORMS'] = 'cpu'
@@ -101,12 +82,11 @@ def child_env(kind: str, base: dict | None = None) -> dict:
 
 
 def main(argv=None) -> int:
-  """python -m neobert_jax.aot.deps [tpu] [cuda]: pre-install (e.g. in a CI cache step)."""
+  """python -m neobert_jax.aot.deps [tpu] [cuda]: pre-install."""
   p = commandline.Parser('deps', 'neobert_jax.aot.deps', __doc__)
   p.add_argument('kinds', nargs='*', metavar='KIND', help=f'what to install: {", ".join(PACKAGES)} (default: all)')
   a = p.parse_args(argv)
-  unknown = sorted(set(a.kinds) - set(PACKAGES))
-  if unknown:
+  if unknown := sorted(set(a.kinds) - set(PACKAGES)):
     p.error(f'unknown dependency kind {", ".join(unknown)}; expected one of {", ".join(PACKAGES)}')
   for kind in a.kinds or list(PACKAGES):
     print(ensure(kind))

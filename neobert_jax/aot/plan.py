@@ -1,28 +1,36 @@
-"""Recipe planning for a target: compile the candidate layouts of one global batch and recommend the fastest that
-fits.
+"""Recipe planning for a target: compile the candidate layouts of one global batch, recommend the fastest that fits.
 
 Candidates keep the global batch and sequence length and vary the mesh (FSDP or pure data parallel for each tensor
 size; several slices go on data or on fsdp), the remat policy and the micro-batch per device. Each (mesh, remat)
 binary-searches the largest micro-batch that fits; of the sizes compiled that fit, the roofline picks (near the
 memory limit XLA rematerialises on its own: docs/performance.md).
 
-Estimated step (a model): GPU, the roofline of the compiled step (aot/roofline.py); TPU, XLA's cost model
-(`optimal_seconds`) of 1- and 2-layer unrolled micro-batch programs extrapolated to the depth (loop bodies are
-costed once), times the accumulation steps, plus splash attention's FLOPs at the stated MFU (a custom call the
-cost model does not see) and on several slices the DCN bytes at the published bandwidth. Not the optimizer."""
+Estimated step (a model): GPU, the roofline of the compiled step; TPU, XLA's cost model (`optimal_seconds`) of 1-
+and 2-layer unrolled micro-batch programs extrapolated to the depth (loop bodies are costed once), times the
+accumulation steps, plus splash attention's FLOPs at the stated MFU (a custom call the cost model does not see) and
+on several slices the DCN bytes at the published bandwidth. Not the optimizer.
+
+Candidates compile in spawned processes (a forked jax runtime is not safe to use); results are cached on disk under
+the resolved config, the target, what was compiled and the package's source and jax's version."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
+import functools
+import hashlib
+import json
 import math
+import multiprocessing
+import os
 import sys
 import time
-from typing import Callable
+from pathlib import Path
+from typing import Any, Callable
 
 from neobert_jax import config as config_lib
-from neobert_jax.aot import lowering, plan_cache, report, targets
-
-REMAT_POLICIES = ('none', 'save_dots', 'full')
+from neobert_jax import paths
+from neobert_jax.aot import report, targets
 
 
 @dataclasses.dataclass
@@ -77,26 +85,49 @@ def _with(cfg, mesh: dict[str, int], remat: str, accum: int):
 
 
 def compile_layout(cfg, target: targets.Target, headroom: float) -> dict:
-  """Compiles the full train step: fits, bytes per device, attention kernels, DCN collectives and
-  the roofline's summary, as a dict (cached, sent between processes)."""
-  from neobert_jax.aot import roofline
-  from neobert_jax.train import mlm
-
-  lowered, mesh = lowering.lower_step(cfg, target, 'train')
-  compiled, refused = report.compile_or_oom(lowered)
-  if compiled is None:
-    return {'fits': False, 'total': report.parse_oom(str(refused)), 'kernels': [], 'dcn': {}, 'roofline': None}
-  total = report.resident_bytes(report.memory_numbers(compiled))
-  hlo = compiled.as_text()
-  model_flops = mlm.flops_per_token(cfg) * cfg.train.global_batch_size * cfg.model.max_length
-  rl = roofline.for_program(hlo, target, mesh, cfg.mesh, model_flops / target.num_devices)
-  return {
-    'fits': total <= headroom * target.chip.memory_bytes,
-    'total': total,
-    'kernels': report.attention_kernels(hlo),
-    'dcn': report.dcn_fields(hlo, mesh, cfg.mesh, target)['dcn_collectives'],
-    'roofline': {'seconds': rl.step_seconds, 'mfu': rl.mfu, 'other_share': rl.other_share},
+  """What the plan keeps of the full train step's report (JSON, cached and sent between processes)."""
+  r = report.compile_report(cfg, target, 'train', headroom)[0]
+  rl = r.roofline and {
+    'seconds': r.roofline['step_seconds'],
+    'mfu': r.roofline['mfu'],
+    'other_share': r.roofline['other_share'],
   }
+  return {
+    'fits': r.fits,
+    'total': r.total_bytes,
+    'kernels': r.attention_kernels,
+    'dcn': r.dcn_collectives,
+    'roofline': rl,
+  }
+
+
+@functools.cache
+def source_fingerprint() -> str:
+  """The package's Python source and jax's version: anything that changes the compiled program."""
+  import jax  # pylint: disable=g-import-not-at-top
+
+  h = hashlib.sha256(jax.__version__.encode())
+  root = Path(__file__).resolve().parents[1]
+  for f in sorted(root.rglob('*.py')):
+    h.update(str(f.relative_to(root)).encode())
+    h.update(f.read_bytes())
+  return h.hexdigest()[:16]
+
+
+def cached(cfg, target: targets.Target, what: tuple, compute: Callable[[], Any]) -> tuple[Any, bool]:
+  """(compute()'s JSON-able result, whether it came from the cache)."""
+  text = json.dumps([cfg.to_json_best_effort(sort_keys=True), target.spec, list(what), source_fingerprint()])
+  path = paths.cache_dir('plan') / f'{hashlib.sha256(text.encode()).hexdigest()[:24]}.json'
+  if path.exists():
+    try:
+      return json.loads(path.read_text())['result'], True
+    except (ValueError, KeyError):
+      pass  # a damaged entry is computed again
+  result = compute()
+  tmp = path.with_suffix(f'.tmp-{os.getpid()}')
+  tmp.write_text(json.dumps({'target': target.spec, 'what': list(what), 'result': result}))
+  os.replace(tmp, path)  # all or nothing: parallel planners may write the same entry
+  return result, False
 
 
 def tpu_seconds(cfg, target: targets.Target, mfu: float) -> float | None:
@@ -104,7 +135,7 @@ def tpu_seconds(cfg, target: targets.Target, mfu: float) -> float | None:
   costs = []
   for layers in (1, 2):
     c = config_lib.replace(cfg, {'model.num_layers': layers, 'model.scan_layers': False})
-    cost = report.cost_analysis(lowering.lower_step(c, target, 'forward_backward')[0].compile())
+    cost = report.cost_analysis(report.lower_step(c, target, 'forward_backward')[0].compile())
     if 'optimal_seconds' not in cost:
       return None
     costs.append(float(cost['optimal_seconds']))
@@ -129,15 +160,7 @@ def fastest_fitting(tried: dict[int, dict], default: int) -> int:
   return min(fitting, key=lambda k: (roofline_seconds(tried[k]) or math.inf, -k), default=default)
 
 
-def search(
-  cfg,
-  target: targets.Target,
-  mesh: dict[str, int],
-  remat: str,
-  headroom: float,
-  mfu: float,
-  log: Callable[[str], None] = print,
-) -> Row:
+def search(cfg, target: targets.Target, mesh: dict[str, int], remat: str, headroom: float, mfu: float) -> Row:
   """For one (mesh, remat): the largest micro-batch that fits (binary search), then of the sizes compiled the
   one the roofline prices fastest."""
   global_batch = cfg.train.global_batch_size
@@ -152,12 +175,14 @@ def search(
     m = micro_sizes[mid]
     c = _with(cfg, mesh, remat, global_batch // (m * shards))
     t0 = time.time()
-    tried[m], cached = plan_cache.cached(c, target, ('train', headroom), lambda: compile_layout(c, target, headroom))
+    tried[m], hit = cached(c, target, ('train', headroom), lambda: compile_layout(c, target, headroom))
     seconds = roofline_seconds(tried[m])
-    log(
+    print(
       f'[plan] mesh {mesh} remat {remat:9s} micro {m:4d}/device: {tried[m]["total"] / 2**30:7.2f} GiB '
       f'{"fits" if tried[m]["fits"] else "too big"}{f", roofline {seconds * 1e3:,.1f} ms" if seconds else ""} '
-      f'({"cached" if cached else f"{time.time() - t0:.0f} s"})'
+      f'({"cached" if hit else f"{time.time() - t0:.0f} s"})',
+      file=sys.stderr,
+      flush=True,
     )
     if tried[m]['fits']:
       lo = mid + 1
@@ -170,7 +195,7 @@ def search(
   dcn_seconds = dcn_bytes / target.dcn_bandwidth if dcn_bytes and target.dcn_bandwidth else None
   seconds, note, rl = None, '', r['roofline'] or {}
   if r['fits'] and target.platform == 'tpu':
-    seconds = plan_cache.cached(c, target, ('tpu_cost', mfu), lambda: tpu_seconds(c, target, mfu))[0]
+    seconds = cached(c, target, ('tpu_cost', mfu), lambda: tpu_seconds(c, target, mfu))[0]
     note = 'TPU cost model' if seconds is not None else 'no cost model'
     if seconds is not None and dcn_seconds is not None:
       seconds += dcn_seconds
@@ -189,9 +214,7 @@ def search(
     dcn_bytes,
     dcn_seconds,
     'all-gather' in r['dcn'],
-    rl.get('seconds'),
-    rl.get('mfu'),
-    rl.get('other_share'),
+    *(rl.get(k) for k in ('seconds', 'mfu', 'other_share')),
   )
 
 
@@ -199,27 +222,29 @@ def plan_layouts(
   cfg,
   target: targets.Target,
   *,
-  mfu: float = 0.5,
-  headroom: float = 0.9,
-  remats: tuple[str, ...] = REMAT_POLICIES,
-  tensor_sizes: tuple[int, ...] = (1, 2),
-  layouts: tuple[str, ...] = ('fsdp', 'data'),
-  log: Callable[[str], None] = print,
-  workers: int = 1,
+  mfu: float,
+  headroom: float,
+  remats: tuple[str, ...],
+  tensor_sizes: tuple[int, ...],
+  layouts: tuple[str, ...],
+  workers: int,
 ) -> list[Row]:
+  """search() for every candidate (mesh, remat), in `workers` processes (0: one per two cores, as XLA's compiler
+  uses more than one thread and each process holds a backend)."""
+  granules = target.num_granules
   tasks = [
-    (mesh, remat)
-    for mesh in meshes(target.num_devices, cfg.model.num_heads, tensor_sizes, layouts, target.num_granules)
+    (cfg, target, mesh, remat, headroom, mfu)
+    for mesh in meshes(target.num_devices, cfg.model.num_heads, tensor_sizes, layouts, granules)
     for remat in remats
   ]
-  if workers <= 1 or len(tasks) < 2:
-    return [search(cfg, target, mesh, remat, headroom, mfu, log) for mesh, remat in tasks]
-  tasks = [(cfg, target, mesh, remat, headroom, mfu) for mesh, remat in tasks]
-  return plan_cache.pool_map(_search_task, tasks, workers, targets.start_backends, (target,))
-
-
-def _search_task(args) -> Row:
-  return search(*args, log=lambda line: print(line, file=sys.stderr, flush=True))
+  workers = min(workers or max(1, (os.cpu_count() or 1) // 2), len(tasks))
+  if workers <= 1:
+    return [search(*task) for task in tasks]
+  ctx = multiprocessing.get_context('spawn')
+  with concurrent.futures.ProcessPoolExecutor(
+    workers, mp_context=ctx, initializer=targets.start_backends, initargs=(target,)
+  ) as pool:
+    return list(pool.map(search, *zip(*tasks)))
 
 
 def recommend(rows: list[Row]) -> Row | None:
@@ -230,7 +255,7 @@ def recommend(rows: list[Row]) -> Row | None:
   return min(ok, key=lambda r: (float(f'{r.seconds:.6g}'), r.grad_accum, r.total_bytes))
 
 
-def format_plan_table(rows: list[Row], target: targets.Target, mfu: float) -> str:
+def format_plan_table(rows: list[Row], target: targets.Target) -> str:
   basis = 'roofline of the compiled step'
   if target.platform == 'tpu':
     basis = 'XLA TPU cost model (+ splash attention FLOPs at MFU)'

@@ -1,5 +1,6 @@
-"""What a compiled executable tells us, per device: memory, whether it fits, FLOPs, the attention kernels, and
-what crosses the data-centre network (aot/collectives.py).
+"""The trainer's step compiled for a target (aot/targets.py), and what the executable tells, per device: memory,
+whether it fits, FLOPs, the attention kernels, what crosses the data-centre network (aot/collectives.py) and the
+roofline (aot/roofline.py).
 
 Memory is XLA's buffer assignment: total = arguments + outputs - aliased (the donated state) + temporaries + code.
 'fits' compares it with headroom x device memory: the runtime keeps some memory for itself."""
@@ -8,7 +9,20 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import time
 from typing import Any
+
+import jax
+from flax import nnx
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+from neobert_jax import errors, hardware
+from neobert_jax import sharding as shd
+from neobert_jax.aot import collectives, roofline, targets
+from neobert_jax.aot import hlo as hlo_lib
+from neobert_jax.config import train as train_config
+from neobert_jax.model.sizes import matmul_params, train_flops_per_token
+from neobert_jax.train import mlm
 
 # cuDNN fused attention custom calls (forward + backward; Softmax = padding/no mask, ScaleBias = boolean mask).
 _CUDNN_RE = re.compile(r'__cudnn\$fmha\w+')
@@ -16,6 +30,16 @@ _CUDNN_RE = re.compile(r'__cudnn\$fmha\w+')
 # (%splash_mha_fwd_segmented_residuals.1 = ... custom_call_target="tpu_custom_call"). Only such calls count: an
 # interpret-mode emulation carries the same names in its ops' metadata but is plain XLA loops.
 _SPLASH_RE = re.compile(r'^\s*(?:ROOT )?%?(splash_mha_(?:fwd|dq|dkv)[a-z_]*[a-z])[.\d]* = .*tpu_custom_call', re.M)
+_UNITS = {'': 1, 'K': 1024, 'M': 1024**2, 'G': 1024**3, 'T': 1024**4}
+# libtpu: "RESOURCE_EXHAUSTED: Ran out of memory on HBM, the total memory required for HLO temporaries
+# (27.44G) exceeds available HBM (15.75G)."  and the older "Used 27.44G of 15.75G hbm" wording.
+_OOM_RES = (
+  re.compile(r'required for HLO temporaries \(([\d.]+)([KMGT]?)'),
+  re.compile(r'Used ([\d.]+)([KMGT]?) of [\d.]+[KMGT]? hbm'),
+)
+# FitReport's memory fields: the memory_analysis() attribute each is read from
+_MEMORY = {f'{k}_bytes': f'{k}_size_in_bytes' for k in ('argument', 'output', 'alias', 'temp')}
+_MEMORY['code_bytes'] = 'generated_code_size_in_bytes'
 
 
 @dataclasses.dataclass
@@ -41,13 +65,13 @@ class FitReport:
   compile_seconds: float
   notes: list[str] = dataclasses.field(default_factory=list)
   compiler_refused: bool = False  # the compiler stopped at the memory limit: only temporaries are known
-  # Multi-slice / multi-node (aot/collectives.py): what crosses the data-centre network, per device per step.
-  granules: int = 1  # slices (TPU) or nodes (GPU) the mesh spans
-  dcn: dict[str, int] = dataclasses.field(default_factory=dict)  # the config's mesh.dcn_* sizes
-  dcn_collectives: dict[str, dict[str, float]] = dataclasses.field(default_factory=dict)  # collectives.by_kind
-  dcn_bandwidth: float | None = None  # bytes/s per device (neobert_jax/hardware.py), None if not published
-  # The roofline of the compiled program (aot/roofline.py): its summary and the lines the report prints.
-  roofline: dict[str, Any] | None = None
+  # What crosses the data-centre network, per device per step (collectives.by_kind), between the slices (TPU) or
+  # nodes (GPU) the mesh spans; the config's mesh.dcn_* sizes; the bandwidth of hardware.py, None if not published.
+  granules: int = 1
+  dcn: dict[str, int] = dataclasses.field(default_factory=dict)
+  dcn_collectives: dict[str, dict[str, float]] = dataclasses.field(default_factory=dict)
+  dcn_bandwidth: float | None = None
+  roofline: dict[str, Any] | None = None  # Roofline.as_dict()
   roofline_lines: list[str] = dataclasses.field(default_factory=list)
   # XLA's TPU cost model for the step (aot/plan.tpu_seconds; compile --cost_model), with the MFU it prices splash at.
   cost_model_seconds: float | None = None
@@ -55,7 +79,7 @@ class FitReport:
 
   @property
   def total_bytes(self) -> int:
-    return resident_bytes(vars(self))
+    return self.argument_bytes + self.output_bytes - self.alias_bytes + self.temp_bytes + self.code_bytes
 
   @property
   def fits(self) -> bool:
@@ -78,10 +102,6 @@ class FitReport:
     """Time to send the DCN bytes at the published bandwidth, with nothing overlapped (an upper bound)."""
     return self.dcn_bytes_per_step / self.dcn_bandwidth if self.dcn_bandwidth else None
 
-  @property
-  def fsdp_gathers_cross_dcn(self) -> bool:
-    return 'all-gather' in self.dcn_collectives
-
   def as_dict(self) -> dict[str, Any]:
     d = dataclasses.asdict(self)
     d.pop('roofline_lines')
@@ -93,27 +113,130 @@ class FitReport:
       step_seconds_at_50pct_mfu=self.step_seconds_at(0.5),
       dcn_bytes_per_step=self.dcn_bytes_per_step,
       dcn_seconds=self.dcn_seconds,
-      fsdp_gathers_cross_dcn=self.fsdp_gathers_cross_dcn,
+      fsdp_gathers_cross_dcn='all-gather' in self.dcn_collectives,
     )
     return d
 
 
-def memory_numbers(compiled: Any) -> dict[str, int]:
-  stats = compiled.memory_analysis()
-  if stats is None:
-    raise RuntimeError('this backend gives no memory analysis for the compiled step')
-  return dict(
-    argument_bytes=int(stats.argument_size_in_bytes),
-    output_bytes=int(stats.output_size_in_bytes),
-    alias_bytes=int(stats.alias_size_in_bytes),
-    temp_bytes=int(stats.temp_size_in_bytes),
-    code_bytes=int(stats.generated_code_size_in_bytes),
+def lower_step(cfg, target: targets.Target, what: str = 'train'):
+  """(lowered, mesh) of 'train' (the trainer's jitted step) or 'forward_backward' (one micro-batch's loss and
+  gradients, to isolate the model) on the target's compile-only mesh; ConfigError where the trainer would refuse."""
+  devices = targets.devices(target)
+  # The trainer's own checks (unknown keys, batch divisibility over the mesh and over the target's hosts), so
+  # a recipe that compiles here is one the trainer accepts there.
+  train_config.validate_train(cfg, num_devices=len(devices), process_count=len({d.process_index for d in devices}))
+  try:
+    mesh = shd.make_mesh(cfg.mesh, devices)
+  except ValueError as e:  # dcn sizes that do not match the target's slices / hosts: the config's to fix
+    raise train_config.ConfigError(f'mesh: {e}') from None
+  defs, abstract_state = mlm.abstract_train_state(cfg, mesh)
+  batch = mlm.abstract_batch(cfg, mesh)
+  if what == 'train':
+    return mlm.jit_mlm_train_step(cfg, mesh, defs).lower(abstract_state, batch), mesh
+  packed, limit = cfg.data.packing == 'packed', mlm.max_segments(cfg.data)
+  micro = {
+    k: jax.ShapeDtypeStruct(v.shape[1:], v.dtype, sharding=NamedSharding(mesh, P(*v.sharding.spec[1:])))
+    for k, v in batch.items()
+  }
+
+  def loss_and_grads(params, micro):
+    def loss(p):
+      total, (count, _) = mlm.mlm_sums(nnx.merge(defs.model_def, p), micro, packed, limit)
+      return total / jax.numpy.maximum(count, 1.0)
+
+    return jax.value_and_grad(loss)(params)
+
+  fn = jax.jit(
+    loss_and_grads,
+    in_shardings=(defs.shardings['params'], {k: v.sharding for k, v in micro.items()}),
+    out_shardings=(NamedSharding(mesh, P()), defs.shardings['params']),
   )
+  with shd.activate(mesh):
+    return fn.lower(abstract_state['params'], micro), mesh
 
 
-def resident_bytes(mem: dict[str, int]) -> int:
-  """The peak the step needs resident (module docstring), from memory_numbers' fields."""
-  return mem['argument_bytes'] + mem['output_bytes'] - mem['alias_bytes'] + mem['temp_bytes'] + mem['code_bytes']
+def compile_report(cfg, target: targets.Target, what: str = 'train', headroom: float = 0.9) -> tuple[FitReport, str]:
+  """Compiles lower_step's program: the report and the compiled HLO text ('' where the compiler refused the program
+  for memory, the answer "does not fit")."""
+  t0 = time.time()
+  lowered, mesh = lower_step(cfg, target, what)
+  try:
+    compiled, refused = lowered.compile(), None
+  except Exception as e:  # noqa: BLE001 - only the compiler's out-of-memory verdict (TPU: over HBM) is a report
+    if parse_oom(str(e)) is None:
+      raise
+    compiled, refused = None, e
+  seconds, text, notes = time.time() - t0, '', []
+  seq, n = cfg.model.max_length, target.num_devices
+  tokens = cfg.train.global_batch_size * seq
+  model_flops = mlm.flops_per_token(cfg) * tokens  # the trainer's own MFU accounting
+  if compiled is None:
+    notes.append('the compiler refused the program: ' + errors.one_line(refused, first=True)[:300])
+    mem, xla_flops = dict.fromkeys(_MEMORY, 0) | {'temp_bytes': parse_oom(str(refused))}, None
+  else:
+    text, stats, xla_flops = compiled.as_text(), compiled.memory_analysis(), cost_analysis(compiled).get('flops')
+    if stats is None:
+      raise RuntimeError('this backend gives no memory analysis for the compiled step')
+    mem = {field: int(getattr(stats, name)) for field, name in _MEMORY.items()}
+  if target.platform == 'cuda':
+    if cfg.model.attention_impl not in ('cudnn', 'cudnn_bias'):
+      notes.append(f'attention_impl={cfg.model.attention_impl}: the cuDNN fused kernels were not requested')
+    notes.append(
+      'GPU compile-only target: no autotuning, so kernel choices and temporaries may differ a little '
+      'on a live GPU; XLA gives no FLOP count here'
+    )
+  if xla_flops is not None and xla_flops < 0.5 * model_flops / n:
+    notes.append(
+      'XLA FLOPs count each loop body once (the layer scan, the micro-batch scan), so they are far '
+      'below the real step; the model FLOPs are the figure to use'
+    )
+  mod = hlo_lib.KernelCosts(text)  # parsed once, for the DCN section and the roofline
+  layout = shd.resolve_layout(dict(cfg.mesh), mesh.size)
+  granules, transfers = collectives.for_mesh(mod, mesh, layout) if text else (target.num_granules, [])
+  kind = mesh.devices.flat[0].device_kind
+  rl, lines = None, []
+  if text:
+    acc = hardware.lookup(kind) or hardware.lookup(target.chip.name)
+    floor = roofline.TPU_MIN_KERNEL_SECONDS if target.platform == 'tpu' else roofline.GPU_MIN_KERNEL_SECONDS
+    rl = roofline.analyze(
+      mod,
+      acc,
+      kind,
+      num_devices=mesh.size,
+      dcn=transfers,
+      model_flops_per_device=model_flops / n,
+      min_kernel_seconds=floor,
+    )
+    # The formula's attention term (total minus matmuls, both without decoder) beside what the kernels count: the
+    # dot FLOPs must match the matmul term, the check that the roofline reads the program.
+    attention = (train_flops_per_token(cfg.model, seq, 0.0) - 6 * matmul_params(cfg.model, 0.0)) * tokens
+    lines = roofline.format_lines(rl, (model_flops - attention) / n, attention / n)
+  r = FitReport(
+    target=target.spec,
+    device_kind=kind,
+    num_devices=n,
+    mesh=dict(zip(mesh.axis_names, (int(s) for s in mesh.devices.shape))),
+    global_batch=cfg.train.global_batch_size,
+    seq_len=seq,
+    grad_accum=cfg.train.grad_accum_steps,
+    **mem,
+    device_memory_bytes=target.chip.memory_bytes,
+    headroom=headroom,
+    model_flops_per_step=model_flops,
+    xla_flops_per_device=None if xla_flops is None else float(xla_flops),
+    peak_flops_per_device=target.peak_bf16_flops,
+    attention_kernels=attention_kernels(text),
+    compile_seconds=seconds,
+    notes=notes,
+    compiler_refused=compiled is None,
+    granules=granules,
+    dcn={f: int(cfg.mesh[f]) for f in shd.DCN_FIELDS.values() if f in cfg.mesh},
+    dcn_collectives=collectives.by_kind(transfers),
+    dcn_bandwidth=target.dcn_bandwidth,
+    roofline=rl and rl.as_dict(),
+    roofline_lines=lines,
+  )
+  return r, text
 
 
 def cost_analysis(compiled: Any) -> dict[str, Any]:
@@ -127,24 +250,9 @@ def cost_analysis(compiled: Any) -> dict[str, Any]:
   return cost or {}
 
 
-def xla_flops(compiled: Any) -> float | None:
-  """XLA's FLOP count for one device's program, or None where the backend does not provide it."""
-  cost = cost_analysis(compiled)
-  return float(cost['flops']) if 'flops' in cost else None
-
-
 def attention_kernels(hlo_text: str) -> list[str]:
   """Distinct fused-attention kernels (cuDNN custom-call targets, Pallas splash) in the HLO."""
   return sorted(set(_CUDNN_RE.findall(hlo_text)) | set(_SPLASH_RE.findall(hlo_text)))
-
-
-_UNITS = {'': 1, 'K': 1024, 'M': 1024**2, 'G': 1024**3, 'T': 1024**4}
-# libtpu: "RESOURCE_EXHAUSTED: Ran out of memory on HBM, the total memory required for HLO temporaries
-# (27.44G) exceeds available HBM (15.75G)."  and the older "Used 27.44G of 15.75G hbm" wording.
-_OOM_RES = (
-  re.compile(r'required for HLO temporaries \(([\d.]+)([KMGT]?)'),
-  re.compile(r'Used ([\d.]+)([KMGT]?) of [\d.]+[KMGT]? hbm'),
-)
 
 
 def parse_oom(message: str) -> int | None:
@@ -152,28 +260,14 @@ def parse_oom(message: str) -> int | None:
   if 'RESOURCE_EXHAUSTED' not in message and 'Ran out of memory' not in message:
     return None
   for pattern in _OOM_RES:
-    m = pattern.search(message)
-    if m:
+    if m := pattern.search(message):
       return int(float(m.group(1)) * _UNITS[m.group(2)])
   return None
 
 
-def compile_or_oom(lowered: Any) -> tuple[Any, Exception | None]:
-  """(the compiled program, None) or, when the compiler refuses it for memory (TPU: over HBM), (None, the refusal):
-  the answer "does not fit", not an error."""
-  try:
-    return lowered.compile(), None
-  except Exception as e:  # noqa: BLE001 - only the compiler's out-of-memory verdict is a report
-    if parse_oom(str(e)) is None:
-      raise
-    return None, e
-
-
 def _gib(n: float) -> str:
   """Bytes in GiB, or MiB below 1 GiB (toy configs would otherwise print 0.00 everywhere)."""
-  if abs(n) < 1024**3:
-    return f'{n / 1024**2:8.1f} MiB'
-  return f'{n / 1024**3:8.2f} GiB'
+  return f'{n / 1024**2:8.1f} MiB' if abs(n) < 1024**3 else f'{n / 1024**3:8.2f} GiB'
 
 
 def _flops(n: float) -> str:
@@ -218,11 +312,8 @@ def format_report(r: FitReport) -> str:
       lines.append(f'attention     {what}: {", ".join(names)}')
   if not r.attention_kernels:
     lines.append('attention     XLA (no fused attention kernel in the compiled program)')
-  lines += dcn_lines(r)
-  lines += r.roofline_lines
-  lines.append(f'compile       {r.compile_seconds:.1f} s')
-  lines += [f'note          {n}' for n in r.notes]
-  return '\n'.join(lines)
+  lines += dcn_lines(r) + r.roofline_lines + [f'compile       {r.compile_seconds:.1f} s']
+  return '\n'.join(lines + [f'note          {n}' for n in r.notes])
 
 
 def dcn_lines(r: FitReport) -> list[str]:
@@ -246,7 +337,7 @@ def dcn_lines(r: FitReport) -> list[str]:
   else:
     total += '  (no published DCN bandwidth for this device: no time estimate)'
   lines.append(total)
-  if r.fsdp_gathers_cross_dcn:
+  if 'all-gather' in r.dcn_collectives:
     if r.dcn.get('dcn_fsdp', 1) > 1:
       where = 'mesh.dcn_fsdp > 1 spreads FSDP over slices / nodes'
     elif all(v == 1 for v in r.dcn.values()):
@@ -259,18 +350,3 @@ def dcn_lines(r: FitReport) -> list[str]:
       'set mesh.dcn_data to the number of slices / nodes and keep fsdp inside each'
     )
   return lines
-
-
-def dcn_fields(hlo: str, mesh: Any, mesh_config: Any, target: Any) -> dict[str, Any]:
-  """The FitReport fields of the DCN section, for a program compiled on `mesh` for `target`."""
-  from neobert_jax import sharding as shd  # pylint: disable=g-import-not-at-top
-  from neobert_jax.aot import collectives  # pylint: disable=g-import-not-at-top
-
-  layout = shd.resolve_layout(dict(mesh_config), mesh.size)
-  granules, transfers = collectives.for_mesh(hlo, mesh, layout) if hlo else (target.num_granules, [])
-  return dict(
-    granules=granules,
-    dcn={f: int(mesh_config[f]) for f in shd.DCN_FIELDS.values() if f in mesh_config},
-    dcn_collectives=collectives.by_kind(transfers),
-    dcn_bandwidth=target.dcn_bandwidth,
-  )

@@ -23,7 +23,6 @@ from typing import Any
 from neobert_jax import hardware
 from neobert_jax.aot import collectives
 from neobert_jax.aot import hlo as hlo_lib
-from neobert_jax.aot import kernel_cost
 
 # Ops that launch no kernel of their own: structure, metadata, the loops and calls (their bodies are priced).
 _FREE = frozenset(
@@ -32,6 +31,13 @@ _FREE = frozenset(
 )
 GPU_MIN_KERNEL_SECONDS = 2e-6  # launch and tail of one kernel on a GPU (assumption; CUDA graphs hide the launch)
 TPU_MIN_KERNEL_SECONDS = 0.5e-6
+# Categories, as the report's roofline section names them.
+CATEGORIES = {
+  'matmul': 'matmuls',
+  'attention': 'fused attention',
+  'other': 'memory-bound kernels',
+  'collective': 'exposed communication',
+}
 
 
 @dataclasses.dataclass
@@ -95,7 +101,7 @@ class Roofline:
       'mfu': self.mfu,
       'other_share': self.other_share,
       'model_flops_per_device': self.model_flops_per_device,
-      'seconds': {c: self.seconds(c) for c in ('matmul', 'attention', 'other', 'collective')},
+      'seconds': {c: self.seconds(c) for c in CATEGORIES},
       'flops': {c: self.flops(c) for c in ('matmul', 'attention')},
       'collective_bytes': self.bytes('collective'),
       'attention_forward_flops': self.attention_forward_flops,
@@ -132,7 +138,7 @@ def matmul_seconds(acc: hardware.Accelerator, flops: float, batch: int, m: int, 
 
 
 def analyze(
-  hlo: str,
+  hlo: str | hlo_lib.KernelCosts,
   acc: hardware.Accelerator,
   device_kind: str,
   *,
@@ -141,8 +147,8 @@ def analyze(
   model_flops_per_device: float | None = None,
   min_kernel_seconds: float = GPU_MIN_KERNEL_SECONDS,
 ) -> Roofline:
-  """The roofline of a compiled program; `dcn` its collectives crossing slices / nodes (collectives.py)."""
-  mod = kernel_cost.KernelCosts(hlo)
+  """The roofline of a compiled program (its text, or parsed); `dcn` its collectives crossing slices / nodes."""
+  mod = hlo_lib.KernelCosts(hlo) if isinstance(hlo, str) else hlo
   runs = mod.runs
   crossing = {t.name: t.dcn_bytes for t in dcn}
   ops, step, exposed = [], 0.0, 0.0
@@ -178,8 +184,8 @@ def _price(ins, comp, runs, mod, acc, crossing, num_devices, min_kernel) -> Op |
       seconds += crossing[ins.name] / acc.dcn_bytes_per_s
     return Op(ins.name, 'collective', f'{kind} x{n}', runs, 0.0, per, seconds, 'link', overlapped=bool(started))
   moved = mod.bytes_moved(ins, comp)
-  if kernel_cost.is_attention_call(ins):
-    flops, keys, backward = kernel_cost.attention_work(ins, mod.types[comp])
+  if hlo_lib.is_attention_call(ins):
+    flops, keys, backward = hlo_lib.attention_work(ins, mod.types[comp])
     compute = flops / acc.attention_rate(keys, backward) if flops else 0.0
     category, label = 'attention', f'attention ({"bwd" if backward else "fwd"})'
   else:
@@ -193,57 +199,16 @@ def _price(ins, comp, runs, mod, acc, crossing, num_devices, min_kernel) -> Op |
   return Op(ins.name, category, label, runs, flops, moved, seconds, bound)
 
 
-def for_program(hlo: str, target: Any, mesh: Any, mesh_config: Any, model_flops_per_device: float | None) -> Roofline:
-  """The roofline of a program compiled on `mesh` for `target` (aot/targets.py), with the DCN part of each
-  collective priced at the DCN bandwidth."""
-  from neobert_jax import sharding as shd  # pylint: disable=g-import-not-at-top
-
-  kind = mesh.devices.flat[0].device_kind
-  acc = hardware.lookup(kind) or hardware.lookup(target.chip.name)
-  _, transfers = collectives.for_mesh(hlo, mesh, shd.resolve_layout(dict(mesh_config), mesh.size))
-  return analyze(
-    hlo,
-    acc,
-    kind,
-    num_devices=mesh.size,
-    dcn=transfers,
-    model_flops_per_device=model_flops_per_device,
-    min_kernel_seconds=TPU_MIN_KERNEL_SECONDS if target.platform == 'tpu' else GPU_MIN_KERNEL_SECONDS,
-  )
-
-
-def grouped(r: Roofline, n: int = 8) -> list[tuple[tuple[str, str], dict[str, Any]]]:
-  """The costliest kernels per step, those computing the same thing (one per layer) taken together."""
-  groups: dict[tuple[str, str], dict[str, Any]] = {}
-  for o in r.ops:
-    g = groups.setdefault((o.category, o.label), dict(runs=0, seconds=0.0, flops=0.0, bytes=0.0, bounds=set()))
-    g['runs'] += o.runs
-    g['seconds'] += o.total_seconds
-    g['flops'] += o.runs * o.flops
-    g['bytes'] += o.runs * o.bytes
-    g['bounds'].add(o.bound)
-  return sorted(groups.items(), key=lambda kv: -kv[1]['seconds'])[:n]
-
-
-def format_lines(
-  r: Roofline, model_matmul_flops: float | None = None, model_attention_flops: float | None = None, top: int = 8
-) -> list[str]:
-  """The report's roofline section (per device per step)."""
+def format_lines(r: Roofline, model_matmul_flops: float, model_attention_flops: float, top: int = 8) -> list[str]:
+  """The report's roofline section (per device per step), with the model formula's terms beside the kernels'."""
   step = r.step_seconds or 1e-30
   mfu = f', est. MFU {r.mfu:.1%} of {r.peak_flops / 1e12:.0f} TFLOP/s' if r.mfu is not None else ''
   lines = [
     f'roofline      {r.step_seconds * 1e3:,.1f} ms/step estimated{mfu} (a model, not a measurement: '
     'aot/roofline.py, rates in hardware.py)'
   ]
-  what = {
-    'matmul': 'matmuls',
-    'attention': 'fused attention',
-    'other': 'memory-bound kernels',
-    'collective': 'exposed communication',
-  }
-  for c in ('matmul', 'attention', 'other', 'collective'):
-    s = r.seconds(c)
-    extra = ''
+  for c, what in CATEGORIES.items():
+    s, extra = r.seconds(c), ''
     if c in ('matmul', 'attention') and s:
       extra = f'  {r.flops(c) / 1e12:,.2f} TFLOP at {r.flops(c) / s / 1e12:,.0f} TFLOP/s'
     if c == 'collective':
@@ -251,7 +216,7 @@ def format_lines(
         f'  {r.bytes(c) / 1e9:,.2f} GB over the links (asynchronous collectives overlap the compute of their '
         'loop body; the rest is exposed)'
       )
-    lines.append(f'  {what[c]:22s}{s * 1e3:10,.1f} ms {100 * s / step:5.1f}%{extra}')
+    lines.append(f'  {what:22s}{s * 1e3:10,.1f} ms {100 * s / step:5.1f}%{extra}')
   lines.append(f'  outside matmuls and attention: {r.other_share:.1%} of the step')
   if model_matmul_flops:
     lines.append(
@@ -264,8 +229,17 @@ def format_lines(
       f"formula's attention term {model_attention_flops / 1e12:,.2f} "
       f'(ratio {3 * r.attention_forward_flops / model_attention_flops:.3f})'
     )
+  # The costliest kernels per step, those computing the same thing (one per layer) taken together.
+  groups: dict[tuple[str, str], dict[str, Any]] = {}
+  for o in r.ops:
+    g = groups.setdefault((o.category, o.label), dict(runs=0, seconds=0.0, flops=0.0, bytes=0.0, bounds=set()))
+    g['runs'] += o.runs
+    g['seconds'] += o.total_seconds
+    g['flops'] += o.runs * o.flops
+    g['bytes'] += o.runs * o.bytes
+    g['bounds'].add(o.bound)
   lines.append('  costliest kernels (same computation across layers taken together):')
-  for (category, label), g in grouped(r, top):
+  for (category, label), g in sorted(groups.items(), key=lambda kv: -kv[1]['seconds'])[:top]:
     rate = f', {g["flops"] / g["seconds"] / 1e12:,.0f} TFLOP/s' if g['flops'] and g['seconds'] else ''
     lines.append(
       f'    {g["seconds"] * 1e3:9,.1f} ms  {category:10s} {g["runs"]:5d} runs  '

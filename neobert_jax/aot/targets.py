@@ -1,10 +1,7 @@
-"""Compile targets: parse '--target', build the compile-only device topology, know each chip's memory and peak.
-
-  tpu:v5e-256 (v4 / v5p count TensorCores: v4-8 is 4 chips), tpu:v5e:16x16 (a chip grid), tpu:2xv5p-256 (2 slices
-  over the DCN), cuda:h100x8 (8 H100 per host; cuda:h100x16 = 2 hosts).
-
-Devices come from jax.experimental.topologies (libtpu, or the CUDA plugin with the GpuTargetConfig below), inside
-the child interpreter set up by aot/deps.py."""
+"""Compile targets: tpu:v5e-256 (v4 / v5p count TensorCores: v4-8 is 4 chips), tpu:v5e:16x16 (a chip grid),
+tpu:2xv5p-256 (2 slices over the DCN), cuda:h100x8 (8 H100 per host; cuda:h100x16 = 2 hosts). Their devices come
+from jax.experimental.topologies (libtpu, or the CUDA plugin with the GpuTargetConfig below), in the child
+interpreter aot/deps.py sets up."""
 
 from __future__ import annotations
 
@@ -89,17 +86,11 @@ class Target:
   gpus_per_host: int | None = None
 
   @property
-  def compute_capability(self) -> str | None:
-    return self.chip.compute_capability
-
-  @property
-  def peak_bf16_flops(self) -> float:
-    """Dense bf16 peak per device, from the one table (neobert_jax/hardware.py)."""
+  def peak_bf16_flops(self) -> float:  # dense, per device (hardware.py)
     return hardware.lookup(self.chip.name).peak_bf16_flops
 
   @property
-  def dcn_bandwidth(self) -> float | None:
-    """DCN bytes/s per device to another slice / node, from the one table (neobert_jax/hardware.py)."""
+  def dcn_bandwidth(self) -> float | None:  # bytes/s per device to another slice / node (hardware.py)
     return hardware.lookup(self.chip.name).dcn_bytes_per_s
 
   @property
@@ -117,7 +108,7 @@ def start_backends(target: Target) -> None:
   if target.platform == 'cuda':
     from neobert_jax import jax_compat  # pylint: disable=g-import-not-at-top
 
-    jax_compat.cudnn_assume_compute_capability(target.compute_capability)
+    jax_compat.cudnn_assume_compute_capability(target.chip.compute_capability)
 
 
 def _grid(chips: int, dims: int) -> tuple[int, ...]:
@@ -164,8 +155,7 @@ def parse_target(spec: str) -> Target:
       cores = int(size)
       if cores % chip.cores_per_chip_in_name:
         raise ConfigError(f'{spec}: {gen}-N counts TensorCores ({chip.cores_per_chip_in_name} per chip)')
-      chips = cores // chip.cores_per_chip_in_name
-      grid = _grid(chips, chip.dims)
+      grid = _grid(cores // chip.cores_per_chip_in_name, chip.dims)
     topo = f'{gen}:' + 'x'.join(map(str, grid))
     return Target(spec, 'tpu', chip, slices * math.prod(grid), tpu_topology=topo, num_slices=slices)
   raise ConfigError(f'unknown target platform in {spec!r}; expected tpu:... or cuda:...')
