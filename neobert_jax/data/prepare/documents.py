@@ -57,14 +57,8 @@ class BuildOptions:
     return int(self.shard_mb * 2**20)
 
   def record_fields(self) -> dict[str, Any]:
-    """The options that decide each document's records and split (a Ray task's, kept by its ledger)."""
-    return {
-      'max_length': self.max_length,
-      'eval_fraction': self.eval_fraction,
-      'text_field': self.text_field,
-      'text_mode': self.text_mode,
-      'on_decode_error': self.on_decode_error,
-    }
+    """The options that decide each document's records and split (a Ray build's identity, kept by its ledger)."""
+    return {f: getattr(self, f) for f in ('max_length', 'eval_fraction', 'text_field', 'text_mode', 'on_decode_error')}
 
 
 def chunk_document(ids: np.ndarray, max_length: int, cls_id: int, sep_id: int) -> list[np.ndarray]:
@@ -133,23 +127,13 @@ class Counts:
 
 
 def text_units(
-  units: Iterable[tuple[str, sources.Span | None]],
-  counts: Counts,
-  text_field: str,
-  text_mode: str,
-  on_decode_error: str,
+  units: Iterable[tuple[str, sources.Span | None]], counts: Counts, o: BuildOptions
 ) -> Iterator[list[str]]:
   """Non-empty document texts of the units (file, part or None), grouped for the tokenizer, in order."""
   texts, size = [], 0
   for path, span in units:
-    for doc in sources.iter_documents(
-      path,
-      text_field=text_field,
-      text_mode=text_mode,
-      on_decode_error=on_decode_error,
-      on_issue=counts.on_issue,
-      span=span,
-    ):
+    read = dict(text_field=o.text_field, text_mode=o.text_mode, on_decode_error=o.on_decode_error, span=span)
+    for doc in sources.iter_documents(path, on_issue=counts.on_issue, **read):
       counts.input_documents += 1
       if not doc.text.strip():
         counts.skipped_empty += 1
@@ -163,10 +147,18 @@ def text_units(
     yield texts
 
 
-def manifest(
-  tok, max_length: int, eval_fraction: float, splits: dict, files: list[str], counts: Counts, command: str
-) -> dict:
-  """The manifest's fields that depend only on what was prepared (each engine adds its own); refuses no text."""
+def progress_bar(enabled: bool, **kw):
+  """Both engines' progress bar on stderr, or None."""
+  if not enabled:
+    return None
+  import tqdm  # pylint: disable=g-import-not-at-top
+
+  return tqdm.tqdm(mininterval=1.0, **kw)
+
+
+def manifest(tok, o: BuildOptions, splits: dict, files: list[str], counts: Counts, call: str) -> dict:
+  """The manifest's fields that depend only on what was prepared (each engine adds its own; `call` is the command
+  recorded when `o` names none); refuses no text."""
   if splits['train']['documents'] == 0:
     raise errors.DataError(
       f'no documents with text in {len(files)} file(s) ({counts.input_documents} read, '
@@ -176,13 +168,13 @@ def manifest(
     'format': shards.FORMAT,
     'id_dtype': shards.id_dtype_name(tok.vocab_size),
     'tokenizer': tok.identity(),
-    'max_length': max_length,
-    'eval_fraction': eval_fraction,
+    'max_length': o.max_length,
+    'eval_fraction': o.eval_fraction,
     'splits': splits,
     'input_files': files,
     'input_documents': counts.input_documents,
     'skipped_empty_documents': counts.skipped_empty,
     'split_long_documents': counts.split_documents,
     'decode_errors': {'count': counts.issue_count, 'first': counts.issues},
-    'command': command,
+    'command': o.command or call,
   }

@@ -25,7 +25,6 @@ from neobert_jax.data import tokenizer as tokenizer_lib
 
 _TOKENIZER = None  # per-worker tokenizer, built once by _init_worker
 ENGINES = ('local', 'ray')
-chunk_document = documents.chunk_document
 is_eval_document = documents.is_eval_document
 # The manifest fields that say how and when a prepare ran rather than what it made: the engines differ only there.
 RUN_FIELDS = ('command', 'seconds', 'workers', 'engine')
@@ -102,9 +101,8 @@ def _prepare(inputs: Sequence[str], output_dir: str, o: documents.BuildOptions, 
   files = sources.expand_inputs(inputs)
   tok = tokenizer_lib.load_tokenizer(o.tokenizer)
   out = publish.open_output(output_dir, o.overwrite)
-  bucket = None if paths.local(out) else out
   # Shards bound for a bucket are written to local scratch, then uploaded (publish.py).
-  work = publish.scratch_root() if bucket is not None else output_dir
+  work = output_dir if paths.local(out) else publish.scratch_root()
   remove_stale_tmp(work)
   tmp = os.path.join(work, f'{_TMP_PREFIX}{os.getpid()}')
   os.makedirs(tmp)
@@ -113,12 +111,12 @@ def _prepare(inputs: Sequence[str], output_dir: str, o: documents.BuildOptions, 
     counts = documents.Counts()
     width = shards_lib.id_dtype_name(tok.vocab_size)
     writers = {s: shards_lib.ShardWriter(tmp, s, o.shard_bytes, id_dtype=width) for s in shards_lib.SPLITS}
-    units = documents.text_units([(f, None) for f in files], counts, o.text_field, o.text_mode, o.on_decode_error)
-    bar = _progress_bar(o.progress)
+    tasks = (
+      (texts, o.max_length, o.eval_fraction) for texts in documents.text_units([(f, None) for f in files], counts, o)
+    )
+    bar = documents.progress_bar(o.progress, unit='doc', desc='prepare')
     try:
-      for results in _ordered_map(
-        _tokenize_unit, ((u, o.max_length, o.eval_fraction) for u in units), workers, (tok.path,)
-      ):
+      for results in _ordered_map(_tokenize_unit, tasks, workers, (tok.path,)):
         for split, chunks in counts.take(results):
           writers[split].write_document(chunks)
         if bar is not None:
@@ -128,45 +126,20 @@ def _prepare(inputs: Sequence[str], output_dir: str, o: documents.BuildOptions, 
       if bar is not None:
         bar.close()
     splits = {s: w.close() for s, w in writers.items()}
-    manifest = documents.manifest(
-      tok,
-      o.max_length,
-      o.eval_fraction,
-      splits,
-      files,
-      counts,
-      o.command or f'prepare({list(inputs)!r}, {output_dir!r}, ...)',
-    )
+    call = f'prepare({list(inputs)!r}, {output_dir!r}, ...)'
+    manifest = documents.manifest(tok, o, splits, files, counts, call)
     manifest.update(workers=workers, seconds=round(time.time() - start, 3))
     made = shards_lib.Manifest.of(manifest, output_dir)
-    if bucket is not None:
-      publish.upload(tmp, bucket, made)
-    else:
-      _install(tmp, output_dir, made)
+    if not paths.local(out):
+      publish.upload(tmp, out, made)
+      return manifest
+    (out / shards_lib.MANIFEST).unlink(missing_ok=True)  # from here on the directory reads as incomplete
+    for name in made.files():
+      publish.put_file(os.path.join(tmp, name), out / name)
+    publish.commit(out, made)
     return manifest
   finally:
     shutil.rmtree(tmp, ignore_errors=True)
-
-
-def _install(tmp: str, output_dir: str, manifest: shards_lib.Manifest) -> None:
-  """Moves finished shards into place; the manifest goes last, atomically."""
-  old = os.path.join(output_dir, shards_lib.MANIFEST)
-  if os.path.exists(old):
-    os.remove(old)  # from here on the directory reads as incomplete
-  for name in os.listdir(output_dir):
-    if shards_lib.is_shard_file(name):
-      os.remove(os.path.join(output_dir, name))
-  for name in manifest.files():
-    os.replace(os.path.join(tmp, name), os.path.join(output_dir, name))
-  manifest.write(output_dir)
-
-
-def _progress_bar(enabled: bool):
-  if not enabled:
-    return None
-  import tqdm  # pylint: disable=g-import-not-at-top
-
-  return tqdm.tqdm(unit='doc', desc='prepare', mininterval=1.0)
 
 
 def main(argv: Sequence[str] | None = None) -> dict:
@@ -235,17 +208,9 @@ def main(argv: Sequence[str] | None = None) -> dict:
       )
     if not 0 < a.split_mb < float('inf'):
       raise errors.ConfigError(f'--split-mb={a.split_mb}: must be a positive number of megabytes, e.g. 64')
+    kept = ('tokenizer', 'max_length', 'eval_fraction', 'text_field', 'text_mode', 'on_decode_error', 'shard_mb')
     options = documents.BuildOptions(
-      tokenizer=a.tokenizer,
-      max_length=a.max_length,
-      eval_fraction=a.eval_fraction,
-      text_field=a.text_field,
-      text_mode=a.text_mode,
-      on_decode_error=a.on_decode_error,
-      shard_mb=a.shard_mb,
-      overwrite=a.overwrite,
-      progress=not a.no_progress,
-      command=command,
+      **{f: getattr(a, f) for f in kept}, overwrite=a.overwrite, progress=not a.no_progress, command=command
     )
     if a.engine == 'ray':
       from neobert_jax.data.prepare import ray_engine as prepare_ray  # pylint: disable=g-import-not-at-top

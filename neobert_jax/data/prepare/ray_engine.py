@@ -1,7 +1,7 @@
 """`prepare --engine=ray`: the local engine's shards, made by the tasks of a Ray cluster.
 
 Pass 1: one task per unit of input (splits.py) tokenizes as documents.py does and keeps its records in the work
-area (ledger.py); the driver plans the shards over the token counts (rollover.py); pass 2: one task per shard
+area (ray_tasks.Ledger); the driver plans the shards over the token counts (rollover.py); pass 2: one task per shard
 writes it. The manifest differs from the local one only in its run fields; a re-run of a killed build resumes.
 """
 
@@ -19,7 +19,6 @@ from neobert_jax import lease as lease_lib
 from neobert_jax.data import rollover, shards
 from neobert_jax.data.prepare import documents
 from neobert_jax.data.prepare import hf
-from neobert_jax.data.prepare import ledger as ledger_lib
 from neobert_jax.data.prepare import publish
 from neobert_jax.data.prepare import ray_tasks
 from neobert_jax.data.prepare import sources
@@ -27,6 +26,7 @@ from neobert_jax.data.prepare import splits
 from neobert_jax.data import tokenizer as tokenizer_lib
 
 RETRIES = 5  # per task, for a lost node, a killed worker or a storage hiccup
+_DESC = 'prepare (ray, %ss)'
 
 
 def connect(address: str):
@@ -86,52 +86,38 @@ def prepare_on_ray(
 
 
 def _build(ray, inputs, output_dir, address, o: documents.BuildOptions, split_bytes: int) -> dict:
-  start = time.time()
-  cfg, shard_bytes = o.record_fields(), o.shard_bytes
-  files = sources.expand_inputs(inputs)
+  start, files = time.time(), sources.expand_inputs(inputs)
   tok = tokenizer_lib.load_tokenizer(o.tokenizer)
   out = publish.open_output(output_dir, o.overwrite)
   units, sizes = splits.plan(files, split_bytes, o.text_mode)
-  ledger = ledger_lib.Ledger(out)
-  width = shards.id_dtype_name(tok.vocab_size)
+  ledger, width = ray_tasks.Ledger(out), shards.id_dtype_name(tok.vocab_size)
   identity = {
     'format': shards.FORMAT,
     'id_dtype': width,
     'tokenizer': tok.identity(),
-    'shard_bytes': shard_bytes,
-    **cfg,
+    'shard_bytes': o.shard_bytes,
+    **o.record_fields(),
     'units': [[p, sizes[p], s and [s.start, s.end, s.seek, s.row]] for p, s in units],
   }
   done = ledger.finished_units() if ledger.start(identity) else {}
   with open(tok.path, 'rb') as f:  # once into the object store, not into every task's arguments
     shipped = ray.put((o.tokenizer, os.path.basename(tok.path), f.read()))
-  results = _pass1(ray, units, cfg, ledger, shipped, done, o.progress)
+  results = _pass1(ray, units, o, ledger, shipped, done)
   counts = documents.Counts(echo=False)
   for i in range(len(units)):
     counts.add(results[i])
     for issue in results[i]['issues'] if i not in done else ():
       print(f'warning: {issue}; replaced with U+FFFD', file=sys.stderr)
 
-  t0 = time.perf_counter()
-  plans = {
-    s: rollover.plan_shards(
-      [results[i]['doc_tokens'][s] for i in range(len(units))], shard_bytes, shards.ID_DTYPES[width].itemsize
-    )
-    for s in shards.SPLITS
-  }
+  t0, itemsize = time.perf_counter(), shards.ID_DTYPES[width].itemsize
+  doc_tokens = {s: [results[i]['doc_tokens'][s] for i in range(len(units))] for s in shards.SPLITS}
+  plans = {s: rollover.plan_shards(doc_tokens[s], o.shard_bytes, itemsize) for s in shards.SPLITS}
   plan_seconds = time.perf_counter() - t0
   (out / shards.MANIFEST).unlink(missing_ok=True)  # only with --overwrite (open_output): now it reads unfinished
-  shard_results, resumed_shards = _pass2(ray, plans, shard_bytes, width, ledger, out, o.progress)
+  shard_results, resumed_shards = _pass2(ray, plans, o, width, ledger, out)
 
-  manifest = documents.manifest(
-    tok,
-    o.max_length,
-    o.eval_fraction,
-    _splits(plans, shard_results),
-    files,
-    counts,
-    o.command or f'prepare_ray.prepare({list(inputs)!r}, {output_dir!r}, ...)',
-  )
+  call = f'prepare_ray.prepare({list(inputs)!r}, {output_dir!r}, ...)'
+  manifest = documents.manifest(tok, o, _splits(plans, shard_results), files, counts, call)
   manifest.update(
     seconds=round(time.time() - start, 3),
     engine={
@@ -153,19 +139,13 @@ def _options(ray, fn):
   return ray.remote(fn).options(num_cpus=1, max_retries=RETRIES, retry_exceptions=True, scheduling_strategy='SPREAD')
 
 
-def _pass1(ray, units, cfg, ledger, shipped, done, progress) -> dict:
+def _pass1(ray, units, o, ledger, shipped, done) -> dict:
   """Every unit's counts by index (the ledger's for finished units); bad input raises the first error in input
   order, as the local engine meets it."""
   results = {i: {**meta, 'doc_tokens': doc_tokens} for i, (meta, doc_tokens) in done.items()}
-  todo = [(i, (i, p, s, cfg, ledger, shipped)) for i, (p, s) in enumerate(units) if i not in done]
-  _run(
-    ray,
-    _options(ray, ray_tasks.tokenize_unit),
-    todo,
-    results,
-    _bar(progress, len(units), len(done), 'unit'),
-    stop_on_error=True,
-  )
+  todo = [(i, (i, p, s, o, ledger, shipped)) for i, (p, s) in enumerate(units) if i not in done]
+  bar = documents.progress_bar(o.progress, total=len(units), initial=len(done), unit='unit', desc=_DESC % 'unit')
+  _run(ray, _options(ray, ray_tasks.tokenize_unit), todo, results, bar, stop_on_error=True)
   failed = sorted(i for i, r in results.items() if 'error' in r)
   if failed:
     ledger.remove()
@@ -174,7 +154,7 @@ def _pass1(ray, units, cfg, ledger, shipped, done, progress) -> dict:
   return results
 
 
-def _pass2(ray, plans: dict, shard_bytes: int, width: str, ledger, out: paths.Path, progress) -> tuple[dict, int]:
+def _pass2(ray, plans: dict, o, width: str, ledger, out: paths.Path) -> tuple[dict, int]:
   """Every shard of the plan in place, by file name, and how many a resumed build kept."""
   finished, results, todo = ledger.finished_shards(), {}, []
   for split, plan in plans.items():
@@ -184,9 +164,10 @@ def _pass2(ray, plans: dict, shard_bytes: int, width: str, ledger, out: paths.Pa
       if old and old['pieces'] == [list(p) for p in pieces] and _in_place(out / name, old['entry']):
         results[name] = old
       else:
-        todo.append((name, (split, k, pieces, shard_bytes, width, ledger, os.fspath(out))))
+        todo.append((name, (split, k, pieces, o.shard_bytes, width, ledger, os.fspath(out))))
   kept = len(results)
-  _run(ray, _options(ray, ray_tasks.assemble_shard), todo, results, _bar(progress, kept + len(todo), kept, 'shard'))
+  bar = documents.progress_bar(o.progress, total=kept + len(todo), initial=kept, unit='shard', desc=_DESC % 'shard')
+  _run(ray, _options(ray, ray_tasks.assemble_shard), todo, results, bar)
   return results, kept
 
 
@@ -222,14 +203,6 @@ def _run(ray, task, todo: list, results: dict, bar, stop_on_error: bool = False)
   finally:
     if bar is not None:
       bar.close()
-
-
-def _bar(enabled: bool, total: int, initial: int, unit: str):
-  if not enabled:
-    return None
-  import tqdm  # pylint: disable=g-import-not-at-top
-
-  return tqdm.tqdm(total=total, initial=initial, unit=unit, desc=f'prepare (ray, {unit}s)', mininterval=1.0)
 
 
 def _splits(plans: dict, shard_results: dict) -> dict:
