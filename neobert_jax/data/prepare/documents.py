@@ -148,12 +148,10 @@ def text_units(
 
 
 def progress_bar(enabled: bool, **kw):
-  """Both engines' progress bar on stderr, or None."""
-  if not enabled:
-    return None
+  """Both engines' progress bar on stderr (a silent one unless `enabled`)."""
   import tqdm  # pylint: disable=g-import-not-at-top
 
-  return tqdm.tqdm(mininterval=1.0, **kw)
+  return tqdm.tqdm(mininterval=1.0, disable=not enabled, **kw)
 
 
 def manifest(tok, o: BuildOptions, splits: dict, files: list[str], counts: Counts, call: str) -> dict:

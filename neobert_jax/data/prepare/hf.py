@@ -16,17 +16,10 @@ DEFAULT_SPLIT = 'train'
 _BATCH = 1024
 
 
-def is_hub(item: str) -> bool:
-  return item.startswith(PREFIX)
-
-
-def is_saved(item: str) -> bool:
-  """Whether `item` is a local folder written by save_to_disk (a Dataset or a DatasetDict)."""
-  return os.path.isdir(item) and any(os.path.isfile(os.path.join(item, f)) for f in ('state.json', 'dataset_dict.json'))
-
-
 def is_input(item: str) -> bool:
-  return is_hub(item) or is_saved(item)
+  """Whether `item` names a hub dataset or a local folder written by save_to_disk (a Dataset or a DatasetDict)."""
+  marks = ('state.json', 'dataset_dict.json')
+  return item.startswith(PREFIX) or (os.path.isdir(item) and any(os.path.isfile(os.path.join(item, f)) for f in marks))
 
 
 def _datasets():
@@ -50,10 +43,9 @@ def hub_spec(item: str) -> tuple[str, str | None, str]:
 
 def _hub_rows(item: str):
   name, config, split = hub_spec(item)
+  load = _datasets().load_dataset
   try:
-    return _datasets().load_dataset(name, config, split=split, streaming=True)
-  except errors.DataError:
-    raise
+    return load(name, config, split=split, streaming=True)
   except Exception as e:  # noqa: BLE001 - the hub client raises many types (offline, not found, gated, bad split)
     raise errors.DataError(
       f'{item}: cannot stream {name!r} (config {config!r}, split {split!r}): {errors.one_line(e)}'
@@ -69,17 +61,16 @@ def _saved_rows(item: str):
         f'{item}: a saved DatasetDict without a {DEFAULT_SPLIT!r} split; pass {item}/SPLIT, SPLIT one of {splits}'
       )
     item = os.path.join(item, DEFAULT_SPLIT)
+  load = _datasets().load_from_disk
   try:
-    return _datasets().load_from_disk(item)
-  except errors.DataError:
-    raise
+    return load(item)
   except Exception as e:  # noqa: BLE001 - damaged or foreign folders fail in many ways
     raise errors.DataError(f'{item}: not a readable save_to_disk folder ({errors.one_line(e)})') from None
 
 
 def iter_texts(item: str, text_field: str) -> Iterator[tuple[int, str]]:
   """(row number, text) of each row of the dataset named by `item` (is_input), in order; None text is ''."""
-  rows = _hub_rows(item) if is_hub(item) else _saved_rows(item)
+  rows = _hub_rows(item) if item.startswith(PREFIX) else _saved_rows(item)
   columns = rows.column_names  # None for a stream whose features are known only once rows arrive
   if columns is not None and text_field not in columns:
     raise errors.DataError(f'{item}: no column {text_field!r} (columns: {columns}); choose one with --text-field')

@@ -25,7 +25,6 @@ from neobert_jax.data import tokenizer as tokenizer_lib
 
 _TOKENIZER = None  # per-worker tokenizer, built once by _init_worker
 ENGINES = ('local', 'ray')
-is_eval_document = documents.is_eval_document
 # The manifest fields that say how and when a prepare ran rather than what it made: the engines differ only there.
 RUN_FIELDS = ('command', 'seconds', 'workers', 'engine')
 
@@ -114,17 +113,12 @@ def _prepare(inputs: Sequence[str], output_dir: str, o: documents.BuildOptions, 
     tasks = (
       (texts, o.max_length, o.eval_fraction) for texts in documents.text_units([(f, None) for f in files], counts, o)
     )
-    bar = documents.progress_bar(o.progress, unit='doc', desc='prepare')
-    try:
+    with documents.progress_bar(o.progress, unit='doc', desc='prepare') as bar:
       for results in _ordered_map(_tokenize_unit, tasks, workers, (tok.path,)):
         for split, chunks in counts.take(results):
           writers[split].write_document(chunks)
-        if bar is not None:
-          bar.update(len(results))
-          bar.set_postfix(tokens=writers['train'].tokens + writers['eval'].tokens)
-    finally:
-      if bar is not None:
-        bar.close()
+        bar.update(len(results))
+        bar.set_postfix(tokens=writers['train'].tokens + writers['eval'].tokens)
     splits = {s: w.close() for s, w in writers.items()}
     call = f'prepare({list(inputs)!r}, {output_dir!r}, ...)'
     manifest = documents.manifest(tok, o, splits, files, counts, call)

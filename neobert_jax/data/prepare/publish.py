@@ -1,18 +1,11 @@
-"""`prepare --output gs://...`: the finished shards go up to the bucket, the manifest last.
+"""Putting prepared data in place, for both engines: the manifest is the commit marker, written last.
 
-ArrayRecordWriter (array_record 0.8.6) cannot write gs:// ("open() failed: No such file or directory"), so
-`prepare` writes its shards to local scratch exactly as it does for a local output, and this module uploads
-them: the bytes on the bucket are those a local prepare writes. The manifest is the commit marker here too:
-  * without --overwrite, an output that already holds a manifest is refused before any work, untouched;
-  * with it, the old manifest is removed before the first shard goes up (so nothing reads a half-replaced
-    output as prepared data, as locally), the new one is uploaded after the last shard, and only then are the
-    shards it does not list removed.
-An upload cut short leaves no manifest: readers refuse the output as unfinished, and running prepare again
-(--overwrite) replaces it.
-
-The Ray engine (ray_engine.py) writes each shard on the node that assembles it and puts it in place with
-`put_file` (local: a shared directory, renamed in whole; bucket: uploaded and its size checked), then `commit`s:
-the manifest last, then the removal of shards it does not list. `open_output` is both engines' check before work.
+ArrayRecordWriter (array_record 0.8.6) cannot write gs:// ("open() failed: No such file or directory"), so shards
+bound for a bucket are written to local scratch exactly as for a local output, then uploaded: the bytes on the
+bucket are those a local prepare writes. Without --overwrite, an output that holds a manifest is refused before any
+work, untouched; with it, the old manifest goes before the first shard (nothing reads a half-replaced output as
+prepared data), the new one after the last, and only then the shards it does not list. An upload cut short leaves
+no manifest: readers refuse the output as unfinished, and prepare --overwrite replaces it.
 """
 
 from __future__ import annotations
@@ -29,23 +22,16 @@ PARALLEL = 4
 
 
 def open_output(output_dir: str, overwrite: bool) -> paths.Path:
-  """Before tokenizing, for both engines: an output that holds prepared data is refused without --overwrite
-  (FileExistsError, untouched); a bucket must take writes; a local directory is created."""
+  """Before tokenizing: an output that holds prepared data is refused without --overwrite (FileExistsError,
+  untouched); a bucket must take writes; a local directory is created."""
   out = paths.resolve(output_dir, '--output')
-  if not paths.local(out):
-    check_output(out, overwrite)
-    return out
   if (out / shards.MANIFEST).exists() and not overwrite:
-    raise FileExistsError(f'{output_dir} already holds prepared data (pass --overwrite)')
-  out.mkdir(parents=True, exist_ok=True)
+    raise FileExistsError(f'{output_dir if paths.local(out) else out} already holds prepared data (pass --overwrite)')
+  if paths.local(out):
+    out.mkdir(parents=True, exist_ok=True)
+  else:
+    paths.check_writable(out, '--output')
   return out
-
-
-def check_output(out: paths.Path, overwrite: bool) -> None:
-  """Before tokenizing: an existing output without --overwrite is refused, and the bucket must take writes."""
-  if not overwrite and (out / shards.MANIFEST).exists():
-    raise FileExistsError(f'{out} already holds prepared data (pass --overwrite)')
-  paths.check_writable(out, '--output')
 
 
 def scratch_root() -> str:
@@ -69,12 +55,17 @@ def upload(local: str, out: paths.Path, manifest: shards.Manifest) -> None:
       f'--output={out}: upload failed ({errors.one_line(e)}); it holds no complete '
       'prepared data now: run prepare again with --overwrite'
     ) from None
-  remove_unlisted(out, names)
+  _remove_unlisted(out, names)
 
 
-def remove_unlisted(out: paths.Path, names: list[str]) -> None:
-  """Removes the shards at `out` that the (new, committed) manifest does not list: an old output's, or those of a
-  build cut short."""
+def commit(out: paths.Path, manifest: shards.Manifest) -> None:
+  """The shards `manifest` lists are in place at `out` (put_file): the manifest goes up last, then unlisted shards
+  (an old output's, or those of a build cut short) go."""
+  manifest.write(os.fspath(out))
+  _remove_unlisted(out, manifest.files())
+
+
+def _remove_unlisted(out: paths.Path, names: list[str]) -> None:
   try:
     for obj in out.iterdir():
       if shards.is_shard_file(obj.name) and obj.name not in names:
@@ -84,12 +75,6 @@ def remove_unlisted(out: paths.Path, names: list[str]) -> None:
       f'--output={out}: the prepared data is complete, but shards it does not list could '
       f'not be removed ({errors.one_line(e)}); delete them by hand'
     ) from None
-
-
-def commit(out: paths.Path, manifest: shards.Manifest) -> None:
-  """The shards `manifest` lists are in place at `out`: the manifest goes up last, then unlisted shards go."""
-  manifest.write(os.fspath(out))
-  remove_unlisted(out, manifest.files())
 
 
 def put_file(src: str, dst: paths.Path) -> None:

@@ -26,7 +26,6 @@ from neobert_jax.data.prepare import splits
 from neobert_jax.data import tokenizer as tokenizer_lib
 
 RETRIES = 5  # per task, for a lost node, a killed worker or a storage hiccup
-_DESC = 'prepare (ray, %ss)'
 
 
 def connect(address: str):
@@ -135,17 +134,12 @@ def _build(ray, inputs, output_dir, address, o: documents.BuildOptions, split_by
   return manifest
 
 
-def _options(ray, fn):
-  return ray.remote(fn).options(num_cpus=1, max_retries=RETRIES, retry_exceptions=True, scheduling_strategy='SPREAD')
-
-
 def _pass1(ray, units, o, ledger, shipped, done) -> dict:
   """Every unit's counts by index (the ledger's for finished units); bad input raises the first error in input
   order, as the local engine meets it."""
   results = {i: {**meta, 'doc_tokens': doc_tokens} for i, (meta, doc_tokens) in done.items()}
   todo = [(i, (i, p, s, o, ledger, shipped)) for i, (p, s) in enumerate(units) if i not in done]
-  bar = documents.progress_bar(o.progress, total=len(units), initial=len(done), unit='unit', desc=_DESC % 'unit')
-  _run(ray, _options(ray, ray_tasks.tokenize_unit), todo, results, bar, stop_on_error=True)
+  _run(ray, ray_tasks.tokenize_unit, todo, results, o.progress, 'unit', stop_on_error=True)
   failed = sorted(i for i, r in results.items() if 'error' in r)
   if failed:
     ledger.remove()
@@ -166,8 +160,7 @@ def _pass2(ray, plans: dict, o, width: str, ledger, out: paths.Path) -> tuple[di
       else:
         todo.append((name, (split, k, pieces, o.shard_bytes, width, ledger, os.fspath(out))))
   kept = len(results)
-  bar = documents.progress_bar(o.progress, total=kept + len(todo), initial=kept, unit='shard', desc=_DESC % 'shard')
-  _run(ray, _options(ray, ray_tasks.assemble_shard), todo, results, bar)
+  _run(ray, ray_tasks.assemble_shard, todo, results, o.progress, 'shard')
   return results, kept
 
 
@@ -175,12 +168,14 @@ def _in_place(path: paths.Path, entry: dict) -> bool:
   return path.exists() and path.stat().length == entry['bytes']
 
 
-def _run(ray, task, todo: list, results: dict, bar, stop_on_error: bool = False) -> None:
-  """results[key] = task(*args) for each (key, args) of `todo`, a bounded number in flight; with stop_on_error no
-  task starts after an input error (those started finish: one may hold an earlier error)."""
+def _run(ray, fn, todo: list, results: dict, progress: bool, unit: str, stop_on_error: bool = False) -> None:
+  """results[key] = fn(*args), a Ray task, for each (key, args) of `todo`, a bounded number in flight; with
+  stop_on_error no task starts after an input error (those started finish: one may hold an earlier error)."""
+  task = ray.remote(fn).options(num_cpus=1, max_retries=RETRIES, retry_exceptions=True, scheduling_strategy='SPREAD')
   window = max(2, 2 * int(ray.cluster_resources().get('CPU', 1)))
   pending, queue, stopped, tokens, t0 = {}, iter(todo), False, 0, time.perf_counter()
-  try:
+  total, desc = len(results) + len(todo), f'prepare (ray, {unit}s)'
+  with documents.progress_bar(progress, total=total, initial=len(results), unit=unit, desc=desc) as bar:
     while True:
       while not stopped and len(pending) < window and (nxt := next(queue, None)) is not None:
         pending[task.remote(*nxt[1])] = nxt[0]
@@ -197,12 +192,8 @@ def _run(ray, task, todo: list, results: dict, bar, stop_on_error: bool = False)
         ) from None
       stopped = stopped or (stop_on_error and 'error' in result)
       tokens += result.get('tokens') or result.get('entry', {}).get('tokens', 0)
-      if bar is not None:
-        bar.update(1)
-        bar.set_postfix_str(f'{tokens / max(time.perf_counter() - t0, 1e-9) / 1e6:.2f}M tokens/s', refresh=False)
-  finally:
-    if bar is not None:
-      bar.close()
+      bar.update(1)
+      bar.set_postfix_str(f'{tokens / max(time.perf_counter() - t0, 1e-9) / 1e6:.2f}M tokens/s', refresh=False)
 
 
 def _splits(plans: dict, shard_results: dict) -> dict:

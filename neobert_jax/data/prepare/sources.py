@@ -16,10 +16,7 @@ from typing import Callable, Iterator, Sequence
 from neobert_jax import errors, paths
 from neobert_jax.data.prepare import hf
 
-TEXT_EXTS = ('.txt', '.text')
-JSONL_EXTS = ('.jsonl', '.ndjson', '.json')
-PARQUET_EXTS = ('.parquet',)
-COMPRESSION_EXTS = ('.gz', '.zst', '.zstd')
+FORMATS = {'text': ('.txt', '.text'), 'jsonl': ('.jsonl', '.ndjson', '.json'), 'parquet': ('.parquet',)}
 TEXT_MODES = ('line', 'blank', 'file')
 
 
@@ -55,15 +52,10 @@ class Span:
 
 def split_ext(path: str) -> tuple[str, str]:
   """('jsonl'|'text'|'parquet', '.gz'|'.zst'|'')."""
-  base, comp = path.lower(), ''
-  for c in COMPRESSION_EXTS:
-    if base.endswith(c):
-      base, comp = base[: -len(c)], c
-      break
-  for fmt, exts in (('text', TEXT_EXTS), ('jsonl', JSONL_EXTS), ('parquet', PARQUET_EXTS)):
-    if base.endswith(exts):
-      return fmt, comp
-  return '', comp
+  base = path.lower()
+  comp = next((c for c in ('.gz', '.zst', '.zstd') if base.endswith(c)), '')
+  base = base[: len(base) - len(comp)]
+  return next((fmt for fmt, exts in FORMATS.items() if base.endswith(exts)), ''), comp
 
 
 def expand_inputs(inputs: Sequence[str]) -> list[str]:
@@ -88,8 +80,7 @@ def expand_inputs(inputs: Sequence[str]) -> list[str]:
     else:
       raise errors.DataError(f'{item}: no such file or directory')
     files.extend(found)
-  seen = set()
-  return [f for f in files if not (f in seen or seen.add(f))]
+  return list(dict.fromkeys(files))  # each file once, in order
 
 
 def _expand_url(item: str) -> list[str]:
@@ -129,13 +120,13 @@ def walk(directory: paths.Path) -> Iterator[paths.Path]:
       yield p
 
 
-def _open_file(path: str):
+def open_file(path: str):
   return paths.Path(path).open('rb') if paths.is_url(path) else open(path, 'rb')
 
 
 @contextlib.contextmanager
 def _open_binary(path: str, comp: str, seek: int = 0) -> Iterator[io.BufferedIOBase]:
-  with _open_file(path) as raw:
+  with open_file(path) as raw:
     raw.seek(seek)  # a Span's start (a frame boundary in a .zst)
     if comp == '.gz':
       with gzip.GzipFile(fileobj=raw, mode='rb') as f:
@@ -177,14 +168,10 @@ def _lines(path: str, comp: str, span: Span | None = None, blank: bool = False) 
             yield line, off
             return
         yield line, off
-  except (EOFError, gzip.BadGzipFile, OSError) as e:
-    if not comp:
+  except Exception as e:  # gzip's OSError or EOFError; zstandard.ZstdError has no importable base here
+    if not comp or not (isinstance(e, (EOFError, OSError)) or type(e).__name__ == 'ZstdError'):
       raise
     raise errors.DataError(f'{path}: cannot decompress after byte {offset} ({e})') from e
-  except Exception as e:  # zstandard.ZstdError has no importable base here
-    if type(e).__name__ == 'ZstdError':
-      raise errors.DataError(f'{path}: cannot decompress after byte {offset} ({e})') from e
-    raise
 
 
 def _decode(raw: bytes, path: str, offset: int, policy: str, on_issue: Callable[[DecodeIssue], None]) -> str:
@@ -204,9 +191,7 @@ def _text_documents(path, comp, mode, policy, on_issue, span):
       yield Document(_decode(raw, path, off, policy, on_issue).rstrip('\r\n'), path, off)
     return
   if mode == 'file':
-    parts = [(raw, off) for raw, off in _lines(path, comp)]
-    text = ''.join(_decode(r, path, o, policy, on_issue) for r, o in parts)
-    yield Document(text, path, 0)
+    yield Document(''.join(_decode(r, path, o, policy, on_issue) for r, o in _lines(path, comp)), path, 0)
     return
   # 'blank': paragraphs separated by one or more blank lines.
   buf, start = [], 0
@@ -260,7 +245,7 @@ def _parquet_documents(path, column, span):
 
   with contextlib.ExitStack() as stack:
     # Local files by name: pyarrow reads them natively, faster than through a Python file object.
-    source = stack.enter_context(_open_file(path)) if paths.is_url(path) else path
+    source = stack.enter_context(open_file(path)) if paths.is_url(path) else path
     try:
       pf = pq.ParquetFile(source)
     except Exception as e:

@@ -6,19 +6,16 @@ frames (seek table, or frame headers for local files). .gz, one-frame .zst and t
 
 from __future__ import annotations
 
-import os
 import sys
 from typing import Sequence
+
+import numpy as np
 
 from neobert_jax import paths
 from neobert_jax.data.prepare import sources
 
 _ZSTD_MAGIC = 0xFD2FB528
 _SEEKABLE_MAGIC = 0x8F92EAB1  # the last 4 bytes of a seekable-format .zst (zstd/contrib/seekable_format)
-
-
-def _size(path: str) -> int:
-  return paths.Path(path).stat().length if paths.is_url(path) else os.path.getsize(path)
 
 
 def _ranges(total: int, split_bytes: int) -> list[tuple[int, int]]:
@@ -74,9 +71,20 @@ def _walk_frames(f, size: int) -> list[tuple[int, int]] | None:
   return out if pos == size else None  # headers that do not add up: not cut (the reader reports the damage)
 
 
+def _runs(sizes: list[int], split_bytes: int) -> list[tuple[int, int]]:
+  """[first, end) runs of consecutive items, each closed by the item that brings it to `split_bytes`."""
+  runs, first, total = [], 0, 0
+  for i, size in enumerate(sizes):
+    total += size
+    if total >= split_bytes and i + 1 < len(sizes):
+      runs.append((first, i + 1))
+      first, total = i + 1, 0
+  return runs + [(first, len(sizes))]
+
+
 def _zstd_spans(path: str, size: int, split_bytes: int) -> list[sources.Span] | None:
   try:
-    with paths.Path(path).open('rb') if paths.is_url(path) else open(path, 'rb') as f:
+    with sources.open_file(path) as f:
       frames = _seek_table(f, size)
       if frames is None and not paths.is_url(path):
         frames = _walk_frames(f, size)
@@ -84,13 +92,8 @@ def _zstd_spans(path: str, size: int, split_bytes: int) -> list[sources.Span] | 
     return []
   if not frames or len(frames) < 2:
     return None
-  spans, seek, start, cseek, dpos, group = [], 0, 0, 0, 0, 0
-  for csize, dsize in frames:
-    if group >= split_bytes:  # close the run before this frame
-      spans.append(sources.Span(start, dpos, seek))
-      seek, start, group = cseek, dpos, 0
-    cseek, dpos, group = cseek + csize, dpos + dsize, group + csize
-  spans.append(sources.Span(start, dpos, seek))
+  seek, at = np.cumsum([[0, 0]] + frames, axis=0).T.tolist()  # each frame's start, stored and decompressed
+  spans = [sources.Span(at[a], at[b], seek[a]) for a, b in _runs([c for c, _ in frames], split_bytes)]
   return spans if len(spans) > 1 else None
 
 
@@ -98,19 +101,13 @@ def _parquet_spans(path: str, split_bytes: int) -> list[sources.Span] | None:
   import pyarrow.parquet as pq  # pylint: disable=g-import-not-at-top
 
   try:
-    with paths.Path(path).open('rb') if paths.is_url(path) else open(path, 'rb') as f:
+    with sources.open_file(path) as f:
       meta = pq.ParquetFile(f).metadata
   except Exception:  # noqa: BLE001 - an unreadable file is one unit: its reader reports it as the local path does
     return []
-  spans, first, row, size, rows = [], 0, 0, 0, 0
-  for g in range(meta.num_row_groups):
-    if size >= split_bytes:
-      spans.append(sources.Span(first, g, row=row))
-      first, row, size = g, row + rows, 0
-      rows = 0
-    size += meta.row_group(g).total_byte_size
-    rows += meta.row_group(g).num_rows
-  spans.append(sources.Span(first, meta.num_row_groups, row=row))
+  groups = [meta.row_group(g) for g in range(meta.num_row_groups)]
+  rows = np.cumsum([0] + [g.num_rows for g in groups]).tolist()  # each group's first row
+  spans = [sources.Span(a, b, row=rows[a]) for a, b in _runs([g.total_byte_size for g in groups], split_bytes)]
   return spans if len(spans) > 1 else None
 
 
@@ -122,7 +119,7 @@ def plan(
   units, sizes = [], {}
   for path in files:
     fmt, comp = sources.split_ext(path)
-    size = sizes[path] = _size(path)
+    size = sizes[path] = paths.Path(path).stat().length
     spans = None
     if size > split_bytes and not (fmt == 'text' and text_mode == 'file'):
       if fmt == 'parquet':
