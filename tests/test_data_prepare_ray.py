@@ -24,7 +24,7 @@ import zstandard
 from neobert_jax import errors, paths
 from neobert_jax.data import shards
 from tests.support import synthetic_data
-from neobert_jax.data.prepare import ray_tasks
+from neobert_jax.data.prepare import ray_engine
 from neobert_jax.data.prepare import local as prepare_lib
 
 ray = pytest.importorskip('ray')
@@ -218,7 +218,7 @@ def test_a_driver_killed_mid_build_resumes_from_the_ledger(driver, vocab, local,
   proc = subprocess.Popen(
     [sys.executable, '-c', script], env={**os.environ, **LOOPBACK}, cwd=os.path.dirname(os.path.dirname(__file__))
   )
-  units = paths.Path(out) / ray_tasks.WORK / 'units'
+  units = paths.Path(out) / ray_engine.WORK / 'units'
   deadline = time.time() + 60
   while time.time() < deadline and proc.poll() is None:
     if units.exists() and any(p.name.endswith('.done.npz') for p in units.iterdir()):
@@ -240,7 +240,7 @@ def test_a_node_removed_mid_build_still_gives_the_same_shards(driver, vocab, loc
   result = {}
   build = threading.Thread(target=lambda: result.update(m=_ray([str(raw)], out, vocab, driver)))
   build.start()
-  units = paths.Path(out) / ray_tasks.WORK / 'units'
+  units = paths.Path(out) / ray_engine.WORK / 'units'
   deadline = time.time() + 60
   while time.time() < deadline and build.is_alive():
     if units.exists() and any(p.name.endswith('.done.npz') for p in units.iterdir()):
