@@ -124,13 +124,13 @@ def _prepare(inputs: Sequence[str], output_dir: str, o: documents.BuildOptions, 
     manifest = documents.manifest(tok, o, splits, files, counts, call)
     manifest.update(workers=workers, seconds=round(time.time() - start, 3))
     made = shards_lib.Manifest.of(manifest, output_dir)
-    if not paths.local(out):
+    if paths.local(out):  # moved into place as the Ray engine's shards are, the manifest last
+      (out / shards_lib.MANIFEST).unlink(missing_ok=True)  # from here on the directory reads as incomplete
+      for name in made.files():
+        publish.put_file(os.path.join(tmp, name), out / name)
+      publish.commit(out, made)
+    else:
       publish.upload(tmp, out, made)
-      return manifest
-    (out / shards_lib.MANIFEST).unlink(missing_ok=True)  # from here on the directory reads as incomplete
-    for name in made.files():
-      publish.put_file(os.path.join(tmp, name), out / name)
-    publish.commit(out, made)
     return manifest
   finally:
     shutil.rmtree(tmp, ignore_errors=True)

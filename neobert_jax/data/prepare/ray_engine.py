@@ -170,17 +170,14 @@ def _pass2(ray, plans: dict, o, width: str, ledger, out: paths.Path) -> tuple[di
     for k, pieces in enumerate(plan):
       name = shards.shard_name(split, k)
       old = finished.get(name)
-      if old and old['pieces'] == [list(p) for p in pieces] and _in_place(out / name, old['entry']):
+      planned = old and old['pieces'] == [list(p) for p in pieces]
+      if planned and (out / name).exists() and (out / name).stat().length == old['entry']['bytes']:  # in place
         results[name] = old
       else:
         todo.append((name, (split, k, pieces, o.shard_bytes, width, ledger, os.fspath(out))))
   kept = len(results)
   _run(ray, assemble_shard, todo, results, o.progress, 'shard')
   return results, kept
-
-
-def _in_place(path: paths.Path, entry: dict) -> bool:
-  return path.exists() and path.stat().length == entry['bytes']
 
 
 def _run(ray, fn, todo: list, results: dict, progress: bool, unit: str, stop_on_error: bool = False) -> None:
