@@ -29,12 +29,13 @@ import time
 import numpy as np
 import psutil
 
-from neobert_jax.data.pipeline import blocks as blocks_lib
 from neobert_jax.config import data as config_lib
 from neobert_jax.data import shards
 from tests.support import synthetic_data
 from neobert_jax.data.pipeline import masking
 from neobert_jax.data.pipeline import packing
+from neobert_jax.data.pipeline import prepared
+from neobert_jax.data.pipeline import virtual
 from neobert_jax.data import pipeline
 
 
@@ -86,23 +87,19 @@ def measure(cfg, batch: int, seq_len: int, seconds: float) -> dict:
 
 
 def stage_split(directory: str, cfg, seq_len: int) -> dict:
-  """CPU seconds (this thread) per million tokens for each stage of a block.
+  """CPU seconds (this thread) per million tokens for each stage of a block, read as training reads it
+  (virtual.ShardBlocks through the store).
 
   Process CPU time, not wall time, so other jobs on the machine do not inflate it.
   """
-  import grain  # pylint: disable=g-import-not-at-top
-
   m = shards.Manifest.read(directory)
-  paths = [os.path.join(directory, s['file']) for s in m.shards('train')]
-  blocks = blocks_lib.DocumentBlocks(
-    grain.sources.ArrayRecordDataSource(paths),
-    cfg.block_docs,
-    seed=0,
-    process_index=0,
-    process_count=1,
-    shuffle=True,
-    id_dtype=m.id_dtype,
+  listed = m.shards('train')
+  counts = [s['records'] for s in listed]
+  stream = virtual.ShardStream(
+    virtual.pieces(counts, 0, sum(counts)), seed=0, shard=0, window=cfg.shuffle_window, shuffle=True
   )
+  store = prepared.open_store(directory, m, 'train', listed, cfg.cache_gb, 0)
+  blocks = virtual.ShardBlocks(stream, store, [s['file'] for s in listed], cfg.block_docs, m.id_dtype)
   special = m.special_ids
   table = masking.special_table(m.vocab_size, special.values())
   out = {'read': 0.0, 'pack': 0.0, 'mask': 0.0}

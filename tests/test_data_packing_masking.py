@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from neobert_jax.data.pipeline import blocks
+from neobert_jax.data.pipeline import virtual as blocks
 from neobert_jax.data.pipeline import masking
 from neobert_jax.data.pipeline import packing
 

@@ -1,8 +1,8 @@
-"""Sizing the bucket cache (neobert_jax/data/pipeline/cache.py): what one process must hold is the windows one
-block can touch plus the next, per virtual shard. The refusal of a budget too small, on a real bucket, is
+"""Sizing the bucket cache (cache_need, neobert_jax/data/pipeline/factories.py): what one process must hold is the
+windows one block can touch plus the next, per virtual shard. The refusal of a budget too small, on a real bucket, is
 tests/test_scenario_data_on_a_bucket.py's."""
 
-from neobert_jax.data.pipeline import cache, virtual
+from neobert_jax.data.pipeline import factories as cache, virtual
 
 
 def _stream(files, records, window, shard=0):

@@ -1,4 +1,4 @@
-"""A split's files for reports (neobert_jax/data/pipeline/report_files.py): local paths in manifest order, all at
+"""A split's files for reports (neobert_jax/data/pipeline/prepared.py): local paths in manifest order, all at
 once or one by one. From a bucket: tests/test_scenario_data_on_a_bucket.py and the held-out report's tests."""
 
 import os

@@ -1,4 +1,4 @@
-"""Positions as data (neobert_jax/data/pipeline/state.py): the processes' states merge into one table of every
+"""Positions as data (neobert_jax/data/pipeline/position.py): the processes' states merge into one table of every
 virtual shard, nested states (prefetch workers, several sources) merge and seek source by source, and a state
 without virtual-shard positions is told apart. Pure dicts: the iterators that write them are
 tests/test_data_pipeline_host_batches.py's and tests/test_data_elastic.py's."""
@@ -7,7 +7,7 @@ import pytest
 
 from neobert_jax.data import mixture, pipeline
 from neobert_jax.data.pipeline import train_batches
-from neobert_jax.data.pipeline import state as data_state
+from neobert_jax.data.pipeline import position as data_state
 
 
 def _process_states(block):

@@ -7,7 +7,7 @@
     masked (at the evaluation's mask rate) drops out of the product; the loss and accuracy are the exact
     expectation over those four cases, so the figure has no sampling noise. k is the best of a small grid.
 
-Counts are sparse (scipy), scored in chunks of positions. The splits are read through data/pipeline/heldout.py, and the
+Counts are sparse (scipy), scored in chunks of positions. The splits are read through data/pipeline/prepared.py, and the
 results cached by the manifest (which names every shard by its sha256) and the arguments.
 """
 
@@ -22,7 +22,6 @@ import numpy as np
 import scipy.sparse
 
 from neobert_jax import paths
-from neobert_jax.data.pipeline import heldout
 from neobert_jax.data.pipeline import prepared
 
 
@@ -148,8 +147,8 @@ def context_baselines(data_cfg: ml_collections.ConfigDict, seq_len: int, mask_ra
   cached = paths.cache_dir('baselines') / f'{hashlib.sha256(key.encode()).hexdigest()[:32]}.json'
   if cached.is_file():
     return json.loads(cached.read_text())
-  held_out = heldout.read_heldout_split(data_cfg, seq_len, 'eval')[0]
-  train = heldout.read_heldout_split(data_cfg, seq_len, 'train', max_tokens=_TRAIN_SAMPLE_TOKENS)[0]
+  held_out = prepared.read_heldout_split(data_cfg, seq_len, 'eval')[0]
+  train = prepared.read_heldout_split(data_cfg, seq_len, 'train', max_tokens=_TRAIN_SAMPLE_TOKENS)[0]
   special, vocab = list(manifest.special_ids.values()), manifest.vocab_size
   out: dict[str, Any] = unigram(train, held_out, special, vocab)
   out['neighbours'] = neighbours(train, held_out, special, vocab, mask_rate)

@@ -10,7 +10,7 @@ import ml_collections
 import numpy as np
 
 from neobert_jax import paths
-from neobert_jax.data.pipeline import heldout
+from neobert_jax.data.pipeline import prepared
 
 
 def _blanked(tok: Any, ids: list[int], i: int) -> tuple[list[int], int, str]:
@@ -91,7 +91,7 @@ def fill_mask(
   hf_dir = str(paths.local_copy(hf_dir, marker='config.json'))  # transformers reads local directories
   tok = AutoTokenizer.from_pretrained(hf_dir)
   model = AutoModelForMaskedLM.from_pretrained(hf_dir, trust_remote_code=True).eval()
-  records, _ = heldout.read_heldout_split(data_cfg, seq_len, 'eval')
+  records, _ = prepared.read_heldout_split(data_cfg, seq_len, 'eval')
   width = seq_len - 2  # the row without its [CLS] and [SEP]
   out: dict[str, Any] = {}
   for kind, seed in (('tokens', 1), ('words', 0), ('sentences', 2)):

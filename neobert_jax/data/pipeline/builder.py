@@ -1,6 +1,6 @@
 """Packing and masking one block of documents into rows: the per-block map of every pipeline (train and held-out).
 
-A block is `block_docs` documents of one virtual shard (virtual.py, blocks.py); BlockBuilder packs them into
+A block is `block_docs` documents of one virtual shard (virtual.py); BlockBuilder packs them into
 seq_len rows (packing.py) and masks the rows (masking.py), with randomness from (seed, virtual shard, block index)
 alone, so a block is the same whichever process or worker builds it and however often it is rebuilt after a restore.
 """
@@ -16,25 +16,8 @@ from neobert_jax.data.pipeline import packing
 class BlockBuilder:
   """grain map_with_index: block index + (tokens, lengths) -> packed, masked rows (dicts of [rows, T] arrays)."""
 
-  def __init__(
-    self,
-    *,
-    seq_len: int,
-    packing_mode: str,
-    seed: int,
-    rate: float,
-    strategy: str,
-    max_predictions: int,
-    special: dict,
-    vocab_size: int,
-    max_docs: int = 0,
-    shard: int = 0,
-  ):
-    self.seq_len, self.packing_mode, self.seed, self.shard = seq_len, packing_mode, seed, shard
-    self.max_docs = max_docs
-    self.rate, self.strategy, self.max_predictions = rate, strategy, max_predictions
-    self.pad_id, self.mask_id = special['pad'], special['mask']
-    self.is_special = masking.special_table(vocab_size, special.values())
+  def __init__(self, seq_len: int, seed: int, shard: int, pack: dict, mask: dict):
+    self.seq_len, self.seed, self.shard, self.pack, self.mask = seq_len, seed, shard, pack, mask
 
   @classmethod
   def for_source(
@@ -42,34 +25,20 @@ class BlockBuilder:
   ) -> 'BlockBuilder':
     """The builder of virtual shard `shard` of the prepared data `manifest` describes, as `data_cfg` packs and
     masks it."""
-    return cls(
-      seq_len=seq_len,
-      packing_mode=data_cfg.packing,
-      seed=seed,
-      rate=data_cfg.mask_rate,
-      strategy=data_cfg.mask_strategy,
-      max_predictions=data_cfg.max_predictions,
-      special=manifest.special_ids,
-      vocab_size=manifest.vocab_size,
-      max_docs=data_cfg.max_documents_per_row,
-      shard=shard,
-    )
+    special = manifest.special_ids
+    pack = {'mode': data_cfg.packing, 'pad_id': special['pad'], 'max_docs': data_cfg.max_documents_per_row}
+    mask = {
+      'rate': data_cfg.mask_rate,
+      'strategy': data_cfg.mask_strategy,
+      'mask_id': special['mask'],
+      'is_special': masking.special_table(manifest.vocab_size, special.values()),
+      'max_predictions': data_cfg.max_predictions,
+    }
+    return cls(seq_len, seed, shard, pack, mask)
 
   def __call__(self, index: int, block) -> dict:
     tokens, lengths = block
     rng = np.random.default_rng([self.seed, self.shard, index])
-    rows = packing.pack_block(
-      tokens, lengths, self.seq_len, self.packing_mode, self.pad_id, rng, max_docs=self.max_docs
-    )
-    masked = masking.mask_rows(
-      rows['input_ids'],
-      rows['segment_ids'],
-      rng,
-      rate=self.rate,
-      strategy=self.strategy,
-      mask_id=self.mask_id,
-      is_special=self.is_special,
-      max_predictions=self.max_predictions,
-    )
-    rows.update(masked)
+    rows = packing.pack_block(tokens, lengths, self.seq_len, rng=rng, **self.pack)
+    rows.update(masking.mask_rows(rows['input_ids'], rows['segment_ids'], rng, **self.mask))
     return rows

@@ -2,14 +2,14 @@
 
   this host's virtual shards (virtual.py), each an endless shuffled stream of documents read through a shard store
   (store.py: in place, or fetched from a bucket into a bounded cache, a window ahead of the reader; prepared.py
-  opens and checks the data, cache.py sizes the cache)
+  opens and checks the data, `cache_need` sizes the cache)
   -> blocks of `block_docs` documents per virtual shard -> pack + mask each block (builder.py)
   -> every step, B/V rows from each of this host's virtual shards, in shard order (host_batches.py), for each of the
      run's sources; the mixture's sampler takes each step's rows from them (train_batches.py; a plain data.dir is a
      mixture of one, whose rows are its own in order)
   -> optional mp_prefetch workers -> a background thread keeps the next batches ready
 
-The train iterator's state is its position (state.py); position.py saves it into a checkpoint and restores it.
+The train iterator's state is its position; position.py saves it into a checkpoint and restores it.
 Batches are numpy dicts per host, as in the batch contract (batch.py): input_ids, positions, segment_ids, labels
 [B, T] int32, and with max_predictions > 0 mlm_positions, mlm_labels [B, P] int32 and mlm_weights [B, P] float32.
 """
@@ -21,7 +21,6 @@ from neobert_jax import errors, paths
 from neobert_jax.config import data as data_config
 from neobert_jax.data import shards
 from neobert_jax.data.pipeline import builder
-from neobert_jax.data.pipeline import cache
 from neobert_jax.data.pipeline import host_batches
 from neobert_jax.data.pipeline import prepared
 from neobert_jax.data.pipeline import store as store_lib
@@ -37,6 +36,17 @@ def _seed(shuffle_seed: int, seed: int) -> int:
 def virtual_shards(data_cfg: ml_collections.ConfigDict, global_batch: int, process_count: int) -> int:
   """data.virtual_shards, or its automatic value when it is 0 (the trainer resolves it once and records it)."""
   return data_cfg.virtual_shards or data_config.auto_virtual_shards(global_batch, process_count)
+
+
+def cache_need(streams: list, listed: list[dict], block_docs: int) -> int:
+  """Bytes a process must be able to hold: per virtual shard, the windows one block can touch plus the next one."""
+  need = 0
+  for st in streams:
+    sizes = [sum(listed[p.file]['bytes'] for p in w) for w in st.windows]
+    records = min(sum(p.size for p in w) for w in st.windows)
+    span = min(len(sizes), -(-block_docs // max(records, 1)) + 1) + 1
+    need += sum(sorted(sizes, reverse=True)[:span])
+  return need
 
 
 def make_train_iterator(
@@ -58,7 +68,7 @@ def make_train_iterator(
   Process p of n owns virtual shards [p*V/n, (p+1)*V/n) and gets B/V rows of each per step (B = n *
   batch_size_per_host), so the rows of a step do not depend on n. A checkpoint keeps its place through
   position.Position; its state restores with set_state into an iterator made with the same data config and global
-  batch size (the states of several processes merge with state.merge_states first).
+  batch size (the states of several processes merge with position.merge_states first).
   """
   if not 0 <= process_index < process_count:
     raise ValueError(f'process_index {process_index} outside [0, {process_count})')
@@ -154,7 +164,13 @@ def _source(
   # Only this process's files are checked and (from a bucket) fetched.
   mine = [listed[f] for f in used]
   store = prepared.open_store(directory, manifest, 'train', mine, data_cfg.cache_gb, process_index)
-  cache.check_cache(store, list(streams.values()), listed, data_cfg)
+  # A budget too small is one line at start, not an eviction loop mid-run (nothing to size for data read in place).
+  if store.caches and (need := cache_need(list(streams.values()), listed, data_cfg.block_docs)) > store.budget:
+    raise errors.ConfigError(
+      f"data.cache_gb={data_cfg.cache_gb:.6g} is too small for this process's {len(streams)} virtual shard(s): "
+      f'the windows one block of data.block_docs={data_cfg.block_docs} documents touches, and the next, need '
+      f'{need / 2**30:.6g} GiB; raise data.cache_gb, or lower data.shuffle_window or data.block_docs'
+    )
   names = [s['file'] for s in listed]
   # Every owned shard's first window starts downloading now, side by side, not one after the other as each shard
   # reads its first block (a restored iterator reads other windows first; these are then evicted as needed).

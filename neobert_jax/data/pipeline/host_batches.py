@@ -5,7 +5,7 @@ Of n processes, process p owns virtual shards [p*V/n, (p+1)*V/n) and builds only
 rows of global step k (process 0's, then 1's, ...) are the same for every n that divides V, because each virtual
 shard gives B/V rows to every step whoever owns it. The iterator state is, per owned virtual shard, the next block
 and row (two integers): restoring is a seek (one block rebuilt per shard), not a replay, and the states of the
-processes of any earlier run merge into one table (state.py) from which every process of the new run takes its own.
+processes of any earlier run merge into one table (position.py) from which every process of the new run takes its own.
 """
 
 import json

@@ -2,11 +2,16 @@
 data item and moves a fresh iterator back there (resume; a new stage with init.continue_data). The engine holds it
 as an opaque data position (engine/checkpoint.DataPosition) and never reads what is inside.
 
+A position is data: a source's state (host_batches.py) is {'stream': virtual.STREAM, 'shards': {virtual shard:
+[next block, next row]}}; a pipeline that wraps sources (prefetch workers, a mixture) nests their states inside its
+own, and the state functions below walk that nesting.
+
 The item holds one file per process, process_<i>-of-<n>.json (Grain's Orbax handler writes them, captured when the
 save starts, so the position matches the batches the saved parameters have seen). Under the same process count
-each process reads its own file; under another, the files of every writer are merged into one table of all
-virtual shards (state.py), from which each process of this job takes its own (the pipeline refuses a count that
-does not divide data.virtual_shards). Restoring is a seek: one block rebuilt per virtual shard, whatever the step.
+each process reads its own file; under another, the files of every writer merge into one table of all virtual
+shards, from which each process of this job takes its own (the pipeline refuses a count that does not divide
+data.virtual_shards). Restoring is a seek: one block rebuilt per virtual shard, whatever the step; a lost position
+is replaced by one derived from the step.
 """
 
 from __future__ import annotations
@@ -18,7 +23,8 @@ import time
 from typing import Any
 
 from neobert_jax import errors, paths
-from neobert_jax.data.pipeline import state as data_state
+from neobert_jax.data import mixture as mixture_lib
+from neobert_jax.data.pipeline import virtual
 
 log = logging.getLogger('neobert_jax.data')
 
@@ -43,7 +49,7 @@ class Position:
 
     Without a usable saved state (none, an unreadable one, a per-process state of another layout under another
     process count) the iterator is moved, also in O(1), to the start of block `step` of every virtual shard
-    (state.seek): deterministic, but not the uninterrupted run's order. That is a warning, never a reason to
+    (`seek`): deterministic, but not the uninterrupted run's order. That is a warning, never a reason to
     discard a checkpoint whose parameters are fine.
     """
     t0 = time.perf_counter()
@@ -62,9 +68,9 @@ class Position:
         what = f'the data-iterator state could not be used ({errors.one_line(e)})'
         self.iterator.set_state(initial)
     moved = 'left at the start of the stream'
-    if data_state.holds_streams(initial):
+    if holds_streams(initial):
       try:
-        self.iterator.set_state(data_state.seek(initial, step))
+        self.iterator.set_state(seek(initial, step))
         moved = f'moved to the start of block {step} of every virtual shard'
       except Exception:  # noqa: BLE001 - an iterator of another shape (workers): stay at the start
         self.iterator.set_state(initial)
@@ -101,8 +107,60 @@ def _saved_state(item: paths.Path, pid: int, nproc: int) -> tuple[Any, str]:
       return None, f'the data-iterator state {name} could not be read ({errors.one_line(e)})'
   if len(states) == 1:
     return states[0], f'written by {writers} process(es), restored on {nproc}'
-  if not all(data_state.holds_streams(s) for s in states):
+  if not all(holds_streams(s) for s in states):
     return None, (
       f'the checkpoint was written by {writers} process(es) with a per-process data layout and this job has {nproc}'
     )
-  return data_state.merge_states(states), f'written by {writers} process(es), merged and restored on {nproc}'
+  return merge_states(states), f'written by {writers} process(es), merged and restored on {nproc}'
+
+
+def _is_stream(state: Any) -> bool:
+  return isinstance(state, dict) and state.get('stream') == virtual.STREAM
+
+
+def state_at(block: int, row: int = 0, shards_: range | list[int] = range(1)) -> dict[str, Any]:
+  """The state of one source with every virtual shard in `shards_` at `row` of its block `block`. A seek costs
+  building one block per shard, whatever the number."""
+  return {'stream': virtual.STREAM, 'shards': {str(v): [int(block), int(row)] for v in shards_}}
+
+
+def holds_streams(state: Any) -> bool:
+  """Whether a (JSON-decoded) state holds virtual-shard positions anywhere: those merge across process counts."""
+  if _is_stream(state):
+    return True
+  if isinstance(state, dict):
+    return any(holds_streams(v) for v in state.values())
+  return isinstance(state, list) and any(holds_streams(v) for v in state)
+
+
+def merge_states(states: list[Any]) -> Any:
+  """One state holding every virtual shard's position, from the states of all processes of a run (same layout:
+  the first one's, with the 'shards' tables of all of them joined)."""
+  first = states[0]
+  if isinstance(first, dict):
+    if first.get('stream') == mixture_lib.STREAM:  # a mixture's sampler: each process holds its own slots
+      return mixture_lib.merge_mixture_states(states)
+    if _is_stream(first):
+      joined = {}
+      for s in states:
+        joined.update(s['shards'])
+      return {**first, 'shards': joined}
+    return {k: merge_states([s[k] for s in states]) if all(k in s for s in states) else v for k, v in first.items()}
+  if isinstance(first, list) and all(isinstance(s, list) and len(s) == len(first) for s in states):
+    return [merge_states([s[i] for s in states]) for i in range(len(first))]
+  return first
+
+
+def seek(state: Any, block: int) -> Any:
+  """`state` with every source's virtual shards at the start of block `block` (what a position lost from a
+  checkpoint is replaced by: deterministic, past the data `block` steps have seen when a block holds at least one
+  global batch)."""
+  if _is_stream(state):
+    return state_at(block, shards_=[int(v) for v in state['shards']])
+  if isinstance(state, dict) and state.get('stream') == mixture_lib.STREAM:
+    return {**state, 'step': block}  # the weights of the step the run is at; the credits of the start
+  if isinstance(state, dict):
+    return {k: seek(v, block) for k, v in state.items()}
+  if isinstance(state, list):
+    return [seek(v, block) for v in state]
+  return state

@@ -1,14 +1,19 @@
 """Opening prepared data: finding it (a local directory, a bucket, or the built-in corpus), checking that it fits
-the run (tokenizer, vocabulary), listing a split's shards, and the store a process reads them through.
+the run (tokenizer, vocabulary), listing a split's shards, and the store a process reads them through; and, for the
+reports (held-out report, baselines, fill-mask, the loss curve's token counts), a split read on one process.
 
-Only the manifest is read here; shards are opened (and, from a bucket, fetched) by the store (store.py) as the
-pipeline reaches them. The built-in corpus is prepared by `prepare_builtin`, the explicit step the train command
+Only the manifest is read when opening; shards are opened (and, from a bucket, fetched) by the store (store.py) as
+the pipeline reaches them. The built-in corpus is prepared by `prepare_builtin`, the explicit step the train command
 takes first: opening never tokenizes.
 """
 
+from __future__ import annotations
+
 import dataclasses
 
+from array_record.python.array_record_module import ArrayRecordReader
 import ml_collections
+import numpy as np
 
 from neobert_jax import errors, paths
 from neobert_jax.config import data as data_config
@@ -142,3 +147,55 @@ def open_store(
       paths.resolve(directory, 'data.dir'), listed, budget, process_index, manifest.version(), split
     )
   return store_lib.LocalStore(directory, listed)
+
+
+def split_files(data_cfg: ml_collections.ConfigDict, seq_len: int, split: str, max_files: int | None = None):
+  """(local paths of the first `max_files` shards of a split (all by default), manifest), fetched if the data is on
+  a bucket; for reports that read a split whole on one process."""
+  directory, manifest = open_prepared(data_cfg, seq_len)
+  listed = split_shards(directory, manifest, split)[:max_files]
+  store = open_store(directory, manifest, split, listed, float('inf'), 0)
+  store.acquire([s['file'] for s in listed])
+  return [store.local_path(s['file']) for s in listed], manifest
+
+
+def iter_split_files(data_cfg: ml_collections.ConfigDict, seq_len: int, split: str):
+  """(manifest, the local paths of a split's shards in order), each fetched only when the reader reaches it if the
+  data is on a bucket, and released after, so the cache budget holds; for a report that reads a split from its start
+  on one process and may stop early."""
+  directory, manifest = open_prepared(data_cfg, seq_len)
+  listed = split_shards(directory, manifest, split)
+  store = open_store(directory, manifest, split, listed, data_cfg.cache_gb, 0)  # reports run on process 0
+
+  def files():
+    for shard in listed:
+      store.acquire([shard['file']])
+      try:
+        yield store.local_path(shard['file'])
+      finally:
+        store.release([shard['file']])
+
+  return manifest, files()
+
+
+def read_heldout_split(
+  data_cfg: ml_collections.ConfigDict, seq_len: int, split: str, max_tokens: int | None = None
+) -> tuple[list[np.ndarray], shards.Manifest]:
+  """(the split's documents as int32 arrays in order, its manifest); at most ~max_tokens of them (a sample of a
+  large train split, read 1024 records at a time so that no more is fetched)."""
+  manifest, files = iter_split_files(data_cfg, seq_len, split)
+  records, tokens, dtype = [], 0, manifest.id_dtype
+  for path in files:
+    if max_tokens is not None and tokens >= max_tokens:
+      break  # before the next file is fetched
+    reader = ArrayRecordReader(path)
+    n = reader.num_records()
+    step = 1024 if max_tokens is not None else max(n, 1)  # a whole split is read in one call
+    for start in range(0, n, step):
+      if max_tokens is not None and tokens >= max_tokens:
+        break
+      chunk = [shards.decode(r, dtype) for r in reader.read(range(start, min(start + step, n)))]
+      records += chunk
+      tokens += sum(c.size for c in chunk)
+    reader.close()
+  return records, manifest

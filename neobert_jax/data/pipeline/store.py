@@ -41,11 +41,11 @@ PARALLEL = 4
 
 @runtime_checkable
 class Store(Protocol):
-  """What every shard store gives its readers (virtual.ShardBlocks, report_files.py): LocalStore and BucketStore.
-  A reader pins the files of its block (acquire, matched by one release), asks for the next
-  window ahead (prefetch), and reads records by number."""
+  """What every shard store gives its readers (virtual.ShardBlocks, prepared.split_files): LocalStore and
+  BucketStore. A reader pins the files of its block (acquire, matched by one release), asks for the next window
+  ahead (prefetch), and reads records by number."""
 
-  caches: bool  # keeps files within a budget (cache.check_cache sizes it)
+  caches: bool  # keeps files within a budget (factories.cache_need sizes it)
   stats: 'Stats'
 
   def acquire(self, names: Iterable[str]) -> None: ...
@@ -93,7 +93,7 @@ class _Readers:
 class LocalStore:
   """Shards read where they are. Each file this host uses is checked (size, records) when the store opens."""
 
-  caches = False  # nothing to size (cache.check_cache)
+  caches = False  # nothing to size
 
   def __init__(self, directory: str, listed: list[dict]):
     self.directory, self.listed = directory, listed
