@@ -1,12 +1,13 @@
-"""Packing and masking a block into rows (neobert_jax/data/pipeline/builder.py): a block's rows depend on (seed,
-virtual shard, block index) alone, so any process or worker that rebuilds it after a restore gets the same rows."""
+"""Packing and masking a block into rows (BlockBuilder in neobert_jax/data/pipeline/factories.py): a block's rows
+depend on (seed, virtual shard, block index) alone, so any process or worker that rebuilds it after a restore gets
+the same rows."""
 
 import numpy as np
 
 from neobert_jax.config import data as config_lib
 from tests.support import synthetic_data
 from neobert_jax.data import shards
-from neobert_jax.data.pipeline import builder
+from neobert_jax.data.pipeline import factories as builder
 
 MANIFEST = shards.Manifest({'tokenizer': {'special_ids': dict(synthetic_data.SPECIAL), 'vocab_size': 30522}})
 

@@ -6,7 +6,7 @@ tests/test_data_pipeline_host_batches.py's and tests/test_data_elastic.py's."""
 import pytest
 
 from neobert_jax.data import mixture, pipeline
-from neobert_jax.data.pipeline import train_batches
+from neobert_jax.data.pipeline import host_batches as train_batches
 from neobert_jax.data.pipeline import position as data_state
 
 

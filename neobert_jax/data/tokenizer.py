@@ -18,20 +18,13 @@ from typing import Sequence
 
 import numpy as np
 
+from neobert_jax import paths
 from neobert_jax.data import assets
 
 SPECIAL_NAMES = ('pad', 'unk', 'cls', 'sep', 'mask')
 BERT_SPECIAL_TOKENS = {'pad': '[PAD]', 'unk': '[UNK]', 'cls': '[CLS]', 'sep': '[SEP]', 'mask': '[MASK]'}
 BUILTIN_BERT = 'bert-base-uncased'
 _BUILTIN_WORDPIECE = re.compile(r'builtin-wordpiece-([0-9]+)')
-
-
-def _file_sha256(path: str) -> str:
-  h = hashlib.sha256()
-  with open(path, 'rb') as f:
-    for chunk in iter(lambda: f.read(1 << 20), b''):
-      h.update(chunk)
-  return h.hexdigest()
 
 
 class Tokenizer:
@@ -82,7 +75,7 @@ class Tokenizer:
       'vocab_size': self.vocab_size,
       'special_ids': dict(self.special),
       'vocab_sha256': vocab_hash,
-      'file_sha256': _file_sha256(self.path),
+      'file_sha256': paths.sha256(paths.Path(self.path)),
     }
 
   def _check_specials(self):

@@ -3,28 +3,30 @@
   this host's virtual shards (virtual.py), each an endless shuffled stream of documents read through a shard store
   (store.py: in place, or fetched from a bucket into a bounded cache, a window ahead of the reader; prepared.py
   opens and checks the data, `cache_need` sizes the cache)
-  -> blocks of `block_docs` documents per virtual shard -> pack + mask each block (builder.py)
-  -> every step, B/V rows from each of this host's virtual shards, in shard order (host_batches.py), for each of the
-     run's sources; the mixture's sampler takes each step's rows from them (train_batches.py; a plain data.dir is a
-     mixture of one, whose rows are its own in order)
+  -> blocks of `block_docs` documents per virtual shard -> pack (packing.py) + mask (masking.py) each block
+     (BlockBuilder, with randomness from (seed, virtual shard, block index) alone, so a block is the same whichever
+     process or worker builds it and however often it is rebuilt after a restore)
+  -> every step, B/V rows from each of this host's virtual shards, in shard order, for each of the run's sources;
+     the mixture's sampler takes each step's rows from them (host_batches.py; a plain data.dir is a mixture of one,
+     whose rows are its own in order)
   -> optional mp_prefetch workers -> a background thread keeps the next batches ready
 
-The train iterator's state is its position; position.py saves it into a checkpoint and restores it.
-Batches are numpy dicts per host, as in the batch contract (batch.py): input_ids, positions, segment_ids, labels
-[B, T] int32, and with max_predictions > 0 mlm_positions, mlm_labels [B, P] int32 and mlm_weights [B, P] float32.
+The train iterator's state is its position; position.py saves it into a checkpoint and restores it. Batches are
+numpy dicts per host, as in the batch contract (batch.py).
 """
 
 import grain
 import ml_collections
+import numpy as np
 
 from neobert_jax import errors, paths
 from neobert_jax.config import data as data_config
 from neobert_jax.data import shards
-from neobert_jax.data.pipeline import builder
 from neobert_jax.data.pipeline import host_batches
+from neobert_jax.data.pipeline import masking
+from neobert_jax.data.pipeline import packing
 from neobert_jax.data.pipeline import prepared
 from neobert_jax.data.pipeline import store as store_lib
-from neobert_jax.data.pipeline import train_batches as train_batches_lib
 from neobert_jax.data.pipeline import virtual
 
 
@@ -63,12 +65,8 @@ def make_train_iterator(
 ) -> grain.DatasetIterator:
   """Endless iterator of this host's training batches; has get_state/set_state. `prefetch`: batches built ahead
   while the step runs (data.num_workers = 0). `sources`: the run's data as the trainer opened it (default: opened
-  here from data_cfg).
-
-  Process p of n owns virtual shards [p*V/n, (p+1)*V/n) and gets B/V rows of each per step (B = n *
-  batch_size_per_host), so the rows of a step do not depend on n. A checkpoint keeps its place through
-  position.Position; its state restores with set_state into an iterator made with the same data config and global
-  batch size (the states of several processes merge with position.merge_states first).
+  here from data_cfg). A state restores into an iterator made with the same data config and global batch size,
+  under any process count that divides data.virtual_shards (position.py).
   """
   if not 0 <= process_index < process_count:
     raise ValueError(f'process_index {process_index} outside [0, {process_count})')
@@ -96,7 +94,7 @@ def train_batches(
   seed: int,
   process_index: int,
   process_count: int,
-) -> tuple[train_batches_lib.TrainBatches, dict[str, store_lib.LocalStore | store_lib.BucketStore]]:
+) -> tuple[host_batches.TrainBatches, dict[str, store_lib.LocalStore | store_lib.BucketStore]]:
   """(this process's batches of the run's sources, the store each source reads through): every source on the same
   virtual shards, sharing data.cache_gb, each checked (layout, cache budget) before a shard is read."""
   mix = sources.mix
@@ -125,7 +123,7 @@ def train_batches(
     where = (process_index, process_count, shares[name])
     streams[name], stores[name] = _source(one, directory, manifest, global_batch, seq_len, seed, *where)
   rows = global_batch // count
-  return train_batches_lib.TrainBatches(streams, mix, seed, rows, sources.records(count), blocks, fresh), stores
+  return host_batches.TrainBatches(streams, mix, seed, rows, sources.records(count), blocks, fresh), stores
 
 
 def _source(
@@ -143,8 +141,9 @@ def _source(
   masking and position. `share`: the source's largest share of the rows: its downloads run that share of a window
   ahead of its reader, and below 1 none starts before its reader needs its first block."""
   listed = prepared.split_shards(directory, manifest, 'train')
+  counts, names = [s['records'] for s in listed], [s['file'] for s in listed]
   count = virtual_shards(data_cfg, global_batch, process_count)
-  problem = virtual.check_layout(count, process_count, global_batch, sum(s['records'] for s in listed))
+  problem = virtual.check_layout(count, process_count, global_batch, sum(counts))
   if problem:
     raise errors.ConfigError(problem)
   if data_cfg.num_workers > 0 and paths.is_url(directory):
@@ -152,7 +151,6 @@ def _source(
       'data.num_workers > 0 reads local data only (each worker would keep its own bucket cache); '
       'set data.num_workers=0 for data.dir on a bucket'
     )
-  counts = [s['records'] for s in listed]
   bounds = virtual.ranges(counts, count)
   streams = {
     v: virtual.ShardStream(
@@ -160,9 +158,8 @@ def _source(
     )
     for v in virtual.owned(count, process_index, process_count)
   }
-  used = sorted({p.file for st in streams.values() for p in st.parts})
   # Only this process's files are checked and (from a bucket) fetched.
-  mine = [listed[f] for f in used]
+  mine = [listed[f] for f in sorted({p.file for st in streams.values() for p in st.parts})]
   store = prepared.open_store(directory, manifest, 'train', mine, data_cfg.cache_gb, process_index)
   # A budget too small is one line at start, not an eviction loop mid-run (nothing to size for data read in place).
   if store.caches and (need := cache_need(list(streams.values()), listed, data_cfg.block_docs)) > store.budget:
@@ -171,15 +168,13 @@ def _source(
       f'the windows one block of data.block_docs={data_cfg.block_docs} documents touches, and the next, need '
       f'{need / 2**30:.6g} GiB; raise data.cache_gb, or lower data.shuffle_window or data.block_docs'
     )
-  names = [s['file'] for s in listed]
   # Every owned shard's first window starts downloading now, side by side, not one after the other as each shard
   # reads its first block (a restored iterator reads other windows first; these are then evicted as needed).
   if share >= 1:
     store.prefetch([names[f] for st in streams.values() for f in st.files_of_window(st.first_window())])
-  dtype = manifest.id_dtype
   blocks = {
-    v: virtual.ShardBlocks(st, store, names, data_cfg.block_docs, dtype, ahead=share).map_with_index(
-      builder.BlockBuilder.for_source(data_cfg, manifest, seq_len, seed, v)
+    v: virtual.ShardBlocks(st, store, names, data_cfg.block_docs, manifest.id_dtype, ahead=share).map_with_index(
+      BlockBuilder.for_source(data_cfg, manifest, seq_len, seed, v)
     )
     for v, st in streams.items()
   }
@@ -212,16 +207,47 @@ def make_eval_iterator(
   if hi <= lo:
     raise errors.DataError(f'{directory}: the eval split ({sum(counts)} records) cannot feed {process_count} processes')
   stream = virtual.ShardStream(virtual.pieces(counts, lo, hi), seed=0, shard=0, window=1, shuffle=False)
-  used = sorted({p.file for p in stream.parts})
-  store = prepared.open_store(directory, manifest, 'eval', [listed[f] for f in used], data_cfg.cache_gb, process_index)
+  mine = [listed[f] for f in sorted({p.file for p in stream.parts})]
+  store = prepared.open_store(directory, manifest, 'eval', mine, data_cfg.cache_gb, process_index)
   blocks = virtual.ShardBlocks(
     stream, store, [s['file'] for s in listed], data_cfg.block_docs, manifest.id_dtype, finite=True
   )
   if num_batches is not None:
     blocks = blocks.repeat()
   seed = _seed(data_cfg.shuffle_seed, seed)
-  blocks = blocks.map_with_index(builder.BlockBuilder.for_source(data_cfg, manifest, seq_len, seed, 0))
+  blocks = blocks.map_with_index(BlockBuilder.for_source(data_cfg, manifest, seq_len, seed, 0))
   return EvalBatches(host_batches.HostBatches({0: blocks}, batch_size_per_host), num_batches)
+
+
+class BlockBuilder:
+  """grain map_with_index: block index + (tokens, lengths) -> packed, masked rows (dicts of [rows, T] arrays)."""
+
+  def __init__(self, seq_len: int, seed: int, shard: int, pack: dict, mask: dict):
+    self.seq_len, self.seed, self.shard, self.pack, self.mask = seq_len, seed, shard, pack, mask
+
+  @classmethod
+  def for_source(
+    cls, data_cfg: ml_collections.ConfigDict, manifest: shards.Manifest, seq_len: int, seed: int, shard: int
+  ) -> 'BlockBuilder':
+    """The builder of virtual shard `shard` of the prepared data `manifest` describes, as `data_cfg` packs and
+    masks it."""
+    special = manifest.special_ids
+    pack = {'mode': data_cfg.packing, 'pad_id': special['pad'], 'max_docs': data_cfg.max_documents_per_row}
+    mask = {
+      'rate': data_cfg.mask_rate,
+      'strategy': data_cfg.mask_strategy,
+      'mask_id': special['mask'],
+      'is_special': masking.special_table(manifest.vocab_size, special.values()),
+      'max_predictions': data_cfg.max_predictions,
+    }
+    return cls(seq_len, seed, shard, pack, mask)
+
+  def __call__(self, index: int, block) -> dict:
+    tokens, lengths = block
+    rng = np.random.default_rng([self.seed, self.shard, index])
+    rows = packing.pack_block(tokens, lengths, self.seq_len, rng=rng, **self.pack)
+    rows.update(masking.mask_rows(rows['input_ids'], rows['segment_ids'], rng, **self.mask))
+    return rows
 
 
 class EvalBatches:

@@ -1,21 +1,35 @@
-"""One host's batches of one prepared source, and their position: every step, B/V rows from each of the host's
-virtual shards, in shard order.
+"""One host's batches: every step, B/V rows from each of the host's virtual shards of a source, in shard order
+(HostBatches), and the training batches drawn from the run's sources (TrainBatches).
 
 Of n processes, process p owns virtual shards [p*V/n, (p+1)*V/n) and builds only its own rows: B/n per step. The
 rows of global step k (process 0's, then 1's, ...) are the same for every n that divides V, because each virtual
-shard gives B/V rows to every step whoever owns it. The iterator state is, per owned virtual shard, the next block
-and row (two integers): restoring is a seek (one block rebuilt per shard), not a replay, and the states of the
+shard gives B/V rows to every step whoever owns it. A source's iterator state is, per owned virtual shard, the next
+block and row (two integers): restoring is a seek (one block rebuilt per shard), not a replay, and the states of the
 processes of any earlier run merge into one table (position.py) from which every process of the new run takes its own.
+
+Every source is read by its own HostBatches (its virtual shards, store, packing and masking: a packed row holds one
+source); each step the mixture's sampler (data/mixture.py) says, per virtual shard (slot) this process owns, how
+many of the slot's B/V rows each source gives and where they go. Source virtual shard v feeds only slot v, so a
+process reads only its share of every source. A plain data.dir is a mixture of one, whose rows are its own, in
+order. The training state is {'mixture': the sampler's credits, 'sources': {name: that source's position}}; a
+position saved before sources had names (one source's {'stream', 'shards'}) restores into the one source
+(upgrade_state).
 """
 
+from __future__ import annotations
+
 import json
-from typing import Any
+import logging
+from typing import Any, Collection
 
 import grain
 import numpy as np
 
+from neobert_jax.data import mixture as mixture_lib
 from neobert_jax.data.pipeline import masking
 from neobert_jax.data.pipeline import virtual
+
+log = logging.getLogger('neobert_jax.data')
 
 
 class HostBatches(grain.IterDataset):
@@ -121,3 +135,103 @@ def _loss_free_rows(like: dict, n: int) -> dict:
   if 'mlm_weights' in rows:
     rows['mlm_weights'][:] = 0.0
   return rows
+
+
+class TrainBatches(grain.IterDataset):
+  """`sources`: each source's HostBatches (one row stream per virtual shard this process owns); `records`: the
+  records of each source's virtual shards (an epoch); `block_docs`: each source's documents per block; `fresh`:
+  sources a restore leaves at their start (data.mixture_fresh)."""
+
+  def __init__(
+    self,
+    sources: dict[str, HostBatches],
+    mix: mixture_lib.Mixture,
+    seed: int,
+    rows_per_slot: int,
+    records: dict[str, int],
+    block_docs: dict[str, int],
+    fresh: Collection[str] = (),
+  ):
+    super().__init__(list(sources.values()))
+    self.sources, self.mix, self.seed, self.rows = sources, mix, seed, rows_per_slot
+    self.records, self.block_docs, self.fresh = records, block_docs, fresh
+
+  def __iter__(self):
+    return _TrainIterator(self)
+
+
+class _TrainIterator(grain.DatasetIterator):
+  """State: {'mixture': the sampler's state, 'sources': {name: that source's position}}."""
+
+  def __init__(self, ds: TrainBatches):
+    super().__init__()
+    self._ds = ds
+    self._its = {n: iter(hb) for n, hb in ds.sources.items()}
+    self._slots = list(next(iter(ds.sources.values())).blocks)
+    self._sampler = mixture_lib.Sampler(ds.mix, ds.seed, ds.rows, self._slots)
+    self._epochs: dict[str, int] = {}
+
+  def __next__(self) -> dict:
+    order = self._sampler.next()
+    names = self._ds.mix.names
+    if len(names) == 1:  # every row the one source's, in order
+      it = self._its[names[0]]
+      parts = [p for v in self._slots for p in it.take(v, len(order[v]))]
+      self._note_epochs()
+      return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+    parts, grouped, offset = [], [], 0
+    for v in self._slots:
+      where = order[v]
+      for i, need in enumerate(np.bincount(where, minlength=len(names)).tolist()):
+        if need:  # the slot's rows grouped by source, in source order
+          parts += self._its[names[i]].take(v, need)
+      grouped.append(offset + np.argsort(where, kind='stable'))  # the slot's rows in that grouped order
+      offset += len(where)
+    self._note_epochs()
+    grouped = np.concatenate(grouped)
+    # One copy per key (so a batch does not keep its blocks alive): the grouped rows scattered to their places.
+    out = {}
+    for k in parts[0]:
+      rows = np.concatenate([p[k] for p in parts])
+      out[k] = np.empty_like(rows)
+      out[k][grouped] = rows
+    return out
+
+  def _note_epochs(self) -> None:
+    """Logs a source's next epoch: the first of this process's virtual shards of it to pass its last document."""
+    if self._ds.mix.plain:
+      return
+    for name, it in self._its.items():
+      block = max(b for b, _ in it.get_state()['shards'].values())
+      epoch = block * self._ds.block_docs[name] // max(self._ds.records[name], 1)
+      if epoch > self._epochs.get(name, 0):
+        log.info('mixture source %r starts epoch %d (its documents again, reshuffled)', name, epoch + 1)
+      self._epochs[name] = epoch
+
+  def get_state(self) -> dict[str, Any]:
+    return {'mixture': self._sampler.get_state(), 'sources': {n: it.get_state() for n, it in self._its.items()}}
+
+  def set_state(self, state: dict[str, Any]) -> None:
+    state = upgrade_state(state, self._ds.mix)
+    if 'mixture' in state:
+      self._sampler.set_state(state['mixture'], self._ds.fresh)
+    saved = state['sources']
+    if self._ds.mix.plain:  # its one source, whatever it was named
+      saved = {self._ds.mix.names[0]: next(iter(saved.values()))}
+    for n, it in self._its.items():
+      if n in saved and n not in self._ds.fresh:
+        it.set_state(saved[n])
+
+
+def upgrade_state(state: dict[str, Any], mix: mixture_lib.Mixture) -> dict[str, Any]:
+  """`state` in the present format: a position saved before sources had names (one source's {'stream', 'shards'})
+  becomes that of a plain data.dir's one source, its sampler at its start (of one source, every step's rows are
+  the source's whatever the credits); ValueError, saying why, for a mixture of several sources."""
+  if not (isinstance(state, dict) and state.get('stream') == virtual.STREAM):
+    return state
+  if len(mix.sources) != 1:
+    raise ValueError(
+      f'the saved position is of one source (saved before sources had names), and {mix.where} has '
+      f'{len(mix.sources)}: it cannot say where each of them stands'
+    )
+  return {'sources': {mix.names[0]: state}}

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
+import errno
 import hashlib
 import logging
 import os
@@ -294,7 +295,7 @@ def fetch_shard(url: paths.Path, local: str, shard: dict) -> None:
   except FileNotFoundError:
     raise errors.DataError(f'{src}: shard listed in the manifest is missing; {shards.remedy(str(url))}') from None
   except OSError as e:
-    if _disk_full(e):
+    if e.errno == errno.ENOSPC:
       raise errors.StorageError(
         f'{local}: no space left while fetching {src}; free space there, lower data.cache_gb, or set '
         'NEOBERT_JAX_CACHE to a larger disk'
@@ -310,10 +311,6 @@ def fetch_shard(url: paths.Path, local: str, shard: dict) -> None:
     )
   shards.check_records(part, str(src), shard, str(url))
   os.replace(part, dst)
-
-
-def _disk_full(e: OSError) -> bool:
-  return getattr(e, 'errno', None) == 28
 
 
 def download_failed(src, e: Exception) -> errors.StorageError:

@@ -94,15 +94,10 @@ class ShardStream:
     self.parts, self.shuffle = parts, shuffle
     self.n = sum(p.size for p in parts)
     self._key = (seed, shard)
-    # Windows: consecutive groups of `window` pieces, with their sizes and first piece.
+    # Windows: consecutive groups of `window` pieces, and the records in each.
     self.windows = [parts[i : i + window] for i in range(0, len(parts), window)]
-    self._sizes = np.array([sum(p.size for p in w) for w in self.windows], np.int64)
+    self.window_sizes = np.array([sum(p.size for p in w) for w in self.windows], np.int64)
     self._orders: dict[int, np.ndarray] = {}
-
-  @property
-  def window_sizes(self) -> np.ndarray:
-    """Records in each window."""
-    return self._sizes
 
   def _order(self, epoch: int) -> np.ndarray:
     """The windows in the order epoch `epoch` visits them (the last few epochs' kept: every block asks)."""
@@ -122,14 +117,14 @@ class ShardStream:
     for e in np.unique(epoch).tolist():  # a block spans at most a few epochs
       sel = epoch == e
       order = self._order(e)
-      ends = np.cumsum(self._sizes[order])
+      ends = np.cumsum(self.window_sizes[order])
       k = np.searchsorted(ends, within[sel], side='right')
       w = order[k]
-      o = within[sel] - (ends[k] - self._sizes[w])
+      o = within[sel] - (ends[k] - self.window_sizes[w])
       if self.shuffle:
         for wi in np.unique(w).tolist():
           s = w == wi
-          o[s] = permute(o[s], int(self._sizes[wi]), _seed(self._key + (wi,)), e)
+          o[s] = permute(o[s], int(self.window_sizes[wi]), _seed(self._key + (wi,)), e)
       win[sel], off[sel] = w, o
     return win, off
 
@@ -151,7 +146,7 @@ class ShardStream:
     """The window the stream enters after the one holding `position` (the next epoch's first, after the last)."""
     epoch, within = divmod(int(position), self.n)
     order = self._order(epoch)
-    k = int(np.searchsorted(np.cumsum(self._sizes[order]), within, side='right'))
+    k = int(np.searchsorted(np.cumsum(self.window_sizes[order]), within, side='right'))
     return int(order[k + 1]) if k + 1 < len(order) else int(self._order(epoch + 1)[0])
 
   def files_of_window(self, w: int) -> list[int]:
