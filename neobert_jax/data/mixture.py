@@ -10,19 +10,15 @@ the first); weights are normalised per step. A relative `dir` is relative to the
 
 Sampling. The global batch is V slots of B/V rows (the pipeline's virtual shards: slot v is owned by the process
 that owns virtual shard v, so every process count that divides V sees the same rows). Each slot apportions its
-rows among the sources every step by largest remainder with carried credit: a source's credit is the rows it is
-owed, in 1/UNITS of a row, so after any number of steps each source has had its exact share of the slot's rows to
-within about one row. The state is that credit, one integer per slot and source; the seed only sets the starting
-credits, so that slots round in different steps and the whole batch tracks the weights step by step. Weights are
-read from the mixture every step, so a schedule changed on resume applies from the resume step on, with the
-credits (and each source's own position, kept by the pipeline) carried over.
+rows among the sources every step by largest remainder with carried credit (the rows a source is owed, in 1/UNITS
+of a row), so after any number of steps each source has had its share of the slot's rows to within about one row.
+The state is that credit, one integer per slot and source; the seed only sets the starting credits, so that slots
+round in different steps. Weights are read every step, so a schedule changed on resume applies from the resume
+step on.
 
-A run always trains on a Mixture: a plain data.dir is a mixture of one (`Mixture.of_dir`), its source named after
-the prepared directory (its basename), with weight 1. The sampler then gives that source every row in order, and
-its blocks are data.block_docs: the batches are those of the one source read alone.
-
-Imports the data layer's shared base only: opening a source's prepared data is the pipeline's, so `open_sources`
-takes the pipeline's opener as an argument.
+A plain data.dir is a mixture of one (`Mixture.of_dir`), its source named after the directory, of weight 1: the
+sampler gives it every row in order and its blocks are data.block_docs, so the batches are the source's alone.
+Opening a source's prepared data is the pipeline's: `open_sources` takes its opener as an argument.
 """
 
 from __future__ import annotations
@@ -105,9 +101,8 @@ class Mixture:
     """Documents per block of each source: those `recorded` ('name=docs,...', data.mixture_block_docs); for the
     others, in proportion to their peak shares, the heaviest getting `block_docs` (at least 1 each), so a source's
     reads follow its weight from the start. With `shard_records` (each source's records per virtual shard), all
-    shrink together until no source's first block exceeds FIRST_READ of its virtual shard: each virtual shard reads
-    a whole block at its first row of a source, so larger blocks would read small sources whole at the start,
-    whatever their weights. A block has a fixed cost (a few ms), so they are no smaller than that."""
+    shrink together until no source's first block exceeds FIRST_READ of its virtual shard: a virtual shard reads a
+    whole block at its first row of a source, so larger blocks would read small sources whole at the start."""
     if self.plain:
       return {self.names[0]: block_docs}
     sizes = parse_block_docs(recorded)

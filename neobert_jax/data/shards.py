@@ -5,13 +5,10 @@ Format v2 (what `prepare` writes) stores each id as a little-endian uint16 when 
 and reading for every BERT-sized vocabulary. Format v1 (always int32, no `id_dtype`) is still read. Readers take
 the width from `Manifest.id_dtype` and widen ids to int32, what the pipeline and the model work in.
 
-A prepared directory is complete only when manifest.json exists: `prepare`
-writes shards under a hidden temporary directory, moves them in, and writes the
-manifest last (atomically). Readers check every shard the manifest lists (size
-on disk and record count), so a truncated or missing shard is an error before
-training starts rather than a crash hours in. The manifest also records each
-shard's sha256 (manifests written before it lack it): too slow to check on every
-open, it is checked when a copy is made (staging.py, data on a bucket).
+A prepared directory is complete only when manifest.json exists: `prepare` writes it last (atomically). Readers
+check every shard they use against it (size, record count), so a truncated or missing shard is an error before
+training starts, not a crash hours in; each shard's sha256 (older manifests lack it), too slow to check on every
+open, is checked when a copy is made (data on a bucket).
 """
 
 import dataclasses
@@ -32,9 +29,8 @@ FORMATS = (FORMAT_V1, FORMAT)
 # The id widths a v2 manifest may name, little-endian whatever the machine.
 ID_DTYPES = {'uint16': np.dtype('<u2'), 'int32': np.dtype('<i4')}
 SPLITS = ('train', 'eval')
-# group_size:1 makes every record its own chunk, so random access reads one
-# document without decoding its neighbours; ids are left uncompressed because
-# reading speed matters more than disk here.
+# group_size:1 makes every record its own chunk, so random access reads one document without decoding its
+# neighbours; ids are left uncompressed because reading speed matters more than disk here.
 WRITER_OPTIONS = 'group_size:1,uncompressed'
 
 

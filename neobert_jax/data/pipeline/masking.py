@@ -1,14 +1,10 @@
 """MLM masking of packed rows, vectorised over a whole block.
 
-Each real, non-special token is chosen independently with probability `rate`
-(as Hugging Face's collator, which NeoBERT used, does). Chosen tokens become
-[MASK] ('all_mask', NeoBERT's default) or follow BERT's 80/10/10 rule. Padding
-(segment id 0) and special tokens are never chosen.
-
-With max_predictions = P > 0 the result also carries P prediction slots per row
-for a sparse MLM head. A row that drew more than P tokens keeps the P with the
-smallest draws, i.e. a uniform subset, and the rest are left unmasked so that
-input_ids, labels and the slots always agree.
+Each real, non-special token is chosen independently with probability `rate` (as Hugging Face's collator, which
+NeoBERT used, does); chosen tokens become [MASK] ('all_mask', NeoBERT's default) or follow BERT's 80/10/10 rule.
+With max_predictions = P > 0 each row also carries P prediction slots for a sparse MLM head; a row that drew more
+than P keeps the P smallest draws (a uniform subset) and leaves the rest unmasked, so input_ids, labels and the
+slots always agree.
 
 `thin` lowers the rate of rows already masked (data.mask_rate_final: a rate that falls during the run) by
 restoring a random share of their masked tokens.

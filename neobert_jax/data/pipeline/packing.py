@@ -1,26 +1,17 @@
-"""Packing a block of documents into fixed-length rows, on whole arrays.
+"""Packing a block of documents (`tokens` concatenated, int32, and their `lengths`) into [rows, seq_len] int32 rows:
+input_ids (pad_id after a row's last document), segment_ids (1-based document number in the row, 0 on padding) and
+positions (restarting at 0 in every document, 0 on padding).
 
-Grain's packers place documents one at a time and copy tokens per element
-(~0.3M tokens/s). Here only the placement decision is per document (a few
-microseconds, amortised over hundreds of tokens); every token is moved by one
-vectorised scatter, so packing costs little next to reading and masking.
-
-A block arrives as `tokens` (all documents concatenated, int32) and `lengths`.
-The result is a dict of [rows, seq_len] int32 arrays:
-  input_ids    token ids, pad_id after the last document of a row
-  segment_ids  1-based document number within the row, 0 on padding
-  positions    position within the document (restarts at 0), 0 on padding
+Grain's packers copy tokens per element (~0.3M tokens/s); here only the placement is decided per document, and
+every token is moved by one vectorised scatter, so packing costs little next to reading and masking.
 """
 
 import numpy as np
 
 
 def split_long(lengths: np.ndarray, seq_len: int) -> np.ndarray:
-  """Cuts documents longer than seq_len into consecutive pieces of seq_len.
-
-  Pieces keep the token order, so the concatenated token array is unchanged:
-  only the lengths change. No token is dropped.
-  """
+  """Cuts documents longer than seq_len into consecutive pieces of seq_len: only the lengths change, no token is
+  dropped or moved."""
   lengths = np.asarray(lengths, np.int64)
   if lengths.size == 0 or lengths.max() <= seq_len:
     return lengths
@@ -34,14 +25,9 @@ def split_long(lengths: np.ndarray, seq_len: int) -> np.ndarray:
 def first_fit_decreasing(
   lengths: np.ndarray, seq_len: int, max_docs: int = 0
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
-  """Assigns each document (all <= seq_len) a row, an offset and a 1-based slot.
-
-  Longest first, each into the first row with room and, when max_docs > 0,
-  fewer than max_docs documents (a full row is closed early rather than ever
-  holding more documents than attention kernels with a static per-row document
-  limit can represent). Returns (row, offset, slot, n_rows), each array indexed
-  like `lengths`.
-  """
+  """(row, offset, 1-based slot, each indexed like `lengths`; n_rows) of documents (all <= seq_len): longest first,
+  each into the first row with room and, when max_docs > 0, fewer than max_docs documents (a row is closed early
+  rather than hold more than attention kernels with a static per-row document limit can represent)."""
   n = lengths.size
   row = np.empty(n, np.int64)
   offset = np.empty(n, np.int64)
@@ -110,12 +96,8 @@ def pack_block(
   rng: np.random.Generator | None = None,
   max_docs: int = 0,
 ) -> dict:
-  """Rows for one block. mode 'packed' (first-fit decreasing, at most max_docs
-  documents per row when > 0) or 'none'.
-
-  With an rng the rows come out in random order: first-fit decreasing fills
-  rows longest-first, and batches should not be sorted by document length.
-  """
+  """Rows for one block: mode 'packed' (first-fit decreasing, at most max_docs documents per row when > 0) or
+  'none'. With an rng the rows come out in random order, so batches are not sorted by document length."""
   lengths = split_long(lengths, seq_len)
   if mode == 'packed':
     row, offset, slot, n_rows = first_fit_decreasing(lengths, seq_len, max_docs)
