@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from neobert_jax.data.pipeline import virtual as blocks
+from neobert_jax.data.pipeline import virtual
 from neobert_jax.data.pipeline import masking
 from neobert_jax.data.pipeline import packing
 
@@ -141,11 +141,11 @@ def test_thinning_a_masked_batch_masks_at_the_lower_rate_and_keeps_it_consistent
 @pytest.mark.parametrize('n', [1, 2, 3, 17, 1000, 4097])
 def test_block_shuffle_is_a_permutation_that_changes_per_epoch(n):
   idx = np.arange(n)
-  a = blocks.permute(idx, n, seed=0, epoch=0)
+  a = virtual.permute(idx, n, seed=0, epoch=0)
   assert sorted(a.tolist()) == list(range(n))
-  np.testing.assert_array_equal(blocks.permute(idx[::-1], n, 0, 0), a[::-1])  # pointwise
+  np.testing.assert_array_equal(virtual.permute(idx[::-1], n, 0, 0), a[::-1])  # pointwise
   if n > 10:
-    assert not np.array_equal(a, blocks.permute(idx, n, seed=0, epoch=1))
-    assert not np.array_equal(a, blocks.permute(idx, n, seed=1, epoch=0))
+    assert not np.array_equal(a, virtual.permute(idx, n, seed=0, epoch=1))
+    assert not np.array_equal(a, virtual.permute(idx, n, seed=1, epoch=0))
   if n > 1000:
     assert abs(np.corrcoef(idx, a)[0, 1]) < 0.1  # far from the identity

@@ -7,7 +7,7 @@ import numpy as np
 from neobert_jax.config import data as config_lib
 from tests.support import synthetic_data
 from neobert_jax.data import shards
-from neobert_jax.data.pipeline import factories as builder
+from neobert_jax.data.pipeline import factories
 
 MANIFEST = shards.Manifest({'tokenizer': {'special_ids': dict(synthetic_data.SPECIAL), 'vocab_size': 30522}})
 
@@ -20,7 +20,7 @@ def _block():
 def _rows(shard, index, seed=0):
   cfg = config_lib.default_data_config()
   cfg.max_predictions = 8
-  return builder.BlockBuilder.for_source(cfg, MANIFEST, 64, seed, shard)(index, _block())
+  return factories.BlockBuilder.for_source(cfg, MANIFEST, 64, seed, shard)(index, _block())
 
 
 def _same(a, b):

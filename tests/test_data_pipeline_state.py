@@ -6,8 +6,8 @@ tests/test_data_pipeline_host_batches.py's and tests/test_data_elastic.py's."""
 import pytest
 
 from neobert_jax.data import mixture, pipeline
-from neobert_jax.data.pipeline import host_batches as train_batches
-from neobert_jax.data.pipeline import position as data_state
+from neobert_jax.data.pipeline import host_batches
+from neobert_jax.data.pipeline import position
 
 
 def _process_states(block):
@@ -28,21 +28,21 @@ def test_nested_states_merge_and_seek_source_by_source():
   merged = pipeline.merge_states(states)
   assert merged['sources']['web']['shards']['3'] == [5, 2] and merged['sources']['books']['shards']['0'] == [9, 1]
   assert merged['step'] == 3
-  sought = data_state.seek(merged, 100)
+  sought = position.seek(merged, 100)
   assert sought['sources']['web'] == pipeline.state_at(100, shards_=range(4)) and sought['step'] == 3
-  assert data_state.holds_streams(merged) and data_state.holds_streams([merged])
+  assert position.holds_streams(merged) and position.holds_streams([merged])
 
 
 def test_a_state_without_virtual_shard_positions_is_told_apart():
-  assert not data_state.holds_streams({'workers': [1, 2], 'bytes': 'abc'})
-  assert data_state.seek({'x': 1}, 7) == {'x': 1}
+  assert not position.holds_streams({'workers': [1, 2], 'bytes': 'abc'})
+  assert position.seek({'x': 1}, 7) == {'x': 1}
 
 
 def test_a_plain_dir_is_a_named_source_and_a_state_saved_before_names_is_its_own():
   old = pipeline.state_at(5, 1, [0, 1])  # a plain data.dir's position as checkpoints held it before sources had names
   one = mixture.Mixture.of_dir('gs://bucket/data/web v2/')
   assert one.names == ('web_v2',) and one.plain and one.block_docs(4096, '', {'web_v2': 10}) == {'web_v2': 4096}
-  assert train_batches.upgrade_state(old, one) == {'sources': {'web_v2': old}}
+  assert host_batches.upgrade_state(old, one) == {'sources': {'web_v2': old}}
   two = mixture.parse_mixture({'a': {'dir': '/a', 'weight': 1}, 'b': {'dir': '/b', 'weight': 1}}, 'mix.json')
   with pytest.raises(ValueError, match='saved before sources had names.* has 2'):
-    train_batches.upgrade_state(old, two)
+    host_batches.upgrade_state(old, two)
