@@ -42,6 +42,13 @@ DECODER_MUON = ('optimizer.muon_adamw=embeddings',)  # the decoder matrix on Muo
 # Muon at AdamW's rate on the layer's matrices (a later override of the same field wins, as in every recipe here)
 MUON = ('optimizer.name=muon', 'optimizer.peak_lr=5e-3', 'optimizer.muon_lr=0', *DECODER_ADAMW)
 HALF_BATCH = ('train.global_batch_size=16', 'train.num_steps=4000', 'eval.every_steps=200', 'eval.num_batches=16')
+
+
+def wider(width: int, heads: int, init: float) -> tuple[str, ...]:
+  return (f'model.hidden_size={width}', f'model.num_heads={heads}', f'model.intermediate_size={4 * width}',
+          f'model.decoder_init_range={init}')  # fmt: skip
+
+
 # name -> overrides of configs/tiny_cpu.py
 RECIPES: dict[str, tuple[str, ...]] = {
   'main': (),  # the main job: Muon at 1e-2 on the layer's matrices, AdamW at 2e-2 on the embedding, decoder, norms
@@ -68,6 +75,9 @@ RECIPES: dict[str, tuple[str, ...]] = {
   'steps_2400': ('train.num_steps=2400',),  # the main job with 20% more steps (and time)
   'decoder_muon': DECODER_MUON,
   'decoder_muon_noclip': (*DECODER_MUON, 'optimizer.clip_norm=0'),
+  # a wider layer (heads of 32, SwiGLU 4x), the Linear init scaled by sqrt(128 / width) from the main job's 0.15
+  'width_192': wider(192, 6, 0.12),
+  'width_256': wider(256, 8, 0.106),
 }
 MAIN_TOKENS_PER_STEP = 32 * 128  # the main job's; a run's own is read from its config.json
 
