@@ -87,6 +87,7 @@ def test_mlm_graph_matches_pytorch_at_other_shapes(flat, tmp_path, capsys):
   assert 'Attention' in op_types(written)  # ONNX's fused attention, which onnxruntime runs as one kernel
   assert 'NonZero' in op_types(written)  # the dense layers run on the real tokens, gathered (TracedRows)
   assert 'Loop' in op_types(written)  # attention per document (onnx_rewrite)
+  assert 'RotaryEmbedding' in op_types(written)  # q and k rotated in one kernel (onnx_rewrite)
   quantized = op_types(written, 'onnx/model_quantized.onnx')
   assert 'Attention' in quantized and 'QAttention' not in quantized and 'MatMulInteger' in quantized
   onnx.checker.check_model(str(written / 'onnx/model_quantized.onnx'))

@@ -1,7 +1,8 @@
 """Exact rewrites of the exported ONNX graph that onnxruntime runs faster, in standard ONNX only (so transformers.js
-and onnxruntime-web still load it): each masked ``Attention`` becomes a ``Loop`` over the batch's rows attending on
-each row's real tokens unmasked (about twice as fast on CPU), and a ``Gemm`` read only by a ``Split`` (SwiGLU's
-``w12``) becomes one ``Gemm`` per part."""
+and onnxruntime-web still load it): each block's masked ``Attention`` becomes a ``Loop`` over the batch's rows
+attending on each row's real tokens unmasked (about twice as fast on CPU), its qkv ``Gemm`` becomes one for q and k
+and one for v, and the rotary embedding's elementwise ops become one ``RotaryEmbedding`` (opset 23) over q and k
+together; a ``Gemm`` read only by a ``Split`` (SwiGLU's ``w12``) becomes one ``Gemm`` per part."""
 
 from __future__ import annotations
 
@@ -48,35 +49,122 @@ def _packed_output(consumers, name: str) -> onnx.NodeProto | None:
   return node
 
 
-def _body(attention: onnx.NodeProto, q: str, k: str, v: str, tag: str) -> onnx.GraphProto:
-  """One row: its tokens [starts[i], ends[i]) of the packed q, k, v, attended unmasked and appended to ``acc``."""
+def _scalar_int(weights, name: str) -> int | None:
+  """The value of a one-element int64 initializer, or None."""
+  t = weights.get(name)
+  if t is None:
+    return None
+  a = numpy_helper.to_array(t)
+  return int(a.reshape(-1)[0]) if a.size == 1 and a.dtype == np.int64 else None
+
+
+def _attrs(node: onnx.NodeProto) -> dict:
+  return {a.name: helper.get_attribute_value(a) for a in node.attribute}
+
+
+def _ancestors(producers, names) -> list[onnx.NodeProto]:
+  """The nodes ``names`` are computed from (within this graph)."""
+  seen, out, todo = set(), [], list(names)
+  while todo:
+    node = producers.get(todo.pop())
+    if node is None or id(node) in seen:
+      continue
+    seen.add(id(node))
+    out.append(node)
+    todo.extend(node.input)
+  return out
+
+
+def _projection(producers, weights, q: str, k: str, v: str):
+  """(the qkv Gemm, heads, head_dim, cos, sin) when the packed q, k, v [tokens, heads, head_dim] are model.py's
+  traced block: Gemm(x, W) viewed as [tokens, heads, 3, head_dim] (each head's rows q | k | v), v its third part,
+  q and k the first two rotated as adjacent pairs by the angles whose Cos and Sin [tokens, head_dim / 2] they are
+  computed from; else None."""
+  take = producers.get(v)
+  view = producers.get(take.input[0]) if take is not None and take.op_type == 'Gather' else None
+  if (
+    view is None
+    or view.op_type != 'Reshape'
+    or _attrs(take).get('axis') != 2
+    or _scalar_int(weights, take.input[1]) != 2
+  ):
+    return None
+  shape = weights.get(view.input[1])
+  shape = None if shape is None else numpy_helper.to_array(shape).tolist()
+  gemm = producers.get(view.input[0])
+  if shape is None or len(shape) != 4 or shape[2] != 3 or gemm is None or gemm.op_type != 'Gemm':
+    return None
+  heads, head_dim = shape[1], shape[3]
+  a = _attrs(gemm)
+  if a.get('transB') != 1 or a.get('transA', 0) or any(a.get(x, 1.0) != 1.0 for x in ('alpha', 'beta')):
+    return None
+  if any(name not in weights for name in gemm.input[1:]) or weights[gemm.input[1]].dims[0] != 3 * heads * head_dim:
+    return None
+  for name, index in ((q, 0), (k, 1)):
+    node = producers.get(name)
+    if node is None or node.op_type != 'Gather' or _attrs(node).get('axis') != 2:
+      return None
+    if _scalar_int(weights, node.input[1]) != index:
+      return None
+  rotated = {producers[q].input[0], producers[k].input[0]}
+  upstream = _ancestors(producers, list(rotated))
+  cos = [n for n in upstream if n.op_type == 'Cos']
+  sin = [n for n in upstream if n.op_type == 'Sin']
+  if len(rotated) != 1 or len(cos) != 1 or len(sin) != 1 or not any(n is view for n in upstream):
+    return None
+  return gemm, heads, head_dim, cos[0].output[0], sin[0].output[0]
+
+
+def _rotated_projections(graph, weights, gemm, heads: int, head_dim: int, tag: str) -> tuple[list, str, str]:
+  """Two Gemms for one qkv Gemm: q and k of every head ([tokens, 2 * heads * head_dim], q's heads first) and v
+  ([tokens, heads * head_dim]), with their weights (and biases) cut out of the fused one. Returns (nodes, qk, v)."""
+  nodes, outs = [], []
+  for part, index in (('qk', [0, 1]), ('v', [2])):
+    names = []
+    for name in gemm.input[1:]:
+      array = numpy_helper.to_array(weights[name])
+      array = array.reshape(heads, 3, head_dim, *array.shape[1:])[:, index]
+      array = np.ascontiguousarray(np.swapaxes(array, 0, 1).reshape(len(index) * heads * head_dim, *array.shape[3:]))
+      names.append(f'{name}/{part}')
+      graph.initializer.append(numpy_helper.from_array(array, names[-1]))
+    outs.append(f'{tag}/proj_{part}')
+    nodes.append(helper.make_node('Gemm', [gemm.input[0], *names], [outs[-1]], name=f'{gemm.name}/{part}', transB=1))
+  return nodes, *outs
+
+
+def _body(attention: onnx.NodeProto, qk: str, v: str, heads: int, tag: str) -> onnx.GraphProto:
+  """One row: its tokens [starts[i], ends[i]) of the packed, rotated q | k [1, tokens, 2 * width] and of v
+  [1, tokens, width], attended unmasked and appended to the sequence ``acc`` as [length, width] (a Concat onto
+  the rows so far would copy them again for every row)."""
 
   def n(s: str) -> str:
     return f'{tag}/{s}'
 
   nodes = [helper.make_node('Unsqueeze', ['i', 'docs/axis0'], [n('i1')])]
   nodes += [helper.make_node('Gather', [f'docs/{b}', n('i1')], [n(b)]) for b in ('starts', 'ends')]
-  for t, src in (('q', q), ('k', k), ('v', v)):
-    nodes += [
-      helper.make_node('Slice', [src, n('starts'), n('ends'), 'docs/axis0'], [n(f'{t}_doc')]),
-      helper.make_node('Unsqueeze', [n(f'{t}_doc'), 'docs/axis0'], [n(f'{t}_row')]),
-      helper.make_node('Transpose', [n(f'{t}_row')], [n(f'{t}_bhtd')], perm=[0, 2, 1, 3]),
-    ]
-  attrs = {a.name: helper.get_attribute_value(a) for a in attention.attribute}
   nodes += [
-    helper.make_node('Attention', [n('q_bhtd'), n('k_bhtd'), n('v_bhtd')], [n('y_bhtd')], **attrs),
-    helper.make_node('Transpose', [n('y_bhtd')], [n('y_row')], perm=[0, 2, 1, 3]),
-    helper.make_node('Squeeze', [n('y_row'), 'docs/axis0'], [n('y_doc')]),
-    helper.make_node('Concat', ['acc', n('y_doc')], ['acc_out'], axis=0),
+    helper.make_node('Concat', [n('starts'), 'docs/axis0'], [n('q_lo')], axis=0),
+    helper.make_node('Concat', [n('ends'), f'{tag}/width'], [n('q_hi')], axis=0),
+    helper.make_node('Concat', [n('starts'), f'{tag}/width'], [n('k_lo')], axis=0),
+    helper.make_node('Concat', [n('ends'), f'{tag}/width2'], [n('k_hi')], axis=0),
+    helper.make_node('Slice', [qk, n('q_lo'), n('q_hi'), 'docs/axes12'], [n('q')]),
+    helper.make_node('Slice', [qk, n('k_lo'), n('k_hi'), 'docs/axes12'], [n('k')]),
+    helper.make_node('Slice', [v, n('starts'), n('ends'), 'docs/axis1'], [n('v')]),
+  ]
+  attrs = {**_attrs(attention), 'q_num_heads': heads, 'kv_num_heads': heads}
+  nodes += [
+    helper.make_node('Attention', [n('q'), n('k'), n('v')], [n('y')], **attrs),
+    helper.make_node('Squeeze', [n('y'), 'docs/axis0'], [n('y_doc')]),
+    helper.make_node('SequenceInsert', ['acc', n('y_doc')], ['acc_out']),
     helper.make_node('Identity', ['cond'], ['cond_out']),
   ]
   scalar = lambda name, kind: helper.make_tensor_value_info(name, kind, [])  # noqa: E731
-  packed = lambda name: helper.make_tensor_value_info(name, TensorProto.FLOAT, None)  # noqa: E731
+  rows = helper.make_sequence_type_proto(helper.make_tensor_type_proto(TensorProto.FLOAT, None))
   return helper.make_graph(
     nodes,
     f'{tag}/row',
-    [scalar('i', TensorProto.INT64), scalar('cond', TensorProto.BOOL), packed('acc')],
-    [scalar('cond_out', TensorProto.BOOL), packed('acc_out')],
+    [scalar('i', TensorProto.INT64), scalar('cond', TensorProto.BOOL), helper.make_value_info('acc', rows)],
+    [scalar('cond_out', TensorProto.BOOL), helper.make_value_info('acc_out', rows)],
   )
 
 
@@ -89,6 +177,9 @@ def _row_bounds(mask_input: str) -> list[onnx.NodeProto]:
   return [
     const('docs/axis0', 0, dims=[1]),
     const('docs/axis1', 1, dims=[1]),
+    helper.make_node(
+      'Constant', [], ['docs/axes12'], value=helper.make_tensor('docs/axes12', TensorProto.INT64, [2], [1, 2])
+    ),
     const('docs/zero', 0),
     const('docs/true', True, TensorProto.BOOL),
     helper.make_node('Cast', [mask_input], ['docs/real'], to=TensorProto.BOOL),
@@ -150,23 +241,41 @@ def attend_per_document(model: onnx.ModelProto, mask_input: str = 'attention_mas
   """Attention per document (the module's docstring), in place; returns how many Attention nodes were replaced."""
   graph = model.graph
   producers, consumers = _producers(graph), _consumers(graph)
-  new_nodes, dropped, count = [], set(), 0
+  weights = {t.name: t for t in graph.initializer}
+  new_nodes, dropped, count, angles = [], set(), 0, {}
   for node in graph.node:
     if node.op_type != 'Attention' or node.domain not in ('', 'ai.onnx'):
       continue
     packed = [_packed_input(producers, name) for name in node.input[:3]]
     gather = _packed_output(consumers, node.output[0])
-    if None in packed or gather is None:
+    found = None if None in packed or gather is None else _projection(producers, weights, *packed)
+    if found is None:
       continue
+    gemm, heads, head_dim, cos, sin = found
     tag = f'docs{count}'
-    q = packed[0]
-    new_nodes += [
-      helper.make_node('Slice', [q, 'docs/axis0', 'docs/axis0', 'docs/axis0'], [f'{tag}/empty']),
+    width = heads * head_dim
+    for name in (cos, sin):
+      if name not in angles:
+        angles[name] = f'rope/{len(angles)}'
+        new_nodes.append(helper.make_node('Unsqueeze', [name, 'docs/axis0'], [angles[name]]))
+    projections, qk, v = _rotated_projections(graph, weights, gemm, heads, head_dim, tag)
+    new_nodes += projections + [
+      helper.make_node('Constant', [], [f'{tag}/width'], value=helper.make_tensor('w', TensorProto.INT64, [1], [width])),
+      helper.make_node('Constant', [], [f'{tag}/width2'], value=helper.make_tensor('w', TensorProto.INT64, [1], [2 * width])),
+      helper.make_node('Unsqueeze', [qk, 'docs/axis0'], [f'{tag}/qk3']),
       helper.make_node(
-        'Loop', ['docs/count', 'docs/true', f'{tag}/empty'], [f'{tag}/out'], body=_body(node, *packed, tag)
+        'RotaryEmbedding', [f'{tag}/qk3', angles[cos], angles[sin]], [f'{tag}/qk_rot'], interleaved=1, num_heads=2 * heads
       ),
-      helper.make_node('Flatten', [f'{tag}/out'], [gather.output[0]], axis=1),
-    ]
+      helper.make_node('Unsqueeze', [v, 'docs/axis0'], [f'{tag}/v3']),
+      # The rows' outputs start from an empty [0, width] tensor: the concatenation is defined without rows.
+      helper.make_node('Slice', [v, 'docs/axis0', 'docs/axis0', 'docs/axis0'], [f'{tag}/empty']),
+      helper.make_node('SequenceConstruct', [f'{tag}/empty'], [f'{tag}/first']),
+      helper.make_node(
+        'Loop', ['docs/count', 'docs/true', f'{tag}/first'], [f'{tag}/rows'],
+        body=_body(node, f'{tag}/qk_rot', f'{tag}/v3', heads, tag),
+      ),
+      helper.make_node('ConcatFromSequence', [f'{tag}/rows'], [gather.output[0]], axis=0),
+    ]  # fmt: skip
     dropped.add(id(gather))
     count += 1
   if not count:
