@@ -14,7 +14,7 @@ from flax import nnx
 from safetensors.numpy import load_file, save_file
 
 from neobert_jax import errors
-from neobert_jax.convert import export_hf, import_hf
+from neobert_jax.convert import export_hf
 from neobert_jax.convert.hf_modeling import MODELING_FILES
 from neobert_jax.jobs import convert as convert_job
 from neobert_jax.model import NeoBERTForMLM, default_model_config
@@ -206,14 +206,14 @@ def test_import_round_trip_and_jax_model(exported, source, tmp_path):
     assert cfg2[field] == cfg[field], field
   for key in flat:
     np.testing.assert_array_equal(flat2[key], flat[key], err_msg=key)
-  model, _ = import_hf.load_hf_as_jax(exported)
+  model, _ = convert_job.load_hf_as_jax(exported)
   np.testing.assert_array_equal(to_flat(model)['encoder.layers.qkv'], flat['encoder.layers.qkv'])
   # A .safetensors file with config.json beside it works too.
   _, flat3 = hf.read_hf_dir(exported / 'model.safetensors')
   np.testing.assert_array_equal(flat3['encoder.layers.w12'], flat['encoder.layers.w12'])
   # Saved flat params (file and directory) load back with their config.
   for out in (tmp_path / 'params.safetensors', tmp_path / 'params_dir'):
-    import_hf.save_flat(flat2, cfg2, out)
+    convert_job.save_flat(flat2, cfg2, out)
     cfg4, flat4 = load_saved_flat(out)
     assert cfg4.to_dict() == cfg2.to_dict()
     np.testing.assert_array_equal(flat4['decoder.kernel'], flat['decoder.kernel'])

@@ -23,7 +23,8 @@ from safetensors.numpy import load_file
 from neobert_jax import config as config_lib
 from neobert_jax import errors, sharding
 from neobert_jax.config.model import default_model_config, validate_model_config
-from neobert_jax.convert import export_hf, import_hf, torch_ref
+from neobert_jax.convert import export_hf, torch_ref
+from neobert_jax.jobs import convert as convert_job
 from neobert_jax.engine.optimizer import decays, weight_decay_mask
 from neobert_jax.model import NeoBERTForMLM
 from neobert_jax.weights import flat as flat_lib
@@ -191,7 +192,7 @@ def test_export_carries_the_flags_and_round_trips(exported, tmp_path):
   assert flat2.keys() == flat.keys()
   for key in flat:
     np.testing.assert_array_equal(flat2[key], flat[key], err_msg=key)
-  import_hf.save_flat(flat2, cfg2, tmp_path / 'p.safetensors')  # the flat-params file checks the same layout
+  convert_job.save_flat(flat2, cfg2, tmp_path / 'p.safetensors')  # the flat-params file checks the same layout
   cfg3, flat3 = flat_lib.load_saved_flat(tmp_path / 'p.safetensors')
   assert cfg3.to_dict() == cfg2.to_dict() and flat3.keys() == flat.keys()
 

@@ -10,7 +10,7 @@ from neobert_jax import sharding
 from neobert_jax.model import NeoBERTForMLM, default_model_config, train_flops_per_token
 from neobert_jax.config.model import validate_model_config
 from neobert_jax.model.sizes import ffn_hidden_size
-from neobert_jax.model.rope import apply_rope
+from neobert_jax.model.encoder import apply_rope
 
 
 def small_config(**overrides):

@@ -7,11 +7,19 @@ from __future__ import annotations
 
 import functools
 import json
+import os
+import tempfile
+from pathlib import Path
+
+import ml_collections
+import numpy as np
+from flax import nnx
 
 from neobert_jax import errors, paths
-from neobert_jax.convert import export_hf, import_hf
+from neobert_jax.convert import export_hf
+from neobert_jax.model import NeoBERTForMLM
 from neobert_jax.weights import flat as flat_lib
-from neobert_jax.weights import hf
+from neobert_jax.weights import hf, place
 
 
 def _missing_input_is_an_export_error(job):
@@ -55,12 +63,46 @@ def to_pytorch(
   return f'wrote Hugging Face {kind} to {out} ({files})'
 
 
+def load_hf_as_jax(path: str | os.PathLike, **kwargs) -> tuple[NeoBERTForMLM, ml_collections.ConfigDict]:
+  """The JAX model (and its config) of an HF NeoBERT checkpoint, on the default device."""
+  cfg, flat = hf.read_hf_dir(path, **kwargs)
+  return place.model_from_flat(lambda: NeoBERTForMLM(cfg, rngs=nnx.Rngs(0)), flat), cfg
+
+
+def save_flat(
+  flat: dict[str, np.ndarray], cfg: ml_collections.ConfigDict, output: str | os.PathLike, *, overwrite: bool = False
+) -> Path:
+  """Writes flat params + model config: ``output`` ending in .safetensors is a file, anything else a directory."""
+  flat_lib.check_flat(flat, cfg)
+  remote = paths.is_url(output)
+  output = paths.resolve(output, '--output') if remote else Path(output).expanduser().absolute()
+  if not output.name.endswith('.safetensors'):
+    return export_hf.write_atomically(
+      output, lambda tmp: flat_lib.write_flat_dir(flat, cfg, tmp), overwrite, marker=flat_lib.MODEL_CONFIG_FILE
+    )
+  if output.exists() and not overwrite:
+    raise errors.ExportError(f'output file {output} exists; pass --overwrite to replace it')
+  if remote:
+    with tempfile.TemporaryDirectory(dir=paths.cache_dir('exports')) as tmp:
+      flat_lib.write_flat_file(flat, cfg, os.path.join(tmp, output.name))
+      paths.copy(paths.Path(os.path.join(tmp, output.name)), output)
+    return output
+  output.parent.mkdir(parents=True, exist_ok=True)
+  tmp = output.with_name(f'.{output.name}.tmp-{os.getpid()}')
+  try:
+    flat_lib.write_flat_file(flat, cfg, tmp)
+    os.replace(tmp, output)
+  finally:
+    tmp.unlink(missing_ok=True)
+  return output
+
+
 @_missing_input_is_an_export_error
 def from_pytorch(source: str, output: str, *, init_missing_decoder: bool = False, overwrite: bool = False) -> str:
   """A Hugging Face NeoBERT (directory or .safetensors, local or on a bucket) -> flat parameters for JAX."""
   local = source if not paths.is_url(source) else paths.local_copy(source, marker='config.json')
   cfg, flat = hf.read_hf_dir(local, init_missing_decoder=init_missing_decoder)
-  out = import_hf.save_flat(flat, cfg, output, overwrite=overwrite)
+  out = save_flat(flat, cfg, output, overwrite=overwrite)
   count = sum(v.size for v in flat.values())
   return (
     f'wrote {len(flat)} arrays ({count / 1e6:.1f}M parameters, {cfg.num_layers} layers x {cfg.hidden_size}) to {out}'

@@ -31,6 +31,7 @@ def pppl(
   from neobert_jax.weights import place, source as source_lib  # pylint: disable=g-import-not-at-top
   from neobert_jax.model import NeoBERTForMLM  # pylint: disable=g-import-not-at-top
   from tqdm.auto import tqdm  # pylint: disable=g-import-not-at-top
+  from flax import nnx  # pylint: disable=g-import-not-at-top
 
   src = source_lib.open_source(model, step, need_decoder=True)
   tok = source_lib.resolve_tokenizer(tokenizer, src)
@@ -38,7 +39,9 @@ def pppl(
   seqs = batching.frame(tok, texts, None, max_length)
   mesh = shd.inference_mesh()
   batch = -(-batch_size // mesh.size) * mesh.size
-  graphdef, params, shardings = place.sharded_params(lambda: NeoBERTForMLM(src.model_cfg, rngs=_rngs()), src.flat, mesh)
+  graphdef, params, shardings = place.sharded_params(
+    lambda: NeoBERTForMLM(src.model_cfg, rngs=nnx.Rngs(0)), src.flat, mesh
+  )
   score = pppl_lib.jit_scorer(graphdef, shardings, mesh)
   bar = tqdm(total=sum(max(len(s) - 2, 0) for s in seqs), unit='tok', desc='pppl', disable=not progress)
   result = pppl_lib.pseudo_perplexity(
@@ -50,12 +53,6 @@ def pppl(
       paths.resolve(per_document, '--per-document'), ''.join(json.dumps(row) + '\n' for row in result.per_document)
     )
   return {'pppl': result.pppl, 'nll': result.nll, 'tokens': result.tokens, 'documents': len(seqs)}
-
-
-def _rngs():
-  from flax import nnx  # pylint: disable=g-import-not-at-top
-
-  return nnx.Rngs(0)
 
 
 def _tasks(spec: str) -> list:

@@ -15,8 +15,7 @@ from flax import nnx
 from neobert_jax.model.attention import attention
 from neobert_jax.config.model import choose_attention, validate_model_config
 from neobert_jax.model.sizes import ffn_hidden_size, head_dim
-from neobert_jax.model.fused import rms_norm, swiglu, swiglu_autodiff
-from neobert_jax.model.rope import apply_rope
+from neobert_jax.model.fused import rms_norm, rotate, swiglu, swiglu_autodiff
 from neobert_jax.sharding import constrain, creation_scope
 
 _REMAT_POLICIES: dict[str, Callable[..., Any] | None] = {
@@ -24,6 +23,15 @@ _REMAT_POLICIES: dict[str, Callable[..., Any] | None] = {
   # Keep matmul outputs, recompute the cheap elementwise work (norms, RoPE, SiLU) in the backward pass.
   'save_dots': jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
 }
+
+
+def apply_rope(x: jax.Array, positions: jax.Array, theta: float) -> jax.Array:
+  """Rotates x [B, T, H, Dh] by positions x inverse frequencies in fp32, NeoBERT's convention: ADJACENT pairs
+  (x[2i], x[2i+1]) rotate as complex numbers. Positions are an input, so a packed row restarts at 0 for every
+  document; the backward keeps only the angles."""
+  inverse_frequencies = 1.0 / (theta ** (jnp.arange(0, x.shape[-1], 2, dtype=jnp.float32) / x.shape[-1]))
+  angles = positions.astype(jnp.float32)[..., None] * inverse_frequencies  # [B, T, Dh/2]
+  return rotate(x, jnp.cos(angles)[:, :, None, :], jnp.sin(angles)[:, :, None, :])
 
 
 def _uniform(limit: float):

@@ -10,11 +10,31 @@ import jax.numpy as jnp
 from neobert_jax import jax_compat
 from neobert_jax import sharding as shd
 from neobert_jax.model.attention.blockwise import blockwise_attention
-from neobert_jax.model.attention.packed_layout import overflow, packed_layout
 from neobert_jax.model.attention.reference import allowed, segments_from_lengths, xla_attention
 from neobert_jax.config.model import KERNELS
 
 __all__ = ['KERNELS', 'attention', 'overflow', 'packed_layout']
+
+
+def packed_layout(segment_ids: jax.Array, max_segments: int) -> tuple[jax.Array, jax.Array]:
+  """[B, T] segment ids -> (seqlens [B, M] int32, offsets [B, M + 1] int32), -1 where a slot is unused."""
+  seg = segment_ids.astype(jnp.int32)
+  t = seg.shape[1]
+  slots = jnp.arange(1, max_segments + 1, dtype=jnp.int32)
+  member = seg[:, :, None] == slots[None, None, :]  # [B, T, M]
+  lengths = member.sum(axis=1, dtype=jnp.int32)
+  positions = jnp.arange(t, dtype=jnp.int32)[None, :, None]
+  starts = jnp.min(jnp.where(member, positions, t), axis=1)  # first token of each document
+  used = lengths > 0
+  seqlens = jnp.where(used, lengths, -1)
+  offsets = jnp.where(used, starts, -1)
+  offsets = jnp.concatenate([offsets, jnp.full((seg.shape[0], 1), -1, jnp.int32)], axis=1)
+  return seqlens, offsets
+
+
+def overflow(segment_ids: jax.Array, max_segments: int) -> jax.Array:
+  """Number of rows holding a document beyond slot max_segments (0 when the layout is exact)."""
+  return jnp.sum(jnp.max(segment_ids, axis=1) > max_segments).astype(jnp.int32)
 
 
 def _cudnn_local(q, k, v, segment_ids, lengths, kernel, max_segments):
