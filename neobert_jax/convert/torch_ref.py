@@ -22,15 +22,6 @@ def numpy_to_torch(array: np.ndarray) -> torch.Tensor:
   return torch.from_numpy(array)
 
 
-def hf_config(cfg: Any, **overrides) -> hf_model.NeoBERTConfig:
-  """The ``NeoBERTConfig`` for a model ConfigDict (same fields as the exported config.json)."""
-  fields = hf.hf_config_dict(cfg)
-  for key in ('architectures', 'auto_map', 'model_type'):
-    fields.pop(key)
-  fields.update(overrides)
-  return hf_model.NeoBERTConfig(**fields)
-
-
 def torch_model_from_flat(
   flat: Mapping[str, Any], cfg: Any, dtype: str | torch.dtype = 'float32', cls=hf_model.NeoBERTLMHead
 ) -> torch.nn.Module:
@@ -38,8 +29,9 @@ def torch_model_from_flat(
   250M model costs one copy."""
   dtype = _TORCH_DTYPES[dtype] if isinstance(dtype, str) else dtype
   state = {k: numpy_to_torch(v).to(dtype) for k, v in hf.flat_to_hf_state_dict(flat, cfg).items()}
+  fields = {k: v for k, v in hf.hf_config_dict(cfg).items() if k not in ('architectures', 'auto_map', 'model_type')}
   with torch.device('meta'):
-    model = cls(hf_config(cfg))
+    model = cls(hf_model.NeoBERTConfig(**fields))  # the exported config.json's fields
   if cls is hf_model.NeoBERTModel:
     state = {k[len(hf.HF_PREFIX) :]: v for k, v in state.items() if k.startswith(hf.HF_PREFIX)}
   elif 'decoder.bias' in state and 'decoder.weight' not in state:

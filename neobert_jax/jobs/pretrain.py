@@ -22,13 +22,17 @@ from neobert_jax.train import pretraining, report
 log = logging.getLogger('neobert_jax.train')
 
 
+def export(cfg: ml_collections.ConfigDict, workdir: str | Path) -> Path:
+  """The run's latest checkpoint, with the tokenizer it carries, as a Hugging Face NeoBERT directory
+  (export.hf_dir), replaced on a re-run (the converter writes it atomically)."""
+  out = export_hf.export_checkpoint(workdir, cfg.export.hf_dir, overwrite=True, use_ema=cfg.export.use_ema)
+  log.info('exported Hugging Face model to %s', out)
+  return out
+
+
 def _export(result: pretraining.RunResult) -> None:
-  """The latest checkpoint, with the tokenizer the run carries, as a Hugging Face NeoBERT directory (export.hf_dir),
-  replaced on a re-run (the converter writes it atomically)."""
-  export = result.config.export
-  if export.hf_dir:
-    out = export_hf.export_checkpoint(result.workdir, export.hf_dir, overwrite=True, use_ema=export.use_ema)
-    log.info('exported Hugging Face model to %s', out)
+  if result.config.export.hf_dir:
+    export(result.config, result.workdir)
 
 
 def _report(result: pretraining.RunResult) -> None:
