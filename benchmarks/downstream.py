@@ -31,8 +31,7 @@ from neobert_jax.engine.state import create_state
 from neobert_jax.finetune.classification import sequence_loss
 from neobert_jax.config.finetune import base_config
 from neobert_jax.finetune.training import jit_step
-from neobert_jax.weights import place
-from neobert_jax.weights.flat import to_flat
+from neobert_jax.weights.flat import sharded_params, to_flat
 
 
 def _model_cfg(a: argparse.Namespace):
@@ -75,9 +74,7 @@ def finetune_tokens_per_sec(a: argparse.Namespace, mesh) -> dict[str, float]:
 def embedding_throughput(a: argparse.Namespace, mesh) -> dict[str, float]:
   model_cfg = _model_cfg(a)
   flat = to_flat(heads.Embedder(model_cfg, 'mean', rngs=nnx.Rngs(0)))
-  graphdef, params, shardings = place.sharded_params(
-    lambda: heads.Embedder(model_cfg, 'mean', rngs=nnx.Rngs(0)), flat, mesh
-  )
+  graphdef, params, shardings = sharded_params(lambda: heads.Embedder(model_cfg, 'mean', rngs=nnx.Rngs(0)), flat, mesh)
   forward = inference.jit_forward(graphdef, shardings, mesh)
   rng = np.random.default_rng(1)
   seqs = [rng.integers(1000, 30522, int(n)).astype(np.int32) for n in rng.integers(8, a.seq + 1, a.texts)]

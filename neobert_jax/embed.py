@@ -16,7 +16,7 @@ from flax import nnx
 from neobert_jax import commandline, errors, paths
 from neobert_jax.downstream import batching, heads, inference, tables
 from neobert_jax import sharding as shd
-from neobert_jax.weights import place
+from neobert_jax.weights import flat as flat_lib
 from neobert_jax.weights import source as source_lib
 
 
@@ -44,7 +44,7 @@ class Encoder:
     self.batch_size = -(-int(batch_size) // self.mesh.size) * self.mesh.size
     flat = {k: v for k, v in src.flat.items() if k.startswith('encoder.')}
     model_cfg = src.model_cfg
-    graphdef, self.params, shardings = place.sharded_params(
+    graphdef, self.params, shardings = flat_lib.sharded_params(
       lambda: heads.Embedder(model_cfg, self.pooling, rngs=nnx.Rngs(0)), flat, self.mesh
     )
     self.forward = inference.jit_forward(graphdef, shardings, self.mesh)

@@ -18,8 +18,8 @@ from neobert_jax.convert import export_hf
 from neobert_jax.convert.hf_modeling import MODELING_FILES
 from neobert_jax.jobs import convert as convert_job
 from neobert_jax.model import NeoBERTForMLM, default_model_config
-from neobert_jax.weights import hf, place
-from neobert_jax.weights.flat import load_saved_flat, to_flat
+from neobert_jax.weights import hf
+from neobert_jax.weights.flat import load_saved_flat, model_from_flat, to_flat
 from tests.support.commands import reported
 
 REPO = Path(__file__).resolve().parents[1]
@@ -182,7 +182,7 @@ def test_transformers_loads_export_in_fresh_offline_process(exported, source, tm
   assert info['tok_logits'] == [1, 5, 30522]
   assert info['decoder_equal']
   out = np.load(tmp_path / 'out.npz')
-  jax_model = place.model_from_flat(lambda: NeoBERTForMLM(cfg, rngs=nnx.Rngs(0)), flat)
+  jax_model = model_from_flat(lambda: NeoBERTForMLM(cfg, rngs=nnx.Rngs(0)), flat)
   want = np.asarray(jax_model(ids, lengths=lengths))
   np.testing.assert_allclose(out['logits'][mask], want[mask], atol=1e-4, rtol=0)
   hidden = np.asarray(jax_model.encoder(ids, lengths=lengths))

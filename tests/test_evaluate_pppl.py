@@ -14,8 +14,7 @@ from neobert_jax.jobs import evaluate as evaluate_job
 from neobert_jax.downstream import batching
 from neobert_jax import sharding as shd
 from neobert_jax.model import NeoBERTForMLM, default_model_config
-from neobert_jax.weights import place
-from neobert_jax.weights.flat import to_flat
+from neobert_jax.weights.flat import sharded_params, to_flat
 
 MASK, PAD = 103, 0
 
@@ -49,7 +48,7 @@ def test_batched_pppl_equals_slow_reference():
   rng = np.random.default_rng(0)
   seqs = [np.concatenate([[101], rng.integers(1000, 30000, n), [102]]).astype(np.int32) for n in (3, 14, 29, 1, 9)]
   mesh = shd.inference_mesh()
-  graphdef, params, shardings = place.sharded_params(lambda: NeoBERTForMLM(cfg, rngs=nnx.Rngs(0)), to_flat(model), mesh)
+  graphdef, params, shardings = sharded_params(lambda: NeoBERTForMLM(cfg, rngs=nnx.Rngs(0)), to_flat(model), mesh)
   score = pppl_lib.jit_scorer(graphdef, shardings, mesh)
   got = pppl_lib.pseudo_perplexity(score, params, seqs, MASK, PAD, 16, batching.buckets(64), mesh)
   ref = _reference(model, seqs)

@@ -13,7 +13,8 @@ from neobert_jax import errors
 from neobert_jax.downstream import heads
 from neobert_jax.finetune import labels
 from neobert_jax.config.finetune import base_config
-from neobert_jax.weights import place, runs
+from neobert_jax.weights import runs
+from neobert_jax.weights.flat import model_from_flat
 
 
 def tiny_config(task='classification'):
@@ -72,7 +73,7 @@ def test_hf_export_loads_offline_with_same_logits(bbc_run):
   tok = AutoTokenizer.from_pretrained(hf_dir)
   assert model.config.id2label == dict(enumerate(labels.load_labels(workdir).names))
   cfg, flat = runs.restore_params(workdir)
-  jax_model = place.model_from_flat(lambda: heads.SequenceClassifier(cfg, 5, 0.1, 0.02, rngs=nnx.Rngs(0)), flat)
+  jax_model = model_from_flat(lambda: heads.SequenceClassifier(cfg, 5, 0.1, 0.02, rngs=nnx.Rngs(0)), flat)
   texts = [
     'the bank raised interest rates again',
     'the striker scored twice as the team won the cup final',

@@ -28,7 +28,7 @@ from neobert_jax.jobs import convert as convert_job
 from neobert_jax.engine.optimizer import decays, weight_decay_mask
 from neobert_jax.model import NeoBERTForMLM
 from neobert_jax.weights import flat as flat_lib
-from neobert_jax.weights import hf, place
+from neobert_jax.weights import hf
 from neobert_jax.weights.flat import path_names, to_flat
 
 VOCAB = 97
@@ -78,7 +78,7 @@ def padded_rows(seed=0):
 
 
 def jax_model(cfg, flat):
-  return place.model_from_flat(lambda: NeoBERTForMLM(cfg, rngs=nnx.Rngs(0)), flat)
+  return flat_lib.model_from_flat(lambda: NeoBERTForMLM(cfg, rngs=nnx.Rngs(0)), flat)
 
 
 def test_default_layout_is_the_released_one():

@@ -11,8 +11,7 @@ from flax import nnx
 
 from neobert_jax.convert import torch_ref
 from neobert_jax.model import NeoBERTForMLM, default_model_config
-from neobert_jax.weights import place
-from neobert_jax.weights.flat import Dims, flat_shapes, to_flat
+from neobert_jax.weights.flat import Dims, flat_shapes, model_from_flat, to_flat
 
 TOL = 1e-4
 
@@ -26,7 +25,7 @@ def model_config(num_layers):
 
 
 def jax_model_from_flat(flat, cfg):
-  return place.model_from_flat(lambda: NeoBERTForMLM(cfg, rngs=nnx.Rngs(0)), flat)
+  return model_from_flat(lambda: NeoBERTForMLM(cfg, rngs=nnx.Rngs(0)), flat)
 
 
 def random_flat(cfg, seed):

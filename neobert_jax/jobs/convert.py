@@ -19,7 +19,7 @@ from neobert_jax import errors, paths
 from neobert_jax.convert import export_hf
 from neobert_jax.model import NeoBERTForMLM
 from neobert_jax.weights import flat as flat_lib
-from neobert_jax.weights import hf, place
+from neobert_jax.weights import hf
 
 
 def _missing_input_is_an_export_error(job):
@@ -66,7 +66,7 @@ def to_pytorch(
 def load_hf_as_jax(path: str | os.PathLike, **kwargs) -> tuple[NeoBERTForMLM, ml_collections.ConfigDict]:
   """The JAX model (and its config) of an HF NeoBERT checkpoint, on the default device."""
   cfg, flat = hf.read_hf_dir(path, **kwargs)
-  return place.model_from_flat(lambda: NeoBERTForMLM(cfg, rngs=nnx.Rngs(0)), flat), cfg
+  return flat_lib.model_from_flat(lambda: NeoBERTForMLM(cfg, rngs=nnx.Rngs(0)), flat), cfg
 
 
 def save_flat(

@@ -28,7 +28,7 @@ def pppl(
   from neobert_jax.evaluate import pppl as pppl_lib  # pylint: disable=g-import-not-at-top
   from neobert_jax.downstream import batching, tables  # pylint: disable=g-import-not-at-top
   from neobert_jax import sharding as shd  # pylint: disable=g-import-not-at-top
-  from neobert_jax.weights import place, source as source_lib  # pylint: disable=g-import-not-at-top
+  from neobert_jax.weights import flat as flat_lib, source as source_lib  # pylint: disable=g-import-not-at-top
   from neobert_jax.model import NeoBERTForMLM  # pylint: disable=g-import-not-at-top
   from tqdm.auto import tqdm  # pylint: disable=g-import-not-at-top
   from flax import nnx  # pylint: disable=g-import-not-at-top
@@ -39,7 +39,7 @@ def pppl(
   seqs = batching.frame(tok, texts, None, max_length)
   mesh = shd.inference_mesh()
   batch = -(-batch_size // mesh.size) * mesh.size
-  graphdef, params, shardings = place.sharded_params(
+  graphdef, params, shardings = flat_lib.sharded_params(
     lambda: NeoBERTForMLM(src.model_cfg, rngs=nnx.Rngs(0)), src.flat, mesh
   )
   score = pppl_lib.jit_scorer(graphdef, shardings, mesh)
@@ -53,46 +53,6 @@ def pppl(
       paths.resolve(per_document, '--per-document'), ''.join(json.dumps(row) + '\n' for row in result.per_document)
     )
   return {'pppl': result.pppl, 'nll': result.nll, 'tokens': result.tokens, 'documents': len(seqs)}
-
-
-def _tasks(spec: str) -> list:
-  """The mteb tasks named by --tasks; ConfigError naming a name neither packaged nor known to mteb."""
-  import mteb  # pylint: disable=g-import-not-at-top
-  from neobert_jax.evaluate import mteb_tasks  # pylint: disable=g-import-not-at-top
-
-  names = [n.strip() for n in spec.split(',') if n.strip()]
-  if not names:
-    raise errors.ConfigError('--tasks is empty; name at least one task (lee, bbc or an MTEB task name)')
-  tasks = []
-  for name in names:
-    name = mteb_tasks.ALIASES.get(name, name)
-    if name in mteb_tasks.PACKAGED:
-      tasks.append(mteb_tasks.PACKAGED[name]())
-      continue
-    try:
-      tasks.append(mteb.get_task(name))
-    except KeyError as e:
-      said = str(e.args[0]) if e.args else ''
-      hint = said[said.find('Did you mean') :] + ' ' if 'Did you mean' in said else ''
-      raise errors.ConfigError(
-        f'--tasks: unknown task {name!r}; {hint}the packaged tasks are lee (LeeSTS) and bbc '
-        '(BBCNewsClassification), any other name must be an MTEB task'
-      ) from None
-  return tasks
-
-
-def _load(task) -> None:
-  """Reads a task's data before any model work; data that cannot be had is one DataError line."""
-  try:
-    task.load_data()
-  except errors.NeobertError:
-    raise
-  except Exception as e:  # pylint: disable=broad-except  (datasets / hub errors have no common base)
-    raise errors.DataError(
-      f'--tasks: the data of {task.metadata.name} cannot be loaded ({errors.one_line(e)}); '
-      'an MTEB task reads it from the Hugging Face hub or, offline, from the datasets cache: '
-      'run it where the hub is reachable or the dataset is cached'
-    ) from None
 
 
 def mteb(
@@ -110,11 +70,37 @@ def mteb(
   """Frozen embeddings scored by the `mteb` library on `task_names` (comma-separated: lee, bbc or MTEB names)."""
   import mteb as mteb_lib  # pylint: disable=g-import-not-at-top  (torch, datasets, sklearn: only for this command)
   import sklearn.exceptions  # pylint: disable=g-import-not-at-top
-  from neobert_jax.evaluate import mteb_encoder  # pylint: disable=g-import-not-at-top
+  from neobert_jax.evaluate import mteb_encoder, mteb_tasks  # pylint: disable=g-import-not-at-top
 
-  tasks = _tasks(task_names)
-  for task in tasks:
-    _load(task)
+  names = [n.strip() for n in task_names.split(',') if n.strip()]
+  if not names:
+    raise errors.ConfigError('--tasks is empty; name at least one task (lee, bbc or an MTEB task name)')
+  tasks = []
+  for name in names:
+    name = mteb_tasks.ALIASES.get(name, name)
+    if name in mteb_tasks.PACKAGED:
+      tasks.append(mteb_tasks.PACKAGED[name]())
+      continue
+    try:
+      tasks.append(mteb_lib.get_task(name))
+    except KeyError as e:
+      said = str(e.args[0]) if e.args else ''
+      hint = said[said.find('Did you mean') :] + ' ' if 'Did you mean' in said else ''
+      raise errors.ConfigError(
+        f'--tasks: unknown task {name!r}; {hint}the packaged tasks are lee (LeeSTS) and bbc '
+        '(BBCNewsClassification), any other name must be an MTEB task'
+      ) from None
+  for task in tasks:  # every task's data before any model work; data that cannot be had is one DataError line
+    try:
+      task.load_data()
+    except errors.NeobertError:
+      raise
+    except Exception as e:  # pylint: disable=broad-except  (datasets / hub errors have no common base)
+      raise errors.DataError(
+        f'--tasks: the data of {task.metadata.name} cannot be loaded ({errors.one_line(e)}); '
+        'an MTEB task reads it from the Hugging Face hub or, offline, from the datasets cache: '
+        'run it where the hub is reachable or the dataset is cached'
+      ) from None
   encoder = mteb_encoder.MtebEncoder.load(
     model,
     None if step < 0 else step,

@@ -26,7 +26,8 @@ from neobert_jax.engine import session as session_lib
 from neobert_jax.engine import trainer as trainer_lib
 from neobert_jax.engine.state import abstract_state, create_state, param_count
 from neobert_jax.finetune import training
-from neobert_jax.weights import place, runs
+from neobert_jax.weights import flat as flat_lib
+from neobert_jax.weights import runs
 
 log = logging.getLogger('neobert_jax.finetune')
 GRID = {'lr': (5e-6, 6e-6, 1e-5, 2e-5, 3e-5), 'batch': (4, 8, 16, 32), 'weight_decay': (1e-2, 1e-5)}
@@ -62,7 +63,7 @@ def _run(cfg: ml_collections.ConfigDict, workdir: Path, lease: Any) -> dict[str,
       lambda: create_state(factory, tx, lr, mesh),
       resume=False,  # a fine-tuning workdir is never continued (prepare refused one that holds a run)
       source=lambda: source,
-      place=lambda src, params: place.with_encoder(params, src.flat),
+      place=lambda src, params: flat_lib.with_encoder(params, src.flat),
     )
     if is_main:
       log.info(

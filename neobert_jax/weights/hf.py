@@ -71,19 +71,6 @@ def decoder_shapes(cfg: Any) -> dict[str, tuple[int, ...]]:
   return {k: s for k, s in hf_shapes(cfg).items() if k.startswith('decoder.')}
 
 
-def check_hf_state_dict(sd: Mapping[str, Any], cfg: Any) -> None:
-  """Raises ExportError naming every missing/unexpected key and wrong shape of an HF NeoBERT state_dict."""
-  check_keys_and_shapes(
-    sd,
-    hf_shapes(cfg),
-    'the Hugging Face state_dict',
-    'make sure config.json matches model.safetensors (num_hidden_layers, hidden_size, num_attention_heads, '
-    'intermediate_size, vocab_size, attention_bias, mlp_bias, tie_word_embeddings) and that the checkpoint is a '
-    "NeoBERTLMHead (keys 'model.*' + 'decoder.*')",
-    errors.ExportError,
-  )
-
-
 def flat_to_hf_state_dict(flat: Mapping[str, Any], cfg: Any) -> dict[str, np.ndarray]:
   """JAX flat params -> ``NeoBERTLMHead`` state_dict (numpy arrays, same dtypes, C-contiguous)."""
   check_flat(flat, cfg)
@@ -127,7 +114,15 @@ def hf_state_dict_to_flat(sd: Mapping[str, Any], cfg: Any) -> dict[str, np.ndarr
   if d.tied and 'decoder.weight' in sd and 'model.encoder.weight' in sd:
     if np.array_equal(np.asarray(sd['decoder.weight']), np.asarray(sd['model.encoder.weight'])):
       sd = {k: v for k, v in sd.items() if k != 'decoder.weight'}  # the tied head's second name, not a weight
-  check_hf_state_dict(sd, cfg)
+  check_keys_and_shapes(
+    sd,
+    hf_shapes(cfg),
+    'the Hugging Face state_dict',
+    'make sure config.json matches model.safetensors (num_hidden_layers, hidden_size, num_attention_heads, '
+    'intermediate_size, vocab_size, attention_bias, mlp_bias, tie_word_embeddings) and that the checkpoint is a '
+    "NeoBERTLMHead (keys 'model.*' + 'decoder.*')",
+    errors.ExportError,
+  )
   s = {k: np.asarray(v) for k, v in sd.items()}
 
   def stack(suffix, convert):

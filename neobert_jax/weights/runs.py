@@ -160,15 +160,12 @@ def set_aside(path: str | os.PathLike, step: int, what: str) -> int | None:
   return fallback
 
 
-def _schema(recorded: Any) -> ml_collections.ConfigDict:
-  """A fresh schema of the run that recorded `recorded`: fine-tuning when it names a task, else pretraining."""
-  task = recorded.get('task')
-  return finetune_config.base_config(task) if task in finetune_config.TASKS else train_config.get_config()
-
-
 def typed_record(recorded: Any) -> ml_collections.ConfigDict:
-  """A recorded run config (a dict or ConfigDict) typed by its run's schema (config.from_record)."""
-  return config_lib.from_record(recorded, _schema(recorded))
+  """A recorded run config (a dict or ConfigDict) typed by its run's schema (config.from_record): fine-tuning's
+  when it names a task, else pretraining's."""
+  task = recorded.get('task')
+  schema = finetune_config.base_config(task) if task in finetune_config.TASKS else train_config.get_config()
+  return config_lib.from_record(recorded, schema)
 
 
 def read_config(path: str | os.PathLike, step: int | None = None) -> ml_collections.ConfigDict:

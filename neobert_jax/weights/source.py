@@ -17,7 +17,8 @@ from flax import nnx
 
 from neobert_jax import errors, paths
 from neobert_jax.data import tokenizer as tokenizer_lib
-from neobert_jax.weights import hf, place, runs
+from neobert_jax.weights import flat as flat_lib
+from neobert_jax.weights import hf, runs
 
 DEFAULT_TOKENIZER = tokenizer_lib.BUILTIN_BERT
 # Fields that change parameter shapes or the set of parameters (weights/flat.py); the rest (max_length, dtype,
@@ -106,7 +107,7 @@ class Source:
     """The weights as params sharded like `like` (an nnx.State of arrays or ShapeDtypeStructs). A run's step is
     restored straight onto the shardings; flat weights are placed shard by shard. Every process must call it."""
     if self.kind == 'hf' or 'flat' in self.__dict__:
-      return place.params_from_flat(self.flat, like)
+      return flat_lib.params_from_flat(self.flat, like)
     abstract = nnx.to_pure_dict(
       jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=a.sharding), like)
     )
