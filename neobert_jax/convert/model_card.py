@@ -314,11 +314,12 @@ def model_name(config: Mapping[str, Any]) -> str:
   return f'neobert-jax-{config["num_hidden_layers"]}x{config["hidden_size"]}'
 
 
-def build_card(kind: str, config: Mapping[str, Any], facts: Facts | None):
-  """The huggingface_hub ModelCard of a directory of ``kind`` (`_kind`) and ``config`` (its config.json)."""
+def write_card(folder: Path, config: Mapping[str, Any], facts: Facts | None, kind: str | None = None) -> Path:
+  """Writes README.md (and loss_curve.png) into the local ``folder`` an export is filling: the huggingface_hub
+  ModelCard of a directory of ``kind`` (default: `_kind`'s) and ``config`` (its config.json)."""
   from huggingface_hub import EvalResult, ModelCard, ModelCardData  # pylint: disable=g-import-not-at-top
 
-  facts = facts or Facts()
+  kind, facts = kind or _kind(folder, config), facts or Facts()
   library, pipeline_tag, tags = _HUB[kind]
   results = [EvalResult(**r) for r in facts.eval_results]
   name = model_name(config)
@@ -340,14 +341,9 @@ def build_card(kind: str, config: Mapping[str, Any], facts: Facts | None):
   }
   body = f'# {name}\n\nA NeoBERT model exported by neobert-jax ({kind}).\n'
   body += ''.join(f'\n## {title}\n\n{text}\n' for title, text in sections.items())
-  return ModelCard(f'---\n{data.to_yaml()}\n---\n\n{body}')
-
-
-def write_card(folder: Path, config: Mapping[str, Any], facts: Facts | None, kind: str | None = None) -> Path:
-  """Writes README.md (and loss_curve.png) into the local ``folder`` an export is filling."""
-  card = build_card(kind or _kind(folder, config), config, facts)
+  card = ModelCard(f'---\n{data.to_yaml()}\n---\n\n{body}')
   (folder / CARD_NAME).write_text(str(card))
-  if facts is not None and facts.curve is not None:
+  if facts.curve is not None:
     paths.copy(paths.Path(facts.curve), paths.Path(folder / CURVE_NAME))
   return folder / CARD_NAME
 

@@ -82,12 +82,6 @@ class EncoderLayers(nnx.Module):
         setattr(self, name, _param(zeros, None, shape, pdt, axes))
     self.cfg = ml_collections.FrozenConfigDict(cfg)
 
-  def _weights(self) -> dict[str, jax.Array]:
-    names = ('attention_norm', 'qkv', 'wo', 'ffn_norm', 'w12', 'w3')
-    if self.cfg.use_bias:
-      names += BIASES
-    return {name: getattr(self, name)[...] for name in names}
-
   def kernel(self, packed: bool) -> str:
     """The configured kernel; 'auto' is decided here only for direct library use (config/model.choose_attention)."""
     cfg = self.cfg
@@ -145,7 +139,8 @@ class EncoderLayers(nnx.Module):
 
     if cfg.remat_policy != 'none':
       block = jax.checkpoint(block, policy=_REMAT_POLICIES[cfg.remat_policy])
-    weights = self._weights()
+    names = ('attention_norm', 'qkv', 'wo', 'ffn_norm', 'w12', 'w3') + (BIASES if cfg.use_bias else ())
+    weights = {name: getattr(self, name)[...] for name in names}
     if cfg.scan_layers:
       x, _ = jax.lax.scan(lambda carry, w: (block(carry, w), None), x, weights)
       return x
