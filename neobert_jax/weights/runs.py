@@ -103,9 +103,7 @@ def tokenizer_copy(workdir: str | os.PathLike) -> str:
   """A local path to the tokenizer the run carries (a bucket's copy is cached here); '' when it has none."""
   folder = paths.resolve(workdir) / TOKENIZER_DIR
   found = [folder / n for n in _TOKENIZER_NAMES.values() if (folder / n).is_file()] if folder.is_dir() else []
-  if not found:
-    return ''
-  return str(paths.local_copy(found[0]))
+  return str(paths.local_copy(found[0])) if found else ''
 
 
 def checkpoint_dir(path: str | os.PathLike) -> paths.Path:
@@ -121,8 +119,7 @@ def checkpoint_steps(path: str | os.PathLike) -> list[int]:
 
 def latest_step(path: str | os.PathLike) -> int | None:
   """The newest complete step."""
-  steps = checkpoint_steps(path)
-  return max(steps) if steps else None
+  return max(checkpoint_steps(path), default=None)
 
 
 def step_dir(path: str | os.PathLike, step: int) -> paths.Path:
@@ -134,8 +131,7 @@ def set_aside(path: str | os.PathLike, step: int, what: str) -> int | None:
   """The one policy for a step whose bytes cannot be read: said loudly, renamed `<step>.corrupt` by process 0
   (nothing deleted), and the next older complete step returned (None when none is left)."""
   cdir = checkpoint_dir(path)
-  older = [s for s in checkpoint_steps(cdir) if s < step]
-  fallback = max(older) if older else None
+  fallback = max((s for s in checkpoint_steps(cdir) if s < step), default=None)
   log.error(
     'checkpoint step %d in %s: %s; %s',
     step,
