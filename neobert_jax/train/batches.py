@@ -36,21 +36,6 @@ def stitch_micro_batches(
   return out
 
 
-def real_tokens(batch: Mapping[str, np.ndarray]) -> int:
-  """Non-padding tokens in this process's rows (the throughput numerator)."""
-  return int(np.count_nonzero(batch['segment_ids']))
-
-
-def local_batch_size(global_batch_size: int, process_count: int) -> int:
-  """This process's rows of each step (config/train.validate_train checks that they split evenly)."""
-  return global_batch_size // process_count
-
-
-def local_eval_batch_size(global_batch_size: int, grad_accum_steps: int, process_count: int) -> int:
-  """Eval runs one micro-batch at a time (no gradients to accumulate), so it uses the micro-batch size."""
-  return global_batch_size // grad_accum_steps // process_count
-
-
 class GlobalBatches:
   """Wraps a host iterator; yields (global arrays for the step, real tokens across all processes).
 
@@ -90,4 +75,6 @@ class GlobalBatches:
     batch = self._host_batch()
     # Processes read equal-sized shards of similar documents, so local * count estimates the global figure
     # without a cross-host reduction on the hot path.
-    return stitch_micro_batches(batch, self.keys, self.mesh, self.accum), real_tokens(batch) * jax.process_count()
+    return stitch_micro_batches(batch, self.keys, self.mesh, self.accum), int(
+      np.count_nonzero(batch['segment_ids'])
+    ) * jax.process_count()

@@ -1,5 +1,5 @@
 """The pretraining run's wiring on engine/: its config and resume plan, its data, and engine/trainer.Trainer with
-the evaluation hooks (train/evaluation.py, train/probe.py) and the checkpoint hook. The job around it (the lease,
+the evaluation hooks (HeldOut below, train/probe.py) and the checkpoint hook. The job around it (the lease,
 the export, the report) is jobs/pretrain.py."""
 
 from __future__ import annotations
@@ -27,10 +27,9 @@ from neobert_jax.engine import trainer as trainer_lib
 from neobert_jax.engine.state import param_count
 from neobert_jax.errors import DataError
 from neobert_jax.train import batches as batches_lib
-from neobert_jax.train import evaluation, mlm
+from neobert_jax.train import mlm
 from neobert_jax.train import probe as probe_lib
 from neobert_jax.train import resume as resume_lib
-from neobert_jax.train import stage
 
 log = logging.getLogger('neobert_jax.train')
 
@@ -84,8 +83,8 @@ def plan_run(
   recorded = plan.recorded['data'] if plan.step is not None and plan.recorded is not None else {}
   if plan.step is None:  # a new run: its source is opened here for its one-line errors (restore_or_init uses it)
     src = mlm.init_source(known)
-    plan.origin = stage.check_stage(known, src)
-    recorded = stage.stream(known, src)
+    plan.origin = resume_lib.check_stage(known, src)
+    recorded = resume_lib.stream(known, src)
   # The one place a run may tokenize: the built-in corpus, with the tokenizer set, else the one a resumed run recorded.
   data_cfg = config_lib.replace(cfg.data, {'tokenizer': cfg.data.tokenizer or recorded.get('tokenizer', '')})
   pipeline.prepare_builtin(data_cfg, seq)
@@ -109,7 +108,7 @@ def _data(cfg: ml_collections.ConfigDict, sources: pipeline.Sources) -> tuple[An
   reads = ramp.read_rows(cfg)
   train_host = pipeline.make_train_iterator(
     cfg.data,
-    batches_lib.local_batch_size(reads, nproc),
+    reads // nproc,  # this process's rows (config/train.validate_train checks that they split evenly)
     seq_len,
     prefetch=2 * (t.global_batch_size // reads),  # two full steps ahead, as without a ramp
     sources=sources,
@@ -122,7 +121,7 @@ def _data(cfg: ml_collections.ConfigDict, sources: pipeline.Sources) -> tuple[An
     return train_host, {}
   # Opened even when evaluation is off: opening checks this host's held-out shards, which the report reads at the
   # end, so a damaged one is refused before the first file of the run is written, not after the whole run.
-  local = batches_lib.local_eval_batch_size(t.global_batch_size, t.grad_accum_steps, nproc)
+  local = t.global_batch_size // t.grad_accum_steps // nproc  # eval runs one micro-batch at a time
   held_out = {
     name: pipeline.make_eval_iterator(
       sources.config(data, name, share_cache=False), local, seq_len, num_batches=cfg.eval.num_batches, **common
@@ -130,6 +129,57 @@ def _data(cfg: ml_collections.ConfigDict, sources: pipeline.Sources) -> tuple[An
     for name in held
   }
   return train_host, held_out if evaluating else {}
+
+
+def _source(keys: tuple[str, ...], mesh: Any, eval_step: Any, batches: Iterable[dict], params: Any) -> dict:
+  sums = jax.device_get([eval_step(params, batches_lib.stitch_micro_batches(b, keys, mesh, 1)) for b in batches])
+  count = max(sum(float(s['count']) for s in sums), 1.0)
+  return {
+    'loss': sum(float(s['loss_sum']) for s in sums) / count,
+    'accuracy': sum(float(s['correct']) for s in sums) / count,
+  }
+
+
+class HeldOut:
+  """hook(step, state, logger): the held-out MLM figures (each source's on its held-out split, and their total
+  weighted by the step's mixture weights) of state[`item`] ('params', or 'ema' for the moving average), written
+  under `prefix` and kept in `records` ({step: figures}; the EMA's named ema_<figure>)."""
+
+  def __init__(
+    self,
+    keys: tuple[str, ...],
+    mesh: Any,
+    eval_step: Any,
+    batches: dict[str, Iterable[dict]],
+    weights_at: Callable[[int], dict[str, float]] | None,
+    item: str = 'params',
+  ):
+    self.keys, self.mesh, self.eval_step, self.batches, self.weights_at = keys, mesh, eval_step, batches, weights_at
+    self.item, self.prefix = item, 'eval' if item == 'params' else f'eval/{item}'
+    self.records: dict[int, dict[str, float]] = {}
+
+  def evaluate(self, params: Any, step: int) -> dict[str, float]:
+    per = {n: _source(self.keys, self.mesh, self.eval_step, b, params) for n, b in self.batches.items()}
+    if self.weights_at is None:
+      return next(iter(per.values()))
+    weights = self.weights_at(step)
+    total = sum(weights[n] for n in per) or 1.0
+    out = {k: sum(weights[n] * m[k] for n, m in per.items()) / total for k in ('loss', 'accuracy')}
+    return out | {f'{n}/{k}': v for n, m in per.items() for k, v in m.items()}
+
+  def __call__(self, step: int, state: Any, logger: trainer_lib.Logger) -> None:
+    ev = self.evaluate(state[self.item], step)
+    logger.writer.write(step, ev, prefix=self.prefix)
+    self.records[step] = ev if self.item == 'params' else {f'{self.item}_{k}': v for k, v in ev.items()}
+    if jax.process_index() == 0:
+      who = 'eval' if self.item == 'params' else f'eval ({self.item})'
+      logger.say(f'{who} step {step}: loss {ev["loss"]:.4f}, accuracy {ev["accuracy"]:.4f}')
+
+
+def merged(*hooks: Any) -> list[dict[str, float]]:
+  """The evaluation hooks' records, one dict per evaluated step: {'step', 'loss', 'accuracy', ...}."""
+  steps = sorted({s for h in hooks for s in h.records})
+  return [{'step': s, **{k: v for h in hooks for k, v in h.records.get(s, {}).items()}} for s in steps]
 
 
 def _wandb(cfg: ml_collections.ConfigDict) -> metrics_lib.Wandb | None:
@@ -193,7 +243,7 @@ def _hooks(cfg: Any, mesh: Any, start: Any, sources: pipeline.Sources, eval_batc
   keys, eval_step = mlm.batch_keys(cfg.data.max_predictions), mlm.jit_eval_step(cfg, mesh, start.defs)
   weights_at = None if sources.mix.plain else sources.mix.weights_at
   items = ('params', 'ema') if cfg.train.ema_decay > 0 else ('params',)
-  hooks: list[Any] = [evaluation.HeldOut(keys, mesh, eval_step, eval_batches, weights_at, i) for i in items]
+  hooks: list[Any] = [HeldOut(keys, mesh, eval_step, eval_batches, weights_at, i) for i in items]
   return hooks + ([probe_lib.ProbeHook(cfg, mesh, start)] if cfg.eval.probe_task else [])
 
 
@@ -263,7 +313,7 @@ def train(
     config=cfg,
     final_step=trained.final_step,
     preempted=trained.preempted,
-    evals=evaluation.merged(*hooks),
+    evals=merged(*hooks),
     skipped_steps=trained.skipped_steps,
     sources=sources,
   )

@@ -3,6 +3,11 @@ copy, else WORKDIR/config.json) before anything is touched, by config/resume.py'
 refuses the resume in one line and changes nothing; schedule and free differences are accepted and logged with
 what they do. `record` then rewrites WORKDIR/config.json and appends the start or resume, with every accepted
 change, to WORKDIR/config_history.jsonl.
+
+A new stage (init.from_checkpoint) is a new run that starts from a step of another: unlike a resume it may change
+what the checkpoint is (sequence length, RoPE theta, mask rate, schedule, batch, data, optimizer). The optimizer's
+moments come over with init.keep_optimizer (the same OPTIMIZER_FIELDS), the data position with init.continue_data
+(the same STREAM_FIELDS); what `check_stage` returns is the new run's 'origin' in config_history.jsonl.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from neobert_jax.config import train as train_config
 from neobert_jax.engine import optimizer as optimizer_lib
 from neobert_jax.engine.session import check_workdir
 from neobert_jax.weights import runs
+from neobert_jax.weights.source import Source
 
 log = logging.getLogger('neobert_jax.train')
 HISTORY_FILE = 'config_history.jsonl'
@@ -39,7 +45,7 @@ class Plan:
   recorded: dict[str, Any] | None = None
   step: int | None = None  # the latest checkpoint's step (None: the workdir has none)
   changes: list[resume_rules.Change] = dataclasses.field(default_factory=list)
-  origin: dict[str, Any] | None = None  # a new run's source and what it changed from it (train/stage.py)
+  origin: dict[str, Any] | None = None  # a new run's source and what it changed from it (check_stage)
 
 
 def _recorded(workdir: paths.Path) -> tuple[dict[str, Any] | None, int | None]:
@@ -93,7 +99,7 @@ def check_resume(cfg: ml_collections.ConfigDict, workdir: str | os.PathLike) -> 
   recorded, step = _recorded(workdir)
   if recorded is None:
     return Plan(workdir, None, step)
-  changes = resume_rules.diff(recorded, cfg.to_dict(), resume_rules.PRETRAIN_RULES, train_config.get_config().to_dict())
+  changes = _changes(recorded, cfg)
   identity = resume_rules.of_kind(changes, resume_rules.IDENTITY) + _restructuring(changes)
   if step is None:  # config.json but no checkpoint: nothing to lose; the new config replaces it, on the record
     if changes:
@@ -213,3 +219,81 @@ def history(workdir: str | os.PathLike) -> list[dict[str, Any]]:
   if not path.is_file():
     return []
   return [json.loads(line) for line in path.read_text(encoding='utf-8').splitlines() if line.strip()]
+
+
+# The fields that lay out the training row stream: the data position of one run means the same rows in another only
+# when these agree (the mask rate and the batch size may differ: masks are drawn per row, steps take whole rows).
+STREAM_FIELDS = (
+  'seed',
+  'model.max_length',
+  'data.dir',
+  'data.tokenizer',
+  'data.packing',
+  'data.max_documents_per_row',
+  'data.shuffle_seed',
+  'data.block_docs',
+  'data.shuffle_window',
+  'data.virtual_shards',
+)
+
+# The fields that decide the optimizer state's tree: init.keep_optimizer carries the source's state over only when
+# these agree.
+OPTIMIZER_FIELDS = ('optimizer.name', 'optimizer.muon_adamw')
+
+
+def check_stage(cfg: ml_collections.ConfigDict, src: Source | None) -> dict[str, Any] | None:
+  """The origin of a run that starts from `src` (None: random init), for its history; with init.continue_data,
+  refuses (one line) a row stream that is not the source's (its data.virtual_shards and data.mixture_block_docs,
+  when this run leaves them unset, are taken from the source run: `stream`)."""
+  if src is None:
+    return None
+  if src.kind != 'run':
+    return {'from_hf': src.where}
+  recorded = src.run_config.to_dict()
+  init = cfg.init
+  changes = _changes(recorded, cfg)
+  if init.continue_data:
+    _refuse_any(
+      changes,
+      STREAM_FIELDS,
+      f'init.continue_data=True continues the row stream of {src.where} (step {src.step}), but this run lays out '
+      'another',
+      "keep those fields as the source has them, or set init.continue_data=False to read this run's data from its "
+      'start',
+    )
+  if init.keep_optimizer:
+    _refuse_any(
+      changes,
+      OPTIMIZER_FIELDS,
+      f'init.keep_optimizer=True carries the optimizer state of {src.where} (step {src.step}) over, but this run '
+      'builds another optimizer',
+      "set init.keep_optimizer=False to start this run's optimizer afresh, or keep those fields as the source has them",
+    )
+  return {
+    'from_checkpoint': src.where,
+    'step': src.step,
+    'keep_optimizer': bool(init.keep_optimizer),
+    'continue_data': bool(init.continue_data),
+    'changes': [c.to_json() for c in changes if c.kind != resume_rules.FREE],
+  }
+
+
+def stream(cfg: ml_collections.ConfigDict, src: Source | None) -> dict[str, Any]:
+  """With init.continue_data, the source run's recorded layout of its row stream, which this run continues (what
+  config/train.resolve_train takes for the fields left unset); {} otherwise."""
+  if src is None or src.kind != 'run' or not cfg.init.continue_data:
+    return {}
+  data = src.run_config.to_dict()['data']
+  return {k: data[k] for k in ('virtual_shards', 'mixture_block_docs') if k in data}
+
+
+def _refuse_any(changes: list[resume_rules.Change], fields: tuple[str, ...], problem: str, fix: str) -> None:
+  """One line naming the problem, each of `fields` that changed with both values, and the fix; None if none did."""
+  moved = [c for c in changes if c.field in fields]
+  if moved:
+    raise ConfigError(f'{problem}: {"; ".join(c.describe() for c in moved)}. Fix: {fix}')
+
+
+def _changes(recorded: dict[str, Any], cfg: ml_collections.ConfigDict) -> list[resume_rules.Change]:
+  """The differences from the source run's config, classified as a resume would classify them."""
+  return resume_rules.diff(recorded, cfg.to_dict(), resume_rules.PRETRAIN_RULES, train_config.get_config().to_dict())
