@@ -9,7 +9,7 @@ import pytest
 
 from neobert_jax.config import data as config_lib
 from tests.support import synthetic_data
-from neobert_jax.train import baselines, curve, fill_mask
+from neobert_jax.train import baselines, fill_mask, report
 
 
 def test_unigram_cross_entropy_is_the_entropy_of_the_held_out_non_special_tokens(tmp_path):
@@ -62,13 +62,13 @@ def test_loss_curve_table_keeps_held_out_rows_and_the_unigram_line(tmp_path):
   ]
   (tmp_path / 'metrics.jsonl').write_text('\n'.join(json.dumps(r) for r in rows) + '\n')
   bars = {'held_out': math.log(800), 'train': 7.0, 'neighbours': {'loss': 5.25, 'accuracy': 0.125, 'k': 0.1}}
-  text = curve.write_table(tmp_path, bars, every=40).read_text()
+  text = report.write_table(tmp_path, bars, every=40).read_text()
   assert '(context-free): 6.685 (its own token frequencies), 7.000' in text
   assert "evaluation's rate, k=0.1): 5.250, accuracy 0.125" in text
   assert '- probe/fine_food: a random init of this shape scores 0.660' in text
   assert '| 50 | 5.000 | 6.500 | 0.100 |  |' in text and '| 100 | 0.000 | 6.000 | 0.200 | 0.700 |' in text
   assert '| 40 | 6.000 |  |  |  |' in text and '| 30 |' not in text
-  png = curve.write_plot(tmp_path, bars)
+  png = report.write_plot(tmp_path, bars)
   assert png.read_bytes()[:8] == b'\x89PNG\r\n\x1a\n'
 
 

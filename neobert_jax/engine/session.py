@@ -29,7 +29,6 @@ from neobert_jax.engine import checkpoint as ckpt
 from neobert_jax.engine import trainer as trainer_lib
 from neobert_jax.engine import state as state_lib
 from neobert_jax.engine.metrics import MetricsWriter
-from neobert_jax.engine.preemption import Preemption
 from neobert_jax.weights import runs
 from neobert_jax.weights import source as source_lib
 
@@ -334,6 +333,6 @@ class TrainingSession:
       start.step,
       options,
       trainer_lib.Logger(self.writer, pbar, options.log),
-      self.hold(Preemption(self.mngr, options.log_every)) if options.preemption else None,
+      self.hold(trainer_lib.Preemption(self.mngr, options.log_every)) if options.preemption else None,
       self.profile_dir,
     )
