@@ -115,6 +115,13 @@ _WRITE_REASONS = (
 )
 
 
+def kept(mngr: ocp.CheckpointManager, good: int | None) -> str:
+  """What a failed write leaves: the last complete checkpoint, `good`, or none."""
+  if good is None:
+    return 'no checkpoint of this run was complete yet'
+  return f'the last complete checkpoint, {mngr.directory}/{good}, is kept'
+
+
 def save_failed(mngr: ocp.CheckpointManager, e: BaseException, last_good: int | None = None) -> errors.StorageError:
   """The one line for a failed save, naming the last complete checkpoint (`last_good`, else the newest listed)."""
   text = f'{type(e).__name__}: {e}'
@@ -130,13 +137,8 @@ def save_failed(mngr: ocp.CheckpointManager, e: BaseException, last_good: int | 
       good = runs.latest_step(paths.Path(mngr.directory))
     except Exception:  # noqa: BLE001 - the storage is down: say what is known
       good = None
-  kept = (
-    f'the last complete checkpoint, {mngr.directory}/{good}, is kept'
-    if good is not None
-    else 'no checkpoint of this run was complete yet'
-  )
   return errors.StorageError(
-    f'writing a checkpoint under {mngr.directory} failed ({reason}); {kept}. Free space '
+    f'writing a checkpoint under {mngr.directory} failed ({reason}); {kept(mngr, good)}. Free space '
     'or fix the storage, then re-run the same command to resume from it.'
   )
 

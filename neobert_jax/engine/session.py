@@ -172,17 +172,12 @@ class TrainingSession:
         return
       raise self._upload_failed(e) from e
 
-  def _kept(self) -> str:
-    if self.committed_step is None:
-      return 'no checkpoint of this run was complete yet'
-    return f'the last complete checkpoint, {self.mngr.directory}/{self.committed_step}, is kept'
-
   def _upload_failed(
     self, e: BaseException, what: str = 'uploading the metrics to', fix: str = 'Fix the storage'
   ) -> errors.StorageError:
     return errors.StorageError(
-      f'{what} {self.workdir} failed ({errors.one_line(e)}); {self._kept()}. {fix}, then re-run the same command '
-      'to resume from it.'
+      f'{what} {self.workdir} failed ({errors.one_line(e)}); {ckpt.kept(self.mngr, self.committed_step)}. {fix}, '
+      'then re-run the same command to resume from it.'
     )
 
   def _write_failed(self, e: OSError) -> errors.StorageError:

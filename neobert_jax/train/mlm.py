@@ -1,21 +1,23 @@
-"""Pretraining as the engine sees it: the MLM model factory, where its parameters may start, its summed loss, its
-batch shapes and its steps. A train batch is [A, M, ...]: A micro-batches (train.grad_accum_steps) of M rows sharded
+"""Pretraining as the engine sees it: the MLM model factory, where its parameters may start, its summed loss, its batch
+shapes, host batches and steps. A train batch is [A, M, ...]: A micro-batches (train.grad_accum_steps) of M rows sharded
 over the batch axes; engine/step.py accumulates over A, weighting by masked tokens. A start from another run or a
 Hugging Face NeoBERT (weights/source.py) loads parameters only: the optimizer and schedule start afresh.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, Iterator, Mapping
 
 import jax
 import jax.numpy as jnp
 import ml_collections
+import numpy as np
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from neobert_jax import sharding as shd
 from neobert_jax.data.pipeline import batch as batch_contract
+from neobert_jax.data.pipeline import masking
 from neobert_jax.engine import optimizer as optimizer_lib
 from neobert_jax.engine import state as state_lib
 from neobert_jax.engine import step as engine_step
@@ -74,6 +76,71 @@ def abstract_batch(
   s = engine_step.micro_batch_sharding(mesh)
   rows = batch_contract.row_shapes(cfg.model.max_length, cfg.data.max_predictions)
   return {k: jax.ShapeDtypeStruct((a, m) + shape, dtype, sharding=s) for k, (shape, dtype) in rows.items()}
+
+
+def stitch_micro_batches(
+  batch: Mapping[str, np.ndarray], keys: tuple[str, ...], mesh: jax.sharding.Mesh, accum: int
+) -> dict[str, jax.Array]:
+  """[B_local, ...] host arrays -> {key: global [accum, B_global / accum, ...] array}. Each process gives its own
+  rows (jax.make_array_from_process_local_data), so nothing is copied between hosts, and splitting them into
+  micro-batches on the host keeps every device's slice of every micro-batch local."""
+  sharding = engine_step.micro_batch_sharding(mesh)
+  nproc = jax.process_count()
+  out = {}
+  for k in keys:
+    if k not in batch:
+      raise KeyError(f'the data pipeline gave no {k!r} (has {sorted(batch)}); check data.max_predictions')
+    local = np.asarray(batch[k])
+    if local.shape[0] % accum:
+      raise ValueError(f'{local.shape[0]} local rows do not split into {accum} micro-batches')
+    local = local.reshape((accum, local.shape[0] // accum) + local.shape[1:])
+    global_shape = (accum, local.shape[1] * nproc) + local.shape[2:]
+    out[k] = jax.make_array_from_process_local_data(sharding, local, global_shape)
+  return out
+
+
+class GlobalBatches:
+  """Wraps a host iterator; yields (global arrays for the step, real tokens across all processes).
+
+  `reads(step)`: how many host batches step `step` (0 = the first update) concatenates, in order (the batch-size
+  warmup of config/ramp.py; one by default). `step` is the first step this iterator serves (a resumed run's).
+  `keep(step)`: the share of masked tokens step `step` keeps (data.mask_rate_final: masking.thin, drawn from
+  (seed, step, process)); None keeps them all."""
+
+  def __init__(
+    self,
+    host_iter: Iterator[Mapping[str, np.ndarray]],
+    max_predictions: int,
+    mesh: jax.sharding.Mesh,
+    accum: int,
+    reads: Callable[[int], int] = lambda step: 1,
+    step: int = 0,
+    keep: Callable[[int], float] | None = None,
+    seed: int = 0,
+  ):
+    self.host_iter, self.mesh, self.accum = host_iter, mesh, accum
+    self.keys = batch_keys(max_predictions)
+    self.reads, self.step, self.keep, self.seed = reads, step, keep, seed
+
+  def __iter__(self) -> 'GlobalBatches':
+    return self
+
+  def _host_batch(self) -> Mapping[str, np.ndarray]:
+    step, n = self.step, self.reads(self.step)
+    self.step += 1
+    parts = [next(self.host_iter) for _ in range(n)]
+    batch = parts[0] if n == 1 else {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+    if self.keep is None:
+      return batch
+    return masking.thin(dict(batch), self.keep(step), np.random.default_rng([self.seed, step, jax.process_index()]))
+
+  def __next__(self) -> tuple[dict[str, jax.Array], int]:
+    batch = self._host_batch()
+    # Processes read equal-sized shards of similar documents, so local * count estimates the global figure
+    # without a cross-host reduction on the hot path.
+    return stitch_micro_batches(batch, self.keys, self.mesh, self.accum), int(
+      np.count_nonzero(batch['segment_ids'])
+    ) * jax.process_count()
 
 
 def max_segments(data_cfg: ml_collections.ConfigDict) -> int | None:

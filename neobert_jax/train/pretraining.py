@@ -26,7 +26,6 @@ from neobert_jax.engine import session as session_lib
 from neobert_jax.engine import trainer as trainer_lib
 from neobert_jax.engine.state import param_count
 from neobert_jax.errors import DataError
-from neobert_jax.train import batches as batches_lib
 from neobert_jax.train import mlm
 from neobert_jax.train import probe as probe_lib
 from neobert_jax.train import resume as resume_lib
@@ -132,7 +131,7 @@ def _data(cfg: ml_collections.ConfigDict, sources: pipeline.Sources) -> tuple[An
 
 
 def _source(keys: tuple[str, ...], mesh: Any, eval_step: Any, batches: Iterable[dict], params: Any) -> dict:
-  sums = jax.device_get([eval_step(params, batches_lib.stitch_micro_batches(b, keys, mesh, 1)) for b in batches])
+  sums = jax.device_get([eval_step(params, mlm.stitch_micro_batches(b, keys, mesh, 1)) for b in batches])
   count = max(sum(float(s['count']) for s in sums), 1.0)
   return {
     'loss': sum(float(s['loss_sum']) for s in sums) / count,
@@ -299,7 +298,7 @@ def train(
       on_step=on_step,
       log=_log_options(cfg),
     )
-    batches = batches_lib.GlobalBatches(
+    batches = mlm.GlobalBatches(
       train_host, cfg.data.max_predictions, mesh, t.grad_accum_steps, _reads(cfg), start.step, *_thinning(cfg)
     )
     trainer = session.trainer(mlm.jit_mlm_train_step(cfg, mesh, start.defs), start, batches, options)
