@@ -260,12 +260,12 @@ def restore_stage(
   """What a new stage carries over from `step` of another run: with `optimizer`, its optimizer state
   onto `abstract['opt']` (returned; else None); with `data`, `position` restored from that step."""
   opt = None
-  if optimizer and not (runs.step_dir(directory, step) / runs.OPT_ITEM).is_dir():
-    raise errors.ConfigError(
-      f'init.keep_optimizer=True: step {step} in {directory} holds no optimizer state (a fine-tuning run keeps '
-      'none); set init.keep_optimizer=False to start the optimizer afresh'
-    )
   if optimizer:
+    if not (runs.step_dir(directory, step) / runs.OPT_ITEM).is_dir():
+      raise errors.ConfigError(
+        f'init.keep_optimizer=True: step {step} in {directory} holds no optimizer state (a fine-tuning run keeps '
+        'none); set init.keep_optimizer=False to start the optimizer afresh'
+      )
     _check_fits(
       directory,
       step,

@@ -295,10 +295,6 @@ class TrainingSession:
       step, values = self._timings.popleft()
       self.writer.write(step, values, prefix='checkpoint')
 
-  def checkpoint_hook(self, every: int) -> trainer_lib.Hook:
-    """The default checkpoint hook: `save` every `every` steps, after the last one and on preemption."""
-    return trainer_lib.Hook(lambda step, state, _: self.save(step, state), every, checkpoint=True)
-
   def last_good(self) -> str:
     """The newest complete checkpoint, for the divergence message (waits for the saves in flight)."""
     ckpt.finish(self.mngr)
@@ -319,7 +315,9 @@ class TrainingSession:
     task's hooks then the checkpoint hook, SIGTERM handling and the profile trace. `start.state` is donated."""
     pbar = self._progress_bar(options.num_steps, start.step, options.desc)
     if options.checkpoint_every is not None:
-      options = dataclasses.replace(options, hooks=(*options.hooks, self.checkpoint_hook(options.checkpoint_every)))
+      # `save` every `checkpoint_every` steps, after the last one and on preemption.
+      saves = trainer_lib.Hook(lambda done, state, _: self.save(done, state), options.checkpoint_every, checkpoint=True)
+      options = dataclasses.replace(options, hooks=(*options.hooks, saves))
     options = dataclasses.replace(options, last_good=options.last_good or self.last_good)
     return trainer_lib.Trainer(
       step,

@@ -43,8 +43,7 @@ class StepOptions:
 def train_step_fn(defs: StateDefs, loss_sums: LossSums, options: StepOptions) -> Callable:
   """The un-jitted step (state, batch, key) -> (new_state, metrics); jit_train_step jits it. A state with an 'ema'
   moves it towards the updated parameters: ema <- ema_decay x ema + (1 - ema_decay) x params, in float32."""
-  micro_batched, skip_nonfinite, ema_decay = options.micro_batched, options.skip_nonfinite, options.ema_decay
-  weight_name, batch_metrics = options.weight_name, options.batch_metrics
+  ema_decay = options.ema_decay
   param_shardings = defs.shardings['params']
   # Batch axes holding whole copies of the weights ('data'): gradients are summed over them once per step.
   replicas = shd.replica_axes(param_shardings)
@@ -87,7 +86,7 @@ def train_step_fn(defs: StateDefs, loss_sums: LossSums, options: StepOptions) ->
     return jax.lax.psum(accumulate(params, batch, key), replicas)
 
   def gradients(params: Any, batch: dict[str, jax.Array], key: Any):
-    if not micro_batched:
+    if not options.micro_batched:
       return grad_fn(params, batch, key)
     if jax.tree.leaves(batch)[0].shape[0] == 1:
       # One micro-batch: no accumulator (saves a zero-fill and an add over every parameter per step).
@@ -133,7 +132,7 @@ def train_step_fn(defs: StateDefs, loss_sums: LossSums, options: StepOptions) ->
     # The update itself can overflow even when loss and gradients were finite (a huge learning rate), so the
     # new parameters' norm is checked too: a state that is not finite is never committed or checkpointed.
     finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm) & jnp.isfinite(param_norm)
-    if skip_nonfinite:
+    if options.skip_nonfinite:
       new_leaves, treedef = jax.tree.flatten(new_state)
       new_state = jax.tree.unflatten(treedef, [jnp.where(finite, n, o) for n, o in zip(new_leaves, old_leaves)])
       param_norm = jnp.where(finite, param_norm, old_param_norm)
@@ -145,10 +144,10 @@ def train_step_fn(defs: StateDefs, loss_sums: LossSums, options: StepOptions) ->
       'learning_rate': lr,
       'finite': finite,
     }
-    if weight_name:
-      metrics[weight_name] = weight
-    if batch_metrics is not None:
-      metrics.update(batch_metrics(batch))
+    if options.weight_name:
+      metrics[options.weight_name] = weight
+    if options.batch_metrics is not None:
+      metrics.update(options.batch_metrics(batch))
     return new_state, metrics
 
   return step

@@ -65,9 +65,7 @@ class Logger:
 
   def restart_clock(self) -> None:
     """Excludes compilation (and evaluation / checkpoint pauses) from throughput."""
-    self.t0 = time.perf_counter()
-    self.tokens = 0
-    self.timed = 0
+    self.resume_clock()
     self.banked = (0.0, 0, 0)  # (seconds, tokens, steps) timed before a pause in this window
 
   def pause_clock(self) -> None:

@@ -81,12 +81,11 @@ class Probe:
     names = sorted(set(labels['train']) | set(labels['test']))
     self.labels = {s: np.asarray([names.index(y) for y in labels[s]]) for s in labels}
     self.inputs = {s: encode_probe_texts(tok, texts[s], length) for s in texts}
-    replicated = NamedSharding(mesh, P())
+    self._replicated = replicated = NamedSharding(mesh, P())
 
     def pooled(params, ids, lengths):
       return pool_tokens(nnx.merge(model_def, params).encoder(ids, lengths=lengths), lengths, 'mean')
 
-    self._replicated = replicated
     self._pooled = shd.MeshBound(
       mesh, jax.jit(pooled, in_shardings=(param_shardings, replicated, replicated), out_shardings=replicated)
     )
