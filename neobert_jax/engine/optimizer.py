@@ -95,9 +95,7 @@ def decays(names: list[str], decay_embeddings: bool = True) -> bool:
   leaf = names[-1] if names else ''
   if any('norm' in n for n in names) or leaf == 'bias' or leaf.endswith('_bias') or leaf == 'scale':
     return False
-  if not decay_embeddings and any('embedding' in n for n in names):
-    return False
-  return True
+  return decay_embeddings or not any('embedding' in n for n in names)
 
 
 def weight_decay_mask(decay_embeddings: bool) -> Callable[[Any], Any]:

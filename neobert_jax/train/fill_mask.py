@@ -67,10 +67,9 @@ def blank_sentences(
         if 8 <= i + 1 - start <= longest:
           sentences.append(ids[start : i + 1])
         start = i + 1
-  out = []
-  for idx in rng.permutation(len(sentences))[:n]:
-    out.append(_blanked(tok, sentences[idx], int(rng.integers(len(sentences[idx])))))
-  return out
+  return [
+    _blanked(tok, sentences[i], int(rng.integers(len(sentences[i])))) for i in rng.permutation(len(sentences))[:n]
+  ]
 
 
 KINDS = {
