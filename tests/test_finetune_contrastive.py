@@ -11,7 +11,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from neobert_jax.jobs import finetune as finetune_job
 from neobert_jax import errors
 from neobert_jax import sharding as shd
-from neobert_jax.finetune import contrastive
+from neobert_jax.finetune import retrieval
 from neobert_jax.config.finetune import base_config
 
 
@@ -44,7 +44,7 @@ def _inputs(seed=0, b=8, d=16):
 def test_info_nce_equals_brute_force_single_device(reduction, negatives):
   q, p, n, w, nw = _inputs()
   args = (n, nw) if negatives else (None, None)
-  loss, _ = jax.jit(lambda *a: contrastive.info_nce(a[0], a[1], a[2], 0.07, a[3], a[4], reduction))(q, p, w, *args)
+  loss, _ = jax.jit(lambda *a: retrieval.info_nce(a[0], a[1], a[2], 0.07, a[3], a[4], reduction))(q, p, w, *args)
   assert float(loss) == pytest.approx(brute_force(q, p, w, 0.07, *args, reduction=reduction), rel=1e-5)
 
 
@@ -57,7 +57,7 @@ def test_info_nce_on_a_2x2_mesh_uses_the_whole_global_batch():
   assert len(sharded[0].sharding.device_set) == 4
 
   def loss_fn(q, p, w, n, nw):
-    return contrastive.info_nce(q, p, w, 0.05, n, nw)[0]
+    return retrieval.info_nce(q, p, w, 0.05, n, nw)[0]
 
   with shd.activate(mesh):
     loss, grad = jax.jit(jax.value_and_grad(loss_fn, argnums=(0, 1, 3)))(*sharded)

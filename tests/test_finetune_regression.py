@@ -7,7 +7,7 @@ import pytest
 from scipy import stats
 
 from neobert_jax.jobs import finetune as finetune_job
-from neobert_jax.finetune import labels, metrics
+from neobert_jax.finetune import classification, labels
 from neobert_jax.config.finetune import base_config
 
 
@@ -15,20 +15,20 @@ def test_classification_metrics_by_hand():
   y = np.array([1, 1, 0, 0, 1, 0])
   p = np.array([1, 0, 0, 1, 1, 0])
   logits = np.eye(2)[p]
-  m = metrics.classification(y, logits)
+  m = classification.classification(y, logits)
   assert m['accuracy'] == pytest.approx(4 / 6)
   assert m['f1'] == pytest.approx(2 / 3)  # positive class: tp 2, fp 1, fn 1
   assert m['mcc'] == pytest.approx((2 * 2 - 1 * 1) / np.sqrt(3 * 3 * 3 * 3))
-  three = metrics.classification(np.array([0, 1, 2, 2]), np.eye(3)[[0, 1, 2, 1]])
+  three = classification.classification(np.array([0, 1, 2, 2]), np.eye(3)[[0, 1, 2, 1]])
   assert three['f1'] == pytest.approx(np.mean([1.0, 2 / 3, 2 / 3]))
-  assert metrics.matthews(np.array([0, 1, 0]), np.array([0, 0, 0]), 2) == 0.0
+  assert classification.matthews(np.array([0, 1, 0]), np.array([0, 0, 0]), 2) == 0.0
 
 
 def test_regression_metrics_match_scipy():
   rng = np.random.default_rng(0)
   y = rng.normal(size=200)
   pred = y + rng.normal(scale=0.5, size=200)
-  m = metrics.regression(y, pred[:, None])
+  m = classification.regression(y, pred[:, None])
   assert m['pearson'] == pytest.approx(stats.pearsonr(y, pred)[0])
   assert m['spearman'] == pytest.approx(stats.spearmanr(y, pred)[0])
 
