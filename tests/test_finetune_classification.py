@@ -11,7 +11,7 @@ from flax import nnx
 from neobert_jax.jobs import finetune as finetune_job
 from neobert_jax import errors
 from neobert_jax.downstream import heads
-from neobert_jax.finetune import labels
+from neobert_jax.finetune import classification
 from neobert_jax.config.finetune import base_config
 from neobert_jax.weights import runs
 from neobert_jax.weights.flat import model_from_flat
@@ -56,7 +56,7 @@ def test_learns_bbc_topics_clearly_above_majority(bbc_run):
   assert set(best) >= {'accuracy', 'f1', 'mcc'}
   on_disk = json.loads((workdir / 'results.json').read_text())
   assert on_disk['best']['step'] == results['best']['step'] and on_disk['final']['step'] == results['num_steps']
-  assert labels.load_labels(workdir).names == ('business', 'entertainment', 'politics', 'sports', 'tech')
+  assert classification.load_labels(workdir).names == ('business', 'entertainment', 'politics', 'sports', 'tech')
   records = [json.loads(line) for line in (workdir / 'metrics.jsonl').read_text().splitlines()]
   assert any('train/loss' in r for r in records) and any('eval/accuracy' in r for r in records)
   assert any((workdir / 'tensorboard').iterdir())
@@ -71,7 +71,7 @@ def test_hf_export_loads_offline_with_same_logits(bbc_run):
   workdir, _, hf_dir = bbc_run
   model = AutoModelForSequenceClassification.from_pretrained(hf_dir, trust_remote_code=True).eval()
   tok = AutoTokenizer.from_pretrained(hf_dir)
-  assert model.config.id2label == dict(enumerate(labels.load_labels(workdir).names))
+  assert model.config.id2label == dict(enumerate(classification.load_labels(workdir).names))
   cfg, flat = runs.restore_params(workdir)
   jax_model = model_from_flat(lambda: heads.SequenceClassifier(cfg, 5, 0.1, 0.02, rngs=nnx.Rngs(0)), flat)
   texts = [
@@ -98,7 +98,7 @@ def test_mean_pooled_head_exports_with_same_logits_on_padded_rows(tmp_path):
   cfg = tiny_config().model
   cfg.vocab_size, cfg.dtype = 512, 'float32'
   jax_model = heads.SequenceClassifier(cfg, 3, 0.1, 0.02, 'mean', rngs=nnx.Rngs(1))
-  spec = labels.LabelSpec('classification', ('a', 'b', 'c'), (0, 1, 2))
+  spec = classification.LabelSpec('classification', ('a', 'b', 'c'), (0, 1, 2))
   out = export.export_classifier(to_flat(jax_model), cfg, spec, tmp_path / 'hf', tokenizer=None, pooling='mean')
   assert json.loads((out / 'config.json').read_text())['classifier_pooling'] == 'mean'
   model = AutoModelForSequenceClassification.from_pretrained(out, trust_remote_code=True).eval()

@@ -7,7 +7,7 @@ import pytest
 from scipy import stats
 
 from neobert_jax.jobs import finetune as finetune_job
-from neobert_jax.finetune import classification, labels
+from neobert_jax.finetune import classification
 from neobert_jax.config.finetune import base_config
 
 
@@ -34,11 +34,11 @@ def test_regression_metrics_match_scipy():
 
 
 def test_label_mapping_integers_strings_floats():
-  assert labels.infer([-1, 1, 1], 'auto', 'x').names == ('-1', '1')
-  assert labels.infer(['b', 'a'], 'auto', 'x').values == ('a', 'b')
-  assert labels.infer([0.5, 1.25], 'auto', 'x').kind == 'regression'
-  spec = labels.infer([1.0, 3.0, 1.0], 'auto', 'x')  # integral floats are classes
-  assert spec.kind == 'classification' and list(labels.encode_labels(spec, [3, 1.0], 'x')) == [1, 0]
+  assert classification.infer([-1, 1, 1], 'auto', 'x').names == ('-1', '1')
+  assert classification.infer(['b', 'a'], 'auto', 'x').values == ('a', 'b')
+  assert classification.infer([0.5, 1.25], 'auto', 'x').kind == 'regression'
+  spec = classification.infer([1.0, 3.0, 1.0], 'auto', 'x')  # integral floats are classes
+  assert spec.kind == 'classification' and list(classification.encode_labels(spec, [3, 1.0], 'x')) == [1, 0]
 
 
 @pytest.mark.slow

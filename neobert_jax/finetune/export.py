@@ -19,7 +19,7 @@ import numpy as np
 from neobert_jax import commandline, errors, paths
 from neobert_jax.convert import model_card
 from neobert_jax.convert.export_hf import check_output_dir, write_hf_dir
-from neobert_jax.finetune import labels as labels_lib
+from neobert_jax.finetune import classification
 from neobert_jax.weights import flat as flat_lib
 from neobert_jax.weights import hf, runs
 from neobert_jax.weights import source as source_lib
@@ -57,7 +57,7 @@ def export_classifier(
   card: Any = None,
   overwrite: bool = False,
 ) -> Path:
-  """The HF sequence-classification directory (labels from a neobert_jax.finetune.labels.LabelSpec)."""
+  """The HF sequence-classification directory (labels from a neobert_jax.finetune.classification.LabelSpec)."""
   check_output_dir(output, overwrite)
   state = {**encoder_state_dict(flat, model_cfg), **_head(flat)}
   state = {k: np.ascontiguousarray(v.astype(np.float32)) for k, v in state.items()}
@@ -180,7 +180,7 @@ def export_run(workdir: str | Path, output: str | Path, *, overwrite: bool = Fal
   return export_classifier(
     flat,
     model_cfg,
-    labels_lib.load_labels(workdir),
+    classification.load_labels(workdir),
     output,
     tokenizer=tokenizer,
     dropout=head.dropout,
