@@ -1,11 +1,7 @@
-"""What the bucket may cost a run: one retry budget for every client that touches gs://, and the lines that say so
-when the bucket struggles.
-
-The budget: a failing request is retried for `window_s()` (NEOBERT_BUCKET_RETRY_SECONDS, 300 s) on a 1 s backoff
-doubling to 32 s; an operation slower than NEOBERT_BUCKET_SLOW_SECONDS (30 s), or that needed retries, is said once.
-`install` puts the window in place of gcsfs's fixed 6 tries, `tensorstore_retries()` gives Orbax's tensorstore the
-same window, and `retry` wraps our own reads, so an outage shorter than the window is ridden out by every client.
-Imports nothing of ours: paths.py imports it."""
+"""What the bucket may cost a run: one retry budget (`window_s()` on a doubling backoff) for every client that
+touches gs://, gcsfs (`install`), tensorstore (`tensorstore_retries()`) and our own reads (`retry`), and the lines
+that say when the bucket struggles (docs/leases.md, "The bucket's retry budget"). Imports only errors: paths.py
+imports it."""
 
 from __future__ import annotations
 

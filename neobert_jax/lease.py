@@ -1,10 +1,6 @@
-"""One writer per run: a lease (DIR/lease.json) on a workdir or a `prepare` output, held by one job and renewed by a
-heartbeat every timeout/4; process 0 holds it for a multi-process job.
-
-Taking it is atomic: on a bucket through GCS ifGenerationMatch preconditions, locally by linking a written file in
-(O_EXCL's guarantee). It is taken over, with a warning, when its holder stopped renewing it, when its process on
-this host is gone, or at once by the same job restarted (SLURM job id, JobSet name or run_id). A holder whose lease
-was taken over marks itself `lost` and the engine refuses to save. Imports only errors and paths."""
+"""One writer per run: a lease (DIR/lease.json) on a workdir or a `prepare` output, renewed by a heartbeat, taken
+atomically (GCS ifGenerationMatch, or a hard link locally) and taken over from a dead holder or by the same job
+restarted (docs/leases.md). A holder whose lease was taken over is `lost`. Imports only errors and paths."""
 
 from __future__ import annotations
 
@@ -188,14 +184,17 @@ class _Bucket:
       raise
     return body.decode(), int(headers['x-goog-generation'])
 
-  def _put(self, text: str, generation: int) -> int:
+  def create(self, text: str) -> Any:
+    return self.replace(text, 0)
+
+  def replace(self, text: str, version: Any) -> Any:
     try:
       out = self.fs.call(
         'POST',
         self.upload,
         uploadType='media',
         name=self.key,
-        ifGenerationMatch=str(generation),
+        ifGenerationMatch=str(version),
         headers={'Content-Type': 'application/octet-stream'},
         data=text.encode(),
         json_out=True,
@@ -207,12 +206,6 @@ class _Bucket:
     finally:
       self.fs.invalidate_cache(f'{self.bucket}/{self.key}')  # gcsfs's listings must not keep an old lease
     return int(out['generation'])
-
-  def create(self, text: str) -> Any:
-    return self._put(text, 0)
-
-  def replace(self, text: str, version: Any) -> Any:
-    return self._put(text, version)
 
   def delete(self, version: Any) -> None:
     try:
