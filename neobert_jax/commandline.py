@@ -1,7 +1,6 @@
-"""The command-line convention every command follows (docs/architecture.md, "Command-line conventions"): `--help`
-prints usage, a paragraph and the flags; a bad flag is one line `<prog>: config error: ... (see --help)` with status
-2; `--debug` shows an expected error's traceback. argparse commands build a `Parser`; absl commands start through
-`run_absl`. Imports only errors (absl inside functions, so an argparse command never loads it)."""
+"""The command-line convention every command follows (docs/architecture.md, "Command-line conventions"): argparse
+commands build a `Parser`, absl commands start through `run_absl`. Imports only errors (absl inside functions, so
+an argparse command never loads it)."""
 
 from __future__ import annotations
 

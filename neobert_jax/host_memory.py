@@ -1,9 +1,7 @@
-"""Host memory: glibc's malloc on transparent huge pages for the training commands, by re-executing once.
-
-Why: XLA's CPU runtime allocates every step's buffers afresh and glibc maps each anew, 4 KiB pages faulted in every
-step; `GLIBC_TUNABLES=glibc.malloc.hugetlb=1` gave ~20x fewer faults and ~15% less CPU per step
-(docs/performance.md, "Huge pages"). It is read at process start, hence the re-exec. Skipped off glibc 2.35+, when
-THP is not `madvise`, when the tunable is set, or with NEOBERT_JAX_HUGE_PAGES=0."""
+"""Host memory: glibc's malloc on transparent huge pages for the training commands, by re-executing once with
+`GLIBC_TUNABLES=glibc.malloc.hugetlb=1` (read at process start; why and what it saves: docs/performance.md, "Huge
+pages"). Skipped off glibc 2.35+, when THP is not `madvise`, when the tunable is set, or with
+NEOBERT_JAX_HUGE_PAGES=0."""
 
 from __future__ import annotations
 

@@ -1,13 +1,6 @@
 """What a fine-tuning run is made of, for every task: the checks before anything is written (prepare), the task's
-jitted step, its batches and the evaluation hook that keeps the best step. The job is jobs/finetune.py.
-
-Workdir layout:
-  config.json       the resolved config (model = the architecture actually used, data.tokenizer resolved)
-  labels.json       the label mapping (classification / regression)
-  checkpoints/<s>/  Orbax params of the best validation step s (weights/runs.restore_params reads it)
-  metrics.jsonl, tensorboard/   train/* every log_every steps, eval/* at every evaluation
-  results.json      final and best validation metrics with their steps
-"""
+jitted step, its batches and the evaluation hook that keeps the best step. The job is jobs/finetune.py; the files
+it writes are listed in docs/downstream.md."""
 
 from __future__ import annotations
 
