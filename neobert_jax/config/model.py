@@ -1,18 +1,6 @@
 """The `model` section: architecture and numerics, with the released NeoBERT (250M) as defaults, its validation,
-and what its two 'auto' settings (`dtype`, `attention_impl`) resolve to.
-
-The attention table, what `attention_impl='auto'` means on each backend:
-
-| platform | compute dtype | rows    | kernel      | why                                                            |
-|----------|---------------|---------|-------------|----------------------------------------------------------------|
-| gpu      | bf16 / fp16   | padded  | cudnn       | cuDNN flash, per-row lengths, no mask tensor                    |
-| gpu sm90+| bf16 / fp16   | packed  | cudnn       | cuDNN flash on the packed (ragged) layout, no T x T tensor      |
-| gpu <sm90| bf16 / fp16   | packed  | cudnn_bias  | packed layout needs Hopper: the mask becomes a T x T bias       |
-| gpu      | fp32          | any     | xla         | cuDNN fused attention has no fp32 kernel                        |
-| tpu      | any           | any     | splash      | Pallas flash kernel with segment ids (T a multiple of 128)      |
-| tpu      | any           | any     | xla         | when T is not a multiple of 128                                 |
-| cpu      | any           | any     | blockwise   | T > one key block: beats the einsums on the bench-768 step      |
-| cpu      | any           | any     | xla         | T within one key block: nothing to tile, the two are level      |"""
+and what its two 'auto' settings (`dtype`, `attention_impl`) resolve to (`choose_attention`, each choice with its
+reason; docs/performance.md, "Attention kernels on each backend", tabulates them)."""
 
 from __future__ import annotations
 
