@@ -24,7 +24,7 @@ import jax
 import numpy as np
 from flax import nnx
 
-from neobert_jax.downstream import batching, heads, inference
+from neobert_jax.downstream import batching, heads
 from neobert_jax import sharding as shd
 from neobert_jax.engine.optimizer import make_finetune_optimizer
 from neobert_jax.engine.state import create_state
@@ -75,14 +75,14 @@ def embedding_throughput(a: argparse.Namespace, mesh) -> dict[str, float]:
   model_cfg = _model_cfg(a)
   flat = to_flat(heads.Embedder(model_cfg, 'mean', rngs=nnx.Rngs(0)))
   graphdef, params, shardings = sharded_params(lambda: heads.Embedder(model_cfg, 'mean', rngs=nnx.Rngs(0)), flat, mesh)
-  forward = inference.jit_forward(graphdef, shardings, mesh)
+  forward = batching.jit_forward(graphdef, shardings, mesh)
   rng = np.random.default_rng(1)
   seqs = [rng.integers(1000, 30522, int(n)).astype(np.int32) for n in rng.integers(8, a.seq + 1, a.texts)]
   bl = batching.buckets(a.seq)
   batch = -(-a.embed_batch // mesh.size) * mesh.size
-  inference.run_batched(forward, params, seqs, batch, bl, 0, mesh)  # compile every bucket
+  batching.run_batched(forward, params, seqs, batch, bl, 0, mesh)  # compile every bucket
   t0 = time.perf_counter()
-  inference.run_batched(forward, params, seqs, batch, bl, 0, mesh)
+  batching.run_batched(forward, params, seqs, batch, bl, 0, mesh)
   elapsed = time.perf_counter() - t0
   tokens = sum(len(s) for s in seqs)
   return {'texts_per_s': len(seqs) / elapsed, 'tokens_per_s': tokens / elapsed, 'seconds': elapsed}

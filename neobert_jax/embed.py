@@ -14,7 +14,7 @@ import numpy as np
 from flax import nnx
 
 from neobert_jax import commandline, errors, paths
-from neobert_jax.downstream import batching, heads, inference, tables
+from neobert_jax.downstream import batching, heads, tables
 from neobert_jax import sharding as shd
 from neobert_jax.weights import flat as flat_lib
 from neobert_jax.weights import source as source_lib
@@ -47,7 +47,7 @@ class Encoder:
     graphdef, self.params, shardings = flat_lib.sharded_params(
       lambda: heads.Embedder(model_cfg, self.pooling, rngs=nnx.Rngs(0)), flat, self.mesh
     )
-    self.forward = inference.jit_forward(graphdef, shardings, self.mesh)
+    self.forward = batching.jit_forward(graphdef, shardings, self.mesh)
     self.dim = model_cfg.hidden_size
 
   @classmethod
@@ -62,7 +62,7 @@ class Encoder:
 
       bar = tqdm(total=len(seqs), unit='text', desc='embed', dynamic_ncols=True)
     try:
-      out = inference.run_batched(
+      out = batching.run_batched(
         self.forward,
         self.params,
         seqs,

@@ -66,7 +66,7 @@ def test_mteb_scores_the_packaged_tasks(tiny_hf, tmp_path):
 
 def test_mteb_encoder_gives_the_embed_commands_vectors(tiny_hf, tmp_path):
   from neobert_jax import embed
-  from neobert_jax.evaluate.mteb_encoder import MtebEncoder
+  from neobert_jax.evaluate.mteb_tasks import MtebEncoder
 
   texts = ['a short one', 'a considerably longer text that lands in a larger bucket than the others', 'mid size']
   (tmp_path / 'texts.txt').write_text('\n'.join(texts) + '\n')

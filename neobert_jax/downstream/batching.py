@@ -1,12 +1,14 @@
 """Tokenized examples -> fixed-shape batches ([CLS]/[SEP] framing, truncation, power-of-two length buckets, short final
-batches filled with weight-0 rows), so a jitted step compiles once per bucket, not once per batch."""
+batches filled with weight-0 rows), so a jitted step compiles once per bucket, not once per batch; and the batched
+forward pass over them, results scattered back to input order."""
 
 from __future__ import annotations
 
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import jax
 import numpy as np
+from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from neobert_jax import sharding as shd
@@ -111,3 +113,39 @@ def epoch_batches(
       col[: len(idx)] = v[idx]
       out[k] = col
     yield out
+
+
+def jit_forward(model_def: Any, param_shardings: Any, mesh: jax.sharding.Mesh) -> Callable:
+  """Jitted (params, input_ids [B, T], lengths [B]) -> model output, replicated for the host to read."""
+  data = row_sharding(mesh)
+
+  def forward(params, input_ids, lengths):
+    return nnx.merge(model_def, params)(input_ids, lengths)
+
+  return shd.MeshBound(
+    mesh, jax.jit(forward, in_shardings=(param_shardings, data, data), out_shardings=NamedSharding(mesh, P()))
+  )
+
+
+def run_batched(
+  forward: Callable,
+  params: Any,
+  seqs: Sequence[np.ndarray],
+  batch_size: int,
+  bucket_list: Sequence[int],
+  pad_id: int,
+  mesh: jax.sharding.Mesh,
+  progress: Any = None,
+) -> np.ndarray:
+  """forward over all sequences (batch_size rows each, static bucket shapes); [N, ...] float32 in input order."""
+  out = None
+  for batch in epoch_batches(seqs, {}, batch_size, bucket_list, pad_id, rng=None):
+    g = shard_rows({'input_ids': batch['input_ids'], 'lengths': batch['lengths']}, mesh)
+    result = np.asarray(forward(params, g['input_ids'], g['lengths']), np.float32)
+    real = batch['index'] >= 0
+    if out is None:
+      out = np.zeros((len(seqs),) + result.shape[1:], np.float32)
+    out[batch['index'][real]] = result[real]
+    if progress is not None:
+      progress.update(int(real.sum()))
+  return out if out is not None else np.zeros((0,), np.float32)

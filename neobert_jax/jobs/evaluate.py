@@ -70,7 +70,7 @@ def mteb(
   """Frozen embeddings scored by the `mteb` library on `task_names` (comma-separated: lee, bbc or MTEB names)."""
   import mteb as mteb_lib  # pylint: disable=g-import-not-at-top  (torch, datasets, sklearn: only for this command)
   import sklearn.exceptions  # pylint: disable=g-import-not-at-top
-  from neobert_jax.evaluate import mteb_encoder, mteb_tasks  # pylint: disable=g-import-not-at-top
+  from neobert_jax.evaluate import mteb_tasks  # pylint: disable=g-import-not-at-top
 
   names = [n.strip() for n in task_names.split(',') if n.strip()]
   if not names:
@@ -101,7 +101,7 @@ def mteb(
         'an MTEB task reads it from the Hugging Face hub or, offline, from the datasets cache: '
         'run it where the hub is reachable or the dataset is cached'
       ) from None
-  encoder = mteb_encoder.MtebEncoder.load(
+  encoder = mteb_tasks.MtebEncoder.load(
     model,
     None if step < 0 else step,
     progress=progress,

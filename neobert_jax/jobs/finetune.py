@@ -20,7 +20,7 @@ from neobert_jax import config as config_lib
 from neobert_jax import errors, paths
 from neobert_jax import sharding as shd
 from neobert_jax.config import train as train_config
-from neobert_jax.downstream import inference
+from neobert_jax.downstream import batching
 from neobert_jax.engine import optimizer as optimizer_lib
 from neobert_jax.engine import session as session_lib
 from neobert_jax.engine import trainer as trainer_lib
@@ -71,7 +71,7 @@ def _run(cfg: ml_collections.ConfigDict, workdir: Path, lease: Any) -> dict[str,
         *(task.describe(), m.num_layers, m.hidden_size, f'{param_count(start.state):,}', num_steps, steps_per_epoch),
         dict(mesh.shape),
       )
-    forward = inference.jit_forward(start.defs.model_def, start.defs.shardings['params'], mesh)
+    forward = batching.jit_forward(start.defs.model_def, start.defs.shardings['params'], mesh)
     evaluations = training.Evaluations(session, task, forward, t.eval_batch_size, tok.pad_id, mesh)
     options = trainer_lib.TrainerOptions(
       num_steps=num_steps,
