@@ -16,7 +16,10 @@ import tempfile
 from pathlib import Path
 from typing import Any, Mapping
 
+import ml_collections
+
 from neobert_jax import paths
+from neobert_jax.config import optimizer as optimizer_config
 from neobert_jax.data.prepare import corpus
 from neobert_jax.weights import runs
 from neobert_jax.weights import source as source_lib
@@ -73,7 +76,7 @@ def run_facts(workdir: str | os.PathLike, step: int | None = None) -> Facts:
   held = [r for r in rows if 'eval' in r]
   report_file = root / runs.REPORT_FILE
   report = json.loads(report_file.read_text()) if report_file.is_file() else {}
-  data, train, opt = cfg.get('data', {}), cfg.get('train', {}), cfg.get('optimizer', {})
+  data, train = cfg.get('data', {}), cfg.get('train', {})
   datasets, described = _data_sources(data)
   tokenizer = source_lib.run_tokenizer(typed) or source_lib.DEFAULT_TOKENIZER
   base = _hub_id(cfg.get('init', {}).get('from_hf', ''))
@@ -99,7 +102,7 @@ def run_facts(workdir: str | os.PathLike, step: int | None = None) -> Facts:
       f'- Batch: {train.get("global_batch_size")} sequences of {cfg.get("model", {}).get("max_length")} tokens, '
       f'{train.get("num_steps")} steps scheduled; masking {data.get("mask_rate")} of the tokens.'
     )
-  training.append(f'- Optimizer: {_optimizer(opt)}, compute dtype {cfg.get("model", {}).get("dtype")}.')
+  training.append(f'- Optimizer: {_optimizer(typed.optimizer)}, compute dtype {cfg.get("model", {}).get("dtype")}.')
   facts = Facts(datasets=datasets, base_model=base, sections={TRAINING: '\n'.join(training)})
   facts.sections[RESULTS] = _results(held, report, facts, datasets)
   if (root / CURVE_NAME).is_file():
@@ -108,11 +111,11 @@ def run_facts(workdir: str | os.PathLike, step: int | None = None) -> Facts:
   return facts
 
 
-def _optimizer(opt: Mapping[str, Any]) -> str:
+def _optimizer(opt: ml_collections.ConfigDict) -> str:
   """The optimizer sentence: AdamW's rate, or Muon's beside the AdamW side's (config/optimizer.py's fields)."""
   peak = opt.get('peak_lr', opt.get('lr'))
   if opt.get('name') == 'muon':
-    adamw_side = ', '.join(['norm scales', 'biases', *filter(None, (m.strip() for m in opt['muon_adamw'].split(',')))])
+    adamw_side = ', '.join(['norm scales', 'biases', *optimizer_config.muon_adamw(opt)])
     what = f'Muon (peak rate {opt["muon_lr"] or peak}) on the weight matrices, AdamW (peak rate {peak}) on {adamw_side}'
   else:
     what = f'AdamW, peak learning rate {peak}'
