@@ -35,6 +35,11 @@ def virtual_shards(data_cfg: ml_collections.ConfigDict, global_batch: int, proce
   return data_cfg.virtual_shards or data_config.auto_virtual_shards(global_batch, process_count)
 
 
+def _data_seed(data_cfg: ml_collections.ConfigDict, seed: int) -> int:
+  """The data's seed: data.shuffle_seed, or the run's seed when it is negative (training and held-out alike)."""
+  return seed if data_cfg.shuffle_seed < 0 else data_cfg.shuffle_seed
+
+
 def cache_need(streams: list, listed: list[dict], block_docs: int) -> int:
   """Bytes a process must be able to hold: per virtual shard, the windows one block can touch plus the next one."""
   need = 0
@@ -112,7 +117,7 @@ def train_batches(
   # Each source of a mixture reads ahead by its share of the rows, so its bytes follow its weight (docs/data.md,
   # "Several sources"); a plain data.dir reads ahead a whole window.
   shares = {n: 1.0 for n in mix.names} if mix.plain else {n: min(s, 0.999) for n, s in mix.peak_shares().items()}
-  seed = seed if data_cfg.shuffle_seed < 0 else data_cfg.shuffle_seed  # data.shuffle_seed, else the run's
+  seed = _data_seed(data_cfg, seed)
   streams, stores = {}, {}
   for name, (directory, manifest) in sources.opened.items():
     one = data_config.source_config(data_cfg, directory, len(mix.sources), blocks[name])
@@ -210,7 +215,7 @@ def make_eval_iterator(
   )
   if num_batches is not None:
     blocks = blocks.repeat()
-  seed = seed if data_cfg.shuffle_seed < 0 else data_cfg.shuffle_seed
+  seed = _data_seed(data_cfg, seed)
   blocks = blocks.map_with_index(BlockBuilder.for_source(data_cfg, manifest, seq_len, seed, 0))
   return EvalBatches(host_batches.HostBatches({0: blocks}, batch_size_per_host), num_batches)
 
