@@ -1,6 +1,6 @@
 """Multi-process start-up: one call to `initialize()`, early, in every process.
 
-Sources, first match wins: explicit arguments; NEOBERT_COORDINATOR / NEOBERT_NUM_PROCESSES / NEOBERT_PROCESS_ID;
+Sources, first match wins: NEOBERT_COORDINATOR / NEOBERT_NUM_PROCESSES / NEOBERT_PROCESS_ID;
 SLURM (one process per node or per GPU, from the task layout); a Cloud TPU VM; else a single process. A job must
 never hang because one process died: the heartbeat timeout is ours, and an uncaught exception ends the process at
 once instead of waiting out the shutdown barrier."""
@@ -12,7 +12,6 @@ import logging
 import os
 import sys
 import traceback
-from collections.abc import Sequence
 
 import jax
 
@@ -43,7 +42,7 @@ DEFAULT_INIT_S = 300
 class DistributedInfo:
   process_id: int
   num_processes: int
-  method: str  # 'explicit' | 'env' | 'slurm' | 'tpu' | 'single'
+  method: str  # 'env' | 'slurm' | 'tpu' | 'single'
   coordinator_address: str | None = None
   local_device_ids: tuple[int, ...] | None = None
 
@@ -107,17 +106,7 @@ def _fail_fast_excepthook(exc_type, exc, tb):
   os._exit(1)
 
 
-def initialize(
-  coordinator_address: str | None = None,
-  num_processes: int | None = None,
-  process_id: int | None = None,
-  *,
-  local_device_ids: Sequence[int] | None = None,
-  num_cpu_devices: int | None = None,
-  heartbeat_timeout_s: int | None = None,
-  shutdown_timeout_s: int | None = None,
-  init_timeout_s: int | None = None,
-) -> DistributedInfo:
+def initialize(num_cpu_devices: int | None = None) -> DistributedInfo:
   """Start jax.distributed if this is a multi-process job (safe to call twice), before anything touches a
   backend; `num_cpu_devices` fakes that many CPU devices."""
   global _INFO
@@ -128,13 +117,9 @@ def initialize(
   if ncpu:
     jax.config.update('jax_num_cpu_devices', int(ncpu))
 
-  method = 'single'
-  coord, nproc, pid = coordinator_address, num_processes, process_id
-  local = tuple(local_device_ids) if local_device_ids is not None else None
+  method, coord, nproc, pid, local = 'single', None, None, None, None
   if os.environ.get(ENV_DISABLE, '1') == '0':
     pass
-  elif coord is not None or nproc is not None or pid is not None:
-    method = 'explicit'
   elif os.environ.get(ENV_NUM_PROCESSES) or os.environ.get(ENV_COORDINATOR):
     method = 'env'
     coord, nproc, pid = (os.environ.get(ENV_COORDINATOR), _env_int(ENV_NUM_PROCESSES), _env_int(ENV_PROCESS_ID))
@@ -143,10 +128,10 @@ def initialize(
     coord, nproc, pid, local = slurm
   elif _on_tpu_vm():
     method = 'tpu'
-  if method in ('explicit', 'env', 'slurm') and local is None:
+  if method in ('env', 'slurm') and local is None:
     local = _parse_device_ids(os.environ.get(ENV_LOCAL_DEVICE_IDS))
 
-  if method in ('explicit', 'env'):
+  if method == 'env':
     if nproc is None or pid is None or (coord is None and nproc > 1):
       raise errors.DistributedError(
         f'multi-process start needs coordinator address, process count and process id; got '
@@ -163,9 +148,9 @@ def initialize(
   # Gloo gives the CPU backend cross-process collectives (the fake-device tests); GPU/TPU ignore it.
   jax.config.update('jax_cpu_collectives_implementation', 'gloo')
   timeouts = dict(
-    initialization_timeout=init_timeout_s or _env_int(ENV_INIT) or DEFAULT_INIT_S,
-    heartbeat_timeout_seconds=heartbeat_timeout_s or _env_int(ENV_HEARTBEAT) or DEFAULT_HEARTBEAT_S,
-    shutdown_timeout_seconds=shutdown_timeout_s or _env_int(ENV_SHUTDOWN) or DEFAULT_SHUTDOWN_S,
+    initialization_timeout=_env_int(ENV_INIT) or DEFAULT_INIT_S,
+    heartbeat_timeout_seconds=_env_int(ENV_HEARTBEAT) or DEFAULT_HEARTBEAT_S,
+    shutdown_timeout_seconds=_env_int(ENV_SHUTDOWN) or DEFAULT_SHUTDOWN_S,
   )
   if method == 'tpu':
     try:
