@@ -117,7 +117,7 @@ def initialize(num_cpu_devices: int | None = None) -> DistributedInfo:
   if ncpu:
     jax.config.update('jax_num_cpu_devices', int(ncpu))
 
-  method, coord, nproc, pid, local = 'single', None, None, None, None
+  method, coord, nproc, pid, local_device_ids = 'single', None, None, None, None
   if os.environ.get(ENV_DISABLE, '1') == '0':
     pass
   elif os.environ.get(ENV_NUM_PROCESSES) or os.environ.get(ENV_COORDINATOR):
@@ -125,11 +125,11 @@ def initialize(num_cpu_devices: int | None = None) -> DistributedInfo:
     coord, nproc, pid = (os.environ.get(ENV_COORDINATOR), _env_int(ENV_NUM_PROCESSES), _env_int(ENV_PROCESS_ID))
   elif (slurm := _slurm_settings()) is not None:
     method = 'slurm'
-    coord, nproc, pid, local = slurm
+    coord, nproc, pid, local_device_ids = slurm
   elif _on_tpu_vm():
     method = 'tpu'
-  if method in ('env', 'slurm') and local is None:
-    local = _parse_device_ids(os.environ.get(ENV_LOCAL_DEVICE_IDS))
+  if method in ('env', 'slurm') and local_device_ids is None:
+    local_device_ids = _parse_device_ids(os.environ.get(ENV_LOCAL_DEVICE_IDS))
 
   if method == 'env':
     if nproc is None or pid is None or (coord is None and nproc > 1):
@@ -166,14 +166,12 @@ def initialize(num_cpu_devices: int | None = None) -> DistributedInfo:
       coordinator_address=coord,
       num_processes=int(nproc),
       process_id=int(pid),
-      local_device_ids=list(local) if local is not None else None,
+      local_device_ids=None if local_device_ids is None else list(local_device_ids),
       cluster_detection_method='deactivate',
       **timeouts,
     )
   sys.excepthook = _fail_fast_excepthook
-  _INFO = DistributedInfo(
-    process_id=int(pid), num_processes=int(nproc), method=method, coordinator_address=coord, local_device_ids=local
-  )
+  _INFO = DistributedInfo(int(pid), int(nproc), method, coord, local_device_ids)
   log.info('jax.distributed up: %s', _INFO)
   return _INFO
 
