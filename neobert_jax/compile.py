@@ -1,19 +1,8 @@
-"""Ahead-of-time compile of the real train step for a TPU slice or an H100 cluster, from a CPU-only machine.
+"""Ahead-of-time compile of the real train step for a TPU slice or an H100 cluster, from a CPU-only machine; what it
+prints, every flag and the exit statuses: docs/performance.md, "Will it fit, and which layout is fastest?".
 
-    python -m neobert_jax.compile --config=configs/neobert_250m.py --target=cuda:h100x8
-    python -m neobert_jax.compile --config=configs/neobert_250m.py --target=tpu:v5e-256 \
-        --config.train.global_batch_size=4096 --config.mesh.fsdp=-1
-
-Prints per-device memory against the device's, whether the step fits, its FLOPs, the attention kernels it compiled
-to, what crosses the data-centre network and the roofline of the step. Every `--config.*` override the trainer
-accepts works here. A mixture (--config.data.mixture=mix.json) is checked as training checks it, from its file and
-its sources' manifests, before any download.
-
-libtpu (TPU) or the jax CUDA plugin + cuDNN (GPU) are installed on first use into a cache (neobert_jax/aot/deps.py),
-and the work runs in a child interpreter that sees them, with JAX_PLATFORMS=cpu: the target devices are compile-only.
-Exit status: 0 compiled (see the report), 2 the config cannot run on the target, 3 the optional dependency could not
-be installed, 4 --require_fit and it does not fit, 5 --require_cudnn and no cuDNN attention, anything else an error.
-"""
+The optional dependency (libtpu, or the jax CUDA plugin + cuDNN) is installed on first use (aot/deps.py), and the
+work runs in a child interpreter that sees it, with JAX_PLATFORMS=cpu: the target devices are compile-only."""
 
 from __future__ import annotations
 
@@ -32,71 +21,23 @@ from neobert_jax.aot import deps, targets
 
 _CHILD_ENV = 'NEOBERT_AOT_CHILD'
 _FLAGS = flags.FlagValues()  # this command's own, as train's: several commands can be imported in one process
+_OWN = {'flag_values': _FLAGS}  # every flag below is defined on _FLAGS; docs/performance.md explains each at length
 
-_CONFIG = config_flags.DEFINE_config_file(
-  'config', None, 'training config file (configs/*.py)', lock_config=False, flag_values=_FLAGS
-)
-_TARGET = flags.DEFINE_string(
-  'target', None, 'tpu:v5e-256, tpu:v4-32, tpu:v5e:4x4, cuda:h100x8, cuda:h100x16, ...', flag_values=_FLAGS
-)
-_WHAT = flags.DEFINE_enum(
-  'what',
-  'train',
-  ['train', 'forward_backward'],
-  'train: the full train step (grad accumulation + optimizer update, state donated); '
-  'forward_backward: loss and parameter gradients only (to isolate the model)',
-  flag_values=_FLAGS,
-)
-_HEADROOM = flags.DEFINE_float(
-  'headroom', 0.9, 'fraction of device memory the step may use and still "fit"', flag_values=_FLAGS
-)
-_JSON = flags.DEFINE_string('json', None, 'also write the report as JSON to this file', flag_values=_FLAGS)
-_DUMP_HLO = flags.DEFINE_string(
-  'dump_hlo', None, 'write the compiled (optimised, partitioned) HLO text here', flag_values=_FLAGS
-)
-_REQUIRE_FIT = flags.DEFINE_bool(
-  'require_fit', False, 'exit with status 4 if the step does not fit', flag_values=_FLAGS
-)
-_PLAN = flags.DEFINE_bool(
-  'plan',
-  False,
-  'search micro-batch / grad accumulation, remat policy and mesh for this '
-  'global batch; print the table and the fastest layout that fits as --config overrides',
-  flag_values=_FLAGS,
-)
-_PLAN_MFU = flags.DEFINE_float(
-  'plan_mfu',
-  0.5,
-  "MFU at which the TPU plan and --cost_model price splash attention (a custom call XLA's cost model does not see)",
-  flag_values=_FLAGS,
-)
-_COST_MODEL = flags.DEFINE_bool(
-  'cost_model',
-  False,
-  "TPU targets: also report XLA's cost model for the step, the estimate the plan ranks TPU layouts by "
-  '(two more compiles, of 1- and 2-layer programs)',
-  flag_values=_FLAGS,
-)
-_PLAN_WORKERS = flags.DEFINE_integer(
-  'plan_workers',
-  0,
-  'processes compiling plan candidates in parallel (0: one per '
-  'two cores); results are cached, so a re-run compiles only what changed',
-  flag_values=_FLAGS,
-)
-_PLAN_REMAT = flags.DEFINE_list(
-  'plan_remat', ['none', 'save_dots', 'full'], 'remat policies the plan tries', flag_values=_FLAGS
-)
-_PLAN_TENSOR = flags.DEFINE_list('plan_tensor', ['1', '2'], 'tensor-parallel sizes the plan tries', flag_values=_FLAGS)
-_PLAN_MESH = flags.DEFINE_list(
-  'plan_mesh',
-  ['fsdp', 'data'],
-  'batch-axis layouts the plan tries: fsdp (parameters sharded) and/or data (replicated)',
-  flag_values=_FLAGS,
-)
-_REQUIRE_CUDNN = flags.DEFINE_bool(
-  'require_cudnn', False, 'exit with status 5 if attention is not cuDNN fused', flag_values=_FLAGS
-)
+_CONFIG = config_flags.DEFINE_config_file('config', None, 'training config (configs/*.py)', lock_config=False, **_OWN)
+_TARGET = flags.DEFINE_string('target', None, 'tpu:v5e-256, tpu:v4-32, tpu:v5e:4x4, cuda:h100x8, ...', **_OWN)
+_WHAT = flags.DEFINE_enum('what', 'train', ['train', 'forward_backward'], 'train step, or loss and gradients', **_OWN)
+_HEADROOM = flags.DEFINE_float('headroom', 0.9, 'fraction of device memory the step may use and still "fit"', **_OWN)
+_JSON = flags.DEFINE_string('json', None, 'also write the report as JSON to this file', **_OWN)
+_DUMP_HLO = flags.DEFINE_string('dump_hlo', None, 'write the compiled (optimised, partitioned) HLO text here', **_OWN)
+_REQUIRE_FIT = flags.DEFINE_bool('require_fit', False, 'exit with status 4 if the step does not fit', **_OWN)
+_REQUIRE_CUDNN = flags.DEFINE_bool('require_cudnn', False, 'exit with status 5 if attention is not cuDNN fused', **_OWN)
+_COST_MODEL = flags.DEFINE_bool('cost_model', False, "TPU targets: also report XLA's cost model of the step", **_OWN)
+_PLAN = flags.DEFINE_bool('plan', False, 'find the fastest layout of this global batch that fits', **_OWN)
+_PLAN_MFU = flags.DEFINE_float('plan_mfu', 0.5, 'MFU at which TPU estimates price splash attention', **_OWN)
+_PLAN_WORKERS = flags.DEFINE_integer('plan_workers', 0, 'plan compile processes (0: one per two cores)', **_OWN)
+_PLAN_REMAT = flags.DEFINE_list('plan_remat', ['none', 'save_dots', 'full'], 'remat policies the plan tries', **_OWN)
+_PLAN_TENSOR = flags.DEFINE_list('plan_tensor', ['1', '2'], 'tensor-parallel sizes the plan tries', **_OWN)
+_PLAN_MESH = flags.DEFINE_list('plan_mesh', ['fsdp', 'data'], 'batch-axis layouts the plan tries: fsdp, data', **_OWN)
 
 
 def run_child(cfg_in) -> int:

@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import importlib.util
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Iterable, Mapping, Sequence
 
 import ml_collections
 
 from neobert_jax.errors import ConfigError
 
-__all__ = ['RENAMED', 'from_record', 'load', 'replace', 'typed', 'unknown_key']
+__all__ = ['RENAMED', 'check_choices', 'check_ranges', 'from_record', 'load', 'replace', 'typed', 'unknown_key']
 
 # Fields that moved: a config (file or --config.* override) that still sets the old name is told the new one.
 RENAMED = {'train.compute_dtype': 'model.dtype'}
@@ -115,3 +115,23 @@ def from_record(
   record lacks (it predates them) take the schema's defaults and fields the schema no longer has are dropped."""
   _fit(recorded, schema, '', [])
   return schema
+
+
+# Validation as data: each section's checks are tables of these, refused with one message shape per kind of check.
+Range = tuple[str, bool, str]  # (field, whether its value is in range, the range in words)
+
+
+def check_ranges(section: str, values: ml_collections.ConfigDict, ranges: Iterable[Range]) -> None:
+  """Raises ConfigError naming the first field of `section` whose value is out of its range."""
+  for field, ok, needed in ranges:
+    if not ok:
+      raise ConfigError(f'{section}.{field}={values[field]} must be {needed}')
+
+
+def check_choices(
+  section: str, values: ml_collections.ConfigDict, choices: Iterable[tuple[str, Sequence[str]]]
+) -> None:
+  """Raises ConfigError naming the first field of `section` whose value is none of its allowed values."""
+  for field, allowed in choices:
+    if values[field] not in allowed:
+      raise ConfigError(f'{section}.{field}={values[field]!r} is unknown; set one of {", ".join(allowed)}')

@@ -9,8 +9,9 @@ import jax
 import ml_collections
 
 from neobert_jax import config as config_lib
+from neobert_jax.config import check_choices, check_ranges
 from neobert_jax.config.model import Choice, default_model_config, resolve_numerics, validate_model_config
-from neobert_jax.config.optimizer import adamw_ranges, check_ranges, resolve_warmup
+from neobert_jax.config.optimizer import adamw_ranges, resolve_warmup
 from neobert_jax.config.train import mesh_shape
 from neobert_jax.errors import ConfigError
 
@@ -130,31 +131,29 @@ def validate_finetune(cfg: ml_collections.ConfigDict, num_devices: int | None = 
     raise ConfigError('data.train_file is empty; pass --config.data.train_file=PATH (CSV, TSV, JSONL or Parquet)')
   if cfg.init.from_checkpoint and cfg.init.from_hf:
     raise ConfigError('set at most one of init.from_checkpoint and init.from_hf')
-  choices = (
-    ('data.format', d.format, FORMATS),
-    ('data.task_type', d.task_type, TASK_TYPES),
-    ('optimizer.schedule', o.schedule, SCHEDULES),
-    ('head.pooling', h.pooling, POOLINGS),
-    ('head.classifier_pooling', h.classifier_pooling, POOLINGS),
-    ('head.loss_reduction', h.loss_reduction, REDUCTIONS),
-  )
-  for name, value, allowed in choices:
-    if value not in allowed:
-      raise ConfigError(f'{name}={value!r}; expected one of {allowed}')
-  if not d.validation_file and not 0 < d.validation_fraction < 1:
-    raise ConfigError('data.validation_fraction must be in (0, 1) when no data.validation_file is given')
-  if d.max_length < 4 or d.min_bucket < 1:
-    raise ConfigError('data.max_length must be >= 4 and data.min_bucket >= 1')
+  check_choices('data', d, (('format', FORMATS), ('task_type', TASK_TYPES)))
+  check_choices('optimizer', o, (('schedule', SCHEDULES),))
+  check_choices('head', h, (('pooling', POOLINGS), ('classifier_pooling', POOLINGS), ('loss_reduction', REDUCTIONS)))
   if t.epochs < 1 and t.num_steps < 1:
     raise ConfigError('set train.epochs >= 1 or train.num_steps >= 1')
-  if not 0 <= h.dropout < 1 or h.temperature <= 0:
-    raise ConfigError('head.dropout must be in [0, 1), head.temperature > 0')
   resolve_warmup(o, None)
-  check_ranges('optimizer', o, (('lr', o.lr > 0, '> 0'), ('lr_width', o.lr_width >= 0, '>= 0'), *adamw_ranges(o)))
-  check_ranges('head', h, (('init_range', h.init_range > 0, '> 0'),))
-  check_ranges(
-    'train', t, (('log_every', t.log_every >= 1, '>= 1'), ('eval_every', t.eval_every >= 0, '>= 0 (0: once per epoch)'))
+  held_out = (
+    ()
+    if d.validation_file
+    else (('validation_fraction', 0 < d.validation_fraction < 1, 'in (0, 1) when no data.validation_file is given'),)
   )
+  ranges = {
+    'data': [('max_length', d.max_length >= 4, '>= 4'), ('min_bucket', d.min_bucket >= 1, '>= 1'), *held_out],
+    'optimizer': [('lr', o.lr > 0, '> 0'), ('lr_width', o.lr_width >= 0, '>= 0'), *adamw_ranges(o)],
+    'head': [
+      ('dropout', 0 <= h.dropout < 1, 'in [0, 1)'),
+      ('temperature', h.temperature > 0, '> 0'),
+      ('init_range', h.init_range > 0, '> 0'),
+    ],
+    'train': [('log_every', t.log_every >= 1, '>= 1'), ('eval_every', t.eval_every >= 0, '>= 0 (0: once per epoch)')],
+  }
+  for section, table in ranges.items():
+    check_ranges(section, cfg[section], table)
   shape = mesh_shape(cfg, num_devices)
   shards = shape['data'] * shape['fsdp']
   for field in ('batch_size', 'eval_batch_size'):

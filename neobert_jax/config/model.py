@@ -9,6 +9,8 @@ import dataclasses
 import jax
 import ml_collections
 
+from neobert_jax.config import check_choices, check_ranges
+
 ATTENTION_IMPLEMENTATIONS = ('auto', 'xla', 'blockwise', 'cudnn', 'cudnn_bias', 'splash')
 KERNELS = ATTENTION_IMPLEMENTATIONS[1:]  # the resolved names the model runs
 REMAT_POLICIES = ('none', 'full', 'save_dots')
@@ -68,18 +70,19 @@ def validate_model_config(cfg: ml_collections.ConfigDict) -> None:
   head_dim = cfg.hidden_size // cfg.num_heads
   if head_dim % 2:
     raise ValueError(f'head dimension {head_dim} must be even for rotary embeddings.')
-  if cfg.attention_impl not in ATTENTION_IMPLEMENTATIONS:
-    raise ValueError(f'model.attention_impl={cfg.attention_impl!r}; expected one of {ATTENTION_IMPLEMENTATIONS}.')
-  if cfg.remat_policy not in REMAT_POLICIES:
-    raise ValueError(f'model.remat_policy={cfg.remat_policy!r}; expected one of {REMAT_POLICIES}.')
-  if cfg.splash_block_size <= 0 or cfg.splash_block_size % 128:
-    raise ValueError(f'model.splash_block_size={cfg.splash_block_size} must be a positive multiple of 128.')
-  if cfg.blockwise_block_size <= 0:
-    raise ValueError(f'model.blockwise_block_size={cfg.blockwise_block_size} must be positive.')
-  if cfg.dtype not in COMPUTE_DTYPES:
-    raise ValueError(f'model.dtype={cfg.dtype!r}; expected one of {COMPUTE_DTYPES}.')
-  if cfg.param_dtype not in DTYPES:
-    raise ValueError(f'model.param_dtype={cfg.param_dtype!r}; expected one of {DTYPES}.')
+  choices = (
+    ('attention_impl', ATTENTION_IMPLEMENTATIONS),
+    ('remat_policy', REMAT_POLICIES),
+    ('dtype', COMPUTE_DTYPES),
+    ('param_dtype', DTYPES),
+  )
+  check_choices('model', cfg, choices)
+  ranges = [(f, cfg[f] > 0, 'positive') for f in ('vocab_size', 'num_layers', 'intermediate_size', 'max_length')]
+  ranges += [
+    ('splash_block_size', cfg.splash_block_size > 0 and cfg.splash_block_size % 128 == 0, 'a positive multiple of 128'),
+    ('blockwise_block_size', cfg.blockwise_block_size > 0, 'positive'),
+  ]
+  check_ranges('model', cfg, ranges)
   if cfg.attention_impl in ('cudnn', 'cudnn_bias') and cfg.dtype == 'float32':
     raise ValueError(
       f"model.attention_impl={cfg.attention_impl!r} needs model.dtype='bfloat16' or 'float16' "
@@ -88,9 +91,6 @@ def validate_model_config(cfg: ml_collections.ConfigDict) -> None:
   for field in ('use_bias', 'tie_word_embeddings'):
     if not isinstance(cfg[field], bool):
       raise ValueError(f'model.{field}={cfg[field]!r} must be True or False.')
-  for field in ('vocab_size', 'num_layers', 'intermediate_size', 'max_length'):
-    if cfg[field] <= 0:
-      raise ValueError(f'model.{field}={cfg[field]} must be positive.')
 
 
 def resolve_dtype(name: str, platform: str | None = None) -> str:

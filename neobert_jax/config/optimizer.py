@@ -4,15 +4,13 @@ optimizer (AdamW, or Muon on the weight matrices)."""
 from __future__ import annotations
 
 import logging
-from typing import Iterable
 
 import ml_collections
 
+from neobert_jax.config import Range, check_choices, check_ranges
 from neobert_jax.errors import ConfigError
 
 log = logging.getLogger('neobert_jax.config')
-
-Range = tuple[str, bool, str]  # (field, whether its value is in range, the range in words)
 
 
 def adamw_ranges(o: ml_collections.ConfigDict) -> tuple[Range, ...]:
@@ -24,13 +22,6 @@ def adamw_ranges(o: ml_collections.ConfigDict) -> tuple[Range, ...]:
     ('weight_decay', o.weight_decay >= 0, '>= 0'),
     ('clip_norm', o.clip_norm >= 0, '>= 0 (0 disables clipping)'),
   )
-
-
-def check_ranges(section: str, values: ml_collections.ConfigDict, ranges: Iterable[Range]) -> None:
-  """Raises ConfigError naming the first field of `section` whose value is out of its range."""
-  for field, ok, needed in ranges:
-    if not ok:
-      raise ConfigError(f'{section}.{field}={values[field]} must be {needed}')
 
 
 def resolve_warmup(o: ml_collections.ConfigDict, num_steps: int | None) -> None:
@@ -91,16 +82,13 @@ def muon_adamw(o: ml_collections.ConfigDict) -> tuple[str, ...]:
 
 def check_optimizer_choice(o: ml_collections.ConfigDict) -> None:
   """Raises ConfigError for an unknown optimizer.name or a Muon field out of its range."""
-  if o.name not in OPTIMIZERS:
-    raise ConfigError(f'optimizer.name={o.name!r} is unknown; set one of {", ".join(OPTIMIZERS)}')
+  check_choices('optimizer', o, (('name', OPTIMIZERS), ('muon_rate_scale', MUON_RATE_SCALES)))
   unknown = [m for m in muon_adamw(o) if m not in MUON_ADAMW_MATRICES]
   if unknown:
     raise ConfigError(
       f'optimizer.muon_adamw={o.muon_adamw!r} names {", ".join(unknown)}; it lists matrices to leave on AdamW, '
       f'any of {", ".join(MUON_ADAMW_MATRICES)} (norm scales and biases always take AdamW)'
     )
-  if o.muon_rate_scale not in MUON_RATE_SCALES:
-    raise ConfigError(f'optimizer.muon_rate_scale={o.muon_rate_scale!r} is unknown; set one of rms, width')
   ranges = (
     ('muon_lr', o.muon_lr >= 0, '>= 0 (0: peak_lr)'),
     ('muon_momentum', 0 <= o.muon_momentum < 1, 'in [0, 1)'),

@@ -21,13 +21,8 @@ from neobert_jax import sharding as shd
 from neobert_jax.config import ramp
 from neobert_jax.config.data import LABELLED_TASKS, auto_virtual_shards, default_data_config, validate_data_config
 from neobert_jax.config.model import Choice, default_model_config, resolve_numerics, validate_model_config
-from neobert_jax.config.optimizer import (
-  adamw_ranges,
-  check_optimizer_choice,
-  check_ranges,
-  optimizer_choice,
-  resolve_warmup,
-)
+from neobert_jax.config import check_choices, check_ranges
+from neobert_jax.config.optimizer import adamw_ranges, check_optimizer_choice, optimizer_choice, resolve_warmup
 from neobert_jax.errors import ConfigError
 
 NAN_POLICIES = ('stop', 'skip')
@@ -230,21 +225,40 @@ def validate_train(
       check(cfg[section])
     except ValueError as e:
       raise ConfigError(str(e)) from None
-  t = cfg.train
-  if t.nan_policy not in NAN_POLICIES:
-    raise ConfigError(f'train.nan_policy={t.nan_policy!r}; expected one of {NAN_POLICIES}')
+  t, ev, log = cfg.train, cfg.eval, cfg.logging
   if cfg.model.dtype not in TRAIN_DTYPES:
     raise ConfigError(
       f'model.dtype={cfg.model.dtype!r}; the trainer runs {TRAIN_DTYPES} (float16 would need loss '
       'scaling: use bfloat16)'
     )
-  for field in ('num_steps', 'global_batch_size', 'grad_accum_steps'):
-    if t[field] < 1:
-      raise ConfigError(f'train.{field}={t[field]} must be >= 1')
+  check_choices('train', t, (('nan_policy', NAN_POLICIES),))
+  probe = (('probe_task', LABELLED_TASKS),) if ev.probe_task else ()
+  check_choices('eval', ev, (('baselines', ('auto', 'on', 'off')), *probe))
+  ranges = {
+    'train': [
+      *((f, t[f] >= 1, '>= 1') for f in ('num_steps', 'global_batch_size', 'grad_accum_steps')),
+      ('ema_decay', 0 <= t.ema_decay < 1, 'in [0, 1) (0: no moving average; 0.999 is typical)'),
+    ],
+    'checkpoint': [(f, cfg.checkpoint[f] >= 1, '>= 1') for f in ('keep', 'every_steps')],
+    'eval': [
+      ('every_steps', ev.every_steps >= 0, '>= 0 (0 disables evaluation)'),
+      ('num_batches', ev.num_batches >= 1, '>= 1'),
+      ('mask_rate', 0.0 <= ev.mask_rate < 1.0, 'in [0, 1) (0: the training rate, data.mask_rate)'),
+    ],
+    'logging': [
+      ('log_every', log.log_every >= 1, '>= 1'),
+      ('peak_flops_per_device', log.peak_flops_per_device >= 0, '>= 0 (0: look it up)'),
+    ],
+  }
+  for section, table in ranges.items():
+    check_ranges(section, cfg[section], table)
+  if ev.probe_task and (ev.probe_train_size < 2 or ev.probe_test_size < 1 or ev.probe_max_length < 3):
+    raise ConfigError(
+      'eval.probe_train_size must be >= 2, eval.probe_test_size >= 1 and eval.probe_max_length >= 3 '
+      f'(got {ev.probe_train_size}, {ev.probe_test_size}, {ev.probe_max_length})'
+    )
   resolve_warmup(cfg.optimizer, t.num_steps)
   _validate_optimizer(cfg.optimizer, t.num_steps)
-  if not 0 <= t.ema_decay < 1:
-    raise ConfigError(f'train.ema_decay={t.ema_decay} must be in [0, 1) (0: no moving average; 0.999 is typical)')
   if cfg.export.use_ema and t.ema_decay == 0:
     raise ConfigError('export.use_ema=True exports the moving average of the weights: set train.ema_decay > 0')
   if cfg.data.max_predictions > cfg.model.max_length:
@@ -260,18 +274,6 @@ def validate_train(
       f'init.{carried[0]}=True carries state over from another run of this trainer: set init.from_checkpoint to '
       f'its workdir, or set init.{carried[0]}=False'
     )
-  if cfg.checkpoint.keep < 1 or cfg.checkpoint.every_steps < 1:
-    raise ConfigError('checkpoint.keep and checkpoint.every_steps must be >= 1')
-  if cfg.eval.every_steps < 0 or cfg.eval.num_batches < 1:
-    raise ConfigError(
-      f'eval.every_steps={cfg.eval.every_steps} must be >= 0 (0 disables evaluation) and '
-      f'eval.num_batches={cfg.eval.num_batches} >= 1'
-    )
-  _validate_probe(cfg.eval)
-  if not 0.0 <= cfg.eval.mask_rate < 1.0:
-    raise ConfigError(f'eval.mask_rate={cfg.eval.mask_rate} must be in [0, 1) (0: the training rate, data.mask_rate)')
-  if cfg.logging.log_every < 1 or cfg.logging.peak_flops_per_device < 0:
-    raise ConfigError('logging.log_every must be >= 1 and logging.peak_flops_per_device >= 0 (0: look it up)')
 
   layout = _mesh_layout(cfg, num_devices)
   shape = dict(zip(shd.MESH_AXES, layout.shape))  # totals: what the batch is split over
@@ -351,18 +353,6 @@ def resolve_train(
   return out, choice
 
 
-def _validate_probe(ev: ml_collections.ConfigDict) -> None:
-  if ev.baselines not in ('auto', 'on', 'off'):
-    raise ConfigError(f"eval.baselines={ev.baselines!r} is unknown; expected 'auto', 'on' or 'off'")
-  if ev.probe_task and ev.probe_task not in LABELLED_TASKS:
-    raise ConfigError(f"eval.probe_task={ev.probe_task!r} is unknown; expected one of {LABELLED_TASKS} or '' (off)")
-  if ev.probe_task and (ev.probe_train_size < 2 or ev.probe_test_size < 1 or ev.probe_max_length < 3):
-    raise ConfigError(
-      'eval.probe_train_size must be >= 2, eval.probe_test_size >= 1 and eval.probe_max_length >= 3 '
-      f'(got {ev.probe_train_size}, {ev.probe_test_size}, {ev.probe_max_length})'
-    )
-
-
 def _validate_optimizer(o: ml_collections.ConfigDict, num_steps: int) -> None:
   """The optimizer values that cannot train: each refused with its field, its value and the range it needs."""
   ranges = (
@@ -382,9 +372,7 @@ def _validate_optimizer(o: ml_collections.ConfigDict, num_steps: int) -> None:
   )
   check_ranges('optimizer', o, ranges)
   check_optimizer_choice(o)
-  for field, allowed in (('schedule', SCHEDULES), ('decay_shape', DECAY_SHAPES)):
-    if o[field] not in allowed:
-      raise ConfigError(f'optimizer.{field}={o[field]!r} is unknown; set one of {", ".join(allowed)}')
+  check_choices('optimizer', o, (('schedule', SCHEDULES), ('decay_shape', DECAY_SHAPES)))
   if o.schedule == 'wsd':
     first, length = decay_window(o, num_steps)
     if first < o.warmup_steps:
