@@ -87,7 +87,7 @@ ENTRY %main (a: f32[8,1024], v: f32[1024], i: s32[]) -> f32[8,1024] {
   ROOT %f = f32[8,1024]{1,0} fusion(%a, %v, %i), kind=kLoop, calls=%fused
 }
 """
-  mod = hlo.KernelCosts(text)
+  mod = hlo.Module(text)
   fusion = next(i for i in mod.instrs['main'] if i.op == 'fusion')
   # the buffer updated in place is neither read nor written whole: the 4 KiB row in, the 4 KiB row out, the index
   assert mod.bytes_moved(fusion, 'main') == 4096 + 4 + 4096
@@ -118,7 +118,7 @@ ENTRY %main (a: f32[8,32768], i: s32[8,2], u: f32[8]) -> f32[8,32768] {
   ROOT %f = f32[8,32768]{1,0} fusion(%a, %i, %u), kind=kInput, calls=%fused
 }
 """
-  mod = hlo.KernelCosts(text)
+  mod = hlo.Module(text)
   fusion = next(i for i in mod.instrs['main'] if i.op == 'fusion')
   assert mod.bytes_moved(fusion, 'main') == 64 + 32 + 32  # indices and updates in, the 8 values out
 
@@ -151,7 +151,7 @@ def test_tpu_programs_mosaic_calls_and_convolution_contractions():
   ROOT %c = bf16[32,1024,12,192]{1,3,2,0} convolution(%x, %w), window={size=1x12 pad=0_0x11_11 rhs_reversal=0x1}, dim_labels=0bf1_i1o0->0b1f
 }
 """
-  mod = hlo.KernelCosts(text)
+  mod = hlo.Module(text)
   assert [i.op for i in mod.instrs['body']] == [
     'parameter',
     'constant',

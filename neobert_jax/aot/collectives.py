@@ -106,13 +106,8 @@ def ring_bytes(op: str, result: float, n: int) -> float:
 
 def _hierarchical_bytes(op: str, data: float, k: int) -> float:
   """Bytes a device sends over the DCN when `data` is its part of the exchange between k slices (docstring)."""
-  if op == 'all-gather':
-    return data * (k - 1)
-  if op == 'all-reduce':
-    return 2 * data * (k - 1) / k
-  if op == 'collective-permute':
-    return data
-  return data * (k - 1) / k
+  exchange = {'all-gather': data * (k - 1), 'all-reduce': 2 * data * (k - 1) / k, 'collective-permute': data}
+  return exchange.get(op, data * (k - 1) / k)  # reduce-scatter, all-to-all
 
 
 def dcn_transfers(

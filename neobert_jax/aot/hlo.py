@@ -101,8 +101,14 @@ def called(ins: Instr) -> list[str]:
   return names
 
 
+def updates(ins: Instr) -> list[str]:
+  """The operands an in-place update writes: a dynamic-update-slice's update, a scatter's updates."""
+  return ins.operands[(len(ins.operands) - 1) // 2 + 1 :] if ins.op == 'scatter' else ins.operands[1:2]
+
+
 class Module:
-  """A module's text parsed once: instructions and result types per computation, and runs per step."""
+  """A module's text parsed once: instructions and result types per computation, runs per step, and what each
+  instruction computes and moves (the roofline prices them)."""
 
   def __init__(self, hlo: str):
     self.entry, comps, name = None, {}, None
@@ -166,15 +172,6 @@ class Module:
   def scheduled(self) -> list[str]:
     """Computations whose instructions run as kernels: the entry and what it reaches through loops, calls."""
     return self.reachable(self.entry, lambda ins: ins.op in ('while', 'conditional', 'call'))
-
-
-def updates(ins: Instr) -> list[str]:
-  """The operands an in-place update writes: a dynamic-update-slice's update, a scatter's updates."""
-  return ins.operands[(len(ins.operands) - 1) // 2 + 1 :] if ins.op == 'scatter' else ins.operands[1:2]
-
-
-class KernelCosts(Module):
-  """A parsed module that also counts what its instructions compute and move (the roofline prices them)."""
 
   def matmuls(self, ins: Instr, comp: str) -> list[tuple[float, int, int, int, int]]:
     """(FLOPs, batch, M, N, K) of every dot / convolution an instruction runs (in its fusion, or itself: a cuBLAS

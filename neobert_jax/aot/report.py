@@ -190,7 +190,7 @@ def compile_report(cfg, target: targets.Target, what: str = 'train', headroom: f
       'XLA FLOPs count each loop body once (the layer scan, the micro-batch scan), so they are far '
       'below the real step; the model FLOPs are the figure to use'
     )
-  mod = hlo_lib.KernelCosts(text)  # parsed once, for the DCN section and the roofline
+  mod = hlo_lib.Module(text)  # parsed once, for the DCN section and the roofline
   layout = shd.resolve_layout(dict(cfg.mesh), mesh.size)
   granules, transfers = collectives.for_mesh(mod, mesh, layout) if text else (target.num_granules, [])
   kind = mesh.devices.flat[0].device_kind
@@ -242,12 +242,9 @@ def compile_report(cfg, target: targets.Target, what: str = 'train', headroom: f
 def cost_analysis(compiled: Any) -> dict[str, Any]:
   """XLA's cost analysis of one device's program; empty where the backend gives none."""
   try:
-    cost = compiled.cost_analysis()
+    return compiled.cost_analysis() or {}
   except Exception:  # noqa: BLE001 - the GPU compile-only client raises or returns None
     return {}
-  if isinstance(cost, (list, tuple)):  # older jax returned one dict per program
-    cost = cost[0] if cost else None
-  return cost or {}
 
 
 def attention_kernels(hlo_text: str) -> list[str]:

@@ -138,7 +138,7 @@ def matmul_seconds(acc: hardware.Accelerator, flops: float, batch: int, m: int, 
 
 
 def analyze(
-  hlo: str | hlo_lib.KernelCosts,
+  hlo: str | hlo_lib.Module,
   acc: hardware.Accelerator,
   device_kind: str,
   *,
@@ -148,7 +148,7 @@ def analyze(
   min_kernel_seconds: float = GPU_MIN_KERNEL_SECONDS,
 ) -> Roofline:
   """The roofline of a compiled program (its text, or parsed); `dcn` its collectives crossing slices / nodes."""
-  mod = hlo_lib.KernelCosts(hlo) if isinstance(hlo, str) else hlo
+  mod = hlo_lib.Module(hlo) if isinstance(hlo, str) else hlo
   runs = mod.runs
   crossing = {t.name: t.dcn_bytes for t in dcn}
   ops, step, exposed = [], 0.0, 0.0
