@@ -138,10 +138,7 @@ def check_mixture(cfg) -> str | None:
 
   if not cfg.data.mixture:
     return None
-  try:
-    data_config.validate_data_config(cfg.data)
-  except ValueError as e:
-    raise errors.ConfigError(str(e)) from None
+  data_config.validate_data_config(cfg.data)
   try:
     prepared.open_data(cfg.data, cfg.model.max_length, cfg.model.vocab_size)
   except errors.StorageError as e:

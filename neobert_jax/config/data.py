@@ -2,6 +2,8 @@
 
 import ml_collections
 
+from neobert_jax.errors import ConfigError
+
 PACKING_MODES = ('packed', 'none')
 MASK_STRATEGIES = ('all_mask', 'bert_80_10_10')
 # Labelled tasks that install by package name (data/labelled.py reads them; eval.probe_task picks one).
@@ -83,14 +85,14 @@ def default_data_config() -> ml_collections.ConfigDict:
 
 
 def validate_data_config(cfg: ml_collections.ConfigDict) -> None:
-  """Raises ValueError naming the field when a value is out of range."""
+  """Raises ConfigError naming the field when a value is out of range."""
   if cfg.mixture and cfg.dir:
-    raise ValueError(
+    raise ConfigError(
       f'data.mixture={cfg.mixture} and data.dir={cfg.dir} are both set; a mixture names its directories itself: '
       'set one of them'
     )
   if cfg.mixture and not cfg.mixture.endswith('.json'):
-    raise ValueError(f'data.mixture={cfg.mixture}: expected a .json file of sources (docs/data.md)')
+    raise ConfigError(f'data.mixture={cfg.mixture}: expected a .json file of sources (docs/data.md)')
   checks = (
     (cfg.packing in PACKING_MODES, f'data.packing must be one of {PACKING_MODES}, got {cfg.packing!r}'),
     (
@@ -113,7 +115,7 @@ def validate_data_config(cfg: ml_collections.ConfigDict) -> None:
   )
   for ok, message in checks:
     if not ok:
-      raise ValueError(message)
+      raise ConfigError(message)
 
 
 def auto_virtual_shards(global_batch: int, process_count: int, cap: int = 32) -> int:

@@ -122,10 +122,7 @@ def validate_finetune(cfg: ml_collections.ConfigDict, num_devices: int | None = 
   if cfg.get('task') not in TASKS:
     raise ConfigError(f'task={cfg.get("task")!r}; expected one of {TASKS}')
   cfg = config_lib.typed(cfg, base_config(cfg.task), 'neobert_jax/config/finetune.py')
-  try:
-    validate_model_config(cfg.model)
-  except ValueError as e:
-    raise ConfigError(str(e)) from None
+  validate_model_config(cfg.model)
   d, t, o, h = cfg.data, cfg.train, cfg.optimizer, cfg.head
   if not d.train_file:
     raise ConfigError('data.train_file is empty; pass --config.data.train_file=PATH (CSV, TSV, JSONL or Parquet)')
@@ -185,10 +182,7 @@ def resolve_finetune(
   m = ml_collections.ConfigDict((source_model or cfg.model).to_dict())
   for field in RUNTIME_FIELDS:
     m[field] = cfg.model[field]
-  try:  # fine-tuning pads its rows (downstream/batching.py)
-    choice = resolve_numerics(m, platform=platform, packed=False)
-  except ValueError as e:
-    raise ConfigError(str(e)) from None
+  choice = resolve_numerics(m, platform=platform, packed=False)  # fine-tuning pads its rows (downstream/batching.py)
   out = ml_collections.ConfigDict(cfg.to_dict())
   out.model = m
   out.data.tokenizer = tokenizer

@@ -10,6 +10,7 @@ import jax
 import ml_collections
 
 from neobert_jax.config import check_choices, check_ranges
+from neobert_jax.errors import ConfigError
 
 ATTENTION_IMPLEMENTATIONS = ('auto', 'xla', 'blockwise', 'cudnn', 'cudnn_bias', 'splash')
 KERNELS = ATTENTION_IMPLEMENTATIONS[1:]  # the resolved names the model runs
@@ -61,15 +62,15 @@ def default_model_config() -> ml_collections.ConfigDict:
 
 
 def validate_model_config(cfg: ml_collections.ConfigDict) -> None:
-  """Raises ValueError naming the field and the fix for configurations the model cannot run."""
+  """Raises ConfigError naming the field and the fix for configurations the model cannot run."""
   if cfg.hidden_size % cfg.num_heads:
-    raise ValueError(
+    raise ConfigError(
       f'model.hidden_size={cfg.hidden_size} is not divisible by model.num_heads={cfg.num_heads}; '
       'choose sizes so that the head dimension is an integer.'
     )
   head_dim = cfg.hidden_size // cfg.num_heads
   if head_dim % 2:
-    raise ValueError(f'head dimension {head_dim} must be even for rotary embeddings.')
+    raise ConfigError(f'head dimension {head_dim} must be even for rotary embeddings.')
   choices = (
     ('attention_impl', ATTENTION_IMPLEMENTATIONS),
     ('remat_policy', REMAT_POLICIES),
@@ -84,13 +85,13 @@ def validate_model_config(cfg: ml_collections.ConfigDict) -> None:
   ]
   check_ranges('model', cfg, ranges)
   if cfg.attention_impl in ('cudnn', 'cudnn_bias') and cfg.dtype == 'float32':
-    raise ValueError(
+    raise ConfigError(
       f"model.attention_impl={cfg.attention_impl!r} needs model.dtype='bfloat16' or 'float16' "
       "(cuDNN fused attention has no fp32 kernel); use 'auto' or 'xla' for fp32."
     )
   for field in ('use_bias', 'tie_word_embeddings'):
     if not isinstance(cfg[field], bool):
-      raise ValueError(f'model.{field}={cfg[field]!r} must be True or False.')
+      raise ConfigError(f'model.{field}={cfg[field]!r} must be True or False.')
 
 
 def resolve_dtype(name: str, platform: str | None = None) -> str:
@@ -131,10 +132,10 @@ def choose_attention(
   splash_block: int = 512,
   blockwise_block: int = 128,
 ) -> Choice:
-  """The kernel for `requested` ('auto' or a name) on `platform`; ValueError with the fix when it cannot run."""
+  """The kernel for `requested` ('auto' or a name) on `platform`; ConfigError with the fix when it cannot run."""
   platform = 'gpu' if platform == 'cuda' else platform
   if requested not in ATTENTION_IMPLEMENTATIONS:
-    raise ValueError(f'model.attention_impl={requested!r}; expected one of {ATTENTION_IMPLEMENTATIONS}.')
+    raise ConfigError(f'model.attention_impl={requested!r}; expected one of {ATTENTION_IMPLEMENTATIONS}.')
   hopper = compute_capability is None or tuple(int(x) for x in compute_capability.split('.')) >= (9, 0)
   if requested == 'auto':
     if platform == 'gpu':
@@ -161,14 +162,14 @@ def choose_attention(
     return Choice('xla', f'rows of {seq_len} fit one key block')
   if requested in ('cudnn', 'cudnn_bias'):
     if platform != 'gpu':
-      raise ValueError(f"model.attention_impl={requested!r} needs an NVIDIA GPU, this is {platform}; use 'auto'.")
+      raise ConfigError(f"model.attention_impl={requested!r} needs an NVIDIA GPU, this is {platform}; use 'auto'.")
     if dtype not in _HALF:
-      raise ValueError(
+      raise ConfigError(
         f'model.attention_impl={requested!r} needs bfloat16 or float16 compute (cuDNN fused '
         f"attention has no {dtype} kernel); set model.dtype='bfloat16' or use 'auto'."
       )
     if requested == 'cudnn' and packed and not hopper:
-      raise ValueError(
+      raise ConfigError(
         f"model.attention_impl='cudnn' with packed rows needs a Hopper GPU (sm90+), this is sm"
         f"{compute_capability}; use 'cudnn_bias' or data.packing='none'."
       )
@@ -176,7 +177,7 @@ def choose_attention(
   if requested == 'splash':
     why = _splash_fits(seq_len, splash_block)
     if why:
-      raise ValueError(
+      raise ConfigError(
         f"model.attention_impl='splash': {why}; change model.max_length or "
         "model.splash_block_size (multiples of 128), or use 'auto'."
       )

@@ -220,11 +220,8 @@ def validate_train(
   """`cfg` typed by the schema (typed above); raises ConfigError for a config this trainer cannot run on the
   current devices."""
   cfg = typed_train(cfg)
-  for section, check in (('model', validate_model_config), ('data', validate_data_config)):
-    try:
-      check(cfg[section])
-    except ValueError as e:
-      raise ConfigError(str(e)) from None
+  validate_model_config(cfg.model)
+  validate_data_config(cfg.data)
   t, ev, log = cfg.train, cfg.eval, cfg.logging
   if cfg.model.dtype not in TRAIN_DTYPES:
     raise ConfigError(
@@ -330,12 +327,9 @@ def resolve_train(
     compute_capability = getattr(jax.devices()[0], 'compute_capability', None) if platform == 'gpu' else None
   out = ml_collections.ConfigDict(cfg.to_dict())
   out.mesh = ml_collections.ConfigDict(mesh_shape(cfg, num_devices))
-  try:
-    choice = resolve_numerics(
-      out.model, platform=platform, packed=cfg.data.packing == 'packed', compute_capability=compute_capability
-    )
-  except ValueError as e:
-    raise ConfigError(str(e)) from None
+  choice = resolve_numerics(
+    out.model, platform=platform, packed=cfg.data.packing == 'packed', compute_capability=compute_capability
+  )
   if data is None:
     return out, choice
   d, recorded = out.data, recorded or {}
