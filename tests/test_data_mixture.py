@@ -252,9 +252,7 @@ def test_a_resume_continues_exactly_even_on_another_process_count(tmp_path):
   halves = [mixture.Sampler(mix, seed=0, rows_per_slot=4, slots=range(p * 4, p * 4 + 4)) for p in range(2)]
   for h in halves:
     _run(h, 30)
-  state = json.loads(
-    json.dumps(mixture.merge_mixture_states([h.get_state() for h in halves]))
-  )  # as a checkpoint holds it
+  state = json.loads(json.dumps(pipeline.merge_states([h.get_state() for h in halves])))  # as a checkpoint holds it
   resumed = mixture.Sampler(mix, seed=0, rows_per_slot=4, slots=range(8))
   resumed.set_state(state)
   assert resumed.step == 30

@@ -1,23 +1,8 @@
 """Weighted data mixtures: the mixture file, its checks, and which source each row of a step comes from.
 
-The file (`--config.data.mixture=PATH.json`, local or gs://; docs/data.md has a worked example):
-
-    {"web":   {"dir": "gs://bucket/web", "weight": 0.7},
-     "books": {"dir": "/data/books",     "weight": [[0, 0.3], [50000, 0.1]]}}
-
-A weight is a number or a schedule of [start_step, weight] pairs, piecewise constant from each start on (0 before
-the first); weights are normalised per step. A relative `dir` is relative to the mixture file's folder.
-
-Sampling. The global batch is V slots of B/V rows (the pipeline's virtual shards: slot v is owned by the process
-that owns virtual shard v, so every process count that divides V sees the same rows). Each slot apportions its
-rows among the sources every step by largest remainder with carried credit (the rows a source is owed, in 1/UNITS
-of a row), so after any number of steps each source has had its share of the slot's rows to within about one row.
-The state is that credit, one integer per slot and source; the seed only sets the starting credits, so that slots
-round in different steps. Weights are read every step, so a schedule changed on resume applies from the resume
-step on.
-
-A plain data.dir is a mixture of one (`Mixture.of_dir`), its source named after the directory, of weight 1: the
-sampler gives it every row in order and its blocks are data.block_docs, so the batches are the source's alone.
+docs/data.md ("Several sources") has the file's format and how rows are drawn: per slot (virtual shard) and step,
+by largest remainder with carried credit, in 1/UNITS of a row. The sampler's state is that credit, one integer per
+slot and source; the seed only sets the starting credits. A plain data.dir is a mixture of one (`Mixture.of_dir`).
 Opening a source's prepared data is the pipeline's: `open_sources` takes its opener as an argument.
 """
 
@@ -170,19 +155,21 @@ def parse_mixture(raw: Any, where: str, base: str = '') -> Mixture:
       f'{where}: a mixture is a JSON object of sources, {{"name": {{"dir": ..., "weight": ...}}}}; got '
       f'{json.dumps(raw)[:60]}'
     )
-  sources, seen = [], set()
-  for name, spec in _pairs(raw):
-    if name in seen:
-      raise errors.ConfigError(f'{where}: source name {name!r} is used twice; give each source its own name')
-    seen.add(name)
-    sources.append(_source(name, spec, where, base))
-  mix = Mixture(where, tuple(sorted(sources, key=lambda s: s.name)))
+  specs = _unique(raw, lambda n: f'{where}: source name {n!r} is used twice; give each source its own name')
+  sources = sorted((_source(name, spec, where, base) for name, spec in specs.items()), key=lambda s: s.name)
+  mix = Mixture(where, tuple(sources))
   _check_some_weight(mix)
   return mix
 
 
-def _pairs(obj) -> list[tuple[str, Any]]:
-  return list(obj) if isinstance(obj, _Object) else list(obj.items())
+def _unique(obj, twice: Callable[[str], str]) -> dict[str, Any]:
+  """A decoded object's entries; a key given twice (seen in _Object's pairs) is a ConfigError saying `twice(key)`."""
+  out = {}
+  for key, value in obj if isinstance(obj, _Object) else obj.items():
+    if key in out:
+      raise errors.ConfigError(twice(key))
+    out[key] = value
+  return out
 
 
 def _source(name: str, spec: Any, where: str, base: str) -> WeightedSource:
@@ -192,13 +179,10 @@ def _source(name: str, spec: Any, where: str, base: str) -> WeightedSource:
     )
   if not isinstance(spec, (_Object, dict)):
     raise errors.ConfigError(f'{where}: source {name!r} must be an object {{"dir": ..., "weight": ...}}')
-  fields: dict[str, Any] = {}
-  for key, value in _pairs(spec):
-    if key not in KEYS:
-      raise errors.ConfigError(f'{where}: source {name!r}: unknown key {key!r}; a source has only {list(KEYS)}')
-    if key in fields:
-      raise errors.ConfigError(f'{where}: source {name!r}: key {key!r} is given twice; keep one')
-    fields[key] = value
+  fields = _unique(spec, lambda key: f'{where}: source {name!r}: key {key!r} is given twice; keep one')
+  unknown = [k for k in fields if k not in KEYS]
+  if unknown:
+    raise errors.ConfigError(f'{where}: source {name!r}: unknown key {unknown[0]!r}; a source has only {list(KEYS)}')
   missing = [k for k in KEYS if k not in fields]
   if missing:
     raise errors.ConfigError(f'{where}: source {name!r} has no {missing[0]!r}; a source has {list(KEYS)}')
@@ -419,11 +403,3 @@ class Sampler:
         f'{self.mix.path}: source {name!r} {how} since the checkpoint; a resumed mixture may change only its '
         'weights: restore the source as it was, or start the new or moved sources fresh (docs/data.md)'
       )
-
-
-def merge_mixture_states(states: list[dict[str, Any]]) -> dict[str, Any]:
-  """One sampler state holding every slot, from the states of all processes of a run."""
-  joined = {}
-  for s in states:
-    joined.update(s['slots'])
-  return {**states[0], 'slots': joined}

@@ -94,7 +94,7 @@ def train_batches(
   seed: int,
   process_index: int,
   process_count: int,
-) -> tuple[host_batches.TrainBatches, dict[str, store_lib.LocalStore | store_lib.BucketStore]]:
+) -> tuple[host_batches.TrainBatches, dict[str, store_lib.Store]]:
   """(this process's batches of the run's sources, the store each source reads through): every source on the same
   virtual shards, sharing data.cache_gb, each checked (layout, cache budget) before a shard is read."""
   mix = sources.mix
@@ -137,7 +137,7 @@ def _source(
   process_index: int,
   process_count: int,
   share: float,
-) -> tuple[host_batches.HostBatches, store_lib.LocalStore | store_lib.BucketStore]:
+) -> tuple[host_batches.HostBatches, store_lib.Store]:
   """(this process's row streams of one source, the store it reads through): its own virtual shards, packing,
   masking and position. `share`: the source's largest share of the rows: its downloads run that share of a window
   ahead of its reader, and below 1 none starts before its reader needs its first block."""

@@ -1,19 +1,12 @@
 """One host's batches: every step, B/V rows from each of the host's virtual shards of a source, in shard order
 (HostBatches), and the training batches drawn from the run's sources (TrainBatches).
 
-Of n processes, process p owns virtual shards [p*V/n, (p+1)*V/n) and builds only its own rows: B/n per step. The
-rows of global step k (process 0's, then 1's, ...) are the same for every n that divides V, because each virtual
-shard gives B/V rows to every step whoever owns it. A source's iterator state is, per owned virtual shard, the next
-block and row (two integers): restoring is a seek (one block rebuilt per shard), not a replay, and the states of the
-processes of any earlier run merge into one table (position.py) from which every process of the new run takes its own.
-
-Every source is read by its own HostBatches (its virtual shards, store, packing and masking: a packed row holds one
-source); each step the mixture's sampler (data/mixture.py) says, per virtual shard (slot) this process owns, how
-many of the slot's B/V rows each source gives and where they go. Source virtual shard v feeds only slot v, so a
-process reads only its share of every source. A plain data.dir is a mixture of one, whose rows are its own, in
-order. The training state is {'mixture': the sampler's credits, 'sources': {name: that source's position}}; a
-position saved before sources had names (one source's {'stream', 'shards'}) restores into the one source
-(upgrade_state).
+Why the rows of a step do not depend on the process count, and how positions merge across counts: docs/pods.md.
+A source's iterator state is, per owned virtual shard, the next block and row: restoring is a seek, not a replay.
+Every source is read by its own HostBatches (a packed row holds one source); each step the mixture's sampler
+(data/mixture.py) says, per slot (virtual shard) this process owns, how many of its B/V rows each source gives and
+where they go. The training state is {'mixture': the sampler's credits, 'sources': {name: that source's
+position}}; a position saved before sources had names restores into the one source (upgrade_state).
 """
 
 from __future__ import annotations

@@ -4,14 +4,9 @@ as an opaque data position (engine/checkpoint.DataPosition) and never reads what
 
 A position is data: a source's state (host_batches.py) is {'stream': virtual.STREAM, 'shards': {virtual shard:
 [next block, next row]}}; a pipeline that wraps sources (prefetch workers, a mixture) nests their states inside its
-own, and the state functions below walk that nesting.
-
-The item holds one file per process, process_<i>-of-<n>.json (Grain's Orbax handler writes them, captured when the
-save starts, so the position matches the batches the saved parameters have seen). Under the same process count
-each process reads its own file; under another, the files of every writer merge into one table of all virtual
-shards, from which each process of this job takes its own (the pipeline refuses a count that does not divide
-data.virtual_shards). Restoring is a seek: one block rebuilt per virtual shard, whatever the step; a lost position
-is replaced by one derived from the step.
+own, and the state functions below walk that nesting. The item holds one file per process,
+process_<i>-of-<n>.json (Grain's Orbax handler writes them when the save starts); under another process count the
+files of every writer merge into one table (docs/pods.md, "The rule for another process count").
 """
 
 from __future__ import annotations
@@ -84,15 +79,13 @@ class Position:
     return False
 
 
-def _writer_count(item: paths.Path) -> int | None:
-  """How many processes wrote the states in `item` (None if there are none)."""
-  counts = {int(m.group(2)) for f in (item.iterdir() if item.is_dir() else ()) if (m := _STATE_FILE.fullmatch(f.name))}
-  return max(counts) if counts else None
-
-
 def _saved_state(item: paths.Path, pid: int, nproc: int) -> tuple[Any, str]:
   """(the state to restore on process `pid` of `nproc`, or None; what was found, for the log)."""
-  writers = _writer_count(item)
+  # How many processes wrote the states in `item`.
+  writers = max(
+    (int(m.group(2)) for f in (item.iterdir() if item.is_dir() else ()) if (m := _STATE_FILE.fullmatch(f.name))),
+    default=None,
+  )
   if writers is None:
     return None, 'the checkpoint holds no data-iterator state'
   own = item / f'process_{pid}-of-{nproc}.json'
@@ -118,6 +111,11 @@ def _is_stream(state: Any) -> bool:
   return isinstance(state, dict) and state.get('stream') == virtual.STREAM
 
 
+# Per kind of stream, its table with an entry per virtual shard (a source's positions, a mixture sampler's slots):
+# the states of a run's processes merge by joining those tables.
+_PER_SHARD = {virtual.STREAM: 'shards', mixture_lib.STREAM: 'slots'}
+
+
 def state_at(block: int, row: int = 0, shards_: range | list[int] = range(1)) -> dict[str, Any]:
   """The state of one source with every virtual shard in `shards_` at `row` of its block `block`. A seek costs
   building one block per shard, whatever the number."""
@@ -128,23 +126,18 @@ def holds_streams(state: Any) -> bool:
   """Whether a (JSON-decoded) state holds virtual-shard positions anywhere: those merge across process counts."""
   if _is_stream(state):
     return True
-  if isinstance(state, dict):
-    return any(holds_streams(v) for v in state.values())
-  return isinstance(state, list) and any(holds_streams(v) for v in state)
+  nested = state.values() if isinstance(state, dict) else state if isinstance(state, list) else ()
+  return any(holds_streams(v) for v in nested)
 
 
 def merge_states(states: list[Any]) -> Any:
   """One state holding every virtual shard's position, from the states of all processes of a run (same layout:
-  the first one's, with the 'shards' tables of all of them joined)."""
+  the first one's, with the per-shard tables of all of them joined)."""
   first = states[0]
   if isinstance(first, dict):
-    if first.get('stream') == mixture_lib.STREAM:  # a mixture's sampler: each process holds its own slots
-      return mixture_lib.merge_mixture_states(states)
-    if _is_stream(first):
-      joined = {}
-      for s in states:
-        joined.update(s['shards'])
-      return {**first, 'shards': joined}
+    table = _PER_SHARD.get(first.get('stream'))
+    if table:
+      return {**first, table: {k: v for s in states for k, v in s[table].items()}}
     return {k: merge_states([s[k] for s in states]) if all(k in s for s in states) else v for k, v in first.items()}
   if isinstance(first, list) and all(isinstance(s, list) and len(s) == len(first) for s in states):
     return [merge_states([s[i] for s in states]) for i in range(len(first))]

@@ -10,6 +10,7 @@ takes first: opening never tokenizes.
 from __future__ import annotations
 
 import dataclasses
+import os
 
 from array_record.python.array_record_module import ArrayRecordReader
 import ml_collections
@@ -156,7 +157,7 @@ def split_files(data_cfg: ml_collections.ConfigDict, seq_len: int, split: str, m
   listed = split_shards(directory, manifest, split)[:max_files]
   store = open_store(directory, manifest, split, listed, float('inf'), 0)
   store.acquire([s['file'] for s in listed])
-  return [store.local_path(s['file']) for s in listed], manifest
+  return [os.path.join(store.dir, s['file']) for s in listed], manifest
 
 
 def iter_split_files(data_cfg: ml_collections.ConfigDict, seq_len: int, split: str):
@@ -171,7 +172,7 @@ def iter_split_files(data_cfg: ml_collections.ConfigDict, seq_len: int, split: s
     for shard in listed:
       store.acquire([shard['file']])
       try:
-        yield store.local_path(shard['file'])
+        yield os.path.join(store.dir, shard['file'])
       finally:
         store.release([shard['file']])
 

@@ -1,25 +1,17 @@
 """Where a host reads prepared shards: in place (a local directory), or from a bucket through a bounded cache.
 
-A host reads only the shard files of its own virtual shards (virtual.py), a window at a time. On a bucket
-(data.dir=gs://...) each file is downloaded whole, in one sequential stream (large reads: random record reads over
-HTTP run ~50x slower than from disk), into this process's cache folder for that split,
-cache/stream/<url key>/<manifest>/process-<p>/<split>/ (one folder per store: a store owns every file in its folder):
-
-  * before any download, the sizes of this host's files on the bucket are checked against the manifest (a damaged
-    bucket is one line before a byte moves); after it, size, sha256 (when the manifest has it) and record count.
-    A file takes its name only once whole and checked, so a kill leaves a `.part` that the next start discards;
-  * reading pins the files of the current window; the next window is fetched in the background while the current
-    one is read (`prefetch`); unpinned files are evicted, least recently used first, to stay within the budget
-    (data.cache_gb). The budget must hold two windows per virtual shard: that is checked when the store opens;
-  * counters (bytes downloaded, peak bytes on disk, seconds to the first file) for the log and the benchmark.
-
-Nothing here grows with the corpus: the files a host touches, and its disk, are bounded by its share and budget.
+docs/pods.md ("The bounded cache") says what a bucket store fetches, into which folder, what it checks and how it
+stays within data.cache_gb. Whole files, because random record reads over HTTP run ~50x slower than from disk: each
+comes down in one sequential stream, and takes its name only once whole and checked, so a kill leaves a `.part` that
+the next start discards. A store owns every file of its cache folder (one per split), and nothing here grows with
+the corpus: the files a host touches, and its disk, are bounded by its share and budget.
 """
 
 from __future__ import annotations
 
 import collections
 import concurrent.futures
+import dataclasses
 import errno
 import hashlib
 import logging
@@ -27,7 +19,7 @@ import os
 import shutil
 import threading
 import time
-from typing import Iterable, Protocol, runtime_checkable
+from typing import Iterable
 
 from array_record.python.array_record_module import ArrayRecordReader
 
@@ -40,24 +32,25 @@ log = logging.getLogger('neobert_jax.data')
 PARALLEL = 4
 
 
-@runtime_checkable
-class Store(Protocol):
-  """What every shard store gives its readers (virtual.ShardBlocks, prepared.split_files): LocalStore and
-  BucketStore. A reader pins the files of its block (acquire, matched by one release), asks for the next window
-  ahead (prefetch), and reads records by number."""
+@dataclasses.dataclass
+class Stats:
+  """A store's counters, for the log and the benchmark."""
 
-  caches: bool  # keeps files within a budget (factories.cache_need sizes it)
-  stats: 'Stats'
+  bytes_downloaded: int = 0
+  bytes_read: int = 0  # record bytes the reader took (a source's consumption, whatever the files fetched)
+  files_downloaded: int = 0
+  disk_bytes: int = 0
+  peak_disk_bytes: int = 0
+  opened: float = dataclasses.field(default_factory=time.perf_counter)
+  first_file_seconds: float | None = None
 
-  def acquire(self, names: Iterable[str]) -> None: ...
-
-  def release(self, names: Iterable[str]) -> None: ...
-
-  def prefetch(self, names: Iterable[str]) -> None: ...
-
-  def read(self, name: str, records: list[int]) -> list[bytes]: ...
-
-  def close(self) -> None: ...
+  def as_dict(self) -> dict:
+    return {
+      'bytes_downloaded': self.bytes_downloaded,
+      'files_downloaded': self.files_downloaded,
+      'peak_disk_bytes': self.peak_disk_bytes,
+      'first_file_seconds': self.first_file_seconds,
+    }
 
 
 class _Readers:
@@ -91,36 +84,31 @@ class _Readers:
         src[0].close()
 
 
-class LocalStore:
-  """Shards read where they are. Each file this host uses is checked (size, records) when the store opens."""
+class Store:
+  """What every shard store gives its readers (virtual.ShardBlocks, prepared.split_files): the shard files of the
+  local folder `dir`, read in place (LocalStore) or fetched there (BucketStore). A reader pins the files of its
+  block (acquire, matched by one release), asks for the next window ahead (prefetch), and reads records by number;
+  reading in place, the store has nothing to do for the first three."""
 
-  caches = False  # nothing to size
+  caches: bool = False  # keeps files within a budget (factories.cache_need sizes it)
+  stats: Stats
 
-  def __init__(self, directory: str, listed: list[dict]):
-    self.directory, self.listed = directory, listed
-    self._readers = _Readers()
-    for shard in listed:
-      path = os.path.join(directory, shard['file'])
-      if not os.path.isfile(path):
-        raise errors.DataError(f'{path}: shard listed in the manifest is missing; {shards.remedy(directory)}')
-      shards.check_size(path, os.path.getsize(path), shard, directory, 'on disk')
-      shards.check_records(path, path, shard, directory)
+  def __init__(self, directory: str):
+    self.dir = directory  # a file's local path is os.path.join(store.dir, name)
     self.stats = Stats()
+    self._readers = _Readers()
 
-  def local_path(self, name: str) -> str:
-    return os.path.join(self.directory, name)
-
-  def acquire(self, names) -> None:
+  def acquire(self, names: Iterable[str]) -> None:
     pass
 
-  def release(self, names) -> None:
+  def release(self, names: Iterable[str]) -> None:
     pass
 
-  def prefetch(self, names) -> None:
+  def prefetch(self, names: Iterable[str]) -> None:
     pass
 
   def read(self, name: str, records: list[int]) -> list[bytes]:
-    out = self._readers.read(self.local_path(name), records)
+    out = self._readers.read(os.path.join(self.dir, name), records)
     self.stats.bytes_read += sum(map(len, out))
     return out
 
@@ -128,26 +116,20 @@ class LocalStore:
     pass
 
 
-class Stats:
-  def __init__(self):
-    self.bytes_downloaded = 0
-    self.bytes_read = 0  # record bytes the reader took (a source's consumption, whatever the files fetched)
-    self.files_downloaded = 0
-    self.disk_bytes = 0
-    self.peak_disk_bytes = 0
-    self.opened = time.perf_counter()
-    self.first_file_seconds: float | None = None
+class LocalStore(Store):
+  """Shards read where they are. Each file this host uses is checked (size, records) when the store opens."""
 
-  def as_dict(self) -> dict:
-    return {
-      'bytes_downloaded': self.bytes_downloaded,
-      'files_downloaded': self.files_downloaded,
-      'peak_disk_bytes': self.peak_disk_bytes,
-      'first_file_seconds': self.first_file_seconds,
-    }
+  def __init__(self, directory: str, listed: list[dict]):
+    super().__init__(directory)
+    for shard in listed:
+      path = os.path.join(directory, shard['file'])
+      if not os.path.isfile(path):
+        raise _missing(path, directory)
+      shards.check_size(path, os.path.getsize(path), shard, directory, 'on disk')
+      shards.check_records(path, path, shard, directory)
 
 
-class BucketStore:
+class BucketStore(Store):
   """Shards of a bucket, fetched into a bounded local cache ahead of the reader (see the module docstring)."""
 
   caches = True
@@ -155,13 +137,11 @@ class BucketStore:
   def __init__(
     self, url: paths.Path, listed: list[dict], budget_bytes: int, process_index: int, version: str, split: str
   ):
-    self.url, self.budget = url, budget_bytes
-    self.by_name = {s['file']: s for s in listed}
     # Keyed by the manifest too: data prepared again under the same URL never reuses the old files. One folder per
     # split: a store adopts or removes every file in its folder, so the held-out reader must not share the train's.
-    self.dir = str(paths.cache_dir('stream', paths.url_key(url), version, f'process-{process_index}', split))
-    self.stats = Stats()
-    self._readers = _Readers()
+    super().__init__(str(paths.cache_dir('stream', paths.url_key(url), version, f'process-{process_index}', split)))
+    self.url, self.budget = url, budget_bytes
+    self.by_name = {s['file']: s for s in listed}
     self._lock = threading.Condition()
     self._pins: collections.Counter = collections.Counter()
     self._lru: collections.OrderedDict[str, int] = collections.OrderedDict()  # local files -> bytes
@@ -183,9 +163,6 @@ class BucketStore:
         self._lru[name] = shard['bytes']
     self.stats.disk_bytes = sum(self._lru.values())
     self.stats.peak_disk_bytes = self.stats.disk_bytes
-
-  def local_path(self, name: str) -> str:
-    return os.path.join(self.dir, name)
 
   def acquire(self, names) -> None:
     """Pins `names` and returns once all are local (downloading those that are not)."""
@@ -214,11 +191,6 @@ class BucketStore:
       for n in names:
         self._start(n, required=False)
 
-  def read(self, name: str, records: list[int]) -> list[bytes]:
-    out = self._readers.read(self.local_path(name), records)
-    self.stats.bytes_read += sum(map(len, out))
-    return out
-
   def close(self) -> None:
     self._pool.shutdown(wait=False, cancel_futures=True)
 
@@ -246,8 +218,8 @@ class BucketStore:
     return self.stats.disk_bytes + size <= self.budget
 
   def _evict(self, name: str) -> None:
-    self._readers.drop(self.local_path(name))
-    os.remove(self.local_path(name))
+    self._readers.drop(os.path.join(self.dir, name))
+    os.remove(os.path.join(self.dir, name))
     self.stats.disk_bytes -= self._lru.pop(name)
 
   # -- download threads --
@@ -276,7 +248,7 @@ def check_bucket_sizes(url: paths.Path, listed: list[dict]) -> None:
     try:
       size = src.stat().length
     except FileNotFoundError:
-      raise errors.DataError(f'{src}: shard listed in the manifest is missing; {shards.remedy(str(url))}') from None
+      raise _missing(src, url) from None
     shards.check_size(str(src), size, shard, str(url), 'on the bucket')
 
 
@@ -293,7 +265,7 @@ def fetch_shard(url: paths.Path, local: str, shard: dict) -> None:
         fout.write(block)
         size += len(block)
   except FileNotFoundError:
-    raise errors.DataError(f'{src}: shard listed in the manifest is missing; {shards.remedy(str(url))}') from None
+    raise _missing(src, url) from None
   except OSError as e:
     if e.errno == errno.ENOSPC:
       raise errors.StorageError(
@@ -311,6 +283,10 @@ def fetch_shard(url: paths.Path, local: str, shard: dict) -> None:
     )
   shards.check_records(part, str(src), shard, str(url))
   os.replace(part, dst)
+
+
+def _missing(path, directory) -> errors.DataError:
+  return errors.DataError(f'{path}: shard listed in the manifest is missing; {shards.remedy(str(directory))}')
 
 
 def download_failed(src, e: Exception) -> errors.StorageError:

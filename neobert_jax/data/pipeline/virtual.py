@@ -1,17 +1,11 @@
 """Virtual shards: how a split's records are dealt to hosts, and which records form block b of each share.
 
-The train split's records, concatenated in manifest order, are cut into V contiguous ranges of (nearly) equal size,
-the virtual shards (data.virtual_shards). V is fixed for a run; of n processes, process p owns shards
-[p*V/n, (p+1)*V/n), so it reads only the shard files those ranges touch (about 1/n of the corpus, plus at most a
-file at each end) and packs and masks only its own rows. Each virtual shard is an endless stream of documents on
-its own; every step takes B/V rows from each (B = global batch), so the global batch, row for row, does not depend
-on n, and a resume under another process count that divides V is exact.
-
-A virtual shard's stream, epoch e: its records are cut into windows of `window` consecutive pieces (a piece is the
-part of one shard file inside the range); the windows are visited in an order shuffled per (seed, shard, epoch),
-and the records inside each window are shuffled per (seed, shard, window, epoch). A host therefore needs at most
-two windows of files per virtual shard at once (the current one and the next), whatever the corpus size, and every
-block is computed directly from its number: a seek costs one block, never a replay.
+docs/pods.md ("Virtual shards", "What a global batch mixes") has the layout: V contiguous ranges of the records in
+manifest order, process p of n owning [p*V/n, (p+1)*V/n), each an endless stream of its own whose epoch e visits
+windows of `window` consecutive pieces (a piece: the part of one shard file inside the range) in an order shuffled
+per (seed, shard, epoch), the records inside each window shuffled per (seed, shard, window, epoch). So a host needs
+at most two windows of files per virtual shard at once, and every block is computed directly from its number: a
+seek costs one block, never a replay.
 
 The shuffles are a seeded bijection of [0, n) (a Feistel network with cycle walking, `permute`), evaluated only at
 the positions a block needs, so no permutation table grows with the corpus. A block's records are read in one call
