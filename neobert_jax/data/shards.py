@@ -1,9 +1,6 @@
-"""Prepared-data layout on disk: ArrayRecord shards of token ids and manifest.json.
-
-Format v2 (what `prepare` writes) stores each id as a little-endian uint16 when the vocabulary has fewer than
-65,536 ids, else as int32, and the manifest names the width (`id_dtype`): two bytes per token halve disk, download
-and reading for every BERT-sized vocabulary. Format v1 (always int32, no `id_dtype`) is still read. Readers take
-the width from `Manifest.id_dtype` and widen ids to int32, what the pipeline and the model work in.
+"""Prepared-data layout on disk: ArrayRecord shards of token ids and manifest.json (formats v1 and v2: docs/data.md,
+"Format"). Readers take the id width from `Manifest.id_dtype` and widen ids to int32, what the pipeline and the
+model work in.
 
 A prepared directory is complete only when manifest.json exists: `prepare` writes it last (atomically). Readers
 check every shard they use against it (size, record count), so a truncated or missing shard is an error before

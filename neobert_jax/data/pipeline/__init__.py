@@ -19,13 +19,12 @@ Callers use the names below (`from neobert_jax.data import pipeline`).
 from neobert_jax.data.pipeline.factories import cache_need, make_eval_iterator, make_train_iterator, virtual_shards
 from neobert_jax.data.pipeline.position import Position, merge_states, state_at
 from neobert_jax.data.pipeline.prepared import Sources, open_data, open_prepared, prepare_builtin, read_mixture
-from neobert_jax.data.pipeline.prepared import iter_split_files, split_files
+from neobert_jax.data.pipeline.prepared import split_files
 
 __all__ = [
   'Position',
   'Sources',
   'cache_need',
-  'iter_split_files',
   'make_eval_iterator',
   'make_train_iterator',
   'merge_states',

@@ -75,7 +75,10 @@ def make_train_iterator(
     data_cfg, sources, batch_size_per_host * process_count, seq_len, seed, process_index, process_count
   )
   if data_cfg.num_workers > 0:
-    _mark_absl_flags_parsed()
+    from absl import flags  # pylint: disable=g-import-not-at-top
+
+    if not flags.FLAGS.is_parsed():  # mp_prefetch reads absl flags; a trainer without absl.app has not parsed them
+      flags.FLAGS.mark_as_parsed()
     ds = ds.mp_prefetch(
       grain.MultiprocessingOptions(num_workers=data_cfg.num_workers, per_worker_buffer_size=data_cfg.worker_buffer_size)
     )
@@ -144,9 +147,7 @@ def _source(
   listed = prepared.split_shards(directory, manifest, 'train')
   counts, names = [s['records'] for s in listed], [s['file'] for s in listed]
   count = virtual_shards(data_cfg, global_batch, process_count)
-  problem = virtual.check_layout(count, process_count, global_batch, sum(counts))
-  if problem:
-    raise errors.ConfigError(problem)
+  virtual.check_layout(count, process_count, global_batch, sum(counts))
   if data_cfg.num_workers > 0 and paths.is_url(directory):
     raise errors.ConfigError(
       'data.num_workers > 0 reads local data only (each worker would keep its own bucket cache); '
@@ -262,11 +263,3 @@ class EvalBatches:
     if self.num_batches is None:
       return it
     return (next(it) for _ in range(self.num_batches))
-
-
-def _mark_absl_flags_parsed() -> None:
-  """mp_prefetch reads absl flags; a trainer without absl.app has not parsed them."""
-  from absl import flags  # pylint: disable=g-import-not-at-top
-
-  if not flags.FLAGS.is_parsed():
-    flags.FLAGS.mark_as_parsed()

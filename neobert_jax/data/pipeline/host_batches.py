@@ -167,11 +167,6 @@ class _TrainIterator(grain.DatasetIterator):
   def __next__(self) -> dict:
     order = self._sampler.next()
     names = self._ds.mix.names
-    if len(names) == 1:  # every row the one source's, in order
-      it = self._its[names[0]]
-      parts = [p for v in self._slots for p in it.take(v, len(order[v]))]
-      self._note_epochs()
-      return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
     parts, grouped, offset = [], [], 0
     for v in self._slots:
       where = order[v]

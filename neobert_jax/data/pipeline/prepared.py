@@ -12,7 +12,6 @@ from __future__ import annotations
 import dataclasses
 import os
 
-from array_record.python.array_record_module import ArrayRecordReader
 import ml_collections
 import numpy as np
 
@@ -152,7 +151,7 @@ def open_store(
 
 def split_files(data_cfg: ml_collections.ConfigDict, seq_len: int, split: str, max_files: int | None = None):
   """(local paths of the first `max_files` shards of a split (all by default), manifest), fetched if the data is on
-  a bucket; for reports that read a split whole on one process."""
+  a bucket; for a tool that reads a split whole on one process (benchmarks/data_pipeline.py)."""
   directory, manifest = open_prepared(data_cfg, seq_len)
   listed = split_shards(directory, manifest, split)[:max_files]
   store = open_store(directory, manifest, split, listed, float('inf'), 0)
@@ -160,43 +159,27 @@ def split_files(data_cfg: ml_collections.ConfigDict, seq_len: int, split: str, m
   return [os.path.join(store.dir, s['file']) for s in listed], manifest
 
 
-def iter_split_files(data_cfg: ml_collections.ConfigDict, seq_len: int, split: str):
-  """(manifest, the local paths of a split's shards in order), each fetched only when the reader reaches it if the
-  data is on a bucket, and released after, so the cache budget holds; for a report that reads a split from its start
-  on one process and may stop early."""
-  directory, manifest = open_prepared(data_cfg, seq_len)
-  listed = split_shards(directory, manifest, split)
-  store = open_store(directory, manifest, split, listed, data_cfg.cache_gb, 0)  # reports run on process 0
-
-  def files():
-    for shard in listed:
-      store.acquire([shard['file']])
-      try:
-        yield os.path.join(store.dir, shard['file'])
-      finally:
-        store.release([shard['file']])
-
-  return manifest, files()
-
-
 def read_heldout_split(
   data_cfg: ml_collections.ConfigDict, seq_len: int, split: str, max_tokens: int | None = None
 ) -> tuple[list[np.ndarray], shards.Manifest]:
   """(the split's documents as int32 arrays in order, its manifest); at most ~max_tokens of them (a sample of a
-  large train split, read 1024 records at a time so that no more is fetched)."""
-  manifest, files = iter_split_files(data_cfg, seq_len, split)
-  records, tokens, dtype = [], 0, manifest.id_dtype
-  for path in files:
+  large train split, read 1024 records at a time so that no more is fetched). From a bucket, each file is fetched
+  when the reader reaches it and released after, so the cache budget holds; reports run on process 0."""
+  directory, manifest = open_prepared(data_cfg, seq_len)
+  listed = split_shards(directory, manifest, split)
+  store = open_store(directory, manifest, split, listed, data_cfg.cache_gb, 0)
+  records, tokens = [], 0
+  for shard in listed:
     if max_tokens is not None and tokens >= max_tokens:
       break  # before the next file is fetched
-    reader = ArrayRecordReader(path)
-    n = reader.num_records()
-    step = 1024 if max_tokens is not None else max(n, 1)  # a whole split is read in one call
+    name, n = shard['file'], shard['records']
+    step = 1024 if max_tokens is not None else max(n, 1)  # a whole split is read in one call per file
+    store.acquire([name])
     for start in range(0, n, step):
       if max_tokens is not None and tokens >= max_tokens:
         break
-      chunk = [shards.decode(r, dtype) for r in reader.read(range(start, min(start + step, n)))]
+      chunk = [shards.decode(r, manifest.id_dtype) for r in store.read(name, list(range(start, min(start + step, n))))]
       records += chunk
       tokens += sum(c.size for c in chunk)
-    reader.close()
+    store.release([name])
   return records, manifest

@@ -22,6 +22,8 @@ import sys
 import grain
 import numpy as np
 
+from neobert_jax import errors
+
 STREAM = 'virtual-shards/1'  # marks an iterator state as positions in the virtual shards' streams
 _ROUNDS = 6  # of the Feistel network (permute)
 
@@ -61,24 +63,25 @@ def owned(virtual_shards: int, process_index: int, process_count: int) -> range:
   return range(process_index * per, (process_index + 1) * per)
 
 
-def check_layout(virtual_shards: int, process_count: int, global_batch: int, records: int) -> str | None:
-  """Why this layout cannot run (one line), or None."""
+def check_layout(virtual_shards: int, process_count: int, global_batch: int, records: int) -> None:
+  """A ConfigError saying why this layout cannot run (one line), if it cannot."""
   if virtual_shards < 1:
-    return f'data.virtual_shards must be >= 1, got {virtual_shards}'
+    raise errors.ConfigError(f'data.virtual_shards must be >= 1, got {virtual_shards}')
   if virtual_shards % process_count:
-    return (
+    raise errors.ConfigError(
       f'data.virtual_shards={virtual_shards} is not a multiple of the process count {process_count}: every process '
       f'owns the same number of virtual shards, so a run may use (and resume under) only a process count that '
       f'divides data.virtual_shards; run with such a count, or start a new run with another data.virtual_shards'
     )
   if global_batch % virtual_shards:
-    return (
+    raise errors.ConfigError(
       f'the global batch ({global_batch} rows) is not a multiple of data.virtual_shards={virtual_shards}: every '
       'virtual shard gives the same number of rows to each step; pick a data.virtual_shards that divides it'
     )
   if records < virtual_shards:
-    return f'the split holds {records} records, fewer than data.virtual_shards={virtual_shards}; lower it'
-  return None
+    raise errors.ConfigError(
+      f'the split holds {records} records, fewer than data.virtual_shards={virtual_shards}; lower it'
+    )
 
 
 class ShardStream:

@@ -1,14 +1,11 @@
-"""`prepare --engine=ray`: the local engine's shards, made by the tasks of a Ray cluster.
+"""`prepare --engine=ray`: the local engine's shards, made by the tasks of a Ray cluster in two passes (pass 1
+tokenizes a unit of input per task, the driver plans the shards over the token counts, pass 2 writes a shard per
+task; docs/data.md, "How it works, and why two passes", and "Resume after a failure").
 
-Pass 1: one task per unit of input (splits.py) tokenizes as documents.py does and keeps its records in the work
-area; the driver plans the shards over the token counts (rollover.py); pass 2: one task per shard writes it. The
-manifest differs from the local one only in its run fields; a re-run of a killed build resumes.
-
-The work area, OUTPUT/.prepare-work (`Ledger`), is what a build has finished, seen by every node and by a re-run:
-build.json (the build's identity), units/NNNNNN.SPLIT.npz (records), units/NNNNNN.done.npz (counts, written last:
-the unit's entry), shards/NAME.json (a shard in place, with its plan). Every object is written whole. A task's bad
-input comes back as a value ({'error': ...}), never retried; any exception is a machine's fault and Ray retries it
-(every write is whole and the same each time).
+The work area, OUTPUT/.prepare-work (`Ledger`): build.json (the build's identity), units/NNNNNN.SPLIT.npz
+(records), units/NNNNNN.done.npz (counts, written last: the unit's entry), shards/NAME.json (a shard in place, with
+its plan). Every object is written whole. A task's bad input comes back as a value ({'error': ...}), never retried;
+any exception is a machine's fault and Ray retries it (every write is whole and the same each time).
 """
 
 from __future__ import annotations
