@@ -324,14 +324,13 @@ def _interleave(counts: tuple[int, ...]) -> np.ndarray:
 class Sampler:
   """The source of every row of this process's slots, step after step.
 
-  `slots`: the slot (virtual shard) numbers this process owns; `rows_per_slot`: B/V. `next()` gives, for the
-  current step, {slot: source index per row} (indices into mix.names) and moves to the next step. The state is
-  the step and each slot's credits; states of the processes of an earlier run merge (their 'slots' tables join).
+  `slots`: the slot (virtual shard) numbers this process owns; `rows_per_slot`: B/V (>= 1, virtual.check_layout).
+  `next()` gives, for the current step, {slot: source index per row} (indices into mix.names) and moves to the next
+  step. The state is the step and each slot's credits; states of the processes of an earlier run merge (their
+  'slots' tables join).
   """
 
   def __init__(self, mix: Mixture, seed: int, rows_per_slot: int, slots: Iterable[int]):
-    if rows_per_slot < 1:
-      raise ValueError(f'rows_per_slot must be >= 1, got {rows_per_slot}')
     self.mix, self.seed, self.rows = mix, seed, rows_per_slot
     self.slots = list(slots)
     self.step = 0

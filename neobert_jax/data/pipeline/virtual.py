@@ -64,9 +64,8 @@ def owned(virtual_shards: int, process_index: int, process_count: int) -> range:
 
 
 def check_layout(virtual_shards: int, process_count: int, global_batch: int, records: int) -> None:
-  """A ConfigError saying why this layout cannot run (one line), if it cannot."""
-  if virtual_shards < 1:
-    raise errors.ConfigError(f'data.virtual_shards must be >= 1, got {virtual_shards}')
+  """A ConfigError saying why this layout cannot run (one line), if it cannot (`virtual_shards` >= 1: config/data.py
+  checks data.virtual_shards, and 0 resolves to a multiple of the process count)."""
   if virtual_shards % process_count:
     raise errors.ConfigError(
       f'data.virtual_shards={virtual_shards} is not a multiple of the process count {process_count}: every process '
