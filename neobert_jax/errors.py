@@ -12,68 +12,49 @@ import sys
 
 
 class NeobertError(Exception):
-  """An expected failure whose message names the problem and the fix; the CLI prints it as one line."""
+  """An expected failure whose message names the problem and the fix; the CLI prints it as one line. Each kind
+  declares its exit status and the word the CLI prints before the message as class arguments."""
 
   exit_status = 1
   kind = 'error'
 
+  def __init_subclass__(cls, exit_status: int, kind: str, **kwargs):
+    super().__init_subclass__(**kwargs)
+    cls.exit_status, cls.kind = exit_status, kind
 
-class ConfigError(NeobertError, ValueError):
+
+class ConfigError(NeobertError, ValueError, exit_status=2, kind='config error'):
   """A config (file, override or command-line flag) that cannot run; the message names the field."""
 
-  exit_status = 2
-  kind = 'config error'
 
-
-class DataError(NeobertError, ValueError):
+class DataError(NeobertError, ValueError, exit_status=10, kind='data error'):
   """Input text or prepared data that is missing, unreadable or does not match the model."""
 
-  exit_status = 10
-  kind = 'data error'
 
-
-class CheckpointError(NeobertError, RuntimeError):
+class CheckpointError(NeobertError, RuntimeError, exit_status=11, kind='checkpoint error'):
   """A checkpoint that is missing, unreadable or does not fit the model."""
 
-  exit_status = 11
-  kind = 'checkpoint error'
 
-
-class ExportError(NeobertError, ValueError):
+class ExportError(NeobertError, ValueError, exit_status=1, kind='export error'):
   """A conversion to or from Hugging Face that cannot be done as asked (target exists, tokenizer mismatch...)."""
 
-  exit_status = 1
-  kind = 'export error'
 
-
-class DistributedError(NeobertError, ValueError):
+class DistributedError(NeobertError, ValueError, exit_status=12, kind='distributed error'):
   """Multi-process start-up settings that are incomplete or contradictory."""
 
-  exit_status = 12
-  kind = 'distributed error'
 
-
-class StorageError(NeobertError, OSError):
+class StorageError(NeobertError, OSError, exit_status=13, kind='storage error'):
   """A place that cannot be read or written: a missing bucket, refused credentials, a read-only directory."""
 
-  exit_status = 13
-  kind = 'storage error'
 
-
-class DownloadError(NeobertError, RuntimeError):
+class DownloadError(NeobertError, RuntimeError, exit_status=14, kind='download error'):
   """A file fetched once per machine from the package registry (the bert-base-uncased vocabulary, the built-in
   corpus, the evaluation data) that could not be had: the registry unreachable, or a package not as pinned."""
 
-  exit_status = 14
-  kind = 'download error'
 
-
-class InUseError(NeobertError, RuntimeError):
+class InUseError(NeobertError, RuntimeError, exit_status=15, kind='in use'):
   """A workdir or `prepare` output that another live job writes (its lease, neobert_jax/lease.py, names it), or
   one whose lease this job lost to another."""
-
-  exit_status = 15
-  kind = 'in use'
 
 
 class TrainingDiverged(FloatingPointError):

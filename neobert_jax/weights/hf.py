@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Iterator, Mapping
 
 import ml_collections
 import numpy as np
@@ -28,14 +28,6 @@ WEIGHT_FILES = ('model.safetensors', 'model.safetensors.index.json', 'pytorch_mo
 IGNORED_HF_KEYS = ('freqs_cis', 'freqs_cos', 'freqs_sin')
 # Fields written into config.json besides the architecture (defaults of the released model).
 CLASSIFIER_INIT_RANGE = 0.02
-# model.use_bias: each block Linear's HF name -> its flat bias key. Both layouts order the outputs alike (qkv per
-# head q|k|v, w12 gate first), so each converts by a reshape of the layer's slice.
-BLOCK_BIASES = {
-  'qkv': 'encoder.layers.qkv_bias',
-  'wo': 'encoder.layers.wo_bias',
-  'ffn.w12': 'encoder.layers.w12_bias',
-  'ffn.w3': 'encoder.layers.w3_bias',
-}
 AUTO_MAP = {
   'AutoConfig': 'model.NeoBERTConfig',
   'AutoModel': 'model.NeoBERTModel',
@@ -44,26 +36,38 @@ AUTO_MAP = {
 }
 
 
+def _tensors(cfg: Any) -> Iterator[tuple[str, str, int | None, tuple[int, ...], bool]]:
+  """The one table of both layouts: (HF name, flat key, layer or None, HF shape, transposed) for every tensor, in the
+  published checkpoint's order. A block tensor is one layer's slice of its flat key. torch stores a Linear's weight
+  [out, in], so those are transposed against the flat [in, ..., out]; both layouts order the outputs alike (qkv
+  per head q|k|v, w12 gate first), so the rest is a reshape."""
+  d = Dims.from_config(cfg)
+  linears = {  # HF name -> (flat key, HF weight shape [out, in]); model.use_bias gives each a '<key>_bias'
+    'qkv': ('encoder.layers.qkv', (3 * d.dim, d.dim)),
+    'wo': ('encoder.layers.wo', (d.dim, d.dim)),
+    'ffn.w12': ('encoder.layers.w12', (2 * d.ffn, d.dim)),
+    'ffn.w3': ('encoder.layers.w3', (d.dim, d.ffn)),
+  }
+  block = [(f'{name}.weight', key, shape, True) for name, (key, shape) in linears.items()]
+  if d.bias:  # a Linear's bias is its weight's output rows
+    block += [(f'{name}.bias', f'{key}_bias', shape[:1], False) for name, (key, shape) in linears.items()]
+  block += [
+    ('attention_norm.weight', 'encoder.layers.attention_norm', (d.dim,), False),
+    ('ffn_norm.weight', 'encoder.layers.ffn_norm', (d.dim,), False),
+  ]
+  yield 'model.encoder.weight', 'encoder.token_embedding.embedding', None, (d.vocab, d.dim), False
+  for i in range(d.layers):
+    for name, key, shape, transposed in block:
+      yield f'model.transformer_encoder.{i}.{name}', key, i, shape, transposed
+  yield 'model.layer_norm.weight', 'encoder.final_norm', None, (d.dim,), False
+  if not d.tied:
+    yield 'decoder.weight', 'decoder.kernel', None, (d.vocab, d.dim), True
+  yield 'decoder.bias', 'decoder.bias', None, (d.vocab,), False
+
+
 def hf_shapes(cfg: Any) -> dict[str, tuple[int, ...]]:
   """The ``NeoBERTLMHead`` state_dict keys and shapes for ``cfg`` (in the published checkpoint's order)."""
-  d = Dims.from_config(cfg)
-  shapes = {'model.encoder.weight': (d.vocab, d.dim)}
-  for i in range(d.layers):
-    block = f'model.transformer_encoder.{i}.'
-    shapes[block + 'qkv.weight'] = (3 * d.dim, d.dim)
-    shapes[block + 'wo.weight'] = (d.dim, d.dim)
-    shapes[block + 'ffn.w12.weight'] = (2 * d.ffn, d.dim)
-    shapes[block + 'ffn.w3.weight'] = (d.dim, d.ffn)
-    if d.bias:
-      for linear in BLOCK_BIASES:  # a Linear's bias is its weight's output rows
-        shapes[f'{block}{linear}.bias'] = shapes[f'{block}{linear}.weight'][:1]
-    shapes[block + 'attention_norm.weight'] = (d.dim,)
-    shapes[block + 'ffn_norm.weight'] = (d.dim,)
-  shapes['model.layer_norm.weight'] = (d.dim,)
-  if not d.tied:
-    shapes['decoder.weight'] = (d.vocab, d.dim)
-  shapes['decoder.bias'] = (d.vocab,)
-  return shapes
+  return {name: shape for name, _, _, shape, _ in _tensors(cfg)}
 
 
 def decoder_shapes(cfg: Any) -> dict[str, tuple[int, ...]]:
@@ -74,25 +78,12 @@ def decoder_shapes(cfg: Any) -> dict[str, tuple[int, ...]]:
 def flat_to_hf_state_dict(flat: Mapping[str, Any], cfg: Any) -> dict[str, np.ndarray]:
   """JAX flat params -> ``NeoBERTLMHead`` state_dict (numpy arrays, same dtypes, C-contiguous)."""
   check_flat(flat, cfg)
-  d = Dims.from_config(cfg)
   f = {k: np.asarray(v) for k, v in flat.items()}
-  sd = {'model.encoder.weight': f['encoder.token_embedding.embedding']}
-  for i in range(d.layers):
-    block = f'model.transformer_encoder.{i}.'
-    sd[block + 'qkv.weight'] = f['encoder.layers.qkv'][i].reshape(d.dim, 3 * d.dim).T
-    sd[block + 'wo.weight'] = f['encoder.layers.wo'][i].reshape(d.dim, d.dim).T
-    sd[block + 'ffn.w12.weight'] = f['encoder.layers.w12'][i].reshape(d.dim, 2 * d.ffn).T
-    sd[block + 'ffn.w3.weight'] = f['encoder.layers.w3'][i].T
-    if d.bias:
-      for linear, key in BLOCK_BIASES.items():
-        sd[f'{block}{linear}.bias'] = f[key][i].reshape(-1)
-    sd[block + 'attention_norm.weight'] = f['encoder.layers.attention_norm'][i]
-    sd[block + 'ffn_norm.weight'] = f['encoder.layers.ffn_norm'][i]
-  sd['model.layer_norm.weight'] = f['encoder.final_norm']
-  if not d.tied:
-    sd['decoder.weight'] = f['decoder.kernel'].T
-  sd['decoder.bias'] = f['decoder.bias']
-  return {k: np.ascontiguousarray(v) for k, v in sd.items()}
+  sd = {}
+  for name, key, layer, shape, transposed in _tensors(cfg):
+    x = f[key] if layer is None else f[key][layer]
+    sd[name] = np.ascontiguousarray(x.reshape(shape[::-1]).T if transposed else x.reshape(shape))
+  return sd
 
 
 def normalize_hf_state_dict(sd: Mapping[str, Any]) -> dict[str, Any]:
@@ -110,8 +101,7 @@ def normalize_hf_state_dict(sd: Mapping[str, Any]) -> dict[str, Any]:
 def hf_state_dict_to_flat(sd: Mapping[str, Any], cfg: Any) -> dict[str, np.ndarray]:
   """``NeoBERTLMHead`` state_dict (numpy arrays) -> JAX flat params. Inverse of flat_to_hf_state_dict."""
   sd = normalize_hf_state_dict(sd)
-  d = Dims.from_config(cfg)
-  if d.tied and 'decoder.weight' in sd and 'model.encoder.weight' in sd:
+  if cfg.tie_word_embeddings and 'decoder.weight' in sd and 'model.encoder.weight' in sd:
     if np.array_equal(np.asarray(sd['decoder.weight']), np.asarray(sd['model.encoder.weight'])):
       sd = {k: v for k, v in sd.items() if k != 'decoder.weight'}  # the tied head's second name, not a weight
   check_keys_and_shapes(
@@ -124,28 +114,16 @@ def hf_state_dict_to_flat(sd: Mapping[str, Any], cfg: Any) -> dict[str, np.ndarr
     errors.ExportError,
   )
   s = {k: np.asarray(v) for k, v in sd.items()}
-
-  def stack(suffix, convert):
-    return np.stack([convert(s[f'model.transformer_encoder.{i}.{suffix}']) for i in range(d.layers)])
-
-  flat = {
-    'encoder.token_embedding.embedding': s['model.encoder.weight'],
-    'encoder.layers.attention_norm': stack('attention_norm.weight', lambda w: w),
-    'encoder.layers.qkv': stack('qkv.weight', lambda w: w.T.reshape(d.dim, d.heads, 3 * d.head_dim)),
-    'encoder.layers.wo': stack('wo.weight', lambda w: w.T.reshape(d.heads, d.head_dim, d.dim)),
-    'encoder.layers.ffn_norm': stack('ffn_norm.weight', lambda w: w),
-    'encoder.layers.w12': stack('ffn.w12.weight', lambda w: w.T.reshape(d.dim, 2, d.ffn)),
-    'encoder.layers.w3': stack('ffn.w3.weight', lambda w: w.T),
-    'encoder.final_norm': s['model.layer_norm.weight'],
-    'decoder.bias': s['decoder.bias'],
-  }
-  if not d.tied:
-    flat['decoder.kernel'] = s['decoder.weight'].T
-  if d.bias:
-    shapes = flat_shapes(cfg)
-    for linear, key in BLOCK_BIASES.items():
-      flat[key] = stack(f'{linear}.bias', lambda b, key=key: b.reshape(shapes[key][1:]))
-  return {k: np.ascontiguousarray(v) for k, v in flat.items()}
+  shapes = flat_shapes(cfg)
+  flat, layers = {}, {}
+  for name, key, layer, _, transposed in _tensors(cfg):
+    w = s[name].T if transposed else s[name]
+    if layer is None:
+      flat[key] = w.reshape(shapes[key])
+    else:
+      layers.setdefault(key, []).append(w.reshape(shapes[key][1:]))
+  flat.update({key: np.stack(slices) for key, slices in layers.items()})
+  return {key: np.ascontiguousarray(flat[key]) for key in shapes}
 
 
 # JAX ConfigDict field -> config.json field
