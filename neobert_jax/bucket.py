@@ -75,17 +75,13 @@ def _known_down() -> bool:
 
 def retries() -> int:
   """Every retry of a storage request so far in this process: gcsfs's and `retry`'s, and tensorstore's metric."""
-  return _counted_retries + _tensorstore_retries()
-
-
-def _tensorstore_retries() -> int:
   try:
     import tensorstore  # pylint: disable=g-import-not-at-top
 
     found = tensorstore.experimental_collect_matching_metrics(TENSORSTORE_RETRIES_METRIC)
   except Exception:  # noqa: BLE001 - no tensorstore (prepare on a machine without it): nothing counted there
-    return 0
-  return sum(int(v.get('value', 0)) for m in found for v in m.get('values', ()))
+    found = []
+  return _counted_retries + sum(int(v.get('value', 0)) for m in found for v in m.get('values', ()))
 
 
 def _retried(error: BaseException, waited: float, what: str = 'a request') -> None:

@@ -121,8 +121,14 @@ def initialize(num_cpu_devices: int | None = None) -> DistributedInfo:
   if os.environ.get(ENV_DISABLE, '1') == '0':
     pass
   elif os.environ.get(ENV_NUM_PROCESSES) or os.environ.get(ENV_COORDINATOR):
-    method = 'env'
     coord, nproc, pid = (os.environ.get(ENV_COORDINATOR), _env_int(ENV_NUM_PROCESSES), _env_int(ENV_PROCESS_ID))
+    if nproc is None or pid is None or (coord is None and nproc > 1):
+      raise errors.DistributedError(
+        f'multi-process start needs coordinator address, process count and process id; got '
+        f'coordinator={coord!r} num_processes={nproc!r} process_id={pid!r} '
+        f'(flags or {ENV_COORDINATOR}/{ENV_NUM_PROCESSES}/{ENV_PROCESS_ID})'
+      )
+    method = 'single' if nproc == 1 else 'env'
   elif (slurm := _slurm_settings()) is not None:
     method = 'slurm'
     coord, nproc, pid, local_device_ids = slurm
@@ -130,16 +136,6 @@ def initialize(num_cpu_devices: int | None = None) -> DistributedInfo:
     method = 'tpu'
   if method in ('env', 'slurm') and local_device_ids is None:
     local_device_ids = _parse_device_ids(os.environ.get(ENV_LOCAL_DEVICE_IDS))
-
-  if method == 'env':
-    if nproc is None or pid is None or (coord is None and nproc > 1):
-      raise errors.DistributedError(
-        f'multi-process start needs coordinator address, process count and process id; got '
-        f'coordinator={coord!r} num_processes={nproc!r} process_id={pid!r} '
-        f'(flags or {ENV_COORDINATOR}/{ENV_NUM_PROCESSES}/{ENV_PROCESS_ID})'
-      )
-    if nproc == 1:
-      method = 'single'
 
   if method == 'single':
     _INFO = DistributedInfo(process_id=0, num_processes=1, method='single')

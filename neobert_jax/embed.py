@@ -12,6 +12,7 @@ from typing import Sequence
 
 import numpy as np
 from flax import nnx
+from tqdm.auto import tqdm
 
 from neobert_jax import commandline, errors, paths
 from neobert_jax.downstream import batching, heads, tables
@@ -56,25 +57,11 @@ class Encoder:
 
   def encode(self, texts: Sequence[str], progress: bool = False) -> np.ndarray:
     seqs = batching.frame(self.tok, [self.prefix + t for t in texts], None, self.max_length)
-    bar = None
-    if progress:
-      from tqdm.auto import tqdm  # pylint: disable=g-import-not-at-top
-
-      bar = tqdm(total=len(seqs), unit='text', desc='embed', dynamic_ncols=True)
-    try:
+    with tqdm(total=len(seqs), unit='text', desc='embed', dynamic_ncols=True, disable=not progress) as bar:
+      buckets = batching.buckets(self.max_length)
       out = batching.run_batched(
-        self.forward,
-        self.params,
-        seqs,
-        self.batch_size,
-        batching.buckets(self.max_length),
-        self.tok.pad_id,
-        self.mesh,
-        bar,
+        self.forward, self.params, seqs, self.batch_size, buckets, self.tok.pad_id, self.mesh, bar
       )
-    finally:
-      if bar is not None:
-        bar.close()
     if self.normalize:
       out = out / np.maximum(np.linalg.norm(out, axis=-1, keepdims=True), 1e-12)
     return out

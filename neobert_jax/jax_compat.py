@@ -69,15 +69,14 @@ def _cudnn_module():
   try:
     mod = importlib.import_module(CUDNN_MODULE)
   except ImportError as e:
+    mod, problem = None, f'cannot be imported ({e})'
+  else:
+    missing = [name for name in _CUDNN_NEEDED if not hasattr(mod, name)]
+    problem = f'lacks {missing}' if missing else ''
+  if problem:
     raise CudnnPackedUnavailable(
-      f'jax {jax.__version__} has no {CUDNN_MODULE} ({e}); cuDNN packed attention is unavailable. Use '
+      f'jax {jax.__version__}: {CUDNN_MODULE} {problem}; cuDNN packed attention is unavailable. Use '
       '--config.model.attention_impl=cudnn_bias (segment mask as a bias) or --config.data.packing=none.'
-    ) from e
-  missing = [name for name in _CUDNN_NEEDED if not hasattr(mod, name)]
-  if missing:
-    raise CudnnPackedUnavailable(
-      f'jax {jax.__version__}: {CUDNN_MODULE} lacks {missing}; cuDNN packed attention is unavailable. Use '
-      '--config.model.attention_impl=cudnn_bias or --config.data.packing=none.'
     )
   return mod
 

@@ -50,8 +50,8 @@ def pid_alive(pid: int) -> bool:
     os.kill(pid, 0)
   except ProcessLookupError:
     return False
-  except PermissionError:
-    return True
+  except PermissionError:  # someone else's process
+    pass
   return True
 
 
@@ -140,17 +140,18 @@ class _Local:
       os.remove(tmp)
     return text
 
-  def replace(self, text: str, version: Any) -> Any:
+  def _expect(self, version: Any) -> None:
     current = self.read()
     if current is None or current[1] != version:
       raise Conflict()
+
+  def replace(self, text: str, version: Any) -> Any:
+    self._expect(version)
     os.replace(self._written(text), self.path)
     return text
 
   def delete(self, version: Any) -> None:
-    current = self.read()
-    if current is None or current[1] != version:
-      raise Conflict()
+    self._expect(version)
     os.remove(self.path)
 
 
@@ -350,12 +351,10 @@ def acquire(directory: paths.PathLike, what: str, run_id: str = '', timeout: flo
     lease = Lease(directory, what, Holder.mine(run_id, timeout or timeout_s()))
     lease.created = created
     return lease.acquire()
-  except errors.NeobertError:
-    if created:
-      directory.rmdir()
-    raise
-  except Exception as e:  # noqa: BLE001 - a read-only disk, a missing bucket, refused credentials
+  except Exception as e:  # noqa: BLE001 - a live holder; a read-only disk, a missing bucket, refused credentials
     if created and directory.exists():
       directory.rmdir()
+    if isinstance(e, errors.NeobertError):
+      raise
     paths.check_writable(directory, what)  # the one line for those, when that is what it is
     raise errors.StorageError(f'{what}={directory}: the lease could not be taken ({errors.one_line(e)})') from e

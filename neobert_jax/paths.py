@@ -136,7 +136,10 @@ def sha256(path: epath.Path, chunk: int = 1 << 22) -> str:
 
 
 def copy(src: epath.Path, dst: epath.Path) -> None:
-  """One file, any direction (local <-> bucket), in chunks."""
+  """One file, any direction (local <-> bucket), in chunks; a local destination's folder is made first (a bucket
+  has no folders)."""
+  if local(dst):
+    dst.parent.mkdir(parents=True, exist_ok=True)
   with src.open('rb') as fin, dst.open('wb') as fout:
     shutil.copyfileobj(fin, fout, 1 << 22)
 
@@ -152,7 +155,6 @@ def publish_dir(local_dir: PathLike, remote: epath.Path, marker: str) -> None:
   if marker in old:
     (remote / marker).unlink()
   for rel in [f for f in files if f != marker] + [marker]:
-    (remote / rel).parent.mkdir(parents=True, exist_ok=True)
     copy(epath.Path(local_dir / rel), remote / rel)
   for rel in sorted(old - set(files)):
     (remote / rel).unlink()
@@ -181,14 +183,12 @@ def local_copy(source: PathLike, marker: str | None = None) -> LocalPath:
   if not src.is_dir():
     if not src.exists():
       raise FileNotFoundError(f'{src}: no such object')
-    dst.parent.mkdir(parents=True, exist_ok=True)
     copy(src, epath.Path(dst))
     return dst
   names = _files(src)
   if marker is not None and marker not in names:
     raise FileNotFoundError(f'{src} has no {marker}: not a complete directory (an upload still running, or failed)')
   for rel in names:
-    (dst / rel).parent.mkdir(parents=True, exist_ok=True)
     copy(src / rel, epath.Path(dst / rel))
   return dst
 
@@ -223,7 +223,5 @@ class Mirror:
       stat = f.stat()
       if self._sent.get(rel) == (stat.st_size, stat.st_mtime_ns):
         continue
-      dst = self.remote / rel
-      dst.parent.mkdir(parents=True, exist_ok=True)
-      copy(epath.Path(f), dst)
+      copy(epath.Path(f), self.remote / rel)
       self._sent[rel] = (stat.st_size, stat.st_mtime_ns)

@@ -115,16 +115,16 @@ def epoch_batches(
     yield out
 
 
+def jit_rows(fn: Callable, param_shardings: Any, mesh: jax.sharding.Mesh, rows: int) -> Callable:
+  """fn(params, *inputs) jitted for inference: `rows` inputs split by rows, the output replicated for the host."""
+  in_shardings = (param_shardings,) + (row_sharding(mesh),) * rows
+  return shd.MeshBound(mesh, jax.jit(fn, in_shardings=in_shardings, out_shardings=NamedSharding(mesh, P())))
+
+
 def jit_forward(model_def: Any, param_shardings: Any, mesh: jax.sharding.Mesh) -> Callable:
   """Jitted (params, input_ids [B, T], lengths [B]) -> model output, replicated for the host to read."""
-  data = row_sharding(mesh)
-
-  def forward(params, input_ids, lengths):
-    return nnx.merge(model_def, params)(input_ids, lengths)
-
-  return shd.MeshBound(
-    mesh, jax.jit(forward, in_shardings=(param_shardings, data, data), out_shardings=NamedSharding(mesh, P()))
-  )
+  forward = lambda params, input_ids, lengths: nnx.merge(model_def, params)(input_ids, lengths)
+  return jit_rows(forward, param_shardings, mesh, rows=2)
 
 
 def run_batched(

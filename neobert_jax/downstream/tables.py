@@ -51,6 +51,7 @@ def _local(path: str) -> str:
 def read_table(path: str, fmt: str = 'auto') -> dict[str, list[Any]]:
   """{column: values} of a data file (local or gs://); DataError if it is missing, unreadable or has no rows."""
   import pyarrow  # pylint: disable=g-import-not-at-top
+  from pyarrow import csv as pc, json as pj, parquet as pq  # pylint: disable=g-import-not-at-top
 
   path = _local(path)
   if not path or not Path(path).is_file():
@@ -60,16 +61,10 @@ def read_table(path: str, fmt: str = 'auto') -> dict[str, list[Any]]:
     raise DataError(f'{path}: the file is empty; give a file with a header and at least one example')
   try:
     if fmt == 'parquet':
-      import pyarrow.parquet as pq  # pylint: disable=g-import-not-at-top
-
       table = pq.read_table(path)
     elif fmt == 'jsonl':
-      import pyarrow.json as pj  # pylint: disable=g-import-not-at-top
-
       table = pj.read_json(path)
     else:
-      import pyarrow.csv as pc  # pylint: disable=g-import-not-at-top
-
       # GLUE TSVs contain unbalanced quotes inside sentences: tabs separate, quotes mean nothing.
       parse = pc.ParseOptions(delimiter='\t', quote_char=False) if fmt == 'tsv' else pc.ParseOptions()
       table = pc.read_csv(path, parse_options=parse)

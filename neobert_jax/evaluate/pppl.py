@@ -12,10 +12,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
-from jax.sharding import NamedSharding, PartitionSpec as P
 
 from neobert_jax.downstream import batching
-from neobert_jax.sharding import MeshBound
 
 
 @dataclasses.dataclass
@@ -44,7 +42,6 @@ def masked_rows(seqs: Sequence[np.ndarray], bucket_list: Sequence[int]) -> dict[
 
 def jit_scorer(model_def: Any, param_shardings: Any, mesh: jax.sharding.Mesh) -> Callable:
   """Jitted (params, ids [B, T], lengths [B], positions [B], targets [B]) -> nll [B] float32."""
-  data = batching.row_sharding(mesh)
 
   def score(params, ids, lengths, positions, targets):
     model = nnx.merge(model_def, params)
@@ -52,9 +49,7 @@ def jit_scorer(model_def: Any, param_shardings: Any, mesh: jax.sharding.Mesh) ->
     logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
     return -jnp.take_along_axis(logp, targets[:, None], axis=-1)[:, 0]
 
-  return MeshBound(
-    mesh, jax.jit(score, in_shardings=(param_shardings, data, data, data, data), out_shardings=NamedSharding(mesh, P()))
-  )
+  return batching.jit_rows(score, param_shardings, mesh, rows=4)
 
 
 def pseudo_perplexity(

@@ -154,21 +154,18 @@ class NeoBERT(nnx.Module):
 
   def __init__(self, cfg: ml_collections.ConfigDict, *, rngs: nnx.Rngs):
     validate_model_config(cfg)
-    self.cfg = ml_collections.FrozenConfigDict(cfg)
+    self.cfg = cfg = ml_collections.FrozenConfigDict(cfg)
     with creation_scope():
-      self._create(self.cfg, rngs)
-
-  def _create(self, cfg: ml_collections.ConfigDict, rngs: nnx.Rngs) -> None:
-    self.token_embedding = nnx.Embed(
-      cfg.vocab_size,
-      cfg.hidden_size,
-      dtype=jnp.dtype(cfg.dtype),
-      param_dtype=jnp.dtype(cfg.param_dtype),
-      embedding_init=nnx.with_partitioning(_uniform(cfg.embedding_init_range), ('vocab', 'embed')),
-      rngs=rngs,
-    )
-    self.layers = EncoderLayers(cfg, rngs=rngs)
-    self.final_norm = nnx.Param(jnp.ones((cfg.hidden_size,), jnp.dtype(cfg.param_dtype)), out_sharding=('norm',))
+      self.token_embedding = nnx.Embed(
+        cfg.vocab_size,
+        cfg.hidden_size,
+        dtype=jnp.dtype(cfg.dtype),
+        param_dtype=jnp.dtype(cfg.param_dtype),
+        embedding_init=nnx.with_partitioning(_uniform(cfg.embedding_init_range), ('vocab', 'embed')),
+        rngs=rngs,
+      )
+      self.layers = EncoderLayers(cfg, rngs=rngs)
+      self.final_norm = nnx.Param(jnp.ones((cfg.hidden_size,), jnp.dtype(cfg.param_dtype)), out_sharding=('norm',))
 
   def __call__(
     self,

@@ -164,23 +164,6 @@ def to_flat(model: nnx.Module) -> dict[str, np.ndarray]:
   return {path_key(path): np.asarray(jax.device_get(var[...])) for path, var in nnx.to_flat_state(state)}
 
 
-def load_flat(model: nnx.Module, flat: Mapping[str, np.ndarray]) -> None:
-  """Writes flat arrays into the model in place, keeping dtypes and shardings; checks every key and shape first."""
-  state = nnx.state(model, nnx.Param)
-  variables = {path_key(path): var for path, var in nnx.to_flat_state(state)}
-  check_keys_and_shapes(
-    flat,
-    {k: tuple(v[...].shape) for k, v in variables.items()},
-    'the parameters',
-    'check that the model config (layers, sizes, vocab) matches the checkpoint',
-    error=ValueError,
-  )
-  for key, var in variables.items():
-    current = var[...]
-    value = np.asarray(flat[key]).astype(current.dtype)
-    var[...] = jax.device_put(value, current.sharding)
-
-
 def read_safetensors(path: str | os.PathLike) -> tuple[dict[str, str], dict[str, np.ndarray]]:
   """(metadata, arrays) of a safetensors file; ExportError if it is not one."""
   from safetensors import safe_open  # pylint: disable=g-import-not-at-top
@@ -271,8 +254,19 @@ def sharded_params(
 
 
 def model_from_flat(make_model: Callable[[], nnx.Module], flat: Mapping[str, np.ndarray]) -> nnx.Module:
-  """A model holding `flat` on the default device (no mesh). Keys and shapes are checked first (ValueError)."""
+  """A model holding `flat` on the default device (no mesh), in the model's dtypes. Every key and shape is checked
+  first (ValueError)."""
   graphdef, abstract = nnx.split(nnx.eval_shape(make_model))
   model = nnx.merge(graphdef, jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), abstract))
-  load_flat(model, flat)
+  variables = {path_key(path): var for path, var in nnx.to_flat_state(nnx.state(model, nnx.Param))}
+  check_keys_and_shapes(
+    flat,
+    {k: tuple(v[...].shape) for k, v in variables.items()},
+    'the parameters',
+    'check that the model config (layers, sizes, vocab) matches the checkpoint',
+    error=ValueError,
+  )
+  for key, var in variables.items():
+    current = var[...]
+    var[...] = jax.device_put(np.asarray(flat[key]).astype(current.dtype), current.sharding)
   return model

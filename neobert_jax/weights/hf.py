@@ -245,13 +245,6 @@ def torch_to_numpy(tensor: Any) -> np.ndarray:
 def read_hf_state_dict(path: str | os.PathLike) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
   """(config.json as a dict, state_dict as numpy arrays) of an HF directory or .safetensors file, in NeoBERT's
   layout: a EuroBERT directory (``convert to-pytorch --model-type eurobert``) is translated by weights/eurobert.py."""
-  config, state = _read_hf_files(path)
-  if config.get('model_type') == eurobert.MODEL_TYPE:
-    return eurobert.to_neobert(config, state)
-  return config, state
-
-
-def _read_hf_files(path: str | os.PathLike) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
   path = Path(path).expanduser()
   if not path.exists():
     raise errors.ExportError(f'--input {path}: no such file or directory')
@@ -260,25 +253,27 @@ def _read_hf_files(path: str | os.PathLike) -> tuple[dict[str, Any], dict[str, n
   if not config_path.is_file():
     raise errors.ExportError(f"{folder} has no config.json; fix: put the checkpoint's config.json next to its weights")
   hf_config = json.loads(config_path.read_text())
+  index = folder / 'model.safetensors.index.json'
   if path.is_file():
     if path.suffix != '.safetensors':
       raise errors.ExportError(f'--input {path}: expected a directory or a .safetensors file')
-    return hf_config, read_safetensors(path)[1]
-  if (folder / 'model.safetensors').is_file():
-    return hf_config, read_safetensors(folder / 'model.safetensors')[1]
-  index = folder / 'model.safetensors.index.json'
-  if index.is_file():
-    shards = sorted(set(json.loads(index.read_text())['weight_map'].values()))
+    state = read_safetensors(path)[1]
+  elif (folder / 'model.safetensors').is_file():
+    state = read_safetensors(folder / 'model.safetensors')[1]
+  elif index.is_file():
     state = {}
-    for shard in shards:
+    for shard in sorted(set(json.loads(index.read_text())['weight_map'].values())):
       state.update(read_safetensors(folder / shard)[1])
-    return hf_config, state
-  if (folder / 'pytorch_model.bin').is_file():
+  elif (folder / 'pytorch_model.bin').is_file():
     import torch  # pylint: disable=g-import-not-at-top  # only this legacy format needs torch
 
     state = torch.load(folder / 'pytorch_model.bin', map_location='cpu', weights_only=True)
-    return hf_config, {k: torch_to_numpy(v) for k, v in state.items()}
-  raise errors.ExportError(f'{folder} has no model.safetensors, model.safetensors.index.json or pytorch_model.bin')
+    state = {k: torch_to_numpy(v) for k, v in state.items()}
+  else:
+    raise errors.ExportError(f'{folder} has no model.safetensors, model.safetensors.index.json or pytorch_model.bin')
+  if hf_config.get('model_type') == eurobert.MODEL_TYPE:
+    return eurobert.to_neobert(hf_config, state)
+  return hf_config, state
 
 
 def read_hf_dir(

@@ -55,10 +55,9 @@ def splash_attention(
   kv_segments: jax.Array | None = None,
   *,
   block_size: int = 512,
-  interpret: bool | None = None,
 ) -> jax.Array:
-  """q, k, v [B, T, H, Dh] -> [B, T, H, Dh]; segments per reference.py's convention (None: no mask). interpret:
-  None picks the Mosaic kernel where the program is lowered for TPU and interpret mode elsewhere."""
+  """q, k, v [B, T, H, Dh] -> [B, T, H, Dh]; segments per reference.py's convention (None: no mask). The Mosaic
+  kernel where the program is lowered for TPU, interpret mode elsewhere."""
   if q_segments is not None:
     # Splash attends iff the ids are equal (reference.py also requires kv > 0). Padding queries take the id of
     # their own key (0), so they attend other padding instead of nothing: a row with no live query (an all-padding
@@ -66,11 +65,8 @@ def splash_attention(
     # nothing reads them.
     kv_segments = kv_segments.astype(jnp.int32)
     q_segments = jnp.where(kv_segments > 0, q_segments.astype(jnp.int32), 0)
-  if interpret is None:
-    kernel, emulated = (functools.partial(_local, block=int(block_size), interpret=i) for i in (False, True))
-    fn = lambda *args: jax.lax.platform_dependent(*args, tpu=kernel, default=emulated)
-  else:
-    fn = functools.partial(_local, block=int(block_size), interpret=bool(interpret))
+  kernel, emulated = (functools.partial(_local, block=int(block_size), interpret=i) for i in (False, True))
+  fn = lambda *args: jax.lax.platform_dependent(*args, tpu=kernel, default=emulated)
   qkv = ('batch', 'length', 'heads', 'head_dim')
   if q_segments is None:
     return shd.per_shard(lambda q, k, v: fn(q, k, v, None, None), (q, k, v), (qkv,) * 3, qkv)
