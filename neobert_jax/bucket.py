@@ -176,8 +176,8 @@ def install() -> None:
   except ImportError:
     return
   for name in _RETRIED_METHODS:
-    method = getattr(core.GCSFileSystem, name, None)
-    if method is None or getattr(method, '_neobert_budget', False):
+    method = getattr(core.GCSFileSystem, name)
+    if getattr(method, '_neobert_budget', False):
       continue
     budgeted = _budgeted(getattr(method, '__wrapped__', method))
     budgeted._neobert_budget = True

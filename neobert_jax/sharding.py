@@ -176,9 +176,9 @@ def granule_ids(mesh: Mesh, layout: MeshLayout | None = None) -> list[int]:
 
 
 @contextlib.contextmanager
-def activate(mesh: Mesh, rules=LOGICAL_AXIS_RULES) -> Iterator[None]:
+def activate(mesh: Mesh) -> Iterator[None]:
   """The context in which sharded parameters are created and the model traced."""
-  with jax.set_mesh(mesh), nnx.logical_axis_rules(rules):
+  with jax.set_mesh(mesh), nnx.logical_axis_rules(LOGICAL_AXIS_RULES):
     yield
 
 
@@ -197,11 +197,11 @@ def _mesh_axes(entry: str | tuple[str, ...] | None) -> tuple[str, ...]:
   return (entry,) if isinstance(entry, str) else tuple(entry)
 
 
-def logical_to_spec(names: Sequence[str | None], rules=LOGICAL_AXIS_RULES) -> PartitionSpec:
+def logical_to_spec(names: Sequence[str | None]) -> PartitionSpec:
   """The PartitionSpec of logical names. Inside a shard_map that splits some mesh axes by hand (the gradient
   accumulation's replica axes, engine/step.py) those axes are left out: each shard there is already one slice of
   them, and only the automatic axes are still the compiler's to lay out."""
-  table = dict(rules)
+  table = dict(LOGICAL_AXIS_RULES)
   mesh = jax.sharding.get_abstract_mesh()
   manual = set() if mesh.empty else set(mesh.manual_axes)
 

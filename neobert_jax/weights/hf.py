@@ -188,8 +188,8 @@ def max_positions(hf_config: Mapping[str, Any]) -> int:
   return int(value)
 
 
-def model_config_from_hf(hf_config: Mapping[str, Any], base=None):
-  """A model ConfigDict (defaults of ``base`` or the released model) with the architecture of an HF config.json."""
+def model_config_from_hf(hf_config: Mapping[str, Any]):
+  """A model ConfigDict (the released model's defaults) with the architecture of an HF config.json."""
   model_type = hf_config.get('model_type')
   if model_type != 'neobert':
     raise errors.ExportError(
@@ -208,7 +208,7 @@ def model_config_from_hf(hf_config: Mapping[str, Any], base=None):
       f'config.json selects an architecture variant this port does not implement: {unsupported}; only the '
       'released NeoBERT (RoPE, RMSNorm, SwiGLU, no nGPT) converts'
     )
-  base = default_model_config() if base is None else base
+  base = default_model_config()
   fields = {j: type(base[j])(hf_config[h]) for j, h in _FIELD_MAP.items() if hf_config.get(h) is not None}
   if hf_config.get('max_position_embeddings') is None and hf_config.get(LEGACY_MAX_LENGTH) is not None:
     fields['max_length'] = int(hf_config[LEGACY_MAX_LENGTH])
@@ -277,7 +277,7 @@ def read_hf_state_dict(path: str | os.PathLike) -> tuple[dict[str, Any], dict[st
 
 
 def read_hf_dir(
-  path: str | os.PathLike, *, init_missing_decoder: bool = False, seed: int = 0
+  path: str | os.PathLike, *, init_missing_decoder: bool = False
 ) -> tuple[ml_collections.ConfigDict, dict[str, np.ndarray]]:
   """(model ConfigDict, flat params) of an HF NeoBERT checkpoint; ``init_missing_decoder`` creates the MLM decoder
   a base-model save lacks."""
@@ -286,7 +286,7 @@ def read_hf_dir(
   state = normalize_hf_state_dict(state)
   has_decoder = any(k.startswith('decoder.') for k in state)
   if init_missing_decoder and not has_decoder:
-    rng = np.random.default_rng(seed)
+    rng = np.random.default_rng(0)
     limit = cfg.decoder_init_range
     dtype = state['model.encoder.weight'].dtype if 'model.encoder.weight' in state else np.float32
     for key, shape in decoder_shapes(cfg).items():  # a tied decoder has only its bias

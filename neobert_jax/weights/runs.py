@@ -56,10 +56,8 @@ def use_bucket_budget() -> None:
   from orbax.checkpoint._src.serialization import tensorstore_utils  # pylint: disable=g-import-not-at-top
 
   retries = bucket.tensorstore_retries()
-  for name in ('_BASE_TS_CONTEXT', '_DEFAULT_OCDBT_TS_CONTEXT'):
-    template = getattr(tensorstore_utils, name, None)
-    if isinstance(template, dict):
-      template['gcs_request_retries'] = dict(retries)
+  for template in (tensorstore_utils._BASE_TS_CONTEXT, tensorstore_utils._DEFAULT_OCDBT_TS_CONTEXT):
+    template['gcs_request_retries'] = dict(retries)
 
 
 CHECKPOINT_SUBDIR = 'checkpoints'

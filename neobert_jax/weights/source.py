@@ -152,7 +152,7 @@ def open_source(path: str, step: int | None = None, *, need_decoder: bool = Fals
       raise fail(f'a Hugging Face config.json without weights ({", ".join(hf.WEIGHT_FILES)})')
     return Source(what, str(path), p, 'hf', None, model_cfg, None, need_decoder)
   try:
-    _, step = runs.params_item(p, None if step is None or step < 0 else step)
+    _, step = runs.params_item(p, step)  # None or < 0: the latest
     run_config = runs.read_config(p, step)
   except (FileNotFoundError, ValueError) as e:
     raise fail(str(e)) from None
