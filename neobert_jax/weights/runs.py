@@ -225,6 +225,10 @@ def restore_params(
   return read_config(item.parent.parent, step).model, flat
 
 
+# metrics.jsonl's keys -> loss_curve's columns
+_CURVE_COLUMNS = {'time': 'time', 'train/loss': 'train', 'eval/loss': 'eval', 'eval/accuracy': 'eval_accuracy'}
+
+
 def loss_curve(workdir: str | os.PathLike) -> list[dict[str, Any]]:
   """Rows {step, time, train, eval, eval_accuracy} from metrics.jsonl (a resumed run's later lines win; `time`
   is unix seconds, absent in files written before the field existed)."""
@@ -237,14 +241,7 @@ def loss_curve(workdir: str | os.PathLike) -> list[dict[str, Any]]:
       continue
     rec = json.loads(line)
     row = rows.setdefault(int(rec['step']), {'step': int(rec['step'])})
-    for key, name in (
-      ('time', 'time'),
-      ('train/loss', 'train'),
-      ('eval/loss', 'eval'),
-      ('eval/accuracy', 'eval_accuracy'),
-    ):
-      if key in rec:
-        row[name] = rec[key]
+    row.update({name: rec[key] for key, name in _CURVE_COLUMNS.items() if key in rec})
     for key, value in rec.items():  # eval/probe/<task>/accuracy and, once, .../random_init_accuracy
       if key.startswith('eval/probe/'):
         row[key.removeprefix('eval/')] = value
