@@ -21,16 +21,6 @@ CONFIG = 'config'  # the config_flags flag of every command that has one: --conf
 DEBUG_HELP = 'on an expected error, show the traceback instead of one line'
 
 
-def invoked_as(module: str) -> str:
-  """The command's name for the usage line: the console script as typed (neobert-train), else `python -m module`."""
-  script = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else ''
-  return script if script.startswith('neobert-') else f'python -m {module}'
-
-
-def first_paragraph(doc: str | None) -> str:
-  return ' '.join((doc or '').strip().split('\n\n')[0].split())
-
-
 class _Formatter(argparse.HelpFormatter):
   """argparse's layout with a short usage line (the required flags, then [flags]) and each flag's default."""
 
@@ -47,12 +37,15 @@ class _Formatter(argparse.HelpFormatter):
 
 
 class Parser(argparse.ArgumentParser):
-  """An ArgumentParser under the convention; `doc`'s first paragraph is the description."""
+  """An ArgumentParser under the convention; `doc`'s first paragraph is the description, and the usage line names
+  the command as it was invoked: the console script as typed (neobert-train), else `python -m module`."""
 
   def __init__(self, command: str = '', module: str = '', doc: str | None = None, **kwargs):
     self.command = command
-    kwargs.setdefault('prog', invoked_as(module))
-    super().__init__(description=first_paragraph(doc), formatter_class=_Formatter, allow_abbrev=False, **kwargs)
+    script = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else ''
+    kwargs.setdefault('prog', script if script.startswith('neobert-') else f'python -m {module}')
+    description = ' '.join((doc or '').strip().split('\n\n')[0].split())
+    super().__init__(description=description, formatter_class=_Formatter, allow_abbrev=False, **kwargs)
     self._optionals.title = 'flags'
     self.add_argument('--debug', action='store_true', help=DEBUG_HELP)
 

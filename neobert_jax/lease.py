@@ -50,8 +50,8 @@ def pid_alive(pid: int) -> bool:
     os.kill(pid, 0)
   except ProcessLookupError:
     return False
-  except PermissionError:  # someone else's process
-    pass
+  except PermissionError:
+    return True
   return True
 
 

@@ -265,7 +265,3 @@ class MeshBound:
   def lower(self, *args: Any) -> Any:
     with activate(self.mesh):
       return self.jitted.lower(*args)
-
-  def trace(self, *args: Any) -> Any:
-    with activate(self.mesh):
-      return self.jitted.trace(*args)
