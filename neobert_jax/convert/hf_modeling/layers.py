@@ -90,17 +90,6 @@ class SwiGLU(nn.Module):
         return self.w3(h) if residual is None else add_linear(residual, self.w3, h)
 
 
-def output_options(
-    config, output_hidden_states: Optional[bool], output_attentions: Optional[bool], return_dict: Optional[bool]
-) -> Tuple[bool, bool, bool]:
-    """A call's output flags, the config's where None (4.x's use_return_dict is False under torchscript)."""
-    hidden = getattr(config, "output_hidden_states", False) if output_hidden_states is None else output_hidden_states
-    attentions = getattr(config, "output_attentions", False) if output_attentions is None else output_attentions
-    if return_dict is None:
-        return_dict = getattr(config, "use_return_dict", getattr(config, "return_dict", True))
-    return bool(hidden), bool(attentions), bool(return_dict)
-
-
 def layer_head_masks(head_mask: Optional[torch.Tensor], layers: int, heads: int) -> List[Optional[torch.Tensor]]:
     """Per layer, ``head_mask`` ([heads] for every layer, or [layers, heads]; 1 keeps a head, 0 silences it) as
     [1, heads, 1, 1], or Nones."""

@@ -18,7 +18,7 @@ from transformers.modeling_outputs import BaseModelOutput, MaskedLMOutput, Seque
 
 # The parity tests, torch_ref and benchmarks use these names through this module (ATTENTION_CALL_COST too).
 from .layers import RMSNorm, SwiGLU, apply_rotary, apply_rotary_qk, classification_loss, layer_head_masks  # noqa: F401
-from .layers import add_linear, output_options, pool, rotary_cos_sin, swiglu_hidden_size  # noqa: F401
+from .layers import add_linear, pool, rotary_cos_sin, swiglu_hidden_size  # noqa: F401
 from .unpadding import ATTENTION_CALL_COST, TracedRows, UnpaddedRows, masking_inputs, padded_mask  # noqa: F401
 from .unpadding import positions_from_segment_ids, segment_ids_from_cu_seqlens  # noqa: F401
 from .unpadding import tracing as _tracing
@@ -172,6 +172,20 @@ class NeoBERTPreTrainedModel(PreTrainedModel):
         elif isinstance(module, RMSNorm):
             nn.init.ones_(module.weight)
 
+    def _output(self, output, return_dict: Optional[bool]):
+        """``output``, or its tuple where ``return_dict`` (the config's when None; 4.x's use_return_dict is False
+        under torchscript) is False."""
+        if return_dict is None:
+            return_dict = getattr(self.config, "use_return_dict", getattr(self.config, "return_dict", True))
+        return output if return_dict else output.to_tuple()
+
+    # The token embedding is the encoder's (NeoBERTModel.encoder), in the heads under self.model (base_model).
+    def get_input_embeddings(self) -> nn.Embedding:
+        return self.base_model.encoder
+
+    def set_input_embeddings(self, value: nn.Embedding) -> None:
+        self.base_model.encoder = value
+
 
 class NeoBERTModel(NeoBERTPreTrainedModel):
     """The encoder: returns ``last_hidden_state`` [B, T, D] after the final RMSNorm (zeros at padded positions)."""
@@ -182,12 +196,6 @@ class NeoBERTModel(NeoBERTPreTrainedModel):
         self.transformer_encoder = nn.ModuleList(EncoderBlock(config) for _ in range(config.num_hidden_layers))
         self.layer_norm = RMSNorm(config.hidden_size, config.norm_eps)
         self.post_init()
-
-    def get_input_embeddings(self) -> nn.Embedding:
-        return self.encoder
-
-    def set_input_embeddings(self, value: nn.Embedding) -> None:
-        self.encoder = value
 
     def _unpadded_rows(
         self, real: Optional[torch.Tensor], segment_ids: Optional[torch.Tensor], eager: bool
@@ -211,11 +219,16 @@ class NeoBERTModel(NeoBERTPreTrainedModel):
         cu_seqlens: Optional[torch.Tensor],
         inputs_embeds: Optional[torch.Tensor],
         head_mask: Optional[torch.Tensor],
-        output_hidden_states: bool,
-        output_attentions: bool,
+        output_hidden_states: Optional[bool],
+        output_attentions: Optional[bool],
     ):
         """(final hidden states, padded or [tokens, D] when unpadded; ``place``, which pads such a tensor with zeros;
-        hidden states per layer or None; attention weights or None). Every path returns the same tensors."""
+        the output fields hidden_states and attentions, None unless asked for: the config's flags where None). Every
+        path returns the same tensors."""
+        if output_hidden_states is None:
+            output_hidden_states = getattr(self.config, "output_hidden_states", False)
+        if output_attentions is None:
+            output_attentions = getattr(self.config, "output_attentions", False)
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("pass exactly one of input_ids or inputs_embeds")
         x = self.encoder(input_ids) if input_ids is not None else inputs_embeds
@@ -263,7 +276,8 @@ class NeoBERTModel(NeoBERTPreTrainedModel):
         x = self.layer_norm(x)
         if output_hidden_states and rows is not None:
             hidden_states = [rows.scatter(h) for h in hidden_states]
-        return x, place, None if hidden_states is None else tuple(hidden_states), None if attentions is None else tuple(attentions)
+        outputs = {"hidden_states": hidden_states, "attentions": attentions}
+        return x, place, {name: None if value is None else tuple(value) for name, value in outputs.items()}
 
     def forward(
         self,
@@ -282,17 +296,59 @@ class NeoBERTModel(NeoBERTPreTrainedModel):
         **kwargs,
     ) -> Union[BaseModelOutput, Tuple]:
         # token_type_ids (produced by BERT tokenizers) and max_seqlen are accepted and ignored.
-        output_hidden_states, output_attentions, return_dict = output_options(
-            self.config, output_hidden_states, output_attentions, return_dict
-        )
-        x, place, hidden_states, attentions = self._encode(
+        x, place, outputs = self._encode(
             input_ids, attention_mask, position_ids, segment_ids, cu_seqlens, inputs_embeds, head_mask,
             output_hidden_states, output_attentions,
         )
-        output = BaseModelOutput(last_hidden_state=place(x), hidden_states=hidden_states, attentions=attentions)
-        return output if return_dict else output.to_tuple()
+        return self._output(BaseModelOutput(last_hidden_state=place(x), **outputs), return_dict)
 
-class NeoBERTLMHead(NeoBERTPreTrainedModel):
+
+class NeoBERTHeadModel(NeoBERTPreTrainedModel):
+    """The encoder (``self.model``) with a task head: the heads' common forward, which encodes and asks ``head`` for
+    the logits and the loss of the head's ``output_class``."""
+
+    output_class = MaskedLMOutput
+    packed_rows = True  # whether the head reads packed rows (segment_ids, cu_seqlens)
+
+    def __init__(self, config: NeoBERTConfig):
+        super().__init__(config)
+        self.model = NeoBERTModel(config)
+
+    def head(
+        self, x: torch.Tensor, place, attention_mask: Optional[torch.Tensor], labels: Optional[torch.Tensor]
+    ) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+        """(logits, loss or None) from the encoder's output as ``_encode`` returns it: x padded, or [tokens, D] with
+        ``place`` to pad it."""
+        raise NotImplementedError
+
+    def forward(
+        self,
+        input_ids: Optional[torch.Tensor] = None,
+        attention_mask: Optional[torch.Tensor] = None,
+        position_ids: Optional[torch.Tensor] = None,
+        segment_ids: Optional[torch.Tensor] = None,
+        cu_seqlens: Optional[torch.Tensor] = None,
+        max_seqlen: Optional[int] = None,
+        inputs_embeds: Optional[torch.Tensor] = None,
+        labels: Optional[torch.Tensor] = None,
+        head_mask: Optional[torch.Tensor] = None,
+        output_hidden_states: Optional[bool] = None,
+        output_attentions: Optional[bool] = None,
+        return_dict: Optional[bool] = None,
+        **kwargs,
+    ) -> Union[MaskedLMOutput, SequenceClassifierOutput, Tuple]:
+        """labels: the head's targets (its ``head``); max_seqlen and other keywords are accepted and ignored."""
+        if not self.packed_rows and (segment_ids is not None or cu_seqlens is not None):
+            raise ValueError("sequence classification pools the first token of each row: pass unpacked rows")
+        x, place, outputs = self.model._encode(
+            input_ids, attention_mask, position_ids, segment_ids, cu_seqlens, inputs_embeds, head_mask,
+            output_hidden_states, output_attentions,
+        )
+        logits, loss = self.head(x, place, attention_mask, labels)
+        return self._output(self.output_class(loss=loss, logits=logits, **outputs), return_dict)
+
+
+class NeoBERTLMHead(NeoBERTHeadModel):
     """NeoBERT with its masked-language-model decoder (a Linear with bias; its weight is the token embedding's when
     ``config.tie_word_embeddings``, else its own as in the released model)."""
 
@@ -301,15 +357,8 @@ class NeoBERTLMHead(NeoBERTPreTrainedModel):
 
     def __init__(self, config: NeoBERTConfig):
         super().__init__(config)
-        self.model = NeoBERTModel(config)
         self.decoder = nn.Linear(config.hidden_size, config.vocab_size)
         self.post_init()
-
-    def get_input_embeddings(self) -> nn.Embedding:
-        return self.model.encoder
-
-    def set_input_embeddings(self, value: nn.Embedding) -> None:
-        self.model.encoder = value
 
     def get_output_embeddings(self) -> nn.Linear:
         return self.decoder
@@ -317,48 +366,27 @@ class NeoBERTLMHead(NeoBERTPreTrainedModel):
     def set_output_embeddings(self, value: nn.Linear) -> None:
         self.decoder = value
 
-    def forward(
-        self,
-        input_ids: Optional[torch.Tensor] = None,
-        attention_mask: Optional[torch.Tensor] = None,
-        position_ids: Optional[torch.Tensor] = None,
-        segment_ids: Optional[torch.Tensor] = None,
-        cu_seqlens: Optional[torch.Tensor] = None,
-        max_seqlen: Optional[int] = None,
-        inputs_embeds: Optional[torch.Tensor] = None,
-        labels: Optional[torch.Tensor] = None,
-        head_mask: Optional[torch.Tensor] = None,
-        output_hidden_states: Optional[bool] = None,
-        output_attentions: Optional[bool] = None,
-        return_dict: Optional[bool] = None,
-        **kwargs,
-    ) -> Union[MaskedLMOutput, Tuple]:
+    def head(self, x, place, attention_mask, labels):
         """labels [B, T]: target token id where the loss is taken, -100 elsewhere."""
-        output_hidden_states, output_attentions, return_dict = output_options(
-            self.config, output_hidden_states, output_attentions, return_dict
-        )
-        x, place, hidden_states, attentions = self.model._encode(
-            input_ids, attention_mask, position_ids, segment_ids, cu_seqlens, inputs_embeds, head_mask,
-            output_hidden_states, output_attentions,
-        )
         logits = place(self.decoder(x))  # the decoder runs on the real tokens only when the batch was unpadded
         loss = None
         if labels is not None:
             loss = F.cross_entropy(
                 logits.view(-1, logits.shape[-1]).float(), labels.to(logits.device).view(-1), ignore_index=-100
             )
-        output = MaskedLMOutput(loss=loss, logits=logits, hidden_states=hidden_states, attentions=attentions)
-        return output if return_dict else output.to_tuple()
+        return logits, loss
 
 
-class NeoBERTForSequenceClassification(NeoBERTPreTrainedModel):
+class NeoBERTForSequenceClassification(NeoBERTHeadModel):
     """hidden[:, 0] (or the mean over real tokens, config.classifier_pooling) -> dropout -> dense (tanh) -> dropout
     -> classifier."""
+
+    output_class = SequenceClassifierOutput
+    packed_rows = False  # it pools each row's first token
 
     def __init__(self, config: NeoBERTConfig):
         super().__init__(config)
         self.num_labels = config.num_labels
-        self.model = NeoBERTModel(config)
         self.dense = nn.Linear(config.hidden_size, config.hidden_size)
         self.dropout = nn.Dropout(config.classifier_dropout)
         self.classifier = nn.Linear(config.hidden_size, config.num_labels)
@@ -366,51 +394,11 @@ class NeoBERTForSequenceClassification(NeoBERTPreTrainedModel):
         self.classifier._neobert_classifier = True
         self.post_init()
 
-    def get_input_embeddings(self) -> nn.Embedding:
-        return self.model.encoder
-
-    def set_input_embeddings(self, value: nn.Embedding) -> None:
-        self.model.encoder = value
-
-    def forward(
-        self,
-        input_ids: Optional[torch.Tensor] = None,
-        attention_mask: Optional[torch.Tensor] = None,
-        position_ids: Optional[torch.Tensor] = None,
-        segment_ids: Optional[torch.Tensor] = None,
-        cu_seqlens: Optional[torch.Tensor] = None,
-        max_seqlen: Optional[int] = None,
-        inputs_embeds: Optional[torch.Tensor] = None,
-        labels: Optional[torch.Tensor] = None,
-        head_mask: Optional[torch.Tensor] = None,
-        output_hidden_states: Optional[bool] = None,
-        output_attentions: Optional[bool] = None,
-        return_dict: Optional[bool] = None,
-        **kwargs,
-    ) -> Union[SequenceClassifierOutput, Tuple]:
-        output_hidden_states, output_attentions, return_dict = output_options(
-            self.config, output_hidden_states, output_attentions, return_dict
-        )
-        if segment_ids is not None or cu_seqlens is not None:
-            raise ValueError("sequence classification pools the first token of each row: pass unpacked rows")
-        encoded = self.model(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            position_ids=position_ids,
-            inputs_embeds=inputs_embeds,
-            head_mask=head_mask,
-            output_hidden_states=output_hidden_states,
-            output_attentions=output_attentions,
-            return_dict=True,
-        )
-        pooled = self.dropout(pool(encoded.last_hidden_state, attention_mask, self.config.classifier_pooling))
-        pooled = self.dropout(torch.tanh(self.dense(pooled)))
-        logits = self.classifier(pooled)
-
+    def head(self, x, place, attention_mask, labels):
+        """labels: as transformers' sequence classification heads take them (classification_loss)."""
+        pooled = self.dropout(pool(place(x), attention_mask, self.config.classifier_pooling))
+        logits = self.classifier(self.dropout(torch.tanh(self.dense(pooled))))
         loss = None
         if labels is not None:
             loss, self.config.problem_type = classification_loss(logits, labels, self.config.problem_type)
-        output = SequenceClassifierOutput(
-            loss=loss, logits=logits, hidden_states=encoded.hidden_states, attentions=encoded.attentions
-        )
-        return output if return_dict else output.to_tuple()
+        return logits, loss
