@@ -72,14 +72,8 @@ class Exported(torch.nn.Module):
     hidden = self.model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
     if self.task == 'hidden':
       return hidden
-    if self.pooling == 'cls':
-      pooled = hidden[:, 0]
-    else:
-      weights = attention_mask.to(hidden.dtype).unsqueeze(-1)
-      pooled = (hidden * weights).sum(dim=1) / weights.sum(dim=1).clamp(min=1.0)
-    if self.normalize:
-      pooled = torch.nn.functional.normalize(pooled, dim=-1)
-    return hidden, pooled
+    pooled = hf_model.pool(hidden, attention_mask, self.pooling)
+    return hidden, torch.nn.functional.normalize(pooled, dim=-1) if self.normalize else pooled
 
 
 def load_exported(source: str | os.PathLike, task: str | None = None) -> tuple[Exported, dict]:

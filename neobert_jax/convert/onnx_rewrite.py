@@ -62,6 +62,28 @@ def _attrs(node: onnx.NodeProto) -> dict:
   return {a.name: helper.get_attribute_value(a) for a in node.attribute}
 
 
+def _plain_gemm(node: onnx.NodeProto | None, weights) -> bool:
+  """Whether ``node`` is a Linear: Gemm(x, W[, b]) with constant W (its rows: transB=1) and b, no scaling."""
+  if node is None or node.op_type != 'Gemm' or any(name not in weights for name in node.input[1:]):
+    return False
+  a = _attrs(node)
+  return a.get('transB') == 1 and not a.get('transA', 0) and all(a.get(x, 1.0) == 1.0 for x in ('alpha', 'beta'))
+
+
+def _cut_gemm(graph, weights, gemm, part: str, cut, output: str) -> onnx.NodeProto:
+  """A Gemm on ``gemm``'s input whose weights (and bias) are ``cut(array)`` of its own, named after ``part``."""
+  names = []
+  for name in gemm.input[1:]:
+    names.append(f'{name}/{part}')
+    array = np.ascontiguousarray(cut(numpy_helper.to_array(weights[name])))
+    graph.initializer.append(numpy_helper.from_array(array, names[-1]))
+  return helper.make_node('Gemm', [gemm.input[0], *names], [output], name=f'{gemm.name}/{part}', transB=1)
+
+
+def _const(name: str, values, kind=TensorProto.INT64, dims=(1,)) -> onnx.NodeProto:
+  return helper.make_node('Constant', [], [name], value=helper.make_tensor(name, kind, list(dims), list(values)))
+
+
 def _ancestors(producers, names) -> list[onnx.NodeProto]:
   """The nodes ``names`` are computed from (within this graph)."""
   seen, out, todo = set(), [], list(names)
@@ -92,13 +114,10 @@ def _projection(producers, weights, q: str, k: str, v: str):
   shape = weights.get(view.input[1])
   shape = None if shape is None else numpy_helper.to_array(shape).tolist()
   gemm = producers.get(view.input[0])
-  if shape is None or len(shape) != 4 or shape[2] != 3 or gemm is None or gemm.op_type != 'Gemm':
+  if shape is None or len(shape) != 4 or shape[2] != 3 or not _plain_gemm(gemm, weights):
     return None
   heads, head_dim = shape[1], shape[3]
-  a = _attrs(gemm)
-  if a.get('transB') != 1 or a.get('transA', 0) or any(a.get(x, 1.0) != 1.0 for x in ('alpha', 'beta')):
-    return None
-  if any(name not in weights for name in gemm.input[1:]) or weights[gemm.input[1]].dims[0] != 3 * heads * head_dim:
+  if weights[gemm.input[1]].dims[0] != 3 * heads * head_dim:
     return None
   for name, index in ((q, 0), (k, 1)):
     node = producers.get(name)
@@ -118,18 +137,14 @@ def _projection(producers, weights, q: str, k: str, v: str):
 def _rotated_projections(graph, weights, gemm, heads: int, head_dim: int, tag: str) -> tuple[list, str, str]:
   """Two Gemms for one qkv Gemm: q and k of every head ([tokens, 2 * heads * head_dim], q's heads first) and v
   ([tokens, heads * head_dim]), with their weights (and biases) cut out of the fused one. Returns (nodes, qk, v)."""
-  nodes, outs = [], []
-  for part, index in (('qk', [0, 1]), ('v', [2])):
-    names = []
-    for name in gemm.input[1:]:
-      array = numpy_helper.to_array(weights[name])
-      array = array.reshape(heads, 3, head_dim, *array.shape[1:])[:, index]
-      array = np.ascontiguousarray(np.swapaxes(array, 0, 1).reshape(len(index) * heads * head_dim, *array.shape[3:]))
-      names.append(f'{name}/{part}')
-      graph.initializer.append(numpy_helper.from_array(array, names[-1]))
-    outs.append(f'{tag}/proj_{part}')
-    nodes.append(helper.make_node('Gemm', [gemm.input[0], *names], [outs[-1]], name=f'{gemm.name}/{part}', transB=1))
-  return nodes, *outs
+
+  def rows(array, index):  # each head's rows of q and k, or of v, grouped by which of them they are
+    array = array.reshape(heads, 3, head_dim, *array.shape[1:])[:, index]
+    return np.swapaxes(array, 0, 1).reshape(len(index) * heads * head_dim, *array.shape[3:])
+
+  qk = _cut_gemm(graph, weights, gemm, 'qk', lambda a: rows(a, [0, 1]), f'{tag}/proj_qk')
+  v = _cut_gemm(graph, weights, gemm, 'v', lambda a: rows(a, [2]), f'{tag}/proj_v')
+  return [qk, v], qk.output[0], v.output[0]
 
 
 def _body(attention: onnx.NodeProto, qk: str, v: str, heads: int, tag: str) -> onnx.GraphProto:
@@ -170,18 +185,12 @@ def _body(attention: onnx.NodeProto, qk: str, v: str, heads: int, tag: str) -> o
 
 def _row_bounds(mask_input: str) -> list[onnx.NodeProto]:
   """docs/starts and docs/ends (each non-empty row's tokens in the packed order), docs/count, docs/axis0, docs/true."""
-
-  def const(name, value, kind=TensorProto.INT64, dims=()):
-    return helper.make_node('Constant', [], [name], value=helper.make_tensor(name, kind, list(dims), [value]))
-
   return [
-    const('docs/axis0', 0, dims=[1]),
-    const('docs/axis1', 1, dims=[1]),
-    helper.make_node(
-      'Constant', [], ['docs/axes12'], value=helper.make_tensor('docs/axes12', TensorProto.INT64, [2], [1, 2])
-    ),
-    const('docs/zero', 0),
-    const('docs/true', True, TensorProto.BOOL),
+    _const('docs/axis0', [0]),
+    _const('docs/axis1', [1]),
+    _const('docs/axes12', [1, 2], dims=[2]),
+    _const('docs/zero', [0], dims=()),
+    _const('docs/true', [True], TensorProto.BOOL, dims=()),
     helper.make_node('Cast', [mask_input], ['docs/real'], to=TensorProto.BOOL),
     helper.make_node('Cast', ['docs/real'], ['docs/real_i'], to=TensorProto.INT64),
     helper.make_node('ReduceSum', ['docs/real_i', 'docs/axis1'], ['docs/lengths'], keepdims=0),
@@ -198,8 +207,15 @@ def rewrite_graph(model: onnx.ModelProto, mask_input: str = 'attention_mask') ->
   """Both rewrites of the module's docstring, in place; how many nodes each replaced."""
   counts = {'attention': attend_per_document(model, mask_input), 'gemm': split_fused_gemms(model)}
   if any(counts.values()):
-    _drop_dead(model.graph)
-    _sort(model.graph)
+    # What the replaced nodes computed is left unread, and the new nodes are appended: drop the one and order the
+    # other (ONNX wants a node after its inputs' producers) with onnx_ir, which torch.onnx's exporter writes through.
+    import onnx_ir
+    from onnx_ir.passes import common
+
+    graph = onnx_ir.from_proto(model)
+    common.RemoveUnusedNodesPass()(graph)
+    common.TopologicalSortPass()(graph)
+    model.CopyFrom(onnx_ir.to_proto(graph))
   return counts
 
 
@@ -211,27 +227,13 @@ def split_fused_gemms(model: onnx.ModelProto) -> int:
   count = 0
   for split in list(graph.node):
     gemm = producers.get(split.input[0]) if split.op_type == 'Split' else None
-    attrs = {a.name: helper.get_attribute_value(a) for a in split.attribute}
-    if gemm is None or gemm.op_type != 'Gemm' or len(consumers.get(gemm.output[0], [])) != 1:
+    if not _plain_gemm(gemm, weights) or len(consumers.get(gemm.output[0], [])) != 1:
       continue
-    gemm_attrs = {a.name: helper.get_attribute_value(a) for a in gemm.attribute}
-    if attrs.get('axis') not in (1, -1) or len(split.input) > 1 or gemm_attrs.get('transB') != 1:
-      continue
-    if gemm_attrs.get('transA', 0) or any(gemm_attrs.get(k, 1.0) != 1.0 for k in ('alpha', 'beta')):
-      continue
-    if any(name not in weights for name in gemm.input[1:]):
-      continue
-    arrays = [numpy_helper.to_array(weights[name]) for name in gemm.input[1:]]
     parts = len(split.output)
-    if arrays[0].shape[0] % parts:
+    if _attrs(split).get('axis') not in (1, -1) or len(split.input) > 1 or weights[gemm.input[1]].dims[0] % parts:
       continue
     for i, out in enumerate(split.output):
-      names = []
-      for name, array in zip(gemm.input[1:], arrays):
-        piece = np.ascontiguousarray(np.split(array, parts, axis=0)[i])
-        names.append(f'{name}/part{i}')
-        graph.initializer.append(numpy_helper.from_array(piece, names[-1]))
-      graph.node.append(helper.make_node('Gemm', [gemm.input[0], *names], [out], name=f'{gemm.name}/part{i}', transB=1))
+      graph.node.append(_cut_gemm(graph, weights, gemm, f'part{i}', lambda a, i=i: np.split(a, parts)[i], out))
     graph.node.remove(split)
     count += 1
   return count
@@ -260,8 +262,8 @@ def attend_per_document(model: onnx.ModelProto, mask_input: str = 'attention_mas
         new_nodes.append(helper.make_node('Unsqueeze', [name, 'docs/axis0'], [angles[name]]))
     projections, qk, v = _rotated_projections(graph, weights, gemm, heads, head_dim, tag)
     new_nodes += projections + [
-      helper.make_node('Constant', [], [f'{tag}/width'], value=helper.make_tensor('w', TensorProto.INT64, [1], [width])),
-      helper.make_node('Constant', [], [f'{tag}/width2'], value=helper.make_tensor('w', TensorProto.INT64, [1], [2 * width])),
+      _const(f'{tag}/width', [width]),
+      _const(f'{tag}/width2', [2 * width]),
       helper.make_node('Unsqueeze', [qk, 'docs/axis0'], [f'{tag}/qk3']),
       helper.make_node(
         'RotaryEmbedding', [f'{tag}/qk3', angles[cos], angles[sin]], [f'{tag}/qk_rot'], interleaved=1, num_heads=2 * heads
@@ -284,54 +286,3 @@ def attend_per_document(model: onnx.ModelProto, mask_input: str = 'attention_mas
   del graph.node[:]
   graph.node.extend(_row_bounds(mask_input) + kept + new_nodes)
   return count
-
-
-def _drop_dead(graph: onnx.GraphProto) -> None:
-  """Removes nodes none of whose outputs is used (by a node, a subgraph, or the graph's outputs)."""
-  while True:
-    used = {o.name for o in graph.output}
-    for node in graph.node:
-      used.update(node.input)
-      for attr in node.attribute:
-        if attr.type == onnx.AttributeProto.GRAPH:
-          used.update(i for sub in attr.g.node for i in sub.input)
-    alive = [node for node in graph.node if any(o in used for o in node.output)]
-    if len(alive) == len(graph.node):
-      produced = {o for node in graph.node for o in node.output}
-      unused = [t for t in graph.initializer if t.name not in used]
-      stale = [v for v in graph.value_info if v.name not in produced]
-      for t in unused:
-        graph.initializer.remove(t)
-      for v in stale:
-        graph.value_info.remove(v)
-      return
-    del graph.node[:]
-    graph.node.extend(alive)
-
-
-def _sort(graph: onnx.GraphProto) -> None:
-  """Topological order (ONNX requires a node after the producers of its inputs, subgraphs' outer names included)."""
-  available = {i.name for i in graph.input} | {t.name for t in graph.initializer} | {''}
-  pending, ordered = list(graph.node), []
-
-  def needs(node):
-    names = set(node.input)
-    for attr in node.attribute:
-      if attr.type == onnx.AttributeProto.GRAPH:
-        inner = {o for sub in attr.g.node for o in sub.output} | {i.name for i in attr.g.input}
-        names |= {i for sub in attr.g.node for i in sub.input} - inner
-    return names
-
-  while pending:
-    rest = []
-    for node in pending:
-      if needs(node) <= available:
-        ordered.append(node)
-        available.update(node.output)
-      else:
-        rest.append(node)
-    if len(rest) == len(pending):
-      raise ValueError(f'onnx graph: cannot order {[n.name or n.op_type for n in rest][:5]}')
-    pending = rest
-  del graph.node[:]
-  graph.node.extend(ordered)
