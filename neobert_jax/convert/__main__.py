@@ -1,16 +1,7 @@
 """Convert between neobert-jax checkpoints and Hugging Face NeoBERT directories.
 
-  python -m neobert_jax.convert to-pytorch --checkpoint RUN_OR_CKPT_DIR [--step N] --output DIR \
-      [--tokenizer bert-base-uncased|DIR|tokenizer.json|vocab.txt] [--dtype float32|bfloat16] \
-      [--model-type neobert|eurobert] [--overwrite]
-  python -m neobert_jax.convert from-pytorch --input HF_DIR_OR_SAFETENSORS --output FILE.safetensors|DIR \
-      [--init-missing-decoder] [--overwrite]
-  python -m neobert_jax.convert to-onnx --input HF_OR_SENTENCE_TRANSFORMERS_DIR --output DIR \
-      [--task mlm|embedding|hidden] [--opset 23] [--overwrite]
-
---checkpoint also accepts what from-pytorch wrote (a .safetensors file or its directory). Errors (missing key, wrong
-shape, config mismatch, existing output) exit with status 1 and one line naming the problem and the fix;
---debug shows the traceback instead.
+Commands: to-pytorch, from-pytorch and to-onnx (docs/export.md; --help lists each one's flags). Errors exit with
+status 1 and one line naming the problem and the fix; --debug shows the traceback instead.
 """
 
 from __future__ import annotations

@@ -77,16 +77,11 @@ def _recover(output: Path) -> None:
       continue
     if kind == 'old' and not output.exists():
       path.rename(output)
-      print(
-        f'export: restored {output} from {path}, where an interrupted export (process {pid}) had moved it',
-        file=sys.stderr,
-        flush=True,
-      )
+      done = f'restored {output} from {path}, where an interrupted export (process {pid}) had moved it'
     else:
       shutil.rmtree(path, ignore_errors=True)
-      print(
-        f'export: removed {path}, left behind by an interrupted export (process {pid})', file=sys.stderr, flush=True
-      )
+      done = f'removed {path}, left behind by an interrupted export (process {pid})'
+    print(f'export: {done}', file=sys.stderr, flush=True)
 
 
 def write_atomically(output: Path, fill, overwrite: bool, marker: str = 'config.json') -> Path:

@@ -1,10 +1,6 @@
-"""The model card (README.md) of every export, made with huggingface_hub's ModelCard so its YAML front matter follows
-the Hub's schema.
-
-What the card knows comes from the directory (config.json, modules.json, an ONNX task) and from `Facts`, what no
-directory holds: a training run's config, metrics and report (`run_facts`), or the card of the directory an ONNX
-graph was made from (`card_facts`). `refresh` rewrites an existing export's card once the run's report has its
-figures (the train job exports before it reports, since the report scores fill-mask through the export)."""
+"""The model card (README.md) of every export, made with huggingface_hub's ModelCard (docs/export.md, "The model
+card"): from the directory (config.json, modules.json, an ONNX task) and `Facts`, what no directory holds: a training
+run's (`run_facts`), or those of the card an ONNX graph's source directory has (`card_facts`)."""
 
 from __future__ import annotations
 
@@ -79,7 +75,6 @@ def run_facts(workdir: str | os.PathLike, step: int | None = None) -> Facts:
   data, train = cfg.get('data', {}), cfg.get('train', {})
   datasets, described = _data_sources(data)
   tokenizer = source_lib.run_tokenizer(typed) or source_lib.DEFAULT_TOKENIZER
-  base = _hub_id(cfg.get('init', {}).get('from_hf', ''))
   init = cfg.get('init', {})
   start = 'a random initialisation'
   if init.get('from_hf'):
@@ -103,7 +98,8 @@ def run_facts(workdir: str | os.PathLike, step: int | None = None) -> Facts:
       f'{train.get("num_steps")} steps scheduled; masking {data.get("mask_rate")} of the tokens.'
     )
   training.append(f'- Optimizer: {_optimizer(typed.optimizer)}, compute dtype {cfg.get("model", {}).get("dtype")}.')
-  facts = Facts(datasets=datasets, base_model=base, sections={TRAINING: '\n'.join(training)})
+  facts = Facts(datasets=datasets, base_model=_hub_id(init.get('from_hf', '')))
+  facts.sections[TRAINING] = '\n'.join(training)
   facts.sections[RESULTS] = _results(held, report, facts, datasets)
   if (root / CURVE_NAME).is_file():
     facts.curve = root / CURVE_NAME
@@ -248,32 +244,6 @@ def _code(language: str, code: str) -> str:
   return f'```{language}\n{code.strip()}\n```'
 
 
-def _transformers_js(task: str, path: str) -> str:
-  pipe = 'fill-mask' if task == 'mlm' else 'feature-extraction'
-  call = (
-    "pipe('the capital of france is [MASK].')"
-    if task == 'mlm'
-    else "pipe(['a sentence'], { pooling: 'mean', normalize: true })"
-  )
-  return _code('js', f"""
-import {{ pipeline }} from '@huggingface/transformers';
-const pipe = await pipeline('{pipe}', '{path}');  // node: onnx/model.onnx; browsers (wasm): onnx/model_quantized.onnx
-const out = await {call};
-""")  # fmt: skip
-
-
-def _onnx_runtime(task: str, path: str) -> str:
-  outputs = {'mlm': 'logits', 'hidden': 'last_hidden_state'}.get(task, 'last_hidden_state, sentence_embedding')
-  return _code('python', f"""
-import onnxruntime
-from transformers import AutoTokenizer
-tok = AutoTokenizer.from_pretrained('{path}')
-session = onnxruntime.InferenceSession('{path}/onnx/model.onnx')  # or onnx/model_quantized.onnx (int8)
-batch = tok(['a sentence'], padding=True, return_tensors='np')
-outputs = session.run(None, {{'input_ids': batch['input_ids'], 'attention_mask': batch['attention_mask']}})  # {outputs}
-""")  # fmt: skip
-
-
 def _how_to_load(kind: str) -> str:
   """Loading snippets for the directory's kind; PATH stands for the directory, or its Hub repository id."""
   remote = kind != 'eurobert'
@@ -308,13 +278,22 @@ vectors = model.encode(['a sentence', 'another one'])
 from sentence_transformers import SentenceTransformer
 model = SentenceTransformer('PATH', backend='onnx')
 """)]  # fmt: skip
-  out += ['**transformers.js**:', _transformers_js(task, path), '**ONNX Runtime**:', _onnx_runtime(task, path)]
+  pipe, call = ('fill-mask', "'the capital of france is [MASK].'") if task == 'mlm' else (
+    'feature-extraction', "['a sentence'], { pooling: 'mean', normalize: true }")  # fmt: skip
+  outputs = {'mlm': 'logits', 'hidden': 'last_hidden_state'}.get(task, 'last_hidden_state, sentence_embedding')
+  out += ['**transformers.js**:', _code('js', f"""
+import {{ pipeline }} from '@huggingface/transformers';
+const pipe = await pipeline('{pipe}', '{path}');  // node: onnx/model.onnx; browsers (wasm): onnx/model_quantized.onnx
+const out = await pipe({call});
+"""), '**ONNX Runtime**:', _code('python', f"""
+import onnxruntime
+from transformers import AutoTokenizer
+tok = AutoTokenizer.from_pretrained('{path}')
+session = onnxruntime.InferenceSession('{path}/onnx/model.onnx')  # or onnx/model_quantized.onnx (int8)
+batch = tok(['a sentence'], padding=True, return_tensors='np')
+outputs = session.run(None, {{'input_ids': batch['input_ids'], 'attention_mask': batch['attention_mask']}})  # {outputs}
+""")]  # fmt: skip
   return '\n\n'.join(out)
-
-
-def model_name(config: Mapping[str, Any]) -> str:
-  """The shape, not the output path, so that one checkpoint's exports to two places are the same bytes."""
-  return f'neobert-jax-{config["num_hidden_layers"]}x{config["hidden_size"]}'
 
 
 def write_card(folder: Path, config: Mapping[str, Any], facts: Facts | None, kind: str | None = None) -> Path:
@@ -325,7 +304,8 @@ def write_card(folder: Path, config: Mapping[str, Any], facts: Facts | None, kin
   kind, facts = kind or _kind(folder, config), facts or Facts()
   library, pipeline_tag, tags = _HUB[kind]
   results = [EvalResult(**r) for r in facts.eval_results]
-  name = model_name(config)
+  # The shape, not the output path, so that one checkpoint's exports to two places are the same bytes.
+  name = f'neobert-jax-{config["num_hidden_layers"]}x{config["hidden_size"]}'
   data = ModelCardData(
     model_name=name,
     library_name=library,
