@@ -11,7 +11,7 @@ Three encoders, random weights at their real sizes (speed does not depend on the
 * modernbert: `transformers.ModernBertModel(ModernBertConfig())` (ModernBERT-base's shape, 22 x 768), SDPA
   attention, the native class (it unpads only under flash-attention-2, which CPUs do not have);
 * reference: the export's weights computed the way the published chandar-lab/NeoBERT model.py does it
-  (convert/torch_ref.padded_reference_forward: every padded position, a dense additive [B, H, T, T] mask).
+  (tests/support/torch_reference.py: every padded position, a dense additive [B, H, T, T] mask).
 
 Workloads: `mixed` batches draw documents at random from the built-in real-text corpus (Shakespeare scenes and BBC
 articles, tokenized with the bert-base-uncased vocabulary, truncated at --max-length) and pad each batch to its
@@ -132,9 +132,9 @@ def _build(name: str, path: Path, dtype: torch.dtype, device: str):
   model = AutoModel.from_pretrained(path, trust_remote_code=True, dtype=dtype).to(device).eval()
   if name == 'export':
     return lambda ids, mask: model(input_ids=ids, attention_mask=mask).last_hidden_state
-  from neobert_jax.convert import torch_ref
+  from tests.support import torch_reference
 
-  return lambda ids, mask: torch_ref.padded_reference_forward(model, ids, mask)
+  return lambda ids, mask: torch_reference.padded_reference_forward(model, ids, mask)
 
 
 def build_onnx(path: Path, root: Path, threads: int) -> dict:

@@ -1,5 +1,5 @@
 """The exported PyTorch NeoBERT (hf_modeling/model.py) as users run it: the unpadded computation of padded batches
-equals the original model's padded one (convert/torch_ref.padded_reference_forward), attention_mask=None,
+equals the original model's padded one (tests/support/torch_reference.py), attention_mask=None,
 output_attentions / output_hidden_states, gradient checkpointing, and float16 / bfloat16 forward and backward with
 fully padded rows and extreme lengths, against float32.
 
@@ -17,8 +17,8 @@ wrong position) are O(1).
 import pytest
 import torch
 
-from neobert_jax.convert import torch_ref
 from neobert_jax.convert.hf_modeling import model as hf
+from tests.support.torch_reference import padded_reference_forward
 
 HALF_RTOL = {torch.bfloat16: 8 * 2.0**-9, torch.float16: 8 * 2.0**-12}
 LOSS_SCALE = 2.0**10
@@ -67,7 +67,7 @@ def test_unpadded_equals_the_original_padded_computation(lm, monkeypatch, call_c
   assert [(stop - start, length, slots is not None) for start, stop, length, slots, _ in rows.groups] == groups
   with torch.no_grad():
     got = lm.model(ids, attention_mask=mask).last_hidden_state
-    want = torch_ref.padded_reference_forward(lm.model, ids, mask)
+    want = padded_reference_forward(lm.model, ids, mask)
     logits = lm(ids, attention_mask=mask).logits
   valid = mask.bool()
   torch.testing.assert_close(got[valid], want[valid], atol=1e-5, rtol=1e-5)
@@ -109,7 +109,7 @@ def test_attention_mask_none_and_all_ones_are_the_full_rows(lm):
   with torch.no_grad():
     none = lm(ids).logits
     ones = lm(ids, attention_mask=torch.ones_like(ids)).logits
-    want = lm.decoder(torch_ref.padded_reference_forward(lm.model, ids, None))
+    want = lm.decoder(padded_reference_forward(lm.model, ids, None))
   assert torch.equal(none, ones)
   torch.testing.assert_close(none, want, atol=1e-5, rtol=1e-5)
 

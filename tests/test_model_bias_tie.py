@@ -23,13 +23,14 @@ from safetensors.numpy import load_file
 from neobert_jax import config as config_lib
 from neobert_jax import errors, sharding
 from neobert_jax.config.model import default_model_config, validate_model_config
-from neobert_jax.convert import export_hf, torch_ref
+from neobert_jax.convert import export_hf
 from neobert_jax.jobs import convert as convert_job
 from neobert_jax.engine.optimizer import decays, weight_decay_mask
 from neobert_jax.model import NeoBERTForMLM
 from neobert_jax.weights import flat as flat_lib
 from neobert_jax.weights import hf
 from neobert_jax.weights.flat import path_names, to_flat
+from tests.support.torch_reference import padded_reference_forward
 
 VOCAB = 97
 FLAGS = [(True, False), (False, True), (True, True)]  # (use_bias, tie_word_embeddings)
@@ -207,8 +208,8 @@ def test_transformers_model_equals_jax(exported, tmp_path):
   ids, lengths, mask = padded_rows()
   with torch.no_grad():
     got = mlm(input_ids=torch.from_numpy(ids).long(), attention_mask=torch.from_numpy(mask).long()).logits.numpy()
-    # The original padded computation (torch_ref: the weights, none of the modeling file's forward code).
-    reference = torch_ref.padded_reference_forward(mlm.model, torch.from_numpy(ids).long(), torch.from_numpy(mask))
+    # The original padded computation (support/torch_reference.py: the weights, none of model.py's forward code).
+    reference = padded_reference_forward(mlm.model, torch.from_numpy(ids).long(), torch.from_numpy(mask))
     reference = mlm.decoder(reference).numpy()
   want = np.asarray(jax_model(cfg, flat)(ids, lengths=lengths))
   assert np.abs(want[mask]).max() > 0.5  # logits of unit scale: the tolerance below is relative to O(1)
