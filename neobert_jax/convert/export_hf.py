@@ -125,20 +125,15 @@ def _resolve_tokenizer(tokenizer: str | os.PathLike) -> Path:
     raise errors.ExportError(f'--tokenizer {spec!r}: {e}') from e
 
 
-def _vocab_file(src: Path) -> Path:
-  """The file holding the pieces of a tokenizer given as a directory (tokenizer.json, else vocab.txt) or a file."""
-  if not src.is_dir():
-    return src
-  return src / 'tokenizer.json' if (src / 'tokenizer.json').is_file() else src / 'vocab.txt'
-
-
-def _read_vocab(path: Path) -> dict[str, int]:
-  """piece -> id of a tokenizer.json or a vocab.txt."""
-  if path.suffix == '.json':
+def _read_vocab(src: Path) -> dict[str, int]:
+  """piece -> id of a tokenizer.json, a vocab.txt, or a directory's (its tokenizer.json, else its vocab.txt)."""
+  if src.is_dir():
+    src = src / 'tokenizer.json' if (src / 'tokenizer.json').is_file() else src / 'vocab.txt'
+  if src.suffix == '.json':
     import tokenizers
 
-    return tokenizers.Tokenizer.from_file(str(path)).get_vocab(with_added_tokens=True)
-  with open(path, encoding='utf-8') as fh:
+    return tokenizers.Tokenizer.from_file(str(src)).get_vocab(with_added_tokens=True)
+  with open(src, encoding='utf-8') as fh:
     return {line.rstrip('\n'): i for i, line in enumerate(fh)}
 
 
@@ -146,12 +141,12 @@ def special_token_ids(tokenizer: str | os.PathLike | None) -> dict[str, int]:
   """The bos / eos / mask ids ([CLS], [SEP], [MASK]) the tokenizer has, for configs that name them (EuroBERT's)."""
   if not tokenizer:
     return {}
-  vocab = _read_vocab(_vocab_file(_resolve_tokenizer(tokenizer)))
+  vocab = _read_vocab(_resolve_tokenizer(tokenizer))
   pieces = {'bos': 'cls_token', 'eos': 'sep_token', 'mask': 'mask_token'}
   return {name: vocab[BERT_SPECIAL_TOKENS[key]] for name, key in pieces.items() if BERT_SPECIAL_TOKENS[key] in vocab}
 
 
-def write_tokenizer(tokenizer: str | os.PathLike, out: Path, max_length: int, vocab_size: int) -> list[str]:
+def write_tokenizer(tokenizer: str | os.PathLike, out: Path, max_length: int, vocab_size: int) -> None:
   """Writes a WordPiece tokenizer into ``out``; a tokenizer.json is re-saved with padding and truncation off
   (inference files often pad to 128)."""
   src = _resolve_tokenizer(tokenizer)
@@ -190,13 +185,12 @@ def write_tokenizer(tokenizer: str | os.PathLike, out: Path, max_length: int, vo
     (out / 'tokenizer_config.json').write_text(json.dumps(config, indent=2) + '\n')
   if 'special_tokens_map.json' not in sources:
     (out / 'special_tokens_map.json').write_text(json.dumps(BERT_SPECIAL_TOKENS, indent=2) + '\n')
-  size = max(_read_vocab(_vocab_file(out)).values()) + 1
+  size = max(_read_vocab(out).values()) + 1
   if size > vocab_size:
     raise errors.ExportError(
       f"--tokenizer {src} has {size} tokens but the model's vocab_size is {vocab_size}: "
       'ids past the embedding table would fail; export with the tokenizer the model was trained on'
     )
-  return sorted(p.name for p in out.iterdir() if p.name in TOKENIZER_FILES)
 
 
 def write_hf_dir(

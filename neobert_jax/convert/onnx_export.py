@@ -1,11 +1,6 @@
 """A Hugging Face NeoBERT directory (ours, or a sentence-transformers one) -> an ONNX directory laid out as
-transformers.js, optimum and the Hub expect it: ``onnx/model.onnx`` (float32, dynamo trace) and
-``onnx/model_quantized.onnx`` (int8 MatMul weights only: onnxruntime's default op list turns opset 23's
-``Attention`` into an invalid ``QAttention``).
-
-Tasks: ``mlm`` (logits), ``hidden`` (last_hidden_state), ``embedding`` (plus ``sentence_embedding``, pooled as the
-sentence-transformers directory says, else mean-pooled and L2-normalised). Opset 23 uses ONNX's fused
-``Attention`` / ``RMSNormalization``; ``--opset 18`` writes basic ops for runtimes without them."""
+transformers.js, optimum and the Hub expect it: ``onnx/model.onnx`` (float32) and ``onnx/model_quantized.onnx``
+(int8 MatMul weights). The tasks, opsets and layout: docs/export.md ("ONNX")."""
 
 from __future__ import annotations
 
@@ -16,10 +11,11 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
+import onnx
 import torch
 
 from neobert_jax import errors
-from neobert_jax.convert import export_hf, model_card, torch_ref
+from neobert_jax.convert import export_hf, model_card, onnx_rewrite, torch_ref
 from neobert_jax.convert.hf_modeling import model as hf_model
 from neobert_jax.weights import hf
 
@@ -67,13 +63,13 @@ class Exported(torch.nn.Module):
     self.model, self.task, self.pooling, self.normalize = model, task, pooling, normalize
 
   def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor):
+    out = self.model(input_ids=input_ids, attention_mask=attention_mask)
     if self.task == 'mlm':
-      return self.model(input_ids=input_ids, attention_mask=attention_mask).logits
-    hidden = self.model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+      return out.logits
     if self.task == 'hidden':
-      return hidden
-    pooled = hf_model.pool(hidden, attention_mask, self.pooling)
-    return hidden, torch.nn.functional.normalize(pooled, dim=-1) if self.normalize else pooled
+      return out.last_hidden_state
+    pooled = hf_model.pool(out.last_hidden_state, attention_mask, self.pooling)
+    return out.last_hidden_state, torch.nn.functional.normalize(pooled, dim=-1) if self.normalize else pooled
 
 
 def load_exported(source: str | os.PathLike, task: str | None = None) -> tuple[Exported, dict]:
@@ -119,21 +115,8 @@ def trace(module: Exported, opset: int = DEFAULT_OPSET):
     )
 
 
-def rewrite_file(path: Path) -> None:
-  """Rewrites the graph at ``path`` for onnxruntime's speed, exactly (onnx_rewrite)."""
-  import onnx
-
-  from neobert_jax.convert import onnx_rewrite
-
-  graph = onnx.load(str(path))
-  if any(onnx_rewrite.rewrite_graph(graph).values()):
-    onnx.checker.check_model(graph)
-    onnx.save(graph, str(path))
-
-
 def quantize(source: Path, target: Path) -> None:
   """int8 weights for every MatMul of ``source`` (dynamic quantization), checked to load in onnxruntime."""
-  import onnx
   import onnxruntime
   from onnxruntime.quantization import QuantType, quantize_dynamic
 
@@ -168,7 +151,10 @@ def export_onnx(
   def fill(tmp: Path) -> None:
     (tmp / ONNX_NAME).parent.mkdir()
     program.save(str(tmp / ONNX_NAME))
-    rewrite_file(tmp / ONNX_NAME)
+    graph = onnx.load(str(tmp / ONNX_NAME))
+    if any(onnx_rewrite.rewrite_graph(graph).values()):  # exact, for onnxruntime's speed
+      onnx.checker.check_model(graph)
+      onnx.save(graph, str(tmp / ONNX_NAME))
     quantize(tmp / ONNX_NAME, tmp / QUANTIZED_NAME)
     for name in ST_FILES:
       if (src / name).is_file():

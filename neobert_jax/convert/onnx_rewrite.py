@@ -1,8 +1,6 @@
 """Exact rewrites of the exported ONNX graph that onnxruntime runs faster, in standard ONNX only (so transformers.js
-and onnxruntime-web still load it): each block's masked ``Attention`` becomes a ``Loop`` over the batch's rows
-attending on each row's real tokens unmasked (about twice as fast on CPU), its qkv ``Gemm`` becomes one for q and k
-and one for v, and the rotary embedding's elementwise ops become one ``RotaryEmbedding`` (opset 23) over q and k
-together; a ``Gemm`` read only by a ``Split`` (SwiGLU's ``w12``) becomes one ``Gemm`` per part."""
+and onnxruntime-web still load it): attention per document in a ``Loop``, the fused Gemms split, q and k rotated by
+one ``RotaryEmbedding``. docs/export.md ("ONNX") describes each."""
 
 from __future__ import annotations
 

@@ -16,7 +16,7 @@ from transformers import PretrainedConfig, PreTrainedModel
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import BaseModelOutput, MaskedLMOutput, SequenceClassifierOutput
 
-# The parity tests, torch_ref and benchmarks use these names through this module (ATTENTION_CALL_COST too).
+# The parity tests, their torch reference and the benchmarks read these names here (ATTENTION_CALL_COST too).
 from .layers import RMSNorm, SwiGLU, apply_rotary, apply_rotary_qk, classification_loss, layer_head_masks  # noqa: F401
 from .layers import add_linear, pool, rotary_cos_sin, swiglu_hidden_size  # noqa: F401
 from .unpadding import ATTENTION_CALL_COST, TracedRows, UnpaddedRows, masking_inputs, padded_mask  # noqa: F401
