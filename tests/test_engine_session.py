@@ -50,9 +50,7 @@ def _flat(params) -> dict[str, np.ndarray]:
 
 
 def _session(workdir, cfg, **kwargs):
-  return session_lib.TrainingSession(
-    workdir, cfg, keep=5, async_save=False, tensorboard=False, progress_bar=False, **kwargs
-  )
+  return session_lib.TrainingSession(workdir, cfg, keep=5, async_save=False, **kwargs)  # no TensorBoard, no bar
 
 
 @pytest.mark.slow

@@ -79,8 +79,8 @@ def test_logged_sizes_tokens_and_throughput(uninterrupted):
   train = {r['step']: r for r in rows if 'train/loss' in r}
   assert [train[s]['train/batch_size'] for s in range(1, 6)] == [16, 16, 16, 32, 32]
   assert [train[s]['train/tokens_seen'] for s in range(1, 6)] == [SEQ * n for n in (16, 32, 48, 80, 112)]
-  # The train step (engine/step.py's jit(fn)) compiled once per size: one recompile for 16 -> 32.
-  assert json.loads((uninterrupted / 'compiles.json').read_text())['jit(fn)'] == len(ramp.sizes(_cfg())) == 2
+  # The train step (engine/step.py's jit(step)) compiled once per size: one recompile for 16 -> 32.
+  assert json.loads((uninterrupted / 'compiles.json').read_text())['jit(step)'] == len(ramp.sizes(_cfg())) == 2
   # The steps that compiled (the first, the new size) report no throughput; the others do.
   timed = [s for s in train if 'train/tokens_per_sec' in train[s]]
   assert timed == [2, 3, 5] and all(train[s]['train/tokens_per_sec'] > 0 and 'train/mfu' in train[s] for s in timed)

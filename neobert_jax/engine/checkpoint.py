@@ -1,9 +1,7 @@
 """Orbax checkpoints of a training run: writing a step, and reading one back (resume, a new stage); the layout is
-weights/runs.py's, the data position the pipeline's (an opaque `DataPosition`).
-
-Resume, newest step first: arrays that do not fit this config's state are errors.ConfigError (from the metadata,
-before any array is read); a transient storage error is retried, then errors.CheckpointError (the step left in
-place); an unreadable step is set aside and the next older one tried; every process must agree on the step."""
+weights/runs.py's, the data position the pipeline's (an opaque `DataPosition`). What a resume does with a step
+that does not fit or cannot be read: docs/configuration.md; a transient storage error is retried, then
+errors.CheckpointError (the step left in place); every process must agree on the step."""
 
 from __future__ import annotations
 

@@ -243,16 +243,12 @@ class MetricsWriter:
       self._wandb.log(record)
 
   def close(self) -> None:
-    if self._jsonl is not None:
-      self._jsonl.close()
-      self._jsonl = None
-    for f in self._files.values():
-      f.close()
-    self._files = {}
+    for f in (self._jsonl, *self._files.values()):
+      if f is not None:
+        f.close()
     if self._tb is not None:
       self._tb.close()
-      self._tb = None
     if self._wandb is not None:
       self._wandb.finish()
-      self._wandb = None
+    self._jsonl, self._files, self._tb, self._wandb = None, {}, None, None
     self.sync()

@@ -89,8 +89,9 @@ class Start:
 
 
 class TrainingSession:
-  """One session of training in `workdir`; `cfg` (resolved) goes into every checkpoint, `data_position` is
-  checkpointed with the state, `lease` is checked before every save."""
+  """One session of training in `workdir`; `cfg` (resolved) goes into every checkpoint and its logging section
+  says whether to write TensorBoard and show a progress bar, `data_position` is checkpointed with the state,
+  `lease` is checked before every save."""
 
   def __init__(
     self,
@@ -100,17 +101,14 @@ class TrainingSession:
     data_position: ckpt.DataPosition | None = None,
     keep: int = 3,
     async_save: bool = True,
-    tensorboard: bool = True,
-    progress_bar: bool = True,
     lease: lease_lib.Lease | None = None,
     wandb: Any = None,
   ):
     require_resolved(cfg.model)  # every checkpoint records this config: the kernel it ran, never 'auto'
     self.workdir = paths.resolved(workdir, '--workdir')
     self.lease = lease  # checked before every save: a job whose lease was taken over writes nothing more
-    self.cfg, self.data_position = cfg, data_position
+    self.cfg, self.data_position, self.wandb = cfg, data_position, wandb
     self.keep, self.async_save = keep, async_save
-    self.tensorboard, self.progress_bar, self.wandb = tensorboard, progress_bar, wandb
     self.is_main = jax.process_index() == 0
     self.saved_step = -1  # the newest step this run saved (or resumed from)
     self.committed_step: int | None = None  # the newest step known complete: resumed from, or seen to commit
@@ -157,7 +155,8 @@ class TrainingSession:
   def writer(self) -> MetricsWriter:
     """The metrics, opened on first use (a refused resume writes nothing), closed at the end."""
     if self._writer is None:
-      self._writer = MetricsWriter(self.workdir, self.tensorboard, self.wandb, on_storage_error=self._write_failed)
+      tensorboard = self.cfg.logging.tensorboard
+      self._writer = MetricsWriter(self.workdir, tensorboard, self.wandb, on_storage_error=self._write_failed)
       self.on_close(self._close_writer)
     return self._writer
 
@@ -184,7 +183,7 @@ class TrainingSession:
     return self._upload_failed(e, 'writing the metrics under', 'Free space or fix the storage')
 
   def _progress_bar(self, total: int, initial: int, desc: str) -> Any:
-    if not (self.is_main and self.progress_bar):
+    if not (self.is_main and self.cfg.logging.progress_bar):
       return None
     from tqdm.auto import tqdm  # pylint: disable=g-import-not-at-top
 
@@ -237,13 +236,8 @@ class TrainingSession:
       )
       if opt is not None:
         state = {**state, 'opt': state_lib.restart_schedule(opt)}
-      log.info(
-        'carried over from %s: %s',
-        origin,
-        ' and '.join(
-          w for w, on in (('the optimizer state', keep_optimizer), ('the data position', continue_data)) if on
-        ),
-      )
+      carried = (('the optimizer state', keep_optimizer), ('the data position', continue_data))
+      log.info('carried over from %s: %s', origin, ' and '.join(what for what, on in carried if on))
     return Start(0, defs, state, False, origin)
 
   def save(self, step: int, state: state_lib.TrainState) -> None:
@@ -318,14 +312,13 @@ class TrainingSession:
       # `save` every `checkpoint_every` steps, after the last one and on preemption.
       saves = trainer_lib.Hook(lambda done, state, _: self.save(done, state), options.checkpoint_every, checkpoint=True)
       options = dataclasses.replace(options, hooks=(*options.hooks, saves))
-    options = dataclasses.replace(options, last_good=options.last_good or self.last_good)
     return trainer_lib.Trainer(
       step,
       start.state,
       batches,
       start.step,
       options,
-      trainer_lib.Logger(self.writer, pbar, options.log),
+      trainer_lib.Logger(self.writer, pbar, options.log, options.last_good or self.last_good),
       self.hold(trainer_lib.Preemption(self.mngr, options.log_every)) if options.preemption else None,
       self.profile_dir,
     )

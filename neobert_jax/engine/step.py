@@ -163,15 +163,9 @@ def jit_train_step(
   uses_key: bool = False,
 ) -> shd.MeshBound:
   """The jitted step, state donated; step(state, batch) or, with uses_key, step(state, batch, key)."""
-  fn = train_step_fn(defs, loss_sums, options)
   replicated = NamedSharding(mesh, P())
   in_shardings = (defs.shardings, batch_shardings) + ((replicated,) if uses_key else ())
-  if not uses_key:
-    keyed = fn
-
-    def fn(state: TrainState, batch: dict[str, jax.Array]) -> tuple[TrainState, dict]:
-      return keyed(state, batch)
-
+  fn = train_step_fn(defs, loss_sums, options)
   return shd.MeshBound(
     mesh, jax.jit(fn, in_shardings=in_shardings, out_shardings=(defs.shardings, replicated), donate_argnums=0)
   )

@@ -41,14 +41,13 @@ class LogOptions:
 
 class Logger:
   """Per-step device metrics, turned into host scalars every few steps (one device sync); hooks use it to
-  write metrics (`writer`) and lines (`say`)."""
+  write metrics (`writer`) and lines (`say`). `last_good()` names the newest good checkpoint when a step diverges."""
 
-  def __init__(self, writer: MetricsWriter, pbar: Any, options: LogOptions = LogOptions()):
-    self.writer, self.pbar, self.counts = writer, pbar, options.counts
-    self.nan_policy, self.diverged_hint, self.check = options.nan_policy, options.diverged_hint, options.check
+  def __init__(self, writer: MetricsWriter, pbar: Any, options: LogOptions, last_good: Callable[[], str]):
+    self.writer, self.pbar, self.options, self.last_good = writer, pbar, options, last_good
     # Step metrics that are checks, not curves: `finite` is the policy's, check_keys the caller's `check`'s.
     self.not_logged = ('finite',) + tuple(options.check_keys)
-    self.flops_per_token, self.peak_flops = options.flops_per_token, options.peak_flops
+    self.peak_flops = options.peak_flops  # raised to the rate a run achieves (flush)
     self.pending: list[tuple[int, dict[str, Any]]] = []
     self.skipped = 0
     self.throughput: list[float] = []  # tokens/s of every logged window that held timed steps
@@ -57,6 +56,12 @@ class Logger:
   def say(self, message: str) -> None:
     """A line for the user that does not break the progress bar."""
     (self.pbar.write if self.pbar is not None else log.info)(message)
+
+  def evaluated(self, step: int, figures: dict[str, float], line: str, prefix: str = 'eval') -> None:
+    """An evaluation hook's figures: written under `prefix`, and `line` said on process 0."""
+    self.writer.write(step, figures, prefix=prefix)
+    if jax.process_index() == 0:
+      self.say(line)
 
   def add(self, step: int, metrics: dict[str, Any], tokens: int) -> None:
     self.pending.append((step, metrics))
@@ -78,41 +83,42 @@ class Logger:
     """Times again from now, keeping what pause_clock banked."""
     self.t0, self.tokens, self.timed = time.perf_counter(), 0, 0
 
-  def _check_finite(self, step: int, m: dict[str, Any], last_good: Callable[[], str]) -> None:
+  def _check_finite(self, step: int, m: dict[str, Any]) -> None:
     if bool(m['finite']):
       return
-    if self.nan_policy == 'stop':
+    if self.options.nan_policy == 'stop':
       raise TrainingDiverged(
         f'non-finite loss/gradient at step {step} (loss={float(m["loss"])}, grad_norm={float(m["grad_norm"])}). '
-        f'Last good checkpoint: {last_good()}. {self.diverged_hint}'
+        f'Last good checkpoint: {self.last_good()}. {self.options.diverged_hint}'
       )
     self.skipped += 1
     log.warning('step %d: non-finite loss/gradient, update skipped (%d so far)', step, self.skipped)
 
-  def flush(self, last_good: Callable[[], str]) -> None:
+  def flush(self) -> None:
     if not self.pending:
       return
     host = jax.device_get([m for _, m in self.pending])
     steps = [s for s, _ in self.pending]
+    o = self.options
     for s, m in zip(steps, host):
-      if self.check is not None:
-        self.check(s, m)
-      self._check_finite(s, m, last_good)
+      if o.check is not None:
+        o.check(s, m)
+      self._check_finite(s, m)
     elapsed = max(time.perf_counter() - self.t0 + self.banked[0], 1e-9)
     tokens, timed = self.tokens + self.banked[1], self.timed + self.banked[2]
     tps = tokens / elapsed
     out = {k: float(np.mean([float(m[k]) for m in host])) for k in host[0] if k not in _LATEST + self.not_logged}
     out.update({k: float(host[-1][k]) for k in _LATEST if k in host[-1]})
-    if self.counts is not None:
-      out.update(self.counts(steps[-1]))
+    if o.counts is not None:
+      out.update(o.counts(steps[-1]))
     if timed:  # a window of only compiling steps (the first, a new batch shape) has no throughput to report
       out.update(tokens_per_sec=tps, step_time=elapsed / timed)
       self.throughput.append(tps)
-      if self.peak_flops and self.flops_per_token:
+      if self.peak_flops and o.flops_per_token:
         # A peak measured at start-up under load is below what the device does once the load lifts: the rate a
         # run achieves is a lower bound of the peak, so MFU never reads above 100%.
-        self.peak_flops = max(self.peak_flops, tps * self.flops_per_token)
-        out['mfu'] = tps * self.flops_per_token / self.peak_flops
+        self.peak_flops = max(self.peak_flops, tps * o.flops_per_token)
+        out['mfu'] = tps * o.flops_per_token / self.peak_flops
     self.writer.write(steps[-1], out)
     if self.pbar is not None:
       post = {'loss': f'{out["loss"]:.3f}', 'lr': f'{out["learning_rate"]:.2e}', 'tok/s': f'{tps:,.0f}'}
@@ -225,7 +231,6 @@ class Trainer:
   ):
     self.step, self.state, self.batches, self.start, self.options = step, state, batches, start, options
     self.logger, self.preemption, self.profile_dir = logger, preemption, profile_dir
-    self.last_good = options.last_good or (lambda: 'none')
 
   def _due(self, hook: Hook, done: int, stop: bool) -> bool:
     every = hook.every
@@ -258,11 +263,11 @@ class Trainer:
       if self.logger.pbar is not None:
         self.logger.pbar.update(1)
       if done % max(1, o.log_every) == 0 or done == o.num_steps:
-        self.logger.flush(self.last_good)
+        self.logger.flush()
       stop = self.preemption is not None and self.preemption.should_stop(done)
       for hook in o.hooks:
         if self._due(hook, done, stop):
-          self.logger.flush(self.last_good)  # never act on (evaluate, checkpoint) a state that went non-finite
+          self.logger.flush()  # never act on (evaluate, checkpoint) a state that went non-finite
           hook.fn(done, self.state, self.logger)
           if not hook.checkpoint:
             self.logger.restart_clock()

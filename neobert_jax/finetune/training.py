@@ -126,13 +126,15 @@ def jit_step(defs: Any, mesh: Any, loss: Any, keys: list[str]) -> Any:
   )
 
 
-def batches(task: Any, keys: list[str], mesh: Any, seed: int):
+def batches(task: Any, mesh: Any):
   """Epoch after epoch of (global batch, real tokens, dropout key of that step), for engine/trainer.Trainer."""
-  base_key, rng, step = jax.random.key(seed), np.random.default_rng(seed), 0
+  seed, step = task.cfg.seed, 0
+  base_key, rng = jax.random.key(seed), np.random.default_rng(seed)
   while True:
     for batch in task.train_epoch(rng):
       tokens = int(sum(batch[k].sum() for k in batch if k.endswith('lengths')))
-      yield batching.shard_rows({k: batch[k] for k in keys}, mesh), tokens, jax.random.fold_in(base_key, step)
+      batch = batching.shard_rows({k: batch[k] for k in task.batch_keys}, mesh)
+      yield batch, tokens, jax.random.fold_in(base_key, step)
       step += 1
 
 
@@ -140,25 +142,20 @@ class Evaluations:
   """The evaluation hook: scores the validation split, keeps every result and saves the best step's parameters
   (a fine-tuning workdir keeps only its best evaluation, which its export reads)."""
 
-  def __init__(
-    self, session: session_lib.TrainingSession, task: Any, forward: Any, batch_size: int, pad_id: int, mesh: Any
-  ):
+  def __init__(self, session: session_lib.TrainingSession, task: Any, defs: Any, mesh: Any):
     self.session, self.task, self.mesh = session, task, mesh
-    self.forward, self.batch_size, self.pad_id = forward, batch_size, pad_id
+    self.forward = batching.jit_forward(defs.model_def, defs.shardings['params'], mesh)
     self.best, self.final, self.evals = None, None, []
 
   def __call__(self, step: int, state: Any, logger: trainer_lib.Logger) -> None:
-    task = self.task
+    task, size = self.task, self.task.cfg.train.eval_batch_size
+    params = state['params']
     ev = task.evaluate(
-      lambda seqs: batching.run_batched(
-        self.forward, state['params'], seqs, self.batch_size, task.buckets, self.pad_id, self.mesh
-      )
+      lambda seqs: batching.run_batched(self.forward, params, seqs, size, task.buckets, task.pad_id, self.mesh)
     )
-    logger.writer.write(step, ev, prefix='eval')
+    logger.evaluated(step, ev, f'eval step {step}: ' + ', '.join(f'{k} {v:.4f}' for k, v in ev.items()))
     self.evals.append({'step': step, **ev})
     self.final = {'step': step, 'metrics': ev}
     if _better(task.metric, ev[task.metric], None if self.best is None else self.best['metrics'][task.metric]):
       self.best = self.final
       self.session.save_params(step, state)
-    if self.session.is_main:
-      logger.say(f'eval step {step}: ' + ', '.join(f'{k} {v:.4f}' for k, v in ev.items()))

@@ -20,7 +20,6 @@ from neobert_jax import config as config_lib
 from neobert_jax import errors, paths
 from neobert_jax import sharding as shd
 from neobert_jax.config import train as train_config
-from neobert_jax.downstream import batching
 from neobert_jax.engine import optimizer as optimizer_lib
 from neobert_jax.engine import session as session_lib
 from neobert_jax.engine import trainer as trainer_lib
@@ -50,14 +49,12 @@ def _run(cfg: ml_collections.ConfigDict, workdir: Path, lease: Any) -> dict[str,
   if is_main and hasattr(task, 'save'):
     task.save(workdir)
   mesh = shd.make_mesh(dict(cfg.mesh))
-  t, m, lg = cfg.train, cfg.model, cfg.logging
+  t, m = cfg.train, cfg.model
   steps_per_epoch = task.steps_per_epoch()
   num_steps = t.num_steps if t.num_steps > 0 else t.epochs * steps_per_epoch
   tx, lr = optimizer_lib.make_finetune_optimizer(cfg.optimizer, num_steps)
   factory = lambda: task.make_model(m, nnx.Rngs(cfg.seed))  # noqa: E731
-  with session_lib.TrainingSession(
-    workdir, cfg, keep=1, async_save=False, tensorboard=lg.tensorboard, progress_bar=lg.progress_bar, lease=lease
-  ) as session:
+  with session_lib.TrainingSession(workdir, cfg, keep=1, async_save=False, lease=lease) as session:
     start = session.restore_or_init(
       lambda: abstract_state(factory, tx, lr, mesh),
       lambda: create_state(factory, tx, lr, mesh),
@@ -71,8 +68,7 @@ def _run(cfg: ml_collections.ConfigDict, workdir: Path, lease: Any) -> dict[str,
         *(task.describe(), m.num_layers, m.hidden_size, f'{param_count(start.state):,}', num_steps, steps_per_epoch),
         dict(mesh.shape),
       )
-    forward = batching.jit_forward(start.defs.model_def, start.defs.shardings['params'], mesh)
-    evaluations = training.Evaluations(session, task, forward, t.eval_batch_size, tok.pad_id, mesh)
+    evaluations = training.Evaluations(session, task, start.defs, mesh)
     options = trainer_lib.TrainerOptions(
       num_steps=num_steps,
       log_every=t.log_every,
@@ -82,7 +78,7 @@ def _run(cfg: ml_collections.ConfigDict, workdir: Path, lease: Any) -> dict[str,
       log=trainer_lib.LogOptions(nan_policy='stop', diverged_hint='Lower --config.optimizer.lr.'),
     )
     step = training.jit_step(start.defs, mesh, task.loss, task.batch_keys)
-    trained = session.trainer(step, start, training.batches(task, task.batch_keys, mesh, cfg.seed), options).train()
+    trained = session.trainer(step, start, training.batches(task, mesh), options).train()
   return _finish(cfg, workdir, task, num_steps, evaluations, trained.throughput)
 
 

@@ -30,35 +30,24 @@ def export(cfg: ml_collections.ConfigDict, workdir: str | Path) -> Path:
   return out
 
 
-def _export(result: pretraining.RunResult) -> None:
-  if result.config.export.hf_dir:
-    export(result.config, result.workdir)
-
-
-def _report(result: pretraining.RunResult) -> None:
-  if result.final_step > 0:
-    result.report = report.report(result.config, result.workdir, result.evals, result.sources)
-
-
-def _card(result: pretraining.RunResult) -> None:
-  if result.config.export.hf_dir and result.final_step > 0:  # it quotes the report's baselines, copies its curve
-    model_card.refresh(result.config.export.hf_dir, result.workdir)
-
-
-END_OF_RUN = (_export, _report, _card)  # in order, on process 0 of a run that SIGTERM did not stop
-
-
 def pretrain(
   cfg: ml_collections.ConfigDict, workdir: str | Path, on_step: Callable[[int], None] | None = None
 ) -> pretraining.RunResult:
   """The job under one lease on the workdir, taken before anything there is read or written: train, then the
-  END_OF_RUN steps. Re-running a finished run trains nothing and only exports (and reports) again."""
+  end-of-run steps (process 0 of a run that SIGTERM did not stop): the export, the report and the export's model
+  card. Re-running a finished run trains nothing and only exports (and reports) again."""
   workdir = paths.resolve(workdir, '--workdir')  # the one resolution of the job's workdir
   with session.claim(workdir, cfg.run_id) as lease:
     result = pretraining.train(cfg, workdir, lease, on_step)
-    if not result.preempted and jax.process_index() == 0:
-      for step in END_OF_RUN:
-        step(result)
+    if result.preempted or jax.process_index() != 0:
+      return result
+    hf_dir = result.config.export.hf_dir
+    if hf_dir:
+      export(result.config, workdir)
+    if result.final_step > 0:
+      result.report = report.report(result.config, workdir, result.evals, result.sources)
+      if hf_dir:  # the card quotes the report's baselines and copies its curve
+        model_card.refresh(hf_dir, workdir)
     return result
 
 

@@ -1,11 +1,5 @@
-"""Baselines of the held-out MLM loss that need no neural network: the bars a pretraining run has to clear.
-
-  * unigram: the entropy of the held-out split's own token frequencies (the best context-free predictor), and the
-    cross-entropy under the training split's frequencies (a model that learned only token frequencies).
-  * neighbours: a masked token predicted from its left and right neighbours with add-k smoothed bigram counts of the
-    training split, p(x | left) * p(right | x), normalised over the non-special ids. A neighbour that is itself
-    masked (at the evaluation's mask rate) drops out of the product; the loss and accuracy are the exact
-    expectation over those four cases, so the figure has no sampling noise. k is the best of a small grid.
+"""Baselines of the held-out MLM loss that need no neural network, the bars a pretraining run has to clear: the
+unigram cross-entropies and the neighbour counts, as docs/configuration.md (the end-of-run report) defines them.
 
 Counts are sparse (scipy), scored in chunks of positions. The splits are read through data/pipeline/prepared.py, and the
 results cached by the manifest (which names every shard by its sha256) and the arguments.

@@ -16,6 +16,8 @@ from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from neobert_jax import sharding as shd
+from neobert_jax.config import ramp
+from neobert_jax.config.data import mask_rate_at
 from neobert_jax.data.pipeline import batch as batch_contract
 from neobert_jax.data.pipeline import masking
 from neobert_jax.engine import optimizer as optimizer_lib
@@ -100,45 +102,39 @@ def stitch_micro_batches(
 
 
 class GlobalBatches:
-  """Wraps a host iterator; yields (global arrays for the step, real tokens across all processes).
+  """Wraps a host iterator; yields (global arrays for the step, real tokens across all processes), from step
+  `step` on (0 = the first update; a resumed run's step).
 
-  `reads(step)`: how many host batches step `step` (0 = the first update) concatenates, in order (the batch-size
-  warmup of config/ramp.py; one by default). `step` is the first step this iterator serves (a resumed run's).
-  `keep(step)`: the share of masked tokens step `step` keeps (data.mask_rate_final: masking.thin, drawn from
-  (seed, step, process)); None keeps them all."""
+  A step of s rows concatenates s / ramp.read_rows host batches, in order (the batch-size warmup of
+  config/ramp.py); under data.mask_rate_final it keeps that step's share of the masked tokens (masking.thin, drawn
+  from (seed, step, process))."""
 
   def __init__(
-    self,
-    host_iter: Iterator[Mapping[str, np.ndarray]],
-    max_predictions: int,
-    mesh: jax.sharding.Mesh,
-    accum: int,
-    reads: Callable[[int], int] = lambda step: 1,
-    step: int = 0,
-    keep: Callable[[int], float] | None = None,
-    seed: int = 0,
+    self, host_iter: Iterator[Mapping[str, np.ndarray]], cfg: ml_collections.ConfigDict, mesh: Any, step: int
   ):
-    self.host_iter, self.mesh, self.accum = host_iter, mesh, accum
-    self.keys = batch_keys(max_predictions)
-    self.reads, self.step, self.keep, self.seed = reads, step, keep, seed
+    self.host_iter, self.cfg, self.mesh, self.step = host_iter, cfg, mesh, step
+    self.keys = batch_keys(cfg.data.max_predictions)
+    self.phases, self.unit = ramp.phases(cfg), ramp.read_rows(cfg)
 
   def __iter__(self) -> 'GlobalBatches':
     return self
 
   def _host_batch(self) -> Mapping[str, np.ndarray]:
-    step, n = self.step, self.reads(self.step)
+    step, data = self.step, self.cfg.data
+    n = ramp.phase_at(self.phases, step).size // self.unit
     self.step += 1
     parts = [next(self.host_iter) for _ in range(n)]
     batch = parts[0] if n == 1 else {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
-    if self.keep is None:
+    if data.mask_rate_final <= 0:
       return batch
-    return masking.thin(dict(batch), self.keep(step), np.random.default_rng([self.seed, step, jax.process_index()]))
+    keep = mask_rate_at(data, step, self.cfg.train.num_steps) / data.mask_rate
+    return masking.thin(dict(batch), keep, np.random.default_rng([self.cfg.seed, step, jax.process_index()]))
 
   def __next__(self) -> tuple[dict[str, jax.Array], int]:
     batch = self._host_batch()
     # Processes read equal-sized shards of similar documents, so local * count estimates the global figure
     # without a cross-host reduction on the hot path.
-    return stitch_micro_batches(batch, self.keys, self.mesh, self.accum), int(
+    return stitch_micro_batches(batch, self.keys, self.mesh, self.cfg.train.grad_accum_steps), int(
       np.count_nonzero(batch['segment_ids'])
     ) * jax.process_count()
 

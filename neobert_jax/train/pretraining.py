@@ -168,11 +168,9 @@ class HeldOut:
 
   def __call__(self, step: int, state: Any, logger: trainer_lib.Logger) -> None:
     ev = self.evaluate(state[self.item], step)
-    logger.writer.write(step, ev, prefix=self.prefix)
     self.records[step] = ev if self.item == 'params' else {f'{self.item}_{k}': v for k, v in ev.items()}
-    if jax.process_index() == 0:
-      who = 'eval' if self.item == 'params' else f'eval ({self.item})'
-      logger.say(f'{who} step {step}: loss {ev["loss"]:.4f}, accuracy {ev["accuracy"]:.4f}')
+    who = 'eval' if self.item == 'params' else f'eval ({self.item})'
+    logger.evaluated(step, ev, f'{who} step {step}: loss {ev["loss"]:.4f}, accuracy {ev["accuracy"]:.4f}', self.prefix)
 
 
 def merged(*hooks: Any) -> list[dict[str, float]]:
@@ -190,19 +188,6 @@ def _wandb(cfg: ml_collections.ConfigDict) -> metrics_lib.Wandb | None:
   )
   metrics_lib.check_wandb(options)
   return options
-
-
-def _reads(cfg: ml_collections.ConfigDict) -> Callable[[int], int]:
-  """Host batches per step under the batch-size warmup (config/ramp.py): a step of s rows reads s / start."""
-  table, unit = ramp.phases(cfg), ramp.read_rows(cfg)
-  return lambda step: ramp.phase_at(table, step).size // unit
-
-
-def _thinning(cfg: ml_collections.ConfigDict) -> tuple[Callable[[int], float] | None, int]:
-  """GlobalBatches' (keep, seed) under data.mask_rate_final: the share of masked tokens each step keeps."""
-  if cfg.data.mask_rate_final <= 0:
-    return None, cfg.seed
-  return lambda step: mask_rate_at(cfg.data, step, cfg.train.num_steps) / cfg.data.mask_rate, cfg.seed
 
 
 def _counts(cfg: ml_collections.ConfigDict) -> Callable[[int], dict[str, float]]:
@@ -270,8 +255,6 @@ def train(
     data_position=pipeline.Position(train_host, jax.process_index(), jax.process_count()),
     keep=cfg.checkpoint.keep,
     async_save=cfg.checkpoint.async_save,
-    tensorboard=lg.tensorboard,
-    progress_bar=lg.progress_bar,
     lease=lease,
     wandb=wandb,
   ) as session:
@@ -298,9 +281,7 @@ def train(
       on_step=on_step,
       log=_log_options(cfg),
     )
-    batches = mlm.GlobalBatches(
-      train_host, cfg.data.max_predictions, mesh, t.grad_accum_steps, _reads(cfg), start.step, *_thinning(cfg)
-    )
+    batches = mlm.GlobalBatches(train_host, cfg, mesh, start.step)
     trainer = session.trainer(mlm.jit_mlm_train_step(cfg, mesh, start.defs), start, batches, options)
     if start.step == 0 and cfg.eval.at_start:
       for hook in hooks:

@@ -1,7 +1,5 @@
-"""Downstream signal during pretraining: a linear probe of the encoder's frozen, mean-pooled embeddings on a labelled
-task (eval.probe_task), logged as eval/probe/<task>/accuracy beside the held-out MLM loss. The reference line is the
-same probe on a fresh init of the same shape (eval/probe/<task>/random_init_accuracy, once, on a run's first start).
-Every process runs the same jitted forward on the same replicated inputs (the probe is small): no gather needed.
+"""Downstream signal during pretraining: the linear probe of eval.probe_task (docs/configuration.md). Every process
+runs the same jitted forward on the same replicated inputs (the probe is small): no gather needed.
 """
 
 from __future__ import annotations
@@ -123,13 +121,11 @@ class ProbeHook:
     self.records: dict[int, dict[str, float]] = {}
 
   def __call__(self, step: int, state: Any, logger: trainer_lib.Logger) -> None:
-    task, say = self.probe.task, jax.process_index() == 0
-    if self.reference is not None:
-      logger.writer.write(0, {f'probe/{task}/random_init_accuracy': self.reference}, prefix='eval')
-      if say:
-        logger.say(f'probe {task}: a random init of this shape scores {self.reference:.4f} (the reference line)')
+    task, reference = self.probe.task, self.reference
+    if reference is not None:
+      line = f'probe {task}: a random init of this shape scores {reference:.4f} (the reference line)'
+      logger.evaluated(0, {f'probe/{task}/random_init_accuracy': reference}, line)
       self.reference = None
-    self.records[step] = {f'probe/{task}/accuracy': self.probe(state['params'])['accuracy']}
-    logger.writer.write(step, self.records[step], prefix='eval')
-    if say:
-      logger.say(f'probe step {step}: {task} accuracy {self.records[step][f"probe/{task}/accuracy"]:.4f}')
+    accuracy = self.probe(state['params'])['accuracy']
+    self.records[step] = {f'probe/{task}/accuracy': accuracy}
+    logger.evaluated(step, self.records[step], f'probe step {step}: {task} accuracy {accuracy:.4f}')

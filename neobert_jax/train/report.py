@@ -1,8 +1,6 @@
-"""The end-of-run report of a pretraining job (process 0): the held-out loss against the baselines
-(train/baselines.py), the loss curve and fill-mask through the export (train/fill_mask.py), with the figures in
-WORKDIR/report.json for the exports' model card. The curve: WORKDIR/loss_curve.md (train and held-out loss from
-metrics.jsonl, under the baselines) and WORKDIR/loss_curve.png (the held-out curve against wall-clock minutes and
-steps, the baselines drawn in)."""
+"""The end-of-run report of a pretraining job (process 0; docs/configuration.md): the held-out loss against the
+baselines (train/baselines.py), the loss curve (loss_curve.md, loss_curve.png) and fill-mask through the export
+(train/fill_mask.py), with the figures in WORKDIR/report.json for the exports' model card."""
 
 from __future__ import annotations
 

@@ -1,14 +1,7 @@
-"""Resuming with the config the run was given: `check` compares it with the recorded one (the latest checkpoint's
-copy, else WORKDIR/config.json) before anything is touched, by config/resume.py's table: an identity difference
-refuses the resume in one line and changes nothing; schedule and free differences are accepted and logged with
-what they do. `record` then rewrites WORKDIR/config.json and appends the start or resume, with every accepted
-change, to WORKDIR/config_history.jsonl.
-
-A new stage (init.from_checkpoint) is a new run that starts from a step of another: unlike a resume it may change
-what the checkpoint is (sequence length, RoPE theta, mask rate, schedule, batch, data, optimizer). The optimizer's
-moments come over with init.keep_optimizer (the same OPTIMIZER_FIELDS), the data position with init.continue_data
-(the same STREAM_FIELDS); what `check_stage` returns is the new run's 'origin' in config_history.jsonl.
-"""
+"""What a run continues from (docs/configuration.md, resuming with a changed config; stages): `check_resume`
+compares the config with the run's recorded one by config/resume.py's table before anything is touched, `record`
+rewrites WORKDIR/config.json and appends the start or resume to config_history.jsonl; `check_stage` checks a new
+stage against its source run and returns its 'origin'."""
 
 from __future__ import annotations
 
@@ -56,29 +49,25 @@ def _recorded(workdir: paths.Path) -> tuple[dict[str, Any] | None, int | None]:
   step = runs.latest_step(workdir) if (workdir / runs.CHECKPOINT_SUBDIR).is_dir() else None
   if step is None and not (workdir / runs.CONFIG_FILE).is_file():
     return None, None
-  while step is not None:
+  while True:
     try:
       return runs.read_config(workdir, step).to_dict(), step
-    except FileNotFoundError:
-      break
-    except ConfigError:
-      raise
+    except FileNotFoundError:  # a run from before configs were recorded: only its arrays can be checked
+      log.warning(
+        "%s holds checkpoints but no recorded config: this config cannot be compared with the run's; "
+        "the checkpoint's array shapes will be checked against it instead",
+        workdir,
+      )
+      return None, step
     except (OSError, ValueError) as e:
+      if step is None:  # an unreadable WORKDIR/config.json: the run cannot be checked, so it is not touched
+        raise ConfigError(
+          f'{workdir} holds a run whose recorded config cannot be read ({e}); resume refused and '
+          'nothing changed. Fix it, or pass a new --workdir.'
+        ) from None
+      if isinstance(e, ConfigError):
+        raise
       step = runs.set_aside(workdir, step, f'its copy of the config could not be read ({errors.one_line(e)})')
-  try:
-    return runs.read_config(workdir, step).to_dict(), step
-  except FileNotFoundError:  # a run from before configs were recorded: only its arrays can be checked
-    log.warning(
-      "%s holds checkpoints but no recorded config: this config cannot be compared with the run's; "
-      "the checkpoint's array shapes will be checked against it instead",
-      workdir,
-    )
-    return None, step
-  except (OSError, ValueError) as e:  # an unreadable record: the run cannot be checked, so it is not touched
-    raise ConfigError(
-      f'{workdir} holds a run whose recorded config cannot be read ({e}); resume refused and '
-      'nothing changed. Fix it, or pass a new --workdir.'
-    ) from None
 
 
 def _refusal(workdir: paths.Path, step: int, identity: list[resume_rules.Change]) -> ConfigError:
