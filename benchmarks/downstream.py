@@ -30,7 +30,7 @@ from neobert_jax.engine.optimizer import make_finetune_optimizer
 from neobert_jax.engine.state import create_state
 from neobert_jax.finetune.classification import sequence_loss
 from neobert_jax.config.finetune import base_config
-from neobert_jax.finetune.training import jit_step
+from neobert_jax.jobs.finetune import jit_step
 from neobert_jax.weights.flat import sharded_params, to_flat
 
 

@@ -203,23 +203,20 @@ def make_optimizer(
   return optax.chain(*clip, update), schedule
 
 
-def decay_to_zero_schedule(peak: float, warmup: int, num_steps: int, kind: str) -> optax.Schedule:
-  """Fine-tuning's schedule: linear warmup over `warmup` steps, then linear or cosine decay to 0 at num_steps."""
-  if kind == 'cosine':
-    return optax.warmup_cosine_decay_schedule(0.0, peak, warmup, max(num_steps, warmup + 1), 0.0)
-  return optax.join_schedules(
-    [optax.linear_schedule(0.0, peak, max(warmup, 1)), optax.linear_schedule(peak, 0.0, max(num_steps - warmup, 1))],
-    [max(warmup, 1)],
-  )
-
-
 def make_finetune_optimizer(
   opt: ml_collections.ConfigDict, num_steps: int
 ) -> tuple[optax.GradientTransformation, optax.Schedule]:
-  """Clip -> AdamW under decay_to_zero_schedule, from a fine-tuning config's `optimizer` section. Norm scales and
-  biases (the head's too) never decay, as in pretraining."""
+  """Clip -> AdamW under a linear warmup, then a linear or cosine decay to 0 at num_steps, from a fine-tuning
+  config's `optimizer` section. Norm scales and biases (the head's too) never decay, as in pretraining."""
   warmup = opt.warmup_steps if opt.get('warmup_steps', 0) > 0 else round(opt.warmup_fraction * num_steps)
-  lr = decay_to_zero_schedule(opt.lr, warmup, num_steps, opt.schedule)
+  if opt.schedule == 'cosine':
+    lr = optax.warmup_cosine_decay_schedule(0.0, opt.lr, warmup, max(num_steps, warmup + 1), 0.0)
+  else:
+    warm_then_decay = [
+      optax.linear_schedule(0.0, opt.lr, max(warmup, 1)),
+      optax.linear_schedule(opt.lr, 0.0, max(num_steps - warmup, 1)),
+    ]
+    lr = optax.join_schedules(warm_then_decay, [max(warmup, 1)])
   adamw = optax.adamw(
     lr, b1=opt.b1, b2=opt.b2, eps=opt.eps, weight_decay=opt.weight_decay, mask=weight_decay_mask(True)
   )

@@ -97,12 +97,6 @@ def check_same_labels(spec: LabelSpec, val_values: Sequence[Any], where: str) ->
     )
 
 
-def save_labels(spec: LabelSpec, workdir: str | Path) -> Path:
-  path = paths.resolved(workdir) / LABELS_FILE
-  paths.write_text(path, json.dumps(spec.to_json(), indent=2) + '\n')
-  return path
-
-
 def load_labels(workdir: str | Path) -> LabelSpec:
   return LabelSpec.from_json(json.loads((paths.resolved(workdir) / LABELS_FILE).read_text()))
 
@@ -184,8 +178,7 @@ class ClassificationTask:
 
   def __init__(self, cfg: ml_collections.ConfigDict, tok: Any):
     d = cfg.data
-    self.cfg = cfg
-    self.pad_id = tok.pad_id
+    self.cfg, self.pad_id = cfg, tok.pad_id
     fields = [
       ('data.text_field', d.text_field),
       ('data.text_pair_field', d.text_pair_field),
@@ -194,19 +187,17 @@ class ClassificationTask:
     train = tables.read_table(d.train_file, d.format)
     tables.require_columns(train, d.train_file, fields)
     self.spec = infer(train[d.label_field], d.task_type, d.train_file)
-    if d.validation_file:
+    n = len(train[d.label_field])
+    if d.validation_file:  # (table, rows, file) of the training and the validation examples
       val = tables.read_table(d.validation_file, d.format)
       tables.require_columns(val, d.validation_file, fields)
       check_same_labels(self.spec, val[d.label_field], d.validation_file)
-      train_rows, val_rows = (train, np.arange(len(train[d.label_field]))), (val, np.arange(len(val[d.label_field])))
-      where = (d.train_file, d.validation_file)
+      splits = (train, np.arange(n), d.train_file), (val, np.arange(len(val[d.label_field])), d.validation_file)
     else:
       strata = train[d.label_field] if self.spec.kind == 'classification' else None
-      tr, va = tables.split_holdout(len(train[d.label_field]), d.validation_fraction, cfg.seed, strata)
-      train_rows, val_rows = (train, tr), (train, va)
-      where = (d.train_file, d.train_file)
-    self.train_seqs, self.train_y = self._examples(tok, *train_rows, where[0])
-    self.val_seqs, self.val_y = self._examples(tok, *val_rows, where[1])
+      tr, va = tables.split_holdout(n, d.validation_fraction, cfg.seed, strata)
+      splits = (train, tr, d.train_file), (train, va, d.train_file)
+    (self.train_seqs, self.train_y), (self.val_seqs, self.val_y) = (self._examples(tok, *s) for s in splits)
     self.buckets = batching.buckets(d.max_length, d.min_bucket)
     self.kind = self.spec.kind
     self.metric = cfg.eval.metric or DEFAULT_METRIC[self.kind]
@@ -254,5 +245,5 @@ class ClassificationTask:
     result['majority'] = majority_accuracy(self.val_y)
     return result
 
-  def save(self, workdir) -> None:
-    save_labels(self.spec, workdir)
+  def save(self, workdir: paths.Path) -> None:
+    paths.write_text(workdir / LABELS_FILE, json.dumps(self.spec.to_json(), indent=2) + '\n')

@@ -1,6 +1,7 @@
 """The fine-tuning job, `python -m neobert_jax.finetune`'s, and the GLUE grid sweep of such jobs
-(`python -m neobert_jax.finetune.sweep`): the workdir's lease first, then the checks, training, the best step's
-results and its export."""
+(`python -m neobert_jax.finetune.sweep`): the workdir's lease first, then the checks before anything is written
+(prepare_finetuning), training (the task's jitted step, its batches and the evaluation hook that keeps the best
+step), the best step's results and its export. The files a run writes are listed in docs/downstream.md."""
 
 from __future__ import annotations
 
@@ -19,18 +20,155 @@ from flax import nnx
 from neobert_jax import config as config_lib
 from neobert_jax import errors, paths
 from neobert_jax import sharding as shd
+from neobert_jax.config import finetune as finetune_config
+from neobert_jax.config import resume as resume_rules
 from neobert_jax.config import train as train_config
+from neobert_jax.downstream import batching
 from neobert_jax.engine import optimizer as optimizer_lib
 from neobert_jax.engine import session as session_lib
+from neobert_jax.engine import step as engine_step
 from neobert_jax.engine import trainer as trainer_lib
 from neobert_jax.engine.state import abstract_state, create_state, param_count
-from neobert_jax.finetune import training
+from neobert_jax.errors import ConfigError, DataError
 from neobert_jax.weights import flat as flat_lib
 from neobert_jax.weights import runs
+from neobert_jax.weights import source as source_lib
 
 log = logging.getLogger('neobert_jax.finetune')
+RESULTS_FILE = 'results.json'
+LOWER_IS_BETTER = ('mse', 'loss')
 GRID = {'lr': (5e-6, 6e-6, 1e-5, 2e-5, 3e-5), 'batch': (4, 8, 16, 32), 'weight_decay': (1e-2, 1e-5)}
 SUMMARY_FILE = 'sweep.json'
+
+
+def make_task(cfg: ml_collections.ConfigDict, tok: Any):
+  if cfg.task == 'contrastive':
+    from neobert_jax.finetune.retrieval import ContrastiveTask  # pylint: disable=g-import-not-at-top
+
+    return ContrastiveTask(cfg, tok)
+  from neobert_jax.finetune.classification import ClassificationTask  # pylint: disable=g-import-not-at-top
+
+  return ClassificationTask(cfg, tok)
+
+
+def prepare_finetuning(cfg: ml_collections.ConfigDict, workdir: Path):
+  """(the run's config, validated and resolved once and frozen (config/finetune.resolve_finetune: the architecture used,
+  compute dtype, attention kernel, tokenizer, mesh); the weights' source; tokenizer; task): every check that needs
+  no device work, nothing written."""
+  cfg = finetune_config.validate_finetune(cfg)  # typed by the schema: nothing past here casts a config value
+  session_lib.check_workdir(workdir)
+  if (workdir / RESULTS_FILE).exists() or (workdir / runs.CHECKPOINT_SUBDIR).exists():
+    raise ConfigError(_existing_run(cfg, workdir))
+  init = cfg.init
+  source = source_lib.from_init(init.from_checkpoint, init.from_hf, init.step)
+  if source is not None:
+    source.read()
+  tok = source_lib.resolve_tokenizer(cfg.data.tokenizer, source)
+  if source is None and tok.vocab_size > cfg.model.vocab_size:
+    raise DataError(
+      f'tokenizer {tok.spec!r} has {tok.vocab_size} tokens but model.vocab_size={cfg.model.vocab_size}; '
+      'set --config.model.vocab_size or start from a pretrained model (init.*)'
+    )
+  resolved, choice = finetune_config.resolve_finetune(cfg, None if source is None else source.model_cfg, tok.spec)
+  if jax.process_index() == 0:
+    log.info('attention kernel: %s', choice.describe())
+    if resolved.optimizer.lr != cfg.optimizer.lr:
+      log.info(
+        'learning rate %.3g: optimizer.lr %.3g is quoted for width %d (optimizer.lr_width), this model is %d '
+        'wide; set optimizer.lr_width=0 to use optimizer.lr as given',
+        resolved.optimizer.lr,
+        cfg.optimizer.lr,
+        cfg.optimizer.lr_width,
+        resolved.model.hidden_size,
+      )
+  return resolved, source, tok, make_task(resolved, tok)
+
+
+def _existing_run(cfg: ml_collections.ConfigDict, workdir: Path) -> str:
+  """The refusal for a workdir that already holds a fine-tuning run (it is never continued nor overwritten),
+  naming the fields this config changes against the one recorded there."""
+  changed = ''
+  if (workdir / runs.CONFIG_FILE).is_file():
+    # model and mesh are recorded resolved (the source's architecture, the device count's mesh): not comparable.
+    record = runs.read_config(workdir).to_dict()
+    # The run recorded the rate it trained with (config/finetune.resolve_finetune): this config's, for the recorded width.
+    width = record.get('model', {}).get('hidden_size', cfg.model.hidden_size)
+    lr = {'lr': finetune_config.effective_lr(cfg.optimizer, width), 'lr_width': 0}
+    current = config_lib.replace(cfg, {f'optimizer.{f}': v for f, v in lr.items()}).to_dict()
+    current = {k: v for k, v in current.items() if k not in ('model', 'mesh')}
+    past = {k: v for k, v in record.items() if k not in ('model', 'mesh')}
+    past.get('data', {}).pop('tokenizer', None)
+    current.get('data', {}).pop('tokenizer', None)
+    changes = resume_rules.diff(past, current, {})
+    changed = (
+      f' (this config differs from it in: {"; ".join(c.describe() for c in changes)})'
+      if changes
+      else ' (with this same config; its results are in results.json)'
+    )
+  return (
+    f'{workdir} already holds a fine-tuning run{changed}; nothing in it was changed. Choose a new --workdir, '
+    'or delete that one to redo it'
+  )
+
+
+def _loss_sums(loss: Any) -> Any:
+  """A task's batch-mean loss as the engine's summed loss: one micro-batch, counted once."""
+
+  def loss_sums(model: Any, batch: dict, key: Any):
+    value, _ = loss(model, batch, key)
+    return value, 1.0, {}
+
+  return loss_sums
+
+
+def jit_step(defs: Any, mesh: Any, loss: Any, keys: list[str]) -> Any:
+  """The jitted (state, batch, dropout key) -> (state, metrics) of a task: the engine's step on whole batches
+  (rows split over data x fsdp), committing nothing non-finite unseen (the loop stops at its next flush)."""
+  data = batching.row_sharding(mesh)
+  return engine_step.jit_train_step(
+    defs,
+    mesh,
+    _loss_sums(loss),
+    {k: data for k in keys},
+    engine_step.StepOptions(micro_batched=False, skip_nonfinite=False),
+    uses_key=True,
+  )
+
+
+def batches(task: Any, mesh: Any):
+  """Epoch after epoch of (global batch, real tokens, dropout key of that step), for engine/trainer.Trainer."""
+  seed, step = task.cfg.seed, 0
+  base_key, rng = jax.random.key(seed), np.random.default_rng(seed)
+  while True:
+    for batch in task.train_epoch(rng):
+      tokens = int(sum(batch[k].sum() for k in batch if k.endswith('lengths')))
+      batch = batching.shard_rows({k: batch[k] for k in task.batch_keys}, mesh)
+      yield batch, tokens, jax.random.fold_in(base_key, step)
+      step += 1
+
+
+class Evaluations:
+  """The evaluation hook: scores the validation split, keeps every result and saves the best step's parameters
+  (a fine-tuning workdir keeps only its best evaluation, which its export reads)."""
+
+  def __init__(self, session: session_lib.TrainingSession, task: Any, defs: Any, mesh: Any):
+    self.session, self.task, self.mesh = session, task, mesh
+    self.forward = batching.jit_forward(defs.model_def, defs.shardings['params'], mesh)
+    self.best, self.final, self.evals = None, None, []
+
+  def __call__(self, step: int, state: Any, logger: trainer_lib.Logger) -> None:
+    task, size = self.task, self.task.cfg.train.eval_batch_size
+    params = state['params']
+    ev = task.evaluate(
+      lambda seqs: batching.run_batched(self.forward, params, seqs, size, task.buckets, task.pad_id, self.mesh)
+    )
+    logger.evaluated(step, ev, f'eval step {step}: ' + ', '.join(f'{k} {v:.4f}' for k, v in ev.items()))
+    self.evals.append({'step': step, **ev})
+    self.final = {'step': step, 'metrics': ev}
+    new, best = ev[task.metric], None if self.best is None else self.best['metrics'][task.metric]
+    if best is None or (new < best if task.metric in LOWER_IS_BETTER else new > best):
+      self.best = self.final
+      self.session.save_params(step, state)
 
 
 def finetune(cfg: ml_collections.ConfigDict, workdir: str | Path) -> dict[str, Any]:
@@ -42,7 +180,7 @@ def finetune(cfg: ml_collections.ConfigDict, workdir: str | Path) -> dict[str, A
 
 
 def _run(cfg: ml_collections.ConfigDict, workdir: Path, lease: Any) -> dict[str, Any]:
-  cfg, source, tok, task = training.prepare_finetuning(cfg, workdir)
+  cfg, source, tok, task = prepare_finetuning(cfg, workdir)
   is_main = jax.process_index() == 0
   train_config.write_config(cfg, workdir)
   runs.save_tokenizer(workdir, tok.path)  # the run carries its vocabulary: embed / export work from a copy of it
@@ -68,7 +206,7 @@ def _run(cfg: ml_collections.ConfigDict, workdir: Path, lease: Any) -> dict[str,
         *(task.describe(), m.num_layers, m.hidden_size, f'{param_count(start.state):,}', num_steps, steps_per_epoch),
         dict(mesh.shape),
       )
-    evaluations = training.Evaluations(session, task, start.defs, mesh)
+    evaluations = Evaluations(session, task, start.defs, mesh)
     options = trainer_lib.TrainerOptions(
       num_steps=num_steps,
       log_every=t.log_every,
@@ -77,13 +215,13 @@ def _run(cfg: ml_collections.ConfigDict, workdir: Path, lease: Any) -> dict[str,
       desc=f'finetune {task.kind}',
       log=trainer_lib.LogOptions(nan_policy='stop', diverged_hint='Lower --config.optimizer.lr.'),
     )
-    step = training.jit_step(start.defs, mesh, task.loss, task.batch_keys)
-    trained = session.trainer(step, start, training.batches(task, mesh), options).train()
+    step = jit_step(start.defs, mesh, task.loss, task.batch_keys)
+    trained = session.trainer(step, start, batches(task, mesh), options).train()
   return _finish(cfg, workdir, task, num_steps, evaluations, trained.throughput)
 
 
 def _finish(
-  cfg: ml_collections.ConfigDict, workdir: Path, task: Any, num_steps: int, ev: training.Evaluations, throughput: list
+  cfg: ml_collections.ConfigDict, workdir: Path, task: Any, num_steps: int, ev: Evaluations, throughput: list
 ) -> dict[str, Any]:
   """WORKDIR/results.json, and the export of the best step when export.dir is set."""
   results = {
@@ -99,7 +237,7 @@ def _finish(
   }
   if jax.process_index() != 0:
     return results
-  paths.write_text(workdir / training.RESULTS_FILE, json.dumps(results, indent=2) + '\n')
+  paths.write_text(workdir / RESULTS_FILE, json.dumps(results, indent=2) + '\n')
   if cfg.export.dir:
     from neobert_jax.finetune import export as export_lib  # pylint: disable=g-import-not-at-top
 
@@ -143,7 +281,7 @@ def run_sweep(
   rows = []
   for lr, batch, wd in itertools.product(lrs, batches, weight_decays):
     point = root / point_name(lr, batch, wd)
-    results_path = point / training.RESULTS_FILE
+    results_path = point / RESULTS_FILE
     reused = results_path.exists()
     if not reused:
       if point.exists():  # an interrupted point of this sweep: its partial files belong to us, start it again
@@ -166,7 +304,7 @@ def run_sweep(
         'reused': reused,
       }
     )
-  lower = rows[0]['metric'] in training.LOWER_IS_BETTER
+  lower = rows[0]['metric'] in LOWER_IS_BETTER
   best = (min if lower else max)(rows, key=lambda r: r['best'])
   summary = {'metric': rows[0]['metric'], 'rows': rows, 'best': best}
   paths.write_text(root / SUMMARY_FILE, json.dumps(summary, indent=2) + '\n')

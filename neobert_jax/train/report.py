@@ -92,6 +92,11 @@ def write_plot(workdir: Path, bars: dict[str, Any] | None) -> Path | None:
   return out
 
 
+def _figures(bars: dict[str, Any]) -> dict[str, Any]:
+  """One source's bars as report.json records them."""
+  return {'unigram': {k: bars[k] for k in ('held_out', 'train')}, 'neighbours': bars['neighbours']}
+
+
 def report(
   cfg: ml_collections.ConfigDict,
   workdir: Path,
@@ -112,7 +117,7 @@ def report(
   plot = write_plot(workdir, bars)
   out: dict[str, Any] = {'curve': str(table)}
   if bars is not None:
-    out.update(unigram={k: bars[k] for k in ('held_out', 'train')}, neighbours=bars['neighbours'])
+    out.update(_figures(bars))
     log.info('baselines of the held-out loss:\n  %s', '\n  '.join(baselines.baseline_lines(bars)))
   if plot is not None:
     out['plot'] = str(plot)
@@ -132,20 +137,12 @@ def report(
       out['eval_loss_per_source'] = per_source
       log.info('held-out MLM loss per source: %s', ', '.join(f'{n} {v:.3f}' for n, v in sorted(per_source.items())))
   if per_bars:
-    out['baselines_per_source'] = {
-      n: {'unigram': {k: b[k] for k in ('held_out', 'train')}, 'neighbours': b['neighbours']}
-      for n, b in per_bars.items()
-    }
+    out['baselines_per_source'] = {name: _figures(b) for name, b in per_bars.items()}
     losses = out.get('eval_loss_per_source', {})
     for name, b in per_bars.items():
       loss = f'held-out MLM loss {losses[name]:.3f} against ' if name in losses else ''
-      log.info(
-        'source %r: %sits own baselines: unigram %.3f, neighbour counts %.3f',
-        name,
-        loss,
-        b['held_out'],
-        b['neighbours']['loss'],
-      )
+      own = f'unigram {b["held_out"]:.3f}, neighbour counts {b["neighbours"]["loss"]:.3f}'
+      log.info('source %r: %sits own baselines: %s', name, loss, own)
   if cfg.export.hf_dir:
     try:
       filled = fill_mask.fill_mask(cfg.export.hf_dir, sources.config(cfg.data, sources.mix.names[0], False), seq_len)
