@@ -90,20 +90,17 @@ def from_neobert(state: Mapping[str, np.ndarray], config: Mapping[str, Any], spe
   out = {'model.embed_tokens.weight': state['model.encoder.weight']}
   for i in range(layers):
     src, dst = f'{NEOBERT_PREFIX}{i}.', f'model.layers.{i}.'
-    for kind in ('weight', 'bias'):
-      if f'{src}qkv.{kind}' not in state:
-        continue
-      q, k, v = _split_qkv(np.asarray(state[f'{src}qkv.{kind}']), heads)
-      out.update({f'{dst}self_attn.{n}_proj.{kind}': x for n, x in zip('qkv', (q, k, v))})
-      out[f'{dst}self_attn.o_proj.{kind}'] = state[f'{src}wo.{kind}']
-    w12 = np.asarray(state[f'{src}ffn.w12.weight'])
-    out[f'{dst}mlp.gate_proj.weight'], out[f'{dst}mlp.up_proj.weight'] = np.split(w12, 2)
-    out[f'{dst}mlp.down_proj.weight'] = state[f'{src}ffn.w3.weight']
-    if f'{src}ffn.w12.bias' in state:
-      b12 = np.asarray(state[f'{src}ffn.w12.bias'])
-      out[f'{dst}mlp.gate_proj.bias'], out[f'{dst}mlp.up_proj.bias'] = np.split(b12, 2)
-      out[f'{dst}mlp.down_proj.bias'] = state[f'{src}ffn.w3.bias']
-    elif mlp_bias:  # the head's bias switches the feed-forward's on: zeros leave it as it was
+    for kind in ('weight', 'bias'):  # a NeoBERT with model.use_bias has both kinds, else weights only
+      if f'{src}qkv.{kind}' in state:
+        q, k, v = _split_qkv(np.asarray(state[f'{src}qkv.{kind}']), heads)
+        out.update({f'{dst}self_attn.{n}_proj.{kind}': x for n, x in zip('qkv', (q, k, v))})
+        out[f'{dst}self_attn.o_proj.{kind}'] = state[f'{src}wo.{kind}']
+      if f'{src}ffn.w12.{kind}' in state:
+        gate_up = np.split(np.asarray(state[f'{src}ffn.w12.{kind}']), 2)
+        out[f'{dst}mlp.gate_proj.{kind}'], out[f'{dst}mlp.up_proj.{kind}'] = gate_up
+        out[f'{dst}mlp.down_proj.{kind}'] = state[f'{src}ffn.w3.{kind}']
+    if mlp_bias and f'{src}ffn.w12.bias' not in state:  # the head's bias switches the feed-forward's on
+      w12 = np.asarray(state[f'{src}ffn.w12.weight'])  # zeros leave it as it was
       out[f'{dst}mlp.gate_proj.bias'] = out[f'{dst}mlp.up_proj.bias'] = np.zeros(w12.shape[0] // 2, w12.dtype)
       out[f'{dst}mlp.down_proj.bias'] = np.zeros(w12.shape[1], w12.dtype)
     out[f'{dst}input_layernorm.weight'] = state[f'{src}attention_norm.weight']
