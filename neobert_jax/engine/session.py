@@ -182,15 +182,6 @@ class TrainingSession:
   def _write_failed(self, e: OSError) -> errors.StorageError:
     return self._upload_failed(e, 'writing the metrics under', 'Free space or fix the storage')
 
-  def _progress_bar(self, total: int, initial: int, desc: str) -> Any:
-    if not (self.is_main and self.cfg.logging.progress_bar):
-      return None
-    from tqdm.auto import tqdm  # pylint: disable=g-import-not-at-top
-
-    pbar = tqdm(total=total, initial=initial, desc=desc, unit='step', dynamic_ncols=True)
-    self.on_close(pbar.close)
-    return pbar
-
   def profile_dir(self) -> Path:
     """WORKDIR/profile; on a bucket, the metrics mirror (process 0) or the local cache."""
     if paths.local(self.workdir):
@@ -307,7 +298,12 @@ class TrainingSession:
   ) -> trainer_lib.Trainer:
     """engine/trainer.Trainer from `start` over the session's outputs: progress bar, Logger, the
     task's hooks then the checkpoint hook, SIGTERM handling and the profile trace. `start.state` is donated."""
-    pbar = self._progress_bar(options.num_steps, start.step, options.desc)
+    pbar = None
+    if self.is_main and self.cfg.logging.progress_bar:
+      from tqdm.auto import tqdm  # pylint: disable=g-import-not-at-top
+
+      pbar = tqdm(total=options.num_steps, initial=start.step, desc=options.desc, unit='step', dynamic_ncols=True)
+      self.on_close(pbar.close)
     if options.checkpoint_every is not None:
       # `save` every `checkpoint_every` steps, after the last one and on preemption.
       saves = trainer_lib.Hook(lambda done, state, _: self.save(done, state), options.checkpoint_every, checkpoint=True)
