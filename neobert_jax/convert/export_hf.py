@@ -38,20 +38,15 @@ BERT_SPECIAL_TOKENS = {f'{name}_token': piece for name, piece in tokenizer_lib.B
 
 def check_output_dir(output: str | os.PathLike, overwrite: bool) -> Path:
   """Refuses an existing file, or a non-empty directory unless ``overwrite``, after `_recover` has run."""
-  if paths.is_url(output):
-    remote = paths.resolve(output, '--output')
-    if remote.exists() and any(remote.iterdir()) and not overwrite:
-      raise errors.ExportError(
-        f'output {remote} exists and is not empty; pass --overwrite to replace it or choose another --output'
-      )
-    return remote
-  out = Path(output).expanduser().absolute()
-  _recover(out)
-  if out.exists() and not out.is_dir():
-    raise errors.ExportError(f'output {out} exists and is not a directory; choose another --output')
-  if out.is_dir() and any(out.iterdir()) and not overwrite:
+  remote = paths.is_url(output)
+  out = paths.resolve(output, '--output') if remote else Path(output).expanduser().absolute()
+  if not remote:
+    _recover(out)
+    if out.exists() and not out.is_dir():
+      raise errors.ExportError(f'output {out} exists and is not a directory; choose another --output')
+  if out.exists() and any(out.iterdir()) and not overwrite:
     raise errors.ExportError(
-      f'output directory {out} exists and is not empty; pass --overwrite to replace it or choose another --output'
+      f'output {out} exists and is not empty; pass --overwrite to replace it or choose another --output'
     )
   return out
 
