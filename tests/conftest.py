@@ -38,6 +38,11 @@ else:
   os.environ[_SHARED_CACHE] = COMPILE_CACHE
   atexit.register(shutil.rmtree, COMPILE_CACHE, ignore_errors=True)
 os.environ['JAX_COMPILATION_CACHE_DIR'] = COMPILE_CACHE
+# Beside it, for the same run's lifetime: the finished runs that several files start from (tests/support/tiny_train.py's
+# finished_tiny_run), trained once for both workers.
+SHARED_RUNS = os.environ['NEOBERT_TESTS_SHARED_RUNS'] = COMPILE_CACHE + '.runs'
+if not os.environ.get('PYTEST_XDIST_WORKER'):
+  atexit.register(shutil.rmtree, SHARED_RUNS, ignore_errors=True)
 os.environ['JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS'] = '0'
 
 # The marks (slow, multiprocess, server, gpu) are declared in pyproject.toml's [tool.pytest.ini_options].

@@ -18,7 +18,13 @@ from etils import epath
 from fault_proxy import FaultProxy
 from neobert_jax import paths
 from neobert_jax.weights import runs
-from tests.support.tiny_train import assert_identical_params, tiny_config, tiny_run_command, train_only
+from tests.support.tiny_train import (
+  assert_identical_params,
+  finished_tiny_run,
+  tiny_config,
+  tiny_run_command,
+  train_only,
+)
 
 pytestmark = [pytest.mark.server, pytest.mark.slow]
 
@@ -40,7 +46,7 @@ def _proxy_env(proxy: FaultProxy, tmp_path: Path) -> dict[str, str]:
 @pytest.fixture(scope='module')
 def uninterrupted(tmp_path_factory):
   workdir = tmp_path_factory.mktemp('local')
-  train_only(tiny_config(steps=6), workdir)
+  finished_tiny_run(workdir, steps=6)
   return runs.restore_params(workdir)[1]
 
 

@@ -18,7 +18,13 @@ from etils import epath
 from neobert_jax import errors
 from neobert_jax.weights import runs
 from neobert_jax.train import resume
-from tests.support.tiny_train import SUPPORT_ON_PATH, assert_identical_params, tiny_config, train_only
+from tests.support.tiny_train import (
+  SUPPORT_ON_PATH,
+  assert_identical_params,
+  finished_tiny_run,
+  tiny_config,
+  train_only,
+)
 
 pytestmark = pytest.mark.server
 
@@ -32,7 +38,7 @@ _assert_identical = assert_identical_params
 def local_run(tmp_path_factory):
   """The tiny run on local disk, uninterrupted: the reference of the kill -9 test and the export test's source."""
   workdir = tmp_path_factory.mktemp('local')
-  train_only(tiny_config(steps=6), workdir)
+  finished_tiny_run(workdir, steps=6)
   return workdir
 
 

@@ -17,7 +17,7 @@ from conftest import COMPILE_FLAGS
 
 from neobert_jax.weights import runs
 from neobert_jax import errors
-from tests.support.tiny_train import assert_identical_params, tiny_config, train_only
+from tests.support.tiny_train import assert_identical_params, finished_tiny_run, tiny_config, train_only
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -44,8 +44,7 @@ _assert_identical = assert_identical_params
 @pytest.fixture(scope='module')
 def uninterrupted(tmp_path_factory):
   workdir = tmp_path_factory.mktemp('full')
-  result = train_only(tiny_config(steps=6), workdir)
-  assert result.final_step == 6
+  assert finished_tiny_run(workdir, steps=6) == 6
   return workdir
 
 

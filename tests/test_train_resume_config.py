@@ -10,7 +10,7 @@ import pytest
 from neobert_jax.config import train as schema
 from neobert_jax import errors
 from neobert_jax.config import resume as rules
-from tests.support.tiny_train import train_only
+from tests.support.tiny_train import finished_tiny_run, train_only
 from neobert_jax.engine import optimizer as optimizer_lib
 from neobert_jax.train import resume
 from tests.support.tiny_train import files_of, tiny_config
@@ -20,7 +20,7 @@ from tests.support.tiny_train import files_of, tiny_config
 def finished(tmp_path_factory):
   """A finished 6-step run (checkpoints at 3 and 6), copied by each test."""
   workdir = tmp_path_factory.mktemp('run')
-  assert train_only(tiny_config(steps=6), workdir).final_step == 6
+  assert finished_tiny_run(workdir, steps=6) == 6
   return workdir
 
 
