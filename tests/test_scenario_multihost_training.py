@@ -7,7 +7,7 @@ process on a different mesh (tensor parallel) and export to a PyTorch / Hugging 
 
 The data pipeline's global row stream does not depend on the process count (process p keeps its slice of each
 global batch), so both runs see the same global batches and any difference comes from the multi-process machinery.
-This file is also that worker: `python tests/test_scenario_multihost_training.py train|restore ...`.
+This file is also that worker: `python tests/test_scenario_multihost_training.py train|resume_then_restore ...`.
 """
 
 from __future__ import annotations
@@ -285,30 +285,37 @@ def test_two_processes_match_one_process(runs):
   ]
 
 
-def test_checkpoint_restores_on_another_mesh_and_exports_to_pytorch(runs):
+@pytest.fixture(scope='module')
+def one_process(runs):
+  """The two single-process checks of the 2-process checkpoint (2 devices each), in one process: one start-up
+  instead of two. It resumes a copy of the checkpoint (_resume_worker), then restores the original on a tensor-
+  parallel mesh and exports it (_restore_worker); each prints its OK line or its traceback. (the copy, the output)"""
   base, one, two = runs
-  env = dict(os.environ, JAX_PLATFORMS='cpu', PYTHONUNBUFFERED='1')
-  r = _run([sys.executable, __file__, 'restore', two, one, str(base / 'hf_export')], env)
-  assert 'RESTORE_OK' in r.stdout, r.stdout[-2000:]
-
-
-def test_checkpoint_of_two_processes_resumes_in_one_process(runs, tmp_path):
-  """Elastic resume through the launcher: the data position is global, so one process continues exactly where the
-  two left off (no replay, no warning), at its step, with the checkpoint never set aside."""
-  _, _, two = runs
-  workdir = tmp_path / 'resumed'
+  workdir = base / 'resumed'
   shutil.copytree(two, workdir)
   env = dict(
     os.environ,
     JAX_PLATFORMS='cpu',
     PYTHONUNBUFFERED='1',
-    TEST_EXTRA_OVERRIDES=json.dumps({'train.num_steps': STEPS + 1}),
+    TEST_EXTRA_OVERRIDES=json.dumps({'train.num_steps': STEPS + 1}),  # the resume's; the restore reads the run's
   )
   for k in ('NEOBERT_COORDINATOR', 'NEOBERT_NUM_PROCESSES', 'NEOBERT_PROCESS_ID', 'NEOBERT_NUM_CPU_DEVICES'):
     env.pop(k, None)
-  r = _run([sys.executable, __file__, 'resume', str(workdir)], env)
-  out = r.stdout + r.stderr
-  assert f'RESUME_OK step={STEPS} final_step={STEPS + 1}' in out, out[-4000:]
+  cmd = [sys.executable, __file__, 'resume_then_restore', str(workdir), two, one, str(base / 'hf_export')]
+  r = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=400)
+  return workdir, r.stdout + r.stderr
+
+
+def test_checkpoint_restores_on_another_mesh_and_exports_to_pytorch(one_process):
+  _, out = one_process
+  assert 'RESTORE_OK' in out, out[-6000:]
+
+
+def test_checkpoint_of_two_processes_resumes_in_one_process(one_process):
+  """Elastic resume through the launcher: the data position is global, so one process continues exactly where the
+  two left off (no replay, no warning), at its step, with the checkpoint never set aside."""
+  workdir, out = one_process
+  assert f'RESUME_OK step={STEPS} final_step={STEPS + 1}' in out, out[-6000:]
   assert 'data position written by 2 process(es), merged and restored on 1' in out and 'NOT the same' not in out, out[
     -4000:
   ]
@@ -484,9 +491,16 @@ if __name__ == '__main__':
   mode, args = sys.argv[1], sys.argv[2:]
   if mode == 'train':
     _train_worker(*args)
-  elif mode == 'restore':
-    _restore_worker(*args)
-  elif mode == 'resume':
-    _resume_worker(*args)
+  elif mode == 'resume_then_restore':  # one process for both checks, each reported on its own
+    import traceback
+
+    failed = False
+    for worker, worker_args in ((_resume_worker, args[:1]), (_restore_worker, args[1:])):
+      try:
+        worker(*worker_args)
+      except Exception:  # pylint: disable=broad-except
+        traceback.print_exc()
+        failed = True
+    sys.exit(1 if failed else 0)
   else:
     raise SystemExit(f'unknown mode {mode}')
