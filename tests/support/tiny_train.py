@@ -147,17 +147,20 @@ def train_only(cfg: ml_collections.ConfigDict, workdir: str | Path, on_step: Any
 
 
 def finished_tiny_run(workdir: str | Path, steps: int = 6) -> int:
-  """train_only(tiny_config(steps=steps)) finished in workdir; returns its final step. Under the test suite
-  (tests/conftest.py's NEOBERT_TESTS_SHARED_RUNS) the run is trained once for the session, by whichever worker asks
-  first while the other waits on a lock, and copied: the files that start from it share one run instead of training
-  the same deterministic run each."""
+  """train_only(tiny_config(steps=steps)) finished in workdir; returns its newest checkpoint's step. Under the test
+  suite (tests/conftest.py's NEOBERT_TESTS_SHARED_RUNS) the run is trained once for the session, by whichever worker
+  asks first while the other waits on a lock, and copied: the files that start from it share one run instead of
+  training the same deterministic run each."""
   import fcntl
   import os
   import shutil
 
+  from neobert_jax.weights import runs
+
   shared = os.environ.get('NEOBERT_TESTS_SHARED_RUNS')
   if not shared:
-    return train_only(tiny_config(steps=steps), workdir).final_step
+    train_only(tiny_config(steps=steps), workdir)
+    return runs.latest_step(workdir)
   os.makedirs(shared, exist_ok=True)
   done = Path(shared) / f'tiny-{steps}'
   with open(Path(shared) / f'tiny-{steps}.lock', 'w') as lock:
@@ -165,11 +168,10 @@ def finished_tiny_run(workdir: str | Path, steps: int = 6) -> int:
     if not done.is_dir():
       staging = Path(shared) / f'tiny-{steps}.partial'
       shutil.rmtree(staging, ignore_errors=True)
-      final_step = train_only(tiny_config(steps=steps), staging).final_step
-      (staging / 'final_step').write_text(str(final_step))  # not a file the trainer reads
+      train_only(tiny_config(steps=steps), staging)
       staging.rename(done)
-  shutil.copytree(done, workdir, dirs_exist_ok=True, ignore=shutil.ignore_patterns('final_step'))
-  return int((done / 'final_step').read_text())
+  shutil.copytree(done, workdir, dirs_exist_ok=True)
+  return runs.latest_step(workdir)
 
 
 def run_tiny(workdir: str, data_dir: str, steps: str) -> None:
