@@ -2,7 +2,7 @@
 
 python -m benchmarks.export_inference [--threads 2] [--batch 8] [--max-length 1024] [--batches 2]
     [--models export,modernbert,reference] [--dtypes float32,bfloat16] [--workloads mixed,full] [--layers 28]
-    [--no-onnx] [--device cpu|cuda]
+    [--no-onnx] [--ort-config KEY=VALUE,...] [--device cpu|cuda]
 
 Three encoders, random weights at their real sizes (speed does not depend on the values), no MLM head:
 
@@ -137,20 +137,43 @@ def _build(name: str, path: Path, dtype: torch.dtype, device: str):
   return lambda ids, mask: torch_reference.padded_reference_forward(model, ids, mask)
 
 
-def build_onnx(path: Path, root: Path, threads: int) -> dict:
-  """The export's ONNX graphs (`convert to-onnx --task hidden`) in onnxruntime on the CPU: 'onnx' (float32,
-  onnx/model.onnx) and 'onnx_int8' (int8 MatMul weights, onnx/model_quantized.onnx), each a call(ids, mask)."""
+def session_entries(spec: str) -> dict[str, str]:
+  """'key=value,key=value' (onnxruntime session config entries, e.g. session.dynamic_block_base=4) as a dict."""
+  entries = {}
+  for entry in filter(None, spec.split(',')):
+    key, sep, value = entry.partition('=')
+    if not sep or not key:
+      raise argparse.ArgumentTypeError(f'{entry!r} is not key=value (e.g. session.dynamic_block_base=4)')
+    entries[key] = value
+  return entries
+
+
+def ort_session(file: Path, threads: int, entries: dict[str, str]):
+  """An onnxruntime CPU session of `file` on `threads` intra-op threads, with the session config `entries`."""
   import onnxruntime as ort
 
-  from neobert_jax.convert import onnx_export
-
-  onnx_path = onnx_export.export_onnx(path, root / 'onnx', task='hidden')
   options = ort.SessionOptions()
   options.intra_op_num_threads = threads
   options.inter_op_num_threads = 1
+  for key, value in entries.items():
+    options.add_session_config_entry(key, value)
+  return ort.InferenceSession(str(file), options, providers=['CPUExecutionProvider'])
+
+
+def build_onnx(path: Path, root: Path, threads: int, session_configs: tuple[dict[str, str], ...] = ()) -> dict:
+  """The export's ONNX graphs (`convert to-onnx --task hidden`) in onnxruntime on the CPU: 'onnx' (float32,
+  onnx/model.onnx) and 'onnx_int8' (int8 MatMul weights, onnx/model_quantized.onnx), each a call(ids, mask); and
+  for each of `session_configs` (onnxruntime session config entries, `session_entries`) the float32 graph in a
+  session with those entries, named 'onnx[key=value,...]'."""
+  from neobert_jax.convert import onnx_export
+
+  onnx_path = onnx_export.export_onnx(path, root / 'onnx', task='hidden')
+  graphs = [('onnx', onnx_export.ONNX_NAME, {}), ('onnx_int8', onnx_export.QUANTIZED_NAME, {})]
+  for entries in session_configs:
+    graphs.append((f'onnx[{",".join(f"{k}={v}" for k, v in entries.items())}]', onnx_export.ONNX_NAME, entries))
   calls = {}
-  for name, file in (('onnx', onnx_export.ONNX_NAME), ('onnx_int8', onnx_export.QUANTIZED_NAME)):
-    session = ort.InferenceSession(str(onnx_path / file), options, providers=['CPUExecutionProvider'])
+  for name, file, entries in graphs:
+    session = ort_session(onnx_path / file, threads, entries)
     calls[name] = lambda ids, mask, s=session: torch.from_numpy(
       s.run(None, {'input_ids': ids.numpy(), 'attention_mask': mask.numpy()})[0]
     )
@@ -219,6 +242,14 @@ def main(argv=None) -> None:
     default=True,
     help="the export's ONNX graphs in onnxruntime (CPU; float32 and int8), with the float32 line (--no-onnx: not)",
   )
+  p.add_argument(
+    '--ort-config',
+    action='append',
+    default=[],
+    type=session_entries,
+    help='also time the float32 graph in a session with these onnxruntime config entries, e.g. '
+    "'session.dynamic_block_base=4' or 'session.intra_op.allow_spinning=0' (repeatable; key=value,key=value)",
+  )
   p.add_argument('--seed', type=int, default=0)
   a = p.parse_args(argv)
   torch.set_num_threads(a.threads)
@@ -237,7 +268,7 @@ def main(argv=None) -> None:
     for dtype in a.dtypes.split(','):
       calls = {n: build(n, path, DTYPES[dtype], a.device) for n in models}
       if a.onnx and dtype == 'float32':
-        onnx_calls = onnx_calls or build_onnx(path, Path(tmp), a.threads)
+        onnx_calls = onnx_calls or build_onnx(path, Path(tmp), a.threads, tuple(a.ort_config))
         calls.update(onnx_calls)
       for workload in a.workloads.split(','):
         batches = make_batches(docs, workload, a.batch, a.batches + 1, a.max_length, a.seed)
