@@ -2,12 +2,15 @@
 compiled programs take turns step by step in one process, so machine load hits them alike.
 
 python -m benchmarks.xla_cpu_options [--dtype float32|bfloat16] [--only default,ynn_off,...] [--steps 30]
+    [--variant NAME=field=value,field=value ...]
 
 The step is configs/tiny_cpu.py's (1 x 128, 32 rows of 128 tokens, vocab 2048, Muon or AdamW as the recipe says),
 on one device, with synthetic rows at the recipe's 40% mask rate. Each option is an XLA DebugOptions field passed to
 `Lowered.compile(compiler_options)`, the per-program form of an XLA_FLAGS entry. It prints the median and fastest
 step of each option and its speed against the first (`default`: no option), plus the loss after the last step: the
-options that change the numerics show it in the last digits.
+options that change the numerics show it in the last digits. Each `--variant` adds the step of the main job's config
+with those fields changed (e.g. `fp32_logits=model.logits_dot_in_fp32=True`), compiled with no option, taking turns
+with the rest on the same rows.
 
 A script, not part of the library (nothing imports it): run it from the repository root.
 """
@@ -39,13 +42,20 @@ OPTIONS: dict[str, dict] = {
 }
 
 
-def main_job_config(dtype: str):
+def main_job_config(dtype: str, overrides: str = ''):
   spec = importlib.util.spec_from_file_location('tiny_cpu', 'configs/tiny_cpu.py')
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
   cfg = module.get_config()
   cfg.model.dtype = dtype
   cfg.data.dir = 'unused'  # the step needs no data directory; resolution only checks that one is named
+  for item in filter(None, overrides.split(',')):
+    field, value = item.split('=', 1)
+    section, name = field.rsplit('.', 1)
+    node = cfg
+    for part in section.split('.'):
+      node = node[part]
+    node[name] = type(node[name])(value) if not isinstance(node[name], bool) else value == 'True'
   return train_config.resolve_train(cfg)[0]
 
 
@@ -54,6 +64,7 @@ def main() -> None:
   ap.add_argument('--dtype', default='float32', choices=['float32', 'bfloat16'])
   ap.add_argument('--only', default='', help='comma-separated option names (default: all); the first is the baseline')
   ap.add_argument('--steps', type=int, default=30)
+  ap.add_argument('--variant', action='append', default=[], help='NAME=field=value,...: the step of a changed config')
   args = ap.parse_args()
   names = args.only.split(',') if args.only else list(OPTIONS)
   cfg = main_job_config(args.dtype)
@@ -67,6 +78,12 @@ def main() -> None:
   for name in names:
     steps[name] = lowered.compile(OPTIONS[name])
     states[name] = jax.tree.map(lambda a: a.copy(), state)  # each side owns its state: the step donates it
+  for variant in args.variant:
+    name, overrides = variant.split('=', 1)
+    changed = main_job_config(args.dtype, overrides)
+    changed_defs, states[name] = mlm.create_train_state(changed, mesh)
+    steps[name] = mlm.jit_mlm_train_step(changed, mesh, changed_defs).lower(states[name], batches[0]).compile()
+    names.append(name)
   times: dict[str, list[float]] = {n: [] for n in names}
   losses: dict[str, float] = {}
   warmup = 3

@@ -10,7 +10,8 @@ from neobert_jax import sharding
 from neobert_jax.model import NeoBERTForMLM, default_model_config, train_flops_per_token
 from neobert_jax.config.model import validate_model_config
 from neobert_jax.model.sizes import ffn_hidden_size
-from neobert_jax.model.encoder import apply_rope
+from neobert_jax.model.encoder import rope_angles
+from neobert_jax.model.fused import rotate
 
 
 def small_config(**overrides):
@@ -47,7 +48,33 @@ def test_rope_rotates_adjacent_pairs_as_complex_numbers():
   z = x[..., 0::2] + 1j * x[..., 1::2]
   rotated = z * np.exp(1j * pos[0][None, :, None, None] * inv)
   expected = np.stack([rotated.real, rotated.imag], -1).reshape(x.shape)
-  np.testing.assert_allclose(apply_rope(jnp.asarray(x), jnp.asarray(pos), 10000.0), expected, atol=1e-4)
+
+  def apply_rope(table_length):
+    return np.asarray(rotate(jnp.asarray(x), *rope_angles(jnp.asarray(pos), 8, 10000.0, table_length)))
+
+  np.testing.assert_allclose(apply_rope(128), expected, atol=1e-4)
+  # A position past the angle table reads NaN in its own row, never another position's angle.
+  past = apply_rope(100)
+  np.testing.assert_allclose(past[:, :4], expected[:, :4], atol=1e-4)
+  assert np.isnan(past[:, 4]).all()
+
+
+def test_logits_dot_in_fp32_false_writes_compute_dtype_logits_and_float32_is_untouched():
+  ids = random_ids(2, 8)
+
+  def logits(**overrides):
+    model = NeoBERTForMLM(small_config(**overrides), rngs=nnx.Rngs(0))
+    return np.asarray(model(ids))
+
+  exact, rounded = logits(dtype='bfloat16'), logits(dtype='bfloat16', logits_dot_in_fp32=False)
+  assert exact.dtype == rounded.dtype == np.float32
+  # The zero-initialised bias adds nothing: every written logit is a bfloat16 value, the float32 ones mostly are not.
+  as_bf16 = lambda a: np.asarray(jnp.asarray(a).astype(jnp.bfloat16).astype(jnp.float32))
+  np.testing.assert_array_equal(rounded, as_bf16(rounded))
+  assert (exact != as_bf16(exact)).mean() > 0.5
+  np.testing.assert_allclose(rounded, exact, rtol=1e-2, atol=1e-2)
+  # Under float32 compute the setting changes nothing.
+  np.testing.assert_array_equal(logits(logits_dot_in_fp32=False), logits())
 
 
 @pytest.mark.slow

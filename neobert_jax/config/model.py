@@ -50,6 +50,11 @@ def default_model_config() -> ml_collections.ConfigDict:
   # to `param_dtype`). A model built from this config directly computes in fp32; the training and fine-tuning
   # schemas default to 'auto', which resolve_dtype turns into bfloat16 on GPU/TPU and float32 on CPU.
   cfg.dtype = 'float32'
+  # The MLM decoder's matmul. True: it accumulates and writes the logits in float32. False: it writes them in the
+  # compute dtype, as MaxText's default (logits_dot_in_fp32=False) and the original trainer's bf16 autocast do, and
+  # the softmax and the loss still run in float32: half the bytes for the logits and their gradient (1.11x the main
+  # job's step on a CPU, docs/performance.md). No effect when the compute dtype is float32.
+  cfg.logits_dot_in_fp32 = True
   # Attention kernel: 'auto' | 'xla' | 'blockwise' | 'cudnn' | 'cudnn_bias' | 'splash'. 'auto' takes the fastest
   # correct one for the backend, compute dtype and packing (choose_attention below) and the
   # trainer logs the choice at start-up.
@@ -89,7 +94,7 @@ def validate_model_config(cfg: ml_collections.ConfigDict) -> None:
       f"model.attention_impl={cfg.attention_impl!r} needs model.dtype='bfloat16' or 'float16' "
       "(cuDNN fused attention has no fp32 kernel); use 'auto' or 'xla' for fp32."
     )
-  for field in ('use_bias', 'tie_word_embeddings'):
+  for field in ('use_bias', 'tie_word_embeddings', 'logits_dot_in_fp32'):
     if not isinstance(cfg[field], bool):
       raise ConfigError(f'model.{field}={cfg[field]!r} must be True or False.')
 

@@ -17,6 +17,7 @@ PRETRAIN_RULES: dict[str, str] = {
   'seed': IDENTITY,
   'model': IDENTITY,  # shapes, vocabulary, sequence length, norms, RoPE, param dtype, layout
   'model.dtype': FREE,  # compute dtype: fp32 master weights either way
+  'model.logits_dot_in_fp32': FREE,  # the decoder's output precision, likewise
   'model.attention_impl': FREE,
   'model.splash_block_size': FREE,
   'model.blockwise_block_size': FREE,

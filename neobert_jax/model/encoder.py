@@ -25,13 +25,17 @@ _REMAT_POLICIES: dict[str, Callable[..., Any] | None] = {
 }
 
 
-def apply_rope(x: jax.Array, positions: jax.Array, theta: float) -> jax.Array:
-  """Rotates x [B, T, H, Dh] by positions x inverse frequencies in fp32, NeoBERT's convention: ADJACENT pairs
-  (x[2i], x[2i+1]) rotate as complex numbers. Positions are an input, so a packed row restarts at 0 for every
-  document; the backward keeps only the angles."""
-  inverse_frequencies = 1.0 / (theta ** (jnp.arange(0, x.shape[-1], 2, dtype=jnp.float32) / x.shape[-1]))
-  angles = positions.astype(jnp.float32)[..., None] * inverse_frequencies  # [B, T, Dh/2]
-  return rotate(x, jnp.cos(angles)[:, :, None, :], jnp.sin(angles)[:, :, None, :])
+def rope_angles(positions: jax.Array, head_dim: int, theta: float, table_length: int) -> tuple[jax.Array, jax.Array]:
+  """(cos, sin) [B, T, 1, Dh/2] in fp32 of positions x inverse frequencies, looked up in a [table_length, Dh/2]
+  table as NeoBERT's precomputed `freqs_cis` is: XLA folds the table into a constant, where cos and sin of the
+  positions themselves were fused into every rotation and recomputed per head and per pass (about 5% of the main
+  job's step on a CPU). NeoBERT's convention: fused.rotate turns ADJACENT pairs (x[2i], x[2i+1]) by these angles
+  as complex numbers. Positions are an input, so a packed row restarts at 0 for every document; a position past the
+  table reads NaN, never a wrong angle."""
+  inverse_frequencies = 1.0 / (theta ** (jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim))
+  angles = jnp.arange(table_length, dtype=jnp.float32)[:, None] * inverse_frequencies
+  cos, sin = (jnp.take(f(angles), positions, axis=0, mode='fill', fill_value=jnp.nan) for f in (jnp.cos, jnp.sin))
+  return cos[:, :, None, :], sin[:, :, None, :]
 
 
 def _uniform(limit: float):
@@ -114,6 +118,8 @@ class EncoderLayers(nnx.Module):
     # autodiff ties on GPU and lets the TPU compiler fuse the activation into the projections. The roofline figures
     # of both choices: docs/performance.md, "Roofline".
     activate = swiglu if cfg.scan_layers else swiglu_autodiff
+    # One table per forward pass, shared by every layer: rows up to the configured length, or the input's if longer.
+    cos, sin = rope_angles(positions, head_dim(cfg), cfg.rope_theta, max(cfg.max_length, x.shape[1]))
 
     def block(x, w):
       w = {k: v.astype(dtype) for k, v in w.items()}
@@ -124,8 +130,7 @@ class EncoderLayers(nnx.Module):
       q, k, v = (jnp.einsum('btd,dhk->bthk', hidden, part) for part in jnp.split(w['qkv'], 3, axis=-1))
       if 'qkv_bias' in w:  # added before the rotation, as a Linear's bias is
         q, k, v = (a + b for a, b in zip((q, k, v), jnp.split(w['qkv_bias'], 3, axis=-1)))
-      q = apply_rope(q, positions, cfg.rope_theta)
-      k = apply_rope(k, positions, cfg.rope_theta)
+      q, k = rotate(q, cos, sin), rotate(k, cos, sin)
       q, k, v = (constrain(a, ('batch', 'length', 'heads', 'head_dim')) for a in (q, k, v))
       attended = attention(
         q, k, v, segment_ids=segment_ids, lengths=lengths, kernel=kernel, max_segments=max_segments, block_size=tile
@@ -241,6 +246,8 @@ class NeoBERTForMLM(nnx.Module):
       kernel, spec = self.encoder.token_embedding.embedding[...], 'bpd,vd->bpv'
     else:
       kernel, spec = self.decoder.kernel[...], 'bpd,dv->bpv'
-    logits = jnp.einsum(spec, hidden.astype(dtype), kernel.astype(dtype), preferred_element_type=jnp.float32)
+    written = jnp.float32 if self.cfg.logits_dot_in_fp32 else dtype  # model.logits_dot_in_fp32
+    logits = jnp.einsum(spec, hidden.astype(dtype), kernel.astype(dtype), preferred_element_type=written)
+    logits = logits.astype(jnp.float32)
     logits = logits + self.decoder.bias[...].astype(jnp.float32)
     return constrain(logits, ('batch', 'length', 'vocab'))
