@@ -78,9 +78,9 @@ RECIPES: dict[str, tuple[str, ...]] = {
   # a wider layer (heads of 32, SwiGLU 4x), the Linear init scaled by sqrt(128 / width) from the main job's 0.15
   'width_192': wider(192, 6, 0.12),
   'width_256': wider(256, 8, 0.106),
-  # rows of 64 tokens, twice as many per step: the same tokens and masked slots, half the attention span
   'heads_2': ('model.num_heads=2',),  # two heads of 64: half the attention maps, the same projections
   'heads_8': ('model.num_heads=8',),  # eight heads of 16: twice the attention maps
+  # rows of 64 tokens, twice as many per step: the same tokens and masked slots, half the attention span
   'seq_64': ('model.max_length=64', 'train.global_batch_size=64', 'data.max_predictions=32'),
 }
 MAIN_TOKENS_PER_STEP = 32 * 128  # the main job's; a run's own is read from its config.json

@@ -18,13 +18,13 @@ A script, not part of the library (nothing imports it): run it from the reposito
 from __future__ import annotations
 
 import argparse
-import importlib.util
+import ast
 import time
 
 import jax
 import numpy as np
 
-from neobert_jax import sharding as shd
+from neobert_jax import config, sharding as shd
 from neobert_jax.config import train as train_config
 from neobert_jax.engine import step as engine_step
 from neobert_jax.train import mlm
@@ -43,20 +43,16 @@ OPTIONS: dict[str, dict] = {
 
 
 def main_job_config(dtype: str, overrides: str = ''):
-  spec = importlib.util.spec_from_file_location('tiny_cpu', 'configs/tiny_cpu.py')
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  cfg = module.get_config()
-  cfg.model.dtype = dtype
-  cfg.data.dir = 'unused'  # the step needs no data directory; resolution only checks that one is named
+  """configs/tiny_cpu.py resolved, with `dtype` and the 'field=value,...' `overrides` (a value is read as a Python
+  literal when it is one: True, 8, 1e-2; else kept as text) applied through config.load."""
+  fields = {'model.dtype': dtype, 'data.dir': 'unused'}  # the step needs no data; resolution wants one named
   for item in filter(None, overrides.split(',')):
     field, value = item.split('=', 1)
-    section, name = field.rsplit('.', 1)
-    node = cfg
-    for part in section.split('.'):
-      node = node[part]
-    node[name] = type(node[name])(value) if not isinstance(node[name], bool) else value == 'True'
-  return train_config.resolve_train(cfg)[0]
+    try:
+      fields[field] = ast.literal_eval(value)
+    except (ValueError, SyntaxError):
+      fields[field] = value
+  return train_config.resolve_train(config.load('configs/tiny_cpu.py', fields))[0]
 
 
 def main() -> None:

@@ -29,7 +29,7 @@ and "Main job"):
   * bfloat16 compute (fp32 master weights, norms, softmax and loss): the matmuls run about twice as fast on CPUs
     with AVX-512 BF16 or AMX, so more steps fit in the same minutes, at the same loss per step.
   * the decoder writes bfloat16 logits (model.logits_dot_in_fp32=False; softmax and loss stay float32): half the
-    bytes for the 2,048 x 2,048 logits of a step and their gradient, 1.11x the step on the Intel CPU here.
+    bytes for the 2,048 x 2,048 logits of a step and their gradient, 1.10x the step on the Intel CPU here.
   * one layer: per step it learned as fast as two at 1.7x the steps per second.
 """
 

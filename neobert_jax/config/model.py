@@ -52,7 +52,7 @@ def default_model_config() -> ml_collections.ConfigDict:
   cfg.dtype = 'float32'
   # The MLM decoder's matmul. True: it accumulates and writes the logits in float32. False: it writes them in the
   # compute dtype, as MaxText's default (logits_dot_in_fp32=False) and the original trainer's bf16 autocast do, and
-  # the softmax and the loss still run in float32: half the bytes for the logits and their gradient (1.11x the main
+  # the softmax and the loss still run in float32: half the bytes for the logits and their gradient (1.10x the main
   # job's step on a CPU, docs/performance.md). No effect when the compute dtype is float32.
   cfg.logits_dot_in_fp32 = True
   # Attention kernel: 'auto' | 'xla' | 'blockwise' | 'cudnn' | 'cudnn_bias' | 'splash'. 'auto' takes the fastest
