@@ -101,6 +101,22 @@ def test_the_tolerance_fails_when_the_loss_is_summed_in_bf16(fp32_curve, monkeyp
   assert _gap(run_curve(cfg, _synthetic(cfg)), fp32_curve) > CURVE_RTOL
 
 
+def test_cross_entropy_and_its_hits_match_optax_and_argmax_on_tied_bfloat16_logits():
+  """The loss is optax's; a hit is exactly `argmax == label`, ties included: bfloat16 logits tie often, and argmax
+  takes the first of the tied ids, so a label tied with an earlier id is a miss and one tied with a later id a hit."""
+  import optax
+
+  rng = np.random.default_rng(0)
+  logits = jnp.asarray(rng.integers(0, 4, (512, 16)).astype(np.float32)).astype(jnp.bfloat16).astype(jnp.float32)
+  labels = jnp.asarray(rng.integers(0, 16, 512), jnp.int32)
+  ce, hit = mlm.cross_entropy(logits, labels)
+  np.testing.assert_allclose(ce, optax.softmax_cross_entropy_with_integer_labels(logits, labels), rtol=1e-6)
+  want = np.asarray(jnp.argmax(logits, -1) == labels)
+  np.testing.assert_array_equal(np.asarray(hit), want)
+  top = np.asarray(logits)[np.arange(512), np.asarray(labels)] == np.asarray(logits).max(-1)
+  assert want.sum() < top.sum()  # the case matters here: some labels tie with an earlier id at the top
+
+
 def main() -> None:
   """The long curve for docs/performance.md: the tiny config on the built-in corpus, fp32 and bf16 stepped in turn
   on the same batches, a table row every --every steps (printed as it goes)."""

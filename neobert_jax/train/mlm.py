@@ -145,14 +145,20 @@ def max_segments(data_cfg: ml_collections.ConfigDict) -> int | None:
   return limit if data_cfg.packing == 'packed' and limit > 0 else None
 
 
-def cross_entropy(logits: jax.Array, labels: jax.Array) -> jax.Array:
-  """optax.softmax_cross_entropy_with_integer_labels, the same numbers, with the label's logit picked by a compare
-  and a sum over the vocabulary instead of a gather. Under tensor parallelism the vocabulary is split, and inside the
-  per-replica gradient accumulation (engine/step.py, a shard_map manual over 'data') XLA's SPMD partitioner aborts
-  on a gather along a split axis; the elementwise pick partitions like the logsumexp beside it."""
+def cross_entropy(logits: jax.Array, labels: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """(optax.softmax_cross_entropy_with_integer_labels, whether the label is `jnp.argmax`'s pick), the same numbers.
+
+  The label's logit is picked by a compare and a sum over the vocabulary instead of a gather: under tensor
+  parallelism the vocabulary is split, and inside the per-replica gradient accumulation (engine/step.py, a
+  shard_map manual over 'data') XLA's SPMD partitioner aborts on a gather along a split axis; the elementwise pick
+  partitions like the logsumexp beside it. The hit is read off that logit too (the top value, and no earlier id as
+  high: argmax's first-of-ties rule) rather than from an argmax, a variadic reduce that XLA:CPU runs slowly (the
+  main job's step is 1.08x faster without it)."""
   vocab = jnp.arange(logits.shape[-1], dtype=labels.dtype)
   label_logits = jnp.where(vocab == labels[..., None], logits, 0.0).sum(-1)
-  return jax.nn.logsumexp(logits, axis=-1) - label_logits
+  earlier_tie = jnp.any((vocab < labels[..., None]) & (logits >= label_logits[..., None]), -1)
+  hit = (label_logits >= logits.max(-1)) & ~earlier_tie
+  return jax.nn.logsumexp(logits, axis=-1) - label_logits, hit
 
 
 def mlm_sums(
@@ -170,9 +176,8 @@ def mlm_sums(
     logits = model(micro['input_ids'], positions=micro['positions'], **masking)
     weights = (micro['labels'] >= 0).astype(jnp.float32)
     labels = jnp.maximum(micro['labels'], 0)  # -100 slots carry weight 0; any valid id keeps the gather in range
-  ce = cross_entropy(logits.astype(jnp.float32), labels)
-  correct = (jnp.argmax(logits, -1) == labels).astype(jnp.float32)
-  return (ce * weights).sum(), (weights.sum(), (correct * weights).sum())
+  ce, hit = cross_entropy(logits.astype(jnp.float32), labels)
+  return (ce * weights).sum(), (weights.sum(), (hit * weights).sum())
 
 
 def _loss_sums(cfg: ml_collections.ConfigDict) -> engine_step.LossSums:
