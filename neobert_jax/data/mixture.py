@@ -83,11 +83,10 @@ class Mixture:
     return {n: max(self.weights_at(t)[n] for t in starts) for n in self.names}
 
   def block_docs(self, block_docs: int, recorded: str = '', shard_records: dict[str, int] | None = None) -> dict:
-    """Documents per block of each source: those `recorded` ('name=docs,...', data.mixture_block_docs); for the
-    others, in proportion to their peak shares, the heaviest getting `block_docs` (at least 1 each), so a source's
-    reads follow its weight from the start. With `shard_records` (each source's records per virtual shard), all
-    shrink together until no source's first block exceeds FIRST_READ of its virtual shard: a virtual shard reads a
-    whole block at its first row of a source, so larger blocks would read small sources whole at the start."""
+    """Documents per block of each source: those `recorded` ('name=docs,...'); the others in proportion to their
+    peak shares, the heaviest getting `block_docs` (at least 1 each). With `shard_records` (records per virtual
+    shard) all shrink until no first block reads more than FIRST_READ of its virtual shard, since a virtual shard
+    reads a whole block at its first row of a source."""
     if self.plain:
       return {self.names[0]: block_docs}
     sizes = parse_block_docs(recorded)
@@ -243,9 +242,8 @@ Opener = Callable[[str], tuple[str, Any]]  # a source's dir -> (dir, manifest), 
 
 
 def open_sources(mix: Mixture, open_one: Opener, seq_len: int) -> dict[str, tuple[str, Any]]:
-  """Each source's (dir, manifest) through `open_one` (the pipeline's open_prepared for one dir), after checking
-  that they share a tokenizer and a record length that fits the model; one ConfigError naming the source if not.
-  A plain data.dir is opened as it is, its errors its own."""
+  """Each source's (dir, manifest) through `open_one`, checked to share a tokenizer and a record length that fits the
+  model; one ConfigError naming the source if not. A plain data.dir is opened as it is, its errors its own."""
   if mix.plain:
     return {mix.names[0]: open_one(mix.sources[0].dir)}
   opened = {}
@@ -306,9 +304,8 @@ def apportion(rows: int, credits: list[int], units: list[int]) -> tuple[list[int
 
 
 def interleave(counts: list[int]) -> np.ndarray:
-  """Source index per row of a slot: each source's rows spread evenly over the slot (a source with n rows takes
-  the places nearest (k + 1/2) / n), so any contiguous part of the slot (a micro-batch) holds every source.
-  Read-only: a slot's counts repeat from step to step, so each pattern is computed once."""
+  """Source index per row of a slot: a source with n rows takes the places nearest (k + 1/2) / n, so any contiguous
+  part of the slot (a micro-batch) holds every source. Read-only: each pattern is computed once."""
   return _interleave(tuple(counts))
 
 
@@ -322,13 +319,8 @@ def _interleave(counts: tuple[int, ...]) -> np.ndarray:
 
 
 class Sampler:
-  """The source of every row of this process's slots, step after step.
-
-  `slots`: the slot (virtual shard) numbers this process owns; `rows_per_slot`: B/V (>= 1, virtual.check_layout).
-  `next()` gives, for the current step, {slot: source index per row} (indices into mix.names) and moves to the next
-  step. The state is the step and each slot's credits; states of the processes of an earlier run merge (their
-  'slots' tables join).
-  """
+  """The source of every row of this process's `slots` (virtual shards), `rows_per_slot` (B/V) each, step after step:
+  `next()` gives {slot: index into mix.names per row}. The state is the step and each slot's credits."""
 
   def __init__(self, mix: Mixture, seed: int, rows_per_slot: int, slots: Iterable[int]):
     self.mix, self.seed, self.rows = mix, seed, rows_per_slot
@@ -366,9 +358,8 @@ class Sampler:
     }
 
   def set_state(self, state: dict[str, Any], fresh: Collection[str] = ()) -> None:
-    """Resumes from `state` (this run's or any earlier process count's, merged). A source added, or pointing
-    to another directory, since the state was saved is refused unless named in `fresh` (it then starts as at step
-    0); a source removed is refused, naming it: the restored credits would no longer add up."""
+    """Resumes from `state` (of any process count, merged). A source added or moved since is refused unless named in
+    `fresh` (it then starts as at step 0); a source removed is refused: the credits would no longer add up."""
     if not isinstance(state, dict) or state.get('stream') != STREAM:
       raise ValueError(f'not a {STREAM} state: {json.dumps(state)[:80]}')
     saved = state['slots']

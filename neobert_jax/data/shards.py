@@ -1,11 +1,9 @@
 """Prepared-data layout on disk: ArrayRecord shards of token ids and manifest.json (formats v1 and v2: docs/data.md,
-"Format"). Readers take the id width from `Manifest.id_dtype` and widen ids to int32, what the pipeline and the
-model work in.
+"Format"). Readers widen ids of `Manifest.id_dtype` to int32.
 
-A prepared directory is complete only when manifest.json exists: `prepare` writes it last (atomically). Readers
-check every shard they use against it (size, record count), so a truncated or missing shard is an error before
-training starts, not a crash hours in; each shard's sha256 (older manifests lack it), too slow to check on every
-open, is checked when a copy is made (data on a bucket).
+A prepared directory is complete only when manifest.json, written last, exists. Readers check every shard they use
+against it (size, record count), so a damaged shard is an error before training starts, not a crash hours in; its
+sha256, too slow to check on every open, is checked when a copy is made (data on a bucket).
 """
 
 import dataclasses
@@ -71,12 +69,9 @@ class ShardWriter:
     self._dir, self._split, self._first = directory, split, first_index
     self._dtype = ID_DTYPES[id_dtype]
     self._rollover = rollover.Rollover(shard_bytes, self._dtype.itemsize)
-    self._writer = None
-    self._current = None
+    self._writer = self._current = None
     self.shards: list[dict] = []
-    self.records = 0
-    self.tokens = 0
-    self.documents = 0
+    self.records = self.tokens = self.documents = 0
 
   def _open(self):
     name = shard_name(self._split, self._first + len(self.shards))
@@ -113,8 +108,7 @@ class ShardWriter:
 
 
 def files_of(shard: dict) -> list[str]:
-  """The files one manifest entry names: the shard, and the record index that older prepared data lists beside it
-  (no reader uses it any more; it travels with its shard)."""
+  """The files one manifest entry names: the shard, and the unread record index older prepared data lists with it."""
   return [shard['file']] + ([shard['index']['file']] if 'index' in shard else [])
 
 
@@ -137,8 +131,8 @@ def remedy(directory: str) -> str:
 
 @dataclasses.dataclass(frozen=True)
 class Manifest:
-  """A prepared directory's manifest.json, checked when made (`read`, `parse`, `of`): the typed view every reader
-  uses. `raw` is the JSON itself, written back byte for byte (`text`), so old directories read and write unchanged."""
+  """A prepared directory's manifest.json, checked when made (`read`, `parse`, `of`). `raw` is the JSON itself,
+  written back byte for byte (`text`), so old directories read and write unchanged."""
 
   raw: dict = dataclasses.field(repr=False)
 
@@ -257,7 +251,7 @@ class Manifest:
 
 def _check_fields(path: str, manifest: dict, directory: str) -> None:
   """The fields readers index into: a manifest damaged into other valid JSON is one error here, not a KeyError
-  (or TypeError) from deep inside the pipeline."""
+  from deep inside the pipeline."""
   try:
     ident, splits = manifest['tokenizer'], manifest['splits']
     counts = [ident['vocab_size'], ident['special_ids']['pad'], ident['special_ids']['mask']]

@@ -1,18 +1,9 @@
 """The two ways training reads prepared data: this host's endless training batches, and the held-out batches.
 
-  this host's virtual shards (virtual.py), each an endless shuffled stream of documents read through a shard store
-  (store.py: in place, or fetched from a bucket into a bounded cache, a window ahead of the reader; prepared.py
-  opens and checks the data, `cache_need` sizes the cache)
-  -> blocks of `block_docs` documents per virtual shard -> pack (packing.py) + mask (masking.py) each block
-     (BlockBuilder, with randomness from (seed, virtual shard, block index) alone, so a block is the same whichever
-     process or worker builds it and however often it is rebuilt after a restore)
-  -> every step, B/V rows from each of this host's virtual shards, in shard order, for each of the run's sources;
-     the mixture's sampler takes each step's rows from them (host_batches.py; a plain data.dir is a mixture of one,
-     whose rows are its own in order)
-  -> optional mp_prefetch workers -> a background thread keeps the next batches ready
-
-The train iterator's state is its position; position.py saves it into a checkpoint and restores it. Batches are
-numpy dicts per host, as in the batch contract (batch.py).
+Virtual shards (virtual.py) read through a shard store (store.py) -> blocks of `block_docs` documents, packed and
+masked by BlockBuilder with randomness from (seed, virtual shard, block index) alone, so a block is the same
+whichever process or worker builds it -> each step's rows drawn from the sources (host_batches.py) -> optional
+mp_prefetch workers or a prefetch thread. Batches are numpy dicts per host (batch.py).
 """
 
 import grain

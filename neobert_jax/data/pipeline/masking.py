@@ -1,13 +1,8 @@
 """MLM masking of packed rows, vectorised over a whole block.
 
 Each real, non-special token is chosen independently with probability `rate` (as Hugging Face's collator, which
-NeoBERT used, does); chosen tokens become [MASK] ('all_mask', NeoBERT's default) or follow BERT's 80/10/10 rule.
-With max_predictions = P > 0 each row also carries P prediction slots for a sparse MLM head; a row that drew more
-than P keeps the P smallest draws (a uniform subset) and leaves the rest unmasked, so input_ids, labels and the
-slots always agree.
-
-`thin` lowers the rate of rows already masked (data.mask_rate_final: a rate that falls during the run) by
-restoring a random share of their masked tokens.
+NeoBERT used, does), then becomes [MASK] ('all_mask') or follows BERT's 80/10/10 rule. With max_predictions = P > 0
+a row that drew more than P keeps the P smallest draws (a uniform subset), so input_ids, labels and slots agree.
 """
 
 import numpy as np
@@ -88,9 +83,8 @@ def mask_rows(
 
 
 def thin(batch: dict, keep: float, rng: np.random.Generator) -> dict:
-  """`batch` (the batch contract's keys, [B, ...]) with each masked token kept with probability `keep` and the
-  others restored: the original id back in input_ids, no label, no slot weight. Masking at rate r, then thinning,
-  masks at rate r x keep, each token independently, as masking at that rate directly would."""
+  """`batch` with each masked token kept with probability `keep`, the others restored (no label, no slot weight):
+  masking at rate r then thinning masks at rate r x keep, as masking at that rate directly would."""
   if keep >= 1.0:
     return batch
   labels = batch['labels']

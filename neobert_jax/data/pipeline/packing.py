@@ -1,9 +1,6 @@
-"""Packing a block of documents (`tokens` concatenated, int32, and their `lengths`) into [rows, seq_len] int32 rows:
-input_ids (pad_id after a row's last document), segment_ids (1-based document number in the row, 0 on padding) and
-positions (restarting at 0 in every document, 0 on padding).
-
-Grain's packers copy tokens per element (~0.3M tokens/s); here only the placement is decided per document, and
-every token is moved by one vectorised scatter, so packing costs little next to reading and masking.
+"""Packing a block of documents (`tokens` concatenated, int32, and their `lengths`) into [rows, seq_len] int32 rows
+(batch.py's input_ids, segment_ids, positions). Grain's packers copy tokens per element (~0.3M tokens/s); here only
+the placement is decided per document and every token moves in one vectorised scatter.
 """
 
 import numpy as np
@@ -60,33 +57,6 @@ def first_fit_decreasing(
   return row, offset, slot, n_full + n_open
 
 
-def assemble(
-  tokens: np.ndarray,
-  lengths: np.ndarray,
-  row: np.ndarray,
-  offset: np.ndarray,
-  slot: np.ndarray,
-  n_rows: int,
-  seq_len: int,
-  pad_id: int,
-) -> dict:
-  """Scatters every document's tokens to (row, offset) in one pass."""
-  src_start = np.cumsum(lengths) - lengths  # where each document starts in `tokens`
-  dest_start = row * seq_len + offset
-  total = tokens.size
-  within = np.arange(total, dtype=np.int64) - np.repeat(src_start, lengths)
-  dest = np.repeat(dest_start, lengths) + within
-  size = n_rows * seq_len
-  ids = np.full(size, pad_id, np.int32)
-  seg = np.zeros(size, np.int32)
-  pos = np.zeros(size, np.int32)
-  ids[dest] = tokens
-  seg[dest] = np.repeat(slot, lengths)
-  pos[dest] = within
-  shape = (n_rows, seq_len)
-  return {'input_ids': ids.reshape(shape), 'segment_ids': seg.reshape(shape), 'positions': pos.reshape(shape)}
-
-
 def pack_block(
   tokens: np.ndarray,
   lengths: np.ndarray,
@@ -110,4 +80,14 @@ def pack_block(
     raise ValueError(f"packing mode must be 'packed' or 'none', got {mode!r}")
   if rng is not None:
     row = rng.permutation(n_rows)[row]  # shuffle rows by renaming them: no copy
-  return assemble(tokens, lengths, row, offset, slot, n_rows, seq_len, pad_id)
+  # Every document's tokens scattered to (row, offset) in one pass.
+  within = np.arange(tokens.size, dtype=np.int64) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+  dest = np.repeat(row * seq_len + offset, lengths) + within
+  ids = np.full(n_rows * seq_len, pad_id, np.int32)
+  seg = np.zeros(n_rows * seq_len, np.int32)
+  pos = np.zeros(n_rows * seq_len, np.int32)
+  ids[dest] = tokens
+  seg[dest] = np.repeat(slot, lengths)
+  pos[dest] = within
+  shape = (n_rows, seq_len)
+  return {'input_ids': ids.reshape(shape), 'segment_ids': seg.reshape(shape), 'positions': pos.reshape(shape)}

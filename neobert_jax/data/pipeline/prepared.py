@@ -1,10 +1,6 @@
 """Opening prepared data: finding it (a local directory, a bucket, or the built-in corpus), checking that it fits
 the run (tokenizer, vocabulary), listing a split's shards, and the store a process reads them through; and, for the
-reports (held-out report, baselines, fill-mask, the loss curve's token counts), a split read on one process.
-
-Only the manifest is read when opening; shards are opened (and, from a bucket, fetched) by the store (store.py) as
-the pipeline reaches them. The built-in corpus is prepared by `prepare_builtin`, the explicit step the train command
-takes first: opening never tokenizes.
+reports, a split read on one process. Opening reads only manifests and never tokenizes (`prepare_builtin` does).
 """
 
 from __future__ import annotations
@@ -24,8 +20,7 @@ from neobert_jax.data.pipeline import store as store_lib
 
 
 def prepare_builtin(data_cfg: ml_collections.ConfigDict, seq_len: int) -> None:
-  """The explicit preparation step of a run on the built-in corpus (data.dir empty): fetches and tokenizes it once
-  per machine. Opening prepared data (below) never does; the train command calls this first."""
+  """Fetches and tokenizes the built-in corpus (data.dir empty) once per machine: the train command's first step."""
   if not data_cfg.dir and not data_cfg.mixture:
     _builtin_dir(data_cfg, seq_len, build=True)
 
@@ -40,11 +35,8 @@ def _builtin_dir(data_cfg: ml_collections.ConfigDict, seq_len: int, build: bool 
 def open_prepared(
   data_cfg: ml_collections.ConfigDict, seq_len: int, model_vocab_size: int | None = None
 ) -> tuple[str, shards.Manifest]:
-  """Finds the prepared data and checks it fits this run; returns (its directory or bucket URL, manifest).
-
-  Reads only the manifest: no shard is opened or downloaded here. The built-in corpus (data.dir empty) must have
-  been prepared (prepare_builtin); otherwise the error names the command that prepares it.
-  """
+  """Finds the prepared data and checks it fits this run; returns (its directory or bucket URL, manifest). The
+  built-in corpus (data.dir empty) must have been prepared (prepare_builtin); else the error names the command."""
   data_config.validate_data_config(data_cfg)
   directory = data_cfg.dir or _builtin_dir(data_cfg, seq_len)
   if paths.is_url(directory):
@@ -162,9 +154,8 @@ def split_files(data_cfg: ml_collections.ConfigDict, seq_len: int, split: str, m
 def read_heldout_split(
   data_cfg: ml_collections.ConfigDict, seq_len: int, split: str, max_tokens: int | None = None
 ) -> tuple[list[np.ndarray], shards.Manifest]:
-  """(the split's documents as int32 arrays in order, its manifest); at most ~max_tokens of them (a sample of a
-  large train split, read 1024 records at a time so that no more is fetched). From a bucket, each file is fetched
-  when the reader reaches it and released after, so the cache budget holds; reports run on process 0."""
+  """(the split's documents as int32 arrays in order, its manifest); at most ~max_tokens of them, read 1024 records
+  at a time. From a bucket each file is fetched when reached and released after, so the cache budget holds."""
   directory, manifest = open_prepared(data_cfg, seq_len)
   listed = split_shards(directory, manifest, split)
   store = open_store(directory, manifest, split, listed, data_cfg.cache_gb, 0)

@@ -1,10 +1,6 @@
-"""Where a host reads prepared shards: in place (a local directory), or from a bucket through a bounded cache.
-
-docs/pods.md ("The bounded cache") says what a bucket store fetches, into which folder, what it checks and how it
-stays within data.cache_gb. Whole files, because random record reads over HTTP run ~50x slower than from disk: each
-comes down in one sequential stream, and takes its name only once whole and checked, so a kill leaves a `.part` that
-the next start discards. A store owns every file of its cache folder (one per split), and nothing here grows with
-the corpus: the files a host touches, and its disk, are bounded by its share and budget.
+"""Where a host reads prepared shards: in place (a local directory), or from a bucket through a bounded cache
+(docs/pods.md, "The bounded cache"). Whole files, because random record reads over HTTP run ~50x slower than from
+disk; a file takes its name only once whole and checked, so a kill leaves a `.part` the next start discards.
 """
 
 from __future__ import annotations
@@ -85,10 +81,9 @@ class _Readers:
 
 
 class Store:
-  """What every shard store gives its readers (virtual.ShardBlocks, prepared.split_files): the shard files of the
-  local folder `dir`, read in place (LocalStore) or fetched there (BucketStore). A reader pins the files of its
-  block (acquire, matched by one release), asks for the next window ahead (prefetch), and reads records by number;
-  reading in place, the store has nothing to do for the first three."""
+  """The shard files of the local folder `dir`, read in place (LocalStore) or fetched there (BucketStore). A reader
+  pins its block's files (acquire, matched by one release), asks for the next window (prefetch) and reads records;
+  in place, the first three have nothing to do."""
 
   caches: bool = False  # keeps files within a budget (factories.cache_need sizes it)
   stats: Stats

@@ -1,14 +1,8 @@
 """Virtual shards: how a split's records are dealt to hosts, and which records form block b of each share.
 
-docs/pods.md ("Virtual shards", "What a global batch mixes") has the layout: V contiguous ranges of the records in
-manifest order, process p of n owning [p*V/n, (p+1)*V/n), each an endless stream of its own whose epoch e visits
-windows of `window` consecutive pieces (a piece: the part of one shard file inside the range) in an order shuffled
-per (seed, shard, epoch), the records inside each window shuffled per (seed, shard, window, epoch). So a host needs
-at most two windows of files per virtual shard at once, and every block is computed directly from its number: a
-seek costs one block, never a replay.
-
-The shuffles are a seeded bijection of [0, n) (a Feistel network with cycle walking, `permute`), evaluated only at
-the positions a block needs, so no permutation table grows with the corpus. A block's records are read in one call
+The layout is docs/pods.md's ("Virtual shards"). Every block is computed from its number (a seek costs one block,
+never a replay) through a seeded bijection of [0, n) (`permute`, a Feistel network with cycle walking) evaluated
+only where a block needs it, so no permutation table grows with the corpus. A block's records are read in one call
 per file: one by one through Grain's per-element chain they cost ~250 us each, in one call ~15 us.
 """
 
@@ -200,12 +194,9 @@ def join_records(records, dtype=np.int32) -> tuple[np.ndarray, np.ndarray]:
 class ShardBlocks(grain.MapDataset):
   """Element b = (ids, lengths) of block b of one virtual shard's stream, read through a shard store.
 
-  Reading block b pins the files of its windows in the store and asks it to fetch the window that comes next, so
-  downloads run ahead of the reader; the files of earlier windows are released (the store may evict them).
-  `ahead` (0 < ahead <= 1) is how far ahead: 1 fetches the next window as soon as the reader enters a window (one
-  source); below 1, only once the next block, or the reader's position plus `ahead` of the window, reaches it. A
-  source of a mixture looks ahead by its share of the rows, so the bytes it fetches beyond what it reads are in
-  proportion to its weight, and a run's bytes per source follow the weights (docs/data.md).
+  Reading block b pins its windows' files, releases the earlier ones and prefetches the next window: at once when
+  `ahead` is 1, else once the next block or the reader's position plus `ahead` of the window reaches it, so that a
+  mixture's source fetches ahead in proportion to its weight (docs/data.md).
   """
 
   def __init__(
