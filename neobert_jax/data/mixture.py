@@ -1,9 +1,8 @@
 """Weighted data mixtures: the mixture file, its checks, and which source each row of a step comes from.
 
 docs/data.md ("Several sources") has the file's format and how rows are drawn: per slot (virtual shard) and step,
-by largest remainder with carried credit, in 1/UNITS of a row. The sampler's state is that credit, one integer per
-slot and source; the seed only sets the starting credits. A plain data.dir is a mixture of one (`Mixture.of_dir`).
-Opening a source's prepared data is the pipeline's: `open_sources` takes its opener as an argument.
+by largest remainder with carried credit (the sampler's state), in 1/UNITS of a row. A plain data.dir is a mixture
+of one (`Mixture.of_dir`).
 """
 
 from __future__ import annotations
@@ -34,12 +33,7 @@ class WeightedSource:
   schedule: tuple[tuple[int, float], ...]  # (start step, weight), steps strictly increasing
 
   def weight_at(self, step: int) -> float:
-    weight = 0.0
-    for start, w in self.schedule:
-      if start > step:
-        break
-      weight = w
-    return weight
+    return next((w for start, w in reversed(self.schedule) if start <= step), 0.0)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -157,7 +151,13 @@ def parse_mixture(raw: Any, where: str, base: str = '') -> Mixture:
   specs = _unique(raw, lambda n: f'{where}: source name {n!r} is used twice; give each source its own name')
   sources = sorted((_source(name, spec, where, base) for name, spec in specs.items()), key=lambda s: s.name)
   mix = Mixture(where, tuple(sources))
-  _check_some_weight(mix)
+  starts = sorted({0} | {step for s in mix.sources for step, _ in s.schedule})
+  for i, step in enumerate(starts):
+    if not any(s.weight_at(step) > 0 for s in mix.sources):
+      until = f' to step {starts[i + 1] - 1}' if i + 1 < len(starts) else ' on'
+      raise errors.ConfigError(
+        f'{where}: every weight is 0 from step {step}{until}; give at least one source a positive weight there'
+      )
   return mix
 
 
@@ -226,16 +226,6 @@ def _schedule(name: str, weight: Any, where: str) -> tuple[tuple[int, float], ..
   return tuple(out)
 
 
-def _check_some_weight(mix: Mixture) -> None:
-  starts = sorted({0} | {step for s in mix.sources for step, _ in s.schedule})
-  for i, step in enumerate(starts):
-    if not any(s.weight_at(step) > 0 for s in mix.sources):
-      until = f' to step {starts[i + 1] - 1}' if i + 1 < len(starts) else ' on'
-      raise errors.ConfigError(
-        f'{mix.path}: every weight is 0 from step {step}{until}; give at least one source a positive weight there'
-      )
-
-
 # --- The sources' prepared data ----------------------------------------------------------------------------------
 
 Opener = Callable[[str], tuple[str, Any]]  # a source's dir -> (dir, manifest), checked against the model
@@ -286,9 +276,8 @@ def starting_credits(seed: int, slot: int, names: Iterable[str]) -> dict[str, in
 
 
 def apportion(rows: int, credits: list[int], units: list[int]) -> tuple[list[int], list[int]]:
-  """(rows per source, credits after) for one slot's step: each source is owed its credit plus rows * units;
-  the `rows` go to the largest debts (whole rows first, then remainders, ties by source order). A source with
-  weight 0 gets none and keeps its credit."""
+  """(rows per source, credits after) for one slot's step: each source is owed its credit plus rows * units; the
+  `rows` go to the largest debts (whole rows first, then remainders, ties by source order), none to weight 0."""
   owed = [c + rows * u for c, u in zip(credits, units)]
   active = [i for i, u in enumerate(units) if u > 0]
   counts = [0] * len(units)
@@ -330,15 +319,11 @@ class Sampler:
     self.taken = {v: dict.fromkeys(mix.names, 0) for v in self.slots}  # rows each source gave, per slot
     self._units: tuple[tuple[float, ...], list[int]] | None = None  # (weights, their units)
 
-  def _units_at(self, step: int) -> list[int]:
-    # Weights change only at a schedule's start steps; recomputed when the step's weights differ from the cache's.
-    key = tuple(s.weight_at(step) for s in self.mix.sources)
-    if self._units is None or self._units[0] != key:
-      self._units = (key, self.mix.units_at(step))
-    return self._units[1]
-
   def next(self) -> dict[int, np.ndarray]:
-    units, names = self._units_at(self.step), self.mix.names
+    key = tuple(s.weight_at(self.step) for s in self.mix.sources)
+    if self._units is None or self._units[0] != key:  # weights change only at a schedule's start steps
+      self._units = (key, self.mix.units_at(self.step))
+    units, names = self._units[1], self.mix.names
     out = {}
     for v in self.slots:
       counts, credits = apportion(self.rows, [self.credits[v][n] for n in names], units)

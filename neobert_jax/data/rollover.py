@@ -30,8 +30,7 @@ class Rollover:
 
 
 def plan_shards(doc_tokens: list[np.ndarray], shard_bytes: int, id_bytes: int) -> list[list[tuple[int, int, int]]]:
-  """The shards ShardWriter would make of one split, from its documents' token counts per unit (in input order):
-  each as the pieces (unit, first document, end) it holds."""
+  """The shards ShardWriter would make of a split from its documents' token counts per unit: (unit, first, end)s."""
   rule, plan, current = Rollover(shard_bytes, id_bytes), [], []
   for unit, tokens in enumerate(doc_tokens):
     first = 0

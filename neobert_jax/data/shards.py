@@ -62,8 +62,7 @@ def narrow(ids: np.ndarray, dtype: np.dtype) -> np.ndarray:
 
 
 class ShardWriter:
-  """Writes one split as numbered shards (from `first_index`) of ids `id_dtype` wide (a name of ID_DTYPES), rolling
-  over at `shard_bytes` (rollover.py)."""
+  """Writes one split as numbered shards (from `first_index`) of `id_dtype` ids, rolling over at `shard_bytes`."""
 
   def __init__(self, directory: str, split: str, shard_bytes: int, *, id_dtype: str, first_index: int = 0):
     self._dir, self._split, self._first = directory, split, first_index
@@ -73,15 +72,12 @@ class ShardWriter:
     self.shards: list[dict] = []
     self.records = self.tokens = self.documents = 0
 
-  def _open(self):
-    name = shard_name(self._split, self._first + len(self.shards))
-    self._writer = ArrayRecordWriter(os.path.join(self._dir, name), WRITER_OPTIONS)
-    self._current = {'file': name, 'records': 0, 'tokens': 0}
-
   def write_document(self, chunks: list[np.ndarray]) -> None:
     """One document: its chunks land in one shard, in order."""
     if self._writer is None:
-      self._open()
+      name = shard_name(self._split, self._first + len(self.shards))
+      self._writer = ArrayRecordWriter(os.path.join(self._dir, name), WRITER_OPTIONS)
+      self._current = {'file': name, 'records': 0, 'tokens': 0}
     for c in chunks:
       self._writer.write(narrow(c, self._dtype).tobytes())
       self._current['records'] += 1
@@ -151,8 +147,7 @@ class Manifest:
         f'{directory}: no {MANIFEST}; the directory is not prepared data, or '
         f'its prepare run did not finish: {remedy(directory)}'
       )
-    with open(path, 'rb') as f:
-      return cls.parse(f.read(), directory)
+    return cls.parse(paths.Path(path).read_bytes(), directory)
 
   @classmethod
   def parse(cls, raw: bytes, directory: str) -> 'Manifest':
@@ -190,21 +185,10 @@ class Manifest:
     """The tokenizer's identity (tokenizer.Tokenizer.identity): kind, spec, vocab_size, special_ids, hashes."""
     return self.raw['tokenizer']
 
-  @property
-  def spec(self) -> str:
-    return self.tokenizer['spec']
-
-  @property
-  def vocab_size(self) -> int:
-    return self.tokenizer['vocab_size']
-
-  @property
-  def special_ids(self) -> dict[str, int]:
-    return self.tokenizer['special_ids']
-
-  @property
-  def max_length(self) -> int | None:
-    return self.raw.get('max_length')
+  spec = property(lambda self: self.tokenizer['spec'])
+  vocab_size = property(lambda self: self.tokenizer['vocab_size'])
+  special_ids = property(lambda self: self.tokenizer['special_ids'])
+  max_length = property(lambda self: self.raw.get('max_length'))
 
   @property
   def id_dtype(self) -> np.dtype:
@@ -250,8 +234,7 @@ class Manifest:
 
 
 def _check_fields(path: str, manifest: dict, directory: str) -> None:
-  """The fields readers index into: a manifest damaged into other valid JSON is one error here, not a KeyError
-  from deep inside the pipeline."""
+  """The fields readers index into: damage into other valid JSON is one error here, not a KeyError later."""
   try:
     ident, splits = manifest['tokenizer'], manifest['splits']
     counts = [ident['vocab_size'], ident['special_ids']['pad'], ident['special_ids']['mask']]

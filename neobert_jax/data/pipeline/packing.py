@@ -7,8 +7,7 @@ import numpy as np
 
 
 def split_long(lengths: np.ndarray, seq_len: int) -> np.ndarray:
-  """Cuts documents longer than seq_len into consecutive pieces of seq_len: only the lengths change, no token is
-  dropped or moved."""
+  """Cuts documents longer than seq_len into consecutive pieces of seq_len: only the lengths change."""
   lengths = np.asarray(lengths, np.int64)
   if lengths.size == 0 or lengths.max() <= seq_len:
     return lengths
@@ -22,9 +21,8 @@ def split_long(lengths: np.ndarray, seq_len: int) -> np.ndarray:
 def first_fit_decreasing(
   lengths: np.ndarray, seq_len: int, max_docs: int = 0
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
-  """(row, offset, 1-based slot, each indexed like `lengths`; n_rows) of documents (all <= seq_len): longest first,
-  each into the first row with room and, when max_docs > 0, fewer than max_docs documents (a row is closed early
-  rather than hold more than attention kernels with a static per-row document limit can represent)."""
+  """(row, offset, 1-based slot, each indexed like `lengths`; n_rows): longest first, each document into the first
+  row with room and, when max_docs > 0, fewer than max_docs documents (attention kernels' static per-row limit)."""
   n = lengths.size
   row = np.empty(n, np.int64)
   offset = np.empty(n, np.int64)

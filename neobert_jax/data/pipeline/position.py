@@ -2,9 +2,8 @@
 data item and moves a fresh iterator back there; the engine holds it opaque (engine/checkpoint.DataPosition).
 
 A source's state (host_batches.py) is {'stream': virtual.STREAM, 'shards': {virtual shard: [next block, next row]}};
-wrappers (prefetch workers, a mixture) nest it, and the state functions below walk that nesting. The item holds one
-process_<i>-of-<n>.json per process (Grain's Orbax handler); under another process count every writer's files merge
-(docs/pods.md, "The rule for another process count").
+wrappers (prefetch workers, a mixture) nest it, and the state functions below walk that nesting (docs/pods.md, "The
+rule for another process count").
 """
 
 from __future__ import annotations
@@ -63,11 +62,8 @@ class Position:
       except Exception:  # noqa: BLE001 - an iterator of another shape (workers): stay at the start
         self.iterator.set_state(initial)
     log.warning(
-      'checkpoint step %d: params and optimizer state restored, but %s. The data iterator was %s: '
-      "training continues deterministically, but the data order is NOT the same as an uninterrupted run's.",
-      step,
-      what,
-      moved,
+      f'checkpoint step {step}: params and optimizer state restored, but {what}. The data iterator was {moved}: '
+      "training continues deterministically, but the data order is NOT the same as an uninterrupted run's."
     )
     return False
 
@@ -136,8 +132,7 @@ def merge_states(states: list[Any]) -> Any:
 
 
 def seek(state: Any, block: int) -> Any:
-  """`state` with every source's virtual shards at the start of block `block`: what replaces a lost position
-  (past the data `block` steps have seen when a block holds at least one global batch)."""
+  """`state` with every source's virtual shards at the start of block `block`: what replaces a lost position."""
   if _is_stream(state):
     return state_at(block, shards_=[int(v) for v in state['shards']])
   if isinstance(state, dict) and state.get('stream') == mixture_lib.STREAM:

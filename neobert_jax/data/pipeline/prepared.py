@@ -62,8 +62,7 @@ def open_prepared(
 
 
 def read_mixture(data_cfg: ml_collections.ConfigDict, seq_len: int) -> mixture_lib.Mixture:
-  """What the run trains on, read once: the mixture file data.mixture, else data.dir as a mixture of one (the
-  built-in corpus's prepared directory when data.dir is empty)."""
+  """What the run trains on: data.mixture, else data.dir (or the built-in corpus's) as a mixture of one."""
   if data_cfg.mixture:
     return mixture_lib.read(data_cfg.mixture)
   return mixture_lib.Mixture.of_dir(data_cfg.dir or _builtin_dir(data_cfg, seq_len))
@@ -85,8 +84,7 @@ class Sources:
     return {n: m.records('train') // count for n, (_, m) in self.opened.items()}
 
   def block_docs(self, block_docs: int, given: str, count: int) -> dict[str, int]:
-    """Each source's documents per block: those `given` ('name=docs,...', data.mixture_block_docs), else as
-    Mixture.block_docs resolves them for `count` virtual shards (a plain data.dir's: data.block_docs)."""
+    """Each source's documents per block: `given` (data.mixture_block_docs), else as Mixture.block_docs says."""
     return self.mix.block_docs(block_docs, given, self.records(count))
 
   def config(
@@ -106,8 +104,7 @@ def open_data(
   model_vocab_size: int | None = None,
   mix: mixture_lib.Mixture | None = None,
 ) -> Sources:
-  """The sources of `mix` (default: read_mixture), each opened as open_prepared opens one directory (sharing the
-  cache budget) and checked against the others (mixture.open_sources)."""
+  """The sources of `mix` (default: read_mixture), each opened by open_prepared and checked against the others."""
   mix = mix or read_mixture(data_cfg, seq_len)
   n = len(mix.sources)
   opened = mixture_lib.open_sources(
@@ -131,8 +128,7 @@ def open_store(
   cache_gb: float,
   process_index: int,
 ):
-  """The store this process reads `listed` shards of `split` through (store.py): in place, or a bucket's cache of
-  whole files."""
+  """The store this process reads `listed` shards of `split` through: in place, or a bucket's bounded cache."""
   if paths.is_url(directory):
     budget = int(min(cache_gb, 2**40) * 2**30)
     return store_lib.BucketStore(
@@ -142,8 +138,7 @@ def open_store(
 
 
 def split_files(data_cfg: ml_collections.ConfigDict, seq_len: int, split: str, max_files: int | None = None):
-  """(local paths of the first `max_files` shards of a split (all by default), manifest), fetched if the data is on
-  a bucket; for a tool that reads a split whole on one process (benchmarks/data_pipeline.py)."""
+  """(local paths of the first `max_files` shards of a split, manifest), fetched from a bucket; for a tool."""
   directory, manifest = open_prepared(data_cfg, seq_len)
   listed = split_shards(directory, manifest, split)[:max_files]
   store = open_store(directory, manifest, split, listed, float('inf'), 0)

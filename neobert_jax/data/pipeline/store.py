@@ -81,9 +81,8 @@ class _Readers:
 
 
 class Store:
-  """The shard files of the local folder `dir`, read in place (LocalStore) or fetched there (BucketStore). A reader
-  pins its block's files (acquire, matched by one release), asks for the next window (prefetch) and reads records;
-  in place, the first three have nothing to do."""
+  """The shard files of the local folder `dir`, read in place (LocalStore) or fetched there (BucketStore): a reader
+  pins its block's files (acquire, matched by one release), asks for the next window (prefetch), reads records."""
 
   caches: bool = False  # keeps files within a budget (factories.cache_need sizes it)
   stats: Stats
@@ -93,14 +92,10 @@ class Store:
     self.stats = Stats()
     self._readers = _Readers()
 
-  def acquire(self, names: Iterable[str]) -> None:
+  def acquire(self, names: Iterable[str]) -> None:  # in place, nothing to pin, release or fetch
     pass
 
-  def release(self, names: Iterable[str]) -> None:
-    pass
-
-  def prefetch(self, names: Iterable[str]) -> None:
-    pass
+  release = prefetch = acquire
 
   def read(self, name: str, records: list[int]) -> list[bytes]:
     out = self._readers.read(os.path.join(self.dir, name), records)
@@ -142,7 +137,13 @@ class BucketStore(Store):
     self._lru: collections.OrderedDict[str, int] = collections.OrderedDict()  # local files -> bytes
     self._pending: dict[str, concurrent.futures.Future] = {}
     self._pool = concurrent.futures.ThreadPoolExecutor(PARALLEL, thread_name_prefix='neobert-fetch')
-    check_bucket_sizes(url, listed)
+    for shard in listed:  # each on the bucket at its manifest size: damage is one line before a byte moves
+      src = url / shard['file']
+      try:
+        size = src.stat().length
+      except FileNotFoundError:
+        raise _missing(src, url) from None
+      shards.check_size(str(src), size, shard, str(url), 'on the bucket')
     self._adopt_local()
 
   def _adopt_local(self) -> None:
@@ -209,13 +210,10 @@ class BucketStore(Store):
       if self.stats.disk_bytes + size <= self.budget:
         break
       if self._pins[name] == 0:
-        self._evict(name)
+        self._readers.drop(os.path.join(self.dir, name))
+        os.remove(os.path.join(self.dir, name))
+        self.stats.disk_bytes -= self._lru.pop(name)
     return self.stats.disk_bytes + size <= self.budget
-
-  def _evict(self, name: str) -> None:
-    self._readers.drop(os.path.join(self.dir, name))
-    os.remove(os.path.join(self.dir, name))
-    self.stats.disk_bytes -= self._lru.pop(name)
 
   # -- download threads --
   def _download(self, name: str) -> None:
@@ -236,17 +234,6 @@ class BucketStore(Store):
         self.stats.first_file_seconds = time.perf_counter() - self.stats.opened
 
 
-def check_bucket_sizes(url: paths.Path, listed: list[dict]) -> None:
-  """Each listed file is on the bucket at its manifest size: a damaged bucket is one line before a byte moves."""
-  for shard in listed:
-    src = url / shard['file']
-    try:
-      size = src.stat().length
-    except FileNotFoundError:
-      raise _missing(src, url) from None
-    shards.check_size(str(src), size, shard, str(url), 'on the bucket')
-
-
 def fetch_shard(url: paths.Path, local: str, shard: dict) -> None:
   """One shard, streamed through a .part file and hashed on the way; checked before it takes its name."""
   src, dst = url / shard['file'], os.path.join(local, shard['file'])
@@ -261,15 +248,15 @@ def fetch_shard(url: paths.Path, local: str, shard: dict) -> None:
         size += len(block)
   except FileNotFoundError:
     raise _missing(src, url) from None
-  except OSError as e:
-    if e.errno == errno.ENOSPC:
+  except Exception as e:  # noqa: BLE001 - a network or permission failure mid-copy (gcsfs raises its own types)
+    if isinstance(e, OSError) and e.errno == errno.ENOSPC:
       raise errors.StorageError(
         f'{local}: no space left while fetching {src}; free space there, lower data.cache_gb, or set '
         'NEOBERT_JAX_CACHE to a larger disk'
       ) from None
-    raise download_failed(src, e) from None
-  except Exception as e:  # noqa: BLE001 - a network or permission failure mid-copy (gcsfs raises its own types)
-    raise download_failed(src, e) from None
+    raise errors.StorageError(
+      f'{src}: download failed ({errors.one_line(e)}); nothing was lost, run again to resume from the last checkpoint'
+    ) from None
   shards.check_size(str(src), size, shard, str(url), 'on the bucket')
   if 'sha256' in shard and h.hexdigest() != shard['sha256']:
     raise errors.DataError(
@@ -282,9 +269,3 @@ def fetch_shard(url: paths.Path, local: str, shard: dict) -> None:
 
 def _missing(path, directory) -> errors.DataError:
   return errors.DataError(f'{path}: shard listed in the manifest is missing; {shards.remedy(str(directory))}')
-
-
-def download_failed(src, e: Exception) -> errors.StorageError:
-  return errors.StorageError(
-    f'{src}: download failed ({errors.one_line(e)}); nothing was lost, run again to resume from the last checkpoint'
-  )

@@ -58,8 +58,7 @@ def owned(virtual_shards: int, process_index: int, process_count: int) -> range:
 
 
 def check_layout(virtual_shards: int, process_count: int, global_batch: int, records: int) -> None:
-  """A ConfigError saying why this layout cannot run (one line), if it cannot (`virtual_shards` >= 1: config/data.py
-  checks data.virtual_shards, and 0 resolves to a multiple of the process count)."""
+  """A one-line ConfigError saying why this layout (`virtual_shards` >= 1) cannot run, if it cannot."""
   if virtual_shards % process_count:
     raise errors.ConfigError(
       f'data.virtual_shards={virtual_shards} is not a multiple of the process count {process_count}: every process '
@@ -192,12 +191,9 @@ def join_records(records, dtype=np.int32) -> tuple[np.ndarray, np.ndarray]:
 
 
 class ShardBlocks(grain.MapDataset):
-  """Element b = (ids, lengths) of block b of one virtual shard's stream, read through a shard store.
-
-  Reading block b pins its windows' files, releases the earlier ones and prefetches the next window: at once when
-  `ahead` is 1, else once the next block or the reader's position plus `ahead` of the window reaches it, so that a
-  mixture's source fetches ahead in proportion to its weight (docs/data.md).
-  """
+  """Element b = (ids, lengths) of block b of one virtual shard's stream, read through a shard store. Reading block b
+  pins its windows' files, releases the earlier ones and prefetches the next window: at once when `ahead` is 1, else
+  once the next block or `ahead` of the window reaches it (a mixture's source fetches by its weight, docs/data.md)."""
 
   def __init__(
     self,
@@ -228,16 +224,13 @@ class ShardBlocks(grain.MapDataset):
     span = max(self._block, math.ceil(self._ahead * int(self._stream.window_sizes[win])))
     return int(self._stream.locate(np.array([last + span], np.int64))[0][0])
 
-  def positions(self, index: int) -> np.ndarray:
-    if self._finite:
-      index %= len(self)
-      return np.arange(index * self._block, min((index + 1) * self._block, self._stream.n), dtype=np.int64)
-    return np.arange(index * self._block, (index + 1) * self._block, dtype=np.int64)
-
   def __getitem__(self, index):
     if isinstance(index, slice):
       return self.slice(index)
-    pos = self.positions(index)
+    if self._finite:
+      index %= len(self)
+    end = min((index + 1) * self._block, self._stream.n) if self._finite else (index + 1) * self._block
+    pos = np.arange(index * self._block, end, dtype=np.int64)
     if not len(pos):
       return join_records([], self._dtype)
     names = self._names
