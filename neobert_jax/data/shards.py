@@ -1,11 +1,9 @@
 """Prepared-data layout on disk: ArrayRecord shards of token ids and manifest.json (formats v1 and v2: docs/data.md,
-"Format"). Readers take the id width from `Manifest.id_dtype` and widen ids to int32, what the pipeline and the
-model work in.
+"Format"). Readers widen ids of `Manifest.id_dtype` to int32.
 
-A prepared directory is complete only when manifest.json exists: `prepare` writes it last (atomically). Readers
-check every shard they use against it (size, record count), so a truncated or missing shard is an error before
-training starts, not a crash hours in; each shard's sha256 (older manifests lack it), too slow to check on every
-open, is checked when a copy is made (data on a bucket).
+A prepared directory is complete only when manifest.json, written last, exists. Readers check every shard they use
+against it (size, record count), so a damaged shard is an error before training starts, not a crash hours in; its
+sha256, too slow to check on every open, is checked when a copy is made (data on a bucket).
 """
 
 import dataclasses
@@ -64,29 +62,22 @@ def narrow(ids: np.ndarray, dtype: np.dtype) -> np.ndarray:
 
 
 class ShardWriter:
-  """Writes one split as numbered shards (from `first_index`) of ids `id_dtype` wide (a name of ID_DTYPES), rolling
-  over at `shard_bytes` (rollover.py)."""
+  """Writes one split as numbered shards (from `first_index`) of `id_dtype` ids, rolling over at `shard_bytes`."""
 
   def __init__(self, directory: str, split: str, shard_bytes: int, *, id_dtype: str, first_index: int = 0):
     self._dir, self._split, self._first = directory, split, first_index
     self._dtype = ID_DTYPES[id_dtype]
     self._rollover = rollover.Rollover(shard_bytes, self._dtype.itemsize)
-    self._writer = None
-    self._current = None
+    self._writer = self._current = None
     self.shards: list[dict] = []
-    self.records = 0
-    self.tokens = 0
-    self.documents = 0
-
-  def _open(self):
-    name = shard_name(self._split, self._first + len(self.shards))
-    self._writer = ArrayRecordWriter(os.path.join(self._dir, name), WRITER_OPTIONS)
-    self._current = {'file': name, 'records': 0, 'tokens': 0}
+    self.records = self.tokens = self.documents = 0
 
   def write_document(self, chunks: list[np.ndarray]) -> None:
     """One document: its chunks land in one shard, in order."""
     if self._writer is None:
-      self._open()
+      name = shard_name(self._split, self._first + len(self.shards))
+      self._writer = ArrayRecordWriter(os.path.join(self._dir, name), WRITER_OPTIONS)
+      self._current = {'file': name, 'records': 0, 'tokens': 0}
     for c in chunks:
       self._writer.write(narrow(c, self._dtype).tobytes())
       self._current['records'] += 1
@@ -113,8 +104,7 @@ class ShardWriter:
 
 
 def files_of(shard: dict) -> list[str]:
-  """The files one manifest entry names: the shard, and the record index that older prepared data lists beside it
-  (no reader uses it any more; it travels with its shard)."""
+  """The files one manifest entry names: the shard, and the unread record index older prepared data lists with it."""
   return [shard['file']] + ([shard['index']['file']] if 'index' in shard else [])
 
 
@@ -137,8 +127,8 @@ def remedy(directory: str) -> str:
 
 @dataclasses.dataclass(frozen=True)
 class Manifest:
-  """A prepared directory's manifest.json, checked when made (`read`, `parse`, `of`): the typed view every reader
-  uses. `raw` is the JSON itself, written back byte for byte (`text`), so old directories read and write unchanged."""
+  """A prepared directory's manifest.json, checked when made (`read`, `parse`, `of`). `raw` is the JSON itself,
+  written back byte for byte (`text`), so old directories read and write unchanged."""
 
   raw: dict = dataclasses.field(repr=False)
 
@@ -157,8 +147,7 @@ class Manifest:
         f'{directory}: no {MANIFEST}; the directory is not prepared data, or '
         f'its prepare run did not finish: {remedy(directory)}'
       )
-    with open(path, 'rb') as f:
-      return cls.parse(f.read(), directory)
+    return cls.parse(paths.Path(path).read_bytes(), directory)
 
   @classmethod
   def parse(cls, raw: bytes, directory: str) -> 'Manifest':
@@ -196,21 +185,10 @@ class Manifest:
     """The tokenizer's identity (tokenizer.Tokenizer.identity): kind, spec, vocab_size, special_ids, hashes."""
     return self.raw['tokenizer']
 
-  @property
-  def spec(self) -> str:
-    return self.tokenizer['spec']
-
-  @property
-  def vocab_size(self) -> int:
-    return self.tokenizer['vocab_size']
-
-  @property
-  def special_ids(self) -> dict[str, int]:
-    return self.tokenizer['special_ids']
-
-  @property
-  def max_length(self) -> int | None:
-    return self.raw.get('max_length')
+  spec = property(lambda self: self.tokenizer['spec'])
+  vocab_size = property(lambda self: self.tokenizer['vocab_size'])
+  special_ids = property(lambda self: self.tokenizer['special_ids'])
+  max_length = property(lambda self: self.raw.get('max_length'))
 
   @property
   def id_dtype(self) -> np.dtype:
@@ -256,8 +234,7 @@ class Manifest:
 
 
 def _check_fields(path: str, manifest: dict, directory: str) -> None:
-  """The fields readers index into: a manifest damaged into other valid JSON is one error here, not a KeyError
-  (or TypeError) from deep inside the pipeline."""
+  """The fields readers index into: damage into other valid JSON is one error here, not a KeyError later."""
   try:
     ident, splits = manifest['tokenizer'], manifest['splits']
     counts = [ident['vocab_size'], ident['special_ids']['pad'], ident['special_ids']['mask']]

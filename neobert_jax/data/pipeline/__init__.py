@@ -1,15 +1,10 @@
 """Online input pipeline: prepared shards -> this host's packed, masked batches, while training runs.
 
-Reads prepared data only: the offline side (data/prepare/) writes it. One job per module:
-
-  factories.py     the train iterator (the run's sources, prefetched) and the held-out batches; a block -> packed
-                   (packing.py), masked (masking.py) rows
-  prepared.py      the run's sources (a mixture file, or data.dir as a mixture of one), read once and opened:
-                   checking they fit the run, listing a split, opening its store; a split read for reports
+  factories.py     the train iterator and the held-out batches; a block -> packed (packing.py), masked (masking.py)
+  prepared.py      the run's sources, opened and checked against the run; a split's shards and store; reports' reads
   store.py         reading a host's shards in place, or from a bucket into a bounded cache
   virtual.py       dealing the corpus to hosts as virtual shards, and which records form each block
-  host_batches.py  one source's rows: every step, B/V rows from each of this host's virtual shards, and their
-                   position; the training batches: each step's rows drawn from the sources (data/mixture.py's sampler)
+  host_batches.py  every step, B/V rows from each of this host's virtual shards, drawn from the sources
   position.py      the position in a checkpoint: saved with a step, restored from one; merged across processes
   batch.py         the batch contract with the train step
 

@@ -11,11 +11,8 @@ One host batch is a dict of numpy arrays, one row per sequence:
   mlm_labels     [B, P]  int32    their original ids
   mlm_weights    [B, P]  float32  1 for a used slot, 0 for an unused one
 
-The pipeline emits every key; the train step reads `step_keys(P)`: the dense labels when P = 0, the sparse slots
-otherwise. The step stacks A micro-batches in front ([A, M, ...]); packed rows hold at most
-data.max_documents_per_row documents (the pipeline closes a row early, the step checks it).
-
-Owns: the key names, shapes and dtypes. Imports nothing.
+The pipeline emits every key; the train step reads `step_keys(P)` and stacks A micro-batches in front ([A, M, ...]).
+Packed rows hold at most data.max_documents_per_row documents (the pipeline closes a row early, the step checks it).
 """
 
 from __future__ import annotations

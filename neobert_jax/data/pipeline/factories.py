@@ -1,18 +1,9 @@
 """The two ways training reads prepared data: this host's endless training batches, and the held-out batches.
 
-  this host's virtual shards (virtual.py), each an endless shuffled stream of documents read through a shard store
-  (store.py: in place, or fetched from a bucket into a bounded cache, a window ahead of the reader; prepared.py
-  opens and checks the data, `cache_need` sizes the cache)
-  -> blocks of `block_docs` documents per virtual shard -> pack (packing.py) + mask (masking.py) each block
-     (BlockBuilder, with randomness from (seed, virtual shard, block index) alone, so a block is the same whichever
-     process or worker builds it and however often it is rebuilt after a restore)
-  -> every step, B/V rows from each of this host's virtual shards, in shard order, for each of the run's sources;
-     the mixture's sampler takes each step's rows from them (host_batches.py; a plain data.dir is a mixture of one,
-     whose rows are its own in order)
-  -> optional mp_prefetch workers -> a background thread keeps the next batches ready
-
-The train iterator's state is its position; position.py saves it into a checkpoint and restores it. Batches are
-numpy dicts per host, as in the batch contract (batch.py).
+Virtual shards (virtual.py) read through a shard store (store.py) -> blocks of `block_docs` documents, packed and
+masked by BlockBuilder with randomness from (seed, virtual shard, block index) alone, so a block is the same
+whichever process or worker builds it -> each step's rows drawn from the sources (host_batches.py) -> optional
+mp_prefetch workers or a prefetch thread. Batches are numpy dicts per host (batch.py).
 """
 
 import grain
@@ -63,11 +54,8 @@ def make_train_iterator(
   prefetch: int = 2,
   sources: prepared.Sources | None = None,
 ) -> grain.DatasetIterator:
-  """Endless iterator of this host's training batches; has get_state/set_state. `prefetch`: batches built ahead
-  while the step runs (data.num_workers = 0). `sources`: the run's data as the trainer opened it (default: opened
-  here from data_cfg). A state restores into an iterator made with the same data config and global batch size,
-  under any process count that divides data.virtual_shards (position.py).
-  """
+  """Endless iterator of this host's training batches, with get_state/set_state (position.py). `prefetch`: batches
+  built ahead while the step runs (data.num_workers = 0); `sources`: the run's data (default: opened from data_cfg)."""
   if not 0 <= process_index < process_count:
     raise ValueError(f'process_index {process_index} outside [0, {process_count})')
   sources = sources or prepared.open_data(data_cfg, seq_len, model_vocab_size)
@@ -98,8 +86,7 @@ def train_batches(
   process_index: int,
   process_count: int,
 ) -> tuple[host_batches.TrainBatches, dict[str, store_lib.Store]]:
-  """(this process's batches of the run's sources, the store each source reads through): every source on the same
-  virtual shards, sharing data.cache_gb, each checked (layout, cache budget) before a shard is read."""
+  """(this process's batches of the run's sources, each source's store), all checked before a shard is read."""
   mix = sources.mix
   if data_cfg.num_workers > 0 and not mix.plain:
     raise errors.ConfigError(
@@ -117,70 +104,50 @@ def train_batches(
     blocks = sources.block_docs(data_cfg.block_docs, data_cfg.mixture_block_docs, count)  # recorded at start
   except ValueError as e:
     raise errors.ConfigError(str(e)) from None
-  # Each source of a mixture reads ahead by its share of the rows, so its bytes follow its weight (docs/data.md,
-  # "Several sources"); a plain data.dir reads ahead a whole window.
   shares = {n: 1.0 for n in mix.names} if mix.plain else {n: min(s, 0.999) for n, s in mix.peak_shares().items()}
   seed = _data_seed(data_cfg, seed)
+  rows = global_batch // count
   streams, stores = {}, {}
   for name, (directory, manifest) in sources.opened.items():
     one = data_config.source_config(data_cfg, directory, len(mix.sources), blocks[name])
-    where = (process_index, process_count, shares[name])
-    streams[name], stores[name] = _source(one, directory, manifest, global_batch, seq_len, seed, *where)
-  rows = global_batch // count
+    listed = prepared.split_shards(directory, manifest, 'train')
+    counts, files = [s['records'] for s in listed], [s['file'] for s in listed]
+    virtual.check_layout(count, process_count, global_batch, sum(counts))
+    if one.num_workers > 0 and paths.is_url(directory):
+      raise errors.ConfigError(
+        'data.num_workers > 0 reads local data only (each worker would keep its own bucket cache); '
+        'set data.num_workers=0 for data.dir on a bucket'
+      )
+    bounds = virtual.ranges(counts, count)
+    owned = {
+      v: virtual.ShardStream(
+        virtual.pieces(counts, *bounds[v]), seed=seed, shard=v, window=one.shuffle_window, shuffle=True
+      )
+      for v in virtual.owned(count, process_index, process_count)
+    }
+    # Only this process's files are checked and (from a bucket) fetched.
+    mine = [listed[f] for f in sorted({p.file for st in owned.values() for p in st.parts})]
+    store = prepared.open_store(directory, manifest, 'train', mine, one.cache_gb, process_index)
+    # A budget too small is one line at start, not an eviction loop mid-run (nothing to size for data read in place).
+    if store.caches and (need := cache_need(list(owned.values()), listed, one.block_docs)) > store.budget:
+      raise errors.ConfigError(
+        f"data.cache_gb={one.cache_gb:.6g} is too small for this process's {len(owned)} virtual shard(s): "
+        f'the windows one block of data.block_docs={one.block_docs} documents touches, and the next, need '
+        f'{need / 2**30:.6g} GiB; raise data.cache_gb, or lower data.shuffle_window or data.block_docs'
+      )
+    # A source of a mixture reads ahead by its share of the rows, so its bytes follow its weight (docs/data.md,
+    # "Several sources"). A plain data.dir's owned shards start downloading their first windows now, side by side,
+    # not one after the other as each reads its first block (a restored iterator's are then evicted as needed).
+    if shares[name] >= 1:
+      store.prefetch([files[f] for st in owned.values() for f in st.files_of_window(st.first_window())])
+    built = {
+      v: virtual.ShardBlocks(st, store, files, one.block_docs, manifest.id_dtype, ahead=shares[name]).map_with_index(
+        BlockBuilder.for_source(one, manifest, seq_len, seed, v)
+      )
+      for v, st in owned.items()
+    }
+    streams[name], stores[name] = host_batches.HostBatches(built, rows), store
   return host_batches.TrainBatches(streams, mix, seed, rows, sources.records(count), blocks, fresh), stores
-
-
-def _source(
-  data_cfg: ml_collections.ConfigDict,
-  directory: str,
-  manifest: shards.Manifest,
-  global_batch: int,
-  seq_len: int,
-  seed: int,
-  process_index: int,
-  process_count: int,
-  share: float,
-) -> tuple[host_batches.HostBatches, store_lib.Store]:
-  """(this process's row streams of one source, the store it reads through): its own virtual shards, packing,
-  masking and position. `share`: the source's largest share of the rows: its downloads run that share of a window
-  ahead of its reader, and below 1 none starts before its reader needs its first block."""
-  listed = prepared.split_shards(directory, manifest, 'train')
-  counts, names = [s['records'] for s in listed], [s['file'] for s in listed]
-  count = virtual_shards(data_cfg, global_batch, process_count)
-  virtual.check_layout(count, process_count, global_batch, sum(counts))
-  if data_cfg.num_workers > 0 and paths.is_url(directory):
-    raise errors.ConfigError(
-      'data.num_workers > 0 reads local data only (each worker would keep its own bucket cache); '
-      'set data.num_workers=0 for data.dir on a bucket'
-    )
-  bounds = virtual.ranges(counts, count)
-  streams = {
-    v: virtual.ShardStream(
-      virtual.pieces(counts, *bounds[v]), seed=seed, shard=v, window=data_cfg.shuffle_window, shuffle=True
-    )
-    for v in virtual.owned(count, process_index, process_count)
-  }
-  # Only this process's files are checked and (from a bucket) fetched.
-  mine = [listed[f] for f in sorted({p.file for st in streams.values() for p in st.parts})]
-  store = prepared.open_store(directory, manifest, 'train', mine, data_cfg.cache_gb, process_index)
-  # A budget too small is one line at start, not an eviction loop mid-run (nothing to size for data read in place).
-  if store.caches and (need := cache_need(list(streams.values()), listed, data_cfg.block_docs)) > store.budget:
-    raise errors.ConfigError(
-      f"data.cache_gb={data_cfg.cache_gb:.6g} is too small for this process's {len(streams)} virtual shard(s): "
-      f'the windows one block of data.block_docs={data_cfg.block_docs} documents touches, and the next, need '
-      f'{need / 2**30:.6g} GiB; raise data.cache_gb, or lower data.shuffle_window or data.block_docs'
-    )
-  # Every owned shard's first window starts downloading now, side by side, not one after the other as each shard
-  # reads its first block (a restored iterator reads other windows first; these are then evicted as needed).
-  if share >= 1:
-    store.prefetch([names[f] for st in streams.values() for f in st.files_of_window(st.first_window())])
-  blocks = {
-    v: virtual.ShardBlocks(st, store, names, data_cfg.block_docs, manifest.id_dtype, ahead=share).map_with_index(
-      BlockBuilder.for_source(data_cfg, manifest, seq_len, seed, v)
-    )
-    for v, st in streams.items()
-  }
-  return host_batches.HostBatches(blocks, global_batch // count), store
 
 
 def make_eval_iterator(
@@ -194,12 +161,8 @@ def make_eval_iterator(
   num_batches: int | None = None,
   model_vocab_size: int | None = None,
 ):
-  """Batches of the held-out split, same masking every call (fixed seed).
-
-  Each process reads only its contiguous 1/n of the split (a sharded evaluation: nobody reads it whole).
-  num_batches=None: one pass over this process's share; the last batch is topped up with loss-free rows. Every
-  host must run the same number of eval steps, so multi-host runs pass num_batches (the share is then cycled).
-  """
+  """Batches of this process's contiguous 1/n of the held-out split, same masking every call: one pass, the last
+  batch topped up with loss-free rows, or num_batches (the share cycles), which multi-host runs must pass."""
   if num_batches is None and process_count > 1:
     raise ValueError('multi-host eval needs num_batches so every host runs the same steps')
   directory, manifest = prepared.open_prepared(data_cfg, seq_len, model_vocab_size)
@@ -218,7 +181,9 @@ def make_eval_iterator(
     blocks = blocks.repeat()
   seed = _data_seed(data_cfg, seed)
   blocks = blocks.map_with_index(BlockBuilder.for_source(data_cfg, manifest, seq_len, seed, 0))
-  return EvalBatches(host_batches.HostBatches({0: blocks}, batch_size_per_host), num_batches)
+  # Built and checked once; every iteration is a fresh pass with the same masking.
+  batches = host_batches.HostBatches({0: blocks}, batch_size_per_host)
+  return batches if num_batches is None else grain.experimental.LimitIterDataset(batches, num_batches)
 
 
 class BlockBuilder:
@@ -231,8 +196,7 @@ class BlockBuilder:
   def for_source(
     cls, data_cfg: ml_collections.ConfigDict, manifest: shards.Manifest, seq_len: int, seed: int, shard: int
   ) -> 'BlockBuilder':
-    """The builder of virtual shard `shard` of the prepared data `manifest` describes, as `data_cfg` packs and
-    masks it."""
+    """The builder of virtual shard `shard` of the prepared data `manifest` describes."""
     special = manifest.special_ids
     pack = {'mode': data_cfg.packing, 'pad_id': special['pad'], 'max_docs': data_cfg.max_documents_per_row}
     mask = {
@@ -250,16 +214,3 @@ class BlockBuilder:
     rows = packing.pack_block(tokens, lengths, self.seq_len, rng=rng, **self.pack)
     rows.update(masking.mask_rows(rows['input_ids'], rows['segment_ids'], rng, **self.mask))
     return rows
-
-
-class EvalBatches:
-  """The held-out batches, built and checked once; every iteration is a fresh pass with the same masking."""
-
-  def __init__(self, dataset: grain.IterDataset, num_batches: int | None):
-    self.dataset, self.num_batches = dataset, num_batches
-
-  def __iter__(self):
-    it = iter(self.dataset)
-    if self.num_batches is None:
-      return it
-    return (next(it) for _ in range(self.num_batches))

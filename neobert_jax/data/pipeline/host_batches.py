@@ -1,12 +1,8 @@
 """One host's batches: every step, B/V rows from each of the host's virtual shards of a source, in shard order
-(HostBatches), and the training batches drawn from the run's sources (TrainBatches).
+(HostBatches), and the training batches drawn from the run's sources by the mixture's sampler (TrainBatches).
 
-Why the rows of a step do not depend on the process count, and how positions merge across counts: docs/pods.md.
-A source's iterator state is, per owned virtual shard, the next block and row: restoring is a seek, not a replay.
-Every source is read by its own HostBatches (a packed row holds one source); each step the mixture's sampler
-(data/mixture.py) says, per slot (virtual shard) this process owns, how many of its B/V rows each source gives and
-where they go. The training state is {'mixture': the sampler's credits, 'sources': {name: that source's
-position}}; a position saved before sources had names restores into the one source (upgrade_state).
+Why a step's rows do not depend on the process count: docs/pods.md. A source's state is, per owned virtual shard,
+the next block and row, so restoring is a seek, not a replay.
 """
 
 from __future__ import annotations
@@ -26,11 +22,8 @@ log = logging.getLogger('neobert_jax.data')
 
 
 class HostBatches(grain.IterDataset):
-  """Every step, `rows_per_shard` rows from each of the given virtual shards' row streams, concatenated in order.
-
-  `blocks` maps a virtual shard's number to its MapDataset of built blocks (dicts of [rows, T] arrays). A slice
-  (set by mp_prefetch: worker w of W) makes each stream use blocks w, w + W, ... of its shard.
-  """
+  """Every step, `rows_per_shard` rows from each virtual shard's MapDataset of built blocks (`blocks`), in order.
+  A slice (set by mp_prefetch: worker w of W) makes each stream use blocks w, w + W, ... of its shard."""
 
   def __init__(self, blocks: dict[int, grain.MapDataset], rows_per_shard: int):
     super().__init__(list(blocks.values()))
@@ -131,9 +124,8 @@ def _loss_free_rows(like: dict, n: int) -> dict:
 
 
 class TrainBatches(grain.IterDataset):
-  """`sources`: each source's HostBatches (one row stream per virtual shard this process owns); `records`: the
-  records of each source's virtual shards (an epoch); `block_docs`: each source's documents per block; `fresh`:
-  sources a restore leaves at their start (data.mixture_fresh)."""
+  """Each step's rows drawn from `sources` (name -> HostBatches). `records`: records per virtual shard (an epoch) and
+  `block_docs`: documents per block, of each source; `fresh`: sources a restore leaves at their start."""
 
   def __init__(
     self,
@@ -213,8 +205,7 @@ class _TrainIterator(grain.DatasetIterator):
 
 def upgrade_state(state: dict[str, Any], mix: mixture_lib.Mixture) -> dict[str, Any]:
   """`state` in the present format: a position saved before sources had names (one source's {'stream', 'shards'})
-  becomes that of a plain data.dir's one source, its sampler at its start (of one source, every step's rows are
-  the source's whatever the credits); ValueError, saying why, for a mixture of several sources."""
+  becomes the one source's, its sampler at its start; ValueError, saying why, for a mixture of several sources."""
   if not (isinstance(state, dict) and state.get('stream') == virtual.STREAM):
     return state
   if len(mix.sources) != 1:

@@ -1,13 +1,8 @@
 """MLM masking of packed rows, vectorised over a whole block.
 
 Each real, non-special token is chosen independently with probability `rate` (as Hugging Face's collator, which
-NeoBERT used, does); chosen tokens become [MASK] ('all_mask', NeoBERT's default) or follow BERT's 80/10/10 rule.
-With max_predictions = P > 0 each row also carries P prediction slots for a sparse MLM head; a row that drew more
-than P keeps the P smallest draws (a uniform subset) and leaves the rest unmasked, so input_ids, labels and the
-slots always agree.
-
-`thin` lowers the rate of rows already masked (data.mask_rate_final: a rate that falls during the run) by
-restoring a random share of their masked tokens.
+NeoBERT used, does), then becomes [MASK] ('all_mask') or follows BERT's 80/10/10 rule. With max_predictions = P > 0
+a row that drew more than P keeps the P smallest draws (a uniform subset), so input_ids, labels and slots agree.
 """
 
 import numpy as np
@@ -20,33 +15,6 @@ def special_table(vocab_size: int, special_ids) -> np.ndarray:
   table = np.zeros(vocab_size, bool)
   table[np.asarray(list(special_ids), np.int64)] = True
   return table
-
-
-def _cap_per_row(chosen: np.ndarray, draws: np.ndarray, cap: int) -> None:
-  """Keeps at most `cap` chosen positions per row (those with the smallest draws)."""
-  over = np.flatnonzero(chosen.sum(axis=1) > cap)
-  if over.size == 0:
-    return
-  keys = np.where(chosen[over], draws[over], np.inf)
-  keep = np.argpartition(keys, cap - 1, axis=1)[:, :cap]
-  capped = np.zeros((over.size, chosen.shape[1]), bool)
-  np.put_along_axis(capped, keep, True, axis=1)
-  chosen[over] = capped
-
-
-def _slots(chosen: np.ndarray, ids: np.ndarray, cap: int) -> dict:
-  rows, cols = np.nonzero(chosen)  # row-major: positions come out sorted per row
-  per_row = chosen.sum(axis=1)
-  first = np.cumsum(per_row) - per_row
-  slot = np.arange(rows.size) - first[rows]
-  n = chosen.shape[0]
-  positions = np.zeros((n, cap), np.int32)
-  labels = np.zeros((n, cap), np.int32)  # empty slots: id 0 with weight 0
-  weights = np.zeros((n, cap), np.float32)
-  positions[rows, slot] = cols
-  labels[rows, slot] = ids[rows, cols]
-  weights[rows, slot] = 1.0
-  return {'mlm_positions': positions, 'mlm_labels': labels, 'mlm_weights': weights}
 
 
 def mask_rows(
@@ -63,8 +31,13 @@ def mask_rows(
   """Returns masked input_ids, dense labels and, if max_predictions, the slots."""
   draws = rng.random(input_ids.shape, dtype=np.float32)
   chosen = (draws < rate) & (segment_ids > 0) & ~is_special[input_ids]
-  if max_predictions > 0:
-    _cap_per_row(chosen, draws, max_predictions)
+  over = np.flatnonzero(chosen.sum(axis=1) > max_predictions) if max_predictions > 0 else []
+  if len(over):  # rows that drew more than P keep the P chosen positions with the smallest draws
+    keys = np.where(chosen[over], draws[over], np.inf)
+    keep = np.argpartition(keys, max_predictions - 1, axis=1)[:, :max_predictions]
+    capped = np.zeros((over.size, chosen.shape[1]), bool)
+    np.put_along_axis(capped, keep, True, axis=1)
+    chosen[over] = capped
   out = {'labels': np.where(chosen, input_ids, IGNORE).astype(np.int32)}
   if strategy == 'all_mask':
     out['input_ids'] = np.where(chosen, np.int32(mask_id), input_ids)
@@ -82,15 +55,23 @@ def mask_rows(
     out['input_ids'] = masked
   else:
     raise ValueError(f"mask strategy must be 'all_mask' or 'bert_80_10_10', got {strategy!r}")
-  if max_predictions > 0:
-    out.update(_slots(chosen, input_ids, max_predictions))
+  if max_predictions > 0:  # the slots
+    rows, cols = np.nonzero(chosen)  # row-major: positions come out sorted per row
+    per_row = chosen.sum(axis=1)
+    slot = np.arange(rows.size) - (np.cumsum(per_row) - per_row)[rows]
+    shape = (chosen.shape[0], max_predictions)
+    out['mlm_positions'] = np.zeros(shape, np.int32)
+    out['mlm_labels'] = np.zeros(shape, np.int32)  # empty slots: id 0 with weight 0
+    out['mlm_weights'] = np.zeros(shape, np.float32)
+    out['mlm_positions'][rows, slot] = cols
+    out['mlm_labels'][rows, slot] = input_ids[rows, cols]
+    out['mlm_weights'][rows, slot] = 1.0
   return out
 
 
 def thin(batch: dict, keep: float, rng: np.random.Generator) -> dict:
-  """`batch` (the batch contract's keys, [B, ...]) with each masked token kept with probability `keep` and the
-  others restored: the original id back in input_ids, no label, no slot weight. Masking at rate r, then thinning,
-  masks at rate r x keep, each token independently, as masking at that rate directly would."""
+  """`batch` with each masked token kept with probability `keep`, the others restored (no label, no slot weight):
+  masking at rate r then thinning masks at rate r x keep, as masking at that rate directly would."""
   if keep >= 1.0:
     return batch
   labels = batch['labels']

@@ -1,17 +1,13 @@
-"""Packing a block of documents (`tokens` concatenated, int32, and their `lengths`) into [rows, seq_len] int32 rows:
-input_ids (pad_id after a row's last document), segment_ids (1-based document number in the row, 0 on padding) and
-positions (restarting at 0 in every document, 0 on padding).
-
-Grain's packers copy tokens per element (~0.3M tokens/s); here only the placement is decided per document, and
-every token is moved by one vectorised scatter, so packing costs little next to reading and masking.
+"""Packing a block of documents (`tokens` concatenated, int32, and their `lengths`) into [rows, seq_len] int32 rows
+(batch.py's input_ids, segment_ids, positions). Grain's packers copy tokens per element (~0.3M tokens/s); here only
+the placement is decided per document and every token moves in one vectorised scatter.
 """
 
 import numpy as np
 
 
 def split_long(lengths: np.ndarray, seq_len: int) -> np.ndarray:
-  """Cuts documents longer than seq_len into consecutive pieces of seq_len: only the lengths change, no token is
-  dropped or moved."""
+  """Cuts documents longer than seq_len into consecutive pieces of seq_len: only the lengths change."""
   lengths = np.asarray(lengths, np.int64)
   if lengths.size == 0 or lengths.max() <= seq_len:
     return lengths
@@ -25,9 +21,8 @@ def split_long(lengths: np.ndarray, seq_len: int) -> np.ndarray:
 def first_fit_decreasing(
   lengths: np.ndarray, seq_len: int, max_docs: int = 0
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
-  """(row, offset, 1-based slot, each indexed like `lengths`; n_rows) of documents (all <= seq_len): longest first,
-  each into the first row with room and, when max_docs > 0, fewer than max_docs documents (a row is closed early
-  rather than hold more than attention kernels with a static per-row document limit can represent)."""
+  """(row, offset, 1-based slot, each indexed like `lengths`; n_rows): longest first, each document into the first
+  row with room and, when max_docs > 0, fewer than max_docs documents (attention kernels' static per-row limit)."""
   n = lengths.size
   row = np.empty(n, np.int64)
   offset = np.empty(n, np.int64)
@@ -60,33 +55,6 @@ def first_fit_decreasing(
   return row, offset, slot, n_full + n_open
 
 
-def assemble(
-  tokens: np.ndarray,
-  lengths: np.ndarray,
-  row: np.ndarray,
-  offset: np.ndarray,
-  slot: np.ndarray,
-  n_rows: int,
-  seq_len: int,
-  pad_id: int,
-) -> dict:
-  """Scatters every document's tokens to (row, offset) in one pass."""
-  src_start = np.cumsum(lengths) - lengths  # where each document starts in `tokens`
-  dest_start = row * seq_len + offset
-  total = tokens.size
-  within = np.arange(total, dtype=np.int64) - np.repeat(src_start, lengths)
-  dest = np.repeat(dest_start, lengths) + within
-  size = n_rows * seq_len
-  ids = np.full(size, pad_id, np.int32)
-  seg = np.zeros(size, np.int32)
-  pos = np.zeros(size, np.int32)
-  ids[dest] = tokens
-  seg[dest] = np.repeat(slot, lengths)
-  pos[dest] = within
-  shape = (n_rows, seq_len)
-  return {'input_ids': ids.reshape(shape), 'segment_ids': seg.reshape(shape), 'positions': pos.reshape(shape)}
-
-
 def pack_block(
   tokens: np.ndarray,
   lengths: np.ndarray,
@@ -110,4 +78,14 @@ def pack_block(
     raise ValueError(f"packing mode must be 'packed' or 'none', got {mode!r}")
   if rng is not None:
     row = rng.permutation(n_rows)[row]  # shuffle rows by renaming them: no copy
-  return assemble(tokens, lengths, row, offset, slot, n_rows, seq_len, pad_id)
+  # Every document's tokens scattered to (row, offset) in one pass.
+  within = np.arange(tokens.size, dtype=np.int64) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+  dest = np.repeat(row * seq_len + offset, lengths) + within
+  ids = np.full(n_rows * seq_len, pad_id, np.int32)
+  seg = np.zeros(n_rows * seq_len, np.int32)
+  pos = np.zeros(n_rows * seq_len, np.int32)
+  ids[dest] = tokens
+  seg[dest] = np.repeat(slot, lengths)
+  pos[dest] = within
+  shape = (n_rows, seq_len)
+  return {'input_ids': ids.reshape(shape), 'segment_ids': seg.reshape(shape), 'positions': pos.reshape(shape)}

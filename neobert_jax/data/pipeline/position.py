@@ -1,12 +1,9 @@
 """The pipeline keeps its own place in a checkpoint: `Position` saves the train iterator's state into a step's
-data item and moves a fresh iterator back there (resume; a new stage with init.continue_data). The engine holds it
-as an opaque data position (engine/checkpoint.DataPosition) and never reads what is inside.
+data item and moves a fresh iterator back there; the engine holds it opaque (engine/checkpoint.DataPosition).
 
-A position is data: a source's state (host_batches.py) is {'stream': virtual.STREAM, 'shards': {virtual shard:
-[next block, next row]}}; a pipeline that wraps sources (prefetch workers, a mixture) nests their states inside its
-own, and the state functions below walk that nesting. The item holds one file per process,
-process_<i>-of-<n>.json (Grain's Orbax handler writes them when the save starts); under another process count the
-files of every writer merge into one table (docs/pods.md, "The rule for another process count").
+A source's state (host_batches.py) is {'stream': virtual.STREAM, 'shards': {virtual shard: [next block, next row]}};
+wrappers (prefetch workers, a mixture) nest it, and the state functions below walk that nesting (docs/pods.md, "The
+rule for another process count").
 """
 
 from __future__ import annotations
@@ -39,14 +36,9 @@ class Position:
     return grain.checkpoint.CheckpointSave(self.iterator)
 
   def restore(self, item: paths.Path, step: int) -> bool:
-    """Moves the iterator (freshly made, at its start) to the position saved in `item` (a step's data item) after
-    `step` steps; True if exact.
-
-    Without a usable saved state (none, an unreadable one, a per-process state of another layout under another
-    process count) the iterator is moved, also in O(1), to the start of block `step` of every virtual shard
-    (`seek`): deterministic, but not the uninterrupted run's order. That is a warning, never a reason to
-    discard a checkpoint whose parameters are fine.
-    """
+    """Moves the fresh iterator to the position saved in `item` (a step's data item) after `step` steps; True if
+    exact. Without a usable saved state it seeks to block `step` of every virtual shard, with a warning: a lost
+    data position is never a reason to discard a checkpoint whose parameters are fine."""
     t0 = time.perf_counter()
     saved, what = _saved_state(paths.Path(item), self.process_index, self.process_count)
     initial = self.iterator.get_state()
@@ -70,11 +62,8 @@ class Position:
       except Exception:  # noqa: BLE001 - an iterator of another shape (workers): stay at the start
         self.iterator.set_state(initial)
     log.warning(
-      'checkpoint step %d: params and optimizer state restored, but %s. The data iterator was %s: '
-      "training continues deterministically, but the data order is NOT the same as an uninterrupted run's.",
-      step,
-      what,
-      moved,
+      f'checkpoint step {step}: params and optimizer state restored, but {what}. The data iterator was {moved}: '
+      "training continues deterministically, but the data order is NOT the same as an uninterrupted run's."
     )
     return False
 
@@ -117,8 +106,7 @@ _PER_SHARD = {virtual.STREAM: 'shards', mixture_lib.STREAM: 'slots'}
 
 
 def state_at(block: int, row: int = 0, shards_: range | list[int] = range(1)) -> dict[str, Any]:
-  """The state of one source with every virtual shard in `shards_` at `row` of its block `block`. A seek costs
-  building one block per shard, whatever the number."""
+  """The state of one source with every virtual shard in `shards_` at `row` of its block `block`."""
   return {'stream': virtual.STREAM, 'shards': {str(v): [int(block), int(row)] for v in shards_}}
 
 
@@ -131,8 +119,7 @@ def holds_streams(state: Any) -> bool:
 
 
 def merge_states(states: list[Any]) -> Any:
-  """One state holding every virtual shard's position, from the states of all processes of a run (same layout:
-  the first one's, with the per-shard tables of all of them joined)."""
+  """One state from the states of all processes of a run: the first one's, with their per-shard tables joined."""
   first = states[0]
   if isinstance(first, dict):
     table = _PER_SHARD.get(first.get('stream'))
@@ -145,9 +132,7 @@ def merge_states(states: list[Any]) -> Any:
 
 
 def seek(state: Any, block: int) -> Any:
-  """`state` with every source's virtual shards at the start of block `block` (what a position lost from a
-  checkpoint is replaced by: deterministic, past the data `block` steps have seen when a block holds at least one
-  global batch)."""
+  """`state` with every source's virtual shards at the start of block `block`: what replaces a lost position."""
   if _is_stream(state):
     return state_at(block, shards_=[int(v) for v in state['shards']])
   if isinstance(state, dict) and state.get('stream') == mixture_lib.STREAM:

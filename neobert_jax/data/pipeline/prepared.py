@@ -1,10 +1,6 @@
 """Opening prepared data: finding it (a local directory, a bucket, or the built-in corpus), checking that it fits
 the run (tokenizer, vocabulary), listing a split's shards, and the store a process reads them through; and, for the
-reports (held-out report, baselines, fill-mask, the loss curve's token counts), a split read on one process.
-
-Only the manifest is read when opening; shards are opened (and, from a bucket, fetched) by the store (store.py) as
-the pipeline reaches them. The built-in corpus is prepared by `prepare_builtin`, the explicit step the train command
-takes first: opening never tokenizes.
+reports, a split read on one process. Opening reads only manifests and never tokenizes (`prepare_builtin` does).
 """
 
 from __future__ import annotations
@@ -24,8 +20,7 @@ from neobert_jax.data.pipeline import store as store_lib
 
 
 def prepare_builtin(data_cfg: ml_collections.ConfigDict, seq_len: int) -> None:
-  """The explicit preparation step of a run on the built-in corpus (data.dir empty): fetches and tokenizes it once
-  per machine. Opening prepared data (below) never does; the train command calls this first."""
+  """Fetches and tokenizes the built-in corpus (data.dir empty) once per machine: the train command's first step."""
   if not data_cfg.dir and not data_cfg.mixture:
     _builtin_dir(data_cfg, seq_len, build=True)
 
@@ -40,11 +35,8 @@ def _builtin_dir(data_cfg: ml_collections.ConfigDict, seq_len: int, build: bool 
 def open_prepared(
   data_cfg: ml_collections.ConfigDict, seq_len: int, model_vocab_size: int | None = None
 ) -> tuple[str, shards.Manifest]:
-  """Finds the prepared data and checks it fits this run; returns (its directory or bucket URL, manifest).
-
-  Reads only the manifest: no shard is opened or downloaded here. The built-in corpus (data.dir empty) must have
-  been prepared (prepare_builtin); otherwise the error names the command that prepares it.
-  """
+  """Finds the prepared data and checks it fits this run; returns (its directory or bucket URL, manifest). The
+  built-in corpus (data.dir empty) must have been prepared (prepare_builtin); else the error names the command."""
   data_config.validate_data_config(data_cfg)
   directory = data_cfg.dir or _builtin_dir(data_cfg, seq_len)
   if paths.is_url(directory):
@@ -70,8 +62,7 @@ def open_prepared(
 
 
 def read_mixture(data_cfg: ml_collections.ConfigDict, seq_len: int) -> mixture_lib.Mixture:
-  """What the run trains on, read once: the mixture file data.mixture, else data.dir as a mixture of one (the
-  built-in corpus's prepared directory when data.dir is empty)."""
+  """What the run trains on: data.mixture, else data.dir (or the built-in corpus's) as a mixture of one."""
   if data_cfg.mixture:
     return mixture_lib.read(data_cfg.mixture)
   return mixture_lib.Mixture.of_dir(data_cfg.dir or _builtin_dir(data_cfg, seq_len))
@@ -93,8 +84,7 @@ class Sources:
     return {n: m.records('train') // count for n, (_, m) in self.opened.items()}
 
   def block_docs(self, block_docs: int, given: str, count: int) -> dict[str, int]:
-    """Each source's documents per block: those `given` ('name=docs,...', data.mixture_block_docs), else as
-    Mixture.block_docs resolves them for `count` virtual shards (a plain data.dir's: data.block_docs)."""
+    """Each source's documents per block: `given` (data.mixture_block_docs), else as Mixture.block_docs says."""
     return self.mix.block_docs(block_docs, given, self.records(count))
 
   def config(
@@ -114,8 +104,7 @@ def open_data(
   model_vocab_size: int | None = None,
   mix: mixture_lib.Mixture | None = None,
 ) -> Sources:
-  """The sources of `mix` (default: read_mixture), each opened as open_prepared opens one directory (sharing the
-  cache budget) and checked against the others (mixture.open_sources)."""
+  """The sources of `mix` (default: read_mixture), each opened by open_prepared and checked against the others."""
   mix = mix or read_mixture(data_cfg, seq_len)
   n = len(mix.sources)
   opened = mixture_lib.open_sources(
@@ -139,8 +128,7 @@ def open_store(
   cache_gb: float,
   process_index: int,
 ):
-  """The store this process reads `listed` shards of `split` through (store.py): in place, or a bucket's cache of
-  whole files."""
+  """The store this process reads `listed` shards of `split` through: in place, or a bucket's bounded cache."""
   if paths.is_url(directory):
     budget = int(min(cache_gb, 2**40) * 2**30)
     return store_lib.BucketStore(
@@ -150,8 +138,7 @@ def open_store(
 
 
 def split_files(data_cfg: ml_collections.ConfigDict, seq_len: int, split: str, max_files: int | None = None):
-  """(local paths of the first `max_files` shards of a split (all by default), manifest), fetched if the data is on
-  a bucket; for a tool that reads a split whole on one process (benchmarks/data_pipeline.py)."""
+  """(local paths of the first `max_files` shards of a split, manifest), fetched from a bucket; for a tool."""
   directory, manifest = open_prepared(data_cfg, seq_len)
   listed = split_shards(directory, manifest, split)[:max_files]
   store = open_store(directory, manifest, split, listed, float('inf'), 0)
@@ -162,9 +149,8 @@ def split_files(data_cfg: ml_collections.ConfigDict, seq_len: int, split: str, m
 def read_heldout_split(
   data_cfg: ml_collections.ConfigDict, seq_len: int, split: str, max_tokens: int | None = None
 ) -> tuple[list[np.ndarray], shards.Manifest]:
-  """(the split's documents as int32 arrays in order, its manifest); at most ~max_tokens of them (a sample of a
-  large train split, read 1024 records at a time so that no more is fetched). From a bucket, each file is fetched
-  when the reader reaches it and released after, so the cache budget holds; reports run on process 0."""
+  """(the split's documents as int32 arrays in order, its manifest); at most ~max_tokens of them, read 1024 records
+  at a time. From a bucket each file is fetched when reached and released after, so the cache budget holds."""
   directory, manifest = open_prepared(data_cfg, seq_len)
   listed = split_shards(directory, manifest, split)
   store = open_store(directory, manifest, split, listed, data_cfg.cache_gb, 0)

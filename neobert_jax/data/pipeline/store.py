@@ -1,10 +1,6 @@
-"""Where a host reads prepared shards: in place (a local directory), or from a bucket through a bounded cache.
-
-docs/pods.md ("The bounded cache") says what a bucket store fetches, into which folder, what it checks and how it
-stays within data.cache_gb. Whole files, because random record reads over HTTP run ~50x slower than from disk: each
-comes down in one sequential stream, and takes its name only once whole and checked, so a kill leaves a `.part` that
-the next start discards. A store owns every file of its cache folder (one per split), and nothing here grows with
-the corpus: the files a host touches, and its disk, are bounded by its share and budget.
+"""Where a host reads prepared shards: in place (a local directory), or from a bucket through a bounded cache
+(docs/pods.md, "The bounded cache"). Whole files, because random record reads over HTTP run ~50x slower than from
+disk; a file takes its name only once whole and checked, so a kill leaves a `.part` the next start discards.
 """
 
 from __future__ import annotations
@@ -85,10 +81,8 @@ class _Readers:
 
 
 class Store:
-  """What every shard store gives its readers (virtual.ShardBlocks, prepared.split_files): the shard files of the
-  local folder `dir`, read in place (LocalStore) or fetched there (BucketStore). A reader pins the files of its
-  block (acquire, matched by one release), asks for the next window ahead (prefetch), and reads records by number;
-  reading in place, the store has nothing to do for the first three."""
+  """The shard files of the local folder `dir`, read in place (LocalStore) or fetched there (BucketStore): a reader
+  pins its block's files (acquire, matched by one release), asks for the next window (prefetch), reads records."""
 
   caches: bool = False  # keeps files within a budget (factories.cache_need sizes it)
   stats: Stats
@@ -98,14 +92,10 @@ class Store:
     self.stats = Stats()
     self._readers = _Readers()
 
-  def acquire(self, names: Iterable[str]) -> None:
+  def acquire(self, names: Iterable[str]) -> None:  # in place, nothing to pin, release or fetch
     pass
 
-  def release(self, names: Iterable[str]) -> None:
-    pass
-
-  def prefetch(self, names: Iterable[str]) -> None:
-    pass
+  release = prefetch = acquire
 
   def read(self, name: str, records: list[int]) -> list[bytes]:
     out = self._readers.read(os.path.join(self.dir, name), records)
@@ -147,7 +137,13 @@ class BucketStore(Store):
     self._lru: collections.OrderedDict[str, int] = collections.OrderedDict()  # local files -> bytes
     self._pending: dict[str, concurrent.futures.Future] = {}
     self._pool = concurrent.futures.ThreadPoolExecutor(PARALLEL, thread_name_prefix='neobert-fetch')
-    check_bucket_sizes(url, listed)
+    for shard in listed:  # each on the bucket at its manifest size: damage is one line before a byte moves
+      src = url / shard['file']
+      try:
+        size = src.stat().length
+      except FileNotFoundError:
+        raise _missing(src, url) from None
+      shards.check_size(str(src), size, shard, str(url), 'on the bucket')
     self._adopt_local()
 
   def _adopt_local(self) -> None:
@@ -214,13 +210,10 @@ class BucketStore(Store):
       if self.stats.disk_bytes + size <= self.budget:
         break
       if self._pins[name] == 0:
-        self._evict(name)
+        self._readers.drop(os.path.join(self.dir, name))
+        os.remove(os.path.join(self.dir, name))
+        self.stats.disk_bytes -= self._lru.pop(name)
     return self.stats.disk_bytes + size <= self.budget
-
-  def _evict(self, name: str) -> None:
-    self._readers.drop(os.path.join(self.dir, name))
-    os.remove(os.path.join(self.dir, name))
-    self.stats.disk_bytes -= self._lru.pop(name)
 
   # -- download threads --
   def _download(self, name: str) -> None:
@@ -241,17 +234,6 @@ class BucketStore(Store):
         self.stats.first_file_seconds = time.perf_counter() - self.stats.opened
 
 
-def check_bucket_sizes(url: paths.Path, listed: list[dict]) -> None:
-  """Each listed file is on the bucket at its manifest size: a damaged bucket is one line before a byte moves."""
-  for shard in listed:
-    src = url / shard['file']
-    try:
-      size = src.stat().length
-    except FileNotFoundError:
-      raise _missing(src, url) from None
-    shards.check_size(str(src), size, shard, str(url), 'on the bucket')
-
-
 def fetch_shard(url: paths.Path, local: str, shard: dict) -> None:
   """One shard, streamed through a .part file and hashed on the way; checked before it takes its name."""
   src, dst = url / shard['file'], os.path.join(local, shard['file'])
@@ -266,15 +248,15 @@ def fetch_shard(url: paths.Path, local: str, shard: dict) -> None:
         size += len(block)
   except FileNotFoundError:
     raise _missing(src, url) from None
-  except OSError as e:
-    if e.errno == errno.ENOSPC:
+  except Exception as e:  # noqa: BLE001 - a network or permission failure mid-copy (gcsfs raises its own types)
+    if isinstance(e, OSError) and e.errno == errno.ENOSPC:
       raise errors.StorageError(
         f'{local}: no space left while fetching {src}; free space there, lower data.cache_gb, or set '
         'NEOBERT_JAX_CACHE to a larger disk'
       ) from None
-    raise download_failed(src, e) from None
-  except Exception as e:  # noqa: BLE001 - a network or permission failure mid-copy (gcsfs raises its own types)
-    raise download_failed(src, e) from None
+    raise errors.StorageError(
+      f'{src}: download failed ({errors.one_line(e)}); nothing was lost, run again to resume from the last checkpoint'
+    ) from None
   shards.check_size(str(src), size, shard, str(url), 'on the bucket')
   if 'sha256' in shard and h.hexdigest() != shard['sha256']:
     raise errors.DataError(
@@ -287,9 +269,3 @@ def fetch_shard(url: paths.Path, local: str, shard: dict) -> None:
 
 def _missing(path, directory) -> errors.DataError:
   return errors.DataError(f'{path}: shard listed in the manifest is missing; {shards.remedy(str(directory))}')
-
-
-def download_failed(src, e: Exception) -> errors.StorageError:
-  return errors.StorageError(
-    f'{src}: download failed ({errors.one_line(e)}); nothing was lost, run again to resume from the last checkpoint'
-  )

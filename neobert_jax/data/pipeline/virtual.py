@@ -1,14 +1,8 @@
 """Virtual shards: how a split's records are dealt to hosts, and which records form block b of each share.
 
-docs/pods.md ("Virtual shards", "What a global batch mixes") has the layout: V contiguous ranges of the records in
-manifest order, process p of n owning [p*V/n, (p+1)*V/n), each an endless stream of its own whose epoch e visits
-windows of `window` consecutive pieces (a piece: the part of one shard file inside the range) in an order shuffled
-per (seed, shard, epoch), the records inside each window shuffled per (seed, shard, window, epoch). So a host needs
-at most two windows of files per virtual shard at once, and every block is computed directly from its number: a
-seek costs one block, never a replay.
-
-The shuffles are a seeded bijection of [0, n) (a Feistel network with cycle walking, `permute`), evaluated only at
-the positions a block needs, so no permutation table grows with the corpus. A block's records are read in one call
+The layout is docs/pods.md's ("Virtual shards"). Every block is computed from its number (a seek costs one block,
+never a replay) through a seeded bijection of [0, n) (`permute`, a Feistel network with cycle walking) evaluated
+only where a block needs it, so no permutation table grows with the corpus. A block's records are read in one call
 per file: one by one through Grain's per-element chain they cost ~250 us each, in one call ~15 us.
 """
 
@@ -64,8 +58,7 @@ def owned(virtual_shards: int, process_index: int, process_count: int) -> range:
 
 
 def check_layout(virtual_shards: int, process_count: int, global_batch: int, records: int) -> None:
-  """A ConfigError saying why this layout cannot run (one line), if it cannot (`virtual_shards` >= 1: config/data.py
-  checks data.virtual_shards, and 0 resolves to a multiple of the process count)."""
+  """A one-line ConfigError saying why this layout (`virtual_shards` >= 1) cannot run, if it cannot."""
   if virtual_shards % process_count:
     raise errors.ConfigError(
       f'data.virtual_shards={virtual_shards} is not a multiple of the process count {process_count}: every process '
@@ -198,15 +191,9 @@ def join_records(records, dtype=np.int32) -> tuple[np.ndarray, np.ndarray]:
 
 
 class ShardBlocks(grain.MapDataset):
-  """Element b = (ids, lengths) of block b of one virtual shard's stream, read through a shard store.
-
-  Reading block b pins the files of its windows in the store and asks it to fetch the window that comes next, so
-  downloads run ahead of the reader; the files of earlier windows are released (the store may evict them).
-  `ahead` (0 < ahead <= 1) is how far ahead: 1 fetches the next window as soon as the reader enters a window (one
-  source); below 1, only once the next block, or the reader's position plus `ahead` of the window, reaches it. A
-  source of a mixture looks ahead by its share of the rows, so the bytes it fetches beyond what it reads are in
-  proportion to its weight, and a run's bytes per source follow the weights (docs/data.md).
-  """
+  """Element b = (ids, lengths) of block b of one virtual shard's stream, read through a shard store. Reading block b
+  pins its windows' files, releases the earlier ones and prefetches the next window: at once when `ahead` is 1, else
+  once the next block or `ahead` of the window reaches it (a mixture's source fetches by its weight, docs/data.md)."""
 
   def __init__(
     self,
@@ -237,16 +224,13 @@ class ShardBlocks(grain.MapDataset):
     span = max(self._block, math.ceil(self._ahead * int(self._stream.window_sizes[win])))
     return int(self._stream.locate(np.array([last + span], np.int64))[0][0])
 
-  def positions(self, index: int) -> np.ndarray:
-    if self._finite:
-      index %= len(self)
-      return np.arange(index * self._block, min((index + 1) * self._block, self._stream.n), dtype=np.int64)
-    return np.arange(index * self._block, (index + 1) * self._block, dtype=np.int64)
-
   def __getitem__(self, index):
     if isinstance(index, slice):
       return self.slice(index)
-    pos = self.positions(index)
+    if self._finite:
+      index %= len(self)
+    end = min((index + 1) * self._block, self._stream.n) if self._finite else (index + 1) * self._block
+    pos = np.arange(index * self._block, end, dtype=np.int64)
     if not len(pos):
       return join_records([], self._dtype)
     names = self._names
