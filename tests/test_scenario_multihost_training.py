@@ -203,7 +203,13 @@ def _restore_worker(workdir: str, reference_workdir: str, export_dir: str) -> No
   _, ref = runs.restore_params(reference_workdir)
   assert sorted(ours) == sorted(ref)
   for k in ref:
-    np.testing.assert_allclose(ours[k], ref[k], rtol=2e-5, atol=2e-6, err_msg=k)
+    # The two processes sum gradients in another order than one process does, and Adam divides each gradient by its
+    # own root mean square, so a gradient near zero that differs in its last bits moves its element by up to a
+    # step's size (on the AMD CPU: one embedding element 3.6e-6 apart after 3 steps). All elements stay within
+    # 2e-5, and all but one in a thousand within 2e-6: a wrong reduction moves most of them.
+    np.testing.assert_allclose(ours[k], ref[k], rtol=2e-5, atol=2e-5, err_msg=k)
+    off = ~np.isclose(ours[k], ref[k], rtol=2e-5, atol=2e-6)
+    assert off.mean() <= 1e-3, (k, int(off.sum()), off.size)
   # the optimizer state came back too (Adam moments, step counter), laid out on the new mesh
   assert int(np.asarray(state['opt']['step'][...])) == STEPS
 
