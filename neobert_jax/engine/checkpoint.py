@@ -1,7 +1,5 @@
-"""Orbax checkpoints of a training run: writing a step, and reading one back (resume, a new stage); the layout is
-weights/runs.py's, the data position the pipeline's (an opaque `DataPosition`). What a resume does with a step
-that does not fit or cannot be read: docs/configuration.md; a transient storage error is retried, then
-errors.CheckpointError (the step left in place); every process must agree on the step."""
+"""Orbax checkpoints of a training run: writing a step, and reading one back (resume, a new stage) in
+weights/runs.py's layout. What a resume does with a step that does not fit or cannot be read: docs/configuration.md."""
 
 from __future__ import annotations
 
@@ -66,17 +64,14 @@ def save(
 ) -> None:
   """Starts saving `state` as `step` (in the background when async). The data position is captured now, so it
   matches the saved parameters; without the optimizer a step holds params and config only (not resumable)."""
-  args = {
-    runs.PARAMS_ITEM: ocp.args.StandardSave(nnx.to_pure_dict(state['params'])),
-    **({runs.OPT_ITEM: ocp.args.StandardSave(state['opt'])} if with_optimizer else {}),
-    **(
-      {runs.EMA_ITEM: ocp.args.StandardSave(nnx.to_pure_dict(state['ema']))}
-      if with_optimizer and 'ema' in state
-      else {}
-    ),
-    runs.CONFIG_ITEM: ocp.args.JsonSave(cfg.to_dict()),
-    **({runs.DATA_ITEM: position.save_arg()} if position is not None else {}),
-  }
+  args = {runs.PARAMS_ITEM: ocp.args.StandardSave(nnx.to_pure_dict(state['params']))}
+  if with_optimizer:
+    args[runs.OPT_ITEM] = ocp.args.StandardSave(state['opt'])
+    if 'ema' in state:
+      args[runs.EMA_ITEM] = ocp.args.StandardSave(nnx.to_pure_dict(state['ema']))
+  args[runs.CONFIG_ITEM] = ocp.args.JsonSave(cfg.to_dict())
+  if position is not None:
+    args[runs.DATA_ITEM] = position.save_arg()
   try:
     # An earlier async save that failed in the background raises here, at the next save.
     mngr.save(step, args=ocp.args.Composite(**args), force=True)
@@ -101,16 +96,8 @@ def close(mngr: ocp.CheckpointManager) -> None:
 
 
 # What a write failure says, in the words users search for; Orbax and tensorstore wrap them in long specs.
-_WRITE_REASONS = (
-  'No space left on device',
-  'Read-only file system',
-  'Permission denied',
-  'Disk quota exceeded',
-  'PERMISSION_DENIED',
-  'RESOURCE_EXHAUSTED',
-  'UNAVAILABLE',
-  'DEADLINE_EXCEEDED',
-)
+_WRITE_REASONS = ('No space left on device', 'Read-only file system', 'Permission denied', 'Disk quota exceeded')
+_WRITE_REASONS += ('PERMISSION_DENIED', 'RESOURCE_EXHAUSTED', 'UNAVAILABLE', 'DEADLINE_EXCEEDED')  # a bucket's codes
 
 
 def kept(mngr: ocp.CheckpointManager, good: int | None) -> str:
@@ -169,12 +156,6 @@ def _pure(abstract: TrainState, item: str) -> Any:
   return abstract['opt'] if item == runs.OPT_ITEM else nnx.to_pure_dict(abstract[item])
 
 
-def _restore_arrays(mngr: ocp.CheckpointManager, step: int, abstract: TrainState) -> dict[str, Any]:
-  """params + opt (+ ema) of `step` onto `abstract`'s shardings."""
-  args = ocp.args.Composite(**{item: ocp.args.StandardRestore(_pure(abstract, item)) for item in _items(abstract)})
-  return _read(lambda: mngr.restore(step, args=args), step, mngr.directory)
-
-
 def _leaves(tree: Any) -> dict[str, Any]:
   # Orbax's metadata tree spells every node as a dict key ('1', 'value'); the abstract state uses sequence
   # indices and attributes. Their names agree.
@@ -227,7 +208,8 @@ def restore_latest(
   for step in sorted(runs.checkpoint_steps(directory), reverse=True):
     try:
       _check_fits(directory, step, abstract)
-      restored = _restore_arrays(mngr, step, abstract)
+      args = ocp.args.Composite(**{item: ocp.args.StandardRestore(_pure(abstract, item)) for item in _items(abstract)})
+      restored = _read(lambda: mngr.restore(step, args=args), step, mngr.directory)  # onto abstract's shardings
     except (errors.CheckpointError, errors.ConfigError):
       raise
     except Exception as e:  # noqa: BLE001 - the bytes are damaged or missing: try the previous checkpoint

@@ -47,19 +47,16 @@ def total_peak_flops(peak_flops_per_device: float, compute_dtype: str) -> tuple[
   return None, f'unknown device {kind}'
 
 
-def _cpu_model() -> str:
+def cpu_matmul_peak(dtype: Any) -> float:
+  """The best matmul rate ever measured on this CPU model and core count (cached), so a start under
+  load does not push MFU above 100% when the load lifts."""
   try:
     with open('/proc/cpuinfo', encoding='utf-8') as f:
       names = [line.split(':', 1)[1].strip() for line in f if line.startswith('model name')]
   except OSError:
     names = []
-  return names[0] if names else platform.processor() or platform.machine()
-
-
-def cpu_matmul_peak(dtype: Any) -> float:
-  """The best matmul rate ever measured on this CPU model and core count (cached), so a start under
-  load does not push MFU above 100% when the load lifts."""
-  key = f'{_cpu_model()} | {len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()} cores'
+  key = f'{names[0] if names else platform.processor() or platform.machine()} | '
+  key += f'{len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()} cores'
   key += f' | {jnp.dtype(dtype).name}'
   cache = paths.cache_dir('hardware') / 'cpu_matmul_peak.json'
   try:
@@ -187,10 +184,7 @@ class MetricsWriter:
     self.active = jax.process_index() == 0
     # A write that fails (a full disk) becomes the caller's one-line error, which can name what is kept.
     self._on_storage_error = on_storage_error
-    self._jsonl = None
-    self._files: dict[str, Any] = {}
-    self._tb = None
-    self._wandb = None
+    self._jsonl, self._files, self._tb, self._wandb = None, {}, None, None
     if not self.active:
       return
     remote = paths.resolved(workdir, '--workdir')

@@ -1,8 +1,6 @@
-"""NeoBERT's optimizer: global-norm clipping, then AdamW (or Muon) under a warmup then decay schedule.
-
-The schedule is tabulated on the host in float64 and rounded once to float32, so the step applies the correctly
-rounded rate, equal to the original torch scheduler's (on-device float32 would be a few ulps off). Weight decay is
-decided from the parameter's path, not its rank, because stacked layers turn norm scales [D] into [L, D]."""
+"""NeoBERT's optimizer: global-norm clipping, then AdamW (or Muon) under a warmup then decay schedule. The schedule
+is tabulated on the host in float64 and rounded once to float32: the torch scheduler's rate, where on-device float32
+would be a few ulps off. Weight decay follows the path, not the rank: stacked layers make norm scales [L, D]."""
 
 from __future__ import annotations
 
@@ -16,7 +14,7 @@ import numpy as np
 import optax
 
 from neobert_jax.config.optimizer import muon_adamw
-from neobert_jax.config.train import DECAY_SHAPES, SCHEDULES, decay_window
+from neobert_jax.config.train import SCHEDULES, decay_window
 from neobert_jax.weights.flat import path_names
 
 
@@ -28,22 +26,17 @@ def floor_step(opt_cfg: ml_collections.ConfigDict, num_steps: int) -> int:
   return max(round(opt_cfg.decay_fraction * num_steps), opt_cfg.warmup_steps + 1)
 
 
-def decay_factor(shape: str, progress: np.ndarray) -> np.ndarray:
-  """How much of (peak - floor) is left at `progress` in [0, 1] of a decay: 1 at its start, 0 at its end."""
-  p = np.clip(progress, 0.0, 1.0)
-  if shape == 'linear':
-    return 1.0 - p
-  if shape == 'cosine':
-    return 0.5 * (1.0 + np.cos(math.pi * p))
-  if shape == '1-sqrt':
-    return 1.0 - np.sqrt(p)
-  raise ValueError(f'optimizer.decay_shape={shape!r}; expected one of {DECAY_SHAPES}')
+# How much of (peak - floor) is left at progress p in [0, 1] of a decay, by optimizer.decay_shape: 1, then 0 at its end.
+DECAYS = {
+  'linear': lambda p: 1.0 - p,
+  'cosine': lambda p: 0.5 * (1.0 + np.cos(math.pi * p)),
+  '1-sqrt': lambda p: 1.0 - np.sqrt(p),
+}
 
 
 def lr_values(opt_cfg: ml_collections.ConfigDict, num_steps: int, steps: np.ndarray) -> np.ndarray:
-  """The learning rate of the update made at each of `steps` (0 = the first update), float64.
-
-  Every decay reaches the floor at the run's last update (step num_steps - 1) and stays there."""
+  """The learning rate of the update made at each of `steps` (0 = the first update), float64; every decay reaches
+  the floor at the run's last update (step num_steps - 1) and stays there."""
   peak, floor = opt_cfg.peak_lr, opt_cfg.peak_lr * opt_cfg.final_lr_fraction
   warmup, start = opt_cfg.warmup_steps, opt_cfg.warmup_init_fraction
   t = np.asarray(steps, np.float64)
@@ -54,7 +47,7 @@ def lr_values(opt_cfg: ml_collections.ConfigDict, num_steps: int, steps: np.ndar
   if kind in ('wsd', 'linear'):
     first, length = decay_window(opt_cfg, num_steps)
     shape = 'linear' if kind == 'linear' else opt_cfg.decay_shape
-    decayed = floor + (peak - floor) * decay_factor(shape, (t - first + 1) / max(length, 1))
+    decayed = floor + (peak - floor) * DECAYS[shape](np.clip((t - first + 1) / max(length, 1), 0.0, 1.0))
     return np.where(t < warmup, warm, np.where(t < first, peak, decayed))
   if kind != 'cosine':
     raise ValueError(f'optimizer.schedule={kind!r}; expected one of {SCHEDULES}')
@@ -189,17 +182,13 @@ def _muon(opt: ml_collections.ConfigDict, schedule: optax.Schedule) -> optax.Gra
 def make_optimizer(
   opt: ml_collections.ConfigDict, num_steps: int
 ) -> tuple[optax.GradientTransformation, optax.Schedule]:
-  """The full transformation (clip -> AdamW, or clip -> Muon and AdamW) and its schedule, from the `optimizer`
-  section and train.num_steps."""
+  """clip -> AdamW (or Muon and AdamW) and its schedule, from the `optimizer` section and train.num_steps."""
   schedule = lr_schedule(opt, num_steps)
   update = _muon(opt, schedule) if opt.name == 'muon' else _adamw(opt, schedule)
   clip = []
   if opt.clip_norm > 0:
-    clip = [
-      clip_by_global_norm_eps(opt.clip_norm, opt.clip_eps)
-      if opt.clip_eps > 0
-      else optax.clip_by_global_norm(opt.clip_norm)
-    ]
+    exact = opt.clip_eps > 0  # torch's rule, eps added to the norm
+    clip = [clip_by_global_norm_eps(opt.clip_norm, opt.clip_eps) if exact else optax.clip_by_global_norm(opt.clip_norm)]
   return optax.chain(*clip, update), schedule
 
 

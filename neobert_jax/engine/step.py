@@ -1,9 +1,7 @@
 """The one jitted train step: summed loss -> token-weighted gradients -> optimizer update, non-finite rollback.
-
-A task supplies `loss_sums(model, micro, key) -> (loss_sum, weight, sums)`. Micro-batches are summed and divided
-by the total count at the end (not by A), so 4 micro-batches of 8 rows give exactly the gradient of one batch of
-32. Over non-weight-splitting batch axes ('data') each replica scans its own rows under a shard_map and one psum
-follows the scan, so the gradient crosses the DCN once per step."""
+Micro-batch sums are divided by the total count at the end (not by A), so 4 micro-batches of 8 rows give exactly the
+gradient of one batch of 32; over the 'data' axes each replica scans its own rows under a shard_map and one psum
+follows, so the gradient crosses the DCN once per step."""
 
 from __future__ import annotations
 

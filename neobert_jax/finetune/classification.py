@@ -1,8 +1,5 @@
-"""The classification / regression task: files -> framed examples and labels, the loss, validation metrics.
-
-Everything that can be wrong with the input (missing file or column, empty file, labels that differ between the
-train and validation files) is found here, while the task is built, before the job writes anything.
-"""
+"""The classification / regression task: files -> framed examples and labels, the loss, validation metrics. What can
+be wrong with the input (a file, a column, the labels) is found while the task is built, before anything is written."""
 
 from __future__ import annotations
 
@@ -139,9 +136,7 @@ def classification(y: np.ndarray, logits: np.ndarray) -> dict[str, float]:
 
 
 def _corr(fn, a: np.ndarray, b: np.ndarray) -> float:
-  if np.std(a) == 0 or np.std(b) == 0:
-    return 0.0
-  return float(fn(a, b)[0])
+  return 0.0 if np.std(a) == 0 or np.std(b) == 0 else float(fn(a, b)[0])
 
 
 def regression(y: np.ndarray, pred: np.ndarray) -> dict[str, float]:
@@ -151,10 +146,6 @@ def regression(y: np.ndarray, pred: np.ndarray) -> dict[str, float]:
     'spearman': _corr(stats.spearmanr, y, pred),
     'mse': float(np.mean((pred - y) ** 2)),
   }
-
-
-def majority_accuracy(y: np.ndarray) -> float:
-  return float(np.bincount(y).max() / len(y))
 
 
 def sequence_loss(kind: str):
@@ -242,7 +233,7 @@ class ClassificationTask:
     if self.kind == 'regression':
       return regression(self.val_y, out)
     result = classification(self.val_y, out)
-    result['majority'] = majority_accuracy(self.val_y)
+    result['majority'] = float(np.bincount(self.val_y).max() / len(self.val_y))
     return result
 
   def save(self, workdir: paths.Path) -> None:

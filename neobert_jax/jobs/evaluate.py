@@ -1,6 +1,5 @@
-"""The evaluation jobs: `python -m neobert_jax.evaluate pppl | mteb` runs one of these, and so do the tests. Each
-returns the figures the command prints as one JSON line; errors are the package's typed errors (errors.py).
-"""
+"""The evaluation jobs of `python -m neobert_jax.evaluate pppl | mteb`: each returns the figures the command prints
+as one JSON line; errors are the package's typed errors (errors.py)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
-"""The fine-tuning job, `python -m neobert_jax.finetune`'s, and the GLUE grid sweep of such jobs
-(`python -m neobert_jax.finetune.sweep`): the workdir's lease first, then the checks before anything is written
-(prepare_finetuning), training (the task's jitted step, its batches and the evaluation hook that keeps the best
-step), the best step's results and its export. The files a run writes are listed in docs/downstream.md."""
+"""The fine-tuning job, `python -m neobert_jax.finetune`'s, and its GLUE grid sweep (`... .finetune.sweep`): the
+workdir's lease, the checks before anything is written, training that keeps the best evaluated step, its results
+and export. The files a run writes are listed in docs/downstream.md."""
 
 from __future__ import annotations
 
@@ -52,9 +51,8 @@ def make_task(cfg: ml_collections.ConfigDict, tok: Any):
 
 
 def prepare_finetuning(cfg: ml_collections.ConfigDict, workdir: Path):
-  """(the run's config, validated and resolved once and frozen (config/finetune.resolve_finetune: the architecture used,
-  compute dtype, attention kernel, tokenizer, mesh); the weights' source; tokenizer; task): every check that needs
-  no device work, nothing written."""
+  """(the run's config, validated, resolved once and frozen; the weights' source; tokenizer; task): every check
+  that needs no device work, nothing written."""
   cfg = finetune_config.validate_finetune(cfg)  # typed by the schema: nothing past here casts a config value
   session_lib.check_workdir(workdir)
   if (workdir / RESULTS_FILE).exists() or (workdir / runs.CHECKPOINT_SUBDIR).exists():
@@ -76,10 +74,7 @@ def prepare_finetuning(cfg: ml_collections.ConfigDict, workdir: Path):
       log.info(
         'learning rate %.3g: optimizer.lr %.3g is quoted for width %d (optimizer.lr_width), this model is %d '
         'wide; set optimizer.lr_width=0 to use optimizer.lr as given',
-        resolved.optimizer.lr,
-        cfg.optimizer.lr,
-        cfg.optimizer.lr_width,
-        resolved.model.hidden_size,
+        *(resolved.optimizer.lr, cfg.optimizer.lr, cfg.optimizer.lr_width, resolved.model.hidden_size),
       )
   return resolved, source, tok, make_task(resolved, tok)
 
@@ -111,16 +106,6 @@ def _existing_run(cfg: ml_collections.ConfigDict, workdir: Path) -> str:
   )
 
 
-def _loss_sums(loss: Any) -> Any:
-  """A task's batch-mean loss as the engine's summed loss: one micro-batch, counted once."""
-
-  def loss_sums(model: Any, batch: dict, key: Any):
-    value, _ = loss(model, batch, key)
-    return value, 1.0, {}
-
-  return loss_sums
-
-
 def jit_step(defs: Any, mesh: Any, loss: Any, keys: list[str]) -> Any:
   """The jitted (state, batch, dropout key) -> (state, metrics) of a task: the engine's step on whole batches
   (rows split over data x fsdp), committing nothing non-finite unseen (the loop stops at its next flush)."""
@@ -128,7 +113,7 @@ def jit_step(defs: Any, mesh: Any, loss: Any, keys: list[str]) -> Any:
   return engine_step.jit_train_step(
     defs,
     mesh,
-    _loss_sums(loss),
+    lambda model, batch, key: (loss(model, batch, key)[0], 1.0, {}),  # the batch-mean loss, counted once
     {k: data for k in keys},
     engine_step.StepOptions(micro_batched=False, skip_nonfinite=False),
     uses_key=True,
@@ -172,8 +157,7 @@ class Evaluations:
 
 
 def finetune(cfg: ml_collections.ConfigDict, workdir: str | Path) -> dict[str, Any]:
-  """Fine-tunes per cfg in workdir under the workdir's lease (taken first, before anything there is read or
-  written); returns the results dict also written to WORKDIR/results.json."""
+  """Fine-tunes per cfg in workdir under its lease, taken first; returns the results, also in WORKDIR/results.json."""
   workdir = paths.resolve(workdir, '--workdir')  # the one resolution of the job's workdir
   with session_lib.claim(workdir, cfg.run_id) as lease:
     return _run(cfg, workdir, lease)
@@ -246,8 +230,7 @@ def _finish(
 
 
 def finetune_command(cfg: ml_collections.ConfigDict, workdir: str) -> int:
-  """The finetune command: the job, its outcome printed; the exit status: 0, 3 diverged, or an expected error's
-  (reported in one line, `finetune: <kind>: ...`)."""
+  """The finetune command: the job, its outcome printed; the exit status (3: diverged; an expected error's own)."""
   try:
     with errors.reported('finetune', errors.take_debug_flag([])):
       results = finetune(cfg, workdir)

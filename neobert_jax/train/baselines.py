@@ -1,9 +1,5 @@
-"""Baselines of the held-out MLM loss that need no neural network, the bars a pretraining run has to clear: the
-unigram cross-entropies and the neighbour counts, as docs/configuration.md (the end-of-run report) defines them.
-
-Counts are sparse (scipy), scored in chunks of positions. The splits are read through data/pipeline/prepared.py, and the
-results cached by the manifest (which names every shard by its sha256) and the arguments.
-"""
+"""Baselines of the held-out MLM loss that need no neural network (unigram cross-entropies, neighbour counts), the
+bars a pretraining run has to clear, as docs/configuration.md (the end-of-run report) defines them."""
 
 from __future__ import annotations
 
@@ -27,10 +23,7 @@ def unigram(train: list[np.ndarray], held_out: list[np.ndarray], special_ids, vo
   """{'held_out': entropy of the held-out split's frequencies, 'train': cross-entropy under the training split's
   frequencies (add-one smoothed)}, in nats, over the non-special tokens (the only ones masking picks)."""
   special = np.asarray(sorted(special_ids))
-  ev = np.concatenate(held_out)
-  ev = ev[~np.isin(ev, special)]
-  tr = np.concatenate(train)
-  tr = tr[~np.isin(tr, special)]
+  ev, tr = (x[~np.isin(x, special)] for x in (np.concatenate(held_out), np.concatenate(train)))
   p = np.bincount(ev, minlength=vocab).astype(np.float64) / ev.size
   entropy = float(-(p[p > 0] * np.log(p[p > 0])).sum())
   q = (np.bincount(tr, minlength=vocab).astype(np.float64) + 1.0) / (tr.size + vocab)

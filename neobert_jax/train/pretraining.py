@@ -1,6 +1,5 @@
 """The pretraining run's wiring on engine/: its config and resume plan, its data, and engine/trainer.Trainer with
-the evaluation hooks (HeldOut below, train/probe.py) and the checkpoint hook. The job around it (the lease,
-the export, the report) is jobs/pretrain.py."""
+the evaluation hooks (HeldOut below, train/probe.py); the job around it is jobs/pretrain.py."""
 
 from __future__ import annotations
 
@@ -61,14 +60,9 @@ def _check_rows(limit: int) -> Callable[[int, dict], None]:
 def plan_run(
   cfg: ml_collections.ConfigDict, workdir: paths.Path
 ) -> tuple[ml_collections.FrozenConfigDict, Any, pipeline.Sources]:
-  """The run's config, validated and resolved once (config/train.resolve_train), frozen (nothing past here changes
-  it), its resume plan, and its training data, opened.
-
-  The data is read once here: the mixture file (or data.dir, a mixture of one), then the sources' manifests. The
-  workdir's run is compared with this config before the data is opened or a file written: a workdir holding
-  another run is refused here, untouched; so is an init source that is missing or of another architecture (a
-  resumed run ignores cfg.init).
-  """
+  """The run's config, validated, resolved once and frozen, its resume plan, and its training data, opened. The
+  workdir's run and the init source (a resumed run ignores cfg.init) are checked against this config before the
+  data is opened or a file written."""
   cfg = train_config.validate_train(cfg)
   seq = cfg.model.max_length
   mix = pipeline.read_mixture(cfg.data, seq) if cfg.data.mixture else None
@@ -116,8 +110,6 @@ def _data(cfg: ml_collections.ConfigDict, sources: pipeline.Sources) -> tuple[An
   evaluating = cfg.eval.every_steps > 0
   data = train_config.eval_data_config(cfg)
   held = sources.with_eval()  # each source evaluated on its own held-out split (those that have one)
-  if not evaluating and not held:
-    return train_host, {}
   # Opened even when evaluation is off: opening checks this host's held-out shards, which the report reads at the
   # end, so a damaged one is refused before the first file of the run is written, not after the whole run.
   local = t.global_batch_size // t.grad_accum_steps // nproc  # eval runs one micro-batch at a time
@@ -140,9 +132,8 @@ def _source(keys: tuple[str, ...], mesh: Any, eval_step: Any, batches: Iterable[
 
 
 class HeldOut:
-  """hook(step, state, logger): the held-out MLM figures (each source's on its held-out split, and their total
-  weighted by the step's mixture weights) of state[`item`] ('params', or 'ema' for the moving average), written
-  under `prefix` and kept in `records` ({step: figures}; the EMA's named ema_<figure>)."""
+  """hook(step, state, logger): the held-out MLM figures of state[`item`] ('params' or 'ema'), each source's and their
+  total under the step's mixture weights, written under `prefix` and kept in `records` (the EMA's as ema_<figure>)."""
 
   def __init__(
     self,
@@ -237,9 +228,8 @@ def train(
   lease: lease_lib.Lease | None,
   on_step: Callable[[int], None] | None = None,
 ) -> RunResult:
-  """Trains `cfg` in the resolved `workdir`, resuming from its latest readable checkpoint if it has one, under the
-  caller's `lease` (engine/session.claim; None on processes other than 0). on_step(step) runs after every step
-  (tests simulate crashes with it)."""
+  """Trains `cfg` in the resolved `workdir` from its latest readable checkpoint if any, under the caller's `lease`
+  (None on processes other than 0); on_step(step) runs after every step (tests simulate crashes with it)."""
   _wandb(cfg)  # its one-line refusals (no package, no key, a bad mode) before any work
   cfg, plan, sources = plan_run(cfg, workdir)
   is_main = jax.process_index() == 0
@@ -288,12 +278,4 @@ def train(
         hook(0, trainer.state, trainer.logger)
     trained = trainer.train()
     session.save_final(trained)
-  return RunResult(
-    workdir=workdir,
-    config=cfg,
-    final_step=trained.final_step,
-    preempted=trained.preempted,
-    evals=merged(*hooks),
-    skipped_steps=trained.skipped_steps,
-    sources=sources,
-  )
+  return RunResult(workdir, cfg, trained.final_step, trained.preempted, merged(*hooks), trained.skipped_steps, sources)

@@ -104,8 +104,7 @@ def report(
   sources: prepared.Sources | None = None,
 ) -> dict[str, Any]:
   """Logs the held-out loss against the baselines, writes the curve (table and plot), shows fill-mask examples if
-  the run exported, and records the figures in WORKDIR/report.json (the exports' model card quotes them).
-  `sources`: the run's data as it opened it (default: opened here)."""
+  the run exported, and records the figures in WORKDIR/report.json for the model card; `sources`: the run's data."""
   seq_len = cfg.model.max_length
   mask_rate, when = train_config.eval_mask_rate(cfg), cfg.eval.baselines
   sources = sources or prepared.open_data(cfg.data, seq_len)
