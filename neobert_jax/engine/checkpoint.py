@@ -3,6 +3,7 @@ weights/runs.py's layout. What a resume does with a step that does not fit or ca
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 from typing import Any, Callable, Protocol
@@ -118,10 +119,8 @@ def save_failed(mngr: ocp.CheckpointManager, e: BaseException, last_good: int | 
     bucket.gave_up()  # the run stops now: what it still sends to the bucket is tried once, not for a window
   good = last_good
   if good is None:
-    try:
+    with contextlib.suppress(Exception):  # the storage is down: say what is known
       good = runs.latest_step(paths.Path(mngr.directory))
-    except Exception:  # noqa: BLE001 - the storage is down: say what is known
-      good = None
   return errors.StorageError(
     f'writing a checkpoint under {mngr.directory} failed ({reason}); {kept(mngr, good)}. Free space '
     'or fix the storage, then re-run the same command to resume from it.'
@@ -172,11 +171,9 @@ def _check_fits(
     handler = ocp.StandardCheckpointHandler()
     with runs.item_metadata_quietly():
       saved = _read(lambda: handler.metadata(root / item), step, directory)
-    target = _pure(abstract, item)
-    tree = getattr(saved, 'tree', saved)
     check_keys_and_shapes(
-      _leaves(tree),
-      {k: v.shape for k, v in _leaves(target).items()},
+      _leaves(getattr(saved, 'tree', saved)),
+      {k: v.shape for k, v in _leaves(_pure(abstract, item)).items()},
       f'checkpoint step {step} in {directory} ({item})',
       fix
       or 'this config builds a different state than the one saved (see the config differences above, if any); '
@@ -229,16 +226,9 @@ def restore_latest(
 
 
 def restore_stage(
-  directory: paths.Path,
-  step: int,
-  abstract: TrainState,
-  position: DataPosition | None,
-  *,
-  optimizer: bool,
-  data: bool,
+  directory: paths.Path, step: int, abstract: TrainState, position: DataPosition | None, *, optimizer: bool, data: bool
 ) -> Any:
-  """What a new stage carries over from `step` of another run: with `optimizer`, its optimizer state
-  onto `abstract['opt']` (returned; else None); with `data`, `position` restored from that step."""
+  """A new stage's carry-over from `step` of another run: its optimizer state (returned, else None), data position."""
   opt = None
   if optimizer:
     if not (runs.step_dir(directory, step) / runs.OPT_ITEM).is_dir():

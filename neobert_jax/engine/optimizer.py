@@ -76,11 +76,7 @@ def lr_schedule(opt_cfg: ml_collections.ConfigDict, num_steps: int) -> optax.Sch
       f'warmup_steps={opt_cfg.warmup_steps} (the original trainer asserts the same)'
     )
   table = lr_values(opt_cfg, num_steps, np.arange(end + 1)).astype(np.float32)
-
-  def schedule(count: jax.Array) -> jax.Array:
-    return jnp.asarray(table)[jnp.clip(count, 0, end)]
-
-  return schedule
+  return lambda count: jnp.asarray(table)[jnp.clip(count, 0, end)]
 
 
 def decays(names: list[str], decay_embeddings: bool = True) -> bool:
@@ -99,21 +95,17 @@ def weight_decay_mask(decay_embeddings: bool) -> Callable[[Any], Any]:
     # A parameter of an nnx State ends its path with the Variable's `value`: the rule reads the parameter's name.
     return decays(names[:-1] if names[-1:] == ['value'] else names, decay_embeddings)
 
-  def mask(params: Any) -> Any:
-    return jax.tree_util.tree_map_with_path(leaf_decays, params)
-
-  return mask
+  return lambda params: jax.tree_util.tree_map_with_path(leaf_decays, params)
 
 
 def clip_by_global_norm_eps(max_norm: float, eps: float) -> optax.GradientTransformation:
   """torch.nn.utils.clip_grad_norm_: scale by min(1, max_norm / (norm + eps)); eps=1e-6 there."""
 
-  def update(updates, state, params=None):
-    del params
+  def clip(updates: Any, params: Any = None) -> Any:
     scale = jnp.minimum(1.0, max_norm / (optax.tree.norm(updates) + eps))
-    return jax.tree.map(lambda g: (g * scale).astype(g.dtype), updates), state
+    return jax.tree.map(lambda g: (g * scale).astype(g.dtype), updates)
 
-  return optax.GradientTransformation(lambda params: optax.EmptyState(), update)
+  return optax.stateless(clip)
 
 
 # Muon's reading of each weight, by the last two names of its path: (input axes, output axes) of the matrix, every
@@ -130,8 +122,7 @@ MUON_AXES: dict[str, tuple[tuple[int, ...], tuple[int, ...], str]] = {
 
 
 def muon_dimensions(on_adamw: tuple[str, ...]) -> Callable[[Any], Any]:
-  """optax.contrib.muon's muon_weight_dimension_numbers: a function of the parameters (or of a masked tree of them)
-  giving each one's MuonDimensionNumbers, or None where it takes AdamW."""
+  """optax.contrib.muon's muon_weight_dimension_numbers of the parameters (or a masked tree); None: AdamW's."""
 
   def one(path: Any, leaf: Any) -> Any:
     names = [n for n in path_names(path) if n != 'value']  # nnx state paths end in the Variable's 'value'
@@ -195,8 +186,7 @@ def make_optimizer(
 def make_finetune_optimizer(
   opt: ml_collections.ConfigDict, num_steps: int
 ) -> tuple[optax.GradientTransformation, optax.Schedule]:
-  """Clip -> AdamW under a linear warmup, then a linear or cosine decay to 0 at num_steps, from a fine-tuning
-  config's `optimizer` section. Norm scales and biases (the head's too) never decay, as in pretraining."""
+  """Fine-tuning's clip -> AdamW, warmup then a linear or cosine decay to 0; norm scales and biases never decay."""
   warmup = opt.warmup_steps if opt.get('warmup_steps', 0) > 0 else round(opt.warmup_fraction * num_steps)
   if opt.schedule == 'cosine':
     lr = optax.warmup_cosine_decay_schedule(0.0, opt.lr, warmup, max(num_steps, warmup + 1), 0.0)
@@ -206,8 +196,6 @@ def make_finetune_optimizer(
       optax.linear_schedule(opt.lr, 0.0, max(num_steps - warmup, 1)),
     ]
     lr = optax.join_schedules(warm_then_decay, [max(warmup, 1)])
-  adamw = optax.adamw(
-    lr, b1=opt.b1, b2=opt.b2, eps=opt.eps, weight_decay=opt.weight_decay, mask=weight_decay_mask(True)
-  )
+  tx = optax.adamw(lr, b1=opt.b1, b2=opt.b2, eps=opt.eps, weight_decay=opt.weight_decay, mask=weight_decay_mask(True))
   parts = [optax.clip_by_global_norm(opt.clip_norm)] if opt.clip_norm > 0 else []
-  return optax.chain(*parts, adamw), lr
+  return optax.chain(*parts, tx), lr

@@ -86,9 +86,8 @@ class Start:
 
 
 class TrainingSession:
-  """One session of training in `workdir`; `cfg` (resolved) goes into every checkpoint and its logging section
-  says whether to write TensorBoard and show a progress bar, `data_position` is checkpointed with the state,
-  `lease` is checked before every save."""
+  """One session of training in `workdir`: `cfg` (resolved) and `data_position` go into every checkpoint, and `lease`
+  is checked before every save."""
 
   def __init__(
     self,
@@ -195,9 +194,8 @@ class TrainingSession:
     keep_optimizer: bool = False,
     continue_data: bool = False,
   ) -> Start:
-    """The run's starting state: this workdir's newest checkpoint (with `resume`), else `create()` with parameters
-    from `source()` (plus, from a run, its optimizer state and data position on request), else `create()` as is.
-    The source is opened only when the run starts afresh."""
+    """The run's starting state: this workdir's newest checkpoint (with `resume`), else `create()` with parameters from
+    `source()`, opened only then (from a run, its optimizer state and data position on request), else `create()`."""
     if resume:
       defs, target = abstract()
       restored = ckpt.restore_latest(self.mngr, target, self.data_position)
@@ -286,8 +284,7 @@ class TrainingSession:
   def trainer(
     self, step: Callable, start: Start, batches: Iterator[tuple], options: trainer_lib.TrainerOptions
   ) -> trainer_lib.Trainer:
-    """engine/trainer.Trainer from `start` over the session's outputs: progress bar, Logger, the
-    task's hooks then the checkpoint hook, SIGTERM handling and the profile trace. `start.state` is donated."""
+    """engine/trainer.Trainer from `start` (its state donated) with the task's hooks, then the checkpoint hook."""
     pbar = None
     if self.is_main and self.cfg.logging.progress_bar:
       from tqdm.auto import tqdm  # pylint: disable=g-import-not-at-top

@@ -80,8 +80,7 @@ def create_state(
   mesh: jax.sharding.Mesh,
   ema: bool = False,
 ) -> tuple[StateDefs, TrainState]:
-  """Freshly initialised parameters and optimizer state (the factory seeds the init), each array sharded at birth;
-  with `ema`, the average starts as a copy of the parameters."""
+  """Freshly initialised parameters and optimizer state, each array sharded at birth (an EMA starts as their copy)."""
   defs, _ = abstract_state(make_model, tx, schedule, mesh, ema)
   with shd.activate(mesh):
     # The out_shardings make the placement explicit even where the eager-sharding annotations would leave XLA a

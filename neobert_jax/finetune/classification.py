@@ -58,9 +58,8 @@ def infer(values: Sequence[Any], task_type: str, where: str) -> LabelSpec:
   kind = task_type if task_type != 'auto' else ('regression' if numeric and not integral else 'classification')
   if kind == 'regression':
     if not numeric:
-      raise DataError(
-        f'{where}: regression needs numeric labels; found {next(v for v in values if not _is_number(v))!r}'
-      )
+      bad = next(v for v in values if not _is_number(v))
+      raise DataError(f'{where}: regression needs numeric labels; found {bad!r}')
     return LabelSpec('regression', (), ())
   raw = sorted({int(v) for v in values}) if integral else sorted({str(v) for v in values})
   if len(raw) < 2:
@@ -170,11 +169,7 @@ class ClassificationTask:
   def __init__(self, cfg: ml_collections.ConfigDict, tok: Any):
     d = cfg.data
     self.cfg, self.pad_id = cfg, tok.pad_id
-    fields = [
-      ('data.text_field', d.text_field),
-      ('data.text_pair_field', d.text_pair_field),
-      ('data.label_field', d.label_field),
-    ]
+    fields = [(f'data.{f}', getattr(d, f)) for f in ('text_field', 'text_pair_field', 'label_field')]
     train = tables.read_table(d.train_file, d.format)
     tables.require_columns(train, d.train_file, fields)
     self.spec = infer(train[d.label_field], d.task_type, d.train_file)

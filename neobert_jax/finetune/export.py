@@ -157,7 +157,7 @@ def export_run(workdir: str | Path, output: str | Path, *, overwrite: bool = Fal
   data, head = cfg.data, cfg.head
   tokenizer = source_lib.run_tokenizer(cfg, workdir)  # the copy the run carries, else the recorded spec
   card = model_card.run_facts(workdir)  # the run's training facts for the model card (convert/model_card.py)
-  common = dict(tokenizer=tokenizer, card=card, overwrite=overwrite)
+  kw = dict(tokenizer=tokenizer, card=card, overwrite=overwrite)
   if cfg.task == 'contrastive':
     return export_sentence_transformer(
       flat,
@@ -167,12 +167,10 @@ def export_run(workdir: str | Path, output: str | Path, *, overwrite: bool = Fal
       normalize=head.normalize,
       max_seq_length=data.max_length,
       query_prompt=data.query_prefix,
-      **common,
+      **kw,
     )
   labels = classification.load_labels(workdir)
-  return export_classifier(
-    flat, model_cfg, labels, output, dropout=head.dropout, pooling=head.classifier_pooling, **common
-  )
+  return export_classifier(flat, model_cfg, labels, output, dropout=head.dropout, pooling=head.classifier_pooling, **kw)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -84,12 +84,8 @@ class ContrastiveTask:
     self.cfg, self.pad_id = cfg, tok.pad_id
     self.has_negatives = d.negative_field != ''
     self.instructions = _instructions(d.instructions)
-    fields = [
-      ('data.query_field', d.query_field),
-      ('data.positive_field', d.positive_field),
-      ('data.negative_field', d.negative_field),
-      ('data.dataset_field', d.dataset_field),
-    ]
+    columns = ('query_field', 'positive_field', 'negative_field', 'dataset_field')
+    fields = [(f'data.{f}', getattr(d, f)) for f in columns]
     train = tables.read_table(d.train_file, d.format)
     tables.require_columns(train, d.train_file, fields)
     n = len(train[d.query_field])
@@ -147,14 +143,12 @@ class ContrastiveTask:
     groups = ('q', 'p', 'n') if self.has_negatives else ('q', 'p')
     for start in range(0, len(order), b):
       idx = order[start : start + b]
-      longest = max(len(self.train[g][i]) for g in groups for i in idx)
-      length = batching.bucket_for(longest, self.buckets)
+      length = batching.bucket_for(max(len(self.train[g][i]) for g in groups for i in idx), self.buckets)
       batch = {'weights': np.zeros((b,), np.float32)}
       batch['weights'][: len(idx)] = 1.0
       for g in groups:
-        batch[f'{g}_ids'], batch[f'{g}_lengths'] = batching.pad_rows(
-          [self.train[g][i] for i in idx], b, length, self.pad_id
-        )
+        rows = [self.train[g][i] for i in idx]
+        batch[f'{g}_ids'], batch[f'{g}_lengths'] = batching.pad_rows(rows, b, length, self.pad_id)
       if self.has_negatives:
         batch['n_weights'] = np.zeros((b,), np.float32)
         batch['n_weights'][: len(idx)] = [self.train['n_present'][i] for i in idx]

@@ -98,10 +98,8 @@ def from_pytorch(source: str, output: str, *, init_missing_decoder: bool = False
   local = source if not paths.is_url(source) else paths.local_copy(source, marker='config.json')
   cfg, flat = hf.read_hf_dir(local, init_missing_decoder=init_missing_decoder)
   out = save_flat(flat, cfg, output, overwrite=overwrite)
-  count = sum(v.size for v in flat.values())
-  return (
-    f'wrote {len(flat)} arrays ({count / 1e6:.1f}M parameters, {cfg.num_layers} layers x {cfg.hidden_size}) to {out}'
-  )
+  n = sum(v.size for v in flat.values())
+  return f'wrote {len(flat)} arrays ({n / 1e6:.1f}M parameters, {cfg.num_layers} layers x {cfg.hidden_size}) to {out}'
 
 
 @_missing_input_is_an_export_error

@@ -22,8 +22,7 @@ def pppl(
   per_document: str = '',
   progress: bool = True,
 ) -> dict:
-  """Pseudo-perplexity of an MLM (a pretraining run or a Hugging Face NeoBERT directory) on a text file; with
-  `per_document`, one JSON line per document there."""
+  """Pseudo-perplexity of an MLM (a run or a Hugging Face directory) on a text file; `per_document`: a line each."""
   from neobert_jax.evaluate import pppl as pppl_lib  # pylint: disable=g-import-not-at-top
   from neobert_jax.downstream import batching, tables  # pylint: disable=g-import-not-at-top
   from neobert_jax import sharding as shd  # pylint: disable=g-import-not-at-top

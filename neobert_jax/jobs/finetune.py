@@ -40,16 +40,6 @@ GRID = {'lr': (5e-6, 6e-6, 1e-5, 2e-5, 3e-5), 'batch': (4, 8, 16, 32), 'weight_d
 SUMMARY_FILE = 'sweep.json'
 
 
-def make_task(cfg: ml_collections.ConfigDict, tok: Any):
-  if cfg.task == 'contrastive':
-    from neobert_jax.finetune.retrieval import ContrastiveTask  # pylint: disable=g-import-not-at-top
-
-    return ContrastiveTask(cfg, tok)
-  from neobert_jax.finetune.classification import ClassificationTask  # pylint: disable=g-import-not-at-top
-
-  return ClassificationTask(cfg, tok)
-
-
 def prepare_finetuning(cfg: ml_collections.ConfigDict, workdir: Path):
   """(the run's config, validated, resolved once and frozen; the weights' source; tokenizer; task): every check
   that needs no device work, nothing written."""
@@ -76,12 +66,14 @@ def prepare_finetuning(cfg: ml_collections.ConfigDict, workdir: Path):
         'wide; set optimizer.lr_width=0 to use optimizer.lr as given',
         *(resolved.optimizer.lr, cfg.optimizer.lr, cfg.optimizer.lr_width, resolved.model.hidden_size),
       )
-  return resolved, source, tok, make_task(resolved, tok)
+  from neobert_jax.finetune import classification, retrieval  # pylint: disable=g-import-not-at-top
+
+  task = retrieval.ContrastiveTask if resolved.task == 'contrastive' else classification.ClassificationTask
+  return resolved, source, tok, task(resolved, tok)
 
 
 def _existing_run(cfg: ml_collections.ConfigDict, workdir: Path) -> str:
-  """The refusal for a workdir that already holds a fine-tuning run (it is never continued nor overwritten),
-  naming the fields this config changes against the one recorded there."""
+  """The refusal for a workdir that holds a fine-tuning run (never continued), naming what this config changes in it."""
   changed = ''
   if (workdir / runs.CONFIG_FILE).is_file():
     # model and mesh are recorded resolved (the source's architecture, the device count's mesh): not comparable.
@@ -142,8 +134,7 @@ class Evaluations:
     self.best, self.final, self.evals = None, None, []
 
   def __call__(self, step: int, state: Any, logger: trainer_lib.Logger) -> None:
-    task, size = self.task, self.task.cfg.train.eval_batch_size
-    params = state['params']
+    task, size, params = self.task, self.task.cfg.train.eval_batch_size, state['params']
     ev = task.evaluate(
       lambda seqs: batching.run_batched(self.forward, params, seqs, size, task.buckets, task.pad_id, self.mesh)
     )
@@ -201,25 +192,19 @@ def _run(cfg: ml_collections.ConfigDict, workdir: Path, lease: Any) -> dict[str,
     )
     step = jit_step(start.defs, mesh, task.loss, task.batch_keys)
     trained = session.trainer(step, start, batches(task, mesh), options).train()
-  return _finish(cfg, workdir, task, num_steps, evaluations, trained.throughput)
-
-
-def _finish(
-  cfg: ml_collections.ConfigDict, workdir: Path, task: Any, num_steps: int, ev: Evaluations, throughput: list
-) -> dict[str, Any]:
-  """WORKDIR/results.json, and the export of the best step when export.dir is set."""
+  # WORKDIR/results.json, and the export of the best step when export.dir is set.
   results = {
     'task': cfg.task,
     'kind': task.kind,
     'metric': task.metric,
-    'final': ev.final,
-    'best': ev.best,
+    'final': evaluations.final,
+    'best': evaluations.best,
     'num_steps': num_steps,
     'train_examples': task.num_train,
-    'train_tokens_per_sec': float(np.median(throughput)) if throughput else None,
-    'evals': ev.evals,
+    'train_tokens_per_sec': float(np.median(trained.throughput)) if trained.throughput else None,
+    'evals': evaluations.evals,
   }
-  if jax.process_index() != 0:
+  if not is_main:
     return results
   paths.write_text(workdir / RESULTS_FILE, json.dumps(results, indent=2) + '\n')
   if cfg.export.dir:
@@ -270,8 +255,7 @@ def run_sweep(
       if point.exists():  # an interrupted point of this sweep: its partial files belong to us, start it again
         point.rmtree()
       point_fields = {'optimizer.lr': float(lr), 'train.batch_size': int(batch), 'optimizer.weight_decay': float(wd)}
-      c = config_lib.replace(cfg, {**point_fields, 'export.dir': ''})
-      finetune(c, point)
+      finetune(config_lib.replace(cfg, {**point_fields, 'export.dir': ''}), point)
     results = json.loads(results_path.read_text())
     metric = results['metric']
     rows.append(
@@ -287,8 +271,7 @@ def run_sweep(
         'reused': reused,
       }
     )
-  lower = rows[0]['metric'] in LOWER_IS_BETTER
-  best = (min if lower else max)(rows, key=lambda r: r['best'])
+  best = (min if rows[0]['metric'] in LOWER_IS_BETTER else max)(rows, key=lambda r: r['best'])
   summary = {'metric': rows[0]['metric'], 'rows': rows, 'best': best}
   paths.write_text(root / SUMMARY_FILE, json.dumps(summary, indent=2) + '\n')
   return summary

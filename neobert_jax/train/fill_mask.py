@@ -37,10 +37,8 @@ def blank_rows(
       for i in range(3, width - 3)
       if ids[i] not in special and (not words_only or (pieces[i].isalpha() and not pieces[i + 1].startswith('##')))
     ]
-    if not spots:
-      continue
-    i = spots[int(rng.integers(len(spots)))]
-    out.append(_blanked(tok, ids, i))
+    if spots:
+      out.append(_blanked(tok, ids, spots[int(rng.integers(len(spots)))]))
     if len(out) == n:
       break
   return out
@@ -65,9 +63,8 @@ def blank_sentences(
         if 8 <= i + 1 - start <= longest:
           sentences.append(ids[start : i + 1])
         start = i + 1
-  return [
-    _blanked(tok, sentences[i], int(rng.integers(len(sentences[i])))) for i in rng.permutation(len(sentences))[:n]
-  ]
+  picks = rng.permutation(len(sentences))[:n]
+  return [_blanked(tok, sentences[i], int(rng.integers(len(sentences[i])))) for i in picks]
 
 
 KINDS = {
@@ -100,10 +97,8 @@ def fill_mask(
     logits = []
     with torch.no_grad():
       for k in range(0, len(blanked), 50):
-        rows = [row for row, _, _ in blanked[k : k + 50]]
-        ids = torch.full((len(rows), max(map(len, rows))), tok.pad_token_id)
-        for j, row in enumerate(rows):
-          ids[j, : len(row)] = torch.tensor(row)
+        rows = [torch.tensor(row) for row, _, _ in blanked[k : k + 50]]
+        ids = torch.nn.utils.rnn.pad_sequence(rows, batch_first=True, padding_value=tok.pad_token_id)
         logits += list(model(input_ids=ids, attention_mask=(ids != tok.pad_token_id).long()).logits)
     first = in_top = 0
     lines = []

@@ -44,25 +44,11 @@ class RunResult:
   report: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
-def _check_rows(limit: int) -> Callable[[int, dict], None]:
-  def check(step: int, m: dict) -> None:
-    if int(m.get('rows_over_document_limit', 0)):
-      raise DataError(
-        f'step {step}: {int(m["rows_over_document_limit"])} packed rows hold more documents than '
-        f'data.max_documents_per_row={limit}, which the packed attention layout cannot represent. Data from '
-        'this pipeline never does; raise --config.data.max_documents_per_row or pack your batches with that '
-        'limit.'
-      )
-
-  return check
-
-
 def plan_run(
   cfg: ml_collections.ConfigDict, workdir: paths.Path
 ) -> tuple[ml_collections.FrozenConfigDict, Any, pipeline.Sources]:
-  """The run's config, validated, resolved once and frozen, its resume plan, and its training data, opened. The
-  workdir's run and the init source (a resumed run ignores cfg.init) are checked against this config before the
-  data is opened or a file written."""
+  """The run's config (validated, resolved once, frozen), its resume plan and its training data, opened after the
+  workdir's run and the init source (a resumed run ignores cfg.init) are checked against the config."""
   cfg = train_config.validate_train(cfg)
   seq = cfg.model.max_length
   mix = pipeline.read_mixture(cfg.data, seq) if cfg.data.mixture else None
@@ -124,11 +110,8 @@ def _data(cfg: ml_collections.ConfigDict, sources: pipeline.Sources) -> tuple[An
 
 def _source(keys: tuple[str, ...], mesh: Any, eval_step: Any, batches: Iterable[dict], params: Any) -> dict:
   sums = jax.device_get([eval_step(params, mlm.stitch_micro_batches(b, keys, mesh, 1)) for b in batches])
-  count = max(sum(float(s['count']) for s in sums), 1.0)
-  return {
-    'loss': sum(float(s['loss_sum']) for s in sums) / count,
-    'accuracy': sum(float(s['correct']) for s in sums) / count,
-  }
+  n = max(sum(float(s['count']) for s in sums), 1.0)
+  return {'loss': sum(float(s['loss_sum']) for s in sums) / n, 'accuracy': sum(float(s['correct']) for s in sums) / n}
 
 
 class HeldOut:
@@ -182,8 +165,7 @@ def _wandb(cfg: ml_collections.ConfigDict) -> metrics_lib.Wandb | None:
 
 
 def _counts(cfg: ml_collections.ConfigDict) -> Callable[[int], dict[str, float]]:
-  """train/batch_size (sequences of the logged step) and train/tokens_seen (sequences x max_length of every step
-  so far), exact host figures from the ramp's table, logged with each step's metrics."""
+  """train/batch_size, train/tokens_seen (and train/mask_rate) of the logged step: exact host figures, from the ramp."""
   table, seq = ramp.phases(cfg), cfg.model.max_length
   falls = cfg.data.mask_rate_final > 0  # then train/mask_rate too, the rate of the logged step
   return lambda done: {
@@ -199,11 +181,20 @@ def _log_options(cfg: ml_collections.ConfigDict) -> trainer_lib.LogOptions:
   if jax.process_index() == 0:
     log.info('MFU peak: %s FLOP/s (%s); %.3g model FLOPs per token', peak, peak_source, fpt)
   limit = mlm.max_segments(cfg.data)
+
+  def check_rows(step: int, m: dict) -> None:
+    if int(m.get('rows_over_document_limit', 0)):
+      raise DataError(
+        f'step {step}: {int(m["rows_over_document_limit"])} packed rows hold more documents than '
+        f'data.max_documents_per_row={limit}, which the packed attention layout cannot represent. Data from '
+        'this pipeline never does; raise --config.data.max_documents_per_row or pack your batches with that limit.'
+      )
+
   return trainer_lib.LogOptions(
     nan_policy=cfg.train.nan_policy,
     flops_per_token=fpt,
     peak_flops=peak,
-    check=None if limit is None else _check_rows(limit),
+    check=None if limit is None else check_rows,
     check_keys=('rows_over_document_limit',),
     counts=_counts(cfg),
     diverged_hint='Re-running the same command resumes from it; consider a lower --config.optimizer.peak_lr, '
@@ -233,7 +224,6 @@ def train(
   _wandb(cfg)  # its one-line refusals (no package, no key, a bad mode) before any work
   cfg, plan, sources = plan_run(cfg, workdir)
   is_main = jax.process_index() == 0
-  wandb = _wandb(cfg)  # the resolved config is what the wandb run records
   mesh = shd.make_mesh(dict(cfg.mesh))
   train_host, eval_batches = _data(cfg, sources)
   if is_main:
@@ -246,7 +236,7 @@ def train(
     keep=cfg.checkpoint.keep,
     async_save=cfg.checkpoint.async_save,
     lease=lease,
-    wandb=wandb,
+    wandb=_wandb(cfg),  # the resolved config is what the wandb run records
   ) as session:
     if hasattr(train_host, 'close'):
       session.on_close(train_host.close)

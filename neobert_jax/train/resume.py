@@ -12,7 +12,6 @@ from typing import Any
 
 import jax
 import ml_collections
-import numpy as np
 
 from neobert_jax import errors, paths
 from neobert_jax import config as config_lib
@@ -140,9 +139,7 @@ def describe_changes(
   fields = {c.field for c in changes}
   if fields & set(_LR_FIELDS):
     past = config_lib.from_record(recorded, train_config.get_config())  # the record, typed by the schema
-    old, new = (
-      float(optimizer_lib.lr_values(c.optimizer, c.train.num_steps, np.asarray([step]))[0]) for c in (past, cfg)
-    )
+    old, new = (float(optimizer_lib.lr_values(c.optimizer, c.train.num_steps, [step])[0]) for c in (past, cfg))
     lines.append(
       f'the learning-rate schedule is recomputed from the new config: the next update (step {step}) '
       f'uses {new:.4g} where the old schedule gave {old:.4g}; {_decay_note(cfg.optimizer, cfg.train.num_steps)}'
@@ -235,8 +232,7 @@ def check_stage(cfg: ml_collections.ConfigDict, src: Source | None) -> dict[str,
 
 
 def stream(cfg: ml_collections.ConfigDict, src: Source | None) -> dict[str, Any]:
-  """With init.continue_data, the source run's recorded layout of its row stream, which this run continues (what
-  config/train.resolve_train takes for the fields left unset); {} otherwise."""
+  """With init.continue_data, the source run's row-stream layout, for the fields this run leaves unset; else {}."""
   if src is None or src.kind != 'run' or not cfg.init.continue_data:
     return {}
   data = src.run_config.to_dict()['data']
