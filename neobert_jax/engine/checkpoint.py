@@ -1,10 +1,9 @@
-"""Orbax checkpoints of a training run: writing a step, and reading one back (resume, a new stage); the layout is
-weights/runs.py's, the data position the pipeline's (an opaque `DataPosition`). What a resume does with a step
-that does not fit or cannot be read: docs/configuration.md; a transient storage error is retried, then
-errors.CheckpointError (the step left in place); every process must agree on the step."""
+"""Orbax checkpoints of a training run: writing a step, and reading one back (resume, a new stage) in
+weights/runs.py's layout. What a resume does with a step that does not fit or cannot be read: docs/configuration.md."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 from typing import Any, Callable, Protocol
@@ -66,17 +65,14 @@ def save(
 ) -> None:
   """Starts saving `state` as `step` (in the background when async). The data position is captured now, so it
   matches the saved parameters; without the optimizer a step holds params and config only (not resumable)."""
-  args = {
-    runs.PARAMS_ITEM: ocp.args.StandardSave(nnx.to_pure_dict(state['params'])),
-    **({runs.OPT_ITEM: ocp.args.StandardSave(state['opt'])} if with_optimizer else {}),
-    **(
-      {runs.EMA_ITEM: ocp.args.StandardSave(nnx.to_pure_dict(state['ema']))}
-      if with_optimizer and 'ema' in state
-      else {}
-    ),
-    runs.CONFIG_ITEM: ocp.args.JsonSave(cfg.to_dict()),
-    **({runs.DATA_ITEM: position.save_arg()} if position is not None else {}),
-  }
+  args = {runs.PARAMS_ITEM: ocp.args.StandardSave(nnx.to_pure_dict(state['params']))}
+  if with_optimizer:
+    args[runs.OPT_ITEM] = ocp.args.StandardSave(state['opt'])
+    if 'ema' in state:
+      args[runs.EMA_ITEM] = ocp.args.StandardSave(nnx.to_pure_dict(state['ema']))
+  args[runs.CONFIG_ITEM] = ocp.args.JsonSave(cfg.to_dict())
+  if position is not None:
+    args[runs.DATA_ITEM] = position.save_arg()
   try:
     # An earlier async save that failed in the background raises here, at the next save.
     mngr.save(step, args=ocp.args.Composite(**args), force=True)
@@ -101,16 +97,8 @@ def close(mngr: ocp.CheckpointManager) -> None:
 
 
 # What a write failure says, in the words users search for; Orbax and tensorstore wrap them in long specs.
-_WRITE_REASONS = (
-  'No space left on device',
-  'Read-only file system',
-  'Permission denied',
-  'Disk quota exceeded',
-  'PERMISSION_DENIED',
-  'RESOURCE_EXHAUSTED',
-  'UNAVAILABLE',
-  'DEADLINE_EXCEEDED',
-)
+_WRITE_REASONS = ('No space left on device', 'Read-only file system', 'Permission denied', 'Disk quota exceeded')
+_WRITE_REASONS += ('PERMISSION_DENIED', 'RESOURCE_EXHAUSTED', 'UNAVAILABLE', 'DEADLINE_EXCEEDED')  # a bucket's codes
 
 
 def kept(mngr: ocp.CheckpointManager, good: int | None) -> str:
@@ -131,10 +119,8 @@ def save_failed(mngr: ocp.CheckpointManager, e: BaseException, last_good: int | 
     bucket.gave_up()  # the run stops now: what it still sends to the bucket is tried once, not for a window
   good = last_good
   if good is None:
-    try:
+    with contextlib.suppress(Exception):  # the storage is down: say what is known
       good = runs.latest_step(paths.Path(mngr.directory))
-    except Exception:  # noqa: BLE001 - the storage is down: say what is known
-      good = None
   return errors.StorageError(
     f'writing a checkpoint under {mngr.directory} failed ({reason}); {kept(mngr, good)}. Free space '
     'or fix the storage, then re-run the same command to resume from it.'
@@ -169,12 +155,6 @@ def _pure(abstract: TrainState, item: str) -> Any:
   return abstract['opt'] if item == runs.OPT_ITEM else nnx.to_pure_dict(abstract[item])
 
 
-def _restore_arrays(mngr: ocp.CheckpointManager, step: int, abstract: TrainState) -> dict[str, Any]:
-  """params + opt (+ ema) of `step` onto `abstract`'s shardings."""
-  args = ocp.args.Composite(**{item: ocp.args.StandardRestore(_pure(abstract, item)) for item in _items(abstract)})
-  return _read(lambda: mngr.restore(step, args=args), step, mngr.directory)
-
-
 def _leaves(tree: Any) -> dict[str, Any]:
   # Orbax's metadata tree spells every node as a dict key ('1', 'value'); the abstract state uses sequence
   # indices and attributes. Their names agree.
@@ -191,11 +171,9 @@ def _check_fits(
     handler = ocp.StandardCheckpointHandler()
     with runs.item_metadata_quietly():
       saved = _read(lambda: handler.metadata(root / item), step, directory)
-    target = _pure(abstract, item)
-    tree = getattr(saved, 'tree', saved)
     check_keys_and_shapes(
-      _leaves(tree),
-      {k: v.shape for k, v in _leaves(target).items()},
+      _leaves(getattr(saved, 'tree', saved)),
+      {k: v.shape for k, v in _leaves(_pure(abstract, item)).items()},
       f'checkpoint step {step} in {directory} ({item})',
       fix
       or 'this config builds a different state than the one saved (see the config differences above, if any); '
@@ -227,7 +205,8 @@ def restore_latest(
   for step in sorted(runs.checkpoint_steps(directory), reverse=True):
     try:
       _check_fits(directory, step, abstract)
-      restored = _restore_arrays(mngr, step, abstract)
+      args = ocp.args.Composite(**{item: ocp.args.StandardRestore(_pure(abstract, item)) for item in _items(abstract)})
+      restored = _read(lambda: mngr.restore(step, args=args), step, mngr.directory)  # onto abstract's shardings
     except (errors.CheckpointError, errors.ConfigError):
       raise
     except Exception as e:  # noqa: BLE001 - the bytes are damaged or missing: try the previous checkpoint
@@ -247,16 +226,9 @@ def restore_latest(
 
 
 def restore_stage(
-  directory: paths.Path,
-  step: int,
-  abstract: TrainState,
-  position: DataPosition | None,
-  *,
-  optimizer: bool,
-  data: bool,
+  directory: paths.Path, step: int, abstract: TrainState, position: DataPosition | None, *, optimizer: bool, data: bool
 ) -> Any:
-  """What a new stage carries over from `step` of another run: with `optimizer`, its optimizer state
-  onto `abstract['opt']` (returned; else None); with `data`, `position` restored from that step."""
+  """A new stage's carry-over from `step` of another run: its optimizer state (returned, else None), data position."""
   opt = None
   if optimizer:
     if not (runs.step_dir(directory, step) / runs.OPT_ITEM).is_dir():

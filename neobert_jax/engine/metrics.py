@@ -47,19 +47,15 @@ def total_peak_flops(peak_flops_per_device: float, compute_dtype: str) -> tuple[
   return None, f'unknown device {kind}'
 
 
-def _cpu_model() -> str:
+def cpu_matmul_peak(dtype: Any) -> float:
+  """The best matmul rate measured on this CPU and core count (cached), so MFU stays below 100% after a loaded start."""
   try:
     with open('/proc/cpuinfo', encoding='utf-8') as f:
       names = [line.split(':', 1)[1].strip() for line in f if line.startswith('model name')]
   except OSError:
     names = []
-  return names[0] if names else platform.processor() or platform.machine()
-
-
-def cpu_matmul_peak(dtype: Any) -> float:
-  """The best matmul rate ever measured on this CPU model and core count (cached), so a start under
-  load does not push MFU above 100% when the load lifts."""
-  key = f'{_cpu_model()} | {len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()} cores'
+  key = f'{names[0] if names else platform.processor() or platform.machine()} | '
+  key += f'{len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()} cores'
   key += f' | {jnp.dtype(dtype).name}'
   cache = paths.cache_dir('hardware') / 'cpu_matmul_peak.json'
   try:
@@ -96,19 +92,17 @@ class Wandb:
 
   @classmethod
   def from_settings(cls, project: str, name: str, tags: str, mode: str, config: dict[str, Any]) -> 'Wandb':
-    env = os.environ
     return cls(
-      project or env.get('WANDB_PROJECT') or DEFAULT_WANDB_PROJECT,
+      project or os.environ.get('WANDB_PROJECT') or DEFAULT_WANDB_PROJECT,
       name,
       tuple(t.strip() for t in tags.split(',') if t.strip()),
       config,
-      mode or env.get('WANDB_MODE') or 'online',
+      mode or os.environ.get('WANDB_MODE') or 'online',
     )
 
 
 def check_wandb(options: Wandb) -> None:
-  """errors.ConfigError before anything is written: wandb missing, a bad mode, or online with no API key
-  (wandb would stop the job at its first prompt)."""
+  """errors.ConfigError before anything is written: no wandb, a bad mode, or online with no API key (a prompt)."""
   if importlib.util.find_spec('wandb') is None:
     raise errors.ConfigError(
       'logging.wandb=True needs the wandb package: pip install -e .[wandb] (or set logging.wandb=False)'
@@ -187,10 +181,7 @@ class MetricsWriter:
     self.active = jax.process_index() == 0
     # A write that fails (a full disk) becomes the caller's one-line error, which can name what is kept.
     self._on_storage_error = on_storage_error
-    self._jsonl = None
-    self._files: dict[str, Any] = {}
-    self._tb = None
-    self._wandb = None
+    self._jsonl, self._files, self._tb, self._wandb = None, {}, None, None
     if not self.active:
       return
     remote = paths.resolved(workdir, '--workdir')
@@ -223,15 +214,11 @@ class MetricsWriter:
     if not self.active:
       return
     # 'time' (unix seconds) puts the curves on a wall-clock axis (train/report.py's loss_curve.png)
-    record = {
-      'step': int(step),
-      'time': round(time.time(), 3),
-      **{f'{prefix}/{k}': float(v) for k, v in scalars.items()},
-    }
+    row = {'step': int(step), 'time': round(time.time(), 3), **{f'{prefix}/{k}': float(v) for k, v in scalars.items()}}
     try:
       if prefix in FILES and prefix not in self._files:
         self._files[prefix] = open(self.mirror.path / FILES[prefix], 'a', buffering=1)
-      self._files.get(prefix, self._jsonl).write(json.dumps(record) + '\n')
+      self._files.get(prefix, self._jsonl).write(json.dumps(row) + '\n')
       if self._tb is not None:
         for k, v in scalars.items():
           self._tb.add_scalar(f'{prefix}/{k}', float(v), int(step))
@@ -240,7 +227,7 @@ class MetricsWriter:
         raise
       raise self._on_storage_error(e) from e
     if self._wandb is not None:
-      self._wandb.log(record)
+      self._wandb.log(row)
 
   def close(self) -> None:
     for f in (self._jsonl, *self._files.values()):

@@ -1,8 +1,6 @@
-"""NeoBERT's optimizer: global-norm clipping, then AdamW (or Muon) under a warmup then decay schedule.
-
-The schedule is tabulated on the host in float64 and rounded once to float32, so the step applies the correctly
-rounded rate, equal to the original torch scheduler's (on-device float32 would be a few ulps off). Weight decay is
-decided from the parameter's path, not its rank, because stacked layers turn norm scales [D] into [L, D]."""
+"""NeoBERT's optimizer: global-norm clipping, then AdamW (or Muon) under a warmup then decay schedule. The schedule
+is tabulated on the host in float64 and rounded once to float32: the torch scheduler's rate, where on-device float32
+would be a few ulps off. Weight decay follows the path, not the rank: stacked layers make norm scales [L, D]."""
 
 from __future__ import annotations
 
@@ -16,7 +14,7 @@ import numpy as np
 import optax
 
 from neobert_jax.config.optimizer import muon_adamw
-from neobert_jax.config.train import DECAY_SHAPES, SCHEDULES, decay_window
+from neobert_jax.config.train import SCHEDULES, decay_window
 from neobert_jax.weights.flat import path_names
 
 
@@ -28,22 +26,17 @@ def floor_step(opt_cfg: ml_collections.ConfigDict, num_steps: int) -> int:
   return max(round(opt_cfg.decay_fraction * num_steps), opt_cfg.warmup_steps + 1)
 
 
-def decay_factor(shape: str, progress: np.ndarray) -> np.ndarray:
-  """How much of (peak - floor) is left at `progress` in [0, 1] of a decay: 1 at its start, 0 at its end."""
-  p = np.clip(progress, 0.0, 1.0)
-  if shape == 'linear':
-    return 1.0 - p
-  if shape == 'cosine':
-    return 0.5 * (1.0 + np.cos(math.pi * p))
-  if shape == '1-sqrt':
-    return 1.0 - np.sqrt(p)
-  raise ValueError(f'optimizer.decay_shape={shape!r}; expected one of {DECAY_SHAPES}')
+# How much of (peak - floor) is left at progress p in [0, 1] of a decay, by optimizer.decay_shape: 1, then 0 at its end.
+DECAYS = {
+  'linear': lambda p: 1.0 - p,
+  'cosine': lambda p: 0.5 * (1.0 + np.cos(math.pi * p)),
+  '1-sqrt': lambda p: 1.0 - np.sqrt(p),
+}
 
 
 def lr_values(opt_cfg: ml_collections.ConfigDict, num_steps: int, steps: np.ndarray) -> np.ndarray:
-  """The learning rate of the update made at each of `steps` (0 = the first update), float64.
-
-  Every decay reaches the floor at the run's last update (step num_steps - 1) and stays there."""
+  """The learning rate of the update made at each of `steps` (0 = the first update), float64; every decay reaches
+  the floor at the run's last update (step num_steps - 1) and stays there."""
   peak, floor = opt_cfg.peak_lr, opt_cfg.peak_lr * opt_cfg.final_lr_fraction
   warmup, start = opt_cfg.warmup_steps, opt_cfg.warmup_init_fraction
   t = np.asarray(steps, np.float64)
@@ -54,7 +47,7 @@ def lr_values(opt_cfg: ml_collections.ConfigDict, num_steps: int, steps: np.ndar
   if kind in ('wsd', 'linear'):
     first, length = decay_window(opt_cfg, num_steps)
     shape = 'linear' if kind == 'linear' else opt_cfg.decay_shape
-    decayed = floor + (peak - floor) * decay_factor(shape, (t - first + 1) / max(length, 1))
+    decayed = floor + (peak - floor) * DECAYS[shape](np.clip((t - first + 1) / max(length, 1), 0.0, 1.0))
     return np.where(t < warmup, warm, np.where(t < first, peak, decayed))
   if kind != 'cosine':
     raise ValueError(f'optimizer.schedule={kind!r}; expected one of {SCHEDULES}')
@@ -83,11 +76,7 @@ def lr_schedule(opt_cfg: ml_collections.ConfigDict, num_steps: int) -> optax.Sch
       f'warmup_steps={opt_cfg.warmup_steps} (the original trainer asserts the same)'
     )
   table = lr_values(opt_cfg, num_steps, np.arange(end + 1)).astype(np.float32)
-
-  def schedule(count: jax.Array) -> jax.Array:
-    return jnp.asarray(table)[jnp.clip(count, 0, end)]
-
-  return schedule
+  return lambda count: jnp.asarray(table)[jnp.clip(count, 0, end)]
 
 
 def decays(names: list[str], decay_embeddings: bool = True) -> bool:
@@ -106,21 +95,17 @@ def weight_decay_mask(decay_embeddings: bool) -> Callable[[Any], Any]:
     # A parameter of an nnx State ends its path with the Variable's `value`: the rule reads the parameter's name.
     return decays(names[:-1] if names[-1:] == ['value'] else names, decay_embeddings)
 
-  def mask(params: Any) -> Any:
-    return jax.tree_util.tree_map_with_path(leaf_decays, params)
-
-  return mask
+  return lambda params: jax.tree_util.tree_map_with_path(leaf_decays, params)
 
 
 def clip_by_global_norm_eps(max_norm: float, eps: float) -> optax.GradientTransformation:
   """torch.nn.utils.clip_grad_norm_: scale by min(1, max_norm / (norm + eps)); eps=1e-6 there."""
 
-  def update(updates, state, params=None):
-    del params
+  def clip(updates: Any, params: Any = None) -> Any:
     scale = jnp.minimum(1.0, max_norm / (optax.tree.norm(updates) + eps))
-    return jax.tree.map(lambda g: (g * scale).astype(g.dtype), updates), state
+    return jax.tree.map(lambda g: (g * scale).astype(g.dtype), updates)
 
-  return optax.GradientTransformation(lambda params: optax.EmptyState(), update)
+  return optax.stateless(clip)
 
 
 # Muon's reading of each weight, by the last two names of its path: (input axes, output axes) of the matrix, every
@@ -137,8 +122,7 @@ MUON_AXES: dict[str, tuple[tuple[int, ...], tuple[int, ...], str]] = {
 
 
 def muon_dimensions(on_adamw: tuple[str, ...]) -> Callable[[Any], Any]:
-  """optax.contrib.muon's muon_weight_dimension_numbers: a function of the parameters (or of a masked tree of them)
-  giving each one's MuonDimensionNumbers, or None where it takes AdamW."""
+  """optax.contrib.muon's muon_weight_dimension_numbers of the parameters (or a masked tree); None: AdamW's."""
 
   def one(path: Any, leaf: Any) -> Any:
     names = [n for n in path_names(path) if n != 'value']  # nnx state paths end in the Variable's 'value'
@@ -189,25 +173,20 @@ def _muon(opt: ml_collections.ConfigDict, schedule: optax.Schedule) -> optax.Gra
 def make_optimizer(
   opt: ml_collections.ConfigDict, num_steps: int
 ) -> tuple[optax.GradientTransformation, optax.Schedule]:
-  """The full transformation (clip -> AdamW, or clip -> Muon and AdamW) and its schedule, from the `optimizer`
-  section and train.num_steps."""
+  """clip -> AdamW (or Muon and AdamW) and its schedule, from the `optimizer` section and train.num_steps."""
   schedule = lr_schedule(opt, num_steps)
   update = _muon(opt, schedule) if opt.name == 'muon' else _adamw(opt, schedule)
   clip = []
   if opt.clip_norm > 0:
-    clip = [
-      clip_by_global_norm_eps(opt.clip_norm, opt.clip_eps)
-      if opt.clip_eps > 0
-      else optax.clip_by_global_norm(opt.clip_norm)
-    ]
+    exact = opt.clip_eps > 0  # torch's rule, eps added to the norm
+    clip = [clip_by_global_norm_eps(opt.clip_norm, opt.clip_eps) if exact else optax.clip_by_global_norm(opt.clip_norm)]
   return optax.chain(*clip, update), schedule
 
 
 def make_finetune_optimizer(
   opt: ml_collections.ConfigDict, num_steps: int
 ) -> tuple[optax.GradientTransformation, optax.Schedule]:
-  """Clip -> AdamW under a linear warmup, then a linear or cosine decay to 0 at num_steps, from a fine-tuning
-  config's `optimizer` section. Norm scales and biases (the head's too) never decay, as in pretraining."""
+  """Fine-tuning's clip -> AdamW, warmup then a linear or cosine decay to 0; norm scales and biases never decay."""
   warmup = opt.warmup_steps if opt.get('warmup_steps', 0) > 0 else round(opt.warmup_fraction * num_steps)
   if opt.schedule == 'cosine':
     lr = optax.warmup_cosine_decay_schedule(0.0, opt.lr, warmup, max(num_steps, warmup + 1), 0.0)
@@ -217,8 +196,6 @@ def make_finetune_optimizer(
       optax.linear_schedule(opt.lr, 0.0, max(num_steps - warmup, 1)),
     ]
     lr = optax.join_schedules(warm_then_decay, [max(warmup, 1)])
-  adamw = optax.adamw(
-    lr, b1=opt.b1, b2=opt.b2, eps=opt.eps, weight_decay=opt.weight_decay, mask=weight_decay_mask(True)
-  )
+  tx = optax.adamw(lr, b1=opt.b1, b2=opt.b2, eps=opt.eps, weight_decay=opt.weight_decay, mask=weight_decay_mask(True))
   parts = [optax.clip_by_global_norm(opt.clip_norm)] if opt.clip_norm > 0 else []
-  return optax.chain(*parts, adamw), lr
+  return optax.chain(*parts, tx), lr

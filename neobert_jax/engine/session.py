@@ -37,25 +37,22 @@ T = TypeVar('T')
 StateMaker = Callable[[], tuple[state_lib.StateDefs, state_lib.TrainState]]
 
 
-def check_workdir(workdir: paths.Path) -> None:
-  """A workdir that is a file, or cannot be written, is one line now, not a traceback later."""
+def check_workdir(workdir: paths.Path, writable: bool = True) -> None:
+  """A workdir that is a file, or (with `writable`) cannot be written, is one line now, not a traceback later."""
   if paths.local(workdir) and workdir.exists() and not workdir.is_dir():
     raise errors.ConfigError(
       f'--workdir={workdir} is a file, not a directory; pass a directory for the run (it is created if missing)'
     )
-  if jax.process_index() == 0:
+  if writable and jax.process_index() == 0:
     paths.check_writable(workdir, '--workdir')
 
 
 @contextlib.contextmanager
 def claim(workdir: str | Path, run_id: str = '') -> Iterator[lease_lib.Lease | None]:
-  """The workdir's lease for the whole job, held by process 0 (None on the others).
-
-  Every process learns whether it was taken, so a refused job stops everywhere with one line instead of hanging
-  at the first collective."""
+  """The workdir's lease for the whole job, held by process 0 (None on the others); every process learns whether it
+  was taken, so a refused job stops everywhere with one line instead of hanging at the first collective."""
   workdir = paths.resolved(workdir, '--workdir')
-  if paths.local(workdir) and workdir.exists() and not workdir.is_dir():
-    check_workdir(workdir)  # the one line for a workdir that is a file
+  check_workdir(workdir, writable=False)  # the one line for a workdir that is a file
   held, refused = None, None
   if jax.process_index() == 0:
     try:
@@ -89,9 +86,8 @@ class Start:
 
 
 class TrainingSession:
-  """One session of training in `workdir`; `cfg` (resolved) goes into every checkpoint and its logging section
-  says whether to write TensorBoard and show a progress bar, `data_position` is checkpointed with the state,
-  `lease` is checked before every save."""
+  """One session of training in `workdir`: `cfg` (resolved) and `data_position` go into every checkpoint, and `lease`
+  is checked before every save."""
 
   def __init__(
     self,
@@ -155,8 +151,8 @@ class TrainingSession:
   def writer(self) -> MetricsWriter:
     """The metrics, opened on first use (a refused resume writes nothing), closed at the end."""
     if self._writer is None:
-      tensorboard = self.cfg.logging.tensorboard
-      self._writer = MetricsWriter(self.workdir, tensorboard, self.wandb, on_storage_error=self._write_failed)
+      failed = lambda e: self._upload_failed(e, 'writing the metrics under', 'Free space or fix the storage')
+      self._writer = MetricsWriter(self.workdir, self.cfg.logging.tensorboard, self.wandb, on_storage_error=failed)
       self.on_close(self._close_writer)
     return self._writer
 
@@ -179,9 +175,6 @@ class TrainingSession:
       'then re-run the same command to resume from it.'
     )
 
-  def _write_failed(self, e: OSError) -> errors.StorageError:
-    return self._upload_failed(e, 'writing the metrics under', 'Free space or fix the storage')
-
   def profile_dir(self) -> Path:
     """WORKDIR/profile; on a bucket, the metrics mirror (process 0) or the local cache."""
     if paths.local(self.workdir):
@@ -201,19 +194,17 @@ class TrainingSession:
     keep_optimizer: bool = False,
     continue_data: bool = False,
   ) -> Start:
-    """The run's starting state: this workdir's newest checkpoint (with `resume`), else `create()` with parameters
-    from `source()` (plus, from a run, its optimizer state and data position on request), else `create()` as is.
-    The source is opened only when the run starts afresh."""
+    """The run's starting state: this workdir's newest checkpoint (with `resume`), else `create()` with parameters from
+    `source()`, opened only then (from a run, its optimizer state and data position on request), else `create()`."""
     if resume:
       defs, target = abstract()
       restored = ckpt.restore_latest(self.mngr, target, self.data_position)
       if restored is not None:
         step, state = restored
         self.saved_step = self.committed_step = step
-        origin = f'checkpoint {self.mngr.directory}/{step}'
         if self.is_main:
           log.info('resumed from %s/%d', self.mngr.directory, step)
-        return Start(step, defs, state, True, origin)
+        return Start(step, defs, state, True, f'checkpoint {self.mngr.directory}/{step}')
     src = source()
     defs, state = create()
     if src is None:
@@ -233,7 +224,7 @@ class TrainingSession:
 
   def save(self, step: int, state: state_lib.TrainState) -> None:
     """The full state (parameters, optimizer, data position, config) as `step`; metrics go up with it."""
-    self._save(step, state, self.data_position, with_optimizer=True)
+    self._save(step, state, full=True)
     with bucket.Timer(f'checkpoint {step} metrics upload', say=not paths.local(self.workdir)) as upload:
       try:
         self.writer.sync()  # a bucket workdir's metrics and TensorBoard go up with each checkpoint
@@ -243,12 +234,10 @@ class TrainingSession:
 
   def save_params(self, step: int, state: state_lib.TrainState) -> None:
     """Parameters and config only, as `step` (fine-tuning's best evaluation: what its export reads)."""
-    self._save(step, state, None, with_optimizer=False)
+    self._save(step, state, full=False)
 
-  def _save(
-    self, step: int, state: state_lib.TrainState, position: ckpt.DataPosition | None, with_optimizer: bool
-  ) -> None:
-    """Starts the save, timed from here to its commit (`_committed`), unless this job lost the workdir's lease."""
+  def _save(self, step: int, state: state_lib.TrainState, full: bool) -> None:
+    """Starts the save (`full`: resumable), timed to its commit (`_committed`), unless this job lost its lease."""
     if self.lease is not None:
       self.lease.check()
     if self._in_flight is not None:
@@ -256,9 +245,8 @@ class TrainingSession:
     self._write_timings()  # the saves committed since the last one, under their own steps
     self._in_flight = (step, bucket.Timer(f'checkpoint {step} save', say=not paths.local(self.workdir)))
     try:
-      ckpt.save(
-        self.mngr, step, state, position, self.cfg, with_optimizer=with_optimizer, last_good=self.committed_step
-      )
+      position = self.data_position if full else None
+      ckpt.save(self.mngr, step, state, position, self.cfg, with_optimizer=full, last_good=self.committed_step)
     except BaseException:
       self._forget_in_flight()
       raise
@@ -296,8 +284,7 @@ class TrainingSession:
   def trainer(
     self, step: Callable, start: Start, batches: Iterator[tuple], options: trainer_lib.TrainerOptions
   ) -> trainer_lib.Trainer:
-    """engine/trainer.Trainer from `start` over the session's outputs: progress bar, Logger, the
-    task's hooks then the checkpoint hook, SIGTERM handling and the profile trace. `start.state` is donated."""
+    """engine/trainer.Trainer from `start` (its state donated) with the task's hooks, then the checkpoint hook."""
     pbar = None
     if self.is_main and self.cfg.logging.progress_bar:
       from tqdm.auto import tqdm  # pylint: disable=g-import-not-at-top

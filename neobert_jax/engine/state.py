@@ -1,8 +1,5 @@
-"""The training state of any model the engine trains, created already sharded.
-
-A plain dict pytree, {'params', 'opt', 'ema' (with train.ema_decay > 0)}, so that jit, Orbax and donation see
-ordinary arrays; the graph definitions travel in `StateDefs`. Creation runs inside jit under the mesh so nothing
-ever gathers a full parameter on one device."""
+"""The training state: a plain dict pytree {'params', 'opt'[, 'ema']}, so jit, Orbax and donation see ordinary arrays
+(the graph definitions travel in `StateDefs`), created inside jit under the mesh so no device gathers a parameter."""
 
 from __future__ import annotations
 
@@ -83,8 +80,7 @@ def create_state(
   mesh: jax.sharding.Mesh,
   ema: bool = False,
 ) -> tuple[StateDefs, TrainState]:
-  """Freshly initialised parameters and optimizer state (the factory seeds the init), each array sharded at birth;
-  with `ema`, the average starts as a copy of the parameters."""
+  """Freshly initialised parameters and optimizer state, each array sharded at birth (an EMA starts as their copy)."""
   defs, _ = abstract_state(make_model, tx, schedule, mesh, ema)
   with shd.activate(mesh):
     # The out_shardings make the placement explicit even where the eager-sharding annotations would leave XLA a
@@ -95,8 +91,7 @@ def create_state(
 
 
 def with_ema(defs: StateDefs, state: TrainState) -> TrainState:
-  """`state` with its EMA restarted at its parameters (a copy: the two are donated side by side), when the defs
-  have one; else `state` as it is."""
+  """`state` with its EMA, if the defs have one, restarted at a copy of its parameters (both are donated)."""
   if 'ema' not in defs.shardings:
     return state
   copy = jax.jit(lambda p: jax.tree.map(jnp.copy, p), out_shardings=defs.shardings['ema'])(state['params'])
@@ -104,14 +99,9 @@ def with_ema(defs: StateDefs, state: TrainState) -> TrainState:
 
 
 def with_params(defs: StateDefs, state: TrainState, params: Any) -> TrainState:
-  """A TrainState whose parameters are replaced (loaded weights), with a fresh optimizer around them (and the EMA,
-  if any, restarted at them)."""
+  """A TrainState of the given parameters (loaded weights) and a fresh optimizer (and EMA, if any) around them."""
   with shd.activate(jax.tree.leaves(defs.shardings)[0].mesh):
-
-    def fresh_opt(p: Any) -> Any:
-      model = nnx.merge(defs.model_def, p)
-      return nnx.split(_optimizer(model, defs.tx))[1]
-
+    fresh_opt = lambda p: nnx.split(_optimizer(nnx.merge(defs.model_def, p), defs.tx))[1]
     params = jax.device_put(params, defs.shardings['params'])
     opt = jax.jit(fresh_opt, out_shardings=defs.shardings['opt'])(params)
   del state  # donated conceptually: the old arrays are no longer referenced by the caller's new state

@@ -1,9 +1,7 @@
 """The one jitted train step: summed loss -> token-weighted gradients -> optimizer update, non-finite rollback.
-
-A task supplies `loss_sums(model, micro, key) -> (loss_sum, weight, sums)`. Micro-batches are summed and divided
-by the total count at the end (not by A), so 4 micro-batches of 8 rows give exactly the gradient of one batch of
-32. Over non-weight-splitting batch axes ('data') each replica scans its own rows under a shard_map and one psum
-follows the scan, so the gradient crosses the DCN once per step."""
+Micro-batch sums are divided by the total count at the end (not by A), so 4 micro-batches of 8 rows give exactly the
+gradient of one batch of 32; over the 'data' axes each replica scans its own rows under a shard_map and one psum
+follows, so the gradient crosses the DCN once per step."""
 
 from __future__ import annotations
 
@@ -70,9 +68,7 @@ def train_step_fn(defs: StateDefs, loss_sums: LossSums, options: StepOptions) ->
 
     zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), params)
     first = {k: v[0] for k, v in batch.items()}
-    sum_zeros = jax.tree.map(
-      lambda s: jnp.zeros(s.shape, s.dtype), jax.eval_shape(lambda: loss_fn(params, first, key)[1][1])
-    )
+    sum_zeros = jax.tree.map(jnp.zeros_like, jax.eval_shape(lambda: loss_fn(params, first, key)[1][1]))
     init = (jax.lax.with_sharding_constraint(zeros, param_shardings), 0.0, 0.0, sum_zeros)
     accum = jax.tree.leaves(batch)[0].shape[0]
     (grads, loss_sum, weight, sums), _ = jax.lax.scan(add_micro_batch, init, (jnp.arange(accum), batch))

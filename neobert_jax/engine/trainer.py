@@ -1,7 +1,6 @@
-"""The one training loop: step, log, run hooks (evaluation, checkpoints), stop cleanly on SIGTERM.
-
-Exact resume: a step's batch is pulled just before the step runs and nothing is prefetched beyond the iterator's own
-buffers, so after step s the iterator has handed out exactly s batches, the position a checkpoint saves."""
+"""The one training loop: step, log, run hooks (evaluation, checkpoints), stop cleanly on SIGTERM. Exact resume: a
+step's batch is pulled just before the step runs, nothing prefetched beyond the iterator's own buffers, so after
+step s the iterator has handed out exactly s batches, the position a checkpoint saves."""
 
 from __future__ import annotations
 
@@ -40,8 +39,8 @@ class LogOptions:
 
 
 class Logger:
-  """Per-step device metrics, turned into host scalars every few steps (one device sync); hooks use it to
-  write metrics (`writer`) and lines (`say`). `last_good()` names the newest good checkpoint when a step diverges."""
+  """Per-step device metrics, turned into host scalars every few steps (one device sync); hooks write through it
+  (`evaluated`). `last_good()` names the newest good checkpoint when a step diverges."""
 
   def __init__(self, writer: MetricsWriter, pbar: Any, options: LogOptions, last_good: Callable[[], str]):
     self.writer, self.pbar, self.options, self.last_good = writer, pbar, options, last_good
@@ -53,15 +52,11 @@ class Logger:
     self.throughput: list[float] = []  # tokens/s of every logged window that held timed steps
     self.restart_clock()
 
-  def say(self, message: str) -> None:
-    """A line for the user that does not break the progress bar."""
-    (self.pbar.write if self.pbar is not None else log.info)(message)
-
   def evaluated(self, step: int, figures: dict[str, float], line: str, prefix: str = 'eval') -> None:
-    """An evaluation hook's figures: written under `prefix`, and `line` said on process 0."""
+    """An evaluation hook's figures: written under `prefix`, and `line` said on process 0 (past the progress bar)."""
     self.writer.write(step, figures, prefix=prefix)
     if jax.process_index() == 0:
-      self.say(line)
+      (self.pbar.write if self.pbar is not None else log.info)(line)
 
   def add(self, step: int, metrics: dict[str, Any], tokens: int) -> None:
     self.pending.append((step, metrics))
@@ -83,17 +78,6 @@ class Logger:
     """Times again from now, keeping what pause_clock banked."""
     self.t0, self.tokens, self.timed = time.perf_counter(), 0, 0
 
-  def _check_finite(self, step: int, m: dict[str, Any]) -> None:
-    if bool(m['finite']):
-      return
-    if self.options.nan_policy == 'stop':
-      raise TrainingDiverged(
-        f'non-finite loss/gradient at step {step} (loss={float(m["loss"])}, grad_norm={float(m["grad_norm"])}). '
-        f'Last good checkpoint: {self.last_good()}. {self.options.diverged_hint}'
-      )
-    self.skipped += 1
-    log.warning('step %d: non-finite loss/gradient, update skipped (%d so far)', step, self.skipped)
-
   def flush(self) -> None:
     if not self.pending:
       return
@@ -103,7 +87,15 @@ class Logger:
     for s, m in zip(steps, host):
       if o.check is not None:
         o.check(s, m)
-      self._check_finite(s, m)
+      if bool(m['finite']):
+        continue
+      if o.nan_policy == 'stop':
+        raise TrainingDiverged(
+          f'non-finite loss/gradient at step {s} (loss={float(m["loss"])}, grad_norm={float(m["grad_norm"])}). '
+          f'Last good checkpoint: {self.last_good()}. {o.diverged_hint}'
+        )
+      self.skipped += 1
+      log.warning('step %d: non-finite loss/gradient, update skipped (%d so far)', s, self.skipped)
     elapsed = max(time.perf_counter() - self.t0 + self.banked[0], 1e-9)
     tokens, timed = self.tokens + self.banked[1], self.timed + self.banked[2]
     tps = tokens / elapsed
@@ -129,36 +121,24 @@ class Logger:
     self.restart_clock()
 
 
-def _jax_preemption_service() -> bool:
-  """True when jax's preemption sync manager runs (jax.distributed with jax_enable_preemption_service, the
-  default): it installs its own SIGTERM notifier and agrees a common stop step across processes."""
-  # Public equivalent of "jax's preemption sync manager exists": jax.distributed starts it exactly when this
-  # option is on (see multihost_utils.reached_preemption_sync_point).
-  return jax.process_count() > 1 and jax.distributed.is_initialized() and bool(jax.config.jax_enable_preemption_service)
-
-
 class Preemption:
-  """Decides when to stop for SIGTERM so that every process stops, and saves, after the same step.
-
-  A process-local flag is not enough with several processes: one that starts a save alone waits forever in its
-  barrier. With jax's preemption service `reached_preemption(step)` agrees (and no Python handler is installed:
-  it would replace jax's notifier); without it the flag is all-gathered every `agree_every` steps."""
+  """Decides when to stop for SIGTERM so that every process stops, and saves, after the same step (one that saved
+  alone would wait forever in its barrier). With jax's preemption service `reached_preemption(step)` agrees (no Python
+  handler is installed: it would replace jax's notifier); without it the flag is all-gathered every `agree_every`."""
 
   def __init__(self, mngr: Any, agree_every: int):
     self._mngr, self._agree_every = mngr, max(1, agree_every)
     self._multi = jax.process_count() > 1
-    self._jax_service = _jax_preemption_service()
+    # jax.distributed runs its preemption sync manager (its own SIGTERM notifier, a common stop step) exactly when
+    # this option is on (see multihost_utils.reached_preemption_sync_point).
+    self._jax_service = self._multi and jax.distributed.is_initialized() and jax.config.jax_enable_preemption_service
     self.requested = False  # this process got SIGTERM (the Python handler's flag)
     self._previous = None
 
   def __enter__(self) -> 'Preemption':
     if not self._jax_service and threading.current_thread() is threading.main_thread():
-      self._previous = signal.signal(signal.SIGTERM, self._handle)
+      self._previous = signal.signal(signal.SIGTERM, lambda *_: setattr(self, 'requested', True))
     return self
-
-  def _handle(self, signum: int, frame: Any) -> None:
-    del signum, frame
-    self.requested = True
 
   def should_stop(self, done: int) -> bool:
     """Called by every process after every step; the same answer in all of them."""
@@ -232,10 +212,6 @@ class Trainer:
     self.step, self.state, self.batches, self.start, self.options = step, state, batches, start, options
     self.logger, self.preemption, self.profile_dir = logger, preemption, profile_dir
 
-  def _due(self, hook: Hook, done: int, stop: bool) -> bool:
-    every = hook.every
-    return (every > 0 and (done % every == 0 or done == self.options.num_steps)) or (stop and hook.checkpoint)
-
   def train(self) -> TrainResult:
     """Trains to num_steps or a preemption stop; a step that compiles (a new batch shape) is not timed."""
     o = self.options
@@ -266,7 +242,8 @@ class Trainer:
         self.logger.flush()
       stop = self.preemption is not None and self.preemption.should_stop(done)
       for hook in o.hooks:
-        if self._due(hook, done, stop):
+        due = hook.every > 0 and (done % hook.every == 0 or done == o.num_steps)
+        if due or (stop and hook.checkpoint):
           self.logger.flush()  # never act on (evaluate, checkpoint) a state that went non-finite
           hook.fn(done, self.state, self.logger)
           if not hook.checkpoint:

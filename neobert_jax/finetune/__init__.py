@@ -1,2 +1,1 @@
-"""Downstream fine-tuning of a pretrained NeoBERT: GLUE-style classification / regression and contrastive
-sentence embeddings, on the pretraining mesh and sharding rules (`python -m neobert_jax.finetune`, `... .sweep`)."""
+"""Downstream fine-tuning of a pretrained NeoBERT: classification / regression and contrastive embeddings."""

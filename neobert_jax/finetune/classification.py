@@ -1,8 +1,5 @@
-"""The classification / regression task: files -> framed examples and labels, the loss, validation metrics.
-
-Everything that can be wrong with the input (missing file or column, empty file, labels that differ between the
-train and validation files) is found here, while the task is built, before the job writes anything.
-"""
+"""The classification / regression task: files -> framed examples and labels, the loss, validation metrics. What can
+be wrong with the input (a file, a column, the labels) is found while the task is built, before anything is written."""
 
 from __future__ import annotations
 
@@ -61,9 +58,8 @@ def infer(values: Sequence[Any], task_type: str, where: str) -> LabelSpec:
   kind = task_type if task_type != 'auto' else ('regression' if numeric and not integral else 'classification')
   if kind == 'regression':
     if not numeric:
-      raise DataError(
-        f'{where}: regression needs numeric labels; found {next(v for v in values if not _is_number(v))!r}'
-      )
+      bad = next(v for v in values if not _is_number(v))
+      raise DataError(f'{where}: regression needs numeric labels; found {bad!r}')
     return LabelSpec('regression', (), ())
   raw = sorted({int(v) for v in values}) if integral else sorted({str(v) for v in values})
   if len(raw) < 2:
@@ -139,9 +135,7 @@ def classification(y: np.ndarray, logits: np.ndarray) -> dict[str, float]:
 
 
 def _corr(fn, a: np.ndarray, b: np.ndarray) -> float:
-  if np.std(a) == 0 or np.std(b) == 0:
-    return 0.0
-  return float(fn(a, b)[0])
+  return 0.0 if np.std(a) == 0 or np.std(b) == 0 else float(fn(a, b)[0])
 
 
 def regression(y: np.ndarray, pred: np.ndarray) -> dict[str, float]:
@@ -151,10 +145,6 @@ def regression(y: np.ndarray, pred: np.ndarray) -> dict[str, float]:
     'spearman': _corr(stats.spearmanr, y, pred),
     'mse': float(np.mean((pred - y) ** 2)),
   }
-
-
-def majority_accuracy(y: np.ndarray) -> float:
-  return float(np.bincount(y).max() / len(y))
 
 
 def sequence_loss(kind: str):
@@ -179,11 +169,7 @@ class ClassificationTask:
   def __init__(self, cfg: ml_collections.ConfigDict, tok: Any):
     d = cfg.data
     self.cfg, self.pad_id = cfg, tok.pad_id
-    fields = [
-      ('data.text_field', d.text_field),
-      ('data.text_pair_field', d.text_pair_field),
-      ('data.label_field', d.label_field),
-    ]
+    fields = [(f'data.{f}', getattr(d, f)) for f in ('text_field', 'text_pair_field', 'label_field')]
     train = tables.read_table(d.train_file, d.format)
     tables.require_columns(train, d.train_file, fields)
     self.spec = infer(train[d.label_field], d.task_type, d.train_file)
@@ -242,7 +228,7 @@ class ClassificationTask:
     if self.kind == 'regression':
       return regression(self.val_y, out)
     result = classification(self.val_y, out)
-    result['majority'] = majority_accuracy(self.val_y)
+    result['majority'] = float(np.bincount(self.val_y).max() / len(self.val_y))
     return result
 
   def save(self, workdir: paths.Path) -> None:

@@ -36,15 +36,6 @@ def encoder_state_dict(flat: Mapping[str, Any], model_cfg: Any) -> dict[str, np.
   return {k: x for k, x in sd.items() if not k.startswith('decoder.')}
 
 
-def _head(flat: Mapping[str, Any]) -> dict[str, np.ndarray]:
-  """Our [in, out] kernels -> torch Linear [out, in] weights."""
-  out = {}
-  for name in ('dense', 'classifier'):
-    out[f'{name}.weight'] = np.ascontiguousarray(np.asarray(flat[f'{name}.kernel']).T)
-    out[f'{name}.bias'] = np.asarray(flat[f'{name}.bias'])
-  return out
-
-
 def export_classifier(
   flat: Mapping[str, Any],
   model_cfg: Any,
@@ -59,7 +50,10 @@ def export_classifier(
 ) -> Path:
   """The HF sequence-classification directory (labels from a neobert_jax.finetune.classification.LabelSpec)."""
   check_output_dir(output, overwrite)
-  state = {**encoder_state_dict(flat, model_cfg), **_head(flat)}
+  state = encoder_state_dict(flat, model_cfg)
+  for name in ('dense', 'classifier'):  # our [in, out] kernels -> torch Linear [out, in] weights
+    state[f'{name}.weight'] = np.asarray(flat[f'{name}.kernel']).T
+    state[f'{name}.bias'] = np.asarray(flat[f'{name}.bias'])
   state = {k: np.ascontiguousarray(v.astype(np.float32)) for k, v in state.items()}
   config = hf.hf_config_dict(model_cfg)
   config['architectures'] = ['NeoBERTForSequenceClassification']
@@ -73,7 +67,6 @@ def export_classifier(
       id2label={i: n for i, n in enumerate(label_spec.names)},
       label2id={n: i for i, n in enumerate(label_spec.names)},
     )
-
   return write_hf_dir(output, state, config, tokenizer=tokenizer, card=card, overwrite=overwrite)
 
 
@@ -164,30 +157,20 @@ def export_run(workdir: str | Path, output: str | Path, *, overwrite: bool = Fal
   data, head = cfg.data, cfg.head
   tokenizer = source_lib.run_tokenizer(cfg, workdir)  # the copy the run carries, else the recorded spec
   card = model_card.run_facts(workdir)  # the run's training facts for the model card (convert/model_card.py)
+  kw = dict(tokenizer=tokenizer, card=card, overwrite=overwrite)
   if cfg.task == 'contrastive':
     return export_sentence_transformer(
       flat,
       model_cfg,
       output,
-      tokenizer=tokenizer,
       pooling=head.pooling,
       normalize=head.normalize,
       max_seq_length=data.max_length,
       query_prompt=data.query_prefix,
-      card=card,
-      overwrite=overwrite,
+      **kw,
     )
-  return export_classifier(
-    flat,
-    model_cfg,
-    classification.load_labels(workdir),
-    output,
-    tokenizer=tokenizer,
-    dropout=head.dropout,
-    pooling=head.classifier_pooling,
-    card=card,
-    overwrite=overwrite,
-  )
+  labels = classification.load_labels(workdir)
+  return export_classifier(flat, model_cfg, labels, output, dropout=head.dropout, pooling=head.classifier_pooling, **kw)
 
 
 def main(argv: list[str] | None = None) -> int:

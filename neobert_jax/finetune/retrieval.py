@@ -1,10 +1,6 @@
 """The contrastive task: (query, positive[, hard negative]) rows -> InfoNCE training and retrieval validation.
-
 Queries get their dataset's instruction (or data.query_prefix) in front, documents data.document_prefix, as the
-paper's MTEB recipe does. Batches are random rows; the query, positive and negative texts of one batch are padded
-to a single bucket length, so the step compiles once per bucket. Validation embeds every held-out query and
-positive and asks how often a query's own positive is its nearest document among all of them (accuracy, MRR).
-"""
+paper's MTEB recipe does. A batch's texts are padded to one bucket length, so the step compiles once per bucket."""
 
 from __future__ import annotations
 
@@ -40,15 +36,11 @@ def info_nce(
   reduction: str = 'mean',
 ) -> tuple[jax.Array, jax.Array]:
   """InfoNCE with in-batch negatives over the whole data-parallel batch (NeoBERT's SupConLoss): (loss, number of
-  correctly retrieved queries) for [B, D] queries / positives and optional [N, D] negatives.
-
-  Each query is scored by cosine similarity / temperature against every positive of the GLOBAL batch plus every
-  hard negative; the target is the query's own positive. Inside a jitted step the arrays are global (rows sharded
-  over data x fsdp); the documents are pinned replicated, which makes XLA all-gather them once so each device scores
-  its own queries against every document of every device, exactly as a single device would. weights [B]: 1 for real
-  rows, 0 for padding (neither queries nor candidates). 'mean' averages over real queries, 'sum' adds them up (the
-  original trainer's reduction).
-  """
+  correctly retrieved queries) for [B, D] queries / positives and optional [N, D] negatives. Each query is scored by
+  cosine similarity / temperature against every positive of the GLOBAL batch plus every hard negative, its own
+  positive the target; the documents are pinned replicated, so XLA all-gathers them once and each device scores its
+  own queries exactly as a single device would. weights [B]: 1 for real rows, 0 for padding (neither queries nor
+  candidates); 'mean' averages over real queries, 'sum' adds them up (the original trainer's reduction)."""
   docs, doc_w = positives, weights
   if negatives is not None:
     docs = jnp.concatenate([positives, negatives], axis=0)
@@ -92,24 +84,19 @@ class ContrastiveTask:
     self.cfg, self.pad_id = cfg, tok.pad_id
     self.has_negatives = d.negative_field != ''
     self.instructions = _instructions(d.instructions)
-    fields = [
-      ('data.query_field', d.query_field),
-      ('data.positive_field', d.positive_field),
-      ('data.negative_field', d.negative_field),
-      ('data.dataset_field', d.dataset_field),
-    ]
+    columns = ('query_field', 'positive_field', 'negative_field', 'dataset_field')
+    fields = [(f'data.{f}', getattr(d, f)) for f in columns]
     train = tables.read_table(d.train_file, d.format)
     tables.require_columns(train, d.train_file, fields)
     n = len(train[d.query_field])
     if d.validation_file:
       val = tables.read_table(d.validation_file, d.format)
       tables.require_columns(val, d.validation_file, fields)
-      self.train = self._examples(tok, train, np.arange(n), d.train_file)
-      self.val = self._examples(tok, val, np.arange(len(val[d.query_field])), d.validation_file)
+      splits = (train, np.arange(n), d.train_file), (val, np.arange(len(val[d.query_field])), d.validation_file)
     else:
       tr, va = tables.split_holdout(n, d.validation_fraction, cfg.seed)
-      self.train = self._examples(tok, train, tr, d.train_file)
-      self.val = self._examples(tok, train, va, d.train_file)
+      splits = (train, tr, d.train_file), (train, va, d.train_file)
+    self.train, self.val = (self._examples(tok, *s) for s in splits)
     self.buckets = batching.buckets(d.max_length, d.min_bucket)
     self.metric = cfg.eval.metric or 'retrieval_accuracy'
     self.batch_keys = ['q_ids', 'q_lengths', 'p_ids', 'p_lengths', 'weights']
@@ -156,14 +143,12 @@ class ContrastiveTask:
     groups = ('q', 'p', 'n') if self.has_negatives else ('q', 'p')
     for start in range(0, len(order), b):
       idx = order[start : start + b]
-      longest = max(len(self.train[g][i]) for g in groups for i in idx)
-      length = batching.bucket_for(longest, self.buckets)
+      length = batching.bucket_for(max(len(self.train[g][i]) for g in groups for i in idx), self.buckets)
       batch = {'weights': np.zeros((b,), np.float32)}
       batch['weights'][: len(idx)] = 1.0
       for g in groups:
-        batch[f'{g}_ids'], batch[f'{g}_lengths'] = batching.pad_rows(
-          [self.train[g][i] for i in idx], b, length, self.pad_id
-        )
+        rows = [self.train[g][i] for i in idx]
+        batch[f'{g}_ids'], batch[f'{g}_lengths'] = batching.pad_rows(rows, b, length, self.pad_id)
       if self.has_negatives:
         batch['n_weights'] = np.zeros((b,), np.float32)
         batch['n_weights'][: len(idx)] = [self.train['n_present'][i] for i in idx]
@@ -179,9 +164,8 @@ class ContrastiveTask:
     return loss, batch['weights'].sum()
 
   def evaluate(self, predict) -> dict[str, float]:
-    q, p = predict(self.val['q']), predict(self.val['p'])
-    q = q / np.maximum(np.linalg.norm(q, axis=-1, keepdims=True), 1e-12)
-    p = p / np.maximum(np.linalg.norm(p, axis=-1, keepdims=True), 1e-12)
+    unit = lambda x: x / np.maximum(np.linalg.norm(x, axis=-1, keepdims=True), 1e-12)
+    q, p = unit(predict(self.val['q'])), unit(predict(self.val['p']))
     sim = q @ p.T
     own = np.diag(sim)
     rank = (sim > own[:, None]).sum(1)  # documents scored above the query's own positive

@@ -1,7 +1,5 @@
-"""The conversion jobs: `python -m neobert_jax.convert to-pytorch | from-pytorch | to-onnx` runs one of these, and so
-do the tests. Each returns the line the command prints; errors are the package's typed errors (errors.py), which
-the command reports in one line.
-"""
+"""The conversion jobs of `python -m neobert_jax.convert to-pytorch | from-pytorch | to-onnx`: each returns the line
+the command prints; errors are the package's typed errors (errors.py), which the command reports in one line."""
 
 from __future__ import annotations
 
@@ -82,18 +80,15 @@ def save_flat(
     )
   if output.exists() and not overwrite:
     raise errors.ExportError(f'output file {output} exists; pass --overwrite to replace it')
-  if remote:
-    with tempfile.TemporaryDirectory(dir=paths.cache_dir('exports')) as tmp:
-      flat_lib.write_flat_file(flat, cfg, os.path.join(tmp, output.name))
+  if not remote:
+    output.parent.mkdir(parents=True, exist_ok=True)
+  # Written whole beside the output (or in the cache, for a bucket), then moved or uploaded: all or nothing.
+  with tempfile.TemporaryDirectory(prefix='.tmp-', dir=paths.cache_dir('exports') if remote else output.parent) as tmp:
+    flat_lib.write_flat_file(flat, cfg, os.path.join(tmp, output.name))
+    if remote:
       paths.copy(paths.Path(os.path.join(tmp, output.name)), output)
-    return output
-  output.parent.mkdir(parents=True, exist_ok=True)
-  tmp = output.with_name(f'.{output.name}.tmp-{os.getpid()}')
-  try:
-    flat_lib.write_flat_file(flat, cfg, tmp)
-    os.replace(tmp, output)
-  finally:
-    tmp.unlink(missing_ok=True)
+    else:
+      os.replace(os.path.join(tmp, output.name), output)
   return output
 
 
@@ -103,10 +98,8 @@ def from_pytorch(source: str, output: str, *, init_missing_decoder: bool = False
   local = source if not paths.is_url(source) else paths.local_copy(source, marker='config.json')
   cfg, flat = hf.read_hf_dir(local, init_missing_decoder=init_missing_decoder)
   out = save_flat(flat, cfg, output, overwrite=overwrite)
-  count = sum(v.size for v in flat.values())
-  return (
-    f'wrote {len(flat)} arrays ({count / 1e6:.1f}M parameters, {cfg.num_layers} layers x {cfg.hidden_size}) to {out}'
-  )
+  n = sum(v.size for v in flat.values())
+  return f'wrote {len(flat)} arrays ({n / 1e6:.1f}M parameters, {cfg.num_layers} layers x {cfg.hidden_size}) to {out}'
 
 
 @_missing_input_is_an_export_error

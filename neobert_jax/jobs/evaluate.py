@@ -1,6 +1,5 @@
-"""The evaluation jobs: `python -m neobert_jax.evaluate pppl | mteb` runs one of these, and so do the tests. Each
-returns the figures the command prints as one JSON line; errors are the package's typed errors (errors.py).
-"""
+"""The evaluation jobs of `python -m neobert_jax.evaluate pppl | mteb`: each returns the figures the command prints
+as one JSON line; errors are the package's typed errors (errors.py)."""
 
 from __future__ import annotations
 
@@ -23,8 +22,7 @@ def pppl(
   per_document: str = '',
   progress: bool = True,
 ) -> dict:
-  """Pseudo-perplexity of an MLM (a pretraining run or a Hugging Face NeoBERT directory) on a text file; with
-  `per_document`, one JSON line per document there."""
+  """Pseudo-perplexity of an MLM (a run or a Hugging Face directory) on a text file; `per_document`: a line each."""
   from neobert_jax.evaluate import pppl as pppl_lib  # pylint: disable=g-import-not-at-top
   from neobert_jax.downstream import batching, tables  # pylint: disable=g-import-not-at-top
   from neobert_jax import sharding as shd  # pylint: disable=g-import-not-at-top

@@ -1,7 +1,6 @@
-"""The fine-tuning job, `python -m neobert_jax.finetune`'s, and the GLUE grid sweep of such jobs
-(`python -m neobert_jax.finetune.sweep`): the workdir's lease first, then the checks before anything is written
-(prepare_finetuning), training (the task's jitted step, its batches and the evaluation hook that keeps the best
-step), the best step's results and its export. The files a run writes are listed in docs/downstream.md."""
+"""The fine-tuning job, `python -m neobert_jax.finetune`'s, and its GLUE grid sweep (`... .finetune.sweep`): the
+workdir's lease, the checks before anything is written, training that keeps the best evaluated step, its results
+and export. The files a run writes are listed in docs/downstream.md."""
 
 from __future__ import annotations
 
@@ -41,20 +40,9 @@ GRID = {'lr': (5e-6, 6e-6, 1e-5, 2e-5, 3e-5), 'batch': (4, 8, 16, 32), 'weight_d
 SUMMARY_FILE = 'sweep.json'
 
 
-def make_task(cfg: ml_collections.ConfigDict, tok: Any):
-  if cfg.task == 'contrastive':
-    from neobert_jax.finetune.retrieval import ContrastiveTask  # pylint: disable=g-import-not-at-top
-
-    return ContrastiveTask(cfg, tok)
-  from neobert_jax.finetune.classification import ClassificationTask  # pylint: disable=g-import-not-at-top
-
-  return ClassificationTask(cfg, tok)
-
-
 def prepare_finetuning(cfg: ml_collections.ConfigDict, workdir: Path):
-  """(the run's config, validated and resolved once and frozen (config/finetune.resolve_finetune: the architecture used,
-  compute dtype, attention kernel, tokenizer, mesh); the weights' source; tokenizer; task): every check that needs
-  no device work, nothing written."""
+  """(the run's config, validated, resolved once and frozen; the weights' source; tokenizer; task): every check
+  that needs no device work, nothing written."""
   cfg = finetune_config.validate_finetune(cfg)  # typed by the schema: nothing past here casts a config value
   session_lib.check_workdir(workdir)
   if (workdir / RESULTS_FILE).exists() or (workdir / runs.CHECKPOINT_SUBDIR).exists():
@@ -76,17 +64,16 @@ def prepare_finetuning(cfg: ml_collections.ConfigDict, workdir: Path):
       log.info(
         'learning rate %.3g: optimizer.lr %.3g is quoted for width %d (optimizer.lr_width), this model is %d '
         'wide; set optimizer.lr_width=0 to use optimizer.lr as given',
-        resolved.optimizer.lr,
-        cfg.optimizer.lr,
-        cfg.optimizer.lr_width,
-        resolved.model.hidden_size,
+        *(resolved.optimizer.lr, cfg.optimizer.lr, cfg.optimizer.lr_width, resolved.model.hidden_size),
       )
-  return resolved, source, tok, make_task(resolved, tok)
+  from neobert_jax.finetune import classification, retrieval  # pylint: disable=g-import-not-at-top
+
+  task = retrieval.ContrastiveTask if resolved.task == 'contrastive' else classification.ClassificationTask
+  return resolved, source, tok, task(resolved, tok)
 
 
 def _existing_run(cfg: ml_collections.ConfigDict, workdir: Path) -> str:
-  """The refusal for a workdir that already holds a fine-tuning run (it is never continued nor overwritten),
-  naming the fields this config changes against the one recorded there."""
+  """The refusal for a workdir that holds a fine-tuning run (never continued), naming what this config changes in it."""
   changed = ''
   if (workdir / runs.CONFIG_FILE).is_file():
     # model and mesh are recorded resolved (the source's architecture, the device count's mesh): not comparable.
@@ -111,16 +98,6 @@ def _existing_run(cfg: ml_collections.ConfigDict, workdir: Path) -> str:
   )
 
 
-def _loss_sums(loss: Any) -> Any:
-  """A task's batch-mean loss as the engine's summed loss: one micro-batch, counted once."""
-
-  def loss_sums(model: Any, batch: dict, key: Any):
-    value, _ = loss(model, batch, key)
-    return value, 1.0, {}
-
-  return loss_sums
-
-
 def jit_step(defs: Any, mesh: Any, loss: Any, keys: list[str]) -> Any:
   """The jitted (state, batch, dropout key) -> (state, metrics) of a task: the engine's step on whole batches
   (rows split over data x fsdp), committing nothing non-finite unseen (the loop stops at its next flush)."""
@@ -128,7 +105,7 @@ def jit_step(defs: Any, mesh: Any, loss: Any, keys: list[str]) -> Any:
   return engine_step.jit_train_step(
     defs,
     mesh,
-    _loss_sums(loss),
+    lambda model, batch, key: (loss(model, batch, key)[0], 1.0, {}),  # the batch-mean loss, counted once
     {k: data for k in keys},
     engine_step.StepOptions(micro_batched=False, skip_nonfinite=False),
     uses_key=True,
@@ -157,8 +134,7 @@ class Evaluations:
     self.best, self.final, self.evals = None, None, []
 
   def __call__(self, step: int, state: Any, logger: trainer_lib.Logger) -> None:
-    task, size = self.task, self.task.cfg.train.eval_batch_size
-    params = state['params']
+    task, size, params = self.task, self.task.cfg.train.eval_batch_size, state['params']
     ev = task.evaluate(
       lambda seqs: batching.run_batched(self.forward, params, seqs, size, task.buckets, task.pad_id, self.mesh)
     )
@@ -172,8 +148,7 @@ class Evaluations:
 
 
 def finetune(cfg: ml_collections.ConfigDict, workdir: str | Path) -> dict[str, Any]:
-  """Fine-tunes per cfg in workdir under the workdir's lease (taken first, before anything there is read or
-  written); returns the results dict also written to WORKDIR/results.json."""
+  """Fine-tunes per cfg in workdir under its lease, taken first; returns the results, also in WORKDIR/results.json."""
   workdir = paths.resolve(workdir, '--workdir')  # the one resolution of the job's workdir
   with session_lib.claim(workdir, cfg.run_id) as lease:
     return _run(cfg, workdir, lease)
@@ -217,25 +192,19 @@ def _run(cfg: ml_collections.ConfigDict, workdir: Path, lease: Any) -> dict[str,
     )
     step = jit_step(start.defs, mesh, task.loss, task.batch_keys)
     trained = session.trainer(step, start, batches(task, mesh), options).train()
-  return _finish(cfg, workdir, task, num_steps, evaluations, trained.throughput)
-
-
-def _finish(
-  cfg: ml_collections.ConfigDict, workdir: Path, task: Any, num_steps: int, ev: Evaluations, throughput: list
-) -> dict[str, Any]:
-  """WORKDIR/results.json, and the export of the best step when export.dir is set."""
+  # WORKDIR/results.json, and the export of the best step when export.dir is set.
   results = {
     'task': cfg.task,
     'kind': task.kind,
     'metric': task.metric,
-    'final': ev.final,
-    'best': ev.best,
+    'final': evaluations.final,
+    'best': evaluations.best,
     'num_steps': num_steps,
     'train_examples': task.num_train,
-    'train_tokens_per_sec': float(np.median(throughput)) if throughput else None,
-    'evals': ev.evals,
+    'train_tokens_per_sec': float(np.median(trained.throughput)) if trained.throughput else None,
+    'evals': evaluations.evals,
   }
-  if jax.process_index() != 0:
+  if not is_main:
     return results
   paths.write_text(workdir / RESULTS_FILE, json.dumps(results, indent=2) + '\n')
   if cfg.export.dir:
@@ -246,8 +215,7 @@ def _finish(
 
 
 def finetune_command(cfg: ml_collections.ConfigDict, workdir: str) -> int:
-  """The finetune command: the job, its outcome printed; the exit status: 0, 3 diverged, or an expected error's
-  (reported in one line, `finetune: <kind>: ...`)."""
+  """The finetune command: the job, its outcome printed; the exit status (3: diverged; an expected error's own)."""
   try:
     with errors.reported('finetune', errors.take_debug_flag([])):
       results = finetune(cfg, workdir)
@@ -287,8 +255,7 @@ def run_sweep(
       if point.exists():  # an interrupted point of this sweep: its partial files belong to us, start it again
         point.rmtree()
       point_fields = {'optimizer.lr': float(lr), 'train.batch_size': int(batch), 'optimizer.weight_decay': float(wd)}
-      c = config_lib.replace(cfg, {**point_fields, 'export.dir': ''})
-      finetune(c, point)
+      finetune(config_lib.replace(cfg, {**point_fields, 'export.dir': ''}), point)
     results = json.loads(results_path.read_text())
     metric = results['metric']
     rows.append(
@@ -304,8 +271,7 @@ def run_sweep(
         'reused': reused,
       }
     )
-  lower = rows[0]['metric'] in LOWER_IS_BETTER
-  best = (min if lower else max)(rows, key=lambda r: r['best'])
+  best = (min if rows[0]['metric'] in LOWER_IS_BETTER else max)(rows, key=lambda r: r['best'])
   summary = {'metric': rows[0]['metric'], 'rows': rows, 'best': best}
   paths.write_text(root / SUMMARY_FILE, json.dumps(summary, indent=2) + '\n')
   return summary

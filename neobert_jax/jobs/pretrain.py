@@ -1,8 +1,6 @@
 """The pretraining job, `python -m neobert_jax.train`'s: the workdir's lease, training (train/pretraining.py), then the
-end-of-run steps: the Hugging Face export (convert/), the report (train/report.py) and the export's model card.
-
-It joins train/ and convert/, which do not import each other (tests/test_package_imports.py), so it lives above both.
-"""
+Hugging Face export (convert/), the report (train/report.py) and the export's model card; it joins train/ and
+convert/, which do not import each other, so it lives above both."""
 
 from __future__ import annotations
 
@@ -23,8 +21,7 @@ log = logging.getLogger('neobert_jax.train')
 
 
 def export(cfg: ml_collections.ConfigDict, workdir: str | Path) -> Path:
-  """The run's latest checkpoint, with the tokenizer it carries, as a Hugging Face NeoBERT directory
-  (export.hf_dir), replaced on a re-run (the converter writes it atomically)."""
+  """The run's latest checkpoint and its tokenizer as a Hugging Face directory (export.hf_dir), replaced on a re-run."""
   out = export_hf.export_checkpoint(workdir, cfg.export.hf_dir, overwrite=True, use_ema=cfg.export.use_ema)
   log.info('exported Hugging Face model to %s', out)
   return out
@@ -33,9 +30,8 @@ def export(cfg: ml_collections.ConfigDict, workdir: str | Path) -> Path:
 def pretrain(
   cfg: ml_collections.ConfigDict, workdir: str | Path, on_step: Callable[[int], None] | None = None
 ) -> pretraining.RunResult:
-  """The job under one lease on the workdir, taken before anything there is read or written: train, then the
-  end-of-run steps (process 0 of a run that SIGTERM did not stop): the export, the report and the export's model
-  card. Re-running a finished run trains nothing and only exports (and reports) again."""
+  """The job under the workdir's lease, taken first: train, then (process 0, unless preempted) the export, the report
+  and the export's model card. Re-running a finished run trains nothing and only exports (and reports) again."""
   workdir = paths.resolve(workdir, '--workdir')  # the one resolution of the job's workdir
   with session.claim(workdir, cfg.run_id) as lease:
     result = pretraining.train(cfg, workdir, lease, on_step)

@@ -1,9 +1,5 @@
-"""Baselines of the held-out MLM loss that need no neural network, the bars a pretraining run has to clear: the
-unigram cross-entropies and the neighbour counts, as docs/configuration.md (the end-of-run report) defines them.
-
-Counts are sparse (scipy), scored in chunks of positions. The splits are read through data/pipeline/prepared.py, and the
-results cached by the manifest (which names every shard by its sha256) and the arguments.
-"""
+"""Baselines of the held-out MLM loss that need no neural network (unigram cross-entropies, neighbour counts), the
+bars a pretraining run has to clear, as docs/configuration.md (the end-of-run report) defines them."""
 
 from __future__ import annotations
 
@@ -27,10 +23,7 @@ def unigram(train: list[np.ndarray], held_out: list[np.ndarray], special_ids, vo
   """{'held_out': entropy of the held-out split's frequencies, 'train': cross-entropy under the training split's
   frequencies (add-one smoothed)}, in nats, over the non-special tokens (the only ones masking picks)."""
   special = np.asarray(sorted(special_ids))
-  ev = np.concatenate(held_out)
-  ev = ev[~np.isin(ev, special)]
-  tr = np.concatenate(train)
-  tr = tr[~np.isin(tr, special)]
+  ev, tr = (x[~np.isin(x, special)] for x in (np.concatenate(held_out), np.concatenate(train)))
   p = np.bincount(ev, minlength=vocab).astype(np.float64) / ev.size
   entropy = float(-(p[p > 0] * np.log(p[p > 0])).sum())
   q = (np.bincount(tr, minlength=vocab).astype(np.float64) + 1.0) / (tr.size + vocab)
@@ -51,10 +44,9 @@ def _held_out_triples(docs: list[np.ndarray], is_special: np.ndarray) -> tuple[n
   for d in docs:
     if d.size < 3:
       continue
-    mid = d[1:-1]
-    keep = ~is_special[mid]
+    keep = ~is_special[d[1:-1]]
     lefts.append(d[:-2][keep])
-    mids.append(mid[keep])
+    mids.append(d[1:-1][keep])
     rights.append(d[2:][keep])
   return tuple(np.concatenate(x).astype(np.int64) for x in (lefts, mids, rights))
 
@@ -67,8 +59,7 @@ def neighbours(
   mask_rate: float,
   smoothing: tuple[float, ...] = SMOOTHING_GRID,
 ) -> dict[str, float]:
-  """The neighbour-count predictor's expected held-out MLM loss and accuracy at `mask_rate`, at its best k:
-  {'loss', 'accuracy', 'k'}."""
+  """{'loss', 'accuracy', 'k'}: the neighbour-count predictor's expected held-out MLM figures at `mask_rate`, best k."""
   is_special = np.zeros(vocab, bool)
   is_special[list(special_ids)] = True
   counts = bigram_counts(train, vocab)
@@ -132,8 +123,7 @@ _TRAIN_SAMPLE_TOKENS = 20_000_000
 
 
 def context_baselines(data_cfg: ml_collections.ConfigDict, seq_len: int, mask_rate: float) -> dict[str, Any]:
-  """{'held_out', 'train'} unigram cross-entropies and 'neighbours' at `mask_rate`, from the held-out split and at
-  most 20M tokens of the training split."""
+  """{'held_out', 'train'} unigram cross-entropies and 'neighbours' at `mask_rate` (at most 20M training tokens)."""
   manifest = prepared.open_prepared(data_cfg, seq_len)[1]
   # The manifest names every shard by its sha256, so it and the arguments pin the result: a re-run, a resume and
   # every run on the same prepared data read it back instead of counting again.

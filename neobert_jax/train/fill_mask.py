@@ -23,7 +23,6 @@ def blank_rows(
   records: list[np.ndarray], tok: Any, width: int, n: int, rng: np.random.Generator, words_only: bool
 ) -> list[tuple[list[int], int, str]]:
   """`n` held-out rows of `width` tokens, each with one position blanked: (row with [CLS]/[SEP], blank, answer).
-
   words_only: the blank is a whole word (alphabetic and not split into pieces, so one token); otherwise any token
   of the row, chosen uniformly (what a masked-token predictor is asked in general: pieces and punctuation too)."""
   special = set(tok.all_special_ids)
@@ -38,10 +37,8 @@ def blank_rows(
       for i in range(3, width - 3)
       if ids[i] not in special and (not words_only or (pieces[i].isalpha() and not pieces[i + 1].startswith('##')))
     ]
-    if not spots:
-      continue
-    i = spots[int(rng.integers(len(spots)))]
-    out.append(_blanked(tok, ids, i))
+    if spots:
+      out.append(_blanked(tok, ids, spots[int(rng.integers(len(spots)))]))
     if len(out) == n:
       break
   return out
@@ -51,7 +48,6 @@ def blank_sentences(
   records: list[np.ndarray], tok: Any, longest: int, n: int, rng: np.random.Generator
 ) -> list[tuple[list[int], int, str]]:
   """`n` held-out sentences, each alone in its row with one token blanked: (row, blank, answer), as `blank_rows`.
-
   A sentence is a run of a document's tokens ending at '.', '!' or '?', of 8 to `longest` tokens: the short
   context a fill-mask pipeline user types, where a training-length row gives the model a whole paragraph."""
   special = set(tok.all_special_ids)
@@ -67,9 +63,8 @@ def blank_sentences(
         if 8 <= i + 1 - start <= longest:
           sentences.append(ids[start : i + 1])
         start = i + 1
-  return [
-    _blanked(tok, sentences[i], int(rng.integers(len(sentences[i])))) for i in rng.permutation(len(sentences))[:n]
-  ]
+  picks = rng.permutation(len(sentences))[:n]
+  return [_blanked(tok, sentences[i], int(rng.integers(len(sentences[i])))) for i in picks]
 
 
 KINDS = {
@@ -102,10 +97,8 @@ def fill_mask(
     logits = []
     with torch.no_grad():
       for k in range(0, len(blanked), 50):
-        rows = [row for row, _, _ in blanked[k : k + 50]]
-        ids = torch.full((len(rows), max(map(len, rows))), tok.pad_token_id)
-        for j, row in enumerate(rows):
-          ids[j, : len(row)] = torch.tensor(row)
+        rows = [torch.tensor(row) for row, _, _ in blanked[k : k + 50]]
+        ids = torch.nn.utils.rnn.pad_sequence(rows, batch_first=True, padding_value=tok.pad_token_id)
         logits += list(model(input_ids=ids, attention_mask=(ids != tok.pad_token_id).long()).logits)
     first = in_top = 0
     lines = []

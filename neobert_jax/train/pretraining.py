@@ -1,6 +1,5 @@
 """The pretraining run's wiring on engine/: its config and resume plan, its data, and engine/trainer.Trainer with
-the evaluation hooks (HeldOut below, train/probe.py) and the checkpoint hook. The job around it (the lease,
-the export, the report) is jobs/pretrain.py."""
+the evaluation hooks (HeldOut below, train/probe.py); the job around it is jobs/pretrain.py."""
 
 from __future__ import annotations
 
@@ -45,30 +44,11 @@ class RunResult:
   report: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
-def _check_rows(limit: int) -> Callable[[int, dict], None]:
-  def check(step: int, m: dict) -> None:
-    if int(m.get('rows_over_document_limit', 0)):
-      raise DataError(
-        f'step {step}: {int(m["rows_over_document_limit"])} packed rows hold more documents than '
-        f'data.max_documents_per_row={limit}, which the packed attention layout cannot represent. Data from '
-        'this pipeline never does; raise --config.data.max_documents_per_row or pack your batches with that '
-        'limit.'
-      )
-
-  return check
-
-
 def plan_run(
   cfg: ml_collections.ConfigDict, workdir: paths.Path
 ) -> tuple[ml_collections.FrozenConfigDict, Any, pipeline.Sources]:
-  """The run's config, validated and resolved once (config/train.resolve_train), frozen (nothing past here changes
-  it), its resume plan, and its training data, opened.
-
-  The data is read once here: the mixture file (or data.dir, a mixture of one), then the sources' manifests. The
-  workdir's run is compared with this config before the data is opened or a file written: a workdir holding
-  another run is refused here, untouched; so is an init source that is missing or of another architecture (a
-  resumed run ignores cfg.init).
-  """
+  """The run's config (validated, resolved once, frozen), its resume plan and its training data, opened after the
+  workdir's run and the init source (a resumed run ignores cfg.init) are checked against the config."""
   cfg = train_config.validate_train(cfg)
   seq = cfg.model.max_length
   mix = pipeline.read_mixture(cfg.data, seq) if cfg.data.mixture else None
@@ -116,8 +96,6 @@ def _data(cfg: ml_collections.ConfigDict, sources: pipeline.Sources) -> tuple[An
   evaluating = cfg.eval.every_steps > 0
   data = train_config.eval_data_config(cfg)
   held = sources.with_eval()  # each source evaluated on its own held-out split (those that have one)
-  if not evaluating and not held:
-    return train_host, {}
   # Opened even when evaluation is off: opening checks this host's held-out shards, which the report reads at the
   # end, so a damaged one is refused before the first file of the run is written, not after the whole run.
   local = t.global_batch_size // t.grad_accum_steps // nproc  # eval runs one micro-batch at a time
@@ -132,17 +110,13 @@ def _data(cfg: ml_collections.ConfigDict, sources: pipeline.Sources) -> tuple[An
 
 def _source(keys: tuple[str, ...], mesh: Any, eval_step: Any, batches: Iterable[dict], params: Any) -> dict:
   sums = jax.device_get([eval_step(params, mlm.stitch_micro_batches(b, keys, mesh, 1)) for b in batches])
-  count = max(sum(float(s['count']) for s in sums), 1.0)
-  return {
-    'loss': sum(float(s['loss_sum']) for s in sums) / count,
-    'accuracy': sum(float(s['correct']) for s in sums) / count,
-  }
+  n = max(sum(float(s['count']) for s in sums), 1.0)
+  return {'loss': sum(float(s['loss_sum']) for s in sums) / n, 'accuracy': sum(float(s['correct']) for s in sums) / n}
 
 
 class HeldOut:
-  """hook(step, state, logger): the held-out MLM figures (each source's on its held-out split, and their total
-  weighted by the step's mixture weights) of state[`item`] ('params', or 'ema' for the moving average), written
-  under `prefix` and kept in `records` ({step: figures}; the EMA's named ema_<figure>)."""
+  """hook(step, state, logger): the held-out MLM figures of state[`item`] ('params' or 'ema'), each source's and their
+  total under the step's mixture weights, written under `prefix` and kept in `records` (the EMA's as ema_<figure>)."""
 
   def __init__(
     self,
@@ -191,8 +165,7 @@ def _wandb(cfg: ml_collections.ConfigDict) -> metrics_lib.Wandb | None:
 
 
 def _counts(cfg: ml_collections.ConfigDict) -> Callable[[int], dict[str, float]]:
-  """train/batch_size (sequences of the logged step) and train/tokens_seen (sequences x max_length of every step
-  so far), exact host figures from the ramp's table, logged with each step's metrics."""
+  """train/batch_size, train/tokens_seen (and train/mask_rate) of the logged step: exact host figures, from the ramp."""
   table, seq = ramp.phases(cfg), cfg.model.max_length
   falls = cfg.data.mask_rate_final > 0  # then train/mask_rate too, the rate of the logged step
   return lambda done: {
@@ -208,11 +181,20 @@ def _log_options(cfg: ml_collections.ConfigDict) -> trainer_lib.LogOptions:
   if jax.process_index() == 0:
     log.info('MFU peak: %s FLOP/s (%s); %.3g model FLOPs per token', peak, peak_source, fpt)
   limit = mlm.max_segments(cfg.data)
+
+  def check_rows(step: int, m: dict) -> None:
+    if int(m.get('rows_over_document_limit', 0)):
+      raise DataError(
+        f'step {step}: {int(m["rows_over_document_limit"])} packed rows hold more documents than '
+        f'data.max_documents_per_row={limit}, which the packed attention layout cannot represent. Data from '
+        'this pipeline never does; raise --config.data.max_documents_per_row or pack your batches with that limit.'
+      )
+
   return trainer_lib.LogOptions(
     nan_policy=cfg.train.nan_policy,
     flops_per_token=fpt,
     peak_flops=peak,
-    check=None if limit is None else _check_rows(limit),
+    check=None if limit is None else check_rows,
     check_keys=('rows_over_document_limit',),
     counts=_counts(cfg),
     diverged_hint='Re-running the same command resumes from it; consider a lower --config.optimizer.peak_lr, '
@@ -237,13 +219,11 @@ def train(
   lease: lease_lib.Lease | None,
   on_step: Callable[[int], None] | None = None,
 ) -> RunResult:
-  """Trains `cfg` in the resolved `workdir`, resuming from its latest readable checkpoint if it has one, under the
-  caller's `lease` (engine/session.claim; None on processes other than 0). on_step(step) runs after every step
-  (tests simulate crashes with it)."""
+  """Trains `cfg` in the resolved `workdir` from its latest readable checkpoint if any, under the caller's `lease`
+  (None on processes other than 0); on_step(step) runs after every step (tests simulate crashes with it)."""
   _wandb(cfg)  # its one-line refusals (no package, no key, a bad mode) before any work
   cfg, plan, sources = plan_run(cfg, workdir)
   is_main = jax.process_index() == 0
-  wandb = _wandb(cfg)  # the resolved config is what the wandb run records
   mesh = shd.make_mesh(dict(cfg.mesh))
   train_host, eval_batches = _data(cfg, sources)
   if is_main:
@@ -256,7 +236,7 @@ def train(
     keep=cfg.checkpoint.keep,
     async_save=cfg.checkpoint.async_save,
     lease=lease,
-    wandb=wandb,
+    wandb=_wandb(cfg),  # the resolved config is what the wandb run records
   ) as session:
     if hasattr(train_host, 'close'):
       session.on_close(train_host.close)
@@ -288,12 +268,4 @@ def train(
         hook(0, trainer.state, trainer.logger)
     trained = trainer.train()
     session.save_final(trained)
-  return RunResult(
-    workdir=workdir,
-    config=cfg,
-    final_step=trained.final_step,
-    preempted=trained.preempted,
-    evals=merged(*hooks),
-    skipped_steps=trained.skipped_steps,
-    sources=sources,
-  )
+  return RunResult(workdir, cfg, trained.final_step, trained.preempted, merged(*hooks), trained.skipped_steps, sources)

@@ -1,6 +1,5 @@
 """Downstream signal during pretraining: the linear probe of eval.probe_task (docs/configuration.md). Every process
-runs the same jitted forward on the same replicated inputs (the probe is small): no gather needed.
-"""
+runs the same jitted forward on the same replicated inputs (the probe is small): no gather needed."""
 
 from __future__ import annotations
 
@@ -45,19 +44,17 @@ def fit_and_score(train_x: np.ndarray, train_y: np.ndarray, test_x: np.ndarray, 
 
   def loss_and_grad(w_flat: np.ndarray) -> tuple[float, np.ndarray]:
     w = w_flat.reshape(a.shape[1], classes)
-    z = a @ w
-    z -= z.max(1, keepdims=True)
-    p = np.exp(z)
-    p /= p.sum(1, keepdims=True)
+    p = scipy.special.softmax(a @ w, axis=1)
     nll = -np.log(p[np.arange(len(a)), train_y] + 1e-12).sum()
     reg = 0.5 / L2 * (w[:-1] ** 2).sum()  # the bias column is not regularised
     grad = a.T @ (p - onehot)
     grad[:-1] += w[:-1] / L2
     return nll + reg, grad.ravel()
 
-  w0 = np.zeros(a.shape[1] * classes)
   import scipy.optimize  # pylint: disable=g-import-not-at-top  (0.6 s: only runs that probe pay it)
+  import scipy.special  # pylint: disable=g-import-not-at-top
 
+  w0 = np.zeros(a.shape[1] * classes)
   w = scipy.optimize.minimize(loss_and_grad, w0, jac=True, method='L-BFGS-B', options={'maxiter': 500}).x
   return float(((b @ w.reshape(a.shape[1], classes)).argmax(1) == test_y).mean())
 
@@ -89,11 +86,8 @@ class Probe:
     )
 
   def _embed(self, params: Any, split: str) -> np.ndarray:
-    ids, lengths = self.inputs[split]
-    n = len(ids)
-    pad = -n % _BATCH
-    ids = np.concatenate([ids, np.repeat(ids[:1], pad, 0)])
-    lengths = np.concatenate([lengths, np.repeat(lengths[:1], pad, 0)])
+    n = len(self.inputs[split][0])  # padded to whole batches with copies of the first row
+    ids, lengths = (np.concatenate([a, np.repeat(a[:1], -n % _BATCH, 0)]) for a in self.inputs[split])
     out = []
     for i in range(0, len(ids), _BATCH):
       # Global replicated arrays built from this host's (identical) copy: valid on one process or many.
@@ -108,9 +102,8 @@ class Probe:
 
 
 class ProbeHook:
-  """hook(step, state, logger): the probe of state['params'], kept in `records` ({step: figures}). A run's first
-  start scores the reference line before training (a random init: the start's own parameters unless they came from
-  init.*; the start's are donated to the first step) and logs it with the first probe."""
+  """hook(step, state, logger): the probe of state['params'], kept in `records`. A run's first start scores a random
+  init (its own parameters, donated to the first step, unless from init.*), logged with the first probe."""
 
   def __init__(self, cfg: ml_collections.ConfigDict, mesh: jax.sharding.Mesh, start: Any):
     self.probe = Probe(cfg, mesh, start.defs.model_def, start.defs.shardings['params'])

@@ -47,8 +47,7 @@ def write_table(workdir: Path, bars: dict[str, Any] | None, every: int) -> Path:
 
 
 def write_plot(workdir: Path, bars: dict[str, Any] | None) -> Path | None:
-  """WORKDIR/loss_curve.png: held-out (and train) loss against wall-clock minutes and against steps, with the
-  baselines as horizontal lines. None when no held-out row was logged."""
+  """WORKDIR/loss_curve.png: the losses against minutes and steps, the baselines as lines; None: no held-out row."""
   import matplotlib  # pylint: disable=g-import-not-at-top
 
   matplotlib.use('Agg')  # files only, never a display
@@ -98,14 +97,10 @@ def _figures(bars: dict[str, Any]) -> dict[str, Any]:
 
 
 def report(
-  cfg: ml_collections.ConfigDict,
-  workdir: Path,
-  evals: list[dict[str, float]],
-  sources: prepared.Sources | None = None,
+  cfg: ml_collections.ConfigDict, workdir: Path, evals: list[dict[str, float]], sources: prepared.Sources | None = None
 ) -> dict[str, Any]:
   """Logs the held-out loss against the baselines, writes the curve (table and plot), shows fill-mask examples if
-  the run exported, and records the figures in WORKDIR/report.json (the exports' model card quotes them).
-  `sources`: the run's data as it opened it (default: opened here)."""
+  the run exported, and records the figures in WORKDIR/report.json for the model card; `sources`: the run's data."""
   seq_len = cfg.model.max_length
   mask_rate, when = train_config.eval_mask_rate(cfg), cfg.eval.baselines
   sources = sources or prepared.open_data(cfg.data, seq_len)

@@ -1,7 +1,5 @@
-"""What a run continues from (docs/configuration.md, resuming with a changed config; stages): `check_resume`
-compares the config with the run's recorded one by config/resume.py's table before anything is touched, `record`
-rewrites WORKDIR/config.json and appends the start or resume to config_history.jsonl; `check_stage` checks a new
-stage against its source run and returns its 'origin'."""
+"""What a run continues from: its own recorded config, checked by config/resume.py's table before anything is
+touched, or another run's (a new stage); docs/configuration.md, resuming with a changed config; stages."""
 
 from __future__ import annotations
 
@@ -14,7 +12,6 @@ from typing import Any
 
 import jax
 import ml_collections
-import numpy as np
 
 from neobert_jax import errors, paths
 from neobert_jax import config as config_lib
@@ -43,7 +40,6 @@ class Plan:
 
 def _recorded(workdir: paths.Path) -> tuple[dict[str, Any] | None, int | None]:
   """(the run's recorded config, its latest checkpoint step); (None, None) for an empty workdir.
-
   The config copy is part of its step: a step whose copy cannot be read (damaged bytes) is set aside like a step
   whose arrays cannot be (runs.set_aside, loudly, nothing deleted) and the previous step is used."""
   step = runs.latest_step(workdir) if (workdir / runs.CHECKPOINT_SUBDIR).is_dir() else None
@@ -70,17 +66,6 @@ def _recorded(workdir: paths.Path) -> tuple[dict[str, Any] | None, int | None]:
       step = runs.set_aside(workdir, step, f'its copy of the config could not be read ({errors.one_line(e)})')
 
 
-def _refusal(workdir: paths.Path, step: int, identity: list[resume_rules.Change]) -> ConfigError:
-  listed = '; '.join(c.describe() for c in identity)
-  return ConfigError(
-    f'{workdir} holds a run (checkpoint step {step}) that this config does not continue: {listed}. These '
-    f'fields define what the checkpoint is, so resume is refused and nothing in the workdir was changed. '
-    f'Fix: run the command that started it (its config is {workdir / runs.CONFIG_FILE}), or train '
-    f'the new config in a new --workdir, adding --config.init.from_checkpoint={workdir} to start from '
-    f"this run's weights."
-  )
-
-
 def check_resume(cfg: ml_collections.ConfigDict, workdir: str | os.PathLike) -> Plan:
   """The resume plan for the resolved `cfg` in `workdir`; ConfigError when the workdir's run is not this one."""
   workdir = paths.resolved(workdir, '--workdir')
@@ -102,7 +87,13 @@ def check_resume(cfg: ml_collections.ConfigDict, workdir: str | os.PathLike) -> 
       )
     return Plan(workdir, recorded, None, changes)
   if identity:
-    raise _refusal(workdir, step, identity)
+    raise ConfigError(
+      f'{workdir} holds a run (checkpoint step {step}) that this config does not continue: '
+      f'{"; ".join(c.describe() for c in identity)}. These fields define what the checkpoint is, so resume is '
+      f'refused and nothing in the workdir was changed. Fix: run the command that started it (its config is '
+      f'{workdir / runs.CONFIG_FILE}), or train the new config in a new --workdir, adding '
+      f"--config.init.from_checkpoint={workdir} to start from this run's weights."
+    )
   num_steps = cfg.train.num_steps
   if num_steps < step:
     raise ConfigError(
@@ -115,17 +106,9 @@ def check_resume(cfg: ml_collections.ConfigDict, workdir: str | os.PathLike) -> 
 
 
 # Schedule fields that change the learning rate (the others change the update rule, not the rate).
-_LR_FIELDS = (
-  'train.num_steps',
-  'optimizer.peak_lr',
-  'optimizer.warmup_steps',
-  'optimizer.warmup_init_fraction',
-  'optimizer.decay_fraction',
-  'optimizer.decay_steps',
-  'optimizer.final_lr_fraction',
-  'optimizer.wsd_decay_fraction',
-  'optimizer.decay_shape',
-)
+_LR_FIELDS = ('train.num_steps', 'optimizer.peak_lr', 'optimizer.warmup_steps', 'optimizer.warmup_init_fraction')
+_LR_FIELDS += ('optimizer.decay_fraction', 'optimizer.decay_steps', 'optimizer.final_lr_fraction')
+_LR_FIELDS += ('optimizer.wsd_decay_fraction', 'optimizer.decay_shape')
 
 
 def _restructuring(changes: list[resume_rules.Change]) -> list[resume_rules.Change]:
@@ -136,10 +119,6 @@ def _restructuring(changes: list[resume_rules.Change]) -> list[resume_rules.Chan
     for c in changes
     if c.field == 'optimizer.clip_norm' and isinstance(c.before, (int, float)) and (c.before > 0) != (c.after > 0)
   ]
-
-
-def _lr(opt: ml_collections.ConfigDict, num_steps: int, step: int) -> float:
-  return float(optimizer_lib.lr_values(opt, num_steps, np.asarray([step]))[0])
 
 
 def _decay_note(opt: ml_collections.ConfigDict, num_steps: int) -> str:
@@ -160,12 +139,10 @@ def describe_changes(
   fields = {c.field for c in changes}
   if fields & set(_LR_FIELDS):
     past = config_lib.from_record(recorded, train_config.get_config())  # the record, typed by the schema
-    old_n, new_n = past.train.num_steps, cfg.train.num_steps
-    old = _lr(past.optimizer, old_n, step)
-    new = _lr(cfg.optimizer, new_n, step)
+    old, new = (float(optimizer_lib.lr_values(c.optimizer, c.train.num_steps, [step])[0]) for c in (past, cfg))
     lines.append(
       f'the learning-rate schedule is recomputed from the new config: the next update (step {step}) '
-      f'uses {new:.4g} where the old schedule gave {old:.4g}; {_decay_note(cfg.optimizer, new_n)}'
+      f'uses {new:.4g} where the old schedule gave {old:.4g}; {_decay_note(cfg.optimizer, cfg.train.num_steps)}'
       + (' (a jump: consider warming up again in a new run)' if old > 0 and new > 1.5 * old else '')
     )
   if 'train.global_batch_size' in fields:
@@ -183,8 +160,7 @@ def describe_changes(
 
 
 def record(plan: Plan, cfg: ml_collections.ConfigDict, step: int) -> None:
-  """Process 0: WORKDIR/config.json := cfg, WORKDIR/tokenizer/ := the tokenizer it names, and one history line for
-  this start or resume at `step`."""
+  """Process 0: WORKDIR/config.json, the copy of its tokenizer and one history line for this start or resume."""
   if jax.process_index() != 0:
     return
   entry = {
@@ -212,28 +188,16 @@ def history(workdir: str | os.PathLike) -> list[dict[str, Any]]:
 
 # The fields that lay out the training row stream: the data position of one run means the same rows in another only
 # when these agree (the mask rate and the batch size may differ: masks are drawn per row, steps take whole rows).
-STREAM_FIELDS = (
-  'seed',
-  'model.max_length',
-  'data.dir',
-  'data.tokenizer',
-  'data.packing',
-  'data.max_documents_per_row',
-  'data.shuffle_seed',
-  'data.block_docs',
-  'data.shuffle_window',
-  'data.virtual_shards',
-)
+STREAM_FIELDS = ('seed', 'model.max_length', 'data.dir', 'data.tokenizer', 'data.packing', 'data.max_documents_per_row')
+STREAM_FIELDS += ('data.shuffle_seed', 'data.block_docs', 'data.shuffle_window', 'data.virtual_shards')  # the order
 
-# The fields that decide the optimizer state's tree: init.keep_optimizer carries the source's state over only when
-# these agree.
+# The fields that decide the optimizer state's tree: init.keep_optimizer carries it over only when these agree.
 OPTIMIZER_FIELDS = ('optimizer.name', 'optimizer.muon_adamw')
 
 
 def check_stage(cfg: ml_collections.ConfigDict, src: Source | None) -> dict[str, Any] | None:
-  """The origin of a run that starts from `src` (None: random init), for its history; with init.continue_data,
-  refuses (one line) a row stream that is not the source's (its data.virtual_shards and data.mixture_block_docs,
-  when this run leaves them unset, are taken from the source run: `stream`)."""
+  """The origin of a run that starts from `src` (None: random init), for its history; refuses (one line) to carry
+  over a row stream (init.continue_data) or an optimizer state (init.keep_optimizer) that this run lays out anew."""
   if src is None:
     return None
   if src.kind != 'run':
@@ -268,8 +232,7 @@ def check_stage(cfg: ml_collections.ConfigDict, src: Source | None) -> dict[str,
 
 
 def stream(cfg: ml_collections.ConfigDict, src: Source | None) -> dict[str, Any]:
-  """With init.continue_data, the source run's recorded layout of its row stream, which this run continues (what
-  config/train.resolve_train takes for the fields left unset); {} otherwise."""
+  """With init.continue_data, the source run's row-stream layout, for the fields this run leaves unset; else {}."""
   if src is None or src.kind != 'run' or not cfg.init.continue_data:
     return {}
   data = src.run_config.to_dict()['data']
