@@ -215,9 +215,9 @@ def retry(call: Callable[[], T], what: str, window: float | None = None) -> T:
   retry counted; any other error, or the last one, is raised as it is."""
   start = time.monotonic()
   pauses = [] if _known_down() else delays(window)
-  for tries in range(len(pauses) + 1):
+  for tries in range(len(pauses) + 1):  # the last try returns or raises
     try:
-      out = call()
+      return call()
     except Exception as e:  # noqa: BLE001 - sorted by is_transient
       if not is_transient(e) or tries == len(pauses):
         if is_transient(e) and pauses:
@@ -225,6 +225,3 @@ def retry(call: Callable[[], T], what: str, window: float | None = None) -> T:
         raise
       _retried(e, time.monotonic() - start, what)
       time.sleep(pauses[tries])
-    else:
-      return out
-  raise AssertionError('unreachable')

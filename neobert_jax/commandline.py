@@ -172,19 +172,15 @@ def _parse_absl(flag_values, argv: list[str], fields_doc: str, renamed) -> list[
     file = next((a for a in argv if a.startswith(f'--{CONFIG}=')), f'--{CONFIG}')
     raise errors.ConfigError(f'{file}: {str(e).strip().splitlines()[-1].strip()}') from e
   except (AttributeError, KeyError) as e:  # ml_collections: an override names a field the config lacks
-    raise _missing_field(e, argv, fields_doc, renamed) from e
-
-
-def _missing_field(error: Exception, argv: list[str], fields_doc: str, renamed) -> errors.ConfigError:
-  for arg in argv:  # a field that moved: name its new home
-    key = arg.partition('=')[0].removeprefix(f'--{CONFIG}.')
-    moved = renamed(key) if renamed and arg.startswith(f'--{CONFIG}.') else None
-    if moved is not None:
-      return moved
-  text = errors.one_line(error).replace('\\n', ' ').replace("\\'", "'")
-  key, hint = re.search(r"'(\w+)'", text), re.search(r'Did you mean "(\w+)"', text)
-  return errors.ConfigError(
-    'a --config.* override names a field the config does not have'
-    f'{f" ({key.group(1)!r})" if key else ""}; {f"did you mean {hint.group(1)!r}? " if hint else ""}'
-    f'every field is listed in {fields_doc or "the config file"}'
-  )
+    for arg in argv:  # a field that moved: name its new home
+      if renamed and arg.startswith(f'--{CONFIG}.'):
+        moved = renamed(arg.partition('=')[0].removeprefix(f'--{CONFIG}.'))
+        if moved is not None:
+          raise moved from e
+    text = errors.one_line(e).replace('\\n', ' ').replace("\\'", "'")
+    key, hint = re.search(r"'(\w+)'", text), re.search(r'Did you mean "(\w+)"', text)
+    raise errors.ConfigError(
+      'a --config.* override names a field the config does not have'
+      f'{f" ({key.group(1)!r})" if key else ""}; {f"did you mean {hint.group(1)!r}? " if hint else ""}'
+      f'every field is listed in {fields_doc or "the config file"}'
+    ) from e

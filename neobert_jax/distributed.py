@@ -59,12 +59,6 @@ def _env_int(name: str) -> int | None:
   return int(value) if value else None
 
 
-def _parse_device_ids(value: str | None) -> tuple[int, ...] | None:
-  if value is None or value.strip() in ('', 'all'):
-    return None
-  return tuple(int(v) for v in value.split(',') if v.strip())
-
-
 def _slurm_settings() -> tuple[str, int, int, tuple[int, ...] | None] | None:
   """(coordinator, num_processes, process_id, local_device_ids) inside a multi-task srun step, else None."""
   env = os.environ
@@ -134,8 +128,9 @@ def initialize(num_cpu_devices: int | None = None) -> DistributedInfo:
     coord, nproc, pid, local_device_ids = slurm
   elif _on_tpu_vm():
     method = 'tpu'
-  if method in ('env', 'slurm') and local_device_ids is None:
-    local_device_ids = _parse_device_ids(os.environ.get(ENV_LOCAL_DEVICE_IDS))
+  ids = os.environ.get(ENV_LOCAL_DEVICE_IDS, '').strip()
+  if method in ('env', 'slurm') and local_device_ids is None and ids not in ('', 'all'):
+    local_device_ids = tuple(int(v) for v in ids.split(',') if v.strip())
 
   if method == 'single':
     _INFO = DistributedInfo(process_id=0, num_processes=1, method='single')

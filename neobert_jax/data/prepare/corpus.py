@@ -54,12 +54,6 @@ def _extract_bbc(archive: str, out: str) -> None:
 _SCENE_HEADING = re.compile(r'\n(?=SCENE [IVXLC]+\.)')
 
 
-def _documents(source: str, text: str) -> list[str]:
-  if source != 'shakespeare':
-    return [text]
-  return [part.strip() for part in _SCENE_HEADING.split(text) if part.strip()]
-
-
 def default_corpus_jsonl() -> str:
   """The built-in corpus as one JSONL file ({"text", "source"} per document: a scene or an article)."""
   path = os.path.join(assets.asset_cache_dir(), f'default_corpus_{CORPUS_VERSION}.jsonl')
@@ -76,7 +70,8 @@ def default_corpus_jsonl() -> str:
             # A few BBC files carry stray Latin-1 bytes; they are third-party
             # text we do not control, so they are replaced, not reported.
             text = fh.read().decode('utf-8', errors='replace').strip()
-          for i, doc in enumerate(_documents(src, text)):
+          docs = [p.strip() for p in _SCENE_HEADING.split(text) if p.strip()] if src == 'shakespeare' else [text]
+          for i, doc in enumerate(docs):
             out.write(json.dumps({'text': doc, 'source': f'{src}/{os.path.basename(f)}#{i}'}) + '\n')
     os.replace(tmp, path)
   return path

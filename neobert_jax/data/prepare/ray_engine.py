@@ -310,7 +310,7 @@ class Ledger:
       shutil.rmtree(root, ignore_errors=True)
     elif root.exists():
       with concurrent.futures.ThreadPoolExecutor(_PARALLEL) as pool:
-        list(pool.map(lambda p: p.unlink(missing_ok=True), list(sources.walk(root))))
+        list(pool.map(lambda p: p.unlink(missing_ok=True), list(paths.walk(root))))
 
 
 def node() -> dict:

@@ -102,22 +102,13 @@ def _expand_url(item: str) -> list[str]:
       raise errors.DataError(f'{item}: pattern matches no objects')
     return found
   if url.is_dir():
-    found = sorted(os.fspath(p) for p in walk(url) if split_ext(p.name)[0])
+    found = sorted(os.fspath(p) for p in paths.walk(url) if split_ext(p.name)[0])
     if not found:
       raise errors.DataError(f'{item}: holds no .txt/.jsonl/.json/.parquet objects (optionally .gz/.zst)')
     return found
   if url.exists():
     return [os.fspath(url)]
   raise errors.DataError(f'{item}: no such object or directory (or the bucket does not exist)')
-
-
-def walk(directory: paths.Path) -> Iterator[paths.Path]:
-  """The files below `directory`, level by level (epath refuses '**' globs on buckets)."""
-  for p in directory.iterdir():
-    if p.is_dir():
-      yield from walk(p)
-    else:
-      yield p
 
 
 def open_file(path: str):
@@ -233,11 +224,9 @@ def _jsonl_documents(path, comp, field, policy, on_issue, span):
       have = sorted(obj) if isinstance(obj, dict) else type(obj).__name__
       raise _line_error(path, comp, span, lineno, f': no field {field!r} (found {have}); choose one with --text-field')
     text = obj[field]
-    if text is None:
-      text = ''
-    if not isinstance(text, str):
+    if text is not None and not isinstance(text, str):
       raise _line_error(path, comp, span, lineno, f': field {field!r} is {type(text).__name__}, not text')
-    yield Document(text, path, off)
+    yield Document(text or '', path, off)
 
 
 def _parquet_documents(path, column, span):
