@@ -49,11 +49,7 @@ def tensorstore_retries() -> dict[str, Any]:
   """tensorstore's `gcs_request_retries` context resource for the same window and backoff."""
   window = window_s()
   initial, longest = min(INITIAL_DELAY_S, window), min(MAX_DELAY_S, max(window, 0.001))
-  return {
-    'max_retries': max(1, len(delays(window))),
-    'initial_delay': f'{initial:g}s',
-    'max_delay': f'{longest:g}s',
-  }
+  return {'max_retries': max(1, len(delays(window))), 'initial_delay': f'{initial:g}s', 'max_delay': f'{longest:g}s'}
 
 
 _lock = threading.Lock()

@@ -94,11 +94,8 @@ def reported(prog: str, debug: bool = False, also: dict[type[BaseException], typ
   try:
     yield
   except Exception as e:  # pylint: disable=broad-except
-    kind = (
-      type(e)
-      if isinstance(e, NeobertError)
-      else next((cls for base, cls in (also or {}).items() if isinstance(e, base)), None)
-    )
+    mapped = next((cls for base, cls in (also or {}).items() if isinstance(e, base)), None)
+    kind = type(e) if isinstance(e, NeobertError) else mapped
     if debug or kind is None:
       raise
     line = f'{prog}: {kind.kind}: {one_line(e)}'

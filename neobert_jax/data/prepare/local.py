@@ -152,9 +152,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
   )
   p.add_argument('--output', required=True, help='directory for shards + manifest.json, local or gs://')
   p.add_argument(
-    '--tokenizer',
-    default=d.tokenizer,
-    help="'bert-base-uncased', vocab.txt, tokenizer.json or SentencePiece .model",
+    '--tokenizer', default=d.tokenizer, help="'bert-base-uncased', vocab.txt, tokenizer.json or SentencePiece .model"
   )
   p.add_argument('--max-length', type=int, default=d.max_length, help='ids per record, specials included')
   p.add_argument(

@@ -230,9 +230,6 @@ def _per_node(units: dict, shard_results: dict) -> dict:
   return nodes
 
 
-# --- On the nodes: the work area and the tasks -----------------------------------------------------------------
-
-
 def _npz(arrays: dict) -> bytes:
   buf = io.BytesIO()
   np.savez(buf, **arrays)
