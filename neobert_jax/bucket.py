@@ -87,12 +87,9 @@ def _retried(error: BaseException, waited: float, what: str = 'a request') -> No
     now = time.monotonic()
     say, _last_said = now - _last_said > 60, now if now - _last_said > 60 else _last_said
   if say:
+    why = errors.one_line(error, first=True, with_type=True)[:200]
     log.warning(
-      'bucket slow: %s failed (%s); retrying for up to %.0f s in all (%.0f s so far)',
-      what,
-      errors.one_line(error, first=True, with_type=True)[:200],
-      window_s(),
-      waited,
+      'bucket slow: %s failed (%s); retrying for up to %.0f s in all (%.0f s so far)', what, why, window_s(), waited
     )
 
 
@@ -110,12 +107,8 @@ class Timer:
       self._watch.start()
 
   def _still_running(self) -> None:
-    log.warning(
-      'bucket slow: %s still running after %.0f s, %d retries so far',
-      self.what,
-      time.monotonic() - self.start,
-      retries() - self.retries0,
-    )
+    seconds, tries = time.monotonic() - self.start, retries() - self.retries0
+    log.warning('bucket slow: %s still running after %.0f s, %d retries so far', self.what, seconds, tries)
 
   def stop(self, say: bool = True) -> 'Timer':
     if self._watch is not None:

@@ -172,16 +172,11 @@ def default_prepared_dir(
         file=sys.stderr,
         flush=True,
       )
-      prepare_lib.prepare_local(
-        [corpus],
-        out,
-        tokenizer=tokenizer,
-        max_length=max_length,
-        workers=workers,
-        eval_fraction=DEFAULT_EVAL_FRACTION,
-        overwrite=True,
-        command=f'neobert_jax.data.prepare.corpus.default_prepared_dir({max_length}, tokenizer={tokenizer!r})',
+      call = f'neobert_jax.data.prepare.corpus.default_prepared_dir({max_length}, tokenizer={tokenizer!r})'
+      o = documents.BuildOptions(
+        tokenizer=tokenizer, max_length=max_length, eval_fraction=DEFAULT_EVAL_FRACTION, overwrite=True, command=call
       )
+      prepare_lib.prepare_local([corpus], out, o, workers=workers)
   return out
 
 

@@ -45,8 +45,7 @@ def _ordered_map(fn, tasks: Iterable, workers: int, initargs: tuple) -> Iterator
   """fn over tasks in order; at most 2 tasks per worker in flight (bounded memory)."""
   if workers <= 0:
     _init_worker(*initargs)
-    for t in tasks:
-      yield fn(t)
+    yield from map(fn, tasks)
     return
   # spawn, not fork: callers (tests, the trainer) may hold threads, e.g. JAX's.
   ctx = multiprocessing.get_context('spawn')
