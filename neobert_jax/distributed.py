@@ -1,9 +1,7 @@
-"""Multi-process start-up: one call to `initialize()`, early, in every process.
-
-Sources, first match wins: NEOBERT_COORDINATOR / NEOBERT_NUM_PROCESSES / NEOBERT_PROCESS_ID;
-SLURM (one process per node or per GPU, from the task layout); a Cloud TPU VM; else a single process. A job must
-never hang because one process died: the heartbeat timeout is ours, and an uncaught exception ends the process at
-once instead of waiting out the shutdown barrier."""
+"""Multi-process start-up: one call to `initialize()`, early, in every process. Sources, first match wins:
+NEOBERT_COORDINATOR / NEOBERT_NUM_PROCESSES / NEOBERT_PROCESS_ID; SLURM (one process per node or per GPU, from the
+task layout); a Cloud TPU VM; else a single process. A job must never hang because one process died: the heartbeat
+timeout is ours, and an uncaught exception ends the process at once instead of waiting out the shutdown barrier."""
 
 from __future__ import annotations
 

@@ -1,8 +1,7 @@
 """The errors a user can fix, one class per kind, each with its own exit status, and `reported`, under which every
 command's main runs: an expected error is one line on stderr naming the problem and the fix (`--debug` shows the
-traceback). Imports nothing from the package. Each class also derives from the builtin its raise sites used before
-(ValueError, RuntimeError). Status 1 is the convert command's historic status; 3-5 are the trainer's "diverged"
-and the AOT command's verdicts, so the others start at 10."""
+traceback). Imports nothing from the package. Each class derives from the builtin its raise sites used before; 1 is
+the convert command's historic status, 3-5 the trainer's "diverged" and the AOT verdicts, so the others start at 10."""
 
 from __future__ import annotations
 

@@ -35,8 +35,7 @@ def quiet_backend_probe() -> None:
 
 def slurm_coordinator_address(port: str | None) -> str:
   """host:port of process 0 in a SLURM step, by jax's private node-list parser: its public SLURM detection also
-  pins each process to one GPU, wrong for a process per node.
-  """
+  pins each process to one GPU, wrong for a process per node."""
   return slurm_cluster.SlurmCluster.get_coordinator_address(timeout_secs=None, override_coordinator_port=port)
 
 

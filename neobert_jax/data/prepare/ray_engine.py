@@ -1,12 +1,8 @@
-"""`prepare --engine=ray`: the local engine's shards, made by the tasks of a Ray cluster in two passes (pass 1
-tokenizes a unit of input per task, the driver plans the shards over the token counts, pass 2 writes a shard per
-task; docs/data.md, "How it works, and why two passes", and "Resume after a failure").
-
-The work area, OUTPUT/.prepare-work (`Ledger`): build.json (the build's identity), units/NNNNNN.SPLIT.npz
-(records), units/NNNNNN.done.npz (counts, written last: the unit's entry), shards/NAME.json (a shard in place, with
-its plan). Every object is written whole. A task's bad input comes back as a value ({'error': ...}), never retried;
-any exception is a machine's fault and Ray retries it (every write is whole and the same each time).
-"""
+"""`prepare --engine=ray`: the local engine's shards, made by the tasks of a Ray cluster in two passes (docs/data.md,
+"How it works, and why two passes", and "Resume after a failure"). The work area OUTPUT/.prepare-work (`Ledger`):
+build.json (the build's identity), units/NNNNNN.SPLIT.npz (records), units/NNNNNN.done.npz (counts, written last:
+the unit's entry), shards/NAME.json (a shard in place, with its plan), each written whole. A task's bad input comes
+back as a value ({'error': ...}), never retried; any exception is a machine's fault and Ray retries it."""
 
 from __future__ import annotations
 

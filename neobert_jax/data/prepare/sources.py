@@ -1,8 +1,6 @@
 """Reading raw documents: text, JSONL and Parquet files, plain or .gz/.zst, local or gs:// (through paths.py).
-
 Sequential and deterministic (sorted files, file order), so `prepare` makes the same shards for any worker count.
-A file may be read in parts (`Span`, planned by splits.py); the parts' documents concatenated are the file's.
-"""
+A file may be read in parts (`Span`, planned by splits.py); the parts' documents concatenated are the file's."""
 
 import contextlib
 import dataclasses

@@ -1,8 +1,6 @@
 """Cutting input files into units of work for `prepare --engine=ray`: one 50 GB file must not be one task.
-
 Text/JSONL: byte ranges (a line or paragraph belongs to one part); Parquet: runs of row groups; .zst: runs of
-frames (seek table, or frame headers for local files). .gz, one-frame .zst and text_mode 'file' stay one unit.
-"""
+frames (seek table, or frame headers for local files). .gz, one-frame .zst and text_mode 'file' stay one unit."""
 
 from __future__ import annotations
 
