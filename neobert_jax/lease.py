@@ -165,10 +165,9 @@ class _Bucket:
 
     # epath's own gcsfs instance: its session, and the listing cache that must forget an old lease.
     self.fs = backend.fsspec_backend.fs(os.fspath(path))
-    bucket, _, key = os.fspath(path).removeprefix('gs://').partition('/')
-    self.bucket, self.key = bucket, key
-    self.media = f'{self.fs._location}/download/storage/v1/b/{quote(bucket)}/o/{quote(key, safe="")}'
-    self.upload = f'{self.fs._location}/upload/storage/v1/b/{quote(bucket)}/o'
+    self.bucket, _, self.key = os.fspath(path).removeprefix('gs://').partition('/')
+    self.media = f'{self.fs._location}/download/storage/v1/b/{quote(self.bucket)}/o/{quote(self.key, safe="")}'
+    self.upload = f'{self.fs._location}/upload/storage/v1/b/{quote(self.bucket)}/o'
 
   @staticmethod
   def _code(e: BaseException) -> int | None:

@@ -209,12 +209,8 @@ class Mirror:
   def sync(self) -> None:
     if local(self.remote):
       return
-    for f in sorted(self.path.rglob('*')):
-      if not f.is_file():
-        continue
-      rel = f.relative_to(self.path).as_posix()
-      stat = f.stat()
-      if self._sent.get(rel) == (stat.st_size, stat.st_mtime_ns):
-        continue
-      copy(epath.Path(f), self.remote / rel)
-      self._sent[rel] = (stat.st_size, stat.st_mtime_ns)
+    for f in sorted(p for p in self.path.rglob('*') if p.is_file()):
+      rel, stat = f.relative_to(self.path).as_posix(), f.stat()
+      if self._sent.get(rel) != (stat.st_size, stat.st_mtime_ns):
+        copy(epath.Path(f), self.remote / rel)
+        self._sent[rel] = (stat.st_size, stat.st_mtime_ns)
