@@ -59,12 +59,8 @@ class Parser(argparse.ArgumentParser):
     argv = list(sys.argv[1:] if args is None else args)
     debug = errors.take_debug_flag(argv)  # anywhere on the line, before or after a subcommand
     # argparse names missing required flags before unknown ones; a mistyped flag is the likelier fault, name it.
-    known = self._option_strings()
-    unknown = [
-      a
-      for a in argv[: argv.index('--') if '--' in argv else None]
-      if re.match(r'-[^\d]', a) and a.split('=', 1)[0] not in known
-    ]
+    known, flags = self._option_strings(), argv[: argv.index('--') if '--' in argv else None]
+    unknown = [a for a in flags if re.match(r'-[^\d]', a) and a.split('=', 1)[0] not in known]
     if unknown:
       self.error(f'unrecognized arguments: {" ".join(unknown)}')
     parsed = super().parse_args(argv, namespace)

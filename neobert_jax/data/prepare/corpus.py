@@ -77,13 +77,6 @@ def default_corpus_jsonl() -> str:
   return path
 
 
-def _training_texts() -> list[str]:
-  """The corpus documents `prepare` puts in the training split (the same hash rule), in file order."""
-  with open(default_corpus_jsonl(), encoding='utf-8') as f:
-    texts = [json.loads(line)['text'] for line in f]
-  return [t for t in texts if not documents.is_eval_document(t, DEFAULT_EVAL_FRACTION)]
-
-
 def builtin_vocab_file(spec: str) -> str:
   """tokenizer.json of a `builtin-wordpiece-N` vocabulary, learned on first use (seconds) and cached."""
   size = tokenizer_lib.builtin_wordpiece_size(spec)
@@ -100,8 +93,11 @@ def builtin_vocab_file(spec: str) -> str:
     tok.normalizer = normalizers.BertNormalizer(lowercase=True)
     tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
     tok.decoder = decoders.WordPiece()
+    with open(default_corpus_jsonl(), encoding='utf-8') as f:
+      texts = [json.loads(line)['text'] for line in f]
+    train = [t for t in texts if not documents.is_eval_document(t, DEFAULT_EVAL_FRACTION)]  # prepare's split rule
     tok.train_from_iterator(
-      _training_texts(), trainers.WordPieceTrainer(vocab_size=size, special_tokens=specials, show_progress=False)
+      train, trainers.WordPieceTrainer(vocab_size=size, special_tokens=specials, show_progress=False)
     )
     # The trainer learns the same pieces every time but numbers its alphabet in hash order, which changes from
     # process to process. Ids are renumbered canonically (specials 0-4, then the pieces sorted), so the same corpus

@@ -53,16 +53,13 @@ def connect(address: str):
     try:  # Ray itself waits a minute or more on an address where nothing listens
       socket.create_connection((host.strip('[]'), int(port)), timeout=5).close()
     except (OSError, ValueError) as e:
-      reason = getattr(e, 'strerror', None) or errors.one_line(e)
-      raise errors.DistributedError(
-        f'--ray-address={address}: no Ray cluster answers there ({reason}); {fix}'
-      ) from None
+      why = getattr(e, 'strerror', None) or errors.one_line(e)
+      raise errors.DistributedError(f'--ray-address={address}: no Ray cluster answers there ({why}); {fix}') from None
   try:
     ray.init(address=address, log_to_driver=False, logging_level=logging.WARNING)
   except Exception as e:  # noqa: BLE001 - ConnectionError, or Ray's own timeouts
-    raise errors.DistributedError(
-      f'--ray-address={address}: cannot join the Ray cluster ({errors.one_line(e)}); {fix}'
-    ) from None
+    why = errors.one_line(e)
+    raise errors.DistributedError(f'--ray-address={address}: cannot join the Ray cluster ({why}); {fix}') from None
   return ray, True
 
 
