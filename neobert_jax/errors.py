@@ -81,9 +81,7 @@ def one_line(error: BaseException, first: bool = False, with_type: bool = False)
   """The message on one line (joined with ' | ', or only the `first`), `with_type` prefixed by `Type: `."""
   lines = [line.strip() for line in str(error).splitlines() if line.strip()]
   text = (lines[0] if lines else '') if first else ' | '.join(lines)
-  if with_type:
-    return f'{type(error).__name__}: {text}'
-  return text or type(error).__name__
+  return f'{type(error).__name__}: {text}' if with_type else text or type(error).__name__
 
 
 @contextlib.contextmanager

@@ -86,10 +86,7 @@ ACCELERATORS: tuple[Accelerator, ...] = (
 
 
 def lookup(device_kind: str) -> Accelerator | None:
-  for acc in ACCELERATORS:
-    if acc.kind.lower() in device_kind.lower():
-      return acc
-  return None
+  return next((acc for acc in ACCELERATORS if acc.kind.lower() in device_kind.lower()), None)
 
 
 def peak_flops(device_kind: str) -> float | None:

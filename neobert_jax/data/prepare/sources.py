@@ -123,9 +123,8 @@ def _open_binary(path: str, comp: str, seek: int = 0) -> Iterator[io.BufferedIOB
     elif comp in ('.zst', '.zstd'):
       import zstandard  # pylint: disable=g-import-not-at-top
 
-      with io.BufferedReader(
-        zstandard.ZstdDecompressor().stream_reader(raw, closefd=False, read_across_frames=True)
-      ) as f:
+      stream = zstandard.ZstdDecompressor().stream_reader(raw, closefd=False, read_across_frames=True)
+      with io.BufferedReader(stream) as f:
         yield f
     else:
       yield raw
@@ -241,13 +240,12 @@ def _parquet_documents(path, column, span):
     if column not in names:
       raise errors.DataError(f'{path}: no column {column!r} (columns: {names}); choose one with --text-field')
     groups = range(span.start, span.end) if span else None
-    row = span.row if span else 0
-    for batch in pf.iter_batches(row_groups=groups, columns=[column], batch_size=4096):
-      for text in batch.column(0).to_pylist():
-        if text is not None and not isinstance(text, str):
-          raise errors.DataError(f'{path}: row {row}: column {column!r} is not a string column')
-        yield Document(text or '', path, row)
-        row += 1
+    batches = pf.iter_batches(row_groups=groups, columns=[column], batch_size=4096)
+    texts = (text for batch in batches for text in batch.column(0).to_pylist())
+    for row, text in enumerate(texts, start=span.row if span else 0):
+      if text is not None and not isinstance(text, str):
+        raise errors.DataError(f'{path}: row {row}: column {column!r} is not a string column')
+      yield Document(text or '', path, row)
 
 
 def iter_documents(
