@@ -49,11 +49,7 @@ def tensorstore_retries() -> dict[str, Any]:
   """tensorstore's `gcs_request_retries` context resource for the same window and backoff."""
   window = window_s()
   initial, longest = min(INITIAL_DELAY_S, window), min(MAX_DELAY_S, max(window, 0.001))
-  return {
-    'max_retries': max(1, len(delays(window))),
-    'initial_delay': f'{initial:g}s',
-    'max_delay': f'{longest:g}s',
-  }
+  return {'max_retries': max(1, len(delays(window))), 'initial_delay': f'{initial:g}s', 'max_delay': f'{longest:g}s'}
 
 
 _lock = threading.Lock()
@@ -91,12 +87,9 @@ def _retried(error: BaseException, waited: float, what: str = 'a request') -> No
     now = time.monotonic()
     say, _last_said = now - _last_said > 60, now if now - _last_said > 60 else _last_said
   if say:
+    why = errors.one_line(error, first=True, with_type=True)[:200]
     log.warning(
-      'bucket slow: %s failed (%s); retrying for up to %.0f s in all (%.0f s so far)',
-      what,
-      errors.one_line(error, first=True, with_type=True)[:200],
-      window_s(),
-      waited,
+      'bucket slow: %s failed (%s); retrying for up to %.0f s in all (%.0f s so far)', what, why, window_s(), waited
     )
 
 
@@ -114,12 +107,8 @@ class Timer:
       self._watch.start()
 
   def _still_running(self) -> None:
-    log.warning(
-      'bucket slow: %s still running after %.0f s, %d retries so far',
-      self.what,
-      time.monotonic() - self.start,
-      retries() - self.retries0,
-    )
+    seconds, tries = time.monotonic() - self.start, retries() - self.retries0
+    log.warning('bucket slow: %s still running after %.0f s, %d retries so far', self.what, seconds, tries)
 
   def stop(self, say: bool = True) -> 'Timer':
     if self._watch is not None:
@@ -186,17 +175,8 @@ def install() -> None:
 
 # Status words of tensorstore / gRPC / cloud storage errors that describe the storage, not the bytes stored.
 _TRANSIENT_WORDS = (
-  'UNAVAILABLE',
-  'DEADLINE_EXCEEDED',
-  'RESOURCE_EXHAUSTED',
-  'ABORTED',
-  'CANCELLED',
-  'PERMISSION_DENIED',
-  'UNAUTHENTICATED',
-  'Connection reset',
-  'Too many open files',
-  'timed out',
-  'Timeout',
+  *'UNAVAILABLE DEADLINE_EXCEEDED RESOURCE_EXHAUSTED ABORTED CANCELLED PERMISSION_DENIED UNAUTHENTICATED'.split(),
+  *('Connection reset', 'Too many open files', 'timed out', 'Timeout'),
 )
 
 
@@ -215,9 +195,9 @@ def retry(call: Callable[[], T], what: str, window: float | None = None) -> T:
   retry counted; any other error, or the last one, is raised as it is."""
   start = time.monotonic()
   pauses = [] if _known_down() else delays(window)
-  for tries in range(len(pauses) + 1):
+  for tries in range(len(pauses) + 1):  # the last try returns or raises
     try:
-      out = call()
+      return call()
     except Exception as e:  # noqa: BLE001 - sorted by is_transient
       if not is_transient(e) or tries == len(pauses):
         if is_transient(e) and pauses:
@@ -225,6 +205,3 @@ def retry(call: Callable[[], T], what: str, window: float | None = None) -> T:
         raise
       _retried(e, time.monotonic() - start, what)
       time.sleep(pauses[tries])
-    else:
-      return out
-  raise AssertionError('unreachable')

@@ -59,12 +59,8 @@ class Parser(argparse.ArgumentParser):
     argv = list(sys.argv[1:] if args is None else args)
     debug = errors.take_debug_flag(argv)  # anywhere on the line, before or after a subcommand
     # argparse names missing required flags before unknown ones; a mistyped flag is the likelier fault, name it.
-    known = self._option_strings()
-    unknown = [
-      a
-      for a in argv[: argv.index('--') if '--' in argv else None]
-      if re.match(r'-[^\d]', a) and a.split('=', 1)[0] not in known
-    ]
+    known, flags = self._option_strings(), argv[: argv.index('--') if '--' in argv else None]
+    unknown = [a for a in flags if re.match(r'-[^\d]', a) and a.split('=', 1)[0] not in known]
     if unknown:
       self.error(f'unrecognized arguments: {" ".join(unknown)}')
     parsed = super().parse_args(argv, namespace)
@@ -172,19 +168,15 @@ def _parse_absl(flag_values, argv: list[str], fields_doc: str, renamed) -> list[
     file = next((a for a in argv if a.startswith(f'--{CONFIG}=')), f'--{CONFIG}')
     raise errors.ConfigError(f'{file}: {str(e).strip().splitlines()[-1].strip()}') from e
   except (AttributeError, KeyError) as e:  # ml_collections: an override names a field the config lacks
-    raise _missing_field(e, argv, fields_doc, renamed) from e
-
-
-def _missing_field(error: Exception, argv: list[str], fields_doc: str, renamed) -> errors.ConfigError:
-  for arg in argv:  # a field that moved: name its new home
-    key = arg.partition('=')[0].removeprefix(f'--{CONFIG}.')
-    moved = renamed(key) if renamed and arg.startswith(f'--{CONFIG}.') else None
-    if moved is not None:
-      return moved
-  text = errors.one_line(error).replace('\\n', ' ').replace("\\'", "'")
-  key, hint = re.search(r"'(\w+)'", text), re.search(r'Did you mean "(\w+)"', text)
-  return errors.ConfigError(
-    'a --config.* override names a field the config does not have'
-    f'{f" ({key.group(1)!r})" if key else ""}; {f"did you mean {hint.group(1)!r}? " if hint else ""}'
-    f'every field is listed in {fields_doc or "the config file"}'
-  )
+    for arg in argv:  # a field that moved: name its new home
+      if renamed and arg.startswith(f'--{CONFIG}.'):
+        moved = renamed(arg.partition('=')[0].removeprefix(f'--{CONFIG}.'))
+        if moved is not None:
+          raise moved from e
+    text = errors.one_line(e).replace('\\n', ' ').replace("\\'", "'")
+    key, hint = re.search(r"'(\w+)'", text), re.search(r'Did you mean "(\w+)"', text)
+    raise errors.ConfigError(
+      'a --config.* override names a field the config does not have'
+      f'{f" ({key.group(1)!r})" if key else ""}; {f"did you mean {hint.group(1)!r}? " if hint else ""}'
+      f'every field is listed in {fields_doc or "the config file"}'
+    ) from e

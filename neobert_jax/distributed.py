@@ -1,9 +1,7 @@
-"""Multi-process start-up: one call to `initialize()`, early, in every process.
-
-Sources, first match wins: NEOBERT_COORDINATOR / NEOBERT_NUM_PROCESSES / NEOBERT_PROCESS_ID;
-SLURM (one process per node or per GPU, from the task layout); a Cloud TPU VM; else a single process. A job must
-never hang because one process died: the heartbeat timeout is ours, and an uncaught exception ends the process at
-once instead of waiting out the shutdown barrier."""
+"""Multi-process start-up: one call to `initialize()`, early, in every process. Sources, first match wins:
+NEOBERT_COORDINATOR / NEOBERT_NUM_PROCESSES / NEOBERT_PROCESS_ID; SLURM (one process per node or per GPU, from the
+task layout); a Cloud TPU VM; else a single process. A job must never hang because one process died: the heartbeat
+timeout is ours, and an uncaught exception ends the process at once instead of waiting out the shutdown barrier."""
 
 from __future__ import annotations
 
@@ -57,12 +55,6 @@ _INFO: DistributedInfo | None = None
 def _env_int(name: str) -> int | None:
   value = os.environ.get(name, '').strip()
   return int(value) if value else None
-
-
-def _parse_device_ids(value: str | None) -> tuple[int, ...] | None:
-  if value is None or value.strip() in ('', 'all'):
-    return None
-  return tuple(int(v) for v in value.split(',') if v.strip())
 
 
 def _slurm_settings() -> tuple[str, int, int, tuple[int, ...] | None] | None:
@@ -134,8 +126,9 @@ def initialize(num_cpu_devices: int | None = None) -> DistributedInfo:
     coord, nproc, pid, local_device_ids = slurm
   elif _on_tpu_vm():
     method = 'tpu'
-  if method in ('env', 'slurm') and local_device_ids is None:
-    local_device_ids = _parse_device_ids(os.environ.get(ENV_LOCAL_DEVICE_IDS))
+  ids = os.environ.get(ENV_LOCAL_DEVICE_IDS, '').strip()
+  if method in ('env', 'slurm') and local_device_ids is None and ids not in ('', 'all'):
+    local_device_ids = tuple(int(v) for v in ids.split(',') if v.strip())
 
   if method == 'single':
     _INFO = DistributedInfo(process_id=0, num_processes=1, method='single')

@@ -1,8 +1,7 @@
 """The errors a user can fix, one class per kind, each with its own exit status, and `reported`, under which every
 command's main runs: an expected error is one line on stderr naming the problem and the fix (`--debug` shows the
-traceback). Imports nothing from the package. Each class also derives from the builtin its raise sites used before
-(ValueError, RuntimeError). Status 1 is the convert command's historic status; 3-5 are the trainer's "diverged"
-and the AOT command's verdicts, so the others start at 10."""
+traceback). Imports nothing from the package. Each class derives from the builtin its raise sites used before; 1 is
+the convert command's historic status, 3-5 the trainer's "diverged" and the AOT verdicts, so the others start at 10."""
 
 from __future__ import annotations
 
@@ -82,9 +81,7 @@ def one_line(error: BaseException, first: bool = False, with_type: bool = False)
   """The message on one line (joined with ' | ', or only the `first`), `with_type` prefixed by `Type: `."""
   lines = [line.strip() for line in str(error).splitlines() if line.strip()]
   text = (lines[0] if lines else '') if first else ' | '.join(lines)
-  if with_type:
-    return f'{type(error).__name__}: {text}'
-  return text or type(error).__name__
+  return f'{type(error).__name__}: {text}' if with_type else text or type(error).__name__
 
 
 @contextlib.contextmanager
@@ -94,11 +91,8 @@ def reported(prog: str, debug: bool = False, also: dict[type[BaseException], typ
   try:
     yield
   except Exception as e:  # pylint: disable=broad-except
-    kind = (
-      type(e)
-      if isinstance(e, NeobertError)
-      else next((cls for base, cls in (also or {}).items() if isinstance(e, base)), None)
-    )
+    mapped = next((cls for base, cls in (also or {}).items() if isinstance(e, base)), None)
+    kind = type(e) if isinstance(e, NeobertError) else mapped
     if debug or kind is None:
       raise
     line = f'{prog}: {kind.kind}: {one_line(e)}'

@@ -16,16 +16,7 @@ import math
 # enough output tiles to fill the device (tile / wave quantization is applied on top, aot/roofline.py). The top
 # row is the measured maximum; the rest follow the pipeline depth (K / 64 main-loop steps per output tile) and are
 # an assumption, not a measurement.
-_H100_MATMUL = (
-  (64, 0.20),
-  (128, 0.35),
-  (256, 0.52),
-  (512, 0.66),
-  (768, 0.72),
-  (1024, 0.75),
-  (2048, 0.78),
-  (4096, 0.80),
-)
+_H100_MATMUL = ((64, 0.2), (128, 0.35), (256, 0.52), (512, 0.66), (768, 0.72), (1024, 0.75), (2048, 0.78), (4096, 0.8))
 _TPU_MATMUL = ((64, 0.25), (128, 0.45), (256, 0.65), (512, 0.78), (1024, 0.85))  # assumption (see docstring)
 
 
@@ -95,10 +86,7 @@ ACCELERATORS: tuple[Accelerator, ...] = (
 
 
 def lookup(device_kind: str) -> Accelerator | None:
-  for acc in ACCELERATORS:
-    if acc.kind.lower() in device_kind.lower():
-      return acc
-  return None
+  return next((acc for acc in ACCELERATORS if acc.kind.lower() in device_kind.lower()), None)
 
 
 def peak_flops(device_kind: str) -> float | None:

@@ -16,10 +16,7 @@ _THP_MODE = '/sys/kernel/mm/transparent_hugepage/enabled'
 
 def _glibc_at_least(major: int, minor: int) -> bool:
   name, version = platform.libc_ver()
-  if name != 'glibc' or not version:
-    return False
-  parts = tuple(int(p) for p in version.split('.')[:2] if p.isdigit())
-  return parts >= (major, minor)
+  return name == 'glibc' and tuple(int(p) for p in version.split('.')[:2] if p.isdigit()) >= (major, minor)
 
 
 def _thp_mode() -> str:

@@ -35,8 +35,7 @@ def quiet_backend_probe() -> None:
 
 def slurm_coordinator_address(port: str | None) -> str:
   """host:port of process 0 in a SLURM step, by jax's private node-list parser: its public SLURM detection also
-  pins each process to one GPU, wrong for a process per node.
-  """
+  pins each process to one GPU, wrong for a process per node."""
   return slurm_cluster.SlurmCluster.get_coordinator_address(timeout_secs=None, override_coordinator_port=port)
 
 
@@ -65,7 +64,8 @@ class CudnnPackedUnavailable(RuntimeError):
   """The installed jax no longer exposes the packed-layout entry point this module relies on."""
 
 
-def _cudnn_module():
+def check_cudnn_packed():
+  """The private cuDNN module; CudnnPackedUnavailable if the entry point moved (the tests call it)."""
   try:
     mod = importlib.import_module(CUDNN_MODULE)
   except ImportError as e:
@@ -98,36 +98,19 @@ def _warn_if_cudnn_untested() -> None:
     )
 
 
-def check_cudnn_packed() -> None:
-  """Raises CudnnPackedUnavailable if the private entry point moved (the tests call it)."""
-  _cudnn_module()
-
-
 def cudnn_packed_flash_attention(
   q: jax.Array, k: jax.Array, v: jax.Array, seqlens: jax.Array, offsets: jax.Array
 ) -> jax.Array:
   """q, k, v [B, T, H, Dh] (bf16/fp16) with packed_layout()'s seqlens [B, M] / offsets [B, M + 1] -> [B, T, H, Dh]."""
-  mod = _cudnn_module()
+  mod = check_cudnn_packed()
   _warn_if_cudnn_untested()
-  return mod.dot_product_attention(
-    q,
-    k,
-    v,
-    None,
-    None,
-    seqlens,
-    seqlens,
-    offsets,
-    offsets,
-    scale=q.shape[-1] ** -0.5,
-    mask_type=mod.MaskType.PADDING,
-    qkv_layout='BTNH',
-  )
+  layout = dict(scale=q.shape[-1] ** -0.5, mask_type=mod.MaskType.PADDING, qkv_layout='BTNH')
+  return mod.dot_product_attention(q, k, v, None, None, seqlens, seqlens, offsets, offsets, **layout)
 
 
 def cudnn_assume_compute_capability(major_minor: str) -> None:
   """For deviceless AOT only: the cuDNN checks ask the *default* backend (the CPU there) whether the GPU is
   Hopper; answer for the compile target instead. Never called in a process that trains."""
-  mod = _cudnn_module()
+  mod = check_cudnn_packed()
   target = tuple(int(x) for x in major_minor.split('.'))
   mod.check_compute_capability = lambda capability: target >= tuple(int(x) for x in capability.split('.'))

@@ -28,21 +28,6 @@ def timeout_s() -> float:
   return float(os.environ.get(ENV_TIMEOUT) or DEFAULT_TIMEOUT_S)
 
 
-def job_identity(run_id: str = '') -> tuple[str, int]:
-  """(identity, restart count) that a restarted job shows to take its lease back at once ('' if it cannot)."""
-  env = os.environ
-  if run_id:
-    job = f'run_id {run_id}'
-  elif env.get('SLURM_JOB_ID'):
-    job = f'slurm job {env["SLURM_JOB_ID"]}'
-  elif env.get('JOBSET_NAME'):
-    job = f'jobset {env["JOBSET_NAME"]}'
-  else:
-    job = ''
-  restart = env.get('SLURM_RESTART_COUNT') or env.get('JOBSET_RESTART_ATTEMPT') or '0'
-  return job, int(restart) if restart.isdigit() else 0
-
-
 def pid_alive(pid: int) -> bool:
   """Whether process `pid` of this host exists (a pid taken again by another process reads as alive: the lease
   then waits out its timeout, the safe side)."""
@@ -75,8 +60,18 @@ class Holder:
 
   @classmethod
   def mine(cls, run_id: str, timeout: float) -> 'Holder':
-    job, restart = job_identity(run_id)
-    now = time.time()
+    """This process's lease; `job` and `restart` let a restarted job take it back at once ('' if it cannot)."""
+    env = os.environ
+    if run_id:
+      job = f'run_id {run_id}'
+    elif env.get('SLURM_JOB_ID'):
+      job = f'slurm job {env["SLURM_JOB_ID"]}'
+    elif env.get('JOBSET_NAME'):
+      job = f'jobset {env["JOBSET_NAME"]}'
+    else:
+      job = ''
+    restart = env.get('SLURM_RESTART_COUNT') or env.get('JOBSET_RESTART_ATTEMPT') or '0'
+    restart, now = int(restart) if restart.isdigit() else 0, time.time()
     return cls(socket.gethostname(), os.getpid(), job, restart, run_id, now, now, timeout, uuid.uuid4().hex)
 
   @classmethod
@@ -86,9 +81,6 @@ class Holder:
 
   def text(self) -> str:
     return json.dumps(dataclasses.asdict(self), indent=1) + '\n'
-
-  def stale(self, now: float | None = None) -> bool:
-    return (now or time.time()) - self.heartbeat > self.timeout_s
 
   def describe(self) -> str:
     ago = time.time() - self.heartbeat
@@ -165,10 +157,9 @@ class _Bucket:
 
     # epath's own gcsfs instance: its session, and the listing cache that must forget an old lease.
     self.fs = backend.fsspec_backend.fs(os.fspath(path))
-    bucket, _, key = os.fspath(path).removeprefix('gs://').partition('/')
-    self.bucket, self.key = bucket, key
-    self.media = f'{self.fs._location}/download/storage/v1/b/{quote(bucket)}/o/{quote(key, safe="")}'
-    self.upload = f'{self.fs._location}/upload/storage/v1/b/{quote(bucket)}/o'
+    self.bucket, _, self.key = os.fspath(path).removeprefix('gs://').partition('/')
+    self.media = f'{self.fs._location}/download/storage/v1/b/{quote(self.bucket)}/o/{quote(self.key, safe="")}'
+    self.upload = f'{self.fs._location}/upload/storage/v1/b/{quote(self.bucket)}/o'
 
   @staticmethod
   def _code(e: BaseException) -> int | None:
@@ -271,7 +262,7 @@ class Lease:
       if self.holder.restart < old.restart:
         return None  # a later attempt of this job holds it: this one is the straggler
       return f'the same job ({old.job}) restarted'
-    if old.stale():
+    if time.time() - old.heartbeat > old.timeout_s:
       return f'it stopped renewing it {time.time() - old.heartbeat:.0f} s ago (timeout {old.timeout_s:.0f} s)'
     if old.host == self.holder.host and old.pid != self.holder.pid and not pid_alive(old.pid):
       return f'its process {old.pid} on this host is gone (killed without a clean exit)'

@@ -1,9 +1,7 @@
-"""Where runs and data live: a local path or a gs:// URL, through one layer (etils.epath).
-
-Every path a user gives goes through `resolve`. What object stores lack is made up for here: no atomic rename
-(`write_text` writes whole; multi-file outputs commit by a marker written last), no append (`append_line`
-rewrites, and growing streams go through a local `Mirror`), and a refused write is one line up front
-(`check_writable`). `s3://` is refused: Orbax 0.12.8's OCDBT layer cannot checkpoint there; mount the bucket instead."""
+"""Where runs and data live: a local path or a gs:// URL, through one layer (etils.epath); every path a user gives
+goes through `resolve`. Object stores cannot rename or append: whole files go through `write_bytes`, multi-file
+outputs commit by a marker written last, growing streams through a local `Mirror`. `s3://` is refused: Orbax
+0.12.8's OCDBT layer cannot checkpoint there."""
 
 from __future__ import annotations
 
@@ -12,7 +10,7 @@ import logging
 import os
 import shutil
 from pathlib import Path as LocalPath
-from typing import Union
+from typing import Iterator, Union
 
 from etils import epath
 
@@ -20,14 +18,11 @@ from neobert_jax import bucket, errors
 
 Path = epath.Path
 PathLike = Union[str, os.PathLike]
-URL_SCHEMES = ('gs://',)
-_REFUSED = {
-  's3://': (
-    's3:// is not supported: runs and their data go where their checkpoints can, and Orbax 0.12.8 '
-    'writes checkpoints only to gs:// (its OCDBT layer refuses s3://); mount the bucket '
-    '(mountpoint-s3 or s3fs-fuse) and pass the mount point, or use gs://'
-  )
-}
+_S3_REFUSED = (
+  's3:// is not supported: runs and their data go where their checkpoints can, and Orbax 0.12.8 '
+  'writes checkpoints only to gs:// (its OCDBT layer refuses s3://); mount the bucket '
+  '(mountpoint-s3 or s3fs-fuse) and pass the mount point, or use gs://'
+)
 
 # gcsfs logs a warning on every bucket access without a metadata server ("could not determine bucket type"):
 # noise on every machine that authenticates by other means, and in the tests' emulator.
@@ -44,10 +39,9 @@ def resolve(path: PathLike, what: str = 'path') -> epath.Path:
   if not text:
     raise errors.ConfigError(f'{what} is empty')
   if is_url(text):
-    for scheme, why in _REFUSED.items():
-      if text.startswith(scheme):
-        raise errors.ConfigError(f'{what}={text}: {why}')
-    if not text.startswith(URL_SCHEMES):
+    if text.startswith('s3://'):
+      raise errors.ConfigError(f'{what}={text}: {_S3_REFUSED}')
+    if not text.startswith('gs://'):
       raise errors.ConfigError(f'{what}={text}: unsupported URL scheme; use a local path or gs://bucket/...')
     bucket.install()  # the one retry budget, before anything reaches the bucket through gcsfs
     return epath.Path(text.rstrip('/'))
@@ -127,12 +121,9 @@ def url_key(url: epath.Path | str) -> str:
   return hashlib.sha256(os.fspath(url).encode()).hexdigest()[:16]
 
 
-def sha256(path: epath.Path, chunk: int = 1 << 22) -> str:
-  h = hashlib.sha256()
+def sha256(path: epath.Path) -> str:
   with path.open('rb') as f:
-    while block := f.read(chunk):
-      h.update(block)
-  return h.hexdigest()
+    return hashlib.file_digest(f, 'sha256').hexdigest()
 
 
 def copy(src: epath.Path, dst: epath.Path) -> None:
@@ -160,17 +151,19 @@ def publish_dir(local_dir: PathLike, remote: epath.Path, marker: str) -> None:
     (remote / rel).unlink()
 
 
+def walk(directory: epath.Path) -> Iterator[epath.Path]:
+  """The files below `directory`, level by level (epath refuses '**' globs on buckets)."""
+  for p in directory.iterdir():
+    if p.is_dir():
+      yield from walk(p)
+    else:
+      yield p
+
+
 def _files(root: epath.Path) -> list[str]:
   """Relative paths of the files under `root` (empty when it does not exist)."""
-  if not root.exists():
-    return []
-  out = []
-  for child in root.iterdir():  # epath refuses '**' globs on buckets: walk level by level
-    if child.is_dir():
-      out += [f'{child.name}/{rel}' for rel in _files(child)]
-    else:
-      out.append(child.name)
-  return sorted(out)
+  prefix = len(os.fspath(root).rstrip('/')) + 1
+  return sorted(os.fspath(p)[prefix:] for p in walk(root)) if root.exists() else []
 
 
 def local_copy(source: PathLike, marker: str | None = None) -> LocalPath:
@@ -216,12 +209,8 @@ class Mirror:
   def sync(self) -> None:
     if local(self.remote):
       return
-    for f in sorted(self.path.rglob('*')):
-      if not f.is_file():
-        continue
-      rel = f.relative_to(self.path).as_posix()
-      stat = f.stat()
-      if self._sent.get(rel) == (stat.st_size, stat.st_mtime_ns):
-        continue
-      copy(epath.Path(f), self.remote / rel)
-      self._sent[rel] = (stat.st_size, stat.st_mtime_ns)
+    for f in sorted(p for p in self.path.rglob('*') if p.is_file()):
+      rel, stat = f.relative_to(self.path).as_posix(), f.stat()
+      if self._sent.get(rel) != (stat.st_size, stat.st_mtime_ns):
+        copy(epath.Path(f), self.remote / rel)
+        self._sent[rel] = (stat.st_size, stat.st_mtime_ns)

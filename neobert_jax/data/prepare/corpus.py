@@ -54,12 +54,6 @@ def _extract_bbc(archive: str, out: str) -> None:
 _SCENE_HEADING = re.compile(r'\n(?=SCENE [IVXLC]+\.)')
 
 
-def _documents(source: str, text: str) -> list[str]:
-  if source != 'shakespeare':
-    return [text]
-  return [part.strip() for part in _SCENE_HEADING.split(text) if part.strip()]
-
-
 def default_corpus_jsonl() -> str:
   """The built-in corpus as one JSONL file ({"text", "source"} per document: a scene or an article)."""
   path = os.path.join(assets.asset_cache_dir(), f'default_corpus_{CORPUS_VERSION}.jsonl')
@@ -76,17 +70,11 @@ def default_corpus_jsonl() -> str:
             # A few BBC files carry stray Latin-1 bytes; they are third-party
             # text we do not control, so they are replaced, not reported.
             text = fh.read().decode('utf-8', errors='replace').strip()
-          for i, doc in enumerate(_documents(src, text)):
+          docs = [p.strip() for p in _SCENE_HEADING.split(text) if p.strip()] if src == 'shakespeare' else [text]
+          for i, doc in enumerate(docs):
             out.write(json.dumps({'text': doc, 'source': f'{src}/{os.path.basename(f)}#{i}'}) + '\n')
     os.replace(tmp, path)
   return path
-
-
-def _training_texts() -> list[str]:
-  """The corpus documents `prepare` puts in the training split (the same hash rule), in file order."""
-  with open(default_corpus_jsonl(), encoding='utf-8') as f:
-    texts = [json.loads(line)['text'] for line in f]
-  return [t for t in texts if not documents.is_eval_document(t, DEFAULT_EVAL_FRACTION)]
 
 
 def builtin_vocab_file(spec: str) -> str:
@@ -105,8 +93,11 @@ def builtin_vocab_file(spec: str) -> str:
     tok.normalizer = normalizers.BertNormalizer(lowercase=True)
     tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
     tok.decoder = decoders.WordPiece()
+    with open(default_corpus_jsonl(), encoding='utf-8') as f:
+      texts = [json.loads(line)['text'] for line in f]
+    train = [t for t in texts if not documents.is_eval_document(t, DEFAULT_EVAL_FRACTION)]  # prepare's split rule
     tok.train_from_iterator(
-      _training_texts(), trainers.WordPieceTrainer(vocab_size=size, special_tokens=specials, show_progress=False)
+      train, trainers.WordPieceTrainer(vocab_size=size, special_tokens=specials, show_progress=False)
     )
     # The trainer learns the same pieces every time but numbers its alphabet in hash order, which changes from
     # process to process. Ids are renumbered canonically (specials 0-4, then the pieces sorted), so the same corpus
@@ -177,16 +168,11 @@ def default_prepared_dir(
         file=sys.stderr,
         flush=True,
       )
-      prepare_lib.prepare_local(
-        [corpus],
-        out,
-        tokenizer=tokenizer,
-        max_length=max_length,
-        workers=workers,
-        eval_fraction=DEFAULT_EVAL_FRACTION,
-        overwrite=True,
-        command=f'neobert_jax.data.prepare.corpus.default_prepared_dir({max_length}, tokenizer={tokenizer!r})',
+      call = f'neobert_jax.data.prepare.corpus.default_prepared_dir({max_length}, tokenizer={tokenizer!r})'
+      o = documents.BuildOptions(
+        tokenizer=tokenizer, max_length=max_length, eval_fraction=DEFAULT_EVAL_FRACTION, overwrite=True, command=call
       )
+      prepare_lib.prepare_local([corpus], out, o, workers=workers)
   return out
 
 

@@ -1,7 +1,5 @@
-"""Hugging Face datasets as `prepare` inputs: hf:ID[:CONFIG[:SPLIT]] (streamed) or a save_to_disk folder.
-
-Rows are read in order from the --text-field column; `datasets` is imported only when such an input is read.
-"""
+"""Hugging Face datasets as `prepare` inputs: hf:ID[:CONFIG[:SPLIT]] (streamed) or a save_to_disk folder, read in
+row order from the --text-field column; `datasets` is imported only when such an input is read."""
 
 from __future__ import annotations
 
@@ -74,10 +72,8 @@ def iter_texts(item: str, text_field: str) -> Iterator[tuple[int, str]]:
   columns = rows.column_names  # None for a stream whose features are known only once rows arrive
   if columns is not None and text_field not in columns:
     raise errors.DataError(f'{item}: no column {text_field!r} (columns: {columns}); choose one with --text-field')
-  row = 0
-  for batch in rows.select_columns([text_field]).iter(batch_size=_BATCH):
-    for text in batch[text_field]:
-      if text is not None and not isinstance(text, str):
-        raise errors.DataError(f'{item}: row {row}: column {text_field!r} is not a string column')
-      yield row, text or ''
-      row += 1
+  batches = rows.select_columns([text_field]).iter(batch_size=_BATCH)
+  for row, text in enumerate(t for batch in batches for t in batch[text_field]):
+    if text is not None and not isinstance(text, str):
+      raise errors.DataError(f'{item}: row {row}: column {text_field!r} is not a string column')
+    yield row, text or ''

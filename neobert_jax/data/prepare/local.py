@@ -45,8 +45,7 @@ def _ordered_map(fn, tasks: Iterable, workers: int, initargs: tuple) -> Iterator
   """fn over tasks in order; at most 2 tasks per worker in flight (bounded memory)."""
   if workers <= 0:
     _init_worker(*initargs)
-    for t in tasks:
-      yield fn(t)
+    yield from map(fn, tasks)
     return
   # spawn, not fork: callers (tests, the trainer) may hold threads, e.g. JAX's.
   ctx = multiprocessing.get_context('spawn')
@@ -152,9 +151,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
   )
   p.add_argument('--output', required=True, help='directory for shards + manifest.json, local or gs://')
   p.add_argument(
-    '--tokenizer',
-    default=d.tokenizer,
-    help="'bert-base-uncased', vocab.txt, tokenizer.json or SentencePiece .model",
+    '--tokenizer', default=d.tokenizer, help="'bert-base-uncased', vocab.txt, tokenizer.json or SentencePiece .model"
   )
   p.add_argument('--max-length', type=int, default=d.max_length, help='ids per record, specials included')
   p.add_argument(

@@ -1,12 +1,6 @@
-"""Putting prepared data in place, for both engines: the manifest is the commit marker, written last.
-
-ArrayRecordWriter (array_record 0.8.6) cannot write gs:// ("open() failed: No such file or directory"), so shards
-bound for a bucket are written to local scratch exactly as for a local output, then uploaded: the bytes on the
-bucket are those a local prepare writes. Without --overwrite, an output that holds a manifest is refused before any
-work, untouched; with it, the old manifest goes before the first shard (nothing reads a half-replaced output as
-prepared data), the new one after the last, and only then the shards it does not list. An upload cut short leaves
-no manifest: readers refuse the output as unfinished, and prepare --overwrite replaces it.
-"""
+"""Putting prepared data in place, for both engines: the old manifest goes before the first shard, the new one (the
+commit marker) after the last, then the shards it does not list. ArrayRecordWriter (array_record 0.8.6) cannot
+write gs://, so shards bound for a bucket are written to local scratch as for a local output, then uploaded."""
 
 from __future__ import annotations
 

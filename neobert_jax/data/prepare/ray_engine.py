@@ -1,12 +1,8 @@
-"""`prepare --engine=ray`: the local engine's shards, made by the tasks of a Ray cluster in two passes (pass 1
-tokenizes a unit of input per task, the driver plans the shards over the token counts, pass 2 writes a shard per
-task; docs/data.md, "How it works, and why two passes", and "Resume after a failure").
-
-The work area, OUTPUT/.prepare-work (`Ledger`): build.json (the build's identity), units/NNNNNN.SPLIT.npz
-(records), units/NNNNNN.done.npz (counts, written last: the unit's entry), shards/NAME.json (a shard in place, with
-its plan). Every object is written whole. A task's bad input comes back as a value ({'error': ...}), never retried;
-any exception is a machine's fault and Ray retries it (every write is whole and the same each time).
-"""
+"""`prepare --engine=ray`: the local engine's shards, made by the tasks of a Ray cluster in two passes (docs/data.md,
+"How it works, and why two passes", and "Resume after a failure"). The work area OUTPUT/.prepare-work (`Ledger`):
+build.json (the build's identity), units/NNNNNN.SPLIT.npz (records), units/NNNNNN.done.npz (counts, written last:
+the unit's entry), shards/NAME.json (a shard in place, with its plan), each written whole. A task's bad input comes
+back as a value ({'error': ...}), never retried; any exception is a machine's fault and Ray retries it."""
 
 from __future__ import annotations
 
@@ -57,16 +53,13 @@ def connect(address: str):
     try:  # Ray itself waits a minute or more on an address where nothing listens
       socket.create_connection((host.strip('[]'), int(port)), timeout=5).close()
     except (OSError, ValueError) as e:
-      reason = getattr(e, 'strerror', None) or errors.one_line(e)
-      raise errors.DistributedError(
-        f'--ray-address={address}: no Ray cluster answers there ({reason}); {fix}'
-      ) from None
+      why = getattr(e, 'strerror', None) or errors.one_line(e)
+      raise errors.DistributedError(f'--ray-address={address}: no Ray cluster answers there ({why}); {fix}') from None
   try:
     ray.init(address=address, log_to_driver=False, logging_level=logging.WARNING)
   except Exception as e:  # noqa: BLE001 - ConnectionError, or Ray's own timeouts
-    raise errors.DistributedError(
-      f'--ray-address={address}: cannot join the Ray cluster ({errors.one_line(e)}); {fix}'
-    ) from None
+    why = errors.one_line(e)
+    raise errors.DistributedError(f'--ray-address={address}: cannot join the Ray cluster ({why}); {fix}') from None
   return ray, True
 
 
@@ -230,9 +223,6 @@ def _per_node(units: dict, shard_results: dict) -> dict:
   return nodes
 
 
-# --- On the nodes: the work area and the tasks -----------------------------------------------------------------
-
-
 def _npz(arrays: dict) -> bytes:
   buf = io.BytesIO()
   np.savez(buf, **arrays)
@@ -310,7 +300,7 @@ class Ledger:
       shutil.rmtree(root, ignore_errors=True)
     elif root.exists():
       with concurrent.futures.ThreadPoolExecutor(_PARALLEL) as pool:
-        list(pool.map(lambda p: p.unlink(missing_ok=True), list(sources.walk(root))))
+        list(pool.map(lambda p: p.unlink(missing_ok=True), list(paths.walk(root))))
 
 
 def node() -> dict:

@@ -1,8 +1,6 @@
 """Reading raw documents: text, JSONL and Parquet files, plain or .gz/.zst, local or gs:// (through paths.py).
-
 Sequential and deterministic (sorted files, file order), so `prepare` makes the same shards for any worker count.
-A file may be read in parts (`Span`, planned by splits.py); the parts' documents concatenated are the file's.
-"""
+A file may be read in parts (`Span`, planned by splits.py); the parts' documents concatenated are the file's."""
 
 import contextlib
 import dataclasses
@@ -102,22 +100,13 @@ def _expand_url(item: str) -> list[str]:
       raise errors.DataError(f'{item}: pattern matches no objects')
     return found
   if url.is_dir():
-    found = sorted(os.fspath(p) for p in walk(url) if split_ext(p.name)[0])
+    found = sorted(os.fspath(p) for p in paths.walk(url) if split_ext(p.name)[0])
     if not found:
       raise errors.DataError(f'{item}: holds no .txt/.jsonl/.json/.parquet objects (optionally .gz/.zst)')
     return found
   if url.exists():
     return [os.fspath(url)]
   raise errors.DataError(f'{item}: no such object or directory (or the bucket does not exist)')
-
-
-def walk(directory: paths.Path) -> Iterator[paths.Path]:
-  """The files below `directory`, level by level (epath refuses '**' globs on buckets)."""
-  for p in directory.iterdir():
-    if p.is_dir():
-      yield from walk(p)
-    else:
-      yield p
 
 
 def open_file(path: str):
@@ -134,9 +123,8 @@ def _open_binary(path: str, comp: str, seek: int = 0) -> Iterator[io.BufferedIOB
     elif comp in ('.zst', '.zstd'):
       import zstandard  # pylint: disable=g-import-not-at-top
 
-      with io.BufferedReader(
-        zstandard.ZstdDecompressor().stream_reader(raw, closefd=False, read_across_frames=True)
-      ) as f:
+      stream = zstandard.ZstdDecompressor().stream_reader(raw, closefd=False, read_across_frames=True)
+      with io.BufferedReader(stream) as f:
         yield f
     else:
       yield raw
@@ -233,11 +221,9 @@ def _jsonl_documents(path, comp, field, policy, on_issue, span):
       have = sorted(obj) if isinstance(obj, dict) else type(obj).__name__
       raise _line_error(path, comp, span, lineno, f': no field {field!r} (found {have}); choose one with --text-field')
     text = obj[field]
-    if text is None:
-      text = ''
-    if not isinstance(text, str):
+    if text is not None and not isinstance(text, str):
       raise _line_error(path, comp, span, lineno, f': field {field!r} is {type(text).__name__}, not text')
-    yield Document(text, path, off)
+    yield Document(text or '', path, off)
 
 
 def _parquet_documents(path, column, span):
@@ -254,13 +240,12 @@ def _parquet_documents(path, column, span):
     if column not in names:
       raise errors.DataError(f'{path}: no column {column!r} (columns: {names}); choose one with --text-field')
     groups = range(span.start, span.end) if span else None
-    row = span.row if span else 0
-    for batch in pf.iter_batches(row_groups=groups, columns=[column], batch_size=4096):
-      for text in batch.column(0).to_pylist():
-        if text is not None and not isinstance(text, str):
-          raise errors.DataError(f'{path}: row {row}: column {column!r} is not a string column')
-        yield Document(text or '', path, row)
-        row += 1
+    batches = pf.iter_batches(row_groups=groups, columns=[column], batch_size=4096)
+    texts = (text for batch in batches for text in batch.column(0).to_pylist())
+    for row, text in enumerate(texts, start=span.row if span else 0):
+      if text is not None and not isinstance(text, str):
+        raise errors.DataError(f'{path}: row {row}: column {column!r} is not a string column')
+      yield Document(text or '', path, row)
 
 
 def iter_documents(

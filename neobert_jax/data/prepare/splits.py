@@ -1,8 +1,6 @@
 """Cutting input files into units of work for `prepare --engine=ray`: one 50 GB file must not be one task.
-
 Text/JSONL: byte ranges (a line or paragraph belongs to one part); Parquet: runs of row groups; .zst: runs of
-frames (seek table, or frame headers for local files). .gz, one-frame .zst and text_mode 'file' stay one unit.
-"""
+frames (seek table, or frame headers for local files). .gz, one-frame .zst and text_mode 'file' stay one unit."""
 
 from __future__ import annotations
 
@@ -16,12 +14,6 @@ from neobert_jax.data.prepare import sources
 
 _ZSTD_MAGIC = 0xFD2FB528
 _SEEKABLE_MAGIC = 0x8F92EAB1  # the last 4 bytes of a seekable-format .zst (zstd/contrib/seekable_format)
-
-
-def _ranges(total: int, split_bytes: int) -> list[tuple[int, int]]:
-  n = max(1, -(-total // split_bytes))
-  cuts = [total * k // n for k in range(n + 1)]
-  return list(zip(cuts[:-1], cuts[1:]))
 
 
 def _seek_table(f, size: int) -> list[tuple[int, int]] | None:
@@ -124,16 +116,15 @@ def plan(
     if size > split_bytes and not (fmt == 'text' and text_mode == 'file'):
       if fmt == 'parquet':
         spans = _parquet_spans(path, split_bytes)
-      elif fmt and not comp:
-        spans = [sources.Span(a, b, a) for a, b in _ranges(size, split_bytes)]
+      elif fmt and not comp:  # byte ranges of about split_bytes each
+        n = max(1, -(-size // split_bytes))
+        cuts = [size * k // n for k in range(n + 1)]
+        spans = [sources.Span(a, b, a) for a, b in zip(cuts[:-1], cuts[1:])]
       elif comp in ('.zst', '.zstd'):
         spans = _zstd_spans(path, size, split_bytes)
       if spans is None and fmt:
-        print(
-          f'prepare: warning: {path} ({size / 2**20:.0f} MiB) is read by one task: '
-          f'{_why_whole(path, fmt, comp, text_mode)}',
-          file=sys.stderr,
-        )
+        why = _why_whole(path, fmt, comp, text_mode)
+        print(f'prepare: warning: {path} ({size / 2**20:.0f} MiB) is read by one task: {why}', file=sys.stderr)
     units += [(path, s) for s in spans] if spans else [(path, None)]
   return units, sizes
 
