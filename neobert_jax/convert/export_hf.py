@@ -15,6 +15,7 @@ from typing import Any, Callable, Mapping
 
 import ml_dtypes
 import numpy as np
+import tokenizers
 from safetensors.numpy import save_file
 
 from neobert_jax import errors, lease, paths
@@ -119,8 +120,6 @@ def _read_vocab(src: Path) -> dict[str, int]:
   if src.is_dir():
     src = src / 'tokenizer.json' if (src / 'tokenizer.json').is_file() else src / 'vocab.txt'
   if src.suffix == '.json':
-    import tokenizers
-
     return tokenizers.Tokenizer.from_file(str(src)).get_vocab(with_added_tokens=True)
   with open(src, encoding='utf-8') as fh:
     return {line.rstrip('\n'): i for i, line in enumerate(fh)}
@@ -155,8 +154,6 @@ def write_tokenizer(tokenizer: str | os.PathLike, out: Path, max_length: int, vo
 
   for name, path in sources.items():
     if name == 'tokenizer.json':
-      import tokenizers
-
       tok = tokenizers.Tokenizer.from_file(str(path))
       tok.no_padding()
       tok.no_truncation()
