@@ -87,16 +87,8 @@ def main(argv: list[str] | None = None) -> int:
   try:
     with errors.reported('embed', a.debug):
       texts = tables.read_texts(a.input, a.text_field)
-      enc = Encoder.load(
-        a.model,
-        None if a.step < 0 else a.step,
-        tokenizer=a.tokenizer,
-        pooling=a.pooling,
-        normalize=a.normalize,
-        max_length=a.max_length,
-        batch_size=a.batch_size,
-        prefix=a.prefix,
-      )
+      options = {k: getattr(a, k) for k in ('tokenizer', 'pooling', 'normalize', 'max_length', 'batch_size', 'prefix')}
+      enc = Encoder.load(a.model, None if a.step < 0 else a.step, **options)
       emb = enc.encode(texts, progress=not a.no_progress)
   except SystemExit as e:  # an expected error, already reported in one line
     return e.code

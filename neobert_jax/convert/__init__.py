@@ -1,3 +1,2 @@
-"""PyTorch / Hugging Face interop: our PyTorch NeoBERT, HF export and import, ONNX, and the CLI. The HF layout itself is
-the weights layer's (shared with train/'s init.from_hf); this package must not import train/ or the downstream
-commands."""
+"""PyTorch / Hugging Face interop: our PyTorch NeoBERT, HF export and import, ONNX, and the CLI. The HF layout itself
+is the weights layer's (shared with train/'s init.from_hf), so this package imports neither train/ nor downstream."""

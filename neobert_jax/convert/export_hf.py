@@ -1,7 +1,5 @@
-"""neobert-jax parameters -> a Hugging Face NeoBERT directory that ``transformers`` loads with remote code (or, with
-``model_type='eurobert'``, transformers' own EuroBERT classes, which need none): config.json, model.safetensors,
-hf_modeling's files and the tokenizer's. Written into a temporary sibling renamed into place at the end; an
-existing non-empty output is replaced only with ``overwrite=True``. Needs numpy + safetensors, not torch."""
+"""neobert-jax parameters -> a Hugging Face NeoBERT directory (remote code, or transformers' own EuroBERT classes):
+config.json, model.safetensors, hf_modeling's files and the tokenizer's, written atomically. Needs no torch."""
 
 from __future__ import annotations
 
@@ -17,6 +15,7 @@ from typing import Any, Callable, Mapping
 
 import ml_dtypes
 import numpy as np
+import tokenizers
 from safetensors.numpy import save_file
 
 from neobert_jax import errors, lease, paths
@@ -28,8 +27,6 @@ from neobert_jax.weights import source as source_lib
 
 WEIGHTS_NAME = 'model.safetensors'
 EXPORT_DTYPES = {'float32': np.float32, 'bfloat16': ml_dtypes.bfloat16}
-# --model-type: 'neobert' (model.py, remote code; transformers 4.57 and 5.x, and what to-onnx reads) or 'eurobert'
-# (transformers' own EuroBert classes, no remote code; transformers 5.3 and later).
 MODEL_TYPES = ('neobert', eurobert.MODEL_TYPE)
 TOKENIZER_FILES = ('tokenizer.json', 'vocab.txt', 'tokenizer_config.json', 'special_tokens_map.json')
 # tokenizer_config.json / special_tokens_map.json names: pad_token, unk_token, cls_token, sep_token, mask_token.
@@ -83,9 +80,7 @@ def write_atomically(output: Path, fill, overwrite: bool, marker: str = 'config.
   """Calls fill(tmp_dir) on a fresh sibling directory, then renames it to ``output``, so a kill leaves the old
   export or the new one (`_recover`). On a bucket it is filled locally and uploaded with ``marker`` last."""
   output = check_output_dir(output, overwrite)
-  if paths.is_url(output):
-    # No rename on a bucket: fill a local directory, then upload it with config.json (what from_pretrained reads
-    # first) last, so an export that is cut short is never taken for a complete one.
+  if paths.is_url(output):  # no rename on a bucket: `marker`, what from_pretrained reads first, goes up last
     paths.check_writable(output.parent, '--output')
     with tempfile.TemporaryDirectory(dir=paths.cache_dir('exports')) as tmp:
       fill(Path(tmp))
@@ -125,8 +120,6 @@ def _read_vocab(src: Path) -> dict[str, int]:
   if src.is_dir():
     src = src / 'tokenizer.json' if (src / 'tokenizer.json').is_file() else src / 'vocab.txt'
   if src.suffix == '.json':
-    import tokenizers
-
     return tokenizers.Tokenizer.from_file(str(src)).get_vocab(with_added_tokens=True)
   with open(src, encoding='utf-8') as fh:
     return {line.rstrip('\n'): i for i, line in enumerate(fh)}
@@ -149,11 +142,10 @@ def write_tokenizer(tokenizer: str | os.PathLike, out: Path, max_length: int, vo
     sources = {name: src / name for name in TOKENIZER_FILES if (src / name).is_file()}
     if 'tokenizer.json' not in sources and 'vocab.txt' not in sources:
       raise errors.ExportError(f'--tokenizer {src}: the directory has neither tokenizer.json nor vocab.txt')
-  elif src.suffix == '.json' or src.suffix == '.txt':
+  elif src.suffix in ('.json', '.txt'):
     sources = {('tokenizer.json' if src.suffix == '.json' else 'vocab.txt'): src}
-    sibling = src.with_name('vocab.txt')
-    if src.suffix == '.json' and sibling.is_file():
-      sources['vocab.txt'] = sibling
+    if src.suffix == '.json' and src.with_name('vocab.txt').is_file():
+      sources['vocab.txt'] = src.with_name('vocab.txt')
   else:
     raise errors.ExportError(
       f'--tokenizer {src}: only WordPiece tokenizers (a directory, tokenizer.json or vocab.txt) '
@@ -162,8 +154,6 @@ def write_tokenizer(tokenizer: str | os.PathLike, out: Path, max_length: int, vo
 
   for name, path in sources.items():
     if name == 'tokenizer.json':
-      import tokenizers
-
       tok = tokenizers.Tokenizer.from_file(str(path))
       tok.no_padding()
       tok.no_truncation()
@@ -171,13 +161,8 @@ def write_tokenizer(tokenizer: str | os.PathLike, out: Path, max_length: int, vo
     else:
       shutil.copyfile(path, out / name)
   if 'tokenizer_config.json' not in sources:
-    config = {
-      'tokenizer_class': 'BertTokenizer',
-      'do_lower_case': True,
-      'model_max_length': int(max_length),
-      **BERT_SPECIAL_TOKENS,
-    }
-    (out / 'tokenizer_config.json').write_text(json.dumps(config, indent=2) + '\n')
+    config = {'tokenizer_class': 'BertTokenizer', 'do_lower_case': True, 'model_max_length': int(max_length)}
+    (out / 'tokenizer_config.json').write_text(json.dumps({**config, **BERT_SPECIAL_TOKENS}, indent=2) + '\n')
   if 'special_tokens_map.json' not in sources:
     (out / 'special_tokens_map.json').write_text(json.dumps(BERT_SPECIAL_TOKENS, indent=2) + '\n')
   size = max(_read_vocab(out).values()) + 1

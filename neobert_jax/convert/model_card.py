@@ -82,7 +82,7 @@ def run_facts(workdir: str | os.PathLike, step: int | None = None) -> Facts:
   elif init.get('from_checkpoint'):
     start = f'the checkpoint `{init["from_checkpoint"]}`'
   steps = held[-1]['step'] if held else (rows[-1]['step'] if rows else None)
-  seen = _tokens_seen(root)
+  seen = next((r['tokens_seen'] for r in reversed(rows) if 'tokens_seen' in r), None)
   training = [
     f'- Trained with neobert-jax (JAX / Flax NNX) from {start}.',
     f'- Data: {described}; tokenizer `{tokenizer}`.',
@@ -119,17 +119,6 @@ def _optimizer(opt: ml_collections.ConfigDict) -> str:
     f'{what}; schedule {opt.get("schedule", "?")}, warmup {opt.get("warmup_steps", "?")} steps, weight decay '
     f'{opt.get("weight_decay")}'
   )
-
-
-def _tokens_seen(root: paths.Path) -> float | None:
-  path = root / runs.METRICS_FILE
-  if not path.is_file():
-    return None
-  seen = None
-  for line in path.read_text().splitlines():
-    if line.strip():
-      seen = json.loads(line).get('train/tokens_seen', seen)
-  return seen
 
 
 def _results(held: list[dict], report: dict, facts: Facts, datasets: list[str]) -> str:
@@ -184,12 +173,11 @@ def card_facts(folder: str | os.PathLike) -> Facts:
     title, _, body = chunk.partition('\n')
     if title.strip() in (TRAINING, RESULTS):
       sections[title.strip()] = body.strip()
-  results = [dataclasses.asdict(r) for r in (data.eval_results or [])]
   curve = Path(folder) / CURVE_NAME
   return Facts(
     datasets=list(data.datasets or []),
     base_model=data.base_model,
-    eval_results=[{k: v for k, v in r.items() if v is not None} for r in results],
+    eval_results=[{k: v for k, v in dataclasses.asdict(r).items() if v is not None} for r in data.eval_results or []],
     sections=sections,
     curve=curve if curve.is_file() else None,
   )

@@ -34,13 +34,9 @@ ST_DIRS = ('1_Pooling', '2_Normalize')
 DEFAULT_OPSET = 23  # ONNX's Attention op; 18 for runtimes that lack it
 
 
-def is_sentence_transformers_dir(path: Path) -> bool:
-  return (path / 'modules.json').is_file()
-
-
 def pooling_of(path: Path) -> tuple[str, bool]:
   """(pooling 'mean' | 'cls', normalise) of a sentence-transformers directory; ('mean', True) for any other."""
-  if not is_sentence_transformers_dir(path):
+  if not (path / 'modules.json').is_file():
     return 'mean', True
   modules = json.loads((path / 'modules.json').read_text())
   normalize = any(m.get('type', '').endswith('.Normalize') for m in modules)
@@ -77,7 +73,7 @@ def load_exported(source: str | os.PathLike, task: str | None = None) -> tuple[E
   path = Path(source).expanduser()
   if not (path / 'config.json').is_file():
     raise errors.ExportError(f'--input {path}: not a Hugging Face directory (no config.json)')
-  task = task or ('embedding' if is_sentence_transformers_dir(path) else 'mlm')
+  task = task or ('embedding' if (path / 'modules.json').is_file() else 'mlm')
   if task not in TASKS:
     raise errors.ExportError(f'--task {task!r}: choose one of {", ".join(TASKS)}')
   config, state = hf.read_hf_state_dict(path)

@@ -102,12 +102,9 @@ def _projection(producers, weights, q: str, k: str, v: str):
   computed from; else None."""
   take = producers.get(v)
   view = producers.get(take.input[0]) if take is not None and take.op_type == 'Gather' else None
-  if (
-    view is None
-    or view.op_type != 'Reshape'
-    or _attrs(take).get('axis') != 2
-    or _scalar_int(weights, take.input[1]) != 2
-  ):
+  if view is None or view.op_type != 'Reshape':
+    return None
+  if _attrs(take).get('axis') != 2 or _scalar_int(weights, take.input[1]) != 2:
     return None
   shape = weights.get(view.input[1])
   shape = None if shape is None else numpy_helper.to_array(shape).tolist()

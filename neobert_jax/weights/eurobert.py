@@ -1,10 +1,7 @@
-"""NeoBERT's Hugging Face layout <-> transformers' own EuroBERT layout (``model_type`` 'eurobert').
-
-Why: transformers >= 5.3 ships ``EuroBert*`` natively, and EuroBERT is NeoBERT's architecture written Llama's way,
-so an export in that layout loads without ``trust_remote_code``. The layouts differ by exact permutations and
-splits: RoPE on adjacent pairs vs halves (each head's even rows of q and k first), fused ``qkv`` / ``w12`` vs
-separate projections, and the decoder bias (EuroBERT's ``lm_head`` has one only with ``mlp_bias``, so a non-zero
-one sets it with zero feed-forward biases). `to_neobert` reads EuroBERT back, refusing what NeoBERT cannot hold."""
+"""NeoBERT's Hugging Face layout <-> transformers' own EuroBERT layout (``model_type`` 'eurobert'), which
+transformers >= 5.3 loads without ``trust_remote_code``. The layouts differ by exact permutations and splits: RoPE on
+adjacent pairs vs halves, fused ``qkv`` / ``w12`` vs separate projections, and the decoder bias (EuroBERT's
+``lm_head`` has one only with ``mlp_bias``, so a non-zero one sets it with zero feed-forward biases)."""
 
 from __future__ import annotations
 
@@ -168,22 +165,18 @@ def to_neobert(config: Mapping[str, Any], state: Mapping[str, np.ndarray]) -> tu
       q, k, v = (state[f'{src}self_attn.{n}_proj.{kind}'] for n in 'qkv')
       out[f'{dst}qkv.{kind}'] = _fuse_qkv(q, k, v, heads)
       out[f'{dst}wo.{kind}'] = state[f'{src}self_attn.o_proj.{kind}']
-    gate, up, down = (state.get(f'{src}mlp.{n}_proj.bias') for n in ('gate', 'up', 'down'))
-    if attention_bias:
-      zeros = lambda w: np.zeros(w.shape[0], w.dtype)  # noqa: E731
-      gate = zeros(state[f'{src}mlp.gate_proj.weight']) if gate is None else gate
-      up = zeros(state[f'{src}mlp.up_proj.weight']) if up is None else up
-      down = zeros(state[f'{src}mlp.down_proj.weight']) if down is None else down
+    weights = {n: state[f'{src}mlp.{n}_proj.weight'] for n in ('gate', 'up', 'down')}
+    biases = {n: state.get(f'{src}mlp.{n}_proj.bias') for n in weights}
+    if attention_bias:  # a missing feed-forward bias is zero
+      gate, up, down = (np.zeros(len(w), w.dtype) if biases[n] is None else biases[n] for n, w in weights.items())
       out[f'{dst}ffn.w12.bias'], out[f'{dst}ffn.w3.bias'] = np.concatenate([gate, up]), down
-    elif any(b is not None and np.any(b != 0) for b in (gate, up, down)):
+    elif any(b is not None and np.any(b != 0) for b in biases.values()):
       raise errors.ExportError(
         f'layer {i} of this EuroBERT has feed-forward biases that are not zero but no attention biases; NeoBERT has '
         'one switch for both (model.use_bias): only checkpoints with both, or with zero feed-forward biases, convert'
       )
-    out[f'{dst}ffn.w12.weight'] = np.concatenate(
-      [state[f'{src}mlp.gate_proj.weight'], state[f'{src}mlp.up_proj.weight']]
-    )
-    out[f'{dst}ffn.w3.weight'] = state[f'{src}mlp.down_proj.weight']
+    out[f'{dst}ffn.w12.weight'] = np.concatenate([weights['gate'], weights['up']])
+    out[f'{dst}ffn.w3.weight'] = weights['down']
     out[f'{dst}attention_norm.weight'] = state[f'{src}input_layernorm.weight']
     out[f'{dst}ffn_norm.weight'] = state[f'{src}post_attention_layernorm.weight']
   out['model.layer_norm.weight'] = state['model.norm.weight']

@@ -1,8 +1,6 @@
 """The flat parameter layout, {dotted key: array}, that every loader, converter and tool exchanges: its keys and shapes
-per model config (`use_bias` adds '..._bias' keys, `tie_word_embeddings` drops 'decoder.kernel'), flat <-> nested
-trees as Orbax stores them, the key/shape check every loader runs, the flat-params safetensors file whose
-metadata holds the model config, and the one way flat host parameters become device arrays: onto shardings (each
-process builds only its devices' shards) or onto the default device, models traced with `nnx.eval_shape`."""
+per model config, the key/shape check every loader runs, the flat-params safetensors file, and the one way flat host
+parameters become device arrays."""
 
 from __future__ import annotations
 
@@ -15,7 +13,7 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
-from flax import nnx
+from flax import nnx, traverse_util
 
 from neobert_jax import config as config_lib
 from neobert_jax import errors
@@ -119,25 +117,14 @@ def check_flat(flat: Mapping[str, Any], cfg: ml_collections.ConfigDict) -> None:
   )
 
 
-def flatten(tree: Mapping[str, Any], prefix: str = '') -> dict[str, Any]:
+def flatten(tree: Mapping[str, Any]) -> dict[str, Any]:
   """Nested {name: {...: leaf}} -> {'name.….leaf': leaf}."""
-  out: dict[str, Any] = {}
-  for k, v in tree.items():
-    key = f'{prefix}{k}'
-    out.update(flatten(v, key + '.') if isinstance(v, Mapping) else {key: v})
-  return out
+  return traverse_util.flatten_dict(tree, sep='.')
 
 
 def unflatten(flat: Mapping[str, Any]) -> dict[str, Any]:
   """Inverse of `flatten`."""
-  out: dict[str, Any] = {}
-  for key, value in flat.items():
-    *parents, leaf = key.split('.')
-    node = out
-    for p in parents:
-      node = node.setdefault(p, {})
-    node[leaf] = value
-  return out
+  return traverse_util.unflatten_dict(dict(flat), sep='.')
 
 
 def path_names(path: tuple[Any, ...]) -> list[str]:

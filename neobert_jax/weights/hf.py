@@ -1,9 +1,6 @@
 """The Hugging Face NeoBERT layout: flat dict <-> HF state_dict (``NeoBERTLMHead`` keys 'model.*' + 'decoder.*'),
 model config <-> config.json, and reading HF checkpoints (safetensors, sharded, pytorch_model.bin) into flat params.
-
-Below both train/ and convert/, so neither imports the other. Both directions are exact reshapes and transposes
-(bit-exact round trip). `use_bias` adds a ``.bias`` to every block Linear (config.json ``attention_bias`` and
-``mlp_bias``); `tie_word_embeddings` drops ``decoder.weight`` as transformers' save_pretrained does."""
+Below both train/ and convert/, so neither imports the other; both directions are exact (bit-exact round trip)."""
 
 from __future__ import annotations
 
@@ -26,8 +23,7 @@ HF_PREFIX = 'model.'
 WEIGHT_FILES = ('model.safetensors', 'model.safetensors.index.json', 'pytorch_model.bin')
 # Non-persistent buffers some NeoBERT modeling files have written into checkpoints; they carry no weights.
 IGNORED_HF_KEYS = ('freqs_cis', 'freqs_cos', 'freqs_sin')
-# Fields written into config.json besides the architecture (defaults of the released model).
-CLASSIFIER_INIT_RANGE = 0.02
+CLASSIFIER_INIT_RANGE = 0.02  # written into config.json: the released model's default
 AUTO_MAP = {
   'AutoConfig': 'model.NeoBERTConfig',
   'AutoModel': 'model.NeoBERTModel',
@@ -126,19 +122,13 @@ def hf_state_dict_to_flat(sd: Mapping[str, Any], cfg: Any) -> dict[str, np.ndarr
   return {key: np.ascontiguousarray(flat[key]) for key in shapes}
 
 
-# JAX ConfigDict field -> config.json field
+# JAX ConfigDict field -> config.json field: three renamed, the others spelt alike
+_SAME_NAMES = ('vocab_size', 'hidden_size', 'intermediate_size', 'norm_eps', 'rope_theta', 'pad_token_id')
 _FIELD_MAP = {
-  'vocab_size': 'vocab_size',
-  'hidden_size': 'hidden_size',
   'num_layers': 'num_hidden_layers',
   'num_heads': 'num_attention_heads',
-  'intermediate_size': 'intermediate_size',
-  'norm_eps': 'norm_eps',
-  'rope_theta': 'rope_theta',
   'max_length': 'max_position_embeddings',
-  'pad_token_id': 'pad_token_id',
-  'embedding_init_range': 'embedding_init_range',
-  'decoder_init_range': 'decoder_init_range',
+  **{name: name for name in (*_SAME_NAMES, 'embedding_init_range', 'decoder_init_range')},
 }
 _ARCHITECTURE_FLAGS = {
   'rope': lambda v: v is True,
@@ -155,11 +145,7 @@ _REQUIRED_HF_FIELDS = ('vocab_size', 'hidden_size', 'num_hidden_layers', 'num_at
 def hf_config_dict(cfg: Any, torch_dtype: str = 'float32') -> dict[str, Any]:
   """config.json content of an exported NeoBERTLMHead directory for the model config ``cfg``."""
   d = Dims.from_config(cfg)
-  out = {
-    'architectures': ['NeoBERTLMHead'],
-    'auto_map': dict(AUTO_MAP),
-    'model_type': 'neobert',
-  }
+  out = {'architectures': ['NeoBERTLMHead'], 'auto_map': dict(AUTO_MAP), 'model_type': 'neobert'}
   for jax_name, hf_name in _FIELD_MAP.items():
     value = cfg[jax_name]
     out[hf_name] = value.item() if hasattr(value, 'item') else value

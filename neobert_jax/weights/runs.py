@@ -1,10 +1,6 @@
-"""The run layout, on disk or on a bucket: its one owner.
-
-WORKDIR/config.json, WORKDIR/tokenizer/ (the run's vocabulary travels with it) and
-WORKDIR/checkpoints/<step>/{params,opt,ema,data,config}, where <step> counts optimizer steps taken and a step set
-aside is <step>.corrupt. Orbax renames a step into place only after every item and process committed, so a
-half-written step is never listed. A missing run or step is FileNotFoundError; opening a source for a user is
-weights/source.py's."""
+"""The run layout, on disk or on a bucket, and its one owner: WORKDIR/config.json, WORKDIR/tokenizer/ and
+WORKDIR/checkpoints/<step>/{params,opt,ema,data,config} (a step set aside is <step>.corrupt; Orbax lists only
+committed steps). A missing run or step is FileNotFoundError; opening a source for a user is weights/source.py's."""
 
 from __future__ import annotations
 
@@ -130,13 +126,8 @@ def set_aside(path: str | os.PathLike, step: int, what: str) -> int | None:
   (nothing deleted), and the next older complete step returned (None when none is left)."""
   cdir = checkpoint_dir(path)
   fallback = max((s for s in checkpoint_steps(cdir) if s < step), default=None)
-  log.error(
-    'checkpoint step %d in %s: %s; %s',
-    step,
-    cdir,
-    what,
-    f'falling back to step {fallback}' if fallback is not None else 'no older checkpoint is left',
-  )
+  then = f'falling back to step {fallback}' if fallback is not None else 'no older checkpoint is left'
+  log.error('checkpoint step %d in %s: %s; %s', step, cdir, what, then)
   src = cdir / str(step)
   if jax.process_index() == 0 and src.exists():
     dst = src.with_name(f'{step}.corrupt')
@@ -227,11 +218,12 @@ def restore_params(
 
 # metrics.jsonl's keys -> loss_curve's columns
 _CURVE_COLUMNS = {'time': 'time', 'train/loss': 'train', 'eval/loss': 'eval', 'eval/accuracy': 'eval_accuracy'}
+_CURVE_COLUMNS['train/tokens_seen'] = 'tokens_seen'  # what the model card says was seen
 
 
 def loss_curve(workdir: str | os.PathLike) -> list[dict[str, Any]]:
-  """Rows {step, time, train, eval, eval_accuracy} from metrics.jsonl (a resumed run's later lines win; `time`
-  is unix seconds, absent in files written before the field existed)."""
+  """Rows {step, time, train, tokens_seen, eval, eval_accuracy} from metrics.jsonl (a resumed run's later lines win;
+  `time` is unix seconds, absent in files written before the field existed)."""
   rows: dict[int, dict[str, Any]] = {}
   path = paths.Path(workdir) / METRICS_FILE
   if not path.is_file():
