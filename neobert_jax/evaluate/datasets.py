@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import csv
 import glob
 import os
 import zipfile
@@ -36,25 +35,6 @@ def bbc_articles(max_chars: int = 2000) -> tuple[list[str], list[str]]:
   """(texts, topic labels) of the BBC News articles (title + body), in a fixed order; cut to max_chars."""
   titles, bodies, labels = bbc_titled(max_chars)
   return [f'{t}. {b}'[:max_chars] for t, b in zip(titles, bodies)], labels
-
-
-def write_bbc_csv(path: str, n_per_class: int | None = None, seed: int = 0, max_chars: int = 2000) -> str:
-  """A text,label CSV of BBC articles (optionally a seeded sample of n_per_class per topic)."""
-  texts, labels = bbc_articles(max_chars)
-  rows = list(range(len(texts)))
-  if n_per_class is not None:
-    rng = np.random.default_rng(seed)
-    rows = []
-    for topic in sorted(set(labels)):
-      idx = [i for i, l in enumerate(labels) if l == topic]
-      rows += rng.choice(idx, size=min(n_per_class, len(idx)), replace=False).tolist()
-    rows.sort()
-  with open(path, 'w', newline='', encoding='utf-8') as fh:
-    w = csv.writer(fh)
-    w.writerow(['text', 'label'])
-    for i in rows:
-      w.writerow([texts[i], labels[i]])
-  return path
 
 
 def _extract_lee(archive: str, out: str) -> None:
