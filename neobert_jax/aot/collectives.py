@@ -18,6 +18,7 @@ from typing import Callable, Iterable
 
 import numpy as np
 
+from neobert_jax import sharding as shd
 from neobert_jax.aot import hlo as hlo_lib
 
 KINDS = ('all-gather', 'reduce-scatter', 'all-reduce', 'all-to-all', 'collective-permute')
@@ -162,8 +163,6 @@ def by_kind(transfers: Iterable[Transfer]) -> dict[str, dict[str, float]]:
 def for_mesh(hlo: str | hlo_lib.Module, mesh, layout=None) -> tuple[int, list[Transfer]]:
   """(slices / nodes the mesh spans, the program's DCN transfers) for a program (its text, or parsed) compiled on
   `mesh`."""
-  from neobert_jax import sharding as shd  # pylint: disable=g-import-not-at-top
-
   ids = shd.granule_ids(mesh, layout)
   n = len(set(ids))
   if n < 2:

@@ -87,18 +87,8 @@ def _with(cfg, mesh: dict[str, int], remat: str, accum: int):
 def compile_layout(cfg, target: targets.Target, headroom: float) -> dict:
   """What the plan keeps of the full train step's report (JSON, cached and sent between processes)."""
   r = report.compile_report(cfg, target, 'train', headroom)[0]
-  rl = r.roofline and {
-    'seconds': r.roofline['step_seconds'],
-    'mfu': r.roofline['mfu'],
-    'other_share': r.roofline['other_share'],
-  }
-  return {
-    'fits': r.fits,
-    'total': r.total_bytes,
-    'kernels': r.attention_kernels,
-    'dcn': r.dcn_collectives,
-    'roofline': rl,
-  }
+  rl = r.roofline and {'seconds': r.roofline['step_seconds']} | {k: r.roofline[k] for k in ('mfu', 'other_share')}
+  return dict(fits=r.fits, total=r.total_bytes, kernels=r.attention_kernels, dcn=r.dcn_collectives, roofline=rl)
 
 
 @functools.cache

@@ -5,6 +5,7 @@ Block weights are always stacked on a leading 'layers' axis, so one checkpoint l
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable
 
 import jax
@@ -13,7 +14,7 @@ import ml_collections
 from flax import nnx
 
 from neobert_jax.model.attention import attention
-from neobert_jax.config.model import choose_attention, validate_model_config
+from neobert_jax.config.model import resolve_numerics, validate_model_config
 from neobert_jax.model.sizes import ffn_hidden_size, head_dim
 from neobert_jax.model.fused import rms_norm, rotate, swiglu, swiglu_autodiff
 from neobert_jax.sharding import constrain, creation_scope
@@ -40,11 +41,7 @@ def rope_angles(positions: jax.Array, head_dim: int, theta: float, table_length:
 
 def _uniform(limit: float):
   """U(-limit, limit), NeoBERT's initialiser for every Linear and the embedding."""
-
-  def init(key, shape, dtype=jnp.float32):
-    return jax.random.uniform(key, shape, dtype, -limit, limit)
-
-  return init
+  return functools.partial(jax.random.uniform, minval=-limit, maxval=limit)
 
 
 def _param(init, key, shape, dtype, axes) -> nnx.Param:
@@ -65,7 +62,7 @@ class EncoderLayers(nnx.Module):
   def __init__(self, cfg: ml_collections.ConfigDict, *, rngs: nnx.Rngs):
     n, d, h, dh, f = cfg.num_layers, cfg.hidden_size, cfg.num_heads, head_dim(cfg), ffn_hidden_size(cfg)
     pdt = jnp.dtype(cfg.param_dtype)
-    ones = lambda key, shape, dtype: jnp.ones(shape, dtype)
+    ones = nnx.initializers.ones
     init = _uniform(cfg.decoder_init_range)
     self.attention_norm = _param(ones, None, (n, d), pdt, ('layers', 'norm'))
     # Last axis per head is [q | k | v], the row grouping of the published fused qkv weight.
@@ -77,29 +74,20 @@ class EncoderLayers(nnx.Module):
     self.w3 = _param(init, rngs.params(), (n, f, d), pdt, ('layers', 'mlp', 'embed'))
     if cfg.use_bias:
       # Each bias takes its kernel's output axes, so the one rules table places it like the kernel's output.
-      zeros = lambda key, shape, dtype: jnp.zeros(shape, dtype)
       for name, shape, axes in zip(
         BIASES,
         ((n, h, 3 * dh), (n, d), (n, 2, f), (n, d)),
         (('layers', 'heads', 'head_dim'), ('layers', 'embed'), ('layers', None, 'mlp'), ('layers', 'embed')),
       ):
-        setattr(self, name, _param(zeros, None, shape, pdt, axes))
+        setattr(self, name, _param(nnx.initializers.zeros, None, shape, pdt, axes))
     self.cfg = ml_collections.FrozenConfigDict(cfg)
 
   def kernel(self, packed: bool) -> str:
-    """The configured kernel; 'auto' is decided here only for direct library use (config/model.choose_attention)."""
-    cfg = self.cfg
-    if cfg.attention_impl != 'auto':
-      return cfg.attention_impl
-    return choose_attention(
-      'auto',
-      platform=jax.default_backend(),
-      dtype=cfg.dtype,
-      packed=packed,
-      seq_len=cfg.max_length,
-      splash_block=cfg.splash_block_size,
-      blockwise_block=cfg.blockwise_block_size,
-    ).kernel
+    """The configured kernel; 'auto' is decided here only for direct library use (config/model.resolve_numerics)."""
+    if self.cfg.attention_impl != 'auto':
+      return self.cfg.attention_impl
+    unresolved = ml_collections.ConfigDict(self.cfg.to_dict())  # resolve_numerics sets its fields
+    return resolve_numerics(unresolved, platform=jax.default_backend(), packed=packed).kernel
 
   def __call__(
     self,
