@@ -149,8 +149,7 @@ def check_mixture(cfg) -> str | None:
 
 def run_parent(argv: list[str]) -> int:
   target = targets.parse_target(_TARGET.value)  # fail on a bad target before any download
-  note = check_mixture(_CONFIG.value)  # a mixture the trainer would refuse is refused here, before any download
-  if note:
+  if note := check_mixture(_CONFIG.value):  # a mixture the trainer would refuse is refused here, before any download
     print(f'[aot] {note}', file=sys.stderr)
   try:
     deps.ensure(target.platform)

@@ -94,8 +94,7 @@ def _fill(shape: list[int], num_devices: int, where: str) -> list[int]:
 def resolve_layout(sizes: Mapping[str, int], num_devices: int) -> MeshLayout:
   """Per-slice sizes (data / fsdp / tensor, one may be -1) and dcn_* sizes (default 1) -> a MeshLayout."""
   sizes = dict(sizes)
-  unknown = [a for a in MESH_AXES if a not in sizes]
-  if unknown:
+  if unknown := [a for a in MESH_AXES if a not in sizes]:
     raise ValueError(f'mesh config is missing axes {unknown}; give sizes for {MESH_AXES} (one may be -1).')
   if int(sizes.get('dcn_tensor', 1)) != 1:
     raise ValueError(

@@ -72,8 +72,7 @@ def replica_groups(attrs: str, num_devices: int) -> list[list[int]] | None:
   if m:  # explicit {{0,1},{2,3}}; {} = every device in one group
     groups = [_ints(g) for g in re.findall(r'\{([\d,]*)\}', m.group(1))]
     return groups or [list(range(num_devices))]
-  m = re.search(r'source_target_pairs=\{((?:\{\d+,\d+\},?)*)\}', attrs)
-  if m:
+  if m := re.search(r'source_target_pairs=\{((?:\{\d+,\d+\},?)*)\}', attrs):
     return [_ints(p) for p in re.findall(r'\{(\d+,\d+)\}', m.group(1))]
   return None
 

@@ -238,8 +238,7 @@ def plan_layouts(
 
 
 def recommend(rows: list[Row]) -> Row | None:
-  ok = [r for r in rows if r.fits and r.seconds is not None]
-  if not ok:
+  if not (ok := [r for r in rows if r.fits and r.seconds is not None]):
     return None
   # equal to 6 significant digits is a tie (layouts whose estimate differs only in float noise)
   return min(ok, key=lambda r: (float(f'{r.seconds:.6g}'), r.grad_accum, r.total_bytes))

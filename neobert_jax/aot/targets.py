@@ -112,8 +112,7 @@ def parse_target(spec: str) -> Target:
   platform, _, rest = spec.partition(':')
   platform = platform.lower()
   if platform == 'cuda' or platform == 'gpu':
-    m = re.fullmatch(r'(h100)x(\d+)', rest.lower())
-    if not m:
+    if not (m := re.fullmatch(r'(h100)x(\d+)', rest.lower())):
       raise ConfigError(f'GPU target {spec!r}: expected cuda:h100x<N> (only the H100 SXM description is built in)')
     n = int(m.group(2))
     per_host = min(n, 8)
@@ -121,8 +120,7 @@ def parse_target(spec: str) -> Target:
       raise ConfigError(f'{spec}: more than 8 GPUs must be a multiple of 8 (8 per host)')
     return Target(spec, 'cuda', CHIPS['h100'], n, gpu_hosts=n // per_host, gpus_per_host=per_host)
   if platform == 'tpu':
-    m = re.fullmatch(r'(?:(\d+)x)?(v4|v5e|v5p|v6e)([-:])([\dx]+)', rest.lower())
-    if not m:
+    if not (m := re.fullmatch(r'(?:(\d+)x)?(v4|v5e|v5p|v6e)([-:])([\dx]+)', rest.lower())):
       raise ConfigError(
         f'TPU target {spec!r}: expected e.g. tpu:v5e-256, tpu:v4-32, tpu:v5e:16x16 or tpu:2xv5p-256 (2 slices)'
       )

@@ -288,8 +288,7 @@ def validate_train(
     )
   if micro % nproc:
     raise ConfigError(f'the micro-batch of {micro} rows does not split over {nproc} processes')
-  problem = ramp.validate_ramp(cfg, shards, nproc)
-  if problem:
+  if problem := ramp.validate_ramp(cfg, shards, nproc):
     raise ConfigError(problem)
   return cfg
 

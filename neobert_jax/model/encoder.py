@@ -135,8 +135,7 @@ class EncoderLayers(nnx.Module):
     names = ('attention_norm', 'qkv', 'wo', 'ffn_norm', 'w12', 'w3') + (BIASES if cfg.use_bias else ())
     weights = {name: getattr(self, name)[...] for name in names}
     if cfg.scan_layers:
-      x, _ = jax.lax.scan(lambda carry, w: (block(carry, w), None), x, weights)
-      return x
+      return jax.lax.scan(lambda carry, w: (block(carry, w), None), x, weights)[0]
     for i in range(cfg.num_layers):
       x = block(x, jax.tree.map(lambda a: a[i], weights))
     return x
@@ -236,6 +235,5 @@ class NeoBERTForMLM(nnx.Module):
       kernel, spec = self.decoder.kernel[...], 'bpd,dv->bpv'
     written = jnp.float32 if self.cfg.logits_dot_in_fp32 else dtype  # model.logits_dot_in_fp32
     logits = jnp.einsum(spec, hidden.astype(dtype), kernel.astype(dtype), preferred_element_type=written)
-    logits = logits.astype(jnp.float32)
-    logits = logits + self.decoder.bias[...].astype(jnp.float32)
+    logits = logits.astype(jnp.float32) + self.decoder.bias[...].astype(jnp.float32)
     return constrain(logits, ('batch', 'length', 'vocab'))
