@@ -58,9 +58,7 @@ class MeshLayout:
 
   def as_config(self) -> dict[str, int]:
     """The mesh config section that builds this layout: per-slice sizes, then the dcn_* sizes."""
-    out = dict(zip(MESH_AXES, self.ici))
-    out.update({field: self.dcn[MESH_AXES.index(axis)] for axis, field in DCN_FIELDS.items()})
-    return out
+    return dict(zip(MESH_AXES, self.ici)) | {f: self.dcn[MESH_AXES.index(a)] for a, f in DCN_FIELDS.items()}
 
   def granule_of(self, flat_index: int) -> int:
     """The slice / node (and partition id) of the device at this position of the mesh's flattened device array."""

@@ -1,9 +1,6 @@
-"""Recipe planning for a target: compile the candidate layouts of one global batch, recommend the fastest that fits.
-
-Candidates keep the global batch and sequence length and vary the mesh (FSDP or pure data parallel for each tensor
-size; several slices go on data or on fsdp), the remat policy and the micro-batch per device. Each (mesh, remat)
-binary-searches the largest micro-batch that fits; of the sizes compiled that fit, the roofline picks (near the
-memory limit XLA rematerialises on its own: docs/performance.md).
+"""Recipe planning for a target: compile the candidate layouts of one global batch (docs/performance.md, "Which
+layout is fastest?"), recommend the fastest that fits. Each (mesh, remat) binary-searches the largest micro-batch
+that fits; of the sizes compiled that fit, the roofline picks (near the memory limit XLA rematerialises on its own).
 
 Estimated step (a model): GPU, the roofline of the compiled step; TPU, XLA's cost model (`optimal_seconds`) of 1-
 and 2-layer unrolled micro-batch programs extrapolated to the depth (loop bodies are costed once), times the

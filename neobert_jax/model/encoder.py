@@ -27,12 +27,10 @@ _REMAT_POLICIES: dict[str, Callable[..., Any] | None] = {
 
 
 def rope_angles(positions: jax.Array, head_dim: int, theta: float, table_length: int) -> tuple[jax.Array, jax.Array]:
-  """(cos, sin) [B, T, 1, Dh/2] in fp32 of positions x inverse frequencies, looked up in a [table_length, Dh/2]
-  table as NeoBERT's precomputed `freqs_cis` is: XLA folds the table into a constant, where cos and sin of the
-  positions themselves were fused into every rotation and recomputed per head and per pass (about 5% of the main
-  job's step on a CPU). NeoBERT's convention: fused.rotate turns ADJACENT pairs (x[2i], x[2i+1]) by these angles
-  as complex numbers. Positions are an input, so a packed row restarts at 0 for every document; a position past the
-  table reads NaN, never a wrong angle."""
+  """(cos, sin) [B, T, 1, Dh/2] in fp32 of positions x inverse frequencies, looked up in a [table_length, Dh/2] table
+  as NeoBERT's `freqs_cis` is: XLA folds the table into a constant instead of trig in every rotation, per head and
+  pass (about 5% of the main job's step on a CPU). fused.rotate turns ADJACENT pairs (x[2i], x[2i+1]) by these angles.
+  A packed row's positions restart at 0 for every document; a position past the table reads NaN, never a wrong angle."""
   inverse_frequencies = 1.0 / (theta ** (jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim))
   angles = jnp.arange(table_length, dtype=jnp.float32)[:, None] * inverse_frequencies
   cos, sin = (jnp.take(f(angles), positions, axis=0, mode='fill', fill_value=jnp.nan) for f in (jnp.cos, jnp.sin))
@@ -101,10 +99,9 @@ class EncoderLayers(nnx.Module):
     dtype = jnp.dtype(cfg.dtype)
     kernel = self.kernel(segment_ids is not None)
     tile = {'splash': cfg.splash_block_size, 'blockwise': cfg.blockwise_block_size}.get(kernel)
-    # Under the layer scan, autodiff's saved SwiGLU intermediates become [layers, ...] fp32 buffers, so the scanned
-    # model takes the custom backward pass, which saves only its input. Unrolled, XLA sees each layer whole:
-    # autodiff ties on GPU and lets the TPU compiler fuse the activation into the projections. The roofline figures
-    # of both choices: docs/performance.md, "Roofline".
+    # Under the layer scan, autodiff saves SwiGLU's intermediates as [layers, ...] fp32 buffers, so the scanned model
+    # takes the custom backward pass (it saves only its input); unrolled, autodiff ties on GPU and lets the TPU
+    # compiler fuse the activation into the projections (docs/performance.md, "Roofline").
     activate = swiglu if cfg.scan_layers else swiglu_autodiff
     # One table per forward pass, shared by every layer: rows up to the configured length, or the input's if longer.
     cos, sin = rope_angles(positions, head_dim(cfg), cfg.rope_theta, max(cfg.max_length, x.shape[1]))
@@ -112,9 +109,8 @@ class EncoderLayers(nnx.Module):
     def block(x, w):
       w = {k: v.astype(dtype) for k, v in w.items()}
       hidden = rms_norm(x, w['attention_norm'], cfg.norm_eps)
-      # Three projections from slices of the fused weight rather than one projection split afterwards: the split
-      # output would be one more buffer to copy apart, and the v5p cost model prices the slices lower
-      # (docs/performance.md, "Roofline").
+      # Three projections from slices of the fused weight, not one split afterwards: no buffer to copy apart, and
+      # the v5p cost model prices the slices lower (docs/performance.md, "Roofline").
       q, k, v = (jnp.einsum('btd,dhk->bthk', hidden, part) for part in jnp.split(w['qkv'], 3, axis=-1))
       if 'qkv_bias' in w:  # added before the rotation, as a Linear's bias is
         q, k, v = (a + b for a, b in zip((q, k, v), jnp.split(w['qkv_bias'], 3, axis=-1)))
