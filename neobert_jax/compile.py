@@ -17,7 +17,9 @@ from absl import flags
 from ml_collections import config_flags
 
 from neobert_jax import commandline, errors
+from neobert_jax import config as config_lib
 from neobert_jax.aot import deps, targets
+from neobert_jax.config import data as data_config
 
 _CHILD_ENV = 'NEOBERT_AOT_CHILD'
 _FLAGS = flags.FlagValues()  # this command's own, as train's: several commands can be imported in one process
@@ -133,7 +135,6 @@ def run_plan(cfg, target: targets.Target) -> int:
 def check_mixture(cfg) -> str | None:
   """A mixture refused as training refuses it (its file, its sources' manifests), before any compile or download;
   no shard is read. Returns a note when the sources cannot be reached from here: the compile needs no data."""
-  from neobert_jax.config import data as data_config  # pylint: disable=g-import-not-at-top
   from neobert_jax.data.pipeline import prepared  # pylint: disable=g-import-not-at-top
 
   if not cfg.data.mixture:
@@ -148,8 +149,7 @@ def check_mixture(cfg) -> str | None:
 
 def run_parent(argv: list[str]) -> int:
   target = targets.parse_target(_TARGET.value)  # fail on a bad target before any download
-  note = check_mixture(_CONFIG.value)  # a mixture the trainer would refuse is refused here, before any download
-  if note:
+  if note := check_mixture(_CONFIG.value):  # a mixture the trainer would refuse is refused here, before any download
     print(f'[aot] {note}', file=sys.stderr)
   try:
     deps.ensure(target.platform)
@@ -169,12 +169,6 @@ def main(argv: list[str]) -> int:
   return run_parent(sys.argv)
 
 
-def _renamed(key: str) -> errors.ConfigError | None:
-  from neobert_jax import config as config_lib  # pylint: disable=g-import-not-at-top
-
-  return config_lib.unknown_key(key) if key in config_lib.RENAMED else None
-
-
 def run() -> None:
   """The command line (neobert_jax/commandline.py); the compile child, started with the same flags, runs it too."""
   commandline.run_absl(
@@ -185,7 +179,7 @@ def run() -> None:
     main,
     required=('config', 'target'),
     fields_doc='neobert_jax/config/train.py',
-    renamed=_renamed,
+    renamed=lambda key: config_lib.unknown_key(key) if key in config_lib.RENAMED else None,
   )
 
 

@@ -58,9 +58,7 @@ class MeshLayout:
 
   def as_config(self) -> dict[str, int]:
     """The mesh config section that builds this layout: per-slice sizes, then the dcn_* sizes."""
-    out = dict(zip(MESH_AXES, self.ici))
-    out.update({field: self.dcn[MESH_AXES.index(axis)] for axis, field in DCN_FIELDS.items()})
-    return out
+    return dict(zip(MESH_AXES, self.ici)) | {f: self.dcn[MESH_AXES.index(a)] for a, f in DCN_FIELDS.items()}
 
   def granule_of(self, flat_index: int) -> int:
     """The slice / node (and partition id) of the device at this position of the mesh's flattened device array."""
@@ -94,8 +92,7 @@ def _fill(shape: list[int], num_devices: int, where: str) -> list[int]:
 def resolve_layout(sizes: Mapping[str, int], num_devices: int) -> MeshLayout:
   """Per-slice sizes (data / fsdp / tensor, one may be -1) and dcn_* sizes (default 1) -> a MeshLayout."""
   sizes = dict(sizes)
-  unknown = [a for a in MESH_AXES if a not in sizes]
-  if unknown:
+  if unknown := [a for a in MESH_AXES if a not in sizes]:
     raise ValueError(f'mesh config is missing axes {unknown}; give sizes for {MESH_AXES} (one may be -1).')
   if int(sizes.get('dcn_tensor', 1)) != 1:
     raise ValueError(

@@ -18,6 +18,7 @@ from typing import Callable, Iterable
 
 import numpy as np
 
+from neobert_jax import sharding as shd
 from neobert_jax.aot import hlo as hlo_lib
 
 KINDS = ('all-gather', 'reduce-scatter', 'all-reduce', 'all-to-all', 'collective-permute')
@@ -71,8 +72,7 @@ def replica_groups(attrs: str, num_devices: int) -> list[list[int]] | None:
   if m:  # explicit {{0,1},{2,3}}; {} = every device in one group
     groups = [_ints(g) for g in re.findall(r'\{([\d,]*)\}', m.group(1))]
     return groups or [list(range(num_devices))]
-  m = re.search(r'source_target_pairs=\{((?:\{\d+,\d+\},?)*)\}', attrs)
-  if m:
+  if m := re.search(r'source_target_pairs=\{((?:\{\d+,\d+\},?)*)\}', attrs):
     return [_ints(p) for p in re.findall(r'\{(\d+,\d+)\}', m.group(1))]
   return None
 
@@ -162,8 +162,6 @@ def by_kind(transfers: Iterable[Transfer]) -> dict[str, dict[str, float]]:
 def for_mesh(hlo: str | hlo_lib.Module, mesh, layout=None) -> tuple[int, list[Transfer]]:
   """(slices / nodes the mesh spans, the program's DCN transfers) for a program (its text, or parsed) compiled on
   `mesh`."""
-  from neobert_jax import sharding as shd  # pylint: disable=g-import-not-at-top
-
   ids = shd.granule_ids(mesh, layout)
   n = len(set(ids))
   if n < 2:

@@ -78,8 +78,7 @@ def elements(text: str) -> list[str]:
 
 
 def parse_instr(line: str) -> Instr | None:
-  m = _HEAD.match(line)
-  if not m:
+  if not (m := _HEAD.match(line)):
     return None
   rest = line[m.end() :]
   end = _balanced(rest, 0) if rest.startswith('(') else rest.find(' ')
@@ -251,8 +250,7 @@ def dot_shape(ins: Instr, types: dict[str, str]) -> tuple[float, int, int, int, 
     return 0.0, 1, 1, 1, 1
   out_elems, ldims, rdims = math.prod(out[0][1]), lhs[0][1], rhs[0][1]
   if ins.op == 'convolution':  # dim_labels=b0f_0io->b0f: the input features and the window taps contract
-    labels = re.search(r'dim_labels=(\w+)_(\w+)->(\w+)', ins.attrs)
-    if not labels:
+    if not (labels := re.search(r'dim_labels=(\w+)_(\w+)->(\w+)', ins.attrs)):
       return 2.0 * out_elems, 1, out_elems, 1, 1
     lhs_l, rhs_l, out_l = labels.groups()
     k = math.prod(d for d, c in zip(rdims, rhs_l) if c == 'i')

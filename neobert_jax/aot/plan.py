@@ -1,9 +1,6 @@
-"""Recipe planning for a target: compile the candidate layouts of one global batch, recommend the fastest that fits.
-
-Candidates keep the global batch and sequence length and vary the mesh (FSDP or pure data parallel for each tensor
-size; several slices go on data or on fsdp), the remat policy and the micro-batch per device. Each (mesh, remat)
-binary-searches the largest micro-batch that fits; of the sizes compiled that fit, the roofline picks (near the
-memory limit XLA rematerialises on its own: docs/performance.md).
+"""Recipe planning for a target: compile the candidate layouts of one global batch (docs/performance.md, "Which
+layout is fastest?"), recommend the fastest that fits. Each (mesh, remat) binary-searches the largest micro-batch
+that fits; of the sizes compiled that fit, the roofline picks (near the memory limit XLA rematerialises on its own).
 
 Estimated step (a model): GPU, the roofline of the compiled step; TPU, XLA's cost model (`optimal_seconds`) of 1-
 and 2-layer unrolled micro-batch programs extrapolated to the depth (loop bodies are costed once), times the
@@ -87,18 +84,8 @@ def _with(cfg, mesh: dict[str, int], remat: str, accum: int):
 def compile_layout(cfg, target: targets.Target, headroom: float) -> dict:
   """What the plan keeps of the full train step's report (JSON, cached and sent between processes)."""
   r = report.compile_report(cfg, target, 'train', headroom)[0]
-  rl = r.roofline and {
-    'seconds': r.roofline['step_seconds'],
-    'mfu': r.roofline['mfu'],
-    'other_share': r.roofline['other_share'],
-  }
-  return {
-    'fits': r.fits,
-    'total': r.total_bytes,
-    'kernels': r.attention_kernels,
-    'dcn': r.dcn_collectives,
-    'roofline': rl,
-  }
+  rl = r.roofline and {'seconds': r.roofline['step_seconds']} | {k: r.roofline[k] for k in ('mfu', 'other_share')}
+  return dict(fits=r.fits, total=r.total_bytes, kernels=r.attention_kernels, dcn=r.dcn_collectives, roofline=rl)
 
 
 @functools.cache
@@ -248,8 +235,7 @@ def plan_layouts(
 
 
 def recommend(rows: list[Row]) -> Row | None:
-  ok = [r for r in rows if r.fits and r.seconds is not None]
-  if not ok:
+  if not (ok := [r for r in rows if r.fits and r.seconds is not None]):
     return None
   # equal to 6 significant digits is a tie (layouts whose estimate differs only in float noise)
   return min(ok, key=lambda r: (float(f'{r.seconds:.6g}'), r.grad_accum, r.total_bytes))

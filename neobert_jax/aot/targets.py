@@ -20,30 +20,14 @@ GIB = 1024**3
 # cuDNN >= 9) without a device.
 H100_SXM_TARGET = """
 gpu_device_info {
-  threads_per_block_limit: 1024
-  threads_per_warp: 32
-  shared_memory_per_block: 49152
-  shared_memory_per_core: 233472
-  threads_per_core_limit: 2048
-  core_count: 132
-  fpus_per_core: 128
-  block_dim_limit_x: 2147483647
-  block_dim_limit_y: 65535
-  block_dim_limit_z: 65535
-  memory_bandwidth: 3352320000000
-  l2_cache_size: 52428800
-  clock_rate_ghz: 1.98
-  device_memory_size: 84942979072
-  shared_memory_per_block_optin: 232448
+  threads_per_block_limit: 1024 threads_per_warp: 32 threads_per_core_limit: 2048
+  shared_memory_per_block: 49152 shared_memory_per_core: 233472 shared_memory_per_block_optin: 232448
+  core_count: 132 fpus_per_core: 128 registers_per_core_limit: 65536 registers_per_block_limit: 65536
+  block_dim_limit_x: 2147483647 block_dim_limit_y: 65535 block_dim_limit_z: 65535
+  thread_dim_limit_x: 1024 thread_dim_limit_y: 1024 thread_dim_limit_z: 64
+  memory_bandwidth: 3352320000000 l2_cache_size: 52428800 clock_rate_ghz: 1.98 device_memory_size: 84942979072
   cuda_compute_capability { major: 9 minor: 0 }
-  registers_per_core_limit: 65536
-  registers_per_block_limit: 65536
-  thread_dim_limit_x: 1024
-  thread_dim_limit_y: 1024
-  thread_dim_limit_z: 64
-  device_vendor: "NVIDIA Corporation"
-  device_address_bits: 64
-  name: "NVIDIA H100 80GB HBM3"
+  device_vendor: "NVIDIA Corporation" device_address_bits: 64 name: "NVIDIA H100 80GB HBM3"
 }
 platform_name: "CUDA"
 dnn_version_info { major: 9 minor: 10 patch: 0 }
@@ -128,8 +112,7 @@ def parse_target(spec: str) -> Target:
   platform, _, rest = spec.partition(':')
   platform = platform.lower()
   if platform == 'cuda' or platform == 'gpu':
-    m = re.fullmatch(r'(h100)x(\d+)', rest.lower())
-    if not m:
+    if not (m := re.fullmatch(r'(h100)x(\d+)', rest.lower())):
       raise ConfigError(f'GPU target {spec!r}: expected cuda:h100x<N> (only the H100 SXM description is built in)')
     n = int(m.group(2))
     per_host = min(n, 8)
@@ -137,8 +120,7 @@ def parse_target(spec: str) -> Target:
       raise ConfigError(f'{spec}: more than 8 GPUs must be a multiple of 8 (8 per host)')
     return Target(spec, 'cuda', CHIPS['h100'], n, gpu_hosts=n // per_host, gpus_per_host=per_host)
   if platform == 'tpu':
-    m = re.fullmatch(r'(?:(\d+)x)?(v4|v5e|v5p|v6e)([-:])([\dx]+)', rest.lower())
-    if not m:
+    if not (m := re.fullmatch(r'(?:(\d+)x)?(v4|v5e|v5p|v6e)([-:])([\dx]+)', rest.lower())):
       raise ConfigError(
         f'TPU target {spec!r}: expected e.g. tpu:v5e-256, tpu:v4-32, tpu:v5e:16x16 or tpu:2xv5p-256 (2 slices)'
       )

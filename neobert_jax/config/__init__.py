@@ -97,9 +97,8 @@ def typed(cfg: Any, schema: ml_collections.ConfigDict, where: str) -> ml_collect
   defaults; an unknown key or a value of another type is a ConfigError (an int where a float is due converts)."""
   unknown: list[str] = []
   _fit(cfg, schema, '', unknown)
-  for key in unknown:
-    if key in RENAMED:
-      raise unknown_key(key)
+  if moved := [key for key in unknown if key in RENAMED]:
+    raise unknown_key(moved[0])
   if unknown:
     raise ConfigError(
       f'unknown config keys {unknown}; every field must exist in the schema, {where} (check the '

@@ -2,6 +2,7 @@
 
 import ml_collections
 
+from neobert_jax.config import check_choices, check_ranges
 from neobert_jax.errors import ConfigError
 
 PACKING_MODES = ('packed', 'none')
@@ -26,12 +27,8 @@ def default_data_config() -> ml_collections.ConfigDict:
   # Set by the trainer from data.mixture when a run starts: its sources, directories and weights (JSON), recorded in
   # config.json, so a resumed run with new weights says so and config_history.jsonl keeps the change.
   cfg.mixture_sources = ''
-  # Documents per block of each mixture source, 'name=docs,...'. Empty: resolved when the run starts (in proportion to
-  # the peak weights, the heaviest source data.block_docs, all shrunk until no first block holds more than a quarter of
-  # its source's virtual shard; data/mixture.py) and recorded in config.json, so the blocks of a resumed run stay the
-  # same whatever its new weights. A block is a source's read unit, so each source reads in proportion to its weight
-  # from the first step: with equal blocks, every source's first blocks would be read whole at the start, whatever its
-  # weight (docs/data.md, "Bytes per source").
+  # Documents per block of each mixture source, 'name=docs,...'. Empty: resolved in proportion to the peak weights
+  # when the run starts and recorded in config.json, so a resume keeps them (docs/data.md, "Blocks in proportion").
   cfg.mixture_block_docs = ''
   # Optional tokenizer the data must have been made with ('bert-base-uncased', a vocab.txt / tokenizer.json /
   # SentencePiece .model path). Empty: trust the manifest. When set, a manifest from a different tokenizer is refused.
@@ -47,10 +44,8 @@ def default_data_config() -> ml_collections.ConfigDict:
   cfg.max_documents_per_row = 16
   # Fraction of real, non-special tokens chosen for the MLM loss (NeoBERT: 0.2).
   cfg.mask_rate = 0.2
-  # > 0: the training rate falls linearly from mask_rate at the first step to this at the last (Ankner et al. 2023,
-  # arXiv 2305.15096: 0.4 -> 0.15): rows are masked at mask_rate, and each step keeps a random share of their masked
-  # tokens, mask_rate_at / mask_rate, restoring the others (masking.thin). Evaluation and the report's baselines stay at
-  # eval.mask_rate, or mask_rate. 0: mask_rate throughout.
+  # > 0: the training rate falls linearly from mask_rate at the first step to this at the last (Ankner et al. 2023;
+  # docs/recipes.md); evaluation and the report's baselines stay at eval.mask_rate, or mask_rate. 0: mask_rate throughout.
   cfg.mask_rate_final = 0.0
   # 'all_mask': every chosen token becomes [MASK] (NeoBERT).
   # 'bert_80_10_10': 80% [MASK], 10% random token, 10% unchanged (BERT).
@@ -69,11 +64,9 @@ def default_data_config() -> ml_collections.ConfigDict:
   cfg.num_workers = 0
   # Batches each worker process keeps ready.
   cfg.worker_buffer_size = 2
-  # The train split is dealt out as this many virtual shards (contiguous record ranges), each its own shuffled stream
-  # giving global_batch / virtual_shards rows to every step; of n processes each owns virtual_shards / n of them and
-  # reads only their files. A run may use, and resume exactly under, any process count that divides it. 0: resolved when
-  # the run starts (the largest divisor of the global batch that is a multiple of the process count and at most 32, or
-  # the process count if larger) and recorded in the run's config.json.
+  # The train split as this many virtual shards, each a shuffled stream giving global_batch / virtual_shards rows to
+  # every step; a run resumes exactly under any process count that divides it. 0: resolved when the run starts
+  # (auto_virtual_shards) and recorded in config.json (docs/pods.md, "Virtual shards").
   cfg.virtual_shards = 0
   # Shard files per shuffle window: a virtual shard visits its windows in a shuffled order and shuffles the documents
   # within each window, so a window is what a host must hold on disk (with the next one) per shard.
@@ -93,29 +86,21 @@ def validate_data_config(cfg: ml_collections.ConfigDict) -> None:
     )
   if cfg.mixture and not cfg.mixture.endswith('.json'):
     raise ConfigError(f'data.mixture={cfg.mixture}: expected a .json file of sources (docs/data.md)')
-  checks = (
-    (cfg.packing in PACKING_MODES, f'data.packing must be one of {PACKING_MODES}, got {cfg.packing!r}'),
-    (
-      cfg.mask_strategy in MASK_STRATEGIES,
-      f'data.mask_strategy must be one of {MASK_STRATEGIES}, got {cfg.mask_strategy!r}',
-    ),
-    (0.0 < cfg.mask_rate < 1.0, f'data.mask_rate must be in (0, 1), got {cfg.mask_rate}'),
-    (
-      0.0 <= cfg.mask_rate_final <= cfg.mask_rate,
+  check_choices('data', cfg, (('packing', PACKING_MODES), ('mask_strategy', MASK_STRATEGIES)))
+  if not 0.0 < cfg.mask_rate < 1.0:
+    raise ConfigError(f'data.mask_rate must be in (0, 1), got {cfg.mask_rate}')
+  if not 0.0 <= cfg.mask_rate_final <= cfg.mask_rate:
+    raise ConfigError(
       f'data.mask_rate_final must be in [0, data.mask_rate={cfg.mask_rate}] (the rate falls to it; 0: no fall), '
-      f'got {cfg.mask_rate_final}',
-    ),
-    (cfg.max_predictions >= 0, f'data.max_predictions must be >= 0, got {cfg.max_predictions}'),
-    (cfg.max_documents_per_row >= 0, f'data.max_documents_per_row must be >= 0, got {cfg.max_documents_per_row}'),
-    (cfg.block_docs >= 1, f'data.block_docs must be >= 1, got {cfg.block_docs}'),
-    (cfg.num_workers >= 0, f'data.num_workers must be >= 0, got {cfg.num_workers}'),
-    (cfg.virtual_shards >= 0, f'data.virtual_shards must be >= 0 (0: automatic), got {cfg.virtual_shards}'),
-    (cfg.shuffle_window >= 1, f'data.shuffle_window must be >= 1, got {cfg.shuffle_window}'),
-    (cfg.cache_gb > 0, f'data.cache_gb must be > 0, got {cfg.cache_gb}'),
+      f'got {cfg.mask_rate_final}'
+    )
+  ranges = (
+    *((f, cfg[f] >= 0, '>= 0') for f in ('max_predictions', 'max_documents_per_row', 'num_workers')),
+    ('virtual_shards', cfg.virtual_shards >= 0, '>= 0 (0: automatic)'),
+    *((f, cfg[f] >= 1, '>= 1') for f in ('block_docs', 'shuffle_window')),
+    ('cache_gb', cfg.cache_gb > 0, '> 0'),
   )
-  for ok, message in checks:
-    if not ok:
-      raise ConfigError(message)
+  check_ranges('data', cfg, ranges)
 
 
 def auto_virtual_shards(global_batch: int, process_count: int, cap: int = 32) -> int:

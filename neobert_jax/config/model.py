@@ -55,9 +55,8 @@ def default_model_config() -> ml_collections.ConfigDict:
   # the softmax and the loss still run in float32: half the bytes for the logits and their gradient (1.10x the main
   # job's step on a CPU, docs/performance.md). No effect when the compute dtype is float32.
   cfg.logits_dot_in_fp32 = True
-  # Attention kernel: 'auto' | 'xla' | 'blockwise' | 'cudnn' | 'cudnn_bias' | 'splash'. 'auto' takes the fastest
-  # correct one for the backend, compute dtype and packing (choose_attention below) and the
-  # trainer logs the choice at start-up.
+  # Attention kernel: 'auto' | 'xla' | 'blockwise' | 'cudnn' | 'cudnn_bias' | 'splash'. 'auto' takes the fastest correct
+  # one for the backend, compute dtype and packing (choose_attention below) and the trainer logs the choice at start-up.
   cfg.attention_impl = 'auto'
   cfg.splash_block_size = 512  # TPU splash tiles (query and key), a multiple of 128
   cfg.blockwise_block_size = 128  # key block of the 'blockwise' kernel
@@ -194,8 +193,7 @@ def choose_attention(
 def require_resolved(cfg: ml_collections.ConfigDict) -> None:
   """Raises ValueError when the model section still says 'auto' (dtype or attention_impl): what the training paths
   hand the model and record in config.json is resolved first (config/train.resolve_train, config/finetune.resolve_finetune)."""
-  left = [f'model.{f}={cfg[f]!r}' for f in ('dtype', 'attention_impl') if cfg[f] == 'auto']
-  if left:
+  if left := [f'model.{f}={cfg[f]!r}' for f in ('dtype', 'attention_impl') if cfg[f] == 'auto']:
     raise ValueError(
       f'{", ".join(left)} reached training unresolved; resolve the config first (config/train.resolve_train or '
       'config/finetune.resolve_finetune), which records the concrete choice in config.json'

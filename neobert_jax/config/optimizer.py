@@ -83,8 +83,7 @@ def muon_adamw(o: ml_collections.ConfigDict) -> tuple[str, ...]:
 def check_optimizer_choice(o: ml_collections.ConfigDict) -> None:
   """Raises ConfigError for an unknown optimizer.name or a Muon field out of its range."""
   check_choices('optimizer', o, (('name', OPTIMIZERS), ('muon_rate_scale', MUON_RATE_SCALES)))
-  unknown = [m for m in muon_adamw(o) if m not in MUON_ADAMW_MATRICES]
-  if unknown:
+  if unknown := [m for m in muon_adamw(o) if m not in MUON_ADAMW_MATRICES]:
     raise ConfigError(
       f'optimizer.muon_adamw={o.muon_adamw!r} names {", ".join(unknown)}; it lists matrices to leave on AdamW, '
       f'any of {", ".join(MUON_ADAMW_MATRICES)} (norm scales and biases always take AdamW)'

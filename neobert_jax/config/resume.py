@@ -106,9 +106,8 @@ def _same(a: Any, b: Any) -> bool:
   # JSON round trips turn tuples into lists and may turn 3.0 into 3; neither is a change.
   if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
     return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
-  if (
-    isinstance(a, (int, float)) and isinstance(b, (int, float)) and not isinstance(a, bool) and not isinstance(b, bool)
-  ):
+  number = lambda x: isinstance(x, (int, float)) and not isinstance(x, bool)
+  if number(a) and number(b):
     return float(a) == float(b)
   return a == b
 

@@ -60,14 +60,9 @@ def get_config() -> ml_collections.ConfigDict:
   cfg.data = default_data_config()
 
   # Device mesh. data = pure data parallel (replicated params), fsdp = data parallel with params/optimizer
-  # sharded, tensor = model parallel over heads / mlp / vocab.
-  # data / fsdp / tensor are sizes INSIDE one TPU slice or GPU node (the fast ICI / NVLink links); their product
-  # must equal the devices per slice or node, and one may be -1 (fill). dcn_data / dcn_fsdp say how many slices
-  # or nodes the axis spans over the data-centre network (DCN); the axis's total size is the product, e.g.
-  # data=1, fsdp=-1, dcn_data=2 on 2 slices of 256 chips = data 2 across slices x fsdp 256 inside each.
-  # dcn_data x dcn_fsdp must equal the number of slices (TPU) or nodes (GPU); with both 1 (a single slice or
-  # node) the sizes are simply the mesh. Tensor parallelism never crosses the DCN. Prefer dcn_data: FSDP across
-  # slices gathers every layer's weights over the slow network (the compile report counts those bytes).
+  # sharded, tensor = model parallel over heads / mlp / vocab: sizes INSIDE one TPU slice or GPU node, one may be
+  # -1 (fill). dcn_data / dcn_fsdp: how many slices or nodes the axis spans over the data-centre network; prefer
+  # dcn_data, as FSDP across slices gathers every layer's weights over it (docs/pods.md).
   cfg.mesh = ml_collections.ConfigDict(dict(data=1, fsdp=-1, tensor=1, dcn_data=1, dcn_fsdp=1))
 
   cfg.train = ml_collections.ConfigDict(
@@ -293,8 +288,7 @@ def validate_train(
     )
   if micro % nproc:
     raise ConfigError(f'the micro-batch of {micro} rows does not split over {nproc} processes')
-  problem = ramp.validate_ramp(cfg, shards, nproc)
-  if problem:
+  if problem := ramp.validate_ramp(cfg, shards, nproc):
     raise ConfigError(problem)
   return cfg
 

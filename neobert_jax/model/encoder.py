@@ -5,6 +5,7 @@ Block weights are always stacked on a leading 'layers' axis, so one checkpoint l
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable
 
 import jax
@@ -13,7 +14,7 @@ import ml_collections
 from flax import nnx
 
 from neobert_jax.model.attention import attention
-from neobert_jax.config.model import choose_attention, validate_model_config
+from neobert_jax.config.model import resolve_numerics, validate_model_config
 from neobert_jax.model.sizes import ffn_hidden_size, head_dim
 from neobert_jax.model.fused import rms_norm, rotate, swiglu, swiglu_autodiff
 from neobert_jax.sharding import constrain, creation_scope
@@ -26,12 +27,10 @@ _REMAT_POLICIES: dict[str, Callable[..., Any] | None] = {
 
 
 def rope_angles(positions: jax.Array, head_dim: int, theta: float, table_length: int) -> tuple[jax.Array, jax.Array]:
-  """(cos, sin) [B, T, 1, Dh/2] in fp32 of positions x inverse frequencies, looked up in a [table_length, Dh/2]
-  table as NeoBERT's precomputed `freqs_cis` is: XLA folds the table into a constant, where cos and sin of the
-  positions themselves were fused into every rotation and recomputed per head and per pass (about 5% of the main
-  job's step on a CPU). NeoBERT's convention: fused.rotate turns ADJACENT pairs (x[2i], x[2i+1]) by these angles
-  as complex numbers. Positions are an input, so a packed row restarts at 0 for every document; a position past the
-  table reads NaN, never a wrong angle."""
+  """(cos, sin) [B, T, 1, Dh/2] in fp32 of positions x inverse frequencies, looked up in a [table_length, Dh/2] table
+  as NeoBERT's `freqs_cis` is: XLA folds the table into a constant instead of trig in every rotation, per head and
+  pass (about 5% of the main job's step on a CPU). fused.rotate turns ADJACENT pairs (x[2i], x[2i+1]) by these angles.
+  A packed row's positions restart at 0 for every document; a position past the table reads NaN, never a wrong angle."""
   inverse_frequencies = 1.0 / (theta ** (jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim))
   angles = jnp.arange(table_length, dtype=jnp.float32)[:, None] * inverse_frequencies
   cos, sin = (jnp.take(f(angles), positions, axis=0, mode='fill', fill_value=jnp.nan) for f in (jnp.cos, jnp.sin))
@@ -40,11 +39,7 @@ def rope_angles(positions: jax.Array, head_dim: int, theta: float, table_length:
 
 def _uniform(limit: float):
   """U(-limit, limit), NeoBERT's initialiser for every Linear and the embedding."""
-
-  def init(key, shape, dtype=jnp.float32):
-    return jax.random.uniform(key, shape, dtype, -limit, limit)
-
-  return init
+  return functools.partial(jax.random.uniform, minval=-limit, maxval=limit)
 
 
 def _param(init, key, shape, dtype, axes) -> nnx.Param:
@@ -65,7 +60,7 @@ class EncoderLayers(nnx.Module):
   def __init__(self, cfg: ml_collections.ConfigDict, *, rngs: nnx.Rngs):
     n, d, h, dh, f = cfg.num_layers, cfg.hidden_size, cfg.num_heads, head_dim(cfg), ffn_hidden_size(cfg)
     pdt = jnp.dtype(cfg.param_dtype)
-    ones = lambda key, shape, dtype: jnp.ones(shape, dtype)
+    ones = nnx.initializers.ones
     init = _uniform(cfg.decoder_init_range)
     self.attention_norm = _param(ones, None, (n, d), pdt, ('layers', 'norm'))
     # Last axis per head is [q | k | v], the row grouping of the published fused qkv weight.
@@ -77,29 +72,20 @@ class EncoderLayers(nnx.Module):
     self.w3 = _param(init, rngs.params(), (n, f, d), pdt, ('layers', 'mlp', 'embed'))
     if cfg.use_bias:
       # Each bias takes its kernel's output axes, so the one rules table places it like the kernel's output.
-      zeros = lambda key, shape, dtype: jnp.zeros(shape, dtype)
       for name, shape, axes in zip(
         BIASES,
         ((n, h, 3 * dh), (n, d), (n, 2, f), (n, d)),
         (('layers', 'heads', 'head_dim'), ('layers', 'embed'), ('layers', None, 'mlp'), ('layers', 'embed')),
       ):
-        setattr(self, name, _param(zeros, None, shape, pdt, axes))
+        setattr(self, name, _param(nnx.initializers.zeros, None, shape, pdt, axes))
     self.cfg = ml_collections.FrozenConfigDict(cfg)
 
   def kernel(self, packed: bool) -> str:
-    """The configured kernel; 'auto' is decided here only for direct library use (config/model.choose_attention)."""
-    cfg = self.cfg
-    if cfg.attention_impl != 'auto':
-      return cfg.attention_impl
-    return choose_attention(
-      'auto',
-      platform=jax.default_backend(),
-      dtype=cfg.dtype,
-      packed=packed,
-      seq_len=cfg.max_length,
-      splash_block=cfg.splash_block_size,
-      blockwise_block=cfg.blockwise_block_size,
-    ).kernel
+    """The configured kernel; 'auto' is decided here only for direct library use (config/model.resolve_numerics)."""
+    if self.cfg.attention_impl != 'auto':
+      return self.cfg.attention_impl
+    unresolved = ml_collections.ConfigDict(self.cfg.to_dict())  # resolve_numerics sets its fields
+    return resolve_numerics(unresolved, platform=jax.default_backend(), packed=packed).kernel
 
   def __call__(
     self,
@@ -113,10 +99,9 @@ class EncoderLayers(nnx.Module):
     dtype = jnp.dtype(cfg.dtype)
     kernel = self.kernel(segment_ids is not None)
     tile = {'splash': cfg.splash_block_size, 'blockwise': cfg.blockwise_block_size}.get(kernel)
-    # Under the layer scan, autodiff's saved SwiGLU intermediates become [layers, ...] fp32 buffers, so the scanned
-    # model takes the custom backward pass, which saves only its input. Unrolled, XLA sees each layer whole:
-    # autodiff ties on GPU and lets the TPU compiler fuse the activation into the projections. The roofline figures
-    # of both choices: docs/performance.md, "Roofline".
+    # Under the layer scan, autodiff saves SwiGLU's intermediates as [layers, ...] fp32 buffers, so the scanned model
+    # takes the custom backward pass (it saves only its input); unrolled, autodiff ties on GPU and lets the TPU
+    # compiler fuse the activation into the projections (docs/performance.md, "Roofline").
     activate = swiglu if cfg.scan_layers else swiglu_autodiff
     # One table per forward pass, shared by every layer: rows up to the configured length, or the input's if longer.
     cos, sin = rope_angles(positions, head_dim(cfg), cfg.rope_theta, max(cfg.max_length, x.shape[1]))
@@ -124,9 +109,8 @@ class EncoderLayers(nnx.Module):
     def block(x, w):
       w = {k: v.astype(dtype) for k, v in w.items()}
       hidden = rms_norm(x, w['attention_norm'], cfg.norm_eps)
-      # Three projections from slices of the fused weight rather than one projection split afterwards: the split
-      # output would be one more buffer to copy apart, and the v5p cost model prices the slices lower
-      # (docs/performance.md, "Roofline").
+      # Three projections from slices of the fused weight, not one split afterwards: no buffer to copy apart, and
+      # the v5p cost model prices the slices lower (docs/performance.md, "Roofline").
       q, k, v = (jnp.einsum('btd,dhk->bthk', hidden, part) for part in jnp.split(w['qkv'], 3, axis=-1))
       if 'qkv_bias' in w:  # added before the rotation, as a Linear's bias is
         q, k, v = (a + b for a, b in zip((q, k, v), jnp.split(w['qkv_bias'], 3, axis=-1)))
@@ -147,8 +131,7 @@ class EncoderLayers(nnx.Module):
     names = ('attention_norm', 'qkv', 'wo', 'ffn_norm', 'w12', 'w3') + (BIASES if cfg.use_bias else ())
     weights = {name: getattr(self, name)[...] for name in names}
     if cfg.scan_layers:
-      x, _ = jax.lax.scan(lambda carry, w: (block(carry, w), None), x, weights)
-      return x
+      return jax.lax.scan(lambda carry, w: (block(carry, w), None), x, weights)[0]
     for i in range(cfg.num_layers):
       x = block(x, jax.tree.map(lambda a: a[i], weights))
     return x
@@ -248,6 +231,5 @@ class NeoBERTForMLM(nnx.Module):
       kernel, spec = self.decoder.kernel[...], 'bpd,dv->bpv'
     written = jnp.float32 if self.cfg.logits_dot_in_fp32 else dtype  # model.logits_dot_in_fp32
     logits = jnp.einsum(spec, hidden.astype(dtype), kernel.astype(dtype), preferred_element_type=written)
-    logits = logits.astype(jnp.float32)
-    logits = logits + self.decoder.bias[...].astype(jnp.float32)
+    logits = logits.astype(jnp.float32) + self.decoder.bias[...].astype(jnp.float32)
     return constrain(logits, ('batch', 'length', 'vocab'))

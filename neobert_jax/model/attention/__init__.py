@@ -26,10 +26,8 @@ def packed_layout(segment_ids: jax.Array, max_segments: int) -> tuple[jax.Array,
   positions = jnp.arange(t, dtype=jnp.int32)[None, :, None]
   starts = jnp.min(jnp.where(member, positions, t), axis=1)  # first token of each document
   used = lengths > 0
-  seqlens = jnp.where(used, lengths, -1)
-  offsets = jnp.where(used, starts, -1)
-  offsets = jnp.concatenate([offsets, jnp.full((seg.shape[0], 1), -1, jnp.int32)], axis=1)
-  return seqlens, offsets
+  offsets = jnp.pad(jnp.where(used, starts, -1), ((0, 0), (0, 1)), constant_values=-1)
+  return jnp.where(used, lengths, -1), offsets
 
 
 def overflow(segment_ids: jax.Array, max_segments: int) -> jax.Array:

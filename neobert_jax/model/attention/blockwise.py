@@ -28,10 +28,8 @@ def _unblock(x: jax.Array) -> jax.Array:
 def _key_blocks(k, v, kv_seg, block):
   """Keys, values and key segments cut into scan-ready blocks; S is padded up to a multiple of block with keys
   of segment 0 (never attended). Returns ([n, B, H, block, D], [n, B, H, block, D], [n, B, 1, block])."""
-  pad = -k.shape[2] % block
-  if pad:
-    k = jnp.pad(k, ((0, 0), (0, 0), (0, pad), (0, 0)))
-    v = jnp.pad(v, ((0, 0), (0, 0), (0, pad), (0, 0)))
+  if pad := -k.shape[2] % block:
+    k, v = (jnp.pad(x, ((0, 0), (0, 0), (0, pad), (0, 0))) for x in (k, v))
     kv_seg = jnp.pad(kv_seg, ((0, 0), (0, pad)))
   segments = jnp.moveaxis(kv_seg.reshape(kv_seg.shape[0], 1, -1, block), 2, 0)
   return _blocks(k, block), _blocks(v, block), segments
@@ -126,11 +124,9 @@ def blockwise_attention(
   block_size: int = 128,
 ) -> jax.Array:
   """q, k, v [B, T, H, Dh] -> [B, T, H, Dh], the same function as reference.xla_attention on live queries."""
-  b, t = q.shape[:2]
-  s = k.shape[1]
   if q_segments is None:  # no mask: one segment everywhere
-    q_segments, kv_segments = jnp.ones((b, t), jnp.int32), jnp.ones((b, s), jnp.int32)
-  block = max(1, min(int(block_size), s))
+    q_segments, kv_segments = jnp.ones(q.shape[:2], jnp.int32), jnp.ones(k.shape[:2], jnp.int32)
+  block = max(1, min(int(block_size), k.shape[1]))
   heads_major = lambda x: jnp.swapaxes(x, 1, 2)
   out = _attention_heads_major(
     heads_major(q), heads_major(k), heads_major(v), q_segments.astype(jnp.int32), kv_segments.astype(jnp.int32), block

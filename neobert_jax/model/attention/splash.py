@@ -5,6 +5,7 @@ not the interpreter the tests run."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import jax
@@ -17,16 +18,8 @@ from neobert_jax import sharding as shd
 
 def _kernel(num_heads: int, seq_len: int, block: int, interpret: bool):
   block = min(block, seq_len)
-  sizes = splash.BlockSizes(
-    block_q=block,
-    block_kv=block,
-    block_kv_compute=block,
-    block_q_dkv=block,
-    block_kv_dkv=block,
-    block_kv_dkv_compute=block,
-    block_q_dq=block,
-    block_kv_dq=block,
-  )
+  tiles = [f.name for f in dataclasses.fields(splash.BlockSizes) if f.name.startswith('block_')]  # fwd, dkv, dq
+  sizes = splash.BlockSizes(**dict.fromkeys(tiles, block))
   mask = splash_mask.MultiHeadMask([splash_mask.FullMask((seq_len, seq_len))] * num_heads)
   return splash.make_splash_mha(mask, block_sizes=sizes, head_shards=1, q_seq_shards=1, interpret=interpret)
 
@@ -59,10 +52,9 @@ def splash_attention(
   """q, k, v [B, T, H, Dh] -> [B, T, H, Dh]; segments per reference.py's convention (None: no mask). The Mosaic
   kernel where the program is lowered for TPU, interpret mode elsewhere."""
   if q_segments is not None:
-    # Splash attends iff the ids are equal (reference.py also requires kv > 0). Padding queries take the id of
-    # their own key (0), so they attend other padding instead of nothing: a row with no live query (an all-padding
-    # row) still has a valid softmax and finite gradients. Only padding outputs differ from reference.py, and
-    # nothing reads them.
+    # Splash attends iff the ids are equal (reference.py also requires kv > 0). Padding queries take the id of their own
+    # key (0), so they attend other padding instead of nothing: a row with no live query (an all-padding row) still has
+    # a valid softmax and finite gradients. Only padding outputs differ from reference.py, and nothing reads them.
     kv_segments = kv_segments.astype(jnp.int32)
     q_segments = jnp.where(kv_segments > 0, q_segments.astype(jnp.int32), 0)
   kernel, emulated = (functools.partial(_local, block=int(block_size), interpret=i) for i in (False, True))
