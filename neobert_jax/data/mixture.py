@@ -122,9 +122,6 @@ def parse_block_docs(text: str) -> dict[str, int]:
   return out
 
 
-# --- Reading and checking the file -------------------------------------------------------------------------------
-
-
 class _Object(list):
   """A JSON object as its (key, value) pairs, so that a key given twice is seen (json.load would keep the last)."""
 
@@ -226,8 +223,6 @@ def _schedule(name: str, weight: Any, where: str) -> tuple[tuple[int, float], ..
   return tuple(out)
 
 
-# --- The sources' prepared data ----------------------------------------------------------------------------------
-
 Opener = Callable[[str], tuple[str, Any]]  # a source's dir -> (dir, manifest), checked against the model
 
 
@@ -263,9 +258,6 @@ def open_sources(mix: Mixture, open_one: Opener, seq_len: int) -> dict[str, tupl
         f'max_length {seq_len}; prepare it again with --max-length {seq_len}'
       )
   return opened
-
-
-# --- Which source each row comes from ----------------------------------------------------------------------------
 
 
 def starting_credits(seed: int, slot: int, names: Iterable[str]) -> dict[str, int]:
@@ -351,10 +343,11 @@ class Sampler:
     missing = [v for v in self.slots if str(v) not in saved]
     if missing:
       raise ValueError(f'the mixture state holds no slot {missing[:4]}')
-    self._check_sources(state['dirs'], set(fresh))
-    if self.mix.plain:  # its one source, whatever it was named
+    if self.mix.plain:  # its one source, whatever its name, directory or place (data.dir is the resume check's)
       one = self.mix.names[0]
       saved = {v: {k: {one: next(iter(d.values()))} for k, d in slot.items()} for v, slot in saved.items()}
+    else:
+      self._check_sources(state['dirs'], set(fresh))
     self.step = int(state['step'])
     for v in self.slots:
       start = starting_credits(self.seed, v, self.mix.names)
@@ -364,8 +357,6 @@ class Sampler:
       self.taken[v] = {**dict.fromkeys(self.mix.names, 0), **{n: int(slot['taken'][n]) for n in kept}}
 
   def _check_sources(self, before: dict[str, str], fresh: set[str]) -> None:
-    if self.mix.plain:  # one source, whatever its directory's name or place (data.dir is the resume check's)
-      return
     now = {s.name: s.dir for s in self.mix.sources}
     changes = [(n, 'is gone') for n in sorted(set(before) - set(now))]
     changes += [(n, 'is new') for n in sorted(set(now) - set(before) - fresh)]

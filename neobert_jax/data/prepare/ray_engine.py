@@ -72,8 +72,7 @@ def prepare_on_ray(
   split_mb: float = 64.0,
   **fields: Any,
 ) -> dict:
-  """Tokenizes `inputs` into `output_dir` on the Ray cluster at `ray_address`, about `split_mb` per task; returns
-  the manifest. `options`, or its fields as keywords (documents.BuildOptions), say what to build."""
+  """Tokenizes `inputs` into `output_dir` on the Ray cluster at `ray_address`, `split_mb` per task; the manifest."""
   o = documents.BuildOptions.of(options, fields)
   named = [item for item in inputs if hf.is_input(item)]
   if named:  # the plan cuts files by size; a dataset has none to cut
@@ -322,8 +321,7 @@ def _tokenizer(spec: str, name: str, blob: bytes):
 
 
 def _records(chunks: list[list[np.ndarray]], dtype: np.dtype) -> tuple[dict[str, np.ndarray], np.ndarray]:
-  """Documents' records as flat arrays (ids `dtype` wide as in the shards, record lengths, records per document),
-  and each one's tokens."""
+  """Documents' records as flat arrays (ids `dtype` wide, record lengths, records per document), and their tokens."""
   flat = [c for doc in chunks for c in doc]
   lengths = np.array([c.size for c in flat], np.int32)
   per_doc = np.array([len(doc) for doc in chunks], np.int32)
@@ -366,8 +364,7 @@ def tokenize_unit(index: int, path: str, span, o: documents.BuildOptions, ledger
 def assemble_shard(
   split: str, index: int, pieces: list, shard_bytes: int, id_dtype: str, ledger: Ledger, output: str
 ) -> dict:
-  """Pass 2 for one shard: the documents [first, end) of each (unit, first, end) of `pieces`, in order, their ids
-  `id_dtype` wide."""
+  """Pass 2 for one shard: the documents [first, end) of each (unit, first, end) of `pieces`, in order."""
   bucket.install()
   base = os.path.join(output, WORK) if not paths.is_url(output) else publish.scratch_root()
   tmp = os.path.join(base, f'tmp-{os.getpid()}-{split}-{index}')
