@@ -272,9 +272,7 @@ def apportion(rows: int, credits: list[int], units: list[int]) -> tuple[list[int
   `rows` go to the largest debts (whole rows first, then remainders, ties by source order), none to weight 0."""
   owed = [c + rows * u for c, u in zip(credits, units)]
   active = [i for i, u in enumerate(units) if u > 0]
-  counts = [0] * len(units)
-  for i in active:
-    counts[i] = max(0, owed[i] // UNITS)
+  counts = [max(0, o // UNITS) if u > 0 else 0 for o, u in zip(owed, units)]
   while sum(counts) < rows:
     i = max(active, key=lambda j: (owed[j] - counts[j] * UNITS, -j))
     counts[i] += 1

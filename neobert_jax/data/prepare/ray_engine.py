@@ -22,7 +22,7 @@ import numpy as np
 
 from neobert_jax import bucket, errors, paths
 from neobert_jax import lease as lease_lib
-from neobert_jax.data import rollover, shards
+from neobert_jax.data import shards
 from neobert_jax.data.prepare import documents
 from neobert_jax.data.prepare import hf
 from neobert_jax.data.prepare import publish
@@ -114,7 +114,7 @@ def _build(ray, inputs, output_dir, address, o: documents.BuildOptions, split_by
 
   t0, itemsize = time.perf_counter(), shards.ID_DTYPES[width].itemsize
   doc_tokens = {s: [results[i]['doc_tokens'][s] for i in range(len(units))] for s in shards.SPLITS}
-  plans = {s: rollover.plan_shards(doc_tokens[s], o.shard_bytes, itemsize) for s in shards.SPLITS}
+  plans = {s: shards.plan_shards(doc_tokens[s], o.shard_bytes, itemsize) for s in shards.SPLITS}
   plan_seconds = time.perf_counter() - t0
   (out / shards.MANIFEST).unlink(missing_ok=True)  # only with --overwrite (open_output): now it reads unfinished
   shard_results, resumed_shards = _pass2(ray, plans, o, width, ledger, out)
@@ -379,7 +379,7 @@ def assemble_shard(
       for d in range(first, end):
         writer.write_document([r['ids'][rec_at[k] : rec_at[k + 1]] for k in range(doc_at[d], doc_at[d + 1])])
     made = writer.close()['shards']
-    if len(made) != 1:  # the plan and the writer apply one rule (rollover.py): anything else is a bug
+    if len(made) != 1:  # the plan and the writer apply one rule (shards.Rollover): anything else is a bug
       raise AssertionError(f'{split} shard {index}: the plan made {len(made)} shards')
     entry = made[0]
     for name in shards.files_of(entry):  # the ledger lists an entry only once its files are in place
