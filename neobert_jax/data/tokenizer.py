@@ -94,8 +94,7 @@ class SentencePieceTokenizer(Tokenizer):
     import sentencepiece as spm  # pylint: disable=g-import-not-at-top
 
     self._sp = spm.SentencePieceProcessor(model_file=path)
-    n = self._sp.get_piece_size()
-    self._pieces = [self._sp.id_to_piece(i) for i in range(n)]
+    self._pieces = [self._sp.id_to_piece(i) for i in range(self._sp.get_piece_size())]
     lookup = {p: i for i, p in enumerate(self._pieces)}
     self.special = {k: lookup.get(t) for k, t in BERT_SPECIAL_TOKENS.items()}
     # Models trained elsewhere name these differently: the model's own pad/unk ids, and bos/eos as [CLS]/[SEP].

@@ -149,9 +149,8 @@ def default_prepared_dir(
         f'{tokenizer_lib.BUILTIN_BERT!r} or builtin-wordpiece-N; for another tokenizer, '
         'prepare your data with it and set data.dir'
       ) from None
-  out = os.path.join(assets.asset_cache_dir(), 'prepared', f'default-{CORPUS_VERSION}-{tokenizer}-L{max_length}')
-  if tokenizer != tokenizer_lib.BUILTIN_BERT:
     builtin_vocab_file(tokenizer)
+  out = os.path.join(assets.asset_cache_dir(), 'prepared', f'default-{CORPUS_VERSION}-{tokenizer}-L{max_length}')
   if _prepared_with(out, tokenizer):
     return out
   if not build:

@@ -7,6 +7,7 @@ back as a value ({'error': ...}), never retried; any exception is a machine's fa
 from __future__ import annotations
 
 import concurrent.futures
+import functools
 import hashlib
 import io
 import json
@@ -33,7 +34,6 @@ from neobert_jax.data import tokenizer as tokenizer_lib
 RETRIES = 5  # per task, for a lost node, a killed worker or a storage hiccup
 WORK = '.prepare-work'
 _PARALLEL = 16  # object-store reads of a resumed build's entries at once (each is a small request)
-_TOKENIZERS: dict = {}  # per worker process: (spec, sha256) -> Tokenizer
 
 
 def connect(address: str):
@@ -308,16 +308,14 @@ def node() -> dict:
   return {'node': ray.get_runtime_context().get_node_id(), 'ip': ray.util.get_node_ip_address()}
 
 
+@functools.cache  # once per worker process
 def _tokenizer(spec: str, name: str, blob: bytes):
   """The driver's tokenizer file, shipped as bytes (a node need not have it, nor the driver's paths)."""
-  key = (spec, hashlib.sha256(blob).hexdigest())
-  if key not in _TOKENIZERS:
-    os.environ['TOKENIZERS_PARALLELISM'] = 'false'  # one task = one CPU, as the local engine's workers
-    path = paths.cache_dir('prepare-tokenizers', key[1][:16]) / name
-    if not path.exists():
-      paths.write_bytes(path, blob)
-    _TOKENIZERS[key] = tokenizer_lib.load_tokenizer(str(path))
-  return _TOKENIZERS[key]
+  os.environ['TOKENIZERS_PARALLELISM'] = 'false'  # one task = one CPU, as the local engine's workers
+  path = paths.cache_dir('prepare-tokenizers', hashlib.sha256(blob).hexdigest()[:16]) / name
+  if not path.exists():
+    paths.write_bytes(path, blob)
+  return tokenizer_lib.load_tokenizer(str(path))
 
 
 def _records(chunks: list[list[np.ndarray]], dtype: np.dtype) -> tuple[dict[str, np.ndarray], np.ndarray]:
