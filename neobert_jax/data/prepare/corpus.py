@@ -124,9 +124,8 @@ def builtin_vocab_file(spec: str) -> str:
 
 
 def _prepared_with(out: str, tokenizer: str) -> bool:
-  """Whether `out` holds shards made with today's `tokenizer`. bert-base-uncased is pinned by its sha256 when
-  fetched, so its shards are trusted as before; a learned vocabulary is compared (one re-learned by another
-  `tokenizers` release may split text differently, and its old shards must not be reused)."""
+  """Whether `out` holds shards made with today's `tokenizer`: bert-base-uncased is pinned by its sha256 when
+  fetched; a learned vocabulary is compared (another `tokenizers` release may learn it differently)."""
   if not os.path.exists(os.path.join(out, shards.MANIFEST)):
     return False
   if tokenizer == tokenizer_lib.BUILTIN_BERT:
