@@ -25,7 +25,6 @@ import time
 
 import numpy as np
 
-from neobert_jax.data import rollover
 from neobert_jax.data import shards as shards_lib
 from neobert_jax.data.prepare import corpus
 from neobert_jax.data.prepare import local as prepare_lib
@@ -96,7 +95,7 @@ def plan_at_scale(units=2048, docs_per_unit=16384, shard_mb=256) -> tuple[float,
   rng = np.random.default_rng(0)
   counts = [rng.integers(3, 2000, docs_per_unit).astype(np.int32) for _ in range(units)]
   t0 = time.perf_counter()
-  plan = rollover.plan_shards(counts, int(shard_mb * 2**20), shards_lib.ID_DTYPES['uint16'].itemsize)  # a BERT vocab
+  plan = shards_lib.plan_shards(counts, int(shard_mb * 2**20), shards_lib.ID_DTYPES['uint16'].itemsize)  # a BERT vocab
   return (time.perf_counter() - t0) / len(plan), len(plan)
 
 

@@ -32,11 +32,8 @@ def asset_cache_dir() -> str:
 def locked(name: str):
   """Serialises fetches across processes (parallel tests, several hosts on NFS)."""
   with open(os.path.join(asset_cache_dir(), f'.{name}.lock'), 'w') as f:
-    fcntl.flock(f, fcntl.LOCK_EX)
-    try:
-      yield
-    finally:
-      fcntl.flock(f, fcntl.LOCK_UN)
+    fcntl.flock(f, fcntl.LOCK_EX)  # released when the file closes
+    yield
 
 
 def download(requirement: str, dest: str) -> str:

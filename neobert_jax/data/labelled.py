@@ -80,13 +80,8 @@ def _extract_tweet_source(archive: str, out: str) -> None:
   _write_shuffled(out, [(_text(t), phones[s]) for t, s in zip(frame['text'], frame['source'])], 4000, 1000)
 
 
-_PHASES = {
-  'Approach': 'arriving',
-  'Descent': 'arriving',
-  'Landing Roll': 'arriving',
-  'Take-off run': 'departing',
-  'Climb': 'departing',
-}
+_PHASES = dict.fromkeys(('Approach', 'Descent', 'Landing Roll'), 'arriving')
+_PHASES |= dict.fromkeys(('Take-off run', 'Climb'), 'departing')
 
 
 def _extract_bird_strike(archive: str, out: str) -> None:

@@ -122,9 +122,6 @@ def parse_block_docs(text: str) -> dict[str, int]:
   return out
 
 
-# --- Reading and checking the file -------------------------------------------------------------------------------
-
-
 class _Object(list):
   """A JSON object as its (key, value) pairs, so that a key given twice is seen (json.load would keep the last)."""
 
@@ -226,8 +223,6 @@ def _schedule(name: str, weight: Any, where: str) -> tuple[tuple[int, float], ..
   return tuple(out)
 
 
-# --- The sources' prepared data ----------------------------------------------------------------------------------
-
 Opener = Callable[[str], tuple[str, Any]]  # a source's dir -> (dir, manifest), checked against the model
 
 
@@ -265,9 +260,6 @@ def open_sources(mix: Mixture, open_one: Opener, seq_len: int) -> dict[str, tupl
   return opened
 
 
-# --- Which source each row comes from ----------------------------------------------------------------------------
-
-
 def starting_credits(seed: int, slot: int, names: Iterable[str]) -> dict[str, int]:
   """A slot's credits at step 0: a seeded fraction of a row per source, so that slots round in different steps."""
   names = list(names)
@@ -280,9 +272,7 @@ def apportion(rows: int, credits: list[int], units: list[int]) -> tuple[list[int
   `rows` go to the largest debts (whole rows first, then remainders, ties by source order), none to weight 0."""
   owed = [c + rows * u for c, u in zip(credits, units)]
   active = [i for i, u in enumerate(units) if u > 0]
-  counts = [0] * len(units)
-  for i in active:
-    counts[i] = max(0, owed[i] // UNITS)
+  counts = [max(0, o // UNITS) if u > 0 else 0 for o, u in zip(owed, units)]
   while sum(counts) < rows:
     i = max(active, key=lambda j: (owed[j] - counts[j] * UNITS, -j))
     counts[i] += 1
@@ -351,10 +341,11 @@ class Sampler:
     missing = [v for v in self.slots if str(v) not in saved]
     if missing:
       raise ValueError(f'the mixture state holds no slot {missing[:4]}')
-    self._check_sources(state['dirs'], set(fresh))
-    if self.mix.plain:  # its one source, whatever it was named
+    if self.mix.plain:  # its one source, whatever its name, directory or place (data.dir is the resume check's)
       one = self.mix.names[0]
       saved = {v: {k: {one: next(iter(d.values()))} for k, d in slot.items()} for v, slot in saved.items()}
+    else:
+      self._check_sources(state['dirs'], set(fresh))
     self.step = int(state['step'])
     for v in self.slots:
       start = starting_credits(self.seed, v, self.mix.names)
@@ -364,8 +355,6 @@ class Sampler:
       self.taken[v] = {**dict.fromkeys(self.mix.names, 0), **{n: int(slot['taken'][n]) for n in kept}}
 
   def _check_sources(self, before: dict[str, str], fresh: set[str]) -> None:
-    if self.mix.plain:  # one source, whatever its directory's name or place (data.dir is the resume check's)
-      return
     now = {s.name: s.dir for s in self.mix.sources}
     changes = [(n, 'is gone') for n in sorted(set(before) - set(now))]
     changes += [(n, 'is new') for n in sorted(set(now) - set(before) - fresh)]

@@ -15,7 +15,7 @@ from array_record.python.array_record_module import ArrayRecordReader, ArrayReco
 import numpy as np
 
 from neobert_jax import errors, paths
-from neobert_jax.data import assets, rollover
+from neobert_jax.data import assets
 
 MANIFEST = 'manifest.json'
 FORMAT = 'neobert_jax.prepared/v2'  # what prepare writes
@@ -61,13 +61,51 @@ def narrow(ids: np.ndarray, dtype: np.dtype) -> np.ndarray:
   return np.ascontiguousarray(ids, dtype=dtype)
 
 
+class Rollover:
+  """The running token count of the open shard of one split: the one rule where shards end that both `prepare`
+  engines apply (ShardWriter after every document, the Ray driver on the documents' token counts, before any shard
+  is written). A shard closes after the document that brings its ids (`id_bytes` each) to the target size, so a
+  document is never cut."""
+
+  def __init__(self, shard_bytes: int, id_bytes: int):
+    self.target = max(1, -(-int(shard_bytes) // id_bytes))  # tokens * id_bytes >= shard_bytes
+    self.tokens = 0
+
+  def cuts(self, doc_tokens) -> list[int]:
+    """For the next documents (their token counts, in order): the indices after which a shard closes."""
+    sums = np.cumsum(np.asarray(doc_tokens, np.int64))
+    out, base = [], 0
+    while sums.size:
+      at = int(np.searchsorted(sums, base + self.target - self.tokens, side='left'))
+      if at >= sums.size:
+        self.tokens += int(sums[-1]) - base
+        break
+      out.append(at)
+      base, self.tokens = int(sums[at]), 0
+    return out
+
+
+def plan_shards(doc_tokens: list[np.ndarray], shard_bytes: int, id_bytes: int) -> list[list[tuple[int, int, int]]]:
+  """The shards ShardWriter would make of a split from its documents' token counts per unit: (unit, first, end)s."""
+  rule, plan, current = Rollover(shard_bytes, id_bytes), [], []
+  for unit, tokens in enumerate(doc_tokens):
+    first = 0
+    for cut in rule.cuts(tokens):
+      current.append((unit, first, cut + 1))
+      plan.append(current)
+      current, first = [], cut + 1
+    if first < len(tokens):
+      current.append((unit, first, len(tokens)))
+  return plan + ([current] if current else [])
+
+
 class ShardWriter:
   """Writes one split as numbered shards (from `first_index`) of `id_dtype` ids, rolling over at `shard_bytes`."""
 
   def __init__(self, directory: str, split: str, shard_bytes: int, *, id_dtype: str, first_index: int = 0):
     self._dir, self._split, self._first = directory, split, first_index
     self._dtype = ID_DTYPES[id_dtype]
-    self._rollover = rollover.Rollover(shard_bytes, self._dtype.itemsize)
+    self._rollover = Rollover(shard_bytes, self._dtype.itemsize)
     self._writer = self._current = None
     self.shards: list[dict] = []
     self.records = self.tokens = self.documents = 0

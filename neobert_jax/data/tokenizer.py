@@ -56,14 +56,6 @@ class Tokenizer:
       'file_sha256': paths.sha256(paths.Path(self.path)),
     }
 
-  def _check_specials(self):
-    missing = [n for n in SPECIAL_NAMES if self.special.get(n) is None]
-    if missing:
-      raise ValueError(
-        f'tokenizer {self.path} lacks BERT special tokens {missing}; '
-        f'expected pieces {[BERT_SPECIAL_TOKENS[n] for n in missing]}'
-      )
-
 
 class WordPieceTokenizer(Tokenizer):
   kind = 'wordpiece'
@@ -88,7 +80,6 @@ class WordPieceTokenizer(Tokenizer):
     for piece, i in vocab.items():
       self._pieces[i] = piece
     self.special = {n: vocab.get(t) for n, t in BERT_SPECIAL_TOKENS.items()}
-    self._check_specials()
 
   def encode_batch(self, texts):
     encs = self._tok.encode_batch(list(texts), add_special_tokens=False)
@@ -103,8 +94,7 @@ class SentencePieceTokenizer(Tokenizer):
     import sentencepiece as spm  # pylint: disable=g-import-not-at-top
 
     self._sp = spm.SentencePieceProcessor(model_file=path)
-    n = self._sp.get_piece_size()
-    self._pieces = [self._sp.id_to_piece(i) for i in range(n)]
+    self._pieces = [self._sp.id_to_piece(i) for i in range(self._sp.get_piece_size())]
     lookup = {p: i for i, p in enumerate(self._pieces)}
     self.special = {k: lookup.get(t) for k, t in BERT_SPECIAL_TOKENS.items()}
     # Models trained elsewhere name these differently: the model's own pad/unk ids, and bos/eos as [CLS]/[SEP].
@@ -114,7 +104,6 @@ class SentencePieceTokenizer(Tokenizer):
         self.special[k] = v
     if self.special['mask'] is None:
       self.special['mask'] = lookup.get('<mask>')
-    self._check_specials()
 
   def encode_batch(self, texts):
     ids = self._sp.encode(list(texts), out_type=int, num_threads=1)
@@ -154,10 +143,18 @@ def resolve_tokenizer_path(spec: str) -> str:
 def load_tokenizer(spec: str) -> Tokenizer:
   path = resolve_tokenizer_path(spec)
   if path.endswith('.model'):
-    return SentencePieceTokenizer(spec, path)
-  if path.endswith('.json') or path.endswith('.txt'):
-    return WordPieceTokenizer(spec, path)
-  raise ValueError(f'tokenizer {spec!r}: unknown file type (want .txt, .json or .model)')
+    tok = SentencePieceTokenizer(spec, path)
+  elif path.endswith(('.json', '.txt')):
+    tok = WordPieceTokenizer(spec, path)
+  else:
+    raise ValueError(f'tokenizer {spec!r}: unknown file type (want .txt, .json or .model)')
+  missing = [n for n in SPECIAL_NAMES if tok.special.get(n) is None]
+  if missing:
+    raise ValueError(
+      f'tokenizer {path} lacks BERT special tokens {missing}; '
+      f'expected pieces {[BERT_SPECIAL_TOKENS[n] for n in missing]}'
+    )
+  return tok
 
 
 def same_vocabulary(a: dict, b: dict) -> bool:

@@ -24,9 +24,7 @@ def first_fit_decreasing(
   """(row, offset, 1-based slot, each indexed like `lengths`; n_rows): longest first, each document into the first
   row with room and, when max_docs > 0, fewer than max_docs documents (attention kernels' static per-row limit)."""
   n = lengths.size
-  row = np.empty(n, np.int64)
-  offset = np.empty(n, np.int64)
-  slot = np.empty(n, np.int64)
+  row, offset, slot = np.empty((3, n), np.int64)
   order = np.argsort(-lengths, kind='stable')
   # Documents that fill a row alone never share it: no search needed.
   n_full = int(np.count_nonzero(lengths == seq_len))
@@ -34,8 +32,7 @@ def first_fit_decreasing(
   row[full] = np.arange(n_full)
   offset[full] = 0
   slot[full] = 1
-  free = np.empty(n, np.int64)  # remaining room of each open row
-  count = np.empty(n, np.int64)  # documents already in each open row
+  free, count = np.empty((2, n), np.int64)  # each open row's remaining room, and the documents already in it
   n_open = 0
   for i in order[n_full:].tolist():
     need = lengths[i]

@@ -121,12 +121,7 @@ def split_shards(directory: str, manifest: shards.Manifest, split: str) -> list[
 
 
 def open_store(
-  directory: str,
-  manifest: shards.Manifest,
-  split: str,
-  listed: list[dict],
-  cache_gb: float,
-  process_index: int,
+  directory: str, manifest: shards.Manifest, split: str, listed: list[dict], cache_gb: float, process_index: int
 ):
   """The store this process reads `listed` shards of `split` through: in place, or a bucket's bounded cache."""
   if paths.is_url(directory):
@@ -149,8 +144,8 @@ def split_files(data_cfg: ml_collections.ConfigDict, seq_len: int, split: str, m
 def read_heldout_split(
   data_cfg: ml_collections.ConfigDict, seq_len: int, split: str, max_tokens: int | None = None
 ) -> tuple[list[np.ndarray], shards.Manifest]:
-  """(the split's documents as int32 arrays in order, its manifest); at most ~max_tokens of them, read 1024 records
-  at a time. From a bucket each file is fetched when reached and released after, so the cache budget holds."""
+  """(the split's documents as int32 arrays in order, its manifest), at most ~max_tokens; from a bucket each file
+  is fetched when reached and released after, so the cache budget holds."""
   directory, manifest = open_prepared(data_cfg, seq_len)
   listed = split_shards(directory, manifest, split)
   store = open_store(directory, manifest, split, listed, data_cfg.cache_gb, 0)

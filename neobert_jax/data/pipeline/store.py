@@ -144,10 +144,7 @@ class BucketStore(Store):
       except FileNotFoundError:
         raise _missing(src, url) from None
       shards.check_size(str(src), size, shard, str(url), 'on the bucket')
-    self._adopt_local()
-
-  def _adopt_local(self) -> None:
-    """Keeps whole files of this share from an earlier start (they were checked before taking their name)."""
+    # Whole files of this share from an earlier start are kept (they were checked before taking their name).
     for name in sorted(os.listdir(self.dir)):
       path = os.path.join(self.dir, name)
       shard = self.by_name.get(name)
@@ -163,8 +160,7 @@ class BucketStore(Store):
   def acquire(self, names) -> None:
     """Pins `names` and returns once all are local (downloading those that are not)."""
     with self._lock:
-      for n in names:
-        self._pins[n] += 1
+      self._pins.update(names)
       futures = [self._start(n, required=True) for n in names]
     for f in futures:
       if f is not None:
@@ -176,9 +172,7 @@ class BucketStore(Store):
 
   def release(self, names) -> None:
     with self._lock:
-      for n in names:
-        if self._pins[n] > 0:
-          self._pins[n] -= 1
+      self._pins -= collections.Counter(names)  # keeps positive counts only: an unpinned name never goes below 0
       self._lock.notify_all()
 
   def prefetch(self, names) -> None:

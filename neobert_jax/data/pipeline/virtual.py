@@ -233,21 +233,20 @@ class ShardBlocks(grain.MapDataset):
     pos = np.arange(index * self._block, end, dtype=np.int64)
     if not len(pos):
       return join_records([], self._dtype)
-    names = self._names
     win, off = self._stream.locate(pos)  # once: the shuffles are most of a block's bookkeeping
-    files = [names[f] for w in dict.fromkeys(win.tolist()) for f in self._stream.files_of_window(w)]
+    files = [self._names[f] for w in dict.fromkeys(win.tolist()) for f in self._stream.files_of_window(w)]
     self._store.acquire(files)  # blocks until the block's files are local
     self._store.release(self._held)  # every acquire is matched by one release
     self._held = files
     if not self._finite or int(pos[-1]) + 1 < self._stream.n:  # downloads run ahead of the reader
       ahead = self._stream.files_of_window(self._window_ahead(int(pos[-1])))
-      self._store.prefetch([names[f] for f in ahead if names[f] not in files])
+      self._store.prefetch([self._names[f] for f in ahead if self._names[f] not in files])
     recs = self._stream.records_at(win, off)
     by_file: dict[int, list[int]] = {}
     for i, (f, _) in enumerate(recs):
       by_file.setdefault(f, []).append(i)
     out: list[bytes] = [b''] * len(recs)
     for f, idx in by_file.items():
-      for i, rec in zip(idx, self._store.read(names[f], [recs[i][1] for i in idx])):
+      for i, rec in zip(idx, self._store.read(self._names[f], [recs[i][1] for i in idx])):
         out[i] = rec
     return join_records(out, self._dtype)

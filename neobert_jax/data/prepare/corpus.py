@@ -124,9 +124,8 @@ def builtin_vocab_file(spec: str) -> str:
 
 
 def _prepared_with(out: str, tokenizer: str) -> bool:
-  """Whether `out` holds shards made with today's `tokenizer`. bert-base-uncased is pinned by its sha256 when
-  fetched, so its shards are trusted as before; a learned vocabulary is compared (one re-learned by another
-  `tokenizers` release may split text differently, and its old shards must not be reused)."""
+  """Whether `out` holds shards made with today's `tokenizer`: bert-base-uncased is pinned by its sha256 when
+  fetched; a learned vocabulary is compared (another `tokenizers` release may learn it differently)."""
   if not os.path.exists(os.path.join(out, shards.MANIFEST)):
     return False
   if tokenizer == tokenizer_lib.BUILTIN_BERT:
@@ -149,9 +148,8 @@ def default_prepared_dir(
         f'{tokenizer_lib.BUILTIN_BERT!r} or builtin-wordpiece-N; for another tokenizer, '
         'prepare your data with it and set data.dir'
       ) from None
-  out = os.path.join(assets.asset_cache_dir(), 'prepared', f'default-{CORPUS_VERSION}-{tokenizer}-L{max_length}')
-  if tokenizer != tokenizer_lib.BUILTIN_BERT:
     builtin_vocab_file(tokenizer)
+  out = os.path.join(assets.asset_cache_dir(), 'prepared', f'default-{CORPUS_VERSION}-{tokenizer}-L{max_length}')
   if _prepared_with(out, tokenizer):
     return out
   if not build:

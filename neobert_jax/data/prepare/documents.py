@@ -62,13 +62,7 @@ class BuildOptions:
 
 def chunk_document(ids: np.ndarray, max_length: int, cls_id: int, sep_id: int) -> list[np.ndarray]:
   body = max_length - 2
-  out = []
-  for start in range(0, max(len(ids), 1), body):
-    rec = np.empty(min(body, len(ids) - start) + 2, np.int32)
-    rec[0], rec[-1] = cls_id, sep_id
-    rec[1:-1] = ids[start : start + body]
-    out.append(rec)
-  return out
+  return [np.r_[cls_id, ids[s : s + body], sep_id].astype(np.int32) for s in range(0, max(len(ids), 1), body)]
 
 
 def is_eval_document(text: str, eval_fraction: float) -> bool:

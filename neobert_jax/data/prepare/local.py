@@ -88,8 +88,7 @@ def prepare_local(
   workers: int = 0,
   **fields: Any,
 ) -> dict:
-  """Tokenizes `inputs` into `output_dir` with `workers` processes; returns the manifest. `options`, or its
-  fields as keywords (documents.BuildOptions), say what to build."""
+  """Tokenizes `inputs` into `output_dir` with `workers` processes as `options` (or its fields) say; the manifest."""
   o = documents.BuildOptions.of(options, fields)
   with lease_lib.acquire(output_dir, '--output'):  # one build per output, before anything there is read
     return _prepare(inputs, output_dir, o, workers)

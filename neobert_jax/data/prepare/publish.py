@@ -53,8 +53,7 @@ def upload(local: str, out: paths.Path, manifest: shards.Manifest) -> None:
 
 
 def commit(out: paths.Path, manifest: shards.Manifest) -> None:
-  """The shards `manifest` lists are in place at `out` (put_file): the manifest goes up last, then unlisted shards
-  (an old output's, or those of a build cut short) go."""
+  """With the listed shards in place (put_file): the manifest, then the removal of unlisted (older) shards."""
   manifest.write(os.fspath(out))
   _remove_unlisted(out, manifest.files())
 

@@ -7,6 +7,7 @@ back as a value ({'error': ...}), never retried; any exception is a machine's fa
 from __future__ import annotations
 
 import concurrent.futures
+import functools
 import hashlib
 import io
 import json
@@ -22,7 +23,7 @@ import numpy as np
 
 from neobert_jax import bucket, errors, paths
 from neobert_jax import lease as lease_lib
-from neobert_jax.data import rollover, shards
+from neobert_jax.data import shards
 from neobert_jax.data.prepare import documents
 from neobert_jax.data.prepare import hf
 from neobert_jax.data.prepare import publish
@@ -33,7 +34,6 @@ from neobert_jax.data import tokenizer as tokenizer_lib
 RETRIES = 5  # per task, for a lost node, a killed worker or a storage hiccup
 WORK = '.prepare-work'
 _PARALLEL = 16  # object-store reads of a resumed build's entries at once (each is a small request)
-_TOKENIZERS: dict = {}  # per worker process: (spec, sha256) -> Tokenizer
 
 
 def connect(address: str):
@@ -72,8 +72,7 @@ def prepare_on_ray(
   split_mb: float = 64.0,
   **fields: Any,
 ) -> dict:
-  """Tokenizes `inputs` into `output_dir` on the Ray cluster at `ray_address`, about `split_mb` per task; returns
-  the manifest. `options`, or its fields as keywords (documents.BuildOptions), say what to build."""
+  """Tokenizes `inputs` into `output_dir` on the Ray cluster at `ray_address`, `split_mb` per task; the manifest."""
   o = documents.BuildOptions.of(options, fields)
   named = [item for item in inputs if hf.is_input(item)]
   if named:  # the plan cuts files by size; a dataset has none to cut
@@ -115,7 +114,7 @@ def _build(ray, inputs, output_dir, address, o: documents.BuildOptions, split_by
 
   t0, itemsize = time.perf_counter(), shards.ID_DTYPES[width].itemsize
   doc_tokens = {s: [results[i]['doc_tokens'][s] for i in range(len(units))] for s in shards.SPLITS}
-  plans = {s: rollover.plan_shards(doc_tokens[s], o.shard_bytes, itemsize) for s in shards.SPLITS}
+  plans = {s: shards.plan_shards(doc_tokens[s], o.shard_bytes, itemsize) for s in shards.SPLITS}
   plan_seconds = time.perf_counter() - t0
   (out / shards.MANIFEST).unlink(missing_ok=True)  # only with --overwrite (open_output): now it reads unfinished
   shard_results, resumed_shards = _pass2(ray, plans, o, width, ledger, out)
@@ -309,21 +308,18 @@ def node() -> dict:
   return {'node': ray.get_runtime_context().get_node_id(), 'ip': ray.util.get_node_ip_address()}
 
 
+@functools.cache  # once per worker process
 def _tokenizer(spec: str, name: str, blob: bytes):
   """The driver's tokenizer file, shipped as bytes (a node need not have it, nor the driver's paths)."""
-  key = (spec, hashlib.sha256(blob).hexdigest())
-  if key not in _TOKENIZERS:
-    os.environ['TOKENIZERS_PARALLELISM'] = 'false'  # one task = one CPU, as the local engine's workers
-    path = paths.cache_dir('prepare-tokenizers', key[1][:16]) / name
-    if not path.exists():
-      paths.write_bytes(path, blob)
-    _TOKENIZERS[key] = tokenizer_lib.load_tokenizer(str(path))
-  return _TOKENIZERS[key]
+  os.environ['TOKENIZERS_PARALLELISM'] = 'false'  # one task = one CPU, as the local engine's workers
+  path = paths.cache_dir('prepare-tokenizers', hashlib.sha256(blob).hexdigest()[:16]) / name
+  if not path.exists():
+    paths.write_bytes(path, blob)
+  return tokenizer_lib.load_tokenizer(str(path))
 
 
 def _records(chunks: list[list[np.ndarray]], dtype: np.dtype) -> tuple[dict[str, np.ndarray], np.ndarray]:
-  """Documents' records as flat arrays (ids `dtype` wide as in the shards, record lengths, records per document),
-  and each one's tokens."""
+  """Documents' records as flat arrays (ids `dtype` wide, record lengths, records per document), and their tokens."""
   flat = [c for doc in chunks for c in doc]
   lengths = np.array([c.size for c in flat], np.int32)
   per_doc = np.array([len(doc) for doc in chunks], np.int32)
@@ -366,8 +362,7 @@ def tokenize_unit(index: int, path: str, span, o: documents.BuildOptions, ledger
 def assemble_shard(
   split: str, index: int, pieces: list, shard_bytes: int, id_dtype: str, ledger: Ledger, output: str
 ) -> dict:
-  """Pass 2 for one shard: the documents [first, end) of each (unit, first, end) of `pieces`, in order, their ids
-  `id_dtype` wide."""
+  """Pass 2 for one shard: the documents [first, end) of each (unit, first, end) of `pieces`, in order."""
   bucket.install()
   base = os.path.join(output, WORK) if not paths.is_url(output) else publish.scratch_root()
   tmp = os.path.join(base, f'tmp-{os.getpid()}-{split}-{index}')
@@ -382,7 +377,7 @@ def assemble_shard(
       for d in range(first, end):
         writer.write_document([r['ids'][rec_at[k] : rec_at[k + 1]] for k in range(doc_at[d], doc_at[d + 1])])
     made = writer.close()['shards']
-    if len(made) != 1:  # the plan and the writer apply one rule (rollover.py): anything else is a bug
+    if len(made) != 1:  # the plan and the writer apply one rule (shards.Rollover): anything else is a bug
       raise AssertionError(f'{split} shard {index}: the plan made {len(made)} shards')
     entry = made[0]
     for name in shards.files_of(entry):  # the ledger lists an entry only once its files are in place

@@ -7,6 +7,7 @@ import dataclasses
 import glob
 import gzip
 import io
+import itertools
 import json
 import os
 from typing import Callable, Iterator, Sequence
@@ -57,8 +58,7 @@ def split_ext(path: str) -> tuple[str, str]:
 
 
 def expand_inputs(inputs: Sequence[str]) -> list[str]:
-  """Files named by paths, globs and directories (searched recursively), sorted; a Hugging Face dataset (hf.py)
-  stays one input."""
+  """Files named by paths, globs and directories (searched recursively), sorted; a Hugging Face dataset stays one."""
   files: list[str] = []
   for item in inputs:
     if hf.is_input(item):
@@ -135,8 +135,7 @@ def _blank(raw: bytes) -> bool:
 
 
 def _lines(path: str, comp: str, span: Span | None = None, blank: bool = False) -> Iterator[tuple[bytes, int]]:
-  """(line bytes, offset) pairs of the file or of its `span` (blank: paragraph mode); turns decompression failures
-  into DataError."""
+  """(line bytes, offset) pairs of the file or of its `span` (blank: paragraph mode); bad compression: DataError."""
   offset = span.start if span else 0
   lead = span is not None and span.start > 0  # lines starting at or before `start` belong to the part before
   try:
@@ -182,18 +181,11 @@ def _text_documents(path, comp, mode, policy, on_issue, span):
     yield Document(''.join(_decode(r, path, o, policy, on_issue) for r, o in _lines(path, comp)), path, 0)
     return
   # 'blank': paragraphs separated by one or more blank lines.
-  buf, start = [], 0
-  for raw, off in _lines(path, comp, span, blank=True):
-    line = _decode(raw, path, off, policy, on_issue)
-    if line.strip():
-      if not buf:
-        start = off
-      buf.append(line)
-    elif buf:
-      yield Document(''.join(buf).rstrip('\r\n'), path, start)
-      buf = []
-  if buf:
-    yield Document(''.join(buf).rstrip('\r\n'), path, start)
+  lines = ((_decode(raw, path, off, policy, on_issue), off) for raw, off in _lines(path, comp, span, blank=True))
+  for text, group in itertools.groupby(lines, key=lambda pair: bool(pair[0].strip())):
+    if text:
+      group = list(group)
+      yield Document(''.join(line for line, _ in group).rstrip('\r\n'), path, group[0][1])
 
 
 def _line_error(path: str, comp: str, span: Span | None, line: int, detail: str) -> errors.DataError:
@@ -257,8 +249,7 @@ def iter_documents(
   on_issue: Callable[[DecodeIssue], None] = lambda _: None,
   span: Span | None = None,
 ) -> Iterator[Document]:
-  """Documents of one file (or of its `span`), or of a Hugging Face dataset (hf.py), empty ones included (the
-  caller counts and skips them)."""
+  """Documents of one file (or of its `span`), or of a Hugging Face dataset (hf.py), empty ones included."""
   if hf.is_input(path):
     if span is not None:
       raise ValueError(f'{path}: a Hugging Face dataset is read whole, not in spans')

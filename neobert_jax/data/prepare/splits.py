@@ -123,15 +123,13 @@ def plan(
       elif comp in ('.zst', '.zstd'):
         spans = _zstd_spans(path, size, split_bytes)
       if spans is None and fmt:
-        why = _why_whole(path, fmt, comp, text_mode)
+        why = _why_whole(path, comp)
         print(f'prepare: warning: {path} ({size / 2**20:.0f} MiB) is read by one task: {why}', file=sys.stderr)
     units += [(path, s) for s in spans] if spans else [(path, None)]
   return units, sizes
 
 
-def _why_whole(path: str, fmt: str, comp: str, text_mode: str) -> str:
-  if fmt == 'text' and text_mode == 'file':
-    return '--text-mode=file makes the whole file one document'
+def _why_whole(path: str, comp: str) -> str:
   if comp == '.gz':
     return (
       'a gzip stream cannot be entered mid-file; split the file, or recompress it as zstd in frames '
