@@ -132,7 +132,7 @@ RULES = {
   'the offline side (data.prepare) does not import the online pipeline (data.pipeline)': lambda a, b: (
     _in(a, 'data.prepare') and _in(b, 'data.pipeline')
   ),
-  "data's shared base (shards, rollover, tokenizer, assets) imports neither data.prepare nor data.pipeline": (
+  "data's shared base (shards, tokenizer, assets) imports neither data.prepare nor data.pipeline": (
     lambda a, b: (
       _in(a, 'data') and not _in(a, 'data.prepare', 'data.pipeline') and _in(b, 'data.prepare', 'data.pipeline')
     )
