@@ -81,8 +81,7 @@ WANDB_MODES = ('online', 'offline', 'disabled')
 
 @dataclasses.dataclass(frozen=True)
 class Wandb:
-  """A Weights & Biases run for logging.wandb: each setting is the config's, else wandb's environment variable,
-  else the default; the run id is kept in WORKDIR/wandb/run_id, so a resumed run logs on into it."""
+  """A W&B run (logging.wandb); its id is kept in WORKDIR/wandb/run_id, so a resumed run logs on into it."""
 
   project: str
   name: str = ''
@@ -168,8 +167,7 @@ def _start_wandb(options: Wandb, local: Path) -> Any:
 
 
 class MetricsWriter:
-  """Scalars to metrics.jsonl (checkpoint/* to checkpoint_metrics.jsonl), TensorBoard and wandb, on
-  process 0; a bucket workdir writes a local mirror that `sync` uploads."""
+  """Scalars to metrics.jsonl, TensorBoard and wandb on process 0; a bucket workdir writes a mirror."""
 
   def __init__(
     self,
