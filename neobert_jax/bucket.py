@@ -123,9 +123,6 @@ class Timer:
     self.stop(say=exc[0] is None)
 
 
-_RETRIED_METHODS = ('_request', '_get_file_request', '_get_file_concurrent')
-
-
 def _budgeted(raw: Callable[..., Any]) -> Callable[..., Any]:
   """gcsfs's retried coroutine `raw` on the window's budget instead of its 6 tries; a 4xx is raised at once."""
   from gcsfs import retry as gcsfs_retry  # pylint: disable=g-import-not-at-top
@@ -161,7 +158,7 @@ def install() -> None:
     from gcsfs import core  # pylint: disable=g-import-not-at-top
   except ImportError:
     return
-  for name in _RETRIED_METHODS:
+  for name in ('_request', '_get_file_request', '_get_file_concurrent'):  # the methods gcsfs retries
     method = getattr(core.GCSFileSystem, name)
     if getattr(method, '_neobert_budget', False):
       continue

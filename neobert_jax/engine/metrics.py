@@ -73,8 +73,6 @@ def cpu_matmul_peak(dtype: Any) -> float:
 # step: checkpoint/* (save and upload seconds and retries of each checkpoint, engine/session.py).
 FILES = {'checkpoint': 'checkpoint_metrics.jsonl'}
 METRICS_FILE = 'metrics.jsonl'
-
-
 DEFAULT_WANDB_PROJECT = 'neobert-jax'
 WANDB_MODES = ('online', 'offline', 'disabled')
 
