@@ -1,7 +1,6 @@
 """What the bucket may cost a run: one retry budget (`window_s()` on a doubling backoff) for every client that
-touches gs://, gcsfs (`install`), tensorstore (`tensorstore_retries()`) and our own reads (`retry`), and the lines
-that say when the bucket struggles (docs/leases.md, "The bucket's retry budget"). Imports only errors: paths.py
-imports it."""
+touches gs:// (gcsfs, tensorstore, our own `retry`), and the lines that say when the bucket struggles
+(docs/leases.md, "The bucket's retry budget"). Imports only errors: paths.py imports it."""
 
 from __future__ import annotations
 
@@ -59,8 +58,7 @@ _down_since: float | None = None  # when a request last spent the whole window (
 
 
 def gave_up() -> None:
-  """After a failed window, requests are tried once, so a stopping job's last writes fail at once instead of
-  waiting out the window again; a request that succeeds ends this."""
+  """After a failed window requests are tried once (a stopping job fails fast) until one succeeds."""
   global _down_since
   _down_since = time.monotonic()
 
@@ -125,12 +123,8 @@ class Timer:
     self.stop(say=exc[0] is None)
 
 
-_RETRIED_METHODS = ('_request', '_get_file_request', '_get_file_concurrent')
-
-
 def _budgeted(raw: Callable[..., Any]) -> Callable[..., Any]:
-  """gcsfs's retried coroutine `raw` with the window in place of its 6 tries; what gcsfs retries is retried here
-  (5xx, 429, 408, dropped connections, timeouts), a 404 or another 4xx is raised at once."""
+  """gcsfs's retried coroutine `raw` on the window's budget instead of its 6 tries; a 4xx is raised at once."""
   from gcsfs import retry as gcsfs_retry  # pylint: disable=g-import-not-at-top
 
   async def call(*args: Any, **kwargs: Any) -> Any:
@@ -164,7 +158,7 @@ def install() -> None:
     from gcsfs import core  # pylint: disable=g-import-not-at-top
   except ImportError:
     return
-  for name in _RETRIED_METHODS:
+  for name in ('_request', '_get_file_request', '_get_file_concurrent'):  # the methods gcsfs retries
     method = getattr(core.GCSFileSystem, name)
     if getattr(method, '_neobert_budget', False):
       continue
@@ -191,8 +185,7 @@ def is_transient(error: BaseException) -> bool:
 
 
 def retry(call: Callable[[], T], what: str, window: float | None = None) -> T:
-  """call(), its transient errors retried on the budget's backoff for the retry window (or `window` seconds), each
-  retry counted; any other error, or the last one, is raised as it is."""
+  """call(), its transient errors retried on the budget's backoff for the window (or `window` s)."""
   start = time.monotonic()
   pauses = [] if _known_down() else delays(window)
   for tries in range(len(pauses) + 1):  # the last try returns or raises

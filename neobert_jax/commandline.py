@@ -37,8 +37,7 @@ class _Formatter(argparse.HelpFormatter):
 
 
 class Parser(argparse.ArgumentParser):
-  """An ArgumentParser under the convention; `doc`'s first paragraph is the description, and the usage line names
-  the command as it was invoked: the console script as typed (neobert-train), else `python -m module`."""
+  """An ArgumentParser under the convention: `doc`'s first paragraph describes it, the usage names it as typed."""
 
   def __init__(self, command: str = '', module: str = '', doc: str | None = None, **kwargs):
     self.command = command
@@ -83,8 +82,7 @@ class Parser(argparse.ArgumentParser):
 
 
 def configure_logging(level: int = logging.INFO) -> None:
-  """The log format of every training command, at `level` (a multi-host run passes WARNING to processes other
-  than 0). Orbax and Grain narrate every file they write at INFO through absl: its warnings and errors are kept."""
+  """Every training command's log format at `level`; absl (Orbax, Grain) only from WARNING."""
   logging.basicConfig(level=level, format='%(asctime)s %(levelname)s %(message)s', datefmt='%H:%M:%S', force=True)
   logging.getLogger('absl').setLevel(logging.WARNING)
 
@@ -99,8 +97,7 @@ def run_absl(
   fields_doc: str = '',
   renamed: Callable[[str], errors.ConfigError | None] | None = None,
 ) -> None:
-  """Parses sys.argv with `flag_values`, runs main(argv) under errors.reported and exits with its status;
-  `fields_doc` and `renamed` go into the line for an unknown override."""
+  """Parses sys.argv with `flag_values`, runs main(argv) under errors.reported, exits with its status."""
   from absl import flags  # pylint: disable=g-import-not-at-top
 
   debug = errors.take_debug_flag(sys.argv)  # before absl sees the line: --debug is not an absl flag here
@@ -153,8 +150,7 @@ def absl_help(command: str, module: str, doc: str | None, flag_values, required:
 
 
 def _parse_absl(flag_values, argv: list[str], fields_doc: str, renamed) -> list[str]:
-  """flag_values(argv), where a bad flag, override or config file is one ConfigError (absl's own report is two lines,
-  and an override of a missing field or a config file that does not load is a traceback)."""
+  """flag_values(argv), where a bad flag, override or config file is one ConfigError (not absl's tracebacks)."""
   from absl import flags  # pylint: disable=g-import-not-at-top
 
   try:

@@ -1,7 +1,6 @@
-"""Multi-process start-up: one call to `initialize()`, early, in every process. Sources, first match wins:
-NEOBERT_COORDINATOR / NEOBERT_NUM_PROCESSES / NEOBERT_PROCESS_ID; SLURM (one process per node or per GPU, from the
-task layout); a Cloud TPU VM; else a single process. A job must never hang because one process died: the heartbeat
-timeout is ours, and an uncaught exception ends the process at once instead of waiting out the shutdown barrier."""
+"""Multi-process start-up: one call to `initialize()`, early, in every process; the first source that matches wins:
+NEOBERT_* variables, SLURM (a process per node or per GPU), a Cloud TPU VM, else one process. No job hangs on a dead
+process: the heartbeat timeout is ours, and an uncaught exception exits at once, skipping the shutdown barrier."""
 
 from __future__ import annotations
 
@@ -99,8 +98,7 @@ def _fail_fast_excepthook(exc_type, exc, tb):
 
 
 def initialize(num_cpu_devices: int | None = None) -> DistributedInfo:
-  """Start jax.distributed if this is a multi-process job (safe to call twice), before anything touches a
-  backend; `num_cpu_devices` fakes that many CPU devices."""
+  """Starts jax.distributed for a multi-process job (idempotent), before any backend is touched."""
   global _INFO
   if _INFO is not None:
     return _INFO
@@ -173,11 +171,3 @@ def info() -> DistributedInfo:
 def is_primary() -> bool:
   """True on process 0, the only process that writes logs, metrics and exports."""
   return jax.process_index() == 0
-
-
-def shutdown() -> None:
-  """Graceful end of a multi-process job (also run automatically at exit by jax)."""
-  global _INFO
-  if jax.distributed.is_initialized():
-    jax.distributed.shutdown()
-  _INFO = None

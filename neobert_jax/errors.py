@@ -1,7 +1,6 @@
-"""The errors a user can fix, one class per kind, each with its own exit status, and `reported`, under which every
-command's main runs: an expected error is one line on stderr naming the problem and the fix (`--debug` shows the
-traceback). Imports nothing from the package. Each class derives from the builtin its raise sites used before; 1 is
-the convert command's historic status, 3-5 the trainer's "diverged" and the AOT verdicts, so the others start at 10."""
+"""The errors a user can fix: one class per kind, derived from the builtin its raise sites used before, with its own
+exit status (1: convert's historic one; 3-5: "diverged" and the AOT verdicts; the others from 10), and `reported`,
+under which every command runs: an expected error is one line on stderr (`--debug`: the traceback)."""
 
 from __future__ import annotations
 
@@ -11,8 +10,7 @@ import sys
 
 
 class NeobertError(Exception):
-  """An expected failure whose message names the problem and the fix; the CLI prints it as one line. Each kind
-  declares its exit status and the word the CLI prints before the message as class arguments."""
+  """An expected failure naming the problem and the fix; subclasses declare exit_status and kind."""
 
   exit_status = 1
   kind = 'error'
@@ -47,18 +45,15 @@ class StorageError(NeobertError, OSError, exit_status=13, kind='storage error'):
 
 
 class DownloadError(NeobertError, RuntimeError, exit_status=14, kind='download error'):
-  """A file fetched once per machine from the package registry (the bert-base-uncased vocabulary, the built-in
-  corpus, the evaluation data) that could not be had: the registry unreachable, or a package not as pinned."""
+  """A file fetched once per machine from the package registry that could not be had."""
 
 
 class InUseError(NeobertError, RuntimeError, exit_status=15, kind='in use'):
-  """A workdir or `prepare` output that another live job writes (its lease, neobert_jax/lease.py, names it), or
-  one whose lease this job lost to another."""
+  """A workdir or `prepare` output that another live job writes (neobert_jax/lease.py)."""
 
 
 class TrainingDiverged(FloatingPointError):
-  """The loss or gradient norm became NaN/inf under nan_policy 'stop'; the message names the last good checkpoint.
-  Not a user error of the kinds above: the commands exit with status 3 for it."""
+  """A non-finite loss or gradient under nan_policy 'stop' (the commands exit with status 3)."""
 
 
 ALL = tuple(NeobertError.__subclasses__())  # every kind, in the order above
@@ -86,8 +81,7 @@ def one_line(error: BaseException, first: bool = False, with_type: bool = False)
 
 @contextlib.contextmanager
 def reported(prog: str, debug: bool = False, also: dict[type[BaseException], type[NeobertError]] | None = None):
-  """Runs the body; an expected error (or a builtin that `also` maps to a class) becomes one line on stderr and
-  SystemExit(line) with the class's status. With debug it propagates."""
+  """Runs the body; an expected error becomes one line on stderr and SystemExit with its status."""
   try:
     yield
   except Exception as e:  # pylint: disable=broad-except

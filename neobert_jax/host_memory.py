@@ -14,11 +14,6 @@ TUNABLE = 'glibc.malloc.hugetlb'
 _THP_MODE = '/sys/kernel/mm/transparent_hugepage/enabled'
 
 
-def _glibc_at_least(major: int, minor: int) -> bool:
-  name, version = platform.libc_ver()
-  return name == 'glibc' and tuple(int(p) for p in version.split('.')[:2] if p.isdigit()) >= (major, minor)
-
-
 def _thp_mode() -> str:
   """The kernel's THP mode: the bracketed word of /sys/kernel/mm/transparent_hugepage/enabled, '' if unreadable."""
   try:
@@ -35,7 +30,9 @@ def wanted(environ: dict[str, str] | None = None) -> bool:
   environ = os.environ if environ is None else environ
   if environ.get(ENV_SWITCH, '1') == '0' or TUNABLE in environ.get('GLIBC_TUNABLES', ''):
     return False
-  return sys.platform == 'linux' and _glibc_at_least(2, 35) and _thp_mode() == 'madvise'
+  name, version = platform.libc_ver()
+  glibc = name == 'glibc' and tuple(int(p) for p in version.split('.')[:2] if p.isdigit()) >= (2, 35)
+  return sys.platform == 'linux' and glibc and _thp_mode() == 'madvise'
 
 
 def environment(environ: dict[str, str] | None = None) -> dict[str, str]:

@@ -34,14 +34,12 @@ def quiet_backend_probe() -> None:
 
 
 def slurm_coordinator_address(port: str | None) -> str:
-  """host:port of process 0 in a SLURM step, by jax's private node-list parser: its public SLURM detection also
-  pins each process to one GPU, wrong for a process per node."""
+  """host:port of SLURM process 0 by jax's private parser (its public detection pins one GPU per process)."""
   return slurm_cluster.SlurmCluster.get_coordinator_address(timeout_secs=None, override_coordinator_port=port)
 
 
 def num_tpu_chips() -> int:
-  """TPU chips on this machine's PCI bus, found without starting a backend (no public API does that: starting one
-  before jax.distributed.initialize would break the multi-host start-up)."""
+  """TPU chips on the PCI bus, without starting a backend (that would break jax.distributed.initialize)."""
   try:
     return int(hardware_utils.num_available_tpu_chips_and_device_id()[0])
   except OSError:  # an unreadable /sys entry (containers): not a TPU VM. A moved API still raises.
@@ -109,8 +107,7 @@ def cudnn_packed_flash_attention(
 
 
 def cudnn_assume_compute_capability(major_minor: str) -> None:
-  """For deviceless AOT only: the cuDNN checks ask the *default* backend (the CPU there) whether the GPU is
-  Hopper; answer for the compile target instead. Never called in a process that trains."""
+  """Deviceless AOT only: answer cuDNN's Hopper check for the compile target, not the default (CPU) backend."""
   mod = check_cudnn_packed()
   target = tuple(int(x) for x in major_minor.split('.'))
   mod.check_compute_capability = lambda capability: target >= tuple(int(x) for x in capability.split('.'))

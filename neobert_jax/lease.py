@@ -29,8 +29,7 @@ def timeout_s() -> float:
 
 
 def pid_alive(pid: int) -> bool:
-  """Whether process `pid` of this host exists (a pid taken again by another process reads as alive: the lease
-  then waits out its timeout, the safe side)."""
+  """Whether process `pid` of this host exists (a reused pid reads as alive: the safe side)."""
   try:
     os.kill(pid, 0)
   except ProcessLookupError:
@@ -114,8 +113,7 @@ class _Local:
     return tmp
 
   def create(self, text: str) -> Any:
-    """Whole or not at all: the content is written aside and linked in under the lease's name, which fails if
-    the name exists (O_EXCL's guarantee, without a moment where another job could read a lease still empty)."""
+    """Whole or not at all: written aside, then hard-linked in (fails if the name exists, never half-written)."""
     tmp = self._written(text)
     try:
       os.link(tmp, self.path)
@@ -332,8 +330,7 @@ class Lease:
 
 
 def acquire(directory: paths.PathLike, what: str, run_id: str = '', timeout: float | None = None) -> Lease:
-  """The lease on `directory` (`what`: the flag that named it), held until `release`; errors.InUseError when a live
-  job holds it, errors.StorageError when it cannot be written."""
+  """The lease on `directory` (`what`: its flag); InUseError when a live job holds it."""
   directory = paths.resolved(directory, what)
   created = paths.local(directory) and not directory.exists()
   try:

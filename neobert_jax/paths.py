@@ -1,7 +1,6 @@
-"""Where runs and data live: a local path or a gs:// URL, through one layer (etils.epath); every path a user gives
-goes through `resolve`. Object stores cannot rename or append: whole files go through `write_bytes`, multi-file
-outputs commit by a marker written last, growing streams through a local `Mirror`. `s3://` is refused: Orbax
-0.12.8's OCDBT layer cannot checkpoint there."""
+"""Where runs and data live: a local path or a gs:// URL through etils.epath, every user path through `resolve`.
+Object stores cannot rename or append: whole files go through `write_bytes`, multi-file outputs commit by a marker
+written last, growing streams through a local `Mirror`. `s3://` is refused: Orbax cannot checkpoint there."""
 
 from __future__ import annotations
 
@@ -49,8 +48,7 @@ def resolve(path: PathLike, what: str = 'path') -> epath.Path:
 
 
 def resolved(path: PathLike, what: str = 'path') -> epath.Path:
-  """`path` as resolve gives it; an epath.Path is taken as already resolved (a job resolves its workdir once and
-  hands the result down)."""
+  """`path` as resolve gives it; an epath.Path is taken as already resolved."""
   return path if isinstance(path, epath.Path) else resolve(path, what)
 
 
@@ -59,8 +57,7 @@ def local(path: epath.Path) -> bool:
 
 
 def write_bytes(path: epath.Path, data: bytes) -> None:
-  """All or nothing. Every file a job writes whole goes through here: matplotlib or numpy would take a gs:// URL
-  for a local file name."""
+  """All or nothing; every file a job writes whole goes through here (numpy would misread a gs:// URL)."""
   if local(path):
     tmp = path.with_name(f'.{path.name}.tmp-{os.getpid()}')
     tmp.write_bytes(data)
@@ -85,8 +82,7 @@ def append_line(path: epath.Path, line: str) -> None:
 
 
 def check_writable(directory: epath.Path, what: str) -> None:
-  """Creates `directory` if needed and writes and removes a probe object in it; StorageError (one line naming the
-  URL and the fix) when the bucket does not exist or refuses writes. Nothing already there is touched."""
+  """Creates `directory` if needed and writes a probe in it; StorageError (one line, the fix) when it cannot."""
   created = local(directory) and not directory.exists()
   probe = directory / f'.write-probe-{os.getpid()}'
   try:
@@ -127,8 +123,7 @@ def sha256(path: epath.Path) -> str:
 
 
 def copy(src: epath.Path, dst: epath.Path) -> None:
-  """One file, any direction (local <-> bucket), in chunks; a local destination's folder is made first (a bucket
-  has no folders)."""
+  """One file, any direction (local <-> bucket), in chunks."""
   if local(dst):
     dst.parent.mkdir(parents=True, exist_ok=True)
   with src.open('rb') as fin, dst.open('wb') as fout:
@@ -136,8 +131,7 @@ def copy(src: epath.Path, dst: epath.Path) -> None:
 
 
 def publish_dir(local_dir: PathLike, remote: epath.Path, marker: str) -> None:
-  """Uploads `local_dir` to the bucket directory `remote` with `marker` last (an earlier one loses its marker
-  first), so a reader never takes a half-uploaded directory for a finished one."""
+  """Uploads `local_dir` to `remote` with `marker` last, so no reader takes a half upload for a finished one."""
   local_dir = LocalPath(local_dir)
   files = sorted(p.relative_to(local_dir).as_posix() for p in local_dir.rglob('*') if p.is_file())
   if marker not in files:
@@ -187,8 +181,7 @@ def local_copy(source: PathLike, marker: str | None = None) -> LocalPath:
 
 
 class Mirror:
-  """A local directory standing in for `remote` (append-only streams); on a bucket `sync` uploads what changed and
-  `pull` downloads what is there (a resumed run appends to its history)."""
+  """A local directory standing in for `remote`; on a bucket `sync` uploads it and `pull` fetches it."""
 
   def __init__(self, remote: epath.Path, cache: PathLike):
     self.remote = remote

@@ -35,8 +35,7 @@ class DataPosition(Protocol):
 def make_manager(
   workdir: str | os.PathLike, keep: int = 3, async_save: bool = True, on_saved: Callable[[], None] | None = None
 ) -> ocp.CheckpointManager:
-  """The run's manager; `on_saved()` runs in Orbax's thread when a background save has committed.
-  Directories are created in the calling thread, so a bucket that stays down fails the save there, as one line."""
+  """The run's manager; on_saved() runs in Orbax's thread once a background save has committed."""
   directory = paths.resolved(workdir, '--workdir') / runs.CHECKPOINT_SUBDIR
   runs.use_bucket_budget()
   options = ocp.CheckpointManagerOptions(
@@ -63,8 +62,7 @@ def save(
   with_optimizer: bool = True,
   last_good: int | None = None,
 ) -> None:
-  """Starts saving `state` as `step` (in the background when async). The data position is captured now, so it
-  matches the saved parameters; without the optimizer a step holds params and config only (not resumable)."""
+  """Starts saving `state` as `step`; the data position is captured now, with the parameters."""
   args = {runs.PARAMS_ITEM: ocp.args.StandardSave(nnx.to_pure_dict(state['params']))}
   if with_optimizer:
     args[runs.OPT_ITEM] = ocp.args.StandardSave(state['opt'])
@@ -164,8 +162,7 @@ def _leaves(tree: Any) -> dict[str, Any]:
 def _check_fits(
   directory: paths.Path, step: int, abstract: TrainState, items: tuple[str, ...] = (), fix: str = ''
 ) -> None:
-  """errors.ConfigError when the saved structure or shapes of `items` (default: params and opt) differ
-  from `abstract`'s; reads only metadata, on this process alone (no cross-process barrier)."""
+  """errors.ConfigError when the saved `items` (default: params, opt) do not fit `abstract`; metadata only."""
   root = runs.step_dir(directory, step)
   for item in items or (runs.PARAMS_ITEM, runs.OPT_ITEM):
     handler = ocp.StandardCheckpointHandler()
@@ -236,14 +233,9 @@ def restore_stage(
         f'init.keep_optimizer=True: step {step} in {directory} holds no optimizer state (a fine-tuning run keeps '
         'none); set init.keep_optimizer=False to start the optimizer afresh'
       )
-    _check_fits(
-      directory,
-      step,
-      abstract,
-      (runs.OPT_ITEM,),
-      'its optimizer state does not fit the one this config builds (clipping switched on or off?); set '
-      'init.keep_optimizer=False to start the optimizer afresh',
-    )
+    fix = 'its optimizer state does not fit the one this config builds (clipping switched on or off?); set '
+    fix += 'init.keep_optimizer=False to start the optimizer afresh'
+    _check_fits(directory, step, abstract, (runs.OPT_ITEM,), fix)
     opt = _read(lambda: runs.restore_opt_tree(directory, step, abstract['opt']), step, directory)
   if data and position is not None:
     position.restore(runs.step_dir(directory, step) / runs.DATA_ITEM, step)

@@ -73,16 +73,13 @@ def cpu_matmul_peak(dtype: Any) -> float:
 # step: checkpoint/* (save and upload seconds and retries of each checkpoint, engine/session.py).
 FILES = {'checkpoint': 'checkpoint_metrics.jsonl'}
 METRICS_FILE = 'metrics.jsonl'
-
-
 DEFAULT_WANDB_PROJECT = 'neobert-jax'
 WANDB_MODES = ('online', 'offline', 'disabled')
 
 
 @dataclasses.dataclass(frozen=True)
 class Wandb:
-  """A Weights & Biases run for logging.wandb: each setting is the config's, else wandb's environment variable,
-  else the default; the run id is kept in WORKDIR/wandb/run_id, so a resumed run logs on into it."""
+  """A W&B run (logging.wandb); its id is kept in WORKDIR/wandb/run_id, so a resumed run logs on into it."""
 
   project: str
   name: str = ''
@@ -168,8 +165,7 @@ def _start_wandb(options: Wandb, local: Path) -> Any:
 
 
 class MetricsWriter:
-  """Scalars to metrics.jsonl (checkpoint/* to checkpoint_metrics.jsonl), TensorBoard and wandb, on
-  process 0; a bucket workdir writes a local mirror that `sync` uploads."""
+  """Scalars to metrics.jsonl, TensorBoard and wandb on process 0; a bucket workdir writes a mirror."""
 
   def __init__(
     self,

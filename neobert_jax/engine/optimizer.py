@@ -35,8 +35,7 @@ DECAYS = {
 
 
 def lr_values(opt_cfg: ml_collections.ConfigDict, num_steps: int, steps: np.ndarray) -> np.ndarray:
-  """The learning rate of the update made at each of `steps` (0 = the first update), float64; every decay reaches
-  the floor at the run's last update (step num_steps - 1) and stays there."""
+  """The float64 learning rate of the update at each of `steps`; every decay floors at the last update."""
   peak, floor = opt_cfg.peak_lr, opt_cfg.peak_lr * opt_cfg.final_lr_fraction
   warmup, start = opt_cfg.warmup_steps, opt_cfg.warmup_init_fraction
   t = np.asarray(steps, np.float64)
@@ -58,18 +57,14 @@ def lr_values(opt_cfg: ml_collections.ConfigDict, num_steps: int, steps: np.ndar
   return np.where(t < warmup, warm, np.where(t < end, cos, floor))
 
 
-def last_change(opt_cfg: ml_collections.ConfigDict, num_steps: int) -> int:
-  """The step from which the rate never changes again: the table's length minus one."""
-  if opt_cfg.schedule == 'cosine':
-    return floor_step(opt_cfg, num_steps)
-  if opt_cfg.schedule == 'constant':
-    return opt_cfg.warmup_steps
-  return max(num_steps - 1, opt_cfg.warmup_steps)
-
-
 def lr_schedule(opt_cfg: ml_collections.ConfigDict, num_steps: int) -> optax.Schedule:
-  """optax schedule: the float32-rounded lr_values, looked up by step (the last entry from last_change on)."""
-  end = last_change(opt_cfg, num_steps)
+  """optax schedule: the float32-rounded lr_values, looked up by step (the last entry from `end` on)."""
+  if opt_cfg.schedule == 'cosine':  # end: the step from which the rate never changes again
+    end = floor_step(opt_cfg, num_steps)
+  elif opt_cfg.schedule == 'constant':
+    end = opt_cfg.warmup_steps
+  else:
+    end = max(num_steps - 1, opt_cfg.warmup_steps)
   if opt_cfg.schedule == 'cosine' and opt_cfg.decay_steps > 0 and end <= opt_cfg.warmup_steps:
     raise ValueError(
       f'optimizer.decay_steps={end} is an absolute step and must exceed '

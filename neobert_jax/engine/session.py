@@ -1,12 +1,5 @@
-"""A training session: one command's time in a workdir, assembled in one place (shaped after levanter's Trainer).
-
-  with TrainingSession(workdir, cfg, ...) as session:
-    start = session.restore_or_init(...)      # a checkpoint of this workdir, an init source, or fresh
-    result = session.trainer(step, start, batches, TrainerOptions(...)).train()
-    session.save_final(result)
-
-The session closes everything it opened in reverse order through one ExitStack; a clean exit first waits for the
-saves still in flight."""
+"""A training session: one command's time in a workdir, assembled in one place (docs/architecture.md). It closes
+everything it opened in reverse order through one ExitStack; a clean exit first waits for the saves in flight."""
 
 from __future__ import annotations
 
@@ -49,8 +42,7 @@ def check_workdir(workdir: paths.Path, writable: bool = True) -> None:
 
 @contextlib.contextmanager
 def claim(workdir: str | Path, run_id: str = '') -> Iterator[lease_lib.Lease | None]:
-  """The workdir's lease for the whole job, held by process 0 (None on the others); every process learns whether it
-  was taken, so a refused job stops everywhere with one line instead of hanging at the first collective."""
+  """The workdir's lease, held by process 0; a refusal stops every process with one line, no hang."""
   workdir = paths.resolved(workdir, '--workdir')
   check_workdir(workdir, writable=False)  # the one line for a workdir that is a file
   held, refused = None, None
@@ -86,8 +78,7 @@ class Start:
 
 
 class TrainingSession:
-  """One session of training in `workdir`: `cfg` (resolved) and `data_position` go into every checkpoint, and `lease`
-  is checked before every save."""
+  """One session of training in `workdir`; `lease` is checked before every save."""
 
   def __init__(
     self,
@@ -194,8 +185,7 @@ class TrainingSession:
     keep_optimizer: bool = False,
     continue_data: bool = False,
   ) -> Start:
-    """The run's starting state: this workdir's newest checkpoint (with `resume`), else `create()` with parameters from
-    `source()`, opened only then (from a run, its optimizer state and data position on request), else `create()`."""
+    """This workdir's newest checkpoint (with `resume`), else create() with `source()`'s weights if any."""
     if resume:
       defs, target = abstract()
       restored = ckpt.restore_latest(self.mngr, target, self.data_position)
@@ -209,7 +199,7 @@ class TrainingSession:
     defs, state = create()
     if src is None:
       return Start(0, defs, state, False, 'fresh parameters')
-    state = state_lib.with_params(defs, state, place(src, state['params']))
+    state = state_lib.with_params(defs, place(src, state['params']))
     origin = src.where + (f' step {src.step}' if src.step is not None else '')
     log.info('initialised parameters from %s', origin)
     if src.kind == 'run' and (keep_optimizer or continue_data):

@@ -30,8 +30,7 @@ class StateDefs:
 
 
 def _optimizer(model: nnx.Module, tx: optax.GradientTransformation) -> nnx.Optimizer:
-  """nnx.Optimizer over the model's Params; the optax.MaskedNode placeholders a partition keeps (Muon) come back
-  wrapped in an empty Param from nnx, so they are unwrapped as optax's update leaves them."""
+  """nnx.Optimizer over the model's Params; Muon's optax.MaskedNode placeholders are unwrapped from nnx's Param."""
 
   def init(params: Any) -> Any:
     hollow = lambda x: isinstance(x, nnx.Variable) and isinstance(x.get_value(), optax.MaskedNode)
@@ -98,19 +97,17 @@ def with_ema(defs: StateDefs, state: TrainState) -> TrainState:
   return {**state, 'ema': copy}
 
 
-def with_params(defs: StateDefs, state: TrainState, params: Any) -> TrainState:
+def with_params(defs: StateDefs, params: Any) -> TrainState:
   """A TrainState of the given parameters (loaded weights) and a fresh optimizer (and EMA, if any) around them."""
   with shd.activate(jax.tree.leaves(defs.shardings)[0].mesh):
     fresh_opt = lambda p: nnx.split(_optimizer(nnx.merge(defs.model_def, p), defs.tx))[1]
     params = jax.device_put(params, defs.shardings['params'])
     opt = jax.jit(fresh_opt, out_shardings=defs.shardings['opt'])(params)
-  del state  # donated conceptually: the old arrays are no longer referenced by the caller's new state
   return with_ema(defs, {'params': params, 'opt': opt})
 
 
 def restart_schedule(opt: Any) -> Any:
-  """An optimizer state whose schedule starts again at step 0: every counter that feeds a schedule is zeroed,
-  AdamW's moments and their bias-correction count are kept (init.keep_optimizer)."""
+  """`opt` with every schedule counter zeroed; AdamW's moments and their count kept (init.keep_optimizer)."""
   leaves = jax.tree_util.tree_flatten_with_path(opt)[0]
   keys = [path_key(p) for p, _ in leaves]
   moments = {k.rsplit('.mu.', 1)[0] for k in keys if '.mu.' in k}

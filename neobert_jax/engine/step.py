@@ -1,7 +1,6 @@
 """The one jitted train step: summed loss -> token-weighted gradients -> optimizer update, non-finite rollback.
-Micro-batch sums are divided by the total count at the end (not by A), so 4 micro-batches of 8 rows give exactly the
-gradient of one batch of 32; over the 'data' axes each replica scans its own rows under a shard_map and one psum
-follows, so the gradient crosses the DCN once per step."""
+Micro-batch sums are divided by the total count at the end (not by A), so accumulation is exact; each 'data'
+replica scans its own rows under a shard_map and one psum follows, so the gradient crosses the DCN once per step."""
 
 from __future__ import annotations
 
@@ -28,8 +27,7 @@ def micro_batch_sharding(mesh: jax.sharding.Mesh) -> NamedSharding:
 
 @dataclasses.dataclass(frozen=True)
 class StepOptions:
-  """How a task's step differs: accumulation over [A, M, ...] batches, dropping non-finite updates in the step,
-  reporting the loss's count as `weight_name`, metrics from the batch, and the EMA decay."""
+  """How a task's step differs: accumulation, non-finite skipping, weight name, batch metrics, EMA decay."""
 
   micro_batched: bool
   skip_nonfinite: bool
@@ -39,8 +37,7 @@ class StepOptions:
 
 
 def train_step_fn(defs: StateDefs, loss_sums: LossSums, options: StepOptions) -> Callable:
-  """The un-jitted step (state, batch, key) -> (new_state, metrics); jit_train_step jits it. A state with an 'ema'
-  moves it towards the updated parameters: ema <- ema_decay x ema + (1 - ema_decay) x params, in float32."""
+  """The un-jitted step (state, batch, key) -> (new_state, metrics); an 'ema' follows in float32."""
   ema_decay = options.ema_decay
   param_shardings = defs.shardings['params']
   # Batch axes holding whole copies of the weights ('data'): gradients are summed over them once per step.
@@ -75,8 +72,7 @@ def train_step_fn(defs: StateDefs, loss_sums: LossSums, options: StepOptions) ->
     return (loss_sum, (weight, sums)), grads
 
   def accumulate_per_replica(params: Any, batch: dict[str, jax.Array], key: Any):
-    """Each replica accumulates its own rows' gradients, unreduced over the replica axes; one psum follows, so
-    the gradient crosses them once per step while FSDP still reduce-scatters each micro-batch's gradient."""
+    """Each replica accumulates its own rows' gradients unreduced; one psum follows, once per step."""
     if key is not None:  # each replica draws its own dropout for its own rows
       key = jax.random.fold_in(key, jax.lax.axis_index(replicas))
     return jax.lax.psum(accumulate(params, batch, key), replicas)

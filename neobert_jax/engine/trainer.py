@@ -25,9 +25,8 @@ _LATEST = ('param_norm', 'learning_rate')
 
 @dataclasses.dataclass(frozen=True)
 class LogOptions:
-  """What a task tells the Logger: nan_policy 'stop' (TrainingDiverged, with `diverged_hint`) or 'skip';
-  flops_per_token and peak_flops (all devices) for MFU; check(step, host metrics) on every step, reading the
-  unlogged check_keys; counts(done) adds host figures to each log line."""
+  """What a task tells the Logger: nan_policy 'stop' or 'skip', FLOPs for MFU, check(step, host metrics) on
+  every step (reading the unlogged check_keys), counts(done) for host figures in each log line."""
 
   nan_policy: str = 'stop'
   diverged_hint: str = ''
@@ -39,8 +38,7 @@ class LogOptions:
 
 
 class Logger:
-  """Per-step device metrics, turned into host scalars every few steps (one device sync); hooks write through it
-  (`evaluated`). `last_good()` names the newest good checkpoint when a step diverges."""
+  """Per-step device metrics turned into host scalars every few steps (one device sync); hooks write here."""
 
   def __init__(self, writer: MetricsWriter, pbar: Any, options: LogOptions, last_good: Callable[[], str]):
     self.writer, self.pbar, self.options, self.last_good = writer, pbar, options, last_good
@@ -122,9 +120,8 @@ class Logger:
 
 
 class Preemption:
-  """Decides when to stop for SIGTERM so that every process stops, and saves, after the same step (one that saved
-  alone would wait forever in its barrier). With jax's preemption service `reached_preemption(step)` agrees (no Python
-  handler is installed: it would replace jax's notifier); without it the flag is all-gathered every `agree_every`."""
+  """Stops for SIGTERM after the same step in every process (one that saved alone would wait in its barrier):
+  jax's preemption service agrees when on (a Python handler would replace its notifier), else an all-gather."""
 
   def __init__(self, mngr: Any, agree_every: int):
     self._mngr, self._agree_every = mngr, max(1, agree_every)
@@ -168,9 +165,8 @@ class Hook:
 
 @dataclasses.dataclass(frozen=True)
 class TrainerOptions:
-  """What a task asks of the loop: hooks (then the checkpoint hook every `checkpoint_every`),
-  `preemption` (agreed SIGTERM stop), `profile` = (first step, steps; first < 0: none), `last_good()` for the
-  divergence message (None: the session's), `on_step(done)` after every step (tests simulate crashes with it)."""
+  """What a task asks of the loop: hooks, checkpoint_every, agreed SIGTERM stop, `profile` = (first step, steps;
+  first < 0: none), last_good() for the divergence message, on_step(done) after every step (tests crash with it)."""
 
   num_steps: int
   log_every: int = 1
@@ -195,22 +191,18 @@ class TrainResult:
   throughput: tuple[float, ...]
 
 
+@dataclasses.dataclass(eq=False)
 class Trainer:
   """Runs `step(state, batch[, key])` over `batches` ((batch, real tokens[, key])) up to options.num_steps."""
 
-  def __init__(
-    self,
-    step: Callable,
-    state: Any,
-    batches: Iterator[tuple],
-    start: int,
-    options: TrainerOptions,
-    logger: Logger,
-    preemption: Preemption | None = None,
-    profile_dir: Callable[[], Path] | None = None,
-  ):
-    self.step, self.state, self.batches, self.start, self.options = step, state, batches, start, options
-    self.logger, self.preemption, self.profile_dir = logger, preemption, profile_dir
+  step: Callable
+  state: Any
+  batches: Iterator[tuple]
+  start: int
+  options: TrainerOptions
+  logger: Logger
+  preemption: Preemption | None = None
+  profile_dir: Callable[[], Path] | None = None
 
   def train(self) -> TrainResult:
     """Trains to num_steps or a preemption stop; a step that compiles (a new batch shape) is not timed."""

@@ -2,9 +2,7 @@
 
   python -m neobert_jax.finetune --config=configs/finetune_classification.py --workdir=W [--config.x.y=v ...]
 
-The config's `task` field picks classification (also regression) or contrastive. Bad input (config, files, columns,
-labels, a checkpoint of another vocabulary) is one line naming the problem and the fix, with its class's exit
-status (neobert_jax/errors.py), having written nothing; a non-finite loss exits with status 3.
+The config's `task` field picks classification (also regression) or contrastive; exit statuses as train's.
 """
 
 from __future__ import annotations

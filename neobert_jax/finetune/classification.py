@@ -79,20 +79,6 @@ def encode_labels(spec: LabelSpec, values: Sequence[Any], where: str) -> np.ndar
   return np.asarray([index[k] for k in keys], np.int32)
 
 
-def check_same_labels(spec: LabelSpec, val_values: Sequence[Any], where: str) -> None:
-  """A validation set whose label set differs from training's means the two files do not describe one task."""
-  if spec.kind == 'regression':
-    return
-  val = {str(int(v)) if _is_number(v) and float(v).is_integer() else str(v) for v in val_values}
-  train = set(spec.names)
-  if val != train:
-    raise DataError(
-      f'{where}: validation labels {sorted(val)} differ from training labels {sorted(train)} '
-      f'(only in validation: {sorted(val - train)}, only in training: {sorted(train - val)}); '
-      'use files of the same task, or drop data.validation_file to hold out part of the train file'
-    )
-
-
 def load_labels(workdir: str | Path) -> LabelSpec:
   return LabelSpec.from_json(json.loads((paths.resolved(workdir) / LABELS_FILE).read_text()))
 
@@ -177,7 +163,15 @@ class ClassificationTask:
     if d.validation_file:  # (table, rows, file) of the training and the validation examples
       val = tables.read_table(d.validation_file, d.format)
       tables.require_columns(val, d.validation_file, fields)
-      check_same_labels(self.spec, val[d.label_field], d.validation_file)
+      # A validation label set that differs from training's: the two files do not describe one task.
+      seen = {str(int(v)) if _is_number(v) and float(v).is_integer() else str(v) for v in val[d.label_field]}
+      known = set(self.spec.names)
+      if self.spec.kind == 'classification' and seen != known:
+        raise DataError(
+          f'{d.validation_file}: validation labels {sorted(seen)} differ from training labels {sorted(known)} '
+          f'(only in validation: {sorted(seen - known)}, only in training: {sorted(known - seen)}); '
+          'use files of the same task, or drop data.validation_file to hold out part of the train file'
+        )
       splits = (train, np.arange(n), d.train_file), (val, np.arange(len(val[d.label_field])), d.validation_file)
     else:
       strata = train[d.label_field] if self.spec.kind == 'classification' else None

@@ -55,10 +55,8 @@ def export_classifier(
     state[f'{name}.weight'] = np.asarray(flat[f'{name}.kernel']).T
     state[f'{name}.bias'] = np.asarray(flat[f'{name}.bias'])
   state = {k: np.ascontiguousarray(v.astype(np.float32)) for k, v in state.items()}
-  config = hf.hf_config_dict(model_cfg)
-  config['architectures'] = ['NeoBERTForSequenceClassification']
-  config['classifier_dropout'] = float(dropout)
-  config['classifier_pooling'] = pooling
+  config = {**hf.hf_config_dict(model_cfg), 'architectures': ['NeoBERTForSequenceClassification']}
+  config.update(classifier_dropout=float(dropout), classifier_pooling=pooling)
   if label_spec.kind == 'regression':
     config.update(num_labels=1, problem_type='regression', id2label={0: 'LABEL_0'}, label2id={'LABEL_0': 0})
   else:
@@ -90,8 +88,7 @@ def export_sentence_transformer(
     k[len(hf.HF_PREFIX) :]: np.ascontiguousarray(v.astype(np.float32))
     for k, v in encoder_state_dict(flat, model_cfg).items()
   }
-  config = hf.hf_config_dict(model_cfg)
-  config['architectures'] = ['NeoBERTModel']
+  config = {**hf.hf_config_dict(model_cfg), 'architectures': ['NeoBERTModel']}
   modules = [
     {'idx': 0, 'name': '0', 'path': '', 'type': 'sentence_transformers.models.Transformer'},
     {'idx': 1, 'name': '1', 'path': '1_Pooling', 'type': 'sentence_transformers.models.Pooling'},

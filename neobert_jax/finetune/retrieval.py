@@ -1,6 +1,5 @@
-"""The contrastive task: (query, positive[, hard negative]) rows -> InfoNCE training and retrieval validation.
-Queries get their dataset's instruction (or data.query_prefix) in front, documents data.document_prefix, as the
-paper's MTEB recipe does. A batch's texts are padded to one bucket length, so the step compiles once per bucket."""
+"""The contrastive task: (query, positive[, hard negative]) rows -> InfoNCE training and retrieval validation, with
+the paper's MTEB prefixes; a batch's texts are padded to one bucket length, so the step compiles once per bucket."""
 
 from __future__ import annotations
 
@@ -35,12 +34,9 @@ def info_nce(
   negative_weights: jax.Array | None = None,
   reduction: str = 'mean',
 ) -> tuple[jax.Array, jax.Array]:
-  """InfoNCE with in-batch negatives over the whole data-parallel batch (NeoBERT's SupConLoss): (loss, number of
-  correctly retrieved queries) for [B, D] queries / positives and optional [N, D] negatives. Each query is scored by
-  cosine similarity / temperature against every positive of the GLOBAL batch plus every hard negative, its own
-  positive the target; the documents are pinned replicated, so XLA all-gathers them once and each device scores its
-  own queries exactly as a single device would. weights [B]: 1 for real rows, 0 for padding (neither queries nor
-  candidates); 'mean' averages over real queries, 'sum' adds them up (the original trainer's reduction)."""
+  """InfoNCE with in-batch negatives over the whole data-parallel batch (NeoBERT's SupConLoss): (loss, queries
+  retrieved) for [B, D] queries / positives and optional [N, D] negatives; documents pinned replicated (one all-gather),
+  weights [B] 0 for padding rows; 'mean' averages over real queries, 'sum' adds them (the original's reduction)."""
   docs, doc_w = positives, weights
   if negatives is not None:
     docs = jnp.concatenate([positives, negatives], axis=0)

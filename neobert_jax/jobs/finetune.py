@@ -1,6 +1,5 @@
-"""The fine-tuning job, `python -m neobert_jax.finetune`'s, and its GLUE grid sweep (`... .finetune.sweep`): the
-workdir's lease, the checks before anything is written, training that keeps the best evaluated step, its results
-and export. The files a run writes are listed in docs/downstream.md."""
+"""The fine-tuning job (`python -m neobert_jax.finetune`) and its GLUE grid sweep: lease, checks before anything is
+written, training that keeps the best evaluated step, results and export (the files: docs/downstream.md)."""
 
 from __future__ import annotations
 
@@ -41,8 +40,7 @@ SUMMARY_FILE = 'sweep.json'
 
 
 def prepare_finetuning(cfg: ml_collections.ConfigDict, workdir: Path):
-  """(the run's config, validated, resolved once and frozen; the weights' source; tokenizer; task): every check
-  that needs no device work, nothing written."""
+  """(config resolved and frozen, weights' source, tokenizer, task): every check before device work."""
   cfg = finetune_config.validate_finetune(cfg)  # typed by the schema: nothing past here casts a config value
   session_lib.check_workdir(workdir)
   if (workdir / RESULTS_FILE).exists() or (workdir / runs.CHECKPOINT_SUBDIR).exists():
@@ -99,8 +97,7 @@ def _existing_run(cfg: ml_collections.ConfigDict, workdir: Path) -> str:
 
 
 def jit_step(defs: Any, mesh: Any, loss: Any, keys: list[str]) -> Any:
-  """The jitted (state, batch, dropout key) -> (state, metrics) of a task: the engine's step on whole batches
-  (rows split over data x fsdp), committing nothing non-finite unseen (the loop stops at its next flush)."""
+  """The jitted (state, batch, dropout key) -> (state, metrics) of a task, on whole batches."""
   data = batching.row_sharding(mesh)
   return engine_step.jit_train_step(
     defs,
@@ -125,8 +122,7 @@ def batches(task: Any, mesh: Any):
 
 
 class Evaluations:
-  """The evaluation hook: scores the validation split, keeps every result and saves the best step's parameters
-  (a fine-tuning workdir keeps only its best evaluation, which its export reads)."""
+  """The evaluation hook: scores the validation split and saves the best step's parameters."""
 
   def __init__(self, session: session_lib.TrainingSession, task: Any, defs: Any, mesh: Any):
     self.session, self.task, self.mesh = session, task, mesh

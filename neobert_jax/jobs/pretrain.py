@@ -1,6 +1,5 @@
-"""The pretraining job, `python -m neobert_jax.train`'s: the workdir's lease, training (train/pretraining.py), then the
-Hugging Face export (convert/), the report (train/report.py) and the export's model card; it joins train/ and
-convert/, which do not import each other, so it lives above both."""
+"""The pretraining job (`python -m neobert_jax.train`): lease, training, export, report and model card. It joins
+train/ and convert/, which do not import each other, so it lives above both."""
 
 from __future__ import annotations
 
@@ -30,8 +29,7 @@ def export(cfg: ml_collections.ConfigDict, workdir: str | Path) -> Path:
 def pretrain(
   cfg: ml_collections.ConfigDict, workdir: str | Path, on_step: Callable[[int], None] | None = None
 ) -> pretraining.RunResult:
-  """The job under the workdir's lease, taken first: train, then (process 0, unless preempted) the export, the report
-  and the export's model card. Re-running a finished run trains nothing and only exports (and reports) again."""
+  """Under the workdir's lease: train, then (process 0, unless preempted) export, report, model card."""
   workdir = paths.resolve(workdir, '--workdir')  # the one resolution of the job's workdir
   with session.claim(workdir, cfg.run_id) as lease:
     result = pretraining.train(cfg, workdir, lease, on_step)

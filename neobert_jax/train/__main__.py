@@ -2,13 +2,8 @@
 
   python -m neobert_jax.train --config=configs/neobert_250m.py --workdir=runs/x [--config.section.field=value ...]
 
-Re-running the same command resumes from the latest complete checkpoint in the workdir. SIGTERM saves a checkpoint
-and exits with status 0; a non-finite loss exits with status 3 naming the last good checkpoint. An expected error
-(config, data, checkpoint, export, distributed: neobert_jax/errors.py) is one line on stderr with its own exit
-status; --debug shows the traceback instead. `neobert-train` and the repository's train.py run this same `run()`.
-
-This module holds only the flags; the job is neobert_jax/jobs/pretrain.py, imported when it runs, so that `--help`
-and a bad flag do not pay for jax.
+Exit statuses: docs/fault-matrix.md. This module holds only the flags; the job (jobs/pretrain.py) is imported when
+it runs, so that `--help` and a bad flag do not pay for jax.
 """
 
 from __future__ import annotations

@@ -20,22 +20,13 @@ _CHUNK = 256
 
 
 def unigram(train: list[np.ndarray], held_out: list[np.ndarray], special_ids, vocab: int) -> dict[str, float]:
-  """{'held_out': entropy of the held-out split's frequencies, 'train': cross-entropy under the training split's
-  frequencies (add-one smoothed)}, in nats, over the non-special tokens (the only ones masking picks)."""
+  """{'held_out': the held-out entropy, 'train': add-one cross-entropy of train}, in nats, specials excluded."""
   special = np.asarray(sorted(special_ids))
   ev, tr = (x[~np.isin(x, special)] for x in (np.concatenate(held_out), np.concatenate(train)))
   p = np.bincount(ev, minlength=vocab).astype(np.float64) / ev.size
   entropy = float(-(p[p > 0] * np.log(p[p > 0])).sum())
   q = (np.bincount(tr, minlength=vocab).astype(np.float64) + 1.0) / (tr.size + vocab)
   return {'held_out': entropy, 'train': float(-np.log(q[ev]).mean())}
-
-
-def bigram_counts(docs: list[np.ndarray], vocab: int) -> scipy.sparse.csr_matrix:
-  """C[a, b] = how often token b follows token a inside a document (specials included: [CLS] starts each)."""
-  left = np.concatenate([d[:-1] for d in docs if d.size > 1]).astype(np.int64)
-  right = np.concatenate([d[1:] for d in docs if d.size > 1]).astype(np.int64)
-  ones = np.ones(left.size, np.float64)
-  return scipy.sparse.csr_matrix((ones, (left, right)), shape=(vocab, vocab))  # duplicates are summed
 
 
 def _held_out_triples(docs: list[np.ndarray], is_special: np.ndarray) -> tuple[np.ndarray, ...]:
@@ -62,7 +53,10 @@ def neighbours(
   """{'loss', 'accuracy', 'k'}: the neighbour-count predictor's expected held-out MLM figures at `mask_rate`, best k."""
   is_special = np.zeros(vocab, bool)
   is_special[list(special_ids)] = True
-  counts = bigram_counts(train, vocab)
+  # counts[a, b]: how often token b follows token a inside a document (specials too; duplicates are summed)
+  pairs = [d for d in train if d.size > 1]
+  before, after = (np.concatenate([d[s] for d in pairs]).astype(np.int64) for s in (np.s_[:-1], np.s_[1:]))
+  counts = scipy.sparse.csr_matrix((np.ones(before.size, np.float64), (before, after)), shape=(vocab, vocab))
   by_right = counts.T.tocsr()  # row r: how often r follows each x
   follows = np.asarray(counts.sum(axis=1)).ravel()  # how often each token has a right neighbour
   tr = np.concatenate(train)
@@ -92,8 +86,7 @@ def _case_sums(logp: np.ndarray, rows: np.ndarray, token: np.ndarray, weight: np
 
 
 def _expected_scores(counts, by_right, follows, uni, is_special, left, token, right, p_left, p_right, k):
-  """Sums over the four visibility cases. The cases with a hidden neighbour depend on one neighbour (or none), so
-  they are scored once per distinct neighbour; only 'both visible' is scored per position, in chunks."""
+  """Sums over the four visibility cases; only 'both visible' is scored per position (in chunks)."""
   vocab = uni.size
   candidate = ~is_special
   prior = np.where(candidate, (uni + k) / (uni.sum() + k * vocab), 0.0)

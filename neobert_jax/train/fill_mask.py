@@ -22,9 +22,8 @@ def _blanked(tok: Any, ids: list[int], i: int) -> tuple[list[int], int, str]:
 def blank_rows(
   records: list[np.ndarray], tok: Any, width: int, n: int, rng: np.random.Generator, words_only: bool
 ) -> list[tuple[list[int], int, str]]:
-  """`n` held-out rows of `width` tokens, each with one position blanked: (row with [CLS]/[SEP], blank, answer).
-  words_only: the blank is a whole word (alphabetic and not split into pieces, so one token); otherwise any token
-  of the row, chosen uniformly (what a masked-token predictor is asked in general: pieces and punctuation too)."""
+  """`n` held-out rows of `width` tokens, each with one blank: (row with [CLS]/[SEP], blank, answer); words_only:
+  a whole one-token word, else any token of the row, uniformly."""
   special = set(tok.all_special_ids)
   out = []
   for idx in rng.permutation(len(records)):
@@ -47,9 +46,8 @@ def blank_rows(
 def blank_sentences(
   records: list[np.ndarray], tok: Any, longest: int, n: int, rng: np.random.Generator
 ) -> list[tuple[list[int], int, str]]:
-  """`n` held-out sentences, each alone in its row with one token blanked: (row, blank, answer), as `blank_rows`.
-  A sentence is a run of a document's tokens ending at '.', '!' or '?', of 8 to `longest` tokens: the short
-  context a fill-mask pipeline user types, where a training-length row gives the model a whole paragraph."""
+  """`n` held-out sentences (8 to `longest` tokens, ending at '.', '!' or '?'), each alone in its row with one token
+  blanked, as `blank_rows`: the short context a fill-mask user types."""
   special = set(tok.all_special_ids)
   ends = {i for i in tok.convert_tokens_to_ids(['.', '!', '?']) if i != tok.unk_token_id}
   sentences = []

@@ -47,8 +47,7 @@ class RunResult:
 def plan_run(
   cfg: ml_collections.ConfigDict, workdir: paths.Path
 ) -> tuple[ml_collections.FrozenConfigDict, Any, pipeline.Sources]:
-  """The run's config (validated, resolved once, frozen), its resume plan and its training data, opened after the
-  workdir's run and the init source (a resumed run ignores cfg.init) are checked against the config."""
+  """The run's config (resolved, frozen), its resume plan and its data, checked before opening."""
   cfg = train_config.validate_train(cfg)
   seq = cfg.model.max_length
   mix = pipeline.read_mixture(cfg.data, seq) if cfg.data.mixture else None
@@ -80,8 +79,7 @@ def plan_run(
 
 
 def _data(cfg: ml_collections.ConfigDict, sources: pipeline.Sources) -> tuple[Any, dict[str, Iterable[dict]]]:
-  """(this process's train iterator, the held-out batches of one evaluation, per source); the pipeline checks the
-  prepared data's tokenizer against model.vocab_size here, before the model exists."""
+  """(this process's train iterator, the held-out batches of one evaluation, per source)."""
   t, seq_len, nproc, pid = cfg.train, cfg.model.max_length, jax.process_count(), jax.process_index()
   common = dict(seed=cfg.seed, process_index=pid, process_count=nproc, model_vocab_size=cfg.model.vocab_size)
   reads = ramp.read_rows(cfg)
@@ -115,8 +113,7 @@ def _source(keys: tuple[str, ...], mesh: Any, eval_step: Any, batches: Iterable[
 
 
 class HeldOut:
-  """hook(step, state, logger): the held-out MLM figures of state[`item`] ('params' or 'ema'), each source's and their
-  total under the step's mixture weights, written under `prefix` and kept in `records` (the EMA's as ema_<figure>)."""
+  """hook(step, state, logger): held-out MLM figures of state[`item`] per source and weighted, in `records`."""
 
   def __init__(
     self,
@@ -145,12 +142,6 @@ class HeldOut:
     self.records[step] = ev if self.item == 'params' else {f'{self.item}_{k}': v for k, v in ev.items()}
     who = 'eval' if self.item == 'params' else f'eval ({self.item})'
     logger.evaluated(step, ev, f'{who} step {step}: loss {ev["loss"]:.4f}, accuracy {ev["accuracy"]:.4f}', self.prefix)
-
-
-def merged(*hooks: Any) -> list[dict[str, float]]:
-  """The evaluation hooks' records, one dict per evaluated step: {'step', 'loss', 'accuracy', ...}."""
-  steps = sorted({s for h in hooks for s in h.records})
-  return [{'step': s, **{k: v for h in hooks for k, v in h.records.get(s, {}).items()}} for s in steps]
 
 
 def _wandb(cfg: ml_collections.ConfigDict) -> metrics_lib.Wandb | None:
@@ -219,8 +210,7 @@ def train(
   lease: lease_lib.Lease | None,
   on_step: Callable[[int], None] | None = None,
 ) -> RunResult:
-  """Trains `cfg` in the resolved `workdir` from its latest readable checkpoint if any, under the caller's `lease`
-  (None on processes other than 0); on_step(step) runs after every step (tests simulate crashes with it)."""
+  """Trains `cfg` in `workdir` from its latest readable checkpoint if any, under the caller's `lease`."""
   _wandb(cfg)  # its one-line refusals (no package, no key, a bad mode) before any work
   cfg, plan, sources = plan_run(cfg, workdir)
   is_main = jax.process_index() == 0
@@ -268,4 +258,7 @@ def train(
         hook(0, trainer.state, trainer.logger)
     trained = trainer.train()
     session.save_final(trained)
-  return RunResult(workdir, cfg, trained.final_step, trained.preempted, merged(*hooks), trained.skipped_steps, sources)
+  # The evaluation hooks' records, one dict per evaluated step: {'step', 'loss', 'accuracy', ...}.
+  steps = sorted({s for h in hooks for s in h.records})
+  evals = [{'step': s, **{k: v for h in hooks for k, v in h.records.get(s, {}).items()}} for s in steps]
+  return RunResult(workdir, cfg, trained.final_step, trained.preempted, evals, trained.skipped_steps, sources)

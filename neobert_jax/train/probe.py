@@ -102,8 +102,7 @@ class Probe:
 
 
 class ProbeHook:
-  """hook(step, state, logger): the probe of state['params'], kept in `records`. A run's first start scores a random
-  init (its own parameters, donated to the first step, unless from init.*), logged with the first probe."""
+  """hook(step, state, logger): the probe of state['params']; a first start also scores a random init."""
 
   def __init__(self, cfg: ml_collections.ConfigDict, mesh: jax.sharding.Mesh, start: Any):
     self.probe = Probe(cfg, mesh, start.defs.model_def, start.defs.shardings['params'])

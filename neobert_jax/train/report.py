@@ -1,6 +1,5 @@
-"""The end-of-run report of a pretraining job (process 0; docs/configuration.md): the held-out loss against the
-baselines (train/baselines.py), the loss curve (loss_curve.md, loss_curve.png) and fill-mask through the export
-(train/fill_mask.py), with the figures in WORKDIR/report.json for the exports' model card."""
+"""The end-of-run report of a pretraining job (process 0; docs/configuration.md): held-out loss against the
+baselines, the loss curve and fill-mask through the export, the figures in WORKDIR/report.json for the model card."""
 
 from __future__ import annotations
 
@@ -99,8 +98,7 @@ def _figures(bars: dict[str, Any]) -> dict[str, Any]:
 def report(
   cfg: ml_collections.ConfigDict, workdir: Path, evals: list[dict[str, float]], sources: prepared.Sources | None = None
 ) -> dict[str, Any]:
-  """Logs the held-out loss against the baselines, writes the curve (table and plot), shows fill-mask examples if
-  the run exported, and records the figures in WORKDIR/report.json for the model card; `sources`: the run's data."""
+  """The held-out loss against the baselines, the curve, fill-mask; the figures in WORKDIR/report.json."""
   seq_len = cfg.model.max_length
   mask_rate, when = train_config.eval_mask_rate(cfg), cfg.eval.baselines
   sources = sources or prepared.open_data(cfg.data, seq_len)

@@ -39,9 +39,8 @@ class Plan:
 
 
 def _recorded(workdir: paths.Path) -> tuple[dict[str, Any] | None, int | None]:
-  """(the run's recorded config, its latest checkpoint step); (None, None) for an empty workdir.
-  The config copy is part of its step: a step whose copy cannot be read (damaged bytes) is set aside like a step
-  whose arrays cannot be (runs.set_aside, loudly, nothing deleted) and the previous step is used."""
+  """(the run's recorded config, its latest checkpoint step); a step whose config copy cannot be read is set
+  aside (runs.set_aside) and the previous one used."""
   step = runs.latest_step(workdir) if (workdir / runs.CHECKPOINT_SUBDIR).is_dir() else None
   if step is None and not (workdir / runs.CONFIG_FILE).is_file():
     return None, None
@@ -112,8 +111,7 @@ _LR_FIELDS += ('optimizer.wsd_decay_fraction', 'optimizer.decay_shape')
 
 
 def _restructuring(changes: list[resume_rules.Change]) -> list[resume_rules.Change]:
-  """Schedule changes that would change the optimizer state's tree (clipping switched on or off adds or removes
-  a transformation in front of AdamW): refused like identity changes, since the saved state no longer fits."""
+  """Clipping switched on or off changes the optimizer state's tree: refused like an identity change."""
   return [
     dataclasses.replace(c, kind=resume_rules.IDENTITY)
     for c in changes
@@ -196,8 +194,7 @@ OPTIMIZER_FIELDS = ('optimizer.name', 'optimizer.muon_adamw')
 
 
 def check_stage(cfg: ml_collections.ConfigDict, src: Source | None) -> dict[str, Any] | None:
-  """The origin of a run that starts from `src` (None: random init), for its history; refuses (one line) to carry
-  over a row stream (init.continue_data) or an optimizer state (init.keep_optimizer) that this run lays out anew."""
+  """The origin of a run from `src` for its history; refuses a carry-over this run lays out anew."""
   if src is None:
     return None
   if src.kind != 'run':
