@@ -147,7 +147,10 @@ def check_mixture(cfg) -> str | None:
   return None
 
 
-def run_parent(argv: list[str]) -> int:
+def main(argv: list[str]) -> int:
+  del argv  # run() refuses positional arguments
+  if os.environ.get(_CHILD_ENV) == '1':
+    return run_child(_CONFIG.value)
   target = targets.parse_target(_TARGET.value)  # fail on a bad target before any download
   if note := check_mixture(_CONFIG.value):  # a mixture the trainer would refuse is refused here, before any download
     print(f'[aot] {note}', file=sys.stderr)
@@ -159,14 +162,7 @@ def run_parent(argv: list[str]) -> int:
   env = deps.child_env(target.platform)
   env[_CHILD_ENV] = '1'
   # The child finds neobert_jax where this process did: installed (pip install [-e] .), or the working directory.
-  return subprocess.call([sys.executable, '-m', 'neobert_jax.compile'] + argv[1:], env=env)
-
-
-def main(argv: list[str]) -> int:
-  del argv  # run() refuses positional arguments
-  if os.environ.get(_CHILD_ENV) == '1':
-    return run_child(_CONFIG.value)
-  return run_parent(sys.argv)
+  return subprocess.call([sys.executable, '-m', 'neobert_jax.compile'] + sys.argv[1:], env=env)
 
 
 def run() -> None:

@@ -10,6 +10,7 @@ import torch
 from flax import nnx
 
 from neobert_jax.convert import torch_ref
+from tests.support import torch_reference
 from neobert_jax.model import NeoBERTForMLM, default_model_config
 from neobert_jax.weights.flat import Dims, flat_shapes, model_from_flat, to_flat
 
@@ -169,7 +170,7 @@ def test_round_trip_jax_torch_jax_is_bit_exact(pair4):
     np.testing.assert_array_equal(exported[key], flat[key], err_msg=key)
   state_dict = {k: v.numpy().copy() for k, v in torch_model.state_dict().items()}
   np.testing.assert_array_equal(state_dict['model.encoder.weight'], flat['encoder.token_embedding.embedding'])
-  restored = jax_model_from_flat(torch_ref.flat_from_torch_model(torch_model, cfg), cfg)
+  restored = jax_model_from_flat(torch_reference.flat_from_torch_model(torch_model, cfg), cfg)
   back = to_flat(restored)
   assert back.keys() == exported.keys()
   for key in exported:

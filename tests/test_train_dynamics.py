@@ -19,6 +19,7 @@ from torch.optim.lr_scheduler import CosineAnnealingLR, LambdaLR, LinearLR, Sequ
 
 from neobert_jax import sharding as shd
 from neobert_jax.convert import torch_ref
+from tests.support import torch_reference
 from tests.support.tiny_train import REPO_ROOT
 from neobert_jax.engine import step as engine_step
 from neobert_jax.train import mlm
@@ -108,7 +109,7 @@ def runs():
       warnings.simplefilter('ignore')
       sched.step()
     jflat = to_flat(nnx.merge(defs.model_def, state['params']))
-    tflat = torch_ref.flat_from_torch_model(model, cfg.model)
+    tflat = torch_reference.flat_from_torch_model(model, cfg.model)
     rows.append(
       dict(
         jax_loss=float(m['loss']),

@@ -127,15 +127,11 @@ def diff(
   changes = []
   for field in sorted(new):
     before = old.get(field, base.get(field, MISSING))
-    if field in RESOLVED_AT_START and (_unset(before) or _unset(new[field])):
-      continue
+    if field in RESOLVED_AT_START and any(not isinstance(v, bool) and v in ('', 0) for v in (before, new[field])):
+      continue  # unset on either side: the run's own recorded value
     if before is MISSING or not _same(before, new[field]):
       changes.append(Change(field, before, new[field], rule(field, rules)))
   return changes
-
-
-def _unset(value: Any) -> bool:
-  return not isinstance(value, bool) and value in ('', 0)
 
 
 def of_kind(changes: list[Change], kind: str) -> list[Change]:

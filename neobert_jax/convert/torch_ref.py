@@ -1,4 +1,4 @@
-"""Our PyTorch NeoBERT (``hf_modeling/model.py``) from a neobert-jax flat param dict, and back (imports torch)."""
+"""Our PyTorch NeoBERT (``hf_modeling/model.py``) from a neobert-jax flat param dict (imports torch)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ import torch
 
 from neobert_jax.convert.hf_modeling import model as hf_model
 from neobert_jax.weights import hf
-from neobert_jax.weights.hf import torch_to_numpy
 
 _TORCH_DTYPES = {'float32': torch.float32, 'bfloat16': torch.bfloat16, 'float16': torch.float16}
 
@@ -40,8 +39,3 @@ def torch_model_from_flat(
   model.load_state_dict(state, strict=True, assign=True)
   model.tie_weights()
   return model.eval()
-
-
-def flat_from_torch_model(model: torch.nn.Module, cfg: Any) -> dict[str, np.ndarray]:
-  """The flat param dict of a ``NeoBERTLMHead`` (inverse of torch_model_from_flat)."""
-  return hf.hf_state_dict_to_flat({k: torch_to_numpy(v) for k, v in model.state_dict().items()}, cfg)

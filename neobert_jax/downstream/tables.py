@@ -16,21 +16,6 @@ _FORMATS = {'.csv': 'csv', '.tsv': 'tsv', '.parquet': 'parquet', '.pq': 'parquet
 _FORMATS.update(dict.fromkeys(('.jsonl', '.json', '.ndjson'), 'jsonl'))
 
 
-def detect_format(path: str, fmt: str = 'auto') -> str:
-  if fmt != 'auto':
-    return fmt
-  suffixes = [s.lower() for s in Path(path).suffixes]
-  while suffixes and suffixes[-1] in _COMPRESSIONS:
-    suffixes.pop()
-  ext = suffixes[-1] if suffixes else ''
-  if ext not in _FORMATS:
-    raise DataError(
-      f'{path}: cannot tell the format from the suffix {ext!r}; name it .csv, .tsv, .jsonl or '
-      '.parquet, or set --config.data.format'
-    )
-  return _FORMATS[ext]
-
-
 def _local(path: str) -> str:
   """A bucket file (gs://) as a local copy; a local path as it is."""
   if path and paths.is_url(path):
@@ -49,7 +34,17 @@ def read_table(path: str, fmt: str = 'auto') -> dict[str, list[Any]]:
   path = _local(path)
   if not path or not Path(path).is_file():
     raise DataError(f'{path or "(no path)"}: no such file; check data.train_file / data.validation_file')
-  fmt = detect_format(path, fmt)
+  if fmt == 'auto':
+    suffixes = [s.lower() for s in Path(path).suffixes]
+    while suffixes and suffixes[-1] in _COMPRESSIONS:
+      suffixes.pop()
+    ext = suffixes[-1] if suffixes else ''
+    if ext not in _FORMATS:
+      raise DataError(
+        f'{path}: cannot tell the format from the suffix {ext!r}; name it .csv, .tsv, .jsonl or '
+        '.parquet, or set --config.data.format'
+      )
+    fmt = _FORMATS[ext]
   if Path(path).stat().st_size == 0:
     raise DataError(f'{path}: the file is empty; give a file with a header and at least one example')
   try:

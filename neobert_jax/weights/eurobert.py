@@ -112,7 +112,9 @@ def from_neobert(state: Mapping[str, np.ndarray], config: Mapping[str, Any], spe
   return state_out, config_from_neobert(config, ffn, mlp_bias, special_ids)
 
 
-def _check_config(config: Mapping[str, Any]) -> None:
+def to_neobert(config: Mapping[str, Any], state: Mapping[str, np.ndarray]) -> tuple[dict, dict]:
+  """(NeoBERT config.json, ``NeoBERTLMHead`` state_dict) for a EuroBERT directory's config.json and state_dict
+  (``EuroBertForMaskedLM``, 'model.*' + 'lm_head.*', or a base ``EuroBertModel`` save without the prefix)."""
   heads = config['num_attention_heads']
   problems = []
   if config.get('num_key_value_heads', heads) != heads:
@@ -131,16 +133,8 @@ def _check_config(config: Mapping[str, Any]) -> None:
       f'this EuroBERT config.json has {", ".join(problems)}, which NeoBERT cannot hold: only EuroBERTs with a key '
       'and value head per query head, SiLU and plain RoPE convert'
     )
-
-
-def to_neobert(config: Mapping[str, Any], state: Mapping[str, np.ndarray]) -> tuple[dict, dict]:
-  """(NeoBERT config.json, ``NeoBERTLMHead`` state_dict) for a EuroBERT directory's config.json and state_dict
-  (``EuroBertForMaskedLM``, 'model.*' + 'lm_head.*', or a base ``EuroBertModel`` save without the prefix)."""
-  _check_config(config)
-  heads = config['num_attention_heads']
   state = {k if k.startswith(('model.', 'lm_head.')) else f'model.{k}': np.asarray(v) for k, v in state.items()}
   attention_bias = bool(config.get('attention_bias', False))
-  rope = config.get('rope_parameters') or {}
   neo_config = {
     'model_type': 'neobert',
     'vocab_size': config['vocab_size'],

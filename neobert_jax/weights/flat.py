@@ -129,20 +129,12 @@ def unflatten(flat: Mapping[str, Any]) -> dict[str, Any]:
 
 def path_names(path: tuple[Any, ...]) -> list[str]:
   """The names along a pytree or nnx state path (dict keys, attribute names, sequence indices), as strings."""
-  names = []
-  for entry in path:
-    for attr in ('key', 'name', 'idx'):
-      if hasattr(entry, attr):
-        names.append(str(getattr(entry, attr)))
-        break
-    else:
-      names.append(str(entry))
-  return names
+  return [jax.tree_util.keystr((entry,), simple=True) for entry in path]
 
 
 def path_key(path: tuple[Any, ...]) -> str:
   """A path ('encoder', 'layers', 'qkv'), or a pytree path of the same names, as its flat key 'encoder.layers.qkv'."""
-  return '.'.join(path_names(path))
+  return jax.tree_util.keystr(tuple(path), simple=True, separator='.')
 
 
 def to_flat(model: nnx.Module) -> dict[str, np.ndarray]:

@@ -6,6 +6,12 @@ from __future__ import annotations
 import torch
 
 from neobert_jax.convert.hf_modeling import model as hf_model
+from neobert_jax.weights import hf
+
+
+def flat_from_torch_model(model: torch.nn.Module, cfg) -> dict:
+  """The flat param dict of a ``NeoBERTLMHead`` (inverse of convert/torch_ref.torch_model_from_flat)."""
+  return hf.hf_state_dict_to_flat({k: hf.torch_to_numpy(v) for k, v in model.state_dict().items()}, cfg)
 
 
 def padded_reference_forward(
