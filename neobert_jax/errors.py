@@ -56,9 +56,6 @@ class TrainingDiverged(FloatingPointError):
   """A non-finite loss or gradient under nan_policy 'stop' (the commands exit with status 3)."""
 
 
-ALL = tuple(NeobertError.__subclasses__())  # every kind, in the order above
-
-
 DEBUG_FLAG = '--debug'
 DEBUG_ENV = 'NEOBERT_DEBUG'  # set by --debug so that child processes (the AOT compile child) inherit it
 

@@ -8,9 +8,9 @@ checked against XLA's TPU cost model (tests/test_aot_roofline.py). `python -m be
 
 from __future__ import annotations
 
-import bisect
 import dataclasses
-import math
+
+import numpy as np
 
 # Matmul efficiency against the dense peak as a function of the contraction (inner) length K, for a GEMM with
 # enough output tiles to fill the device (tile / wave quantization is applied on top, aot/roofline.py). The top
@@ -48,15 +48,7 @@ class Accelerator:
 
 def _interpolate(table: tuple[tuple[int, float], ...], x: float) -> float:
   """Linear in log2(x) between the table's rows, clamped at both ends."""
-  keys = [k for k, _ in table]
-  if x <= keys[0]:
-    return table[0][1]
-  if x >= keys[-1]:
-    return table[-1][1]
-  i = bisect.bisect_right(keys, x)
-  (k0, v0), (k1, v1) = table[i - 1], table[i]
-  w = (math.log2(x) - math.log2(k0)) / (math.log2(k1) - math.log2(k0))
-  return v0 + w * (v1 - v0)
+  return float(np.interp(np.log2(max(x, 1)), np.log2([k for k, _ in table]), [v for _, v in table]))
 
 
 _H100 = dict(

@@ -4,6 +4,7 @@ restarted (docs/leases.md). A holder whose lease was taken over is `lost`. Impor
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime
 import json
@@ -225,11 +226,9 @@ class Lease:
   def acquire(self) -> 'Lease':
     """Takes the lease or raises errors.InUseError naming the live holder and the fix."""
     for _ in range(5):  # another job may win a race in between; each turn reads what is there now
-      try:
+      with contextlib.suppress(Conflict):
         self.version = self.store.create(self.holder.text())
         break
-      except Conflict:
-        pass
       found = self.store.read()
       if found is None:
         continue  # released in between: try creating again
@@ -317,10 +316,8 @@ class Lease:
         log.warning('could not release the lease %s (%s); it expires by itself', self.path, errors.one_line(e))
       self.version = None
     if self.created:
-      try:
+      with contextlib.suppress(OSError):
         os.rmdir(os.fspath(self.directory))  # a refused run leaves no empty directory behind
-      except OSError:
-        pass
 
   def __enter__(self) -> 'Lease':
     return self

@@ -36,6 +36,8 @@ from test_data_prepare import _seekable_zst  # noqa: E402  the .zst writer of th
 
 WORDS = ('the', 'cat', 'sat', 'on', 'mat', 'dog', 'ran', 'far', 'away', 'home')
 FLAGS = dict(max_length=16, eval_fraction=0.1, shard_mb=0.02)
+# The manifest (neobert_jax/data/prepare/local.py) fields that say how and when a prepare ran rather than what it made: the engines differ only there.
+RUN_FIELDS = ('command', 'seconds', 'workers', 'engine')
 SPLIT_MB = 0.01  # the large JSONL becomes ~20 parts, the zstd files several runs of frames, the Parquet several
 # Ray's processes listen on loopback only with the first (by default the GCS advertises the machine's interface
 # address); the second keeps Ray from reporting usage statistics over the network.
@@ -110,7 +112,7 @@ def _ray(inputs, out, vocab, cluster, **kw):  # joins the cluster unless this pr
 
 def _same(local_out, local_manifest, out, manifest, also=()):
   """The Ray build's manifest and shard bytes equal the local engine's, and no work area is left."""
-  drop = lambda m: {k: v for k, v in m.items() if k not in prepare_lib.RUN_FIELDS + tuple(also)}
+  drop = lambda m: {k: v for k, v in m.items() if k not in RUN_FIELDS + tuple(also)}
   assert drop(manifest) == drop(local_manifest)
   for name in shards.Manifest.of(local_manifest).files():  # each shard, byte for byte
     assert paths.Path(f'{out}/{name}').read_bytes() == paths.Path(f'{local_out}/{name}').read_bytes(), name

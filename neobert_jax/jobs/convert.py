@@ -11,11 +11,9 @@ from pathlib import Path
 
 import ml_collections
 import numpy as np
-from flax import nnx
 
 from neobert_jax import errors, paths
 from neobert_jax.convert import export_hf
-from neobert_jax.model import NeoBERTForMLM
 from neobert_jax.weights import flat as flat_lib
 from neobert_jax.weights import hf
 
@@ -59,12 +57,6 @@ def to_pytorch(
   files = ', '.join(sorted(p.name for p in out.iterdir()))
   kind = 'EuroBERT (no remote code, transformers >= 5.3)' if model_type == 'eurobert' else 'NeoBERT'
   return f'wrote Hugging Face {kind} to {out} ({files})'
-
-
-def load_hf_as_jax(path: str | os.PathLike, **kwargs) -> tuple[NeoBERTForMLM, ml_collections.ConfigDict]:
-  """The JAX model (and its config) of an HF NeoBERT checkpoint, on the default device."""
-  cfg, flat = hf.read_hf_dir(path, **kwargs)
-  return flat_lib.model_from_flat(lambda: NeoBERTForMLM(cfg, rngs=nnx.Rngs(0)), flat), cfg
 
 
 def save_flat(

@@ -25,8 +25,6 @@ from neobert_jax.data import tokenizer as tokenizer_lib
 
 _TOKENIZER = None  # per-worker tokenizer, built once by _init_worker
 ENGINES = ('local', 'ray')
-# The manifest fields that say how and when a prepare ran rather than what it made: the engines differ only there.
-RUN_FIELDS = ('command', 'seconds', 'workers', 'engine')
 
 
 def _init_worker(tokenizer_path: str) -> None:

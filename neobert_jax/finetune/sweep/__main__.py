@@ -15,6 +15,7 @@ from absl import flags
 from ml_collections import config_flags
 
 from neobert_jax import commandline, errors
+from neobert_jax.finetune import __main__ as finetune_main
 from neobert_jax.jobs import finetune as finetune_job
 
 _PROG = 'sweep'
@@ -48,16 +49,8 @@ def main(argv: list[str]) -> int:
 
 
 def run() -> None:
-  """The command line (neobert_jax/commandline.py), as finetune's: the same config file and overrides."""
-  commandline.run_absl(
-    _PROG,
-    'neobert_jax.finetune.sweep',
-    __doc__,
-    _FLAGS,
-    main,
-    required=('config', 'workdir'),
-    fields_doc='neobert_jax/config/finetune.py',
-  )
+  """As finetune's command line: the same config file and overrides."""
+  finetune_main.run_command(_PROG, 'neobert_jax.finetune.sweep', __doc__, _FLAGS, main)
 
 
 if __name__ == '__main__':
