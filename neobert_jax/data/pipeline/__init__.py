@@ -8,26 +8,10 @@
   position.py      the position in a checkpoint: saved with a step, restored from one; merged across processes
   batch.py         the batch contract with the train step
 
-Callers use the names below (`from neobert_jax.data import pipeline`).
+Callers use the names imported below (`from neobert_jax.data import pipeline`).
 """
 
 from neobert_jax.data.pipeline.factories import cache_need, make_eval_iterator, make_train_iterator, virtual_shards
 from neobert_jax.data.pipeline.position import Position, merge_states, state_at
 from neobert_jax.data.pipeline.prepared import Sources, open_data, open_prepared, prepare_builtin, read_mixture
 from neobert_jax.data.pipeline.prepared import split_files
-
-__all__ = [
-  'Position',
-  'Sources',
-  'cache_need',
-  'make_eval_iterator',
-  'make_train_iterator',
-  'merge_states',
-  'open_data',
-  'open_prepared',
-  'prepare_builtin',
-  'read_mixture',
-  'split_files',
-  'state_at',
-  'virtual_shards',
-]
