@@ -169,8 +169,17 @@ def install() -> None:
 
 # Status words of tensorstore / gRPC / cloud storage errors that describe the storage, not the bytes stored.
 _TRANSIENT_WORDS = (
-  *'UNAVAILABLE DEADLINE_EXCEEDED RESOURCE_EXHAUSTED ABORTED CANCELLED PERMISSION_DENIED UNAUTHENTICATED'.split(),
-  *('Connection reset', 'Too many open files', 'timed out', 'Timeout'),
+  'UNAVAILABLE',
+  'DEADLINE_EXCEEDED',
+  'RESOURCE_EXHAUSTED',
+  'ABORTED',
+  'CANCELLED',
+  'PERMISSION_DENIED',
+  'UNAUTHENTICATED',
+  'Connection reset',
+  'Too many open files',
+  'timed out',
+  'Timeout',
 )
 
 

@@ -95,8 +95,16 @@ def close(mngr: ocp.CheckpointManager) -> None:
 
 
 # What a write failure says, in the words users search for; Orbax and tensorstore wrap them in long specs.
-_WRITE_REASONS = ('No space left on device', 'Read-only file system', 'Permission denied', 'Disk quota exceeded')
-_WRITE_REASONS += ('PERMISSION_DENIED', 'RESOURCE_EXHAUSTED', 'UNAVAILABLE', 'DEADLINE_EXCEEDED')  # a bucket's codes
+_WRITE_REASONS = (
+  'No space left on device',
+  'Read-only file system',
+  'Permission denied',
+  'Disk quota exceeded',
+  'PERMISSION_DENIED',  # a bucket's codes
+  'RESOURCE_EXHAUSTED',
+  'UNAVAILABLE',
+  'DEADLINE_EXCEEDED',
+)
 
 
 def kept(mngr: ocp.CheckpointManager, good: int | None) -> str:

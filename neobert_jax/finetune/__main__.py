@@ -37,15 +37,12 @@ def main(argv: list[str]) -> int:
   return finetune_job.finetune_command(_CONFIG.value, _WORKDIR.value)
 
 
-def run_command(prog: str, module: str, doc: str | None, flag_values: flags.FlagValues, main_fn) -> None:
-  """The command line (neobert_jax/commandline.py) of finetune and its sweep: a config file and a workdir."""
-  fields = 'neobert_jax/config/finetune.py'
-  commandline.run_absl(prog, module, doc, flag_values, main_fn, required=('config', 'workdir'), fields_doc=fields)
-
-
 def run() -> None:
-  """Parse flags, fine-tune, exit with the status."""
-  run_command(_PROG, 'neobert_jax.finetune', __doc__, _FLAGS, main)
+  """The command line (neobert_jax/commandline.py): parse flags, fine-tune, exit with the status."""
+  fields = 'neobert_jax/config/finetune.py'
+  commandline.run_absl(
+    _PROG, 'neobert_jax.finetune', __doc__, _FLAGS, main, required=('config', 'workdir'), fields_doc=fields
+  )
 
 
 if __name__ == '__main__':

@@ -261,4 +261,12 @@ def train(
   # The evaluation hooks' records, one dict per evaluated step: {'step', 'loss', 'accuracy', ...}.
   steps = sorted({s for h in hooks for s in h.records})
   evals = [{'step': s, **{k: v for h in hooks for k, v in h.records.get(s, {}).items()}} for s in steps]
-  return RunResult(workdir, cfg, trained.final_step, trained.preempted, evals, trained.skipped_steps, sources)
+  return RunResult(
+    workdir=workdir,
+    config=cfg,
+    final_step=trained.final_step,
+    preempted=trained.preempted,
+    evals=evals,
+    skipped_steps=trained.skipped_steps,
+    sources=sources,
+  )

@@ -105,9 +105,17 @@ def check_resume(cfg: ml_collections.ConfigDict, workdir: str | os.PathLike) -> 
 
 
 # Schedule fields that change the learning rate (the others change the update rule, not the rate).
-_LR_FIELDS = ('train.num_steps', 'optimizer.peak_lr', 'optimizer.warmup_steps', 'optimizer.warmup_init_fraction')
-_LR_FIELDS += ('optimizer.decay_fraction', 'optimizer.decay_steps', 'optimizer.final_lr_fraction')
-_LR_FIELDS += ('optimizer.wsd_decay_fraction', 'optimizer.decay_shape')
+_LR_FIELDS = (
+  'train.num_steps',
+  'optimizer.peak_lr',
+  'optimizer.warmup_steps',
+  'optimizer.warmup_init_fraction',
+  'optimizer.decay_fraction',
+  'optimizer.decay_steps',
+  'optimizer.final_lr_fraction',
+  'optimizer.wsd_decay_fraction',
+  'optimizer.decay_shape',
+)
 
 
 def _restructuring(changes: list[resume_rules.Change]) -> list[resume_rules.Change]:
@@ -186,8 +194,18 @@ def history(workdir: str | os.PathLike) -> list[dict[str, Any]]:
 
 # The fields that lay out the training row stream: the data position of one run means the same rows in another only
 # when these agree (the mask rate and the batch size may differ: masks are drawn per row, steps take whole rows).
-STREAM_FIELDS = ('seed', 'model.max_length', 'data.dir', 'data.tokenizer', 'data.packing', 'data.max_documents_per_row')
-STREAM_FIELDS += ('data.shuffle_seed', 'data.block_docs', 'data.shuffle_window', 'data.virtual_shards')  # the order
+STREAM_FIELDS = (
+  'seed',
+  'model.max_length',
+  'data.dir',
+  'data.tokenizer',
+  'data.packing',
+  'data.max_documents_per_row',
+  'data.shuffle_seed',
+  'data.block_docs',
+  'data.shuffle_window',
+  'data.virtual_shards',
+)
 
 # The fields that decide the optimizer state's tree: init.keep_optimizer carries it over only when these agree.
 OPTIMIZER_FIELDS = ('optimizer.name', 'optimizer.muon_adamw')

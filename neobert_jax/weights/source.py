@@ -23,8 +23,15 @@ from neobert_jax.weights import hf, runs
 DEFAULT_TOKENIZER = tokenizer_lib.BUILTIN_BERT
 # Fields that change parameter shapes or the set of parameters (weights/flat.py); the rest (max_length, dtype,
 # attention kernel, remat) may differ.
-SHAPE_FIELDS = ('vocab_size', 'hidden_size', 'num_layers', 'num_heads', 'intermediate_size', 'use_bias')
-SHAPE_FIELDS += ('tie_word_embeddings',)
+SHAPE_FIELDS = (
+  'vocab_size',
+  'hidden_size',
+  'num_layers',
+  'num_heads',
+  'intermediate_size',
+  'use_bias',
+  'tie_word_embeddings',
+)
 _FIX = (
   'give the workdir (or its checkpoints/) of a run that saved at least one step, or a Hugging Face NeoBERT '
   'directory (config.json + model.safetensors or pytorch_model.bin)'

@@ -110,44 +110,63 @@ def train_batches(
   streams, stores = {}, {}
   for name, (directory, manifest) in sources.opened.items():
     one = data_config.source_config(data_cfg, directory, len(mix.sources), blocks[name])
-    listed = prepared.split_shards(directory, manifest, 'train')
-    counts, files = [s['records'] for s in listed], [s['file'] for s in listed]
-    virtual.check_layout(count, process_count, global_batch, sum(counts))
-    if one.num_workers > 0 and paths.is_url(directory):
-      raise errors.ConfigError(
-        'data.num_workers > 0 reads local data only (each worker would keep its own bucket cache); '
-        'set data.num_workers=0 for data.dir on a bucket'
-      )
-    bounds = virtual.ranges(counts, count)
-    owned = {
-      v: virtual.ShardStream(
-        virtual.pieces(counts, *bounds[v]), seed=seed, shard=v, window=one.shuffle_window, shuffle=True
-      )
-      for v in virtual.owned(count, process_index, process_count)
-    }
-    # Only this process's files are checked and (from a bucket) fetched.
-    mine = [listed[f] for f in sorted({p.file for st in owned.values() for p in st.parts})]
-    store = prepared.open_store(directory, manifest, 'train', mine, one.cache_gb, process_index)
-    # A budget too small is one line at start, not an eviction loop mid-run (nothing to size for data read in place).
-    if store.caches and (need := cache_need(list(owned.values()), listed, one.block_docs)) > store.budget:
-      raise errors.ConfigError(
-        f"data.cache_gb={one.cache_gb:.6g} is too small for this process's {len(owned)} virtual shard(s): "
-        f'the windows one block of data.block_docs={one.block_docs} documents touches, and the next, need '
-        f'{need / 2**30:.6g} GiB; raise data.cache_gb, or lower data.shuffle_window or data.block_docs'
-      )
-    # A source of a mixture reads ahead by its share of the rows, so its bytes follow its weight (docs/data.md,
-    # "Several sources"). A plain data.dir's owned shards start downloading their first windows now, side by side,
-    # not one after the other as each reads its first block (a restored iterator's are then evicted as needed).
-    if shares[name] >= 1:
-      store.prefetch([files[f] for st in owned.values() for f in st.files_of_window(st.first_window())])
-    built = {
-      v: virtual.ShardBlocks(st, store, files, one.block_docs, manifest.id_dtype, ahead=shares[name]).map_with_index(
-        BlockBuilder.for_source(one, manifest, seq_len, seed, v)
-      )
-      for v, st in owned.items()
-    }
-    streams[name], stores[name] = host_batches.HostBatches(built, rows), store
+    where = (count, process_index, process_count, shares[name])
+    streams[name], stores[name] = _source(one, directory, manifest, global_batch, seq_len, seed, *where)
   return host_batches.TrainBatches(streams, mix, seed, rows, sources.records(count), blocks, fresh), stores
+
+
+def _source(
+  data_cfg: ml_collections.ConfigDict,
+  directory: str,
+  manifest: shards.Manifest,
+  global_batch: int,
+  seq_len: int,
+  seed: int,
+  count: int,
+  process_index: int,
+  process_count: int,
+  share: float,
+) -> tuple[host_batches.HostBatches, store_lib.Store]:
+  """(this process's row streams of one source, the store it reads through) over `count` virtual shards: its own
+  packing, masking and position. `share`: the source's largest share of the rows: its downloads run that share of
+  a window ahead of its reader, and below 1 none starts before its reader needs its first block."""
+  listed = prepared.split_shards(directory, manifest, 'train')
+  counts, files = [s['records'] for s in listed], [s['file'] for s in listed]
+  virtual.check_layout(count, process_count, global_batch, sum(counts))
+  if data_cfg.num_workers > 0 and paths.is_url(directory):
+    raise errors.ConfigError(
+      'data.num_workers > 0 reads local data only (each worker would keep its own bucket cache); '
+      'set data.num_workers=0 for data.dir on a bucket'
+    )
+  bounds = virtual.ranges(counts, count)
+  owned = {
+    v: virtual.ShardStream(
+      virtual.pieces(counts, *bounds[v]), seed=seed, shard=v, window=data_cfg.shuffle_window, shuffle=True
+    )
+    for v in virtual.owned(count, process_index, process_count)
+  }
+  # Only this process's files are checked and (from a bucket) fetched.
+  mine = [listed[f] for f in sorted({p.file for st in owned.values() for p in st.parts})]
+  store = prepared.open_store(directory, manifest, 'train', mine, data_cfg.cache_gb, process_index)
+  # A budget too small is one line at start, not an eviction loop mid-run (nothing to size for data read in place).
+  if store.caches and (need := cache_need(list(owned.values()), listed, data_cfg.block_docs)) > store.budget:
+    raise errors.ConfigError(
+      f"data.cache_gb={data_cfg.cache_gb:.6g} is too small for this process's {len(owned)} virtual shard(s): "
+      f'the windows one block of data.block_docs={data_cfg.block_docs} documents touches, and the next, need '
+      f'{need / 2**30:.6g} GiB; raise data.cache_gb, or lower data.shuffle_window or data.block_docs'
+    )
+  # A source of a mixture reads ahead by its share of the rows, so its bytes follow its weight (docs/data.md,
+  # "Several sources"). A plain data.dir's owned shards start downloading their first windows now, side by side,
+  # not one after the other as each reads its first block (a restored iterator's are then evicted as needed).
+  if share >= 1:
+    store.prefetch([files[f] for st in owned.values() for f in st.files_of_window(st.first_window())])
+  built = {
+    v: virtual.ShardBlocks(st, store, files, data_cfg.block_docs, manifest.id_dtype, ahead=share).map_with_index(
+      BlockBuilder.for_source(data_cfg, manifest, seq_len, seed, v)
+    )
+    for v, st in owned.items()
+  }
+  return host_batches.HostBatches(built, global_batch // count), store
 
 
 def make_eval_iterator(

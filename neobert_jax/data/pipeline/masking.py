@@ -59,10 +59,12 @@ def mask_rows(
     rows, cols = np.nonzero(chosen)  # row-major: positions come out sorted per row
     per_row = chosen.sum(axis=1)
     slot = np.arange(rows.size) - (np.cumsum(per_row) - per_row)[rows]
-    slots = {'mlm_positions': cols, 'mlm_labels': input_ids[rows, cols], 'mlm_weights': 1.0}
-    for key, values in slots.items():  # empty slots: position 0, id 0, weight 0
-      out[key] = np.zeros((chosen.shape[0], max_predictions), np.float32 if key == 'mlm_weights' else np.int32)
-      out[key][rows, slot] = values
+    shape = (chosen.shape[0], max_predictions)  # empty slots: position 0, id 0, weight 0
+    out['mlm_positions'], out['mlm_labels'] = np.zeros(shape, np.int32), np.zeros(shape, np.int32)
+    out['mlm_weights'] = np.zeros(shape, np.float32)
+    out['mlm_positions'][rows, slot] = cols
+    out['mlm_labels'][rows, slot] = input_ids[rows, cols]
+    out['mlm_weights'][rows, slot] = 1.0
   return out
 
 

@@ -15,7 +15,6 @@ from absl import flags
 from ml_collections import config_flags
 
 from neobert_jax import commandline, errors
-from neobert_jax.finetune import __main__ as finetune_main
 from neobert_jax.jobs import finetune as finetune_job
 
 _PROG = 'sweep'
@@ -49,8 +48,11 @@ def main(argv: list[str]) -> int:
 
 
 def run() -> None:
-  """As finetune's command line: the same config file and overrides."""
-  finetune_main.run_command(_PROG, 'neobert_jax.finetune.sweep', __doc__, _FLAGS, main)
+  """The command line (neobert_jax/commandline.py), as finetune's: the same config file and overrides."""
+  fields = 'neobert_jax/config/finetune.py'
+  commandline.run_absl(
+    _PROG, 'neobert_jax.finetune.sweep', __doc__, _FLAGS, main, required=('config', 'workdir'), fields_doc=fields
+  )
 
 
 if __name__ == '__main__':
