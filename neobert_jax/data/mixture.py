@@ -306,7 +306,6 @@ class Sampler:
     self.slots = list(slots)
     self.step = 0
     self.credits = {v: starting_credits(seed, v, mix.names) for v in self.slots}
-    self.taken = {v: dict.fromkeys(mix.names, 0) for v in self.slots}  # rows each source gave, per slot
     self._units: tuple[tuple[float, ...], list[int]] | None = None  # (weights, their units)
 
   def next(self) -> dict[int, np.ndarray]:
@@ -318,8 +317,6 @@ class Sampler:
     for v in self.slots:
       counts, credits = apportion(self.rows, [self.credits[v][n] for n in names], units)
       self.credits[v] = dict(zip(names, credits))
-      for n, c in zip(names, counts):
-        self.taken[v][n] += c
       out[v] = interleave(counts)
     self.step += 1
     return out
@@ -329,7 +326,7 @@ class Sampler:
       'stream': STREAM,
       'step': self.step,
       'dirs': {s.name: s.dir for s in self.mix.sources},
-      'slots': {str(v): {'credits': dict(self.credits[v]), 'taken': dict(self.taken[v])} for v in self.slots},
+      'slots': {str(v): {'credits': dict(self.credits[v])} for v in self.slots},
     }
 
   def set_state(self, state: dict[str, Any], fresh: Collection[str] = ()) -> None:
@@ -337,22 +334,19 @@ class Sampler:
     `fresh` (it then starts as at step 0); a source removed is refused: the credits would no longer add up."""
     if not isinstance(state, dict) or state.get('stream') != STREAM:
       raise ValueError(f'not a {STREAM} state: {json.dumps(state)[:80]}')
-    saved = state['slots']
+    saved = {v: slot['credits'] for v, slot in state['slots'].items()}  # older states' rows 'taken' are not read
     missing = [v for v in self.slots if str(v) not in saved]
     if missing:
       raise ValueError(f'the mixture state holds no slot {missing[:4]}')
     if self.mix.plain:  # its one source, whatever its name, directory or place (data.dir is the resume check's)
-      one = self.mix.names[0]
-      saved = {v: {k: {one: next(iter(d.values()))} for k, d in slot.items()} for v, slot in saved.items()}
+      saved = {v: {self.mix.names[0]: next(iter(credits.values()))} for v, credits in saved.items()}
     else:
       self._check_sources(state['dirs'], set(fresh))
     self.step = int(state['step'])
+    kept = [n for n in self.mix.names if n not in fresh]
     for v in self.slots:
       start = starting_credits(self.seed, v, self.mix.names)
-      slot = saved[str(v)]
-      kept = [n for n in self.mix.names if n not in fresh]
-      self.credits[v] = {**start, **{n: int(slot['credits'][n]) for n in kept}}
-      self.taken[v] = {**dict.fromkeys(self.mix.names, 0), **{n: int(slot['taken'][n]) for n in kept}}
+      self.credits[v] = {**start, **{n: int(saved[str(v)][n]) for n in kept}}
 
   def _check_sources(self, before: dict[str, str], fresh: set[str]) -> None:
     now = {s.name: s.dir for s in self.mix.sources}
