@@ -80,10 +80,9 @@ def _existing_run(cfg: ml_collections.ConfigDict, workdir: Path) -> str:
     width = record.get('model', {}).get('hidden_size', cfg.model.hidden_size)
     lr = {'lr': finetune_config.effective_lr(cfg.optimizer, width), 'lr_width': 0}
     current = config_lib.replace(cfg, {f'optimizer.{f}': v for f, v in lr.items()}).to_dict()
-    current = {k: v for k, v in current.items() if k not in ('model', 'mesh')}
-    past = {k: v for k, v in record.items() if k not in ('model', 'mesh')}
-    past.get('data', {}).pop('tokenizer', None)
-    current.get('data', {}).pop('tokenizer', None)
+    past, current = ({k: v for k, v in d.items() if k not in ('model', 'mesh')} for d in (record, current))
+    for d in (past, current):
+      d.get('data', {}).pop('tokenizer', None)
     changes = resume_rules.diff(past, current, {})
     changed = (
       f' (this config differs from it in: {"; ".join(c.describe() for c in changes)})'
@@ -277,7 +276,7 @@ def format_sweep_table(summary: dict[str, Any]) -> str:
   m = summary['metric']
   lines = [f'{"lr":>8} {"batch":>5} {"wd":>7} {"best " + m:>18} {"step":>6} {"final":>8}']
   for r in summary['rows']:
-    mark = ' *' if r is summary['best'] or r == summary['best'] else ''
+    mark = ' *' if r == summary['best'] else ''
     lines.append(
       f'{r["lr"]:>8g} {r["batch"]:>5} {r["weight_decay"]:>7g} {r["best"]:>18.4f} {r["best_step"]:>6} '
       f'{r["final"]:>8.4f}{mark}'

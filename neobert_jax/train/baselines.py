@@ -31,15 +31,10 @@ def unigram(train: list[np.ndarray], held_out: list[np.ndarray], special_ids, vo
 
 def _held_out_triples(docs: list[np.ndarray], is_special: np.ndarray) -> tuple[np.ndarray, ...]:
   """(left, token, right) for every non-special held-out token; every one has both neighbours ([CLS]/[SEP])."""
-  lefts, mids, rights = [], [], []
-  for d in docs:
-    if d.size < 3:
-      continue
-    keep = ~is_special[d[1:-1]]
-    lefts.append(d[:-2][keep])
-    mids.append(d[1:-1][keep])
-    rights.append(d[2:][keep])
-  return tuple(np.concatenate(x).astype(np.int64) for x in (lefts, mids, rights))
+  docs = [d for d in docs if d.size >= 3]
+  keep = [~is_special[d[1:-1]] for d in docs]
+  places = (np.s_[:-2], np.s_[1:-1], np.s_[2:])
+  return tuple(np.concatenate([d[s][k] for d, k in zip(docs, keep)]).astype(np.int64) for s in places)
 
 
 def neighbours(
