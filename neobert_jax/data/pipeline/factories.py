@@ -21,11 +21,6 @@ from neobert_jax.data.pipeline import store as store_lib
 from neobert_jax.data.pipeline import virtual
 
 
-def virtual_shards(data_cfg: ml_collections.ConfigDict, global_batch: int, process_count: int) -> int:
-  """data.virtual_shards, or its automatic value when it is 0 (the trainer resolves it once and records it)."""
-  return data_cfg.virtual_shards or data_config.auto_virtual_shards(global_batch, process_count)
-
-
 def _data_seed(data_cfg: ml_collections.ConfigDict, seed: int) -> int:
   """The data's seed: data.shuffle_seed, or the run's seed when it is negative (training and held-out alike)."""
   return seed if data_cfg.shuffle_seed < 0 else data_cfg.shuffle_seed
@@ -99,7 +94,8 @@ def train_batches(
     raise errors.ConfigError(
       f'data.mixture_fresh names {unknown[0]!r}, not a source of {mix.where} ({list(mix.names)})'
     )
-  count = virtual_shards(data_cfg, global_batch, process_count)
+  # data.virtual_shards, or its automatic value when it is 0 (the trainer resolves it once and records it).
+  count = data_cfg.virtual_shards or data_config.auto_virtual_shards(global_batch, process_count)
   try:
     blocks = sources.block_docs(data_cfg.block_docs, data_cfg.mixture_block_docs, count)  # recorded at start
   except ValueError as e:
