@@ -76,9 +76,8 @@ class WordPieceTokenizer(Tokenizer):
     tok.no_truncation()
     self._tok = tok
     vocab = tok.get_vocab(with_added_tokens=True)
-    self._pieces = [''] * (max(vocab.values()) + 1)
-    for piece, i in vocab.items():
-      self._pieces[i] = piece
+    by_id = {i: piece for piece, i in vocab.items()}
+    self._pieces = [by_id.get(i, '') for i in range(max(by_id) + 1)]
     self.special = {n: vocab.get(t) for n, t in BERT_SPECIAL_TOKENS.items()}
 
   def encode_batch(self, texts):

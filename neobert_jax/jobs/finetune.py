@@ -187,7 +187,6 @@ def _run(cfg: ml_collections.ConfigDict, workdir: Path, lease: Any) -> dict[str,
     )
     step = jit_step(start.defs, mesh, task.loss, task.batch_keys)
     trained = session.trainer(step, start, batches(task, mesh), options).train()
-  # WORKDIR/results.json, and the export of the best step when export.dir is set.
   results = {
     'task': cfg.task,
     'kind': task.kind,

@@ -26,9 +26,7 @@ DTYPES = {k: np.dtype(np.int32) for k in ROW_KEYS + SLOT_KEYS} | {'mlm_weights':
 
 def step_keys(max_predictions: int) -> tuple[str, ...]:
   """What the train step reads: the sparse MLM slots when P > 0, else the dense labels."""
-  if max_predictions > 0:
-    return ROW_KEYS[:3] + SLOT_KEYS
-  return ROW_KEYS
+  return ROW_KEYS[:3] + SLOT_KEYS if max_predictions > 0 else ROW_KEYS
 
 
 def row_shapes(seq_len: int, max_predictions: int) -> dict[str, tuple[tuple[int, ...], np.dtype]]:

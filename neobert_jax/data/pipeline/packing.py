@@ -75,7 +75,6 @@ def pack_block(
     raise ValueError(f"packing mode must be 'packed' or 'none', got {mode!r}")
   if rng is not None:
     row = rng.permutation(n_rows)[row]  # shuffle rows by renaming them: no copy
-  # Every document's tokens scattered to (row, offset) in one pass.
   within = np.arange(tokens.size, dtype=np.int64) - np.repeat(np.cumsum(lengths) - lengths, lengths)
   dest = np.repeat(row * seq_len + offset, lengths) + within
   ids = np.full(n_rows * seq_len, pad_id, np.int32)

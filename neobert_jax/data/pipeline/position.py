@@ -70,7 +70,6 @@ class Position:
 
 def _saved_state(item: paths.Path, pid: int, nproc: int) -> tuple[Any, str]:
   """(the state to restore on process `pid` of `nproc`, or None; what was found, for the log)."""
-  # How many processes wrote the states in `item`.
   writers = max(
     (int(m.group(2)) for f in (item.iterdir() if item.is_dir() else ()) if (m := _STATE_FILE.fullmatch(f.name))),
     default=None,
