@@ -11,7 +11,7 @@ import hashlib
 import json
 import os
 
-from array_record.python.array_record_module import ArrayRecordReader, ArrayRecordWriter
+from array_record.python.array_record_module import ArrayRecordWriter
 import numpy as np
 
 from neobert_jax import errors, paths
@@ -315,23 +315,3 @@ def _bucket_bytes(url: paths.Path) -> bytes:
     raise errors.StorageError(
       f'{url}/{MANIFEST} cannot be read ({errors.one_line(e)}); check that these credentials may read the bucket'
     ) from None
-
-
-def check_size(shown: str, size: int, shard: dict, directory: str, where: str) -> None:
-  if size != shard['bytes']:
-    raise errors.DataError(
-      f'{shown}: {size} bytes {where}, manifest says {shard["bytes"]} '
-      f'(truncated or replaced shard); {remedy(directory)}'
-    )
-
-
-def check_records(path: str, shown: str, shard: dict, directory: str) -> None:
-  """The shard at local `path` opens and holds the manifest's record count; errors name `shown`."""
-  try:
-    reader = ArrayRecordReader(path)
-    n = reader.num_records()
-    reader.close()
-  except Exception as e:  # the C++ reader raises RuntimeError/ValueError variants
-    raise errors.DataError(f'{shown}: corrupt shard ({e}); {remedy(directory)}') from e
-  if n != shard['records']:
-    raise errors.DataError(f'{shown}: {n} records, manifest says {shard["records"]}; {remedy(directory)}')

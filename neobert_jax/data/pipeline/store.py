@@ -111,8 +111,8 @@ class LocalStore(Store):
       path = os.path.join(directory, shard['file'])
       if not os.path.isfile(path):
         raise _missing(path, directory)
-      shards.check_size(path, os.path.getsize(path), shard, directory, 'on disk')
-      shards.check_records(path, path, shard, directory)
+      _check_size(path, os.path.getsize(path), shard, directory, 'on disk')
+      _check_records(path, path, shard, directory)
 
 
 class BucketStore(Store):
@@ -139,7 +139,7 @@ class BucketStore(Store):
         size = src.stat().length
       except FileNotFoundError:
         raise _missing(src, url) from None
-      shards.check_size(str(src), size, shard, str(url), 'on the bucket')
+      _check_size(str(src), size, shard, str(url), 'on the bucket')
     # Whole files of this share from an earlier start are kept (they were checked before taking their name).
     for name in sorted(os.listdir(self.dir)):
       path = os.path.join(self.dir, name)
@@ -247,15 +247,35 @@ def fetch_shard(url: paths.Path, local: str, shard: dict) -> None:
     raise errors.StorageError(
       f'{src}: download failed ({errors.one_line(e)}); nothing was lost, run again to resume from the last checkpoint'
     ) from None
-  shards.check_size(str(src), size, shard, str(url), 'on the bucket')
+  _check_size(str(src), size, shard, str(url), 'on the bucket')
   if 'sha256' in shard and h.hexdigest() != shard['sha256']:
     raise errors.DataError(
       f'{src}: content differs from the manifest (sha256 {h.hexdigest()[:16]}..., manifest '
       f'says {shard["sha256"][:16]}...); {shards.remedy(str(url))}'
     )
-  shards.check_records(part, str(src), shard, str(url))
+  _check_records(part, str(src), shard, str(url))
   os.replace(part, dst)
 
 
 def _missing(path, directory) -> errors.DataError:
   return errors.DataError(f'{path}: shard listed in the manifest is missing; {shards.remedy(str(directory))}')
+
+
+def _check_size(shown: str, size: int, shard: dict, directory: str, where: str) -> None:
+  if size != shard['bytes']:
+    raise errors.DataError(
+      f'{shown}: {size} bytes {where}, manifest says {shard["bytes"]} '
+      f'(truncated or replaced shard); {shards.remedy(directory)}'
+    )
+
+
+def _check_records(path: str, shown: str, shard: dict, directory: str) -> None:
+  """The shard at local `path` opens and holds the manifest's record count; errors name `shown`."""
+  try:
+    reader = ArrayRecordReader(path)
+    n = reader.num_records()
+    reader.close()
+  except Exception as e:  # the C++ reader raises RuntimeError/ValueError variants
+    raise errors.DataError(f'{shown}: corrupt shard ({e}); {shards.remedy(directory)}') from e
+  if n != shard['records']:
+    raise errors.DataError(f'{shown}: {n} records, manifest says {shard["records"]}; {shards.remedy(directory)}')
