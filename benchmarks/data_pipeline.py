@@ -31,7 +31,7 @@ import psutil
 
 from neobert_jax.config import data as config_lib
 from neobert_jax.data import shards
-from tests.support import synthetic_data
+from tests.support import pipeline_data, synthetic_data
 from neobert_jax.data.pipeline import masking
 from neobert_jax.data.pipeline import packing
 from neobert_jax.data.pipeline import prepared
@@ -147,7 +147,6 @@ def bucket_comparison(a) -> None:
   from neobert_jax import paths  # pylint: disable=g-import-not-at-top
   from neobert_jax.data.prepare import corpus  # pylint: disable=g-import-not-at-top
   from neobert_jax.data.prepare import publish  # pylint: disable=g-import-not-at-top
-  from neobert_jax.data import pipeline  # pylint: disable=g-import-not-at-top
 
   emulator = None
   if a.emulator:
@@ -168,7 +167,7 @@ def bucket_comparison(a) -> None:
       bucket_cfg = config_lib.default_data_config()
       bucket_cfg.dir = str(url)
       t0 = time.perf_counter()
-      fetched, _ = pipeline.split_files(bucket_cfg, a.seq_len, 'train')
+      fetched, _ = pipeline_data.split_files(bucket_cfg, a.seq_len, 'train')
       down = time.perf_counter() - t0
       staged = os.path.dirname(fetched[0])
       print(

@@ -5,9 +5,8 @@ tests/test_scenario_data_on_a_bucket.py and the held-out report's tests."""
 import os
 
 from neobert_jax.config import data as config_lib
-from neobert_jax.data import pipeline
 from neobert_jax.data.pipeline import prepared
-from tests.support import synthetic_data
+from tests.support import pipeline_data, synthetic_data
 
 
 def test_a_splits_files_in_manifest_order_all_at_once_or_one_by_one(tmp_path):
@@ -17,9 +16,9 @@ def test_a_splits_files_in_manifest_order_all_at_once_or_one_by_one(tmp_path):
   assert len(names) > 1
   cfg = config_lib.default_data_config()
   cfg.dir = str(tmp_path)
-  files, _ = pipeline.split_files(cfg, 128, 'eval')
+  files, _ = pipeline_data.split_files(cfg, 128, 'eval')
   assert [os.path.basename(f) for f in files] == names and all(os.path.isfile(f) for f in files)
-  first, _ = pipeline.split_files(cfg, 128, 'eval', max_files=1)
+  first, _ = pipeline_data.split_files(cfg, 128, 'eval', max_files=1)
   assert [os.path.basename(f) for f in first] == names[:1]
   records, _ = prepared.read_heldout_split(cfg, 128, 'eval')
   assert [r.tolist() for r in records] == [list(d) for d in docs[:80]]

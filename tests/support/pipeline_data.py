@@ -1,9 +1,12 @@
 """What the data pipeline's tests share (tests/test_data_pipeline_*.py, tests/test_data_elastic.py): a prepared
 synthetic corpus, its data config, and batches taken and compared."""
 
+import os
+
 import numpy as np
 
 from neobert_jax.config import data as config_lib
+from neobert_jax.data.pipeline import prepared
 from tests.support import synthetic_data
 
 N_DOCS = 600  # 600 documents of up to 120 ids: an epoch is about 35 batches of 8 rows of 128
@@ -44,3 +47,13 @@ def same(a: list[dict], b: list[dict]) -> bool:
   return len(a) == len(b) and all(
     x.keys() == y.keys() and all(np.array_equal(x[k], y[k]) for k in x) for x, y in zip(a, b)
   )
+
+
+def split_files(data_cfg, seq_len: int, split: str, max_files: int | None = None):
+  """(local paths of the first `max_files` shards of a split, manifest), fetched from a bucket (the data benchmark's
+  download figure)."""
+  directory, manifest = prepared.open_prepared(data_cfg, seq_len)
+  listed = prepared.split_shards(directory, manifest, split)[:max_files]
+  store = prepared.open_store(directory, manifest, split, listed, float('inf'), 0)
+  store.acquire([s['file'] for s in listed])
+  return [os.path.join(store.dir, s['file']) for s in listed], manifest

@@ -14,4 +14,3 @@ Callers use the names imported below (`from neobert_jax.data import pipeline`).
 from neobert_jax.data.pipeline.factories import cache_need, make_eval_iterator, make_train_iterator
 from neobert_jax.data.pipeline.position import Position, merge_states, state_at
 from neobert_jax.data.pipeline.prepared import Sources, open_data, open_prepared, prepare_builtin, read_mixture
-from neobert_jax.data.pipeline.prepared import split_files

@@ -6,7 +6,6 @@ reports, a split read on one process. Opening reads only manifests and never tok
 from __future__ import annotations
 
 import dataclasses
-import os
 
 import ml_collections
 import numpy as np
@@ -130,15 +129,6 @@ def open_store(
       paths.resolve(directory, 'data.dir'), listed, budget, process_index, manifest.version(), split
     )
   return store_lib.LocalStore(directory, listed)
-
-
-def split_files(data_cfg: ml_collections.ConfigDict, seq_len: int, split: str, max_files: int | None = None):
-  """(local paths of the first `max_files` shards of a split, manifest), fetched from a bucket; for a tool."""
-  directory, manifest = open_prepared(data_cfg, seq_len)
-  listed = split_shards(directory, manifest, split)[:max_files]
-  store = open_store(directory, manifest, split, listed, float('inf'), 0)
-  store.acquire([s['file'] for s in listed])
-  return [os.path.join(store.dir, s['file']) for s in listed], manifest
 
 
 def read_heldout_split(

@@ -41,8 +41,12 @@ class Stats:
   first_file_seconds: float | None = None
 
   def as_dict(self) -> dict:
-    shown = ('bytes_downloaded', 'files_downloaded', 'peak_disk_bytes', 'first_file_seconds')
-    return {k: getattr(self, k) for k in shown}
+    return {
+      'bytes_downloaded': self.bytes_downloaded,
+      'files_downloaded': self.files_downloaded,
+      'peak_disk_bytes': self.peak_disk_bytes,
+      'first_file_seconds': self.first_file_seconds,
+    }
 
 
 class _Readers:
