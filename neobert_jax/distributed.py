@@ -163,11 +163,6 @@ def initialize(num_cpu_devices: int | None = None) -> DistributedInfo:
   return _INFO
 
 
-def info() -> DistributedInfo:
-  """What initialize() decided (a single-process DistributedInfo if it was never called)."""
-  return _INFO or DistributedInfo(process_id=jax.process_index(), num_processes=jax.process_count(), method='single')
-
-
 def is_primary() -> bool:
   """True on process 0, the only process that writes logs, metrics and exports."""
   return jax.process_index() == 0

@@ -112,11 +112,11 @@ def _train_worker(workdir: str) -> None:
 
   def on_step(done: int) -> None:
     # simulate a lost host: process 1 vanishes without any cleanup right after step `die_at`
-    if done == die_at and distributed.info().process_id == 1:
+    if done == die_at and info.process_id == 1:
       print(f'process 1 dying after step {done}', flush=True)
       os._exit(9)
     # simulate a preemption notice that reaches process 1 only
-    if done == sigterm_at and distributed.info().process_id == 1:
+    if done == sigterm_at and info.process_id == 1:
       print(f'process 1 got SIGTERM after step {done}', flush=True)
       os.kill(os.getpid(), signal.SIGTERM)
 
