@@ -39,11 +39,6 @@ class LabelSpec:
   def to_json(self) -> dict[str, Any]:
     return {'kind': self.kind, 'id2label': dict(enumerate(self.names)), 'values': list(self.values)}
 
-  @classmethod
-  def from_json(cls, d: dict[str, Any]) -> 'LabelSpec':
-    names = tuple(d['id2label'][k] for k in sorted(d['id2label'], key=int))
-    return cls(d['kind'], names, tuple(d['values']))
-
 
 def _is_number(v: Any) -> bool:
   return isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, bool)
@@ -80,7 +75,10 @@ def encode_labels(spec: LabelSpec, values: Sequence[Any], where: str) -> np.ndar
 
 
 def load_labels(workdir: str | Path) -> LabelSpec:
-  return LabelSpec.from_json(json.loads((paths.resolved(workdir) / LABELS_FILE).read_text()))
+  """The mapping the run recorded (LabelSpec.to_json; JSON keys are strings)."""
+  d = json.loads((paths.resolved(workdir) / LABELS_FILE).read_text())
+  names = tuple(d['id2label'][k] for k in sorted(d['id2label'], key=int))
+  return LabelSpec(d['kind'], names, tuple(d['values']))
 
 
 # Validation metrics (numpy). F1 is the positive-class F1 for two classes (GLUE's MRPC / QQP convention, class id
