@@ -87,8 +87,7 @@ def load_exported(source: str | os.PathLike, task: str | None = None) -> tuple[E
   flat = hf.hf_state_dict_to_flat(state, cfg)
   cls = hf_model.NeoBERTLMHead if task == 'mlm' else hf_model.NeoBERTModel
   model = torch_ref.torch_model_from_flat(flat, cfg, 'float32', cls=cls)
-  pooling, normalize = pooling_of(path)
-  return Exported(model, task, pooling, normalize).eval(), config
+  return Exported(model, task, *pooling_of(path)).eval(), config
 
 
 def trace(module: Exported, opset: int = DEFAULT_OPSET):
