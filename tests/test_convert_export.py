@@ -19,8 +19,9 @@ from neobert_jax.convert.hf_modeling import MODELING_FILES
 from neobert_jax.jobs import convert as convert_job
 from neobert_jax.model import NeoBERTForMLM, default_model_config
 from neobert_jax.weights import hf
-from neobert_jax.weights.flat import load_saved_flat, model_from_flat, to_flat
+from neobert_jax.weights.flat import load_saved_flat, to_flat
 from tests.support.commands import reported
+from tests.support.tiny_train import model_from_flat
 
 REPO = Path(__file__).resolve().parents[1]
 

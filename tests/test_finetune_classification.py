@@ -14,7 +14,7 @@ from neobert_jax.downstream import heads
 from neobert_jax.finetune import classification
 from neobert_jax.config.finetune import base_config
 from neobert_jax.weights import runs
-from neobert_jax.weights.flat import model_from_flat
+from tests.support.tiny_train import model_from_flat
 
 
 def tiny_config(task='classification'):

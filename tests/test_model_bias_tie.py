@@ -30,6 +30,7 @@ from neobert_jax.model import NeoBERTForMLM
 from neobert_jax.weights import flat as flat_lib
 from neobert_jax.weights import hf
 from neobert_jax.weights.flat import path_names, to_flat
+from tests.support.tiny_train import model_from_flat
 from tests.support.torch_reference import padded_reference_forward
 
 VOCAB = 97
@@ -79,7 +80,7 @@ def padded_rows(seed=0):
 
 
 def jax_model(cfg, flat):
-  return flat_lib.model_from_flat(lambda: NeoBERTForMLM(cfg, rngs=nnx.Rngs(0)), flat)
+  return model_from_flat(lambda: NeoBERTForMLM(cfg, rngs=nnx.Rngs(0)), flat)
 
 
 def test_default_layout_is_the_released_one():

@@ -12,7 +12,8 @@ from flax import nnx
 from neobert_jax.convert import torch_ref
 from tests.support import torch_reference
 from neobert_jax.model import NeoBERTForMLM, default_model_config
-from neobert_jax.weights.flat import Dims, flat_shapes, model_from_flat, to_flat
+from neobert_jax.weights.flat import Dims, flat_shapes, to_flat
+from tests.support.tiny_train import model_from_flat
 
 TOL = 1e-4
 

@@ -139,10 +139,9 @@ def _resume_worker(workdir: str) -> None:
   logging.getLogger('absl').setLevel(logging.WARNING)
   import jax
   import numpy as np
-  from flax import nnx
+  from flax import nnx, traverse_util
   from neobert_jax.engine import checkpoint as ckpt
   from tests.support.tiny_train import train_only
-  from neobert_jax.weights import flat as flat_lib
   from neobert_jax.weights import runs
 
   cfg = _config()
@@ -155,7 +154,7 @@ def _resume_worker(workdir: str) -> None:
     out = original(mngr, abstract, data_iter)
     if out is not None:  # copied now: the train step donates the state's buffers
       seen['step'] = out[0]
-      seen['params'] = flat_lib.flatten(jax.device_get(nnx.to_pure_dict(out[1]['params'])))
+      seen['params'] = traverse_util.flatten_dict(jax.device_get(nnx.to_pure_dict(out[1]['params'])), sep='.')
       seen['opt_step'] = int(np.asarray(out[1]['opt']['step'][...]))
       seen['mesh'] = dict(out[1]['params']['encoder']['layers']['qkv'][...].sharding.mesh.shape)
     return out

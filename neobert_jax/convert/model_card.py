@@ -215,8 +215,7 @@ def _architecture(config: Mapping[str, Any]) -> str:
   if config.get('model_type') != 'eurobert':
     ffn = 8 * math.ceil(int(2 * ffn / 3) / 8)  # NeoBERT's SwiGLU width (model/sizes.py)
   vocab = config['vocab_size']
-  per_layer = 4 * dim * dim + 3 * dim * ffn
-  count = layers * per_layer + vocab * dim * (1 if config.get('tie_word_embeddings') else 2)
+  count = layers * (4 * dim * dim + 3 * dim * ffn) + vocab * dim * (1 if config.get('tie_word_embeddings') else 2)
   theta = config.get('rope_theta', (config.get('rope_parameters') or {}).get('rope_theta'))
   return '\n'.join([
     f'NeoBERT encoder: {layers} pre-RMSNorm blocks of width {dim}, {heads} heads of {dim // heads}, rotary position '

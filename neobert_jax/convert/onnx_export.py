@@ -77,7 +77,6 @@ def load_exported(source: str | os.PathLike, task: str | None = None) -> tuple[E
   if task not in TASKS:
     raise errors.ExportError(f'--task {task!r}: choose one of {", ".join(TASKS)}')
   config, state = hf.read_hf_state_dict(path)
-  state = hf.normalize_hf_state_dict(state)
   cfg = hf.model_config_from_hf(config)
   if 'decoder.bias' not in state:
     if task == 'mlm':
@@ -88,16 +87,14 @@ def load_exported(source: str | os.PathLike, task: str | None = None) -> tuple[E
   flat = hf.hf_state_dict_to_flat(state, cfg)
   cls = hf_model.NeoBERTLMHead if task == 'mlm' else hf_model.NeoBERTModel
   model = torch_ref.torch_model_from_flat(flat, cfg, 'float32', cls=cls)
-  pooling, normalize = pooling_of(path)
-  return Exported(model, task, pooling, normalize).eval(), config
+  return Exported(model, task, *pooling_of(path)).eval(), config
 
 
 def trace(module: Exported, opset: int = DEFAULT_OPSET):
   """The torch.onnx program (dynamo export) with dynamic batch and length axes."""
   ids = torch.tensor([[101, 2000, 2001, 102], [101, 2002, 102, 0]], dtype=torch.long)
   mask = (ids != 0).to(torch.long)
-  batch, length = torch.export.Dim('batch'), torch.export.Dim('length')
-  axes = {0: batch, 1: length}
+  axes = {0: torch.export.Dim('batch'), 1: torch.export.Dim('length')}
   with torch.no_grad():
     return torch.onnx.export(
       module,
@@ -159,7 +156,6 @@ def export_onnx(
       if (src / name).is_dir():
         shutil.copytree(src / name, tmp / name)
 
-  config = {k: v for k, v in config.items() if k not in ('onnx_output',)}
   return export_hf.write_hf_dir(
     output,
     None,

@@ -24,27 +24,23 @@ def _producers(graph: onnx.GraphProto) -> dict[str, onnx.NodeProto]:
 def _packed_input(producers, name: str) -> str | None:
   """The packed [tokens, heads, head_dim] tensor that Transpose(Reshape(ScatterND(zeros, places, packed))) lays out
   as [batch, heads, length, head_dim]; None if ``name`` is not made that way."""
-  node = producers.get(name)
   for op in ('Transpose', 'Reshape', 'ScatterND'):
+    node = producers.get(name)
     if node is None or node.op_type != op:
       return None
-    if op == 'ScatterND':
-      return node.input[2]
-    node = producers.get(node.input[0])
-  return None
+    name = node.input[0]
+  return node.input[2]
 
 
 def _packed_output(consumers, name: str) -> onnx.NodeProto | None:
   """The Gather that takes Attention's output back to the packed [tokens, hidden] layout (through Transpose and
   Reshape), or None."""
-  node = None
   for op in ('Transpose', 'Reshape', 'Gather'):
     users = consumers.get(name, [])
     if len(users) != 1 or users[0].op_type != op:
       return None
-    node = users[0]
-    name = node.output[0]
-  return node
+    name = users[0].output[0]
+  return users[0]
 
 
 def _scalar_int(weights, name: str) -> int | None:

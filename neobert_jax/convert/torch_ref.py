@@ -10,24 +10,17 @@ import torch
 from neobert_jax.convert.hf_modeling import model as hf_model
 from neobert_jax.weights import hf
 
-_TORCH_DTYPES = {'float32': torch.float32, 'bfloat16': torch.bfloat16, 'float16': torch.float16}
-
-
-def numpy_to_torch(array: np.ndarray) -> torch.Tensor:
-  """A torch tensor holding a copy of the array (bfloat16 from ml_dtypes included)."""
-  array = np.array(array, order='C')  # a writable copy: the tensor never aliases the caller's arrays
-  if array.dtype.name == 'bfloat16':
-    return torch.from_numpy(array.view(np.uint16)).view(torch.bfloat16)
-  return torch.from_numpy(array)
-
 
 def torch_model_from_flat(
   flat: Mapping[str, Any], cfg: Any, dtype: str | torch.dtype = 'float32', cls=hf_model.NeoBERTLMHead
 ) -> torch.nn.Module:
   """Our ``NeoBERTLMHead`` (or ``cls``) holding ``flat``'s weights, in eval mode; built on the meta device, so a
   250M model costs one copy."""
-  dtype = _TORCH_DTYPES[dtype] if isinstance(dtype, str) else dtype
-  state = {k: numpy_to_torch(v).to(dtype) for k, v in hf.flat_to_hf_state_dict(flat, cfg).items()}
+  dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype  # 'float32', 'bfloat16', ...
+  # Through a float32 copy: torch has no bfloat16 of numpy's (ml_dtypes), and the tensors never alias `flat`.
+  state = {
+    k: torch.from_numpy(np.array(v, np.float32)).to(dtype) for k, v in hf.flat_to_hf_state_dict(flat, cfg).items()
+  }
   fields = {k: v for k, v in hf.hf_config_dict(cfg).items() if k not in ('architectures', 'auto_map', 'model_type')}
   with torch.device('meta'):
     model = cls(hf_model.NeoBERTConfig(**fields))  # the exported config.json's fields

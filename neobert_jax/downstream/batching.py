@@ -93,10 +93,8 @@ def epoch_batches(
   """One pass: {'input_ids', 'lengths', 'weights', 'index', **extras} per batch (host numpy)."""
   for length, idx in plan_batches([len(s) for s in seqs], batch_size, bucket_list, rng):
     ids, lens = pad_rows([seqs[i] for i in idx], batch_size, length, pad_id)
-    weights = np.zeros((batch_size,), np.float32)
-    weights[: len(idx)] = 1.0
-    index = np.full((batch_size,), -1, np.int32)
-    index[: len(idx)] = idx
+    weights = (np.arange(batch_size) < len(idx)).astype(np.float32)
+    index = np.pad(idx.astype(np.int32), (0, batch_size - len(idx)), constant_values=-1)
     out = {'input_ids': ids, 'lengths': lens, 'weights': weights, 'index': index}
     for k, v in extras.items():
       col = np.zeros((batch_size,) + v.shape[1:], v.dtype)

@@ -36,10 +36,8 @@ def _metadata(package: str, **fields: Any) -> TaskMetadata:
 
 
 class _Packaged:
-  """load_data from a package instead of the hub: one DatasetDict in memory, built once."""
-
-  def _splits(self) -> dict[str, dict[str, list]]:
-    raise NotImplementedError
+  """load_data from a package instead of the hub: one DatasetDict in memory, built once from the subclass's
+  `_splits()` ({split: {column: values}})."""
 
   def load_data(self, num_proc: int | None = None, **kwargs: Any) -> None:
     del num_proc, kwargs

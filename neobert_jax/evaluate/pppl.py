@@ -71,8 +71,7 @@ def pseudo_perplexity(
       doc, pos, n = (rows[k][start : start + batch_size] for k in ('doc', 'pos', 'length'))
       real = len(doc)
       ids, lengths = batching.pad_rows([seqs[d] for d in doc], batch_size, length, pad_id)
-      positions = np.zeros(batch_size, np.int32)
-      positions[:real] = pos
+      positions = np.pad(pos, (0, batch_size - real))
       targets = ids[np.arange(batch_size), positions].copy()
       ids[np.arange(real), pos] = mask_id
       g = batching.shard_rows({'ids': ids, 'lengths': lengths, 'positions': positions, 'targets': targets}, mesh)

@@ -46,41 +46,10 @@ def _fuse_qkv(q: np.ndarray, k: np.ndarray, v: np.ndarray, heads: int) -> np.nda
   return np.concatenate([q, k, v], axis=1).reshape(3 * heads * head_dim, *q.shape[2:])
 
 
-def config_from_neobert(config: Mapping[str, Any], ffn: int, mlp_bias: bool, special_ids: Mapping[str, int]) -> dict:
-  """EuroBERT's config.json for a NeoBERT one (hf.hf_config_dict's fields). ``ffn`` is the SwiGLU width, which
-  EuroBERT calls intermediate_size (NeoBERT's is the 4x MLP's it derives the width from); ``special_ids`` are the
-  tokenizer's bos / eos / mask ids where it has them (EuroBERT's defaults are its own vocabulary's)."""
-  out = {
-    'architectures': ['EuroBertForMaskedLM'],
-    'model_type': MODEL_TYPE,
-    'vocab_size': config['vocab_size'],
-    'hidden_size': config['hidden_size'],
-    'intermediate_size': int(ffn),
-    'num_hidden_layers': config['num_hidden_layers'],
-    'num_attention_heads': config['num_attention_heads'],
-    'num_key_value_heads': config['num_attention_heads'],
-    'head_dim': config['hidden_size'] // config['num_attention_heads'],
-    'hidden_act': 'silu',
-    'max_position_embeddings': config['max_position_embeddings'],
-    'rms_norm_eps': config['norm_eps'],
-    'rope_parameters': {'rope_type': 'default', 'rope_theta': float(config['rope_theta'])},
-    'attention_bias': bool(config['attention_bias']),
-    'mlp_bias': bool(mlp_bias),
-    'tie_word_embeddings': bool(config['tie_word_embeddings']),
-    'pad_token_id': config['pad_token_id'],
-    'bos_token_id': special_ids.get('bos'),
-    'eos_token_id': special_ids.get('eos'),
-    'initializer_range': config.get('decoder_init_range', 0.02),
-    'torch_dtype': config.get('torch_dtype', 'float32'),
-    'use_cache': False,
-  }
-  if 'mask' in special_ids:
-    out['mask_token_id'] = special_ids['mask']
-  return dict(sorted(out.items()))
-
-
 def from_neobert(state: Mapping[str, np.ndarray], config: Mapping[str, Any], special_ids: Mapping[str, int]):
-  """(EuroBERT state_dict, config.json) for a ``NeoBERTLMHead`` state_dict and its config.json."""
+  """(EuroBERT state_dict, config.json) for a ``NeoBERTLMHead`` state_dict and its config.json (hf.hf_config_dict's
+  fields); ``special_ids`` are the tokenizer's bos / eos / mask ids where it has them (EuroBERT's defaults are its own
+  vocabulary's)."""
   heads, layers = config['num_attention_heads'], config['num_hidden_layers']
   decoder_bias = np.asarray(state['decoder.bias'])
   mlp_bias = bool(config['mlp_bias']) or bool(np.any(decoder_bias != 0))
@@ -107,9 +76,34 @@ def from_neobert(state: Mapping[str, np.ndarray], config: Mapping[str, Any], spe
     out['lm_head.weight'] = state['decoder.weight']
   if mlp_bias:
     out['lm_head.bias'] = decoder_bias
-  state_out = {k: np.ascontiguousarray(v) for k, v in out.items()}
-  ffn = state[f'{NEOBERT_PREFIX}0.ffn.w3.weight'].shape[1]
-  return state_out, config_from_neobert(config, ffn, mlp_bias, special_ids)
+  # EuroBERT's intermediate_size is the SwiGLU width (NeoBERT's is the 4x MLP's it derives the width from).
+  eurobert_config = {
+    'architectures': ['EuroBertForMaskedLM'],
+    'model_type': MODEL_TYPE,
+    'vocab_size': config['vocab_size'],
+    'hidden_size': config['hidden_size'],
+    'intermediate_size': int(state[f'{NEOBERT_PREFIX}0.ffn.w3.weight'].shape[1]),
+    'num_hidden_layers': config['num_hidden_layers'],
+    'num_attention_heads': config['num_attention_heads'],
+    'num_key_value_heads': config['num_attention_heads'],
+    'head_dim': config['hidden_size'] // config['num_attention_heads'],
+    'hidden_act': 'silu',
+    'max_position_embeddings': config['max_position_embeddings'],
+    'rms_norm_eps': config['norm_eps'],
+    'rope_parameters': {'rope_type': 'default', 'rope_theta': float(config['rope_theta'])},
+    'attention_bias': bool(config['attention_bias']),
+    'mlp_bias': mlp_bias,
+    'tie_word_embeddings': bool(config['tie_word_embeddings']),
+    'pad_token_id': config['pad_token_id'],
+    'bos_token_id': special_ids.get('bos'),
+    'eos_token_id': special_ids.get('eos'),
+    'initializer_range': config.get('decoder_init_range', 0.02),
+    'torch_dtype': config.get('torch_dtype', 'float32'),
+    'use_cache': False,
+  }
+  if 'mask' in special_ids:
+    eurobert_config['mask_token_id'] = special_ids['mask']
+  return {k: np.ascontiguousarray(v) for k, v in out.items()}, dict(sorted(eurobert_config.items()))
 
 
 def to_neobert(config: Mapping[str, Any], state: Mapping[str, np.ndarray]) -> tuple[dict, dict]:

@@ -10,7 +10,6 @@ import os
 from typing import Any, Callable, Mapping
 
 import jax
-import jax.numpy as jnp
 import ml_collections
 import numpy as np
 from flax import nnx, traverse_util
@@ -117,16 +116,6 @@ def check_flat(flat: Mapping[str, Any], cfg: ml_collections.ConfigDict) -> None:
   )
 
 
-def flatten(tree: Mapping[str, Any]) -> dict[str, Any]:
-  """Nested {name: {...: leaf}} -> {'name.….leaf': leaf}."""
-  return traverse_util.flatten_dict(tree, sep='.')
-
-
-def unflatten(flat: Mapping[str, Any]) -> dict[str, Any]:
-  """Inverse of `flatten`."""
-  return traverse_util.unflatten_dict(dict(flat), sep='.')
-
-
 def path_names(path: tuple[Any, ...]) -> list[str]:
   """The names along a pytree or nnx state path (dict keys, attribute names, sequence indices), as strings."""
   return [jax.tree_util.keystr((entry,), simple=True) for entry in path]
@@ -196,7 +185,7 @@ def load_saved_flat(path: str | os.PathLike) -> tuple[ml_collections.ConfigDict,
 
 def params_from_flat(flat: Mapping[str, np.ndarray], like: Any) -> Any:
   """Flat {dotted key: array} -> params sharded like `like`; each process builds only its devices' shards."""
-  expected = flatten(nnx.to_pure_dict(like))
+  expected = traverse_util.flatten_dict(nnx.to_pure_dict(like), sep='.')
   check_keys_and_shapes(
     flat,
     {k: tuple(v.shape) for k, v in expected.items()},
@@ -209,7 +198,7 @@ def params_from_flat(flat: Mapping[str, np.ndarray], like: Any) -> Any:
     return jax.make_array_from_callback(ref.shape, ref.sharding, lambda idx: host[idx])
 
   params = jax.tree.map(lambda a: a, like)
-  nnx.replace_by_pure_dict(params, unflatten({k: put(k, v) for k, v in expected.items()}))
+  nnx.replace_by_pure_dict(params, traverse_util.unflatten_dict({k: put(k, v) for k, v in expected.items()}, sep='.'))
   return params
 
 
@@ -230,22 +219,3 @@ def sharded_params(
     shardings = nnx.get_named_sharding(abstract, mesh)
   abstract = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract, shardings)
   return graphdef, params_from_flat(flat, abstract), shardings
-
-
-def model_from_flat(make_model: Callable[[], nnx.Module], flat: Mapping[str, np.ndarray]) -> nnx.Module:
-  """A model holding `flat` on the default device (no mesh), in the model's dtypes. Every key and shape is checked
-  first (ValueError)."""
-  graphdef, abstract = nnx.split(nnx.eval_shape(make_model))
-  model = nnx.merge(graphdef, jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), abstract))
-  variables = {path_key(path): var for path, var in nnx.to_flat_state(nnx.state(model, nnx.Param))}
-  check_keys_and_shapes(
-    flat,
-    {k: tuple(v[...].shape) for k, v in variables.items()},
-    'the parameters',
-    'check that the model config (layers, sizes, vocab) matches the checkpoint',
-    error=ValueError,
-  )
-  for key, var in variables.items():
-    current = var[...]
-    var[...] = jax.device_put(np.asarray(flat[key]).astype(current.dtype), current.sharding)
-  return model

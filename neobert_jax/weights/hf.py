@@ -84,14 +84,11 @@ def flat_to_hf_state_dict(flat: Mapping[str, Any], cfg: Any) -> dict[str, np.nda
 
 def normalize_hf_state_dict(sd: Mapping[str, Any]) -> dict[str, Any]:
   """Accepts the keys of a base ``NeoBERT`` save (no 'model.' prefix) and drops known weightless buffers."""
-  out = {}
-  for key, value in sd.items():
-    if key.rsplit('.', 1)[-1] in IGNORED_HF_KEYS:
-      continue
-    if not key.startswith(HF_PREFIX) and not key.startswith('decoder.'):
-      key = HF_PREFIX + key
-    out[key] = value
-  return out
+  return {
+    k if k.startswith((HF_PREFIX, 'decoder.')) else HF_PREFIX + k: v
+    for k, v in sd.items()
+    if k.rsplit('.', 1)[-1] not in IGNORED_HF_KEYS
+  }
 
 
 def hf_state_dict_to_flat(sd: Mapping[str, Any], cfg: Any) -> dict[str, np.ndarray]:

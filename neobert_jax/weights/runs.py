@@ -13,13 +13,13 @@ from typing import Any
 import jax
 import ml_collections
 import numpy as np
+from flax import traverse_util
 
 from neobert_jax import config as config_lib
 from neobert_jax import bucket, paths
 from neobert_jax.config import finetune as finetune_config
 from neobert_jax.config import train as train_config
 from neobert_jax.data import tokenizer as tokenizer_lib
-from neobert_jax.weights.flat import flatten
 
 log = logging.getLogger(__name__)
 
@@ -212,7 +212,7 @@ def restore_params(
       meta = ckptr.metadata(item).item_metadata
     target = jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=cpu), meta.tree)
     tree = ckptr.restore(item, target)
-  flat = {k: np.asarray(v) for k, v in flatten(tree).items()}
+  flat = {k: np.asarray(v) for k, v in traverse_util.flatten_dict(tree, sep='.').items()}
   return read_config(item.parent.parent, step).model, flat
 
 

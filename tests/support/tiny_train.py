@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Mapping
 
 import jax
+import jax.numpy as jnp
 import ml_collections
 import numpy as np
+from flax import nnx
 
 from neobert_jax.config import train as train_config
 from neobert_jax.train.mlm import abstract_batch
+from neobert_jax.weights.flat import check_keys_and_shapes, path_key
 
 # The checkout's root (configs/ holds the recipes), for tests and tools that run from a source tree.
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -207,3 +210,22 @@ def kill_when_paused(argv: list[str], env: dict[str, str] | None = None, cwd: Pa
     child.stdout.close()
   assert child.returncode == -signal.SIGKILL
   return child.pid
+
+
+def model_from_flat(make_model: Callable[[], nnx.Module], flat: Mapping[str, np.ndarray]) -> nnx.Module:
+  """A model holding `flat` on the default device (no mesh), in the model's dtypes. Every key and shape is checked
+  first (ValueError)."""
+  graphdef, abstract = nnx.split(nnx.eval_shape(make_model))
+  model = nnx.merge(graphdef, jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), abstract))
+  variables = {path_key(path): var for path, var in nnx.to_flat_state(nnx.state(model, nnx.Param))}
+  check_keys_and_shapes(
+    flat,
+    {k: tuple(v[...].shape) for k, v in variables.items()},
+    'the parameters',
+    'check that the model config (layers, sizes, vocab) matches the checkpoint',
+    error=ValueError,
+  )
+  for key, var in variables.items():
+    current = var[...]
+    var[...] = jax.device_put(np.asarray(flat[key]).astype(current.dtype), current.sharding)
+  return model
