@@ -135,15 +135,13 @@ def dcn_transfers(
       if k < 2:
         continue
       result, g = result_bytes(ins), len(groups[0])
-      if op == 'collective-permute':
-        data = result * sum(len(s) > 1 for s in spans) / len(spans)
-      else:
-        data = {
-          'all-gather': result / g,
-          'reduce-scatter': result * k,
-          'all-reduce': result * k / g,
-          'all-to-all': result,
-        }[op]
+      data = {
+        'all-gather': result / g,
+        'reduce-scatter': result * k,
+        'all-reduce': result * k / g,
+        'all-to-all': result,
+        'collective-permute': result * sum(len(s) > 1 for s in spans) / len(spans),  # the pairs that cross
+      }[op]
       out.append(Transfer(op, ins.name, mod.runs[comp], k, _hierarchical_bytes(op, data, k)))
   return out
 

@@ -6,6 +6,7 @@ backend."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import re
 
@@ -149,12 +150,10 @@ class Module:
       for ins in body:
         for child in called(ins):
           callers.setdefault(child, []).append((parent, self._trip_count(ins) if ins.op == 'while' else 1))
-    memo: dict[str, int] = {}
 
+    @functools.cache
     def count(name: str) -> int:
-      if name not in memo:
-        memo[name] = 1 if name == self.entry else sum(count(p) * f for p, f in callers.get(name, []))
-      return memo[name]
+      return 1 if name == self.entry else sum(count(p) * f for p, f in callers.get(name, []))
 
     return {name: count(name) for name in self.instrs}
 

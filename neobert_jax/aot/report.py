@@ -139,15 +139,12 @@ def lower_step(cfg, target: targets.Target, what: str = 'train'):
     for k, v in batch.items()
   }
 
-  def loss_and_grads(params, micro):
-    def loss(p):
-      total, (count, _) = mlm.mlm_sums(nnx.merge(defs.model_def, p), micro, packed, limit)
-      return total / jax.numpy.maximum(count, 1.0)
-
-    return jax.value_and_grad(loss)(params)
+  def loss(params, micro):
+    total, (count, _) = mlm.mlm_sums(nnx.merge(defs.model_def, params), micro, packed, limit)
+    return total / jax.numpy.maximum(count, 1.0)
 
   fn = jax.jit(
-    loss_and_grads,
+    jax.value_and_grad(loss),
     in_shardings=(defs.shardings['params'], {k: v.sharding for k, v in micro.items()}),
     out_shardings=(NamedSharding(mesh, P()), defs.shardings['params']),
   )
