@@ -56,10 +56,6 @@ class MeshLayout:
     """Slices (TPU) or nodes (GPU) the mesh spans."""
     return math.prod(self.dcn)
 
-  def as_config(self) -> dict[str, int]:
-    """The mesh config section that builds this layout: per-slice sizes, then the dcn_* sizes."""
-    return dict(zip(MESH_AXES, self.ici)) | {f: self.dcn[MESH_AXES.index(a)] for a, f in DCN_FIELDS.items()}
-
 
 def _fill(shape: list[int], num_devices: int, where: str) -> list[int]:
   """Fills a single -1 entry so the product equals num_devices; raises a clear error otherwise."""

@@ -158,8 +158,7 @@ def by_kind(transfers: Iterable[Transfer]) -> dict[str, dict[str, float]]:
 
 
 def for_mesh(hlo: str | hlo_lib.Module, mesh, layout=None) -> tuple[int, list[Transfer]]:
-  """(slices / nodes the mesh spans, the program's DCN transfers) for a program (its text, or parsed) compiled on
-  `mesh`."""
+  """(slices / nodes the mesh spans, their DCN transfers) for a program (text, or parsed) compiled on `mesh`."""
   ids = shd.granule_ids(mesh, layout)
   n = len(set(ids))
   if n < 2:

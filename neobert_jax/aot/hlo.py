@@ -172,8 +172,7 @@ class Module:
     return self.reachable(self.entry, lambda ins: ins.op in ('while', 'conditional', 'call'))
 
   def matmuls(self, ins: Instr, comp: str) -> list[tuple[float, int, int, int, int]]:
-    """(FLOPs, batch, M, N, K) of every dot / convolution an instruction runs (in its fusion, or itself: a cuBLAS
-    call too)."""
+    """(FLOPs, batch, M, N, K) of each dot / convolution an instruction runs: in its fusion, or itself (cuBLAS)."""
     if ins.op == 'fusion':
       return [
         dot_shape(i, self.types[c])

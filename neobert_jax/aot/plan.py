@@ -141,8 +141,7 @@ def roofline_seconds(result: dict) -> float | None:
 
 
 def fastest_fitting(tried: dict[int, dict], default: int) -> int:
-  """Of the compiled micro-batch sizes that fit, the shortest roofline step (ties and missing
-  rooflines: the larger size); `default` where none fits."""
+  """The fitting micro-batch size of shortest roofline step (ties, no roofline: the larger); `default` if none fits."""
   fitting = [k for k, v in tried.items() if v['fits']]
   return min(fitting, key=lambda k: (roofline_seconds(tried[k]) or math.inf, -k), default=default)
 
@@ -218,18 +217,16 @@ def plan_layouts(
 ) -> list[Row]:
   """search() for every candidate (mesh, remat), in `workers` processes (0: one per two cores, as XLA's compiler
   uses more than one thread and each process holds a backend)."""
-  granules = target.num_granules
   tasks = [
     (cfg, target, mesh, remat, headroom, mfu)
-    for mesh in meshes(target.num_devices, cfg.model.num_heads, tensor_sizes, layouts, granules)
+    for mesh in meshes(target.num_devices, cfg.model.num_heads, tensor_sizes, layouts, target.num_granules)
     for remat in remats
   ]
   workers = min(workers or max(1, (os.cpu_count() or 1) // 2), len(tasks))
   if workers <= 1:
     return [search(*task) for task in tasks]
-  ctx = multiprocessing.get_context('spawn')
   with concurrent.futures.ProcessPoolExecutor(
-    workers, mp_context=ctx, initializer=targets.start_backends, initargs=(target,)
+    workers, mp_context=multiprocessing.get_context('spawn'), initializer=targets.start_backends, initargs=(target,)
   ) as pool:
     return list(pool.map(search, *zip(*tasks)))
 

@@ -54,9 +54,6 @@ CHIPS = {
   'v6e': Chip('TPU v6 lite', 32 * GIB),
 }
 
-# Chips per host along each torus axis: 4 chips per TPU VM host in multi-host slices (v5e / v6e 2x2, v4 / v5p 2x2x1).
-_TPU_HOST_BOUNDS = (2, 2, 1)
-
 
 @dataclasses.dataclass(frozen=True)
 class Target:
@@ -149,8 +146,9 @@ def devices(target: Target) -> list:
 
   if target.platform == 'tpu':
     grid = tuple(int(x) for x in target.tpu_topology.split(':')[1].split('x'))
-    # A slice smaller than a host is a single host holding all of it.
-    bounds = tuple(min(b, g) for b, g in zip(_TPU_HOST_BOUNDS, grid + (1,) * (3 - len(grid))))
+    # Chips per host along each torus axis: 4 per TPU VM host in multi-host slices (v5e / v6e 2x2, v4 / v5p 2x2x1);
+    # a slice smaller than a host is a single host holding all of it.
+    bounds = tuple(min(b, g) for b, g in zip((2, 2, 1), grid + (1,) * (3 - len(grid))))
     topo = topologies.get_topology_desc(
       platform='tpu',
       topology_name=target.tpu_topology,

@@ -201,7 +201,8 @@ def mesh_shape(cfg: ml_collections.ConfigDict, num_devices: int | None = None) -
   """The mesh section with -1 filled in, as written to config.json: per-slice sizes, plus the dcn_* sizes
   where the config has them (with none, per-slice sizes are the mesh's sizes)."""
   layout = _mesh_layout(cfg, num_devices)
-  return {k: v for k, v in layout.as_config().items() if k in shd.MESH_AXES or k in cfg.mesh}
+  dcn = {f: layout.dcn[shd.MESH_AXES.index(a)] for a, f in shd.DCN_FIELDS.items() if f in cfg.mesh}
+  return dict(zip(shd.MESH_AXES, layout.ici)) | dcn
 
 
 def typed_train(cfg: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
@@ -212,8 +213,7 @@ def typed_train(cfg: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
 def validate_train(
   cfg: ml_collections.ConfigDict, num_devices: int | None = None, process_count: int | None = None
 ) -> ml_collections.ConfigDict:
-  """`cfg` typed by the schema (typed above); raises ConfigError for a config this trainer cannot run on the
-  current devices."""
+  """`cfg` typed (typed_train); raises ConfigError for a config this trainer cannot run on the current devices."""
   cfg = typed_train(cfg)
   validate_model_config(cfg.model)
   validate_data_config(cfg.data)

@@ -73,8 +73,7 @@ def attention(
   max_segments: int | None = None,
   block_size: int | None = None,
 ) -> jax.Array:
-  """q, k, v [B, T, H, Dh] -> [B, T, H, Dh], with segment_ids (packed), lengths (padded) or neither; `kernel` is
-  resolved (not 'auto')."""
+  """q, k, v [B, T, H, Dh] -> [B, T, H, Dh], with segment_ids (packed), lengths (padded) or neither; no 'auto'."""
   if segment_ids is not None and lengths is not None:
     raise ValueError('pass segment_ids (packed rows) or lengths (padded rows), not both.')
   if kernel in ('cudnn', 'cudnn_bias'):
