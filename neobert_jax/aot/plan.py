@@ -111,9 +111,8 @@ def cached(cfg, target: targets.Target, what: tuple, compute: Callable[[], Any])
     except (ValueError, KeyError):
       pass  # a damaged entry is computed again
   result = compute()
-  tmp = path.with_suffix(f'.tmp-{os.getpid()}')
-  tmp.write_text(json.dumps({'target': target.spec, 'what': list(what), 'result': result}))
-  os.replace(tmp, path)  # all or nothing: parallel planners may write the same entry
+  # all or nothing: parallel planners may write the same entry
+  paths.write_text(path, json.dumps({'target': target.spec, 'what': list(what), 'result': result}))
   return result, False
 
 

@@ -50,9 +50,8 @@ def get_config() -> ml_collections.ConfigDict:
   # the lease back at once instead of waiting out its timeout. '' = the scheduler's (SLURM job id, JobSet name).
   cfg.run_id = ''
 
-  # Model architecture and numerics (config/model.py documents each field). `dtype` is the run's one
-  # compute-dtype setting: 'auto' = bfloat16 on GPU/TPU, float32 on CPU (resolved once, at start-up, and written
-  # to config.json), or 'float32' / 'bfloat16'; parameters stay `param_dtype` (fp32 master weights).
+  # Model architecture and numerics (config/model.py documents each field); the trainer computes in model.dtype
+  # 'auto' (bfloat16 on GPU/TPU, float32 on CPU; resolved at start-up, written to config.json), float32 or bfloat16.
   cfg.model = default_model_config()
   cfg.model.dtype = 'auto'
 
