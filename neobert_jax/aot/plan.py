@@ -1,6 +1,5 @@
 """Recipe planning for a target: compile the candidate layouts of one global batch (docs/performance.md, "Which
-layout is fastest?"), recommend the fastest that fits. Each (mesh, remat) binary-searches the largest micro-batch
-that fits; of the sizes compiled that fit, the roofline picks (near the memory limit XLA rematerialises on its own).
+layout is fastest?"), recommend the fastest that fits.
 
 Estimated step (a model): GPU, the roofline of the compiled step; TPU, XLA's cost model (`optimal_seconds`) of 1-
 and 2-layer unrolled micro-batch programs extrapolated to the depth (loop bodies are costed once), times the
@@ -147,7 +146,7 @@ def fastest_fitting(tried: dict[int, dict], default: int) -> int:
 
 def search(cfg, target: targets.Target, mesh: dict[str, int], remat: str, headroom: float, mfu: float) -> Row:
   """For one (mesh, remat): the largest micro-batch that fits (binary search), then of the sizes compiled the
-  one the roofline prices fastest."""
+  one the roofline prices fastest (near the memory limit XLA rematerialises on its own)."""
   global_batch = cfg.train.global_batch_size
   # devices the batch is split over: data x fsdp in total (per-slice size x slices spanned)
   shards = mesh['data'] * mesh.get('dcn_data', 1) * mesh['fsdp'] * mesh.get('dcn_fsdp', 1)

@@ -1,7 +1,5 @@
-"""Compile targets: tpu:v5e-256 (v4 / v5p count TensorCores: v4-8 is 4 chips), tpu:v5e:16x16 (a chip grid),
-tpu:2xv5p-256 (2 slices over the DCN), cuda:h100x8 (8 H100 per host; cuda:h100x16 = 2 hosts). Their devices come
-from jax.experimental.topologies (libtpu, or the CUDA plugin with the GpuTargetConfig below), in the child
-interpreter aot/deps.py sets up."""
+"""Compile targets (tpu:v5e-256, tpu:v5e:16x16, tpu:2xv5p-256, cuda:h100x8, ...: docs/performance.md, `--target`)
+and their compile-only devices (jax.experimental.topologies), in the child interpreter aot/deps.py sets up."""
 
 from __future__ import annotations
 

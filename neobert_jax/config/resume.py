@@ -1,9 +1,6 @@
-"""What a resumed run may change: every config field is identity (refused: the checkpoint belongs to another
-run), schedule (accepted, logged, recorded in config_history.jsonl) or free (accepted and logged).
-
-A field the table does not name falls under its section's rule, and a section it does not name is identity, so a
-new field is refused on change until someone decides otherwise (tests/test_train_resume_config.py). A
-RESOLVED_AT_START field unset on either side is no change: it means the run's own recorded value."""
+"""What a resumed run may change (docs/configuration.md, "Resuming with a changed config"): each field is identity,
+schedule or free by its longest named prefix; a section the table does not name is identity, so its new fields are
+refused on change until someone decides otherwise (tests/test_train_resume_config.py)."""
 
 from __future__ import annotations
 
