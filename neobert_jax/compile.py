@@ -157,8 +157,7 @@ def main(argv: list[str]) -> int:
   except deps.DependencyError as e:
     print(f'[aot] cannot compile for {target.spec}: optional dependency missing.\n{e}', file=sys.stderr)
     return 3
-  env = deps.child_env(target.platform)
-  env[_CHILD_ENV] = '1'
+  env = deps.child_env(target.platform) | {_CHILD_ENV: '1'}
   # The child finds neobert_jax where this process did: installed (pip install [-e] .), or the working directory.
   return subprocess.call([sys.executable, '-m', 'neobert_jax.compile'] + sys.argv[1:], env=env)
 

@@ -107,8 +107,7 @@ def updates(ins: Instr) -> list[str]:
 
 
 class Module:
-  """A module's text parsed once: instructions and result types per computation, runs per step, and what each
-  instruction computes and moves (the roofline prices them)."""
+  """A module's text parsed once: instructions and types per computation, runs per step, FLOPs and bytes moved."""
 
   def __init__(self, hlo: str):
     self.entry, comps, name = None, {}, None

@@ -119,8 +119,7 @@ class FitReport:
 
 
 def lower_step(cfg, target: targets.Target, what: str = 'train'):
-  """(lowered, mesh) of 'train' (the trainer's jitted step) or 'forward_backward' (one micro-batch's loss and
-  gradients, to isolate the model) on the target's compile-only mesh; ConfigError where the trainer would refuse."""
+  """(lowered, mesh) of `what` (as --what) on the target's compile-only mesh; ConfigError where the trainer refuses."""
   devices = targets.devices(target)
   # The trainer's own checks (unknown keys, batch divisibility over the mesh and over the target's hosts), so
   # a recipe that compiles here is one the trainer accepts there.
@@ -153,8 +152,7 @@ def lower_step(cfg, target: targets.Target, what: str = 'train'):
 
 
 def compile_report(cfg, target: targets.Target, what: str = 'train', headroom: float = 0.9) -> tuple[FitReport, str]:
-  """Compiles lower_step's program: the report and the compiled HLO text ('' where the compiler refused the program
-  for memory, the answer "does not fit")."""
+  """(report, compiled HLO text) of lower_step's program; the text is '' where the compiler refused it for memory."""
   t0 = time.time()
   lowered, mesh = lower_step(cfg, target, what)
   try:

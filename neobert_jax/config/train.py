@@ -197,8 +197,7 @@ def _mesh_layout(cfg: ml_collections.ConfigDict, num_devices: int | None = None)
 
 
 def mesh_shape(cfg: ml_collections.ConfigDict, num_devices: int | None = None) -> dict[str, int]:
-  """The mesh section with -1 filled in, as written to config.json: per-slice sizes, plus the dcn_* sizes
-  where the config has them (with none, per-slice sizes are the mesh's sizes)."""
+  """The mesh section with -1 filled in, as config.json records it: per-slice sizes, and the config's dcn_* sizes."""
   layout = _mesh_layout(cfg, num_devices)
   dcn = {f: layout.dcn[shd.MESH_AXES.index(a)] for a, f in shd.DCN_FIELDS.items() if f in cfg.mesh}
   return dict(zip(shd.MESH_AXES, layout.ici)) | dcn
