@@ -172,10 +172,8 @@ def resolve_finetune(
   platform: str | None = None,
   num_devices: int | None = None,
 ) -> tuple[ml_collections.FrozenConfigDict, Choice]:
-  """(the validated `cfg` resolved once and frozen, as config.json records it; the attention choice with its reason).
-
-  The architecture is the source's with this run's numerics; optimizer.lr becomes the rate the run trains with
-  (effective_lr), so config.json records that rate."""
+  """(the validated `cfg` resolved once and frozen, as config.json records it; the attention choice with its reason):
+  the source's architecture with this run's numerics, optimizer.lr the rate the run trains with (effective_lr)."""
   platform = platform or jax.default_backend()
   m = ml_collections.ConfigDict((source_model or cfg.model).to_dict())
   for field in RUNTIME_FIELDS:

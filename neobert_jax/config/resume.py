@@ -115,10 +115,8 @@ def diff(
   rules: Mapping[str, str],
   defaults: Mapping[str, Any] | None = None,
 ) -> list[Change]:
-  """Every field whose value differs, classified, sorted by dotted field.
-
-  A field the recorded config lacks is compared with `defaults` (what the older run implicitly used); a recorded
-  field the schema lacks is ignored."""
+  """Every field whose value differs, classified, sorted by dotted field; one the record lacks is compared with
+  `defaults` (what the older run implicitly used), one the schema lacks is ignored."""
   old, new = flat(recorded), flat(current)
   base = flat(defaults) if defaults is not None else {}
   changes = []
