@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 from absl import flags
 from ml_collections import config_flags
@@ -66,8 +67,7 @@ def run_child(cfg_in) -> int:
     raise errors.ConfigError(f'for {target.spec}: {errors.one_line(e)}') from e
   r.notes[:0] = [f'attention kernel {choice.describe()}'] + ([choice.warning] if choice.warning else [])
   if _DUMP_HLO.value and hlo:
-    with open(_DUMP_HLO.value, 'w') as f:
-      f.write(hlo)
+    Path(_DUMP_HLO.value).write_text(hlo)
   if _COST_MODEL.value and target.platform == 'tpu':
     from neobert_jax.aot import plan as plan_lib
 
@@ -84,8 +84,7 @@ def run_child(cfg_in) -> int:
   if _JSON.value:
     extra = dict(what=_WHAT.value, attention_impl=cfg.model.attention_impl, dtype=cfg.model.dtype)
     extra.update(packing=cfg.data.packing, max_predictions=cfg.data.max_predictions)
-    with open(_JSON.value, 'w') as f:
-      json.dump(r.as_dict() | extra, f, indent=2)
+    Path(_JSON.value).write_text(json.dumps(r.as_dict() | extra, indent=2))
   if _REQUIRE_FIT.value and not r.fits:
     return 4
   if _REQUIRE_CUDNN.value and not r.uses_cudnn_attention:
@@ -123,8 +122,7 @@ def run_plan(cfg, target: targets.Target) -> int:
   if _JSON.value:
     best_dict = dataclasses.asdict(best) if best else None
     data = {'rows': [dataclasses.asdict(r) for r in rows], 'best': best_dict, 'overrides': best and best.overrides()}
-    with open(_JSON.value, 'w') as f:
-      json.dump(data, f, indent=2)
+    Path(_JSON.value).write_text(json.dumps(data, indent=2))
   if best is None:
     print('no layout fits: reduce the global batch or the sequence length, or use more devices')
     return 4
@@ -159,8 +157,7 @@ def main(argv: list[str]) -> int:
   except deps.DependencyError as e:
     print(f'[aot] cannot compile for {target.spec}: optional dependency missing.\n{e}', file=sys.stderr)
     return 3
-  env = deps.child_env(target.platform)
-  env[_CHILD_ENV] = '1'
+  env = deps.child_env(target.platform) | {_CHILD_ENV: '1'}
   # The child finds neobert_jax where this process did: installed (pip install [-e] .), or the working directory.
   return subprocess.call([sys.executable, '-m', 'neobert_jax.compile'] + sys.argv[1:], env=env)
 

@@ -56,15 +56,6 @@ class MeshLayout:
     """Slices (TPU) or nodes (GPU) the mesh spans."""
     return math.prod(self.dcn)
 
-  def as_config(self) -> dict[str, int]:
-    """The mesh config section that builds this layout: per-slice sizes, then the dcn_* sizes."""
-    return dict(zip(MESH_AXES, self.ici)) | {f: self.dcn[MESH_AXES.index(a)] for a, f in DCN_FIELDS.items()}
-
-  def granule_of(self, flat_index: int) -> int:
-    """The slice / node (and partition id) of the device at this position of the mesh's flattened device array."""
-    coords = np.unravel_index(flat_index, self.shape)
-    return int(np.ravel_multi_index([c // i for c, i in zip(coords, self.ici)], self.dcn))
-
 
 def _fill(shape: list[int], num_devices: int, where: str) -> list[int]:
   """Fills a single -1 entry so the product equals num_devices; raises a clear error otherwise."""
@@ -168,7 +159,8 @@ def granule_ids(mesh: Mesh, layout: MeshLayout | None = None) -> list[int]:
   if len(set(slices)) > 1:
     return slices
   if layout is not None and layout.num_granules > 1:
-    return [layout.granule_of(i) for i in range(len(devices))]
+    coords = np.unravel_index(np.arange(len(devices)), layout.shape)
+    return np.ravel_multi_index([c // i for c, i in zip(coords, layout.ici)], layout.dcn).tolist()
   return [d.process_index for d in devices]
 
 

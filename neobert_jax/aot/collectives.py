@@ -135,15 +135,13 @@ def dcn_transfers(
       if k < 2:
         continue
       result, g = result_bytes(ins), len(groups[0])
-      if op == 'collective-permute':
-        data = result * sum(len(s) > 1 for s in spans) / len(spans)
-      else:
-        data = {
-          'all-gather': result / g,
-          'reduce-scatter': result * k,
-          'all-reduce': result * k / g,
-          'all-to-all': result,
-        }[op]
+      data = {
+        'all-gather': result / g,
+        'reduce-scatter': result * k,
+        'all-reduce': result * k / g,
+        'all-to-all': result,
+        'collective-permute': result * sum(len(s) > 1 for s in spans) / len(spans),  # the pairs that cross
+      }[op]
       out.append(Transfer(op, ins.name, mod.runs[comp], k, _hierarchical_bytes(op, data, k)))
   return out
 
@@ -160,8 +158,7 @@ def by_kind(transfers: Iterable[Transfer]) -> dict[str, dict[str, float]]:
 
 
 def for_mesh(hlo: str | hlo_lib.Module, mesh, layout=None) -> tuple[int, list[Transfer]]:
-  """(slices / nodes the mesh spans, the program's DCN transfers) for a program (its text, or parsed) compiled on
-  `mesh`."""
+  """(slices / nodes the mesh spans, their DCN transfers) for a program (text, or parsed) compiled on `mesh`."""
   ids = shd.granule_ids(mesh, layout)
   n = len(set(ids))
   if n < 2:

@@ -6,6 +6,7 @@ backend."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import re
 
@@ -106,8 +107,7 @@ def updates(ins: Instr) -> list[str]:
 
 
 class Module:
-  """A module's text parsed once: instructions and result types per computation, runs per step, and what each
-  instruction computes and moves (the roofline prices them)."""
+  """A module's text parsed once: instructions and types per computation, runs per step, FLOPs and bytes moved."""
 
   def __init__(self, hlo: str):
     self.entry, comps, name = None, {}, None
@@ -149,12 +149,10 @@ class Module:
       for ins in body:
         for child in called(ins):
           callers.setdefault(child, []).append((parent, self._trip_count(ins) if ins.op == 'while' else 1))
-    memo: dict[str, int] = {}
 
+    @functools.cache
     def count(name: str) -> int:
-      if name not in memo:
-        memo[name] = 1 if name == self.entry else sum(count(p) * f for p, f in callers.get(name, []))
-      return memo[name]
+      return 1 if name == self.entry else sum(count(p) * f for p, f in callers.get(name, []))
 
     return {name: count(name) for name in self.instrs}
 
@@ -173,8 +171,7 @@ class Module:
     return self.reachable(self.entry, lambda ins: ins.op in ('while', 'conditional', 'call'))
 
   def matmuls(self, ins: Instr, comp: str) -> list[tuple[float, int, int, int, int]]:
-    """(FLOPs, batch, M, N, K) of every dot / convolution an instruction runs (in its fusion, or itself: a cuBLAS
-    call too)."""
+    """(FLOPs, batch, M, N, K) of each dot / convolution an instruction runs: in its fusion, or itself (cuBLAS)."""
     if ins.op == 'fusion':
       return [
         dot_shape(i, self.types[c])

@@ -1,6 +1,5 @@
 """Recipe planning for a target: compile the candidate layouts of one global batch (docs/performance.md, "Which
-layout is fastest?"), recommend the fastest that fits. Each (mesh, remat) binary-searches the largest micro-batch
-that fits; of the sizes compiled that fit, the roofline picks (near the memory limit XLA rematerialises on its own).
+layout is fastest?"), recommend the fastest that fits.
 
 Estimated step (a model): GPU, the roofline of the compiled step; TPU, XLA's cost model (`optimal_seconds`) of 1-
 and 2-layer unrolled micro-batch programs extrapolated to the depth (loop bodies are costed once), times the
@@ -111,9 +110,8 @@ def cached(cfg, target: targets.Target, what: tuple, compute: Callable[[], Any])
     except (ValueError, KeyError):
       pass  # a damaged entry is computed again
   result = compute()
-  tmp = path.with_suffix(f'.tmp-{os.getpid()}')
-  tmp.write_text(json.dumps({'target': target.spec, 'what': list(what), 'result': result}))
-  os.replace(tmp, path)  # all or nothing: parallel planners may write the same entry
+  # all or nothing: parallel planners may write the same entry
+  paths.write_text(path, json.dumps({'target': target.spec, 'what': list(what), 'result': result}))
   return result, False
 
 
@@ -141,15 +139,14 @@ def roofline_seconds(result: dict) -> float | None:
 
 
 def fastest_fitting(tried: dict[int, dict], default: int) -> int:
-  """Of the compiled micro-batch sizes that fit, the shortest roofline step (ties and missing
-  rooflines: the larger size); `default` where none fits."""
+  """The fitting micro-batch size of shortest roofline step (ties, no roofline: the larger); `default` if none fits."""
   fitting = [k for k, v in tried.items() if v['fits']]
   return min(fitting, key=lambda k: (roofline_seconds(tried[k]) or math.inf, -k), default=default)
 
 
 def search(cfg, target: targets.Target, mesh: dict[str, int], remat: str, headroom: float, mfu: float) -> Row:
   """For one (mesh, remat): the largest micro-batch that fits (binary search), then of the sizes compiled the
-  one the roofline prices fastest."""
+  one the roofline prices fastest (near the memory limit XLA rematerialises on its own)."""
   global_batch = cfg.train.global_batch_size
   # devices the batch is split over: data x fsdp in total (per-slice size x slices spanned)
   shards = mesh['data'] * mesh.get('dcn_data', 1) * mesh['fsdp'] * mesh.get('dcn_fsdp', 1)
@@ -218,18 +215,16 @@ def plan_layouts(
 ) -> list[Row]:
   """search() for every candidate (mesh, remat), in `workers` processes (0: one per two cores, as XLA's compiler
   uses more than one thread and each process holds a backend)."""
-  granules = target.num_granules
   tasks = [
     (cfg, target, mesh, remat, headroom, mfu)
-    for mesh in meshes(target.num_devices, cfg.model.num_heads, tensor_sizes, layouts, granules)
+    for mesh in meshes(target.num_devices, cfg.model.num_heads, tensor_sizes, layouts, target.num_granules)
     for remat in remats
   ]
   workers = min(workers or max(1, (os.cpu_count() or 1) // 2), len(tasks))
   if workers <= 1:
     return [search(*task) for task in tasks]
-  ctx = multiprocessing.get_context('spawn')
   with concurrent.futures.ProcessPoolExecutor(
-    workers, mp_context=ctx, initializer=targets.start_backends, initargs=(target,)
+    workers, mp_context=multiprocessing.get_context('spawn'), initializer=targets.start_backends, initargs=(target,)
   ) as pool:
     return list(pool.map(search, *zip(*tasks)))
 

@@ -119,8 +119,7 @@ class FitReport:
 
 
 def lower_step(cfg, target: targets.Target, what: str = 'train'):
-  """(lowered, mesh) of 'train' (the trainer's jitted step) or 'forward_backward' (one micro-batch's loss and
-  gradients, to isolate the model) on the target's compile-only mesh; ConfigError where the trainer would refuse."""
+  """(lowered, mesh) of `what` (as --what) on the target's compile-only mesh; ConfigError where the trainer refuses."""
   devices = targets.devices(target)
   # The trainer's own checks (unknown keys, batch divisibility over the mesh and over the target's hosts), so
   # a recipe that compiles here is one the trainer accepts there.
@@ -139,15 +138,12 @@ def lower_step(cfg, target: targets.Target, what: str = 'train'):
     for k, v in batch.items()
   }
 
-  def loss_and_grads(params, micro):
-    def loss(p):
-      total, (count, _) = mlm.mlm_sums(nnx.merge(defs.model_def, p), micro, packed, limit)
-      return total / jax.numpy.maximum(count, 1.0)
-
-    return jax.value_and_grad(loss)(params)
+  def loss(params, micro):
+    total, (count, _) = mlm.mlm_sums(nnx.merge(defs.model_def, params), micro, packed, limit)
+    return total / jax.numpy.maximum(count, 1.0)
 
   fn = jax.jit(
-    loss_and_grads,
+    jax.value_and_grad(loss),
     in_shardings=(defs.shardings['params'], {k: v.sharding for k, v in micro.items()}),
     out_shardings=(NamedSharding(mesh, P()), defs.shardings['params']),
   )
@@ -156,8 +152,7 @@ def lower_step(cfg, target: targets.Target, what: str = 'train'):
 
 
 def compile_report(cfg, target: targets.Target, what: str = 'train', headroom: float = 0.9) -> tuple[FitReport, str]:
-  """Compiles lower_step's program: the report and the compiled HLO text ('' where the compiler refused the program
-  for memory, the answer "does not fit")."""
+  """(report, compiled HLO text) of lower_step's program; the text is '' where the compiler refused it for memory."""
   t0 = time.time()
   lowered, mesh = lower_step(cfg, target, what)
   try:

@@ -31,7 +31,6 @@ _FREE = frozenset(
 )
 GPU_MIN_KERNEL_SECONDS = 2e-6  # launch and tail of one kernel on a GPU (assumption; CUDA graphs hide the launch)
 TPU_MIN_KERNEL_SECONDS = 0.5e-6
-# Categories, as the report's roofline section names them.
 CATEGORIES = {
   'matmul': 'matmuls',
   'attention': 'fused attention',

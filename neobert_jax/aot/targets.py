@@ -1,7 +1,5 @@
-"""Compile targets: tpu:v5e-256 (v4 / v5p count TensorCores: v4-8 is 4 chips), tpu:v5e:16x16 (a chip grid),
-tpu:2xv5p-256 (2 slices over the DCN), cuda:h100x8 (8 H100 per host; cuda:h100x16 = 2 hosts). Their devices come
-from jax.experimental.topologies (libtpu, or the CUDA plugin with the GpuTargetConfig below), in the child
-interpreter aot/deps.py sets up."""
+"""Compile targets (tpu:v5e-256, tpu:v5e:16x16, tpu:2xv5p-256, cuda:h100x8, ...: docs/performance.md, `--target`)
+and their compile-only devices (jax.experimental.topologies), in the child interpreter aot/deps.py sets up."""
 
 from __future__ import annotations
 
@@ -53,9 +51,6 @@ CHIPS = {
   'v5e': Chip('TPU v5 lite', 16 * GIB),
   'v6e': Chip('TPU v6 lite', 32 * GIB),
 }
-
-# Chips per host along each torus axis: 4 chips per TPU VM host in multi-host slices (v5e / v6e 2x2, v4 / v5p 2x2x1).
-_TPU_HOST_BOUNDS = (2, 2, 1)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -149,8 +144,9 @@ def devices(target: Target) -> list:
 
   if target.platform == 'tpu':
     grid = tuple(int(x) for x in target.tpu_topology.split(':')[1].split('x'))
-    # A slice smaller than a host is a single host holding all of it.
-    bounds = tuple(min(b, g) for b, g in zip(_TPU_HOST_BOUNDS, grid + (1,) * (3 - len(grid))))
+    # Chips per host along each torus axis: 4 per TPU VM host in multi-host slices (v5e / v6e 2x2, v4 / v5p 2x2x1);
+    # a slice smaller than a host is a single host holding all of it.
+    bounds = tuple(min(b, g) for b, g in zip((2, 2, 1), grid + (1,) * (3 - len(grid))))
     topo = topologies.get_topology_desc(
       platform='tpu',
       topology_name=target.tpu_topology,

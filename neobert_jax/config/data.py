@@ -106,11 +106,8 @@ def validate_data_config(cfg: ml_collections.ConfigDict) -> None:
 def auto_virtual_shards(global_batch: int, process_count: int, cap: int = 32) -> int:
   """data.virtual_shards=0: the largest divisor of the global batch that is a multiple of the process count and at
   most max(cap, process count). Resolved once when a run starts and recorded in its config."""
-  best = 0
-  for v in range(process_count, max(cap, process_count) + 1, process_count):
-    if global_batch % v == 0:
-      best = v
-  return best or process_count
+  candidates = range(process_count, max(cap, process_count) + 1, process_count)
+  return max((v for v in candidates if global_batch % v == 0), default=process_count)
 
 
 def source_config(

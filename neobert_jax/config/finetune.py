@@ -35,9 +35,7 @@ def base_config(task: str = 'classification') -> ml_collections.ConfigDict:
   cfg.seed = 0  # head init, dropout, shuffling, validation split
   cfg.run_id = ''  # the job's identity for the workdir's lease (neobert_jax/lease.py), as in pretraining
   cfg.model = default_model_config()  # used only without init.*; e.g. a tiny random model for tests
-  # The numerics apply whatever the source (RUNTIME_FIELDS, `resolve`): dtype is the one compute-dtype
-  # setting, 'auto' = bf16 on accelerators, fp32 on CPU.
-  cfg.model.dtype = 'auto'
+  cfg.model.dtype = 'auto'  # the numerics apply whatever the source (RUNTIME_FIELDS); 'auto' as in config/model.py
   cfg.mesh = ml_collections.ConfigDict(dict(data=1, fsdp=-1, tensor=1))  # same axes and rules as pretraining
   cfg.init = ml_collections.ConfigDict(
     dict(
@@ -174,10 +172,8 @@ def resolve_finetune(
   platform: str | None = None,
   num_devices: int | None = None,
 ) -> tuple[ml_collections.FrozenConfigDict, Choice]:
-  """(the validated `cfg` resolved once and frozen, as config.json records it; the attention choice with its reason).
-
-  The architecture is the source's with this run's numerics; optimizer.lr becomes the rate the run trains with
-  (effective_lr), so config.json records that rate."""
+  """(the validated `cfg` resolved once and frozen, as config.json records it; the attention choice with its reason):
+  the source's architecture with this run's numerics, optimizer.lr the rate the run trains with (effective_lr)."""
   platform = platform or jax.default_backend()
   m = ml_collections.ConfigDict((source_model or cfg.model).to_dict())
   for field in RUNTIME_FIELDS:

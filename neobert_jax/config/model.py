@@ -16,8 +16,7 @@ ATTENTION_IMPLEMENTATIONS = ('auto', 'xla', 'blockwise', 'cudnn', 'cudnn_bias', 
 KERNELS = ATTENTION_IMPLEMENTATIONS[1:]  # the resolved names the model runs
 REMAT_POLICIES = ('none', 'full', 'save_dots')
 DTYPES = ('float32', 'bfloat16', 'float16')
-# model.dtype may also be 'auto': bf16 compute on accelerators, fp32 on CPU (resolve_dtype).
-COMPUTE_DTYPES = ('auto',) + DTYPES
+COMPUTE_DTYPES = ('auto',) + DTYPES  # model.dtype's 'auto' resolves per backend (resolve_dtype)
 _HALF = ('bfloat16', 'float16')
 
 
@@ -203,8 +202,7 @@ def require_resolved(cfg: ml_collections.ConfigDict) -> None:
 def resolve_numerics(
   cfg: ml_collections.ConfigDict, *, platform: str, packed: bool, compute_capability: str | None = None
 ) -> Choice:
-  """Sets the compute dtype and attention kernel to concrete values for `platform`, in place (both schemas'
-  `resolve` share it); returns the attention choice with its reason."""
+  """Sets model.dtype and model.attention_impl for `platform`, in place; returns the attention choice and its reason."""
   cfg.dtype = resolve_dtype(cfg.dtype, platform)
   choice = choose_attention(
     cfg.attention_impl,

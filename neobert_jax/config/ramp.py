@@ -1,9 +1,5 @@
 """The batch-size warmup (train.batch_warmup_tokens, train.batch_warmup_start): which batch each step trains on.
-
-The global batch doubles from the start size until the next doubling would reach global_batch_size, each size
-taking over once the run has seen its share of the tokens, so the batch follows the straight line from below in
-ceil(log2(global / start)) recompiles. Every size is a multiple of the start size, which the data reads at a
-time, so the position after any step is exactly the rows of the steps before it (exact resume)."""
+The rule, and why a run resumes exactly mid-ramp: docs/configuration.md, "Batch-size warmup"."""
 
 from __future__ import annotations
 

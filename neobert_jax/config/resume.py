@@ -1,9 +1,6 @@
-"""What a resumed run may change: every config field is identity (refused: the checkpoint belongs to another
-run), schedule (accepted, logged, recorded in config_history.jsonl) or free (accepted and logged).
-
-A field the table does not name falls under its section's rule, and a section it does not name is identity, so a
-new field is refused on change until someone decides otherwise (tests/test_train_resume_config.py). A
-RESOLVED_AT_START field unset on either side is no change: it means the run's own recorded value."""
+"""What a resumed run may change (docs/configuration.md, "Resuming with a changed config"): each field is identity,
+schedule or free by its longest named prefix; a section the table does not name is identity, so its new fields are
+refused on change until someone decides otherwise (tests/test_train_resume_config.py)."""
 
 from __future__ import annotations
 
@@ -118,10 +115,8 @@ def diff(
   rules: Mapping[str, str],
   defaults: Mapping[str, Any] | None = None,
 ) -> list[Change]:
-  """Every field whose value differs, classified, sorted by dotted field.
-
-  A field the recorded config lacks is compared with `defaults` (what the older run implicitly used); a recorded
-  field the schema lacks is ignored."""
+  """Every field whose value differs, classified, sorted by dotted field; one the record lacks is compared with
+  `defaults` (what the older run implicitly used), one the schema lacks is ignored."""
   old, new = flat(recorded), flat(current)
   base = flat(defaults) if defaults is not None else {}
   changes = []

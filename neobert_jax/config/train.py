@@ -50,9 +50,8 @@ def get_config() -> ml_collections.ConfigDict:
   # the lease back at once instead of waiting out its timeout. '' = the scheduler's (SLURM job id, JobSet name).
   cfg.run_id = ''
 
-  # Model architecture and numerics (config/model.py documents each field). `dtype` is the run's one
-  # compute-dtype setting: 'auto' = bfloat16 on GPU/TPU, float32 on CPU (resolved once, at start-up, and written
-  # to config.json), or 'float32' / 'bfloat16'; parameters stay `param_dtype` (fp32 master weights).
+  # Model architecture and numerics (config/model.py documents each field); the trainer computes in model.dtype
+  # 'auto' (bfloat16 on GPU/TPU, float32 on CPU; resolved at start-up, written to config.json), float32 or bfloat16.
   cfg.model = default_model_config()
   cfg.model.dtype = 'auto'
 
@@ -198,10 +197,10 @@ def _mesh_layout(cfg: ml_collections.ConfigDict, num_devices: int | None = None)
 
 
 def mesh_shape(cfg: ml_collections.ConfigDict, num_devices: int | None = None) -> dict[str, int]:
-  """The mesh section with -1 filled in, as written to config.json: per-slice sizes, plus the dcn_* sizes
-  where the config has them (with none, per-slice sizes are the mesh's sizes)."""
+  """The mesh section with -1 filled in, as config.json records it: per-slice sizes, and the config's dcn_* sizes."""
   layout = _mesh_layout(cfg, num_devices)
-  return {k: v for k, v in layout.as_config().items() if k in shd.MESH_AXES or k in cfg.mesh}
+  dcn = {f: layout.dcn[shd.MESH_AXES.index(a)] for a, f in shd.DCN_FIELDS.items() if f in cfg.mesh}
+  return dict(zip(shd.MESH_AXES, layout.ici)) | dcn
 
 
 def typed_train(cfg: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
@@ -212,8 +211,7 @@ def typed_train(cfg: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
 def validate_train(
   cfg: ml_collections.ConfigDict, num_devices: int | None = None, process_count: int | None = None
 ) -> ml_collections.ConfigDict:
-  """`cfg` typed by the schema (typed above); raises ConfigError for a config this trainer cannot run on the
-  current devices."""
+  """`cfg` typed (typed_train); raises ConfigError for a config this trainer cannot run on the current devices."""
   cfg = typed_train(cfg)
   validate_model_config(cfg.model)
   validate_data_config(cfg.data)

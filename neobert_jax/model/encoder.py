@@ -6,7 +6,6 @@ Block weights are always stacked on a leading 'layers' axis, so one checkpoint l
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
@@ -19,7 +18,7 @@ from neobert_jax.model.sizes import ffn_hidden_size, head_dim
 from neobert_jax.model.fused import rms_norm, rotate, swiglu, swiglu_autodiff
 from neobert_jax.sharding import constrain, creation_scope
 
-_REMAT_POLICIES: dict[str, Callable[..., Any] | None] = {
+_REMAT_POLICIES = {
   'full': jax.checkpoint_policies.nothing_saveable,
   # Keep matmul outputs, recompute the cheap elementwise work (norms, RoPE, SiLU) in the backward pass.
   'save_dots': jax.checkpoint_policies.dots_with_no_batch_dims_saveable,

@@ -36,16 +36,13 @@ def overflow(segment_ids: jax.Array, max_segments: int) -> jax.Array:
 
 
 def _cudnn_local(q, k, v, segment_ids, lengths, kernel, max_segments):
-  if segment_ids is not None:
-    if kernel == 'cudnn':
-      seqlens, offsets = packed_layout(segment_ids, max_segments)
-      return jax_compat.cudnn_packed_flash_attention(q, k, v, seqlens, offsets)
-    return jax.nn.dot_product_attention(q, k, v, mask=allowed(segment_ids, segment_ids), implementation='cudnn')
-  if lengths is not None:
-    return jax.nn.dot_product_attention(
-      q, k, v, query_seq_lengths=lengths, key_value_seq_lengths=lengths, implementation='cudnn'
-    )
-  return jax.nn.dot_product_attention(q, k, v, implementation='cudnn')
+  if segment_ids is not None and kernel == 'cudnn':
+    seqlens, offsets = packed_layout(segment_ids, max_segments)
+    return jax_compat.cudnn_packed_flash_attention(q, k, v, seqlens, offsets)
+  mask = None if segment_ids is None else allowed(segment_ids, segment_ids)
+  return jax.nn.dot_product_attention(
+    q, k, v, mask=mask, query_seq_lengths=lengths, key_value_seq_lengths=lengths, implementation='cudnn'
+  )
 
 
 def _cudnn(q, k, v, segment_ids, lengths, kernel, max_segments):
@@ -76,8 +73,7 @@ def attention(
   max_segments: int | None = None,
   block_size: int | None = None,
 ) -> jax.Array:
-  """q, k, v [B, T, H, Dh] -> [B, T, H, Dh], with segment_ids (packed), lengths (padded) or neither; `kernel` is
-  resolved (not 'auto')."""
+  """q, k, v [B, T, H, Dh] -> [B, T, H, Dh], with segment_ids (packed), lengths (padded) or neither; no 'auto'."""
   if segment_ids is not None and lengths is not None:
     raise ValueError('pass segment_ids (packed rows) or lengths (padded rows), not both.')
   if kernel in ('cudnn', 'cudnn_bias'):

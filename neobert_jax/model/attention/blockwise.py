@@ -72,12 +72,22 @@ def _forward(qh, kh, vh, q_seg, kv_seg, block):
   return out.astype(vh.dtype), lse
 
 
-def _backward(qh, kh, vh, q_seg, kv_seg, out, lse, dout, block):
+@functools.partial(jax.custom_vjp, nondiff_argnums=(5,))
+def _attention_heads_major(qh, kh, vh, q_seg, kv_seg, block):
+  return _forward(qh, kh, vh, q_seg, kv_seg, block)[0]
+
+
+def _vjp_fwd(qh, kh, vh, q_seg, kv_seg, block):
+  out, lse = _forward(qh, kh, vh, q_seg, kv_seg, block)
+  return out, (qh, kh, vh, q_seg, kv_seg, out, lse)
+
+
+def _vjp_bwd(block, residuals, dout):
+  qh, kh, vh, q_seg, kv_seg, out, lse = residuals
   b, h, t, d = qh.shape
   s_len = kh.shape[2]
   scale = d**-0.5
-  dout32 = dout.astype(jnp.float32)
-  delta = jnp.sum(dout32 * out.astype(jnp.float32), axis=-1)  # rowsum(dO * O) [B, H, T]
+  delta = jnp.sum(dout.astype(jnp.float32) * out.astype(jnp.float32), axis=-1)  # rowsum(dO * O) [B, H, T]
 
   def step(dq, xs):
     kj, vj, sj = xs
@@ -92,23 +102,8 @@ def _backward(qh, kh, vh, q_seg, kv_seg, out, lse, dout, block):
 
   dq, (dk, dv) = jax.lax.scan(step, jnp.zeros((b, h, t, d), jnp.float32), _key_blocks(kh, vh, kv_seg, block))
   dk, dv = _unblock(dk)[:, :, :s_len], _unblock(dv)[:, :, :s_len]
-  return (dq * scale).astype(qh.dtype), (dk * scale).astype(kh.dtype), dv.astype(vh.dtype)
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(5,))
-def _attention_heads_major(qh, kh, vh, q_seg, kv_seg, block):
-  return _forward(qh, kh, vh, q_seg, kv_seg, block)[0]
-
-
-def _vjp_fwd(qh, kh, vh, q_seg, kv_seg, block):
-  out, lse = _forward(qh, kh, vh, q_seg, kv_seg, block)
-  return out, (qh, kh, vh, q_seg, kv_seg, out, lse)
-
-
-def _vjp_bwd(block, residuals, dout):
-  qh, kh, vh, q_seg, kv_seg, out, lse = residuals
-  dq, dk, dv = _backward(qh, kh, vh, q_seg, kv_seg, out, lse, dout, block)
-  return dq, dk, dv, None, None  # segment ids are integers: no cotangent
+  # segment ids are integers: no cotangent
+  return (dq * scale).astype(qh.dtype), (dk * scale).astype(kh.dtype), dv.astype(vh.dtype), None, None
 
 
 _attention_heads_major.defvjp(_vjp_fwd, _vjp_bwd)

@@ -31,13 +31,11 @@ def _local(q, k, v, q_seg, kv_seg, *, block: int, interpret: bool):
   heads_major = lambda x: jnp.swapaxes(x, 1, 2)
   q = heads_major(q * jnp.asarray(d**-0.5, q.dtype))  # splash does not scale the scores itself
   k, v = heads_major(k), heads_major(v)
-  if q_seg is None:
-    out = jax.vmap(kernel)(q, k, v)
-  else:
-    out = jax.vmap(lambda q1, k1, v1, qs, ks: kernel(q1, k1, v1, segment_ids=splash.SegmentIds(q=qs, kv=ks)))(
-      q, k, v, q_seg, kv_seg
-    )
-  return heads_major(out)
+
+  def one(q1, k1, v1, qs, ks):  # one example; no segment ids (None): no mask
+    return kernel(q1, k1, v1, segment_ids=None if qs is None else splash.SegmentIds(q=qs, kv=ks))
+
+  return heads_major(jax.vmap(one)(q, k, v, q_seg, kv_seg))
 
 
 def splash_attention(
