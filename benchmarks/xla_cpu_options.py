@@ -66,10 +66,14 @@ def main() -> None:
   cfg = main_job_config(args.dtype)
   mesh = shd.make_mesh(dict(data=1, fsdp=1, tensor=1), jax.devices()[:1])
   defs, state = mlm.create_train_state(cfg, mesh)
-  keys, sharding = mlm.batch_keys(cfg.data.max_predictions), engine_step.micro_batch_sharding(mesh)
-  rows = [mlm_rows(cfg, seed=i, fraction=cfg.data.mask_rate) for i in range(4)]
-  batches = [{k: jax.device_put(r[k][None], sharding) for k in keys} for r in rows]
-  lowered = mlm.jit_mlm_train_step(cfg, mesh, defs).lower(state, batches[0])
+  sharding = engine_step.micro_batch_sharding(mesh)
+
+  def synthetic_batches(c):  # a config's own rows: a variant may change the batch or the row length
+    rows = [mlm_rows(c, seed=i, fraction=c.data.mask_rate) for i in range(4)]
+    return [{k: jax.device_put(r[k][None], sharding) for k in mlm.batch_keys(c.data.max_predictions)} for r in rows]
+
+  batches = dict.fromkeys(names, synthetic_batches(cfg))
+  lowered = mlm.jit_mlm_train_step(cfg, mesh, defs).lower(state, batches[names[0]][0])
   steps, states = {}, {}
   for name in names:
     steps[name] = lowered.compile(OPTIONS[name])
@@ -78,7 +82,8 @@ def main() -> None:
     name, overrides = variant.split('=', 1)
     changed = main_job_config(args.dtype, overrides)
     changed_defs, states[name] = mlm.create_train_state(changed, mesh)
-    steps[name] = mlm.jit_mlm_train_step(changed, mesh, changed_defs).lower(states[name], batches[0]).compile()
+    batches[name] = synthetic_batches(changed)
+    steps[name] = mlm.jit_mlm_train_step(changed, mesh, changed_defs).lower(states[name], batches[name][0]).compile()
     names.append(name)
   times: dict[str, list[float]] = {n: [] for n in names}
   losses: dict[str, float] = {}
@@ -87,7 +92,7 @@ def main() -> None:
     for name in names:
       start = time.perf_counter()
       with shd.activate(mesh):
-        states[name], metrics = steps[name](states[name], batches[i % len(batches)])
+        states[name], metrics = steps[name](states[name], batches[name][i % 4])
       losses[name] = float(metrics['loss'])  # blocks until the step is done
       if i >= warmup:
         times[name].append(time.perf_counter() - start)
