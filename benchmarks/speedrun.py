@@ -77,6 +77,7 @@ RECIPES: dict[str, tuple[str, ...]] = {
   'steps_2600': ('train.num_steps=2600',),  # 30% more steps: what fits in five minutes on the AMD EPYC
   'heads_8_steps_2300': ('model.num_heads=8', 'train.num_steps=2300'),  # eight heads, 15% more steps
   'muon_momentum_0.9': ('optimizer.muon_momentum=0.9',),  # Muon's momentum 0.9, not 0.95
+  'embedding_muon': ('optimizer.muon_adamw=decoder',),  # the embedding on Muon, the decoder and norms on AdamW
   'decoder_muon': DECODER_MUON,
   'decoder_muon_noclip': (*DECODER_MUON, 'optimizer.clip_norm=0'),
   # a wider layer (heads of 32, SwiGLU 4x), the Linear init scaled by sqrt(128 / width) from the main job's 0.15
