@@ -106,8 +106,9 @@ def train_batches(
   streams, stores = {}, {}
   for name, (directory, manifest) in sources.opened.items():
     one = data_config.source_config(data_cfg, directory, len(mix.sources), blocks[name])
-    where = (count, process_index, process_count, shares[name])
-    streams[name], stores[name] = _source(one, directory, manifest, global_batch, seq_len, seed, *where)
+    streams[name], stores[name] = _source(
+      one, directory, manifest, global_batch, seq_len, seed, count, process_index, process_count, shares[name]
+    )
   return host_batches.TrainBatches(streams, mix, seed, rows, sources.records(count), blocks, fresh), stores
 
 
