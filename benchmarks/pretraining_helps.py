@@ -3,6 +3,7 @@
 python -m benchmarks.pretraining_helps --run runs/tiny [--task fine_food] [--seeds 0,1,2] [--epochs 10] [--lr 1e-4]
 python -m benchmarks.pretraining_helps --run runs/tiny --lr 2e-5 --lr-width 768   # the config's own rate, scaled
 python -m benchmarks.pretraining_helps --run runs/tiny --train-csv train.csv --test-csv test.csv   # your own task
+python -m benchmarks.pretraining_helps --run runs/other --random-cache runs/random_arms   # the random arm kept
 
 Both arms go through the project's own fine-tuning command (`python -m neobert_jax.finetune` with
 configs/finetune_classification.py), with the same hyper-parameters, seeds and tokenizer (the run's): the
@@ -19,6 +20,7 @@ OUT/pretraining_helps.json. A script, not part of the library: run it from the r
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import statistics
 import subprocess
@@ -50,7 +52,6 @@ ARCHITECTURE = (
 def finetune(run: Path, arm: str, seed: int, args: argparse.Namespace, out: Path) -> float:
   files = {'train': args.train_csv, 'test': args.test_csv} if args.train_csv else labelled.task_files(args.task)
   workdir = out / f'{arm}-seed{seed}'
-  subprocess.run(['rm', '-rf', str(workdir)], check=True)
   run_cfg = json.loads((run / 'config.json').read_text())
   cmd = [sys.executable, '-m', 'neobert_jax.finetune', '--config=configs/finetune_classification.py']
   cmd += [f'--workdir={workdir}', f'--config.seed={seed}', f'--config.train.epochs={args.epochs}']
@@ -66,6 +67,13 @@ def finetune(run: Path, arm: str, seed: int, args: argparse.Namespace, out: Path
     defaults = default_model_config()  # a run recorded before a field existed had its default
     cmd += [f'--config.model.{k}={run_cfg["model"].get(k, defaults[k])}' for k in ARCHITECTURE]
     cmd += [f'--config.data.tokenizer={run_cfg["data"]["tokenizer"]}']
+    if args.random_cache:  # the random arm depends on the command only (architecture, tokenizer, task, seed, rates)
+      key = hashlib.sha256(json.dumps([c for c in cmd[3:] if not c.startswith('--workdir=')]).encode())
+      workdir = Path(args.random_cache) / f'random-{key.hexdigest()[:16]}-seed{seed}'
+      cmd[4] = f'--workdir={workdir}'
+      if (workdir / 'results.json').exists():
+        return float(json.loads((workdir / 'results.json').read_text())['final']['metrics']['accuracy'])
+  subprocess.run(['rm', '-rf', str(workdir)], check=True)
   proc = subprocess.run(cmd, capture_output=True, text=True)
   if proc.returncode:
     print(proc.stderr[-3000:], file=sys.stderr)
@@ -93,6 +101,12 @@ def main() -> None:
   ap.add_argument('--max-length', type=int, default=128)
   ap.add_argument('--pooling', default='', choices=['', 'cls', 'mean'], help="the head's pooling; '' = the config's")
   ap.add_argument('--out', default='')
+  ap.add_argument(
+    '--random-cache',
+    default='',
+    help='a folder keeping the random arm by its fine-tuning command: a later run with the same architecture, '
+    'tokenizer, task, seeds and rates reads its scores instead of fine-tuning it again',
+  )
   args = ap.parse_args()
   if bool(args.train_csv) != bool(args.test_csv):
     ap.error('--train-csv and --test-csv go together')

@@ -76,8 +76,15 @@ RECIPES: dict[str, tuple[str, ...]] = {
   'steps_2400': ('train.num_steps=2400',),  # the main job with 20% more steps (and time)
   'steps_2600': ('train.num_steps=2600',),  # 30% more steps: what fits in five minutes on the AMD EPYC
   'heads_8_steps_2300': ('model.num_heads=8', 'train.num_steps=2300'),  # eight heads, 15% more steps
+  # what the accumulating dots' 1.24x step buys (model.dots, 2026-11-29): more steps in the same minutes
+  'steps_3000': ('train.num_steps=3000',),
+  'heads_8_steps_2800': ('model.num_heads=8', 'train.num_steps=2800'),
   'muon_momentum_0.9': ('optimizer.muon_momentum=0.9',),  # Muon's momentum 0.9, not 0.95
   'embedding_muon': ('optimizer.muon_adamw=decoder',),  # the embedding on Muon, the decoder and norms on AdamW
+  # the token embedding at its own rate (optimizer.embedding_lr), the decoder and norms still at 2e-2
+  'embedding_lr_5e-3': ('optimizer.embedding_lr=5e-3',),
+  'embedding_lr_1e-2': ('optimizer.embedding_lr=1e-2',),
+  'embedding_lr_4e-2': ('optimizer.embedding_lr=4e-2',),
   'decoder_muon': DECODER_MUON,
   'decoder_muon_noclip': (*DECODER_MUON, 'optimizer.clip_norm=0'),
   # a wider layer (heads of 32, SwiGLU 4x), the Linear init scaled by sqrt(128 / width) from the main job's 0.15

@@ -1,9 +1,9 @@
 """A tiny NeoBERT trained on the built-in corpus in a few minutes on a 2-core CPU (the README's main job).
 
 NeoBERT's architecture, all-[MASK] masking and sparse MLM head, scaled down to what 2 CPU cores can
-train in under five minutes: 1 layer x 128, 128-token packed rows, 32 rows per step, 2,000 steps, ~8.2M tokens
-(about three passes over the corpus's 2.4M). The built-in corpus is fetched, tokenized and sharded on first use
-(cached); evaluation on its held-out split runs at the start and every 500 steps, with a linear probe of the
+train in under five minutes: 1 layer x 128 with 8 heads, 128-token packed rows, 32 rows per step, 2,800 steps,
+~11.5M tokens (about five passes over the corpus's 2.4M). The built-in corpus is fetched, tokenized and sharded on
+first use (cached); evaluation on its held-out split runs at the start and every 500 steps, with a linear probe of the
 frozen embeddings on Amazon Fine Food reviews (eval.probe_task); the result is exported to a Hugging Face directory
 next to the run. At the end the job prints the held-out loss against the unigram and neighbour-count baselines of
 the held-out split, writes WORKDIR/loss_curve.md and loss_curve.png and shows fill-mask predictions on held-out
@@ -26,11 +26,14 @@ and "Main job"):
   * schedule: one cycle: a linear warmup over the first 30% of the steps, then a straight line to zero at the last
     step (Cramming's one-cycle; Izsak et al.'s decay to zero at the deadline), not a short warmup and a cosine to
     10%. Over 2,000 steps it ended 0.12 nats below a 30-step warmup (AdamW, 3e-3).
-  * bfloat16 compute (fp32 master weights, norms, softmax and loss): the matmuls run about twice as fast on CPUs
-    with AVX-512 BF16 or AMX, so more steps fit in the same minutes, at the same loss per step.
+  * bfloat16 compute (fp32 master weights, norms, softmax and loss), its dots accumulating in fp32 (model.dots
+    'auto'): XLA:CPU runs bfloat16 x bfloat16 -> fp32 dots natively, about twice as fast as fp32 on CPUs with
+    AVX-512 BF16 or AMX, so more steps fit in the same minutes, at the same loss per step.
   * the decoder writes bfloat16 logits (model.logits_dot_in_fp32=False; softmax and loss stay float32): half the
     bytes for the 2,048 x 2,048 logits of a step and their gradient, 1.10x the step on the Intel CPU here.
-  * one layer: per step it learned as fast as two at 1.7x the steps per second.
+  * one layer: per step it learned as fast as two at 1.7x the steps per second. Eight heads of 16, not NeoBERT's
+    head width of 64: 0.84x the step, and over 2,800 steps they end at 3.943 where four heads over 3,000 steps, in
+    about the same time, end at 3.977 (docs/performance.md, "Speedrun").
 """
 
 from neobert_jax.config import train as base
@@ -42,7 +45,7 @@ def get_config():
   m.hidden_size = 128
   m.num_layers = 1
   m.scan_layers = False  # one layer: nothing to scan over
-  m.num_heads = 4
+  m.num_heads = 8  # heads of 16 (see above)
   m.intermediate_size = 512  # SwiGLU hidden 344
   m.max_length = 128  # training sequence length (packed rows)
   m.decoder_init_range = 0.15  # every Linear layer (see above); the embedding keeps embedding_init_range 0.02
@@ -56,7 +59,7 @@ def get_config():
   cfg.data.block_docs = 512  # small blocks: the first batch is ready in well under a second
 
   cfg.mesh.fsdp = -1  # whatever CPU devices there are, as FSDP
-  cfg.train.num_steps = 2000
+  cfg.train.num_steps = 2800
   cfg.train.global_batch_size = 32
 
   o = cfg.optimizer

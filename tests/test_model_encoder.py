@@ -77,6 +77,66 @@ def test_logits_dot_in_fp32_false_writes_compute_dtype_logits_and_float32_is_unt
   np.testing.assert_array_equal(logits(logits_dot_in_fp32=False), logits())
 
 
+SPECS = {  # the model's contractions and an operand shape of each
+  'btd,dhk->bthk': ((2, 5, 8), (8, 2, 3)),
+  'bthk,hkd->btd': ((2, 5, 2, 3), (2, 3, 8)),
+  'btd,dgf->btgf': ((2, 5, 8), (8, 2, 6)),
+  'btf,fd->btd': ((2, 5, 6), (6, 8)),
+  'bpd,dv->bpv': ((2, 4, 8), (8, 11)),
+  'bpd,vd->bpv': ((2, 4, 8), (11, 8)),
+}
+
+
+@pytest.mark.parametrize('spec', SPECS)
+def test_accumulating_einsum_is_the_einsum_with_its_gradients(spec):
+  """fused.einsum_accumulating: in float32 the einsum and its autodiff gradients; in bfloat16 the fp32-accumulated
+  product rounded once, and the gradients of the bfloat16 einsum to within bfloat16's rounding."""
+  from neobert_jax.model.fused import einsum_accumulating
+
+  keys = jax.random.split(jax.random.key(0), 2)
+  a, b = (jax.random.normal(k, shape) for k, shape in zip(keys, SPECS[spec]))
+  loss = lambda f: lambda a, b: jnp.sum(jnp.sin(f(a, b).astype(jnp.float32)))
+  plain = lambda a, b: jnp.einsum(spec, a, b, precision='highest')
+  mine = lambda a, b: einsum_accumulating(spec, a, b)
+  for got, want in zip(jax.grad(loss(mine), (0, 1))(a, b), jax.grad(loss(plain), (0, 1))(a, b)):
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+  a16, b16 = a.astype(jnp.bfloat16), b.astype(jnp.bfloat16)
+  out = einsum_accumulating(spec, a16, b16)
+  assert out.dtype == jnp.bfloat16 and einsum_accumulating(spec, a16, b16, jnp.float32).dtype == jnp.float32
+  np.testing.assert_array_equal(
+    out, jnp.einsum(spec, a16, b16, preferred_element_type=jnp.float32).astype(jnp.bfloat16)
+  )
+  grads = jax.grad(loss(mine), (0, 1))(a16, b16)
+  assert all(g.dtype == jnp.bfloat16 for g in grads)
+  for got, want in zip(grads, jax.grad(loss(jax.jit(plain)), (0, 1))(a16, b16)):
+    np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(want, np.float32), rtol=1e-2, atol=1e-2)
+
+
+def dot_operand_types(dots: str) -> list[str]:
+  """The operand types of every dot in the compiled bfloat16 MLM gradient of small_config on this CPU."""
+  import re
+
+  model = NeoBERTForMLM(small_config(dtype='bfloat16', logits_dot_in_fp32=False, dots=dots), rngs=nnx.Rngs(0))
+  graph, params = nnx.split(model)
+  grad = jax.jit(jax.grad(lambda p, ids: jnp.sum(nnx.merge(graph, p)(ids))))
+  text = grad.lower(params, random_ids(2, 8)).compile().as_text()
+  types = dict(re.findall(r'(%?[\w.]+) = (\w+)\[', text))
+  dots = re.findall(r' dot\((%?[\w.]+), (%?[\w.]+)\)', text)
+  return [f'{types.get(a, "?")}x{types.get(b, "?")}' for a, b in dots]
+
+
+@pytest.mark.skipif(jax.default_backend() != 'cpu', reason="XLA:CPU's dot lowering")
+def test_accumulating_dots_stay_bfloat16_on_cpu_where_einsums_are_upcast():
+  """Why model.dots exists: XLA:CPU upcasts a bfloat16-out dot and its operands to float32, and keeps bfloat16
+  operands when the dot writes float32. If a jax upgrade changes this, 'auto' (config/model.resolve_dots) should
+  be measured again."""
+  plain, accumulating = dot_operand_types('einsum'), dot_operand_types('accumulating')
+  assert len(plain) == len(accumulating), (plain, accumulating)
+  # The projections and the decoder, forward and backward (27 dots here, 5 of them the attention's, which keep
+  # bfloat16 operands either way): upcast as einsums, bfloat16 as accumulating dots.
+  assert plain.count('f32xf32') >= 20 and accumulating.count('f32xf32') <= 2, (plain, accumulating)
+
+
 @pytest.mark.slow
 def test_packed_rows_equal_documents_run_alone():
   cfg = small_config()

@@ -199,6 +199,12 @@ def test_each_schema_resolves_auto_once_and_training_refuses_what_it_did_not_res
   cfg.model.dtype = 'auto'
   resolved, choice = config_lib.resolve_train(config_lib.validate_train(cfg, num_devices=8), num_devices=8)
   assert (resolved.model.dtype, resolved.model.attention_impl, choice.kernel) == ('float32', 'xla', 'xla')
+  assert resolved.model.dots == 'einsum'  # float32 on CPU: nothing to gain from accumulating dots
+  cfg.model.dtype = 'bfloat16'
+  assert config_lib.resolve_train(cfg, num_devices=8)[0].model.dots == 'accumulating'  # bfloat16 on CPU
+  for platform in ('gpu', 'tpu'):
+    assert config_lib.resolve_train(cfg, platform=platform, num_devices=8)[0].model.dots == 'einsum'
+  cfg.model.dtype = 'auto'
   assert resolved.mesh.fsdp == 8 and cfg.model.dtype == 'auto'  # a copy: the input is left as it was
   on_gpu, choice = config_lib.resolve_train(cfg, platform='gpu', compute_capability='9.0', num_devices=8)
   assert (on_gpu.model.dtype, on_gpu.model.attention_impl) == ('bfloat16', 'cudnn') and choice.reason
@@ -210,6 +216,7 @@ def test_each_schema_resolves_auto_once_and_training_refuses_what_it_did_not_res
   source.hidden_size, source.dtype, source.attention_impl = 48, 'bfloat16', 'cudnn'  # the source's numerics: not ours
   out, _ = finetune_config.resolve_finetune(ft, source, 'bert-base-uncased', platform='cpu', num_devices=8)
   assert out.model.hidden_size == 48 and out.model.dtype == 'float32' and out.model.attention_impl in KERNELS
+  assert out.model.dots == 'einsum'
   assert out.data.tokenizer == 'bert-base-uncased' and out.mesh.fsdp == 8
 
   with pytest.raises(ValueError, match="model.attention_impl='auto' reached training unresolved"):

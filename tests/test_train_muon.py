@@ -7,6 +7,7 @@ import json
 import shutil
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
@@ -67,6 +68,37 @@ def test_each_layer_of_a_stack_is_orthogonalised_as_one_matrix():
     assert singular.min() > 0.3 and singular.max() < 1.3, singular
 
 
+@pytest.mark.parametrize('name', ['adamw', 'muon'])
+def test_embedding_lr_scales_only_the_embedding_update_and_keeps_the_state(name):
+  """optimizer.embedding_lr: the token embedding's update (its weight decay included) is embedding_lr / its side's
+  peak of the update without it; every other parameter's is the same, and so is the optimizer state's layout, so a
+  run resumes under another embedding rate. On Muon's side (muon_adamw without 'embeddings') the peak is muon_lr."""
+  cfg = tiny_config(vocab_size=64, hidden=16, layers=1)
+  cfg.optimizer.update(name=name, warmup_steps=0, peak_lr=2e-2, muon_lr=1e-2)
+  params = nnx.state(nnx.eval_shape(mlm.model_factory(cfg)), nnx.Param)
+  params = jax.tree.map(lambda p: jax.random.normal(jax.random.key(1), p.shape), params)
+  grads = jax.tree.map(lambda p: 0.1 * jnp.cos(p), params)
+
+  def one_update(**fields):
+    opt = cfg.optimizer.copy_and_resolve_references()
+    opt.update(fields)
+    tx = optimizer_lib.make_optimizer(opt, 10)[0]
+    state = tx.init(params)
+    update, new_state = tx.update(grads, state, params)
+    layout = jax.tree.structure(state), jax.tree.structure(new_state)
+    return {path_key(p): np.asarray(u) for p, u in jax.tree_util.tree_flatten_with_path(update)[0]}, layout
+
+  for fields, ratio in [({'embedding_lr': 5e-3}, 0.25), ({'embedding_lr': 5e-3, 'muon_adamw': 'decoder'}, 0.5)]:
+    if name == 'adamw' and 'muon_adamw' in fields:
+      continue
+    base, layout = one_update(muon_adamw=fields.get('muon_adamw', cfg.optimizer.muon_adamw))
+    scaled, scaled_layout = one_update(**fields)
+    assert scaled_layout == layout and scaled.keys() == base.keys()
+    for key, u in scaled.items():
+      want = base[key] * ratio if 'token_embedding' in key else base[key]
+      np.testing.assert_allclose(u, want, rtol=1e-6, err_msg=key)
+
+
 @pytest.mark.parametrize(
   'field,value,needle',
   [
@@ -75,6 +107,7 @@ def test_each_layer_of_a_stack_is_orthogonalised_as_one_matrix():
     ('muon_rate_scale', 'spectral', "optimizer.muon_rate_scale='spectral' is unknown"),
     ('muon_momentum', 1.0, 'optimizer.muon_momentum=1.0 must be in [0, 1)'),
     ('muon_ns_steps', 0, 'optimizer.muon_ns_steps=0 must be >= 1'),
+    ('embedding_lr', -1e-3, 'optimizer.embedding_lr=-0.001 must be >= 0'),
   ],
 )
 def test_muon_fields_are_checked(field, value, needle):

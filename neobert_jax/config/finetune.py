@@ -161,7 +161,7 @@ def validate_finetune(cfg: ml_collections.ConfigDict, num_devices: int | None = 
 
 
 # The model fields a fine-tuning run sets whatever the source: its numerics (the architecture is the source's).
-RUNTIME_FIELDS = ('dtype', 'attention_impl', 'scan_layers', 'remat_policy', 'param_dtype')
+RUNTIME_FIELDS = ('dtype', 'dots', 'attention_impl', 'scan_layers', 'remat_policy', 'param_dtype')
 
 
 def resolve_finetune(

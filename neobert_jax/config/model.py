@@ -1,6 +1,6 @@
 """The `model` section: architecture and numerics, with the released NeoBERT (250M) as defaults, its validation,
-and what its two 'auto' settings (`dtype`, `attention_impl`) resolve to (`choose_attention`, each choice with its
-reason; docs/performance.md, "Attention kernels on each backend", tabulates them)."""
+and what its three 'auto' settings (`dtype`, `dots`, `attention_impl`) resolve to (`choose_attention`, each
+attention choice with its reason; docs/performance.md, "Attention kernels on each backend", tabulates them)."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ ATTENTION_IMPLEMENTATIONS = ('auto', 'xla', 'blockwise', 'cudnn', 'cudnn_bias', 
 KERNELS = ATTENTION_IMPLEMENTATIONS[1:]  # the resolved names the model runs
 REMAT_POLICIES = ('none', 'full', 'save_dots')
 DTYPES = ('float32', 'bfloat16', 'float16')
+DOTS = ('auto', 'einsum', 'accumulating')
 COMPUTE_DTYPES = ('auto',) + DTYPES  # model.dtype's 'auto' resolves per backend (resolve_dtype)
 _HALF = ('bfloat16', 'float16')
 
@@ -54,6 +55,13 @@ def default_model_config() -> ml_collections.ConfigDict:
   # the softmax and the loss still run in float32: half the bytes for the logits and their gradient (1.10x the main
   # job's step on a CPU, docs/performance.md). No effect when the compute dtype is float32.
   cfg.logits_dot_in_fp32 = True
+  # How the projections and the decoder contract: 'einsum' (jnp.einsum in the compute dtype) or 'accumulating'
+  # (model/fused.einsum_accumulating: fp32 accumulation, the result and the backward pass's cotangent rounded to the
+  # compute dtype, the numbers a bfloat16 einsum gives on GPU and TPU). XLA:CPU runs a bfloat16 x bfloat16 -> fp32
+  # dot natively but upcasts a bfloat16-out dot and its operands to fp32: 'accumulating' is 1.24x the main job's
+  # step on a CPU with AVX-512 BF16 (docs/performance.md). 'auto' (resolve_dots): 'accumulating' on CPU in
+  # bfloat16, else 'einsum' (GPU and TPU accumulate in fp32 anyway, and remat's save_dots policy sees only einsums).
+  cfg.dots = 'auto'
   # Attention kernel: 'auto' | 'xla' | 'blockwise' | 'cudnn' | 'cudnn_bias' | 'splash'. 'auto' takes the fastest correct
   # one for the backend, compute dtype and packing (choose_attention below) and the trainer logs the choice at start-up.
   cfg.attention_impl = 'auto'
@@ -79,6 +87,7 @@ def validate_model_config(cfg: ml_collections.ConfigDict) -> None:
     ('remat_policy', REMAT_POLICIES),
     ('dtype', COMPUTE_DTYPES),
     ('param_dtype', DTYPES),
+    ('dots', DOTS),
   )
   check_choices('model', cfg, choices)
   ranges = [(f, cfg[f] > 0, 'positive') for f in ('vocab_size', 'num_layers', 'intermediate_size', 'max_length')]
@@ -103,6 +112,13 @@ def resolve_dtype(name: str, platform: str | None = None) -> str:
   if name != 'auto':
     return name
   return 'float32' if (platform or jax.default_backend()) == 'cpu' else 'bfloat16'
+
+
+def resolve_dots(name: str, platform: str, dtype: str) -> str:
+  """model.dots for a concrete compute dtype on `platform`: 'auto' is 'accumulating' on CPU in bfloat16."""
+  if name != 'auto':
+    return name
+  return 'accumulating' if platform == 'cpu' and dtype == 'bfloat16' else 'einsum'
 
 
 @dataclasses.dataclass(frozen=True)
@@ -190,9 +206,9 @@ def choose_attention(
 
 
 def require_resolved(cfg: ml_collections.ConfigDict) -> None:
-  """Raises ValueError when the model section still says 'auto' (dtype or attention_impl): what the training paths
+  """Raises ValueError when the model section still says 'auto' (dtype, dots or attention_impl): what the training paths
   hand the model and record in config.json is resolved first (config/train.resolve_train, config/finetune.resolve_finetune)."""
-  if left := [f'model.{f}={cfg[f]!r}' for f in ('dtype', 'attention_impl') if cfg[f] == 'auto']:
+  if left := [f'model.{f}={cfg[f]!r}' for f in ('dtype', 'dots', 'attention_impl') if cfg[f] == 'auto']:
     raise ValueError(
       f'{", ".join(left)} reached training unresolved; resolve the config first (config/train.resolve_train or '
       'config/finetune.resolve_finetune), which records the concrete choice in config.json'
@@ -202,8 +218,10 @@ def require_resolved(cfg: ml_collections.ConfigDict) -> None:
 def resolve_numerics(
   cfg: ml_collections.ConfigDict, *, platform: str, packed: bool, compute_capability: str | None = None
 ) -> Choice:
-  """Sets model.dtype and model.attention_impl for `platform`, in place; returns the attention choice and its reason."""
+  """Sets model.dtype, model.dots and model.attention_impl for `platform`, in place; returns the attention choice
+  and its reason."""
   cfg.dtype = resolve_dtype(cfg.dtype, platform)
+  cfg.dots = resolve_dots(cfg.get('dots', 'auto'), platform, cfg.dtype)  # a config.json from before the field
   choice = choose_attention(
     cfg.attention_impl,
     platform=platform,

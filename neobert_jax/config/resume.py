@@ -15,6 +15,7 @@ PRETRAIN_RULES: dict[str, str] = {
   'model': IDENTITY,  # shapes, vocabulary, sequence length, norms, RoPE, param dtype, layout
   'model.dtype': FREE,  # compute dtype: fp32 master weights either way
   'model.logits_dot_in_fp32': FREE,  # the decoder's output precision, likewise
+  'model.dots': FREE,  # how the matmuls are written: the same numbers to the rounding
   'model.attention_impl': FREE,
   'model.splash_block_size': FREE,
   'model.blockwise_block_size': FREE,

@@ -96,6 +96,7 @@ def get_config() -> ml_collections.ConfigDict:
       eps=1e-8,
       weight_decay=0.1,
       decay_embeddings=True,  # the paper decays every weight matrix, the token embedding included
+      embedding_lr=0.0,  # the token embedding's peak rate, on the same schedule as its side's; 0 = that side's rate
       decay_all_params=False,  # True: norm scales and biases decay too (the original trainer's AdamW over
       # model.parameters()); False: pulling RMSNorm gains towards 0 only fights the model
       clip_norm=1.0,  # global-norm clipping threshold; 0 disables
@@ -343,6 +344,7 @@ def _validate_optimizer(o: ml_collections.ConfigDict, num_steps: int) -> None:
   """The optimizer values that cannot train: each refused with its field, its value and the range it needs."""
   ranges = (
     ('peak_lr', o.peak_lr > 0, '> 0'),
+    ('embedding_lr', o.embedding_lr >= 0, ">= 0 (0: the rate of the embedding's side)"),
     *adamw_ranges(o),
     ('clip_eps', o.clip_eps >= 0, '>= 0'),
     ('warmup_steps', o.warmup_steps >= 0, '>= 0'),

@@ -13,9 +13,9 @@ import ml_collections
 from flax import nnx
 
 from neobert_jax.model.attention import attention
-from neobert_jax.config.model import resolve_numerics, validate_model_config
+from neobert_jax.config.model import resolve_dots, resolve_dtype, resolve_numerics, validate_model_config
 from neobert_jax.model.sizes import ffn_hidden_size, head_dim
-from neobert_jax.model.fused import rms_norm, rotate, swiglu, swiglu_autodiff
+from neobert_jax.model.fused import einsum_accumulating, rms_norm, rotate, swiglu, swiglu_autodiff
 from neobert_jax.sharding import constrain, creation_scope
 
 _REMAT_POLICIES = {
@@ -34,6 +34,13 @@ def rope_angles(positions: jax.Array, head_dim: int, theta: float, table_length:
   angles = jnp.arange(table_length, dtype=jnp.float32)[:, None] * inverse_frequencies
   cos, sin = (jnp.take(f(angles), positions, axis=0, mode='fill', fill_value=jnp.nan) for f in (jnp.cos, jnp.sin))
   return cos[:, :, None, :], sin[:, :, None, :]
+
+
+def accumulates(cfg: ml_collections.FrozenConfigDict) -> bool:
+  """Whether model.dots is 'accumulating'; 'auto' is resolved here only for direct library use, on this process's
+  backend (config/model.resolve_dots)."""
+  dots = cfg.get('dots', 'auto')  # a config.json from before the field: resolved as 'auto'
+  return resolve_dots(dots, jax.default_backend(), resolve_dtype(cfg.dtype)) == 'accumulating'
 
 
 def _uniform(limit: float):
@@ -104,13 +111,14 @@ class EncoderLayers(nnx.Module):
     activate = swiglu if cfg.scan_layers else swiglu_autodiff
     # One table per forward pass, shared by every layer: rows up to the configured length, or the input's if longer.
     cos, sin = rope_angles(positions, head_dim(cfg), cfg.rope_theta, max(cfg.max_length, x.shape[1]))
+    einsum = einsum_accumulating if accumulates(cfg) else jnp.einsum
 
     def block(x, w):
       w = {k: v.astype(dtype) for k, v in w.items()}
       hidden = rms_norm(x, w['attention_norm'], cfg.norm_eps)
       # Three projections from slices of the fused weight, not one split afterwards: no buffer to copy apart, and
       # the v5p cost model prices the slices lower (docs/performance.md, "Roofline").
-      q, k, v = (jnp.einsum('btd,dhk->bthk', hidden, part) for part in jnp.split(w['qkv'], 3, axis=-1))
+      q, k, v = (einsum('btd,dhk->bthk', hidden, part) for part in jnp.split(w['qkv'], 3, axis=-1))
       if 'qkv_bias' in w:  # added before the rotation, as a Linear's bias is
         q, k, v = (a + b for a, b in zip((q, k, v), jnp.split(w['qkv_bias'], 3, axis=-1)))
       q, k = rotate(q, cos, sin), rotate(k, cos, sin)
@@ -118,11 +126,11 @@ class EncoderLayers(nnx.Module):
       attended = attention(
         q, k, v, segment_ids=segment_ids, lengths=lengths, kernel=kernel, max_segments=max_segments, block_size=tile
       )
-      x = x + _biased(jnp.einsum('bthk,hkd->btd', attended, w['wo']), w, 'wo_bias')
+      x = x + _biased(einsum('bthk,hkd->btd', attended, w['wo']), w, 'wo_bias')
       x = constrain(x, ('batch', 'length', 'act_embed'))
-      gate_up = jnp.einsum('btd,dgf->btgf', rms_norm(x, w['ffn_norm'], cfg.norm_eps), w['w12'])
+      gate_up = einsum('btd,dgf->btgf', rms_norm(x, w['ffn_norm'], cfg.norm_eps), w['w12'])
       activated = activate(_biased(gate_up, w, 'w12_bias'))
-      x = x + _biased(jnp.einsum('btf,fd->btd', activated, w['w3']), w, 'w3_bias')
+      x = x + _biased(einsum('btf,fd->btd', activated, w['w3']), w, 'w3_bias')
       return constrain(x, ('batch', 'length', 'act_embed'))
 
     if cfg.remat_policy != 'none':
@@ -229,6 +237,10 @@ class NeoBERTForMLM(nnx.Module):
     else:
       kernel, spec = self.decoder.kernel[...], 'bpd,dv->bpv'
     written = jnp.float32 if self.cfg.logits_dot_in_fp32 else dtype  # model.logits_dot_in_fp32
-    logits = jnp.einsum(spec, hidden.astype(dtype), kernel.astype(dtype), preferred_element_type=written)
+    hidden, kernel = hidden.astype(dtype), kernel.astype(dtype)
+    if accumulates(self.cfg):
+      logits = einsum_accumulating(spec, hidden, kernel, written)
+    else:
+      logits = jnp.einsum(spec, hidden, kernel, preferred_element_type=written)
     logits = logits.astype(jnp.float32) + self.decoder.bias[...].astype(jnp.float32)
     return constrain(logits, ('batch', 'length', 'vocab'))
