@@ -55,12 +55,10 @@ def default_model_config() -> ml_collections.ConfigDict:
   # the softmax and the loss still run in float32: half the bytes for the logits and their gradient (1.10x the main
   # job's step on a CPU, docs/performance.md). No effect when the compute dtype is float32.
   cfg.logits_dot_in_fp32 = True
-  # How the projections and the decoder contract: 'einsum' (jnp.einsum in the compute dtype) or 'accumulating'
-  # (model/fused.einsum_accumulating: fp32 accumulation, the result and the backward pass's cotangent rounded to the
-  # compute dtype, the numbers a bfloat16 einsum gives on GPU and TPU). XLA:CPU runs a bfloat16 x bfloat16 -> fp32
-  # dot natively but upcasts a bfloat16-out dot and its operands to fp32: 'accumulating' is 1.24x the main job's
-  # step on a CPU with AVX-512 BF16 (docs/performance.md). 'auto' (resolve_dots): 'accumulating' on CPU in
-  # bfloat16, else 'einsum' (GPU and TPU accumulate in fp32 anyway, and remat's save_dots policy sees only einsums).
+  # The projections and the decoder: 'einsum' (jnp.einsum) or 'accumulating' (model/fused.einsum_accumulating, the
+  # same numbers as bfloat16 dots that XLA:CPU runs natively, where it upcasts a bfloat16-out einsum to fp32: 1.24x
+  # the main job's step, docs/performance.md). 'auto': 'accumulating' on CPU in bfloat16 only (remat's save_dots
+  # policy sees einsums, not custom gradients).
   cfg.dots = 'auto'
   # Attention kernel: 'auto' | 'xla' | 'blockwise' | 'cudnn' | 'cudnn_bias' | 'splash'. 'auto' takes the fastest correct
   # one for the backend, compute dtype and packing (choose_attention below) and the trainer logs the choice at start-up.

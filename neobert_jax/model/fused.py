@@ -113,23 +113,16 @@ def _einsum_f32(spec: str, a: jax.Array, b: jax.Array, out_dtype: jnp.dtype) -> 
 
 @partial(jax.custom_vjp, nondiff_argnums=(0, 3))
 def einsum_accumulating(spec: str, a: jax.Array, b: jax.Array, out_dtype: jnp.dtype | None = None) -> jax.Array:
-  """jnp.einsum(spec, a, b) for two-operand contractions, accumulated in fp32 and rounded to a's dtype; the backward
-  pass's two contractions take the cotangent in a's dtype and accumulate in fp32 too. The numbers a bfloat16
-  einsum gives on an accelerator; XLA:CPU runs bfloat16-in, fp32-out dots natively where it upcasts a
-  bfloat16-out dot and its operands to fp32 (docs/performance.md, "Performance on this CPU")."""
+  """jnp.einsum(spec, a, b) accumulated in fp32 and written in out_dtype (default a's); the backward pass's two
+  contractions take the cotangent in a's dtype and accumulate in fp32 too: a bfloat16 einsum's numbers on GPU and
+  TPU, in the bfloat16-in, fp32-out dots XLA:CPU runs natively (model.dots)."""
   return _einsum_f32(spec, a, b, out_dtype or a.dtype)
 
 
-def _einsum_fwd(spec, a, b, out_dtype):
-  return _einsum_f32(spec, a, b, out_dtype or a.dtype), (a, b)
-
-
 def _einsum_bwd(spec, out_dtype, residuals, g):
-  a, b = residuals
-  inputs, out = spec.split('->')
-  sa, sb = inputs.split(',')
+  (a, b), (sa, sb, out) = residuals, spec.replace('->', ',').split(',')
   g = g.astype(a.dtype)
   return _einsum_f32(f'{out},{sb}->{sa}', g, b, a.dtype), _einsum_f32(f'{sa},{out}->{sb}', a, g, b.dtype)
 
 
-einsum_accumulating.defvjp(_einsum_fwd, _einsum_bwd)
+einsum_accumulating.defvjp(lambda spec, a, b, dtype: (einsum_accumulating(spec, a, b, dtype), (a, b)), _einsum_bwd)
