@@ -262,13 +262,7 @@ class Manifest:
 
   def write(self, directory: paths.PathLike) -> None:
     """The one writer: atomically in a local directory, as one object on a bucket (a commit marker either way)."""
-    if paths.is_url(os.fspath(directory)):
-      paths.write_text(paths.Path(directory) / MANIFEST, self.text())
-      return
-    tmp = os.path.join(directory, f'.{MANIFEST}.tmp')
-    with open(tmp, 'w') as f:
-      f.write(self.text())
-    os.replace(tmp, os.path.join(directory, MANIFEST))
+    paths.write_text(paths.Path(directory) / MANIFEST, self.text())
 
 
 def _check_fields(path: str, manifest: dict, directory: str) -> None:
