@@ -146,11 +146,6 @@ def files_of(shard: dict) -> list[str]:
   return [shard['file']] + ([shard['index']['file']] if 'index' in shard else [])
 
 
-def is_shard_file(name: str) -> bool:
-  """Whether a file name is one prepare writes as data (a shard or its index): what cleaning an output removes."""
-  return name.endswith(('.arrayrecord', '.arrayrecord.index'))
-
-
 def remedy(directory: str) -> str:
   """How to get whole prepared data back, for the end of every message about damaged data."""
   cache = os.path.abspath(assets.asset_cache_dir())
