@@ -242,7 +242,6 @@ def export_checkpoint(
 ) -> Path:
   """Writes the HF directory for a training checkpoint (its EMA parameters with ``use_ema``); without
   ``tokenizer``, the run's own."""
-  check_output_dir(output, overwrite)
   if not paths.resolve(checkpoint, '--checkpoint').is_dir():
     raise errors.ExportError(
       f'--checkpoint {checkpoint}: no such directory (give a training workdir or its checkpoints/)'
