@@ -142,8 +142,7 @@ class BucketStore(Store):
         os.remove(path)  # a .part of a killed download, or a file of other data
       else:
         self._lru[name] = shard['bytes']
-    self.stats.disk_bytes = sum(self._lru.values())
-    self.stats.peak_disk_bytes = self.stats.disk_bytes
+    self.stats.disk_bytes = self.stats.peak_disk_bytes = sum(self._lru.values())
 
   def acquire(self, names) -> None:
     """Pins `names` and returns once all are local (downloading those that are not)."""
