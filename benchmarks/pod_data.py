@@ -37,7 +37,7 @@ t1 = time.perf_counter()
 for _ in range(steps):
   next(it)
 took = time.perf_counter() - t1
-(s,) = [store.stats.as_dict() for store in it.stores.values()]
+(s,) = [vars(store.stats) for store in it.stores.values()]
 print(json.dumps({'host': p, 'first_batch_s': first, 'tokens_per_s': steps * batch // n * seq / took, **s}))
 it.close()
 """

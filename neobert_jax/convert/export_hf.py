@@ -222,7 +222,6 @@ def export_flat(
     raise errors.ExportError(f'dtype {dtype!r} is not supported; choose one of {sorted(EXPORT_DTYPES)}')
   if model_type not in MODEL_TYPES:
     raise errors.ExportError(f'model type {model_type!r} is not supported; choose one of {", ".join(MODEL_TYPES)}')
-  check_output_dir(output, overwrite)  # fail before the (slow) conversion
   state_dict = {k: v.astype(EXPORT_DTYPES[dtype]) for k, v in hf.flat_to_hf_state_dict(flat, model_cfg).items()}
   config = hf.hf_config_dict(model_cfg, torch_dtype=dtype)
   if model_type == eurobert.MODEL_TYPE:
@@ -243,7 +242,6 @@ def export_checkpoint(
 ) -> Path:
   """Writes the HF directory for a training checkpoint (its EMA parameters with ``use_ema``); without
   ``tokenizer``, the run's own."""
-  check_output_dir(output, overwrite)
   if not paths.resolve(checkpoint, '--checkpoint').is_dir():
     raise errors.ExportError(
       f'--checkpoint {checkpoint}: no such directory (give a training workdir or its checkpoints/)'

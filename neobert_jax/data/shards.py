@@ -146,11 +146,6 @@ def files_of(shard: dict) -> list[str]:
   return [shard['file']] + ([shard['index']['file']] if 'index' in shard else [])
 
 
-def is_shard_file(name: str) -> bool:
-  """Whether a file name is one prepare writes as data (a shard or its index): what cleaning an output removes."""
-  return name.endswith(('.arrayrecord', '.arrayrecord.index'))
-
-
 def remedy(directory: str) -> str:
   """How to get whole prepared data back, for the end of every message about damaged data."""
   cache = os.path.abspath(assets.asset_cache_dir())
@@ -262,13 +257,7 @@ class Manifest:
 
   def write(self, directory: paths.PathLike) -> None:
     """The one writer: atomically in a local directory, as one object on a bucket (a commit marker either way)."""
-    if paths.is_url(os.fspath(directory)):
-      paths.write_text(paths.Path(directory) / MANIFEST, self.text())
-      return
-    tmp = os.path.join(directory, f'.{MANIFEST}.tmp')
-    with open(tmp, 'w') as f:
-      f.write(self.text())
-    os.replace(tmp, os.path.join(directory, MANIFEST))
+    paths.write_text(paths.Path(directory) / MANIFEST, self.text())
 
 
 def _check_fields(path: str, manifest: dict, directory: str) -> None:

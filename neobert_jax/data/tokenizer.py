@@ -158,5 +158,4 @@ def load_tokenizer(spec: str) -> Tokenizer:
 
 def same_vocabulary(a: dict, b: dict) -> bool:
   """Whether two identity dicts describe the same ids for the same pieces."""
-  keys = ('kind', 'vocab_size', 'special_ids', 'vocab_sha256')
-  return all(a.get(k) == b.get(k) for k in keys)
+  return all(a.get(k) == b.get(k) for k in ('kind', 'vocab_size', 'special_ids', 'vocab_sha256'))

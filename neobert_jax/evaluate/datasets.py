@@ -6,6 +6,7 @@ from __future__ import annotations
 import glob
 import os
 import zipfile
+from pathlib import Path
 
 import numpy as np
 
@@ -22,9 +23,8 @@ def bbc_titled(max_chars: int = 2000) -> tuple[list[str], list[str], list[str]]:
   folder = assets.fetch_once('bbc', BBC_PACKAGE, corpus._extract_bbc)  # pylint: disable=protected-access
   titles, bodies, labels = [], [], []
   for path in sorted(glob.glob(os.path.join(folder, '*.txt'))):
-    with open(path, 'rb') as fh:
-      # A few BBC files carry stray Latin-1 bytes; replaced, as the pretraining corpus does.
-      lines = fh.read().decode('utf-8', errors='replace').strip().splitlines()
+    # A few BBC files carry stray Latin-1 bytes; replaced, as the pretraining corpus does.
+    lines = Path(path).read_bytes().decode('utf-8', errors='replace').strip().splitlines()
     titles.append(lines[0].strip())
     bodies.append(' '.join(' '.join(lines[1:]).split())[:max_chars])
     labels.append(os.path.basename(path).split('_')[0])
@@ -40,8 +40,7 @@ def bbc_articles(max_chars: int = 2000) -> tuple[list[str], list[str]]:
 def _extract_lee(archive: str, out: str) -> None:
   with zipfile.ZipFile(archive) as z:
     for name in _LEE_FILES:
-      with open(os.path.join(out, name), 'wb') as f:
-        f.write(z.read(f'gensim/test/test_data/{name}'))
+      Path(out, name).write_bytes(z.read(f'gensim/test/test_data/{name}'))
 
 
 def lee() -> tuple[list[str], np.ndarray, np.ndarray]:

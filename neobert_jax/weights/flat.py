@@ -15,7 +15,7 @@ import numpy as np
 from flax import nnx, traverse_util
 
 from neobert_jax import config as config_lib
-from neobert_jax import errors
+from neobert_jax import errors, paths
 from neobert_jax import sharding as shd
 from neobert_jax.config.model import default_model_config
 from neobert_jax.model.sizes import ffn_hidden_size
@@ -160,8 +160,7 @@ def write_flat_dir(
 ) -> None:
   """Fills a local directory: FLAT_FILE_NAME, then MODEL_CONFIG_FILE (the same config, readable without numpy)."""
   write_flat_file(flat, cfg, os.path.join(directory, FLAT_FILE_NAME))
-  with open(os.path.join(directory, MODEL_CONFIG_FILE), 'w') as fh:
-    fh.write(_metadata(cfg)[CONFIG_METADATA_KEY] + '\n')
+  paths.write_text(paths.Path(directory) / MODEL_CONFIG_FILE, _metadata(cfg)[CONFIG_METADATA_KEY] + '\n')
 
 
 def is_flat_file(path: Any) -> bool:

@@ -48,8 +48,7 @@ def mask_rows(
     masked.flat[flat[how < 0.8]] = mask_id
     swap = flat[(how >= 0.8) & (how < 0.9)]
     random_ids = rng.integers(0, is_special.size, swap.size, dtype=np.int32)
-    # A special id drawn as the "random token" would put [CLS]/[PAD] mid-text;
-    # those few positions keep their original token instead (the 10% unchanged).
+    # A special id drawn as the "random token" would put [CLS]/[PAD] mid-text: those positions keep their token.
     ok = ~is_special[random_ids]
     masked.flat[swap[ok]] = random_ids[ok]
     out['input_ids'] = masked

@@ -14,7 +14,6 @@ import logging
 import os
 import shutil
 import threading
-import time
 from typing import Iterable
 
 from array_record.python.array_record_module import ArrayRecordReader
@@ -30,23 +29,12 @@ PARALLEL = 4
 
 @dataclasses.dataclass
 class Stats:
-  """A store's counters, for the log and the benchmark."""
+  """A store's counters, for the tests and the benchmarks."""
 
   bytes_downloaded: int = 0
   bytes_read: int = 0  # record bytes the reader took (a source's consumption, whatever the files fetched)
-  files_downloaded: int = 0
   disk_bytes: int = 0
   peak_disk_bytes: int = 0
-  opened: float = dataclasses.field(default_factory=time.perf_counter)
-  first_file_seconds: float | None = None
-
-  def as_dict(self) -> dict:
-    return {
-      'bytes_downloaded': self.bytes_downloaded,
-      'files_downloaded': self.files_downloaded,
-      'peak_disk_bytes': self.peak_disk_bytes,
-      'first_file_seconds': self.first_file_seconds,
-    }
 
 
 class _Readers:
@@ -154,8 +142,7 @@ class BucketStore(Store):
         os.remove(path)  # a .part of a killed download, or a file of other data
       else:
         self._lru[name] = shard['bytes']
-    self.stats.disk_bytes = sum(self._lru.values())
-    self.stats.peak_disk_bytes = self.stats.disk_bytes
+    self.stats.disk_bytes = self.stats.peak_disk_bytes = sum(self._lru.values())
 
   def acquire(self, names) -> None:
     """Pins `names` and returns once all are local (downloading those that are not)."""
@@ -223,9 +210,6 @@ class BucketStore(Store):
       self._pending.pop(name, None)
       self._lru[name] = shard['bytes']
       self.stats.bytes_downloaded += shard['bytes']
-      self.stats.files_downloaded += 1
-      if self.stats.first_file_seconds is None:
-        self.stats.first_file_seconds = time.perf_counter() - self.stats.opened
 
 
 def fetch_shard(url: paths.Path, local: str, shard: dict) -> None:

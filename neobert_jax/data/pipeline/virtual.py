@@ -83,7 +83,6 @@ class ShardStream:
     self.parts, self.shuffle = parts, shuffle
     self.n = sum(p.size for p in parts)
     self._key = (seed, shard)
-    # Windows: consecutive groups of `window` pieces, and the records in each.
     self.windows = [parts[i : i + window] for i in range(0, len(parts), window)]
     self.window_sizes = np.array([sum(p.size for p in w) for w in self.windows], np.int64)
     self._orders: dict[int, np.ndarray] = {}

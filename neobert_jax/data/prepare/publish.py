@@ -61,7 +61,7 @@ def commit(out: paths.Path, manifest: shards.Manifest) -> None:
 def _remove_unlisted(out: paths.Path, names: list[str]) -> None:
   try:
     for obj in out.iterdir():
-      if shards.is_shard_file(obj.name) and obj.name not in names:
+      if obj.name.endswith(('.arrayrecord', '.arrayrecord.index')) and obj.name not in names:  # a shard or its index
         obj.unlink()
   except Exception as e:  # noqa: BLE001 - the new data is complete; only leftovers remain
     raise errors.StorageError(
