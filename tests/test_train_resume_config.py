@@ -16,6 +16,12 @@ from neobert_jax.train import resume
 from tests.support.tiny_train import files_of, tiny_config
 
 
+def history(workdir) -> list[dict]:
+  """The run's recorded starts and resumes (config_history.jsonl), oldest first."""
+  lines = (workdir / resume.HISTORY_FILE).read_text(encoding='utf-8').splitlines()
+  return [json.loads(line) for line in lines if line.strip()]
+
+
 @pytest.fixture(scope='module')
 def finished(tmp_path_factory):
   """A finished 6-step run (checkpoints at 3 and 6), copied by each test."""
@@ -126,7 +132,7 @@ def test_extending_the_run_follows_the_new_schedule_and_is_recorded(run, caplog)
   lr = {row['step']: row['train/learning_rate'] for row in lines if 'train/learning_rate' in row}
   expected = optimizer_lib.lr_values(cfg.optimizer, 9, np.arange(6, 9)).astype(np.float32)
   np.testing.assert_array_equal([lr[s] for s in (7, 8, 9)], expected)
-  events = resume.history(run)
+  events = history(run)
   assert [e['event'] for e in events] == ['start', 'resume'] and events[1]['step'] == 6
   assert {(c['field'], c['before'], c['after'], c['kind']) for c in events[1]['changes']} == {
     ('train.num_steps', 6, 9, 'schedule'),
@@ -141,7 +147,7 @@ def test_free_changes_on_a_finished_run_are_logged_and_recorded(run, caplog):
   caplog.set_level('WARNING')
   assert train_only(cfg, run).final_step == 6
   assert 'logging.log_every 1 -> 3 (free)' in caplog.text
-  assert {c['field'] for c in resume.history(run)[-1]['changes']} == {'logging.log_every', 'model.attention_impl'}
+  assert {c['field'] for c in history(run)[-1]['changes']} == {'logging.log_every', 'model.attention_impl'}
 
 
 def _record_tokenizer(workdir, spec):
@@ -165,7 +171,7 @@ def test_the_run_records_its_tokenizer_and_a_resume_that_leaves_it_unset_continu
     cfg = tiny_config(steps=steps)
     assert cfg.data.tokenizer == ''
     assert train_only(cfg, run).final_step == steps
-    assert [c['field'] for c in resume.history(run)[-1]['changes']] == changed
+    assert [c['field'] for c in history(run)[-1]['changes']] == changed
     assert tokenizer() == 'bert-base-uncased'
   assert rules.diff({'data': {'tokenizer': ''}}, {'data': {'tokenizer': 'x'}}, rules.PRETRAIN_RULES) == []
   cfg = tiny_config(steps=7)

@@ -184,14 +184,6 @@ def record(plan: Plan, cfg: ml_collections.ConfigDict, step: int) -> None:
   runs.save_tokenizer(plan.workdir, cfg.data.tokenizer)  # the run carries its vocabulary (weights/runs.py)
 
 
-def history(workdir: str | os.PathLike) -> list[dict[str, Any]]:
-  """The run's recorded starts and resumes, oldest first (empty for a run from before the history existed)."""
-  path = paths.resolved(workdir) / HISTORY_FILE
-  if not path.is_file():
-    return []
-  return [json.loads(line) for line in path.read_text(encoding='utf-8').splitlines() if line.strip()]
-
-
 # The fields that lay out the training row stream: the data position of one run means the same rows in another only
 # when these agree (the mask rate and the batch size may differ: masks are drawn per row, steps take whole rows).
 STREAM_FIELDS = (
