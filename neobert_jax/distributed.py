@@ -43,6 +43,10 @@ class DistributedInfo:
   coordinator_address: str | None = None
   local_device_ids: tuple[int, ...] | None = None
 
+  @property
+  def is_primary(self) -> bool:
+    return self.process_id == 0
+
 
 _INFO: DistributedInfo | None = None
 

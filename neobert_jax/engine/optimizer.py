@@ -137,8 +137,7 @@ def muon_labels(on_adamw: tuple[str, ...]) -> Callable[[Any], Any]:
 
 
 def scale_embedding(tx: optax.GradientTransformation, ratio: float) -> optax.GradientTransformation:
-  """`tx` with the token embedding's update (weight decay included) times `ratio`: its own rate on the same
-  schedule. The state is tx's own, so a run resumes under another optimizer.embedding_lr."""
+  """`tx` with the token embedding's update (decay included) times `ratio`, keeping tx's state (resumable)."""
   if ratio == 1.0:
     return tx
 

@@ -37,10 +37,9 @@ def rope_angles(positions: jax.Array, head_dim: int, theta: float, table_length:
 
 
 def accumulates(cfg: ml_collections.FrozenConfigDict) -> bool:
-  """Whether model.dots is 'accumulating'; 'auto' is resolved here only for direct library use, on this process's
-  backend (config/model.resolve_dots)."""
-  dots = cfg.get('dots', 'auto')  # a config.json from before the field: resolved as 'auto'
-  return resolve_dots(dots, jax.default_backend(), resolve_dtype(cfg.dtype)) == 'accumulating'
+  """Whether model.dots is 'accumulating' ('auto', or a config.json from before the field: on this backend)."""
+  dots = resolve_dots(cfg.get('dots', 'auto'), jax.default_backend(), resolve_dtype(cfg.dtype))
+  return dots == 'accumulating'
 
 
 def _uniform(limit: float):
