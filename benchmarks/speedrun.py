@@ -79,6 +79,7 @@ RECIPES: dict[str, tuple[str, ...]] = {
   # what the accumulating dots' 1.24x step buys (model.dots, 2026-11-29): more steps in the same minutes
   'steps_3000': ('train.num_steps=3000',),
   'heads_8_steps_2800': ('model.num_heads=8', 'train.num_steps=2800'),
+  'warmup_0.1': ('optimizer.warmup_fraction=0.1',),  # a tenth of the run warming up, not 30%: the line sooner?
   'muon_momentum_0.9': ('optimizer.muon_momentum=0.9',),  # Muon's momentum 0.9, not 0.95
   'embedding_muon': ('optimizer.muon_adamw=decoder',),  # the embedding on Muon, the decoder and norms on AdamW
   # the token embedding at its own rate (optimizer.embedding_lr), the decoder and norms still at 2e-2

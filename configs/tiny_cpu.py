@@ -20,9 +20,10 @@ and "Main job"):
     128 it leaves attention logits near zero, so attention stays uniform and the model sits on the unigram
     plateau for a hundred steps. The embedding keeps 0.02 (a larger one was worse).
   * optimizer: Muon (optax.contrib.muon) on the layer's weight matrices at a peak of 1e-2, AdamW on the embedding,
-    the decoder and the norm scales at 2e-2, instead of AdamW on everything at NeoBERT's 6e-4. Over the 2,000 steps
-    it ends 0.17 nats below AdamW at 5e-3 (4.055 against 4.227); AdamW on everything gains 0.03 from a higher rate
-    (1e-2: 4.193), and 1e-2 or 4e-2 on the AdamW side under Muon end higher (docs/performance.md, "Speedrun").
+    the decoder and the norm scales at 2e-2, instead of AdamW on everything at NeoBERT's 6e-4. Over 2,000 steps (4
+    heads) it ended 0.17 nats below AdamW at 5e-3 (4.055 against 4.227); AdamW on everything gains 0.03 from a
+    higher rate (1e-2: 4.193), and 1e-2 or 4e-2 on the AdamW side under Muon end higher (docs/performance.md,
+    "Speedrun").
   * schedule: one cycle: a linear warmup over the first 30% of the steps, then a straight line to zero at the last
     step (Cramming's one-cycle; Izsak et al.'s decay to zero at the deadline), not a short warmup and a cosine to
     10%. Over 2,000 steps it ended 0.12 nats below a 30-step warmup (AdamW, 3e-3).
