@@ -17,11 +17,11 @@ from etils import epath
 
 from neobert_jax import errors
 from neobert_jax.weights import runs
-from neobert_jax.train import resume
 from tests.support.tiny_train import (
   SUPPORT_ON_PATH,
   assert_identical_params,
   finished_tiny_run,
+  run_history,
   tiny_config,
   train_only,
 )
@@ -106,7 +106,7 @@ def test_run_on_a_bucket_killed_and_resumed_is_bit_identical(gcs, uninterrupted,
   _assert_identical(runs.restore_params(workdir)[1], uninterrupted)
   root = epath.Path(workdir)
   assert json.loads((root / 'config.json').read_text())['train']['num_steps'] == 6
-  assert [e['event'] for e in resume.history(workdir)] == ['start', 'resume']
+  assert [e['event'] for e in run_history(workdir)] == ['start', 'resume']
   steps = [json.loads(x)['step'] for x in (root / 'metrics.jsonl').read_text().splitlines()]
   assert steps[-1] == 6 and 1 in steps  # the resumed run appended to the killed run's metrics
   assert any(p.name.startswith('events.out.tfevents') for p in (root / 'tensorboard').iterdir())

@@ -19,9 +19,16 @@ from neobert_jax.config import train as schema
 from neobert_jax.config.optimizer import muon_adamw
 from neobert_jax.engine import optimizer as optimizer_lib
 from neobert_jax.engine import state as state_lib
-from neobert_jax.train import mlm, resume
+from neobert_jax.train import mlm
 from neobert_jax.weights.flat import path_key
-from tests.support.tiny_train import assert_resumes_identically, files_of, synthetic_batch, tiny_config, train_only
+from tests.support.tiny_train import (
+  assert_resumes_identically,
+  files_of,
+  synthetic_batch,
+  tiny_config,
+  train_only,
+  run_history,
+)
 
 STEPS = 6
 
@@ -208,7 +215,7 @@ def test_a_new_stage_may_switch_optimizer_but_not_keep_the_other_one_s_moments(f
   assert not (tmp_path / 'kept' / 'checkpoints').exists()
   cfg.init.keep_optimizer = False
   assert train_only(cfg, tmp_path / 'adamw').final_step == 2
-  origin = resume.history(tmp_path / 'adamw')[0]['origin']
+  origin = run_history(tmp_path / 'adamw')[0]['origin']
   assert {'field': 'optimizer.name', 'before': 'muon', 'after': 'adamw', 'kind': 'identity'} in origin['changes']
 
 

@@ -12,14 +12,7 @@ from neobert_jax import errors
 from neobert_jax.config import resume as rules
 from tests.support.tiny_train import finished_tiny_run, train_only
 from neobert_jax.engine import optimizer as optimizer_lib
-from neobert_jax.train import resume
-from tests.support.tiny_train import files_of, tiny_config
-
-
-def history(workdir) -> list[dict]:
-  """The run's recorded starts and resumes (config_history.jsonl), oldest first."""
-  lines = (workdir / resume.HISTORY_FILE).read_text(encoding='utf-8').splitlines()
-  return [json.loads(line) for line in lines if line.strip()]
+from tests.support.tiny_train import files_of, run_history as history, tiny_config
 
 
 @pytest.fixture(scope='module')

@@ -11,8 +11,7 @@ import pytest
 
 from neobert_jax import config, errors
 from neobert_jax.data import pipeline
-from neobert_jax.train import resume
-from tests.support.tiny_train import REPO_ROOT, train_only
+from tests.support.tiny_train import REPO_ROOT, train_only, run_history
 
 STEPS = 3
 
@@ -66,11 +65,11 @@ def test_three_stages_change_what_they_say_and_record_where_they_came_from(stage
     'wsd',
     '1-sqrt',
   )
-  origin = resume.history(stages / '2')[0]['origin']
+  origin = run_history(stages / '2')[0]['origin']
   assert (origin['from_checkpoint'], origin['step'], origin['keep_optimizer']) == (str(stages / '1'), STEPS, True)
   changed = {c['field']: (c['before'], c['after']) for c in origin['changes']}
   assert changed['model.rope_theta'] == (10000.0, 160000.0) and changed['model.max_length'] == (128, 256)
-  origin = resume.history(stages / '3')[0]['origin']
+  origin = run_history(stages / '3')[0]['origin']
   assert origin['continue_data'] and {c['field']: c['after'] for c in origin['changes']}['data.mask_rate'] == 0.05
   # The moments came over with their own count (bias correction); the schedule restarted at each stage's step 0.
   assert _opt(stages / '1') == (3, 3) and _opt(stages / '2') == (3, 6) and _opt(stages / '3') == (3, 9)

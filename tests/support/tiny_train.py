@@ -229,3 +229,14 @@ def model_from_flat(make_model: Callable[[], nnx.Module], flat: Mapping[str, np.
     current = var[...]
     var[...] = jax.device_put(np.asarray(flat[key]).astype(current.dtype), current.sharding)
   return model
+
+
+def run_history(workdir) -> list[dict[str, Any]]:
+  """A run's recorded starts and resumes (train/resume.HISTORY_FILE, local or on a bucket), oldest first."""
+  import json
+
+  from neobert_jax import paths
+  from neobert_jax.train import resume
+
+  lines = (paths.resolved(workdir) / resume.HISTORY_FILE).read_text(encoding='utf-8').splitlines()
+  return [json.loads(line) for line in lines if line.strip()]
