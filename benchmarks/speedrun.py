@@ -2,7 +2,7 @@
 
 python -m benchmarks.speedrun [--only NAME,NAME] [--seeds 0] [--out runs/speedrun] [--table]
 
-Every recipe is the README's main job (configs/tiny_cpu.py, 2,000 steps of 32 x 128 tokens) with a few fields
+Every recipe is the README's main job (configs/tiny_cpu.py, 2,800 steps of 32 x 128 tokens) with a few fields
 changed, trained by the real trainer (benchmarks/recipe_study.py's run_recipe: one process after the other, so
 timings are not shared out) on the built-in corpus, with the held-out loss evaluated every 100 steps (no probe, no
 export). `--seeds 0,1,2` runs each recipe once per seed (`--config.seed`, which also seeds the data order and the
@@ -52,7 +52,9 @@ def wider(width: int, heads: int, init: float) -> tuple[str, ...]:
 
 # name -> overrides of configs/tiny_cpu.py
 RECIPES: dict[str, tuple[str, ...]] = {
-  'main': (),  # the main job: Muon at 1e-2 on the layer's matrices, AdamW at 2e-2 on the embedding, decoder, norms
+  # the main job (8 heads, 2,800 steps since 2026-11-29; the rows before that date raced 4 heads over 2,000): Muon at
+  # 1e-2 on the layer's matrices, AdamW at 2e-2 on the embedding, decoder, norms
+  'main': (),
   'adamw': ADAMW,
   'adamw_lr1e-2': (*ADAMW, 'optimizer.peak_lr=1e-2'),  # AdamW on everything at 1e-2
   'muon': MUON,  # Muon on the block matrices at AdamW's rate (muon_rate_scale='rms', 0.2), AdamW on the rest
