@@ -51,10 +51,8 @@ ARCHITECTURE = (
 
 def finetune(run: Path, arm: str, seed: int, args: argparse.Namespace, out: Path) -> float:
   files = {'train': args.train_csv, 'test': args.test_csv} if args.train_csv else labelled.task_files(args.task)
-  workdir = out / f'{arm}-seed{seed}'
   run_cfg = json.loads((run / 'config.json').read_text())
-  cmd = [sys.executable, '-m', 'neobert_jax.finetune', '--config=configs/finetune_classification.py']
-  cmd += [f'--workdir={workdir}', f'--config.seed={seed}', f'--config.train.epochs={args.epochs}']
+  cmd = ['--config=configs/finetune_classification.py', f'--config.seed={seed}', f'--config.train.epochs={args.epochs}']
   cmd += [f'--config.optimizer.lr={args.lr}', f'--config.optimizer.lr_width={args.lr_width}']
   cmd += [f'--config.train.batch_size={args.batch_size}']
   cmd += [f'--config.data.train_file={files["train"]}', f'--config.data.validation_file={files["test"]}']
@@ -67,13 +65,14 @@ def finetune(run: Path, arm: str, seed: int, args: argparse.Namespace, out: Path
     defaults = default_model_config()  # a run recorded before a field existed had its default
     cmd += [f'--config.model.{k}={run_cfg["model"].get(k, defaults[k])}' for k in ARCHITECTURE]
     cmd += [f'--config.data.tokenizer={run_cfg["data"]["tokenizer"]}']
-    if args.random_cache:  # the random arm depends on the command only (architecture, tokenizer, task, seed, rates)
-      key = hashlib.sha256(json.dumps([c for c in cmd[3:] if not c.startswith('--workdir=')]).encode())
-      workdir = Path(args.random_cache) / f'random-{key.hexdigest()[:16]}-seed{seed}'
-      cmd[4] = f'--workdir={workdir}'
-      if (workdir / 'results.json').exists():
-        return float(json.loads((workdir / 'results.json').read_text())['final']['metrics']['accuracy'])
+  workdir = out / f'{arm}-seed{seed}'
+  if arm == 'random' and args.random_cache:  # the arm depends on its flags only (shape, tokenizer, task, seed, rates)
+    key = hashlib.sha256(json.dumps(cmd).encode()).hexdigest()[:16]
+    workdir = Path(args.random_cache) / f'random-{key}-seed{seed}'
+    if (workdir / 'results.json').exists():
+      return float(json.loads((workdir / 'results.json').read_text())['final']['metrics']['accuracy'])
   subprocess.run(['rm', '-rf', str(workdir)], check=True)
+  cmd = [sys.executable, '-m', 'neobert_jax.finetune', f'--workdir={workdir}', *cmd]
   proc = subprocess.run(cmd, capture_output=True, text=True)
   if proc.returncode:
     print(proc.stderr[-3000:], file=sys.stderr)

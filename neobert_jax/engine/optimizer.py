@@ -136,21 +136,20 @@ def muon_labels(on_adamw: tuple[str, ...]) -> Callable[[Any], Any]:
   return lambda params: jax.tree.map(lambda d: 'adamw' if d is None else 'muon', dims(params), is_leaf=is_dims)
 
 
-def scale_embedding(tx: optax.GradientTransformation, ratio: float) -> optax.GradientTransformation:
-  """`tx` with the token embedding's update (decay included) times `ratio`, keeping tx's state (resumable)."""
-  if ratio == 1.0:
+def scale_embedding(tx: optax.GradientTransformation, embedding_lr: float, peak: float) -> optax.GradientTransformation:
+  """tx, whose peak rate is `peak`, with the token embedding's update at embedding_lr (0: tx); tx's state is kept."""
+  if embedding_lr <= 0:
     return tx
 
   def update(updates: Any, state: Any, params: Any = None) -> tuple[Any, Any]:
     updates, state = tx.update(updates, state, params)
-    one = lambda path, u: u * ratio if 'token_embedding' in path_names(path) else u
+    one = lambda path, u: u * (embedding_lr / peak) if 'token_embedding' in path_names(path) else u
     return jax.tree_util.tree_map_with_path(one, updates), state
 
   return optax.GradientTransformation(tx.init, update)
 
 
 def _adamw(opt: ml_collections.ConfigDict, schedule: optax.Schedule) -> optax.GradientTransformation:
-  """AdamW at `schedule` (peak_lr's); the token embedding at optimizer.embedding_lr when that is set."""
   adamw = optax.adamw(
     learning_rate=schedule,
     b1=opt.b1,
@@ -159,12 +158,13 @@ def _adamw(opt: ml_collections.ConfigDict, schedule: optax.Schedule) -> optax.Gr
     weight_decay=opt.weight_decay,
     mask=None if opt.decay_all_params else weight_decay_mask(opt.decay_embeddings),
   )
-  return scale_embedding(adamw, opt.embedding_lr / opt.peak_lr if opt.embedding_lr > 0 else 1.0)
+  return scale_embedding(adamw, opt.embedding_lr, opt.peak_lr)
 
 
 def _muon(opt: ml_collections.ConfigDict, schedule: optax.Schedule) -> optax.GradientTransformation:
   """optax.contrib.muon on the matrices muon_labels names, AdamW (_adamw) on the rest."""
-  ratio = opt.muon_lr / opt.peak_lr if opt.muon_lr > 0 else 1.0
+  peak = opt.muon_lr or opt.peak_lr  # muon_lr 0: the AdamW side's peak
+  ratio = peak / opt.peak_lr
   rate = schedule if ratio == 1.0 else (lambda count: schedule(count) * ratio)
   on_adamw = muon_adamw(opt)
   muon = optax.contrib.muon(
@@ -177,8 +177,8 @@ def _muon(opt: ml_collections.ConfigDict, schedule: optax.Schedule) -> optax.Gra
     muon_weight_dimension_numbers=muon_dimensions(on_adamw),
     consistent_rms=opt.muon_rms if opt.muon_rate_scale == 'rms' else None,
   )
-  if 'embeddings' not in on_adamw and opt.embedding_lr > 0:
-    muon = scale_embedding(muon, opt.embedding_lr / (opt.muon_lr or opt.peak_lr))
+  if 'embeddings' not in on_adamw:
+    muon = scale_embedding(muon, opt.embedding_lr, peak)
   return optax.partition({'muon': muon, 'adamw': _adamw(opt, schedule)}, muon_labels(on_adamw))
 
 
