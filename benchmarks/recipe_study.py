@@ -28,6 +28,8 @@ import sys
 import time
 from pathlib import Path
 
+from neobert_jax.weights import runs
+
 # name -> command-line overrides of configs/tiny_cpu.py. Steps are set so every recipe gets a similar budget.
 RECIPES: dict[str, list[str]] = {}
 
@@ -168,16 +170,19 @@ def run_recipe(name: str, overrides: list[str], out: Path, config: str) -> dict:
     print(proc.stderr[-3000:], file=sys.stderr)
     raise SystemExit(f'recipe {name} failed (exit {proc.returncode})')
   rows = [json.loads(l) for l in (workdir / 'metrics.jsonl').read_text().splitlines() if l.strip()]
-  evals = [r for r in rows if 'eval/loss' in r]
+  # the held-out figures of the weights the run ships: its moving average's with export.use_ema
+  shipped = runs.exported_item(json.loads((workdir / 'config.json').read_text()))
+  key = 'eval/' if shipped == runs.PARAMS_ITEM else f'eval/{shipped}/'
+  evals = [r for r in rows if f'{key}loss' in r]
   t0 = rows[0]['time']
   report = next((l for l in proc.stderr.splitlines() if 'neighbour counts' in l), '')
   return {
     'name': name,
     'overrides': overrides,
     'wall_s': wall,
-    'curve': [(r['time'] - t0, r['step'], r['eval/loss'], r['eval/accuracy']) for r in evals],
-    'final_loss': evals[-1]['eval/loss'],
-    'final_accuracy': evals[-1]['eval/accuracy'],
+    'curve': [(r['time'] - t0, r['step'], r[f'{key}loss'], r[f'{key}accuracy']) for r in evals],
+    'final_loss': evals[-1][f'{key}loss'],
+    'final_accuracy': evals[-1][f'{key}accuracy'],
     'train_s': evals[-1]['time'] - t0,
     'neighbours': report.split(':')[-1].strip(),
   }

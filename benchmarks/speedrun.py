@@ -88,6 +88,12 @@ RECIPES: dict[str, tuple[str, ...]] = {
   'embedding_lr_5e-3': ('optimizer.embedding_lr=5e-3',),
   'embedding_lr_1e-2': ('optimizer.embedding_lr=1e-2',),
   'embedding_lr_4e-2': ('optimizer.embedding_lr=4e-2',),
+  # no weight decay: on the 4-head main it reached the line 150 steps sooner and ended 0.02 higher
+  'wd0': ('optimizer.weight_decay=0',),
+  # 16 rows a step over twice the steps: the same tokens in twice the updates, at the same seconds per row here
+  'batch_16': ('train.global_batch_size=16', 'train.num_steps=5600', 'eval.every_steps=200', 'eval.num_batches=16'),
+  # the batch doubling 8 -> 16 -> 32 over the first 2M tokens (config/ramp.py), the main job's tokens in all
+  'ramp_8': ('train.batch_warmup_start=8', 'train.batch_warmup_tokens=2000000', 'train.num_steps=3614'),
   'decoder_muon': DECODER_MUON,
   'decoder_muon_noclip': (*DECODER_MUON, 'optimizer.clip_norm=0'),
   # a wider layer (heads of 32, SwiGLU 4x), the Linear init scaled by sqrt(128 / width) from the main job's 0.15

@@ -246,13 +246,14 @@ def export_checkpoint(
     raise errors.ExportError(
       f'--checkpoint {checkpoint}: no such directory (give a training workdir or its checkpoints/)'
     )
+  item = runs.EMA_ITEM if use_ema else runs.PARAMS_ITEM
   try:
-    model_cfg, flat = runs.restore_params(checkpoint, step, runs.EMA_ITEM if use_ema else runs.PARAMS_ITEM)
+    model_cfg, flat = runs.restore_params(checkpoint, step, item)
   except FileNotFoundError as e:
     raise errors.ExportError(f'--checkpoint {checkpoint}: {e}') from e
   if tokenizer is None:
     tokenizer = _training_tokenizer(checkpoint, step)
-  card = model_card.run_facts(checkpoint, step)
+  card = model_card.run_facts(checkpoint, step, item)
   return export_flat(
     flat, model_cfg, output, tokenizer=tokenizer, dtype=dtype, model_type=model_type, card=card, overwrite=overwrite
   )

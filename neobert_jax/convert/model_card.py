@@ -62,13 +62,14 @@ def _data_sources(data: Mapping[str, Any]) -> tuple[list[str], str]:
   return list(BUILTIN_DATASETS), BUILTIN_DESCRIPTION
 
 
-def run_facts(workdir: str | os.PathLike, step: int | None = None) -> Facts:
-  """The card's facts for a training run: its config, metrics.jsonl's last held-out row and report.json's baselines."""
+def run_facts(workdir: str | os.PathLike, step: int | None = None, item: str | None = None) -> Facts:
+  """The card's facts for a training run: its config, metrics.jsonl's last held-out row of the exported weights
+  (`item`, by default what the run ships: runs.exported_item) and report.json's baselines."""
   root = paths.resolve(workdir)
   root = root.parent if root.name == runs.CHECKPOINT_SUBDIR else root
   typed = runs.read_config(root, step)
   cfg = typed.to_dict()
-  rows = runs.loss_curve(root)
+  rows = runs.loss_curve(root, item or runs.exported_item(typed))
   held = [r for r in rows if 'eval' in r]
   report_file = root / runs.REPORT_FILE
   report = json.loads(report_file.read_text()) if report_file.is_file() else {}

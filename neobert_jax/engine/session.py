@@ -201,6 +201,7 @@ class TrainingSession:
       return Start(0, defs, state, False, 'fresh parameters')
     state = state_lib.with_params(defs, place(src, state['params']))
     origin = src.where + (f' step {src.step}' if src.step is not None else '')
+    origin += ' (its moving average)' if src.item == runs.EMA_ITEM else ''
     log.info('initialised parameters from %s', origin)
     if src.kind == 'run' and (keep_optimizer or continue_data):
       opt = ckpt.restore_stage(

@@ -15,6 +15,7 @@ from neobert_jax import errors, paths
 from neobert_jax.convert import export_hf, model_card
 from neobert_jax.engine import session
 from neobert_jax.train import pretraining, report
+from neobert_jax.weights import runs
 
 log = logging.getLogger('neobert_jax.train')
 
@@ -60,10 +61,12 @@ def pretrain_command(cfg: ml_collections.ConfigDict, workdir: str) -> int:
       where.append(f'Hugging Face model {result.config.export.hf_dir}')
     status = 'preempted (SIGTERM), resumable' if result.preempted else 'finished'
     print(f'{status} at step {result.final_step}; ' + '; '.join(where))
-    if result.evals:
-      first, last = result.evals[0], result.evals[-1]
+    item = runs.exported_item(result.config)
+    if evals := report.shipped(result.evals, item):
+      first, last = evals[0], evals[-1]
+      whose = '' if item == runs.PARAMS_ITEM else ' of the moving average (the exported weights)'
       print(
-        f'held-out MLM loss {first["loss"]:.3f} (step {first["step"]}) -> {last["loss"]:.3f} '
+        f'held-out MLM loss{whose} {first["loss"]:.3f} (step {first["step"]}) -> {last["loss"]:.3f} '
         f'(step {last["step"]}), accuracy {last["accuracy"]:.3f}'
       )
   return 0

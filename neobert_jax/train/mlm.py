@@ -46,7 +46,8 @@ def init_source(cfg: ml_collections.ConfigDict) -> source_lib.Source | None:
   """The source of cfg.init (None: random init), checked against cfg.model before any model is built: a source
   that is missing or of another architecture is one line."""
   init = cfg.init
-  src = source_lib.from_init(init.from_checkpoint, init.from_hf, init.step)
+  # a run's exported weights, but its parameters when its optimizer state comes along (they belong together)
+  src = source_lib.from_init(init.from_checkpoint, init.from_hf, init.step, raw=init.keep_optimizer)
   if src is not None:
     src.check_fits(cfg.model)
   return src

@@ -17,6 +17,7 @@ from neobert_jax.data import tokenizer as tokenizer_lib
 from neobert_jax.engine import trainer as trainer_lib
 from neobert_jax.model.encoder import pool_tokens
 from neobert_jax.train import mlm
+from neobert_jax.weights import runs
 
 _BATCH = 64
 L2 = 1.0  # inverse regularisation strength C of the logistic regression (scikit-learn's default)
@@ -102,10 +103,11 @@ class Probe:
 
 
 class ProbeHook:
-  """hook(step, state, logger): the probe of state['params']; a first start also scores a random init."""
+  """hook(step, state, logger): the probe of the weights the run ships; a first start also scores a random init."""
 
   def __init__(self, cfg: ml_collections.ConfigDict, mesh: jax.sharding.Mesh, start: Any):
     self.probe = Probe(cfg, mesh, start.defs.model_def, start.defs.shardings['params'])
+    self.item = runs.exported_item(cfg)  # the weights the run ships (its moving average with export.use_ema)
     self.reference = None
     if start.step == 0:
       fresh = start.state['params'] if mlm.init_source(cfg) is None else mlm.create_train_state(cfg, mesh)[1]['params']
@@ -118,6 +120,6 @@ class ProbeHook:
       line = f'probe {task}: a random init of this shape scores {reference:.4f} (the reference line)'
       logger.evaluated(0, {f'probe/{task}/random_init_accuracy': reference}, line)
       self.reference = None
-    accuracy = self.probe(state['params'])['accuracy']
+    accuracy = self.probe(state[self.item])['accuracy']
     self.records[step] = {f'probe/{task}/accuracy': accuracy}
     logger.evaluated(step, self.records[step], f'probe step {step}: {task} accuracy {accuracy:.4f}')

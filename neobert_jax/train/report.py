@@ -15,15 +15,19 @@ from neobert_jax import paths
 from neobert_jax.config import train as train_config
 from neobert_jax.data.pipeline import prepared
 from neobert_jax.train import baselines, fill_mask
+from neobert_jax.weights import runs
 from neobert_jax.weights.runs import REPORT_FILE, loss_curve
 
 log = logging.getLogger('neobert_jax.train')
 
 
-def write_table(workdir: Path, bars: dict[str, Any] | None, every: int) -> Path:
-  """WORKDIR/loss_curve.md: held-out rows and every `every`-th train row, under the baselines (if computed)."""
+def write_table(workdir: Path, bars: dict[str, Any] | None, every: int, item: str = runs.PARAMS_ITEM) -> Path:
+  """WORKDIR/loss_curve.md: held-out rows (of the weights `item`) and every `every`-th train row, under the
+  baselines (if computed); a run that ships the moving average shows its parameters' held-out loss beside it."""
   fmt = lambda v: f'{v:.3f}' if isinstance(v, float) else ''
-  rows = loss_curve(workdir)
+  rows = loss_curve(workdir, item)
+  held = 'held-out loss' if item == runs.PARAMS_ITEM else 'held-out loss (moving average)'
+  extra = ('params_eval',) if item == runs.EMA_ITEM else ()
   probes = sorted({k for r in rows for k in r if k.startswith('probe/') and k.endswith('/accuracy')})
   if bars is not None:
     lines = ['Baselines of the held-out MLM loss (nats):', ''] + [f'- {b}' for b in baselines.baseline_lines(bars)]
@@ -33,29 +37,33 @@ def write_table(workdir: Path, bars: dict[str, Any] | None, every: int) -> Path:
     for k in sorted(k for k in r if k.endswith('/random_init_accuracy')):
       lines.append(f'- {k.removesuffix("/random_init_accuracy")}: a random init of this shape scores {r[k]:.3f}')
   sources = sorted({k for r in rows for k in r if k.endswith('/loss')})  # a mixture's, each on its held-out split
-  head = ['step', 'train loss', 'held-out loss', 'held-out accuracy'] + [p.removesuffix('/accuracy') for p in probes]
+  head = ['step', 'train loss', held, 'held-out accuracy'] + ['held-out loss (parameters)'] * len(extra)
+  head += [p.removesuffix('/accuracy') for p in probes]
   head += [f'held-out loss {k.removesuffix("/loss")}' for k in sources]
   lines += ['', '| ' + ' | '.join(head) + ' |', '|' + '---:|' * len(head)]
   for r in rows:
     if 'eval' in r or r['step'] % every == 0:
-      cells = [str(r['step'])] + [fmt(r.get(k)) for k in ('train', 'eval', 'eval_accuracy', *probes, *sources)]
+      cells = [str(r['step'])] + [fmt(r.get(k)) for k in ('train', 'eval', 'eval_accuracy', *extra, *probes, *sources)]
       lines.append('| ' + ' | '.join(cells) + ' |')
   out = workdir / 'loss_curve.md'
   paths.write_text(out, '\n'.join(lines) + '\n')
   return out
 
 
-def write_plot(workdir: Path, bars: dict[str, Any] | None) -> Path | None:
-  """WORKDIR/loss_curve.png: the losses against minutes and steps, the baselines as lines; None: no held-out row."""
+def write_plot(workdir: Path, bars: dict[str, Any] | None, item: str = runs.PARAMS_ITEM) -> Path | None:
+  """WORKDIR/loss_curve.png: the losses against minutes and steps (held-out: of the weights `item`, and of the
+  parameters beside a moving average), the baselines as lines; None: no held-out row."""
   import matplotlib  # pylint: disable=g-import-not-at-top
 
   matplotlib.use('Agg')  # files only, never a display
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
 
-  rows = loss_curve(workdir)
+  rows = loss_curve(workdir, item)
   held = [r for r in rows if 'eval' in r]
   if not held:
     return None
+  label = 'held-out' if item == runs.PARAMS_ITEM else 'held-out, moving average'
+
   t0 = min((r['time'] for r in rows if 'time' in r), default=None)
   fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
   for ax, axis in zip(axes, ('time', 'step')):
@@ -65,7 +73,11 @@ def write_plot(workdir: Path, bars: dict[str, Any] | None) -> Path | None:
     train = [r for r in rows if 'train' in r and (axis == 'step' or 'time' in r)]
     ax.plot([x(r) for r in train], [r['train'] for r in train], color='0.7', lw=1, label='train (batch)')
     timed = [r for r in held if axis == 'step' or 'time' in r]
-    ax.plot([x(r) for r in timed], [r['eval'] for r in timed], 'o-', color='C0', label='held-out')
+    ax.plot([x(r) for r in timed], [r['eval'] for r in timed], 'o-', color='C0', label=label)
+    if params := [r for r in timed if 'params_eval' in r]:
+      ax.plot(
+        [x(r) for r in params], [r['params_eval'] for r in params], '.-', color='C1', label='held-out, parameters'
+      )
     if bars is not None:
       ax.axhline(bars['held_out'], color='C3', ls=':', label=f'unigram {bars["held_out"]:.2f}')
     if bars is not None and 'neighbours' in bars:
@@ -90,6 +102,14 @@ def write_plot(workdir: Path, bars: dict[str, Any] | None) -> Path | None:
   return out
 
 
+def shipped(evals: list[dict[str, float]], item: str) -> list[dict[str, float]]:
+  """The evaluation hooks' records (train/pretraining.py) with loss and accuracy of the weights `item`: a moving
+  average's (its hook records ema_loss, ema_accuracy) in place of the parameters'."""
+  if item == runs.PARAMS_ITEM:
+    return evals
+  return [{**e, 'loss': e[f'{item}_loss'], 'accuracy': e[f'{item}_accuracy']} for e in evals if f'{item}_loss' in e]
+
+
 def _figures(bars: dict[str, Any]) -> dict[str, Any]:
   """One source's bars as report.json records them."""
   return {'unigram': {k: bars[k] for k in ('held_out', 'train')}, 'neighbours': bars['neighbours']}
@@ -106,8 +126,9 @@ def report(
   # The curve's bars: one source's (a mixture's first by name), a mixture's each source's below.
   bars = next(iter(per_bars.values()), None)
   per_bars = {} if sources.mix.plain else per_bars
-  table = write_table(workdir, bars, max(cfg.logging.log_every, 1) * 5)
-  plot = write_plot(workdir, bars)
+  item = runs.exported_item(cfg)  # the held-out figures of the weights the run ships
+  table = write_table(workdir, bars, max(cfg.logging.log_every, 1) * 5, item)
+  plot = write_plot(workdir, bars, item)
   out: dict[str, Any] = {'curve': str(table)}
   if bars is not None:
     out.update(_figures(bars))
@@ -115,7 +136,7 @@ def report(
   if plot is not None:
     out['plot'] = str(plot)
   if evals:
-    last = evals[-1]
+    last = shipped(evals, item)[-1]
     out['eval_loss'] = last['loss']
     said = ''
     if bars is not None:

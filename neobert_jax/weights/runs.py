@@ -172,6 +172,13 @@ def read_config(path: str | os.PathLike, step: int | None = None) -> ml_collecti
   raise FileNotFoundError(f'no training config found for {path} (looked at {", ".join(looked)})')
 
 
+def exported_item(run_config: ml_collections.ConfigDict) -> str:
+  """The weights a run ships, which its report, probe, model card and every later start from it read: the moving
+  average with export.use_ema, else the parameters."""
+  export = run_config.get('export') or {}
+  return EMA_ITEM if export.get('use_ema', False) else PARAMS_ITEM
+
+
 def params_item(path: str | os.PathLike, step: int | None, name: str = PARAMS_ITEM) -> tuple[paths.Path, int]:
   """(the item's directory, its step) of `step` (None or < 0: the latest; `name`: PARAMS_ITEM or EMA_ITEM)."""
   cdir = checkpoint_dir(path)
@@ -193,9 +200,12 @@ def restore_opt_tree(path: str | os.PathLike, step: int, abstract: Any) -> Any:
     return ckptr.restore(step_dir(path, step) / OPT_ITEM, abstract)
 
 
-def restore_param_tree(path: str | os.PathLike, step: int | None, abstract: Any) -> tuple[Any, int]:
-  """(nested params, step) read straight onto `abstract`'s shardings; collective: every process must call it."""
-  item, step = params_item(path, step)
+def restore_param_tree(
+  path: str | os.PathLike, step: int | None, abstract: Any, name: str = PARAMS_ITEM
+) -> tuple[Any, int]:
+  """(nested params, step) read straight onto `abstract`'s shardings (`name`: PARAMS_ITEM or EMA_ITEM); collective:
+  every process must call it."""
+  item, step = params_item(path, step, name)
   with _orbax().StandardCheckpointer() as ckptr:
     return ckptr.restore(item, abstract), step
 
@@ -216,14 +226,19 @@ def restore_params(
   return read_config(item.parent.parent, step).model, flat
 
 
-# metrics.jsonl's keys -> loss_curve's columns
-_CURVE_COLUMNS = {'time': 'time', 'train/loss': 'train', 'eval/loss': 'eval', 'eval/accuracy': 'eval_accuracy'}
-_CURVE_COLUMNS['train/tokens_seen'] = 'tokens_seen'  # what the model card says was seen
+# metrics.jsonl's keys -> loss_curve's columns (tokens_seen: what the model card says was seen), the held-out ones
+# of the parameters or of their moving average
+_TRAIN_COLUMNS = {'time': 'time', 'train/loss': 'train', 'train/tokens_seen': 'tokens_seen'}
+_CURVE_COLUMNS = {**_TRAIN_COLUMNS, 'eval/loss': 'eval', 'eval/accuracy': 'eval_accuracy'}
+_EMA_CURVE_COLUMNS = {**_TRAIN_COLUMNS, 'eval/ema/loss': 'eval', 'eval/ema/accuracy': 'eval_accuracy'}
+_EMA_CURVE_COLUMNS['eval/loss'] = 'params_eval'
 
 
-def loss_curve(workdir: str | os.PathLike) -> list[dict[str, Any]]:
+def loss_curve(workdir: str | os.PathLike, item: str = PARAMS_ITEM) -> list[dict[str, Any]]:
   """Rows {step, time, train, tokens_seen, eval, eval_accuracy} from metrics.jsonl (a resumed run's later lines win;
-  `time` is unix seconds, absent in files written before the field existed)."""
+  `time` is unix seconds, absent in files written before the field existed). `item`=EMA_ITEM: eval and
+  eval_accuracy are the moving average's (eval/ema/*) and the parameters' loss is params_eval."""
+  columns = _CURVE_COLUMNS if item == PARAMS_ITEM else _EMA_CURVE_COLUMNS
   rows: dict[int, dict[str, Any]] = {}
   path = paths.Path(workdir) / METRICS_FILE
   if not path.is_file():
@@ -233,7 +248,7 @@ def loss_curve(workdir: str | os.PathLike) -> list[dict[str, Any]]:
       continue
     rec = json.loads(line)
     row = rows.setdefault(int(rec['step']), {'step': int(rec['step'])})
-    row.update({name: rec[key] for key, name in _CURVE_COLUMNS.items() if key in rec})
+    row.update({name: rec[key] for key, name in columns.items() if key in rec})
     for key, value in rec.items():  # eval/probe/<task>/accuracy and, once, .../random_init_accuracy
       if key.startswith('eval/probe/'):
         row[key.removeprefix('eval/')] = value

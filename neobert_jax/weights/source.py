@@ -51,6 +51,7 @@ class Source:
   model_cfg: ml_collections.ConfigDict  # architecture of the weights, typed
   run_config: ml_collections.ConfigDict | None  # the run's resolved config, typed (None for an HF directory)
   need_decoder: bool  # an MLM decoder is required; else an HF save without one gets a fresh one
+  item: str = runs.PARAMS_ITEM  # a run's weights: its parameters or their moving average (runs.exported_item)
 
   def _fail(self, problem: Any) -> errors.CheckpointError:
     return errors.CheckpointError(f'{self.what}={self.where!r}: {errors.one_line(problem)}')
@@ -79,7 +80,7 @@ class Source:
       if self.kind == 'hf':
         _, flat = hf.read_hf_dir(self.local, init_missing_decoder=not self.need_decoder)
       else:
-        _, flat = runs.restore_params(self.path, self.step)
+        _, flat = runs.restore_params(self.path, self.step, self.item)
     except (FileNotFoundError, errors.ExportError) as e:
       raise self._fail(e) from None
     if self.need_decoder and 'decoder.bias' not in flat:  # a tied decoder has no kernel of its own
@@ -112,7 +113,7 @@ class Source:
       jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=a.sharding), like)
     )
     try:
-      tree, _ = runs.restore_param_tree(self.path, self.step, abstract)
+      tree, _ = runs.restore_param_tree(self.path, self.step, abstract, self.item)
     except FileNotFoundError as e:
       raise self._fail(e) from None
     params = jax.tree.map(lambda a: a, like)
@@ -132,9 +133,12 @@ def _hf_config(path: paths.Path) -> dict[str, Any] | None:
   return content if isinstance(content, dict) and 'model_type' in content else None
 
 
-def open_source(path: str, step: int | None = None, *, need_decoder: bool = False, what: str = '--model') -> Source:
+def open_source(
+  path: str, step: int | None = None, *, need_decoder: bool = False, what: str = '--model', raw: bool = False
+) -> Source:
   """Opens a run directory (its latest step, or `step`) or a Hugging Face NeoBERT directory; CheckpointError with
-  one line naming `what` when it is neither, or holds no usable weights."""
+  one line naming `what` when it is neither, or holds no usable weights. A run gives the weights it ships (the
+  moving average when it set export.use_ema; `raw`: its parameters, as a stage keeping its optimizer needs)."""
   p = paths.resolve(path, what)
 
   def fail(problem: str) -> errors.CheckpointError:
@@ -154,15 +158,19 @@ def open_source(path: str, step: int | None = None, *, need_decoder: bool = Fals
   try:
     _, step = runs.params_item(p, step)  # None or < 0: the latest
     run_config = runs.read_config(p, step)
+    item = runs.PARAMS_ITEM if raw else runs.exported_item(run_config)
+    runs.params_item(p, step, item)  # a step saved without its moving average: one line now
   except (FileNotFoundError, ValueError) as e:
     raise fail(str(e)) from None
-  return Source(what, str(path), p, 'run', step, run_config.model, run_config, need_decoder)
+  return Source(what, str(path), p, 'run', step, run_config.model, run_config, need_decoder, item)
 
 
-def from_init(from_checkpoint: str, from_hf: str, step: int = -1, *, need_decoder: bool = False) -> Source | None:
+def from_init(
+  from_checkpoint: str, from_hf: str, step: int = -1, *, need_decoder: bool = False, raw: bool = False
+) -> Source | None:
   """The source a config's init section names (from_checkpoint at `step`, -1 = latest, or from_hf), or None."""
   if from_checkpoint:
-    return open_source(from_checkpoint, step, need_decoder=need_decoder, what='init.from_checkpoint')
+    return open_source(from_checkpoint, step, need_decoder=need_decoder, what='init.from_checkpoint', raw=raw)
   if from_hf:
     return open_source(from_hf, need_decoder=need_decoder, what='init.from_hf')
   return None
