@@ -7,7 +7,8 @@ python -m benchmarks.pretraining_helps --run runs/other --random-cache runs/rand
 
 Both arms go through the project's own fine-tuning command (`python -m neobert_jax.finetune` with
 configs/finetune_classification.py), with the same hyper-parameters, seeds and tokenizer (the run's): the
-pretrained arm starts from the run's latest checkpoint (--config.init.from_checkpoint), the random arm from a
+pretrained arm starts from the weights the run ships at its latest checkpoint (--config.init.from_checkpoint: the
+moving average when the run set export.use_ema), the random arm from a
 fresh init of the run's architecture (--config.model.* from the run's config.json). The task is a labelled
 dataset that installs by package name (neobert_jax/data/labelled.py; fine_food: Amazon Fine Food reviews, great
 vs other, 4000 train / 1000 test, text the pretraining corpus does not contain), scored on its test split.
