@@ -91,6 +91,12 @@ def test_the_main_job_learns_on_a_bucket_and_exports_there(main_job):
     assert filled[kind]['n'] == 200 and 0 <= filled[kind]['first'] <= filled[kind]['top5'] <= 200, filled
   assert 3.0 < result.report['neighbours']['loss'] < result.report['unigram']['held_out']
   assert 0 < last['probe/fine_food/accuracy'] <= 1
+  start = runs.loss_curve(paths.resolve(run))[0]  # step 0 of a fresh start: the random init the reference scored
+  assert (
+    start['probe/fine_food/accuracy']
+    == start['probe/fine_food/random_init_accuracy']
+    == first['probe/fine_food/accuracy']
+  )
   # The export's model card, refreshed after the report: the final held-out loss, the baselines, the curve.
   from huggingface_hub import ModelCard  # pylint: disable=g-import-not-at-top
 

@@ -108,9 +108,10 @@ class ProbeHook:
   def __init__(self, cfg: ml_collections.ConfigDict, mesh: jax.sharding.Mesh, start: Any):
     self.probe = Probe(cfg, mesh, start.defs.model_def, start.defs.shardings['params'])
     self.item = runs.exported_item(cfg)  # the weights the run ships (its moving average with export.use_ema)
-    self.reference = None
+    self.reference = self.fresh_start = None
     if start.step == 0:
-      fresh = start.state['params'] if mlm.init_source(cfg) is None else mlm.create_train_state(cfg, mesh)[1]['params']
+      self.fresh_start = mlm.init_source(cfg) is None  # then the step-0 weights (and average) are the random init
+      fresh = start.state['params'] if self.fresh_start else mlm.create_train_state(cfg, mesh)[1]['params']
       self.reference = self.probe(fresh)['accuracy']
     self.records: dict[int, dict[str, float]] = {}
 
@@ -120,6 +121,9 @@ class ProbeHook:
       line = f'probe {task}: a random init of this shape scores {reference:.4f} (the reference line)'
       logger.evaluated(0, {f'probe/{task}/random_init_accuracy': reference}, line)
       self.reference = None
-    accuracy = self.probe(state[self.item])['accuracy']
+    if step == 0 and self.fresh_start and reference is not None:
+      accuracy = reference  # a fresh start's step 0 holds the weights the reference just scored: no second fit
+    else:
+      accuracy = self.probe(state[self.item])['accuracy']
     self.records[step] = {f'probe/{task}/accuracy': accuracy}
     logger.evaluated(step, self.records[step], f'probe step {step}: {task} accuracy {accuracy:.4f}')
