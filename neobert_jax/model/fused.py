@@ -5,8 +5,6 @@ width] buffer; on the 250M H100 step that traffic was over half the step (docs/p
 save only the input (plus one fp32 scalar per token for RMSNorm) and recompute the rest in the backward pass.
 Forwards are bit-identical to the plain expressions; backwards are exact derivatives in fp32."""
 
-from __future__ import annotations
-
 from functools import partial
 
 import jax
