@@ -9,8 +9,6 @@ and those sends are the traffic. Bytes per device per execution, hierarchically 
   collective-permute  S                       for the pairs whose ends are in different slices
 times how often its computation runs per step (loop trip counts)."""
 
-from __future__ import annotations
-
 import dataclasses
 import math
 import re

@@ -6,8 +6,6 @@ and the compile runs in a child interpreter whose PYTHONPATH points there: a CUD
 site-packages would change which backend every test gets, so the venv's jax stays a pure CPU install.
 """
 
-from __future__ import annotations
-
 import fcntl
 import os
 import shutil

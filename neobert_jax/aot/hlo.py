@@ -3,8 +3,6 @@ trip counts: XLA's `known_trip_count`, or the `i < N` of the loop's condition on
 (dot, convolution and fused-attention FLOPs) and moves (HBM bytes). Relies only on what XLA prints for every
 backend."""
 
-from __future__ import annotations
-
 import dataclasses
 import functools
 import math

@@ -9,8 +9,6 @@ on several slices the DCN bytes at the published bandwidth. Not the optimizer.
 Candidates compile in spawned processes (a forked jax runtime is not safe to use); results are cached on disk under
 the resolved config, the target, what was compiled and the package's source and jax's version."""
 
-from __future__ import annotations
-
 import concurrent.futures
 import dataclasses
 import functools

@@ -5,8 +5,6 @@ roofline (aot/roofline.py).
 Memory is XLA's buffer assignment: total = arguments + outputs - aliased (the donated state) + temporaries + code.
 'fits' compares it with headroom x device memory: the runtime keeps some memory for itself."""
 
-from __future__ import annotations
-
 import dataclasses
 import re
 import time

@@ -13,8 +13,6 @@ For every kernel launched (the entry and the loop bodies it reaches, times the t
 Time per kernel = max(FLOPs / rate, bytes / HBM bandwidth, min_kernel_seconds). Asynchronous collectives overlap
 the compute of the computation that issues them; only the excess is exposed. Synchronous ones add."""
 
-from __future__ import annotations
-
 import dataclasses
 import math
 import re

@@ -1,8 +1,6 @@
 """Compile targets (tpu:v5e-256, tpu:v5e:16x16, tpu:2xv5p-256, cuda:h100x8, ...: docs/performance.md, `--target`)
 and their compile-only devices (jax.experimental.topologies), in the child interpreter aot/deps.py sets up."""
 
-from __future__ import annotations
-
 import dataclasses
 import math
 import re

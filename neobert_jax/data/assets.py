@@ -5,8 +5,6 @@ Imports nothing from the package but errors and paths: tokenizer.py needs the vo
 prepare/local.py, which needs tokenizer.py, so the cache sits below all three (no import cycle).
 """
 
-from __future__ import annotations
-
 import contextlib
 import fcntl
 import hashlib

@@ -15,8 +15,6 @@ lower case, leaving out those seen with both labels.
                 the 3,034 distinct titles, shuffled; 2034 train, 1000 test (undergraduate 0.558 of test).
 """
 
-from __future__ import annotations
-
 import csv
 import io
 import lzma

@@ -223,12 +223,10 @@ def _schedule(name: str, weight: Any, where: str) -> tuple[tuple[int, float], ..
   return tuple(out)
 
 
-Opener = Callable[[str], tuple[str, Any]]  # a source's dir -> (dir, manifest), checked against the model
-
-
-def open_sources(mix: Mixture, open_one: Opener, seq_len: int) -> dict[str, tuple[str, Any]]:
-  """Each source's (dir, manifest) through `open_one`, checked to share a tokenizer and a record length that fits the
-  model; one ConfigError naming the source if not. A plain data.dir is opened as it is, its errors its own."""
+def open_sources(mix: Mixture, open_one: Callable[[str], tuple[str, Any]], seq_len: int) -> dict[str, tuple[str, Any]]:
+  """Each source's (dir, manifest) through `open_one` (which checks it against the model), checked to share a
+  tokenizer and a record length that fits the model; one ConfigError naming the source if not. A plain data.dir is
+  opened as it is, its errors its own."""
   if mix.plain:
     return {mix.names[0]: open_one(mix.sources[0].dir)}
   opened = {}

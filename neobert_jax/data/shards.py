@@ -168,19 +168,32 @@ class Manifest:
   @classmethod
   def read(cls, directory: str) -> 'Manifest':
     """The one reader: a local directory's manifest, or a bucket's (gs://); one DataError line naming the fix."""
-    if paths.is_url(directory):
-      return cls.parse(_bucket_bytes(paths.resolve(directory, 'data.dir')), directory)
-    path = os.path.join(directory, MANIFEST)
-    if not os.path.isdir(directory):
+    on_bucket = paths.is_url(directory)
+    where = paths.resolve(directory, 'data.dir') if on_bucket else paths.Path(directory)
+    try:
+      raw = (where / MANIFEST).read_bytes()
+    except (FileNotFoundError, IsADirectoryError, NotADirectoryError):  # no manifest, or no directory
+      bucket = paths.Path('/'.join(os.fspath(where).split('/')[:3]))
+      if on_bucket and not bucket.exists():
+        raise errors.StorageError(
+          f'{where}: bucket {bucket} does not exist, or these credentials cannot see it'
+        ) from None
+      if not (where.exists() if on_bucket else os.path.isdir(directory)):
+        raise errors.DataError(
+          f'{where}: prepared-data directory does not exist (make it with '
+          f'`python -m neobert_jax.data.prepare --output {where}`)'
+        ) from None
       raise errors.DataError(
-        f'{directory}: prepared-data directory does not exist (make it with `python -m neobert_jax.data.prepare`)'
-      )
-    if not os.path.isfile(path):
-      raise errors.DataError(
-        f'{directory}: no {MANIFEST}; the directory is not prepared data, or '
-        f'its prepare run did not finish: {remedy(directory)}'
-      )
-    return cls.parse(paths.Path(path).read_bytes(), directory)
+        f'{where}: no {MANIFEST}; the directory is not prepared data, or its prepare run did not finish: '
+        f'{remedy(str(where))}'
+      ) from None
+    except Exception as e:  # noqa: BLE001 - gcsfs raises its own types for HTTP 401 / 403 / 5xx
+      if not on_bucket:
+        raise
+      raise errors.StorageError(
+        f'{where}/{MANIFEST} cannot be read ({errors.one_line(e)}); check that these credentials may read the bucket'
+      ) from None
+    return cls.parse(raw, directory)
 
   @classmethod
   def parse(cls, raw: bytes, directory: str) -> 'Manifest':
@@ -282,25 +295,3 @@ def _check_fields(path: str, manifest: dict, directory: str) -> None:
       raise TypeError(f'{bad[0]!r} where a number is expected')
   except (KeyError, TypeError, AttributeError) as e:
     raise errors.DataError(f'{path}: damaged manifest ({type(e).__name__}: {e}); {remedy(directory)}') from e
-
-
-def _bucket_bytes(url: paths.Path) -> bytes:
-  """The manifest's bytes on the bucket; a missing bucket, directory or manifest is one line naming the fix."""
-  try:
-    return (url / MANIFEST).read_bytes()
-  except FileNotFoundError:
-    bucket = paths.Path('/'.join(os.fspath(url).split('/')[:3]))
-    if not bucket.exists():
-      raise errors.StorageError(f'{url}: bucket {bucket} does not exist, or these credentials cannot see it') from None
-    if not url.exists():
-      raise errors.DataError(
-        f'{url}: prepared-data directory does not exist (nothing under that URL; make it '
-        f'with `python -m neobert_jax.data.prepare --output {url}`)'
-      ) from None
-    raise errors.DataError(
-      f'{url}: no {MANIFEST}; the directory is not prepared data, or its prepare run did not finish: {remedy(str(url))}'
-    ) from None
-  except Exception as e:  # noqa: BLE001 - gcsfs raises its own types for HTTP 401 / 403 / 5xx
-    raise errors.StorageError(
-      f'{url}/{MANIFEST} cannot be read ({errors.one_line(e)}); check that these credentials may read the bucket'
-    ) from None

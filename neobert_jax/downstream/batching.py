@@ -2,8 +2,6 @@
 batches filled with weight-0 rows), so a jitted step compiles once per bucket, not once per batch; and the batched
 forward pass over them, results scattered back to input order."""
 
-from __future__ import annotations
-
 from typing import Any, Callable, Iterator, Sequence
 
 import jax

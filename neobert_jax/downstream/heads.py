@@ -2,8 +2,6 @@
 NeoBERT's classification head ([CLS] or, as ModernBERT's classifier_pooling, the mean: MLM never trains [CLS]'s
 output) and the embedder. Dropout takes an explicit key, so the modules hold parameters only."""
 
-from __future__ import annotations
-
 import jax
 import jax.numpy as jnp
 import ml_collections

@@ -1,8 +1,6 @@
 """Labelled example files (CSV, TSV, JSONL, Parquet, compressed too) read into columns through pyarrow, so types are
 inferred the same way whatever the format."""
 
-from __future__ import annotations
-
 from pathlib import Path
 from typing import Any, Sequence
 

@@ -8,8 +8,6 @@ hub) and any task name `mteb` knows, whose data comes from the Hugging Face hub 
 command prints one JSON line with its figures; --output also writes it to a file.
 """
 
-from __future__ import annotations
-
 import argparse
 import json
 import sys

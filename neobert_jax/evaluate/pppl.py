@@ -2,8 +2,6 @@
 -log p(token | the rest); PPPL = exp(total NLL / scored tokens). The masked copies are laid out in a few power-of-two
 bucket lengths, so one jitted function (compiled once per bucket) does the corpus, decoding only the masked slot."""
 
-from __future__ import annotations
-
 import dataclasses
 import math
 from typing import Any, Callable, Sequence

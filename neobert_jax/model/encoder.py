@@ -3,8 +3,6 @@
 Block weights are always stacked on a leading 'layers' axis, so one checkpoint layout serves `scan_layers=True`
 (one compiled block under lax.scan: compile time independent of depth) and the unrolled loop."""
 
-from __future__ import annotations
-
 import functools
 
 import jax

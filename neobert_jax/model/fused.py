@@ -5,8 +5,6 @@ width] buffer; on the 250M H100 step that traffic was over half the step (docs/p
 save only the input (plus one fp32 scalar per token for RMSNorm) and recompute the rest in the backward pass.
 Forwards are bit-identical to the plain expressions; backwards are exact derivatives in fp32."""
 
-from __future__ import annotations
-
 from functools import partial
 
 import jax
@@ -56,10 +54,6 @@ def swiglu(gate_up: jax.Array) -> jax.Array:
   return swiglu_autodiff(gate_up)
 
 
-def _swiglu_fwd(gate_up):
-  return swiglu(gate_up), gate_up
-
-
 def _swiglu_bwd(gate_up, g):
   # One elementwise pass over [..., 2, F]: each slot reads its partner (the other half, reversed along the slot
   # axis) so that gate and up gradients come out of one kernel with one sigmoid per element; written with a
@@ -75,7 +69,7 @@ def _swiglu_bwd(gate_up, g):
   return ((g32 * d).astype(gate_up.dtype),)
 
 
-swiglu.defvjp(_swiglu_fwd, _swiglu_bwd)
+swiglu.defvjp(lambda gate_up: (swiglu(gate_up), gate_up), _swiglu_bwd)
 
 
 def rotate_pairs(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
@@ -95,16 +89,12 @@ def rotate(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
   return rotate_pairs(x, cos, sin)
 
 
-def _rotate_fwd(x, cos, sin):
-  return rotate_pairs(x, cos, sin), (cos, sin)
-
-
 def _rotate_bwd(residuals, g):
   cos, sin = residuals
   return rotate_pairs(g, cos, -sin), jnp.zeros_like(cos), jnp.zeros_like(sin)
 
 
-rotate.defvjp(_rotate_fwd, _rotate_bwd)
+rotate.defvjp(lambda x, cos, sin: (rotate_pairs(x, cos, sin), (cos, sin)), _rotate_bwd)
 
 
 def _einsum_f32(spec: str, a: jax.Array, b: jax.Array, out_dtype: jnp.dtype) -> jax.Array:

@@ -1,8 +1,6 @@
 """The sizes the architecture derives from the model section (head size, the SwiGLU width) and their FLOPs per token
 (the one home of the MFU formula)."""
 
-from __future__ import annotations
-
 import math
 
 import ml_collections

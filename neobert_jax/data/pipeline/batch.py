@@ -15,8 +15,6 @@ The pipeline emits every key; the train step reads `step_keys(P)` and stacks A m
 Packed rows hold at most data.max_documents_per_row documents (the pipeline closes a row early, the step checks it).
 """
 
-from __future__ import annotations
-
 import numpy as np
 
 ROW_KEYS = ('input_ids', 'positions', 'segment_ids', 'labels')  # [B, T]

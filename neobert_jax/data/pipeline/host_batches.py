@@ -5,8 +5,6 @@ Why a step's rows do not depend on the process count: docs/pods.md. A source's s
 the next block and row, so restoring is a seek, not a replay.
 """
 
-from __future__ import annotations
-
 import json
 import logging
 from typing import Any, Collection

@@ -6,8 +6,6 @@ wrappers (prefetch workers, a mixture) nest it, and the state functions below wa
 rule for another process count").
 """
 
-from __future__ import annotations
-
 import json
 import logging
 import re

@@ -3,8 +3,6 @@ the run (tokenizer, vocabulary), listing a split's shards, and the store a proce
 reports, a split read on one process. Opening reads only manifests and never tokenizes (`prepare_builtin` does).
 """
 
-from __future__ import annotations
-
 import dataclasses
 
 import ml_collections

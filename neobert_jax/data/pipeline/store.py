@@ -3,8 +3,6 @@
 disk; a file takes its name only once whole and checked, so a kill leaves a `.part` the next start discards.
 """
 
-from __future__ import annotations
-
 import collections
 import concurrent.futures
 import dataclasses

@@ -6,8 +6,6 @@ only where a block needs it, so no permutation table grows with the corpus. A bl
 per file: one by one through Grain's per-element chain they cost ~250 us each, in one call ~15 us.
 """
 
-from __future__ import annotations
-
 import dataclasses
 import functools
 import math

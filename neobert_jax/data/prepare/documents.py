@@ -1,8 +1,6 @@
 """Documents -> records, shared by both engines: units of text, tokenizing, cutting long documents, the held-out
 split, the counts and the manifest. Sharing these and the writer is why both engines make the same bytes."""
 
-from __future__ import annotations
-
 import dataclasses
 import hashlib
 import sys

@@ -1,8 +1,6 @@
 """Hugging Face datasets as `prepare` inputs: hf:ID[:CONFIG[:SPLIT]] (streamed) or a save_to_disk folder, read in
 row order from the --text-field column; `datasets` is imported only when such an input is read."""
 
-from __future__ import annotations
-
 import json
 import os
 from typing import Iterator

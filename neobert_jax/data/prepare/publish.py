@@ -2,8 +2,6 @@
 commit marker) after the last, then the shards it does not list. ArrayRecordWriter (array_record 0.8.6) cannot
 write gs://, so shards bound for a bucket are written to local scratch as for a local output, then uploaded."""
 
-from __future__ import annotations
-
 import concurrent.futures
 import os
 import shutil

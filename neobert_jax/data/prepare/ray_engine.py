@@ -4,8 +4,6 @@ build.json (the build's identity), units/NNNNNN.SPLIT.npz (records), units/NNNNN
 the unit's entry), shards/NAME.json (a shard in place, with its plan), each written whole. A task's bad input comes
 back as a value ({'error': ...}), never retried; any exception is a machine's fault and Ray retries it."""
 
-from __future__ import annotations
-
 import concurrent.futures
 import functools
 import hashlib

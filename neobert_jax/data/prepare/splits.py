@@ -2,8 +2,6 @@
 Text/JSONL: byte ranges (a line or paragraph belongs to one part); Parquet: runs of row groups; .zst: runs of
 frames (seek table, or frame headers for local files). .gz, one-frame .zst and text_mode 'file' stay one unit."""
 
-from __future__ import annotations
-
 import sys
 from typing import Sequence
 

@@ -2,8 +2,6 @@
 kernel per backend: 'xla' (reference.py), 'blockwise', 'cudnn' (packed rows through jax_compat), 'cudnn_bias' and
 'splash' (TPU). config/model.choose_attention decides what 'auto' means; every kernel is tested against reference.py."""
 
-from __future__ import annotations
-
 import jax
 import jax.numpy as jnp
 

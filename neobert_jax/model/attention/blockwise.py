@@ -2,8 +2,6 @@
 [B, H, T, S] tensor; the backward pass recomputes each block from the saved log-sum-exp (FlashAttention-2's recipe).
 Statistics and accumulators are fp32; matmul inputs keep the activation dtype."""
 
-from __future__ import annotations
-
 import functools
 
 import jax

@@ -2,8 +2,6 @@
 segment a attends a key of segment b iff a == b and b > 0. Outputs at padding are unspecified but finite in every
 kernel, which keeps NaN out of the weight gradients."""
 
-from __future__ import annotations
-
 import jax
 import jax.numpy as jnp
 

@@ -3,8 +3,6 @@ no row is fully masked), run per shard inside shard_map with specs from the logi
 chosen where the program is lowered (lax.platform_dependent), so an AOT compile for TPU on a CPU host gets Mosaic,
 not the interpreter the tests run."""
 
-from __future__ import annotations
-
 import dataclasses
 import functools
 
