@@ -110,7 +110,13 @@ def _subprocess_cases(d: Path, vocab: str) -> list[tuple[str, list[str], int, st
       {},
     ),
     ('train: EMA decay out of range', TRAIN + [work, '--config.train.ema_decay=1.5'], CONFIG, 'ema_decay', {}),
-    ('train: EMA export without EMA', TRAIN + [work, '--config.export.use_ema=True'], CONFIG, 'ema_decay > 0', {}),
+    (
+      'train: EMA export without EMA',
+      TRAIN + [work, '--config.train.ema_decay=0', '--config.export.use_ema=True'],
+      CONFIG,
+      'ema_decay > 0',
+      {},
+    ),
     ('train: unknown probe task', TRAIN + [work, '--config.eval.probe_task=nope'], CONFIG, 'probe_task', {}),
     ('train: negative warmup', TRAIN + [work, '--config.optimizer.warmup_steps=-1'], CONFIG, 'warmup_steps', {}),
     (
