@@ -171,8 +171,7 @@ def run_recipe(name: str, overrides: list[str], out: Path, config: str) -> dict:
     raise SystemExit(f'recipe {name} failed (exit {proc.returncode})')
   rows = [json.loads(l) for l in (workdir / 'metrics.jsonl').read_text().splitlines() if l.strip()]
   # the held-out figures of the weights the run ships: its moving average's with export.use_ema
-  shipped = runs.exported_item(json.loads((workdir / 'config.json').read_text()))
-  key = 'eval/' if shipped == runs.PARAMS_ITEM else f'eval/{shipped}/'
+  key = runs.eval_prefix(runs.exported_item(json.loads((workdir / 'config.json').read_text()))) + '/'
   evals = [r for r in rows if f'{key}loss' in r]
   t0 = rows[0]['time']
   report = next((l for l in proc.stderr.splitlines() if 'neighbour counts' in l), '')

@@ -28,6 +28,7 @@ from neobert_jax.errors import DataError
 from neobert_jax.train import mlm
 from neobert_jax.train import probe as probe_lib
 from neobert_jax.train import resume as resume_lib
+from neobert_jax.weights import runs
 
 log = logging.getLogger('neobert_jax.train')
 
@@ -125,7 +126,7 @@ class HeldOut:
     item: str = 'params',
   ):
     self.keys, self.mesh, self.eval_step, self.batches, self.weights_at = keys, mesh, eval_step, batches, weights_at
-    self.item, self.prefix = item, 'eval' if item == 'params' else f'eval/{item}'
+    self.item, self.prefix = item, runs.eval_prefix(item)
     self.records: dict[int, dict[str, float]] = {}
 
   def evaluate(self, params: Any, step: int) -> dict[str, float]:

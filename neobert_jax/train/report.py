@@ -63,7 +63,6 @@ def write_plot(workdir: Path, bars: dict[str, Any] | None, item: str = runs.PARA
   if not held:
     return None
   label = 'held-out' if item == runs.PARAMS_ITEM else 'held-out, moving average'
-
   t0 = min((r['time'] for r in rows if 'time' in r), default=None)
   fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
   for ax, axis in zip(axes, ('time', 'step')):

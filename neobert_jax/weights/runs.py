@@ -172,6 +172,12 @@ def read_config(path: str | os.PathLike, step: int | None = None) -> ml_collecti
   raise FileNotFoundError(f'no training config found for {path} (looked at {", ".join(looked)})')
 
 
+def eval_prefix(item: str) -> str:
+  """metrics.jsonl's prefix of the held-out figures of the weights `item`: 'eval' for the parameters, 'eval/ema' for
+  their moving average (train/pretraining.HeldOut writes them; loss_curve and the benchmarks read them)."""
+  return 'eval' if item == PARAMS_ITEM else f'eval/{item}'
+
+
 def exported_item(run_config: ml_collections.ConfigDict) -> str:
   """The weights a run ships, which its report, probe, model card and every later start from it read: the moving
   average with export.use_ema, else the parameters."""
@@ -226,19 +232,18 @@ def restore_params(
   return read_config(item.parent.parent, step).model, flat
 
 
-# metrics.jsonl's keys -> loss_curve's columns (tokens_seen: what the model card says was seen), the held-out ones
-# of the parameters or of their moving average
+# metrics.jsonl's keys -> loss_curve's columns (tokens_seen: what the model card says was seen)
 _TRAIN_COLUMNS = {'time': 'time', 'train/loss': 'train', 'train/tokens_seen': 'tokens_seen'}
-_CURVE_COLUMNS = {**_TRAIN_COLUMNS, 'eval/loss': 'eval', 'eval/accuracy': 'eval_accuracy'}
-_EMA_CURVE_COLUMNS = {**_TRAIN_COLUMNS, 'eval/ema/loss': 'eval', 'eval/ema/accuracy': 'eval_accuracy'}
-_EMA_CURVE_COLUMNS['eval/loss'] = 'params_eval'
 
 
 def loss_curve(workdir: str | os.PathLike, item: str = PARAMS_ITEM) -> list[dict[str, Any]]:
   """Rows {step, time, train, tokens_seen, eval, eval_accuracy} from metrics.jsonl (a resumed run's later lines win;
   `time` is unix seconds, absent in files written before the field existed). `item`=EMA_ITEM: eval and
   eval_accuracy are the moving average's (eval/ema/*) and the parameters' loss is params_eval."""
-  columns = _CURVE_COLUMNS if item == PARAMS_ITEM else _EMA_CURVE_COLUMNS
+  held = eval_prefix(item)
+  columns = {**_TRAIN_COLUMNS, f'{held}/loss': 'eval', f'{held}/accuracy': 'eval_accuracy'}
+  if item != PARAMS_ITEM:
+    columns[f'{eval_prefix(PARAMS_ITEM)}/loss'] = 'params_eval'
   rows: dict[int, dict[str, Any]] = {}
   path = paths.Path(workdir) / METRICS_FILE
   if not path.is_file():
