@@ -53,8 +53,8 @@ def wider(width: int, heads: int, init: float) -> tuple[str, ...]:
 # name -> overrides of configs/tiny_cpu.py
 RECIPES: dict[str, tuple[str, ...]] = {
   # the main job (8 heads, 2,800 steps since 2026-11-29; the rows before that date raced 4 heads over 2,000): Muon at
-  # 1e-2 on the layer's matrices, AdamW at 2e-2 on the embedding, decoder, norms. Since 2026-11-29 evening it ships a
-  # moving average of 0.99 (scored as eval/ema/*); `no_ema` is the main job before that
+  # 1e-2 on the layer's matrices, AdamW at 2e-2 on the embedding, decoder, norms; it ships a moving average of 0.99
+  # (scored as eval/ema/*), which `no_ema` leaves out (the weights scored)
   'main': (),
   'no_ema': ('train.ema_decay=0', 'export.use_ema=False'),
   'ema_warmup_0.2': ('optimizer.warmup_fraction=0.2',),  # the line sooner, a model that fine-tunes worse
