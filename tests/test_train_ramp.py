@@ -64,10 +64,12 @@ def uninterrupted(tmp_path_factory):
   workdir = tmp_path_factory.mktemp('ramp')
   compiles, jax_log = _Compiles(), logging.getLogger('jax')
   jax_log.addHandler(compiles)
+  # Globally, not jax.log_compiles (a thread-local context): the first step compiles on the trainer's thread.
+  jax.config.update('jax_log_compiles', True)
   try:
-    with jax.log_compiles(True):
-      assert train_only(_cfg(), workdir).final_step == STEPS
+    assert train_only(_cfg(), workdir).final_step == STEPS
   finally:
+    jax.config.update('jax_log_compiles', False)
     jax_log.removeHandler(compiles)
   (workdir / 'compiles.json').write_text(json.dumps(compiles.names))
   return workdir
@@ -79,7 +81,8 @@ def test_logged_sizes_tokens_and_throughput(uninterrupted):
   train = {r['step']: r for r in rows if 'train/loss' in r}
   assert [train[s]['train/batch_size'] for s in range(1, 6)] == [16, 16, 16, 32, 32]
   assert [train[s]['train/tokens_seen'] for s in range(1, 6)] == [SEQ * n for n in (16, 32, 48, 80, 112)]
-  # The train step (engine/step.py's jit(step)) compiled once per size: one recompile for 16 -> 32.
+  # The train step (engine/step.py's jit(step)) compiled once per size: one recompile for 16 -> 32; the first
+  # size's compile ahead (engine/trainer.compile_ahead) is the one the first step ran.
   assert json.loads((uninterrupted / 'compiles.json').read_text())['jit(step)'] == len(ramp.sizes(_cfg())) == 2
   # The steps that compiled (the first, the new size) report no throughput; the others do.
   timed = [s for s in train if 'train/tokens_per_sec' in train[s]]

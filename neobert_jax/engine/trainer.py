@@ -154,6 +154,24 @@ class Preemption:
       signal.signal(signal.SIGTERM, self._previous)
 
 
+def compile_ahead(step: Any, state: Any, batch_spec: Any) -> threading.Thread:
+  """Compiles `step` (a jitted or MeshBound step) for `state` and `batch_spec` (ShapeDtypeStructs of the first
+  batch) on a thread, so the compile overlaps what runs before training (the hooks' set-up, the step-0 evaluation);
+  jit keeps the executable and the first step finds it. Join the thread before that step, or it compiles a second
+  time beside it. A failure is left for the first step to raise."""
+  spec = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=a.sharding), state)
+
+  def compile_step() -> None:
+    try:
+      step.lower(spec, batch_spec).compile()
+    except Exception:  # pylint: disable=broad-except
+      log.debug('compiling ahead failed; the first step compiles', exc_info=True)
+
+  thread = threading.Thread(target=compile_step, name='compile-ahead', daemon=True)
+  thread.start()
+  return thread
+
+
 @dataclasses.dataclass(frozen=True)
 class Hook:
   """fn(step, state, logger) every `every` steps and after the last; `checkpoint` hooks also run on preemption."""

@@ -71,11 +71,12 @@ def batch_keys(max_predictions: int) -> tuple[str, ...]:
 
 
 def abstract_batch(
-  cfg: ml_collections.ConfigDict, mesh: jax.sharding.Mesh, accum: int | None = None
+  cfg: ml_collections.ConfigDict, mesh: jax.sharding.Mesh, accum: int | None = None, rows: int | None = None
 ) -> dict[str, jax.ShapeDtypeStruct]:
-  """ShapeDtypeStructs of one global train batch (eval: accum=1, M = global batch / grad_accum_steps)."""
+  """ShapeDtypeStructs of one global train batch of `rows` (default the global batch size) split into
+  grad_accum_steps micro-batches (eval: accum=1, M = rows / grad_accum_steps)."""
   a = cfg.train.grad_accum_steps if accum is None else accum
-  m = cfg.train.global_batch_size // cfg.train.grad_accum_steps
+  m = (rows or cfg.train.global_batch_size) // cfg.train.grad_accum_steps
   s = engine_step.micro_batch_sharding(mesh)
   rows = batch_contract.row_shapes(cfg.model.max_length, cfg.data.max_predictions)
   return {k: jax.ShapeDtypeStruct((a, m) + shape, dtype, sharding=s) for k, (shape, dtype) in rows.items()}
@@ -119,6 +120,10 @@ class GlobalBatches:
 
   def __iter__(self) -> 'GlobalBatches':
     return self
+
+  def next_spec(self) -> dict[str, jax.ShapeDtypeStruct]:
+    """ShapeDtypeStructs of the batch __next__ gives next (its rows: the batch-size ramp's phase)."""
+    return abstract_batch(self.cfg, self.mesh, rows=ramp.phase_at(self.phases, self.step).size)
 
   def _host_batch(self) -> Mapping[str, np.ndarray]:
     step, data = self.step, self.cfg.data

@@ -241,6 +241,11 @@ def train(
     resume_lib.record(plan, cfg, start.step)  # config.json and the history line, once the state is in hand
     if is_main:
       log.info('%s parameters, sharded over %s', f'{param_count(start.state):,}', dict(mesh.shape))
+    log_options = _log_options(cfg)  # measures the CPU's matmul peak: before the compile below loads the cores
+    batches = mlm.GlobalBatches(train_host, cfg, mesh, start.step)
+    step = mlm.jit_mlm_train_step(cfg, mesh, start.defs)
+    # The step compiles while the hooks are set up and the step-0 evaluation runs.
+    ahead = trainer_lib.compile_ahead(step, start.state, batches.next_spec())
     hooks = _hooks(cfg, mesh, start, sources, eval_batches)
     options = trainer_lib.TrainerOptions(
       num_steps=t.num_steps,
@@ -250,13 +255,13 @@ def train(
       preemption=True,
       profile=(lg.profile_start_step, lg.profile_num_steps),
       on_step=on_step,
-      log=_log_options(cfg),
+      log=log_options,
     )
-    batches = mlm.GlobalBatches(train_host, cfg, mesh, start.step)
-    trainer = session.trainer(mlm.jit_mlm_train_step(cfg, mesh, start.defs), start, batches, options)
+    trainer = session.trainer(step, start, batches, options)
     if start.step == 0 and cfg.eval.at_start:
       for hook in hooks:
         hook(0, trainer.state, trainer.logger)
+    ahead.join()
     trained = trainer.train()
     session.save_final(trained)
   # The evaluation hooks' records, one dict per evaluated step: {'step', 'loss', 'accuracy', ...}.

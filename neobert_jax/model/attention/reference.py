@@ -1,12 +1,13 @@
-"""The plain attention every kernel is checked against, and the 'xla' kernel. The one mask convention: a query of
-segment a attends a key of segment b iff a == b and b > 0. Outputs at padding are unspecified but finite in every
-kernel, which keeps NaN out of the weight gradients."""
+"""The plain attention every kernel is checked against, and the 'xla' kernel: the same forward with a hand-written
+backward. The one mask convention: a query of segment a attends a key of segment b iff a == b and b > 0. Outputs at
+padding are unspecified but finite in every kernel, which keeps NaN out of the weight gradients."""
 
 import jax
 import jax.numpy as jnp
 
 # Large negative but finite: exp() of it underflows to 0 and a fully masked row stays NaN-free.
 MASKED_SCORE = float(jnp.finfo(jnp.float32).min)
+F32 = jnp.float32
 
 
 def segments_from_lengths(lengths: jax.Array, seq_len: int) -> tuple[jax.Array, jax.Array]:
@@ -21,14 +22,57 @@ def allowed(q_segments: jax.Array, kv_segments: jax.Array) -> jax.Array:
   return (q_segments[:, None, :, None] == kv) & (kv > 0)
 
 
+def _forward(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array | None) -> tuple[jax.Array, jax.Array]:
+  """(output [B, T, H, Dh], probabilities [B, H, T, S]), both in v's dtype: fp32 scores and softmax; the dot with
+  v accumulates in fp32 (a bfloat16 einsum with no preferred type becomes an fp32 dot on XLA:CPU, half as fast)."""
+  scores = jnp.einsum('bthd,bshd->bhts', q, k, preferred_element_type=F32) * q.shape[-1] ** -0.5
+  if mask is not None:
+    scores = jnp.where(mask, scores, MASKED_SCORE)
+  probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
+  return jnp.einsum('bhts,bshd->bthd', probs, v, preferred_element_type=F32).astype(v.dtype), probs
+
+
+def plain_attention(
+  q: jax.Array, k: jax.Array, v: jax.Array, q_segments: jax.Array | None = None, kv_segments: jax.Array | None = None
+) -> jax.Array:
+  """q, k, v [B, T, H, Dh] -> [B, T, H, Dh]: plain 4-D einsums, gradients by autodiff; the reference of every
+  kernel (jax.nn.dot_product_attention's 5-D form runs markedly slower on XLA:CPU)."""
+  return _forward(q, k, v, None if q_segments is None else allowed(q_segments, kv_segments))[0]
+
+
+_attend = jax.custom_vjp(lambda q, k, v, mask: _forward(q, k, v, mask)[0])
+
+
+def _attend_fwd(q, k, v, mask):
+  out, probs = _forward(q, k, v, mask)
+  return out, (q, k, v, probs, out)
+
+
+def _attend_bwd(residuals, d_out):
+  """FlashAttention's backward on the saved probabilities: the softmax gradient's row sum is rowsum(dO * O), an
+  [B, T, H] reduction instead of one over [B, H, T, S]; masked keys hold probability 0, so no select; dS goes into
+  the two dots in the activation dtype (bfloat16 x bfloat16 -> fp32, the dots XLA:CPU runs natively) where
+  autodiff's fp32 scores made them fp32 dots. Queries with no allowed key get a gradient of their own, which only
+  their (unread) outputs' cotangent feeds."""
+  q, k, v, probs, out = residuals
+  dtype = probs.dtype
+  d_out = d_out.astype(dtype)
+  d_v = jnp.einsum('bhts,bthd->bshd', probs, d_out, preferred_element_type=F32)
+  d_probs = jnp.einsum('bthd,bshd->bhts', d_out, v, preferred_element_type=F32)
+  row = jnp.einsum('bthd,bthd->bht', d_out.astype(F32), out.astype(F32))[..., None]
+  d_scores = (probs.astype(F32) * (d_probs - row)).astype(q.dtype)
+  # the scale goes on the [B, T, H, Dh] results: on dS, XLA:CPU wrote a [B, H, T, S] array of it
+  scale = q.shape[-1] ** -0.5
+  d_q = jnp.einsum('bhts,bshd->bthd', d_scores, k, preferred_element_type=F32) * scale
+  d_k = jnp.einsum('bhts,bthd->bshd', d_scores, q, preferred_element_type=F32) * scale
+  return d_q.astype(q.dtype), d_k.astype(k.dtype), d_v.astype(v.dtype), None
+
+
+_attend.defvjp(_attend_fwd, _attend_bwd)
+
+
 def xla_attention(
   q: jax.Array, k: jax.Array, v: jax.Array, q_segments: jax.Array | None = None, kv_segments: jax.Array | None = None
 ) -> jax.Array:
-  """q, k, v [B, T, H, Dh] -> [B, T, H, Dh], fp32 scores. Plain 4-D einsums: jax.nn.dot_product_attention's 5-D
-  form runs markedly slower on XLA:CPU."""
-  scale = q.shape[-1] ** -0.5
-  scores = jnp.einsum('bthd,bshd->bhts', q, k, preferred_element_type=jnp.float32) * scale
-  if q_segments is not None:
-    scores = jnp.where(allowed(q_segments, kv_segments), scores, MASKED_SCORE)
-  probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
-  return jnp.einsum('bhts,bshd->bthd', probs, v)
+  """plain_attention's forward, exactly, with the backward of _attend_bwd (the 'xla' kernel)."""
+  return _attend(q, k, v, None if q_segments is None else allowed(q_segments, kv_segments))
