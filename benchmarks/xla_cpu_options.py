@@ -6,7 +6,8 @@ python -m benchmarks.xla_cpu_options [--dtype float32|bfloat16] [--only default,
 
 The step is configs/tiny_cpu.py's (1 x 128, 32 rows of 128 tokens, vocab 2048, Muon or AdamW as the recipe says),
 on one device, with synthetic rows at the recipe's 40% mask rate. Each option is an XLA DebugOptions field passed to
-`Lowered.compile(compiler_options)`, the per-program form of an XLA_FLAGS entry. It prints the median and fastest
+`Lowered.compile(compiler_options)`, the per-program form of an XLA_FLAGS entry; `autodiff_attention` instead traces
+the step with autodiff's attention backward in place of the 'xla' kernel's own. It prints the median and fastest
 step of each option and its speed against the first (`default`: no option), plus the loss after the last step: the
 options that change the numerics show it in the last digits. Each `--variant` adds the step of the main job's config
 with those fields changed (e.g. `fp32_logits=model.logits_dot_in_fp32=True`), compiled with no option, taking turns
@@ -20,6 +21,7 @@ from __future__ import annotations
 import argparse
 import ast
 import time
+from unittest import mock
 
 import jax
 import numpy as np
@@ -27,6 +29,8 @@ import numpy as np
 from neobert_jax import config, sharding as shd
 from neobert_jax.config import train as train_config
 from neobert_jax.engine import step as engine_step
+from neobert_jax.model import attention as attention_lib
+from neobert_jax.model.attention.reference import plain_attention
 from neobert_jax.train import mlm
 from tests.support.tiny_train import mlm_rows
 
@@ -40,6 +44,9 @@ OPTIONS: dict[str, dict] = {
   'fast_math': {'xla_cpu_enable_fast_math': True},
   'vector_width_256': {'xla_cpu_prefer_vector_width': 256},
 }
+# name -> a context under which the same step is traced differently (compiled with no option): the 'xla' attention
+# kernel with autodiff's backward (reference.plain_attention) in place of its hand-written one
+TRACED = {'autodiff_attention': lambda: mock.patch.object(attention_lib, 'xla_attention', plain_attention)}
 
 
 def main_job_config(dtype: str, overrides: str = ''):
@@ -62,7 +69,7 @@ def main() -> None:
   ap.add_argument('--steps', type=int, default=30)
   ap.add_argument('--variant', action='append', default=[], help='NAME=field=value,...: the step of a changed config')
   args = ap.parse_args()
-  names = args.only.split(',') if args.only else list(OPTIONS)
+  names = args.only.split(',') if args.only else [*OPTIONS, *TRACED]
   cfg = main_job_config(args.dtype)
   mesh = shd.make_mesh(dict(data=1, fsdp=1, tensor=1), jax.devices()[:1])
   defs, state = mlm.create_train_state(cfg, mesh)
@@ -76,7 +83,11 @@ def main() -> None:
   lowered = mlm.jit_mlm_train_step(cfg, mesh, defs).lower(state, batches[names[0]][0])
   steps, states = {}, {}
   for name in names:
-    steps[name] = lowered.compile(OPTIONS[name])
+    if name in TRACED:
+      with TRACED[name]():
+        steps[name] = mlm.jit_mlm_train_step(cfg, mesh, defs).lower(state, batches[name][0]).compile()
+    else:
+      steps[name] = lowered.compile(OPTIONS[name])
     states[name] = jax.tree.map(lambda a: a.copy(), state)  # each side owns its state: the step donates it
   for variant in args.variant:
     name, overrides = variant.split('=', 1)

@@ -84,18 +84,26 @@ def test_xla_kernel_matches_autodiff(mode):
   _compare('xla', mode, atol=1e-5)
 
 
-def test_xla_kernel_bfloat16_gradients_near_fp32():
-  """In bfloat16 its dS is rounded to bfloat16 for the dots (as FlashAttention's): the gradients stay within 1%
-  (RMS) of fp32 autodiff on the same inputs; autodiff in bfloat16 is at ~0.3%, the kernel at ~0.5%."""
+def test_xla_kernel_bfloat16_gradients_near_autodiff():
+  """In bfloat16 its dS enters the dots in bfloat16 (as FlashAttention's): its gradients' RMS error against fp32
+  autodiff on the same (rounded) inputs stays within 1.25x autodiff's own in bfloat16 (1.17x and 1.12x for dQ and
+  dK; 1.34x and 1.26x with the row sum taken from the output rounded to bfloat16). Queries x3: sharper attention."""
   masking, live = MODES['packed']()
-  cot = _qkv()[3] * jnp.asarray(live)[:, :, None, None]
-  out, grads = _out_and_grads(lambda *a: attention(*a, kernel='xla', **masking), cot, jnp.bfloat16)
-  _, truth = _out_and_grads(lambda *a: _plain(*(x.astype(jnp.float32) for x in a), **masking), cot, jnp.bfloat16)
-  assert out.dtype == jnp.bfloat16 and all(g.dtype == jnp.bfloat16 for g in grads)
-  np.testing.assert_array_equal(out, _plain(*_qkv(jnp.bfloat16)[:3], **masking))  # the forward is the plain one
-  for g, t in zip(grads, truth):
-    g, t = np.asarray(g, np.float32), np.asarray(t)
-    assert np.sqrt(np.mean((g - t) ** 2) / np.mean(t**2)) < 0.01
+  q, k, v, cot = _qkv()
+  rounded = [x.astype(jnp.bfloat16) for x in (3 * q, k, v)]
+  cot = cot * jnp.asarray(live)[:, :, None, None]
+
+  def grads(f, inputs):
+    return jax.grad(lambda *a: jnp.sum(f(*a).astype(jnp.float32) * cot), argnums=(0, 1, 2))(*inputs)
+
+  kernel = grads(lambda *a: attention(*a, kernel='xla', **masking), rounded)
+  autodiff = grads(lambda *a: _plain(*a, **masking), rounded)
+  truth = grads(lambda *a: _plain(*a, **masking), [x.astype(jnp.float32) for x in rounded])
+  assert all(g.dtype == jnp.bfloat16 for g in kernel)
+  np.testing.assert_array_equal(attention(*rounded, kernel='xla', **masking), _plain(*rounded, **masking))
+  error = lambda g, t: np.sqrt(np.mean((np.asarray(g, np.float32) - t) ** 2) / np.mean(t**2))
+  for g, a, t in zip(kernel, autodiff, truth):
+    assert error(g, t) <= 1.25 * error(a, t)
 
 
 @pytest.mark.slow

@@ -23,13 +23,14 @@ def allowed(q_segments: jax.Array, kv_segments: jax.Array) -> jax.Array:
 
 
 def _forward(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array | None) -> tuple[jax.Array, jax.Array]:
-  """(output [B, T, H, Dh], probabilities [B, H, T, S]), both in v's dtype: fp32 scores and softmax; the dot with
-  v accumulates in fp32 (a bfloat16 einsum with no preferred type becomes an fp32 dot on XLA:CPU, half as fast)."""
+  """(output [B, T, H, Dh] in fp32, probabilities [B, H, T, S] in v's dtype): fp32 scores and softmax, and the dot
+  with v accumulating in fp32 (a bfloat16 einsum with no preferred type becomes an fp32 dot on XLA:CPU, half as
+  fast); the output is written in v's dtype."""
   scores = jnp.einsum('bthd,bshd->bhts', q, k, preferred_element_type=F32) * q.shape[-1] ** -0.5
   if mask is not None:
     scores = jnp.where(mask, scores, MASKED_SCORE)
   probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
-  return jnp.einsum('bhts,bshd->bthd', probs, v, preferred_element_type=F32).astype(v.dtype), probs
+  return jnp.einsum('bhts,bshd->bthd', probs, v, preferred_element_type=F32), probs
 
 
 def plain_attention(
@@ -37,31 +38,30 @@ def plain_attention(
 ) -> jax.Array:
   """q, k, v [B, T, H, Dh] -> [B, T, H, Dh]: plain 4-D einsums, gradients by autodiff; the reference of every
   kernel (jax.nn.dot_product_attention's 5-D form runs markedly slower on XLA:CPU)."""
-  return _forward(q, k, v, None if q_segments is None else allowed(q_segments, kv_segments))[0]
+  return _forward(q, k, v, None if q_segments is None else allowed(q_segments, kv_segments))[0].astype(v.dtype)
 
 
-_attend = jax.custom_vjp(lambda q, k, v, mask: _forward(q, k, v, mask)[0])
+_attend = jax.custom_vjp(lambda q, k, v, mask: _forward(q, k, v, mask)[0].astype(v.dtype))
 
 
 def _attend_fwd(q, k, v, mask):
   out, probs = _forward(q, k, v, mask)
-  return out, (q, k, v, probs, out)
+  return out.astype(v.dtype), (q, k, v, probs, out)
 
 
 def _attend_bwd(residuals, d_out):
-  """FlashAttention's backward on the saved probabilities: the softmax gradient's row sum is rowsum(dO * O), an
-  [B, T, H] reduction instead of one over [B, H, T, S]; masked keys hold probability 0, so no select; dS goes into
-  the two dots in the activation dtype (bfloat16 x bfloat16 -> fp32, the dots XLA:CPU runs natively) where
-  autodiff's fp32 scores made them fp32 dots. Queries with no allowed key get a gradient of their own, which only
-  their (unread) outputs' cotangent feeds."""
+  """FlashAttention's backward on the saved probabilities. The softmax gradient's row sum is rowsum(dO * O), an
+  [B, T, H] reduction instead of one over [B, H, T, S], with O the fp32 output (from the output rounded to bfloat16
+  the gradients' error nearly doubles). Masked keys hold probability 0, so no select. dS enters the dots in the
+  activation dtype (bfloat16 x bfloat16 -> fp32, the dots XLA:CPU runs natively), and the scale goes on dQ and dK:
+  on dS, XLA:CPU wrote a [B, H, T, S] array of it. Queries with no allowed key get a gradient of their own, which
+  only their (unread) outputs' cotangent feeds."""
   q, k, v, probs, out = residuals
-  dtype = probs.dtype
-  d_out = d_out.astype(dtype)
+  d_out = d_out.astype(v.dtype)
   d_v = jnp.einsum('bhts,bthd->bshd', probs, d_out, preferred_element_type=F32)
   d_probs = jnp.einsum('bthd,bshd->bhts', d_out, v, preferred_element_type=F32)
-  row = jnp.einsum('bthd,bthd->bht', d_out.astype(F32), out.astype(F32))[..., None]
+  row = jnp.einsum('bthd,bthd->bht', d_out.astype(F32), out)[..., None]
   d_scores = (probs.astype(F32) * (d_probs - row)).astype(q.dtype)
-  # the scale goes on the [B, T, H, Dh] results: on dS, XLA:CPU wrote a [B, H, T, S] array of it
   scale = q.shape[-1] ** -0.5
   d_q = jnp.einsum('bhts,bshd->bthd', d_scores, k, preferred_element_type=F32) * scale
   d_k = jnp.einsum('bhts,bthd->bshd', d_scores, q, preferred_element_type=F32) * scale
