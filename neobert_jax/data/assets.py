@@ -57,9 +57,9 @@ def build_once(root: str, name: str, build: Callable[[str, str], None], marker: 
       staging = os.path.join(tmp, 'out')
       os.makedirs(staging)
       build(tempfile.mkdtemp(dir=tmp), staging)
+      open(os.path.join(staging, marker), 'a').close()  # the build may have written it (a file it made last)
       shutil.rmtree(target, ignore_errors=True)
       os.replace(staging, target)
-    open(os.path.join(target, marker), 'w').close()
   return target
 
 
