@@ -49,6 +49,8 @@ def download(requirement: str, dest: str) -> str:
 def build_once(root: str, name: str, build: Callable[[str, str], None], marker: str = '.complete') -> str:
   """root/name, made by build(scratch dir, output dir) under a cross-process lock unless a finished one is there."""
   target = os.path.join(root, name)
+  if os.path.exists(os.path.join(target, marker)):  # complete (it moves in with the folder): no lock to take
+    return target
   os.makedirs(root, exist_ok=True)
   with locked(name, root):
     if os.path.exists(os.path.join(target, marker)):
