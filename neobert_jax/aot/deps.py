@@ -42,7 +42,8 @@ def ensure(kind: str) -> str:
 
 
 def _install(kind: str, out: str) -> None:
-  print(f'[aot] installing {" ".join(PACKAGES[kind])} into {_root()}/{kind} (one time)', file=sys.stderr, flush=True)
+  final = os.path.join(_root(), kind)
+  print(f'[aot] installing {" ".join(PACKAGES[kind])} into {final} (one time)', file=sys.stderr, flush=True)
   t0 = time.time()
   cmd = [sys.executable, '-m', 'pip', 'install', '--no-deps', '--disable-pip-version-check', '--target', out]
   r = subprocess.run(cmd + PACKAGES[kind], capture_output=True, text=True)
