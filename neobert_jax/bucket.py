@@ -23,6 +23,8 @@ DEFAULT_SLOW_S = 30.0
 INITIAL_DELAY_S = 1.0
 MAX_DELAY_S = 32.0
 TENSORSTORE_RETRIES_METRIC = '/tensorstore/kvstore/gcs/retries'
+# Transfers in flight: one GCS stream is limited well below a VM's network (tens to ~200 MB/s), so a few at once.
+PARALLEL = 4
 
 
 def window_s() -> float:

@@ -62,14 +62,8 @@ class Holder:
   def mine(cls, run_id: str, timeout: float) -> 'Holder':
     """This process's lease; `job` and `restart` let a restarted job take it back at once ('' if it cannot)."""
     env = os.environ
-    if run_id:
-      job = f'run_id {run_id}'
-    elif env.get('SLURM_JOB_ID'):
-      job = f'slurm job {env["SLURM_JOB_ID"]}'
-    elif env.get('JOBSET_NAME'):
-      job = f'jobset {env["JOBSET_NAME"]}'
-    else:
-      job = ''
+    named = (('run_id', run_id), ('slurm job', env.get('SLURM_JOB_ID')), ('jobset', env.get('JOBSET_NAME')))
+    job = next((f'{kind} {value}' for kind, value in named if value), '')  # the first that is set
     restart = env.get('SLURM_RESTART_COUNT') or env.get('JOBSET_RESTART_ATTEMPT') or '0'
     restart, now = int(restart) if restart.isdigit() else 0, time.time()
     return cls(socket.gethostname(), os.getpid(), job, restart, run_id, now, now, timeout, uuid.uuid4().hex)

@@ -174,9 +174,7 @@ def activate(mesh: Mesh) -> Iterator[None]:
 def creation_scope():
   """Flax 0.12 shards annotated parameters as they are created, which needs a mesh; with none active (one CPU,
   conversion tools, tests) create them unsharded instead of failing."""
-  if jax.sharding.get_abstract_mesh().empty:
-    return nnx.use_eager_sharding(False)
-  return contextlib.nullcontext()
+  return nnx.use_eager_sharding(False) if jax.sharding.get_abstract_mesh().empty else contextlib.nullcontext()
 
 
 def _mesh_axes(entry: str | tuple[str, ...] | None) -> tuple[str, ...]:

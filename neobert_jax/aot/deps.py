@@ -6,14 +6,13 @@ and the compile runs in a child interpreter whose PYTHONPATH points there: a CUD
 site-packages would change which backend every test gets, so the venv's jax stays a pure CPU install.
 """
 
-import fcntl
 import os
-import shutil
 import subprocess
 import sys
 import time
 
 from neobert_jax import commandline
+from neobert_jax.data import assets
 
 # Versions that match jax/jaxlib 0.10.2 (jax[tpu]==0.10.2 pins libtpu 0.0.42.*; the CUDA plugin is versioned
 # with jax). cuDNN only has to be loadable by the plugin: any 9.x works for a compile-only target.
@@ -38,31 +37,19 @@ def _root() -> str:
 
 def ensure(kind: str) -> str:
   """The folder holding the packages for `kind` ('tpu' or 'cuda'), installed unless already cached."""
+  # Locked across processes: several test processes (or users) may ask at once, and each download is ~1 GB.
+  return assets.build_once(_root(), kind, lambda _, out: _install(kind, out), marker='.neobert_complete')
+
+
+def _install(kind: str, out: str) -> None:
   final = os.path.join(_root(), kind)
-  marker = os.path.join(final, '.neobert_complete')
-  if os.path.exists(marker):
-    return final
-  os.makedirs(_root(), exist_ok=True)
-  # A file lock, because several test processes (or users) may ask at once and each download is ~1 GB.
-  with open(os.path.join(_root(), f'.{kind}.lock'), 'w') as lock:
-    fcntl.flock(lock, fcntl.LOCK_EX)
-    if os.path.exists(marker):
-      return final
-    staging = f'{final}.partial'
-    shutil.rmtree(staging, ignore_errors=True)
-    print(f'[aot] installing {" ".join(PACKAGES[kind])} into {final} (one time)', file=sys.stderr, flush=True)
-    t0 = time.time()
-    cmd = [sys.executable, '-m', 'pip', 'install', '--no-deps', '--disable-pip-version-check', '--target', staging]
-    r = subprocess.run(cmd + PACKAGES[kind], capture_output=True, text=True)
-    if r.returncode != 0:
-      shutil.rmtree(staging, ignore_errors=True)
-      raise DependencyError(f'pip could not install {PACKAGES[kind]}:\n{r.stdout[-2000:]}\n{r.stderr[-2000:]}')
-    shutil.rmtree(final, ignore_errors=True)
-    os.replace(staging, final)
-    with open(marker, 'w') as f:
-      f.write(' '.join(PACKAGES[kind]) + '\n')
-    print(f'[aot] installed in {time.time() - t0:.0f}s', file=sys.stderr, flush=True)
-  return final
+  print(f'[aot] installing {" ".join(PACKAGES[kind])} into {final} (one time)', file=sys.stderr, flush=True)
+  t0 = time.time()
+  cmd = [sys.executable, '-m', 'pip', 'install', '--no-deps', '--disable-pip-version-check', '--target', out]
+  r = subprocess.run(cmd + PACKAGES[kind], capture_output=True, text=True)
+  if r.returncode != 0:
+    raise DependencyError(f'pip could not install {PACKAGES[kind]}:\n{r.stdout[-2000:]}\n{r.stderr[-2000:]}')
+  print(f'[aot] installed in {time.time() - t0:.0f}s', file=sys.stderr, flush=True)
 
 
 def child_env(kind: str) -> dict:

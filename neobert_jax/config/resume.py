@@ -105,9 +105,7 @@ def _same(a: Any, b: Any) -> bool:
   if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
     return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
   number = lambda x: isinstance(x, (int, float)) and not isinstance(x, bool)
-  if number(a) and number(b):
-    return float(a) == float(b)
-  return a == b
+  return float(a) == float(b) if number(a) and number(b) else a == b
 
 
 def diff(

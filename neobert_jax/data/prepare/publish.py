@@ -9,9 +9,6 @@ import shutil
 from neobert_jax import bucket, errors, paths
 from neobert_jax.data import shards
 
-# Uploads in flight: one GCS stream is limited well below a VM's network, so a few at once.
-PARALLEL = 4
-
 
 def open_output(output_dir: str, overwrite: bool) -> paths.Path:
   """Before tokenizing: an output that holds prepared data is refused without --overwrite (FileExistsError,
@@ -37,7 +34,7 @@ def upload(local: str, out: paths.Path, manifest: shards.Manifest) -> None:
   try:
     with bucket.Timer(f'upload of {len(names)} shards to {out}'):
       (out / shards.MANIFEST).unlink(missing_ok=True)  # from here on the output reads as unfinished
-      with concurrent.futures.ThreadPoolExecutor(PARALLEL) as pool:
+      with concurrent.futures.ThreadPoolExecutor(bucket.PARALLEL) as pool:
         list(pool.map(lambda name: _put(os.path.join(local, name), out / name), names))
       manifest.write(out)  # the commit marker, last
   except errors.NeobertError:

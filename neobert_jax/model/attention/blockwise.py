@@ -7,7 +7,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from neobert_jax.model.attention.reference import MASKED_SCORE
+from neobert_jax.model.attention.reference import MASKED_SCORE, allowed
 
 
 def _blocks(x: jax.Array, block: int) -> jax.Array:
@@ -25,18 +25,18 @@ def _unblock(x: jax.Array) -> jax.Array:
 
 def _key_blocks(k, v, kv_seg, block):
   """Keys, values and key segments cut into scan-ready blocks; S is padded up to a multiple of block with keys
-  of segment 0 (never attended). Returns ([n, B, H, block, D], [n, B, H, block, D], [n, B, 1, block])."""
+  of segment 0 (never attended). Returns ([n, B, H, block, D], [n, B, H, block, D], [n, B, block])."""
   if pad := -k.shape[2] % block:
     k, v = (jnp.pad(x, ((0, 0), (0, 0), (0, pad), (0, 0))) for x in (k, v))
     kv_seg = jnp.pad(kv_seg, ((0, 0), (0, pad)))
-  segments = jnp.moveaxis(kv_seg.reshape(kv_seg.shape[0], 1, -1, block), 2, 0)
+  segments = jnp.moveaxis(kv_seg.reshape(kv_seg.shape[0], -1, block), 1, 0)
   return _blocks(k, block), _blocks(v, block), segments
 
 
 def _scores(qh, kj, q_seg, sj, scale):
   """One block's masked fp32 scores [B, H, T, block] and the boolean mask that produced them."""
   s = jnp.einsum('bhtd,bhsd->bhts', qh, kj, preferred_element_type=jnp.float32) * scale
-  ok = (q_seg[:, None, :, None] == sj[:, :, None, :]) & (sj[:, :, None, :] > 0)
+  ok = allowed(q_seg, sj)
   return jnp.where(ok, s, MASKED_SCORE), ok
 
 
