@@ -30,7 +30,7 @@ from neobert_jax import config, sharding as shd
 from neobert_jax.config import train as train_config
 from neobert_jax.engine import step as engine_step
 from neobert_jax.model import attention as attention_lib
-from neobert_jax.model.attention.reference import plain_attention
+from tests.support.attention_reference import plain_attention
 from neobert_jax.train import mlm
 from tests.support.tiny_train import mlm_rows
 
@@ -45,7 +45,7 @@ OPTIONS: dict[str, dict] = {
   'vector_width_256': {'xla_cpu_prefer_vector_width': 256},
 }
 # name -> a context under which the same step is traced differently (compiled with no option): the 'xla' attention
-# kernel with autodiff's backward (reference.plain_attention) in place of its hand-written one
+# kernel with autodiff's backward (tests/support/attention_reference.py) in place of its hand-written one
 TRACED = {'autodiff_attention': lambda: mock.patch.object(attention_lib, 'xla_attention', plain_attention)}
 
 

@@ -1,4 +1,4 @@
-"""Every attention kernel against the plain masked einsum with autodiff gradients (reference.plain_attention), the packed layout against brute force,
+"""Every attention kernel against the plain masked einsum with autodiff gradients (tests/support/attention_reference.py), the packed layout against brute force,
 the documents-per-row cap in packing, and the 'auto' table.
 
 Outputs at padding positions are unspecified in every kernel (nothing reads them), so outputs are compared on
@@ -18,7 +18,7 @@ from neobert_jax.data.pipeline import packing
 from neobert_jax.model import NeoBERTForMLM, default_model_config
 from neobert_jax.config.model import choose_attention
 from neobert_jax.model.attention import attention, overflow, packed_layout
-from neobert_jax.model.attention.reference import plain_attention
+from tests.support.attention_reference import plain_attention
 
 B, T, H, D = 4, 256, 2, 32
 
@@ -51,7 +51,7 @@ def _qkv(dtype=jnp.float32):
 
 
 def _plain(q, k, v, segment_ids=None, lengths=None):
-  """reference.plain_attention under attention()'s masking arguments."""
+  """plain_attention under attention()'s masking arguments."""
   if lengths is not None:
     real = (jnp.arange(q.shape[1])[None] < lengths[:, None]).astype(jnp.int32)
     return plain_attention(q, k, v, jnp.ones_like(real), real)

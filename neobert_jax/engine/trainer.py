@@ -155,15 +155,13 @@ class Preemption:
 
 
 def compile_ahead(step: Any, state: Any, batch_spec: Any) -> threading.Thread:
-  """Compiles `step` (a jitted or MeshBound step) for `state` and `batch_spec` (ShapeDtypeStructs of the first
-  batch) on a thread, so the compile overlaps what runs before training (the hooks' set-up, the step-0 evaluation);
-  jit keeps the executable and the first step finds it. Join the thread before that step, or it compiles a second
-  time beside it. A failure is left for the first step to raise."""
-  spec = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=a.sharding), state)
+  """Compiles `step` for `state` and `batch_spec` (the first batch's ShapeDtypeStructs) on a thread that overlaps
+  the hooks' set-up and step-0 evaluation; jit keeps the executable for the first step. Join it before that step
+  (else the step compiles again beside it); a failure is left for the first step to raise."""
 
   def compile_step() -> None:
     try:
-      step.lower(spec, batch_spec).compile()
+      step.lower(state, batch_spec).compile()  # reads the arrays' shapes and shardings only
     except Exception:  # pylint: disable=broad-except
       log.debug('compiling ahead failed; the first step compiles', exc_info=True)
 

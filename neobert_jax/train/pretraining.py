@@ -244,8 +244,7 @@ def train(
     log_options = _log_options(cfg)  # measures the CPU's matmul peak: before the compile below loads the cores
     batches = mlm.GlobalBatches(train_host, cfg, mesh, start.step)
     step = mlm.jit_mlm_train_step(cfg, mesh, start.defs)
-    # The step compiles while the hooks are set up and the step-0 evaluation runs.
-    ahead = trainer_lib.compile_ahead(step, start.state, batches.next_spec())
+    ahead = trainer_lib.compile_ahead(step, start.state, batches.next_spec())  # beside the hooks' set-up and step 0
     hooks = _hooks(cfg, mesh, start, sources, eval_batches)
     options = trainer_lib.TrainerOptions(
       num_steps=t.num_steps,

@@ -1,6 +1,7 @@
-"""The plain attention every kernel is checked against, and the 'xla' kernel: the same forward with a hand-written
-backward. The one mask convention: a query of segment a attends a key of segment b iff a == b and b > 0. Outputs at
-padding are unspecified but finite in every kernel, which keeps NaN out of the weight gradients."""
+"""The 'xla' kernel: masked einsums with FlashAttention's backward on the saved probabilities (every kernel is tested
+against plain autodiff, tests/support/attention_reference.py). The one mask convention: a query of segment a attends
+a key of segment b iff a == b and b > 0. Outputs at padding are unspecified but finite in every kernel, which keeps
+NaN out of the weight gradients."""
 
 import jax
 import jax.numpy as jnp
@@ -23,22 +24,13 @@ def allowed(q_segments: jax.Array, kv_segments: jax.Array) -> jax.Array:
 
 
 def _forward(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array | None) -> tuple[jax.Array, jax.Array]:
-  """(output [B, T, H, Dh] in fp32, probabilities [B, H, T, S] in v's dtype): fp32 scores and softmax, and the dot
-  with v accumulating in fp32 (a bfloat16 einsum with no preferred type becomes an fp32 dot on XLA:CPU, half as
-  fast); the output is written in v's dtype."""
+  """(output [B, T, H, Dh] in fp32, probabilities [B, H, T, S] in v's dtype) from fp32 scores; the dot with v
+  accumulates in fp32 (a bfloat16 einsum with no preferred type becomes an fp32 dot on XLA:CPU, half as fast)."""
   scores = jnp.einsum('bthd,bshd->bhts', q, k, preferred_element_type=F32) * q.shape[-1] ** -0.5
   if mask is not None:
     scores = jnp.where(mask, scores, MASKED_SCORE)
   probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
   return jnp.einsum('bhts,bshd->bthd', probs, v, preferred_element_type=F32), probs
-
-
-def plain_attention(
-  q: jax.Array, k: jax.Array, v: jax.Array, q_segments: jax.Array | None = None, kv_segments: jax.Array | None = None
-) -> jax.Array:
-  """q, k, v [B, T, H, Dh] -> [B, T, H, Dh]: plain 4-D einsums, gradients by autodiff; the reference of every
-  kernel (jax.nn.dot_product_attention's 5-D form runs markedly slower on XLA:CPU)."""
-  return _forward(q, k, v, None if q_segments is None else allowed(q_segments, kv_segments))[0].astype(v.dtype)
 
 
 _attend = jax.custom_vjp(lambda q, k, v, mask: _forward(q, k, v, mask)[0].astype(v.dtype))
@@ -50,12 +42,10 @@ def _attend_fwd(q, k, v, mask):
 
 
 def _attend_bwd(residuals, d_out):
-  """FlashAttention's backward on the saved probabilities. The softmax gradient's row sum is rowsum(dO * O), an
-  [B, T, H] reduction instead of one over [B, H, T, S], with O the fp32 output (from the output rounded to bfloat16
-  the gradients' error nearly doubles). Masked keys hold probability 0, so no select. dS enters the dots in the
-  activation dtype (bfloat16 x bfloat16 -> fp32, the dots XLA:CPU runs natively), and the scale goes on dQ and dK:
-  on dS, XLA:CPU wrote a [B, H, T, S] array of it. Queries with no allowed key get a gradient of their own, which
-  only their (unread) outputs' cotangent feeds."""
+  """FlashAttention's backward on the saved probabilities: the softmax's row sum is rowsum(dO * O) over [B, T, H]
+  with O in fp32 (the rounded O raised the bfloat16 error 1.3x); masked keys have probability 0 (no select); dS
+  enters bfloat16 x bfloat16 -> fp32 dots; the scale goes on dQ, dK (on dS XLA:CPU wrote a [B, H, T, S] array of it).
+  Queries with no allowed key get a gradient only their (unread) outputs' cotangent feeds."""
   q, k, v, probs, out = residuals
   d_out = d_out.astype(v.dtype)
   d_v = jnp.einsum('bhts,bthd->bshd', probs, d_out, preferred_element_type=F32)
@@ -74,5 +64,5 @@ _attend.defvjp(_attend_fwd, _attend_bwd)
 def xla_attention(
   q: jax.Array, k: jax.Array, v: jax.Array, q_segments: jax.Array | None = None, kv_segments: jax.Array | None = None
 ) -> jax.Array:
-  """plain_attention's forward, exactly, with the backward of _attend_bwd (the 'xla' kernel)."""
+  """q, k, v [B, T, H, Dh] -> [B, T, H, Dh], fp32 scores, the backward of _attend_bwd; no mask without segments."""
   return _attend(q, k, v, None if q_segments is None else allowed(q_segments, kv_segments))
