@@ -37,7 +37,7 @@ and "Main job"):
     bytes for the 2,048 x 2,048 logits of a step and their gradient, 1.10x the step on the Intel CPU here.
   * the model is the moving average of the weights (train.ema_decay=0.99, about the last 100 steps; export.use_ema),
     which the held-out curve, the report, the probe and the export are of: at the high rates of mid-run it sits
-    0.2 nats below the weights (4.48 against 4.70 at step 1,000), so the neighbour line comes near step 1,030
+    0.2 nats below the weights (4.48 against 4.70 at step 1,000), so the neighbour line comes near step 1,050
     instead of 1,430, and it ends level with them (3.945 against 3.943). Averaging the latest weights stands in
     for a decayed rate (Kaddour 2022, "Stop wasting my time!", on BERT pretraining; Sanyal et al. 2023); 0.98 and
     0.995 reach the line later (docs/recipes.md, "Weight averaging").
