@@ -1,5 +1,5 @@
-"""Every attention kernel against the plain masked einsum with autodiff gradients (tests/support/attention_reference.py), the packed layout against brute force,
-the documents-per-row cap in packing, and the 'auto' table.
+"""Every attention kernel against the plain masked einsum with autodiff gradients (tests/support/attention_reference.py),
+the packed layout against brute force, the documents-per-row cap in packing, and the 'auto' table.
 
 Outputs at padding positions are unspecified in every kernel (nothing reads them), so outputs are compared on
 real tokens and gradients flow from a loss over real tokens only; everything must be finite everywhere.
@@ -58,10 +58,9 @@ def _plain(q, k, v, segment_ids=None, lengths=None):
   return plain_attention(q, k, v, segment_ids, segment_ids)
 
 
-def _out_and_grads(f, cot, dtype=jnp.float32):
-  q, k, v, _ = _qkv(dtype)
-  grads = jax.grad(lambda *a: jnp.sum(f(*a).astype(jnp.float32) * cot), argnums=(0, 1, 2))(q, k, v)
-  return f(q, k, v), grads
+def _grads(f, cot, inputs):
+  """d/d(q, k, v) of sum(f(q, k, v) * cot), in the inputs' dtype."""
+  return jax.grad(lambda *a: jnp.sum(f(*a).astype(jnp.float32) * cot), argnums=(0, 1, 2))(*inputs)
 
 
 def _compare(kernel, mode, atol, block_size=None, **kw):
@@ -70,8 +69,9 @@ def _compare(kernel, mode, atol, block_size=None, **kw):
   q, k, v, cot = _qkv()
   cot = cot * live
 
-  out, grads = _out_and_grads(lambda *a: attention(*a, kernel=kernel, block_size=block_size, **masking, **kw), cot)
-  ref_out, ref_grads = _out_and_grads(lambda *a: _plain(*a, **masking), cot)
+  kernel_fn = lambda *a: attention(*a, kernel=kernel, block_size=block_size, **masking, **kw)
+  out, grads = kernel_fn(q, k, v), _grads(kernel_fn, cot, (q, k, v))
+  ref_out, ref_grads = _plain(q, k, v, **masking), _grads(lambda *a: _plain(*a, **masking), cot, (q, k, v))
   assert bool(jnp.isfinite(out).all()) and all(bool(jnp.isfinite(g).all()) for g in grads)
   np.testing.assert_allclose(out * live, ref_out * live, atol=atol)
   for g, r in zip(grads, ref_grads):
@@ -92,13 +92,9 @@ def test_xla_kernel_bfloat16_gradients_near_autodiff():
   q, k, v, cot = _qkv()
   rounded = [x.astype(jnp.bfloat16) for x in (3 * q, k, v)]
   cot = cot * jnp.asarray(live)[:, :, None, None]
-
-  def grads(f, inputs):
-    return jax.grad(lambda *a: jnp.sum(f(*a).astype(jnp.float32) * cot), argnums=(0, 1, 2))(*inputs)
-
-  kernel = grads(lambda *a: attention(*a, kernel='xla', **masking), rounded)
-  autodiff = grads(lambda *a: _plain(*a, **masking), rounded)
-  truth = grads(lambda *a: _plain(*a, **masking), [x.astype(jnp.float32) for x in rounded])
+  kernel = _grads(lambda *a: attention(*a, kernel='xla', **masking), cot, rounded)
+  autodiff = _grads(lambda *a: _plain(*a, **masking), cot, rounded)
+  truth = _grads(lambda *a: _plain(*a, **masking), cot, [x.astype(jnp.float32) for x in rounded])
   assert all(g.dtype == jnp.bfloat16 for g in kernel)
   np.testing.assert_array_equal(attention(*rounded, kernel='xla', **masking), _plain(*rounded, **masking))
   error = lambda g, t: np.sqrt(np.mean((np.asarray(g, np.float32) - t) ** 2) / np.mean(t**2))

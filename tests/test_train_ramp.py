@@ -43,16 +43,20 @@ def test_sizes_double_from_the_start_and_follow_the_token_line_from_below():
 
 
 class _Compiles(logging.Handler):
-  """jax's 'Compiling jit(NAME) with ...' lines (jax.log_compiles), counted by NAME."""
+  """jax's 'Compiling jit(NAME) with ...' lines (jax.log_compiles), counted by NAME, and the threads of jit(step)'s."""
 
   def __init__(self):
     super().__init__()
     self.names = collections.Counter()
+    self.step_threads = []
 
   def emit(self, record):
     message = record.getMessage()
     if message.startswith('Compiling '):
-      self.names[message.split(' with ')[0].removeprefix('Compiling ')] += 1
+      name = message.split(' with ')[0].removeprefix('Compiling ')
+      self.names[name] += 1
+      if name == 'jit(step)':
+        self.step_threads.append(record.threadName)
 
 
 @pytest.fixture(scope='module')
@@ -71,7 +75,7 @@ def uninterrupted(tmp_path_factory):
   finally:
     jax.config.update('jax_log_compiles', False)
     jax_log.removeHandler(compiles)
-  (workdir / 'compiles.json').write_text(json.dumps(compiles.names))
+  (workdir / 'compiles.json').write_text(json.dumps({**compiles.names, 'step_threads': compiles.step_threads}))
   return workdir
 
 
@@ -81,9 +85,11 @@ def test_logged_sizes_tokens_and_throughput(uninterrupted):
   train = {r['step']: r for r in rows if 'train/loss' in r}
   assert [train[s]['train/batch_size'] for s in range(1, 6)] == [16, 16, 16, 32, 32]
   assert [train[s]['train/tokens_seen'] for s in range(1, 6)] == [SEQ * n for n in (16, 32, 48, 80, 112)]
-  # The train step (engine/step.py's jit(step)) compiled once per size: one recompile for 16 -> 32; the first
-  # size's compile ahead (engine/trainer.compile_ahead) is the one the first step ran.
-  assert json.loads((uninterrupted / 'compiles.json').read_text())['jit(step)'] == len(ramp.sizes(_cfg())) == 2
+  # The train step (engine/step.py's jit(step)) compiled once per size: one recompile for 16 -> 32. The first
+  # size's compile ran ahead, on engine/trainer.compile_ahead's thread, and the first step found it.
+  compiles = json.loads((uninterrupted / 'compiles.json').read_text())
+  assert compiles['jit(step)'] == len(ramp.sizes(_cfg())) == 2
+  assert compiles['step_threads'] == ['compile-ahead', 'MainThread'], compiles['step_threads']
   # The steps that compiled (the first, the new size) report no throughput; the others do.
   timed = [s for s in train if 'train/tokens_per_sec' in train[s]]
   assert timed == [2, 3, 5] and all(train[s]['train/tokens_per_sec'] > 0 and 'train/mfu' in train[s] for s in timed)

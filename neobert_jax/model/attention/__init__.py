@@ -1,6 +1,7 @@
 """Bidirectional attention for three masking modes (none, padded lengths, packed segment ids), dispatched to one
 kernel per backend: 'xla' (reference.py), 'blockwise', 'cudnn' (packed rows through jax_compat), 'cudnn_bias' and
-'splash' (TPU). config/model.choose_attention decides what 'auto' means; every kernel is tested against reference.py."""
+'splash' (TPU). config/model.choose_attention decides what 'auto' means; every kernel is tested against
+tests/support/attention_reference.py."""
 
 import jax
 import jax.numpy as jnp
