@@ -17,6 +17,7 @@ import jax
 import jax.numpy as jnp
 
 from neobert_jax import errors, hardware, paths
+from neobert_jax.weights.runs import METRICS_FILE
 
 
 def measure_matmul_peak(n: int = 1024, dtype: Any = jnp.float32, seconds: float = 1.0) -> float:
@@ -72,7 +73,6 @@ def cpu_matmul_peak(dtype: Any) -> float:
 # Records of another prefix than train/eval go to a file of their own, so metrics.jsonl stays one line per logged
 # step: checkpoint/* (save and upload seconds and retries of each checkpoint, engine/session.py).
 FILES = {'checkpoint': 'checkpoint_metrics.jsonl'}
-METRICS_FILE = 'metrics.jsonl'
 DEFAULT_WANDB_PROJECT = 'neobert-jax'
 WANDB_MODES = ('online', 'offline', 'disabled')
 
