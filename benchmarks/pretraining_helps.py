@@ -1,15 +1,15 @@
 """Does pretraining help downstream? Fine-tune a pretraining run's model and a random init of the same shape.
 
-python -m benchmarks.pretraining_helps --run runs/tiny [--task fine_food] [--seeds 0,1,2] [--epochs 10] [--lr 1e-4]
-python -m benchmarks.pretraining_helps --run runs/tiny --lr 2e-5 --lr-width 768   # the config's own rate, scaled
+python -m benchmarks.pretraining_helps --run runs/tiny [--task fine_food] [--seeds 0,1,2]   # the config as it stands
+python -m benchmarks.pretraining_helps --run runs/tiny --lr 1e-4 --lr-width 0 --epochs 4   # other settings
 python -m benchmarks.pretraining_helps --run runs/tiny --train-csv train.csv --test-csv test.csv   # your own task
 python -m benchmarks.pretraining_helps --run runs/other --random-cache runs/random_arms   # the random arm kept
 
 Both arms go through the project's own fine-tuning command (`python -m neobert_jax.finetune` with
-configs/finetune_classification.py), with the same hyper-parameters, seeds and tokenizer (the run's): the
-pretrained arm starts from the weights the run ships at its latest checkpoint (--config.init.from_checkpoint: the
-moving average when the run set export.use_ema), the random arm from a
-fresh init of the run's architecture (--config.model.* from the run's config.json). The task is a labelled
+configs/finetune_classification.py, whose rate, epochs, batch and length are the defaults here), with the same
+hyper-parameters, seeds and tokenizer (the run's): the pretrained arm starts from the weights the run ships at its
+latest checkpoint (--config.init.from_checkpoint: the moving average when the run set export.use_ema), the random arm
+from a fresh init of the run's architecture (--config.model.* from the run's config.json). The task is a labelled
 dataset that installs by package name (neobert_jax/data/labelled.py; fine_food: Amazon Fine Food reviews, great
 vs other, 4000 train / 1000 test, text the pretraining corpus does not contain), scored on its test split.
 
@@ -30,11 +30,13 @@ from pathlib import Path
 
 import ml_collections
 
+from neobert_jax import config as config_lib
 from neobert_jax.config import finetune as finetune_config
 from neobert_jax.config.model import default_model_config
 from neobert_jax.data import labelled
 
 # The run's architecture and its init distribution: the random arm is the pretraining run's own starting point.
+FINETUNE_CONFIG = 'configs/finetune_classification.py'  # the fine-tuning config as it stands
 ARCHITECTURE = (
   'vocab_size',
   'hidden_size',
@@ -53,7 +55,7 @@ ARCHITECTURE = (
 def finetune(run: Path, arm: str, seed: int, args: argparse.Namespace, out: Path) -> float:
   files = {'train': args.train_csv, 'test': args.test_csv} if args.train_csv else labelled.task_files(args.task)
   run_cfg = json.loads((run / 'config.json').read_text())
-  cmd = ['--config=configs/finetune_classification.py', f'--config.seed={seed}', f'--config.train.epochs={args.epochs}']
+  cmd = [f'--config={FINETUNE_CONFIG}', f'--config.seed={seed}', f'--config.train.epochs={args.epochs}']
   cmd += [f'--config.optimizer.lr={args.lr}', f'--config.optimizer.lr_width={args.lr_width}']
   cmd += [f'--config.train.batch_size={args.batch_size}']
   cmd += [f'--config.data.train_file={files["train"]}', f'--config.data.validation_file={files["test"]}']
@@ -92,13 +94,14 @@ def main() -> None:
   )
   ap.add_argument('--test-csv', default='', help='the text,label CSV scored (with --train-csv)')
   ap.add_argument('--seeds', default='0,1,2')
-  ap.add_argument('--epochs', type=int, default=10, help="the fine-tuning config's own")
-  ap.add_argument('--lr', type=float, default=1e-4, help="a small model's rate (the config's 2e-5 is a 250M model's)")
+  own = config_lib.load(FINETUNE_CONFIG)  # every default below is the config's own
+  ap.add_argument('--epochs', type=int, default=own.train.epochs)
+  ap.add_argument('--lr', type=float, default=own.optimizer.lr, help='the rate, quoted for width --lr-width')
   ap.add_argument(
-    '--lr-width', type=int, default=0, help='optimizer.lr_width: 0 uses --lr as given; 768 scales it as the config does'
+    '--lr-width', type=int, default=own.optimizer.lr_width, help='optimizer.lr_width: 0 uses --lr as given'
   )
-  ap.add_argument('--batch-size', type=int, default=32)
-  ap.add_argument('--max-length', type=int, default=128)
+  ap.add_argument('--batch-size', type=int, default=own.train.batch_size)
+  ap.add_argument('--max-length', type=int, default=own.data.max_length)
   ap.add_argument('--pooling', default='', choices=['', 'cls', 'mean'], help="the head's pooling; '' = the config's")
   ap.add_argument('--out', default='')
   ap.add_argument(
