@@ -35,8 +35,8 @@ from neobert_jax.config import finetune as finetune_config
 from neobert_jax.config.model import default_model_config
 from neobert_jax.data import labelled
 
-# The run's architecture and its init distribution: the random arm is the pretraining run's own starting point.
 FINETUNE_CONFIG = 'configs/finetune_classification.py'  # the fine-tuning config as it stands
+# The run's architecture and its init distribution: the random arm is the pretraining run's own starting point.
 ARCHITECTURE = (
   'vocab_size',
   'hidden_size',
