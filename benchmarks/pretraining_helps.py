@@ -85,7 +85,8 @@ def finetune(run: Path, arm: str, seed: int, args: argparse.Namespace, out: Path
   return float(results['final']['metrics']['accuracy'])
 
 
-def main() -> None:
+def arguments() -> argparse.ArgumentParser:
+  """The command line; the fine-tuning settings default to the fine-tuning config's own."""
   ap = argparse.ArgumentParser(description=__doc__.split('\n')[0])
   ap.add_argument('--run', required=True, help='a pretraining workdir (its config.json and checkpoints)')
   ap.add_argument('--task', default='fine_food', choices=labelled.TASKS)
@@ -110,6 +111,11 @@ def main() -> None:
     help='a folder keeping the random arm by its fine-tuning command: a later run with the same architecture, '
     'tokenizer, task, seeds and rates reads its scores instead of fine-tuning it again',
   )
+  return ap
+
+
+def main() -> None:
+  ap = arguments()
   args = ap.parse_args()
   if bool(args.train_csv) != bool(args.test_csv):
     ap.error('--train-csv and --test-csv go together')
