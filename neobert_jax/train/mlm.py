@@ -73,7 +73,8 @@ def batch_keys(max_predictions: int) -> tuple[str, ...]:
 def abstract_batch(
   cfg: ml_collections.ConfigDict, mesh: jax.sharding.Mesh, accum: int | None = None, rows: int | None = None
 ) -> dict[str, jax.ShapeDtypeStruct]:
-  """ShapeDtypeStructs of one global train batch of `rows` (default: global) (eval: accum=1, M = rows / A)."""
+  """ShapeDtypeStructs of one global train batch of `rows` (default the global batch size) split into
+  grad_accum_steps micro-batches (eval: accum=1, M = rows / grad_accum_steps)."""
   a = cfg.train.grad_accum_steps if accum is None else accum
   m = (rows or cfg.train.global_batch_size) // cfg.train.grad_accum_steps
   s = engine_step.micro_batch_sharding(mesh)
